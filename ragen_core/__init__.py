@@ -1,0 +1,1 @@
+"""RAGEN-Flows core library: environments, agent, policy, rollouts, algorithms, training, storage."""

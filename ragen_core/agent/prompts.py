@@ -1,0 +1,79 @@
+"""Chat prompts for multi-turn rollouts, built as token ids so that history is never re-tokenised.
+
+Turn k+1's prompt is the stored ids of turns 1..k plus the newly tokenised environment text. The environment text
+between two assistant replies is found by rendering the model's own chat template around a sentinel reply, so any
+template in which the reply appears verbatim (ChatML/Qwen, Llama-3, ...) works.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SYSTEM_PROMPT = "You are a helpful assistant. You think step by step, then act."
+_SENTINEL = "\u2063RAGEN_SENTINEL\u2063"
+
+
+def first_user_message(instruction: str, action_names: list[str], max_actions_per_turn: int, turn_text: str) -> str:
+    """The first user message: rules and legend, the available actions, the per-turn action limit, turn 1."""
+    return (
+        f"{instruction}\n"
+        f"Your available actions are: {', '.join(action_names)}.\n"
+        f"You may take up to {max_actions_per_turn} action(s) per turn, separated by ' || '.\n"
+        f"{turn_text}"
+    )
+
+
+def turn_message(turn: int, state: str, actions_left: int, enable_think: bool, reward: float | None = None) -> str:
+    """The user message of turn ``turn`` (1-based): previous reward, the state, the budget and the format reminder."""
+    reply_format = (
+        "<think> [your thoughts] </think> <answer> [your answer] </answer>"
+        if enable_think
+        else "<answer> [your answer] </answer>"
+    )
+    reward_line = f"Reward: {reward:g}\n" if reward is not None else ""
+    return (
+        f"{reward_line}Turn {turn}:\nState:\n{state}\n"
+        f"You have {actions_left} action(s) left. Reply exactly as {reply_format} with no other text."
+    )
+
+
+class ChatFormatter:
+    """Turns chat messages into token ids with the tokenizer's own chat template."""
+
+    def __init__(self, tokenizer: Any, system_prompt: str = SYSTEM_PROMPT) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("the tokenizer has no chat template; use an instruct model or set tokenizer.chat_template")
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self._eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
+
+    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no special tokens added (special-token text is recognised)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def start(self, user_text: str) -> list[int]:
+        """Ids of the system message, the first user message and the assistant header."""
+        messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": user_text}]
+        return self.encode(self._render(messages, add_generation_prompt=True))
+
+    def continuation_text(self, user_text: str, reply_ended_with_eos: bool) -> str:
+        """Template text after an assistant reply: its end marker (unless the reply emitted it), the next user
+        message and the assistant header."""
+        messages = [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": _SENTINEL},
+            {"role": "user", "content": user_text},
+        ]
+        rendered = self._render(messages, add_generation_prompt=True)
+        suffix = rendered[rendered.index(_SENTINEL) + len(_SENTINEL) :]
+        if reply_ended_with_eos and self._eos_text and suffix.startswith(self._eos_text):
+            suffix = suffix[len(self._eos_text) :]
+        return suffix
+
+    def continue_after(self, user_text: str, reply_ended_with_eos: bool) -> list[int]:
+        """Ids to append after an assistant reply to start the next turn."""
+        return self.encode(self.continuation_text(user_text, reply_ended_with_eos))

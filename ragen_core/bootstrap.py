@@ -1,0 +1,93 @@
+"""Bootstrap: scripted demonstrations, stored as ordinary trajectories, then a supervised update on them.
+
+This teaches a randomly initialised model the reply format before RL. With the ``random`` scripted policy the
+demonstrations choose uniformly among valid actions, so any preference the RL run later shows comes from RL.
+The bootstrapped model is cached under ``<root>/models/bootstrap-<key>`` (key = base model + settings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ragen_core.agent import ChatFormatter
+from ragen_core.config import RunConfig
+from ragen_core.policy import load_policy
+from ragen_core.rollout import ScriptedBackend, run_rollouts
+from ragen_core.seeding import derive_seed, derive_seeds
+from ragen_core.session import library_versions, utc_now
+from ragen_core.stages import persist_trajectories, rollout_spec, score_bounds, validate_batch
+from ragen_core.storage import BatchMeta, DataLake
+from ragen_core.training import ActorEngine, OptimConfig, collate
+
+
+def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
+    """Identity of a bootstrap: base model, bootstrap settings, the env and the reply format."""
+    payload = {
+        "base": str(base_dir),
+        "bootstrap": config.bootstrap.model_dump(mode="json"),
+        "env": config.env.model_dump(mode="json"),
+        "think": config.rollout.enable_think,
+        "seed": config.seed,
+        "micro_batch_size": config.actor.micro_batch_size,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """Return the bootstrapped model folder (building it if needed) and the bootstrap's summary."""
+    key = bootstrap_key(config, base_dir)
+    target = lake.models_dir() / f"bootstrap-{key}"
+    run_id = f"bootstrap-{key}"
+    if (target / "config.json").is_file():
+        return target, {"run_id": run_id, "cached": True}
+
+    settings = config.bootstrap
+    model, tokenizer = load_policy(base_dir)
+    formatter = ChatFormatter(tokenizer)
+    seeds = derive_seeds(config.seed, settings.num_groups, "bootstrap")
+    spec = rollout_spec(config, config.env.name, seeds, settings.group_size)
+    records = run_rollouts(
+        spec, ScriptedBackend(settings.policy, tokenizer), formatter, derive_seed(config.seed, "bootstrap")
+    )
+    stage = "demos"
+    meta = BatchMeta(run_id, 0, "train", 0, 1.0, config.config_hash())
+    persist_trajectories(lake, meta, stage, records)
+    validate_batch(lake, run_id, 0, stage, settings.group_size, score_bounds(config, config.env.name))
+    lake.publish(run_id, 0, stage)
+
+    actor = ActorEngine(
+        model,
+        OptimConfig(lr=settings.lr, weight_decay=0.0, grad_clip=config.actor.grad_clip,
+                    micro_batch_size=config.actor.micro_batch_size),
+    )
+    batch = collate([r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id)
+    history = [actor.sft_update(batch, settings.batch_size, derive_seed(config.seed, "bootstrap_sft", epoch))
+               for epoch in range(settings.epochs)]
+
+    staging = target.parent / f".{target.name}.building-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    actor.module.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        os.rename(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    summary = {
+        "run_id": run_id,
+        "cached": False,
+        "demonstrations": len(records),
+        "sft_loss_first": history[0]["sft/loss"],
+        "sft_loss_last": history[-1]["sft/loss"],
+    }
+    lake.write_manifest(run_id, {
+        "run_id": run_id, "kind": "bootstrap", "config": config.to_dict(), "config_hash": config.config_hash(),
+        "base_model": str(base_dir), "model_dir": str(target), "versions": library_versions(),
+        "status": "completed", "summary": summary, "updated_at": utc_now(),
+    })
+    lake.commit_iteration(run_id, 0, summary)
+    return target, summary

@@ -1,0 +1,268 @@
+"""One validated, frozen config tree for a RAGEN-Flows run.
+
+Configs load from YAML and accept ``key.sub=value`` overrides (values parsed as YAML, so ``0.5``, ``true``,
+``[1, 2]`` keep their types). Unknown keys, wrong types and out-of-range values fail at load time with a
+message naming the key, before any compute is spent. ``config_hash`` is a stable digest of the resolved tree
+(sorted-key JSON), used to tell whether two runs trained with the same settings.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used: the message names every offending key and how to fix it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TinyModelConfig(_Section):
+    """Shape of the tiny randomly initialised Qwen2-architecture default model (built locally, no download)."""
+
+    hidden_size: PositiveInt = Field(64, description="Model width.")
+    num_layers: PositiveInt = Field(2, description="Number of transformer blocks.")
+    num_heads: PositiveInt = Field(4, description="Attention heads; must divide hidden_size.")
+    num_kv_heads: PositiveInt = Field(2, description="Key/value heads (grouped-query attention); must divide num_heads.")
+    intermediate_size: PositiveInt = Field(256, description="MLP width.")
+    vocab_size: PositiveInt = Field(1024, description="Target BPE vocabulary size of the locally trained tokenizer.")
+    seed: int = Field(0, description="Seed of the weight initialisation.")
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"model.tiny.num_heads={self.num_heads} must divide hidden_size={self.hidden_size}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"model.tiny.num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
+        return self
+
+
+class ModelConfig(_Section):
+    """Which policy model to start from."""
+
+    path: str | None = Field(
+        None, description="Local Hugging Face causal-LM directory. None: the tiny default, built under the data root."
+    )
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny default model.")
+
+
+class EnvConfig(_Section):
+    """The training environment and the per-trajectory interaction limits (enforced by the rollout layer)."""
+
+    name: str = Field("bandit", description="Registered environment name used for training rollouts.")
+    val_envs: list[str] | None = Field(None, description="Environments evaluated during validation; None: [name].")
+    max_turns: PositiveInt = Field(1, description="Maximum turns (model replies) per trajectory.")
+    max_actions_per_turn: PositiveInt = Field(1, description="Actions parsed from one reply (split on '||').")
+    max_actions_per_traj: PositiveInt = Field(1, description="Action budget of a whole trajectory.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword overrides passed to make_env.")
+
+    @property
+    def validation_envs(self) -> list[str]:
+        return list(self.val_envs) if self.val_envs else [self.name]
+
+
+class RolloutConfig(_Section):
+    """How training rollouts are generated."""
+
+    env_groups: PositiveInt = Field(8, description="Initial states (groups) per iteration (paper: P=8).")
+    group_size: PositiveInt = Field(16, description="Rollouts per initial state; members share the env seed (N=16).")
+    backend: Literal["hf", "scripted"] = Field("hf", description="'hf': the policy samples; 'scripted': a policy.")
+    scripted_policy: str = Field("random", description="Scripted policy name when backend='scripted'.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1.0 keeps the sampler's log-probs exact.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
+    max_new_tokens: PositiveInt = Field(48, description="Maximum tokens of one reply (paper scale: 400).")
+    enable_think: bool = Field(True, description="Ask for and parse <think>...</think> before <answer>.")
+    format_penalty: float = Field(-0.1, le=0, description="Added once per turn whose reply breaks the format.")
+
+
+class AlgorithmConfig(_Section):
+    """StarPO / StarPO-S settings. Keys left out take the preset's value; keys given override it."""
+
+    preset: Literal["starpo", "starpo_s"] = Field("starpo_s", description="Vanilla StarPO or stabilised StarPO-S.")
+    adv_estimator: str = Field("grpo", description="Registered advantage estimator (see ragen_core.algos).")
+    norm_adv_by_std: bool = Field(True, description="GRPO: divide group-centred scores by the group std.")
+    policy_loss: str = Field("ppo", description="Registered policy loss.")
+    clip_low: NonNegativeFloat = Field(description="PPO clip below 1 (ratio >= 1 - clip_low).")
+    clip_high: NonNegativeFloat = Field(description="PPO clip above 1 (ratio <= 1 + clip_high); StarPO-S: 0.28.")
+    kl_coef: NonNegativeFloat = Field(description="KL penalty to the frozen initial policy (k3 estimator); 0 = off.")
+    entropy_coef: NonNegativeFloat = Field(0.001, description="Entropy bonus coefficient.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = Field("token-mean", description="Loss reduction.")
+    filter: str = Field("std", description="Registered group filter (StarPO-S variance filter: 'std').")
+    filter_ratio: float = Field(gt=0, le=1, description="Share of groups kept by the filter; 1.0 = no filtering.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        preset = data.get("preset", "starpo_s")
+        defaults = PRESETS.get(preset)
+        if defaults is None:
+            return data  # the Literal check reports the bad preset name
+        return {**defaults, **data}
+
+
+# What each preset sets (REFERENCE.md): StarPO-S = decoupled clip, no KL, variance filter keeping 25% of groups.
+PRESETS: dict[str, dict[str, Any]] = {
+    "starpo": {"clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.001, "filter_ratio": 1.0},
+    "starpo_s": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "filter_ratio": 0.25},
+}
+
+
+class ActorConfig(_Section):
+    """Optimisation of the policy (DeepSpeed engine)."""
+
+    lr: float = Field(3e-4, gt=0, description="Learning rate (paper, 0.5B pretrained: 1e-6; tiny model needs more).")
+    weight_decay: NonNegativeFloat = Field(0.01, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    mini_batch_size: PositiveInt = Field(32, description="Trajectories per optimizer step.")
+    micro_batch_size: PositiveInt = Field(16, description="Trajectories per forward/backward pass.")
+    ppo_epochs: PositiveInt = Field(1, description="Passes over the kept batch per iteration.")
+    zero_stage: Literal[0, 1, 2] = Field(0, description="DeepSpeed ZeRO stage.")
+
+
+class TrainerConfig(_Section):
+    """The iteration loop."""
+
+    iterations: PositiveInt = Field(20, description="Number of StarPO iterations (policy updates).")
+    num_threads: PositiveInt | None = Field(None, description="torch intra-op threads; None: torch's default.")
+
+
+class EvalConfig(_Section):
+    """Validation on fixed instances."""
+
+    every: PositiveInt = Field(5, description="Validate every N iterations; iteration 0 = before any update.")
+    instances: PositiveInt = Field(256, description="Fixed validation instances per environment.")
+    k: PositiveInt = Field(1, description="Samples per instance; pass@k counts an instance solved if any succeeds.")
+    temperature: float = Field(0.5, gt=0, description="Validation sampling temperature.")
+    seed: int = Field(123, description="Seed of the fixed validation instances (shared by all runs).")
+
+
+class BootstrapConfig(_Section):
+    """Supervised warm-start on scripted demonstrations before RL (teaches the tiny model the reply format)."""
+
+    enabled: bool = Field(False, description="Run the bootstrap before the first iteration.")
+    policy: str = Field("random", description="Scripted policy that writes the demonstrations.")
+    num_groups: PositiveInt = Field(64, description="Demonstration env instances.")
+    group_size: PositiveInt = Field(8, description="Demonstrations per instance.")
+    epochs: PositiveInt = Field(3, description="Passes over the demonstrations.")
+    lr: float = Field(3e-3, gt=0, description="Supervised learning rate.")
+    batch_size: PositiveInt = Field(32, description="Demonstrations per optimizer step.")
+
+
+class RunConfig(_Section):
+    """The whole run."""
+
+    seed: int = Field(0, description="Run seed; everything random derives from it.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> RunConfig:
+        if self.actor.mini_batch_size % self.actor.micro_batch_size:
+            raise ValueError(
+                f"actor.mini_batch_size={self.actor.mini_batch_size} must be a multiple of "
+                f"actor.micro_batch_size={self.actor.micro_batch_size}"
+            )
+        if self.env.max_actions_per_turn > self.env.max_actions_per_traj:
+            raise ValueError(
+                f"env.max_actions_per_turn={self.env.max_actions_per_turn} exceeds env.max_actions_per_traj="
+                f"{self.env.max_actions_per_traj}; set it at most the trajectory budget"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved tree as plain JSON-compatible values."""
+        return self.model_dump(mode="json")
+
+    def config_hash(self) -> str:
+        """Stable 16-hex-digit digest of the resolved config (sorted-key JSON)."""
+        payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "<root>"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling; see README 'Configs' for the keys)"
+        elif item["type"] == "missing":
+            message = "required"
+        lines.append(f"  {key}: {message}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and YAML-parsed value."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.sub=value (e.g. rollout.group_size=8)")
+    key, raw = text.split("=", 1)
+    path = [part for part in key.strip().split(".") if part]
+    if not path:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from exc
+    return path, value
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``tree`` with each ``key.sub=value`` override set (intermediate sections created)."""
+    result = copy.deepcopy(tree)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = result
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return result
+
+
+def build_config(tree: dict[str, Any] | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Validate a config tree (plus overrides) into a frozen :class:`RunConfig`; raise :class:`ConfigError`."""
+    merged = apply_overrides(tree or {}, overrides or [])
+    try:
+        return RunConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML config file (or the defaults when ``path`` is None) and apply ``key.sub=value`` overrides."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(loaded).__name__}")
+        tree = loaded or {}
+    return build_config(tree, overrides)

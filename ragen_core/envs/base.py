@@ -1,0 +1,84 @@
+"""The environment protocol shared by every text environment, and the registry that builds them by name.
+
+Environments are Gymnasium-style: ``reset(seed) -> (observation, info)`` and
+``step(action) -> (observation, reward, terminated, truncated, info)``, where ``action`` is one canonical action
+name (the agent layer parses replies, splits multi-action turns and enforces budgets, the same for every env).
+``info`` always carries ``success``, ``action_is_valid`` and ``action_is_effective``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+
+
+class TextEnv(ABC):
+    """A seeded, text-rendered environment. Subclasses set ``name`` and implement the abstract methods."""
+
+    name: str = "base"
+
+    @abstractmethod
+    def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
+        """Start the instance determined by ``seed``; return the rendered state and an info dict."""
+
+    @abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply one canonical action name; invalid names leave the state unchanged with ``action_is_valid`` False."""
+
+    @abstractmethod
+    def render(self) -> str:
+        """The current state as text (the symbols of REFERENCE.md)."""
+
+    @property
+    @abstractmethod
+    def action_names(self) -> list[str]:
+        """Canonical action names, in the order the prompt lists them."""
+
+    @abstractmethod
+    def instruction(self) -> str:
+        """The rules and symbol legend shown in the first prompt (may depend on the instance)."""
+
+    @property
+    @abstractmethod
+    def success(self) -> bool:
+        """Whether the current instance counts as solved."""
+
+    def reward_bounds(self, max_actions: int) -> tuple[float, float]:
+        """Lowest and highest total env reward a trajectory of ``max_actions`` actions can collect."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare its reward bounds")
+
+
+EnvFactory = Callable[..., TextEnv]
+_REGISTRY: dict[str, EnvFactory] = {}
+
+
+def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
+    """Register ``factory`` (a class or function taking keyword overrides) under ``name``."""
+
+    def decorator(factory: EnvFactory) -> EnvFactory:
+        if name in _REGISTRY:
+            raise ValueError(f"environment {name!r} is registered twice")
+        _REGISTRY[name] = factory
+        return factory
+
+    return decorator
+
+
+def registered_envs() -> list[str]:
+    """Names accepted by :func:`make_env`, sorted."""
+    return sorted(_REGISTRY)
+
+
+def make_env(name: str, **overrides: Any) -> TextEnv:
+    """Build the environment registered as ``name``; ``overrides`` replace its default settings."""
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown environment {name!r}; registered: {', '.join(registered_envs())}") from None
+    try:
+        return factory(**overrides)
+    except TypeError as exc:
+        raise ValueError(f"environment {name!r} does not accept these options {sorted(overrides)}: {exc}") from None

@@ -1,0 +1,140 @@
+"""The tiny offline default policy: a Qwen2-architecture model with random weights and a locally trained tokenizer.
+
+Nothing is downloaded. The tokenizer is a byte-level BPE trained on text rendered from every registered
+environment, with Qwen2's own normaliser and pre-tokeniser (transformers loads folders whose config says
+``model_type=qwen2`` with ``Qwen2Tokenizer``, which installs those; training with the same ones keeps save -> load
+token-identical). The build is reproducible from the config and lands atomically under the data root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from ragen_core.agent.prompts import SYSTEM_PROMPT, first_user_message, turn_message
+from ragen_core.config import TinyModelConfig
+from ragen_core.envs import make_env, registered_envs
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Qwen2's pre-tokenisation regex (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX).
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+TOKENIZER_CORPUS_VERSION = 1
+
+
+def tokenizer_corpus(seeds_per_env: int = 40) -> list[str]:
+    """Texts the tokenizer is trained on: chat-formatted prompts and replies of every registered environment."""
+    texts = [SYSTEM_PROMPT, "Reward: 0.1 -0.1 1 10 0 0.5 -1", " ".join(str(n) for n in range(200))]
+    for name in registered_envs():
+        env = make_env(name)
+        for seed in range(seeds_per_env):
+            state, _ = env.reset(seed)
+            actions = env.action_names
+            for enable_think in (True, False):
+                user = first_user_message(env.instruction(), actions, 5, turn_message(1, state, 10, enable_think))
+                texts.append(f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n")
+            action = actions[seed % len(actions)]
+            texts.append(f"<|im_start|>assistant\n<think>I choose {action}.</think><answer>{action}</answer><|im_end|>")
+            texts.append(f"<answer>{' || '.join(actions)}</answer>")
+            _, reward, _, _, _ = env.step(action)
+            texts.append(turn_message(2, env.render(), 9, True, reward=reward))
+    return texts
+
+
+def train_tokenizer(vocab_size: int):
+    """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer with a ChatML template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token=None, byte_fallback=False, fuse_unk=False))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(tokenizer_corpus(), trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    wrapped.chat_template = CHATML_TEMPLATE
+    return wrapped
+
+
+def tiny_model_key(config: TinyModelConfig) -> str:
+    """Folder name of the tiny model built from ``config`` (changes when the shape or the corpus changes)."""
+    payload = json.dumps(
+        {"config": config.model_dump(mode="json"), "corpus": TOKENIZER_CORPUS_VERSION, "envs": registered_envs()},
+        sort_keys=True,
+    )
+    return "tiny-" + hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def build_tiny_model(config: TinyModelConfig, out_dir: Path) -> None:
+    """Write the tokenizer and a randomly initialised Qwen2 model (seeded by ``config.seed``) into ``out_dir``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = train_tokenizer(config.vocab_size)
+    model_config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(config.seed)
+        model = Qwen2ForCausalLM(model_config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def ensure_tiny_model(config: TinyModelConfig, models_dir: Path) -> Path:
+    """Return the tiny model's folder under ``models_dir``, building it atomically if it is not there yet."""
+    target = Path(models_dir) / tiny_model_key(config)
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.building-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    build_tiny_model(config, staging)
+    try:
+        os.rename(staging, target)
+    except OSError:  # another process finished the same build first; theirs is identical
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

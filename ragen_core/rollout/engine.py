@@ -1,0 +1,154 @@
+"""The multi-turn rollout engine: ``env_groups x group_size`` environments stepped turn by turn in lockstep.
+
+Every trajectory is one token sequence built incrementally: the first prompt, then for each turn the sampled reply
+ids (trained: loss mask 1) and the tokenised environment text of the next turn (not trained: mask 0). Nothing is
+re-tokenised, so what the update trains on is exactly what was sampled. The engine is environment-agnostic:
+multi-action turns, the per-trajectory action budget and the format penalty are enforced here for every env.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ragen_core.agent import ChatFormatter, first_user_message, parse_response, turn_message, turn_penalty
+from ragen_core.envs import make_env
+from ragen_core.rollout.types import Generation, TrajectoryRecord, TurnContext, TurnRecord
+from ragen_core.seeding import derive_seed
+
+
+class RolloutBackend(Protocol):
+    """Produces one reply per context. ``seed`` fixes all sampling randomness of the call."""
+
+    behavior_source: str
+
+    def generate(self, contexts: list[TurnContext], seed: int) -> list[Generation]: ...
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """What to roll out: an environment, one seed per group, the group size and the interaction limits."""
+
+    env_name: str
+    group_seeds: list[int]
+    group_size: int
+    max_turns: int
+    max_actions_per_turn: int
+    max_actions_per_traj: int
+    enable_think: bool = True
+    format_penalty: float = -0.1
+    env_options: dict[str, Any] | None = None
+
+
+class _Slot:
+    """Mutable per-trajectory state while rolling out."""
+
+    def __init__(self, record: TrajectoryRecord, env: Any, actions_left: int) -> None:
+        self.record = record
+        self.env = env
+        self.actions_left = actions_left
+        self.done = False
+        self.state = ""
+        self.last_reward: float | None = None
+        self.last_reply_finished = True
+
+
+def run_rollouts(spec: RolloutSpec, backend: RolloutBackend, formatter: ChatFormatter, seed: int) -> list[
+    TrajectoryRecord
+]:
+    """Roll out every (group, member) of ``spec`` with ``backend``; ``seed`` drives the sampling of every turn."""
+    slots: list[_Slot] = []
+    for group_id, env_seed in enumerate(spec.group_seeds):
+        for traj_index in range(spec.group_size):
+            env = make_env(spec.env_name, **(spec.env_options or {}))
+            record = TrajectoryRecord(
+                env=spec.env_name,
+                group_id=group_id,
+                traj_index=traj_index,
+                env_seed=env_seed,
+                behavior_source=backend.behavior_source,
+                behavior_logprobs=[] if backend.behavior_source == "policy" else None,
+            )
+            slot = _Slot(record, env, spec.max_actions_per_traj)
+            slot.state, _ = env.reset(env_seed)
+            slots.append(slot)
+
+    for turn in range(spec.max_turns):
+        active = [slot for slot in slots if not slot.done]
+        if not active:
+            break
+        observations = [_extend_prompt(slot, turn, spec, formatter) for slot in active]
+        contexts = [
+            TurnContext(slot.record.input_ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think)
+            for slot in active
+        ]
+        generations = backend.generate(contexts, derive_seed(seed, turn))
+        for slot, observation, generation in zip(active, observations, generations, strict=True):
+            _apply_reply(slot, turn, observation, generation, spec)
+    return [slot.record for slot in slots]
+
+
+def _extend_prompt(slot: _Slot, turn: int, spec: RolloutSpec, formatter: ChatFormatter) -> str:
+    """Append the environment text of this turn to the slot's sequence (mask 0); return that text."""
+    record = slot.record
+    text = turn_message(turn + 1, slot.state, slot.actions_left, spec.enable_think, reward=slot.last_reward)
+    if turn == 0:
+        text = first_user_message(slot.env.instruction(), slot.env.action_names, spec.max_actions_per_turn, text)
+        ids = formatter.start(text)
+    else:
+        ids = formatter.continue_after(text, slot.last_reply_finished)
+    record.input_ids.extend(ids)
+    record.loss_mask.extend([0] * len(ids))
+    if record.behavior_logprobs is not None:
+        record.behavior_logprobs.extend([0.0] * len(ids))
+    return text
+
+
+def _apply_reply(slot: _Slot, turn: int, observation: str, generation: Generation, spec: RolloutSpec) -> None:
+    """Record the reply's tokens, parse it, step the env with its valid actions and score the turn."""
+    record = slot.record
+    record.input_ids.extend(generation.token_ids)
+    record.loss_mask.extend([1] * len(generation.token_ids))
+    if record.behavior_logprobs is not None:
+        if generation.logprobs is None:
+            raise ValueError("a policy backend returned a reply without log-probs")
+        record.behavior_logprobs.extend(generation.logprobs)
+    slot.last_reply_finished = not generation.truncated
+
+    budget = min(spec.max_actions_per_turn, slot.actions_left)
+    parsed = parse_response(generation.text, slot.env.action_names, budget, spec.enable_think)
+    reward, terminated, executed, infos = 0.0, False, [], []
+    for action in parsed.actions:
+        slot.state, step_reward, terminated, truncated, info = slot.env.step(action)
+        reward += step_reward
+        executed.append(action)
+        infos.append(info)
+        slot.actions_left -= 1
+        if terminated or truncated:
+            terminated = True
+            break
+    penalty = turn_penalty(parsed, spec.format_penalty)
+    record.env_reward += reward
+    record.format_penalty += penalty
+    record.num_actions += len(executed)
+    record.success = bool(slot.env.success)
+    slot.last_reward = reward
+    slot.done = terminated or slot.actions_left <= 0 or turn + 1 >= spec.max_turns
+    record.turns.append(
+        TurnRecord(
+            turn_index=turn,
+            observation=observation,
+            response=generation.text,
+            think=parsed.think,
+            answer=parsed.answer,
+            actions=executed,
+            valid=parsed.valid,
+            format_ok=parsed.format_ok,
+            reward=reward,
+            penalty=penalty,
+            done=slot.done,
+            truncated=generation.truncated,
+            response_tokens=len(generation.token_ids),
+            info={"action_is_effective": [bool(i.get("action_is_effective", True)) for i in infos]},
+        )
+    )

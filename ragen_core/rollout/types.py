@@ -1,0 +1,84 @@
+"""Records produced by rollouts: one per turn and one per trajectory, token-exact."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled reply: its token ids (ending with the stop token unless truncated), the sampler's log-prob of
+    each token (after temperature; None for scripted replies) and the decoded text."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    text: str
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """What a backend sees when asked for one reply."""
+
+    prompt_ids: list[int]
+    env: Any
+    actions_left: int
+    max_actions_per_turn: int
+    enable_think: bool
+
+
+@dataclass
+class TurnRecord:
+    """One turn of a trajectory."""
+
+    turn_index: int
+    observation: str
+    response: str
+    think: str
+    answer: str
+    actions: list[str]
+    valid: bool
+    format_ok: bool
+    reward: float
+    penalty: float
+    done: bool
+    truncated: bool
+    response_tokens: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrajectoryRecord:
+    """A whole multi-turn trajectory as ONE training sequence.
+
+    ``input_ids`` is the full chat; ``loss_mask`` is 1 on tokens the policy sampled; ``behavior_logprobs`` holds the
+    sampler's log-prob at sampled positions and 0.0 elsewhere (None for scripted trajectories).
+    """
+
+    env: str
+    group_id: int
+    traj_index: int
+    env_seed: int
+    behavior_source: str
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    behavior_logprobs: list[float] | None = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    success: bool = False
+    env_reward: float = 0.0
+    format_penalty: float = 0.0
+    num_actions: int = 0
+
+    @property
+    def total_reward(self) -> float:
+        """The trajectory's training score: env rewards plus format penalties."""
+        return self.env_reward + self.format_penalty
+
+    @property
+    def truncated(self) -> bool:
+        return any(turn.truncated for turn in self.turns)
+
+    @property
+    def response_length(self) -> int:
+        return int(sum(self.loss_mask))

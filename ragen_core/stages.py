@@ -1,0 +1,186 @@
+"""The stages of one StarPO iteration, as plain functions over a :class:`RunSession` (Prefect-free).
+
+generate -> persist -> validate -> filter (+ publish) -> update -> commit; validation rollouts (evaluate) run at
+iterations 0, every ``eval.every`` and after the last update, so ``split='val'`` rows of iteration i measure the
+policy after i updates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ragen_core.algos import FILTERS
+from ragen_core.config import RunConfig
+from ragen_core.envs import make_env
+from ragen_core.metrics import filter_metrics, rollout_metrics, validation_metrics
+from ragen_core.rollout import RolloutSpec, ScriptedBackend, TrajectoryRecord, run_rollouts
+from ragen_core.rollout.hf_backend import HFBackend
+from ragen_core.seeding import derive_seed, derive_seeds
+from ragen_core.session import RunSession
+from ragen_core.storage import BatchMeta, DataLake, trajectories_table, turns_table
+from ragen_core.training import PolicyUpdateConfig, collate
+from schemas.contracts import validate_trajectory_batch
+from schemas.tables import METRICS
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+class BatchRejected(RuntimeError):
+    """A batch failed its data contracts; it was quarantined and nothing from it was trained on."""
+
+
+def rollout_spec(config: RunConfig, env_name: str, group_seeds: list[int], group_size: int) -> RolloutSpec:
+    """The rollout spec of ``env_name`` under the config's interaction limits."""
+    return RolloutSpec(
+        env_name=env_name,
+        group_seeds=group_seeds,
+        group_size=group_size,
+        max_turns=config.env.max_turns,
+        max_actions_per_turn=config.env.max_actions_per_turn,
+        max_actions_per_traj=config.env.max_actions_per_traj,
+        enable_think=config.rollout.enable_think,
+        format_penalty=config.rollout.format_penalty,
+        env_options=dict(config.env.options),
+    )
+
+
+def score_bounds(config: RunConfig, env_name: str) -> tuple[float, float]:
+    """Lowest and highest trajectory score of ``env_name``: env reward bounds plus the worst format penalties."""
+    low, high = make_env(env_name, **config.env.options).reward_bounds(config.env.max_actions_per_traj)
+    return low + config.env.max_turns * config.rollout.format_penalty, high
+
+
+def _backend(session: RunSession, temperature: float):
+    rollout = session.config.rollout
+    if rollout.backend == "scripted":
+        return ScriptedBackend(rollout.scripted_policy, session.tokenizer)
+    return HFBackend(session.actor.module, session.tokenizer, temperature, rollout.max_new_tokens,
+                     top_p=rollout.top_p, top_k=rollout.top_k)
+
+
+def generate_rollouts(session: RunSession, iteration: int) -> list[TrajectoryRecord]:
+    """Stage 1: ``env_groups x group_size`` training rollouts; env seeds and sampling derive from (seed, iteration)."""
+    config = session.config
+    seeds = derive_seeds(config.seed, config.rollout.env_groups, iteration, "env_seeds")
+    spec = rollout_spec(config, config.env.name, seeds, config.rollout.group_size)
+    backend = _backend(session, config.rollout.temperature)
+    return run_rollouts(spec, backend, session.formatter, derive_seed(config.seed, iteration, "rollout"))
+
+
+def persist_trajectories(
+    lake: DataLake, meta: BatchMeta, stage: str, records: list[TrajectoryRecord]
+) -> dict[str, Any]:
+    """Stage 2: write the batch's ``trajectories`` and ``turns`` into staging (deterministic names)."""
+    lake.stage_table(meta.run_id, meta.iteration, stage, "trajectories", trajectories_table(records, meta))
+    lake.stage_table(meta.run_id, meta.iteration, stage, "turns", turns_table(records, meta))
+    return {"trajectories": len(records), "turns": sum(len(r.turns) for r in records)}
+
+
+def validate_batch(
+    lake: DataLake, run_id: str, iteration: int, stage: str, group_size: int, bounds: tuple[float, float]
+) -> dict[str, Any]:
+    """Stage 3: pandera + great-expectations on the staged batch; a failing batch is quarantined and rejected."""
+    trajectories = lake.read_staged(run_id, iteration, stage, "trajectories")
+    turns = lake.read_staged(run_id, iteration, stage, "turns")
+    report = validate_trajectory_batch(trajectories, turns, group_size, bounds)
+    if not report.ok:
+        where = lake.quarantine(run_id, iteration, stage, report.to_json())
+        raise BatchRejected(
+            f"batch {run_id}/{iteration}/{stage} failed checks {', '.join(report.failed_checks())}; "
+            f"quarantined in {where} (see report.json); nothing from it is trained on"
+        )
+    return {"rows": trajectories.num_rows, "checks": "passed"}
+
+
+def filter_groups(lake: DataLake, run_id: str, iteration: int, filter_name: str, ratio: float) -> dict[str, float]:
+    """Stage 4: the StarPO-S variance filter writes ``group_reward_std`` and ``kept`` into the staged batch, which is
+    then published (atomic renames). Returns filter and rollout metrics."""
+    trajectories = lake.read_staged(run_id, iteration, "rollout", "trajectories")
+    turns = lake.read_staged(run_id, iteration, "rollout", "turns")
+    scores = torch.tensor(trajectories["total_reward"].to_numpy(), dtype=torch.float64)
+    groups = torch.tensor(trajectories["group_id"].to_numpy(), dtype=torch.long)
+    kept, group_std = FILTERS.get(filter_name)(scores, groups, ratio)
+    schema = trajectories.schema
+    trajectories = trajectories.set_column(
+        schema.get_field_index("group_reward_std"), schema.field("group_reward_std"),
+        pa.array(group_std.double().numpy(), pa.float64()),
+    )
+    trajectories = trajectories.set_column(
+        schema.get_field_index("kept"), schema.field("kept"), pa.array(kept.numpy(), pa.bool_())
+    )
+    lake.stage_table(run_id, iteration, "rollout", "trajectories", trajectories)
+    lake.publish(run_id, iteration, "rollout")
+    return {**rollout_metrics(trajectories, turns), **filter_metrics(trajectories)}
+
+
+def update_config(config: RunConfig) -> PolicyUpdateConfig:
+    algorithm = config.algorithm
+    return PolicyUpdateConfig(
+        adv_estimator=algorithm.adv_estimator,
+        norm_adv_by_std=algorithm.norm_adv_by_std,
+        policy_loss=algorithm.policy_loss,
+        clip_low=algorithm.clip_low,
+        clip_high=algorithm.clip_high,
+        kl_coef=algorithm.kl_coef,
+        entropy_coef=algorithm.entropy_coef,
+        loss_agg_mode=algorithm.loss_agg_mode,
+        mini_batch_size=config.actor.mini_batch_size,
+        ppo_epochs=config.actor.ppo_epochs,
+    )
+
+
+def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
+    """Stage 5: read the published, kept training rows of the iteration and update the policy on them."""
+    rows = session.lake.read_table("trajectories", session.run_id, iteration)
+    rows = rows.filter(pc.and_(pc.equal(rows["split"], "train"), pc.equal(rows["kept"], True)))
+    if rows.num_rows == 0:
+        raise RuntimeError(f"iteration {iteration} of {session.run_id} has no kept training rows to update on")
+    batch = collate(rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist(), session.tokenizer.pad_token_id)
+    scores = torch.tensor(rows["total_reward"].to_numpy(), dtype=torch.float32)
+    groups = torch.tensor(rows["group_id"].to_numpy(), dtype=torch.long)
+    seed = derive_seed(session.config.seed, iteration, "update_shuffle")
+    stats = session.actor.policy_update(batch, scores, groups, update_config(session.config), seed)
+    stats["actor/trained_tokens"] = float(batch.loss_mask.sum())
+    return stats
+
+
+def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
+    """Stage 6: validation rollouts on fixed instances of every validation env, stored with ``split='val'``."""
+    config = session.config
+    metrics: dict[str, float] = {}
+    meta = BatchMeta(session.run_id, iteration, "val", iteration, config.eval.temperature, session.config_hash)
+    for env_name in config.env.validation_envs:
+        stage = f"eval-{env_name}"
+        seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
+        spec = rollout_spec(config, env_name, seeds, config.eval.k)
+        backend = _backend(session, config.eval.temperature)
+        records = run_rollouts(spec, backend, session.formatter, derive_seed(config.seed, iteration, "eval", env_name))
+        persist_trajectories(session.lake, meta, stage, records)
+        validate_batch(session.lake, session.run_id, iteration, stage, config.eval.k, score_bounds(config, env_name))
+        trajectories = session.lake.read_staged(session.run_id, iteration, stage, "trajectories")
+        turns = session.lake.read_staged(session.run_id, iteration, stage, "turns")
+        metrics.update(validation_metrics(trajectories, turns, env_name))
+        session.lake.publish(session.run_id, iteration, stage)
+    return metrics
+
+
+def commit_iteration(session: RunSession, iteration: int, metrics: dict[str, float]) -> dict[str, Any]:
+    """Stage 7: write the iteration's metrics rows, publish them and write the commit marker."""
+    names = sorted(metrics)
+    table = pa.Table.from_pydict(
+        {
+            "run_id": [session.run_id] * len(names),
+            "iteration": [iteration] * len(names),
+            "name": names,
+            "value": [float(metrics[n]) for n in names],
+        },
+        schema=METRICS.arrow_schema,
+    )
+    session.lake.stage_table(session.run_id, iteration, "commit", "metrics", table)
+    session.lake.publish(session.run_id, iteration, "commit")
+    session.lake.commit_iteration(session.run_id, iteration, {"metrics": len(names)})
+    session.update_manifest(last_committed_iteration=iteration)
+    return {"iteration": iteration, "metrics": len(names)}

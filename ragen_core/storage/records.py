@@ -1,0 +1,82 @@
+"""Rollout records -> Arrow tables of the ``trajectories`` and ``turns`` schemas."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from ragen_core.rollout.types import TrajectoryRecord
+from schemas import TRAJECTORIES, TURNS
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """Row-level context of a rollout batch."""
+
+    run_id: str
+    iteration: int
+    split: str
+    policy_version: int
+    temperature: float
+    config_hash: str
+
+
+def trajectories_table(records: list[TrajectoryRecord], meta: BatchMeta) -> pa.Table:
+    """One row per trajectory; filter columns (``group_reward_std``, ``kept``) start null."""
+    columns = {
+        "run_id": [meta.run_id] * len(records),
+        "iteration": [meta.iteration] * len(records),
+        "split": [meta.split] * len(records),
+        "env": [r.env for r in records],
+        "group_id": [r.group_id for r in records],
+        "traj_index": [r.traj_index for r in records],
+        "env_seed": [r.env_seed for r in records],
+        "num_turns": [len(r.turns) for r in records],
+        "num_actions": [r.num_actions for r in records],
+        "env_reward": [r.env_reward for r in records],
+        "format_penalty": [r.format_penalty for r in records],
+        "total_reward": [r.total_reward for r in records],
+        "success": [r.success for r in records],
+        "truncated": [r.truncated for r in records],
+        "response_length": [r.response_length for r in records],
+        "group_reward_std": [None] * len(records),
+        "kept": [None] * len(records),
+        "policy_version": [meta.policy_version] * len(records),
+        "behavior_source": [r.behavior_source for r in records],
+        "temperature": [meta.temperature] * len(records),
+        "config_hash": [meta.config_hash] * len(records),
+        "input_ids": [r.input_ids for r in records],
+        "loss_mask": [r.loss_mask for r in records],
+        "behavior_logprobs": [r.behavior_logprobs for r in records],
+    }
+    return pa.Table.from_pydict(columns, schema=TRAJECTORIES.arrow_schema)
+
+
+def turns_table(records: list[TrajectoryRecord], meta: BatchMeta) -> pa.Table:
+    """One row per turn of every trajectory."""
+    rows = [(r, t) for r in records for t in r.turns]
+    columns = {
+        "run_id": [meta.run_id] * len(rows),
+        "iteration": [meta.iteration] * len(rows),
+        "split": [meta.split] * len(rows),
+        "env": [r.env for r, _ in rows],
+        "group_id": [r.group_id for r, _ in rows],
+        "traj_index": [r.traj_index for r, _ in rows],
+        "turn_index": [t.turn_index for _, t in rows],
+        "observation": [t.observation for _, t in rows],
+        "response": [t.response for _, t in rows],
+        "think": [t.think for _, t in rows],
+        "answer": [t.answer for _, t in rows],
+        "actions": [t.actions for _, t in rows],
+        "valid": [t.valid for _, t in rows],
+        "format_ok": [t.format_ok for _, t in rows],
+        "reward": [t.reward for _, t in rows],
+        "penalty": [t.penalty for _, t in rows],
+        "done": [t.done for _, t in rows],
+        "truncated": [t.truncated for _, t in rows],
+        "response_tokens": [t.response_tokens for _, t in rows],
+        "info": [json.dumps(t.info, sort_keys=True) for _, t in rows],
+    }
+    return pa.Table.from_pydict(columns, schema=TURNS.arrow_schema)

@@ -1,0 +1,75 @@
+"""The stages of a StarPO iteration as Prefect tasks (thin wrappers over :mod:`ragen_core.stages`).
+
+They share the in-memory run session, so they opt out of Prefect's input-hash caching (the lake's commit markers
+are the source of truth for what is done).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ragen_core import stages
+from ragen_core.bootstrap import bootstrap_model
+from ragen_core.config import RunConfig
+from ragen_core.rollout import TrajectoryRecord
+from ragen_core.session import RunSession, open_session
+from ragen_core.storage import BatchMeta, DataLake
+
+
+@task(name="bootstrap", cache_policy=NO_CACHE)
+def bootstrap(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """Scripted demonstrations + supervised update; returns the bootstrapped model folder."""
+    return bootstrap_model(config, lake, base_dir)
+
+
+@task(name="open_session", cache_policy=NO_CACHE)
+def start_session(config: RunConfig, lake: DataLake, run_id: str, model_dir: Path) -> RunSession:
+    """Load the policy and start its DeepSpeed engine."""
+    return open_session(config, lake, run_id, model_dir)
+
+
+@task(name="generate_rollouts", cache_policy=NO_CACHE)
+def generate_rollouts(session: RunSession, iteration: int) -> list[TrajectoryRecord]:
+    """Stage 1: training rollouts."""
+    return stages.generate_rollouts(session, iteration)
+
+
+@task(name="persist_trajectories", cache_policy=NO_CACHE)
+def persist_trajectories(lake: DataLake, meta: BatchMeta, stage: str, records: list[TrajectoryRecord]) -> dict:
+    """Stage 2: stage the batch as Parquet."""
+    return stages.persist_trajectories(lake, meta, stage, records)
+
+
+@task(name="validate_batch", cache_policy=NO_CACHE)
+def validate_batch(lake: DataLake, run_id: str, iteration: int, stage: str, group_size: int,
+                   bounds: tuple[float, float]) -> dict:
+    """Stage 3: data contracts; a failing batch is quarantined and the task fails."""
+    return stages.validate_batch(lake, run_id, iteration, stage, group_size, bounds)
+
+
+@task(name="filter_groups", cache_policy=NO_CACHE)
+def filter_groups(lake: DataLake, run_id: str, iteration: int, filter_name: str, ratio: float) -> dict[str, float]:
+    """Stage 4: variance filter, then publish the batch."""
+    return stages.filter_groups(lake, run_id, iteration, filter_name, ratio)
+
+
+@task(name="update_policy", cache_policy=NO_CACHE)
+def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
+    """Stage 5: StarPO update on the kept trajectories."""
+    return stages.update_policy(session, iteration)
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
+    """Stage 6: validation rollouts on fixed instances."""
+    return stages.evaluate(session, iteration)
+
+
+@task(name="commit_iteration", cache_policy=NO_CACHE)
+def commit_iteration(session: RunSession, iteration: int, metrics: dict[str, float]) -> dict:
+    """Stage 7: metrics rows and the commit marker."""
+    return stages.commit_iteration(session, iteration, metrics)
