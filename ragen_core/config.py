@@ -122,10 +122,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 class ActorConfig(_Section):
     """Optimisation of the policy (DeepSpeed engine)."""
 
-    lr: float = Field(3e-4, gt=0, description="Learning rate (paper, 0.5B pretrained: 1e-6; tiny model needs more).")
+    lr: float = Field(1e-3, gt=0, description="Learning rate (paper, 0.5B pretrained: 1e-6; tiny model needs more).")
     weight_decay: NonNegativeFloat = Field(0.01, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
-    mini_batch_size: PositiveInt = Field(32, description="Trajectories per optimizer step.")
+    mini_batch_size: PositiveInt = Field(16, description="Trajectories per optimizer step.")
     micro_batch_size: PositiveInt = Field(16, description="Trajectories per forward/backward pass.")
     ppo_epochs: PositiveInt = Field(1, description="Passes over the kept batch per iteration.")
     zero_stage: Literal[0, 1, 2] = Field(0, description="DeepSpeed ZeRO stage.")
@@ -175,6 +175,7 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> RunConfig:
+        _check_registered_names(self)
         if self.actor.mini_batch_size % self.actor.micro_batch_size:
             raise ValueError(
                 f"actor.mini_batch_size={self.actor.mini_batch_size} must be a multiple of "
@@ -195,6 +196,30 @@ class RunConfig(_Section):
         """Stable 16-hex-digit digest of the resolved config (sorted-key JSON)."""
         payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _check_registered_names(config: RunConfig) -> None:
+    """Names that refer to registries must exist there (checked at load time, before any compute)."""
+    from ragen_core.algos import ADVANTAGES, FILTERS, POLICY_LOSSES
+    from ragen_core.envs import registered_envs
+    from ragen_core.rollout.scripted import registered_scripted_policies
+
+    envs = registered_envs()
+    for key, name in [("env.name", config.env.name)] + [("env.val_envs", n) for n in config.env.val_envs or []]:
+        if name not in envs:
+            raise ValueError(f"{key}: unknown environment {name!r}; registered: {', '.join(envs)}")
+    for key, name, registry in (
+        ("algorithm.adv_estimator", config.algorithm.adv_estimator, ADVANTAGES),
+        ("algorithm.policy_loss", config.algorithm.policy_loss, POLICY_LOSSES),
+        ("algorithm.filter", config.algorithm.filter, FILTERS),
+    ):
+        if name not in registry:
+            raise ValueError(f"{key}: unknown name {name!r}; registered: {', '.join(registry.names())}")
+    policies = registered_scripted_policies()
+    for key, name in (("rollout.scripted_policy", config.rollout.scripted_policy),
+                      ("bootstrap.policy", config.bootstrap.policy)):
+        if name not in policies:
+            raise ValueError(f"{key}: unknown scripted policy {name!r}; registered: {', '.join(policies)}")
 
 
 def _format_validation_error(error: ValidationError) -> str:

@@ -149,14 +149,14 @@ class ActorEngine:
                     kl_penalty(logprobs, ref_logprobs[micro_rows, :width]), micro.loss_mask, config.loss_agg_mode, count
                 )
                 loss = loss + config.kl_coef * kl
-                sums["actor/kl_loss"] = sums.get("actor/kl_loss", 0.0) + float(kl) * _share(config, weight)
+                sums["actor/kl_loss"] = sums.get("actor/kl_loss", 0.0) + float(kl.detach()) * _share(config, weight)
             if config.loss_agg_mode != "token-mean":
                 loss = loss * weight
             self.engine.backward(loss, scale_wrt_gas=False)
             share = _share(config, weight)
             micro_tokens = float(micro.loss_mask.sum()) / max(token_count, 1.0)
-            sums["actor/pg_loss"] = sums.get("actor/pg_loss", 0.0) + float(pg_loss) * share
-            sums["actor/entropy"] = sums.get("actor/entropy", 0.0) + float(entropy_loss) * share
+            sums["actor/pg_loss"] = sums.get("actor/pg_loss", 0.0) + float(pg_loss.detach()) * share
+            sums["actor/entropy"] = sums.get("actor/entropy", 0.0) + float(entropy_loss.detach()) * share
             for key, value in pg_stats.items():
                 sums[f"actor/{key}"] = sums.get(f"actor/{key}", 0.0) + float(value) * micro_tokens
         self.engine.step()
@@ -179,7 +179,7 @@ class ActorEngine:
                 logprobs, _ = token_logprobs(self.engine, micro)
                 loss = -aggregate_loss(logprobs, micro.loss_mask, "token-mean", token_count)
                 self.engine.backward(loss, scale_wrt_gas=False)
-                total += float(loss)
+                total += float(loss.detach())
             self.engine.step()
             losses.append(total)
         return {"sft/loss": float(np.mean(losses)), "sft/steps": float(len(losses))}

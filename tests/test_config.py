@@ -1,0 +1,79 @@
+import pytest
+
+from ragen_core.config import PRESETS, ConfigError, build_config, load_config, parse_override
+
+
+def test_defaults_follow_the_starpo_s_preset():
+    config = build_config()
+    assert config.algorithm.preset == "starpo_s"
+    assert (config.algorithm.clip_low, config.algorithm.clip_high) == (0.2, 0.28)
+    assert config.algorithm.kl_coef == 0.0
+    assert config.algorithm.filter_ratio == 0.25
+
+
+def test_switching_the_preset_changes_exactly_its_keys():
+    vanilla = build_config(overrides=["algorithm.preset=starpo"]).to_dict()
+    stabilised = build_config(overrides=["algorithm.preset=starpo_s"]).to_dict()
+    changed = {k for k in vanilla["algorithm"] if vanilla["algorithm"][k] != stabilised["algorithm"][k]}
+    assert changed == {"preset", "clip_high", "kl_coef", "filter_ratio"}
+    assert {k: vanilla["algorithm"][k] for k in PRESETS["starpo"]} == PRESETS["starpo"]
+    assert {k for s in ("model", "env", "rollout", "actor") for k in vanilla[s] if vanilla[s] != stabilised[s]} == set()
+
+
+def test_explicit_keys_override_the_preset():
+    config = build_config(overrides=["algorithm.preset=starpo_s", "algorithm.filter_ratio=1.0"])
+    assert config.algorithm.filter_ratio == 1.0 and config.algorithm.clip_high == 0.28
+
+
+def test_overrides_parse_yaml_values():
+    assert parse_override("rollout.group_size=8") == (["rollout", "group_size"], 8)
+    assert parse_override("env.val_envs=[bandit, bandit_test]") == (["env", "val_envs"], ["bandit", "bandit_test"])
+    config = build_config(overrides=["rollout.enable_think=false", "actor.lr=2e-4"])
+    assert config.rollout.enable_think is False and config.actor.lr == pytest.approx(2e-4)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("rollout.group_sise=4", "rollout.group_sise"),
+        ("rollout.group_size=abc", "rollout.group_size"),
+        ("rollout.env_groups=-3", "rollout.env_groups"),
+        ("algorithm.filter_ratio=1.5", "algorithm.filter_ratio"),
+        ("env.name=chess", "env.name"),
+        ("algorithm.adv_estimator=magic", "algorithm.adv_estimator"),
+        ("trainer.iterations=0", "trainer.iterations"),
+    ],
+)
+def test_bad_configs_name_the_key(override, key):
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides=[override])
+    assert key in str(info.value)
+
+
+def test_override_without_equals_is_rejected():
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        build_config(overrides=["rollout.group_size"])
+
+
+def test_micro_batch_must_divide_mini_batch():
+    with pytest.raises(ConfigError, match="multiple of"):
+        build_config(overrides=["actor.mini_batch_size=10", "actor.micro_batch_size=4"])
+
+
+def test_config_is_frozen_and_hash_is_stable(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 3\nrollout:\n  group_size: 4\n")
+    first, second = load_config(path), load_config(path)
+    assert first.config_hash() == second.config_hash()
+    assert first.config_hash() != load_config(path, ["seed=4"]).config_hash()
+    with pytest.raises(Exception):
+        first.seed = 5  # type: ignore[misc]
+
+
+def test_missing_or_malformed_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
