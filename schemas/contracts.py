@@ -89,10 +89,18 @@ def check_structure(table_name: str, table: pa.Table, report: ContractReport) ->
         pandera_schema(table_name).validate(table, lazy=True)
     except SchemaErrors as exc:
         for error in exc.schema_errors:
-            check = str(getattr(error, "check", "") or getattr(error, "reason_code", "schema"))
-            report.add("pandera", f"{table_name}:{check}", getattr(error, "column_name", None), detail=str(error))
+            _add_pandera_error(table_name, error, report)
     except SchemaError as exc:
-        report.add("pandera", f"{table_name}:{exc.check}", getattr(exc, "column_name", None), detail=str(exc))
+        _add_pandera_error(table_name, exc, report)
+
+
+def _add_pandera_error(table_name: str, error: Any, report: ContractReport) -> None:
+    schema = getattr(error, "schema", None)
+    column = getattr(error, "column_name", None) or (
+        getattr(schema, "name", None) if schema is not None and not hasattr(schema, "columns") else None
+    )
+    check = str(getattr(error, "check", "") or getattr(error, "reason_code", "schema"))
+    report.add("pandera", f"{table_name}:{check}", column, detail=str(error))
 
 
 def trajectory_summary(trajectories: pa.Table, turns: pa.Table | None) -> pd.DataFrame:

@@ -36,6 +36,7 @@ def query(root: str | Path, sql: str) -> pa.Table:
     """Run ``sql`` against the lake at ``root`` and return the result as an Arrow table."""
     con = connect(root)
     try:
-        return con.execute(sql).to_arrow_table()
+        relation = con.sql(sql)
+        return relation.to_arrow_table() if relation is not None else pa.table({})
     finally:
         con.close()

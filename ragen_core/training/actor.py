@@ -28,6 +28,7 @@ class OptimConfig:
     grad_clip: float
     micro_batch_size: int
     zero_stage: int = 0
+    optimizer: str = "adamw"
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,12 @@ class ActorEngine:
 
         self.optim = optim
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if keep_reference else None
-        optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+        if optim.optimizer == "adamw":
+            optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+        elif optim.optimizer == "sgd":
+            optimizer = torch.optim.SGD(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+        else:
+            raise ValueError(f"unknown optimizer {optim.optimizer!r}; use 'adamw' or 'sgd'")
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(optim))
 
     @property
@@ -159,11 +165,18 @@ class ActorEngine:
             sums["actor/entropy"] = sums.get("actor/entropy", 0.0) + float(entropy_loss.detach()) * share
             for key, value in pg_stats.items():
                 sums[f"actor/{key}"] = sums.get(f"actor/{key}", 0.0) + float(value) * micro_tokens
+        sums["actor/grad_norm"] = self._grad_norm()
         self.engine.step()
-        grad_norm = self.engine.get_global_grad_norm()
-        sums["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         sums["actor/lr"] = float(self.engine.get_lr()[0])
         return sums
+
+    def _grad_norm(self) -> float:
+        """Global gradient norm before clipping (ZeRO-0 keeps whole gradients on the parameters)."""
+        grads = [p.grad.detach() for p in self.engine.module.parameters() if p.grad is not None]
+        if grads:
+            return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
 
     def sft_update(self, batch: TokenBatch, batch_size: int, shuffle_seed: int) -> dict[str, float]:
         """One epoch of supervised learning: token-mean cross-entropy on the loss-masked tokens."""
