@@ -1,0 +1,102 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragen_core.config import load_config
+from ragen_core.storage import DataLake, query
+
+GROUPS, GROUP_SIZE, VAL = 2, 4, 4
+
+
+def _config(model_dir, iterations=2):
+    return {
+        "model": {"path": str(model_dir)},
+        "env": {"val_envs": ["bandit"]},
+        "rollout": {"env_groups": GROUPS, "group_size": GROUP_SIZE, "max_new_tokens": 8},
+        "actor": {"mini_batch_size": 4, "micro_batch_size": 4},
+        "trainer": {"iterations": iterations},
+        "eval": {"every": 1, "instances": VAL},
+    }
+
+
+@pytest.fixture(scope="module")
+def trained_root(prefect_harness, tmp_path_factory, tiny_model_dir):
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("lake")
+    result = train(_config(tiny_model_dir), data_root=str(root), run_id="flow-test")
+    assert result["run_id"] == "flow-test"
+    return root
+
+
+def test_each_iteration_stores_exactly_groups_times_group_size_train_rows(trained_root):
+    rows = query(trained_root, "SELECT iteration, split, count(*) AS n, count(DISTINCT group_id) AS g, "
+                               "sum(kept::int) AS kept FROM trajectories GROUP BY 1, 2 ORDER BY 1, 2").to_pylist()
+    train_rows = [(r["iteration"], r["n"], r["g"], r["kept"]) for r in rows if r["split"] == "train"]
+    # filter_ratio 0.25 of 2 groups keeps int(0.5) -> at least 1 group = 4 trajectories
+    assert train_rows == [(0, 8, 2, 4), (1, 8, 2, 4)]
+    val_rows = [(r["iteration"], r["n"]) for r in rows if r["split"] == "val"]
+    assert val_rows == [(0, VAL), (1, VAL), (2, VAL)]  # before any update, after 1, after 2 (final)
+
+
+def test_trajectory_keys_are_unique_and_rows_carry_the_contract(trained_root):
+    (dupes,) = query(trained_root, "SELECT count(*) - count(DISTINCT (run_id, iteration, split, env, group_id, "
+                                   "traj_index)) AS d FROM trajectories").to_pylist()
+    assert dupes["d"] == 0
+    row = query(trained_root, "SELECT * FROM trajectories WHERE split = 'train' LIMIT 1").to_pylist()[0]
+    for column in ("run_id", "iteration", "split", "env", "group_id", "traj_index", "env_seed", "total_reward",
+                   "success", "kept", "input_ids", "loss_mask", "behavior_logprobs"):
+        assert row[column] is not None, column
+    assert len(row["input_ids"]) == len(row["loss_mask"]) == len(row["behavior_logprobs"])
+    turn = query(trained_root, "SELECT turn_index, observation, response, actions, valid, reward FROM turns "
+                               "LIMIT 1").to_pylist()[0]
+    assert turn["observation"].startswith("You play a two-armed bandit")
+
+
+def test_metrics_manifest_and_commits(trained_root):
+    names = {r["name"] for r in query(trained_root, "SELECT DISTINCT name FROM metrics").to_pylist()}
+    assert {"rollout/reward_mean", "filter/keep_rate", "actor/pg_loss", "val/bandit/success", "time/update"} <= names
+    lake = DataLake(trained_root)
+    assert lake.committed_iterations("flow-test") == [0, 1, 2]
+    manifest = lake.read_manifest("flow-test")
+    assert manifest["status"] == "completed" and manifest["config_hash"]
+    assert not (trained_root / "_staging" / "flow-test").exists() or not any((trained_root / "_staging").rglob("*.parquet"))
+
+
+def test_cli_sql_formats(trained_root):
+    runner = CliRunner()
+    statement = "SELECT iteration, count(*) AS n FROM trajectories WHERE split = 'train' GROUP BY 1 ORDER BY 1"
+    result = runner.invoke(app, ["sql", statement, "--data-root", str(trained_root), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == [{"iteration": 0, "n": 8}, {"iteration": 1, "n": 8}]
+    result = runner.invoke(app, ["sql", statement, "--data-root", str(trained_root), "--format", "csv"])
+    assert result.output.splitlines()[0].replace('"', "") == "iteration,n"
+
+
+def test_rerunning_a_run_id_is_refused(trained_root, tiny_model_dir):
+    from flows.train import train
+    from ragen_core.session import RunExistsError
+
+    with pytest.raises(RunExistsError, match="already exists"):
+        train(_config(tiny_model_dir), data_root=str(trained_root), run_id="flow-test")
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("rollout.bogus=1", "rollout.bogus"), ("rollout.group_size=many", "rollout.group_size"),
+     ("rollout.env_groups=-2", "rollout.env_groups")],
+)
+def test_bad_config_fails_at_once_and_writes_nothing(tmp_path, override, key):
+    root = tmp_path / "root"
+    result = CliRunner().invoke(app, ["train", "--config", "configs/bandit.yaml", "--data-root", str(root), override])
+    assert result.exit_code == 2
+    assert key in result.output
+    assert not root.exists()
+
+
+def test_demo_config_is_valid():
+    config = load_config("configs/bandit.yaml")
+    assert config.bootstrap.enabled and config.bootstrap.policy == "random"
+    assert config.algorithm.preset == "starpo_s" and config.eval.instances == 256
