@@ -6,7 +6,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -23,7 +22,7 @@ SUMMARY_SQL = (
 )
 
 
-def _data_root(value: Optional[Path]) -> Path:
+def _data_root(value: Path | None) -> Path:
     return (value or Path(os.environ.get("RAGEN_DATA_ROOT", DEFAULT_DATA_ROOT))).resolve()
 
 
@@ -59,9 +58,9 @@ def _fail(message: str) -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def train(
     ctx: typer.Context,
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
-    data_root: Optional[Path] = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="Run id (default <env>-<hash>-<time>)."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Run id (default <env>-<hash>-<time>)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
 ) -> None:
     """Train with StarPO / StarPO-S. Extra arguments are key.sub=value overrides, e.g. trainer.iterations=5."""
@@ -72,10 +71,9 @@ def train(
     except ConfigError as exc:
         _fail(str(exc))
     root = _data_root(data_root)
+    from flows.train import default_run_id
     from ragen_core.session import RunExistsError, check_run_id_free
     from ragen_core.storage import DataLake
-
-    from flows.train import default_run_id
 
     run_id = run_id or default_run_id(run_config)
     try:
@@ -91,8 +89,14 @@ def train(
 
     console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {root}")
     total = run_config.trainer.iterations + 1
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
         bar = progress.add_task("training", total=total)
 
         def on_iteration(iteration: int, metrics: dict[str, float]) -> None:
@@ -105,28 +109,41 @@ def train(
 
 def _metrics_line(iteration: int, metrics: dict[str, float]) -> str:
     parts = [f"iter {iteration:>3}"]
-    for key, label in (("rollout/reward_mean", "reward"), ("rollout/success_rate", "success"),
-                       ("rollout/in_group_reward_std", "grp_std"), ("actor/pg_loss", "pg_loss"),
-                       ("actor/entropy", "entropy"), ("actor/grad_norm", "grad")):
+    for key, label in (
+        ("rollout/reward_mean", "reward"),
+        ("rollout/success_rate", "success"),
+        ("rollout/in_group_reward_std", "grp_std"),
+        ("actor/pg_loss", "pg_loss"),
+        ("actor/entropy", "entropy"),
+        ("actor/grad_norm", "grad"),
+    ):
         if key in metrics:
             parts.append(f"{label} {metrics[key]:.3f}")
-    parts += [f"{k.removeprefix('val/')} {v:.3f}" for k, v in sorted(metrics.items())
-              if k.startswith("val/") and k.endswith("/success")]
+    parts += [
+        f"{k.removeprefix('val/')} {v:.3f}"
+        for k, v in sorted(metrics.items())
+        if k.startswith("val/") and k.endswith("/success")
+    ]
     return " · ".join(parts)
 
 
 def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None) -> None:
     from ragen_core.storage import query
 
-    success = query(root, f"SELECT iteration, name, value FROM metrics WHERE run_id = '{run_id}' AND name LIKE "
-                          "'val/%/success' ORDER BY iteration, name").to_pylist()
+    success = query(
+        root,
+        f"SELECT iteration, name, value FROM metrics WHERE run_id = '{run_id}' AND name LIKE "
+        "'val/%/success' ORDER BY iteration, name",
+    ).to_pylist()
     if success:
         first, last = success[0]["iteration"], success[-1]["iteration"]
         console.print("\n[bold]validation success[/] (before RL -> after RL)")
         for name in sorted({row["name"] for row in success}):
             before = next(r["value"] for r in success if r["name"] == name and r["iteration"] == first)
             after = next(r["value"] for r in success if r["name"] == name and r["iteration"] == last)
-            console.print(f"  {name.split('/')[1]:<16} iteration {first}: {before:.3f} -> iteration {last}: {after:.3f}")
+            console.print(
+                f"  {name.split('/')[1]:<16} iteration {first}: {before:.3f} -> iteration {last}: {after:.3f}"
+            )
     if bootstrap:
         console.print(f"bootstrap: {bootstrap}")
     console.print("\n[bold]SQL summary[/]: " + SUMMARY_SQL.format(run_id=run_id))
@@ -145,7 +162,7 @@ def _print_table(result) -> None:
 @app.command()
 def sql(
     statement: str = typer.Argument(..., help="SQL over the tables trajectories, turns, metrics."),
-    data_root: Optional[Path] = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
     output_format: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
 ) -> None:
     """Run SQL over every run in the data root (in-process DuckDB over the Parquet tables)."""

@@ -43,8 +43,12 @@ def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
     _timed(metrics, "persist", t.persist_trajectories(lake, meta, "rollout", records), start)
     start = time.perf_counter()
     bounds = score_bounds(config, config.env.name)
-    _timed(metrics, "validate", t.validate_batch(lake, run_id, iteration, "rollout", config.rollout.group_size,
-                                                 bounds), start)
+    _timed(
+        metrics,
+        "validate",
+        t.validate_batch(lake, run_id, iteration, "rollout", config.rollout.group_size, bounds),
+        start,
+    )
     start = time.perf_counter()
     filter_stats = t.filter_groups(lake, run_id, iteration, config.algorithm.filter, config.algorithm.filter_ratio)
     metrics.update(_timed(metrics, "filter", filter_stats, start))
@@ -94,8 +98,12 @@ def train(
         session.update_manifest(status="failed", error=f"{type(exc).__name__}: {exc}")
         raise
     session.update_manifest(status="completed")
-    return {"run_id": run_id, "data_root": str(Path(data_root).resolve()), "bootstrap": bootstrap_summary,
-            "iterations": run_config.trainer.iterations}
+    return {
+        "run_id": run_id,
+        "data_root": str(Path(data_root).resolve()),
+        "bootstrap": bootstrap_summary,
+        "iterations": run_config.trainer.iterations,
+    }
 
 
 def default_run_id(config: RunConfig) -> str:

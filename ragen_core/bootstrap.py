@@ -62,12 +62,18 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
 
     actor = ActorEngine(
         model,
-        OptimConfig(lr=settings.lr, weight_decay=0.0, grad_clip=config.actor.grad_clip,
-                    micro_batch_size=config.actor.micro_batch_size),
+        OptimConfig(
+            lr=settings.lr,
+            weight_decay=0.0,
+            grad_clip=config.actor.grad_clip,
+            micro_batch_size=config.actor.micro_batch_size,
+        ),
     )
     batch = collate([r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id)
-    history = [actor.sft_update(batch, settings.batch_size, derive_seed(config.seed, "bootstrap_sft", epoch))
-               for epoch in range(settings.epochs)]
+    history = [
+        actor.sft_update(batch, settings.batch_size, derive_seed(config.seed, "bootstrap_sft", epoch))
+        for epoch in range(settings.epochs)
+    ]
 
     staging = target.parent / f".{target.name}.building-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -84,10 +90,20 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
         "sft_loss_first": history[0]["sft/loss"],
         "sft_loss_last": history[-1]["sft/loss"],
     }
-    lake.write_manifest(run_id, {
-        "run_id": run_id, "kind": "bootstrap", "config": config.to_dict(), "config_hash": config.config_hash(),
-        "base_model": str(base_dir), "model_dir": str(target), "versions": library_versions(),
-        "status": "completed", "summary": summary, "updated_at": utc_now(),
-    })
+    lake.write_manifest(
+        run_id,
+        {
+            "run_id": run_id,
+            "kind": "bootstrap",
+            "config": config.to_dict(),
+            "config_hash": config.config_hash(),
+            "base_model": str(base_dir),
+            "model_dir": str(target),
+            "versions": library_versions(),
+            "status": "completed",
+            "summary": summary,
+            "updated_at": utc_now(),
+        },
+    )
     lake.commit_iteration(run_id, 0, summary)
     return target, summary

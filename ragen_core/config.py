@@ -32,7 +32,9 @@ class TinyModelConfig(_Section):
     hidden_size: PositiveInt = Field(64, description="Model width.")
     num_layers: PositiveInt = Field(2, description="Number of transformer blocks.")
     num_heads: PositiveInt = Field(4, description="Attention heads; must divide hidden_size.")
-    num_kv_heads: PositiveInt = Field(2, description="Key/value heads (grouped-query attention); must divide num_heads.")
+    num_kv_heads: PositiveInt = Field(
+        2, description="Key/value heads (grouped-query attention); must divide num_heads."
+    )
     intermediate_size: PositiveInt = Field(256, description="MLP width.")
     vocab_size: PositiveInt = Field(1024, description="Target BPE vocabulary size of the locally trained tokenizer.")
     seed: int = Field(0, description="Seed of the weight initialisation.")
@@ -216,8 +218,10 @@ def _check_registered_names(config: RunConfig) -> None:
         if name not in registry:
             raise ValueError(f"{key}: unknown name {name!r}; registered: {', '.join(registry.names())}")
     policies = registered_scripted_policies()
-    for key, name in (("rollout.scripted_policy", config.rollout.scripted_policy),
-                      ("bootstrap.policy", config.bootstrap.policy)):
+    for key, name in (
+        ("rollout.scripted_policy", config.rollout.scripted_policy),
+        ("bootstrap.policy", config.bootstrap.policy),
+    ):
         if name not in policies:
             raise ValueError(f"{key}: unknown scripted policy {name!r}; registered: {', '.join(policies)}")
 
@@ -288,6 +292,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
         if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(loaded).__name__}")
+            raise ConfigError(
+                f"config file {str(path)!r} must hold a mapping of sections, got {type(loaded).__name__}"
+            )
         tree = loaded or {}
     return build_config(tree, overrides)

@@ -111,8 +111,9 @@ def check_run_id_free(lake: DataLake, run_id: str) -> None:
         )
 
 
-def open_session(config: RunConfig, lake: DataLake, run_id: str, start_model_dir: Path,
-                 command: list[str] | None = None) -> RunSession:
+def open_session(
+    config: RunConfig, lake: DataLake, run_id: str, start_model_dir: Path, command: list[str] | None = None
+) -> RunSession:
     """Load the policy from ``start_model_dir``, start its DeepSpeed engine and write the run manifest."""
     set_determinism(config)
     model, tokenizer = load_policy(start_model_dir)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from ragen_core.algos import FILTERS
@@ -23,9 +25,6 @@ from ragen_core.storage import BatchMeta, DataLake, trajectories_table, turns_ta
 from ragen_core.training import PolicyUpdateConfig, collate
 from schemas.contracts import validate_trajectory_batch
 from schemas.tables import METRICS
-
-import pyarrow as pa
-import pyarrow.compute as pc
 
 
 class BatchRejected(RuntimeError):
@@ -57,8 +56,14 @@ def _backend(session: RunSession, temperature: float):
     rollout = session.config.rollout
     if rollout.backend == "scripted":
         return ScriptedBackend(rollout.scripted_policy, session.tokenizer)
-    return HFBackend(session.actor.module, session.tokenizer, temperature, rollout.max_new_tokens,
-                     top_p=rollout.top_p, top_k=rollout.top_k)
+    return HFBackend(
+        session.actor.module,
+        session.tokenizer,
+        temperature,
+        rollout.max_new_tokens,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+    )
 
 
 def generate_rollouts(session: RunSession, iteration: int) -> list[TrajectoryRecord]:
@@ -105,7 +110,8 @@ def filter_groups(lake: DataLake, run_id: str, iteration: int, filter_name: str,
     kept, group_std = FILTERS.get(filter_name)(scores, groups, ratio)
     schema = trajectories.schema
     trajectories = trajectories.set_column(
-        schema.get_field_index("group_reward_std"), schema.field("group_reward_std"),
+        schema.get_field_index("group_reward_std"),
+        schema.field("group_reward_std"),
         pa.array(group_std.double().numpy(), pa.float64()),
     )
     trajectories = trajectories.set_column(

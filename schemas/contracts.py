@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,7 @@ def _pandera_schema(spec: TableSpec, checks: dict[str, list[Any]]):
     return pap.DataFrameSchema(columns, strict=True, unique=list(spec.key), name=spec.name)
 
 
-@lru_cache(maxsize=None)
+@cache
 def pandera_schema(table: str):
     """The pandera schema of ``table`` ('trajectories' or 'turns')."""
     import pandera.pyarrow as pap
@@ -76,7 +76,11 @@ def pandera_schema(table: str):
         }
         return _pandera_schema(TRAJECTORIES, checks)
     if table == "turns":
-        checks = {"turn_index": non_negative, "penalty": [pap.Check.le(0)], "split": [pap.Check.isin(["train", "val"])]}
+        checks = {
+            "turn_index": non_negative,
+            "penalty": [pap.Check.le(0)],
+            "split": [pap.Check.isin(["train", "val"])],
+        }
         return _pandera_schema(TURNS, checks)
     raise ValueError(f"no pandera contract for table {table!r}")
 
@@ -105,6 +109,7 @@ def _add_pandera_error(table_name: str, error: Any, report: ContractReport) -> N
 
 def trajectory_summary(trajectories: pa.Table, turns: pa.Table | None) -> pd.DataFrame:
     """Per-trajectory summary frame (lengths, sums, flags) for the semantic checks; no raw token lists."""
+
     def lengths(name: str) -> np.ndarray:
         return pc.list_value_length(trajectories[name]).to_numpy(zero_copy_only=False).astype("float64")
 
@@ -156,7 +161,9 @@ def trajectory_suite(group_size: int, reward_bounds: tuple[float, float], with_t
         gxe.ExpectColumnValuesToBeBetween(column="n_trained", min_value=1),
         gxe.ExpectColumnValuesToBeBetween(column="max_logprob", max_value=0.0),
         gxe.ExpectColumnValuesToBeInSet(column="logprobs_finite", value_set=[True]),
-        gxe.ExpectColumnValuesToNotBeNull(column="n_logprobs", row_condition='is_policy==True', condition_parser="pandas"),
+        gxe.ExpectColumnValuesToNotBeNull(
+            column="n_logprobs", row_condition="is_policy==True", condition_parser="pandas"
+        ),
         gxe.ExpectColumnValuesToBeBetween(column="total_reward", min_value=low - 1e-9, max_value=high + 1e-9),
         gxe.ExpectColumnPairValuesToBeEqual(column_A="total_reward", column_B="reward_parts_sum"),
         gxe.ExpectColumnValuesToBeInSet(column="group_members", value_set=[group_size]),
@@ -186,7 +193,9 @@ def check_semantics(
             continue
         kwargs = item.expectation_config.kwargs
         column = kwargs.get("column") or (
-            f"{kwargs['column_A']},{kwargs['column_B']}" if "column_A" in kwargs else ",".join(kwargs.get("column_list", []))
+            f"{kwargs['column_A']},{kwargs['column_B']}"
+            if "column_A" in kwargs
+            else ",".join(kwargs.get("column_list", []))
         )
         rows = item.result.get("unexpected_index_list") or []
         keys = [frame.loc[i, list(TRAJECTORY_KEY)].tolist() for i in rows[:20] if i in frame.index]

@@ -45,8 +45,9 @@ def persist_trajectories(lake: DataLake, meta: BatchMeta, stage: str, records: l
 
 
 @task(name="validate_batch", cache_policy=NO_CACHE)
-def validate_batch(lake: DataLake, run_id: str, iteration: int, stage: str, group_size: int,
-                   bounds: tuple[float, float]) -> dict:
+def validate_batch(
+    lake: DataLake, run_id: str, iteration: int, stage: str, group_size: int, bounds: tuple[float, float]
+) -> dict:
     """Stage 3: data contracts; a failing batch is quarantined and the task fails."""
     return stages.validate_batch(lake, run_id, iteration, stage, group_size, bounds)
 

@@ -1,4 +1,5 @@
 import pytest
+from pydantic import ValidationError
 
 from ragen_core.config import PRESETS, ConfigError, build_config, load_config, parse_override
 
@@ -17,7 +18,9 @@ def test_switching_the_preset_changes_exactly_its_keys():
     changed = {k for k in vanilla["algorithm"] if vanilla["algorithm"][k] != stabilised["algorithm"][k]}
     assert changed == {"preset", "clip_high", "kl_coef", "filter_ratio"}
     assert {k: vanilla["algorithm"][k] for k in PRESETS["starpo"]} == PRESETS["starpo"]
-    assert {k for s in ("model", "env", "rollout", "actor") for k in vanilla[s] if vanilla[s] != stabilised[s]} == set()
+    assert {
+        k for s in ("model", "env", "rollout", "actor") for k in vanilla[s] if vanilla[s] != stabilised[s]
+    } == set()
 
 
 def test_explicit_keys_override_the_preset():
@@ -66,7 +69,7 @@ def test_config_is_frozen_and_hash_is_stable(tmp_path):
     first, second = load_config(path), load_config(path)
     assert first.config_hash() == second.config_hash()
     assert first.config_hash() != load_config(path, ["seed=4"]).config_hash()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         first.seed = 5  # type: ignore[misc]
 
 

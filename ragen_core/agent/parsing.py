@@ -30,9 +30,7 @@ class ParsedResponse:
         return self.format_ok and bool(self.actions) and not self.invalid_actions
 
 
-def parse_response(
-    text: str, action_names: list[str], max_actions: int, enable_think: bool = True
-) -> ParsedResponse:
+def parse_response(text: str, action_names: list[str], max_actions: int, enable_think: bool = True) -> ParsedResponse:
     """Parse ``<think>..</think><answer>..</answer>`` (only ``<answer>`` when thinking is disabled).
 
     Text around the tags is tolerated (as in RAGEN's ``re.search``). Answer items are split on ``||``, stripped,

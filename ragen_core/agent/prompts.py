@@ -42,13 +42,17 @@ class ChatFormatter:
 
     def __init__(self, tokenizer: Any, system_prompt: str = SYSTEM_PROMPT) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("the tokenizer has no chat template; use an instruct model or set tokenizer.chat_template")
+            raise ValueError(
+                "the tokenizer has no chat template; use an instruct model or set tokenizer.chat_template"
+            )
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self._eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special tokens added (special-token text is recognised)."""

@@ -10,7 +10,9 @@ POLICY_LOSSES: Registry = Registry("policy loss")
 register_policy_loss = POLICY_LOSSES.register
 
 
-def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, token_count: float | None = None) -> torch.Tensor:
+def aggregate_loss(
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, token_count: float | None = None
+) -> torch.Tensor:
     """Reduce a (B, T) loss matrix over the masked tokens.
 
     ``token-mean``: sum over all masked tokens / number of masked tokens (``token_count`` overrides the

@@ -28,9 +28,7 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 # Qwen2's pre-tokenisation regex (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX).
-QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
 TOKENIZER_CORPUS_VERSION = 1
 
 
@@ -46,7 +44,9 @@ def tokenizer_corpus(seeds_per_env: int = 40) -> list[str]:
                 user = first_user_message(env.instruction(), actions, 5, turn_message(1, state, 10, enable_think))
                 texts.append(f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n")
             action = actions[seed % len(actions)]
-            texts.append(f"<|im_start|>assistant\n<think>I choose {action}.</think><answer>{action}</answer><|im_end|>")
+            texts.append(
+                f"<|im_start|>assistant\n<think>I choose {action}.</think><answer>{action}</answer><|im_end|>"
+            )
             texts.append(f"<answer>{' || '.join(actions)}</answer>")
             _, reward, _, _, _ = env.step(action)
             texts.append(turn_message(2, env.render(), 9, True, reward=reward))

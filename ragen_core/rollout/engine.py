@@ -53,9 +53,9 @@ class _Slot:
         self.last_reply_finished = True
 
 
-def run_rollouts(spec: RolloutSpec, backend: RolloutBackend, formatter: ChatFormatter, seed: int) -> list[
-    TrajectoryRecord
-]:
+def run_rollouts(
+    spec: RolloutSpec, backend: RolloutBackend, formatter: ChatFormatter, seed: int
+) -> list[TrajectoryRecord]:
     """Roll out every (group, member) of ``spec`` with ``backend``; ``seed`` drives the sampling of every turn."""
     slots: list[_Slot] = []
     for group_id, env_seed in enumerate(spec.group_seeds):
@@ -79,7 +79,9 @@ def run_rollouts(spec: RolloutSpec, backend: RolloutBackend, formatter: ChatForm
             break
         observations = [_extend_prompt(slot, turn, spec, formatter) for slot in active]
         contexts = [
-            TurnContext(slot.record.input_ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think)
+            TurnContext(
+                slot.record.input_ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think
+            )
             for slot in active
         ]
         generations = backend.generate(contexts, derive_seed(seed, turn))

@@ -145,14 +145,23 @@ class ActorEngine:
             adv = advantages[micro_rows, :width]
             count = token_count if config.loss_agg_mode == "token-mean" else None
             pg_loss, pg_stats = loss_fn(
-                logprobs, old, adv, micro.loss_mask, clip_low=config.clip_low, clip_high=config.clip_high,
-                loss_agg_mode=config.loss_agg_mode, token_count=count,
+                logprobs,
+                old,
+                adv,
+                micro.loss_mask,
+                clip_low=config.clip_low,
+                clip_high=config.clip_high,
+                loss_agg_mode=config.loss_agg_mode,
+                token_count=count,
             )
             entropy_loss = aggregate_loss(entropy, micro.loss_mask, config.loss_agg_mode, count)
             loss = pg_loss - config.entropy_coef * entropy_loss
             if ref_logprobs is not None:
                 kl = aggregate_loss(
-                    kl_penalty(logprobs, ref_logprobs[micro_rows, :width]), micro.loss_mask, config.loss_agg_mode, count
+                    kl_penalty(logprobs, ref_logprobs[micro_rows, :width]),
+                    micro.loss_mask,
+                    config.loss_agg_mode,
+                    count,
                 )
                 loss = loss + config.kl_coef * kl
                 sums["actor/kl_loss"] = sums.get("actor/kl_loss", 0.0) + float(kl.detach()) * _share(config, weight)

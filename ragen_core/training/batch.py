@@ -25,7 +25,9 @@ class TokenBatch:
     def select(self, rows: torch.Tensor | list[int]) -> TokenBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
         width = int(self.attention_mask[rows].sum(dim=1).max())
-        return TokenBatch(self.input_ids[rows, :width], self.attention_mask[rows, :width], self.loss_mask[rows, :width])
+        return TokenBatch(
+            self.input_ids[rows, :width], self.attention_mask[rows, :width], self.loss_mask[rows, :width]
+        )
 
 
 def collate(input_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]], pad_id: int) -> TokenBatch:

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from ragen_core.algos import FILTERS, aggregate_loss, grpo_advantage, groups_to_keep, ppo_clip_loss
+from ragen_core.algos import FILTERS, aggregate_loss, groups_to_keep, grpo_advantage, ppo_clip_loss
 
 
 def _grpo_loop(scores, groups, norm_by_std, eps=1e-6):
@@ -11,8 +11,8 @@ def _grpo_loop(scores, groups, norm_by_std, eps=1e-6):
     import statistics
 
     out = []
-    for score, group in zip(scores, groups):
-        members = [s for s, g in zip(scores, groups) if g == group]
+    for score, group in zip(scores, groups, strict=False):
+        members = [s for s, g in zip(scores, groups, strict=False) if g == group]
         if len(members) == 1:
             out.append(score)
             continue
@@ -35,8 +35,9 @@ def test_grpo_hand_computed():
     assert adv[:, 0].tolist() == pytest.approx([0.5, -0.5, -0.1, -0.1, 0.2])
     adv, _ = grpo_advantage(rewards, mask, groups, norm_adv_by_std=True)
     std1 = math.sqrt(((0.1 - 0.2) ** 2 * 2 + 0.2**2) / 2)
-    assert adv[:, 2].tolist() == pytest.approx([0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5), -0.1 / std1, -0.1 / std1,
-                                                0.2 / std1], rel=1e-5)
+    assert adv[:, 2].tolist() == pytest.approx(
+        [0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5), -0.1 / std1, -0.1 / std1, 0.2 / std1], rel=1e-5
+    )
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -12,7 +12,11 @@ def test_registry_lists_the_bandit_family_and_rejects_unknown_names():
 
 @pytest.mark.parametrize(
     ("name", "low", "high"),
-    [("bandit", "Phoenix", "Dragon"), ("bandit_test", "Trader", "Librarian"), ("bandit_reversed", "Dragon", "Phoenix")],
+    [
+        ("bandit", "Phoenix", "Dragon"),
+        ("bandit_test", "Trader", "Librarian"),
+        ("bandit_reversed", "Dragon", "Phoenix"),
+    ],
 )
 def test_rewards_and_success(name, low, high):
     env = make_env(name)

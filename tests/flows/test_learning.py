@@ -15,17 +15,27 @@ def test_starpo_s_lifts_bandit_validation_success(prefect_harness, tmp_path):
 
     config = load_config(
         "configs/bandit.yaml",
-        [f"trainer.iterations={ITERATIONS}", f"eval.every={ITERATIONS}", "eval.instances=128", "env.val_envs=[bandit]"],
+        [
+            f"trainer.iterations={ITERATIONS}",
+            f"eval.every={ITERATIONS}",
+            "eval.instances=128",
+            "env.val_envs=[bandit]",
+        ],
     )
     train(config.to_dict(), data_root=str(tmp_path), run_id="learn")
-    rows = query(tmp_path, "SELECT iteration, avg(success::int) AS s FROM trajectories WHERE split = 'val' "
-                           "GROUP BY 1 ORDER BY 1").to_pylist()
+    rows = query(
+        tmp_path,
+        "SELECT iteration, avg(success::int) AS s FROM trajectories WHERE split = 'val' GROUP BY 1 ORDER BY 1",
+    ).to_pylist()
     assert [r["iteration"] for r in rows] == [0, ITERATIONS]
     before, after = rows[0]["s"], rows[1]["s"]
     # After the random-arm bootstrap the policy picks the better arm about half the time (observed ~0.48);
     # StarPO-S must lift it to at least 0.85 (observed ~0.99 at this length).
     assert 0.3 < before < 0.7
     assert after >= 0.85
-    demos = query(tmp_path, "SELECT avg((answer = 'Dragon')::int) AS dragon, avg(valid::int) AS ok FROM turns "
-                            "WHERE run_id LIKE 'bootstrap-%'").to_pylist()[0]
+    demos = query(
+        tmp_path,
+        "SELECT avg((answer = 'Dragon')::int) AS dragon, avg(valid::int) AS ok FROM turns "
+        "WHERE run_id LIKE 'bootstrap-%'",
+    ).to_pylist()[0]
     assert abs(demos["dragon"] - 0.5) < 0.05 and demos["ok"] >= 0.95

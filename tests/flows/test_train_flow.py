@@ -32,8 +32,11 @@ def trained_root(prefect_harness, tmp_path_factory, tiny_model_dir):
 
 
 def test_each_iteration_stores_exactly_groups_times_group_size_train_rows(trained_root):
-    rows = query(trained_root, "SELECT iteration, split, count(*) AS n, count(DISTINCT group_id) AS g, "
-                               "sum(kept::int) AS kept FROM trajectories GROUP BY 1, 2 ORDER BY 1, 2").to_pylist()
+    rows = query(
+        trained_root,
+        "SELECT iteration, split, count(*) AS n, count(DISTINCT group_id) AS g, "
+        "sum(kept::int) AS kept FROM trajectories GROUP BY 1, 2 ORDER BY 1, 2",
+    ).to_pylist()
     train_rows = [(r["iteration"], r["n"], r["g"], r["kept"]) for r in rows if r["split"] == "train"]
     # filter_ratio 0.25 of 2 groups keeps int(0.5) -> at least 1 group = 4 trajectories
     assert train_rows == [(0, 8, 2, 4), (1, 8, 2, 4)]
@@ -42,16 +45,33 @@ def test_each_iteration_stores_exactly_groups_times_group_size_train_rows(traine
 
 
 def test_trajectory_keys_are_unique_and_rows_carry_the_contract(trained_root):
-    (dupes,) = query(trained_root, "SELECT count(*) - count(DISTINCT (run_id, iteration, split, env, group_id, "
-                                   "traj_index)) AS d FROM trajectories").to_pylist()
+    (dupes,) = query(
+        trained_root,
+        "SELECT count(*) - count(DISTINCT (run_id, iteration, split, env, group_id, "
+        "traj_index)) AS d FROM trajectories",
+    ).to_pylist()
     assert dupes["d"] == 0
     row = query(trained_root, "SELECT * FROM trajectories WHERE split = 'train' LIMIT 1").to_pylist()[0]
-    for column in ("run_id", "iteration", "split", "env", "group_id", "traj_index", "env_seed", "total_reward",
-                   "success", "kept", "input_ids", "loss_mask", "behavior_logprobs"):
+    for column in (
+        "run_id",
+        "iteration",
+        "split",
+        "env",
+        "group_id",
+        "traj_index",
+        "env_seed",
+        "total_reward",
+        "success",
+        "kept",
+        "input_ids",
+        "loss_mask",
+        "behavior_logprobs",
+    ):
         assert row[column] is not None, column
     assert len(row["input_ids"]) == len(row["loss_mask"]) == len(row["behavior_logprobs"])
-    turn = query(trained_root, "SELECT turn_index, observation, response, actions, valid, reward FROM turns "
-                               "LIMIT 1").to_pylist()[0]
+    turn = query(
+        trained_root, "SELECT turn_index, observation, response, actions, valid, reward FROM turns LIMIT 1"
+    ).to_pylist()[0]
     assert turn["observation"].startswith("You play a two-armed bandit")
 
 
@@ -62,7 +82,9 @@ def test_metrics_manifest_and_commits(trained_root):
     assert lake.committed_iterations("flow-test") == [0, 1, 2]
     manifest = lake.read_manifest("flow-test")
     assert manifest["status"] == "completed" and manifest["config_hash"]
-    assert not (trained_root / "_staging" / "flow-test").exists() or not any((trained_root / "_staging").rglob("*.parquet"))
+    assert not (trained_root / "_staging" / "flow-test").exists() or not any(
+        (trained_root / "_staging").rglob("*.parquet")
+    )
 
 
 def test_cli_sql_formats(trained_root):
@@ -85,8 +107,11 @@ def test_rerunning_a_run_id_is_refused(trained_root, tiny_model_dir):
 
 @pytest.mark.parametrize(
     ("override", "key"),
-    [("rollout.bogus=1", "rollout.bogus"), ("rollout.group_size=many", "rollout.group_size"),
-     ("rollout.env_groups=-2", "rollout.env_groups")],
+    [
+        ("rollout.bogus=1", "rollout.bogus"),
+        ("rollout.group_size=many", "rollout.group_size"),
+        ("rollout.env_groups=-2", "rollout.env_groups"),
+    ],
 )
 def test_bad_config_fails_at_once_and_writes_nothing(tmp_path, override, key):
     root = tmp_path / "root"

@@ -8,8 +8,9 @@ from ragen_core.training import collate, token_logprobs
 
 
 def _spec(max_turns=1, groups=(11, 12, 13), group_size=4):
-    return RolloutSpec("bandit", list(groups), group_size, max_turns=max_turns, max_actions_per_turn=1,
-                       max_actions_per_traj=max_turns)
+    return RolloutSpec(
+        "bandit", list(groups), group_size, max_turns=max_turns, max_actions_per_turn=1, max_actions_per_traj=max_turns
+    )
 
 
 def test_stored_ids_rescored_reproduce_behavior_logprobs(tiny_policy):
@@ -68,8 +69,12 @@ def _invalid_then_arm():
 def test_multi_turn_sequence_layout_and_penalty(tiny_policy):
     _, tokenizer = tiny_policy
     formatter = ChatFormatter(tokenizer)
-    record = run_rollouts(_spec(max_turns=2, groups=(7,), group_size=1),
-                          ScriptedBackend(_invalid_then_arm(), tokenizer), formatter, seed=0)[0]
+    record = run_rollouts(
+        _spec(max_turns=2, groups=(7,), group_size=1),
+        ScriptedBackend(_invalid_then_arm(), tokenizer),
+        formatter,
+        seed=0,
+    )[0]
     assert [t.actions for t in record.turns] == [[], [record.turns[1].actions[0]]]
     assert [t.valid for t in record.turns] == [False, True]
     assert record.format_penalty == pytest.approx(-0.1)

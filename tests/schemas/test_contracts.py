@@ -53,7 +53,9 @@ def test_nan_logprob(batch):
     trajectories, turns = batch
     logprobs = trajectories["behavior_logprobs"].to_pylist()
     logprobs[0][-1] = math.nan
-    report = validate_trajectory_batch(_replace(trajectories, "behavior_logprobs", logprobs), turns, GROUP_SIZE, BOUNDS)
+    report = validate_trajectory_batch(
+        _replace(trajectories, "behavior_logprobs", logprobs), turns, GROUP_SIZE, BOUNDS
+    )
     assert "expect_column_values_to_be_in_set[logprobs_finite]" in report.failed_checks()
 
 
@@ -86,5 +88,7 @@ def test_policy_rows_must_carry_logprobs(batch):
     trajectories, turns = batch
     logprobs = trajectories["behavior_logprobs"].to_pylist()
     logprobs[2] = None
-    report = validate_trajectory_batch(_replace(trajectories, "behavior_logprobs", logprobs), turns, GROUP_SIZE, BOUNDS)
+    report = validate_trajectory_batch(
+        _replace(trajectories, "behavior_logprobs", logprobs), turns, GROUP_SIZE, BOUNDS
+    )
     assert "expect_column_values_to_not_be_null[n_logprobs]" in report.failed_checks()

@@ -47,8 +47,9 @@ def test_duckdb_views_span_runs_and_empty_tables_have_columns(tmp_path, records)
         meta = BatchMeta(run, 0, "train", 0, 1.0, "hash")
         lake.stage_table(run, 0, "rollout", "trajectories", trajectories_table(records, meta))
         lake.publish(run, 0, "rollout")
-    result = query(tmp_path, "SELECT run_id, count(*) AS n, sum(total_reward) AS r FROM trajectories GROUP BY 1 "
-                             "ORDER BY 1").to_pylist()
+    result = query(
+        tmp_path, "SELECT run_id, count(*) AS n, sum(total_reward) AS r FROM trajectories GROUP BY 1 ORDER BY 1"
+    ).to_pylist()
     expected_reward = sum(r.total_reward for r in records)
     assert [(x["run_id"], x["n"]) for x in result] == [("run-a", 12), ("run-b", 12)]
     assert result[0]["r"] == pytest.approx(expected_reward)
