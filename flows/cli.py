@@ -34,7 +34,9 @@ def _prepare_prefect(data_root: Path, run_id: str, verbose: bool) -> None:
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     if "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
-        os.environ["PREFECT_HOME"] = str(data_root / "_prefect" / run_id)
+        home = data_root / "_prefect" / run_id
+        home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level itself
+        os.environ["PREFECT_HOME"] = str(home)
 
 
 def _quiet_libraries() -> None:

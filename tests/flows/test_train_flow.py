@@ -125,3 +125,67 @@ def test_demo_config_is_valid():
     config = load_config("configs/bandit.yaml")
     assert config.bootstrap.enabled and config.bootstrap.policy == "random"
     assert config.algorithm.preset == "starpo_s" and config.eval.instances == 256
+
+
+def test_the_installed_console_script_runs(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = shutil.which("ragen") or str(Path(sys.executable).parent / "ragen")
+    result = subprocess.run(
+        [script, "sql", "SELECT count(*) AS n FROM trajectories", "--data-root", str(tmp_path), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"n": 0}]
+
+
+@pytest.mark.slow
+def test_ragen_train_end_to_end_on_prefects_local_server(tmp_path, tiny_model_dir):
+    """The user's path: the console script starts Prefect's temporary server under the data root and trains."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = shutil.which("ragen") or str(Path(sys.executable).parent / "ragen")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_HOME") and k != "PREFECT_API_URL"}
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        "rollout.env_groups=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=6",
+        "actor.mini_batch_size=4",
+        "actor.micro_batch_size=4",
+        "trainer.iterations=1",
+        "eval.instances=2",
+        "env.val_envs=[bandit]",
+        "bootstrap.enabled=false",
+    ]
+    result = subprocess.run(
+        [
+            script,
+            "train",
+            "--config",
+            "configs/bandit.yaml",
+            "--data-root",
+            str(tmp_path),
+            "--run-id",
+            "cli",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "validation success" in result.stdout and "SQL summary" in result.stdout
+    assert (tmp_path / "_prefect" / "cli").is_dir()
+    rows = query(tmp_path, "SELECT split, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1").to_pylist()
+    assert rows == [{"split": "train", "n": 4}, {"split": "val", "n": 4}]
