@@ -10,7 +10,7 @@ from typing import Any
 from prefect import flow
 
 from ragen_core.config import RunConfig, build_config
-from ragen_core.session import RunSession, base_model_dir, check_run_id_free
+from ragen_core.session import RunSession, base_model_dir, check_run_id_free, default_run_id
 from ragen_core.stages import score_bounds
 from ragen_core.storage import BatchMeta, DataLake
 from tasks import stages as t
@@ -104,8 +104,3 @@ def train(
         "bootstrap": bootstrap_summary,
         "iterations": run_config.trainer.iterations,
     }
-
-
-def default_run_id(config: RunConfig) -> str:
-    """``<env>-<config hash[:8]>-<UTC timestamp>``."""
-    return f"{config.env.name}-{config.config_hash()[:8]}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"

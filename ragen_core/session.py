@@ -101,6 +101,12 @@ def new_manifest(config: RunConfig, run_id: str, model_dir: Path, command: list[
     }
 
 
+def default_run_id(config: RunConfig) -> str:
+    """``<env>-<config hash[:8]>-<UTC timestamp>``."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"{config.env.name}-{config.config_hash()[:8]}-{stamp}"
+
+
 def check_run_id_free(lake: DataLake, run_id: str) -> None:
     """Refuse a run id that already has a manifest in this data root."""
     manifest = lake.read_manifest(run_id)
