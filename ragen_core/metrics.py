@@ -36,13 +36,15 @@ def filter_metrics(trajectories: pa.Table) -> dict[str, float]:
     frame = trajectories.select(["group_id", "group_reward_std", "kept"]).to_pandas().drop_duplicates("group_id")
     kept = frame[frame["kept"]]
     dropped = frame[~frame["kept"]]
-    return {
+    metrics = {
         "filter/kept_groups": float(len(kept)),
         "filter/keep_rate": float(len(kept)) / max(len(frame), 1),
         "filter/kept_trajectories": float(pc.sum(pc.cast(trajectories["kept"], pa.int64())).as_py() or 0),
         "filter/kept_in_group_std": _mean(kept["group_reward_std"].to_numpy()),
-        "filter/dropped_in_group_std": _mean(dropped["group_reward_std"].to_numpy()),
     }
+    if len(dropped):  # undefined when the filter keeps every group (ratio 1.0): left out rather than NaN
+        metrics["filter/dropped_in_group_std"] = _mean(dropped["group_reward_std"].to_numpy())
+    return metrics
 
 
 def validation_metrics(trajectories: pa.Table, turns: pa.Table, env: str) -> dict[str, float]:

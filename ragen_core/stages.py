@@ -7,6 +7,7 @@ policy after i updates.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -21,14 +22,21 @@ from ragen_core.rollout import RolloutSpec, ScriptedBackend, TrajectoryRecord, r
 from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.session import RunSession
-from ragen_core.storage import BatchMeta, DataLake, trajectories_table, turns_table
+from ragen_core.storage import BatchMeta, DataLake, LakeError, evaluation_rows, trajectories_table, turns_table
 from ragen_core.training import PolicyUpdateConfig, collate
-from schemas.contracts import validate_trajectory_batch
-from schemas.tables import METRICS
+from schemas.contracts import ContractReport, validate_trajectory_batch
 
 
 class BatchRejected(RuntimeError):
-    """A batch failed its data contracts; it was quarantined and nothing from it was trained on."""
+    """A batch failed its data contracts; it was quarantined and nothing from it was trained on.
+
+    ``checks`` holds the stable names of the failed checks, ``quarantine`` the folder with the batch and report.json.
+    """
+
+    def __init__(self, message: str, checks: list[str] | None = None, quarantine: str | None = None) -> None:
+        super().__init__(message)
+        self.checks = checks or []
+        self.quarantine = quarantine
 
 
 def rollout_spec(config: RunConfig, env_name: str, group_seeds: list[int], group_size: int) -> RolloutSpec:
@@ -85,17 +93,33 @@ def persist_trajectories(
 
 
 def validate_batch(
-    lake: DataLake, run_id: str, iteration: int, stage: str, group_size: int, bounds: tuple[float, float]
+    lake: DataLake,
+    run_id: str,
+    iteration: int,
+    stage: str,
+    group_size: int,
+    bounds: tuple[float, float],
+    success_rule: Callable[[float], bool | None] | None = None,
 ) -> dict[str, Any]:
-    """Stage 3: pandera + great-expectations on the staged batch; a failing batch is quarantined and rejected."""
-    trajectories = lake.read_staged(run_id, iteration, stage, "trajectories")
-    turns = lake.read_staged(run_id, iteration, stage, "turns")
-    report = validate_trajectory_batch(trajectories, turns, group_size, bounds)
+    """Stage 3: pandera + great-expectations on the staged batch (``schemas.contracts``); a failing or unreadable
+    batch is moved to ``quarantine/`` with a machine-readable report.json and rejected, so nothing is published."""
+    try:
+        trajectories = lake.read_staged(run_id, iteration, stage, "trajectories")
+        turns = lake.read_staged(run_id, iteration, stage, "turns")
+    except LakeError as exc:
+        report = ContractReport()
+        report.add("storage", "staged_batch_readable", detail=str(exc))
+    else:
+        report = validate_trajectory_batch(trajectories, turns, group_size, bounds, success_rule=success_rule)
     if not report.ok:
-        where = lake.quarantine(run_id, iteration, stage, report.to_json())
+        context = {"run_id": run_id, "iteration": iteration, "stage": stage, "group_size": group_size}
+        where = lake.quarantine(run_id, iteration, stage, report.to_json(**context, reward_bounds=list(bounds)))
+        checks = report.failed_checks()
         raise BatchRejected(
-            f"batch {run_id}/{iteration}/{stage} failed checks {', '.join(report.failed_checks())}; "
-            f"quarantined in {where} (see report.json); nothing from it is trained on"
+            f"batch {run_id}/{iteration}/{stage} failed checks {', '.join(checks)}; "
+            f"quarantined in {where} (see report.json); nothing from it is trained on",
+            checks,
+            str(where),
         )
     return {"rows": trajectories.num_rows, "checks": "passed"}
 
@@ -174,19 +198,18 @@ def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
 
 
 def commit_iteration(session: RunSession, iteration: int, metrics: dict[str, float]) -> dict[str, Any]:
-    """Stage 7: write the iteration's metrics rows, publish them and write the commit marker."""
+    """Stage 7: write the iteration's metrics rows and its evaluations rows (from the published ``split='val'``
+    rows, when the iteration has any), publish them, write the commit marker and update the manifest."""
+    lake, run_id = session.lake, session.run_id
     names = sorted(metrics)
-    table = pa.Table.from_pydict(
-        {
-            "run_id": [session.run_id] * len(names),
-            "iteration": [iteration] * len(names),
-            "name": names,
-            "value": [float(metrics[n]) for n in names],
-        },
-        schema=METRICS.arrow_schema,
-    )
-    session.lake.stage_table(session.run_id, iteration, "commit", "metrics", table)
-    session.lake.publish(session.run_id, iteration, "commit")
-    session.lake.commit_iteration(session.run_id, iteration, {"metrics": len(names)})
+    rows = [{"run_id": run_id, "iteration": iteration, "name": n, "value": float(metrics[n])} for n in names]
+    lake.write_rows("metrics", run_id, iteration, rows, stage="commit", publish=False)
+    columns = ["run_id", "iteration", "split", "env", "group_id", "success", "total_reward", "response_length"]
+    published = lake.read_table("trajectories", run_id, iteration, columns=columns + ["temperature"])
+    evaluations = evaluation_rows(published)
+    if evaluations.num_rows:
+        lake.write_rows("evaluations", run_id, iteration, evaluations, stage="commit", publish=False)
+    lake.publish(run_id, iteration, "commit")
+    lake.commit_iteration(run_id, iteration, {"metrics": len(names), "evaluations": evaluations.num_rows})
     session.update_manifest(last_committed_iteration=iteration)
-    return {"iteration": iteration, "metrics": len(names)}
+    return {"iteration": iteration, "metrics": len(names), "evaluations": evaluations.num_rows}

@@ -1,6 +1,37 @@
 """Table schemas (Arrow), data contracts (pandera) and semantic suites (great-expectations). Depends on nothing of
 ours."""
 
-from schemas.tables import METRICS, SCHEMA_VERSION, TABLES, TRAJECTORIES, TRAJECTORY_KEY, TURNS, ColumnSpec, TableSpec
+from schemas.tables import (
+    CHECKPOINTS,
+    EVALUATIONS,
+    EVENTS,
+    METRICS,
+    RUNS,
+    SCHEMA_VERSION,
+    TABLES,
+    TRAJECTORIES,
+    TRAJECTORY_KEY,
+    TURNS,
+    ColumnSpec,
+    TableSpec,
+)
+from schemas.versions import UPGRADES, NewerSchemaError, SchemaVersionError, UpgradeRegistry
 
-__all__ = ["METRICS", "SCHEMA_VERSION", "TABLES", "TRAJECTORIES", "TRAJECTORY_KEY", "TURNS", "ColumnSpec", "TableSpec"]
+__all__ = [
+    "CHECKPOINTS",
+    "EVALUATIONS",
+    "EVENTS",
+    "METRICS",
+    "RUNS",
+    "SCHEMA_VERSION",
+    "TABLES",
+    "TRAJECTORIES",
+    "TRAJECTORY_KEY",
+    "TURNS",
+    "UPGRADES",
+    "ColumnSpec",
+    "NewerSchemaError",
+    "SchemaVersionError",
+    "TableSpec",
+    "UpgradeRegistry",
+]

@@ -1,29 +1,80 @@
 """Data contracts checked on every batch before it is used.
 
-Layer 1 (pandera, on the Arrow table): structure, types, nullability, per-column ranges, unique keys.
-Layer 2 (great-expectations, on a per-trajectory summary frame of lengths, sums and flags): semantics across
-columns and rows. Both report the failing checks by name; the caller quarantines the batch.
+Layer 1 (pandera, on the Arrow table): structure, types, nullability, per-column ranges, unique keys; every table.
+Layer 2 (great-expectations, on a per-trajectory summary frame of lengths, sums and flags; :mod:`schemas.suites`):
+semantics across columns and rows of a trajectory batch.
+
+Each failure names a stable check (reports and tests rely on these strings):
+
+- structure: ``<table>.<column>:dtype``, ``<table>.<column>:not_null``, ``<table>.<column>:<rule>`` (rules such
+  as ``ge_0``, ``le_0``, ``gt_0``, ``between_0_1``, ``isin``), ``<table>:unique_key``, ``<table>:missing_column``,
+  ``<table>:unexpected_column``;
+- semantics: the names in :data:`schemas.suites.SEMANTIC_CHECKS`;
+- raised by the storage layer around these: ``staged_batch_readable`` (a staged batch cannot be read) and
+  ``<table>:partition`` (rows written to another run/iteration's partition).
 """
 
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.tables import TRAJECTORIES, TRAJECTORY_KEY, TURNS, TableSpec
+from schemas.tables import TABLES, TableSpec
+
+MAX_REPORTED_ROWS = 20
+
+# Per-column rules of layer 1: column -> ((rule name, pandera check factory name, args), ...).
+_NON_NEGATIVE = (("ge_0", "ge", (0,)),)
+_SPLIT = (("isin", "isin", (["train", "val"],)),)
+_SHARE = (("between_0_1", "in_range", (0, 1)),)
+COLUMN_RULES: dict[str, dict[str, tuple[tuple[str, str, tuple[Any, ...]], ...]]] = {
+    "trajectories": {
+        "iteration": _NON_NEGATIVE,
+        "split": _SPLIT,
+        "group_id": _NON_NEGATIVE,
+        "traj_index": _NON_NEGATIVE,
+        "env_seed": _NON_NEGATIVE,
+        "num_turns": (("ge_1", "ge", (1,)),),
+        "num_actions": _NON_NEGATIVE,
+        "format_penalty": (("le_0", "le", (0,)),),
+        "response_length": (("ge_1", "ge", (1,)),),
+        "group_reward_std": _NON_NEGATIVE,
+        "policy_version": _NON_NEGATIVE,
+        "behavior_source": (("isin", "isin", (["policy", "scripted"],)),),
+        "temperature": (("gt_0", "gt", (0,)),),
+    },
+    "turns": {
+        "iteration": _NON_NEGATIVE,
+        "split": _SPLIT,
+        "turn_index": _NON_NEGATIVE,
+        "penalty": (("le_0", "le", (0,)),),
+        "response_tokens": _NON_NEGATIVE,
+    },
+    "metrics": {"iteration": _NON_NEGATIVE},
+    "evaluations": {
+        "iteration": _NON_NEGATIVE,
+        "instances": (("ge_1", "ge", (1,)),),
+        "k": (("ge_1", "ge", (1,)),),
+        "temperature": (("gt_0", "gt", (0,)),),
+        "success_rate": _SHARE,
+        "pass_at_k": _SHARE,
+        "response_length_mean": _NON_NEGATIVE,
+    },
+    "checkpoints": {"iteration": _NON_NEGATIVE, "format": (("isin", "isin", (["deepspeed", "hf"],)),)},
+    "events": {"iteration": _NON_NEGATIVE},
+    "runs": {"status": (("isin", "isin", (["running", "completed", "failed"],)),), "iterations_done": _NON_NEGATIVE},
+}
 
 
 @dataclass
 class ContractReport:
-    """Outcome of validating one batch: the failed checks, each with the offending rows (first 20)."""
+    """Outcome of validating one batch: the failed checks, each with the offending rows (their keys, first 20)."""
 
     failures: list[dict[str, Any]] = field(default_factory=list)
 
@@ -31,185 +82,169 @@ class ContractReport:
     def ok(self) -> bool:
         return not self.failures
 
-    def add(self, layer: str, check: str, column: str | None, rows: list[Any] | None = None, detail: str = "") -> None:
+    def add(
+        self,
+        layer: str,
+        check: str,
+        column: str | None = None,
+        rows: list[Any] | None = None,
+        detail: str = "",
+        row_count: int | None = None,
+    ) -> None:
+        rows = rows or []
         self.failures.append(
-            {"layer": layer, "check": check, "column": column, "rows": (rows or [])[:20], "detail": detail[:500]}
+            {
+                "layer": layer,
+                "check": check,
+                "column": column,
+                "row_count": len(rows) if row_count is None else row_count,
+                "rows": rows[:MAX_REPORTED_ROWS],
+                "detail": detail[:500],
+            }
         )
 
     def failed_checks(self) -> list[str]:
-        return sorted({f"{f['check']}" + (f"[{f['column']}]" if f["column"] else "") for f in self.failures})
+        """The stable names of the failed checks, sorted."""
+        return sorted({f["check"] for f in self.failures})
 
-    def to_json(self) -> str:
-        return json.dumps({"ok": self.ok, "failures": self.failures}, indent=2, default=str)
+    def to_dict(self, **context: Any) -> dict[str, Any]:
+        return {**context, "ok": self.ok, "failed_checks": self.failed_checks(), "failures": self.failures}
+
+    def to_json(self, **context: Any) -> str:
+        """Machine-readable report; ``context`` (run, iteration, stage...) is added at the top level."""
+        return json.dumps(self.to_dict(**context), indent=2, default=str)
 
 
-def _pandera_schema(spec: TableSpec, checks: dict[str, list[Any]]):
+def table_spec(table: str | TableSpec) -> TableSpec:
+    """``table`` itself, or the project's spec of that name."""
+    if isinstance(table, TableSpec):
+        return table
+    if table not in TABLES:
+        raise ValueError(f"no contract for table {table!r}; tables: {', '.join(TABLES)}")
+    return TABLES[table]
+
+
+def pandera_schema(table: str | TableSpec):
+    """The pandera schema of ``table``: the Arrow types, nullability, unique key and :data:`COLUMN_RULES`."""
+    spec = table_spec(table)
+    try:
+        hash(spec)
+    except TypeError:  # a column default that is a list: build it uncached
+        return _pandera_schema.__wrapped__(spec)
+    return _pandera_schema(spec)
+
+
+@cache
+def _pandera_schema(spec: TableSpec):
     import pandera.pyarrow as pap
 
+    rules = COLUMN_RULES.get(spec.name, {})
     columns = {
-        c.name: pap.Column(c.type, nullable=c.nullable, checks=checks.get(c.name, []), description=c.description)
+        c.name: pap.Column(
+            c.type,
+            nullable=c.nullable,
+            checks=[getattr(pap.Check, factory)(*args, name=name) for name, factory, args in rules.get(c.name, ())],
+            description=c.description,
+        )
         for c in spec.columns
     }
     return pap.DataFrameSchema(columns, strict=True, unique=list(spec.key), name=spec.name)
 
 
-@cache
-def pandera_schema(table: str):
-    """The pandera schema of ``table`` ('trajectories' or 'turns')."""
-    import pandera.pyarrow as pap
-
-    non_negative = [pap.Check.ge(0)]
-    if table == "trajectories":
-        checks = {
-            "iteration": non_negative,
-            "group_id": non_negative,
-            "traj_index": non_negative,
-            "env_seed": non_negative,
-            "num_turns": [pap.Check.ge(1)],
-            "num_actions": non_negative,
-            "format_penalty": [pap.Check.le(0)],
-            "response_length": [pap.Check.ge(1)],
-            "group_reward_std": non_negative,
-            "split": [pap.Check.isin(["train", "val"])],
-            "behavior_source": [pap.Check.isin(["policy", "scripted"])],
-            "temperature": [pap.Check.gt(0)],
-        }
-        return _pandera_schema(TRAJECTORIES, checks)
-    if table == "turns":
-        checks = {
-            "turn_index": non_negative,
-            "penalty": [pap.Check.le(0)],
-            "split": [pap.Check.isin(["train", "val"])],
-        }
-        return _pandera_schema(TURNS, checks)
-    raise ValueError(f"no pandera contract for table {table!r}")
+def key_rows(table: pa.Table, spec: TableSpec, mask: pa.Array | pa.ChunkedArray | None = None) -> list[dict]:
+    """The key columns (those present) of the rows where ``mask`` holds, as dicts."""
+    keys = [k for k in spec.key if k in table.column_names]
+    selected = table.select(keys)
+    if mask is not None:
+        selected = selected.filter(pc.fill_null(mask, False))
+    return selected.to_pylist()
 
 
-def check_structure(table_name: str, table: pa.Table, report: ContractReport) -> None:
+def _failing_rows(table: pa.Table, spec: TableSpec, reason: str, column: str | None, cases: Any) -> list[dict]:
+    if reason == "DUPLICATES":
+        keys = [k for k in spec.key if k in table.column_names]
+        frame = table.select(keys).to_pandas()
+        return frame[frame.duplicated(keep=False)].to_dict("records")
+    if column is None or column not in table.column_names:
+        return []
+    values = table[column]
+    if reason == "SERIES_CONTAINS_NULLS":
+        return key_rows(table, spec, pc.is_null(values))
+    if reason == "DATAFRAME_CHECK" and isinstance(cases, pa.Table) and column in cases.column_names:
+        bad = cases[column].combine_chunks()
+        return key_rows(table, spec, pc.is_in(values, value_set=bad.drop_null()))
+    return []
+
+
+def _check_name(table_name: str, reason: str, column: str | None, error: Any) -> str:
+    if reason == "DUPLICATES":
+        return f"{table_name}:unique_key"
+    if reason == "COLUMN_NOT_IN_DATAFRAME":
+        return f"{table_name}:missing_column"
+    if reason == "COLUMN_NOT_IN_SCHEMA":
+        return f"{table_name}:unexpected_column"
+    if reason == "WRONG_DATATYPE":
+        return f"{table_name}.{column}:dtype"
+    if reason == "SERIES_CONTAINS_NULLS":
+        return f"{table_name}.{column}:not_null"
+    check = getattr(error, "check", None)
+    rule = getattr(check, "name", None) or str(check or reason.lower())
+    return f"{table_name}.{column}:{rule}" if column else f"{table_name}:{rule}"
+
+
+def _add_pandera_error(spec: TableSpec, table: pa.Table, error: Any, report: ContractReport) -> None:
+    reason = error.reason_code.name if error.reason_code is not None else "SCHEMA"
+    schema = getattr(error, "schema", None)
+    column = getattr(schema, "name", None) if schema is not None and not hasattr(schema, "columns") else None
+    cases = error.failure_cases
+    if reason in ("COLUMN_NOT_IN_DATAFRAME", "COLUMN_NOT_IN_SCHEMA") and isinstance(cases, str):
+        column = cases
+    rows = _failing_rows(table, spec, reason, column, cases)
+    report.add("pandera", _check_name(spec.name, reason, column, error), column, rows, str(error))
+
+
+def check_structure(table_name: str | TableSpec, table: pa.Table, report: ContractReport) -> None:
     """Layer 1: pandera on the Arrow table; failures are added to ``report``."""
     from pandera.errors import SchemaError, SchemaErrors
 
+    spec = table_spec(table_name)
     try:
-        pandera_schema(table_name).validate(table, lazy=True)
+        pandera_schema(spec).validate(table, lazy=True)
     except SchemaErrors as exc:
         for error in exc.schema_errors:
-            _add_pandera_error(table_name, error, report)
+            _add_pandera_error(spec, table, error, report)
     except SchemaError as exc:
-        _add_pandera_error(table_name, exc, report)
+        _add_pandera_error(spec, table, exc, report)
 
 
-def _add_pandera_error(table_name: str, error: Any, report: ContractReport) -> None:
-    schema = getattr(error, "schema", None)
-    column = getattr(error, "column_name", None) or (
-        getattr(schema, "name", None) if schema is not None and not hasattr(schema, "columns") else None
-    )
-    check = str(getattr(error, "check", "") or getattr(error, "reason_code", "schema"))
-    report.add("pandera", f"{table_name}:{check}", column, detail=str(error))
-
-
-def trajectory_summary(trajectories: pa.Table, turns: pa.Table | None) -> pd.DataFrame:
-    """Per-trajectory summary frame (lengths, sums, flags) for the semantic checks; no raw token lists."""
-
-    def lengths(name: str) -> np.ndarray:
-        return pc.list_value_length(trajectories[name]).to_numpy(zero_copy_only=False).astype("float64")
-
-    frame = trajectories.select(
-        [*TRAJECTORY_KEY, "env_seed", "num_turns", "total_reward", "env_reward", "format_penalty", "behavior_source"]
-    ).to_pandas()
-    frame["n_input_ids"] = lengths("input_ids")
-    frame["n_loss_mask"] = lengths("loss_mask")
-    frame["n_logprobs"] = lengths("behavior_logprobs")  # NaN where null (scripted)
-    frame["n_trained"] = [int(np.sum(m)) for m in trajectories["loss_mask"].to_numpy(zero_copy_only=False)]
-    logprobs = trajectories["behavior_logprobs"].to_pylist()
-    frame["max_logprob"] = [max(lp) if lp else np.nan for lp in logprobs]
-    frame["logprobs_finite"] = [all(math.isfinite(x) for x in lp) if lp is not None else None for lp in logprobs]
-    frame["is_policy"] = frame["behavior_source"] == "policy"
-    group_cols = ["run_id", "iteration", "split", "env", "group_id"]
-    frame["group_members"] = frame.groupby(group_cols)["traj_index"].transform("size")
-    frame["group_seeds"] = frame.groupby(group_cols)["env_seed"].transform("nunique")
-    frame["reward_parts_sum"] = frame["env_reward"] + frame["format_penalty"]
-    if turns is not None:
-        counts = turns.select(list(TRAJECTORY_KEY)).to_pandas().value_counts().rename("turn_rows").reset_index()
-        frame = frame.merge(counts, on=list(TRAJECTORY_KEY), how="left")
-        frame["turn_rows"] = frame["turn_rows"].fillna(0)
-    return frame
-
-
-@lru_cache(maxsize=1)
-def _gx_batch_definition():
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    asset = context.data_sources.add_pandas("ragen").add_dataframe_asset(name="trajectory_summary")
-    return asset.add_batch_definition_whole_dataframe("batch")
-
-
-def trajectory_suite(group_size: int, reward_bounds: tuple[float, float], with_turns: bool):
-    """The great-expectations suite for a trajectory summary frame."""
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
-
-    low, high = reward_bounds
-    suite = gx.ExpectationSuite(name="trajectories")
-    for expectation in (
-        gxe.ExpectColumnPairValuesToBeEqual(column_A="n_input_ids", column_B="n_loss_mask"),
-        gxe.ExpectColumnPairValuesToBeEqual(
-            column_A="n_input_ids", column_B="n_logprobs", ignore_row_if="either_value_is_missing"
-        ),
-        gxe.ExpectColumnValuesToBeBetween(column="n_trained", min_value=1),
-        gxe.ExpectColumnValuesToBeBetween(column="max_logprob", max_value=0.0),
-        gxe.ExpectColumnValuesToBeInSet(column="logprobs_finite", value_set=[True]),
-        gxe.ExpectColumnValuesToNotBeNull(
-            column="n_logprobs", row_condition="is_policy==True", condition_parser="pandas"
-        ),
-        gxe.ExpectColumnValuesToBeBetween(column="total_reward", min_value=low - 1e-9, max_value=high + 1e-9),
-        gxe.ExpectColumnPairValuesToBeEqual(column_A="total_reward", column_B="reward_parts_sum"),
-        gxe.ExpectColumnValuesToBeInSet(column="group_members", value_set=[group_size]),
-        gxe.ExpectColumnValuesToBeInSet(column="group_seeds", value_set=[1]),
-        gxe.ExpectCompoundColumnsToBeUnique(column_list=list(TRAJECTORY_KEY)),
-    ):
-        suite.add_expectation(expectation)
-    if with_turns:
-        suite.add_expectation(gxe.ExpectColumnPairValuesToBeEqual(column_A="num_turns", column_B="turn_rows"))
-    return suite
-
-
-def check_semantics(
-    trajectories: pa.Table,
-    turns: pa.Table | None,
-    group_size: int,
-    reward_bounds: tuple[float, float],
-    report: ContractReport,
-) -> None:
-    """Layer 2: the great-expectations suite on the summary frame; failures are added to ``report``."""
-    frame = trajectory_summary(trajectories, turns)
-    batch = _gx_batch_definition().get_batch(batch_parameters={"dataframe": frame})
-    suite = trajectory_suite(group_size, reward_bounds, turns is not None)
-    result = batch.validate(suite, result_format={"result_format": "COMPLETE"})
-    for item in result.results:
-        if item.success:
-            continue
-        kwargs = item.expectation_config.kwargs
-        column = kwargs.get("column") or (
-            f"{kwargs['column_A']},{kwargs['column_B']}"
-            if "column_A" in kwargs
-            else ",".join(kwargs.get("column_list", []))
-        )
-        rows = item.result.get("unexpected_index_list") or []
-        keys = [frame.loc[i, list(TRAJECTORY_KEY)].tolist() for i in rows[:20] if i in frame.index]
-        detail = str(item.exception_info.get("exception_message", "")) if item.exception_info else ""
-        report.add("great_expectations", item.expectation_config.type, column, keys, detail)
+def validate_rows(table_name: str | TableSpec, table: pa.Table) -> ContractReport:
+    """Layer 1 alone, for tables without a semantic suite (metrics, evaluations, checkpoints, events)."""
+    report = ContractReport()
+    check_structure(table_name, table, report)
+    return report
 
 
 def validate_trajectory_batch(
-    trajectories: pa.Table, turns: pa.Table, group_size: int, reward_bounds: tuple[float, float]
+    trajectories: pa.Table,
+    turns: pa.Table,
+    group_size: int,
+    reward_bounds: tuple[float, float],
+    *,
+    success_rule: Callable[[float], bool | None] | None = None,
+    filtered: bool = False,
 ) -> ContractReport:
-    """Run both layers on one batch (trajectories and their turns)."""
+    """Run both layers on one batch (trajectories and their turns).
+
+    ``success_rule`` maps a trajectory's ``env_reward`` to the ``success`` it implies (None: not implied); without
+    it success is not checked against the reward. ``filtered`` says whether the variance filter has run: before it,
+    no row may carry a filter decision; after it, every train row must, the same for all members of a group.
+    Validation rows never carry one.
+    """
+    from schemas.suites import check_semantics
+
     report = ContractReport()
     check_structure("trajectories", trajectories, report)
     check_structure("turns", turns, report)
     if report.ok:  # semantic checks assume the structure holds
-        check_semantics(trajectories, turns, group_size, reward_bounds, report)
+        check_semantics(trajectories, turns, group_size, reward_bounds, report, success_rule, filtered)
     return report

@@ -1,50 +1,105 @@
-"""Arrow schemas of every table in the trajectory lake. Every column carries a description.
+"""Arrow schemas of every table in the trajectory lake. Every table and every column carries a description.
 
-Tables are stored table-first and hive-partitioned: ``<root>/<table>/run_id=<id>/iteration=<n>/part-*.parquet``;
-files also hold ``run_id`` and ``iteration`` as ordinary columns, so each file is self-describing.
+Parquet tables are stored table-first and hive-partitioned:
+``<root>/<table>/run_id=<id>/iteration=<n>/part-*.parquet``; files also hold ``run_id`` and ``iteration`` as
+ordinary columns, so each file is self-describing. The ``runs`` table is the exception: it is derived from the run
+manifests (``runs/<run_id>/manifest.json``), which change while a run is alive (status, timestamps), so no Parquet
+copy of them can go stale.
+
+Each table has its own ``schema_version``, stored in the Arrow schema metadata (``b"schema_version"``) of every file
+written; each column's description is stored in its field metadata (``b"description"``). A column added after the
+table's first version names the version that added it (``added_in``) and, unless nullable, a ``default``: readers of
+older files fill it in (see :mod:`schemas.versions`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
+"""The first schema version of every table (tables bump their own ``TableSpec.version`` independently)."""
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
 @dataclass(frozen=True)
 class ColumnSpec:
+    """One column: Arrow type, description, nullability, and the table version that added it."""
+
     name: str
     type: pa.DataType
     description: str
     nullable: bool = False
+    added_in: int = SCHEMA_VERSION
+    default: Any = None
 
 
 @dataclass(frozen=True)
 class TableSpec:
-    """A table: its columns, its primary key and its schema version."""
+    """A table: its columns, its primary key, its schema version and where its rows live.
+
+    ``source`` is ``"parquet"`` (partitioned files written by the lake) or ``"manifest"`` (derived from the run
+    manifests; read-only through the lake).
+    """
 
     name: str
     columns: tuple[ColumnSpec, ...]
     key: tuple[str, ...]
     version: int = SCHEMA_VERSION
+    description: str = ""
+    source: str = "parquet"
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.columns]
+        problems = []
+        if len(set(names)) != len(names):
+            problems.append("duplicate column names")
+        problems += [f"key column {k!r} is not a column" for k in self.key if k not in names]
+        for c in self.columns:
+            if not 1 <= c.added_in <= self.version:
+                problems.append(f"column {c.name!r}: added_in={c.added_in} outside 1..{self.version}")
+            if c.added_in > SCHEMA_VERSION and not c.nullable and c.default is None:
+                problems.append(f"column {c.name!r} was added later: make it nullable or give it a default")
+        if self.source not in ("parquet", "manifest"):
+            problems.append(f"source must be 'parquet' or 'manifest', not {self.source!r}")
+        if problems:
+            raise ValueError(f"table spec {self.name!r}: " + "; ".join(problems))
+
+    def columns_at(self, version: int) -> tuple[ColumnSpec, ...]:
+        """The columns a file of ``version`` holds (those added in that version or before)."""
+        return tuple(c for c in self.columns if c.added_in <= version)
+
+    def arrow_schema_at(self, version: int) -> pa.Schema:
+        """The Arrow schema files of ``version`` were written with (descriptions and version in the metadata)."""
+        fields = [
+            pa.field(c.name, c.type, nullable=c.nullable, metadata={"description": c.description})
+            for c in self.columns_at(version)
+        ]
+        metadata = {"table": self.name, "schema_version": str(version), "description": self.description}
+        return pa.schema(fields, metadata=metadata)
 
     @property
     def arrow_schema(self) -> pa.Schema:
-        fields = [
-            pa.field(c.name, c.type, nullable=c.nullable, metadata={"description": c.description})
-            for c in self.columns
-        ]
-        return pa.schema(fields, metadata={"table": self.name, "schema_version": str(self.version)})
+        """The current Arrow schema (what writers must produce and readers return)."""
+        return self.arrow_schema_at(self.version)
 
     @property
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
 
+    def column(self, name: str) -> ColumnSpec:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(f"table {self.name!r} has no column {name!r}; columns: {', '.join(self.column_names)}")
 
+
+_RUN = ColumnSpec("run_id", pa.string(), "Run identifier.")
 _KEY = (
-    ColumnSpec("run_id", pa.string(), "Run identifier."),
+    _RUN,
     ColumnSpec(
         "iteration", pa.int32(), "Iteration; rows of iteration i were generated by the policy after i updates."
     ),
@@ -86,6 +141,7 @@ TRAJECTORIES = TableSpec(
         ),
     ),
     key=TRAJECTORY_KEY,
+    description="One row per trajectory: scores, filter decision and the token-exact training sequence.",
 )
 
 TURNS = TableSpec(
@@ -108,17 +164,92 @@ TURNS = TableSpec(
         ColumnSpec("info", pa.string(), "Extra step information (JSON)."),
     ),
     key=TRAJECTORY_KEY + ("turn_index",),
+    description="One row per turn of every trajectory: what the model saw, said and did.",
 )
 
 METRICS = TableSpec(
     "metrics",
     (
-        ColumnSpec("run_id", pa.string(), "Run identifier."),
+        _RUN,
         ColumnSpec("iteration", pa.int32(), "Iteration the value describes."),
         ColumnSpec("name", pa.string(), "Namespaced metric name, e.g. 'rollout/reward_mean', 'val/bandit/success'."),
         ColumnSpec("value", pa.float64(), "Metric value."),
     ),
     key=("run_id", "iteration", "name"),
+    description="Iteration metrics in long format: one row per (run, iteration, name).",
 )
 
-TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (TRAJECTORIES, TURNS, METRICS)}
+EVALUATIONS = TableSpec(
+    "evaluations",
+    (
+        _RUN,
+        ColumnSpec("iteration", pa.int32(), "Validated policy had received this many updates."),
+        ColumnSpec("env", pa.string(), "Validation environment."),
+        ColumnSpec("instances", pa.int32(), "Fixed validation instances (groups) evaluated."),
+        ColumnSpec("k", pa.int32(), "Samples per instance."),
+        ColumnSpec("temperature", pa.float32(), "Sampling temperature of the validation replies."),
+        ColumnSpec("success_rate", pa.float64(), "Share of all samples that solved their instance."),
+        ColumnSpec("pass_at_k", pa.float64(), "Share of instances solved by at least one of their k samples."),
+        ColumnSpec("reward_mean", pa.float64(), "Mean trajectory score (total_reward) over all samples."),
+        ColumnSpec("response_length_mean", pa.float64(), "Mean policy tokens per trajectory."),
+    ),
+    key=("run_id", "iteration", "env"),
+    description="Validation results per (run, iteration, env), computed from the published split='val' rows.",
+)
+
+RUNS = TableSpec(
+    "runs",
+    (
+        _RUN,
+        ColumnSpec("kind", pa.string(), "'train' (a StarPO run) or 'bootstrap' (scripted demonstrations + SFT)."),
+        ColumnSpec("status", pa.string(), "'running', 'completed' or 'failed'."),
+        ColumnSpec("config_json", pa.string(), "Resolved config as sorted-key JSON."),
+        ColumnSpec("config_hash", pa.string(), "Hash of the resolved config."),
+        ColumnSpec("seed", pa.int64(), "Run seed.", True),
+        ColumnSpec("versions_json", pa.string(), "Library versions that decide the run's numbers, as JSON."),
+        ColumnSpec("git_commit", pa.string(), "Commit of the code that ran, when known.", True),
+        ColumnSpec("model_dir", pa.string(), "Model folder the run started from (or built, for bootstrap).", True),
+        ColumnSpec("created_at", TIMESTAMP, "When the run started (UTC)."),
+        ColumnSpec("updated_at", TIMESTAMP, "Last manifest update (UTC)."),
+        ColumnSpec("iterations_done", pa.int32(), "Committed iterations (commit markers), final validation included."),
+        ColumnSpec("last_committed_iteration", pa.int32(), "Highest committed iteration; null before any.", True),
+        ColumnSpec("error", pa.string(), "Error of a failed run.", True),
+    ),
+    key=("run_id",),
+    description="One row per run, derived from runs/<run_id>/manifest.json and the run's commit markers.",
+    source="manifest",
+)
+
+CHECKPOINTS = TableSpec(
+    "checkpoints",
+    (
+        _RUN,
+        ColumnSpec("iteration", pa.int32(), "Iteration after whose update the weights were saved."),
+        ColumnSpec("format", pa.string(), "'deepspeed' (engine + optimizer state, for resume) or 'hf' (weights)."),
+        ColumnSpec("path", pa.string(), "Checkpoint folder."),
+        ColumnSpec("metrics_json", pa.string(), "The iteration's metrics at save time, as JSON."),
+        ColumnSpec("created_at", TIMESTAMP, "When the checkpoint was written (UTC)."),
+    ),
+    key=("run_id", "iteration", "format"),
+    description="Saved checkpoints: where, in which format, and the metrics they were saved with.",
+)
+
+EVENTS = TableSpec(
+    "events",
+    (
+        _RUN,
+        ColumnSpec("iteration", pa.int32(), "Iteration the event belongs to."),
+        ColumnSpec("kind", pa.string(), "Event kind, e.g. 'early_warning' (collapse indicator), 'resume', 'info'."),
+        ColumnSpec("metric", pa.string(), "Metric the event is about.", True),
+        ColumnSpec("value", pa.float64(), "The metric's value.", True),
+        ColumnSpec("threshold", pa.float64(), "Threshold the value crossed.", True),
+        ColumnSpec("message", pa.string(), "Human-readable explanation."),
+        ColumnSpec("created_at", TIMESTAMP, "When the event was recorded (UTC)."),
+    ),
+    key=("run_id", "iteration", "kind", "metric"),
+    description="Run events such as collapse early warnings (Echo Trap); at most one per (iteration, kind, metric).",
+)
+
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec for spec in (TRAJECTORIES, TURNS, METRICS, EVALUATIONS, RUNS, CHECKPOINTS, EVENTS)
+}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 ACTION_SEPARATOR = "||"
@@ -30,11 +31,17 @@ class ParsedResponse:
         return self.format_ok and bool(self.actions) and not self.invalid_actions
 
 
-def parse_response(text: str, action_names: list[str], max_actions: int, enable_think: bool = True) -> ParsedResponse:
+def parse_response(
+    text: str,
+    actions: list[str] | Callable[[str], str | None],
+    max_actions: int,
+    enable_think: bool = True,
+) -> ParsedResponse:
     """Parse ``<think>..</think><answer>..</answer>`` (only ``<answer>`` when thinking is disabled).
 
     Text around the tags is tolerated (as in RAGEN's ``re.search``). Answer items are split on ``||``, stripped,
-    matched to ``action_names`` case-insensitively and truncated to ``max_actions``.
+    truncated to ``max_actions`` and matched to the env's actions: ``actions`` is either the list of action names
+    (matched case-insensitively) or the env's ``parse_action`` (item -> canonical action or None).
     """
     match = (_THINK_ANSWER if enable_think else _ANSWER_ONLY).search(text)
     if match is None:
@@ -44,10 +51,15 @@ def parse_response(text: str, action_names: list[str], max_actions: int, enable_
     if "<think>" in think or "<answer>" in answer or "<think>" in answer:
         return ParsedResponse(think=think, answer=answer, format_ok=False)
     items = [item.strip() for item in answer.split(ACTION_SEPARATOR) if item.strip()][:max_actions]
-    lookup = {name.lower(): name for name in action_names}
-    actions = [lookup[item.lower()] for item in items if item.lower() in lookup]
-    invalid = [item for item in items if item.lower() not in lookup]
-    return ParsedResponse(think=think, answer=answer, actions=actions, invalid_actions=invalid, format_ok=bool(items))
+    if callable(actions):
+        match_action = actions
+    else:
+        lookup = {name.lower(): name for name in actions}
+        match_action = lambda item: lookup.get(item.lower())  # noqa: E731
+    matched = [(item, match_action(item)) for item in items]
+    valid = [action for _, action in matched if action is not None]
+    invalid = [item for item, action in matched if action is None]
+    return ParsedResponse(think=think, answer=answer, actions=valid, invalid_actions=invalid, format_ok=bool(items))
 
 
 def turn_penalty(parsed: ParsedResponse, penalty: float) -> float:

@@ -14,10 +14,13 @@ _SENTINEL = "\u2063RAGEN_SENTINEL\u2063"
 
 
 def first_user_message(instruction: str, action_names: list[str], max_actions_per_turn: int, turn_text: str) -> str:
-    """The first user message: rules and legend, the available actions, the per-turn action limit, turn 1."""
+    """The first user message: rules and legend, the available actions, the per-turn action limit, turn 1.
+
+    Envs with free-form answers (Countdown) have no action names; their instruction says what to answer.
+    """
+    actions_line = f"Your available actions are: {', '.join(action_names)}.\n" if action_names else ""
     return (
-        f"{instruction}\n"
-        f"Your available actions are: {', '.join(action_names)}.\n"
+        f"{instruction}\n{actions_line}"
         f"You may take up to {max_actions_per_turn} action(s) per turn, separated by ' || '.\n"
         f"{turn_text}"
     )

@@ -1,20 +1,81 @@
-"""StarPO algorithms: advantage estimators, policy losses and group filters, registered by name."""
+"""StarPO algorithms: advantage estimators, policy and value losses, KL, group filters, registered by name."""
 
-from ragen_core.algos.advantages import ADVANTAGES, grpo_advantage, register_advantage
-from ragen_core.algos.filters import FILTERS, groups_to_keep, in_group_std, register_filter
-from ragen_core.algos.losses import POLICY_LOSSES, aggregate_loss, entropy_from_logits, kl_penalty, ppo_clip_loss
+from ragen_core.algos.advantages import (
+    ADVANTAGES,
+    bi_level_gae_advantage,
+    discounted_returns,
+    gae_advantage,
+    group_mean_std,
+    grpo_advantage,
+    masked_gae,
+    register_advantage,
+    reinforce_plus_plus_advantage,
+    reinforce_plus_plus_baseline_advantage,
+    rloo_advantage,
+    turn_level_gae,
+)
+from ragen_core.algos.filters import (
+    FILTERS,
+    groups_to_cover,
+    groups_to_keep,
+    in_group_std,
+    register_filter,
+    std_top_p_filter,
+)
+from ragen_core.algos.losses import (
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    aggregate_loss,
+    apply_kl_penalty,
+    dual_clip_loss,
+    entropy_from_logits,
+    kl_penalty,
+    ppo_clip_loss,
+    register_policy_loss,
+    value_loss,
+)
+from ragen_core.algos.masked import explained_variance, masked_mean, masked_var, masked_whiten, value_metrics
+from ragen_core.algos.turns import place_turn_rewards, turn_ends, turn_index, turn_starts, turn_sums
 
 __all__ = [
     "ADVANTAGES",
     "FILTERS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "aggregate_loss",
+    "apply_kl_penalty",
+    "bi_level_gae_advantage",
+    "discounted_returns",
+    "dual_clip_loss",
     "entropy_from_logits",
-    "grpo_advantage",
+    "explained_variance",
+    "gae_advantage",
+    "group_mean_std",
+    "groups_to_cover",
     "groups_to_keep",
+    "grpo_advantage",
     "in_group_std",
     "kl_penalty",
+    "masked_gae",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "place_turn_rewards",
     "ppo_clip_loss",
     "register_advantage",
     "register_filter",
+    "register_policy_loss",
+    "reinforce_plus_plus_advantage",
+    "reinforce_plus_plus_baseline_advantage",
+    "rloo_advantage",
+    "std_top_p_filter",
+    "turn_ends",
+    "turn_index",
+    "turn_level_gae",
+    "turn_starts",
+    "turn_sums",
+    "value_loss",
+    "value_metrics",
 ]

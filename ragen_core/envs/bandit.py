@@ -43,7 +43,7 @@ class BanditEnv(TextEnv):
         """The arm with the higher expected reward."""
         return self.high_name if self.high_prob * self.high_reward > self.low_reward else self.low_name
 
-    def expert_plan(self) -> list[str]:
+    def expert_plan(self, actions_left: int = 1) -> list[str]:
         """The scripted expert's choice: the better arm."""
         return [self.better_arm]
 

@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 
@@ -49,6 +51,28 @@ class TextEnv(ABC):
     def reward_bounds(self, max_actions: int) -> tuple[float, float]:
         """Lowest and highest total env reward a trajectory of ``max_actions`` actions can collect."""
         raise NotImplementedError(f"{type(self).__name__} does not declare its reward bounds")
+
+    def parse_action(self, text: str) -> str | None:
+        """The canonical action named by one answer item, or None if it names none.
+
+        Default: a case-insensitive match against :attr:`action_names`. Envs whose actions are free-form (an
+        equation in Countdown) override this.
+        """
+        lookup = {name.lower(): name for name in self.action_names}
+        return lookup.get(text.strip().lower())
+
+    def sample_action(self, rng: np.random.Generator) -> str:
+        """One uniformly random valid action (the ``random`` scripted policy)."""
+        names = self.action_names
+        return names[int(rng.integers(0, len(names)))]
+
+    def expert_plan(self, actions_left: int) -> list[str]:
+        """The scripted expert's next actions from the current state, given the trajectory's remaining budget.
+
+        Deterministic envs return a whole plan (the rollout layer cuts it to the turn's limit and asks again next
+        turn); stochastic envs return one action, so the expert re-plans after every observation.
+        """
+        raise NotImplementedError(f"environment {self.name!r} has no scripted expert")
 
 
 EnvFactory = Callable[..., TextEnv]

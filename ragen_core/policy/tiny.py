@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ragen_core.agent.prompts import SYSTEM_PROMPT, first_user_message, turn_message
@@ -29,7 +30,7 @@ CHATML_TEMPLATE = (
 )
 # Qwen2's pre-tokenisation regex (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX).
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
-TOKENIZER_CORPUS_VERSION = 1
+TOKENIZER_CORPUS_VERSION = 2
 
 
 def tokenizer_corpus(seeds_per_env: int = 40) -> list[str]:
@@ -37,17 +38,19 @@ def tokenizer_corpus(seeds_per_env: int = 40) -> list[str]:
     texts = [SYSTEM_PROMPT, "Reward: 0.1 -0.1 1 10 0 0.5 -1", " ".join(str(n) for n in range(200))]
     for name in registered_envs():
         env = make_env(name)
+        rng = np.random.default_rng(0)
         for seed in range(seeds_per_env):
             state, _ = env.reset(seed)
             actions = env.action_names
             for enable_think in (True, False):
                 user = first_user_message(env.instruction(), actions, 5, turn_message(1, state, 10, enable_think))
                 texts.append(f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n")
-            action = actions[seed % len(actions)]
+            action = (env.expert_plan(10) or [env.sample_action(rng)])[0] if seed % 2 else env.sample_action(rng)
             texts.append(
                 f"<|im_start|>assistant\n<think>I choose {action}.</think><answer>{action}</answer><|im_end|>"
             )
-            texts.append(f"<answer>{' || '.join(actions)}</answer>")
+            if actions:
+                texts.append(f"<answer>{' || '.join(actions)}</answer>")
             _, reward, _, _, _ = env.step(action)
             texts.append(turn_message(2, env.render(), 9, True, reward=reward))
     return texts

@@ -118,7 +118,7 @@ def _apply_reply(slot: _Slot, turn: int, observation: str, generation: Generatio
     slot.last_reply_finished = not generation.truncated
 
     budget = min(spec.max_actions_per_turn, slot.actions_left)
-    parsed = parse_response(generation.text, slot.env.action_names, budget, spec.enable_think)
+    parsed = parse_response(generation.text, slot.env.parse_action, budget, spec.enable_think)
     reward, terminated, executed, infos = 0.0, False, [], []
     for action in parsed.actions:
         slot.state, step_reward, terminated, truncated, info = slot.env.step(action)

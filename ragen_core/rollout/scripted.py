@@ -41,21 +41,18 @@ def registered_scripted_policies() -> list[str]:
 
 @register_scripted_policy("random")
 def random_policy(context: TurnContext, rng: np.random.Generator) -> list[str]:
-    """1..max actions (within the remaining budget), each uniform over the env's action names."""
+    """1..max actions (within the remaining budget), each a uniformly random valid action of the env."""
     budget = max(1, min(context.max_actions_per_turn, context.actions_left))
     count = int(rng.integers(1, budget + 1))
-    names = context.env.action_names
-    return [names[int(i)] for i in rng.integers(0, len(names), size=count)]
+    return [context.env.sample_action(rng) for _ in range(count)]
 
 
 @register_scripted_policy("expert")
 def expert_policy(context: TurnContext, rng: np.random.Generator) -> list[str]:
-    """The env's expert plan (``env.expert_plan()``), cut to this turn's action limit."""
-    plan = getattr(context.env, "expert_plan", None)
-    if plan is None:
-        raise ValueError(f"environment {context.env.name!r} has no scripted expert (expert_plan)")
+    """The env's expert plan from the current state (``env.expert_plan(actions_left)``), cut to this turn's limit."""
     budget = max(1, min(context.max_actions_per_turn, context.actions_left))
-    return list(plan())[:budget] or [context.env.action_names[0]]
+    plan = list(context.env.expert_plan(context.actions_left))[:budget]
+    return plan or [context.env.sample_action(rng)]
 
 
 def format_reply(actions: list[str], enable_think: bool) -> str:

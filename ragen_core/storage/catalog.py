@@ -1,4 +1,15 @@
-"""DuckDB over the lake: one view per table across every run (``SELECT ... FROM trajectories``)."""
+"""DuckDB over the lake: one view per table across every run (``SELECT ... FROM trajectories``).
+
+- Parquet tables: a view over the published files (``read_parquet`` of the table's glob, by column name). Tables
+  with no files yet are empty views with the right columns, so queries never fail on a fresh root.
+- ``runs``: the rows derived from the run manifests (:mod:`ragen_core.storage.runs`), registered as an Arrow table.
+- Older ``schema_version`` files: columns added since are null or their default (``COALESCE``), the same rule as
+  the Python reader. When a version step needs a registered upgrade function (renames, type changes), the view is
+  the Python reader's upgraded table instead.
+- A table that cannot be read (a damaged file, a file newer than this code) still gets a view, one that fails when
+  queried with a message naming the file(s); the other tables stay queryable. :func:`query` turns such failures
+  into a :class:`LakeError`.
+"""
 
 from __future__ import annotations
 
@@ -7,36 +18,149 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from ragen_core.storage.files import LakeError, damaged_files
 from ragen_core.storage.lake import DataLake
-from schemas import TABLES
+from schemas.tables import ColumnSpec, TableSpec
+from schemas.versions import NewerSchemaError, check_readable
+
+ERROR_PREFIX = "ragen lake: "
 
 
-def connect(root: str | Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with a view per table over the published Parquet files of ``root``.
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
-    Tables with no files yet are empty views with the right columns, so queries never fail on a fresh root.
-    """
-    lake = DataLake(root)
+
+def _sql_literal(value: object) -> str | None:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return _quote(value)
+    return None
+
+
+def _column_sql(column: ColumnSpec, oldest_version: int) -> str:
+    name = '"' + column.name.replace('"', '""') + '"'
+    if column.added_in > oldest_version and column.default is not None:
+        return f"COALESCE({name}, {_sql_literal(column.default)}) AS {name}"
+    return name
+
+
+def _read_failure(exc: duckdb.Error, table: str, files: list[Path]) -> LakeError:
+    """A :class:`LakeError` for a DuckDB read failure, naming the damaged file(s) even when DuckDB does not."""
+    message = str(exc).splitlines()[0]
+    named = [f for f in files if str(f) in str(exc)] or damaged_files(files)
+    if named:
+        listed = ", ".join(repr(str(f)) for f in named)
+        return LakeError(f"cannot read table {table!r}: damaged Parquet file(s) {listed} ({message})")
+    return LakeError(f"cannot read table {table!r} from {len(files)} file(s): {message}")
+
+
+def _file_versions(con: duckdb.DuckDBPyConnection, pattern: str, spec: TableSpec, files: list[Path]) -> set[int]:
+    """The schema versions of the table's files (1 for files without one); too-new files raise."""
+    try:
+        found = con.execute(
+            f"SELECT file_name, decode(value) FROM parquet_kv_metadata({_quote(pattern)}) "
+            "WHERE key = 'schema_version'::BLOB"
+        ).fetchall()
+    except duckdb.Error as exc:
+        raise _read_failure(exc, spec.name, files) from exc
+    by_file = {Path(name): int(version) for name, version in found}
+    for path, version in by_file.items():
+        try:
+            check_readable(spec, version)
+        except NewerSchemaError as exc:
+            raise LakeError(f"cannot read {str(path)!r}: {exc}") from exc
+    return set(by_file.values()) | ({1} if len(by_file) < len(files) else set())
+
+
+def _needs_python_upgrade(lake: DataLake, spec: TableSpec, versions: set[int]) -> bool:
+    oldest = min(versions)
+    if any(lake.upgrades.has_function(spec.name, v, spec.version) for v in versions):
+        return True
+    return any(c.added_in > oldest and c.default is not None and _sql_literal(c.default) is None for c in spec.columns)
+
+
+def _create_view(con: duckdb.DuckDBPyConnection, lake: DataLake, spec: TableSpec) -> None:
+    name = spec.name
+    if spec.source == "manifest":
+        con.register(f"_{name}_rows", lake.read_table(name))
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_rows")
+        return
+    files = lake.partition_files(name)
+    if not files:
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
+        return
+    pattern = str(lake.table_dir(name) / "run_id=*" / "iteration=*" / "part-*.parquet")
+    versions = _file_versions(con, pattern, spec, files)
+    if _needs_python_upgrade(lake, spec, versions):
+        con.register(f"_{name}_rows", lake.read_table(name))
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_rows")
+        return
+    columns = ", ".join(_column_sql(c, min(versions)) for c in spec.columns)
+    files_sql = f"read_parquet({_quote(pattern)}, union_by_name=true, hive_partitioning=false)"
+    try:
+        con.execute(
+            f"CREATE VIEW {name} AS SELECT {columns} FROM "
+            f"(SELECT * FROM {files_sql} UNION ALL BY NAME SELECT * FROM _{name}_empty)"
+        )
+    except duckdb.Error as exc:
+        raise _read_failure(exc, name, files) from exc
+
+
+def _create_failing_view(con: duckdb.DuckDBPyConnection, spec: TableSpec, message: str) -> None:
+    """A view with the table's columns that raises ``message`` when queried."""
+    con.register(f"_{spec.name}_null", pa.table({c.name: pa.nulls(1, c.type) for c in spec.columns}))
+    con.execute(f"DROP VIEW IF EXISTS {spec.name}")
+    con.execute(
+        f"CREATE VIEW {spec.name} AS SELECT * FROM _{spec.name}_null WHERE error({_quote(ERROR_PREFIX + message)}) "
+        "IS NULL"
+    )
+
+
+def connect(root: str | Path | DataLake) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with a view per table over the published rows of ``root``."""
+    lake = root if isinstance(root, DataLake) else DataLake(root)
     con = duckdb.connect(":memory:")
-    for name, spec in TABLES.items():
-        if lake.partition_files(name):
-            pattern = str(lake.table_dir(name) / "run_id=*" / "iteration=*" / "part-*.parquet").replace("'", "''")
-            con.execute(
-                f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{pattern}', union_by_name=true, "
-                "hive_partitioning=false)"
-            )
-        else:
-            empty = spec.arrow_schema.empty_table()
-            con.register(f"_{name}_empty", empty)
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
+    for spec in lake.tables.values():
+        con.register(f"_{spec.name}_empty", spec.arrow_schema.empty_table())
+        try:
+            _create_view(con, lake, spec)
+        except LakeError as exc:
+            _create_failing_view(con, spec, str(exc))
     return con
 
 
-def query(root: str | Path, sql: str) -> pa.Table:
-    """Run ``sql`` against the lake at ``root`` and return the result as an Arrow table."""
-    con = connect(root)
+def _translate(exc: duckdb.Error, lake: DataLake) -> LakeError | None:
+    """The :class:`LakeError` a DuckDB failure stands for, or None when it is not about the lake's files."""
+    text = str(exc)
+    if ERROR_PREFIX in text:
+        return LakeError(text.split(ERROR_PREFIX, 1)[1].splitlines()[0])
+    if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
+        return None
+    for spec in lake.tables.values():
+        files = lake.partition_files(spec.name) if spec.source == "parquet" else []
+        if any(str(f) in text for f in files) or (files and damaged_files(files)):
+            return _read_failure(exc, spec.name, files)
+    return None
+
+
+def query(root: str | Path | DataLake, sql: str) -> pa.Table:
+    """Run ``sql`` against the lake at ``root`` and return the result as an Arrow table.
+
+    A failure to read the lake's files raises :class:`LakeError` naming the file(s); SQL mistakes raise DuckDB's
+    own error.
+    """
+    lake = root if isinstance(root, DataLake) else DataLake(root)
+    con = connect(lake)
     try:
         relation = con.sql(sql)
         return relation.to_arrow_table() if relation is not None else pa.table({})
+    except duckdb.Error as exc:
+        translated = _translate(exc, lake)
+        if translated is None:
+            raise
+        raise translated from exc
     finally:
         con.close()

@@ -7,69 +7,65 @@ Layout under the data root::
     _staging/<run_id>/<iteration>/<stage>/_DONE.json               the stage finished (its result payload)
     _commits/<run_id>/iteration=<n>.json                           the iteration is committed
     quarantine/run_id=<id>/iteration=<n>/<stage>/                  batches that failed validation + report.json
-    runs/<run_id>/manifest.json                                    the run manifest
+    runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
 
 File names are deterministic (run, iteration, stage, part), so a redone stage overwrites instead of adding rows.
 Every file is written under a temporary name and renamed into place, so readers never see a partial file.
+Readers bring files of an older ``schema_version`` to the current schema (:mod:`schemas.versions`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from schemas import TABLES
+from ragen_core.storage.files import (
+    LakeError,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_parquet,
+    check_name,
+    read_json,
+    read_parquet,
+    read_table_file,
+)
+from ragen_core.storage.runs import manifest_row, runs_table
+from schemas.tables import TABLES, TableSpec
+from schemas.versions import UPGRADES, UpgradeRegistry
 
+__all__ = ["DataLake", "LakeError", "atomic_write_json", "atomic_write_parquet", "read_parquet"]
 
-class LakeError(RuntimeError):
-    """A stored file cannot be read or the lake is in a state the caller did not expect."""
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, payload: Any) -> None:
-    """Write ``payload`` as JSON to ``path`` atomically."""
-    _atomic_write_bytes(Path(path), json.dumps(payload, indent=2, sort_keys=True, default=str).encode())
-
-
-def atomic_write_parquet(path: Path, table: pa.Table) -> None:
-    """Write ``table`` to ``path`` atomically (temporary name, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp, compression="zstd")
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def read_parquet(path: Path) -> pa.Table:
-    """Read one Parquet file; a damaged file raises :class:`LakeError` naming it."""
-    try:
-        return pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise LakeError(f"cannot read Parquet file {str(path)!r} (damaged or truncated?): {exc}") from exc
+Rows = pa.Table | Sequence[Mapping[str, Any]]
 
 
 class DataLake:
-    """Paths and atomic I/O of one data root."""
+    """Paths and atomic I/O of one data root. ``tables`` and ``upgrades`` default to the project's own."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        tables: Mapping[str, TableSpec] | None = None,
+        upgrades: UpgradeRegistry | None = None,
+    ) -> None:
         self.root = Path(root).resolve()
+        self.tables: Mapping[str, TableSpec] = TABLES if tables is None else tables
+        self.upgrades = UPGRADES if upgrades is None else upgrades
+
+    def spec(self, table: str) -> TableSpec:
+        if table not in self.tables:
+            raise LakeError(f"unknown table {table!r}; tables: {', '.join(self.tables)}")
+        return self.tables[table]
+
+    def _parquet_spec(self, table: str) -> TableSpec:
+        spec = self.spec(table)
+        if spec.source != "parquet":
+            raise LakeError(f"table {table!r} is derived from the run manifests; write the manifest instead")
+        return spec
 
     # -- paths -------------------------------------------------------------------------------------------------
     def table_dir(self, table: str) -> Path:
@@ -79,7 +75,10 @@ class DataLake:
         return self.root / table / f"run_id={run_id}" / f"iteration={iteration}"
 
     def stage_dir(self, run_id: str, iteration: int, stage: str) -> Path:
-        return self.root / "_staging" / run_id / str(iteration) / stage
+        return self.root / "_staging" / check_name("run id", run_id) / str(iteration) / check_name("stage", stage)
+
+    def quarantine_dir(self, run_id: str, iteration: int, stage: str) -> Path:
+        return self.root / "quarantine" / f"run_id={run_id}" / f"iteration={iteration}" / stage
 
     def commit_marker(self, run_id: str, iteration: int) -> Path:
         return self.root / "_commits" / run_id / f"iteration={iteration}.json"
@@ -91,21 +90,40 @@ class DataLake:
         return self.root / "models"
 
     # -- staging -----------------------------------------------------------------------------------------------
-    def stage_table(self, run_id: str, iteration: int, stage: str, table: str, data: pa.Table, part: int = 0) -> Path:
-        """Write a stage's output table into staging under a deterministic name."""
-        expected = TABLES[table].arrow_schema
-        if not data.schema.equals(expected, check_metadata=False):
+    def stage_table(
+        self,
+        run_id: str,
+        iteration: int,
+        stage: str,
+        table: str,
+        data: pa.Table,
+        part: int = 0,
+        *,
+        strict: bool = True,
+    ) -> Path:
+        """Write a stage's output table into staging under a deterministic name.
+
+        ``strict=False`` stages a table that may not match its schema, for a validation step (which quarantines
+        what fails) to judge; nothing staged is visible to readers until :meth:`publish`.
+        """
+        expected = self._parquet_spec(table).arrow_schema
+        if strict and not data.schema.equals(expected, check_metadata=False):
             raise LakeError(f"table {table!r} does not match its schema:\n{data.schema}\nexpected:\n{expected}")
         path = self.stage_dir(run_id, iteration, stage) / table / f"part-{stage}-{part:05d}.parquet"
-        atomic_write_parquet(path, data.replace_schema_metadata(expected.metadata))
+        atomic_write_parquet(path, data.replace_schema_metadata(expected.metadata) if strict else data)
         return path
 
     def read_staged(self, run_id: str, iteration: int, stage: str, table: str) -> pa.Table:
-        """All staged parts of ``table`` for a stage, concatenated."""
-        files = sorted((self.stage_dir(run_id, iteration, stage) / table).glob("part-*.parquet"))
+        """All staged parts of ``table`` for a stage, concatenated as stored."""
+        folder = self.stage_dir(run_id, iteration, stage) / table
+        files = sorted(folder.glob("part-*.parquet"))
         if not files:
             raise LakeError(f"stage {stage!r} of {run_id}/{iteration} has no staged {table!r} rows")
-        return pa.concat_tables([read_parquet(f) for f in files])
+        parts = [read_parquet(f) for f in files]
+        try:
+            return pa.concat_tables(parts)
+        except pa.ArrowInvalid as exc:
+            raise LakeError(f"the staged parts in {str(folder)!r} have different schemas: {exc}") from exc
 
     def mark_stage_done(self, run_id: str, iteration: int, stage: str, payload: dict[str, Any] | None = None) -> None:
         atomic_write_json(self.stage_dir(run_id, iteration, stage) / "_DONE.json", payload or {})
@@ -113,13 +131,17 @@ class DataLake:
     def stage_result(self, run_id: str, iteration: int, stage: str) -> dict[str, Any] | None:
         """The payload of a finished stage, or None if the stage has not finished."""
         marker = self.stage_dir(run_id, iteration, stage) / "_DONE.json"
-        return json.loads(marker.read_text()) if marker.is_file() else None
+        return read_json(marker) if marker.is_file() else None
 
-    def publish(self, run_id: str, iteration: int, stage: str) -> list[Path]:
-        """Move a stage's staged files into the table partitions (one atomic rename per file)."""
+    def publish(self, run_id: str, iteration: int, stage: str, tables: Sequence[str] | None = None) -> list[Path]:
+        """Move a stage's staged files (of ``tables``, default all) into the table partitions, one atomic rename
+        per file; return the published paths."""
         source = self.stage_dir(run_id, iteration, stage)
+        folders = sorted(p for p in source.iterdir() if p.is_dir()) if source.is_dir() else []
         published = []
-        for table_dir in sorted(p for p in source.iterdir() if p.is_dir()) if source.is_dir() else []:
+        for table_dir in folders:
+            if tables is not None and table_dir.name not in tables:
+                continue
             target_dir = self.partition_dir(table_dir.name, run_id, iteration)
             target_dir.mkdir(parents=True, exist_ok=True)
             for file in sorted(table_dir.glob("part-*.parquet")):
@@ -129,14 +151,45 @@ class DataLake:
 
     def quarantine(self, run_id: str, iteration: int, stage: str, report_json: str) -> Path:
         """Move a failed stage's staged output under ``quarantine/`` with its report; return the folder."""
-        target = self.root / "quarantine" / f"run_id={run_id}" / f"iteration={iteration}" / stage
+        target = self.quarantine_dir(run_id, iteration, stage)
         shutil.rmtree(target, ignore_errors=True)
         target.parent.mkdir(parents=True, exist_ok=True)
         source = self.stage_dir(run_id, iteration, stage)
         if source.is_dir():
             os.replace(source, target)
-        _atomic_write_bytes(target / "report.json", report_json.encode())
+        atomic_write_bytes(target / "report.json", report_json.encode())
         return target
+
+    # -- writing rows of the small tables ----------------------------------------------------------------------
+    def write_rows(
+        self, table: str, run_id: str, iteration: int, rows: Rows, *, stage: str, part: int = 0, publish: bool = True
+    ) -> Path:
+        """Validate ``rows`` (pandera contract of ``table``; all rows in partition ``run_id``/``iteration``), stage
+        them as ``part-<stage>-<part>.parquet`` and, unless ``publish=False``, publish that table of the stage.
+
+        Rows that fail are quarantined with a report and a :class:`LakeError` names the failed checks. Returns
+        the published (or staged) path. Writing the same (table, run, iteration, stage, part) again replaces it.
+        """
+        from schemas.contracts import validate_rows
+
+        spec = self._parquet_spec(table)
+        data = _as_table(spec, rows)
+        report = validate_rows(spec, data)
+        _check_partition(data, run_id, iteration, table, report)
+        if not report.ok:
+            self.stage_table(run_id, iteration, stage, table, data, part, strict=False)
+            context = {"table": table, "run_id": run_id, "iteration": iteration, "stage": stage}
+            where = self.quarantine(run_id, iteration, stage, report.to_json(**context))
+            raise LakeError(
+                f"{table} rows for {run_id}/{iteration} failed checks {', '.join(report.failed_checks())}; "
+                f"quarantined in {where} (see report.json); nothing was published"
+            )
+        conformed = data.select(spec.column_names).cast(spec.arrow_schema)
+        path = self.stage_table(run_id, iteration, stage, table, conformed, part)
+        if not publish:
+            return path
+        self.publish(run_id, iteration, stage, [table])
+        return self.partition_dir(table, run_id, iteration) / path.name
 
     # -- reading published rows --------------------------------------------------------------------------------
     def partition_files(self, table: str, run_id: str | None = None, iteration: int | None = None) -> list[Path]:
@@ -144,13 +197,35 @@ class DataLake:
         iteration_glob = f"iteration={iteration}" if iteration is not None else "iteration=*"
         return sorted(self.table_dir(table).glob(f"{run_glob}/{iteration_glob}/part-*.parquet"))
 
-    def read_table(self, table: str, run_id: str | None = None, iteration: int | None = None) -> pa.Table:
-        """Published rows of ``table`` (optionally one run / one iteration), in the table's schema."""
-        files = self.partition_files(table, run_id, iteration)
-        schema = TABLES[table].arrow_schema
-        if not files:
-            return schema.empty_table()
-        return pa.concat_tables([read_parquet(f).cast(schema) for f in files])
+    def read_table(
+        self, table: str, run_id: str | None = None, iteration: int | None = None, columns: list[str] | None = None
+    ) -> pa.Table:
+        """Published rows of ``table`` (optionally one run / one iteration) in the table's current schema.
+
+        Older files are upgraded; a damaged or too-new file raises :class:`LakeError` naming it.
+        """
+        spec = self.spec(table)
+        if spec.source == "manifest":
+            if iteration is not None:
+                raise LakeError(f"table {table!r} has no iterations")
+            result = self.read_runs(run_id)
+        else:
+            files = self.partition_files(table, run_id, iteration)
+            parts = [read_table_file(f, spec, self.upgrades) for f in files]
+            result = pa.concat_tables(parts) if parts else spec.arrow_schema.empty_table()
+        return result.select(columns) if columns is not None else result
+
+    def read_runs(self, run_id: str | None = None) -> pa.Table:
+        """The ``runs`` table: one row per manifest under ``runs/`` (see :mod:`ragen_core.storage.runs`)."""
+        pattern = f"{run_id}/manifest.json" if run_id is not None else "*/manifest.json"
+        rows = []
+        for path in sorted((self.root / "runs").glob(pattern)):
+            manifest = read_json(path)
+            try:
+                rows.append(manifest_row(manifest, self.committed_iterations(manifest["run_id"])))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise LakeError(f"manifest {str(path)!r} cannot be read as a runs row: {exc!r}") from exc
+        return runs_table(rows)
 
     # -- commits and manifest ----------------------------------------------------------------------------------
     def commit_iteration(self, run_id: str, iteration: int, payload: dict[str, Any]) -> None:
@@ -163,8 +238,34 @@ class DataLake:
         return sorted(int(p.stem.split("=")[1]) for p in folder.glob("iteration=*.json")) if folder.is_dir() else []
 
     def write_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
-        atomic_write_json(self.run_dir(run_id) / "manifest.json", manifest)
+        atomic_write_json(self.run_dir(check_name("run id", run_id)) / "manifest.json", manifest)
 
     def read_manifest(self, run_id: str) -> dict[str, Any] | None:
         path = self.run_dir(run_id) / "manifest.json"
-        return json.loads(path.read_text()) if path.is_file() else None
+        return read_json(path) if path.is_file() else None
+
+
+def _as_table(spec: TableSpec, rows: Rows) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        return rows
+    try:
+        return pa.Table.from_pylist(list(rows), schema=spec.arrow_schema)
+    except (pa.ArrowException, TypeError, ValueError, KeyError) as exc:
+        raise LakeError(f"rows do not fit table {spec.name!r} ({', '.join(spec.column_names)}): {exc}") from exc
+
+
+def _check_partition(data: pa.Table, run_id: str, iteration: int, table: str, report: Any) -> None:
+    """Every row must belong to the partition it is written to (the files are self-describing)."""
+    import pyarrow.compute as pc
+
+    for column, expected in (("run_id", run_id), ("iteration", iteration)):
+        if column not in data.column_names:
+            continue
+        values = data[column]
+        try:
+            wrong = pc.invert(pc.fill_null(pc.equal(values, pa.scalar(expected, values.type)), False))
+        except (pa.ArrowException, TypeError):
+            continue  # a wrongly typed column: the structure checks report it
+        if pc.any(wrong).as_py():
+            rows = [{"row": i} for i, bad in enumerate(wrong.to_pylist()) if bad]
+            report.add("lake", f"{table}:partition", column, rows, f"rows outside partition {run_id}/{iteration}")

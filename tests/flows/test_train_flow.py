@@ -155,8 +155,16 @@ def test_ragen_train_end_to_end_on_prefects_local_server(tmp_path, tiny_model_di
 
     script = shutil.which("ragen") or str(Path(sys.executable).parent / "ragen")
     # a fresh user shell: no Prefect settings and no distributed variables left by DeepSpeed in this test process
-    dropped = {"PREFECT_HOME", "PREFECT_API_URL", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-               "MASTER_ADDR", "MASTER_PORT"}
+    dropped = {
+        "PREFECT_HOME",
+        "PREFECT_API_URL",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     overrides = [
         f"model.path={tiny_model_dir}",

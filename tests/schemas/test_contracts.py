@@ -1,16 +1,20 @@
 import math
+import re
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from ragen_core.agent import ChatFormatter
-from ragen_core.rollout import RolloutSpec, run_rollouts
+from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.storage import BatchMeta, trajectories_table, turns_table
-from schemas.contracts import validate_trajectory_batch
+from schemas.contracts import validate_rows, validate_trajectory_batch
+from schemas.suites import SEMANTIC_CHECKS
 
 GROUP_SIZE = 4
 BOUNDS = (-0.1, 1.0)
+STRUCTURE_CHECK = re.compile(r"^[a-z_]+(\.[a-z_]+)?:[a-z_0-9]+$")
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +31,37 @@ def _replace(table: pa.Table, column: str, values) -> pa.Table:
     return table.set_column(index, table.schema.field(column), pa.array(values, table.schema.field(column).type))
 
 
+def _edit(table: pa.Table, column: str, row: int, value) -> pa.Table:
+    values = table[column].to_pylist()
+    values[row] = value(values[row]) if callable(value) else value
+    return _replace(table, column, values)
+
+
+def _check(trajectories, turns, **kwargs):
+    report = validate_trajectory_batch(trajectories, turns, GROUP_SIZE, BOUNDS, **kwargs)
+    for name in report.failed_checks():  # every reported name is one of the documented, stable names
+        assert name in SEMANTIC_CHECKS or STRUCTURE_CHECK.match(name), name
+    return report
+
+
+def _key(traj_index: int, group_id: int = 0) -> dict:
+    return {"run_id": "r", "iteration": 0, "split": "train", "env": "bandit", "group_id": group_id,
+            "traj_index": traj_index}  # fmt: skip
+
+
 def test_a_good_batch_passes(batch):
-    report = validate_trajectory_batch(*batch, GROUP_SIZE, BOUNDS)
+    report = _check(*batch)
+    assert report.ok, report.to_json()
+
+
+def test_a_scripted_batch_without_logprobs_passes(tiny_policy):
+    _, tokenizer = tiny_policy
+    spec = RolloutSpec("bandit", [1, 2], GROUP_SIZE, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
+    records = run_rollouts(spec, ScriptedBackend("random", tokenizer), ChatFormatter(tokenizer), seed=0)
+    meta = BatchMeta("r", 0, "train", 0, 1.0, "h")
+    trajectories = trajectories_table(records, meta)
+    assert trajectories["behavior_logprobs"].null_count == trajectories.num_rows
+    report = _check(trajectories, turns_table(records, meta))
     assert report.ok, report.to_json()
 
 
@@ -36,59 +69,155 @@ def test_wrong_type_is_caught_by_pandera(batch):
     trajectories, turns = batch
     index = trajectories.schema.get_field_index("env_seed")
     bad = trajectories.set_column(index, "env_seed", trajectories["env_seed"].cast(pa.float64()))
-    report = validate_trajectory_batch(bad, turns, GROUP_SIZE, BOUNDS)
+    report = _check(bad, turns)
+    assert report.failed_checks() == ["trajectories.env_seed:dtype"]
     assert [f["layer"] for f in report.failures] == ["pandera"] and report.failures[0]["column"] == "env_seed"
+
+
+def test_null_and_range_failures_name_the_rows(batch):
+    trajectories, turns = batch
+    bad = _edit(_edit(trajectories, "num_turns", 5, 0), "success", 2, None)
+    report = _check(bad, turns)
+    assert report.failed_checks() == ["trajectories.num_turns:ge_1", "trajectories.success:not_null"]
+    rows = {f["check"]: f["rows"] for f in report.failures}
+    assert rows["trajectories.num_turns:ge_1"] == [_key(1, group_id=1)]
+    assert rows["trajectories.success:not_null"] == [_key(2)]
+
+
+def test_missing_and_unexpected_columns(batch):
+    trajectories, turns = batch
+    bad = trajectories.drop_columns(["num_actions"]).append_column("extra", pa.array([1] * trajectories.num_rows))
+    report = _check(bad, turns)
+    assert report.failed_checks() == ["trajectories:missing_column", "trajectories:unexpected_column"]
+    assert {f["column"] for f in report.failures} == {"num_actions", "extra"}
 
 
 def test_length_mismatch(batch):
     trajectories, turns = batch
-    masks = trajectories["loss_mask"].to_pylist()
-    masks[3] = masks[3][:-1]
-    report = validate_trajectory_batch(_replace(trajectories, "loss_mask", masks), turns, GROUP_SIZE, BOUNDS)
-    assert "expect_column_pair_values_to_be_equal[n_input_ids,n_loss_mask]" in report.failed_checks()
-    assert report.failures[0]["rows"] == [["r", 0, "train", "bandit", 0, 3]]
+    report = _check(_edit(trajectories, "input_ids", 3, lambda ids: ids + [5]), turns)
+    assert report.failed_checks() == ["logprobs_length_matches_input_ids", "loss_mask_length_matches_input_ids"]
+    assert all(f["rows"] == [_key(3)] for f in report.failures)
 
 
-def test_nan_logprob(batch):
+def test_nan_and_positive_logprobs(batch):
     trajectories, turns = batch
-    logprobs = trajectories["behavior_logprobs"].to_pylist()
-    logprobs[0][-1] = math.nan
-    report = validate_trajectory_batch(
-        _replace(trajectories, "behavior_logprobs", logprobs), turns, GROUP_SIZE, BOUNDS
-    )
-    assert "expect_column_values_to_be_in_set[logprobs_finite]" in report.failed_checks()
+    nan = _edit(trajectories, "behavior_logprobs", 0, lambda lp: lp[:-1] + [math.nan])
+    assert _check(nan, turns).failed_checks() == ["logprobs_finite"]
+    positive = _edit(trajectories, "behavior_logprobs", 1, lambda lp: lp[:-1] + [0.5])
+    report = _check(positive, turns)
+    assert report.failed_checks() == ["logprobs_non_positive"] and report.failures[0]["rows"] == [_key(1)]
+
+
+def test_token_list_elements(batch):
+    trajectories, turns = batch
+    assert _check(_edit(trajectories, "loss_mask", 0, lambda m: m[:-1] + [2]), turns).failed_checks() == [
+        "loss_mask_is_binary",
+        "response_length_matches_mask",
+    ]
+    assert _check(_edit(trajectories, "input_ids", 0, lambda i: [-1] + i[1:]), turns).failed_checks() == [
+        "input_ids_non_negative"
+    ]
+    assert _check(_edit(trajectories, "input_ids", 0, lambda i: [None] + i[1:]), turns).failed_checks() == [
+        "token_lists_have_no_null_elements"
+    ]
+
+
+def test_every_trajectory_needs_a_trained_token(batch):
+    trajectories, turns = batch
+    report = _check(_edit(trajectories, "loss_mask", 6, lambda m: [0] * len(m)), turns)
+    assert report.failed_checks() == ["has_trained_token", "response_length_matches_mask"]
 
 
 def test_reward_out_of_range(batch):
     trajectories, turns = batch
-    rewards = trajectories["total_reward"].to_pylist()
-    rewards[1] = 5.0
-    env_rewards = trajectories["env_reward"].to_pylist()
-    env_rewards[1] = 5.0 - trajectories["format_penalty"][1].as_py()
-    bad = _replace(_replace(trajectories, "total_reward", rewards), "env_reward", env_rewards)
-    report = validate_trajectory_batch(bad, turns, GROUP_SIZE, BOUNDS)
-    assert report.failed_checks() == ["expect_column_values_to_be_between[total_reward]"]
+    penalty = trajectories["format_penalty"][1].as_py()
+    bad = _edit(_edit(trajectories, "total_reward", 1, 5.0), "env_reward", 1, 5.0 - penalty)
+    report = _check(bad, turns)
+    assert report.failed_checks() == ["reward_in_bounds"] and report.failures[0]["rows"] == [_key(1)]
+
+
+def test_reward_parts_must_sum(batch):
+    trajectories, turns = batch
+    report = _check(_edit(trajectories, "env_reward", 0, lambda r: r + 0.25), turns)
+    assert report.failed_checks() == ["reward_parts_sum"]
 
 
 def test_duplicate_key(batch):
     trajectories, turns = batch
-    index = trajectories["traj_index"].to_pylist()
-    index[1] = index[0]
-    report = validate_trajectory_batch(_replace(trajectories, "traj_index", index), turns, GROUP_SIZE, BOUNDS)
-    assert any("unique" in check for check in report.failed_checks())
+    report = _check(_edit(trajectories, "traj_index", 1, 0), turns)
+    assert report.failed_checks() == ["trajectories:unique_key"]
+    assert report.failures[0]["rows"] == [_key(0), _key(0)]
 
 
 def test_wrong_group_size(batch):
     trajectories, turns = batch
-    report = validate_trajectory_batch(trajectories.slice(0, 7), turns.slice(0, 7), GROUP_SIZE, BOUNDS)
-    assert report.failed_checks() == ["expect_column_values_to_be_in_set[group_members]"]
+    report = _check(trajectories.slice(0, 7), turns.slice(0, 7))
+    assert report.failed_checks() == ["group_size"]
+    assert report.failures[0]["rows"] == [_key(i, group_id=1) for i in range(3)]
 
 
-def test_policy_rows_must_carry_logprobs(batch):
+def test_seeds_must_be_equal_within_a_group(batch):
     trajectories, turns = batch
-    logprobs = trajectories["behavior_logprobs"].to_pylist()
-    logprobs[2] = None
-    report = validate_trajectory_batch(
-        _replace(trajectories, "behavior_logprobs", logprobs), turns, GROUP_SIZE, BOUNDS
-    )
-    assert "expect_column_values_to_not_be_null[n_logprobs]" in report.failed_checks()
+    report = _check(_edit(trajectories, "env_seed", 2, lambda s: s + 1), turns)
+    assert report.failed_checks() == ["group_seed_shared"]
+    assert report.failures[0]["rows"] == [_key(i) for i in range(GROUP_SIZE)]
+
+
+def test_policy_rows_must_carry_logprobs_scripted_rows_may_not(batch):
+    trajectories, turns = batch
+    no_logprobs = _edit(trajectories, "behavior_logprobs", 2, None)
+    assert _check(no_logprobs, turns).failed_checks() == ["policy_rows_have_logprobs"]
+    assert _check(_edit(no_logprobs, "behavior_source", 2, "scripted"), turns).ok
+
+
+def test_turn_counts_match_and_turns_belong_to_trajectories(batch):
+    trajectories, turns = batch
+    assert _check(trajectories, turns.slice(1)).failed_checks() == ["turn_count_matches"]
+    report = _check(trajectories, _edit(turns, "group_id", 0, 7))
+    assert report.failed_checks() == ["turn_count_matches", "turns_belong_to_trajectories"]
+    orphan = next(f for f in report.failures if f["check"] == "turns_belong_to_trajectories")
+    assert orphan["rows"] == [_key(0, group_id=7)]
+
+
+def test_success_rule_is_optional_and_checked_when_given(batch):
+    trajectories, turns = batch
+    consistent = _replace(trajectories, "success", pc.greater(trajectories["env_reward"], 0).to_pylist())
+    assert _check(consistent, turns, success_rule=lambda reward: reward > 0).ok
+    flipped = _edit(consistent, "success", 4, lambda s: not s)
+    assert _check(flipped, turns).ok  # no rule: success is not tied to the reward
+    report = _check(flipped, turns, success_rule=lambda reward: reward > 0)
+    assert report.failed_checks() == ["success_matches_reward"] and report.failures[0]["rows"] == [_key(0, 1)]
+    assert _check(flipped, turns, success_rule=lambda reward: None).ok  # the rule may imply nothing
+
+
+def test_filter_columns_follow_the_split_and_the_filter(batch):
+    trajectories, turns = batch
+    n = trajectories.num_rows
+    assert _check(_edit(trajectories, "kept", 0, True), turns).failed_checks() == ["train_rows_unfiltered"]
+    assert _check(trajectories, turns, filtered=True).failed_checks() == ["train_rows_have_filter_decision"]
+    decided = _replace(_replace(trajectories, "kept", [True] * 4 + [False] * 4), "group_reward_std", [0.5] * n)
+    assert _check(decided, turns, filtered=True).ok
+    split_group = _edit(decided, "kept", 0, False)
+    assert _check(split_group, turns, filtered=True).failed_checks() == ["filter_decision_constant_in_group"]
+    val = _replace(trajectories, "split", ["val"] * n)
+    val_turns = _replace(turns, "split", ["val"] * turns.num_rows)
+    assert _check(val, val_turns).ok and _check(val, val_turns, filtered=True).ok
+    report = _check(_edit(val, "kept", 3, False), val_turns, filtered=True)
+    assert report.failed_checks() == ["val_rows_have_no_filter_decision"]
+
+
+def test_small_tables_have_structure_contracts():
+    evaluation = {"run_id": "r", "iteration": 0, "env": "bandit", "instances": 4, "k": 1, "temperature": 0.5,
+                  "success_rate": 1.5, "pass_at_k": 0.5, "reward_mean": 0.1, "response_length_mean": 3.0}  # fmt: skip
+    from schemas.tables import CHECKPOINTS, EVALUATIONS, EVENTS
+
+    report = validate_rows("evaluations", pa.Table.from_pylist([evaluation], schema=EVALUATIONS.arrow_schema))
+    assert report.failed_checks() == ["evaluations.success_rate:between_0_1"]
+    checkpoint = {"run_id": "r", "iteration": 1, "format": "zip", "path": "/x", "metrics_json": "{}",
+                  "created_at": None}  # fmt: skip
+    report = validate_rows("checkpoints", pa.Table.from_pylist([checkpoint], schema=CHECKPOINTS.arrow_schema))
+    assert report.failed_checks() == ["checkpoints.created_at:not_null", "checkpoints.format:isin"]
+    event = {"run_id": "r", "iteration": 1, "kind": "early_warning", "metric": None, "value": None,
+             "threshold": None, "message": "m", "created_at": 0}  # fmt: skip
+    report = validate_rows("events", pa.Table.from_pylist([event, event], schema=EVENTS.arrow_schema))
+    assert report.failed_checks() == ["events:unique_key"]

@@ -1,0 +1,217 @@
+"""Sokoban rooms: generation by reverse play, and an optimal solver. Pure functions over small integer grids.
+
+A room is a grid of ``height x width`` cells indexed ``row * width + col``; the outer ring is always wall. A state is
+the player's cell and the sorted tuple of box cells. Generation follows the scheme of RAGEN's (gym-sokoban's)
+generator:
+
+1. carve a random topology: a random walk over the interior (changing direction with probability
+   ``p_change_directions``) that clears a small random shape around every position;
+2. place the targets on random floor cells, with the boxes on them (the solved state);
+3. play in reverse: from the solved state (the player on any free floor cell), explore every state reachable by
+   reverse moves (walk, or walk away from a box while pulling it) up to ``search_depth`` moves, and pick, among the
+   states with no box on a target, one with the largest box displacement (sum over boxes of the Manhattan distance
+   to the nearest target), ties broken by the seed's generator.
+
+Reverse moves are exactly the inverses of forward moves, so every generated room is solvable, and the reverse
+breadth-first depth of a state is its optimal solution length. ``max_solution_steps`` (off by default, as in RAGEN)
+restricts the candidates to rooms solvable within that many moves.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+# Action names in RAGEN's order, with their (row, col) offsets.
+MOVES: dict[str, tuple[int, int]] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+
+# Shapes cleared around each position of the topology walk, as (row, col) offsets.
+_CARVE_SHAPES: tuple[tuple[tuple[int, int], ...], ...] = (
+    ((0, -1), (0, 0), (0, 1)),
+    ((-1, 0), (0, 0), (1, 0)),
+    ((0, -1), (0, 0), (1, 0)),
+    ((0, -1), (0, 0), (1, -1), (1, 0)),
+    ((0, 0), (0, 1), (1, 0)),
+)
+_DIRECTIONS = ((-1, 0), (1, 0), (0, -1), (0, 1))
+
+State = tuple[int, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Room:
+    """A generated Sokoban instance: static layout plus the initial state and its optimal solution length."""
+
+    height: int
+    width: int
+    floor: frozenset[int]  # every non-wall cell
+    targets: tuple[int, ...]
+    player: int
+    boxes: tuple[int, ...]
+    optimal_steps: int
+
+    def cell(self, row: int, col: int) -> int:
+        return row * self.width + col
+
+    def position(self, cell: int) -> tuple[int, int]:
+        return divmod(cell, self.width)
+
+
+def carve_topology(
+    rng: np.random.Generator, height: int, width: int, p_change_directions: float, num_steps: int
+) -> frozenset[int]:
+    """Floor cells cleared by a random walk over the interior of a ``height x width`` room of walls."""
+    floor: set[int] = set()
+    row, col = int(rng.integers(1, height - 1)), int(rng.integers(1, width - 1))
+    direction = _DIRECTIONS[int(rng.integers(0, 4))]
+    for _ in range(num_steps):
+        if rng.random() < p_change_directions:
+            direction = _DIRECTIONS[int(rng.integers(0, 4))]
+        row = min(max(row + direction[0], 1), height - 2)
+        col = min(max(col + direction[1], 1), width - 2)
+        for d_row, d_col in _CARVE_SHAPES[int(rng.integers(0, len(_CARVE_SHAPES)))]:
+            r, c = row + d_row, col + d_col
+            if 1 <= r <= height - 2 and 1 <= c <= width - 2:
+                floor.add(r * width + c)
+    return frozenset(floor)
+
+
+def _reverse_successors(state: State, floor: frozenset[int], offsets: tuple[int, ...]):
+    """States reachable by one reverse move: walk to a free cell, optionally pulling the box behind the player."""
+    player, boxes = state
+    box_set = set(boxes)
+    for offset in offsets:
+        target = player + offset
+        if target not in floor or target in box_set:
+            continue
+        yield target, boxes
+        behind = player - offset
+        if behind in box_set:
+            yield target, tuple(sorted((box_set - {behind}) | {player}))
+
+
+def _displacement(boxes: tuple[int, ...], targets: tuple[int, ...], width: int) -> int:
+    return sum(min(abs(b // width - t // width) + abs(b % width - t % width) for t in targets) for b in boxes)
+
+
+def reverse_play(
+    floor: frozenset[int],
+    targets: tuple[int, ...],
+    width: int,
+    rng: np.random.Generator,
+    search_depth: int,
+    max_solution_steps: int | None = None,
+) -> tuple[State, int] | None:
+    """Breadth-first reverse play from every solved state; the chosen start state and its optimal length, or None
+    when no state with every box off its target is reachable."""
+    offsets = tuple(d_row * width + d_col for d_row, d_col in MOVES.values())
+    solved = tuple(sorted(targets))
+    frontier = [(player, solved) for player in sorted(floor - set(targets))]
+    depth_of: dict[State, int] = dict.fromkeys(frontier, 0)
+    target_set = set(targets)
+    best_score, best = 0, []
+    depth_limit = search_depth if max_solution_steps is None else min(search_depth, max_solution_steps)
+    for depth in range(1, depth_limit + 1):
+        next_frontier = []
+        for state in frontier:
+            for successor in _reverse_successors(state, floor, offsets):
+                if successor in depth_of:
+                    continue
+                depth_of[successor] = depth
+                next_frontier.append(successor)
+                if target_set.intersection(successor[1]):
+                    continue
+                score = _displacement(successor[1], targets, width)
+                if score > best_score:
+                    best_score, best = score, [successor]
+                elif score == best_score and score > 0:
+                    best.append(successor)
+        if not next_frontier:
+            break
+        frontier = next_frontier
+    if not best:
+        return None
+    chosen = best[int(rng.integers(0, len(best)))]
+    return chosen, depth_of[chosen]
+
+
+@lru_cache(maxsize=4096)
+def generate_room(
+    seed: int,
+    height: int = 6,
+    width: int = 6,
+    num_boxes: int = 1,
+    p_change_directions: float = 0.35,
+    num_steps: int | None = None,
+    search_depth: int = 300,
+    max_solution_steps: int | None = None,
+    max_tries: int = 100,
+) -> Room:
+    """The room of ``seed`` (cached: every member of a group resets to the same room)."""
+    rng = np.random.default_rng(seed)
+    steps = num_steps if num_steps is not None else int(1.7 * (height + width))
+    for _ in range(max_tries):
+        floor = carve_topology(rng, height, width, p_change_directions, steps)
+        if len(floor) < num_boxes + 2:
+            continue
+        cells = sorted(floor)
+        targets = tuple(sorted(cells[int(i)] for i in rng.choice(len(cells), num_boxes, replace=False)))
+        found = reverse_play(floor, targets, width, rng, search_depth, max_solution_steps)
+        if found is not None:
+            (player, boxes), optimal = found
+            return Room(height, width, floor, targets, player, boxes, optimal)
+    raise RuntimeError(
+        f"no {height}x{width} room with {num_boxes} box(es) found for seed {seed} in {max_tries} tries; "
+        "raise max_solution_steps or search_depth, or use fewer boxes"
+    )
+
+
+def step_state(state: State, move: tuple[int, int], floor: frozenset[int], width: int) -> State | None:
+    """The state after one forward move, or None when the move is blocked (wall, or a box that cannot move)."""
+    player, boxes = state
+    offset = move[0] * width + move[1]
+    target = player + offset
+    if target not in floor:
+        return None
+    if target in boxes:
+        beyond = target + offset
+        if beyond not in floor or beyond in boxes:
+            return None
+        return target, tuple(sorted([b for b in boxes if b != target] + [beyond]))
+    return target, boxes
+
+
+def solve(room: Room, state: State | None = None, max_depth: int = 300) -> list[str] | None:
+    """A shortest action sequence solving ``room`` from ``state`` (default: its initial state), or None."""
+    start: State = state if state is not None else (room.player, room.boxes)
+    goal = tuple(sorted(room.targets))
+    if start[1] == goal:
+        return []
+    parents: dict[State, tuple[State, str] | None] = {start: None}
+    queue = deque([(start, 0)])
+    while queue:
+        current, depth = queue.popleft()
+        if depth >= max_depth:
+            continue
+        for name, move in MOVES.items():
+            successor = step_state(current, move, room.floor, room.width)
+            if successor is None or successor in parents:
+                continue
+            parents[successor] = (current, name)
+            if successor[1] == goal:
+                return _path(parents, successor)
+            queue.append((successor, depth + 1))
+    return None
+
+
+def _path(parents: dict[State, tuple[State, str] | None], end: State) -> list[str]:
+    actions = []
+    node = parents[end]
+    while node is not None:
+        previous, name = node
+        actions.append(name)
+        node = parents[previous]
+    return actions[::-1]

@@ -1,0 +1,99 @@
+"""File-level I/O of the lake: atomic writes and reads that fail with a :class:`LakeError` naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.tables import TableSpec
+from schemas.versions import UPGRADES, NewerSchemaError, SchemaVersionError, UpgradeRegistry, upgrade
+
+_UNSAFE_NAME = re.compile(r"[/\\\x00-\x1f]")
+
+
+class LakeError(RuntimeError):
+    """A stored file cannot be read or the lake is in a state the caller did not expect."""
+
+
+def check_name(kind: str, name: str) -> str:
+    """``name`` if it can be one path component (run ids, stage names); else a :class:`LakeError`."""
+    if not name or name in (".", "..") or name.startswith(".") or _UNSAFE_NAME.search(name):
+        raise LakeError(f"{kind} {name!r} cannot name a folder: use letters, digits, '-', '_' or '.', not leading '.'")
+    return name
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary name, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(path)
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    """Write ``payload`` as JSON to ``path`` atomically."""
+    atomic_write_bytes(Path(path), json.dumps(payload, indent=2, sort_keys=True, default=str).encode())
+
+
+def atomic_write_parquet(path: Path, table: pa.Table) -> None:
+    """Write ``table`` to ``path`` atomically (temporary name, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(path)
+    pq.write_table(table, tmp, compression="zstd")
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    """Read one JSON file; a damaged file raises :class:`LakeError` naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise LakeError(f"cannot read JSON file {str(path)!r} (damaged or truncated?): {exc}") from exc
+
+
+def read_parquet(path: Path) -> pa.Table:
+    """Read one Parquet file as stored; a damaged file raises :class:`LakeError` naming it."""
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise LakeError(f"cannot read Parquet file {str(path)!r} (damaged or truncated?): {exc}") from exc
+
+
+def read_table_file(path: Path, spec: TableSpec, upgrades: UpgradeRegistry = UPGRADES) -> pa.Table:
+    """Read one file of ``spec``'s table in the current schema, upgrading an older ``schema_version``
+    (:mod:`schemas.versions`); a damaged, foreign or too-new file raises :class:`LakeError` naming it."""
+    table = read_parquet(path)
+    try:
+        return upgrade(table, spec, upgrades)
+    except NewerSchemaError as exc:
+        raise LakeError(f"cannot read {str(path)!r}: {exc}") from exc
+    except SchemaVersionError as exc:
+        raise LakeError(f"cannot read {str(path)!r} as table {spec.name!r}: {exc}") from exc
+
+
+def damaged_files(paths: list[Path]) -> list[Path]:
+    """Those of ``paths`` whose Parquet footer cannot be read (a cheap probe: truncation, foreign bytes)."""
+    bad = []
+    for path in paths:
+        try:
+            pq.read_metadata(path)
+        except (pa.ArrowException, OSError):
+            bad.append(path)
+    return bad

@@ -1,0 +1,56 @@
+"""The ``runs`` table, derived from the run manifests (``runs/<run_id>/manifest.json``) and commit markers.
+
+Why derived and not written as Parquet: a manifest changes while its run is alive (status, ``updated_at``,
+``last_committed_iteration``); it is written atomically and is the one source of truth, so a Parquet copy could
+only go stale. Reading a few JSON files per query costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+
+from schemas.tables import RUNS
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    stamp = datetime.fromisoformat(str(value))
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
+
+
+def manifest_row(manifest: dict[str, Any], committed: list[int]) -> dict[str, Any]:
+    """One ``runs`` row from a manifest and the run's committed iterations.
+
+    ``kind`` defaults to ``train`` (training manifests do not name it); ``created_at`` is the manifest's
+    ``created_at``, else ``started_at``, else ``updated_at`` (bootstrap manifests are written once, when done).
+    """
+    updated = _timestamp(manifest.get("updated_at"))
+    created = _timestamp(manifest.get("created_at") or manifest.get("started_at")) or updated
+    if created is None:
+        raise ValueError("the manifest has none of created_at, started_at, updated_at")
+    return {
+        "run_id": manifest["run_id"],
+        "kind": manifest.get("kind", "train"),
+        "status": manifest.get("status", "running"),
+        "config_json": json.dumps(manifest.get("config", {}), sort_keys=True, default=str),
+        "config_hash": manifest.get("config_hash", ""),
+        "seed": manifest.get("seed", (manifest.get("config") or {}).get("seed")),
+        "versions_json": json.dumps(manifest.get("versions", {}), sort_keys=True),
+        "git_commit": manifest.get("git_commit"),
+        "model_dir": manifest.get("model_dir"),
+        "created_at": created,
+        "updated_at": updated or created,
+        "iterations_done": len(committed),
+        "last_committed_iteration": max(committed) if committed else None,
+        "error": manifest.get("error"),
+    }
+
+
+def runs_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """The ``runs`` table of the given rows (sorted by run id)."""
+    return pa.Table.from_pylist(sorted(rows, key=lambda r: r["run_id"]), schema=RUNS.arrow_schema)

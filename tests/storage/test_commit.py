@@ -1,0 +1,36 @@
+"""commit_iteration publishes the metrics and evaluations rows and the commit marker, over the real lake."""
+
+import pytest
+
+from ragen_core.agent import ChatFormatter
+from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
+from ragen_core.session import RunSession
+from ragen_core.stages import commit_iteration, persist_trajectories, validate_batch
+from ragen_core.storage import BatchMeta, DataLake, query
+
+
+def test_commit_writes_metrics_evaluations_marker_and_manifest(tmp_path, tiny_policy):
+    _, tokenizer = tiny_policy
+    spec = RolloutSpec("bandit", [1, 2, 3], 2, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
+    records = run_rollouts(spec, ScriptedBackend("random", tokenizer), ChatFormatter(tokenizer), seed=0)
+    lake = DataLake(tmp_path)
+    persist_trajectories(lake, BatchMeta("run-c", 2, "val", 2, 0.5, "hash"), "eval-bandit", records)
+    validate_batch(lake, "run-c", 2, "eval-bandit", 2, (-1.0, 1.0))
+    lake.publish("run-c", 2, "eval-bandit")
+    session = RunSession(None, lake, "run-c", tmp_path, None, None, None, {"run_id": "run-c", "status": "running"})
+
+    result = commit_iteration(session, 2, {"val/bandit/success": 0.5, "time/evaluate": 1.25})
+
+    assert result == {"iteration": 2, "metrics": 2, "evaluations": 1}
+    metrics = query(tmp_path, "SELECT name, value FROM metrics ORDER BY name").to_pylist()
+    assert metrics == [{"name": "time/evaluate", "value": 1.25}, {"name": "val/bandit/success", "value": 0.5}]
+    (evaluation,) = query(tmp_path, "SELECT * FROM evaluations").to_pylist()
+    successes = [r.success for r in records]
+    assert (evaluation["run_id"], evaluation["iteration"], evaluation["env"]) == ("run-c", 2, "bandit")
+    assert (evaluation["instances"], evaluation["k"], evaluation["temperature"]) == (3, 2, 0.5)
+    assert evaluation["success_rate"] == pytest.approx(sum(successes) / 6)
+    assert evaluation["pass_at_k"] == pytest.approx(sum(successes[i] or successes[i + 1] for i in (0, 2, 4)) / 3)
+    assert lake.committed_iterations("run-c") == [2]
+    assert not (tmp_path / "_staging" / "run-c" / "2").exists()
+    (run,) = lake.read_table("runs").to_pylist()
+    assert run["iterations_done"] == 1 and run["last_committed_iteration"] == 2
