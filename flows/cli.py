@@ -1,4 +1,4 @@
-"""The ``ragen`` command line: train, sql."""
+"""The ``ragen`` command line: train, sql, runs (list, rm, compact)."""
 
 from __future__ import annotations
 
@@ -152,45 +152,180 @@ def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None) -> None:
     _print_table(query(root, SUMMARY_SQL.format(run_id=run_id)))
 
 
-def _print_table(result) -> None:
+def _print_table(result, target: Console | None = None) -> None:
     table = Table(show_header=True, header_style="bold")
     for name in result.column_names:
         table.add_column(name)
     for row in result.to_pylist():
         table.add_row(*("" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v) for v in row.values()))
-    console.print(table)
+    (target or console).print(table)
+
+
+OUTPUT_FORMATS = ("table", "csv", "json", "parquet")
+DATA_ROOT_HELP = "Data root (default ./data or RAGEN_DATA_ROOT)."
+
+
+def _existing_root(data_root: Path | None) -> Path:
+    root = _data_root(data_root)
+    if not root.is_dir():
+        _fail(f"data root {str(root)!r} does not exist; train first or pass --data-root")
+    return root
+
+
+def _check_output(output_format: str, out: Path | None, root: Path, formats: tuple[str, ...]) -> None:
+    if output_format not in formats:
+        _fail(f"--format must be one of {', '.join(formats)}, not {output_format!r}")
+    if output_format == "parquet" and out is None:
+        _fail("--format parquet writes a file: give it with --out FILE")
+    if out is not None and out.resolve().is_relative_to(root):  # never write into the lake
+        _fail(
+            f"--out {str(out)!r} lies inside the data root {str(root)!r}; the lake is read-only here: write elsewhere"
+        )
+
+
+def _write_result(result, output_format: str, out: Path | None) -> None:
+    """Write a query result as a rich table, CSV, JSON or Parquet, to ``out`` (atomically) or stdout."""
+    import io
+
+    from ragen_core.storage.files import atomic_write_bytes, atomic_write_parquet
+
+    if output_format == "parquet":
+        atomic_write_parquet(out, result)
+        return
+    if output_format == "table":
+        buffer = io.StringIO()
+        _print_table(result, Console(file=buffer, width=200, no_color=True) if out else console)
+        data = buffer.getvalue().encode()
+    elif output_format == "csv":
+        import pyarrow.csv as pacsv
+
+        sink = io.BytesIO()
+        pacsv.write_csv(result, sink)
+        data = sink.getvalue()
+    else:
+        data = (json.dumps(result.to_pylist(), default=str, indent=1) + "\n").encode()
+    if out is not None:
+        atomic_write_bytes(out, data)
+    elif output_format != "table":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
 
 
 @app.command()
 def sql(
-    statement: str = typer.Argument(..., help="SQL over the tables trajectories, turns, metrics."),
-    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
-    output_format: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
+    statement: str = typer.Argument(..., help="One SQL query over the lake's tables (docs/sql.md)."),
+    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+    run: str | None = typer.Option(None, "--run", help="Scope every table to this run id."),
+    output_format: str = typer.Option("table", "--format", "-f", help="table, csv, json or parquet."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the result to FILE (required for parquet)."),
 ) -> None:
-    """Run SQL over every run in the data root (in-process DuckDB over the Parquet tables)."""
+    """Run one read-only query over every run in the data root (in-process DuckDB over the Parquet tables)."""
     import duckdb
 
-    from ragen_core.storage import LakeError, query
+    from ragen_core.storage import DataLake, LakeError, QueryRefused, query
+    from ragen_core.storage.housekeeping import runs_with_data
 
-    if output_format not in ("table", "csv", "json"):
-        _fail(f"--format must be table, csv or json, not {output_format!r}")
-    root = _data_root(data_root)
-    if not root.is_dir():
-        _fail(f"data root {str(root)!r} does not exist; train first or pass --data-root")
+    root = _existing_root(data_root)
+    _check_output(output_format, out, root, OUTPUT_FORMATS)
+    lake = DataLake(root)
+    if run is not None and run not in runs_with_data(lake):
+        _fail(f"unknown run {run!r} in {root}; list the runs with `ragen runs`")
     try:
-        result = query(root, statement)
+        result = query(lake, statement, run_id=run)
+    except QueryRefused as exc:
+        _fail(f"query refused: {exc}")
     except (duckdb.Error, LakeError) as exc:
         _fail(f"query failed: {exc}")
-    if output_format == "table":
-        _print_table(result)
-    elif output_format == "csv":
-        import pyarrow.csv as pacsv
+    _write_result(result, output_format, out)
 
-        sink = sys.stdout.buffer
-        pacsv.write_csv(result, sink)
-        sink.flush()
-    else:
-        typer.echo(json.dumps(result.to_pylist(), default=str, indent=1))
+
+runs_app = typer.Typer(help="List, remove and compact the runs of a data root.", add_completion=False)
+app.add_typer(runs_app, name="runs")
+
+
+@runs_app.callback(invoke_without_command=True)
+def runs(
+    ctx: typer.Context,
+    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+    output_format: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
+) -> None:
+    """List the runs: status, config hash, committed iterations, last validation success, created_at."""
+    ctx.obj = data_root
+    if ctx.invoked_subcommand is not None:
+        return
+    from ragen_core.storage import DataLake, LakeError, runs_overview
+
+    root = _existing_root(data_root)
+    _check_output(output_format, None, root, OUTPUT_FORMATS[:3])
+    try:
+        overview = runs_overview(DataLake(root))
+    except LakeError as exc:
+        _fail(str(exc))
+    if overview.num_rows == 0 and output_format == "table":
+        console.print(f"no runs in {root}")
+        return
+    _write_result(overview, output_format, None)
+
+
+@runs_app.command("rm")
+def runs_rm(
+    ctx: typer.Context,
+    run_id: str = typer.Argument(..., help="The run to remove."),
+    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    force: bool = typer.Option(False, "--force", help="Remove even when the manifest says 'running'."),
+) -> None:
+    """Remove a run: its rows in every table, staging, commits, quarantine, manifest, checkpoints, owned models."""
+    from ragen_core.storage import DataLake, LakeError, plan_removal, remove_run
+
+    root = _existing_root(data_root or ctx.obj)
+    lake = DataLake(root)
+    try:
+        plan = plan_removal(lake, run_id, force=force)
+    except LakeError as exc:
+        _fail(str(exc))
+    console.print(f"run [bold]{run_id}[/] (status {plan.status or 'no manifest'}) in {root}; this removes:")
+    for line in plan.describe(root):
+        console.print(f"  {line}")
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    if not yes and not typer.confirm("Remove it?", default=False):
+        console.print("nothing removed")
+        raise typer.Exit(code=1)
+    try:
+        remove_run(lake, plan)
+    except LakeError as exc:
+        _fail(str(exc))
+    console.print(f"removed run {run_id}")
+
+
+@runs_app.command("compact")
+def runs_compact(
+    ctx: typer.Context,
+    run_id: str = typer.Argument(..., help="The run whose part files to merge."),
+    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+    table: list[str] | None = typer.Option(None, "--table", help="Only this table (repeatable)."),
+) -> None:
+    """Merge a run's part files into one file per (table, committed iteration); readers never see rows missing or
+    doubled, and a crash midway leaves the old or the new files visible."""
+    from ragen_core.storage import DataLake, LakeError, compact_run
+    from ragen_core.storage.housekeeping import runs_with_data
+
+    root = _existing_root(data_root or ctx.obj)
+    lake = DataLake(root)
+    if run_id not in runs_with_data(lake):
+        _fail(f"unknown run {run_id!r} in {root}; list the runs with `ragen runs`")
+    try:
+        report = compact_run(lake, run_id, table or None)
+    except LakeError as exc:
+        _fail(str(exc))
+    partitions = len(report.compacted)
+    console.print(
+        f"run {run_id}: merged {partitions} partition(s), {report.files_removed + partitions} files -> {partitions}"
+    )
+    if report.skipped_uncommitted:
+        skipped = ", ".join(f"{t}/{i}" for t, i in report.skipped_uncommitted)
+        console.print(f"left alone (iterations not committed yet): {skipped}")
 
 
 def main() -> None:

@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
@@ -91,16 +100,48 @@ class AlgorithmConfig(_Section):
     """StarPO / StarPO-S settings. Keys left out take the preset's value; keys given override it."""
 
     preset: Literal["starpo", "starpo_s"] = Field("starpo_s", description="Vanilla StarPO or stabilised StarPO-S.")
-    adv_estimator: str = Field("grpo", description="Registered advantage estimator (see ragen_core.algos).")
+    adv_estimator: str = Field(
+        "grpo",
+        description="Registered advantage estimator: grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, "
+        "gae (PPO with a critic) or bi_level_gae (turn-level GAE with a critic).",
+    )
     norm_adv_by_std: bool = Field(True, description="GRPO: divide group-centred scores by the group std.")
-    policy_loss: str = Field("ppo", description="Registered policy loss.")
+    grpo_grouping: Literal["state", "batch"] = Field(
+        "state", description="GRPO: normalise within each initial state's group, or over the whole batch."
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="Token-level discount (GAE, REINFORCE++); paper: 1.0.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda; paper: 1.0.")
+    high_level_gamma: float = Field(0.95, ge=0, le=1, description="Bi-level GAE: discount across turns.")
+    whiten_advantages: bool = Field(True, description="GAE / bi-level GAE: whiten advantages over the batch.")
+    reward_level: Literal["trajectory", "turn"] = Field(
+        "trajectory",
+        description="'trajectory': the trajectory score on its last assistant token; 'turn': each turn's reward "
+        "(env reward + format penalty) on that turn's last token (for bi_level_gae).",
+    )
+    policy_loss: str = Field("ppo", description="Registered policy loss: ppo (decoupled clip) or dual_clip.")
     clip_low: NonNegativeFloat = Field(description="PPO clip below 1 (ratio >= 1 - clip_low).")
     clip_high: NonNegativeFloat = Field(description="PPO clip above 1 (ratio <= 1 + clip_high); StarPO-S: 0.28.")
-    kl_coef: NonNegativeFloat = Field(description="KL penalty to the frozen initial policy (k3 estimator); 0 = off.")
+    clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages (dual_clip loss).")
+    kl_coef: NonNegativeFloat = Field(description="KL coefficient to the frozen initial policy; 0 = off.")
+    kl_mode: Literal["loss", "reward"] = Field(
+        "loss", description="Apply KL as a loss term (RAGEN's default) or subtract it from the token rewards."
+    )
+    kl_estimator: Literal["k1", "k2", "k3", "kl", "mse", "low_var_kl", "abs"] = Field(
+        "low_var_kl", description="KL estimator: k1 (kl), k2 (mse), k3 (low_var_kl) or abs."
+    )
     entropy_coef: NonNegativeFloat = Field(0.001, description="Entropy bonus coefficient.")
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = Field("token-mean", description="Loss reduction.")
-    filter: str = Field("std", description="Registered group filter (StarPO-S variance filter: 'std').")
-    filter_ratio: float = Field(gt=0, le=1, description="Share of groups kept by the filter; 1.0 = no filtering.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "token-mean", description="Loss reduction: RAGEN's code (token-mean) or the paper's equations (seq-mean-*)."
+    )
+    filter: str = Field("std", description="Registered group filter: std, std_rev or std_top_p.")
+    filter_ratio: float = Field(
+        gt=0, le=1, description="std/std_rev: share of groups kept; std_top_p: share of total std covered; 1.0 = off."
+    )
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether the estimator needs a value model."""
+        return self.adv_estimator in VALUE_ESTIMATORS
 
     @model_validator(mode="before")
     @classmethod
@@ -114,6 +155,7 @@ class AlgorithmConfig(_Section):
         return {**defaults, **data}
 
 
+VALUE_ESTIMATORS = ("gae", "bi_level_gae")
 # What each preset sets (REFERENCE.md): StarPO-S = decoupled clip, no KL, variance filter keeping 25% of groups.
 PRESETS: dict[str, dict[str, Any]] = {
     "starpo": {"clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.001, "filter_ratio": 1.0},
@@ -130,7 +172,42 @@ class ActorConfig(_Section):
     mini_batch_size: PositiveInt = Field(16, description="Trajectories per optimizer step.")
     micro_batch_size: PositiveInt = Field(16, description="Trajectories per forward/backward pass.")
     ppo_epochs: PositiveInt = Field(1, description="Passes over the kept batch per iteration.")
+    online_k: PositiveInt | None = Field(
+        None,
+        description="Online-k: exactly k optimizer steps of mini_batch_size trajectories per rollout batch (cycling "
+        "through reshuffled passes over the kept batch). None: ppo_epochs full passes.",
+    )
     zero_stage: Literal[0, 1, 2] = Field(0, description="DeepSpeed ZeRO stage.")
+
+
+class CriticConfig(_Section):
+    """The value model, used when the advantage estimator needs one (gae, bi_level_gae)."""
+
+    lr: float = Field(
+        1e-3, gt=0, description="Learning rate (paper, 0.5B pretrained: 1e-5; the tiny random model needs more)."
+    )
+    weight_decay: NonNegativeFloat = Field(0.01, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    cliprange_value: float = Field(0.5, gt=0, description="Clip of the value update around the old values.")
+    path: str | None = Field(None, description="Model dir of the critic's backbone; None: the policy's start model.")
+    mini_batch_size: PositiveInt | None = Field(None, description="None: actor.mini_batch_size.")
+    micro_batch_size: PositiveInt | None = Field(None, description="None: actor.micro_batch_size.")
+    ppo_epochs: PositiveInt | None = Field(None, description="None: actor.ppo_epochs.")
+
+
+class MonitorConfig(_Section):
+    """Echo-Trap early warnings: events recorded (and logged) while the run goes on."""
+
+    warmup: NonNegativeInt = Field(2, description="Iterations observed before any warning.")
+    reward_std_drop: float = Field(
+        0.5, gt=0, le=1, description="Warn when in-group reward std falls this fraction below its running peak."
+    )
+    entropy_drop: float = Field(
+        0.5, gt=0, le=1, description="Warn when token entropy falls this fraction below its running peak."
+    )
+    grad_norm_spike: float = Field(
+        5.0, gt=1, description="Warn when the gradient norm exceeds this multiple of its running median."
+    )
 
 
 class TrainerConfig(_Section):
@@ -174,6 +251,8 @@ class RunConfig(_Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> RunConfig:
@@ -182,6 +261,12 @@ class RunConfig(_Section):
             raise ValueError(
                 f"actor.mini_batch_size={self.actor.mini_batch_size} must be a multiple of "
                 f"actor.micro_batch_size={self.actor.micro_batch_size}"
+            )
+        critic_mini = self.critic.mini_batch_size or self.actor.mini_batch_size
+        critic_micro = self.critic.micro_batch_size or self.actor.micro_batch_size
+        if self.algorithm.needs_critic and critic_mini % critic_micro:
+            raise ValueError(
+                f"critic.mini_batch_size={critic_mini} must be a multiple of critic.micro_batch_size={critic_micro}"
             )
         if self.env.max_actions_per_turn > self.env.max_actions_per_traj:
             raise ValueError(

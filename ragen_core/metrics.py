@@ -1,6 +1,14 @@
-"""Iteration metrics computed from stored rows (namespaced keys, e.g. ``rollout/reward_mean``)."""
+"""Iteration metrics computed from stored rows (namespaced keys, e.g. ``rollout/reward_mean``), and the Echo-Trap
+early warnings computed from the metric history.
+
+Collapse indicators (RAGEN, "Metrics and collapse indicators"): in-group reward std and token entropy fall before
+the reward does, and gradient-norm spikes mark an irreversible collapse. :func:`collapse_warnings` checks the
+latest iteration against the run's history; the run logs each warning, records it as an ``events`` row and goes on.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -27,8 +35,114 @@ def rollout_metrics(trajectories: pa.Table, turns: pa.Table, prefix: str = "roll
         f"{prefix}/format_error_rate": 1.0 - _mean(turns["format_ok"].to_numpy(zero_copy_only=False).astype(float)),
         f"{prefix}/valid_action_rate": _mean(turns["valid"].to_numpy(zero_copy_only=False).astype(float)),
         f"{prefix}/trajectories": float(trajectories.num_rows),
+        f"{prefix}/group_pass_rate": float(
+            trajectories.select(["group_id", "success"]).to_pandas().groupby("group_id")["success"].any().mean()
+        ),
     }
+    metrics.update(think_diversity(turns, prefix))
     return metrics
+
+
+def _bigrams(text: str) -> list[tuple[str, str]]:
+    words = text.split()
+    return list(zip(words, words[1:], strict=False))
+
+
+def think_diversity(turns: pa.Table, prefix: str = "rollout") -> dict[str, float]:
+    """Response diversity within groups (an Echo-Trap signal): for each (group, turn index), the share of distinct
+    think texts among the group's replies, and distinct word bigrams over all bigrams; averaged over groups."""
+    frame = turns.select(["group_id", "turn_index", "think"]).to_pandas()
+    if frame.empty:
+        return {}
+    distinct_texts, distinct_bigrams = [], []
+    for _, group in frame.groupby(["group_id", "turn_index"]):
+        thinks = [str(t) for t in group["think"]]
+        distinct_texts.append(len(set(thinks)) / len(thinks))
+        bigrams = [b for text in thinks for b in _bigrams(text)]
+        if bigrams:
+            distinct_bigrams.append(len(set(bigrams)) / len(bigrams))
+    metrics = {f"{prefix}/think_distinct_rate": _mean(np.array(distinct_texts))}
+    if distinct_bigrams:
+        metrics[f"{prefix}/think_distinct_bigrams"] = _mean(np.array(distinct_bigrams))
+    return metrics
+
+
+def throughput_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Tokens per second of generation and of the update, from the stage timings and counts already collected."""
+    derived = {}
+    generated = metrics.get("rollout/response_length", 0.0) * metrics.get("rollout/trajectories", 0.0)
+    if metrics.get("time/generate", 0.0) > 0 and generated > 0:
+        derived["time/generate_tokens_per_s"] = generated / metrics["time/generate"]
+    if metrics.get("time/update", 0.0) > 0 and metrics.get("actor/trained_tokens", 0.0) > 0:
+        derived["time/update_tokens_per_s"] = metrics["actor/trained_tokens"] / metrics["time/update"]
+    return derived
+
+
+@dataclass(frozen=True)
+class CollapseWarning:
+    """One early warning: which metric, its value, the threshold it crossed, and why that matters."""
+
+    metric: str
+    value: float
+    threshold: float
+    message: str
+
+
+def _history(history: list[dict[str, float]], key: str) -> list[float]:
+    return [h[key] for h in history if key in h and np.isfinite(h[key])]
+
+
+def collapse_warnings(
+    history: list[dict[str, float]],
+    current: dict[str, float],
+    warmup: int,
+    reward_std_drop: float,
+    entropy_drop: float,
+    grad_norm_spike: float,
+) -> list[CollapseWarning]:
+    """Warnings for ``current`` given the earlier iterations' metrics (``history``, oldest first).
+
+    - in-group reward std (``rollout/in_group_reward_std``) or token entropy (``actor/entropy``) below
+      ``(1 - drop) x`` their running peak over the history;
+    - the iteration's largest gradient norm (``actor/grad_norm_max``) above ``grad_norm_spike x`` the median of the
+      history's.
+    Nothing is checked until the history holds ``warmup`` iterations with the metric.
+    """
+    warnings = []
+    for key, drop, what in (
+        ("rollout/in_group_reward_std", reward_std_drop, "in-group reward std"),
+        ("actor/entropy", entropy_drop, "token entropy"),
+    ):
+        past = _history(history, key)
+        if len(past) < max(warmup, 1) or key not in current:
+            continue
+        peak = max(past)
+        threshold = (1.0 - drop) * peak
+        if peak > 0 and current[key] < threshold:
+            warnings.append(
+                CollapseWarning(
+                    key,
+                    current[key],
+                    threshold,
+                    f"{what} {current[key]:.4g} fell more than {drop:.0%} below its peak {peak:.4g}: "
+                    "an early sign of the Echo Trap (collapse into repeated templates)",
+                )
+            )
+    key = "actor/grad_norm_max"
+    past = _history(history, key)
+    if len(past) >= max(warmup, 1) and key in current:
+        threshold = grad_norm_spike * float(np.median(past))
+        if threshold > 0 and current[key] > threshold:
+            warnings.append(
+                CollapseWarning(
+                    key,
+                    current[key],
+                    threshold,
+                    f"gradient norm {current[key]:.4g} is over {grad_norm_spike:g}x its running median: "
+                    "gradient spikes mark irreversible collapse",
+                )
+            )
+    return warnings
 
 
 def filter_metrics(trajectories: pa.Table) -> dict[str, float]:

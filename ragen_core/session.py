@@ -23,7 +23,7 @@ from ragen_core.agent import ChatFormatter
 from ragen_core.config import RunConfig
 from ragen_core.policy import ensure_tiny_model, load_policy
 from ragen_core.storage import DataLake
-from ragen_core.training import ActorEngine, OptimConfig
+from ragen_core.training import ActorEngine, CriticEngine, OptimConfig, ValueModel
 
 
 class RunExistsError(RuntimeError):
@@ -71,6 +71,8 @@ class RunSession:
     actor: ActorEngine
     formatter: ChatFormatter
     manifest: dict[str, Any] = field(default_factory=dict)
+    critic: CriticEngine | None = None
+    metric_history: list[dict[str, float]] = field(default_factory=list)  # committed iterations' metrics, in order
 
     @property
     def config_hash(self) -> str:
@@ -82,7 +84,8 @@ class RunSession:
 
 
 def new_manifest(config: RunConfig, run_id: str, model_dir: Path, command: list[str] | None) -> dict[str, Any]:
-    """The run manifest: config, hash, seed, versions, host, command, status and timestamps."""
+    """The run manifest: config, hash, seed, versions, git commit, host, command, status and timestamps."""
+    now = utc_now()
     return {
         "run_id": run_id,
         "config": config.to_dict(),
@@ -90,14 +93,16 @@ def new_manifest(config: RunConfig, run_id: str, model_dir: Path, command: list[
         "seed": config.seed,
         "model_dir": str(model_dir),
         "versions": library_versions(),
+        "git_commit": git_commit(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "user": getpass.getuser(),
         "pid": os.getpid(),
         "command": command or sys.argv,
         "status": "running",
-        "started_at": utc_now(),
-        "updated_at": utc_now(),
+        "created_at": now,
+        "started_at": now,
+        "updated_at": now,
     }
 
 
@@ -131,7 +136,46 @@ def open_session(
         zero_stage=config.actor.zero_stage,
     )
     actor = ActorEngine(model, optim, keep_reference=config.algorithm.kl_coef > 0)
+    critic = build_critic(config, start_model_dir) if config.algorithm.needs_critic else None
     session = RunSession(config, lake, run_id, start_model_dir, tokenizer, actor, ChatFormatter(tokenizer))
+    session.critic = critic
     session.manifest = new_manifest(config, run_id, start_model_dir, command)
     lake.write_manifest(run_id, session.manifest)
     return session
+
+
+def build_critic(config: RunConfig, start_model_dir: Path) -> CriticEngine:
+    """The critic's engine: a scalar head on the transformer of ``critic.path`` (default: the policy's start model)."""
+    critic = config.critic
+    backbone_dir = Path(critic.path).expanduser().resolve() if critic.path else start_model_dir
+    optim = OptimConfig(
+        lr=critic.lr,
+        weight_decay=critic.weight_decay,
+        grad_clip=critic.grad_clip,
+        micro_batch_size=critic.micro_batch_size or config.actor.micro_batch_size,
+        zero_stage=config.actor.zero_stage,
+    )
+    return CriticEngine(ValueModel.from_pretrained(backbone_dir, head_seed=config.seed), optim)
+
+
+def git_commit() -> str | None:
+    """The commit of the running code (``+dirty`` when tracked files differ from it); None outside a git checkout
+    or without git."""
+    import subprocess
+
+    source = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=source,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    dirty = status.returncode != 0 or bool(status.stdout.strip())
+    return head.stdout.strip() + ("+dirty" if dirty else "")

@@ -7,6 +7,7 @@ policy after i updates.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,14 +18,31 @@ import torch
 from ragen_core.algos import FILTERS
 from ragen_core.config import RunConfig
 from ragen_core.envs import make_env
-from ragen_core.metrics import filter_metrics, rollout_metrics, validation_metrics
+from ragen_core.metrics import (
+    collapse_warnings,
+    filter_metrics,
+    rollout_metrics,
+    throughput_metrics,
+    validation_metrics,
+)
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, TrajectoryRecord, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.session import RunSession
-from ragen_core.storage import BatchMeta, DataLake, LakeError, evaluation_rows, trajectories_table, turns_table
-from ragen_core.training import PolicyUpdateConfig, collate
+from ragen_core.storage import (
+    BatchMeta,
+    DataLake,
+    LakeError,
+    evaluation_rows,
+    event_row,
+    trajectories_table,
+    turns_table,
+)
+from ragen_core.training import collate
+from ragen_core.training.starpo import UpdateInputs, starpo_update
 from schemas.contracts import ContractReport, validate_trajectory_batch
+
+LOGGER = logging.getLogger("ragen.monitor")
 
 
 class BatchRejected(RuntimeError):
@@ -146,35 +164,36 @@ def filter_groups(lake: DataLake, run_id: str, iteration: int, filter_name: str,
     return {**rollout_metrics(trajectories, turns), **filter_metrics(trajectories)}
 
 
-def update_config(config: RunConfig) -> PolicyUpdateConfig:
-    algorithm = config.algorithm
-    return PolicyUpdateConfig(
-        adv_estimator=algorithm.adv_estimator,
-        norm_adv_by_std=algorithm.norm_adv_by_std,
-        policy_loss=algorithm.policy_loss,
-        clip_low=algorithm.clip_low,
-        clip_high=algorithm.clip_high,
-        kl_coef=algorithm.kl_coef,
-        entropy_coef=algorithm.entropy_coef,
-        loss_agg_mode=algorithm.loss_agg_mode,
-        mini_batch_size=config.actor.mini_batch_size,
-        ppo_epochs=config.actor.ppo_epochs,
-    )
-
-
-def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
-    """Stage 5: read the published, kept training rows of the iteration and update the policy on them."""
+def update_inputs(session: RunSession, iteration: int) -> UpdateInputs:
+    """The published, kept training rows of ``iteration`` as update inputs (per-turn rewards when configured)."""
     rows = session.lake.read_table("trajectories", session.run_id, iteration)
     rows = rows.filter(pc.and_(pc.equal(rows["split"], "train"), pc.equal(rows["kept"], True)))
     if rows.num_rows == 0:
         raise RuntimeError(f"iteration {iteration} of {session.run_id} has no kept training rows to update on")
+    rows = rows.sort_by([("group_id", "ascending"), ("traj_index", "ascending")])
     batch = collate(rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist(), session.tokenizer.pad_token_id)
-    scores = torch.tensor(rows["total_reward"].to_numpy(), dtype=torch.float32)
-    groups = torch.tensor(rows["group_id"].to_numpy(), dtype=torch.long)
-    seed = derive_seed(session.config.seed, iteration, "update_shuffle")
-    stats = session.actor.policy_update(batch, scores, groups, update_config(session.config), seed)
-    stats["actor/trained_tokens"] = float(batch.loss_mask.sum())
-    return stats
+    turn_rewards = None
+    if session.config.algorithm.reward_level == "turn":
+        turns = session.lake.read_table("turns", session.run_id, iteration).to_pandas()
+        turns = turns[turns["split"] == "train"].sort_values("turn_index")
+        by_key = {
+            key: list(group["reward"] + group["penalty"])
+            for key, group in turns.groupby(["group_id", "traj_index"], sort=False)
+        }
+        keys = zip(rows["group_id"].to_pylist(), rows["traj_index"].to_pylist(), strict=True)
+        turn_rewards = [by_key[key] for key in keys]
+    return UpdateInputs(
+        batch=batch,
+        scores=torch.tensor(rows["total_reward"].to_numpy(), dtype=torch.float32),
+        group_index=torch.tensor(rows["group_id"].to_numpy(), dtype=torch.long),
+        turn_rewards=turn_rewards,
+    )
+
+
+def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
+    """Stage 5: the StarPO update (actor, and critic when the estimator needs one) on the iteration's kept rows."""
+    inputs = update_inputs(session, iteration)
+    return starpo_update(session.config, session.actor, session.critic, inputs, iteration)
 
 
 def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
@@ -197,19 +216,50 @@ def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
     return metrics
 
 
+def record_warnings(session: RunSession, iteration: int, metrics: dict[str, float]) -> list[dict[str, Any]]:
+    """Echo-Trap early warnings for this iteration (against the run's earlier metrics): logged, and returned as
+    ``events`` rows. The run goes on."""
+    monitor = session.config.monitor
+    warnings = collapse_warnings(
+        session.metric_history,
+        metrics,
+        monitor.warmup,
+        monitor.reward_std_drop,
+        monitor.entropy_drop,
+        monitor.grad_norm_spike,
+    )
+    rows = []
+    for warning in warnings:
+        LOGGER.warning("run %s iteration %d: %s", session.run_id, iteration, warning.message)
+        rows.append(
+            event_row(
+                session.run_id, iteration, "early_warning", warning.message, warning.metric, warning.value,
+                warning.threshold,
+            )
+        )  # fmt: skip
+    return rows
+
+
 def commit_iteration(session: RunSession, iteration: int, metrics: dict[str, float]) -> dict[str, Any]:
-    """Stage 7: write the iteration's metrics rows and its evaluations rows (from the published ``split='val'``
-    rows, when the iteration has any), publish them, write the commit marker and update the manifest."""
+    """Stage 7: write the iteration's metrics rows (plus throughput), its early-warning events and its evaluations
+    rows (from the published ``split='val'`` rows, when the iteration has any), publish them, write the commit marker
+    and update the manifest."""
     lake, run_id = session.lake, session.run_id
+    metrics = {**metrics, **throughput_metrics(metrics)}
     names = sorted(metrics)
     rows = [{"run_id": run_id, "iteration": iteration, "name": n, "value": float(metrics[n])} for n in names]
     lake.write_rows("metrics", run_id, iteration, rows, stage="commit", publish=False)
+    events = record_warnings(session, iteration, metrics)
+    if events:
+        lake.write_rows("events", run_id, iteration, events, stage="commit", publish=False)
     columns = ["run_id", "iteration", "split", "env", "group_id", "success", "total_reward", "response_length"]
     published = lake.read_table("trajectories", run_id, iteration, columns=columns + ["temperature"])
     evaluations = evaluation_rows(published)
     if evaluations.num_rows:
         lake.write_rows("evaluations", run_id, iteration, evaluations, stage="commit", publish=False)
     lake.publish(run_id, iteration, "commit")
-    lake.commit_iteration(run_id, iteration, {"metrics": len(names), "evaluations": evaluations.num_rows})
+    summary = {"metrics": len(names), "evaluations": evaluations.num_rows, "events": len(events)}
+    lake.commit_iteration(run_id, iteration, summary)
+    session.metric_history.append(metrics)
     session.update_manifest(last_committed_iteration=iteration)
-    return {"iteration": iteration, "metrics": len(names), "evaluations": evaluations.num_rows}
+    return {"iteration": iteration, **summary}

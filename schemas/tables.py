@@ -202,7 +202,9 @@ RUNS = TableSpec(
     (
         _RUN,
         ColumnSpec("kind", pa.string(), "'train' (a StarPO run) or 'bootstrap' (scripted demonstrations + SFT)."),
-        ColumnSpec("status", pa.string(), "'running', 'completed' or 'failed'."),
+        ColumnSpec(
+            "status", pa.string(), "'running', 'completed', 'failed', or 'deleting' while `ragen runs rm` removes it."
+        ),
         ColumnSpec("config_json", pa.string(), "Resolved config as sorted-key JSON."),
         ColumnSpec("config_hash", pa.string(), "Hash of the resolved config."),
         ColumnSpec("seed", pa.int64(), "Run seed.", True),

@@ -12,15 +12,29 @@ def test_defaults_follow_the_starpo_s_preset():
     assert config.algorithm.filter_ratio == 0.25
 
 
-def test_switching_the_preset_changes_exactly_its_keys():
-    vanilla = build_config(overrides=["algorithm.preset=starpo"]).to_dict()
-    stabilised = build_config(overrides=["algorithm.preset=starpo_s"]).to_dict()
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_switching_the_preset_changes_exactly_its_keys(estimator):
+    vanilla = build_config(overrides=["algorithm.preset=starpo", f"algorithm.adv_estimator={estimator}"]).to_dict()
+    stabilised = build_config(overrides=["algorithm.preset=starpo_s", f"algorithm.adv_estimator={estimator}"])
+    stabilised = stabilised.to_dict()
     changed = {k for k in vanilla["algorithm"] if vanilla["algorithm"][k] != stabilised["algorithm"][k]}
+    # clip_low is 0.2 in both presets, so it does not show up as a change
     assert changed == {"preset", "clip_high", "kl_coef", "filter_ratio"}
     assert {k: vanilla["algorithm"][k] for k in PRESETS["starpo"]} == PRESETS["starpo"]
-    assert {
-        k for s in ("model", "env", "rollout", "actor") for k in vanilla[s] if vanilla[s] != stabilised[s]
-    } == set()
+    assert {k: stabilised["algorithm"][k] for k in PRESETS["starpo_s"]} == PRESETS["starpo_s"]
+    assert {k for k in vanilla if k != "algorithm" and vanilla[k] != stabilised[k]} == set()
+    assert PRESETS["starpo"] == {"clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.001, "filter_ratio": 1.0}
+    assert PRESETS["starpo_s"] == {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "filter_ratio": 0.25}
+
+
+def test_critic_only_for_value_estimators():
+    assert build_config(overrides=["algorithm.adv_estimator=gae"]).algorithm.needs_critic
+    assert build_config(overrides=["algorithm.adv_estimator=bi_level_gae"]).algorithm.needs_critic
+    assert not build_config(overrides=["algorithm.adv_estimator=rloo"]).algorithm.needs_critic
+    with pytest.raises(ConfigError, match="critic.mini_batch_size"):
+        build_config(
+            overrides=["algorithm.adv_estimator=gae", "critic.mini_batch_size=6", "critic.micro_batch_size=4"]
+        )
 
 
 def test_explicit_keys_override_the_preset():

@@ -1,20 +1,40 @@
-"""Storage: the Parquet lake (commit protocol), record conversion, row builders, DuckDB catalog."""
+"""Storage: the Parquet lake (commit protocol), record conversion, row builders, DuckDB catalog, compaction and
+housekeeping of whole runs."""
 
-from ragen_core.storage.catalog import connect, query
+from ragen_core.storage.catalog import QueryRefused, check_read_only, connect, query
+from ragen_core.storage.compaction import CompactionReport, compact_run
 from ragen_core.storage.files import LakeError
+from ragen_core.storage.housekeeping import (
+    RemovalPlan,
+    RunActiveError,
+    RunNotFoundError,
+    plan_removal,
+    remove_run,
+    runs_overview,
+)
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.records import BatchMeta, trajectories_table, turns_table
 from ragen_core.storage.rows import checkpoint_row, evaluation_rows, event_row
 
 __all__ = [
     "BatchMeta",
+    "CompactionReport",
     "DataLake",
     "LakeError",
+    "QueryRefused",
+    "RemovalPlan",
+    "RunActiveError",
+    "RunNotFoundError",
+    "check_read_only",
     "checkpoint_row",
+    "compact_run",
     "connect",
     "evaluation_rows",
     "event_row",
+    "plan_removal",
     "query",
+    "remove_run",
+    "runs_overview",
     "trajectories_table",
     "turns_table",
 ]

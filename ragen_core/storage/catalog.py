@@ -9,10 +9,17 @@
 - A table that cannot be read (a damaged file, a file newer than this code) still gets a view, one that fails when
   queried with a message naming the file(s); the other tables stay queryable. :func:`query` turns such failures
   into a :class:`LakeError`.
+- Read-only: only one query per call (SELECT / WITH / DESCRIBE / SHOW / SUMMARIZE / EXPLAIN); anything else raises
+  :class:`QueryRefused`. The connection is in-memory, and once the views exist it may touch no file outside the data
+  root and no setting can change (``enable_external_access=false``, ``allowed_directories``,
+  ``lock_configuration``), so a query cannot write the lake or read elsewhere.
+- Views list their files explicitly (the compaction rule of :mod:`ragen_core.storage.parts`), so a reader never
+  counts a compacted partition twice; ``run_id=`` scopes every view to one run.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import duckdb
@@ -24,6 +31,12 @@ from schemas.tables import ColumnSpec, TableSpec
 from schemas.versions import NewerSchemaError, check_readable
 
 ERROR_PREFIX = "ragen lake: "
+READ_ONLY_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
+QUERY_ATTEMPTS = 3
+
+
+class QueryRefused(LakeError):
+    """A statement that is not a single read-only query."""
 
 
 def _quote(text: str) -> str:
@@ -57,11 +70,15 @@ def _read_failure(exc: duckdb.Error, table: str, files: list[Path]) -> LakeError
     return LakeError(f"cannot read table {table!r} from {len(files)} file(s): {message}")
 
 
-def _file_versions(con: duckdb.DuckDBPyConnection, pattern: str, spec: TableSpec, files: list[Path]) -> set[int]:
+def _files_sql(files: list[Path]) -> str:
+    return "[" + ", ".join(_quote(str(f)) for f in files) + "]"
+
+
+def _file_versions(con: duckdb.DuckDBPyConnection, spec: TableSpec, files: list[Path]) -> set[int]:
     """The schema versions of the table's files (1 for files without one); too-new files raise."""
     try:
         found = con.execute(
-            f"SELECT file_name, decode(value) FROM parquet_kv_metadata({_quote(pattern)}) "
+            f"SELECT file_name, decode(value) FROM parquet_kv_metadata({_files_sql(files)}) "
             "WHERE key = 'schema_version'::BLOB"
         ).fetchall()
     except duckdb.Error as exc:
@@ -82,24 +99,30 @@ def _needs_python_upgrade(lake: DataLake, spec: TableSpec, versions: set[int]) -
     return any(c.added_in > oldest and c.default is not None and _sql_literal(c.default) is None for c in spec.columns)
 
 
-def _create_view(con: duckdb.DuckDBPyConnection, lake: DataLake, spec: TableSpec) -> None:
+def _register_rows(con: duckdb.DuckDBPyConnection, name: str, rows: pa.Table) -> None:
+    con.register(f"_{name}_rows", rows)
+    con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_rows")
+
+
+def _create_view(
+    con: duckdb.DuckDBPyConnection, lake: DataLake, spec: TableSpec, run_id: str | None, listed: list[Path]
+) -> None:
+    """Create the view of one table (scoped to ``run_id`` when given); add the files it reads to ``listed``."""
     name = spec.name
     if spec.source == "manifest":
-        con.register(f"_{name}_rows", lake.read_table(name))
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_rows")
+        _register_rows(con, name, lake.read_table(name, run_id))
         return
-    files = lake.partition_files(name)
+    files = lake.partition_files(name, run_id)
+    listed += files
     if not files:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
         return
-    pattern = str(lake.table_dir(name) / "run_id=*" / "iteration=*" / "part-*.parquet")
-    versions = _file_versions(con, pattern, spec, files)
+    versions = _file_versions(con, spec, files)
     if _needs_python_upgrade(lake, spec, versions):
-        con.register(f"_{name}_rows", lake.read_table(name))
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_rows")
+        _register_rows(con, name, lake.read_table(name, run_id))
         return
     columns = ", ".join(_column_sql(c, min(versions)) for c in spec.columns)
-    files_sql = f"read_parquet({_quote(pattern)}, union_by_name=true, hive_partitioning=false)"
+    files_sql = f"read_parquet({_files_sql(files)}, union_by_name=true, hive_partitioning=false)"
     try:
         con.execute(
             f"CREATE VIEW {name} AS SELECT {columns} FROM "
@@ -119,17 +142,46 @@ def _create_failing_view(con: duckdb.DuckDBPyConnection, spec: TableSpec, messag
     )
 
 
-def connect(root: str | Path | DataLake) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with a view per table over the published rows of ``root``."""
-    lake = root if isinstance(root, DataLake) else DataLake(root)
+def _lock_down(con: duckdb.DuckDBPyConnection, root: Path) -> None:
+    """From now on the connection reads only under ``root`` and its settings cannot change."""
+    con.execute(f"SET allowed_directories = [{_quote(str(root) + os.sep)}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def _open(lake: DataLake, run_id: str | None) -> tuple[duckdb.DuckDBPyConnection, list[Path]]:
     con = duckdb.connect(":memory:")
+    files: list[Path] = []
     for spec in lake.tables.values():
         con.register(f"_{spec.name}_empty", spec.arrow_schema.empty_table())
         try:
-            _create_view(con, lake, spec)
+            _create_view(con, lake, spec, run_id, files)
         except LakeError as exc:
             _create_failing_view(con, spec, str(exc))
-    return con
+    _lock_down(con, lake.root)
+    return con, files
+
+
+def connect(root: str | Path | DataLake, run_id: str | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory, read-only DuckDB connection with a view per table over the published rows of ``root``
+    (of every run, or only of ``run_id``)."""
+    lake = root if isinstance(root, DataLake) else DataLake(root)
+    return _open(lake, run_id)[0]
+
+
+def check_read_only(sql: str) -> None:
+    """Refuse anything but one query (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN); SQL syntax errors stay
+    DuckDB's own."""
+    statements = duckdb.extract_statements(sql)
+    if len(statements) != 1:
+        raise QueryRefused(f"give exactly one query, not {len(statements)} statements")
+    kind = statements[0].type
+    if kind not in READ_ONLY_STATEMENTS:
+        raise QueryRefused(
+            f"{kind.name} statements are refused: the lake is read-only here, only queries run (SELECT, WITH, "
+            "DESCRIBE, SHOW, SUMMARIZE, EXPLAIN); to save a result use `ragen sql ... --format csv|json|parquet "
+            "--out FILE`"
+        )
 
 
 def _translate(exc: duckdb.Error, lake: DataLake) -> LakeError | None:
@@ -146,21 +198,27 @@ def _translate(exc: duckdb.Error, lake: DataLake) -> LakeError | None:
     return None
 
 
-def query(root: str | Path | DataLake, sql: str) -> pa.Table:
-    """Run ``sql`` against the lake at ``root`` and return the result as an Arrow table.
+def query(root: str | Path | DataLake, sql: str, run_id: str | None = None) -> pa.Table:
+    """Run one read-only query against the lake at ``root`` (every run, or only ``run_id``) as an Arrow table.
 
-    A failure to read the lake's files raises :class:`LakeError` naming the file(s); SQL mistakes raise DuckDB's
-    own error.
+    A statement that is not a query raises :class:`QueryRefused`; a failure to read the lake's files raises
+    :class:`LakeError` naming the file(s); SQL mistakes raise DuckDB's own error. When a file vanished between
+    listing and reading (a concurrent compaction), the query runs again on a fresh listing.
     """
     lake = root if isinstance(root, DataLake) else DataLake(root)
-    con = connect(lake)
-    try:
-        relation = con.sql(sql)
-        return relation.to_arrow_table() if relation is not None else pa.table({})
-    except duckdb.Error as exc:
-        translated = _translate(exc, lake)
-        if translated is None:
-            raise
-        raise translated from exc
-    finally:
-        con.close()
+    check_read_only(sql)
+    for attempt in range(QUERY_ATTEMPTS):
+        con, files = _open(lake, run_id)
+        try:
+            relation = con.sql(sql)
+            return relation.to_arrow_table() if relation is not None else pa.table({})
+        except duckdb.Error as exc:
+            if attempt + 1 < QUERY_ATTEMPTS and any(not f.exists() for f in files):
+                continue
+            translated = _translate(exc, lake)
+            if translated is None:
+                raise
+            raise translated from exc
+        finally:
+            con.close()
+    raise AssertionError("unreachable: the last attempt returns or raises")

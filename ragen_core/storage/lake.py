@@ -8,6 +8,8 @@ Layout under the data root::
     _commits/<run_id>/iteration=<n>.json                           the iteration is committed
     quarantine/run_id=<id>/iteration=<n>/<stage>/                  batches that failed validation + report.json
     runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
+    <table>/run_id=<id>/iteration=<n>/_COMPACTION.json             marker of a compaction (``parts``, ``compaction``)
+    _locks/<run_id>.lock                                           held while a run is compacted or removed
 
 File names are deterministic (run, iteration, stage, part), so a redone stage overwrites instead of adding rows.
 Every file is written under a temporary name and renamed into place, so readers never see a partial file.
@@ -34,6 +36,7 @@ from ragen_core.storage.files import (
     read_parquet,
     read_table_file,
 )
+from ragen_core.storage.parts import check_not_superseded, visible_parts
 from ragen_core.storage.runs import manifest_row, runs_table
 from schemas.tables import TABLES, TableSpec
 from schemas.versions import UPGRADES, UpgradeRegistry
@@ -41,6 +44,7 @@ from schemas.versions import UPGRADES, UpgradeRegistry
 __all__ = ["DataLake", "LakeError", "atomic_write_json", "atomic_write_parquet", "read_parquet"]
 
 Rows = pa.Table | Sequence[Mapping[str, Any]]
+READ_ATTEMPTS = 3
 
 
 class DataLake:
@@ -145,6 +149,7 @@ class DataLake:
             target_dir = self.partition_dir(table_dir.name, run_id, iteration)
             target_dir.mkdir(parents=True, exist_ok=True)
             for file in sorted(table_dir.glob("part-*.parquet")):
+                check_not_superseded(target_dir, file.name)
                 os.replace(file, target_dir / file.name)
                 published.append(target_dir / file.name)
         return published
@@ -193,9 +198,11 @@ class DataLake:
 
     # -- reading published rows --------------------------------------------------------------------------------
     def partition_files(self, table: str, run_id: str | None = None, iteration: int | None = None) -> list[Path]:
+        """The published part files readers see (sorted): a listing, then the compaction rule of
+        :mod:`ragen_core.storage.parts` (a compacted partition shows its merged file, never it and its sources)."""
         run_glob = f"run_id={run_id}" if run_id is not None else "run_id=*"
         iteration_glob = f"iteration={iteration}" if iteration is not None else "iteration=*"
-        return sorted(self.table_dir(table).glob(f"{run_glob}/{iteration_glob}/part-*.parquet"))
+        return visible_parts(self.table_dir(table).glob(f"{run_glob}/{iteration_glob}/part-*.parquet"))
 
     def read_table(
         self, table: str, run_id: str | None = None, iteration: int | None = None, columns: list[str] | None = None
@@ -210,10 +217,24 @@ class DataLake:
                 raise LakeError(f"table {table!r} has no iterations")
             result = self.read_runs(run_id)
         else:
-            files = self.partition_files(table, run_id, iteration)
-            parts = [read_table_file(f, spec, self.upgrades) for f in files]
-            result = pa.concat_tables(parts) if parts else spec.arrow_schema.empty_table()
+            result = self._read_parquet_table(spec, run_id, iteration)
         return result.select(columns) if columns is not None else result
+
+    def _read_parquet_table(self, spec: TableSpec, run_id: str | None, iteration: int | None) -> pa.Table:
+        """Read the visible files; when one vanished meanwhile (a concurrent compaction deleted the parts it had
+        merged), list again: a fresh listing shows the merged file instead."""
+        for _ in range(READ_ATTEMPTS - 1):
+            files = self.partition_files(spec.name, run_id, iteration)
+            try:
+                return self._concat_files(spec, files)
+            except LakeError:
+                if all(f.exists() for f in files):
+                    raise
+        return self._concat_files(spec, self.partition_files(spec.name, run_id, iteration))
+
+    def _concat_files(self, spec: TableSpec, files: list[Path]) -> pa.Table:
+        parts = [read_table_file(f, spec, self.upgrades) for f in files]
+        return pa.concat_tables(parts) if parts else spec.arrow_schema.empty_table()
 
     def read_runs(self, run_id: str | None = None) -> pa.Table:
         """The ``runs`` table: one row per manifest under ``runs/`` (see :mod:`ragen_core.storage.runs`)."""

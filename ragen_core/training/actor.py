@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ragen_core.algos import ADVANTAGES, POLICY_LOSSES, aggregate_loss, kl_penalty
+from ragen_core.algos import POLICY_LOSSES, aggregate_loss, kl_penalty
 from ragen_core.training.batch import TokenBatch, token_logprobs
 from ragen_core.training.distributed import ensure_single_process_env
 
@@ -33,10 +33,8 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class PolicyUpdateConfig:
-    """Settings of one StarPO policy update."""
+    """Settings of one StarPO policy update (advantages are computed before, see :mod:`ragen_core.training.starpo`)."""
 
-    adv_estimator: str
-    norm_adv_by_std: bool
     policy_loss: str
     clip_low: float
     clip_high: float
@@ -45,6 +43,34 @@ class PolicyUpdateConfig:
     loss_agg_mode: str
     mini_batch_size: int
     ppo_epochs: int
+    clip_ratio_c: float | None = None  # the dual-clip bound; None = plain (decoupled) clipping
+    kl_estimator: str = "low_var_kl"
+    online_k: int | None = None
+
+
+def update_schedule(
+    num_rows: int, mini_batch_size: int, ppo_epochs: int, online_k: int | None, rng: np.random.Generator
+) -> list[list[int]]:
+    """Row indices of every optimizer step of one update.
+
+    Default (``online_k`` None): ``ppo_epochs`` reshuffled passes, each cut into mini-batches (the last may be
+    smaller). Online-k: exactly ``online_k`` steps of ``mini_batch_size`` rows each, drawn from consecutive
+    reshuffled passes over the batch (a step may straddle two passes; rows repeat only when the batch is smaller
+    than a mini-batch), so the update batch size stays fixed whatever k is.
+    """
+    if online_k is None:
+        steps = []
+        for _ in range(ppo_epochs):
+            order = rng.permutation(num_rows).tolist()
+            steps.extend(order[start : start + mini_batch_size] for start in range(0, num_rows, mini_batch_size))
+        return steps
+    steps, pool = [], []
+    while len(steps) < online_k:
+        while len(pool) < mini_batch_size:
+            pool.extend(rng.permutation(num_rows).tolist())
+        steps.append(pool[:mini_batch_size])
+        pool = pool[mini_batch_size:]
+    return steps
 
 
 def deepspeed_config(optim: OptimConfig) -> dict[str, Any]:
@@ -102,36 +128,31 @@ class ActorEngine:
     def policy_update(
         self,
         batch: TokenBatch,
-        scores: torch.Tensor,
-        group_index: torch.Tensor,
+        advantages: torch.Tensor,
+        old_logprobs: torch.Tensor,
         config: PolicyUpdateConfig,
         shuffle_seed: int,
+        ref_logprobs: torch.Tensor | None = None,
     ) -> dict[str, float]:
-        """One StarPO update on ``batch`` (the kept trajectories): advantages from ``scores``, then PPO epochs.
+        """PPO-style optimizer steps on ``batch`` (the kept trajectories) with precomputed ``advantages`` (B, T).
 
-        Old log-probs are recomputed by the actor first (as RAGEN/veRL do); the behaviour log-probs stay stored
-        for analysis and importance weighting in offline re-training.
+        ``old_logprobs`` are the actor's own re-scored log-probs (as RAGEN/veRL do; the stored behaviour log-probs
+        serve analysis and offline importance weighting). ``ref_logprobs`` adds the KL loss term (``kl_coef``).
+        Returns metrics averaged over the optimizer steps, plus ``actor/optimizer_steps``.
         """
-        old_logprobs = self.score(batch)
-        ref_logprobs = self.score(batch, self.reference) if config.kl_coef > 0 and self.reference else None
-        token_rewards = torch.zeros_like(batch.loss_mask)
-        last_token = (batch.loss_mask * torch.arange(batch.loss_mask.shape[1])).argmax(dim=1)  # (B,)
-        token_rewards[torch.arange(len(batch)), last_token] = scores.float()
-        advantages, _ = ADVANTAGES.get(config.adv_estimator)(
-            token_rewards, batch.loss_mask, group_index, norm_adv_by_std=config.norm_adv_by_std
-        )
         loss_fn = POLICY_LOSSES.get(config.policy_loss)
         rng = np.random.default_rng(shuffle_seed)
+        schedule = update_schedule(len(batch), config.mini_batch_size, config.ppo_epochs, config.online_k, rng)
         history: dict[str, list[float]] = {}
         self.engine.train()
-        for _ in range(config.ppo_epochs):
-            order = rng.permutation(len(batch)).tolist()
-            for start in range(0, len(order), config.mini_batch_size):
-                rows = order[start : start + config.mini_batch_size]
-                stats = self._ppo_step(batch, rows, old_logprobs, ref_logprobs, advantages, loss_fn, config)
-                for key, value in stats.items():
-                    history.setdefault(key, []).append(value)
-        return {key: float(np.mean(values)) for key, values in history.items()}
+        for rows in schedule:
+            stats = self._ppo_step(batch, rows, old_logprobs, ref_logprobs, advantages, loss_fn, config)
+            for key, value in stats.items():
+                history.setdefault(key, []).append(value)
+        metrics = {key: float(np.mean(values)) for key, values in history.items()}
+        metrics["actor/optimizer_steps"] = float(len(schedule))
+        metrics["actor/grad_norm_max"] = float(np.max(history["actor/grad_norm"]))
+        return metrics
 
     def _ppo_step(self, batch, rows, old_logprobs, ref_logprobs, advantages, loss_fn, config) -> dict[str, float]:
         """Forward/backward every micro-batch of one mini-batch, then one optimizer step."""
@@ -153,12 +174,13 @@ class ActorEngine:
                 clip_high=config.clip_high,
                 loss_agg_mode=config.loss_agg_mode,
                 token_count=count,
+                clip_ratio_c=config.clip_ratio_c,
             )
             entropy_loss = aggregate_loss(entropy, micro.loss_mask, config.loss_agg_mode, count)
             loss = pg_loss - config.entropy_coef * entropy_loss
             if ref_logprobs is not None:
                 kl = aggregate_loss(
-                    kl_penalty(logprobs, ref_logprobs[micro_rows, :width]),
+                    kl_penalty(logprobs, ref_logprobs[micro_rows, :width], config.kl_estimator),
                     micro.loss_mask,
                     config.loss_agg_mode,
                     count,

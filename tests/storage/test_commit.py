@@ -3,6 +3,7 @@
 import pytest
 
 from ragen_core.agent import ChatFormatter
+from ragen_core.config import build_config
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.session import RunSession
 from ragen_core.stages import commit_iteration, persist_trajectories, validate_batch
@@ -17,11 +18,12 @@ def test_commit_writes_metrics_evaluations_marker_and_manifest(tmp_path, tiny_po
     persist_trajectories(lake, BatchMeta("run-c", 2, "val", 2, 0.5, "hash"), "eval-bandit", records)
     validate_batch(lake, "run-c", 2, "eval-bandit", 2, (-1.0, 1.0))
     lake.publish("run-c", 2, "eval-bandit")
-    session = RunSession(None, lake, "run-c", tmp_path, None, None, None, {"run_id": "run-c", "status": "running"})
+    config = build_config()
+    session = RunSession(config, lake, "run-c", tmp_path, None, None, None, {"run_id": "run-c", "status": "running"})
 
     result = commit_iteration(session, 2, {"val/bandit/success": 0.5, "time/evaluate": 1.25})
 
-    assert result == {"iteration": 2, "metrics": 2, "evaluations": 1}
+    assert result == {"iteration": 2, "metrics": 2, "evaluations": 1, "events": 0}
     metrics = query(tmp_path, "SELECT name, value FROM metrics ORDER BY name").to_pylist()
     assert metrics == [{"name": "time/evaluate", "value": 1.25}, {"name": "val/bandit/success", "value": 0.5}]
     (evaluation,) = query(tmp_path, "SELECT * FROM evaluations").to_pylist()

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from ragen_core.agent import ChatFormatter
+from ragen_core.algos import grpo_advantage
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
-from ragen_core.training import ActorEngine, OptimConfig, PolicyUpdateConfig, collate, token_logprobs
+from ragen_core.training import ActorEngine, OptimConfig, PolicyUpdateConfig, collate, token_logprobs, update_schedule
+from ragen_core.training.starpo import trajectory_token_rewards
 
 UPDATE = PolicyUpdateConfig(
-    adv_estimator="grpo",
-    norm_adv_by_std=True,
     policy_loss="ppo",
     clip_low=0.2,
     clip_high=0.28,
@@ -39,14 +39,19 @@ def _engine(tiny_policy, micro_batch_size: int, lr: float = 1e-2, optimizer: str
     return ActorEngine(copy.deepcopy(model), optim)
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def _update(actor, batch, scores, groups, config, seed=0):
+    advantages, _ = grpo_advantage(trajectory_token_rewards(batch.loss_mask, scores), batch.loss_mask, groups)
+    return actor.policy_update(batch, advantages, actor.score(batch), config, shuffle_seed=seed)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_micro_batching_does_not_change_the_update(tiny_policy, rollout_batch, mode):
     batch, scores, groups = rollout_batch
     config = PolicyUpdateConfig(**{**UPDATE.__dict__, "loss_agg_mode": mode})
     # SGD: Adam's first step divides by |g| and so amplifies float noise on near-zero gradients
     whole, split = _engine(tiny_policy, 8, 0.5, "sgd"), _engine(tiny_policy, 3, 0.5, "sgd")
-    whole.policy_update(batch, scores, groups, config, shuffle_seed=0)
-    split.policy_update(batch, scores, groups, config, shuffle_seed=0)
+    _update(whole, batch, scores, groups, config)
+    _update(split, batch, scores, groups, config)
     for a, b in zip(whole.module.parameters(), split.module.parameters(), strict=False):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -55,7 +60,7 @@ def test_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy, ro
     batch, scores, groups = rollout_batch
     actor = _engine(tiny_policy, 8, lr=1e-3)
     before = actor.score(batch)
-    stats = actor.policy_update(batch, scores, groups, UPDATE, shuffle_seed=0)
+    stats = _update(actor, batch, scores, groups, UPDATE)
     after = actor.score(batch)
     per_sequence = ((after - before) * batch.loss_mask).sum(1)
     best = torch.tensor([0, 5])  # highest score of each group
@@ -84,3 +89,32 @@ def test_score_matches_a_plain_forward(tiny_policy, rollout_batch):
     torch.testing.assert_close(
         actor.score(batch) * batch.attention_mask, expected * batch.attention_mask, rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    ("rows", "mini", "epochs", "k", "expected_steps"),
+    [(8, 4, 1, None, 2), (8, 4, 2, None, 4), (10, 4, 1, None, 3), (8, 4, 1, 5, 5), (8, 16, 1, 2, 2), (32, 8, 3, 1, 1)],
+)
+def test_update_schedule_counts_steps_and_keeps_the_batch_size(rows, mini, epochs, k, expected_steps):
+    import numpy as np
+
+    steps = update_schedule(rows, mini, epochs, k, np.random.default_rng(0))
+    assert len(steps) == expected_steps
+    if k is not None:
+        assert all(len(step) == mini for step in steps)  # Online-k: the update batch size is fixed
+        seen = [row for step in steps for row in step]
+        # consecutive passes: every row is used once before any is used twice
+        assert len(set(seen[:rows])) == min(rows, len(seen))
+    else:
+        assert sorted(row for step in steps for row in step) == sorted(list(range(rows)) * epochs)
+
+
+def test_online_k_takes_k_optimizer_steps_per_rollout_batch(tiny_policy, rollout_batch):
+    batch, scores, groups = rollout_batch
+    for k in (1, 3):
+        actor = _engine(tiny_policy, 4, lr=1e-3)
+        config = PolicyUpdateConfig(**{**UPDATE.__dict__, "mini_batch_size": 4, "online_k": k})
+        steps_before = actor.engine.global_steps
+        stats = _update(actor, batch, scores, groups, config)
+        assert actor.engine.global_steps - steps_before == k  # DeepSpeed's own step counter
+        assert stats["actor/optimizer_steps"] == k

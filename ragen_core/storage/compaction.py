@@ -1,0 +1,161 @@
+"""Compaction: merge a run's part files into one file per (table, iteration), atomically for readers.
+
+Only committed iterations are compacted: their partitions receive no more writes, so nothing can be published into
+a partition while it is merged. One partition, in this order (:func:`compact_partition`):
+
+1. recover: finish or neutralise an earlier compaction of the partition that stopped half-way (below);
+2. write the marker ``_COMPACTION.json`` = ``{"merged": "part-compacted-<digest>.parquet", "replaces": [...]}``
+   (atomic); the digest is of the replaced names, so a redo picks the same name;
+3. write the merged file: rows of the replaced files in reader order, in the current schema, under a hidden
+   temporary name, fsync, then one rename to its final name. **This rename is the commit point**;
+4. delete the replaced files.
+
+Readers list the part files, then read the marker, and skip what the marker replaces only when the listing holds
+the merged file (:mod:`ragen_core.storage.parts`). So a crash
+
+- before or during 2, or during 3 before the rename: the merged file is absent, the marker (if any) is inert, the
+  old parts are the visible set; a hidden ``.part-compacted-*.tmp-*`` file may remain, recovery deletes it;
+- after the rename, before or during 4: the merged file is visible and hides every replaced file still present;
+  recovery deletes them.
+
+Either way readers see every row exactly once. The marker is kept afterwards: it names only files that no longer
+exist, and the next compaction of the partition (after its recovery step) overwrites it. A reader that listed
+files just before a compaction deleted them gets a missing-file error; the lake's readers list again
+(``DataLake.read_table``, ``catalog.query``). Compactions and removals of one run hold an exclusive lock
+(``_locks/<run_id>.lock``, released by the OS if the process dies).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from ragen_core.storage.files import LakeError, atomic_write_json, atomic_write_parquet, check_name, read_table_file
+from ragen_core.storage.lake import DataLake
+from ragen_core.storage.parts import COMPACTION_MARKER, MERGED_PREFIX, read_marker, visible_parts
+from schemas.tables import TableSpec
+
+
+@dataclass(frozen=True)
+class PartitionCompaction:
+    """One merged partition: how many files it had, how many rows, and the merged file's name."""
+
+    table: str
+    iteration: int
+    files_before: int
+    rows: int
+    merged: str
+
+
+@dataclass
+class CompactionReport:
+    """What :func:`compact_run` did: merged partitions, and (table, iteration) left alone because uncommitted."""
+
+    run_id: str
+    compacted: list[PartitionCompaction] = field(default_factory=list)
+    skipped_uncommitted: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def files_removed(self) -> int:
+        return sum(c.files_before - 1 for c in self.compacted)
+
+
+@contextmanager
+def run_lock(lake: DataLake, run_id: str) -> Iterator[None]:
+    """Exclusive lock of a run's housekeeping (compaction, removal); fails at once when another process holds it."""
+    import fcntl  # POSIX only: imported here so that the rest of the lake imports everywhere
+
+    path = lake.root / "_locks" / f"{check_name('run id', run_id)}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise LakeError(f"run {run_id!r} is being compacted or removed by another process; try again") from exc
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def merged_name(names: list[str]) -> str:
+    """The deterministic name of the file that merges ``names``."""
+    digest = hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+    return f"{MERGED_PREFIX}{digest}.parquet"
+
+
+def recover_partition(folder: Path) -> None:
+    """Finish a compaction of ``folder`` that passed its commit point, or clear the leftovers of one that did not."""
+    for leftover in folder.glob(f".{MERGED_PREFIX}*.tmp-*"):
+        leftover.unlink(missing_ok=True)
+    marker = read_marker(folder)
+    if marker is not None and (folder / marker["merged"]).is_file():
+        delete_replaced(folder, [n for n in marker.get("replaces", []) if n != marker["merged"]])
+
+
+def delete_replaced(folder: Path, names: list[str]) -> None:
+    """Step 4: delete the files the merged file replaced (absent ones are fine: a redo after a crash)."""
+    for name in names:
+        (folder / name).unlink(missing_ok=True)
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> PartitionCompaction | None:
+    """Merge the visible part files of one partition folder into one (steps 1-4 above); None when there is at most
+    one file."""
+    recover_partition(folder)
+    files = visible_parts(folder.glob("part-*.parquet"))
+    if len(files) < 2:
+        return None
+    merged = pa.concat_tables([read_table_file(f, spec, lake.upgrades) for f in files])
+    # the current schema, with its version and column descriptions in the metadata
+    merged = merged.cast(spec.arrow_schema).replace_schema_metadata(spec.arrow_schema.metadata)
+    names = [f.name for f in files]
+    name = merged_name(names)
+    atomic_write_json(folder / COMPACTION_MARKER, {"merged": name, "replaces": names, "rows": merged.num_rows})
+    _fsync_dir(folder)
+    atomic_write_parquet(folder / name, merged)  # the commit point: one rename
+    _fsync_dir(folder)
+    delete_replaced(folder, names)
+    return PartitionCompaction(spec.name, _iteration_of(folder), len(files), merged.num_rows, name)
+
+
+def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) -> CompactionReport:
+    """Compact every committed iteration of ``run_id`` in ``tables`` (default: every Parquet table)."""
+    check_name("run id", run_id)
+    specs = [lake.spec(t) for t in tables] if tables else [s for s in lake.tables.values() if s.source == "parquet"]
+    committed = set(lake.committed_iterations(run_id))
+    report = CompactionReport(run_id)
+    with run_lock(lake, run_id):
+        for spec in specs:
+            folders = sorted(lake.table_dir(spec.name).glob(f"run_id={run_id}/iteration=*"), key=_iteration_of)
+            for folder in folders:
+                iteration = _iteration_of(folder)
+                if iteration not in committed:
+                    report.skipped_uncommitted.append((spec.name, iteration))
+                    continue
+                result = compact_partition(lake, spec, folder)
+                if result is not None:
+                    report.compacted.append(result)
+    return report
+
+
+def _iteration_of(folder: Path) -> int:
+    try:
+        return int(folder.name.split("=", 1)[1])
+    except (IndexError, ValueError) as exc:
+        raise LakeError(f"{str(folder)!r} is not an iteration=<n> partition folder") from exc

@@ -1,0 +1,211 @@
+"""Housekeeping of whole runs: the overview behind ``ragen runs`` and the removal behind ``ragen runs rm``.
+
+What a run owns under the data root (and what removal deletes):
+
+- its rows in every Parquet table: ``<table>/run_id=<id>/`` (trajectories, turns, metrics, evaluations,
+  checkpoints, events);
+- ``_staging/<id>/``, ``_commits/<id>/``, ``quarantine/run_id=<id>/``, ``_prefect/<id>/`` (the CLI's Prefect home),
+  ``_locks/<id>.lock``;
+- ``runs/<id>/`` (the manifest and anything else kept with the run);
+- the checkpoint folders its ``checkpoints`` rows name, when they lie under the data root;
+- for a bootstrap run, the model it built (``models/bootstrap-<key>``; runs that started from it are listed as a
+  warning: the model is rebuilt when needed).
+
+Removal order, so a crash leaves a run that ``ragen runs rm`` can finish: the manifest is marked ``deleting``; each
+table's partition folder is renamed to a hidden ``.deleting-run_id=<id>`` name (one atomic rename: readers see the
+run's rows of that table or none) and then deleted; then the other folders; the manifest goes last.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragen_core.storage.catalog import query
+from ragen_core.storage.compaction import run_lock
+from ragen_core.storage.files import LakeError, check_name
+from ragen_core.storage.lake import DataLake
+
+TRASH_PREFIX = ".deleting-"
+
+RUNS_OVERVIEW_SQL = """
+WITH val AS (
+    SELECT run_id, iteration, env, success_rate FROM evaluations
+    UNION ALL
+    SELECT run_id, iteration, split_part(name, '/', 2) AS env, value FROM metrics
+    WHERE name LIKE 'val/%/success' AND (run_id, iteration) NOT IN (SELECT run_id, iteration FROM evaluations)
+), last_val AS (
+    SELECT run_id, max(iteration) AS iteration,
+           arg_max(env_success, iteration) AS success
+    FROM (SELECT run_id, iteration, string_agg(env || ' ' || printf('%.3f', success_rate), ', ' ORDER BY env)
+                 AS env_success
+          FROM val GROUP BY run_id, iteration)
+    GROUP BY run_id
+)
+SELECT r.run_id, r.kind, r.status, left(r.config_hash, 8) AS config_hash, r.iterations_done AS iterations,
+       v.iteration AS val_iteration, v.success AS val_success,
+       strftime(r.created_at, '%Y-%m-%d %H:%M:%S') AS created_at
+FROM runs r LEFT JOIN last_val v USING (run_id)
+ORDER BY r.created_at, r.run_id
+"""
+
+
+class RunNotFoundError(LakeError):
+    """No manifest and no data of the run in this data root."""
+
+
+class RunActiveError(LakeError):
+    """The run's manifest says it is still running."""
+
+
+def runs_overview(lake: DataLake) -> pa.Table:
+    """One row per run (manifest): kind, status, config hash, committed iterations, the validation success of the
+    last validated iteration (from ``evaluations``, else the ``val/<env>/success`` metrics), created_at."""
+    return query(lake, RUNS_OVERVIEW_SQL)
+
+
+def runs_with_data(lake: DataLake) -> set[str]:
+    """Run ids that own anything under the data root: a manifest, table rows, commits, staging or quarantine."""
+    found = {p.parent.name for p in (lake.root / "runs").glob("*/manifest.json")}
+    for spec in lake.tables.values():
+        found |= {p.name.split("=", 1)[1] for p in lake.table_dir(spec.name).glob("run_id=*")}
+    for folder in ("_commits", "_staging", "_prefect"):
+        found |= {p.name for p in (lake.root / folder).glob("*") if p.is_dir()}
+    found |= {p.name.split("=", 1)[1] for p in (lake.root / "quarantine").glob("run_id=*")}
+    return found
+
+
+@dataclass
+class RemovalPlan:
+    """What removing one run deletes: rows per table, folders, and warnings to show before asking."""
+
+    run_id: str
+    status: str | None
+    rows: dict[str, int | None] = field(default_factory=dict)
+    table_dirs: list[Path] = field(default_factory=list)
+    paths: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def describe(self, root: Path) -> list[str]:
+        lines = [f"{table}: {'?' if n is None else n} row(s)" for table, n in self.rows.items() if n != 0]
+        lines += [f"{p.relative_to(root)}/" if p.is_dir() else str(p.relative_to(root)) for p in self.paths]
+        return lines
+
+
+def _inside(root: Path, path: Path) -> bool:
+    """``path`` lies at least two levels below ``root`` (never the root or one of its top-level folders)."""
+    try:
+        relative = path.resolve().relative_to(root)
+    except ValueError:
+        return False
+    return len(relative.parts) >= 2
+
+
+def _owned_models(lake: DataLake, run_id: str, manifest: dict[str, Any] | None) -> tuple[list[Path], list[str]]:
+    """The model a bootstrap run built, and warnings naming the runs that started from it."""
+    if not manifest or manifest.get("kind") != "bootstrap" or not manifest.get("model_dir"):
+        return [], []
+    model = Path(manifest["model_dir"]).resolve()
+    if model.parent != lake.models_dir():
+        return [], []
+    users = []
+    for path in sorted((lake.root / "runs").glob("*/manifest.json")):
+        other = path.parent.name
+        if other != run_id and (lake.read_manifest(other) or {}).get("model_dir") == manifest["model_dir"]:
+            users.append(other)
+    warnings = [f"runs that started from its model {model.name}: {', '.join(users)}"] if users else []
+    return [model], warnings
+
+
+def _row_count(files: list[Path]) -> int | None:
+    """Rows in ``files`` from their footers; None when one cannot be read (a damaged file is removed all the same)."""
+    try:
+        return sum(pq.read_metadata(f).num_rows for f in files)
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def _checkpoint_paths(lake: DataLake, run_id: str) -> tuple[list[Path], list[str]]:
+    """Checkpoint folders under the data root that the run's ``checkpoints`` rows name (and warnings)."""
+    try:
+        paths = lake.read_table("checkpoints", run_id, columns=["path"])["path"].to_pylist()
+    except LakeError as exc:  # a damaged file must not keep its run from being removed
+        return [], [f"checkpoint folders unknown, the checkpoints table cannot be read: {exc}"]
+    return sorted({Path(p).resolve() for p in paths if p and _inside(lake.root, Path(p))}), []
+
+
+def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPlan:
+    """What ``remove_run`` would delete; refuses an unknown run, and a running one unless ``force``."""
+    check_name("run id", run_id)
+    if run_id not in runs_with_data(lake):
+        known = sorted(runs_with_data(lake))
+        listed = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "") if known else "none"
+        raise RunNotFoundError(f"unknown run {run_id!r} in {lake.root}; runs: {listed}")
+    manifest = lake.read_manifest(run_id)
+    status = manifest.get("status", "running") if manifest else None
+    if status == "running" and not force:
+        raise RunActiveError(
+            f"run {run_id!r} is still 'running' according to its manifest (pid {manifest.get('pid')} on "
+            f"{manifest.get('host')}); stop it first, or pass --force if it died without updating its status"
+        )
+    plan = RemovalPlan(run_id, status)
+    for spec in lake.tables.values():
+        if spec.source != "parquet":
+            continue
+        folder = lake.table_dir(spec.name) / f"run_id={run_id}"
+        if folder.is_dir():
+            plan.rows[spec.name] = _row_count(lake.partition_files(spec.name, run_id))
+            plan.table_dirs.append(folder)
+    models, model_warnings = _owned_models(lake, run_id, manifest)
+    checkpoints, checkpoint_warnings = _checkpoint_paths(lake, run_id)
+    plan.warnings = model_warnings + checkpoint_warnings
+    candidates = [
+        lake.root / "_staging" / run_id,
+        lake.root / "_commits" / run_id,
+        lake.root / "quarantine" / f"run_id={run_id}",
+        lake.root / "_prefect" / run_id,
+        *checkpoints,
+        *models,
+        lake.root / "_locks" / f"{run_id}.lock",
+        lake.run_dir(run_id),
+    ]
+    plan.paths = [p for p in dict.fromkeys(candidates) if p.exists()]
+    return plan
+
+
+def _delete(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_run(lake: DataLake, plan: RemovalPlan) -> None:
+    """Delete everything in ``plan`` (order and crash behaviour: module docstring); the manifest goes last."""
+    run_id = plan.run_id
+    with run_lock(lake, run_id):
+        manifest = lake.read_manifest(run_id)
+        if manifest is not None:
+            lake.write_manifest(run_id, {**manifest, "status": "deleting"})
+        for spec in lake.tables.values():
+            folder = lake.table_dir(spec.name) / f"run_id={run_id}"
+            trash = folder.with_name(f"{TRASH_PREFIX}{folder.name}")
+            if folder.is_dir():
+                if trash.exists():  # left by a removal that crashed
+                    shutil.rmtree(trash)
+                os.replace(folder, trash)
+            if trash.exists():
+                shutil.rmtree(trash)
+        lock = lake.root / "_locks" / f"{run_id}.lock"
+        for path in plan.paths:
+            if path not in (lake.run_dir(run_id), lock) and path.exists():
+                _delete(path)
+    for path in (lake.run_dir(run_id), lock):
+        if path.exists():
+            _delete(path)

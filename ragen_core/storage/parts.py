@@ -1,0 +1,73 @@
+"""Which part files of a partition readers see: the rule that makes compaction atomic for readers.
+
+A partition folder (``<table>/run_id=<id>/iteration=<n>/``) holds ``part-*.parquet`` files. Compaction
+(:mod:`ragen_core.storage.compaction`) merges them into one ``part-compacted-<digest>.parquet`` and records, *before*
+that file appears, a marker ``_COMPACTION.json`` = ``{"merged": <name>, "replaces": [<names>]}``.
+
+The reader rule: **list the part files first, then read the marker; when the marker's merged file is among the
+listed files, skip the files it replaces.** The merged file becomes visible by one rename, after the marker is on
+disk, so every listing that holds the merged file was taken when the marker already named what it replaces: a
+reader sees the complete old set or the merged file, never both and never part of either. A marker whose merged
+file is absent (a compaction that stopped before its rename) changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ragen_core.storage.files import LakeError
+
+COMPACTION_MARKER = "_COMPACTION.json"
+MERGED_PREFIX = "part-compacted-"
+
+
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """The compaction marker of a partition folder, or None when it has none."""
+    path = Path(folder) / COMPACTION_MARKER
+    try:
+        payload = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise LakeError(f"cannot read compaction marker {str(path)!r} (damaged?): {exc}") from exc
+    if not isinstance(payload, dict) or not isinstance(payload.get("merged"), str):
+        raise LakeError(f"compaction marker {str(path)!r} has no 'merged' file name")
+    return payload
+
+
+def superseded(folder: Path, listed: Iterable[str]) -> set[str]:
+    """Names among ``listed`` (a listing of ``folder`` taken before this call) that a compaction replaced."""
+    names = set(listed)
+    if len(names) < 2:
+        return set()  # one file is never hidden: either it is the merged file or the marker is inert
+    marker = read_marker(folder)
+    if marker is None or marker["merged"] not in names:
+        return set()
+    return (set(marker.get("replaces", [])) - {marker["merged"]}) & names
+
+
+def visible_parts(files: Iterable[Path]) -> list[Path]:
+    """The files of a listing that readers see (sorted), after the compaction rule of every partition folder."""
+    by_folder: dict[Path, list[Path]] = {}
+    for path in files:
+        by_folder.setdefault(path.parent, []).append(path)
+    visible: list[Path] = []
+    for folder, listed in by_folder.items():
+        hidden = superseded(folder, [p.name for p in listed])
+        visible += [p for p in listed if p.name not in hidden]
+    return sorted(visible)
+
+
+def check_not_superseded(folder: Path, name: str) -> None:
+    """Refuse to publish ``name`` into a compacted partition whose marker hides that name (it would be invisible)."""
+    marker = read_marker(folder)
+    if marker is None or name == marker["merged"] or name not in marker.get("replaces", []):
+        return
+    if (Path(folder) / marker["merged"]).is_file():
+        raise LakeError(
+            f"{str(Path(folder) / name)!r} was compacted into {marker['merged']!r}; a committed, compacted iteration "
+            "cannot be re-published (start a new run or remove this one)"
+        )

@@ -1,0 +1,139 @@
+"""One StarPO update, as the paper defines it, over a batch of kept trajectories.
+
+score (old and reference log-probs) -> token rewards (trajectory score on the last assistant token, or each turn's
+reward on that turn's last token) -> [KL in the reward] -> [critic values] -> advantages (registered estimator) ->
+actor PPO steps (registered policy loss) -> [critic steps towards the returns]. Each step is a small function so the
+equations can be tested on their own; :func:`starpo_update` chains them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ragen_core.algos import ADVANTAGES, apply_kl_penalty, place_turn_rewards, value_metrics
+from ragen_core.algos.masked import masked_mean
+from ragen_core.config import RunConfig
+from ragen_core.seeding import derive_seed
+from ragen_core.training.actor import ActorEngine, PolicyUpdateConfig
+from ragen_core.training.batch import TokenBatch
+from ragen_core.training.critic import CriticEngine, ValueUpdateConfig
+
+
+@dataclass(frozen=True)
+class UpdateInputs:
+    """The kept trajectories of one iteration, as the update needs them."""
+
+    batch: TokenBatch
+    scores: torch.Tensor  # (B,) trajectory scores (env rewards + format penalties)
+    group_index: torch.Tensor  # (B,) initial-state group of each trajectory
+    turn_rewards: Sequence[Sequence[float]] | None = None  # per trajectory, each turn's reward + penalty
+
+
+def trajectory_token_rewards(loss_mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """(B, T) token rewards with each trajectory's score on its last assistant token."""
+    token_rewards = torch.zeros_like(loss_mask, dtype=torch.float32)
+    last_token = (loss_mask * torch.arange(loss_mask.shape[1])).argmax(dim=1)  # (B,)
+    token_rewards[torch.arange(loss_mask.shape[0]), last_token] = scores.float()
+    return token_rewards
+
+
+def token_rewards_for(inputs: UpdateInputs, reward_level: str) -> torch.Tensor:
+    """Token rewards at the configured level ('trajectory' or 'turn'); both sum to the trajectory scores."""
+    if reward_level == "trajectory":
+        return trajectory_token_rewards(inputs.batch.loss_mask, inputs.scores)
+    if reward_level == "turn":
+        if inputs.turn_rewards is None:
+            raise ValueError("reward_level='turn' needs the per-turn rewards of every trajectory")
+        return place_turn_rewards(inputs.batch.loss_mask, inputs.turn_rewards)
+    raise ValueError(f"unknown reward_level {reward_level!r}; use 'trajectory' or 'turn'")
+
+
+def policy_update_config(config: RunConfig) -> PolicyUpdateConfig:
+    """The actor's update settings from the run config (KL as a loss term only when ``kl_mode='loss'``)."""
+    algorithm = config.algorithm
+    return PolicyUpdateConfig(
+        policy_loss=algorithm.policy_loss,
+        clip_low=algorithm.clip_low,
+        clip_high=algorithm.clip_high,
+        kl_coef=algorithm.kl_coef if algorithm.kl_mode == "loss" else 0.0,
+        entropy_coef=algorithm.entropy_coef,
+        loss_agg_mode=algorithm.loss_agg_mode,
+        mini_batch_size=config.actor.mini_batch_size,
+        ppo_epochs=config.actor.ppo_epochs,
+        clip_ratio_c=algorithm.clip_ratio_c if algorithm.policy_loss == "dual_clip" else None,
+        kl_estimator=algorithm.kl_estimator,
+        online_k=config.actor.online_k,
+    )
+
+
+def value_update_config(config: RunConfig) -> ValueUpdateConfig:
+    """The critic's update settings (unset sizes follow the actor's)."""
+    critic = config.critic
+    return ValueUpdateConfig(
+        cliprange_value=critic.cliprange_value,
+        loss_agg_mode=config.algorithm.loss_agg_mode,
+        mini_batch_size=critic.mini_batch_size or config.actor.mini_batch_size,
+        ppo_epochs=critic.ppo_epochs or config.actor.ppo_epochs,
+    )
+
+
+def compute_advantages(
+    config: RunConfig, token_rewards: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, values
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns (B, T) from the registered estimator with the config's options."""
+    algorithm = config.algorithm
+    return ADVANTAGES.get(algorithm.adv_estimator)(
+        token_rewards,
+        mask,
+        groups,
+        values=values,
+        norm_adv_by_std=algorithm.norm_adv_by_std,
+        grouping=algorithm.grpo_grouping,
+        gamma=algorithm.gamma,
+        lam=algorithm.lam,
+        high_level_gamma=algorithm.high_level_gamma,
+        whiten_advantages=algorithm.whiten_advantages,
+    )
+
+
+def starpo_update(
+    config: RunConfig, actor: ActorEngine, critic: CriticEngine | None, inputs: UpdateInputs, iteration: int
+) -> dict[str, float]:
+    """One StarPO update of the actor (and the critic, for gae / bi_level_gae); returns namespaced metrics."""
+    algorithm, batch = config.algorithm, inputs.batch
+    mask = batch.loss_mask
+    old_logprobs = actor.score(batch)
+    ref_logprobs = actor.score(batch, actor.reference) if algorithm.kl_coef > 0 and actor.reference else None
+    token_rewards = token_rewards_for(inputs, algorithm.reward_level)
+    metrics: dict[str, float] = {}
+    if algorithm.kl_mode == "reward" and ref_logprobs is not None:
+        token_rewards, mean_kl = apply_kl_penalty(
+            token_rewards, old_logprobs, ref_logprobs, mask, algorithm.kl_coef, algorithm.kl_estimator
+        )
+        metrics["actor/reward_kl"] = float(mean_kl)
+    if algorithm.needs_critic and critic is None:
+        raise ValueError(f"adv_estimator {algorithm.adv_estimator!r} needs a critic; the session has none")
+    values = critic.values(batch) if algorithm.needs_critic else None
+    advantages, returns = compute_advantages(config, token_rewards, mask, inputs.group_index, values)
+    metrics["actor/advantage_mean"] = float(masked_mean(advantages, mask))
+    metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))
+    seed = derive_seed(config.seed, iteration, "update_shuffle")
+    metrics.update(
+        actor.policy_update(
+            batch,
+            advantages,
+            old_logprobs,
+            policy_update_config(config),
+            seed,
+            ref_logprobs if algorithm.kl_mode == "loss" else None,
+        )
+    )
+    if critic is not None and values is not None:
+        metrics.update(value_metrics(values, returns, mask))
+        critic_seed = derive_seed(config.seed, iteration, "critic_shuffle")
+        metrics.update(critic.update(batch, values, returns, mask, value_update_config(config), critic_seed))
+    metrics["actor/trained_tokens"] = float(mask.sum())
+    return metrics

@@ -1,0 +1,127 @@
+"""The algorithm switches of StarPO through the real flow: critic (GAE, bi-level GAE with per-turn rewards), KL in
+the loss or in the reward, dual-clip, Online-k, the filters; the filter's stored decisions checked in DuckDB."""
+
+import pytest
+
+from ragen_core.config import build_config
+from ragen_core.storage import query
+
+BASE = {
+    "rollout": {"env_groups": 4, "group_size": 4, "max_new_tokens": 8},
+    "env": {"val_envs": ["bandit"]},
+    "actor": {"mini_batch_size": 4, "micro_batch_size": 4},
+    "trainer": {"iterations": 1},
+    "eval": {"every": 1, "instances": 2},
+}
+MULTI_TURN = {"name": "sokoban", "val_envs": ["sokoban"], "max_turns": 3, "max_actions_per_turn": 2}
+VARIANTS = {
+    "gae": {"algorithm": {"preset": "starpo", "adv_estimator": "gae"}},
+    "bilevel": {
+        "algorithm": {"adv_estimator": "bi_level_gae", "reward_level": "turn", "filter_ratio": 1.0},
+        "env": {**MULTI_TURN, "max_actions_per_traj": 4},
+    },
+    "kl_reward": {
+        "algorithm": {"adv_estimator": "rloo", "kl_coef": 0.01, "kl_mode": "reward", "policy_loss": "dual_clip"}
+    },
+    "online3": {"algorithm": {"adv_estimator": "reinforce_plus_plus"}, "actor": {"online_k": 3}},
+    "std_half": {"algorithm": {"filter": "std", "filter_ratio": 0.5, "adv_estimator": "reinforce_plus_plus_baseline"}},
+    "top_p": {"algorithm": {"filter": "std_top_p", "filter_ratio": 0.6}},
+}
+
+
+def _merge(base, extra):
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for section, values in extra.items():
+        out[section] = {**out.get(section, {}), **values}
+    return out
+
+
+@pytest.fixture(scope="module")
+def lake_root(prefect_harness, tmp_path_factory, tiny_model_dir):
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("algorithms")
+    for name, extra in VARIANTS.items():
+        config = build_config(_merge({**BASE, "model": {"path": str(tiny_model_dir)}}, extra))
+        train(config.to_dict(), data_root=str(root), run_id=name)
+    return root
+
+
+def _metrics(root, run_id):
+    rows = query(root, f"SELECT name, value FROM metrics WHERE run_id = '{run_id}' AND iteration = 0").to_pylist()
+    return {r["name"]: r["value"] for r in rows}
+
+
+def test_critic_runs_report_value_metrics(lake_root):
+    for run_id in ("gae", "bilevel"):
+        metrics = _metrics(lake_root, run_id)
+        assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/vf_explained_var", "critic/grad_norm"} <= set(metrics)
+    assert "critic/vf_loss" not in _metrics(lake_root, "kl_reward")
+
+
+def test_kl_as_loss_and_as_reward(lake_root):
+    assert "actor/kl_loss" in _metrics(lake_root, "gae")  # vanilla StarPO: KL 0.001 as a loss term
+    kl_reward = _metrics(lake_root, "kl_reward")
+    assert "actor/reward_kl" in kl_reward and "actor/kl_loss" not in kl_reward
+    assert "actor/clipfrac_dual" in kl_reward
+
+
+def test_online_k_steps(lake_root):
+    assert _metrics(lake_root, "online3")["actor/optimizer_steps"] == 3
+    # default: one pass over the kept rows in mini-batches of 4 (filter 0.25 of 4 groups keeps 1 group = 4 rows)
+    assert _metrics(lake_root, "kl_reward")["actor/optimizer_steps"] == 1
+
+
+def test_every_iteration_records_the_reference_metrics(lake_root):
+    metrics = _metrics(lake_root, "gae")
+    expected = {
+        "rollout/success_rate", "rollout/reward_mean", "rollout/reward_std", "rollout/in_group_reward_std",
+        "filter/kept_in_group_std", "rollout/response_length", "rollout/actions_per_traj",
+        "rollout/valid_action_rate", "rollout/format_error_rate", "rollout/group_pass_rate",
+        "rollout/think_distinct_rate", "actor/pg_loss", "actor/clipfrac_upper", "actor/clipfrac_lower",
+        "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr", "critic/vf_loss",
+        "critic/vf_explained_var", "time/generate", "time/update", "time/generate_tokens_per_s",
+        "time/update_tokens_per_s", "val/bandit/success", "val/bandit/pass@k",
+    }  # fmt: skip
+    assert expected <= set(metrics), expected - set(metrics)
+
+
+FILTER_CHECK = """
+WITH g AS (
+    SELECT run_id, iteration, group_id, coalesce(stddev_samp(total_reward), 0) AS std,
+           bool_and(kept) AS all_kept, bool_or(kept) AS any_kept, max(group_reward_std) AS stored
+    FROM trajectories WHERE split = 'train' AND run_id IN ('std_half', 'gae', 'kl_reward') GROUP BY ALL
+), ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY run_id, iteration ORDER BY std DESC, group_id) AS rank,
+           count(*) OVER (PARTITION BY run_id, iteration) AS groups
+    FROM g
+)
+SELECT run_id, group_id, std, stored, all_kept, rank,
+       greatest(1, floor(CASE run_id WHEN 'std_half' THEN 0.5 WHEN 'gae' THEN 1.0 ELSE 0.25 END * groups))::INT AS keep
+FROM ranked
+"""
+
+
+def test_filter_decisions_agree_with_a_duckdb_recomputation(lake_root):
+    rows = query(lake_root, FILTER_CHECK).to_pylist()
+    assert {r["run_id"] for r in rows} == {"std_half", "gae", "kl_reward"} and len(rows) == 12
+    for row in rows:
+        assert row["stored"] == pytest.approx(row["std"], abs=1e-9)
+        assert row["all_kept"] == (row["rank"] <= row["keep"]), row  # the gae run uses the starpo preset: no filter
+    kept = {run: sum(r["all_kept"] for r in rows if r["run_id"] == run) for run in ("std_half", "gae", "kl_reward")}
+    assert kept == {"std_half": 2, "gae": 4, "kl_reward": 1}
+
+
+def test_top_p_filter_covers_the_share_of_total_std(lake_root):
+    rows = query(
+        lake_root,
+        "SELECT group_id, max(group_reward_std) AS std, bool_and(kept) AS kept FROM trajectories "
+        "WHERE run_id = 'top_p' AND split = 'train' GROUP BY 1 ORDER BY std DESC, group_id",
+    ).to_pylist()
+    total = sum(r["std"] for r in rows)
+    kept = [r for r in rows if r["kept"]]
+    assert kept == rows[: len(kept)]  # kept in descending std
+    if total > 0:
+        covered = sum(r["std"] for r in kept)
+        assert covered >= 0.6 * total - 1e-9
+        assert covered - kept[-1]["std"] < 0.6 * total  # the smallest prefix that covers 60%

@@ -1,0 +1,84 @@
+"""The DuckDB catalog is read-only and can be scoped to one run."""
+
+import duckdb
+import pytest
+
+from ragen_core.storage import DataLake, QueryRefused, check_read_only, connect, query
+from tests.storage.synthetic import make_run, write_run
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    lake = DataLake(tmp_path_factory.mktemp("lake"))
+    for seed, run_id in enumerate(("run-a", "run-b")):
+        write_run(lake, make_run(seed, run_id, "bandit", iterations=1, groups=2, group_size=2))
+    return lake
+
+
+@pytest.mark.parametrize(
+    ("statement", "kind"),
+    [
+        ("COPY (SELECT * FROM trajectories) TO 'x.parquet'", "COPY"),
+        ("INSERT INTO metrics VALUES ('r', 0, 'm', 1.0)", "INSERT"),
+        ("ATTACH 'other.db' AS other", "ATTACH"),
+        ("CREATE TABLE t AS SELECT 1", "CREATE"),
+        ("DROP VIEW trajectories", "DROP"),
+        ("SET enable_external_access = true", "SET"),
+        ("INSTALL httpfs", "LOAD"),
+        ("EXPORT DATABASE 'dump'", "EXPORT"),
+        ("PRAGMA database_list", "PRAGMA"),
+    ],
+)
+def test_statements_that_are_not_queries_are_refused(lake, statement, kind):
+    with pytest.raises(QueryRefused, match=f"{kind} statements are refused: the lake is read-only"):
+        query(lake, statement)
+
+
+def test_several_statements_are_refused_even_when_the_first_is_a_query(lake):
+    with pytest.raises(QueryRefused, match="exactly one query, not 2"):
+        query(lake, "SELECT 1; DROP VIEW trajectories")
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "WITH t AS (SELECT * FROM trajectories) SELECT count(*) FROM t",
+        "DESCRIBE turns",
+        "SHOW TABLES",
+        "SUMMARIZE metrics",
+        "EXPLAIN SELECT * FROM trajectories",
+        "FROM metrics LIMIT 1",
+        "SELECT 1;",
+    ],
+)
+def test_queries_of_every_read_only_form_run(lake, statement):
+    check_read_only(statement)
+    assert query(lake, statement).num_rows >= 1
+
+
+def test_a_query_cannot_read_files_outside_the_data_root(lake):
+    with pytest.raises(duckdb.PermissionException, match="disabled by configuration"):
+        query(lake, "SELECT * FROM read_csv('/etc/hostname')")
+
+
+def test_a_plain_connection_cannot_change_its_settings_or_write_outside(lake, tmp_path):
+    con = connect(lake)
+    with pytest.raises(duckdb.Error, match="locked"):
+        con.execute("SET enable_external_access = true")
+    with pytest.raises(duckdb.PermissionException):
+        con.execute(f"COPY (SELECT 1) TO '{tmp_path / 'out.csv'}'")
+    assert con.execute("SELECT count(*) FROM trajectories").fetchone() == (2 * (4 + 2 * 6),)  # 2x2 train + 2 x 3x2 val
+
+
+def test_run_scope_filters_every_table(lake):
+    per_table = "SELECT '{t}' AS t, count(*) AS n, count(DISTINCT run_id) AS runs FROM {t}"
+    tables = ("trajectories", "turns", "metrics", "evaluations", "runs")
+    statement = " UNION ALL ".join(per_table.format(t=t) for t in tables)
+    everything = {r["t"]: r for r in query(lake, statement).to_pylist()}
+    scoped = {r["t"]: r for r in query(lake, statement, run_id="run-a").to_pylist()}
+    for table in tables:
+        assert everything[table]["runs"] == 2 and scoped[table]["runs"] == 1, table
+        expected = sum(1 for _ in lake.read_table(table, "run-a").to_pylist())
+        assert scoped[table]["n"] == expected > 0, table
+    (only,) = query(lake, "SELECT DISTINCT run_id FROM turns", run_id="run-b").to_pylist()
+    assert only == {"run_id": "run-b"}
