@@ -1,10 +1,11 @@
-"""The ``ragen`` command line: train, sql, runs (list, rm, compact)."""
+"""The ``ragen`` command line: train, resume, sql, runs (list, rm, compact)."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -28,13 +29,15 @@ def _data_root(value: Path | None) -> Path:
 
 def _prepare_prefect(data_root: Path, run_id: str, verbose: bool) -> None:
     """Environment for Prefect, set before it is imported: no telemetry, a patient local server, and a Prefect home
-    of the run's own when no server is configured (two runs never share one SQLite file)."""
+    of the run's own attempt when no server is configured (two runs, or a resume and the server a killed attempt may
+    have left behind, never share one SQLite file)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     if "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
-        home = data_root / "_prefect" / run_id
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        home = data_root / "_prefect" / run_id / f"{stamp}-{os.getpid()}"
         home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level itself
         os.environ["PREFECT_HOME"] = str(home)
 
@@ -62,7 +65,11 @@ def train(
     ctx: typer.Context,
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
     data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
-    run_id: str | None = typer.Option(None, "--run-id", help="Run id (default <env>-<hash>-<time>)."),
+    run_id: str | None = typer.Option(
+        None,
+        "--run-id",
+        help="Run id (default <env>-<hash>-<time>); an existing unfinished run with the same config is resumed.",
+    ),  # fmt: skip
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
 ) -> None:
     """Train with StarPO / StarPO-S. Extra arguments are key.sub=value overrides, e.g. trainer.iterations=5."""
@@ -72,22 +79,53 @@ def train(
         run_config = load_config(config, list(ctx.args))
     except ConfigError as exc:
         _fail(str(exc))
-    root = _data_root(data_root)
-    from flows.train import default_run_id
-    from ragen_core.session import RunExistsError, check_run_id_free
+    from ragen_core.session import default_run_id
+
+    _run(run_config, _data_root(data_root), run_id or default_run_id(run_config), verbose, [], False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def resume(
+    ctx: typer.Context,
+    run_id: str = typer.Argument(..., help="The run to continue."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
+    force_config: str = typer.Option(
+        "",
+        "--force-config",
+        help="Comma-separated config keys (or sections) allowed "
+        "to differ from the run's, e.g. trainer.iterations,eval.",
+    ),  # fmt: skip
+    skip_iteration: bool = typer.Option(
+        False, "--skip-iteration", help="Record a quarantined iteration as skipped (no update) and go on."
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
+) -> None:
+    """Continue a run from its last committed iteration, with the run's own config. Extra key.sub=value
+    overrides change it (only the keys listed in --force-config), e.g. trainer.iterations=50."""
+    from ragen_core.config import ConfigError, build_config
     from ragen_core.storage import DataLake
 
-    run_id = run_id or default_run_id(run_config)
+    root = _data_root(data_root)
+    manifest = DataLake(root).read_manifest(run_id) if root.is_dir() else None
+    if manifest is None:
+        _fail(f"no run {run_id!r} in {root}; `ragen runs --data-root {root}` lists the runs there")
     try:
-        check_run_id_free(DataLake(root), run_id)
-    except RunExistsError as exc:
+        run_config = build_config(manifest["config"], list(ctx.args))
+    except ConfigError as exc:
         _fail(str(exc))
+    allowed = [key.strip() for key in force_config.split(",") if key.strip()]
+    _run(run_config, root, run_id, verbose, allowed, skip_iteration)
+
+
+def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:
+    """Run (or resume) the train flow with a progress bar, then print the run's summary."""
     _prepare_prefect(root, run_id, verbose)
     if not verbose:
         _quiet_libraries()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flows.train import train as train_flow
+    from ragen_core.resume import ResumeError
 
     console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {root}")
     total = run_config.trainer.iterations + 1
@@ -103,9 +141,28 @@ def train(
 
         def on_iteration(iteration: int, metrics: dict[str, float]) -> None:
             progress.console.print(_metrics_line(iteration, metrics))
-            progress.advance(bar)
+            progress.update(bar, completed=iteration + 1)
 
-        result = train_flow(run_config.to_dict(), data_root=str(root), run_id=run_id, progress=on_iteration)
+        try:
+            result = train_flow(
+                run_config.to_dict(),
+                data_root=str(root),
+                run_id=run_id,
+                progress=on_iteration,
+                force_config=allowed,
+                skip_iteration=skip_iteration,
+            )
+        except ResumeError as exc:
+            progress.stop()
+            _fail(str(exc))
+    if result.get("completed"):
+        console.print(f"run {run_id} is already completed; nothing to do")
+    elif result.get("resumed"):
+        resumed = result["resumed"]
+        console.print(
+            f"resumed at iteration {resumed['next_iteration']} from "
+            f"{resumed['checkpoint'] or 'the start model'} (replayed updates: {resumed['replayed'] or 'none'})"
+        )
     _print_run_summary(root, result["run_id"], result.get("bootstrap"))
 
 

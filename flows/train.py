@@ -1,26 +1,22 @@
-"""The ``train`` flow and its ``starpo_iteration`` subflow."""
+"""The ``train`` flow (fresh or resumed) and its ``starpo_iteration`` subflow."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
 from ragen_core.config import RunConfig, build_config
-from ragen_core.session import RunSession, base_model_dir, check_run_id_free, default_run_id
-from ragen_core.stages import score_bounds
+from ragen_core.faults import set_iteration
+from ragen_core.session import RunSession, default_run_id
 from ragen_core.storage import BatchMeta, DataLake
 from tasks import stages as t
 
 ProgressCallback = Callable[[int, dict[str, float]], None]
-
-
-def _timed(metrics: dict[str, float], name: str, result: Any, started: float) -> Any:
-    metrics[f"time/{name}"] = time.perf_counter() - started
-    return result
 
 
 def eval_due(config: RunConfig, iteration: int) -> bool:
@@ -28,42 +24,81 @@ def eval_due(config: RunConfig, iteration: int) -> bool:
     return iteration % config.eval.every == 0 or iteration == config.trainer.iterations
 
 
+class _Clock:
+    """Records where the run is (for the manifest, if it fails) and how long each stage took (``time/<stage>``)."""
+
+    def __init__(self, session: RunSession, iteration: int, metrics: dict[str, float]) -> None:
+        self.session, self.iteration, self.metrics = session, iteration, metrics
+        set_iteration(iteration)
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        self.session.position = {"iteration": self.iteration, "stage": stage}
+        start = time.perf_counter()
+        yield
+        self.metrics[f"time/{stage}"] = time.perf_counter() - start
+
+
 @flow(name="starpo_iteration", validate_parameters=False)
 def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
     """One StarPO iteration: [evaluate] -> generate -> persist -> validate -> filter -> update -> commit."""
     config, lake, run_id = session.config, session.lake, session.run_id
     metrics: dict[str, float] = {}
-    start = time.perf_counter()
+    stage = _Clock(session, iteration, metrics)
     if eval_due(config, iteration):
-        metrics.update(_timed(metrics, "evaluate", t.evaluate(session, iteration), start))
-    start = time.perf_counter()
-    records = _timed(metrics, "generate", t.generate_rollouts(session, iteration), start)
-    meta = BatchMeta(run_id, iteration, "train", iteration, config.rollout.temperature, session.config_hash)
-    start = time.perf_counter()
-    _timed(metrics, "persist", t.persist_trajectories(lake, meta, "rollout", records), start)
-    start = time.perf_counter()
-    bounds = score_bounds(config, config.env.name)
-    _timed(
-        metrics,
-        "validate",
-        t.validate_batch(lake, run_id, iteration, "rollout", config.rollout.group_size, bounds),
-        start,
-    )
-    start = time.perf_counter()
-    filter_stats = t.filter_groups(lake, run_id, iteration, config.algorithm.filter, config.algorithm.filter_ratio)
-    metrics.update(_timed(metrics, "filter", filter_stats, start))
-    start = time.perf_counter()
-    metrics.update(_timed(metrics, "update", t.update_policy(session, iteration), start))
-    t.commit_iteration(session, iteration, metrics)
+        with stage("evaluate"):
+            metrics.update(t.evaluate(session, iteration))
+    with stage("generate"):
+        records = t.generate_rollouts(session, iteration)
+    with stage("persist"):
+        meta = BatchMeta(run_id, iteration, "train", iteration, config.rollout.temperature, session.config_hash)
+        t.persist_trajectories(lake, meta, "rollout", records)
+    with stage("validate"):
+        t.validate_batch(lake, config, run_id, iteration, "rollout", config.env.name, config.rollout.group_size)
+    with stage("filter"):
+        metrics.update(
+            t.filter_groups(lake, run_id, iteration, config.algorithm.filter, config.algorithm.filter_ratio)
+        )
+    with stage("update"):
+        metrics.update(t.update_policy(session, iteration))
+    with stage("commit"):
+        t.commit_iteration(session, iteration, metrics, updated=True)
     return metrics
 
 
 @flow(name="final_evaluation", validate_parameters=False)
 def final_evaluation(session: RunSession, iteration: int) -> dict[str, float]:
     """Validation of the final policy, committed as its own iteration (``iteration`` = number of updates)."""
-    metrics = t.evaluate(session, iteration)
-    t.commit_iteration(session, iteration, metrics)
+    metrics: dict[str, float] = {}
+    stage = _Clock(session, iteration, metrics)
+    with stage("evaluate"):
+        metrics.update(t.evaluate(session, iteration))
+    with stage("commit"):
+        t.commit_iteration(session, iteration, metrics, updated=False)
     return metrics
+
+
+def _open(
+    run_config: RunConfig, lake: DataLake, run_id: str, force_config: list[str], skip_iteration: bool
+) -> tuple[RunSession, int, dict[str, Any]]:
+    """A fresh run (bootstrap, then the session) or a resumed one (checks, checkpoint, replayed updates)."""
+    manifest = lake.read_manifest(run_id)
+    if manifest is None:
+        start_dir = t.start_model(run_config, lake)
+        summary = t.bootstrap(run_config, lake, start_dir) if run_config.bootstrap.enabled else None
+        session = t.start_session(run_config, lake, run_id, summary[0] if summary else start_dir)
+        session.update_manifest(bootstrap=summary[1] if summary else None)
+        return session, 0, {"bootstrap": summary[1] if summary else None}
+    plan = t.plan_resume(lake, run_config, run_id, manifest, force_config, skip_iteration)
+    if plan.next_iteration > run_config.trainer.iterations:
+        return None, plan.next_iteration, {"completed": True, "bootstrap": manifest.get("bootstrap")}
+    session = t.start_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
+    restored = t.restore_session(session, plan)
+    first = plan.next_iteration
+    if plan.quarantined:  # only reachable with skip_iteration (plan_resume refuses otherwise)
+        t.skip_iteration(session, first, plan.quarantined)
+        first += 1
+    return session, first, {"bootstrap": manifest.get("bootstrap"), "resumed": restored}
 
 
 @flow(name="train", validate_parameters=False)
@@ -72,35 +107,42 @@ def train(
     data_root: str = "data",
     run_id: str | None = None,
     progress: ProgressCallback | None = None,
+    force_config: list[str] | None = None,
+    skip_iteration: bool = False,
 ) -> dict[str, Any]:
-    """Train one run: [bootstrap] -> open session -> ``trainer.iterations`` x starpo_iteration -> final validation."""
+    """Train one run: [bootstrap] -> session -> ``trainer.iterations`` x starpo_iteration -> final validation.
+
+    An existing ``run_id`` is resumed from its last committed iteration (same config, unless ``force_config`` lists
+    the keys allowed to change; ``skip_iteration`` skips an iteration whose batch was quarantined).
+    """
     run_config = build_config(config)
     lake = DataLake(data_root)
     run_id = run_id or default_run_id(run_config)
-    check_run_id_free(lake, run_id)
-    start_dir = base_model_dir(run_config, lake)
-    bootstrap_summary = None
-    if run_config.bootstrap.enabled:
-        start_dir, bootstrap_summary = t.bootstrap(run_config, lake, start_dir)
-    session = t.start_session(run_config, lake, run_id, start_dir)
-    session.update_manifest(bootstrap=bootstrap_summary)
-    history: dict[int, dict[str, float]] = {}
-    try:
-        for iteration in range(run_config.trainer.iterations):
-            history[iteration] = starpo_iteration(session, iteration)
-            if progress:
-                progress(iteration, history[iteration])
-        final = run_config.trainer.iterations
-        history[final] = final_evaluation(session, final)
-        if progress:
-            progress(final, history[final])
-    except BaseException as exc:
-        session.update_manifest(status="failed", error=f"{type(exc).__name__}: {exc}")
-        raise
-    session.update_manifest(status="completed")
-    return {
+    session, first, info = _open(run_config, lake, run_id, list(force_config or []), skip_iteration)
+    result = {
         "run_id": run_id,
         "data_root": str(Path(data_root).resolve()),
-        "bootstrap": bootstrap_summary,
         "iterations": run_config.trainer.iterations,
     }
+    if session is None:
+        return {**result, **info}
+    try:
+        for iteration in range(first, run_config.trainer.iterations):
+            metrics = starpo_iteration(session, iteration)
+            if progress:
+                progress(iteration, metrics)
+        final = run_config.trainer.iterations
+        metrics = final_evaluation(session, final)
+        if progress:
+            progress(final, metrics)
+    except BaseException as exc:
+        where = getattr(session, "position", {})
+        session.update_manifest(
+            status="failed",
+            error=f"{type(exc).__name__}: {exc}",
+            failed_iteration=where.get("iteration"),
+            failed_stage=where.get("stage"),
+        )
+        raise
+    session.update_manifest(status="completed")
+    return {**result, **info, "first_iteration": first}

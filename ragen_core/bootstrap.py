@@ -20,7 +20,7 @@ from ragen_core.policy import load_policy
 from ragen_core.rollout import ScriptedBackend, run_rollouts
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.session import library_versions, utc_now
-from ragen_core.stages import persist_trajectories, rollout_spec, score_bounds, validate_batch
+from ragen_core.stages import persist_trajectories, rollout_spec, validate_env_batch
 from ragen_core.storage import BatchMeta, DataLake
 from ragen_core.training import ActorEngine, OptimConfig, collate
 
@@ -57,7 +57,7 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
     stage = "demos"
     meta = BatchMeta(run_id, 0, "train", 0, 1.0, config.config_hash())
     persist_trajectories(lake, meta, stage, records)
-    validate_batch(lake, run_id, 0, stage, settings.group_size, score_bounds(config, config.env.name))
+    validate_env_batch(lake, config, run_id, 0, stage, config.env.name, settings.group_size)
     lake.publish(run_id, 0, stage)
 
     actor = ActorEngine(

@@ -215,6 +215,10 @@ class TrainerConfig(_Section):
 
     iterations: PositiveInt = Field(20, description="Number of StarPO iterations (policy updates).")
     num_threads: PositiveInt | None = Field(None, description="torch intra-op threads; None: torch's default.")
+    checkpoint_every: PositiveInt = Field(
+        1, description="Save the engines (and a Hugging Face export) every N updates, and after the last one."
+    )
+    keep_last: PositiveInt = Field(2, description="Checkpoints kept per run (older ones are deleted).")
 
 
 class EvalConfig(_Section):

@@ -73,6 +73,7 @@ class RunSession:
     manifest: dict[str, Any] = field(default_factory=dict)
     critic: CriticEngine | None = None
     metric_history: list[dict[str, float]] = field(default_factory=list)  # committed iterations' metrics, in order
+    position: dict[str, Any] = field(default_factory=dict)  # iteration and stage now running (for failure reports)
 
     @property
     def config_hash(self) -> str:
@@ -123,9 +124,15 @@ def check_run_id_free(lake: DataLake, run_id: str) -> None:
 
 
 def open_session(
-    config: RunConfig, lake: DataLake, run_id: str, start_model_dir: Path, command: list[str] | None = None
+    config: RunConfig,
+    lake: DataLake,
+    run_id: str,
+    start_model_dir: Path,
+    command: list[str] | None = None,
+    resumed_manifest: dict[str, Any] | None = None,
 ) -> RunSession:
-    """Load the policy from ``start_model_dir``, start its DeepSpeed engine and write the run manifest."""
+    """Load the policy from ``start_model_dir``, start its DeepSpeed engine(s) and write the run manifest (a resumed
+    run keeps its manifest, marked running again, with this attempt appended to ``resumes``)."""
     set_determinism(config)
     model, tokenizer = load_policy(start_model_dir)
     optim = OptimConfig(
@@ -139,8 +146,21 @@ def open_session(
     critic = build_critic(config, start_model_dir) if config.algorithm.needs_critic else None
     session = RunSession(config, lake, run_id, start_model_dir, tokenizer, actor, ChatFormatter(tokenizer))
     session.critic = critic
-    session.manifest = new_manifest(config, run_id, start_model_dir, command)
-    lake.write_manifest(run_id, session.manifest)
+    if resumed_manifest is None:
+        session.manifest = new_manifest(config, run_id, start_model_dir, command)
+    else:
+        attempt = {"at": utc_now(), "host": socket.gethostname(), "pid": os.getpid(), "command": command or sys.argv}
+        session.manifest = {
+            **resumed_manifest,
+            "status": "running",
+            "config": config.to_dict(),
+            "config_hash": config.config_hash(),
+            "versions": library_versions(),
+            "resumes": [*resumed_manifest.get("resumes", []), attempt],
+        }
+        for stale in ("error", "failed_iteration", "failed_stage"):
+            session.manifest.pop(stale, None)
+    session.update_manifest()
     return session
 
 

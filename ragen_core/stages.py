@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ import torch
 from ragen_core.algos import FILTERS
 from ragen_core.config import RunConfig
 from ragen_core.envs import make_env
+from ragen_core.faults import maybe_fail
 from ragen_core.metrics import (
     collapse_warnings,
     filter_metrics,
@@ -33,12 +35,14 @@ from ragen_core.storage import (
     BatchMeta,
     DataLake,
     LakeError,
+    checkpoint_row,
     evaluation_rows,
     event_row,
     trajectories_table,
     turns_table,
 )
 from ragen_core.training import collate
+from ragen_core.training.checkpoint import prune_checkpoints, save_checkpoint
 from ragen_core.training.starpo import UpdateInputs, starpo_update
 from schemas.contracts import ContractReport, validate_trajectory_batch
 
@@ -98,7 +102,9 @@ def generate_rollouts(session: RunSession, iteration: int) -> list[TrajectoryRec
     seeds = derive_seeds(config.seed, config.rollout.env_groups, iteration, "env_seeds")
     spec = rollout_spec(config, config.env.name, seeds, config.rollout.group_size)
     backend = _backend(session, config.rollout.temperature)
-    return run_rollouts(spec, backend, session.formatter, derive_seed(config.seed, iteration, "rollout"))
+    records = run_rollouts(spec, backend, session.formatter, derive_seed(config.seed, iteration, "rollout"))
+    maybe_fail("rollout", "inside", iteration)  # rollouts in memory, nothing written yet
+    return records
 
 
 def persist_trajectories(
@@ -142,6 +148,16 @@ def validate_batch(
     return {"rows": trajectories.num_rows, "checks": "passed"}
 
 
+def validate_env_batch(
+    lake: DataLake, config: RunConfig, run_id: str, iteration: int, stage: str, env_name: str, group_size: int
+) -> dict[str, Any]:
+    """Stage 3 for a batch of ``env_name``: its score bounds and its reward -> success rule come from the env."""
+    env = make_env(env_name, **config.env.options)
+    return validate_batch(
+        lake, run_id, iteration, stage, group_size, score_bounds(config, env_name), env.success_from_reward
+    )
+
+
 def filter_groups(lake: DataLake, run_id: str, iteration: int, filter_name: str, ratio: float) -> dict[str, float]:
     """Stage 4: the StarPO-S variance filter writes ``group_reward_std`` and ``kept`` into the staged batch, which is
     then published (atomic renames). Returns filter and rollout metrics."""
@@ -161,7 +177,10 @@ def filter_groups(lake: DataLake, run_id: str, iteration: int, filter_name: str,
     )
     lake.stage_table(run_id, iteration, "rollout", "trajectories", trajectories)
     lake.publish(run_id, iteration, "rollout")
-    return {**rollout_metrics(trajectories, turns), **filter_metrics(trajectories)}
+    metrics = {**rollout_metrics(trajectories, turns), **filter_metrics(trajectories)}
+    lake.mark_stage_done(run_id, iteration, "rollout", {"metrics": metrics})  # a resume reuses the published batch
+    maybe_fail("publish", "after", iteration)  # published, not yet trained on or committed
+    return metrics
 
 
 def update_inputs(session: RunSession, iteration: int) -> UpdateInputs:
@@ -203,16 +222,22 @@ def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
     meta = BatchMeta(session.run_id, iteration, "val", iteration, config.eval.temperature, session.config_hash)
     for env_name in config.env.validation_envs:
         stage = f"eval-{env_name}"
+        done = session.lake.stage_result(session.run_id, iteration, stage)
+        if done is not None:  # published before a crash, kept by the resume: reuse it
+            metrics.update(done["metrics"])
+            continue
         seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
         spec = rollout_spec(config, env_name, seeds, config.eval.k)
         backend = _backend(session, config.eval.temperature)
         records = run_rollouts(spec, backend, session.formatter, derive_seed(config.seed, iteration, "eval", env_name))
         persist_trajectories(session.lake, meta, stage, records)
-        validate_batch(session.lake, session.run_id, iteration, stage, config.eval.k, score_bounds(config, env_name))
+        validate_env_batch(session.lake, config, session.run_id, iteration, stage, env_name, config.eval.k)
         trajectories = session.lake.read_staged(session.run_id, iteration, stage, "trajectories")
         turns = session.lake.read_staged(session.run_id, iteration, stage, "turns")
-        metrics.update(validation_metrics(trajectories, turns, env_name))
+        env_metrics = validation_metrics(trajectories, turns, env_name)
         session.lake.publish(session.run_id, iteration, stage)
+        session.lake.mark_stage_done(session.run_id, iteration, stage, {"metrics": env_metrics})
+        metrics.update(env_metrics)
     return metrics
 
 
@@ -240,12 +265,33 @@ def record_warnings(session: RunSession, iteration: int, metrics: dict[str, floa
     return rows
 
 
-def commit_iteration(session: RunSession, iteration: int, metrics: dict[str, float]) -> dict[str, Any]:
-    """Stage 7: write the iteration's metrics rows (plus throughput), its early-warning events and its evaluations
-    rows (from the published ``split='val'`` rows, when the iteration has any), publish them, write the commit marker
-    and update the manifest."""
+def save_checkpoint_if_due(session: RunSession, iteration: int, metrics: dict[str, float]) -> Path | None:
+    """After the update of ``iteration`` (``iteration + 1`` updates), save the engines and the Hugging Face export
+    every ``trainer.checkpoint_every`` updates and after the last one; record it and prune old ones."""
+    trainer, updates = session.config.trainer, iteration + 1
+    if updates % trainer.checkpoint_every and updates != trainer.iterations:
+        return None
+    root, run_id = session.lake.root, session.run_id
+    extra = {"config_hash": session.config_hash, "metrics": {k: v for k, v in metrics.items() if "/" in k}}
+    path = save_checkpoint(root, run_id, updates, session.actor, session.critic, session.tokenizer, extra)
+    rows = [
+        checkpoint_row(run_id, iteration, str(path), "deepspeed", extra["metrics"]),
+        checkpoint_row(run_id, iteration, str(path / "hf"), "hf", extra["metrics"]),
+    ]
+    session.lake.write_rows("checkpoints", run_id, iteration, rows, stage="commit", publish=False)
+    prune_checkpoints(root, run_id, trainer.keep_last)
+    return path
+
+
+def commit_iteration(
+    session: RunSession, iteration: int, metrics: dict[str, float], updated: bool = False
+) -> dict[str, Any]:
+    """Stage 7: the checkpoint when due (``updated``: the iteration ran an update), the metrics rows (plus
+    throughput), the early-warning events and the evaluations rows (from the published ``split='val'`` rows, when
+    the iteration has any); publish them, write the commit marker and update the manifest."""
     lake, run_id = session.lake, session.run_id
     metrics = {**metrics, **throughput_metrics(metrics)}
+    checkpoint = save_checkpoint_if_due(session, iteration, metrics) if updated else None
     names = sorted(metrics)
     rows = [{"run_id": run_id, "iteration": iteration, "name": n, "value": float(metrics[n])} for n in names]
     lake.write_rows("metrics", run_id, iteration, rows, stage="commit", publish=False)
@@ -259,6 +305,8 @@ def commit_iteration(session: RunSession, iteration: int, metrics: dict[str, flo
         lake.write_rows("evaluations", run_id, iteration, evaluations, stage="commit", publish=False)
     lake.publish(run_id, iteration, "commit")
     summary = {"metrics": len(names), "evaluations": evaluations.num_rows, "events": len(events)}
+    if checkpoint is not None:
+        summary["checkpoint"] = str(checkpoint)
     lake.commit_iteration(run_id, iteration, summary)
     session.metric_history.append(metrics)
     session.update_manifest(last_committed_iteration=iteration)

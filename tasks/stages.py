@@ -12,11 +12,12 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ragen_core import stages
+from ragen_core import resume, stages
 from ragen_core.bootstrap import bootstrap_model
 from ragen_core.config import RunConfig
+from ragen_core.resume import ResumePlan
 from ragen_core.rollout import TrajectoryRecord
-from ragen_core.session import RunSession, open_session
+from ragen_core.session import RunSession, base_model_dir, open_session
 from ragen_core.storage import BatchMeta, DataLake
 
 
@@ -26,10 +27,38 @@ def bootstrap(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[Path, 
     return bootstrap_model(config, lake, base_dir)
 
 
+@task(name="start_model", cache_policy=NO_CACHE)
+def start_model(config: RunConfig, lake: DataLake) -> Path:
+    """The model a fresh run starts from (``model.path`` or the tiny default, built if absent)."""
+    return base_model_dir(config, lake)
+
+
 @task(name="open_session", cache_policy=NO_CACHE)
-def start_session(config: RunConfig, lake: DataLake, run_id: str, model_dir: Path) -> RunSession:
-    """Load the policy and start its DeepSpeed engine."""
-    return open_session(config, lake, run_id, model_dir)
+def start_session(
+    config: RunConfig, lake: DataLake, run_id: str, model_dir: Path, resumed_manifest: dict | None = None
+) -> RunSession:
+    """Load the policy and start its DeepSpeed engine(s)."""
+    return open_session(config, lake, run_id, model_dir, resumed_manifest=resumed_manifest)
+
+
+@task(name="plan_resume", cache_policy=NO_CACHE)
+def plan_resume(
+    lake: DataLake, config: RunConfig, run_id: str, manifest: dict, allowed: list[str], skip_iteration: bool
+) -> ResumePlan:
+    """Check that the run can resume with this config and discard its uncommitted output."""
+    return resume.prepare_resume(lake, config, run_id, manifest, allowed, skip_iteration)
+
+
+@task(name="restore_session", cache_policy=NO_CACHE)
+def restore_session(session: RunSession, plan: ResumePlan) -> dict[str, Any]:
+    """Load the checkpoint and replay the committed updates after it."""
+    return resume.restore_session(session, plan)
+
+
+@task(name="skip_iteration", cache_policy=NO_CACHE)
+def skip_iteration(session: RunSession, iteration: int, quarantined: str) -> None:
+    """Record a quarantined iteration as skipped."""
+    resume.skip_iteration(session, iteration, quarantined)
 
 
 @task(name="generate_rollouts", cache_policy=NO_CACHE)
@@ -46,10 +75,10 @@ def persist_trajectories(lake: DataLake, meta: BatchMeta, stage: str, records: l
 
 @task(name="validate_batch", cache_policy=NO_CACHE)
 def validate_batch(
-    lake: DataLake, run_id: str, iteration: int, stage: str, group_size: int, bounds: tuple[float, float]
+    lake: DataLake, config: RunConfig, run_id: str, iteration: int, stage: str, env_name: str, group_size: int
 ) -> dict:
     """Stage 3: data contracts; a failing batch is quarantined and the task fails."""
-    return stages.validate_batch(lake, run_id, iteration, stage, group_size, bounds)
+    return stages.validate_env_batch(lake, config, run_id, iteration, stage, env_name, group_size)
 
 
 @task(name="filter_groups", cache_policy=NO_CACHE)
@@ -71,6 +100,6 @@ def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
 
 
 @task(name="commit_iteration", cache_policy=NO_CACHE)
-def commit_iteration(session: RunSession, iteration: int, metrics: dict[str, float]) -> dict:
-    """Stage 7: metrics rows and the commit marker."""
-    return stages.commit_iteration(session, iteration, metrics)
+def commit_iteration(session: RunSession, iteration: int, metrics: dict[str, float], updated: bool) -> dict:
+    """Stage 7: checkpoint when due, metrics rows and the commit marker."""
+    return stages.commit_iteration(session, iteration, metrics, updated)

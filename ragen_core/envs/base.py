@@ -52,6 +52,11 @@ class TextEnv(ABC):
         """Lowest and highest total env reward a trajectory of ``max_actions`` actions can collect."""
         raise NotImplementedError(f"{type(self).__name__} does not declare its reward bounds")
 
+    def success_from_reward(self, env_reward: float) -> bool | None:
+        """Whether a trajectory with this total env reward must be a success (True), must not be (False), or None
+        when the reward does not imply it (the default). The data contracts check stored rows against it."""
+        return None
+
     def parse_action(self, text: str) -> str | None:
         """The canonical action named by one answer item, or None if it names none.
 

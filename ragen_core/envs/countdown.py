@@ -281,6 +281,10 @@ class CountdownEnv(TextEnv):
     def reward_bounds(self, max_actions: int) -> tuple[float, float]:
         return 0.0, max(self.correct_reward, self.format_reward)
 
+    def success_from_reward(self, env_reward: float) -> bool | None:
+        """Success is exactly the correct-answer reward."""
+        return env_reward == self.correct_reward
+
     def sample_action(self, rng: np.random.Generator) -> str:
         """A random well-formed equation over the numbers (random order, random operators, no brackets)."""
         numbers = list(self._require_instance().numbers)

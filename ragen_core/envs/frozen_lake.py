@@ -172,6 +172,10 @@ class FrozenLakeEnv(TextEnv):
     def reward_bounds(self, max_actions: int) -> tuple[float, float]:
         return 0.0, 1.0
 
+    def success_from_reward(self, env_reward: float) -> bool | None:
+        """The only reward is 1 at the goal."""
+        return env_reward > 0.5
+
     def success_table(self, horizon: int) -> np.ndarray:
         """``Q[t, s, a]``: the optimal probability of reaching the goal within ``t`` actions after taking ``a`` in
         ``s`` (value iteration over Gymnasium's transitions), for ``t = 0..horizon``."""

@@ -183,6 +183,13 @@ class SokobanEnv(TextEnv):
         high = self.step_penalty + self.num_boxes * self.box_on_target_reward + self.solved_reward
         return low, high
 
+    def success_from_reward(self, env_reward: float) -> bool | None:
+        """Solved iff the env reward exceeds what the boxes alone can earn (the +10 dominates every step penalty the
+        step limit allows); None when the step penalties could outweigh the solve bonus."""
+        if -self.step_penalty * self.max_steps >= self.solved_reward:
+            return None
+        return env_reward > self.num_boxes * self.box_on_target_reward
+
     @property
     def state(self) -> tuple[int, tuple[int, ...]]:
         """The current (player cell, sorted box cells)."""

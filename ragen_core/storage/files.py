@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragen_core.faults import maybe_fail
 from schemas.tables import TableSpec
 from schemas.versions import UPGRADES, NewerSchemaError, SchemaVersionError, UpgradeRegistry, upgrade
 
@@ -57,6 +58,7 @@ def atomic_write_parquet(path: Path, table: pa.Table) -> None:
     pq.write_table(table, tmp, compression="zstd")
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
+    maybe_fail("persist", "mid_write")  # a crash here leaves only the temporary file, which readers never list
     os.replace(tmp, path)
 
 

@@ -16,6 +16,7 @@ import torch
 from ragen_core.algos import ADVANTAGES, apply_kl_penalty, place_turn_rewards, value_metrics
 from ragen_core.algos.masked import masked_mean
 from ragen_core.config import RunConfig
+from ragen_core.faults import maybe_fail
 from ragen_core.seeding import derive_seed
 from ragen_core.training.actor import ActorEngine, PolicyUpdateConfig
 from ragen_core.training.batch import TokenBatch
@@ -131,6 +132,7 @@ def starpo_update(
             ref_logprobs if algorithm.kl_mode == "loss" else None,
         )
     )
+    maybe_fail("update", "inside", iteration)  # the actor has stepped in memory; nothing is saved or committed
     if critic is not None and values is not None:
         metrics.update(value_metrics(values, returns, mask))
         critic_seed = derive_seed(config.seed, iteration, "critic_shuffle")

@@ -5,6 +5,9 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from ragen_core.config import load_config
+from ragen_core.envs import base as env_base
+from ragen_core.envs import register_env
+from ragen_core.envs.bandit import BanditEnv
 from ragen_core.storage import DataLake, query
 
 GROUPS, GROUP_SIZE, VAL = 2, 4, 4
@@ -97,12 +100,18 @@ def test_cli_sql_formats(trained_root):
     assert result.output.splitlines()[0].replace('"', "") == "iteration,n"
 
 
-def test_rerunning_a_run_id_is_refused(trained_root, tiny_model_dir):
+def test_rerunning_a_completed_run_does_nothing_and_another_config_is_refused(trained_root, tiny_model_dir):
     from flows.train import train
-    from ragen_core.session import RunExistsError
+    from ragen_core.resume import ResumeError
 
-    with pytest.raises(RunExistsError, match="already exists"):
-        train(_config(tiny_model_dir), data_root=str(trained_root), run_id="flow-test")
+    before = query(trained_root, "SELECT count(*) AS n FROM trajectories").to_pylist()
+    result = train(_config(tiny_model_dir), data_root=str(trained_root), run_id="flow-test")
+    assert result["completed"] is True
+    assert query(trained_root, "SELECT count(*) AS n FROM trajectories").to_pylist() == before
+    changed = _config(tiny_model_dir)
+    changed["rollout"] = {**changed["rollout"], "temperature": 0.7}
+    with pytest.raises(ResumeError, match="rollout.temperature.*--force-config"):
+        train(changed, data_root=str(trained_root), run_id="flow-test")
 
 
 @pytest.mark.parametrize(
@@ -200,3 +209,43 @@ def test_ragen_train_end_to_end_on_prefects_local_server(tmp_path, tiny_model_di
     assert (tmp_path / "_prefect" / "cli").is_dir()
     rows = query(tmp_path, "SELECT split, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1").to_pylist()
     assert rows == [{"split": "train", "n": 4}, {"split": "val", "n": 4}]
+
+
+class _Overpaying(BanditEnv):
+    """Pays 1.0 for Dragon every time but declares rewards of at most 0.5: its batches break the reward contract."""
+
+    def reward_bounds(self, max_actions):
+        return 0.0, 0.5
+
+
+@pytest.fixture
+def overpaying_bandit(tiny_model_dir):
+    # registered only for this test (after the tiny model's tokenizer was built from the real registry)
+    register_env("overpaying_bandit")(
+        lambda **kw: _Overpaying(**{"name": "overpaying_bandit", "high_prob": 1.0, **kw})
+    )
+    yield
+    del env_base._REGISTRY["overpaying_bandit"]
+
+
+def test_a_bad_batch_is_quarantined_and_nothing_is_trained(
+    prefect_harness, tmp_path, tiny_model_dir, overpaying_bandit
+):
+    from flows.train import train
+    from ragen_core.stages import BatchRejected
+
+    config = _config(tiny_model_dir, iterations=2)
+    config["env"] = {"name": "overpaying_bandit", "val_envs": ["bandit"]}
+    config["rollout"] |= {"backend": "scripted", "scripted_policy": "expert"}
+    with pytest.raises(BatchRejected, match="reward_in_bounds"):
+        train(config, data_root=str(tmp_path), run_id="bad")
+    report = json.loads(
+        (tmp_path / "quarantine" / "run_id=bad" / "iteration=0" / "rollout" / "report.json").read_text()
+    )
+    assert "reward_in_bounds" in {f["check"] for f in report["failures"]}
+    lake = DataLake(tmp_path)
+    splits = query(tmp_path, "SELECT DISTINCT split FROM trajectories WHERE run_id = 'bad'").to_pylist()
+    assert splits == [{"split": "val"}]  # the validation batch before it was fine; the training batch never published
+    assert query(tmp_path, "SELECT count(*) AS n FROM metrics").to_pylist() == [{"n": 0}]  # no update, no commit
+    assert lake.committed_iterations("bad") == []
+    assert lake.read_manifest("bad")["status"] == "failed"

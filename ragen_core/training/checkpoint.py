@@ -1,0 +1,282 @@
+"""Checkpoints of a run: the DeepSpeed engine states (for exact resume) and a Hugging Face export of the policy.
+
+Layout, under the data root so that removing the run removes its checkpoints::
+
+    runs/<run_id>/checkpoints/iteration=<n>/
+        checkpoint.json     run_id, iteration (= updates the weights include), created_at, extra; written last
+        actor/state/        DeepSpeed ``save_checkpoint`` of the actor: weights, optimizer, lr scheduler, step counters
+        critic/state/       the same for the critic, when the run has one
+        hf/                 ``save_pretrained`` of the policy and its tokenizer (safetensors): plain
+                            ``AutoModelForCausalLM.from_pretrained`` and vLLM load it
+
+A save is atomic: everything is built in the hidden sibling ``.tmp-iteration=<n>``, fsynced, then renamed into
+place, so a folder named ``iteration=<n>`` is always complete. Hidden leftovers of a crash are ignored by the readers
+here and deleted by the next save. The folder name is the source of truth: DeepSpeed's ``latest`` file is not
+written, and the engine state is loaded with an explicit tag.
+
+Loading uses ``torch.load(weights_only=False)`` inside DeepSpeed (its state holds pickled config objects): load
+only checkpoints you trust. Under a launcher every rank calls :func:`save_checkpoint` / :func:`load_checkpoint`
+(DeepSpeed saves each rank's ZeRO shard); rank 0 alone touches the folders and writes the export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ragen_core.faults import maybe_fail
+from ragen_core.storage.files import check_name
+from ragen_core.storage.lake import DataLake
+from ragen_core.training.actor import ActorEngine
+from ragen_core.training.critic import CriticEngine
+
+INFO_FILE = "checkpoint.json"
+ENGINE_TAG = "state"  # DeepSpeed's sub-folder name inside actor/ and critic/
+FORMAT_VERSION = 1
+_TEMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".old-"
+_NAME = re.compile(r"^iteration=(\d+)$")
+
+DataRoot = DataLake | str | Path
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint folder is missing, incomplete, or does not fit the engines it is loaded into."""
+
+
+# -- paths and listing -----------------------------------------------------------------------------------------
+def checkpoints_root(lake_or_root: DataRoot, run_id: str) -> Path:
+    """``<data root>/runs/<run_id>/checkpoints``: the folder holding every checkpoint of the run."""
+    root = lake_or_root.root if isinstance(lake_or_root, DataLake) else Path(lake_or_root).resolve()
+    return root / "runs" / check_name("run id", run_id) / "checkpoints"
+
+
+def checkpoint_dir(lake_or_root: DataRoot, run_id: str, iteration: int) -> Path:
+    """The folder of the checkpoint taken after ``iteration`` updates."""
+    if iteration < 0:
+        raise ValueError(f"iteration must be >= 0, got {iteration}")
+    return checkpoints_root(lake_or_root, run_id) / f"iteration={iteration}"
+
+
+def list_checkpoints(lake_or_root: DataRoot, run_id: str) -> list[tuple[int, Path]]:
+    """``(iteration, folder)`` of the run's complete checkpoints (with ``checkpoint.json``), oldest first."""
+    folder = checkpoints_root(lake_or_root, run_id)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = _NAME.match(path.name)
+        if match and path.is_dir() and (path / INFO_FILE).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(lake_or_root: DataRoot, run_id: str, at_most: int | None = None) -> tuple[int, Path] | None:
+    """The newest complete checkpoint (of an iteration ``<= at_most`` when given), or None."""
+    candidates = [(n, p) for n, p in list_checkpoints(lake_or_root, run_id) if at_most is None or n <= at_most]
+    return candidates[-1] if candidates else None
+
+
+def prune_checkpoints(lake_or_root: DataRoot, run_id: str, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` complete checkpoints; return the deleted folders, oldest first.
+
+    Each folder is first renamed to a hidden name (one atomic step for readers), then deleted.
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 (the newest checkpoint is what a resume needs), got {keep_last}")
+    removed = []
+    for _, path in list_checkpoints(lake_or_root, run_id)[:-keep_last]:
+        _discard(path)
+        removed.append(path)
+    return removed
+
+
+def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
+    """The ``checkpoint.json`` of a checkpoint folder; a :class:`CheckpointError` if it is missing or damaged."""
+    info_path = Path(path) / INFO_FILE
+    if not info_path.is_file():
+        raise CheckpointError(
+            f"{str(path)!r} is not a complete checkpoint (no {INFO_FILE}); a save into it may have been cut off: "
+            "use list_checkpoints / latest_checkpoint to find complete ones"
+        )
+    try:
+        return json.loads(info_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {str(info_path)!r} (damaged?): {exc}") from exc
+
+
+# -- save --------------------------------------------------------------------------------------------------------
+def save_checkpoint(
+    lake_or_root: DataRoot,
+    run_id: str,
+    iteration: int,
+    actor: ActorEngine,
+    critic: CriticEngine | None,
+    tokenizer: Any,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Save the engines after ``iteration`` updates, atomically; return the checkpoint folder.
+
+    Writes the actor's (and critic's) DeepSpeed state, the Hugging Face export of the policy with ``tokenizer``,
+    and ``checkpoint.json`` with ``extra`` (JSON-serialisable: config hash, metrics, ...). An existing checkpoint
+    of the same iteration is replaced. Call it on every rank when running under a launcher.
+    """
+    if actor.engine.zero_optimization_partition_weights():
+        raise CheckpointError(
+            "ZeRO-3 partitions the weights, which the Hugging Face export cannot save; use ZeRO <= 2"
+        )
+    final = checkpoint_dir(lake_or_root, run_id, iteration)
+    temp = final.with_name(_TEMP_PREFIX + final.name)
+    # serialised first, so unserialisable ``extra`` fails before anything is written
+    info = json.dumps(
+        _info(run_id, iteration, actor, critic, extra or {}), indent=2, sort_keys=True, default=_json_value
+    )
+    if _rank() == 0:
+        _clean_leftovers(final.parent)
+        temp.mkdir(parents=True)
+    _barrier()
+    actor.engine.save_checkpoint(str(temp / "actor"), tag=ENGINE_TAG, save_latest=False)
+    if critic is not None:
+        critic.engine.save_checkpoint(str(temp / "critic"), tag=ENGINE_TAG, save_latest=False)
+    maybe_fail("checkpoint", "mid_save", iteration)
+    if _rank() == 0:
+        actor.module.save_pretrained(str(temp / "hf"))
+        tokenizer.save_pretrained(str(temp / "hf"))
+        (temp / INFO_FILE).write_text(info)  # last: its presence marks the folder complete
+        _fsync_tree(temp)
+        _replace_dir(temp, final)
+    _barrier()
+    return final
+
+
+def _info(
+    run_id: str, iteration: int, actor: ActorEngine, critic: CriticEngine | None, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """The content of ``checkpoint.json``."""
+    import deepspeed
+    import torch
+    import transformers
+
+    return {
+        "format_version": FORMAT_VERSION,
+        "run_id": run_id,
+        "iteration": iteration,
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "engine_tag": ENGINE_TAG,
+        "has_critic": critic is not None,
+        "actor_global_steps": int(actor.engine.global_steps),
+        "critic_global_steps": int(critic.engine.global_steps) if critic is not None else None,
+        "versions": {
+            "torch": torch.__version__,
+            "deepspeed": deepspeed.__version__,
+            "transformers": transformers.__version__,
+        },
+        "extra": extra,
+    }
+
+
+def _json_value(value: Any) -> Any:
+    """numpy / torch scalars in ``extra`` become plain numbers; anything else is an error, not a silent string."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"checkpoint extra values must be JSON-serialisable; got {type(value).__name__}: {value!r}")
+
+
+def _clean_leftovers(folder: Path) -> None:
+    """Delete the hidden temporary and discarded folders a crashed save or prune left behind."""
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        if path.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _discard(path: Path) -> None:
+    """Rename ``path`` to a hidden name (readers stop seeing it at once), then delete it."""
+    trash = path.with_name(_TRASH_PREFIX + path.name)
+    shutil.rmtree(trash, ignore_errors=True)
+    os.rename(path, trash)
+    shutil.rmtree(trash)
+
+
+def _replace_dir(source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target``; an existing ``target`` is first moved aside, then deleted."""
+    if target.exists():
+        trash = target.with_name(_TRASH_PREFIX + target.name)
+        shutil.rmtree(trash, ignore_errors=True)
+        os.rename(target, trash)
+        os.rename(source, target)
+        shutil.rmtree(trash)
+    else:
+        os.rename(source, target)
+    _fsync_dir(target.parent)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file and folder under ``folder`` to disk, so the rename publishes only durable data."""
+    for current, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(current, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_dir(Path(current))
+
+
+def _fsync_dir(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+# -- load --------------------------------------------------------------------------------------------------------
+def load_checkpoint(path: str | Path, actor: ActorEngine, critic: CriticEngine | None = None) -> dict[str, Any]:
+    """Restore the engines' exact state (weights, optimizer, lr scheduler, step counters); return the checkpoint's
+    ``checkpoint.json``.
+
+    The engines must be built with the same model shape and optimizer settings as the saved ones (a mismatch raises).
+    A checkpoint with a critic may be loaded without one (actor only); the reverse raises a :class:`CheckpointError`.
+    """
+    path = Path(path)
+    info = read_checkpoint_info(path)
+    _load_engine(actor, path / "actor", "actor")
+    if critic is not None:
+        if not info.get("has_critic") or not (path / "critic").is_dir():
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} has no critic state but a critic was given; it was saved by a run "
+                "without a critic (e.g. GRPO): resume with the same algorithm settings, or pass critic=None"
+            )
+        _load_engine(critic, path / "critic", "critic")
+    return info
+
+
+def _load_engine(owner: ActorEngine | CriticEngine, folder: Path, role: str) -> None:
+    """Load one engine's DeepSpeed state from ``folder`` (explicit tag, never the ``latest`` file)."""
+    state = folder / ENGINE_TAG
+    if not any(state.glob("*model_states.pt")):
+        raise CheckpointError(f"checkpoint is incomplete: no {role} model state (*model_states.pt) in {str(state)!r}")
+    load_path, _ = owner.engine.load_checkpoint(
+        str(folder), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+    )
+    if load_path is None:
+        raise CheckpointError(f"DeepSpeed could not load the {role} state in {str(state)!r}")
+
+
+# -- ranks -------------------------------------------------------------------------------------------------------
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    """Wait for all ranks (a no-op in a world of one)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
