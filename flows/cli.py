@@ -1,4 +1,4 @@
-"""The ``ragen`` command line: train, resume, sql, runs (list, rm, compact)."""
+"""The ``ragen`` command line: train, resume, retrain, sql, runs (list, rm, compact)."""
 
 from __future__ import annotations
 
@@ -115,6 +115,63 @@ def resume(
         _fail(str(exc))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
     _run(run_config, root, run_id, verbose, allowed, skip_iteration)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def retrain(
+    ctx: typer.Context,
+    sql: str = typer.Option(
+        ...,
+        "--from",
+        help="SQL selecting the trajectories (must return their key columns), "
+        "e.g. \"SELECT * FROM trajectories WHERE run_id = 'r1' AND success\".",
+    ),  # fmt: skip
+    mode: str = typer.Option(
+        "sft",
+        "--mode",
+        help="sft (cross-entropy on the replies) or pg (StarPO loss with "
+        "importance weights from the stored behaviour log-probs).",
+    ),  # fmt: skip
+    init: str = typer.Option(
+        ...,
+        "--init",
+        help="Model folder, checkpoint folder (its hf/ export), run:<id> (the "
+        "model that run started from) or run:<id>@<updates> (its checkpoint).",
+    ),  # fmt: skip
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (actor, algorithm, offline, eval)."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Id of the new run (default retrain-<mode>-<hash>)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
+) -> None:
+    """Re-train a model offline on stored trajectories, exactly as stored (no re-tokenisation), as a new run whose
+    manifest records the query and the source runs. Extra key.sub=value overrides, e.g. offline.epochs=3."""
+    from ragen_core.config import ConfigError, load_config
+
+    if mode not in ("sft", "pg"):
+        _fail(f"--mode must be sft or pg, not {mode!r}")
+    try:
+        run_config = load_config(config, list(ctx.args))
+    except ConfigError as exc:
+        _fail(str(exc))
+    root = _existing_root(data_root)
+    run_id = run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}"
+    _prepare_prefect(root, run_id, verbose)
+    if not verbose:
+        _quiet_libraries()
+    from flows.retrain import retrain_offline
+    from ragen_core.offline import OfflineError
+    from ragen_core.session import RunExistsError
+
+    console.print(f"offline {mode} run [bold]{run_id}[/] from {init} · data root {root}")
+    try:
+        result = retrain_offline(
+            run_config.to_dict(), sql, mode, init, data_root=str(root), run_id=run_id,
+            progress=lambda i, m: console.print(_metrics_line(i, m)),
+        )  # fmt: skip
+    except (OfflineError, RunExistsError) as exc:
+        _fail(str(exc))
+    console.print(f"trained on {result['trajectories']} stored trajectories")
+    _print_run_summary(root, result["run_id"], None)
 
 
 def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:

@@ -1,4 +1,5 @@
-"""Bootstrap: scripted demonstrations, stored as ordinary trajectories, then a supervised update on them.
+"""Bootstrap: scripted demonstrations, stored as an ordinary run, then offline SFT on them (the same path as
+``ragen retrain --mode sft``: trajectories selected by SQL, trained on exactly as stored).
 
 This teaches a randomly initialised model the reply format before RL. With the ``random`` scripted policy the
 demonstrations choose uniformly among valid actions, so any preference the RL run later shows comes from RL.
@@ -16,13 +17,14 @@ from typing import Any
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.config import RunConfig
-from ragen_core.policy import load_policy
+from ragen_core.offline import check_tokenizer, select_trajectories, sft_update
+from ragen_core.policy import load_policy, tokenizer_fingerprint
 from ragen_core.rollout import ScriptedBackend, run_rollouts
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.session import library_versions, utc_now
 from ragen_core.stages import persist_trajectories, rollout_spec, validate_env_batch
 from ragen_core.storage import BatchMeta, DataLake
-from ragen_core.training import ActorEngine, OptimConfig, collate
+from ragen_core.training import ActorEngine, OptimConfig
 
 
 def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
@@ -60,6 +62,24 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
     validate_env_batch(lake, config, run_id, 0, stage, config.env.name, settings.group_size)
     lake.publish(run_id, 0, stage)
 
+    # The supervised step is offline re-training (ragen_core.offline) on the demonstration run, selected by SQL:
+    # the stored token ids exactly, checked against the model's tokenizer.
+    manifest = {
+        "run_id": run_id,
+        "kind": "bootstrap",
+        "config": config.to_dict(),
+        "config_hash": config.config_hash(),
+        "base_model": str(base_dir),
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "model_dir": str(target),
+        "versions": library_versions(),
+        "status": "running",
+        "created_at": utc_now(),
+        "updated_at": utc_now(),
+    }
+    lake.write_manifest(run_id, manifest)
+    demos = select_trajectories(lake, f"SELECT * FROM trajectories WHERE run_id = '{run_id}'")
+    check_tokenizer(lake, [run_id], tokenizer)
     actor = ActorEngine(
         model,
         OptimConfig(
@@ -69,10 +89,11 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
             micro_batch_size=config.actor.micro_batch_size,
         ),
     )
-    batch = collate([r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id)
     history = [
-        actor.sft_update(batch, settings.batch_size, derive_seed(config.seed, "bootstrap_sft", epoch))
-        for epoch in range(settings.epochs)
+        sft_update(
+            actor, demos, tokenizer.pad_token_id, settings.batch_size, derive_seed(config.seed, "bootstrap_sft", e)
+        )
+        for e in range(settings.epochs)
     ]
 
     staging = target.parent / f".{target.name}.building-{os.getpid()}"
@@ -86,24 +107,10 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
     summary = {
         "run_id": run_id,
         "cached": False,
-        "demonstrations": len(records),
+        "demonstrations": demos.num_rows,
         "sft_loss_first": history[0]["sft/loss"],
         "sft_loss_last": history[-1]["sft/loss"],
     }
-    lake.write_manifest(
-        run_id,
-        {
-            "run_id": run_id,
-            "kind": "bootstrap",
-            "config": config.to_dict(),
-            "config_hash": config.config_hash(),
-            "base_model": str(base_dir),
-            "model_dir": str(target),
-            "versions": library_versions(),
-            "status": "completed",
-            "summary": summary,
-            "updated_at": utc_now(),
-        },
-    )
+    lake.write_manifest(run_id, {**manifest, "status": "completed", "summary": summary, "updated_at": utc_now()})
     lake.commit_iteration(run_id, 0, summary)
     return target, summary

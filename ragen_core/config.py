@@ -195,6 +195,21 @@ class CriticConfig(_Section):
     ppo_epochs: PositiveInt | None = Field(None, description="None: actor.ppo_epochs.")
 
 
+class OfflineConfig(_Section):
+    """Offline re-training from stored trajectories (``ragen retrain``)."""
+
+    epochs: PositiveInt = Field(1, description="Passes over the selected trajectories.")
+    batch_size: PositiveInt = Field(
+        32, description="SFT: trajectories per optimizer step (pg: actor.mini_batch_size)."
+    )
+    is_bound: float | None = Field(
+        3.0,
+        gt=1,
+        description="pg: bound on the importance weight pi/mu for negative advantages (dual clip); positive ones are "
+        "bounded by clip_high. None: plain PPO clipping.",
+    )
+
+
 class MonitorConfig(_Section):
     """Echo-Trap early warnings: events recorded (and logged) while the run goes on."""
 
@@ -257,6 +272,7 @@ class RunConfig(_Section):
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    offline: OfflineConfig = Field(default_factory=OfflineConfig)
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> RunConfig:

@@ -21,7 +21,7 @@ import torch
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.config import RunConfig
-from ragen_core.policy import ensure_tiny_model, load_policy
+from ragen_core.policy import ensure_tiny_model, load_policy, tokenizer_fingerprint
 from ragen_core.storage import DataLake
 from ragen_core.training import ActorEngine, CriticEngine, OptimConfig, ValueModel
 
@@ -148,6 +148,7 @@ def open_session(
     session.critic = critic
     if resumed_manifest is None:
         session.manifest = new_manifest(config, run_id, start_model_dir, command)
+        session.manifest["tokenizer_fingerprint"] = tokenizer_fingerprint(tokenizer)
     else:
         attempt = {"at": utc_now(), "host": socket.gethostname(), "pid": os.getpid(), "command": command or sys.argv}
         session.manifest = {

@@ -34,3 +34,15 @@ def load_policy(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> tu
         )
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
     return model, load_tokenizer(model_dir)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A stable digest of the tokenizer's vocabulary, merges, normalisation and special tokens (recorded in every
+    run manifest, so stored token ids are only re-trained on by a model that reads them the same way)."""
+    import hashlib
+    import json
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    payload = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    special = json.dumps(sorted(map(str, tokenizer.all_special_tokens)))
+    return hashlib.sha256((payload + special).encode()).hexdigest()[:16]

@@ -1,0 +1,60 @@
+"""The ``retrain_offline`` flow: train a model on stored trajectories selected by SQL, as a normal run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from flows.train import ProgressCallback, final_evaluation
+from ragen_core.config import build_config
+from ragen_core.session import check_run_id_free
+from ragen_core.storage import DataLake
+from tasks import offline as o
+from tasks import stages as t
+
+
+@flow(name="retrain_offline", validate_parameters=False)
+def retrain_offline(
+    config: dict[str, Any],
+    sql: str,
+    mode: str,
+    init: str,
+    data_root: str = "data",
+    run_id: str | None = None,
+    progress: ProgressCallback | None = None,
+) -> dict[str, Any]:
+    """select -> check tokenizer -> session from ``init`` -> ``offline.epochs`` x (train, commit) -> validation.
+
+    Each epoch is committed as an iteration (metrics; a checkpoint after the last one); validation runs before the
+    first epoch and after the last, so the run compares with its sources in the same tables.
+    """
+    run_config = build_config(config)
+    epochs = run_config.offline.epochs
+    run_config = build_config(
+        {**run_config.to_dict(), "trainer": {**run_config.to_dict()["trainer"], "iterations": epochs}}
+    )
+    lake = DataLake(data_root)
+    run_id = run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}"
+    check_run_id_free(lake, run_id)
+    init_dir = o.resolve_init(init, lake)
+    table = o.select_trajectories(lake, sql)
+    o.check_tokenizer(lake, table, init_dir)
+    session = t.start_session(run_config, lake, run_id, init_dir)
+    session.update_manifest(kind="offline", lineage=o.lineage(sql, table, mode, init_dir))
+    try:
+        for epoch in range(epochs):
+            metrics = t.evaluate(session, 0) if epoch == 0 else {}
+            metrics.update(o.offline_epoch(session, table, mode, epoch))
+            t.commit_iteration(session, epoch, metrics, updated=True)
+            if progress:
+                progress(epoch, metrics)
+        final = final_evaluation(session, epochs)
+        if progress:
+            progress(epochs, final)
+    except BaseException as exc:
+        session.update_manifest(status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    session.update_manifest(status="completed")
+    return {"run_id": run_id, "data_root": str(Path(data_root).resolve()), "trajectories": table.num_rows}

@@ -1,0 +1,177 @@
+"""Offline re-training from stored rollouts: trajectories selected by SQL, trained on exactly as stored.
+
+``sft``: cross-entropy on the loss-masked tokens. ``pg``: the StarPO policy loss with the stored behaviour
+log-probs as the old policy, so the ratio ``pi / mu`` is the importance weight, bounded by PPO's clip for positive
+advantages and by the dual-clip bound (``offline.is_bound``) for negative ones; advantages are recomputed from the
+stored rewards with the configured estimator. The token ids are never re-tokenised, so the model's tokenizer must be
+the one that produced them: each run manifest records its tokenizer's fingerprint and re-training checks it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from ragen_core.config import RunConfig
+from ragen_core.policy import tokenizer_fingerprint
+from ragen_core.seeding import derive_seed
+from ragen_core.storage import DataLake, query
+from ragen_core.training import collate
+from ragen_core.training.starpo import (
+    UpdateInputs,
+    compute_advantages,
+    policy_update_config,
+    token_rewards_for,
+)
+from schemas.tables import TRAJECTORY_KEY
+
+
+class OfflineError(ValueError):
+    """The selection cannot be re-trained on as asked; the message says why and how to fix it."""
+
+
+def select_trajectories(lake: DataLake, sql: str) -> pa.Table:
+    """The stored trajectories whose keys the read-only ``sql`` returns, whole, in key order.
+
+    The query may return any columns as long as it includes the trajectory key
+    (run_id, iteration, split, env, group_id, traj_index), e.g. ``SELECT * FROM trajectories WHERE success``.
+    """
+    keys = ", ".join(TRAJECTORY_KEY)
+    try:
+        selected = query(lake, f"SELECT DISTINCT {keys} FROM ({sql}) AS selection")
+    except Exception as exc:  # noqa: BLE001  (DuckDB raises several error types; all mean the same to the user)
+        raise OfflineError(f"the selection query failed: {exc}; it must return the columns {keys}") from exc
+    if selected.num_rows == 0:
+        raise OfflineError(f"the selection query returned no trajectories: {sql}")
+    wanted = set(zip(*(selected[k].to_pylist() for k in TRAJECTORY_KEY), strict=True))
+    runs = sorted({key[0] for key in wanted})
+    parts = [lake.read_table("trajectories", run) for run in runs]
+    table = pa.concat_tables(parts)
+    keep = [tuple(row) in wanted for row in zip(*(table[k].to_pylist() for k in TRAJECTORY_KEY), strict=True)]
+    table = table.filter(pa.array(keep))
+    return table.sort_by([(k, "ascending") for k in TRAJECTORY_KEY])
+
+
+def check_tokenizer(lake: DataLake, runs: list[str], tokenizer: Any) -> str:
+    """Refuse trajectories whose run recorded another tokenizer than the model's (or none)."""
+    ours = tokenizer_fingerprint(tokenizer)
+    for run in runs:
+        manifest = lake.read_manifest(run) or {}
+        theirs = manifest.get("tokenizer_fingerprint")
+        if theirs is None:
+            raise OfflineError(
+                f"run {run!r} does not record its tokenizer, so its token ids cannot be checked against the model's; "
+                "re-generate the data with this version of ragen-flows"
+            )
+        if theirs != ours:
+            raise OfflineError(
+                f"run {run!r} was tokenised by another tokenizer ({theirs}) than the model's ({ours}); its token ids "
+                "would mean other text to this model. Start from the model that generated them (--init), or select "
+                "runs made with this tokenizer"
+            )
+    return ours
+
+
+def offline_inputs(table: pa.Table, pad_token_id: int) -> UpdateInputs:
+    """Token batch, scores and groups of the selected rows; groups are (run, iteration, split, env, group)."""
+    batch = collate(table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(), pad_token_id)
+    group_keys = list(zip(*(table[k].to_pylist() for k in TRAJECTORY_KEY[:-1]), strict=True))
+    ids = {key: i for i, key in enumerate(dict.fromkeys(group_keys))}
+    return UpdateInputs(
+        batch=batch,
+        scores=torch.tensor(table["total_reward"].to_numpy(), dtype=torch.float32),
+        group_index=torch.tensor([ids[key] for key in group_keys], dtype=torch.long),
+    )
+
+
+def behavior_logprobs(table: pa.Table, width: int) -> torch.Tensor:
+    """(B, T) stored behaviour log-probs; refuses scripted rows, which have none."""
+    sources = set(table["behavior_source"].to_pylist())
+    if sources != {"policy"}:
+        raise OfflineError(
+            "pg mode needs the behaviour log-probs of the policy that generated each trajectory; the selection "
+            f"holds rows with behavior_source {sorted(sources - {'policy'})} (scripted demonstrations have none). "
+            "Use --mode sft for them, or select only policy rows (WHERE behavior_source = 'policy')"
+        )
+    out = torch.zeros(table.num_rows, width)
+    for row, values in enumerate(table["behavior_logprobs"].to_pylist()):
+        out[row, : len(values)] = torch.tensor(values)
+    return out
+
+
+def pg_update(config: RunConfig, actor: Any, table: pa.Table, pad_token_id: int, seed: int) -> dict[str, float]:
+    """One offline policy-gradient pass: StarPO's loss with the stored behaviour log-probs as the old policy."""
+    inputs = offline_inputs(table, pad_token_id)
+    mask = inputs.batch.loss_mask
+    old = behavior_logprobs(table, mask.shape[1])
+    token_rewards = token_rewards_for(inputs, "trajectory")
+    if config.algorithm.needs_critic:
+        raise OfflineError("offline pg uses critic-free estimators (grpo, rloo, reinforce_plus_plus...), not gae")
+    advantages, _ = compute_advantages(config, token_rewards, mask, inputs.group_index, None)
+    update = policy_update_config(config)
+    if config.offline.is_bound is not None:
+        update = type(update)(
+            **{**update.__dict__, "policy_loss": "dual_clip", "clip_ratio_c": config.offline.is_bound}
+        )
+    metrics = actor.policy_update(inputs.batch, advantages, old, update, seed)
+    metrics["offline/trajectories"] = float(table.num_rows)
+    return metrics
+
+
+def sft_update(actor: Any, table: pa.Table, pad_token_id: int, batch_size: int, seed: int) -> dict[str, float]:
+    """One supervised epoch on the selected rows' loss-masked tokens."""
+    batch = collate(table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(), pad_token_id)
+    metrics = actor.sft_update(batch, batch_size, seed)
+    metrics["offline/trajectories"] = float(table.num_rows)
+    return metrics
+
+
+def lineage(sql: str, table: pa.Table, mode: str, init: Path) -> dict[str, Any]:
+    """What the re-trained run came from: the query, the source runs and iterations, the mode and the start model."""
+    sources: dict[str, set[int]] = {}
+    for run, iteration in zip(table["run_id"].to_pylist(), table["iteration"].to_pylist(), strict=True):
+        sources.setdefault(run, set()).add(int(iteration))
+    return {
+        "query": sql,
+        "mode": mode,
+        "init": str(init),
+        "trajectories": table.num_rows,
+        "source_runs": sorted(sources),
+        "source_iterations": {run: sorted(its) for run, its in sorted(sources.items())},
+    }
+
+
+def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
+    """A model folder to start from: a Hugging Face model dir, one of our checkpoints (its ``hf/`` export), or
+    ``run:<run_id>`` (the model that run started from) / ``run:<run_id>@<updates>`` (that run's checkpoint)."""
+    text = str(path)
+    if text.startswith("run:"):
+        if lake is None:
+            raise OfflineError("--init run:<id> needs the data root of that run")
+        run_id, _, updates = text.removeprefix("run:").partition("@")
+        manifest = lake.read_manifest(run_id)
+        if manifest is None:
+            raise OfflineError(f"--init {text}: no run {run_id!r} in {lake.root}")
+        if not updates:
+            return resolve_init(manifest["model_dir"])
+        path = lake.root / "runs" / run_id / "checkpoints" / f"iteration={int(updates)}"
+    path = Path(path).expanduser().resolve()
+    if (path / "hf" / "config.json").is_file():
+        return path / "hf"
+    if (path / "config.json").is_file():
+        return path
+    raise OfflineError(f"--init {str(path)!r} is neither a Hugging Face model folder nor a ragen-flows checkpoint")
+
+
+def offline_epoch(session: Any, table: pa.Table, mode: str, epoch: int) -> dict[str, float]:
+    """One pass of ``mode`` ('sft' or 'pg') over the selected rows with the session's actor."""
+    config, pad = session.config, session.tokenizer.pad_token_id
+    seed = derive_seed(config.seed, epoch, "offline_shuffle")
+    if mode == "sft":
+        return sft_update(session.actor, table, pad, config.offline.batch_size, seed)
+    if mode == "pg":
+        return pg_update(config, session.actor, table, pad, seed)
+    raise OfflineError(f"unknown mode {mode!r}; use 'sft' or 'pg'")

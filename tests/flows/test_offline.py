@@ -1,0 +1,117 @@
+"""Offline re-training from stored rollouts: pg reproduces the online update, scripted rows are refused by pg,
+SQL may span runs (lineage names them), and a foreign tokenizer is refused."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ragen_core.offline import OfflineError
+from ragen_core.storage import DataLake
+
+BASE = {
+    "env": {"val_envs": ["bandit"]},
+    "rollout": {"env_groups": 2, "group_size": 4, "max_new_tokens": 8, "temperature": 1.0},
+    "algorithm": {"preset": "starpo_s", "adv_estimator": "grpo", "filter_ratio": 1.0},
+    "actor": {"mini_batch_size": 8, "micro_batch_size": 8},
+    "trainer": {"iterations": 1, "checkpoint_every": 1},
+    "eval": {"every": 1, "instances": 2},
+}
+
+
+def _tree(model_dir, **sections):
+    tree = {**BASE, "model": {"path": str(model_dir)}}
+    for section, values in sections.items():
+        tree[section] = {**tree.get(section, {}), **values}
+    return tree
+
+
+@pytest.fixture(scope="module")
+def lake_root(prefect_harness, tmp_path_factory, tiny_model_dir):
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("offline")
+    train(_tree(tiny_model_dir), data_root=str(root), run_id="src")
+    train(_tree(tiny_model_dir, rollout={"backend": "scripted", "scripted_policy": "expert"}), str(root), "demo")
+    return root
+
+
+def _weights(root, run_id, updates):
+    return load_file(root / "runs" / run_id / "checkpoints" / f"iteration={updates}" / "hf" / "model.safetensors")
+
+
+def test_pg_on_the_stored_batch_reproduces_the_online_update(lake_root, tiny_model_dir):
+    from flows.retrain import retrain_offline
+
+    sql = "SELECT * FROM trajectories WHERE run_id = 'src' AND iteration = 0 AND split = 'train' AND kept"
+    result = retrain_offline(_tree(tiny_model_dir), sql, "pg", str(tiny_model_dir), str(lake_root), "pg-replay")
+    assert result["trajectories"] == 8
+    online, offline = _weights(lake_root, "src", 1), _weights(lake_root, "pg-replay", 1)
+    initial = load_file(tiny_model_dir / "model.safetensors")
+    moved = 0
+    for name, expected in online.items():
+        diff = (offline[name] - expected).norm() / expected.norm().clamp(min=1e-12)
+        assert float(diff) <= 1e-6, (name, float(diff))
+        moved += int(not torch.equal(expected, initial[name]))
+    assert moved > 0  # the update really changed the weights
+
+
+def test_pg_refuses_scripted_rows(lake_root, tiny_model_dir):
+    from flows.retrain import retrain_offline
+
+    sql = "SELECT * FROM trajectories WHERE run_id = 'demo' AND split = 'train'"
+    with pytest.raises(OfflineError, match="scripted.*--mode sft"):
+        retrain_offline(_tree(tiny_model_dir), sql, "pg", str(tiny_model_dir), str(lake_root), "pg-scripted")
+
+
+def test_sft_across_two_runs_records_both_in_its_lineage(lake_root, tiny_model_dir):
+    from flows.retrain import retrain_offline
+
+    sql = "SELECT * FROM trajectories WHERE run_id IN ('src', 'demo') AND split = 'train' AND iteration = 0"
+    checkpoint = lake_root / "runs" / "src" / "checkpoints" / "iteration=1"  # start from a checkpoint (its hf export)
+    result = retrain_offline(_tree(tiny_model_dir), sql, "sft", str(checkpoint), str(lake_root), "sft-both")
+    assert result["trajectories"] == 16
+    manifest = DataLake(lake_root).read_manifest("sft-both")
+    assert manifest["kind"] == "offline" and manifest["status"] == "completed"
+    assert manifest["lineage"]["source_runs"] == ["demo", "src"] and manifest["lineage"]["query"] == sql
+    assert manifest["lineage"]["init"].endswith("iteration=1/hf")
+    assert DataLake(lake_root).committed_iterations("sft-both") == [0, 1]
+
+
+def test_a_foreign_tokenizer_is_refused(lake_root, tiny_model_dir):
+    from flows.retrain import retrain_offline
+
+    path = lake_root / "runs" / "demo" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "tokenizer_fingerprint": "0123456789abcdef"}))
+    try:
+        with pytest.raises(OfflineError, match="another tokenizer"):
+            retrain_offline(
+                _tree(tiny_model_dir), "SELECT * FROM trajectories WHERE run_id = 'demo'", "sft",
+                str(tiny_model_dir), str(lake_root), "sft-foreign",
+            )  # fmt: skip
+    finally:
+        path.write_text(json.dumps(manifest))
+    assert DataLake(lake_root).read_manifest("sft-foreign") is None  # refused before any compute or write
+
+
+TOP_QUARTER = (
+    "SELECT * FROM trajectories WHERE run_id = 'src' AND split = 'train' "
+    "QUALIFY total_reward >= quantile_cont(total_reward, 0.75) OVER ()"
+)
+
+
+def test_readme_example_best_quarter_from_the_run_start_model(lake_root, tiny_model_dir):
+    import numpy as np
+
+    from flows.retrain import retrain_offline
+    from ragen_core.storage import query
+
+    rewards = [r["total_reward"] for r in query(lake_root, "SELECT total_reward FROM trajectories WHERE run_id = "
+                                                "'src' AND split = 'train'").to_pylist()]  # fmt: skip
+    expected = sum(r >= np.quantile(rewards, 0.75) for r in rewards)
+    result = retrain_offline(_tree(tiny_model_dir), TOP_QUARTER, "sft", "run:src", str(lake_root), "best25")
+    assert result["trajectories"] == expected
+    lineage = DataLake(lake_root).read_manifest("best25")["lineage"]
+    assert lineage["init"] == str(tiny_model_dir.resolve()) and lineage["source_runs"] == ["src"]
