@@ -28,7 +28,6 @@ files just before a compaction deleted them gets a missing-file error; the lake'
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,7 +35,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ragen_core.storage.files import LakeError, atomic_write_json, atomic_write_parquet, check_name, read_table_file
+from ragen_core.storage.files import (
+    LakeError,
+    atomic_write_json,
+    atomic_write_parquet,
+    check_name,
+    fsync_dir,
+    read_table_file,
+)
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.parts import COMPACTION_MARKER, MERGED_PREFIX, read_marker, visible_parts
 from schemas.tables import TableSpec
@@ -103,15 +109,7 @@ def delete_replaced(folder: Path, names: list[str]) -> None:
     """Step 4: delete the files the merged file replaced (absent ones are fine: a redo after a crash)."""
     for name in names:
         (folder / name).unlink(missing_ok=True)
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder: Path) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    fsync_dir(folder)
 
 
 def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> PartitionCompaction | None:
@@ -127,9 +125,9 @@ def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> Partitio
     names = [f.name for f in files]
     name = merged_name(names)
     atomic_write_json(folder / COMPACTION_MARKER, {"merged": name, "replaces": names, "rows": merged.num_rows})
-    _fsync_dir(folder)
+    fsync_dir(folder)
     atomic_write_parquet(folder / name, merged)  # the commit point: one rename
-    _fsync_dir(folder)
+    fsync_dir(folder)
     delete_replaced(folder, names)
     return PartitionCompaction(spec.name, _iteration_of(folder), len(files), merged.num_rows, name)
 

@@ -33,6 +33,15 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def fsync_dir(folder: Path) -> None:
+    """Flush a folder's entries (renames, deletions) to disk."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temporary name, fsync, rename)."""
     path = Path(path)

@@ -86,6 +86,24 @@ def deepspeed_config(optim: OptimConfig) -> dict[str, Any]:
     }
 
 
+def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
+    """The torch optimizer handed to DeepSpeed (no compiled op needed)."""
+    if optim.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+    if optim.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+    raise ValueError(f"unknown optimizer {optim.optimizer!r}; use 'adamw' or 'sgd'")
+
+
+def grad_norm(engine: Any) -> float:
+    """Global gradient norm before clipping (ZeRO-0 keeps whole gradients on the parameters)."""
+    grads = [p.grad.detach() for p in engine.module.parameters() if p.grad is not None]
+    if grads:
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    norm = engine.get_global_grad_norm()
+    return float(norm) if norm is not None else float("nan")
+
+
 class ActorEngine:
     """Owns the policy's DeepSpeed engine (and, when KL is on, a frozen reference copy)."""
 
@@ -95,12 +113,7 @@ class ActorEngine:
 
         self.optim = optim
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if keep_reference else None
-        if optim.optimizer == "adamw":
-            optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
-        elif optim.optimizer == "sgd":
-            optimizer = torch.optim.SGD(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
-        else:
-            raise ValueError(f"unknown optimizer {optim.optimizer!r}; use 'adamw' or 'sgd'")
+        optimizer = build_optimizer(model, optim)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(optim))
 
     @property
@@ -196,18 +209,10 @@ class ActorEngine:
             sums["actor/entropy"] = sums.get("actor/entropy", 0.0) + float(entropy_loss.detach()) * share
             for key, value in pg_stats.items():
                 sums[f"actor/{key}"] = sums.get(f"actor/{key}", 0.0) + float(value) * micro_tokens
-        sums["actor/grad_norm"] = self._grad_norm()
+        sums["actor/grad_norm"] = grad_norm(self.engine)
         self.engine.step()
         sums["actor/lr"] = float(self.engine.get_lr()[0])
         return sums
-
-    def _grad_norm(self) -> float:
-        """Global gradient norm before clipping (ZeRO-0 keeps whole gradients on the parameters)."""
-        grads = [p.grad.detach() for p in self.engine.module.parameters() if p.grad is not None]
-        if grads:
-            return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-        norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
 
     def sft_update(self, batch: TokenBatch, batch_size: int, shuffle_seed: int) -> dict[str, float]:
         """One epoch of supervised learning: token-mean cross-entropy on the loss-masked tokens."""

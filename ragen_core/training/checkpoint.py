@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.faults import maybe_fail
-from ragen_core.storage.files import check_name
+from ragen_core.storage.files import check_name, fsync_dir
 from ragen_core.storage.lake import DataLake
 from ragen_core.training.actor import ActorEngine
 from ragen_core.training.critic import CriticEngine
@@ -214,7 +214,7 @@ def _replace_dir(source: Path, target: Path) -> None:
         shutil.rmtree(trash)
     else:
         os.rename(source, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -223,15 +223,7 @@ def _fsync_tree(folder: Path) -> None:
         for name in files:
             with open(os.path.join(current, name), "rb") as handle:
                 os.fsync(handle.fileno())
-        _fsync_dir(Path(current))
-
-
-def _fsync_dir(folder: Path) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+        fsync_dir(Path(current))
 
 
 # -- load --------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ragen_core.algos import value_loss
-from ragen_core.training.actor import OptimConfig, deepspeed_config
+from ragen_core.training.actor import OptimConfig, build_optimizer, deepspeed_config, grad_norm
 from ragen_core.training.batch import TokenBatch
 from ragen_core.training.distributed import ensure_single_process_env
 
@@ -70,14 +70,6 @@ class ValueModel(torch.nn.Module):
         return torch.cat([torch.zeros_like(scores[:, :1]), scores[:, :-1]], dim=1)  # (B, T): value before token t
 
 
-def _optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
-    if optim.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
-    if optim.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
-    raise ValueError(f"unknown optimizer {optim.optimizer!r}; use 'adamw' or 'sgd'")
-
-
 class CriticEngine:
     """Owns the value model's DeepSpeed engine: values for GAE, clipped value-loss updates."""
 
@@ -87,7 +79,9 @@ class CriticEngine:
 
         self.optim = optim
         config = deepspeed_config(optim)
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=_optimizer(model, optim), config=config)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=build_optimizer(model, optim), config=config
+        )
 
     @property
     def module(self) -> ValueModel:
@@ -157,16 +151,7 @@ class CriticEngine:
             sums["critic/vf_loss"] += float(loss.detach()) * share
             sums["critic/vf_clipfrac"] += float(stats["vf_clipfrac"]) * token_share
             sums["critic/vpred_mean"] += float(stats["vpred_mean"]) * token_share
-        sums["critic/grad_norm"] = _grad_norm(self.engine)
+        sums["critic/grad_norm"] = grad_norm(self.engine)
         self.engine.step()
         sums["critic/lr"] = float(self.engine.get_lr()[0])
         return sums
-
-
-def _grad_norm(engine) -> float:
-    """Global gradient norm before clipping (ZeRO-0 keeps whole gradients on the parameters)."""
-    grads = [p.grad.detach() for p in engine.module.parameters() if p.grad is not None]
-    if grads:
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-    norm = engine.get_global_grad_norm()
-    return float(norm) if norm is not None else float("nan")
