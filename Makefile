@@ -10,7 +10,7 @@ PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP := $(VENV)/.installed
 DATA_ROOT ?= data
 
-.PHONY: install demo test test-all lint clean
+.PHONY: install demo test test-all lint clean server server-stop bench
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,24 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# A local Prefect server on 127.0.0.1:$(PORT), the local-process pool, prefect.yaml deployed, and a worker.
+PORT ?= 4200
+server: $(STAMP)
+	$(BIN)/ragen server start --port $(PORT)
+
+server-stop:
+	$(BIN)/ragen server stop
+
+# Benchmarks side by side (benchmarks/RESULTS.md, benchmarks/results.json); installs the `bench` extra (TRL) once.
+# BENCH_ARGS=--quick for a smoke run; on a GPU machine BENCH_ARGS="--device cuda".
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) install -q $(PIP_C) -e ".[bench]"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check ragen_core schemas tasks flows tests

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from benchmarks.common import replace_marked_section
 from benchmarks.lake_synth import BatchShape, grids, make_batch
 from ragen_core.storage import DataLake, compact_run, connect, evaluation_rows, query
 from ragen_core.storage.sqldoc import named_queries
@@ -126,33 +127,62 @@ def _environment() -> dict[str, Any]:
             "load_average_at_start": round(os.getloadavg()[0], 2), **versions}  # fmt: skip
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    environment = _environment()
-    turns_per_batch = args.turns // (len(RUN_IDS) * args.iterations)
-    trajectories = turns_per_batch // args.turns_per_trajectory
+def batch_shape(turns: int, iterations: int, turns_per_trajectory: int) -> BatchShape:
+    """The per-iteration batch that writes ``turns`` turns in all over ``len(RUN_IDS) x iterations`` batches."""
+    turns_per_batch = turns // (len(RUN_IDS) * iterations)
+    trajectories = turns_per_batch // turns_per_trajectory
     val = max(2, trajectories // 25)
-    shape = BatchShape((trajectories - val) // 16, 16, val // 2, 2, args.turns_per_trajectory)
-    root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="lake-bench-"))
+    if (trajectories - val) // 16 < 1:
+        raise ValueError(
+            f"{turns} turns over {len(RUN_IDS)} x {iterations} batches leave fewer than one group of 16 per batch; "
+            "write more turns or fewer iterations"
+        )
+    return BatchShape((trajectories - val) // 16, 16, val // 2, 2, turns_per_trajectory)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The benchmark of the command line's arguments."""
+    return measure(args.turns, args.iterations, args.turns_per_trajectory, args.repeat, args.seed,
+                   Path(args.root) if args.root else None, args.keep)  # fmt: skip
+
+
+def measure(
+    turns: int,
+    iterations: int = 50,
+    turns_per_trajectory: int = 5,
+    repeat: int = 3,
+    seed: int = 0,
+    root: Path | None = None,
+    keep: bool = False,
+    compact: bool = True,
+) -> dict[str, Any]:
+    """Write ``turns`` turns through the lake's write path, time every documented query (and, with ``compact``,
+    compact both runs and time them again); the data root is deleted afterwards unless ``keep``."""
+    environment = _environment()
+    shape = batch_shape(turns, iterations, turns_per_trajectory)
+    root = root or Path(tempfile.mkdtemp(prefix="lake-bench-"))
     lake = DataLake(root)
     queries = named_queries(DOC.read_text())
     queries = {"count_turns": "SELECT count(*) FROM turns", **queries}
     try:
-        written = write_lake(lake, shape, args.iterations, args.seed)
-        before = time_queries(lake, queries, args.repeat)
-        connect_before = time_connect(lake, args.repeat)
-        started = time.perf_counter()
-        merged = sum(len(compact_run(lake, run_id).compacted) for run_id in RUN_IDS)
-        files_after = len(lake.partition_files("trajectories")) + len(lake.partition_files("turns"))
-        compaction = {"seconds": time.perf_counter() - started, "partitions": merged, "files_after": files_after}
-        after = time_queries(lake, queries, args.repeat)
-        connect_after = time_connect(lake, args.repeat)
+        written = write_lake(lake, shape, iterations, seed)
+        before = time_queries(lake, queries, repeat)
+        connect_before = time_connect(lake, repeat)
+        compaction, after, connect_after = {}, before, connect_before
+        if compact:
+            started = time.perf_counter()
+            merged = sum(len(compact_run(lake, run_id).compacted) for run_id in RUN_IDS)
+            files_after = len(lake.partition_files("trajectories")) + len(lake.partition_files("turns"))
+            compaction = {"seconds": time.perf_counter() - started, "partitions": merged, "files_after": files_after}
+            after = time_queries(lake, queries, repeat)
+            connect_after = time_connect(lake, repeat)
     finally:
-        if not args.keep:
+        if not keep:
             shutil.rmtree(root, ignore_errors=True)
     write_s = written["write_s"]
     return {
         "environment": environment,
-        "shape": {"runs": len(RUN_IDS), "iterations": args.iterations, **vars(shape)},
+        "shape": {"runs": len(RUN_IDS), "iterations": iterations, **vars(shape)},
         "write": {
             **written,
             "turns_per_s": written["turns"] / write_s,
@@ -211,15 +241,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def update_results(path: Path, section: str) -> None:
-    """Replace (or append) the section between this benchmark's markers in RESULTS.md."""
-    begin, end = "<!-- lake_bench:begin -->", "<!-- lake_bench:end -->"
-    text = path.read_text() if path.is_file() else "# Benchmark results\n"
-    block = f"{begin}\n{section}{end}"
-    if begin in text and end in text:
-        text = text.split(begin, 1)[0] + block + text.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
+    """Replace (or append) this benchmark's section of RESULTS.md."""
+    replace_marked_section(path, "<!-- lake_bench:begin -->", "<!-- lake_bench:end -->", section)
 
 
 def main() -> None:

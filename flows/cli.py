@@ -1,4 +1,4 @@
-"""The ``ragen`` command line: train, resume, retrain, sql, runs (list, rm, compact)."""
+"""The ``ragen`` command line: train, resume, retrain, sweep, eval, sql, plot, runs (list, rm, compact), server."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)  # piped output: wide tables, not 80 columns
 DEFAULT_DATA_ROOT = "data"
 
 SUMMARY_SQL = (
@@ -172,6 +172,118 @@ def retrain(
         _fail(str(exc))
     console.print(f"trained on {result['trajectories']} stored trajectories")
     _print_run_summary(root, result["run_id"], None)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def sweep(
+    ctx: typer.Context,
+    config: Path | None = typer.Option(None, "--config", "-c", help="Base YAML config."),
+    grid: list[str] | None = typer.Option(
+        None, "--grid", "-g", help='Grid axis key=[v1,v2,...] (repeatable), e.g. "algorithm.filter_ratio=[0.25,0.5]".'
+    ),
+    random: list[str] | None = typer.Option(
+        None, "--random", help="Random axis key=dist(args) (repeatable): uniform, loguniform, randint, choice([..])."
+    ),
+    samples: int = typer.Option(0, "--samples", help="Random draws per grid combination (with --random)."),
+    search_seed: int = typer.Option(0, "--search-seed", help="Seed of the random draws (part of the sweep id)."),
+    seeds: str | None = typer.Option(None, "--seeds", help="Seeds per point: a count (3 -> 0,1,2) or a list 0,7,42."),
+    sweep_id: str | None = typer.Option(None, "--sweep-id", help="Sweep id (default sweep-<hash of the spec>)."),
+    point: list[int] | None = typer.Option(None, "--point", help="Run only this point index (repeatable)."),
+    deployment: bool = typer.Option(
+        False, "--deployment", help="Submit each point as a run of a deployment (needs PREFECT_API_URL and a worker)."
+    ),
+    deployment_name: str = typer.Option("train/train", "--deployment-name", help="Deployment the points run as."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
+) -> None:
+    """A sweep: every grid combination x random draw x seed is its own run (manifest: sweep id, point, overrides),
+    then a comparison table. The same command again resumes it (completed points are skipped). Extra key.sub=value
+    arguments override the base config of every point."""
+    from ragen_core.config import ConfigError, load_config
+    from ragen_core.sweep import SweepError, plan_sweep
+
+    try:
+        base = load_config(config, list(ctx.args))
+        plan = plan_sweep(base.to_dict(), grid or [], random or [], samples, seeds, sweep_id, search_seed)
+    except (ConfigError, SweepError) as exc:
+        _fail(str(exc))
+    if deployment and "PREFECT_API_URL" not in os.environ:
+        _fail(
+            "--deployment needs a Prefect server and a worker: run `make server` (or `ragen server start`) and "
+            "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+        )
+    root = _data_root(data_root)
+    root.mkdir(parents=True, exist_ok=True)
+    _prepare_prefect(root, plan.sweep_id, verbose)
+    if not verbose:
+        _quiet_libraries()
+    from flows.sweep import sweep as sweep_flow
+
+    chosen = [p for p in plan.points if not point or p.index in set(point)]
+    where = f"deployment {deployment_name}" if deployment else "local subflows"
+    console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(chosen)} of {len(plan.points)} point(s) · {where} · {root}")
+    for item in chosen:
+        console.print(f"  {item.run_id}: {' '.join(item.overrides) or '(base config)'}")
+    try:
+        result = sweep_flow(
+            base.to_dict(), grid=grid or [], random=random or [], samples=samples, seeds=seeds, data_root=str(root),
+            sweep_id=plan.sweep_id, deployment=deployment_name if deployment else None, points=point or None,
+            search_seed=search_seed,
+        )  # fmt: skip
+    except SweepError as exc:
+        _fail(str(exc))
+    import pyarrow as pa
+
+    console.print("\n[bold]sweep comparison[/] (val_success: mean over validation envs at the last iteration)")
+    _print_table(pa.Table.from_pylist(result["points"]))
+    failed = [row["run_id"] for row in result["points"] if row["status"] != "completed"]
+    if failed:
+        console.print(f"[yellow]not completed:[/] {', '.join(failed)}; run the same command again to resume them")
+        raise typer.Exit(code=1)
+
+
+@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def eval_command(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., help="RUN_ID (newest checkpoint), RUN_ID@N, a checkpoint or a model folder."),
+    env: list[str] | None = typer.Option(None, "--env", "-e", help="Validation env (repeatable; default: the run's)."),
+    n: int | None = typer.Option(None, "--n", help="Fixed validation instances per env (default: eval.instances)."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (default: the run's, or defaults)."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Evaluation run id (default eval-<model>-<hash>)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
+) -> None:
+    """Evaluate a policy on fixed validation instances; the rollouts are stored as an evaluation run (query them with
+    `ragen sql`). Extra key.sub=value overrides, e.g. eval.temperature=1.0 eval.k=4."""
+    from ragen_core.config import ConfigError
+    from ragen_core.evaluation import EvaluationError, evaluation_config, resolve_target
+    from ragen_core.storage import DataLake
+
+    if n is not None and n < 1:
+        _fail(f"--n must be at least 1, not {n}")
+    root = _data_root(data_root)
+    lake = DataLake(root) if root.is_dir() else None
+    try:
+        _, base, which = resolve_target(target, lake)
+        evaluation_config(base, env, n, config, list(ctx.args))
+    except (ConfigError, EvaluationError) as exc:
+        _fail(str(exc))
+    root.mkdir(parents=True, exist_ok=True)
+    _prepare_prefect(root, "eval", verbose)
+    if not verbose:
+        _quiet_libraries()
+    from flows.evaluate import evaluate
+
+    console.print(f"evaluating [bold]{which}[/] · data root {root}")
+    result = evaluate(
+        target, envs=env or None, n=n, data_root=str(root), config=str(config) if config else None,
+        overrides=list(ctx.args), run_id=run_id,
+    )  # fmt: skip
+    import pyarrow as pa
+
+    note = " (stored result of the same evaluation)" if result["reused"] else ""
+    console.print(f"evaluation run [bold]{result['run_id']}[/]{note}")
+    _print_table(pa.Table.from_pylist(result["evaluations"]))
 
 
 def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:
@@ -353,6 +465,53 @@ def sql(
     _write_result(result, output_format, out)
 
 
+server_app = typer.Typer(
+    help="A local Prefect server (127.0.0.1) + process worker for the deployments in prefect.yaml.",
+    add_completion=False,
+)
+app.add_typer(server_app, name="server")
+STATE_HELP = "Folder of the server's state (PIDs, logs, its PREFECT_HOME)."
+
+
+@server_app.command("start")
+def server_start(
+    port: int = typer.Option(4200, "--port", help="Port on 127.0.0.1 (0: any free port)."),
+    state_dir: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP + " Default .prefect-local/."),
+    worker: bool = typer.Option(True, "--worker/--no-worker", help="Also start a process worker for the pool."),
+    deploy: bool = typer.Option(True, "--deploy/--no-deploy", help="Deploy prefect.yaml's deployments."),
+) -> None:
+    """Start the server, create the `local-process` pool, deploy prefect.yaml and start a worker (all by PID)."""
+    from flows.local_server import DEFAULT_STATE_DIR, ServerError, start
+
+    try:
+        state = start(port, state_dir or DEFAULT_STATE_DIR, worker=worker, deploy=deploy)
+    except ServerError as exc:
+        _fail(str(exc))
+    console.print(f"Prefect server {state.api_url} (pid {state.server_pid}), worker pid {state.worker_pid}")
+    console.print(f"UI: {state.api_url.removesuffix('/api')}  ·  use it with: export PREFECT_API_URL={state.api_url}")
+
+
+@server_app.command("stop")
+def server_stop(state_dir: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP)) -> None:
+    """Stop the worker (SIGINT) and the server (SIGTERM) that `ragen server start` recorded."""
+    from flows.local_server import DEFAULT_STATE_DIR, stop
+
+    console.print("stopped" if stop(state_dir or DEFAULT_STATE_DIR) else "no server recorded; nothing to stop")
+
+
+@server_app.command("status")
+def server_status(state_dir: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP)) -> None:
+    """Say whether the recorded server and worker are alive."""
+    from flows.local_server import DEFAULT_STATE_DIR, alive, read_state
+
+    state = read_state(state_dir or DEFAULT_STATE_DIR)
+    if state is None:
+        console.print("no server recorded")
+        raise typer.Exit(code=1)
+    worker = f"worker pid {state.worker_pid} alive: {alive(state.worker_pid)}" if state.worker_pid else "no worker"
+    console.print(f"{state.api_url} server pid {state.server_pid} alive: {alive(state.server_pid)} · {worker}")
+
+
 runs_app = typer.Typer(help="List, remove and compact the runs of a data root.", add_completion=False)
 app.add_typer(runs_app, name="runs")
 
@@ -440,6 +599,26 @@ def runs_compact(
     if report.skipped_uncommitted:
         skipped = ", ".join(f"{t}/{i}" for t, i in report.skipped_uncommitted)
         console.print(f"left alone (iterations not committed yet): {skipped}")
+
+
+@app.command()
+def plot(
+    run_ids: list[str] = typer.Argument(..., help="One or several run ids (`ragen runs` lists them)."),
+    out: Path = typer.Option(..., "--out", "-o", help="PNG file to write (outside the data root)."),
+    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+) -> None:
+    """Plot the runs' collapse indicators from the metrics table into one PNG: validation success per env, reward
+    mean and std, in-group reward std, entropy, gradient norm and response length against the iteration."""
+    from ragen_core.plots import PlotError, plot_runs
+    from ragen_core.storage import LakeError
+
+    root = _existing_root(data_root)
+    try:
+        result = plot_runs(root, run_ids, out)
+    except (PlotError, LakeError) as exc:
+        _fail(str(exc))
+    empty = [key for key, series in result.data.items() if not series]
+    console.print(f"wrote {result.path} ({len(result.data)} panels; no data: {', '.join(empty) or 'none'})")
 
 
 def main() -> None:

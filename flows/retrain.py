@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.train import ProgressCallback, final_evaluation
+from flows.train import ProgressCallback, final_evaluation, resolve_config
 from ragen_core.config import build_config
 from ragen_core.session import check_run_id_free
 from ragen_core.storage import DataLake
@@ -17,20 +17,21 @@ from tasks import stages as t
 
 @flow(name="retrain_offline", validate_parameters=False)
 def retrain_offline(
-    config: dict[str, Any],
+    config: dict[str, Any] | str | None,
     sql: str,
     mode: str,
     init: str,
     data_root: str = "data",
     run_id: str | None = None,
     progress: ProgressCallback | None = None,
+    overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """select -> check tokenizer -> session from ``init`` -> ``offline.epochs`` x (train, commit) -> validation.
 
     Each epoch is committed as an iteration (metrics; a checkpoint after the last one); validation runs before the
     first epoch and after the last, so the run compares with its sources in the same tables.
     """
-    run_config = build_config(config)
+    run_config = resolve_config(config, overrides)  # a tree, or a YAML path (deployments), plus key=value overrides
     epochs = run_config.offline.epochs
     run_config = build_config(
         {**run_config.to_dict(), "trainer": {**run_config.to_dict()["trainer"], "iterations": epochs}}

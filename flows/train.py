@@ -9,14 +9,23 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
+from prefect.utilities.annotations import quote
 
-from ragen_core.config import RunConfig, build_config
+from ragen_core.config import RunConfig, build_config, load_config
 from ragen_core.faults import set_iteration
 from ragen_core.session import RunSession, default_run_id
 from ragen_core.storage import BatchMeta, DataLake
+from tasks import reporting as r
 from tasks import stages as t
 
 ProgressCallback = Callable[[int, dict[str, float]], None]
+
+
+def resolve_config(config: dict[str, Any] | str | None, overrides: list[str] | None = None) -> RunConfig:
+    """A config tree, or the path of a YAML config file, plus ``key.sub=value`` overrides, validated."""
+    if config is None or isinstance(config, str):
+        return load_config(config, list(overrides or []))
+    return build_config(config, list(overrides or []))
 
 
 def eval_due(config: RunConfig, iteration: int) -> bool:
@@ -39,9 +48,12 @@ class _Clock:
         self.metrics[f"time/{stage}"] = time.perf_counter() - start
 
 
-@flow(name="starpo_iteration", validate_parameters=False)
 def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
-    """One StarPO iteration: [evaluate] -> generate -> persist -> validate -> filter -> update -> commit."""
+    """One StarPO iteration: [evaluate] -> generate -> persist -> validate -> filter -> update -> commit.
+
+    A group of tasks of the ``train`` flow, not a subflow: measured at the demo config, a subflow per iteration plus
+    Prefect walking the rollout records for futures cost ~1.7 s of a 3.3 s iteration (benchmarks/RESULTS.md, section
+    3). The records reach the persist task ``quote``-d, so Prefect passes them through untouched."""
     config, lake, run_id = session.config, session.lake, session.run_id
     metrics: dict[str, float] = {}
     stage = _Clock(session, iteration, metrics)
@@ -52,7 +64,7 @@ def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
         records = t.generate_rollouts(session, iteration)
     with stage("persist"):
         meta = BatchMeta(run_id, iteration, "train", iteration, config.rollout.temperature, session.config_hash)
-        t.persist_trajectories(lake, meta, "rollout", records)
+        t.persist_trajectories(lake, meta, "rollout", quote(records))
     with stage("validate"):
         t.validate_batch(lake, config, run_id, iteration, "rollout", config.env.name, config.rollout.group_size)
     with stage("filter"):
@@ -63,10 +75,10 @@ def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
         metrics.update(t.update_policy(session, iteration))
     with stage("commit"):
         t.commit_iteration(session, iteration, metrics, updated=True)
+    r.publish_iteration_artifact(run_id, iteration, metrics)
     return metrics
 
 
-@flow(name="final_evaluation", validate_parameters=False)
 def final_evaluation(session: RunSession, iteration: int) -> dict[str, float]:
     """Validation of the final policy, committed as its own iteration (``iteration`` = number of updates)."""
     metrics: dict[str, float] = {}
@@ -75,6 +87,7 @@ def final_evaluation(session: RunSession, iteration: int) -> dict[str, float]:
         metrics.update(t.evaluate(session, iteration))
     with stage("commit"):
         t.commit_iteration(session, iteration, metrics, updated=False)
+    r.publish_iteration_artifact(session.run_id, iteration, metrics)
     return metrics
 
 
@@ -103,22 +116,29 @@ def _open(
 
 @flow(name="train", validate_parameters=False)
 def train(
-    config: dict[str, Any],
+    config: dict[str, Any] | str | None = None,
     data_root: str = "data",
     run_id: str | None = None,
     progress: ProgressCallback | None = None,
     force_config: list[str] | None = None,
     skip_iteration: bool = False,
+    overrides: list[str] | None = None,
+    sweep: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train one run: [bootstrap] -> session -> ``trainer.iterations`` x starpo_iteration -> final validation.
 
-    An existing ``run_id`` is resumed from its last committed iteration (same config, unless ``force_config`` lists
-    the keys allowed to change; ``skip_iteration`` skips an iteration whose batch was quarantined).
+    ``config`` is a config tree or the path of a YAML file (deployments pass a path relative to the project), with
+    ``overrides`` (``key.sub=value``) applied on top. An existing ``run_id`` is resumed from its last committed
+    iteration (same config, unless ``force_config`` lists the keys allowed to change; ``skip_iteration`` skips an
+    iteration whose batch was quarantined). ``sweep`` (``{id, point, overrides}``) is recorded in the manifest of a
+    sweep's point.
     """
-    run_config = build_config(config)
+    run_config = resolve_config(config, overrides)
     lake = DataLake(data_root)
     run_id = run_id or default_run_id(run_config)
     session, first, info = _open(run_config, lake, run_id, list(force_config or []), skip_iteration)
+    if session is not None and sweep is not None:
+        session.update_manifest(sweep=sweep)
     result = {
         "run_id": run_id,
         "data_root": str(Path(data_root).resolve()),
@@ -144,5 +164,7 @@ def train(
             failed_stage=where.get("stage"),
         )
         raise
+    finally:
+        session.close()  # stops a launched update group / vLLM engine
     session.update_manifest(status="completed")
     return {**result, **info, "first_iteration": first}

@@ -81,12 +81,34 @@ class EnvConfig(_Section):
         return list(self.val_envs) if self.val_envs else [self.name]
 
 
+class VLLMConfig(_Section):
+    """The vLLM rollout engine (``rollout.backend: vllm``): one engine per run, weights reloaded after each update."""
+
+    tensor_parallel_size: PositiveInt = Field(1, description="GPUs the engine shards the policy over.")
+    gpu_memory_utilization: float = Field(
+        0.4,
+        gt=0,
+        le=1,
+        description="Share of each GPU's memory vLLM may take (weights + KV cache); the rest is left to the "
+        "DeepSpeed engines that share the GPU.",
+    )
+    enforce_eager: bool = Field(False, description="Skip CUDA-graph capture (faster start, slower decoding).")
+    max_model_len: PositiveInt | None = Field(
+        None, description="Longest sequence (prompt + reply) the engine serves; None: the model's own limit."
+    )
+
+
 class RolloutConfig(_Section):
     """How training rollouts are generated."""
 
     env_groups: PositiveInt = Field(8, description="Initial states (groups) per iteration (paper: P=8).")
     group_size: PositiveInt = Field(16, description="Rollouts per initial state; members share the env seed (N=16).")
-    backend: Literal["hf", "scripted"] = Field("hf", description="'hf': the policy samples; 'scripted': a policy.")
+    backend: Literal["hf", "vllm", "scripted"] = Field(
+        "hf",
+        description="'hf': the policy samples through Hugging Face generate; 'vllm': through a vLLM engine (the gpu "
+        "extra, CUDA only; see rollout.vllm); 'scripted': a Python policy.",
+    )
+    vllm: VLLMConfig = Field(default_factory=lambda: VLLMConfig(), description="The vLLM engine (backend='vllm').")
     scripted_policy: str = Field("random", description="Scripted policy name when backend='scripted'.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1.0 keeps the sampler's log-probs exact.")
@@ -177,7 +199,11 @@ class ActorConfig(_Section):
         description="Online-k: exactly k optimizer steps of mini_batch_size trajectories per rollout batch (cycling "
         "through reshuffled passes over the kept batch). None: ppo_epochs full passes.",
     )
-    zero_stage: Literal[0, 1, 2] = Field(0, description="DeepSpeed ZeRO stage.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        0,
+        description="DeepSpeed ZeRO stage: 0 (plain data parallelism), 1 (optimizer states sharded), 2 (+ gradients) "
+        "or 3 (+ weights; launched groups only). A group of several processes needs 1-3.",
+    )
 
 
 class CriticConfig(_Section):
@@ -223,6 +249,11 @@ class MonitorConfig(_Section):
     grad_norm_spike: float = Field(
         5.0, gt=1, description="Warn when the gradient norm exceeds this multiple of its running median."
     )
+    tensorboard: bool = Field(
+        True,
+        description="Also write each committed iteration's metrics as TensorBoard scalars (step = iteration) under "
+        "<data root>/runs/<run id>/tensorboard; the metrics table stays the source of truth.",
+    )
 
 
 class TrainerConfig(_Section):
@@ -234,6 +265,43 @@ class TrainerConfig(_Section):
         1, description="Save the engines (and a Hugging Face export) every N updates, and after the last one."
     )
     keep_last: PositiveInt = Field(2, description="Checkpoints kept per run (older ones are deleted).")
+    launcher: Literal["inprocess", "torchrun", "deepspeed"] = Field(
+        "inprocess",
+        description="Where the update stage runs: 'inprocess' (the run's own process, the default), or a long-lived "
+        "group of processes started once per run by 'torchrun' or the 'deepspeed' launcher (data-parallel over "
+        "trainer.nproc processes per node, ZeRO from actor.zero_stage); the run's process keeps the rollouts.",
+    )
+    nproc: PositiveInt = Field(
+        1, description="Processes of the launched update group per node (one per GPU); needs a launcher if > 1."
+    )
+    hostfile: str | None = Field(
+        None,
+        description="DeepSpeed hostfile ('host slots=N' lines) to span several nodes (launcher=deepspeed only); start "
+        "the run on the first host, with the data root on a filesystem every host mounts at the same path.",
+    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="Engine and rollout precision: 'auto' = bf16 on a bf16-capable CUDA GPU, else fp32; bf16 and "
+        "fp16 (dynamic loss scaling) need CUDA. The resolved precision is recorded in the run manifest.",
+    )
+
+    @model_validator(mode="after")
+    def _check_launcher(self) -> TrainerConfig:
+        if self.nproc > 1 and self.launcher == "inprocess":
+            raise ValueError(
+                f"trainer.nproc={self.nproc} needs a launched group: set trainer.launcher=torchrun or deepspeed"
+            )
+        if self.hostfile is not None and self.launcher != "deepspeed":
+            raise ValueError("trainer.hostfile needs the DeepSpeed launcher: set trainer.launcher=deepspeed")
+        if self.precision in ("bf16", "fp16"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    f"trainer.precision={self.precision} needs a CUDA GPU and none is visible; CPU runs use fp32 "
+                    "(set trainer.precision=auto or fp32)"
+                )
+        return self
 
 
 class EvalConfig(_Section):
@@ -288,6 +356,7 @@ class RunConfig(_Section):
             raise ValueError(
                 f"critic.mini_batch_size={critic_mini} must be a multiple of critic.micro_batch_size={critic_micro}"
             )
+        _check_scale_out(self)
         if self.env.max_actions_per_turn > self.env.max_actions_per_traj:
             raise ValueError(
                 f"env.max_actions_per_turn={self.env.max_actions_per_turn} exceeds env.max_actions_per_traj="
@@ -303,6 +372,21 @@ class RunConfig(_Section):
         """Stable 16-hex-digit digest of the resolved config (sorted-key JSON)."""
         payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _check_scale_out(config: RunConfig) -> None:
+    """Launcher, processes and ZeRO stage must fit together (checked at load time)."""
+    trainer, stage = config.trainer, config.actor.zero_stage
+    if stage == 3 and trainer.launcher == "inprocess":
+        raise ValueError(
+            "actor.zero_stage=3 shards the weights over the processes of a launched group (and would slow every "
+            "in-process generation): set trainer.launcher=torchrun or deepspeed, or use actor.zero_stage 0-2"
+        )
+    if (trainer.nproc > 1 or trainer.hostfile) and stage == 0:
+        raise ValueError(
+            "a data-parallel update over several processes needs actor.zero_stage 1, 2 or 3 (ZeRO-0 would log only "
+            "one rank's gradient norm)"
+        )
 
 
 def _check_registered_names(config: RunConfig) -> None:

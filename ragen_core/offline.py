@@ -169,6 +169,8 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
 def offline_epoch(session: Any, table: pa.Table, mode: str, epoch: int) -> dict[str, float]:
     """One pass of ``mode`` ('sft' or 'pg') over the selected rows with the session's actor."""
     config, pad = session.config, session.tokenizer.pad_token_id
+    if session.actor is None:
+        raise OfflineError("offline re-training runs in the run's own process: set trainer.launcher=inprocess")
     seed = derive_seed(config.seed, epoch, "offline_shuffle")
     if mode == "sft":
         return sft_update(session.actor, table, pad, config.offline.batch_size, seed)

@@ -59,9 +59,17 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two resolved config trees."""
+    """Dotted keys whose values differ between two resolved config trees.
+
+    A key the old tree lacks (a run started before the key existed) counts as unchanged when the new value is that
+    key's default: the run behaved as the default says."""
     before, after = flatten(old), flatten(new)
-    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    defaults = flatten(RunConfig().to_dict())
+    return sorted(
+        k
+        for k in set(before) | set(after)
+        if before.get(k) != after.get(k) and not (k not in before and k in defaults and after.get(k) == defaults[k])
+    )
 
 
 def check_config(manifest: dict[str, Any], config: RunConfig, allowed: list[str]) -> list[str]:
@@ -191,13 +199,19 @@ def metric_history(lake: DataLake, run_id: str, iterations: list[int]) -> list[d
 def restore_session(session: RunSession, plan: ResumePlan) -> dict[str, Any]:
     """Bring a freshly opened session to the state after the committed iterations: load the checkpoint, replay the
     later committed updates from their stored batches, and reload the metric history of the collapse monitor."""
+    from ragen_core.session import sync_rollout_weights
     from ragen_core.stages import update_policy
     from ragen_core.training.checkpoint import load_checkpoint
 
-    if plan.checkpoint is not None:
-        load_checkpoint(plan.checkpoint, session.actor, session.critic)
-    for iteration in plan.replay:
-        update_policy(session, iteration)  # same stored batch, same seeds, same starting weights: same update
+    if session.update_group is not None:  # the launched group loads and replays; the rollout side takes its export
+        sync_rollout_weights(session, session.update_group.restore(plan.checkpoint, plan.replay))
+    else:
+        if plan.checkpoint is not None:
+            load_checkpoint(plan.checkpoint, session.actor, session.critic)
+        for iteration in plan.replay:
+            update_policy(session, iteration)  # same stored batch, same seeds, same starting weights: same update
+        if plan.checkpoint is not None and not plan.replay:
+            sync_rollout_weights(session)  # a vLLM engine takes the loaded weights (nothing to do otherwise)
     training = [i for i in plan.committed if i < session.config.trainer.iterations and i not in plan.skipped]
     session.metric_history = metric_history(session.lake, session.run_id, training)
     restored = {

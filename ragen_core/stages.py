@@ -30,7 +30,7 @@ from ragen_core.metrics import (
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, TrajectoryRecord, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.seeding import derive_seed, derive_seeds
-from ragen_core.session import RunSession
+from ragen_core.session import RunSession, sync_rollout_weights
 from ragen_core.storage import (
     BatchMeta,
     DataLake,
@@ -41,6 +41,7 @@ from ragen_core.storage import (
     trajectories_table,
     turns_table,
 )
+from ragen_core.tensorboard_sink import record_iteration
 from ragen_core.training import collate
 from ragen_core.training.checkpoint import prune_checkpoints, save_checkpoint
 from ragen_core.training.starpo import UpdateInputs, starpo_update
@@ -86,8 +87,13 @@ def _backend(session: RunSession, temperature: float):
     rollout = session.config.rollout
     if rollout.backend == "scripted":
         return ScriptedBackend(rollout.scripted_policy, session.tokenizer)
+    if rollout.backend == "vllm":
+        from ragen_core.rollout.vllm_backend import VLLMBackend
+
+        engine, tokenizer = session.rollout_engine, session.tokenizer
+        return VLLMBackend(engine, tokenizer, temperature, rollout.max_new_tokens, rollout.top_p, rollout.top_k)
     return HFBackend(
-        session.actor.module,
+        session.policy_model,
         session.tokenizer,
         temperature,
         rollout.max_new_tokens,
@@ -210,9 +216,18 @@ def update_inputs(session: RunSession, iteration: int) -> UpdateInputs:
 
 
 def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
-    """Stage 5: the StarPO update (actor, and critic when the estimator needs one) on the iteration's kept rows."""
-    inputs = update_inputs(session, iteration)
-    return starpo_update(session.config, session.actor, session.critic, inputs, iteration)
+    """Stage 5: the StarPO update (actor, and critic when the estimator needs one) on the iteration's kept rows.
+
+    With ``trainer.launcher`` set, the launched group reads those rows from the lake and steps its engines; the
+    rollout side then loads the new weights (as a vLLM engine does in every mode)."""
+    if session.update_group is not None:
+        metrics, weights = session.update_group.update(iteration)
+        maybe_fail("update", "inside", iteration)  # the group has stepped; nothing is saved or committed
+    else:
+        inputs = update_inputs(session, iteration)
+        metrics, weights = starpo_update(session.config, session.actor, session.critic, inputs, iteration), None
+    sync_rollout_weights(session, weights)
+    return metrics
 
 
 def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
@@ -273,7 +288,10 @@ def save_checkpoint_if_due(session: RunSession, iteration: int, metrics: dict[st
         return None
     root, run_id = session.lake.root, session.run_id
     extra = {"config_hash": session.config_hash, "metrics": {k: v for k, v in metrics.items() if "/" in k}}
-    path = save_checkpoint(root, run_id, updates, session.actor, session.critic, session.tokenizer, extra)
+    if session.update_group is not None:  # the engines live in the launched group: every rank saves its shard
+        path = session.update_group.save(updates, extra, lambda: maybe_fail("checkpoint", "mid_save", updates))
+    else:
+        path = save_checkpoint(root, run_id, updates, session.actor, session.critic, session.tokenizer, extra)
     rows = [
         checkpoint_row(run_id, iteration, str(path), "deepspeed", extra["metrics"]),
         checkpoint_row(run_id, iteration, str(path / "hf"), "hf", extra["metrics"]),
@@ -308,6 +326,8 @@ def commit_iteration(
     if checkpoint is not None:
         summary["checkpoint"] = str(checkpoint)
     lake.commit_iteration(run_id, iteration, summary)
+    if session.config.monitor.tensorboard:  # a view of the committed rows, so written after the marker
+        record_iteration(lake, run_id, iteration, {row["name"]: row["value"] for row in rows})
     session.metric_history.append(metrics)
     session.update_manifest(last_committed_iteration=iteration)
     return {"iteration": iteration, **summary}

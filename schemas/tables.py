@@ -216,6 +216,11 @@ RUNS = TableSpec(
         ColumnSpec("iterations_done", pa.int32(), "Committed iterations (commit markers), final validation included."),
         ColumnSpec("last_committed_iteration", pa.int32(), "Highest committed iteration; null before any.", True),
         ColumnSpec("error", pa.string(), "Error of a failed run.", True),
+        ColumnSpec("sweep_id", pa.string(), "Sweep the run is a point of (`ragen sweep`); null otherwise.", True),
+        ColumnSpec("sweep_point", pa.int32(), "Index of the run's point in its sweep.", True),
+        ColumnSpec(
+            "overrides_json", pa.string(), "The sweep point's key=value overrides of the base config, as JSON.", True
+        ),
     ),
     key=("run_id",),
     description="One row per run, derived from runs/<run_id>/manifest.json and the run's commit markers.",

@@ -35,10 +35,15 @@ def start_model(config: RunConfig, lake: DataLake) -> Path:
 
 @task(name="open_session", cache_policy=NO_CACHE)
 def start_session(
-    config: RunConfig, lake: DataLake, run_id: str, model_dir: Path, resumed_manifest: dict | None = None
+    config: RunConfig,
+    lake: DataLake,
+    run_id: str,
+    model_dir: Path,
+    resumed_manifest: dict | None = None,
+    training: bool = True,
 ) -> RunSession:
     """Load the policy and start its DeepSpeed engine(s)."""
-    return open_session(config, lake, run_id, model_dir, resumed_manifest=resumed_manifest)
+    return open_session(config, lake, run_id, model_dir, resumed_manifest=resumed_manifest, training=training)
 
 
 @task(name="plan_resume", cache_policy=NO_CACHE)

@@ -41,3 +41,23 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A real Prefect server on a free loopback port with the work pool, prefect.yaml deployed and a process worker,
+    started like users start it (`ragen server start`); stopped by PID at the end of the session.
+
+    Yields (state, env, state_dir): ``env`` is the environment for commands that talk to it."""
+    from flows.local_server import alive, base_env, start, stop
+
+    state_dir = tmp_path_factory.mktemp("prefect-local")
+    state = start(port=0, state_dir=state_dir, timeout=300)
+    env = base_env(Path(state.home), state.api_url)
+    for name in ("PREFECT_LOGGING_LEVEL", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "RAGEN_FAULT"):  # fmt: skip
+        env.pop(name, None)
+    yield state, env, state_dir
+    stop(state_dir)
+    assert not alive(state.server_pid), "the Prefect server outlived `stop`"
+    assert not (state.worker_pid and alive(state.worker_pid)), "the worker outlived `stop`"

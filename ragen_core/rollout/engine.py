@@ -56,7 +56,24 @@ class _Slot:
 def run_rollouts(
     spec: RolloutSpec, backend: RolloutBackend, formatter: ChatFormatter, seed: int
 ) -> list[TrajectoryRecord]:
-    """Roll out every (group, member) of ``spec`` with ``backend``; ``seed`` drives the sampling of every turn."""
+    """Roll out every (group, member) of ``spec`` with ``backend``; ``seed`` drives the sampling of every turn.
+
+    A backend with a ``reset()`` (the Hugging Face backend's per-rollout key/value caches) is reset before and after,
+    so a rollout never depends on what the backend did before it.
+    """
+    reset = getattr(backend, "reset", None)
+    if reset is not None:
+        reset()
+    try:
+        return _roll_out(spec, backend, formatter, seed)
+    finally:
+        if reset is not None:
+            reset()
+
+
+def _roll_out(
+    spec: RolloutSpec, backend: RolloutBackend, formatter: ChatFormatter, seed: int
+) -> list[TrajectoryRecord]:
     slots: list[_Slot] = []
     for group_id, env_seed in enumerate(spec.group_seeds):
         for traj_index in range(spec.group_size):
@@ -73,11 +90,12 @@ def run_rollouts(
             slot.state, _ = env.reset(env_seed)
             slots.append(slot)
 
+    encoded: dict[tuple[str, bool, bool], list[int]] = {}  # group members mostly see the same text: encode once
     for turn in range(spec.max_turns):
         active = [slot for slot in slots if not slot.done]
         if not active:
             break
-        observations = [_extend_prompt(slot, turn, spec, formatter) for slot in active]
+        observations = [_extend_prompt(slot, turn, spec, formatter, encoded) for slot in active]
         contexts = [
             TurnContext(
                 slot.record.input_ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think
@@ -90,15 +108,27 @@ def run_rollouts(
     return [slot.record for slot in slots]
 
 
-def _extend_prompt(slot: _Slot, turn: int, spec: RolloutSpec, formatter: ChatFormatter) -> str:
-    """Append the environment text of this turn to the slot's sequence (mask 0); return that text."""
+def _extend_prompt(
+    slot: _Slot,
+    turn: int,
+    spec: RolloutSpec,
+    formatter: ChatFormatter,
+    encoded: dict[tuple[str, bool, bool], list[int]],
+) -> str:
+    """Append the environment text of this turn to the slot's sequence (mask 0); return that text.
+
+    ``encoded`` memoises the ids of each distinct (text, first turn, previous reply finished): encoding is a pure
+    function of those, so the ids are exactly what encoding again would give.
+    """
     record = slot.record
     text = turn_message(turn + 1, slot.state, slot.actions_left, spec.enable_think, reward=slot.last_reward)
     if turn == 0:
         text = first_user_message(slot.env.instruction(), slot.env.action_names, spec.max_actions_per_turn, text)
-        ids = formatter.start(text)
-    else:
-        ids = formatter.continue_after(text, slot.last_reply_finished)
+    key = (text, turn == 0, slot.last_reply_finished)
+    ids = encoded.get(key)
+    if ids is None:
+        ids = formatter.start(text) if turn == 0 else formatter.continue_after(text, slot.last_reply_finished)
+        encoded[key] = ids
     record.input_ids.extend(ids)
     record.loss_mask.extend([0] * len(ids))
     if record.behavior_logprobs is not None:

@@ -28,8 +28,10 @@ def manifest_row(manifest: dict[str, Any], committed: list[int]) -> dict[str, An
 
     ``kind`` defaults to ``train`` (training manifests do not name it); ``created_at`` is the manifest's
     ``created_at``, else ``started_at``, else ``updated_at`` (bootstrap manifests are written once, when done).
+    Sweep points carry ``sweep: {id, point, overrides}``.
     """
     updated = _timestamp(manifest.get("updated_at"))
+    sweep = manifest.get("sweep") or {}
     created = _timestamp(manifest.get("created_at") or manifest.get("started_at")) or updated
     if created is None:
         raise ValueError("the manifest has none of created_at, started_at, updated_at")
@@ -48,6 +50,9 @@ def manifest_row(manifest: dict[str, Any], committed: list[int]) -> dict[str, An
         "iterations_done": len(committed),
         "last_committed_iteration": max(committed) if committed else None,
         "error": manifest.get("error"),
+        "sweep_id": sweep.get("id"),
+        "sweep_point": sweep.get("point"),
+        "overrides_json": json.dumps(sweep["overrides"]) if "overrides" in sweep else None,
     }
 
 

@@ -1,8 +1,11 @@
 """The actor: a DeepSpeed engine around the policy, doing StarPO (PPO/GRPO) and supervised updates.
 
-It runs in one CPU process with no launcher (see :mod:`ragen_core.training.distributed`). Gradient accumulation is
-caller-owned (``managed_gradient_accumulation: false``): every micro-batch calls ``backward`` and each mini-batch
-ends with one ``step``, so mini-batches of any size average exactly over their own tokens.
+By default it runs in one process with no launcher (see :mod:`ragen_core.training.distributed`); in a group started
+by ``torchrun`` or the ``deepspeed`` launcher the same code runs data-parallel (see
+:mod:`ragen_core.training.parallel`): each rank runs its share of every mini-batch's micro-batches with the
+mini-batch's own loss normalisers. Gradient accumulation is caller-owned (``managed_gradient_accumulation: false``):
+every micro-batch calls ``backward`` and each mini-batch ends with one ``step``, so mini-batches of any size average
+exactly over their own tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +20,14 @@ import torch
 from ragen_core.algos import POLICY_LOSSES, aggregate_loss, kl_penalty
 from ragen_core.training.batch import TokenBatch, token_logprobs
 from ragen_core.training.distributed import ensure_single_process_env
+from ragen_core.training.parallel import (
+    MicroBatchPlan,
+    all_reduce_sum,
+    all_reduce_sums,
+    data_parallel_world,
+    shard_micro_batches,
+)
+from ragen_core.training.precision import precision_config, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,7 @@ class OptimConfig:
     micro_batch_size: int
     zero_stage: int = 0
     optimizer: str = "adamw"
+    precision: str = "fp32"  # a resolved precision: fp32, bf16 or fp16 (see ragen_core.training.precision)
 
 
 @dataclass(frozen=True)
@@ -74,15 +86,20 @@ def update_schedule(
 
 
 def deepspeed_config(optim: OptimConfig) -> dict[str, Any]:
-    """The DeepSpeed JSON config of the actor engine."""
+    """The DeepSpeed JSON config of the actor (and critic) engine: ZeRO stage, precision, clipping, caller-owned
+    gradient accumulation."""
     return {
         "train_micro_batch_size_per_gpu": optim.micro_batch_size,
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,
         "gradient_clipping": optim.grad_clip,
         "zero_optimization": {"stage": optim.zero_stage},
+        # torch's AdamW / SGD are not on DeepSpeed's list of ZeRO-tested optimizers, but ZeRO only partitions their
+        # state; the distributed tests check the update against the one-process one
+        "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
+        **precision_config(optim.precision, optim.zero_stage),
     }
 
 
@@ -95,13 +112,35 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.O
     raise ValueError(f"unknown optimizer {optim.optimizer!r}; use 'adamw' or 'sgd'")
 
 
-def grad_norm(engine: Any) -> float:
-    """Global gradient norm before clipping (ZeRO-0 keeps whole gradients on the parameters)."""
-    grads = [p.grad.detach() for p in engine.module.parameters() if p.grad is not None]
-    if grads:
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+def optimizer_step(engine: Any) -> float:
+    """``engine.step()``; returns the global gradient norm before clipping.
+
+    fp32 ZeRO-0 (one process) keeps whole, unscaled gradients on the parameters, so the norm is read from them
+    before the step (DeepSpeed does not report it for a plain torch optimizer). With ZeRO >= 1 (gradients reduced
+    and partitioned inside the step) or bf16/fp16 (gradients in low precision, fp16 ones loss-scaled) DeepSpeed
+    computes the unscaled global norm itself during the step, and that one is returned.
+    """
+    reports_norm = engine.zero_optimization() or engine.bfloat16_enabled() or engine.fp16_enabled()
+    own = None
+    if not reports_norm:
+        grads = [p.grad.detach() for p in engine.module.parameters() if p.grad is not None]
+        if grads:
+            own = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    engine.step()
+    if own is not None:
+        return own
     norm = engine.get_global_grad_norm()
     return float(norm) if norm is not None else float("nan")
+
+
+def check_data_parallel(optim: OptimConfig) -> None:
+    """Refuse ZeRO-0 in a group of several processes: its gradient norm (a logged metric and the Echo-Trap
+    monitor's input) would only be the local one."""
+    _, world = data_parallel_world()
+    if world > 1 and optim.zero_stage == 0:
+        raise ValueError(
+            f"a data-parallel update over {world} processes needs ZeRO stage 1, 2 or 3; set actor.zero_stage"
+        )
 
 
 class ActorEngine:
@@ -115,28 +154,41 @@ class ActorEngine:
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if keep_reference else None
         optimizer = build_optimizer(model, optim)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(optim))
+        check_data_parallel(optim)
+        self.device = torch.device(self.engine.device)
+        if self.reference is not None:  # where and in what precision the policy runs
+            self.reference.to(device=self.device, dtype=torch_dtype(optim.precision))
 
     @property
     def module(self) -> torch.nn.Module:
         """The policy model (for generation and export)."""
         return self.engine.module
 
-    def _micro_batches(self, batch: TokenBatch, rows: list[int]) -> list[tuple[list[int], TokenBatch]]:
-        size = self.optim.micro_batch_size
-        return [(rows[i : i + size], batch.select(rows[i : i + size])) for i in range(0, len(rows), size)]
+    def _passes(self, rows: list[int], lockstep: bool = True) -> list[MicroBatchPlan]:
+        """This rank's micro-batch passes over ``rows``; without ``lockstep`` the zero-weight padding passes are
+        left out (forward-only work needs them only when ZeRO-3 gathers weights inside the forward)."""
+        rank, world = data_parallel_world()
+        passes = shard_micro_batches(rows, self.optim.micro_batch_size, rank, world)
+        return passes if lockstep else [p for p in passes if p.weight > 0]
 
     @torch.no_grad()
     def score(self, batch: TokenBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
-        """Log-probs (B, T) of the batch under the current policy (or ``model``), in eval mode, no gradients."""
+        """Log-probs (B, T) of the batch under the current policy (or ``model``), in eval mode, no gradients.
+
+        Data-parallel: each rank scores its micro-batches and the (B, T) results are summed over ranks (each row is
+        filled by exactly one rank, the others add zeros).
+        """
         model = model or self.module
         was_training = model.training
         model.eval()
         out = torch.zeros_like(batch.loss_mask)
-        for rows, micro in self._micro_batches(batch, list(range(len(batch)))):
-            logprobs, _ = token_logprobs(model, micro)
-            out[rows, : logprobs.shape[1]] = logprobs
+        lockstep = model is self.module and self.engine.zero_optimization_partition_weights()
+        for plan in self._passes(list(range(len(batch))), lockstep):
+            logprobs, _ = token_logprobs(model, batch.select(plan.rows).to(self.device))
+            if plan.weight > 0:
+                out[plan.rows, : logprobs.shape[1]] = logprobs.to(out.device)
         model.train(was_training)
-        return out
+        return all_reduce_sum(out, self.device)
 
     def policy_update(
         self,
@@ -168,68 +220,90 @@ class ActorEngine:
         return metrics
 
     def _ppo_step(self, batch, rows, old_logprobs, ref_logprobs, advantages, loss_fn, config) -> dict[str, float]:
-        """Forward/backward every micro-batch of one mini-batch, then one optimizer step."""
+        """Forward/backward this rank's micro-batches of one mini-batch, then one optimizer step. Returns the
+        mini-batch's metrics (summed over ranks)."""
         token_count = float(batch.loss_mask[rows].sum())
+        _, world = data_parallel_world()
         sums: dict[str, float] = {}
-        for micro_rows, micro in self._micro_batches(batch, rows):
-            width = micro.input_ids.shape[1]
-            weight = len(micro_rows) / len(rows)  # seq-mean: this micro-batch's share of the mini-batch
-            logprobs, entropy = token_logprobs(self.engine, micro, with_entropy=True)
-            old = old_logprobs[micro_rows, :width]
-            adv = advantages[micro_rows, :width]
-            count = token_count if config.loss_agg_mode == "token-mean" else None
-            pg_loss, pg_stats = loss_fn(
-                logprobs,
-                old,
-                adv,
-                micro.loss_mask,
-                clip_low=config.clip_low,
-                clip_high=config.clip_high,
-                loss_agg_mode=config.loss_agg_mode,
-                token_count=count,
-                clip_ratio_c=config.clip_ratio_c,
+        for plan in self._passes(rows):
+            weight = len(plan.rows) / len(rows)  # seq-mean: this micro-batch's share of the mini-batch
+            loss, values = self._ppo_micro(
+                batch, plan.rows, old_logprobs, ref_logprobs, advantages, loss_fn, config, token_count, weight
             )
-            entropy_loss = aggregate_loss(entropy, micro.loss_mask, config.loss_agg_mode, count)
-            loss = pg_loss - config.entropy_coef * entropy_loss
-            if ref_logprobs is not None:
-                kl = aggregate_loss(
-                    kl_penalty(logprobs, ref_logprobs[micro_rows, :width], config.kl_estimator),
-                    micro.loss_mask,
-                    config.loss_agg_mode,
-                    count,
-                )
-                loss = loss + config.kl_coef * kl
-                sums["actor/kl_loss"] = sums.get("actor/kl_loss", 0.0) + float(kl.detach()) * _share(config, weight)
-            if config.loss_agg_mode != "token-mean":
-                loss = loss * weight
+            if world > 1 or plan.weight != 1.0:  # DeepSpeed averages over ranks: scale so that the ranks' sum counts
+                loss = loss * (plan.weight * world)
             self.engine.backward(loss, scale_wrt_gas=False)
-            share = _share(config, weight)
-            micro_tokens = float(micro.loss_mask.sum()) / max(token_count, 1.0)
-            sums["actor/pg_loss"] = sums.get("actor/pg_loss", 0.0) + float(pg_loss.detach()) * share
-            sums["actor/entropy"] = sums.get("actor/entropy", 0.0) + float(entropy_loss.detach()) * share
-            for key, value in pg_stats.items():
-                sums[f"actor/{key}"] = sums.get(f"actor/{key}", 0.0) + float(value) * micro_tokens
-        sums["actor/grad_norm"] = grad_norm(self.engine)
-        self.engine.step()
+            for key, value in values.items():
+                sums[key] = sums.get(key, 0.0) + value * plan.weight
+        sums = all_reduce_sums(sums, self.device)
+        steps_skipped = self.engine.skipped_steps
+        sums["actor/grad_norm"] = optimizer_step(self.engine)
         sums["actor/lr"] = float(self.engine.get_lr()[0])
+        if self.optim.precision == "fp16":  # a loss-scale overflow skips the step
+            sums["actor/skipped_steps"] = float(self.engine.skipped_steps - steps_skipped)
         return sums
+
+    def _ppo_micro(
+        self, batch, rows, old_logprobs, ref_logprobs, advantages, loss_fn, config, token_count: float, weight: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one micro-batch (normalised by the whole mini-batch) and its share of the metrics."""
+        micro = batch.select(rows).to(self.device)
+        width = micro.input_ids.shape[1]
+        logprobs, entropy = token_logprobs(self.engine, micro, with_entropy=True)
+        old = old_logprobs[rows, :width].to(self.device)
+        adv = advantages[rows, :width].to(self.device)
+        count = token_count if config.loss_agg_mode == "token-mean" else None
+        pg_loss, pg_stats = loss_fn(
+            logprobs,
+            old,
+            adv,
+            micro.loss_mask,
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            loss_agg_mode=config.loss_agg_mode,
+            token_count=count,
+            clip_ratio_c=config.clip_ratio_c,
+        )
+        entropy_loss = aggregate_loss(entropy, micro.loss_mask, config.loss_agg_mode, count)
+        loss = pg_loss - config.entropy_coef * entropy_loss
+        share = _share(config, weight)
+        values: dict[str, float] = {}
+        if ref_logprobs is not None:
+            reference = ref_logprobs[rows, :width].to(self.device)
+            kl = aggregate_loss(
+                kl_penalty(logprobs, reference, config.kl_estimator), micro.loss_mask, config.loss_agg_mode, count
+            )
+            loss = loss + config.kl_coef * kl
+            values["actor/kl_loss"] = float(kl.detach()) * share
+        if config.loss_agg_mode != "token-mean":
+            loss = loss * weight
+        micro_tokens = float(micro.loss_mask.sum()) / max(token_count, 1.0)
+        values["actor/pg_loss"] = float(pg_loss.detach()) * share
+        values["actor/entropy"] = float(entropy_loss.detach()) * share
+        for key, value in pg_stats.items():
+            values[f"actor/{key}"] = float(value) * micro_tokens
+        return loss, values
 
     def sft_update(self, batch: TokenBatch, batch_size: int, shuffle_seed: int) -> dict[str, float]:
         """One epoch of supervised learning: token-mean cross-entropy on the loss-masked tokens."""
         rng = np.random.default_rng(shuffle_seed)
         order = rng.permutation(len(batch)).tolist()
+        _, world = data_parallel_world()
         losses = []
         self.engine.train()
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             token_count = float(batch.loss_mask[rows].sum())
             total = 0.0
-            for _, micro in self._micro_batches(batch, rows):
+            for plan in self._passes(rows):
+                micro = batch.select(plan.rows).to(self.device)
                 logprobs, _ = token_logprobs(self.engine, micro)
                 loss = -aggregate_loss(logprobs, micro.loss_mask, "token-mean", token_count)
-                self.engine.backward(loss, scale_wrt_gas=False)
-                total += float(loss.detach())
-            self.engine.step()
+                scaled = loss * (plan.weight * world) if world > 1 or plan.weight != 1.0 else loss
+                self.engine.backward(scaled, scale_wrt_gas=False)
+                total += float(loss.detach()) * plan.weight
+            total = all_reduce_sums({"loss": total}, self.device)["loss"]
+            optimizer_step(self.engine)
             losses.append(total)
         return {"sft/loss": float(np.mean(losses)), "sft/steps": float(len(losses))}
 

@@ -22,6 +22,10 @@ class TokenBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """The same batch on ``device`` (itself when it is already there)."""
+        return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device))
+
     def select(self, rows: torch.Tensor | list[int]) -> TokenBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
         width = int(self.attention_mask[rows].sum(dim=1).max())

@@ -16,7 +16,12 @@ written, and the engine state is loaded with an explicit tag.
 
 Loading uses ``torch.load(weights_only=False)`` inside DeepSpeed (its state holds pickled config objects): load
 only checkpoints you trust. Under a launcher every rank calls :func:`save_checkpoint` / :func:`load_checkpoint`
-(DeepSpeed saves each rank's ZeRO shard); rank 0 alone touches the folders and writes the export.
+(DeepSpeed saves each rank's ZeRO shard; under ZeRO-3 the export gathers the partitioned weights, a collective);
+rank 0 alone touches the folders and writes the export.
+
+:func:`export_policy` writes the same Hugging Face export on its own (atomically replacing a folder): a launched
+update group hands the new weights to the rollout side through it after every update, and
+:func:`load_exported_weights` copies them into the rollout process's model.
 """
 
 from __future__ import annotations
@@ -126,10 +131,6 @@ def save_checkpoint(
     and ``checkpoint.json`` with ``extra`` (JSON-serialisable: config hash, metrics, ...). An existing checkpoint
     of the same iteration is replaced. Call it on every rank when running under a launcher.
     """
-    if actor.engine.zero_optimization_partition_weights():
-        raise CheckpointError(
-            "ZeRO-3 partitions the weights, which the Hugging Face export cannot save; use ZeRO <= 2"
-        )
     final = checkpoint_dir(lake_or_root, run_id, iteration)
     temp = final.with_name(_TEMP_PREFIX + final.name)
     # serialised first, so unserialisable ``extra`` fails before anything is written
@@ -144,14 +145,64 @@ def save_checkpoint(
     if critic is not None:
         critic.engine.save_checkpoint(str(temp / "critic"), tag=ENGINE_TAG, save_latest=False)
     maybe_fail("checkpoint", "mid_save", iteration)
+    state_dict = _full_state_dict(actor)  # every rank (a collective under ZeRO-3)
     if _rank() == 0:
-        actor.module.save_pretrained(str(temp / "hf"))
+        actor.module.save_pretrained(str(temp / "hf"), state_dict=state_dict)
         tokenizer.save_pretrained(str(temp / "hf"))
         (temp / INFO_FILE).write_text(info)  # last: its presence marks the folder complete
         _fsync_tree(temp)
         _replace_dir(temp, final)
     _barrier()
     return final
+
+
+def export_policy(actor: ActorEngine, tokenizer: Any, folder: str | Path) -> Path:
+    """Write the policy and ``tokenizer`` as a Hugging Face folder at ``folder``, atomically replacing what is there
+    (built in a hidden sibling, fsynced, renamed). Call it on every rank under a launcher; rank 0 writes."""
+    folder = Path(folder)
+    state_dict = _full_state_dict(actor)
+    if _rank() == 0:
+        temp = folder.with_name(_TEMP_PREFIX + folder.name)
+        shutil.rmtree(temp, ignore_errors=True)
+        temp.parent.mkdir(parents=True, exist_ok=True)
+        actor.module.save_pretrained(str(temp), state_dict=state_dict)
+        tokenizer.save_pretrained(str(temp))
+        _fsync_tree(temp)
+        _replace_dir(temp, folder)
+    _barrier()
+    return folder
+
+
+def load_exported_weights(model: Any, folder: str | Path) -> None:
+    """Copy the weights of a Hugging Face export (``*.safetensors`` in ``folder``) into ``model`` in place, on its
+    device and in its dtype. Every parameter of ``model`` must be in the export (tied weights count once)."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{str(folder)!r} holds no *.safetensors weights; is it a Hugging Face export?")
+    state: dict[str, Any] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    missing = [name for name, _ in model.named_parameters() if name not in state]
+    if missing:
+        raise CheckpointError(
+            f"the export in {str(folder)!r} lacks {len(missing)} parameters of the model (e.g. {missing[0]}); it was "
+            "written for another architecture"
+        )
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(state[name].to(device=parameter.device, dtype=parameter.dtype))
+
+
+def _full_state_dict(actor: ActorEngine) -> dict[str, Any] | None:
+    """The whole state dict for the export under ZeRO-3 (gathered from the partitions: on rank 0, None elsewhere);
+    None otherwise, where ``save_pretrained`` reads the unpartitioned module itself."""
+    if not actor.engine.zero_optimization_partition_weights():
+        return None
+    return actor.engine._zero3_consolidated_16bit_state_dict()  # DeepSpeed's gather; in the model's own dtype
 
 
 def _info(

@@ -15,9 +15,22 @@ import numpy as np
 import torch
 
 from ragen_core.algos import value_loss
-from ragen_core.training.actor import OptimConfig, build_optimizer, deepspeed_config, grad_norm
+from ragen_core.training.actor import (
+    OptimConfig,
+    build_optimizer,
+    check_data_parallel,
+    deepspeed_config,
+    optimizer_step,
+)
 from ragen_core.training.batch import TokenBatch
 from ragen_core.training.distributed import ensure_single_process_env
+from ragen_core.training.parallel import (
+    MicroBatchPlan,
+    all_reduce_sum,
+    all_reduce_sums,
+    data_parallel_world,
+    shard_micro_batches,
+)
 
 
 @dataclass(frozen=True)
@@ -82,27 +95,34 @@ class CriticEngine:
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=build_optimizer(model, optim), config=config
         )
+        check_data_parallel(optim)
+        self.device = torch.device(self.engine.device)
 
     @property
     def module(self) -> ValueModel:
         """The value model."""
         return self.engine.module
 
-    def _micro_batches(self, batch: TokenBatch, rows: list[int]) -> list[tuple[list[int], TokenBatch]]:
-        size = self.optim.micro_batch_size
-        return [(rows[i : i + size], batch.select(rows[i : i + size])) for i in range(0, len(rows), size)]
+    def _passes(self, rows: list[int], lockstep: bool = True) -> list[MicroBatchPlan]:
+        """This rank's micro-batch passes (see :meth:`ragen_core.training.actor.ActorEngine._passes`)."""
+        rank, world = data_parallel_world()
+        passes = shard_micro_batches(rows, self.optim.micro_batch_size, rank, world)
+        return passes if lockstep else [p for p in passes if p.weight > 0]
 
     @torch.no_grad()
     def values(self, batch: TokenBatch) -> torch.Tensor:
-        """Values (B, T) of the batch in eval mode, no gradients; 0 outside ``batch.loss_mask``."""
+        """Values (B, T) of the batch in eval mode, no gradients; 0 outside ``batch.loss_mask``. Data-parallel:
+        each rank computes its micro-batches' rows and the results are summed over ranks."""
         was_training = self.module.training
         self.module.eval()
         out = torch.zeros_like(batch.loss_mask)
-        for rows, micro in self._micro_batches(batch, list(range(len(batch)))):
+        for plan in self._passes(list(range(len(batch))), self.engine.zero_optimization_partition_weights()):
+            micro = batch.select(plan.rows).to(self.device)
             values = self.module(input_ids=micro.input_ids, attention_mask=micro.attention_mask)
-            out[rows, : values.shape[1]] = values.to(out.dtype)
+            if plan.weight > 0:
+                out[plan.rows, : values.shape[1]] = values.to(device=out.device, dtype=out.dtype)
         self.module.train(was_training)
-        return out * batch.loss_mask
+        return all_reduce_sum(out, self.device) * batch.loss_mask
 
     def update(
         self,
@@ -127,31 +147,37 @@ class CriticEngine:
         return {key: float(np.mean(values)) for key, values in history.items()}
 
     def _value_step(self, batch, rows, old_values, returns, mask, config: ValueUpdateConfig) -> dict[str, float]:
-        """Forward/backward every micro-batch of one mini-batch, then one optimizer step."""
+        """Forward/backward this rank's micro-batches of one mini-batch, then one optimizer step (metrics summed over
+        ranks)."""
         token_mean = config.loss_agg_mode == "token-mean"
         token_count = float(mask[rows].sum())
+        _, world = data_parallel_world()
         sums = {"critic/vf_loss": 0.0, "critic/vf_clipfrac": 0.0, "critic/vpred_mean": 0.0}
-        for micro_rows, micro in self._micro_batches(batch, rows):
+        for plan in self._passes(rows):
+            micro = batch.select(plan.rows).to(self.device)
             width = micro.input_ids.shape[1]
-            micro_mask = mask[micro_rows, :width]
+            micro_mask = mask[plan.rows, :width].to(self.device)
             vpreds = self.engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask)  # (b, width)
             loss, stats = value_loss(
                 vpreds,
-                old_values[micro_rows, :width],
-                returns[micro_rows, :width],
+                old_values[plan.rows, :width].to(self.device),
+                returns[plan.rows, :width].to(self.device),
                 micro_mask,
                 config.cliprange_value,
                 config.loss_agg_mode,
                 token_count if token_mean else None,
             )
             # token-mean losses share the mini-batch denominator and add up; seq-mean ones are weighted by rows
-            share = 1.0 if token_mean else len(micro_rows) / len(rows)
-            self.engine.backward(loss * share, scale_wrt_gas=False)
+            share = 1.0 if token_mean else len(plan.rows) / len(rows)
+            scaled = loss * share
+            if world > 1 or plan.weight != 1.0:  # DeepSpeed averages over ranks: scale so that the ranks' sum counts
+                scaled = scaled * (plan.weight * world)
+            self.engine.backward(scaled, scale_wrt_gas=False)
             token_share = float(micro_mask.sum()) / max(token_count, 1.0)
-            sums["critic/vf_loss"] += float(loss.detach()) * share
-            sums["critic/vf_clipfrac"] += float(stats["vf_clipfrac"]) * token_share
-            sums["critic/vpred_mean"] += float(stats["vpred_mean"]) * token_share
-        sums["critic/grad_norm"] = grad_norm(self.engine)
-        self.engine.step()
+            sums["critic/vf_loss"] += float(loss.detach()) * share * plan.weight
+            sums["critic/vf_clipfrac"] += float(stats["vf_clipfrac"]) * token_share * plan.weight
+            sums["critic/vpred_mean"] += float(stats["vpred_mean"]) * token_share * plan.weight
+        sums = all_reduce_sums(sums, self.device)
+        sums["critic/grad_norm"] = optimizer_step(self.engine)
         sums["critic/lr"] = float(self.engine.get_lr()[0])
         return sums

@@ -27,6 +27,11 @@ def lake_runs(tmp_path_factory) -> tuple[DataLake, list[SyntheticRun]]:
     runs = [make_run(11 + i, run_id, env, 3, filter_ratio=ratio) for i, (run_id, env, ratio) in enumerate(RUNS)]
     for run in runs:
         write_run(lake, run)
+    for point, run in enumerate(runs[:2]):  # sweep-a and sweep-b are the two points of sweep 'sweep-x'
+        overrides = [f"algorithm.filter_ratio={run.config['algorithm']['filter_ratio']}"]
+        manifest = lake.read_manifest(run.run_id)
+        sweep = {"id": "sweep-x", "point": point, "overrides": overrides}
+        lake.write_manifest(run.run_id, {**manifest, "sweep": sweep})
     return lake, runs
 
 
@@ -128,6 +133,17 @@ def compare_sweep_runs(runs):
             for i in sorted(a.metrics)]  # fmt: skip
 
 
+def sweep_points(runs):
+    rows = []
+    for point, run in enumerate(runs[:2]):
+        last = max(t.iteration for t in run.trajectories if t.split == "val")
+        success = statistics.fmean(t.success for t in run.trajectories if t.split == "val" and t.iteration == last)
+        rows.append({"sweep_point": point, "run_id": run.run_id,
+                     "overrides_json": f'["algorithm.filter_ratio={run.config["algorithm"]["filter_ratio"]}"]',
+                     "env": run.env, "iteration": last, "success_rate": success})  # fmt: skip
+    return rows
+
+
 def training_curves(runs):
     return [{"run_id": run.run_id, "iteration": i, "reward_mean": run.metrics[i].get("rollout/reward_mean"),
              "val_success": run.metrics[i][f"val/{run.env}/success"]}
@@ -159,7 +175,7 @@ def vertical_move_share(runs):
 
 EXPECTED = {f.__name__: f for f in (success_by_env_iteration, reward_by_turn, echo_trap_think_diversity,
             format_failures, filter_keep_rate, sokoban_solution_plans, response_length_by_iteration,
-            compare_sweep_runs, training_curves, trained_tokens, vertical_move_share)}  # fmt: skip
+            compare_sweep_runs, training_curves, trained_tokens, vertical_move_share, sweep_points)}  # fmt: skip
 
 
 TOLERANCE = {"trained_tokens": 1e-6}

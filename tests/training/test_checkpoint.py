@@ -11,7 +11,7 @@ import torch
 
 from ragen_core.algos import grpo_advantage
 from ragen_core.storage.lake import DataLake, LakeError
-from ragen_core.training import ActorEngine, OptimConfig, PolicyUpdateConfig, collate
+from ragen_core.training import ActorEngine, OptimConfig, PolicyUpdateConfig
 from ragen_core.training.checkpoint import (
     ENGINE_TAG,
     CheckpointError,
@@ -25,6 +25,7 @@ from ragen_core.training.checkpoint import (
 )
 from ragen_core.training.critic import CriticEngine, ValueModel, ValueUpdateConfig
 from ragen_core.training.starpo import trajectory_token_rewards
+from tests.training.dp_update_script import fixed_batch
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = "run-a"
@@ -46,17 +47,7 @@ DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MAS
 @pytest.fixture(scope="module")
 def update_batch(tiny_policy):
     """Eight synthetic one-turn chats in two groups, with scores of both signs of advantage."""
-    _, tokenizer = tiny_policy
-    generator = torch.Generator().manual_seed(0)
-    ids, masks = [], []
-    for row in range(8):
-        prompt, response = 4 + row % 3, 3 + row % 4
-        ids.append(torch.randint(10, 300, (prompt + response,), generator=generator).tolist())
-        masks.append([0] * prompt + [1] * response)
-    batch = collate(ids, masks, tokenizer.pad_token_id)
-    scores = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.0, 0.9, 0.3, 0.1])
-    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    return batch, scores, groups
+    return fixed_batch(tiny_policy[1].pad_token_id)
 
 
 def _actor(tiny_policy) -> ActorEngine:

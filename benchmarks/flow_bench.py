@@ -1,0 +1,199 @@
+"""Orchestration overhead, Parquet share and memory, measured inside a real ``train`` flow run.
+
+The flow runs as users run it (Prefect's temporary local server; each iteration a group of tasks of the ``train``
+flow). A measurement harness in this process wraps, without changing what they do:
+
+- the core call of every stage (the :mod:`ragen_core.stages` functions the tasks call; nested core calls, e.g. the
+  persist inside ``evaluate``, count once), so core time per iteration is known;
+- the ``starpo_iteration`` call, so the iteration's wall time is known;
+- ``atomic_write_parquet`` (Parquet encode + fsync + rename), for the storage share;
+- resident memory, sampled every 10 ms, with the peak taken per iteration.
+
+Overhead of an iteration = (wall time - time inside core calls) / wall time: Prefect's task runs, the
+flow's own glue and anything else that is neither generating, storing, validating nor learning.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import ROOT, RssSampler, patched, spread
+
+CORE_CALLS = (
+    "generate_rollouts",
+    "persist_trajectories",
+    "validate_env_batch",
+    "filter_groups",
+    "update_policy",
+    "evaluate",
+    "commit_iteration",
+)
+
+
+class CoreClock:
+    """Seconds inside the outermost core calls, per call name, since the last ``take``."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, name: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self.depth:
+                return fn(*args, **kwargs)
+            self.depth += 1
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+                self.depth -= 1
+
+        return timed
+
+    def take(self) -> dict[str, float]:
+        seconds, self.seconds = self.seconds, {}
+        return seconds
+
+
+@dataclass(frozen=True)
+class FlowCase:
+    """One train flow run: a label, config overrides on configs/bandit.yaml, and the data root."""
+
+    label: str
+    overrides: tuple[str, ...]
+    data_root: Path
+
+
+def run_flow(
+    case: FlowCase, sample_memory: bool = False, progress: Any = None, variant: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Run the train flow of ``case``; one row per iteration (wall, core per stage, task-measured stage times,
+    Parquet write seconds, validation metrics and, with ``sample_memory``, peak resident bytes) and the final
+    validation's metrics. ``progress(iteration, metrics)`` is the flow's own progress callback.
+
+    ``variant`` measures the previous design side by side: the iteration as a ``starpo_iteration`` subflow of its
+    own, and the rollout records handed to the persist task as they are (Prefect walks them looking for futures).
+    The flow itself runs each iteration as a group of tasks of ``train`` with the records ``quote``-d.
+    """
+    import flows.train as train_module
+    import ragen_core.stages as core
+    import ragen_core.storage.lake as lake_module
+    from ragen_core.config import load_config
+
+    config = load_config(ROOT / "configs" / "bandit.yaml", list(case.overrides))
+    clock, parquet = CoreClock(), CoreClock()
+    rows: list[dict[str, Any]] = []
+    sampler = RssSampler()
+    original_iteration = train_module.starpo_iteration
+    previous_design = None
+    if variant:
+        from prefect import flow
+
+        previous_design = flow(name="starpo_iteration", validate_parameters=False)(original_iteration)
+
+    def timed_iteration(session: Any, iteration: int) -> dict[str, float]:
+        clock.take(), parquet.take()
+        if sample_memory:
+            sampler.window()
+        started = time.perf_counter()
+        metrics = (previous_design if variant else original_iteration)(session, iteration)
+        wall = time.perf_counter() - started
+        core_seconds = clock.take()
+        row = {
+            "iteration": iteration,
+            "wall_s": wall,
+            "core_s": sum(core_seconds.values()),
+            "core": core_seconds,
+            "stage_s": {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("time/") and "_" not in k},
+            "parquet_write_s": parquet.take().get("parquet", 0.0),
+            "evaluated": "time/evaluate" in metrics,
+            "trained_tokens": metrics.get("actor/trained_tokens", 0.0),
+            "metrics": {k: v for k, v in metrics.items() if k.startswith("val/")},
+        }
+        if sample_memory:
+            row["peak_rss_bytes"] = sampler.window()
+        rows.append(row)
+        return metrics
+
+    patches = [patched(core, name, clock.wrap(name, getattr(core, name))) for name in CORE_CALLS]
+    patches.append(
+        patched(lake_module, "atomic_write_parquet", parquet.wrap("parquet", lake_module.atomic_write_parquet))
+    )
+    patches.append(patched(train_module, "starpo_iteration", timed_iteration))
+    if variant:  # the records unquoted, as before
+        patches.append(patched(train_module, "quote", lambda records: records))
+    final: dict[str, float] = {}
+
+    def on_progress(iteration: int, metrics: dict[str, float]) -> None:
+        if iteration == config.trainer.iterations:
+            final.update(metrics)
+        if progress is not None:
+            progress(iteration, metrics)
+
+    for patch in patches:
+        patch.__enter__()
+    try:
+        with sampler if sample_memory else _Null():
+            train_module.train(
+                config=config.to_dict(), data_root=str(case.data_root), run_id=f"bench-{case.label}",
+                progress=on_progress,
+            )  # fmt: skip
+    finally:
+        for patch in reversed(patches):
+            patch.__exit__(None, None, None)
+    return rows, final
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def overhead_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Overhead share per iteration (median and spread over the iterations without validation, and over all), where
+    it goes (subflow vs task wrappers), and the Parquet write share."""
+    plain = [r for r in rows if not r["evaluated"]] or rows
+    shares = [(r["wall_s"] - r["core_s"]) / r["wall_s"] for r in plain]
+    wall = sum(r["wall_s"] for r in rows)
+    core = sum(r["core_s"] for r in rows)
+    task_wrapped = sum(sum(r["stage_s"].values()) for r in plain)
+    subflow = [r["wall_s"] - sum(r["stage_s"].values()) for r in plain]  # outside every stage's task call
+    tasks = [sum(r["stage_s"].values()) - r["core_s"] for r in plain]  # inside task calls, outside the core
+    stage_core: dict[str, list[float]] = {}
+    for r in plain:
+        for name, seconds in r["core"].items():
+            stage_core.setdefault(name, []).append(seconds)
+    return {
+        "iterations": len(rows),
+        "overhead_share": spread(shares),
+        "overhead_share_all_iterations": (wall - core) / wall,
+        "iteration_wall_s": spread([r["wall_s"] for r in plain]),
+        "core_s": spread([r["core_s"] for r in plain]),
+        "subflow_and_glue_s": spread(subflow),
+        "task_wrappers_s": spread(tasks),
+        "task_wrapped_share": task_wrapped / sum(r["wall_s"] for r in plain),
+        "core_by_stage_s": {name: spread(values) for name, values in stage_core.items()},
+        "parquet_write_share": spread([r["parquet_write_s"] / r["wall_s"] for r in plain]),
+        "parquet_write_s": spread([r["parquet_write_s"] for r in plain]),
+    }
+
+
+def memory_summary(rows: list[dict[str, Any]], early: int = 5) -> dict[str, Any]:
+    """Peak resident memory per iteration and ``peak_rss_growth`` = (peak at the last iteration - peak at iteration
+    ``early``) / peak at iteration ``early`` (1-based iterations)."""
+    peaks = [r["peak_rss_bytes"] for r in rows]
+    early = min(early, len(peaks))
+    first, last = peaks[early - 1], peaks[-1]
+    return {
+        "peak_rss_mib": [round(p / 2**20, 1) for p in peaks],
+        "from_iteration": early,
+        "to_iteration": len(peaks),
+        "peak_rss_growth": (last - first) / first,
+    }

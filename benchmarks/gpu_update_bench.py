@@ -1,0 +1,157 @@
+"""A bf16 StarPO run of a ~0.5B-parameter Qwen2-architecture model with random weights (nothing is downloaded) on
+GPUs: ``--iterations`` (default 3) iterations with the Hugging Face rollout backend through the normal ``train``
+flow; update throughput and model FLOPs utilisation (MFU) read from the run's own metrics.
+
+    python -m benchmarks.gpu_update_bench [--shape 0.5b] [--iterations 3] [--launcher inprocess|torchrun|deepspeed]
+                                          [--nproc N] [--zero-stage S] [--peak-tflops T] [--no-report]
+
+Writes the "GPU update" section of ``benchmarks/RESULTS.md`` (naming the GPU) and ``benchmarks/results/gpu.json``.
+``--shape tiny --no-report`` runs the same path on a CPU in about a minute (fp32; MFU needs ``--peak-tflops``).
+
+FLOPs per update: the actor re-scores the batch once (old log-probs, 2 N FLOPs per token), and trains on it
+``ppo_epochs`` times (forward + backward, 6 N per token), N the parameter count and the tokens every position of
+the kept trajectories (prompts included); attention's own FLOPs (small at these lengths) are left out, so the MFU
+is slightly understated. Peak: ``--peak-tflops``, or the dense bf16 figure of a known GPU per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import HERE, machine, quiet_libraries, replace_marked_section
+
+# Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, TFLOP/s per GPU.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
+                    "L40S": 362.0, "A10G": 125.0, "L4": 121.0}  # fmt: skip
+BEGIN, END = "<!-- gpu_update_bench:begin -->", "<!-- gpu_update_bench:end -->"
+
+
+def peak_tflops(gpu: str | None, given: float | None) -> float | None:
+    """The per-GPU peak: ``given``, else the table entry whose name occurs in the GPU's name (longest first)."""
+    if given:
+        return given
+    for name in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
+        if gpu and name in gpu:
+            return PEAK_BF16_TFLOPS[name]
+    return None
+
+
+def overrides(args: argparse.Namespace, model_dir: Path) -> list[str]:
+    """The run: the paper's batch (8 groups x 16 rollouts, StarPO-S keeps 25%), one turn of up to 128 tokens."""
+    zero = args.zero_stage if args.zero_stage is not None else (2 if args.nproc > 1 else 0)
+    return [
+        f"model.path={model_dir}", "env.name=bandit", "env.val_envs=[bandit]", "rollout.env_groups=8",
+        "rollout.group_size=16", "rollout.max_new_tokens=128", "actor.lr=1e-6", "actor.mini_batch_size=32",
+        f"actor.micro_batch_size={args.micro_batch_size}", f"actor.zero_stage={zero}",
+        f"trainer.iterations={args.iterations}", f"trainer.launcher={args.launcher}", f"trainer.nproc={args.nproc}",
+        f"trainer.precision={args.precision}", "trainer.checkpoint_every=1000", "eval.every=1000", "eval.instances=16",
+        "bootstrap.enabled=false",
+    ]  # fmt: skip
+
+
+def measure(root: Path, run_id: str, parameters: int, world: int, peak: float | None) -> dict[str, Any]:
+    """Per iteration: update seconds, trained and total tokens, tokens/s, achieved TFLOP/s and MFU."""
+    import pyarrow.compute as pc
+
+    from ragen_core.storage import DataLake
+
+    lake = DataLake(root)
+    manifest = lake.read_manifest(run_id)
+    epochs = manifest["config"]["actor"]["ppo_epochs"]
+    metrics: dict[int, dict[str, float]] = {}
+    for row in lake.read_table("metrics", run_id).to_pylist():
+        metrics.setdefault(row["iteration"], {})[row["name"]] = row["value"]
+    rows = []
+    for iteration in sorted(i for i, m in metrics.items() if "time/update" in m):
+        table = lake.read_table("trajectories", run_id, iteration)
+        kept = table.filter(pc.and_(pc.equal(table["split"], "train"), pc.equal(table["kept"], True)))
+        tokens = sum(len(ids) for ids in kept["input_ids"].to_pylist())
+        seconds = metrics[iteration]["time/update"]
+        flops = (2 + 6 * epochs) * parameters * tokens
+        achieved = flops / seconds / 1e12
+        rows.append({
+            "iteration": iteration, "update_s": seconds, "trained_tokens": metrics[iteration]["actor/trained_tokens"],
+            "tokens": tokens, "trained_tokens_per_s": metrics[iteration]["actor/trained_tokens"] / seconds,
+            "tokens_per_s": tokens / seconds, "tflops": achieved,
+            "mfu": achieved / (peak * world) if peak else None,
+        })  # fmt: skip
+    return {"precision": manifest["precision"], "iterations": rows, "update_group": manifest.get("update_group")}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The "GPU update" section of RESULTS.md."""
+    where = result["machine"]
+    lines = [
+        "## GPU update (`benchmarks/gpu_update_bench.py`)",
+        "",
+        f"{result['parameters'] / 1e6:,.1f}M-parameter Qwen2-architecture model (random weights), "
+        f"{result['run']['precision']}, launcher `{result['launcher']}` x {result['world']} process(es), "
+        f"{result['iterations']} iterations with the Hugging Face rollout backend; GPU: **{where['gpu']}** "
+        f"(peak {result['peak_tflops']} TFLOP/s bf16 dense per GPU), torch {where['versions']['torch']}, "
+        f"DeepSpeed {where['versions']['deepspeed']}.",
+        "",
+        "| iteration | update s | trained tokens / s | all tokens / s | TFLOP/s | MFU |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["run"]["iterations"]:
+        mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
+        lines.append(f"| {row['iteration']} | {row['update_s']:.2f} | {row['trained_tokens_per_s']:,.0f} | "
+                     f"{row['tokens_per_s']:,.0f} | {row['tflops']:.1f} | {mfu} |")  # fmt: skip
+    lines.append("\nIteration 0 includes the engines' first-step set-up; later iterations are the steady state.\n")
+    return "\n".join(lines) + "\n"
+
+
+def update_results(path: Path, section: str) -> None:
+    """Replace (or append) this benchmark's section of RESULTS.md."""
+    replace_marked_section(path, BEGIN, END, section)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="0.5b", help="Model shape from benchmarks/models.py (tiny, 20m, 0.5b).")
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--launcher", default="inprocess", choices=["inprocess", "torchrun", "deepspeed"])
+    parser.add_argument("--nproc", type=int, default=1, help="Processes (GPUs) of the launched update group.")
+    parser.add_argument("--zero-stage", type=int, help="Default: 0 in one process, 2 in a group.")
+    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--precision", default="auto", help="auto (bf16 on a capable GPU), bf16, fp16 or fp32.")
+    parser.add_argument("--peak-tflops", type=float, help="Per-GPU peak for the MFU (default: from the GPU's name).")
+    parser.add_argument("--root", help="Data root (default: a temporary folder, deleted afterwards).")
+    parser.add_argument("--no-report", action="store_true", help="Print only; do not write the results files.")
+    args = parser.parse_args()
+
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    quiet_libraries(device)
+    from benchmarks.models import model_dir, parameter_count
+    from flows.train import train
+    from ragen_core.config import load_config
+    from ragen_core.policy import load_policy
+
+    folder = model_dir(args.shape)
+    parameters = parameter_count(load_policy(folder)[0])
+    world = args.nproc if args.launcher != "inprocess" else 1
+    info = machine(device)
+    peak = peak_tflops(info["gpu"], args.peak_tflops)
+    config = load_config(None, overrides(args, folder)).to_dict()
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(args.root or scratch)
+        train(config, data_root=str(root), run_id="gpu-bench")
+        run = measure(root, "gpu-bench", parameters, world, peak)
+    result = {"machine": info, "shape": args.shape, "parameters": parameters, "launcher": args.launcher,
+              "world": world, "iterations": args.iterations, "peak_tflops": peak, "run": run}  # fmt: skip
+    section = markdown(result)
+    print(section)
+    if not args.no_report:
+        (HERE / "results").mkdir(exist_ok=True)
+        (HERE / "results" / "gpu.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        update_results(HERE / "RESULTS.md", section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""From the sections' results to ``results.json`` (a flat object) and ``RESULTS.md`` (the report)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.suite import TARGETS
+
+REQUIRED_KEYS = tuple(TARGETS)  # the headline keys of results.json (None where their section did not run)
+
+
+def _cases(details: dict[str, Any], section: str) -> list[dict[str, Any]]:
+    return details.get(section, {}).get("cases", [])
+
+
+def flatten(details: dict[str, Any]) -> dict[str, Any]:
+    """The flat ``results.json``: the headline keys (None where the section did not run) and per-case figures."""
+    flat: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
+    flat.update({f"target.{key}": value for key, value in TARGETS.items()})
+    for key in ("generated_at", "quick", "device", "threads", "total_seconds"):
+        flat[key] = details.get(key)
+    machine = next((details[s]["machine"] for s in ("flow", "rollout", "update", "lake") if s in details), {})
+    for key in ("cpu", "cpus", "memory_gib", "load_average_at_start", "gpu", "python"):
+        flat[f"machine.{key}"] = machine.get(key)
+    rollout = [c for c in _cases(details, "rollout")]
+    for case in rollout:
+        prefix = f"rollout_efficiency.{case['shape']}.{case['case']}"
+        flat[prefix] = case["ratio"]["median"]
+        flat[f"{prefix}.min"], flat[f"{prefix}.max"] = case["ratio"]["min"], case["ratio"]["max"]
+        flat[f"{prefix}.ours_tokens_per_s"] = case["ours_tokens_per_s"]["median"]
+        flat[f"{prefix}.bare_tokens_per_s"] = case["bare_tokens_per_s"]["median"]
+    if rollout:
+        flat["rollout_efficiency"] = min(c["ratio"]["median"] for c in rollout)
+    update = _cases(details, "update")
+    for case in update:
+        prefix = f"update_efficiency.{case['shape']}"
+        flat[prefix] = case["ratio"]["median"]
+        flat[f"{prefix}.min"], flat[f"{prefix}.max"] = case["ratio"]["min"], case["ratio"]["max"]
+        flat[f"{prefix}.ours_tokens_per_s"] = case["ours_tokens_per_s"]["median"]
+        flat[f"{prefix}.bare_tokens_per_s"] = case["bare_tokens_per_s"]["median"]
+    if update:
+        flat["update_efficiency"] = min(c["ratio"]["median"] for c in update)
+    _flatten_flow(details.get("flow"), flat)
+    _flatten_peer(details.get("peer"), flat)
+    _flatten_lake(details.get("lake"), flat)
+    _flatten_gpu(details.get("gpu"), flat)
+    return flat
+
+
+def _flatten_flow(flow: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    if not flow:
+        return
+    flat["orchestration_overhead"] = flow["demo"]["overhead_share"]["median"]
+    for label in ("demo", "large", "variant"):
+        summary = flow[label]
+        name = {"demo": "demo", "large": "10x", "variant": "subflow_per_iteration"}[label]
+        flat[f"orchestration_overhead.{name}"] = summary["overhead_share"]["median"]
+        flat[f"orchestration_overhead.{name}.min"] = summary["overhead_share"]["min"]
+        flat[f"orchestration_overhead.{name}.max"] = summary["overhead_share"]["max"]
+        flat[f"iteration_wall_s.{name}"] = summary["iteration_wall_s"]["median"]
+    flat["parquet_write_share"] = flow["demo"]["parquet_write_share"]["median"]
+    memory = flow["memory"]
+    flat["peak_rss_growth"] = memory["peak_rss_growth"]
+    flat[f"peak_rss_mib.iteration_{memory['from_iteration']}"] = memory["peak_rss_mib"][memory["from_iteration"] - 1]
+    flat[f"peak_rss_mib.iteration_{memory['to_iteration']}"] = memory["peak_rss_mib"][-1]
+
+
+def _flatten_peer(peer: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    if not peer:
+        return
+    equal = peer["equal_work"]
+    flat["trl_iteration_time_ratio"] = equal["trl_iteration_time_ratio"]
+    flat["trl_iteration_time_ratio.min"] = equal["ours_over_trl_per_iteration"]["min"]
+    flat["trl_iteration_time_ratio.max"] = equal["ours_over_trl_per_iteration"]["max"]
+    flat["ours_iteration_s"] = equal["ours_iteration_s"]["median"]
+    flat["trl_iteration_s"] = equal["trl_iteration_s"]["median"]
+    for pairing in ("equal_work", "starpo_s"):
+        result = peer[pairing]
+        flat[f"trl_iteration_time_ratio.{pairing}"] = result["trl_iteration_time_ratio"]
+        for side in ("ours", "trl"):
+            flat[f"validation_success_gain_per_minute.{pairing}.{side}"] = result[side]["success_gain_per_minute"]
+            flat[f"validation_success_final.{pairing}.{side}"] = result[side]["final_success"]
+
+
+def per_minute_verdict(pairing: dict[str, Any]) -> str:
+    """Ours no worse than TRL in validation success gained per training minute (when either side gained any)."""
+    ours, trl = pairing["ours"], pairing["trl"]
+    gains = ours["success_gain_per_minute"], trl["success_gain_per_minute"]
+    if max(gains) <= 0:
+        start = ours["curve"][0]["success"]
+        return (
+            f"not comparable: neither improved (from {start:.3f}: ours -> {ours['final_success']:.3f}, "
+            f"TRL -> {trl['final_success']:.3f})"
+        )
+    return "met" if gains[0] >= gains[1] else f"missed ({gains[0]:.3f} vs {gains[1]:.3f} per minute)"
+
+
+def _flatten_lake(lake: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    if not lake:
+        return
+    for turns, result in lake["sizes"].items():
+        timings = result["queries_before_compaction"]
+        flat[f"duckdb_queries_total_s.{turns}_turns"] = sum(t["median_s"] for t in timings.values())
+        flat[f"duckdb_query_max_s.{turns}_turns"] = max(t["median_s"] for t in timings.values())
+
+
+def _flatten_gpu(gpu: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    if not gpu:
+        flat["gpu.run"] = False
+        return
+    flat["gpu.run"] = True
+    flat["gpu.name"] = next(iter(gpu.values()))["machine"].get("gpu")
+    for case in gpu.get("rollout", {}).get("cases", []):
+        prefix = f"gpu.rollout_efficiency.{case['shape']}.{case['case']}"
+        flat[prefix] = case["ratio"]["median"]
+        flat[f"{prefix}.ours_tokens_per_s"] = case["ours_tokens_per_s"]["median"]
+    for case in gpu.get("update", {}).get("cases", []):
+        prefix = f"gpu.update_efficiency.{case['shape']}"
+        flat[prefix] = case["ratio"]["median"]
+        flat[f"{prefix}.ours_tokens_per_s"] = case["ours_tokens_per_s"]["median"]
+        flat[f"gpu.update_mfu.{case['shape']}"] = case["mfu"]["mfu"]
+
+
+def fmt_spread(values: dict[str, float], digits: int = 2, percent: bool = False) -> str:
+    """'median [min-max] (n=N)'."""
+    scale, unit = (100.0, "%") if percent else (1.0, "")
+    return (
+        f"{values['median'] * scale:.{digits}f}{unit} [{values['min'] * scale:.{digits}f}-"
+        f"{values['max'] * scale:.{digits}f}] (n={values['n']})"
+    )
+
+
+def verdict(key: str, value: float | None) -> str:
+    """'met' or 'missed by ...' against the target of ``key``."""
+    if value is None:
+        return "not run"
+    target = TARGETS[key]
+    if key in ("rollout_efficiency", "update_efficiency"):
+        return "met" if value >= target else f"missed by {target - value:.2f} ({(target - value) / target:.0%} short)"
+    if key == "trl_iteration_time_ratio":
+        return "met (ours faster)" if value < target else f"missed: ours {value:.2f}x TRL's time per iteration"
+    if key == "orchestration_overhead":
+        return "met" if value <= target else f"missed by {(value - target) * 100:.1f} points"
+    return "met" if value <= target else f"missed by {value - target:.3f}"

@@ -1,0 +1,203 @@
+"""The benchmark sections and their sizes (full and ``--quick``); each returns a JSON-able dict for the report."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import machine
+
+TARGETS = {
+    "rollout_efficiency": 0.9,  # at least
+    "update_efficiency": 0.9,  # at least
+    "orchestration_overhead": 0.05,  # at most, at the demo config
+    "trl_iteration_time_ratio": 1.0,  # below: ours faster per iteration
+    "peak_rss_growth": 0.1,  # at most
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each section runs."""
+
+    rollout_cases: tuple[tuple[str, str, int, int, int], ...]  # (shape, case, groups, group_size, repeats)
+    update_shapes: tuple[tuple[str, int], ...]  # (shape, repeats)
+    repeats: int  # of anything without its own count
+    common_overrides: tuple[str, ...]  # on every flow run and the peer run (the bootstrap must be the same)
+    demo_overrides: tuple[str, ...]
+    variant_iterations: int
+    large_iterations: int
+    peer_iterations: int
+    peer_eval_every: int
+    peer_eval_instances: int
+    lake_turns: tuple[int, ...]
+    lake_iterations: int
+    repeats_override: int | None = None  # --repeats: every ratio
+
+
+FULL = Sizes(
+    rollout_cases=(
+        ("tiny", "bandit", 8, 16, 5),  # the demo's batch
+        ("tiny", "sokoban", 4, 8, 5),
+        ("20m", "bandit", 4, 16, 3),
+        ("20m", "sokoban", 1, 8, 3),  # ~25 s per repeat of both sides on 2 cores
+    ),
+    update_shapes=(("tiny", 5), ("20m", 3)),  # the 20m update: ~20 s per repeat of both sides
+    repeats=5,
+    common_overrides=(),
+    demo_overrides=(),  # configs/bandit.yaml as `make demo` runs it: 30 iterations
+    variant_iterations=10,
+    large_iterations=3,
+    peer_iterations=15,
+    peer_eval_every=5,
+    peer_eval_instances=64,
+    lake_turns=(10_000, 100_000, 1_000_000),
+    lake_iterations=50,
+)
+QUICK = Sizes(
+    rollout_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
+    update_shapes=(("tiny", 3),),
+    repeats=3,
+    common_overrides=("bootstrap.num_groups=16", "bootstrap.epochs=2"),
+    demo_overrides=("trainer.iterations=6", "eval.every=3", "eval.instances=16"),
+    variant_iterations=3,
+    large_iterations=2,
+    peer_iterations=3,
+    peer_eval_every=3,
+    peer_eval_instances=16,
+    lake_turns=(10_000,),
+    lake_iterations=10,
+)
+GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
+SECTIONS = ("flow", "peer", "rollout", "update", "lake")
+
+
+def _stamp(device: str) -> dict[str, Any]:
+    return {"machine": machine(device), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def run_flow_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, Any]:
+    """Items 3, 4 (Parquet share) and 6: the demo config (30 iterations, memory sampled), the previous design
+    (iteration = a subflow, records introspected by Prefect) for comparison, and a 10x larger batch."""
+    from benchmarks.flow_bench import FlowCase, memory_summary, overhead_summary, run_flow
+
+    started = time.perf_counter()
+    base = (f"trainer.num_threads={threads}", *sizes.common_overrides)
+    demo_rows, demo_final = run_flow(FlowCase("demo", (*base, *sizes.demo_overrides), data_root), sample_memory=True)
+    small_eval = ("eval.instances=16", "eval.every=1000")
+    variant = (*base, f"trainer.iterations={sizes.variant_iterations}", *small_eval)
+    variant_rows, _ = run_flow(FlowCase("variant", variant, data_root), variant=True)
+    large = (*base, "rollout.env_groups=80", f"trainer.iterations={sizes.large_iterations}", *small_eval)
+    large_rows, _ = run_flow(FlowCase("10x", large, data_root))
+    return {
+        **_stamp("cpu"),
+        "threads": threads,
+        "demo": {**overhead_summary(demo_rows), "rows": demo_rows, "final": demo_final},
+        "memory": memory_summary(demo_rows),
+        "variant": {**overhead_summary(variant_rows), "rows": variant_rows},
+        "large": {**overhead_summary(large_rows), "rows": large_rows},
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def run_peer_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, Any]:
+    """Item 5: TRL's GRPOTrainer and our train flow, interleaved per iteration, in two pairings: equal work (our
+    variance filter off) and our recommended StarPO-S demo config."""
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        raise RuntimeError(
+            "TRL is not installed: `make bench` installs it (the `bench` extra: pip install -e '.[bench]' "
+            "-c constraints-cpu.txt)"
+        ) from None
+    from benchmarks.trl_bench import PeerCase, measure
+
+    started = time.perf_counter()
+    pairings = {}
+    for name, ratio in (("equal_work", 1.0), ("starpo_s", 0.25)):
+        case = PeerCase(
+            sizes.peer_iterations, sizes.peer_eval_every, sizes.peer_eval_instances, data_root, threads, ratio,
+            sizes.common_overrides,
+        )  # fmt: skip
+        pairings[name] = measure(case)
+    return {**_stamp("cpu"), "threads": threads, **pairings, "seconds": time.perf_counter() - started}
+
+
+def run_rollout_section(sizes: Sizes, device: str, threads: int) -> dict[str, Any]:
+    """Item 1 (CPU) or 7 (cuda): our rollout engine against bare ``model.generate``."""
+    import torch
+
+    from benchmarks.models import load, parameter_count
+    from benchmarks.rollout_bench import RolloutCase, measure
+
+    started = time.perf_counter()
+    cases = GPU_ROLLOUT_CASES if device == "cuda" else sizes.rollout_cases
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    results, params = [], {}
+    for shape in dict.fromkeys(case[0] for case in cases):
+        model, tokenizer = load(shape, device, dtype)
+        params[shape] = parameter_count(model)
+        for case_shape, case, groups, group_size, repeats in cases:
+            if case_shape == shape:
+                repeats = sizes.repeats_override or repeats
+                results.append(measure(RolloutCase(shape, case, groups, group_size, repeats), model, tokenizer))
+        del model
+    dtype_name = str(dtype).removeprefix("torch.")
+    return {**_stamp(device), "threads": threads, "dtype": dtype_name, "parameters": params, "cases": results,
+            "seconds": time.perf_counter() - started}  # fmt: skip
+
+
+def run_update_section(sizes: Sizes, device: str, threads: int, peak_tflops: float | None) -> dict[str, Any]:
+    """Item 2 (CPU) or 7 (cuda, with the update's model FLOPs utilisation)."""
+    from benchmarks.models import model_dir
+    from benchmarks.update_bench import UpdateCase, measure
+
+    started = time.perf_counter()
+    shapes = (("0.5b", 5),) if device == "cuda" else sizes.update_shapes
+    results = [
+        measure(UpdateCase(shape, model_dir(shape), sizes.repeats_override or repeats, threads, device))
+        for shape, repeats in shapes
+    ]
+    if device == "cuda":
+        for result in results:
+            result["mfu"] = update_mfu(result, peak_tflops)
+    return {**_stamp(device), "threads": threads, "cases": results, "seconds": time.perf_counter() - started}
+
+
+# Dense bf16 peak of common GPUs (TFLOP/s, no sparsity), from the vendors' data sheets.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
+
+
+def update_mfu(result: dict[str, Any], peak_tflops: float | None) -> dict[str, Any]:
+    """Model FLOPs utilisation of our update: 6 x parameters x processed tokens per training pass (forward +
+    backward) plus 2 x parameters x tokens for the re-scoring forward, over the median time and the GPU's peak."""
+    import torch
+
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    peak = peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    flops = 8 * result["parameters"] * result["processed_tokens"]
+    seconds = sorted(result["ours_seconds"])[len(result["ours_seconds"]) // 2]
+    achieved = flops / seconds / 1e12
+    return {"achieved_tflops": achieved, "peak_tflops": peak, "mfu": achieved / peak if peak else None}
+
+
+def run_lake_section(sizes: Sizes) -> dict[str, Any]:
+    """Item 4: DuckDB time of the documented queries at each size (the largest also compacted)."""
+    from benchmarks.lake_bench import measure
+
+    started = time.perf_counter()
+    by_size = {}
+    for turns in sizes.lake_turns:
+        largest = turns == max(sizes.lake_turns)
+        by_size[str(turns)] = measure(turns, sizes.lake_iterations, compact=largest)
+    return {**_stamp("cpu"), "sizes": by_size, "seconds": time.perf_counter() - started}
+
+
+def prefect_home(data_root: Path) -> None:
+    """Prefect's temporary server gets a home of its own under the benchmark's data root (set before import)."""
+    home = data_root / "_prefect"
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["PREFECT_HOME"] = str(home)

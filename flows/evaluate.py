@@ -1,0 +1,67 @@
+"""The ``evaluate`` flow: validation rollouts of a run's checkpoint or any model folder, stored as its own run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from ragen_core import evaluation as e
+from ragen_core.resume import discard_uncommitted
+from ragen_core.storage import DataLake
+from tasks import reporting as r
+from tasks import stages as t
+
+
+@flow(name="evaluate", validate_parameters=False)
+def evaluate(
+    target: str,
+    envs: list[str] | None = None,
+    n: int | None = None,
+    data_root: str = "data",
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    run_id: str | None = None,
+) -> dict[str, Any]:
+    """resolve the target -> session (no optimizer state, no critic) -> validation of every env -> commit.
+
+    ``target``: a run id (newest checkpoint; ``RUN_ID@N`` for the one after N updates), a checkpoint folder or a
+    Hugging Face model folder. ``envs``/``n`` set the validation envs and instances; the base config is the source
+    run's (or ``config``, a YAML path). The same evaluation again returns the stored result; an interrupted one is
+    finished, reusing the envs it had completed.
+    """
+    lake = DataLake(data_root)
+    model_dir, base, which = e.resolve_target(target, lake)
+    run_config = e.evaluation_config(base, envs, n, config, overrides)
+    run_id = run_id or e.evaluation_run_id(which, run_config)
+    manifest = lake.read_manifest(run_id)
+    if manifest is not None and 0 in lake.committed_iterations(run_id):
+        return _result(lake, run_id, which, reused=True)
+    if manifest is not None:
+        discard_uncommitted(lake, run_id, 0)
+    session = t.start_session(run_config, lake, run_id, model_dir, manifest, training=False)
+    evaluated = {"target": target, "model": which, "model_dir": str(model_dir)}
+    session.update_manifest(kind="evaluation", evaluated=evaluated)
+    try:
+        metrics = t.evaluate(session, 0)
+        t.commit_iteration(session, 0, metrics, updated=False)
+    except BaseException as exc:
+        session.update_manifest(status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    r.publish_iteration_artifact(run_id, 0, metrics)
+    session.update_manifest(status="completed")
+    return _result(lake, run_id, which, reused=False)
+
+
+def _result(lake: DataLake, run_id: str, which: str, reused: bool) -> dict[str, Any]:
+    rows = lake.read_table("evaluations", run_id).to_pylist()
+    return {
+        "run_id": run_id,
+        "model": which,
+        "data_root": str(Path(lake.root).resolve()),
+        "reused": reused,
+        "evaluations": [
+            {k: row[k] for k in ("env", "instances", "k", "success_rate", "pass_at_k", "reward_mean")} for row in rows
+        ],
+    }

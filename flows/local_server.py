@@ -1,0 +1,209 @@
+"""A local Prefect server and process worker for deployments, started and stopped by PID (``ragen server``).
+
+Everything binds 127.0.0.1. State (PIDs, port, logs, the server's PREFECT_HOME) lives in ``<state dir>`` (default
+``.prefect-local/`` in the project), so ``stop`` finds exactly the processes ``start`` made. This module drives
+Prefect through its command line, the way users do; it imports nothing of Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+DEFAULT_STATE_DIR = PROJECT_DIR / ".prefect-local"
+POOL = "local-process"
+
+
+class ServerError(RuntimeError):
+    """The local server or worker could not be started or reached."""
+
+
+@dataclass
+class ServerState:
+    """What ``start`` recorded: the API address and the PIDs to stop."""
+
+    api_url: str
+    port: int
+    server_pid: int
+    worker_pid: int | None
+    pool: str
+    home: str
+
+    def save(self, state_dir: Path) -> None:
+        path = state_dir / "server.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        os.replace(tmp, path)
+
+
+def read_state(state_dir: Path = DEFAULT_STATE_DIR) -> ServerState | None:
+    """The recorded state, or None when nothing was started from ``state_dir``."""
+    path = state_dir / "server.json"
+    return ServerState(**json.loads(path.read_text())) if path.is_file() else None
+
+
+def free_port() -> int:
+    """A free loopback port chosen by the OS."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _prefect() -> list[str]:
+    return [sys.executable, "-m", "prefect"]
+
+
+# A launcher's rendezvous describes one process group: flow runs started by a worker must each make their own (two
+# runs sharing one MASTER_PORT fail with EADDRINUSE), so the worker never inherits them.
+RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def base_env(home: Path, api_url: str | None = None) -> dict[str, str]:
+    """Environment for the server, the worker and ``prefect`` commands: loopback only, no telemetry, no inherited
+    distributed rendezvous."""
+    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", RAGEN_PROJECT_DIR=str(PROJECT_DIR),
+               PREFECT_SERVER_API_HOST="127.0.0.1")  # fmt: skip
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    else:
+        env.pop("PREFECT_API_URL", None)
+    return env
+
+
+def _spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with log.open("ab") as sink:  # the child keeps its own descriptor
+        return subprocess.Popen(command, env=env, cwd=PROJECT_DIR, stdout=sink, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+
+
+def wait_healthy(api_url: str, timeout: float, process: subprocess.Popen | None = None) -> None:
+    """Poll ``<api>/health`` until it answers (or the process died, or ``timeout`` passed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise ServerError(f"the Prefect server exited with code {process.returncode} before answering")
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise ServerError(f"the Prefect server at {api_url} did not answer within {timeout:.0f} s")
+
+
+def run_prefect(args: list[str], env: dict[str, str], timeout: float = 300) -> str:
+    """Run one ``prefect`` command; raise :class:`ServerError` with its output when it fails."""
+    done = subprocess.run(_prefect() + args, env=env, cwd=PROJECT_DIR, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise ServerError(f"`prefect {' '.join(args)}` failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def start(
+    port: int = 4200,
+    state_dir: Path = DEFAULT_STATE_DIR,
+    worker: bool = True,
+    deploy: bool = True,
+    timeout: float = 180,
+) -> ServerState:
+    """Start a server on 127.0.0.1:``port`` (0: a free one), create the work pool, deploy prefect.yaml and start a
+    process worker. Refuses when ``state_dir`` already has live processes (stop them first)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    previous = read_state(state_dir)
+    if previous is not None and any(alive(p) for p in (previous.server_pid, previous.worker_pid) if p):
+        raise ServerError(f"a server started from {state_dir} is still running ({previous.api_url}); stop it first")
+    port = port or free_port()
+    home = state_dir / "home"
+    home.mkdir(exist_ok=True)
+    api_url = f"http://127.0.0.1:{port}/api"
+    command = _prefect() + ["server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    server = _spawn(command, base_env(home), state_dir / "server.log")
+    state = ServerState(api_url, port, server.pid, None, POOL, str(home))
+    state.save(state_dir)
+    try:
+        wait_healthy(api_url, timeout, server)
+        env = base_env(home, api_url)
+        ensure_pool(env)
+        if deploy:
+            run_prefect(["--no-prompt", "deploy", "--all"], env)
+        if worker:
+            state.worker_pid = start_worker(env, state_dir / "worker.log").pid
+            state.save(state_dir)
+    except BaseException:
+        stop(state_dir)
+        raise
+    return state
+
+
+def ensure_pool(env: dict[str, str], pool: str = POOL) -> None:
+    """Create the process work pool unless it exists."""
+    listing = run_prefect(["work-pool", "ls"], env)
+    if pool not in listing:
+        run_prefect(["work-pool", "create", pool, "--type", "process"], env)
+
+
+def start_worker(env: dict[str, str], log: Path, pool: str = POOL) -> subprocess.Popen:
+    """A process worker for ``pool`` in its own session (so it and its flow runs stop together)."""
+    return _spawn(_prefect() + ["worker", "start", "--pool", pool], env, log)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this PID runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs (macOS): existence is all we can tell
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def stop_process(pid: int, first: signal.Signals, grace: float = 20) -> None:
+    """Send ``first`` to the process group led by ``pid``, then SIGKILL what is left after ``grace`` seconds."""
+    if not alive(pid):
+        return
+    try:
+        os.killpg(pid, first)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            finished, _ = os.waitpid(pid, os.WNOHANG)  # reap it when it is our child
+        except ChildProcessError:
+            finished = 0 if alive(pid) else pid
+        if finished == pid or not alive(pid):
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stop(state_dir: Path = DEFAULT_STATE_DIR) -> bool:
+    """Stop the worker (SIGINT: it lets go of its flow runs) and the server (SIGTERM), by their recorded PIDs."""
+    state = read_state(state_dir)
+    if state is None:
+        return False
+    if state.worker_pid:
+        stop_process(state.worker_pid, signal.SIGINT)
+    stop_process(state.server_pid, signal.SIGTERM)
+    (state_dir / "server.json").unlink(missing_ok=True)
+    return True

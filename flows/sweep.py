@@ -1,0 +1,107 @@
+"""The ``sweep`` flow: one run per point of a grid / random search, as deployment runs or local subflows."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from flows.train import resolve_config, train
+from ragen_core.reports import artifact_key
+from ragen_core.storage import DataLake
+from ragen_core.sweep import SweepPlan, SweepPoint
+from tasks import reporting as r
+from tasks import sweep as sw
+
+FINAL_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+@flow(name="sweep", validate_parameters=False)
+def sweep(
+    config: dict[str, Any] | str | None = None,
+    grid: list[str] | None = None,
+    random: list[str] | None = None,
+    samples: int = 0,
+    seeds: int | str | list[int] | None = None,
+    data_root: str = "data",
+    sweep_id: str | None = None,
+    overrides: list[str] | None = None,
+    deployment: str | None = None,
+    points: list[int] | None = None,
+    search_seed: int = 0,
+    poll_seconds: float = 2.0,
+) -> dict[str, Any]:
+    """plan (validate all points) -> run each point (``deployment`` runs, else local subflows) -> compare.
+
+    Each point is its own run (id ``<sweep_id>-p<NNN>``) whose manifest records the sweep id, the point and its
+    overrides. Running the same sweep again resumes it: completed points are skipped, failed ones resume. ``points``
+    restricts the run to those indices (e.g. one failed point). ``deployment`` (e.g. ``train/train``) submits each
+    point as a flow run of that deployment, so any worker of its pool can take it; the data root must then be
+    reachable by the workers (pass an absolute path).
+    """
+    base = resolve_config(config, overrides).to_dict()
+    lake = DataLake(data_root)
+    plan = sw.plan_sweep(lake, base, list(grid or []), list(random or []), samples, seeds, sweep_id, search_seed)
+    chosen = [p for p in plan.points if points is None or p.index in set(points)]
+    root = str(Path(data_root).resolve())
+    if deployment:
+        outcomes = _run_deployments(plan, chosen, deployment, root, poll_seconds)
+    else:
+        outcomes = {p.run_id: _run_local(plan, p, root) for p in chosen}
+    rows = sw.compare_sweep(lake, plan)
+    for row in rows:
+        row["outcome"] = outcomes.get(row["run_id"], "not run")
+    description = f"Sweep {plan.sweep_id}: validation success (before RL, last), final reward, collapse events"
+    r.publish_table_artifact(artifact_key(plan.sweep_id, "comparison"), rows, description)
+    return {"sweep_id": plan.sweep_id, "data_root": root, "points": rows}
+
+
+def _run_local(plan: SweepPlan, point: SweepPoint, root: str) -> str:
+    """A point as a subflow of this sweep; a failing point is recorded and the sweep goes on."""
+    state = train(point.config, data_root=root, run_id=point.run_id, sweep=point.manifest_entry(plan.sweep_id),
+                  return_state=True)  # fmt: skip
+    if not state.is_completed():
+        get_run_logger().warning("sweep %s: point %d (%s) ended %s", plan.sweep_id, point.index, point.run_id,
+                                 state.type.value)  # fmt: skip
+    return state.type.value
+
+
+def _run_deployments(
+    plan: SweepPlan, chosen: list[SweepPoint], deployment: str, root: str, poll_seconds: float
+) -> dict[str, str]:
+    """Submit every point as a run of ``deployment`` (linked to this flow run), then wait for all of them."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    submitted = {}
+    for point in chosen:
+        flow_run = run_deployment(
+            deployment,
+            parameters={
+                "config": point.config,
+                "data_root": root,
+                "run_id": point.run_id,
+                "sweep": point.manifest_entry(plan.sweep_id),
+            },
+            flow_run_name=point.run_id,
+            tags=[f"sweep:{plan.sweep_id}"],
+            timeout=0,
+        )
+        submitted[point.run_id] = flow_run.id
+    logger = get_run_logger()
+    logger.info("sweep %s: submitted %d point(s) to %s", plan.sweep_id, len(submitted), deployment)
+    outcomes: dict[str, str] = {}
+    with get_client(sync_client=True) as client:
+        while len(outcomes) < len(submitted):
+            for run_id, flow_run_id in submitted.items():
+                if run_id in outcomes:
+                    continue
+                state = client.read_flow_run(flow_run_id).state
+                if state is not None and state.type.value in FINAL_STATES:
+                    outcomes[run_id] = state.type.value
+                    logger.info("sweep %s: %s ended %s", plan.sweep_id, run_id, state.type.value)
+            if len(outcomes) < len(submitted):
+                time.sleep(poll_seconds)
+    return outcomes

@@ -1,0 +1,90 @@
+"""Stand-alone evaluation (``ragen eval``): validation rollouts of any policy, stored as an evaluation run.
+
+The target is a run id (its newest checkpoint; ``RUN_ID@N`` for the checkpoint after N updates), a checkpoint folder
+(its ``hf/`` export) or any local Hugging Face model folder. The result is a run of kind ``evaluation`` whose
+``split='val'`` trajectories, turns, metrics and evaluations rows sit in the lake beside the training runs, so one
+SQL query compares them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ragen_core.config import RunConfig, build_config, load_config
+from ragen_core.envs import registered_envs
+from ragen_core.offline import OfflineError, resolve_init
+from ragen_core.storage import DataLake
+from ragen_core.training.checkpoint import checkpoint_dir, latest_checkpoint
+
+
+class EvaluationError(ValueError):
+    """An evaluation target or request that cannot run (unknown run, no checkpoint, unknown env)."""
+
+
+def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, dict[str, Any] | None, str]:
+    """(model folder, the source run's config tree or None, a description) of ``target``.
+
+    A run id resolves to its newest checkpoint's ``hf/`` export (``RUN_ID@N``: the checkpoint after N updates), and
+    its config becomes the evaluation's base (same prompt format and limits). Anything else must be a folder.
+    """
+    run_id, _, updates = target.removeprefix("run:").partition("@")
+    manifest = lake.read_manifest(run_id) if lake is not None and (lake.root / "runs").is_dir() else None
+    if manifest is not None:
+        if updates:
+            if not updates.isdigit():
+                raise EvaluationError(f"{target!r}: after '@' give the number of updates, e.g. {run_id}@10")
+            folder = checkpoint_dir(lake, run_id, int(updates))
+            if not folder.is_dir():
+                raise EvaluationError(f"run {run_id!r} has no checkpoint after {updates} updates ({folder})")
+            which = f"{run_id}@{updates}"
+        else:
+            newest = latest_checkpoint(lake, run_id)
+            if newest is None:
+                raise EvaluationError(
+                    f"run {run_id!r} has no checkpoint yet; evaluate the model it started from instead: "
+                    f"{manifest['model_dir']}"
+                )
+            folder, which = newest[1], f"{run_id}@{newest[0]}"
+        return resolve_init(folder), manifest.get("config"), which
+    if target.startswith("run:") or updates:
+        where = lake.root if lake else "the data root"
+        raise EvaluationError(f"no run {run_id!r} in {where}; `ragen runs` lists them")
+    try:
+        return resolve_init(target), None, str(Path(target).expanduser().resolve())
+    except OfflineError:
+        raise EvaluationError(
+            f"{target!r} is neither a run id in {lake.root if lake else 'the data root'} nor a Hugging Face model "
+            "folder or checkpoint folder"
+        ) from None
+
+
+def evaluation_config(
+    base: dict[str, Any] | None,
+    envs: list[str] | None,
+    instances: int | None,
+    config_path: str | Path | None = None,
+    overrides: list[str] | None = None,
+) -> RunConfig:
+    """The evaluation's config: the source run's (or the YAML file's, or the defaults), with the validation envs
+    (``env.val_envs``), the instance count (``eval.instances``) and any ``key=value`` overrides set."""
+    unknown = sorted(set(envs or []) - set(registered_envs()))
+    if unknown:
+        raise EvaluationError(f"unknown env(s) {unknown}; registered: {', '.join(sorted(registered_envs()))}")
+    extra = list(overrides or [])
+    if envs:
+        extra.append(f"env.val_envs={json.dumps(list(envs))}")
+    if instances is not None:
+        extra.append(f"eval.instances={int(instances)}")
+    if base is not None and config_path is None:
+        return build_config(base, extra)
+    return load_config(config_path, extra)
+
+
+def evaluation_run_id(which: str, config: RunConfig) -> str:
+    """``eval-<target slug>-<hash of target and config>``: the same evaluation names the same run."""
+    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(which).name or which).strip("-")[:40]
+    digest = hashlib.sha256(f"{which}|{config.config_hash()}".encode()).hexdigest()[:8]
+    return f"eval-{slug}-{digest}"

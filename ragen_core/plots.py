@@ -1,0 +1,159 @@
+"""Collapse-indicator plots of one or several runs, read from the ``metrics`` table, as one PNG.
+
+One panel per indicator of the RAGEN paper's Echo Trap analysis: validation success per environment, rollout reward
+mean and std, in-group reward std, token entropy, gradient norm and response length, against the iteration. One
+colour per run; a panel no run has data for says "no data". The figure is drawn with matplotlib's Agg canvas (no
+display, no pyplot state) and written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragen_core.storage import DataLake
+from ragen_core.storage.files import atomic_write_bytes
+from ragen_core.storage.housekeeping import runs_with_data
+
+Points = list[tuple[int, float]]
+SeriesKey = tuple[str, str]  # (run_id, metric name)
+PanelData = dict[str, dict[SeriesKey, Points]]  # panel key -> series -> points sorted by iteration
+
+VAL_SUCCESS = re.compile(r"^val/(?P<env>[^/]+)/success$")
+ENV_STYLES = ("-", "--", ":", "-.")
+NO_DATA = "no data"
+
+
+class PlotError(ValueError):
+    """The plot cannot be made from what was asked (unknown run, bad output path)."""
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One indicator: ``key`` is the metric name, or ``val/*/success`` for every environment's validation success."""
+
+    key: str
+    title: str
+    ylabel: str
+
+    def matches(self, name: str) -> bool:
+        """Whether metric ``name`` is drawn in this panel."""
+        return bool(VAL_SUCCESS.match(name)) if self.key == "val/*/success" else name == self.key
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("val/*/success", "Validation success", "success rate"),
+    Panel("rollout/reward_mean", "Rollout reward (mean)", "reward"),
+    Panel("rollout/reward_std", "Rollout reward std", "std"),
+    Panel("rollout/in_group_reward_std", "In-group reward std", "std"),
+    Panel("actor/entropy", "Token entropy", "entropy"),
+    Panel("actor/grad_norm", "Gradient norm", "grad norm"),
+    Panel("rollout/response_length", "Response length", "tokens"),
+)
+
+
+@dataclass
+class PlotResult:
+    """What :func:`plot_runs` wrote: the PNG's path, the plotted data and the matplotlib figure it drew."""
+
+    path: Path
+    data: PanelData
+    figure: object  # matplotlib.figure.Figure (imported lazily)
+
+
+def check_request(lake: DataLake, run_ids: Sequence[str], out: Path) -> Path:
+    """Refuse before reading anything: no runs, unknown runs, an output that is not a PNG or lies in the lake.
+    Returns the resolved output path."""
+    if not run_ids:
+        raise PlotError("give at least one run id; list the runs with `ragen runs`")
+    known = runs_with_data(lake)
+    unknown = [run for run in dict.fromkeys(run_ids) if run not in known]
+    if unknown:
+        raise PlotError(
+            f"unknown run id(s) {', '.join(map(repr, unknown))} in {lake.root}; "
+            f"list the runs with `ragen runs --data-root {lake.root}`"
+        )
+    out = Path(out).expanduser().resolve()
+    if out.suffix.lower() != ".png":
+        raise PlotError(f"the output {str(out)!r} must be a .png file")
+    if out.is_relative_to(lake.root):
+        raise PlotError(
+            f"the output {str(out)!r} lies inside the data root {str(lake.root)!r}; the lake is read-only here: "
+            "write elsewhere"
+        )
+    if out.is_dir():
+        raise PlotError(f"the output {str(out)!r} is a folder; give a file name ending in .png")
+    return out
+
+
+def panel_data(lake: DataLake, run_ids: Sequence[str], panels: Sequence[Panel] = PANELS) -> PanelData:
+    """The points of every panel: panel key -> (run_id, metric name) -> [(iteration, value)] sorted by iteration,
+    from the published ``metrics`` rows of each run (runs in the given order, metric names sorted)."""
+    data: PanelData = {panel.key: {} for panel in panels}
+    for run_id in dict.fromkeys(run_ids):
+        rows = lake.read_table("metrics", run_id, columns=["iteration", "name", "value"]).to_pylist()
+        rows.sort(key=lambda row: (row["name"], row["iteration"]))
+        for row in rows:
+            for panel in panels:
+                if panel.matches(row["name"]):
+                    series = data[panel.key].setdefault((run_id, row["name"]), [])
+                    series.append((int(row["iteration"]), float(row["value"])))
+    return data
+
+
+def _label(panel: Panel, run_id: str, name: str) -> str:
+    match = VAL_SUCCESS.match(name)
+    return f"{run_id} · {match['env']}" if panel.key == "val/*/success" and match else run_id
+
+
+def draw(data: PanelData, run_ids: Sequence[str], panels: Sequence[Panel] = PANELS):
+    """A matplotlib Figure (Agg canvas) with one titled panel per indicator; the lines carry ``gid`` =
+    ``"<run_id>|<metric name>"`` so readers can match them to the data."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    runs = list(dict.fromkeys(run_ids))
+    colours = {run: f"C{index % 10}" for index, run in enumerate(runs)}
+    columns = 2
+    rows = math.ceil(len(panels) / columns)
+    figure = Figure(figsize=(6.0 * columns, 3.2 * rows), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for ax, panel in zip(axes, panels, strict=False):
+        ax.set_title(panel.title)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(panel.ylabel)
+        series = data.get(panel.key, {})
+        if not series:
+            ax.text(0.5, 0.5, NO_DATA, transform=ax.transAxes, ha="center", va="center", color="grey", fontsize=14)
+            continue
+        envs = sorted({name for _, name in series})
+        for (run_id, name), points in series.items():
+            iterations, values = zip(*points, strict=True) if points else ((), ())
+            ax.plot(
+                iterations, values, color=colours.get(run_id, "black"), linestyle=ENV_STYLES[envs.index(name) % 4],
+                marker="o", markersize=3, label=_label(panel, run_id, name), gid=f"{run_id}|{name}",
+            )  # fmt: skip
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    figure.suptitle("Collapse indicators: " + ", ".join(runs))
+    return figure
+
+
+def plot_runs(root: str | Path | DataLake, run_ids: Sequence[str], out: str | Path) -> PlotResult:
+    """Plot the collapse indicators of ``run_ids`` (runs of the data root ``root``) into one PNG at ``out``
+    (outside the data root; written atomically). Returns the path, the plotted data and the figure."""
+    lake = root if isinstance(root, DataLake) else DataLake(root)
+    path = check_request(lake, run_ids, Path(out))
+    data = panel_data(lake, run_ids)
+    figure = draw(data, run_ids)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    atomic_write_bytes(path, buffer.getvalue())
+    return PlotResult(path, data, figure)

@@ -1,0 +1,47 @@
+"""Human-readable summaries of an iteration's metrics (the Prefect artifacts render these; no Prefect here)."""
+
+from __future__ import annotations
+
+import re
+
+from ragen_core.metrics import throughput_metrics
+
+HEADLINE = (
+    ("rollout/success_rate", "train success"),
+    ("rollout/reward_mean", "reward mean"),
+    ("rollout/in_group_reward_std", "in-group reward std"),
+    ("actor/entropy", "entropy"),
+    ("actor/grad_norm", "grad norm"),
+    ("rollout/response_length", "response length"),
+)
+
+
+def artifact_key(run_id: str, suffix: str = "metrics") -> str:
+    """A Prefect artifact key for a run: lowercase letters, digits and dashes only (Prefect's rule)."""
+    stem = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-") or "run"
+    return f"ragen-{stem}-{suffix}"[:240]
+
+
+def _format(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def iteration_markdown(run_id: str, iteration: int, metrics: dict[str, float]) -> str:
+    """Markdown of one committed iteration: the collapse indicators and validation success first, then every metric
+    (throughput included) grouped by namespace, as stored in the ``metrics`` table."""
+    metrics = {**metrics, **throughput_metrics(metrics)}
+    lines = [f"# Run `{run_id}` · iteration {iteration}", ""]
+    headline = [(label, metrics[key]) for key, label in HEADLINE if key in metrics]
+    headline += [
+        (f"validation success ({key.split('/')[1]})", value)
+        for key, value in sorted(metrics.items())
+        if key.startswith("val/") and key.endswith("/success")
+    ]
+    if headline:
+        lines += ["| indicator | value |", "|---|---|"]
+        lines += [f"| {label} | {_format(value)} |" for label, value in headline]
+        lines.append("")
+    lines += ["<details><summary>all metrics</summary>", "", "| metric | value |", "|---|---|"]
+    lines += [f"| `{name}` | {_format(metrics[name])} |" for name in sorted(metrics)]
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)

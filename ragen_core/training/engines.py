@@ -1,0 +1,59 @@
+"""Building a run's engines from its config: the same code in the one-process session and in a launched group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ragen_core.config import RunConfig
+from ragen_core.training.actor import ActorEngine, OptimConfig
+from ragen_core.training.critic import CriticEngine, ValueModel
+from ragen_core.training.precision import torch_dtype
+
+
+def actor_optim(config: RunConfig, precision: str) -> OptimConfig:
+    """The actor's optimisation settings (``precision`` resolved, see :mod:`ragen_core.training.precision`)."""
+    return OptimConfig(
+        lr=config.actor.lr,
+        weight_decay=config.actor.weight_decay,
+        grad_clip=config.actor.grad_clip,
+        micro_batch_size=config.actor.micro_batch_size,
+        zero_stage=config.actor.zero_stage,
+        precision=precision,
+    )
+
+
+def critic_optim(config: RunConfig, precision: str) -> OptimConfig:
+    """The critic's optimisation settings (unset batch sizes follow the actor's; ZeRO stage and precision too)."""
+    critic = config.critic
+    return OptimConfig(
+        lr=critic.lr,
+        weight_decay=critic.weight_decay,
+        grad_clip=critic.grad_clip,
+        micro_batch_size=critic.micro_batch_size or config.actor.micro_batch_size,
+        zero_stage=config.actor.zero_stage,
+        precision=precision,
+    )
+
+
+def build_critic_engine(config: RunConfig, start_model_dir: Path, precision: str = "fp32") -> CriticEngine:
+    """The critic's engine: a scalar head on the transformer of ``critic.path`` (default: the policy's start model)."""
+    backbone_dir = Path(config.critic.path).expanduser().resolve() if config.critic.path else start_model_dir
+    model = ValueModel.from_pretrained(backbone_dir, dtype=torch_dtype(precision), head_seed=config.seed)
+    return CriticEngine(model, critic_optim(config, precision))
+
+
+def start_engines(
+    config: RunConfig, start_model_dir: Path, precision: str, training: bool = True
+) -> tuple[ActorEngine, CriticEngine | None, Any]:
+    """(actor, critic or None, tokenizer) from ``start_model_dir``. ``training=False`` (evaluation) skips the KL
+    reference copy and the critic."""
+    from ragen_core.policy import load_policy
+
+    model, tokenizer = load_policy(start_model_dir, dtype=torch_dtype(precision))
+    keep_reference = training and config.algorithm.kl_coef > 0
+    actor = ActorEngine(model, actor_optim(config, precision), keep_reference=keep_reference)
+    critic = None
+    if training and config.algorithm.needs_critic:
+        critic = build_critic_engine(config, start_model_dir, precision)
+    return actor, critic, tokenizer

@@ -1,0 +1,182 @@
+"""A process of the launched update group: ``python -m ragen_core.training.worker --control-file FILE``.
+
+Started by ``torchrun`` or the ``deepspeed`` launcher (see :mod:`ragen_core.training.group`), never by hand. Rank 0
+connects to the run's process, every rank builds the engines on ``init``, then each command (``restore``,
+``update``, ``save``, ``stop``) read by rank 0 is broadcast and executed by all ranks in lockstep:
+
+- ``update``: the StarPO update on the iteration's published, kept rows read from the lake (the code of the
+  one-process update stage), then a Hugging Face export of the policy for the rollout side;
+- ``restore``: load a checkpoint and replay committed updates from their stored batches, then the export;
+- ``save``: a checkpoint, laid out exactly as :mod:`ragen_core.training.checkpoint` does in one process.
+
+Any exception ends the group (rank 0 reports it first); the run's process then fails the stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+WATCH_INTERVAL_S = 0.5
+
+
+@dataclass
+class _Worker:
+    """One rank's state: its engines in a session-shaped holder, and where it exports the policy."""
+
+    session: Any = None
+    weights_dir: Path | None = None
+
+
+def _watch_parent(parent: dict[str, Any]) -> None:
+    """Exit at once when the run's process is gone, even in the middle of an update (only on its host; elsewhere
+    rank 0's end stops the group)."""
+    from ragen_core.training.group import process_alive
+
+    if parent.get("host") != socket.gethostname():
+        return
+    pid, start = int(parent["pid"]), parent.get("start")
+
+    def watch() -> None:
+        while process_alive(pid, start):
+            time.sleep(WATCH_INTERVAL_S)
+        os._exit(3)  # no clean-up: the run that owned this group is gone
+
+    threading.Thread(target=watch, name="ragen-parent-watch", daemon=True).start()
+
+
+def _init(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
+    """Build this rank's engines (as the one-process session does) and its session-shaped holder."""
+    from ragen_core.agent import ChatFormatter
+    from ragen_core.config import build_config
+    from ragen_core.session import RunSession, set_determinism
+    from ragen_core.storage import DataLake
+    from ragen_core.training.engines import start_engines
+    from ragen_core.training.group import group_dir
+
+    config = build_config(command["config"])
+    set_determinism(config)
+    lake = DataLake(command["data_root"])
+    model_dir = Path(command["model_dir"])
+    actor, critic, tokenizer = start_engines(config, model_dir, command["precision"])
+    session = RunSession(config, lake, command["run_id"], model_dir, tokenizer, actor, ChatFormatter(tokenizer))
+    session.critic = critic
+    worker.session = session
+    worker.weights_dir = group_dir(lake.run_dir(command["run_id"])) / "policy"
+    return {"device": str(actor.device)}
+
+
+def _export(worker: _Worker) -> str:
+    from ragen_core.training.checkpoint import export_policy
+
+    return str(export_policy(worker.session.actor, worker.session.tokenizer, worker.weights_dir))
+
+
+def _update(worker: _Worker, iteration: int) -> dict[str, float]:
+    """The update stage's core on this rank: the kept rows of ``iteration`` from the lake, one StarPO update."""
+    from ragen_core.stages import update_inputs
+    from ragen_core.training.starpo import starpo_update
+
+    session = worker.session
+    return starpo_update(session.config, session.actor, session.critic, update_inputs(session, iteration), iteration)
+
+
+def _execute(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
+    """Run one command on this rank; the reply rank 0 sends back."""
+    op = command["op"]
+    if op == "init":
+        return _init(worker, command)
+    if op == "update":
+        metrics = _update(worker, int(command["iteration"]))
+        return {"metrics": metrics, "weights": _export(worker)}
+    if op == "restore":
+        from ragen_core.training.checkpoint import load_checkpoint
+
+        if command["checkpoint"]:
+            load_checkpoint(command["checkpoint"], worker.session.actor, worker.session.critic)
+        for iteration in command["replay"]:
+            _update(worker, int(iteration))  # same stored batch, same seeds, same start weights: same update
+        return {"weights": _export(worker)}
+    if op == "save":
+        from ragen_core.training.checkpoint import save_checkpoint
+
+        session = worker.session
+        path = save_checkpoint(
+            session.lake.root, session.run_id, int(command["updates"]), session.actor, session.critic,
+            session.tokenizer, command["extra"],
+        )  # fmt: skip
+        return {"path": str(path)}
+    raise ValueError(f"unknown command {op!r}")
+
+
+class _Channel:
+    """Rank 0's line-based JSON connection to the run's process."""
+
+    def __init__(self, address: list[Any], hello: dict[str, Any]) -> None:
+        self.socket = socket.create_connection((str(address[0]), int(address[1])))
+        self.reader = self.socket.makefile("r", encoding="utf-8")
+        self.send(hello)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.socket.sendall((json.dumps(message) + "\n").encode())
+
+    def receive(self) -> dict[str, Any]:
+        line = self.reader.readline()
+        return json.loads(line) if line else {"op": "stop"}  # the run's process closed the connection: stop
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Join the group, then serve commands until ``stop`` (or the run's process is gone)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--control-file", required=True, help="JSON file with the control address and token")
+    args = parser.parse_args(argv)
+    control = json.loads(Path(args.control_file).read_text())
+    _watch_parent(control["parent"])
+
+    import deepspeed
+    import torch.distributed as dist
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cuda":
+        get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    deepspeed.init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    identity = [None] * world
+    dist.all_gather_object(identity, (os.getpid(), socket.gethostname()))
+    channel = None
+    if rank == 0:
+        hello = {"token": control["token"], "world_size": world, "pids": [i[0] for i in identity],
+                 "hosts": [i[1] for i in identity]}  # fmt: skip
+        channel = _Channel(control["address"], hello)
+    worker = _Worker()
+    while True:
+        box = [channel.receive() if channel else None]
+        dist.broadcast_object_list(box, src=0)
+        command = box[0]
+        if command["op"] == "stop":
+            break
+        try:
+            reply = {"ok": True, **_execute(worker, command)}
+        except Exception:  # noqa: BLE001  (any failure ends the group; rank 0 reports it first)
+            error = f"rank {rank}: {traceback.format_exc()}"
+            print(error, file=sys.stderr, flush=True)
+            if channel:
+                channel.send({"ok": False, "error": error})
+            os._exit(1)
+        if channel:
+            channel.send(reply)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

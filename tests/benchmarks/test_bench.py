@@ -1,0 +1,117 @@
+"""The benchmark harness itself: interleaving, spreads, the overhead and time-ratio definitions, and a tiny real
+run of the rollout and update sections writing results.json and RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from benchmarks.common import interleave, spread
+from benchmarks.flow_bench import memory_summary, overhead_summary
+from benchmarks.report import REQUIRED_KEYS
+
+
+def test_interleave_alternates_the_order_every_repeat():
+    calls: list[str] = []
+    timings = interleave({"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2}, repeats=3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert [result for _, result in timings["a"]] == [1, 1, 1] and len(timings["b"]) == 3
+    assert all(seconds >= 0 for seconds, _ in timings["a"] + timings["b"])
+    with pytest.raises(ValueError, match="at least 1"):
+        interleave({"a": lambda: None}, repeats=0)
+
+
+def test_spread_by_hand():
+    assert spread([2.0, 1.0, 4.0]) == {"median": 2.0, "min": 1.0, "max": 4.0, "n": 3, "rel_spread": 1.5}
+
+
+def _row(iteration, wall, core, stages, evaluated=False, parquet=0.0):
+    return {"iteration": iteration, "wall_s": wall, "core_s": sum(core.values()), "core": core, "stage_s": stages,
+            "evaluated": evaluated, "parquet_write_s": parquet, "peak_rss_bytes": 100 + iteration}  # fmt: skip
+
+
+def test_overhead_is_wall_minus_core_over_wall_on_iterations_without_validation():
+    rows = [
+        _row(0, 10.0, {"evaluate": 5.0, "generate_rollouts": 1.0}, {"evaluate": 5.5, "generate": 1.5}, True),
+        _row(1, 4.0, {"generate_rollouts": 1.0, "update_policy": 2.0}, {"generate": 1.2, "update": 2.3}, parquet=0.2),
+        _row(2, 5.0, {"generate_rollouts": 2.0, "update_policy": 2.0}, {"generate": 2.1, "update": 2.4}, parquet=0.1),
+    ]
+    summary = overhead_summary(rows)
+    assert summary["overhead_share"]["n"] == 2  # the validating iteration is left out
+    assert summary["overhead_share"]["median"] == pytest.approx(statistics.median([1.0 / 4.0, 1.0 / 5.0]))
+    assert summary["overhead_share_all_iterations"] == pytest.approx((19.0 - 13.0) / 19.0)
+    assert summary["subflow_and_glue_s"]["median"] == pytest.approx(statistics.median([0.5, 0.5]))
+    assert summary["task_wrappers_s"]["median"] == pytest.approx(statistics.median([0.5, 0.5]))
+    assert summary["parquet_write_share"]["median"] == pytest.approx(statistics.median([0.05, 0.02]))
+    memory = memory_summary(rows, early=2)
+    assert memory["peak_rss_growth"] == pytest.approx((102 - 101) / 101)
+
+
+def test_trl_time_ratio_is_ours_over_trl_without_our_validation():
+    from benchmarks.trl_bench import summarise
+
+    class Config:
+        class env:  # noqa: N801 - mirrors the config's attribute names
+            name = "bandit"
+
+        class trainer:  # noqa: N801
+            iterations = 3
+
+        class algorithm:  # noqa: N801
+            filter_ratio = 1.0
+
+    rows = [
+        {"iteration": 0, "wall_s": 6.0, "stage_s": {"evaluate": 2.0}, "evaluated": True,
+         "metrics": {"val/bandit/success": 0.5}},
+        {"iteration": 1, "wall_s": 5.0, "stage_s": {}, "evaluated": False, "metrics": {}},
+        {"iteration": 2, "wall_s": 3.0, "stage_s": {}, "evaluated": False, "metrics": {}},
+    ]  # fmt: skip
+    result = summarise(Config, rows, {"val/bandit/success": 0.75}, [2.0, 2.0, 4.0], {0: 0.5, 3: 1.0}, True, 8)
+    assert result["trl_iteration_time_ratio"] == pytest.approx(4.0 / 2.0)  # medians of [4, 5, 3] and [2, 2, 4]
+    assert result["ours"]["success_gain_per_minute"] == pytest.approx(0.25 / (12.0 / 60.0))
+    assert result["trl"]["success_gain_per_minute"] == pytest.approx(0.5 / (8.0 / 60.0))
+
+
+def test_quick_rollout_and_update_write_the_results(tmp_path, monkeypatch):
+    import torch
+
+    from benchmarks.__main__ import main
+
+    monkeypatch.setenv("RAGEN_BENCH_CACHE", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    try:
+        code = main(["--quick", "--only", "rollout,update", "--repeats", "3", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    flat = json.loads((tmp_path / "results.json").read_text())
+    assert set(REQUIRED_KEYS) <= set(flat)
+    assert flat["orchestration_overhead"] is None and flat["trl_iteration_time_ratio"] is None  # not run
+    details = json.loads((tmp_path / "results" / "details.json").read_text())
+    for section in ("rollout", "update"):
+        for case in details[section]["cases"]:
+            assert case["same_tokens"] is True  # both sides produced / trained the same tokens
+            tokens = case["generated_tokens"][0] if section == "rollout" else case["trained_tokens"]
+            ratios = [
+                (tokens / ours) / (tokens / bare)
+                for ours, bare in zip(case["ours_seconds"], case["bare_seconds"], strict=True)
+            ]
+            assert case["ratio"]["median"] == pytest.approx(statistics.median(ratios))
+            assert len(ratios) == 3
+    worst = min(c["ratio"]["median"] for c in details["rollout"]["cases"])
+    assert flat["rollout_efficiency"] == pytest.approx(worst)
+    report = (tmp_path / "RESULTS.md").read_text()
+    assert "## 1. Rollout efficiency" in report and "Not run here: this machine has no GPU" in report
+
+
+def test_regenerating_the_report_keeps_other_benchmarks_sections():
+    from benchmarks.__main__ import foreign_sections
+
+    text = (
+        "# old\n<!-- lake_bench:begin -->\nlake\n<!-- lake_bench:end -->\n"
+        "<!-- gpu_update_bench:begin -->\n## GPU update\n| 0 | 1.0 |\n<!-- gpu_update_bench:end -->\ntrailing\n"
+    )
+    kept = foreign_sections(text)
+    assert kept == "\n<!-- gpu_update_bench:begin -->\n## GPU update\n| 0 | 1.0 |\n<!-- gpu_update_bench:end -->\n"
