@@ -184,6 +184,12 @@ def flow_section(section: dict[str, Any] | None) -> list[str]:
     absolute = [s["subflow_and_glue_s"]["median"] + s["task_wrappers_s"]["median"] for s in (large, demo)]
     lines += [
         "",
+        f"What the demo's overhead is: {demo['subflow_and_glue_s']['median']:.2f} s per iteration outside every "
+        f"stage's task call and {demo['task_wrappers_s']['median']:.2f} s inside task calls but outside their core "
+        f"call, i.e. Prefect's task-run bookkeeping (about {1000 * demo['task_wrappers_s']['median'] / 7:.0f} ms "
+        "for each of the 7 task runs of an iteration without validation); the core calls themselves are in the "
+        "table above (validation's data contracts are the largest).",
+        "",
         f"Growth: at 10x the batch the overhead share is {large['overhead_share']['median']:.1%} "
         f"({growth:.2f}x the demo's share; {absolute[0]:.2f} s vs {absolute[1]:.2f} s of overhead per iteration).",
         "",
@@ -244,6 +250,12 @@ def peer_section(section: dict[str, Any] | None) -> list[str]:
         equal, "Equal work: our variance filter off",
         f"Both train on all 128 rollouts ({equal['optimizer_steps_per_iteration']} optimizer steps per iteration).",
     )  # fmt: skip
+    stages = equal.get("ours_stage_s")
+    if stages and equal["trl_iteration_time_ratio"] >= 1:
+        trl_s = equal["trl_iteration_s"]["median"]
+        lines += [f"Where our equal-work iteration goes (median s per stage; TRL's whole iteration: {trl_s:.2f} s): "
+                  + ", ".join(f"{name} {value:.2f}" for name, value in sorted(stages.items(), key=lambda kv: -kv[1]))
+                  + ". TRL has no counterpart of our validate (data contracts) and persist stages.", ""]  # fmt: skip
     lines += _pairing(
         section["starpo_s"], "Recommended configs: ours StarPO-S (demo config) vs TRL GRPO",
         "Ours keeps the 25% highest-variance groups (2 optimizer steps on 32 rollouts); TRL trains on all 128.",

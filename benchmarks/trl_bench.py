@@ -18,6 +18,7 @@ updates; evaluation time is excluded from both sides' training time.
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 import threading
 import time
@@ -315,4 +316,15 @@ def summarise(
         "trl_iteration_time_ratio": spread(ours_train[:n])["median"] / spread(trl_seconds[:n])["median"],
         "ours": per_minute(ours_success, ours_train),
         "trl": per_minute(trl_success, trl_seconds),
+        "ours_stage_s": stage_medians(ours_rows[:n]),
     }
+
+
+def stage_medians(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Where our iterations' time goes: median seconds of each stage's task call (validation excluded), and of what
+    lies outside every stage (the flow's glue)."""
+    stages = sorted({name for row in rows for name in row["stage_s"] if name != "evaluate"})
+    medians = {name: statistics.median(row["stage_s"].get(name, 0.0) for row in rows) for name in stages}
+    outside = [row["wall_s"] - sum(row["stage_s"].values()) for row in rows]
+    medians["outside stages"] = statistics.median(outside) if outside else 0.0
+    return medians
