@@ -2,29 +2,35 @@
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
+
+from flows.cli_common import (
+    DATA_ROOT_HELP,
+    OUTPUT_FORMATS,
+    check_output,
+    console,
+    data_root_path,
+    existing_root,
+    fail,
+    print_table,
+    write_result,
+)
+from flows.cli_runs import runs_app
+from flows.cli_server import server_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.")
-console = Console(width=None if sys.stdout.isatty() else 160)  # piped output: wide tables, not 80 columns
-DEFAULT_DATA_ROOT = "data"
+app.add_typer(server_app, name="server")
+app.add_typer(runs_app, name="runs")
 
 SUMMARY_SQL = (
     "SELECT iteration, split, count(*) AS trajectories, round(avg(total_reward), 4) AS reward, "
     "round(avg(success::int), 4) AS success FROM trajectories WHERE run_id = '{run_id}' "
     "GROUP BY 1, 2 ORDER BY 1, 2"
 )
-
-
-def _data_root(value: Path | None) -> Path:
-    return (value or Path(os.environ.get("RAGEN_DATA_ROOT", DEFAULT_DATA_ROOT))).resolve()
 
 
 def _prepare_prefect(data_root: Path, run_id: str, verbose: bool) -> None:
@@ -55,11 +61,6 @@ def _quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
 
 
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(code=2)
-
-
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def train(
     ctx: typer.Context,
@@ -78,10 +79,10 @@ def train(
     try:
         run_config = load_config(config, list(ctx.args))
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     from ragen_core.session import default_run_id
 
-    _run(run_config, _data_root(data_root), run_id or default_run_id(run_config), verbose, [], False)
+    _run(run_config, data_root_path(data_root), run_id or default_run_id(run_config), verbose, [], False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -105,14 +106,14 @@ def resume(
     from ragen_core.config import ConfigError, build_config
     from ragen_core.storage import DataLake
 
-    root = _data_root(data_root)
+    root = data_root_path(data_root)
     manifest = DataLake(root).read_manifest(run_id) if root.is_dir() else None
     if manifest is None:
-        _fail(f"no run {run_id!r} in {root}; `ragen runs --data-root {root}` lists the runs there")
+        fail(f"no run {run_id!r} in {root}; `ragen runs --data-root {root}` lists the runs there")
     try:
         run_config = build_config(manifest["config"], list(ctx.args))
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
     _run(run_config, root, run_id, verbose, allowed, skip_iteration)
 
@@ -148,12 +149,12 @@ def retrain(
     from ragen_core.config import ConfigError, load_config
 
     if mode not in ("sft", "pg"):
-        _fail(f"--mode must be sft or pg, not {mode!r}")
+        fail(f"--mode must be sft or pg, not {mode!r}")
     try:
         run_config = load_config(config, list(ctx.args))
     except ConfigError as exc:
-        _fail(str(exc))
-    root = _existing_root(data_root)
+        fail(str(exc))
+    root = existing_root(data_root)
     run_id = run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}"
     _prepare_prefect(root, run_id, verbose)
     if not verbose:
@@ -169,7 +170,7 @@ def retrain(
             progress=lambda i, m: console.print(_metrics_line(i, m)),
         )  # fmt: skip
     except (OfflineError, RunExistsError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     console.print(f"trained on {result['trajectories']} stored trajectories")
     _print_run_summary(root, result["run_id"], None)
 
@@ -206,13 +207,13 @@ def sweep(
         base = load_config(config, list(ctx.args))
         plan = plan_sweep(base.to_dict(), grid or [], random or [], samples, seeds, sweep_id, search_seed)
     except (ConfigError, SweepError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if deployment and "PREFECT_API_URL" not in os.environ:
-        _fail(
+        fail(
             "--deployment needs a Prefect server and a worker: run `make server` (or `ragen server start`) and "
             "export PREFECT_API_URL=http://127.0.0.1:4200/api"
         )
-    root = _data_root(data_root)
+    root = data_root_path(data_root)
     root.mkdir(parents=True, exist_ok=True)
     _prepare_prefect(root, plan.sweep_id, verbose)
     if not verbose:
@@ -231,11 +232,11 @@ def sweep(
             search_seed=search_seed,
         )  # fmt: skip
     except SweepError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     import pyarrow as pa
 
     console.print("\n[bold]sweep comparison[/] (val_success: mean over validation envs at the last iteration)")
-    _print_table(pa.Table.from_pylist(result["points"]))
+    print_table(pa.Table.from_pylist(result["points"]))
     failed = [row["run_id"] for row in result["points"] if row["status"] != "completed"]
     if failed:
         console.print(f"[yellow]not completed:[/] {', '.join(failed)}; run the same command again to resume them")
@@ -260,14 +261,14 @@ def eval_command(
     from ragen_core.storage import DataLake
 
     if n is not None and n < 1:
-        _fail(f"--n must be at least 1, not {n}")
-    root = _data_root(data_root)
+        fail(f"--n must be at least 1, not {n}")
+    root = data_root_path(data_root)
     lake = DataLake(root) if root.is_dir() else None
     try:
         _, base, which = resolve_target(target, lake)
         evaluation_config(base, env, n, config, list(ctx.args))
     except (ConfigError, EvaluationError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     root.mkdir(parents=True, exist_ok=True)
     _prepare_prefect(root, "eval", verbose)
     if not verbose:
@@ -283,7 +284,7 @@ def eval_command(
 
     note = " (stored result of the same evaluation)" if result["reused"] else ""
     console.print(f"evaluation run [bold]{result['run_id']}[/]{note}")
-    _print_table(pa.Table.from_pylist(result["evaluations"]))
+    print_table(pa.Table.from_pylist(result["evaluations"]))
 
 
 def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:
@@ -323,7 +324,7 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
             )
         except ResumeError as exc:
             progress.stop()
-            _fail(str(exc))
+            fail(str(exc))
     if result.get("completed"):
         console.print(f"run {run_id} is already completed; nothing to do")
     elif result.get("resumed"):
@@ -375,66 +376,7 @@ def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None) -> None:
     if bootstrap:
         console.print(f"bootstrap: {bootstrap}")
     console.print("\n[bold]SQL summary[/]: " + SUMMARY_SQL.format(run_id=run_id))
-    _print_table(query(root, SUMMARY_SQL.format(run_id=run_id)))
-
-
-def _print_table(result, target: Console | None = None) -> None:
-    table = Table(show_header=True, header_style="bold")
-    for name in result.column_names:
-        table.add_column(name)
-    for row in result.to_pylist():
-        table.add_row(*("" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v) for v in row.values()))
-    (target or console).print(table)
-
-
-OUTPUT_FORMATS = ("table", "csv", "json", "parquet")
-DATA_ROOT_HELP = "Data root (default ./data or RAGEN_DATA_ROOT)."
-
-
-def _existing_root(data_root: Path | None) -> Path:
-    root = _data_root(data_root)
-    if not root.is_dir():
-        _fail(f"data root {str(root)!r} does not exist; train first or pass --data-root")
-    return root
-
-
-def _check_output(output_format: str, out: Path | None, root: Path, formats: tuple[str, ...]) -> None:
-    if output_format not in formats:
-        _fail(f"--format must be one of {', '.join(formats)}, not {output_format!r}")
-    if output_format == "parquet" and out is None:
-        _fail("--format parquet writes a file: give it with --out FILE")
-    if out is not None and out.resolve().is_relative_to(root):  # never write into the lake
-        _fail(
-            f"--out {str(out)!r} lies inside the data root {str(root)!r}; the lake is read-only here: write elsewhere"
-        )
-
-
-def _write_result(result, output_format: str, out: Path | None) -> None:
-    """Write a query result as a rich table, CSV, JSON or Parquet, to ``out`` (atomically) or stdout."""
-    import io
-
-    from ragen_core.storage.files import atomic_write_bytes, atomic_write_parquet
-
-    if output_format == "parquet":
-        atomic_write_parquet(out, result)
-        return
-    if output_format == "table":
-        buffer = io.StringIO()
-        _print_table(result, Console(file=buffer, width=200, no_color=True) if out else console)
-        data = buffer.getvalue().encode()
-    elif output_format == "csv":
-        import pyarrow.csv as pacsv
-
-        sink = io.BytesIO()
-        pacsv.write_csv(result, sink)
-        data = sink.getvalue()
-    else:
-        data = (json.dumps(result.to_pylist(), default=str, indent=1) + "\n").encode()
-    if out is not None:
-        atomic_write_bytes(out, data)
-    elif output_format != "table":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+    print_table(query(root, SUMMARY_SQL.format(run_id=run_id)))
 
 
 @app.command()
@@ -451,154 +393,18 @@ def sql(
     from ragen_core.storage import DataLake, LakeError, QueryRefused, query
     from ragen_core.storage.housekeeping import runs_with_data
 
-    root = _existing_root(data_root)
-    _check_output(output_format, out, root, OUTPUT_FORMATS)
+    root = existing_root(data_root)
+    check_output(output_format, out, root, OUTPUT_FORMATS)
     lake = DataLake(root)
     if run is not None and run not in runs_with_data(lake):
-        _fail(f"unknown run {run!r} in {root}; list the runs with `ragen runs`")
+        fail(f"unknown run {run!r} in {root}; list the runs with `ragen runs`")
     try:
         result = query(lake, statement, run_id=run)
     except QueryRefused as exc:
-        _fail(f"query refused: {exc}")
+        fail(f"query refused: {exc}")
     except (duckdb.Error, LakeError) as exc:
-        _fail(f"query failed: {exc}")
-    _write_result(result, output_format, out)
-
-
-server_app = typer.Typer(
-    help="A local Prefect server (127.0.0.1) + process worker for the deployments in prefect.yaml.",
-    add_completion=False,
-)
-app.add_typer(server_app, name="server")
-STATE_HELP = "Folder of the server's state (PIDs, logs, its PREFECT_HOME)."
-
-
-@server_app.command("start")
-def server_start(
-    port: int = typer.Option(4200, "--port", help="Port on 127.0.0.1 (0: any free port)."),
-    state_dir: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP + " Default .prefect-local/."),
-    worker: bool = typer.Option(True, "--worker/--no-worker", help="Also start a process worker for the pool."),
-    deploy: bool = typer.Option(True, "--deploy/--no-deploy", help="Deploy prefect.yaml's deployments."),
-) -> None:
-    """Start the server, create the `local-process` pool, deploy prefect.yaml and start a worker (all by PID)."""
-    from flows.local_server import DEFAULT_STATE_DIR, ServerError, start
-
-    try:
-        state = start(port, state_dir or DEFAULT_STATE_DIR, worker=worker, deploy=deploy)
-    except ServerError as exc:
-        _fail(str(exc))
-    console.print(f"Prefect server {state.api_url} (pid {state.server_pid}), worker pid {state.worker_pid}")
-    console.print(f"UI: {state.api_url.removesuffix('/api')}  ·  use it with: export PREFECT_API_URL={state.api_url}")
-
-
-@server_app.command("stop")
-def server_stop(state_dir: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP)) -> None:
-    """Stop the worker (SIGINT) and the server (SIGTERM) that `ragen server start` recorded."""
-    from flows.local_server import DEFAULT_STATE_DIR, stop
-
-    console.print("stopped" if stop(state_dir or DEFAULT_STATE_DIR) else "no server recorded; nothing to stop")
-
-
-@server_app.command("status")
-def server_status(state_dir: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP)) -> None:
-    """Say whether the recorded server and worker are alive."""
-    from flows.local_server import DEFAULT_STATE_DIR, alive, read_state
-
-    state = read_state(state_dir or DEFAULT_STATE_DIR)
-    if state is None:
-        console.print("no server recorded")
-        raise typer.Exit(code=1)
-    worker = f"worker pid {state.worker_pid} alive: {alive(state.worker_pid)}" if state.worker_pid else "no worker"
-    console.print(f"{state.api_url} server pid {state.server_pid} alive: {alive(state.server_pid)} · {worker}")
-
-
-runs_app = typer.Typer(help="List, remove and compact the runs of a data root.", add_completion=False)
-app.add_typer(runs_app, name="runs")
-
-
-@runs_app.callback(invoke_without_command=True)
-def runs(
-    ctx: typer.Context,
-    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
-    output_format: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
-) -> None:
-    """List the runs: status, config hash, committed iterations, last validation success, created_at."""
-    ctx.obj = data_root
-    if ctx.invoked_subcommand is not None:
-        return
-    from ragen_core.storage import DataLake, LakeError, runs_overview
-
-    root = _existing_root(data_root)
-    _check_output(output_format, None, root, OUTPUT_FORMATS[:3])
-    try:
-        overview = runs_overview(DataLake(root))
-    except LakeError as exc:
-        _fail(str(exc))
-    if overview.num_rows == 0 and output_format == "table":
-        console.print(f"no runs in {root}")
-        return
-    _write_result(overview, output_format, None)
-
-
-@runs_app.command("rm")
-def runs_rm(
-    ctx: typer.Context,
-    run_id: str = typer.Argument(..., help="The run to remove."),
-    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    force: bool = typer.Option(False, "--force", help="Remove even when the manifest says 'running'."),
-) -> None:
-    """Remove a run: its rows in every table, staging, commits, quarantine, manifest, checkpoints, owned models."""
-    from ragen_core.storage import DataLake, LakeError, plan_removal, remove_run
-
-    root = _existing_root(data_root or ctx.obj)
-    lake = DataLake(root)
-    try:
-        plan = plan_removal(lake, run_id, force=force)
-    except LakeError as exc:
-        _fail(str(exc))
-    console.print(f"run [bold]{run_id}[/] (status {plan.status or 'no manifest'}) in {root}; this removes:")
-    for line in plan.describe(root):
-        console.print(f"  {line}")
-    for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
-    if not yes and not typer.confirm("Remove it?", default=False):
-        console.print("nothing removed")
-        raise typer.Exit(code=1)
-    try:
-        remove_run(lake, plan)
-    except LakeError as exc:
-        _fail(str(exc))
-    console.print(f"removed run {run_id}")
-
-
-@runs_app.command("compact")
-def runs_compact(
-    ctx: typer.Context,
-    run_id: str = typer.Argument(..., help="The run whose part files to merge."),
-    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
-    table: list[str] | None = typer.Option(None, "--table", help="Only this table (repeatable)."),
-) -> None:
-    """Merge a run's part files into one file per (table, committed iteration); readers never see rows missing or
-    doubled, and a crash midway leaves the old or the new files visible."""
-    from ragen_core.storage import DataLake, LakeError, compact_run
-    from ragen_core.storage.housekeeping import runs_with_data
-
-    root = _existing_root(data_root or ctx.obj)
-    lake = DataLake(root)
-    if run_id not in runs_with_data(lake):
-        _fail(f"unknown run {run_id!r} in {root}; list the runs with `ragen runs`")
-    try:
-        report = compact_run(lake, run_id, table or None)
-    except LakeError as exc:
-        _fail(str(exc))
-    partitions = len(report.compacted)
-    console.print(
-        f"run {run_id}: merged {partitions} partition(s), {report.files_removed + partitions} files -> {partitions}"
-    )
-    if report.skipped_uncommitted:
-        skipped = ", ".join(f"{t}/{i}" for t, i in report.skipped_uncommitted)
-        console.print(f"left alone (iterations not committed yet): {skipped}")
+        fail(f"query failed: {exc}")
+    write_result(result, output_format, out)
 
 
 @app.command()
@@ -612,11 +418,11 @@ def plot(
     from ragen_core.plots import PlotError, plot_runs
     from ragen_core.storage import LakeError
 
-    root = _existing_root(data_root)
+    root = existing_root(data_root)
     try:
         result = plot_runs(root, run_ids, out)
     except (PlotError, LakeError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     empty = [key for key, series in result.data.items() if not series]
     console.print(f"wrote {result.path} ({len(result.data)} panels; no data: {', '.join(empty) or 'none'})")
 

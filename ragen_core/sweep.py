@@ -87,11 +87,8 @@ class SweepPlan:
 
 def _numeric(value: Any) -> Any:
     """YAML 1.1 reads ``1e-4`` (no dot) as a string: take such strings as the numbers users meant."""
-    if isinstance(value, str):
-        try:
-            return float(value) if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()) else value
-        except ValueError:
-            return value
+    if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()):
+        return float(value)
     return value
 
 

@@ -54,8 +54,7 @@ def prefect_server(tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("prefect-local")
     state = start(port=0, state_dir=state_dir, timeout=300)
     env = base_env(Path(state.home), state.api_url)
-    for name in ("PREFECT_LOGGING_LEVEL", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "RAGEN_FAULT"):  # fmt: skip
+    for name in ("PREFECT_LOGGING_LEVEL", "RAGEN_FAULT"):  # base_env already drops any launcher rendezvous
         env.pop(name, None)
     yield state, env, state_dir
     stop(state_dir)

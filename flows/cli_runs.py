@@ -1,0 +1,96 @@
+"""``ragen runs``: list, remove and compact the runs of a data root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from flows.cli_common import DATA_ROOT_HELP, OUTPUT_FORMATS, check_output, console, existing_root, fail, write_result
+
+runs_app = typer.Typer(help="List, remove and compact the runs of a data root.", add_completion=False)
+
+
+@runs_app.callback(invoke_without_command=True)
+def runs(
+    ctx: typer.Context,
+    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+    output_format: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
+) -> None:
+    """List the runs: status, config hash, committed iterations, last validation success, created_at."""
+    ctx.obj = data_root
+    if ctx.invoked_subcommand is not None:
+        return
+    from ragen_core.storage import DataLake, LakeError, runs_overview
+
+    root = existing_root(data_root)
+    check_output(output_format, None, root, OUTPUT_FORMATS[:3])
+    try:
+        overview = runs_overview(DataLake(root))
+    except LakeError as exc:
+        fail(str(exc))
+    if overview.num_rows == 0 and output_format == "table":
+        console.print(f"no runs in {root}")
+        return
+    write_result(overview, output_format, None)
+
+
+@runs_app.command("rm")
+def runs_rm(
+    ctx: typer.Context,
+    run_id: str = typer.Argument(..., help="The run to remove."),
+    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    force: bool = typer.Option(False, "--force", help="Remove even when the manifest says 'running'."),
+) -> None:
+    """Remove a run: its rows in every table, staging, commits, quarantine, manifest, checkpoints, owned models."""
+    from ragen_core.storage import DataLake, LakeError, plan_removal, remove_run
+
+    root = existing_root(data_root or ctx.obj)
+    lake = DataLake(root)
+    try:
+        plan = plan_removal(lake, run_id, force=force)
+    except LakeError as exc:
+        fail(str(exc))
+    console.print(f"run [bold]{run_id}[/] (status {plan.status or 'no manifest'}) in {root}; this removes:")
+    for line in plan.describe(root):
+        console.print(f"  {line}")
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    if not yes and not typer.confirm("Remove it?", default=False):
+        console.print("nothing removed")
+        raise typer.Exit(code=1)
+    try:
+        remove_run(lake, plan)
+    except LakeError as exc:
+        fail(str(exc))
+    console.print(f"removed run {run_id}")
+
+
+@runs_app.command("compact")
+def runs_compact(
+    ctx: typer.Context,
+    run_id: str = typer.Argument(..., help="The run whose part files to merge."),
+    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+    table: list[str] | None = typer.Option(None, "--table", help="Only this table (repeatable)."),
+) -> None:
+    """Merge a run's part files into one file per (table, committed iteration); readers never see rows missing or
+    doubled, and a crash midway leaves the old or the new files visible."""
+    from ragen_core.storage import DataLake, LakeError, compact_run
+    from ragen_core.storage.housekeeping import runs_with_data
+
+    root = existing_root(data_root or ctx.obj)
+    lake = DataLake(root)
+    if run_id not in runs_with_data(lake):
+        fail(f"unknown run {run_id!r} in {root}; list the runs with `ragen runs`")
+    try:
+        report = compact_run(lake, run_id, table or None)
+    except LakeError as exc:
+        fail(str(exc))
+    partitions = len(report.compacted)
+    console.print(
+        f"run {run_id}: merged {partitions} partition(s), {report.files_removed + partitions} files -> {partitions}"
+    )
+    if report.skipped_uncommitted:
+        skipped = ", ".join(f"{t}/{i}" for t, i in report.skipped_uncommitted)
+        console.print(f"left alone (iterations not committed yet): {skipped}")
