@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragen_core.envs.base import StepResult, TextEnv, register_env
-from ragen_core.envs.sokoban_rooms import MOVES, Room, generate_room, solve, step_state
+from ragen_core.envs.sokoban_rooms import GENERATORS, MOVES, Room, generate_room, solve, step_state
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ class SokobanSymbols:
 
 
 CLASSIC_SYMBOLS = SokobanSymbols("#", "_", "O", "X", "\u221a", "P", "S")
-NEW_VOCAB_SYMBOLS = SokobanSymbols("W", ".", "G", "C", "B", "A", "@")
+# RAGEN's SokobanDifferentGridVocab: B is a box, C a box on a target.
+NEW_VOCAB_SYMBOLS = SokobanSymbols("W", ".", "G", "B", "C", "A", "@")
 
 
 class SokobanEnv(TextEnv):
@@ -52,6 +53,7 @@ class SokobanEnv(TextEnv):
         num_gen_steps: int | None = None,
         search_depth: int = 300,
         max_solution_steps: int | None = None,
+        generator: str = "ragen",
         symbols: SokobanSymbols = CLASSIC_SYMBOLS,
         step_penalty: float = -0.1,
         box_on_target_reward: float = 1.0,
@@ -66,7 +68,9 @@ class SokobanEnv(TextEnv):
             raise ValueError(f"num_boxes must be at least 1, got {num_boxes}")
         if max_solution_steps is not None and max_solution_steps < 1:
             raise ValueError(f"max_solution_steps must be a positive move count or None, got {max_solution_steps}")
-        self.name = name
+        if generator not in GENERATORS:
+            raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {generator!r}")
+        self.name, self.generator = name, generator
         self.height, self.width, self.num_boxes = height, width, num_boxes
         self.max_steps, self.search_depth, self.max_solution_steps = max_steps, search_depth, max_solution_steps
         # RAGEN (gym-sokoban's env) walks int(1.7 * (height + width)) steps when carving the topology.
@@ -88,6 +92,7 @@ class SokobanEnv(TextEnv):
             num_steps=self.num_gen_steps,
             search_depth=self.search_depth,
             max_solution_steps=self.max_solution_steps,
+            generator=self.generator,
         )
         self._player, self._boxes, self._steps = self.room.player, self.room.boxes, 0
         return self.render(), {"success": False, "optimal_steps": self.room.optimal_steps}
@@ -197,29 +202,26 @@ class SokobanEnv(TextEnv):
 
     def expert_plan(self, actions_left: int) -> list[str]:
         """A shortest solution from the current state (breadth-first search over the room)."""
-        plan = solve(self._room(), self.state, max_depth=self.search_depth)
+        plan = solve(self._room(), self.state, max_depth=300)  # independent of the generator's search depth
         return plan if plan is not None else []
 
 
 @register_env("sokoban")
 def make_sokoban(**overrides: Any) -> SokobanEnv:
-    """RAGEN's SimpleSokoban: 6x6 room, one box.
-
-    The topology walk takes 25 steps (gym-sokoban's ``generate_room`` default) rather than RAGEN's
-    ``int(1.7 * (6 + 6)) = 20``: the longer walk makes fewer tiny rooms and more distinct instances (about 96.7%
-    instead of 95.4% distinct over 5,000 seeds). ``num_gen_steps=20`` reproduces RAGEN's topologies exactly.
-    """
-    return SokobanEnv(**{"dim_room": (6, 6), "num_boxes": 1, "num_gen_steps": 25, "name": "sokoban", **overrides})
+    """RAGEN's SimpleSokoban: 6x6 room, one box, RAGEN's generator (topology walk ``int(1.7 * (6 + 6)) = 20``
+    steps, reverse search depth 300). ``generator="bfs"`` gives our harder breadth-first rooms instead."""
+    return SokobanEnv(**{"dim_room": (6, 6), "num_boxes": 1, "search_depth": 300, "name": "sokoban", **overrides})
 
 
 @register_env("sokoban_large")
 def make_sokoban_large(**overrides: Any) -> SokobanEnv:
-    """RAGEN's LargerSokoban: 8x8 room, two boxes."""
-    return SokobanEnv(**{"dim_room": (8, 8), "num_boxes": 2, "name": "sokoban_large", **overrides})
+    """RAGEN's LargerSokoban: 8x8 room, two boxes, reverse search depth 10 (as RAGEN configures it)."""
+    return SokobanEnv(**{"dim_room": (8, 8), "num_boxes": 2, "search_depth": 10, "name": "sokoban_large", **overrides})
 
 
 @register_env("sokoban_new_vocab")
 def make_sokoban_new_vocab(**overrides: Any) -> SokobanEnv:
-    """SokobanNewVocab: the rooms of ``sokoban`` (same seed, same room) rendered with other symbols (W . G C B A @)."""
-    defaults = {"dim_room": (6, 6), "num_boxes": 1, "num_gen_steps": 25, "symbols": NEW_VOCAB_SYMBOLS}
+    """RAGEN's SokobanDifferentGridVocab: 6x6 rooms, one box, reverse search depth 30, rendered with other symbols
+    (W wall, . floor, G target, B box, C box on target, A player, @ player on target)."""
+    defaults = {"dim_room": (6, 6), "num_boxes": 1, "search_depth": 30, "symbols": NEW_VOCAB_SYMBOLS}
     return SokobanEnv(**{**defaults, "name": "sokoban_new_vocab", **overrides})

@@ -1,20 +1,30 @@
 """Sokoban rooms: generation by reverse play, and an optimal solver. Pure functions over small integer grids.
 
 A room is a grid of ``height x width`` cells indexed ``row * width + col``; the outer ring is always wall. A state is
-the player's cell and the sorted tuple of box cells. Generation follows the scheme of RAGEN's (gym-sokoban's)
-generator:
+the player's cell and the sorted tuple of box cells. Two generators share the topology step:
 
 1. carve a random topology: a random walk over the interior (changing direction with probability
    ``p_change_directions``) that clears a small random shape around every position;
-2. place the targets on random floor cells, with the boxes on them (the solved state);
-3. play in reverse: from the solved state (the player on any free floor cell), explore every state reachable by
-   reverse moves (walk, or walk away from a box while pulling it) up to ``search_depth`` moves, and pick, among the
-   states with no box on a target, one with the largest box displacement (sum over boxes of the Manhattan distance
-   to the nearest target), ties broken by the seed's generator.
 
-Reverse moves are exactly the inverses of forward moves, so every generated room is solvable, and the reverse
-breadth-first depth of a state is its optimal solution length. ``max_solution_steps`` (off by default, as in RAGEN)
-restricts the candidates to rooms solvable within that many moves.
+then, ``generator="ragen"`` (the default, RAGEN's gym-sokoban generator):
+
+2. put the player on a random floor cell and the targets on other random floor cells, with the boxes on them;
+3. play in reverse from that one solved state, depth first (each state expanded once, at most ``search_depth``
+   reverse moves deep), where a reverse move walks one cell and pulls the box behind the player if there is one;
+   score every state by ``box swaps x box displacement`` (swaps: how often the pulled box changed; displacement:
+   the summed Manhattan distance of each box from the target it started on), score 0 while any target is covered
+   (by a box or by the player), and keep the FIRST state of the best score;
+4. walk the player a few random steps (probability 0.8 when the displacement is 1, else 0.5; up to 3 steps, never
+   back onto a visited cell, continuing with probability 0.5), so the player does not always start beside a box.
+
+or ``generator="bfs"`` (ours, kept as an option): put targets with boxes, explore breadth-first every state reachable
+by reverse moves (walk, or walk while pulling) from every solved state, and pick among the states with no box on a
+target one with the largest box displacement (to the nearest target), ties broken by the seed's generator. Its rooms
+are harder (farther from solved). ``max_solution_steps`` (off by default, as in RAGEN) restricts the BFS candidates
+to rooms solvable within that many moves, and makes the RAGEN generator redraw rooms that need more.
+
+Reverse moves are exact inverses of forward moves, so every generated room is solvable; the reported
+``optimal_steps`` is the length of a shortest forward solution (breadth-first search).
 """
 
 from __future__ import annotations
@@ -138,6 +148,103 @@ def reverse_play(
     return chosen, depth_of[chosen]
 
 
+class _DepthFirstReversePlay:
+    """RAGEN's reverse play: a depth-first search from one solved state that keeps the first best-scoring state.
+
+    The search state mirrors RAGEN's grid: besides the player and the box cells it tells boxes that were never pulled
+    (still on their own target) from pulled ones, so two grids that differ only in that are explored separately.
+    """
+
+    def __init__(self, floor: frozenset[int], targets: tuple[int, ...], width: int, max_states: int) -> None:
+        self.floor, self.targets, self.width, self.max_states = floor, targets, width, max_states
+        self.offsets = tuple(d_row * width + d_col for d_row, d_col in MOVES.values())
+        self.explored: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
+        self.best_score = -1
+        self.best: tuple[int, tuple[int, ...]] = (-1, ())
+
+    def displacement(self, boxes: tuple[int, ...]) -> int:
+        """Summed Manhattan distance of every box from the target it started on."""
+        w = self.width
+        return sum(abs(b // w - t // w) + abs(b % w - t % w) for b, t in zip(boxes, self.targets, strict=True))
+
+    def score(self, player: int, boxes: tuple[int, ...], swaps: int) -> int:
+        """``swaps x displacement``, or 0 while a box or the player covers a target (RAGEN counts empty targets)."""
+        if (set(boxes) | {player}).intersection(self.targets):
+            return 0
+        return swaps * self.displacement(boxes)
+
+    def search(self, player: int, boxes: tuple[int, ...], pulled: tuple[bool, ...], swaps: int, last: int, ttl: int):
+        ttl -= 1
+        if ttl <= 0 or len(self.explored) >= self.max_states:
+            return
+        key = (
+            player,
+            tuple(sorted(b for b, p in zip(boxes, pulled, strict=True) if p)),
+            tuple(sorted(b for b, p in zip(boxes, pulled, strict=True) if not p)),
+        )
+        if key in self.explored:
+            return
+        score = self.score(player, boxes, swaps)
+        if score > self.best_score:  # strictly greater: the first state of the best score stays
+            self.best_score, self.best = score, (player, boxes)
+        self.explored.add(key)
+        for offset in self.offsets:
+            step = player + offset
+            if step not in self.floor or step in boxes:
+                continue
+            behind = player - offset
+            if behind in boxes:  # a reverse move always pulls the box behind the player
+                index = boxes.index(behind)
+                moved = boxes[:index] + (player,) + boxes[index + 1 :]
+                now_pulled = pulled[:index] + (True,) + pulled[index + 1 :]
+                self.search(step, moved, now_pulled, swaps + (index != last), index, ttl)
+            else:
+                self.search(step, boxes, pulled, swaps, last, ttl)
+
+
+def _random_walk(
+    rng: np.random.Generator, player: int, boxes: tuple[int, ...], floor: frozenset[int], width: int, displacement: int
+) -> int:
+    """RAGEN's final touch: the player walks up to 3 random steps over free cells it has not visited."""
+    if rng.random() > (0.8 if displacement == 1 else 0.5):
+        return player
+    visited = [player]
+    offsets = tuple(d_row * width + d_col for d_row, d_col in MOVES.values())
+    for _ in range(3):
+        options = [player + o for o in offsets if player + o in floor and player + o not in boxes]
+        options = [cell for cell in options if cell not in visited]
+        if not options:
+            break
+        player = options[int(rng.integers(0, len(options)))]
+        visited.append(player)
+        if len(visited) > 3 or rng.random() > 0.5:
+            break
+    return player
+
+
+def ragen_reverse_play(
+    floor: frozenset[int], width: int, num_boxes: int, rng: np.random.Generator, search_depth: int
+) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
+    """Place player and targets, play in reverse depth first, walk the player: ``(targets, player, boxes)``, or None
+    when no state with a positive score is reachable (the caller draws another topology)."""
+    cells = sorted(floor)
+    if len(cells) <= num_boxes + 1:
+        return None
+    player = cells[int(rng.integers(0, len(cells)))]
+    free = [cell for cell in cells if cell != player]
+    targets = tuple(free[int(i)] for i in rng.choice(len(free), num_boxes, replace=False))
+    play = _DepthFirstReversePlay(floor, targets, width, max_states=300_000)
+    play.search(player, targets, (False,) * num_boxes, swaps=0, last=-1, ttl=search_depth)
+    if play.best_score <= 0:
+        return None
+    start, boxes = play.best
+    start = _random_walk(rng, start, boxes, floor, width, play.displacement(boxes))
+    return tuple(sorted(targets)), start, tuple(sorted(boxes))
+
+
+GENERATORS = ("ragen", "bfs")
+
+
 @lru_cache(maxsize=4096)
 def generate_room(
     seed: int,
@@ -149,20 +256,34 @@ def generate_room(
     search_depth: int = 300,
     max_solution_steps: int | None = None,
     max_tries: int = 100,
+    generator: str = "ragen",
 ) -> Room:
     """The room of ``seed`` (cached: every member of a group resets to the same room)."""
+    if generator not in GENERATORS:
+        raise ValueError(f"unknown Sokoban generator {generator!r}; choose one of {', '.join(GENERATORS)}")
     rng = np.random.default_rng(seed)
     steps = num_steps if num_steps is not None else int(1.7 * (height + width))
     for _ in range(max_tries):
         floor = carve_topology(rng, height, width, p_change_directions, steps)
         if len(floor) < num_boxes + 2:
             continue
-        cells = sorted(floor)
-        targets = tuple(sorted(cells[int(i)] for i in rng.choice(len(cells), num_boxes, replace=False)))
-        found = reverse_play(floor, targets, width, rng, search_depth, max_solution_steps)
-        if found is not None:
-            (player, boxes), optimal = found
-            return Room(height, width, floor, targets, player, boxes, optimal)
+        if generator == "bfs":
+            cells = sorted(floor)
+            targets = tuple(sorted(cells[int(i)] for i in rng.choice(len(cells), num_boxes, replace=False)))
+            found = reverse_play(floor, targets, width, rng, search_depth, max_solution_steps)
+            if found is not None:
+                (player, boxes), optimal = found
+                return Room(height, width, floor, targets, player, boxes, optimal)
+            continue
+        drawn = ragen_reverse_play(floor, width, num_boxes, rng, search_depth)
+        if drawn is None:
+            continue
+        targets, player, boxes = drawn
+        room = Room(height, width, floor, targets, player, boxes, optimal_steps=0)
+        plan = solve(room)
+        if plan is None or (max_solution_steps is not None and len(plan) > max_solution_steps):
+            continue
+        return Room(height, width, floor, targets, player, boxes, optimal_steps=len(plan))
     raise RuntimeError(
         f"no {height}x{width} room with {num_boxes} box(es) found for seed {seed} in {max_tries} tries; "
         "raise max_solution_steps or search_depth, or use fewer boxes"

@@ -31,13 +31,19 @@ def test_render_uses_the_reference_symbols_and_the_walls_ring_the_room():
     assert info["optimal_steps"] >= 1
 
 
-def test_new_vocab_renders_the_same_room_with_other_symbols():
-    classic, new = make_env("sokoban"), make_env("sokoban_new_vocab")
+def test_new_vocab_renders_with_ragens_symbols():
+    # RAGEN's SokobanDifferentGridVocab: W wall, . floor, G target, B box, C box on target, A player, @ on target.
+    # Its rooms use search depth 30, so the classic env with that depth draws the same room for the same seed.
+    classic, new = make_env("sokoban", search_depth=30), make_env("sokoban_new_vocab")
+    table = str.maketrans("W.GBCA@", "#_OX\u221aPS")
     for seed in range(20):
         a, _ = classic.reset(seed)
         b, _ = new.reset(seed)
-        table = str.maketrans("WGCBA@.", "#OX\u221aPS_")
         assert set(b) <= set("W.GCBA@\n") and b.translate(table) == a
+    new.load_room(Room(6, 6, frozenset({7, 8, 9, 10, 14}), targets=(8,), player=7, boxes=(8,), optimal_steps=0))
+    assert new.render().split("\n")[1] == "WAC..W"  # the box on its target shows as C
+    new.load_room(Room(6, 6, frozenset({7, 8, 9, 10, 14}), targets=(10,), player=7, boxes=(8,), optimal_steps=2))
+    assert new.render().split("\n")[1] == "WAB.GW"
 
 
 def test_large_rooms_are_8x8_with_two_boxes():
@@ -119,9 +125,11 @@ def test_truncated_after_the_step_limit():
 
 @pytest.mark.parametrize("name", ["sokoban", "sokoban_large", "sokoban_new_vocab"])
 def test_distinct_rooms_in_1000_seeds(name):
+    # RAGEN's generator on 6x6 rooms with one box repeats some small rooms: 913 distinct in seeds 0-999 (measured;
+    # docs/environments.md); 8x8 rooms with two boxes are all distinct.
     env = make_env(name)
     rooms = {env.reset(seed)[0] for seed in range(1000)}
-    assert len(rooms) >= 950
+    assert len(rooms) >= (990 if name == "sokoban_large" else 900)
 
 
 @pytest.mark.parametrize(("name", "count"), [("sokoban", 500), ("sokoban_large", 100)])
