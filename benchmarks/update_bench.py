@@ -65,9 +65,7 @@ def make_batch(session: RunSession, iteration: int) -> None:
     stages.validate_env_batch(
         session.lake, config, session.run_id, iteration, "rollout", config.env.name, config.rollout.group_size
     )
-    stages.filter_groups(
-        session.lake, session.run_id, iteration, config.algorithm.filter, config.algorithm.filter_ratio
-    )
+    stages.filter_groups(session.lake, session.run_id, iteration, config.algorithm.filter_spec)
 
 
 class BareUpdate:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -12,11 +14,12 @@ from flows.cli_common import (
     DATA_ROOT_HELP,
     OUTPUT_FORMATS,
     check_output,
+    checked_run_id,
     console,
-    data_root_path,
     existing_root,
     fail,
     print_table,
+    writable_root,
     write_result,
 )
 from flows.cli_runs import runs_app
@@ -26,9 +29,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows:
 app.add_typer(server_app, name="server")
 app.add_typer(runs_app, name="runs")
 
-SUMMARY_SQL = (
+SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQL
     "SELECT iteration, split, count(*) AS trajectories, round(avg(total_reward), 4) AS reward, "
-    "round(avg(success::int), 4) AS success FROM trajectories WHERE run_id = '{run_id}' "
+    "round(avg(success::int), 4) AS success FROM trajectories WHERE run_id = $run_id "
     "GROUP BY 1, 2 ORDER BY 1, 2"
 )
 
@@ -46,6 +49,29 @@ def _prepare_prefect(data_root: Path, run_id: str, verbose: bool) -> None:
         home = data_root / "_prefect" / run_id / f"{stamp}-{os.getpid()}"
         home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level itself
         os.environ["PREFECT_HOME"] = str(home)
+        from flows.interrupts import start_command_server
+
+        start_command_server(home)  # its own server: out of reach of the terminal's Ctrl-C, dead with this process
+
+
+@contextmanager
+def _writer(root: Path, run_id: str) -> Iterator[None]:
+    """Hold the run's writer lock for the whole command, taken before anything is written or started: one writer
+    per run (the flow takes the same lock again, sharing this hold)."""
+    from ragen_core.storage import LakeError
+    from ragen_core.storage.locks import acquire, release, takeover_note
+
+    try:
+        lock = acquire(root, run_id)
+    except LakeError as exc:
+        fail(str(exc))
+    note = takeover_note(lock)
+    if note:
+        console.print(f"[yellow]note:[/] {note}")
+    try:
+        yield
+    finally:
+        release(lock)
 
 
 def _quiet_libraries() -> None:
@@ -76,13 +102,17 @@ def train(
     """Train with StarPO / StarPO-S. Extra arguments are key.sub=value overrides, e.g. trainer.iterations=5."""
     from ragen_core.config import ConfigError, load_config
 
+    checked_run_id(run_id)
+
     try:
         run_config = load_config(config, list(ctx.args))
     except ConfigError as exc:
         fail(str(exc))
     from ragen_core.session import default_run_id
 
-    _run(run_config, data_root_path(data_root), run_id or default_run_id(run_config), verbose, [], False)
+    root, run_id = writable_root(data_root), checked_run_id(run_id or default_run_id(run_config))
+    ctx.with_resource(_writer(root, run_id))
+    _run(run_config, root, run_id, verbose, [], False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -106,7 +136,8 @@ def resume(
     from ragen_core.config import ConfigError, build_config
     from ragen_core.storage import DataLake
 
-    root = data_root_path(data_root)
+    checked_run_id(run_id)
+    root = writable_root(data_root, create=False)
     manifest = DataLake(root).read_manifest(run_id) if root.is_dir() else None
     if manifest is None:
         fail(f"no run {run_id!r} in {root}; `ragen runs --data-root {root}` lists the runs there")
@@ -115,6 +146,7 @@ def resume(
     except ConfigError as exc:
         fail(str(exc))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
+    ctx.with_resource(_writer(root, run_id))
     _run(run_config, root, run_id, verbose, allowed, skip_iteration)
 
 
@@ -148,14 +180,18 @@ def retrain(
     manifest records the query and the source runs. Extra key.sub=value overrides, e.g. offline.epochs=3."""
     from ragen_core.config import ConfigError, load_config
 
+    checked_run_id(run_id)
+    if init.startswith("run:"):  # the run named by --init run:<id>[@<updates>] is a name too
+        checked_run_id(init.removeprefix("run:").partition("@")[0], "--init run id")
     if mode not in ("sft", "pg"):
         fail(f"--mode must be sft or pg, not {mode!r}")
     try:
         run_config = load_config(config, list(ctx.args))
     except ConfigError as exc:
         fail(str(exc))
-    root = existing_root(data_root)
-    run_id = run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}"
+    root = writable_root(existing_root(data_root), create=False)
+    run_id = checked_run_id(run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}")
+    ctx.with_resource(_writer(root, run_id))
     _prepare_prefect(root, run_id, verbose)
     if not verbose:
         _quiet_libraries()
@@ -203,6 +239,7 @@ def sweep(
     from ragen_core.config import ConfigError, load_config
     from ragen_core.sweep import SweepError, plan_sweep
 
+    checked_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids
     try:
         base = load_config(config, list(ctx.args))
         plan = plan_sweep(base.to_dict(), grid or [], random or [], samples, seeds, sweep_id, search_seed)
@@ -213,8 +250,7 @@ def sweep(
             "--deployment needs a Prefect server and a worker: run `make server` (or `ragen server start`) and "
             "export PREFECT_API_URL=http://127.0.0.1:4200/api"
         )
-    root = data_root_path(data_root)
-    root.mkdir(parents=True, exist_ok=True)
+    root = writable_root(data_root)
     _prepare_prefect(root, plan.sweep_id, verbose)
     if not verbose:
         _quiet_libraries()
@@ -257,19 +293,21 @@ def eval_command(
     """Evaluate a policy on fixed validation instances; the rollouts are stored as an evaluation run (query them with
     `ragen sql`). Extra key.sub=value overrides, e.g. eval.temperature=1.0 eval.k=4."""
     from ragen_core.config import ConfigError
-    from ragen_core.evaluation import EvaluationError, evaluation_config, resolve_target
+    from ragen_core.evaluation import EvaluationError, evaluation_config, evaluation_run_id, resolve_target
     from ragen_core.storage import DataLake
 
+    checked_run_id(run_id)
     if n is not None and n < 1:
         fail(f"--n must be at least 1, not {n}")
-    root = data_root_path(data_root)
+    root = writable_root(data_root, create=False)
     lake = DataLake(root) if root.is_dir() else None
     try:
         _, base, which = resolve_target(target, lake)
-        evaluation_config(base, env, n, config, list(ctx.args))
+        run_id = run_id or evaluation_run_id(which, evaluation_config(base, env, n, config, list(ctx.args)))
     except (ConfigError, EvaluationError) as exc:
         fail(str(exc))
     root.mkdir(parents=True, exist_ok=True)
+    ctx.with_resource(_writer(root, checked_run_id(run_id)))
     _prepare_prefect(root, "eval", verbose)
     if not verbose:
         _quiet_libraries()
@@ -289,6 +327,7 @@ def eval_command(
 
 def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:
     """Run (or resume) the train flow with a progress bar, then print the run's summary."""
+    checked_run_id(run_id)  # also a derived default id, before anything is created
     _prepare_prefect(root, run_id, verbose)
     if not verbose:
         _quiet_libraries()
@@ -296,6 +335,7 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
 
     from flows.train import train as train_flow
     from ragen_core.resume import ResumeError
+    from ragen_core.storage import LakeError
 
     console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {root}")
     total = run_config.trainer.iterations + 1
@@ -325,6 +365,12 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
         except ResumeError as exc:
             progress.stop()
             fail(str(exc))
+        except KeyboardInterrupt:  # Ctrl-C: the flow recorded where it stopped; one line, then exit status 130
+            progress.stop()
+            from flows.interrupts import report_interrupted
+
+            report_interrupted(root, run_id)
+            raise
     if result.get("completed"):
         console.print(f"run {run_id} is already completed; nothing to do")
     elif result.get("resumed"):
@@ -333,7 +379,10 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
             f"resumed at iteration {resumed['next_iteration']} from "
             f"{resumed['checkpoint'] or 'the start model'} (replayed updates: {resumed['replayed'] or 'none'})"
         )
-    _print_run_summary(root, result["run_id"], result.get("bootstrap"))
+    try:
+        _print_run_summary(root, result["run_id"], result.get("bootstrap"))
+    except LakeError as exc:  # a damaged file the run's summary reads: say so, never a traceback or a silent 0
+        fail(f"the run's summary cannot be read: {exc}")
 
 
 def _metrics_line(iteration: int, metrics: dict[str, float]) -> str:
@@ -357,12 +406,15 @@ def _metrics_line(iteration: int, metrics: dict[str, float]) -> str:
 
 
 def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None) -> None:
+    from rich.markup import escape
+
     from ragen_core.storage import query
 
     success = query(
         root,
-        f"SELECT iteration, name, value FROM metrics WHERE run_id = '{run_id}' AND name LIKE "
-        "'val/%/success' ORDER BY iteration, name",
+        "SELECT iteration, name, value FROM metrics WHERE run_id = ? AND name LIKE 'val/%/success' "
+        "ORDER BY iteration, name",
+        params=[run_id],
     ).to_pylist()
     if success:
         first, last = success[0]["iteration"], success[-1]["iteration"]
@@ -375,8 +427,9 @@ def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None) -> None:
             )
     if bootstrap:
         console.print(f"bootstrap: {bootstrap}")
-    console.print("\n[bold]SQL summary[/]: " + SUMMARY_SQL.format(run_id=run_id))
-    print_table(query(root, SUMMARY_SQL.format(run_id=run_id)))
+    shown = SUMMARY_SQL.replace("$run_id", "'" + run_id.replace("'", "''") + "'")  # to copy; runs with a parameter
+    console.print("\n[bold]SQL summary[/]: " + escape(shown), highlight=False)
+    print_table(query(root, SUMMARY_SQL, params={"run_id": run_id}))
 
 
 @app.command()
@@ -386,6 +439,7 @@ def sql(
     run: str | None = typer.Option(None, "--run", help="Scope every table to this run id."),
     output_format: str = typer.Option("table", "--format", "-f", help="table, csv, json or parquet."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the result to FILE (required for parquet)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --out FILE."),
 ) -> None:
     """Run one read-only query over every run in the data root (in-process DuckDB over the Parquet tables)."""
     import duckdb
@@ -393,8 +447,9 @@ def sql(
     from ragen_core.storage import DataLake, LakeError, QueryRefused, query
     from ragen_core.storage.housekeeping import runs_with_data
 
+    checked_run_id(run)
     root = existing_root(data_root)
-    check_output(output_format, out, root, OUTPUT_FORMATS)
+    check_output(output_format, out, root, OUTPUT_FORMATS, force)
     lake = DataLake(root)
     if run is not None and run not in runs_with_data(lake):
         fail(f"unknown run {run!r} in {root}; list the runs with `ragen runs`")
@@ -418,17 +473,31 @@ def plot(
     from ragen_core.plots import PlotError, plot_runs
     from ragen_core.storage import LakeError
 
+    for run_id in run_ids:
+        checked_run_id(run_id)
     root = existing_root(data_root)
     try:
         result = plot_runs(root, run_ids, out)
     except (PlotError, LakeError) as exc:
         fail(str(exc))
+    except OSError as exc:  # the PNG cannot be written there: a user's mistake, not a traceback
+        fail(f"cannot write --out {str(out)!r}: {exc.strerror or exc}")
     empty = [key for key, series in result.data.items() if not series]
     console.print(f"wrote {result.path} ({len(result.data)} panels; no data: {', '.join(empty) or 'none'})")
 
 
 def main() -> None:
-    app()
+    """The ``ragen`` entry point: the first Ctrl-C stops the command cleanly (exit status 130), a second forces it."""
+    from flows import interrupts
+
+    interrupts.install()
+    try:
+        app()
+    except SystemExit:
+        if interrupts.requested():  # a command without its own message about the stop
+            interrupts.report("interrupted (Ctrl-C)")
+            raise SystemExit(interrupts.EXIT_CODE) from None
+        raise
 
 
 if __name__ == "__main__":

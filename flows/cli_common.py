@@ -1,4 +1,10 @@
-"""What the ``ragen`` commands share: the console, data-root resolution, errors, and result output."""
+"""What the ``ragen`` commands share: the consoles, data-root resolution, errors, and result output.
+
+Results go to stdout (``console``); errors and warnings to stderr (``err_console``), so ``ragen sql ... -f csv > f``
+never writes an error into ``f``. Text from the lake or from users (cells, paths, ids) is shown literally: table cells
+are :class:`rich.text.Text` and interpolated values are markup-escaped, so ``[red]`` stays visible and ``[/x]`` cannot
+break the output.
+"""
 
 from __future__ import annotations
 
@@ -9,27 +15,67 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 console = Console(width=None if sys.stdout.isatty() else 160)  # piped output: wide tables, not 80 columns
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 DEFAULT_DATA_ROOT = "data"
 
 
-def data_root_path(value: Path | None) -> Path:
-    return (value or Path(os.environ.get("RAGEN_DATA_ROOT", DEFAULT_DATA_ROOT))).resolve()
-
-
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    """Print ``error: message`` (literally) on stderr and exit with status 2: a user's mistake, no traceback."""
+    err_console.print("[bold red]error:[/] " + escape(message), highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
+def warn(message: str) -> None:
+    """Print ``warning: message`` (literally) on stderr."""
+    err_console.print("[yellow]warning:[/] " + escape(message), highlight=False, soft_wrap=True)
+
+
+def data_root_path(value: Path | None) -> Path:
+    """The data root (``--data-root``, else ``RAGEN_DATA_ROOT``, else ``./data``), absolute; a file there is an
+    error."""
+    root = (value or Path(os.environ.get("RAGEN_DATA_ROOT", DEFAULT_DATA_ROOT))).resolve()
+    if root.exists() and not root.is_dir():
+        fail(f"data root {str(root)!r} is a file, not a folder; pass a folder with --data-root")
+    return root
+
+
+def writable_root(value: Path | None, create: bool = True) -> Path:
+    """The data root of a command that writes: created when missing (``create``), and proven writable by creating
+    and removing a temporary file in it, so a read-only or impossible root fails before any compute is spent."""
+    import tempfile
+
+    root = data_root_path(value)
+    try:
+        if create:
+            root.mkdir(parents=True, exist_ok=True)
+        if root.is_dir():
+            with tempfile.TemporaryFile(dir=root, prefix=".ragen-write-check-"):
+                pass
+    except OSError as exc:
+        fail(f"data root {str(root)!r} cannot be written ({exc.strerror or exc}); pass a writable folder with "
+             "--data-root")  # fmt: skip
+    return root
+
+
+def _cell(value) -> Text:
+    """One table cell, shown literally (never parsed as rich markup)."""
+    if value is None:
+        return Text("")
+    return Text(f"{value:.6g}" if isinstance(value, float) else str(value))
+
+
 def print_table(result, target: Console | None = None) -> None:
+    """Print an Arrow table as a rich table; every header and cell is literal text."""
     table = Table(show_header=True, header_style="bold")
     for name in result.column_names:
-        table.add_column(name)
+        table.add_column(Text(name))
     for row in result.to_pylist():
-        table.add_row(*("" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v) for v in row.values()))
+        table.add_row(*(_cell(v) for v in row.values()))
     (target or console).print(table)
 
 
@@ -38,31 +84,40 @@ DATA_ROOT_HELP = "Data root (default ./data or RAGEN_DATA_ROOT)."
 
 
 def existing_root(data_root: Path | None) -> Path:
+    """The data root of a command that only reads: it must exist."""
     root = data_root_path(data_root)
     if not root.is_dir():
         fail(f"data root {str(root)!r} does not exist; train first or pass --data-root")
     return root
 
 
-def check_output(output_format: str, out: Path | None, root: Path, formats: tuple[str, ...]) -> None:
+def check_output(
+    output_format: str, out: Path | None, root: Path, formats: tuple[str, ...], force: bool = False
+) -> None:
+    """Refuse a bad ``--format`` / ``--out`` before any work: parquet without a file, a file inside the data root,
+    a folder, or an existing file without ``--force``."""
     if output_format not in formats:
         fail(f"--format must be one of {', '.join(formats)}, not {output_format!r}")
     if output_format == "parquet" and out is None:
         fail("--format parquet writes a file: give it with --out FILE")
-    if out is not None and out.resolve().is_relative_to(root):  # never write into the lake
+    if out is None:
+        return
+    if out.resolve().is_relative_to(root):  # never write into the lake
         fail(
             f"--out {str(out)!r} lies inside the data root {str(root)!r}; the lake is read-only here: write elsewhere"
         )
+    if out.is_dir():
+        fail(f"--out {str(out)!r} is a folder; give a file name, e.g. {str(out / ('result.' + output_format))!r}")
+    if out.exists() and not force:
+        fail(f"--out {str(out)!r} exists; pass --force to overwrite it")
 
 
 def write_result(result, output_format: str, out: Path | None) -> None:
     """Write a query result as a rich table, CSV, JSON or Parquet, to ``out`` (atomically) or stdout."""
     import io
 
-    from ragen_core.storage.files import atomic_write_bytes, atomic_write_parquet
-
     if output_format == "parquet":
-        atomic_write_parquet(out, result)
+        _write_file(out, result)
         return
     if output_format == "table":
         buffer = io.StringIO()
@@ -77,7 +132,33 @@ def write_result(result, output_format: str, out: Path | None) -> None:
     else:
         data = (json.dumps(result.to_pylist(), default=str, indent=1) + "\n").encode()
     if out is not None:
-        atomic_write_bytes(out, data)
+        _write_file(out, data)
     elif output_format != "table":
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
+
+
+def checked_run_id(run_id: str | None, what: str = "run id") -> str | None:
+    """``run_id`` (None stays None) when it is a plain name (:mod:`ragen_core.storage.names`); else a user error,
+    raised before anything is read or created."""
+    from ragen_core.storage.names import InvalidRunIdError, validate_run_id
+
+    if run_id is None:
+        return None
+    try:
+        return validate_run_id(run_id, what)
+    except InvalidRunIdError as exc:
+        fail(str(exc))
+
+
+def _write_file(out: Path, data) -> None:
+    """Write bytes or an Arrow table to ``out`` atomically; a file system refusal is a user error, not a traceback."""
+    from ragen_core.storage.files import atomic_write_bytes, atomic_write_parquet
+
+    try:
+        if isinstance(data, bytes):
+            atomic_write_bytes(out, data)
+        else:
+            atomic_write_parquet(out, data)
+    except OSError as exc:
+        fail(f"cannot write --out {str(out)!r}: {exc.strerror or exc}")

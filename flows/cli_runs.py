@@ -5,8 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
-from flows.cli_common import DATA_ROOT_HELP, OUTPUT_FORMATS, check_output, console, existing_root, fail, write_result
+from flows.cli_common import (
+    DATA_ROOT_HELP,
+    OUTPUT_FORMATS,
+    check_output,
+    checked_run_id,
+    console,
+    existing_root,
+    fail,
+    warn,
+    write_result,
+)
 
 runs_app = typer.Typer(help="List, remove and compact the runs of a data root.", add_completion=False)
 
@@ -17,22 +28,31 @@ def runs(
     data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
     output_format: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
 ) -> None:
-    """List the runs: status, config hash, committed iterations, last validation success, created_at."""
+    """List the runs: status, config hash, committed iterations, last validation success, created_at. A manifest
+    that cannot be read is listed with status 'broken' (the reason on stderr, exit status 1); a damaged table file
+    fails the listing, naming the file."""
     ctx.obj = data_root
     if ctx.invoked_subcommand is not None:
         return
     from ragen_core.storage import DataLake, LakeError, runs_overview
+    from ragen_core.storage.catalog import read_manifests
 
     root = existing_root(data_root)
     check_output(output_format, None, root, OUTPUT_FORMATS[:3])
+    lake = DataLake(root)
     try:
-        overview = runs_overview(DataLake(root))
+        overview = runs_overview(lake)
     except LakeError as exc:
         fail(str(exc))
     if overview.num_rows == 0 and output_format == "table":
-        console.print(f"no runs in {root}")
+        console.print(f"no runs in {escape(str(root))}", highlight=False)
         return
     write_result(overview, output_format, None)
+    problems = read_manifests(lake)[1]
+    for problem in problems:
+        warn(problem)
+    if problems:
+        raise typer.Exit(code=1)  # listed, but the data root is damaged: never a silent success
 
 
 @runs_app.command("rm")
@@ -46,17 +66,22 @@ def runs_rm(
     """Remove a run: its rows in every table, staging, commits, quarantine, manifest, checkpoints, owned models."""
     from ragen_core.storage import DataLake, LakeError, plan_removal, remove_run
 
+    checked_run_id(run_id)  # a name, never a pattern: 'a*' must not reach another run's files
     root = existing_root(data_root or ctx.obj)
     lake = DataLake(root)
     try:
         plan = plan_removal(lake, run_id, force=force)
     except LakeError as exc:
         fail(str(exc))
-    console.print(f"run [bold]{run_id}[/] (status {plan.status or 'no manifest'}) in {root}; this removes:")
+    console.print(
+        f"run [bold]{escape(run_id)}[/] (status {escape(plan.status or 'no manifest')}) in {escape(str(root))}; "
+        "this removes:",
+        highlight=False,
+    )
     for line in plan.describe(root):
-        console.print(f"  {line}")
+        console.print(f"  {escape(line)}", highlight=False)
     for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
+        warn(warning)
     if not yes and not typer.confirm("Remove it?", default=False):
         console.print("nothing removed")
         raise typer.Exit(code=1)
@@ -79,6 +104,7 @@ def runs_compact(
     from ragen_core.storage import DataLake, LakeError, compact_run
     from ragen_core.storage.housekeeping import runs_with_data
 
+    checked_run_id(run_id)
     root = existing_root(data_root or ctx.obj)
     lake = DataLake(root)
     if run_id not in runs_with_data(lake):

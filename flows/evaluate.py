@@ -8,8 +8,11 @@ from typing import Any
 from prefect import flow
 
 from ragen_core import evaluation as e
+from ragen_core.config import RunConfig
 from ragen_core.resume import discard_uncommitted
 from ragen_core.storage import DataLake
+from ragen_core.storage.locks import run_writer
+from ragen_core.storage.names import validate_run_id
 from tasks import reporting as r
 from tasks import stages as t
 
@@ -31,10 +34,18 @@ def evaluate(
     run's (or ``config``, a YAML path). The same evaluation again returns the stored result; an interrupted one is
     finished, reusing the envs it had completed.
     """
+    if run_id is not None:
+        validate_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     lake = DataLake(data_root)
     model_dir, base, which = e.resolve_target(target, lake)
     run_config = e.evaluation_config(base, envs, n, config, overrides)
-    run_id = run_id or e.evaluation_run_id(which, run_config)
+    run_id = validate_run_id(run_id or e.evaluation_run_id(which, run_config))
+    with run_writer(lake.root, run_id):  # one writer per run: the same evaluation twice at once is refused
+        return _evaluate(lake, run_config, run_id, target, which, model_dir)
+
+
+def _evaluate(lake: DataLake, run_config: RunConfig, run_id: str, target: str, which: str, model_dir: Path) -> dict:
+    """The body of :func:`evaluate`, under the evaluation run's writer lock."""
     manifest = lake.read_manifest(run_id)
     if manifest is not None and 0 in lake.committed_iterations(run_id):
         return _result(lake, run_id, which, reused=True)

@@ -3,10 +3,17 @@
 Everything binds 127.0.0.1. State (PIDs, port, logs, the server's PREFECT_HOME) lives in ``<state dir>`` (default
 ``.prefect-local/`` in the project), so ``stop`` finds exactly the processes ``start`` made. This module drives
 Prefect through its command line, the way users do; it imports nothing of Prefect.
+
+It also starts the temporary server of one command (``ragen train`` and the others when no server is configured):
+:func:`start_temporary`. Unlike the one Prefect would start itself, it runs in its own session, so a Ctrl-C on the
+terminal reaches only the command (which then stops cleanly, reporting to a server that is still up, and stops the
+server last), and it dies with the command (Linux: the kernel's parent-death signal), so a SIGKILLed run leaves no
+server behind.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -16,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -148,9 +156,11 @@ def start(
 
 
 def ensure_pool(env: dict[str, str], pool: str = POOL) -> None:
-    """Create the process work pool unless it exists."""
-    listing = run_prefect(["work-pool", "ls"], env)
-    if pool not in listing:
+    """Create the process work pool unless it exists (a restarted server keeps its database, pool included)."""
+    # `work-pool inspect` by name, not a search in `work-pool ls`: that table cuts long names to the terminal's width
+    done = subprocess.run(_prefect() + ["work-pool", "inspect", pool], env=env, cwd=PROJECT_DIR, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    if done.returncode != 0:
         run_prefect(["work-pool", "create", pool, "--type", "process"], env)
 
 
@@ -207,3 +217,72 @@ def stop(state_dir: Path = DEFAULT_STATE_DIR) -> bool:
     stop_process(state.server_pid, signal.SIGTERM)
     (state_dir / "server.json").unlink(missing_ok=True)
     return True
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive SIGTERM when its parent dies, even by SIGKILL (Linux; elsewhere
+    None). libc is loaded here, before the fork; the child only calls it. A parent that died before the call is seen
+    by the child's changed parent PID."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
+@dataclass
+class TemporaryServer:
+    """A Prefect server for one command: its process (leader of its own session), API address and log file."""
+
+    process: subprocess.Popen
+    api_url: str
+    log: Path
+
+    def stop(self, grace: float = 5) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds (idempotent)."""
+        stop_process(self.process.pid, signal.SIGTERM, grace)
+        if self.process.poll() is None:  # reap it (SIGKILLed by stop_process): no zombie, no ResourceWarning
+            self.process.wait(timeout=5)
+
+
+def start_temporary(home: Path, timeout: float, attempts: int = 3) -> TemporaryServer:
+    """Start a temporary Prefect server (API only, no UI, SQLite under ``home``) on a free loopback port and wait
+    until it answers. It runs what Prefect's own temporary server runs (uvicorn over Prefect's app factory, with
+    the flags Prefect sets for it), but in its own session and tied to this process's life (see the module's
+    docstring). Retries on another port when the port was taken in between."""
+    env = base_env(home)
+    env.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
+    log = home / "server.log"
+    for attempt in range(attempts):
+        port = free_port()
+        command = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+                   "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]  # fmt: skip
+        with log.open("ab") as sink:
+            process = subprocess.Popen(command, env=env, cwd=home, stdout=sink, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True,
+                                       preexec_fn=_die_with_parent())  # fmt: skip
+        server = TemporaryServer(process, f"http://127.0.0.1:{port}/api", log)
+        try:
+            wait_healthy(server.api_url, timeout, process)
+            return server
+        except ServerError:
+            exited = process.poll() is not None  # an early exit may be a port taken in between: try another
+            server.stop()
+            if not exited or attempt == attempts - 1:
+                raise ServerError(f"the temporary Prefect server did not start (its log: {log})") from None
+        except BaseException:  # Ctrl-C while waiting
+            server.stop()
+            raise
+    raise AssertionError("unreachable")

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
 from flows.train import ProgressCallback, final_evaluation, resolve_config
-from ragen_core.config import build_config
+from ragen_core.config import RunConfig, build_config
 from ragen_core.session import check_run_id_free
 from ragen_core.storage import DataLake
+from ragen_core.storage.locks import run_writer
+from ragen_core.storage.names import validate_run_id
 from tasks import offline as o
 from tasks import stages as t
 
@@ -31,19 +32,36 @@ def retrain_offline(
     Each epoch is committed as an iteration (metrics; a checkpoint after the last one); validation runs before the
     first epoch and after the last, so the run compares with its sources in the same tables.
     """
+    if run_id is not None:
+        validate_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(config, overrides)  # a tree, or a YAML path (deployments), plus key=value overrides
     epochs = run_config.offline.epochs
     run_config = build_config(
         {**run_config.to_dict(), "trainer": {**run_config.to_dict()["trainer"], "iterations": epochs}}
     )
     lake = DataLake(data_root)
-    run_id = run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}"
+    run_id = validate_run_id(run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}")
+    with run_writer(lake.root, run_id):  # one writer per run (a second retrain of the same id is refused)
+        return _retrain(run_config, lake, run_id, sql, mode, init, progress)
+
+
+def _retrain(
+    run_config: RunConfig,
+    lake: DataLake,
+    run_id: str,
+    sql: str,
+    mode: str,
+    init: str,
+    progress: ProgressCallback | None,
+) -> dict[str, Any]:
+    """The body of :func:`retrain_offline`, under the run's writer lock."""
+    epochs = run_config.offline.epochs
     check_run_id_free(lake, run_id)
     init_dir = o.resolve_init(init, lake)
     table = o.select_trajectories(lake, sql)
     o.check_tokenizer(lake, table, init_dir)
     session = t.start_session(run_config, lake, run_id, init_dir)
-    session.update_manifest(kind="offline", lineage=o.lineage(sql, table, mode, init_dir))
+    session.update_manifest(kind="offline", lineage=o.lineage(sql, table, mode, init_dir, lake.root))
     try:
         for epoch in range(epochs):
             metrics = t.evaluate(session, 0) if epoch == 0 else {}
@@ -58,4 +76,4 @@ def retrain_offline(
         session.update_manifest(status="failed", error=f"{type(exc).__name__}: {exc}")
         raise
     session.update_manifest(status="completed")
-    return {"run_id": run_id, "data_root": str(Path(data_root).resolve()), "trajectories": table.num_rows}
+    return {"run_id": run_id, "data_root": str(lake.root), "trajectories": table.num_rows}

@@ -11,6 +11,7 @@ from prefect import flow, get_run_logger
 from flows.train import resolve_config, train
 from ragen_core.reports import artifact_key
 from ragen_core.storage import DataLake
+from ragen_core.storage.names import validate_run_id
 from ragen_core.sweep import SweepPlan, SweepPoint
 from tasks import reporting as r
 from tasks import sweep as sw
@@ -41,6 +42,8 @@ def sweep(
     point as a flow run of that deployment, so any worker of its pool can take it; the data root must then be
     reachable by the workers (pass an absolute path).
     """
+    if sweep_id is not None:
+        validate_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids: a name, never a pattern or a path
     base = resolve_config(config, overrides).to_dict()
     lake = DataLake(data_root)
     plan = sw.plan_sweep(lake, base, list(grid or []), list(random or []), samples, seeds, sweep_id, search_seed)

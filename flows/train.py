@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,8 +14,11 @@ from prefect.utilities.annotations import quote
 
 from ragen_core.config import RunConfig, build_config, load_config
 from ragen_core.faults import set_iteration
-from ragen_core.session import RunSession, default_run_id
+from ragen_core.resume import check_config
+from ragen_core.session import RunSession, default_run_id, new_manifest, stop_record, utc_now
 from ragen_core.storage import BatchMeta, DataLake
+from ragen_core.storage.locks import run_writer, takeover_note
+from ragen_core.storage.names import validate_run_id
 from tasks import reporting as r
 from tasks import stages as t
 
@@ -49,7 +53,7 @@ class _Clock:
 
 
 def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
-    """One StarPO iteration: [evaluate] -> generate -> persist -> validate -> filter -> update -> commit.
+    """One StarPO iteration: [evaluate] -> generate -> persist -> validate -> filter -> [diagnose] -> update -> commit.
 
     A group of tasks of the ``train`` flow, not a subflow: measured at the demo config, a subflow per iteration plus
     Prefect walking the rollout records for futures cost ~1.7 s of a 3.3 s iteration (benchmarks/RESULTS.md, section
@@ -68,9 +72,10 @@ def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
     with stage("validate"):
         t.validate_batch(lake, config, run_id, iteration, "rollout", config.env.name, config.rollout.group_size)
     with stage("filter"):
-        metrics.update(
-            t.filter_groups(lake, run_id, iteration, config.algorithm.filter, config.algorithm.filter_ratio)
-        )
+        metrics.update(t.filter_groups(lake, run_id, iteration, config.algorithm.filter_spec))
+    if config.trainer.mi_diagnostic:  # scored by the policy that sampled the batch, so before the update
+        with stage("diagnose"):
+            metrics.update(t.diagnose_reasoning(session, iteration))
     with stage("update"):
         metrics.update(t.update_policy(session, iteration))
     with stage("commit"):
@@ -96,22 +101,62 @@ def _open(
 ) -> tuple[RunSession, int, dict[str, Any]]:
     """A fresh run (bootstrap, then the session) or a resumed one (checks, checkpoint, replayed updates)."""
     manifest = lake.read_manifest(run_id)
-    if manifest is None:
-        start_dir = t.start_model(run_config, lake)
-        summary = t.bootstrap(run_config, lake, start_dir) if run_config.bootstrap.enabled else None
-        session = t.start_session(run_config, lake, run_id, summary[0] if summary else start_dir)
-        session.update_manifest(bootstrap=summary[1] if summary else None)
-        return session, 0, {"bootstrap": summary[1] if summary else None}
+    if manifest is None or not manifest.get("model_dir"):  # new, or stopped before its session (in the bootstrap)
+        return _start(run_config, lake, run_id, manifest, force_config)
     plan = t.plan_resume(lake, run_config, run_id, manifest, force_config, skip_iteration)
     if plan.next_iteration > run_config.trainer.iterations:
         return None, plan.next_iteration, {"completed": True, "bootstrap": manifest.get("bootstrap")}
-    session = t.start_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
-    restored = t.restore_session(session, plan)
-    first = plan.next_iteration
-    if plan.quarantined:  # only reachable with skip_iteration (plan_resume refuses otherwise)
-        t.skip_iteration(session, first, plan.quarantined)
-        first += 1
+    session = None
+    try:
+        session = t.start_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
+        restored = t.restore_session(session, plan)
+        first = plan.next_iteration
+        if plan.quarantined:  # only reachable with skip_iteration (plan_resume refuses otherwise)
+            t.skip_iteration(session, first, plan.quarantined)
+            first += 1
+    except BaseException as exc:  # a failed resume says so in the manifest (a refused one, above, changes nothing)
+        _record_failure(lake, run_id, session, exc)
+        if session is not None:
+            session.close()
+        raise
     return session, first, {"bootstrap": manifest.get("bootstrap"), "resumed": restored}
+
+
+def _start(
+    run_config: RunConfig, lake: DataLake, run_id: str, manifest: dict[str, Any] | None, force_config: list[str]
+) -> tuple[RunSession, int, dict[str, Any]]:
+    """Start a run: its manifest first (so a run killed in the bootstrap is known and resumable), then the start
+    model, the bootstrap and the session. ``manifest``: the one an earlier attempt left before its session."""
+    if manifest is None:
+        early = new_manifest(run_config, run_id, None, None)
+        lake.write_manifest(run_id, early)
+    else:
+        check_config(manifest, run_config, force_config)
+        early = {**manifest, "status": "running", "updated_at": utc_now()}
+        lake.write_manifest(run_id, early)
+    try:
+        start_dir = t.start_model(run_config, lake)
+        summary = t.bootstrap(run_config, lake, start_dir) if run_config.bootstrap.enabled else None
+        session = t.start_session(run_config, lake, run_id, summary[0] if summary else start_dir, manifest)
+    except BaseException as exc:
+        _record_failure(lake, run_id, None, exc)
+        raise
+    if manifest is None:  # the session wrote a full manifest: keep the run's first moment
+        session.manifest.update(created_at=early["created_at"], started_at=early["started_at"])
+    session.update_manifest(bootstrap=summary[1] if summary else None)
+    return session, 0, {"bootstrap": summary[1] if summary else None}
+
+
+def _record_failure(lake: DataLake, run_id: str, session: RunSession | None, exc: BaseException) -> None:
+    """Mark the run failed (or interrupted, by Ctrl-C) in its manifest, with the error, its last committed iteration
+    and (from a session) where it stopped."""
+    stopped = stop_record(exc, getattr(session, "position", None), lake.committed_iterations(run_id))
+    if session is not None:
+        session.update_manifest(**stopped)
+        return
+    manifest = lake.read_manifest(run_id)
+    if manifest is not None:
+        lake.write_manifest(run_id, {**manifest, **stopped, "updated_at": utc_now()})
 
 
 @flow(name="train", validate_parameters=False)
@@ -133,15 +178,34 @@ def train(
     iteration whose batch was quarantined). ``sweep`` (``{id, point, overrides}``) is recorded in the manifest of a
     sweep's point.
     """
+    if run_id is not None:
+        validate_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(config, overrides)
     lake = DataLake(data_root)
-    run_id = run_id or default_run_id(run_config)
-    session, first, info = _open(run_config, lake, run_id, list(force_config or []), skip_iteration)
+    run_id = validate_run_id(run_id or default_run_id(run_config))
+    with run_writer(lake.root, run_id) as lock:  # one writer per run, for the whole run (lock: the head process's)
+        note = takeover_note(lock)
+        if note:
+            logging.getLogger(__name__).warning(note)
+        return _train(run_config, lake, run_id, progress, list(force_config or []), skip_iteration, sweep)
+
+
+def _train(
+    run_config: RunConfig,
+    lake: DataLake,
+    run_id: str,
+    progress: ProgressCallback | None,
+    force_config: list[str],
+    skip_iteration: bool,
+    sweep: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The body of :func:`train`, under the run's writer lock."""
+    session, first, info = _open(run_config, lake, run_id, force_config, skip_iteration)
     if session is not None and sweep is not None:
         session.update_manifest(sweep=sweep)
     result = {
         "run_id": run_id,
-        "data_root": str(Path(data_root).resolve()),
+        "data_root": str(lake.root),
         "iterations": run_config.trainer.iterations,
     }
     if session is None:
@@ -156,13 +220,7 @@ def train(
         if progress:
             progress(final, metrics)
     except BaseException as exc:
-        where = getattr(session, "position", {})
-        session.update_manifest(
-            status="failed",
-            error=f"{type(exc).__name__}: {exc}",
-            failed_iteration=where.get("iteration"),
-            failed_stage=where.get("stage"),
-        )
+        _record_failure(lake, run_id, session, exc)
         raise
     finally:
         session.close()  # stops a launched update group / vLLM engine

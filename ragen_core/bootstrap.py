@@ -3,7 +3,10 @@
 
 This teaches a randomly initialised model the reply format before RL. With the ``random`` scripted policy the
 demonstrations choose uniformly among valid actions, so any preference the RL run later shows comes from RL.
-The bootstrapped model is cached under ``<root>/models/bootstrap-<key>`` (key = base model + settings).
+The bootstrapped model is cached under ``<root>/models/bootstrap-<key>`` (key = base model + settings). Runs that
+need the same bootstrap at once build it once: the builder holds the bootstrap run's writer lock, the others wait
+for it and then find the model built. A bootstrap killed half-way is redone from the start with the same seeds (its
+files have deterministic names, so the redo replaces them).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.config import RunConfig
+from ragen_core.faults import maybe_fail
 from ragen_core.offline import check_tokenizer, select_trajectories, sft_update
 from ragen_core.policy import load_policy, tokenizer_fingerprint
 from ragen_core.rollout import ScriptedBackend, run_rollouts
@@ -24,6 +28,7 @@ from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.session import library_versions, utc_now
 from ragen_core.stages import persist_trajectories, rollout_spec, validate_env_batch
 from ragen_core.storage import BatchMeta, DataLake
+from ragen_core.storage.locks import run_writer
 from ragen_core.training import ActorEngine, OptimConfig
 
 
@@ -47,7 +52,16 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
     run_id = f"bootstrap-{key}"
     if (target / "config.json").is_file():
         return target, {"run_id": run_id, "cached": True}
+    with run_writer(lake.root, run_id, wait=True):  # another run building the same bootstrap: wait for it
+        if (target / "config.json").is_file():
+            return target, {"run_id": run_id, "cached": True}
+        return _build(config, lake, base_dir, target, run_id)
 
+
+def _build(
+    config: RunConfig, lake: DataLake, base_dir: Path, target: Path, run_id: str
+) -> tuple[Path, dict[str, Any]]:
+    """Demonstrations, their SFT, and the model saved to ``target`` (the bootstrap run's lock held)."""
     settings = config.bootstrap
     model, tokenizer = load_policy(base_dir)
     formatter = ChatFormatter(tokenizer)
@@ -59,6 +73,7 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
     stage = "demos"
     meta = BatchMeta(run_id, 0, "train", 0, 1.0, config.config_hash())
     persist_trajectories(lake, meta, stage, records)
+    maybe_fail("bootstrap", "demos")  # demonstrations staged; no model yet
     validate_env_batch(lake, config, run_id, 0, stage, config.env.name, settings.group_size)
     lake.publish(run_id, 0, stage)
 
@@ -78,7 +93,7 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
         "updated_at": utc_now(),
     }
     lake.write_manifest(run_id, manifest)
-    demos = select_trajectories(lake, f"SELECT * FROM trajectories WHERE run_id = '{run_id}'")
+    demos = select_trajectories(lake, "SELECT * FROM trajectories WHERE run_id = ?", params=[run_id])
     check_tokenizer(lake, [run_id], tokenizer)
     actor = ActorEngine(
         model,

@@ -12,7 +12,8 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -23,9 +24,13 @@ from pydantic import (
     NonNegativeInt,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
+if TYPE_CHECKING:
+    from ragen_core.algos.filters import FilterSpec
 
 class ConfigError(ValueError):
     """A config that cannot be used: the message names every offending key and how to fix it."""
@@ -33,6 +38,39 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Pydantic would read ``true`` as 1 for a number and ``1`` as true for a boolean, and YAML reads ``yes``,
+        ``no``, ``on`` and ``off`` as booleans: a boolean key takes only true/false, no other key takes them."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None or value is None:
+            return value
+        leaves = _leaf_types(field.annotation)
+        takes_bool = bool in leaves or Any in leaves
+        if isinstance(value, bool) and not takes_bool:
+            kind = "a number" if leaves & {int, float} else "text" if str in leaves else "another type"
+            fix = "write the number" if kind == "a number" else 'quote the word (e.g. "yes")' if kind == "text" else ""
+            raise ValueError(
+                f"got the boolean {str(value).lower()} (YAML also reads yes/no/on/off as booleans), but this key "
+                f"takes {kind}{': ' + fix if fix else ''}"
+            )
+        if takes_bool and leaves - {type(None)} == {bool} and not isinstance(value, bool):
+            raise ValueError(f"must be true or false, not {value!r}")
+        return value
+
+
+def _leaf_types(annotation: Any) -> set[Any]:
+    """The plain types an annotation accepts: unions and Optional unpacked, Literal values as their types."""
+    origin = get_origin(annotation)
+    if origin in (Union, UnionType):
+        return set().union(*(_leaf_types(arg) for arg in get_args(annotation)))
+    if origin is Literal:
+        return {type(arg) for arg in get_args(annotation)}
+    if origin is Annotated:
+        return _leaf_types(get_args(annotation)[0])
+    return {origin or annotation}
 
 
 class TinyModelConfig(_Section):
@@ -116,6 +154,33 @@ class RolloutConfig(_Section):
     max_new_tokens: PositiveInt = Field(48, description="Maximum tokens of one reply (paper scale: 400).")
     enable_think: bool = Field(True, description="Ask for and parse <think>...</think> before <answer>.")
     format_penalty: float = Field(-0.1, le=0, description="Added once per turn whose reply breaks the format.")
+    context_window_mode: Literal["full", "limited_multi_turn", "single_turn"] = Field(
+        "full",
+        description="What the model sees at each turn (RAGEN-2's context_window_mode). 'full': the whole chat so far "
+        "(one training sequence per trajectory). 'limited_multi_turn': the system and first message, then the last "
+        "max_context_window turns as chat turns. 'single_turn': one user message holding the last "
+        "max_context_window - 1 turns as text, then the current turn. The windowed modes train each turn's reply "
+        "in the exact window it was sampled in (the turn sequences are packed into the trajectory's row).",
+    )
+    max_context_window: PositiveInt | None = Field(
+        None,
+        description="Turns in the window, the current one included (1: only the current turn); required by "
+        "limited_multi_turn and single_turn, unused by full.",
+    )
+
+    @model_validator(mode="after")
+    def _check_window(self) -> RolloutConfig:
+        if self.context_window_mode == "full" and self.max_context_window is not None:
+            raise ValueError(
+                "rollout.max_context_window only applies to windowed modes: set rollout.context_window_mode to "
+                "limited_multi_turn or single_turn, or drop rollout.max_context_window"
+            )
+        if self.context_window_mode != "full" and self.max_context_window is None:
+            raise ValueError(
+                f"rollout.context_window_mode={self.context_window_mode} needs rollout.max_context_window (the "
+                "number of turns the model sees, the current one included, >= 1)"
+            )
+        return self
 
 
 class AlgorithmConfig(_Section):
@@ -155,15 +220,68 @@ class AlgorithmConfig(_Section):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
         "token-mean", description="Loss reduction: RAGEN's code (token-mean) or the paper's equations (seq-mean-*)."
     )
-    filter: str = Field("std", description="Registered group filter: std, std_rev or std_top_p.")
+    filter: str = Field(
+        "std",
+        description="Group-selection strategy (RAGEN-2's rollout filter): top_k (keep the first filter_ratio share "
+        "of groups by filter_metric), top_k_abs (keep filter_ratio groups), top_p (nucleus over the metric, see "
+        "filter_top_p_mode) or min_p (keep groups within a factor filter_ratio of the best). Aliases: std = top_k, "
+        "std_rev = top_k keeping the smallest, std_top_p = top_p linear (all three over reward_std).",
+    )
     filter_ratio: float = Field(
-        gt=0, le=1, description="std/std_rev: share of groups kept; std_top_p: share of total std covered; 1.0 = off."
+        gt=0,
+        description="The strategy's value: top_k share of groups kept, top_p mass, min_p factor (all in (0, 1]; "
+        "1.0 keeps everything under top_k and top_p); top_k_abs: number of groups kept (a whole number >= 1).",
+    )
+    filter_metric: Literal["reward_std", "reward", "entropy", "length"] = Field(
+        "reward_std",
+        description="Per-group value the strategy ranks: in-group std of trajectory scores, their mean, the mean "
+        "entropy estimate (a trajectory's mean negative behaviour log-prob over its sampled tokens) or the mean "
+        "number of sampled tokens.",
+    )
+    filter_largest: bool | None = Field(
+        None, description="Keep the groups with the largest metric (true) or the smallest (false); None: largest "
+        "(std_rev: smallest).",
+    )  # fmt: skip
+    filter_include_zero: bool = Field(
+        True, description="Whether groups whose rewards do not vary (in-group std <= 1e-10) may be kept."
+    )
+    filter_top_p_mode: Literal["linear", "softmax"] = Field(
+        "linear",
+        description="top_p: 'linear' keeps the shortest prefix whose metric sum reaches filter_ratio of the total "
+        "minus filter_eps (nothing if it cannot); 'softmax' the shortest prefix whose softmax mass reaches it.",
+    )
+    filter_eps: NonNegativeFloat = Field(
+        0.01, description="top_p linear: slack subtracted from the target sum (RAGEN's selection epsilon)."
     )
 
     @property
     def needs_critic(self) -> bool:
         """Whether the estimator needs a value model."""
         return self.adv_estimator in VALUE_ESTIMATORS
+
+    @property
+    def filter_spec(self) -> FilterSpec:
+        """The resolved group filter (aliases expanded)."""
+        from ragen_core.algos.filters import resolve_filter
+
+        return resolve_filter(
+            self.filter,
+            value=self.filter_ratio,
+            metric=self.filter_metric,
+            largest=self.filter_largest if self.filter_largest is not None else self.filter != "std_rev",
+            include_zero=self.filter_include_zero,
+            top_p_mode=self.filter_top_p_mode,
+            eps=self.filter_eps,
+        )
+
+    @model_validator(mode="after")
+    def _check_filter(self) -> AlgorithmConfig:
+        from ragen_core.algos.filters import check_filter_options
+
+        check_filter_options(
+            self.filter, self.filter_ratio, self.filter_metric, self.filter_largest, self.filter_top_p_mode
+        )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -254,6 +372,16 @@ class MonitorConfig(_Section):
         description="Also write each committed iteration's metrics as TensorBoard scalars (step = iteration) under "
         "<data root>/runs/<run id>/tensorboard; the metrics table stays the source of truth.",
     )
+    mi_drop: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Warn of template collapse when diag/reasoning_mi (trainer.mi_diagnostic) stays more than this "
+        "fraction below its running peak for monitor.mi_patience consecutive iterations.",
+    )
+    mi_patience: PositiveInt = Field(
+        2, description="Consecutive iterations diag/reasoning_mi must stay low before the template-collapse warning."
+    )
 
 
 class TrainerConfig(_Section):
@@ -283,6 +411,16 @@ class TrainerConfig(_Section):
         "auto",
         description="Engine and rollout precision: 'auto' = bf16 on a bf16-capable CUDA GPU, else fp32; bf16 and "
         "fp16 (dynamic loss scaling) need CUDA. The resolved precision is recorded in the run manifest.",
+    )
+    mi_diagnostic: bool = Field(
+        False,
+        description="Template-collapse diagnostic: before each update, score every training trajectory's first-turn "
+        "reasoning under its own prompt and under trainer.mi_prompts - 1 other prompts of the batch with the current "
+        "policy, and store the mutual-information estimate diag/reasoning_mi (cost: N x mi_prompts forward "
+        "sequences; docs/algorithms.md).",
+    )
+    mi_prompts: int = Field(
+        8, ge=2, description="Prompts each reasoning is scored under (its own + mi_prompts - 1 others), at most."
     )
 
     @model_validator(mode="after")
@@ -357,6 +495,11 @@ class RunConfig(_Section):
                 f"critic.mini_batch_size={critic_mini} must be a multiple of critic.micro_batch_size={critic_micro}"
             )
         _check_scale_out(self)
+        if self.algorithm.filter_metric == "entropy" and self.rollout.backend == "scripted":
+            raise ValueError(
+                "algorithm.filter_metric=entropy needs behaviour log-probs, which scripted rollouts "
+                "(rollout.backend=scripted) do not have: choose reward_std, reward or length"
+            )
         if self.env.max_actions_per_turn > self.env.max_actions_per_traj:
             raise ValueError(
                 f"env.max_actions_per_turn={self.env.max_actions_per_turn} exceeds env.max_actions_per_traj="
@@ -391,7 +534,7 @@ def _check_scale_out(config: RunConfig) -> None:
 
 def _check_registered_names(config: RunConfig) -> None:
     """Names that refer to registries must exist there (checked at load time, before any compute)."""
-    from ragen_core.algos import ADVANTAGES, FILTERS, POLICY_LOSSES
+    from ragen_core.algos import ADVANTAGES, POLICY_LOSSES
     from ragen_core.envs import registered_envs
     from ragen_core.rollout.scripted import registered_scripted_policies
 
@@ -402,7 +545,6 @@ def _check_registered_names(config: RunConfig) -> None:
     for key, name, registry in (
         ("algorithm.adv_estimator", config.algorithm.adv_estimator, ADVANTAGES),
         ("algorithm.policy_loss", config.algorithm.policy_loss, POLICY_LOSSES),
-        ("algorithm.filter", config.algorithm.filter, FILTERS),
     ):
         if name not in registry:
             raise ValueError(f"{key}: unknown name {name!r}; registered: {', '.join(registry.names())}")
@@ -428,6 +570,28 @@ def _format_validation_error(error: ValidationError) -> str:
     return "invalid config:\n" + "\n".join(lines)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe YAML loader that refuses a key given twice in one mapping (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor' merges may override, as YAML allows
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader reports it
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one section (lines {first} and {line}); keep one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into its key path and YAML-parsed value."""
     if "=" not in text:
@@ -444,10 +608,19 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of ``tree`` with each ``key.sub=value`` override set (intermediate sections created)."""
+    """Return a copy of ``tree`` with each ``key.sub=value`` override set (intermediate sections created). A key set
+    twice (``a.b=1 a.b=2``, or ``a.b=1`` beside ``a={b: 2}``) is an error: which one was meant is unknowable."""
     result = copy.deepcopy(tree)
+    given: dict[tuple[str, ...], str] = {}
     for text in overrides:
         path, value = parse_override(text)
+        for earlier_path, earlier in given.items():
+            shorter = min(len(path), len(earlier_path))
+            if tuple(path[:shorter]) == earlier_path[:shorter]:
+                raise ConfigError(
+                    f"overrides {earlier!r} and {text!r} both set {'.'.join(path[:shorter])}; give it once"
+                )
+        given[tuple(path)] = text
         node = result
         for part in path[:-1]:
             child = node.get(part)
@@ -477,7 +650,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader: builds no objects
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
         if loaded is not None and not isinstance(loaded, dict):

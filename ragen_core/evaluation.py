@@ -17,6 +17,7 @@ from ragen_core.config import RunConfig, build_config, load_config
 from ragen_core.envs import registered_envs
 from ragen_core.offline import OfflineError, resolve_init
 from ragen_core.storage import DataLake
+from ragen_core.storage.names import is_valid_run_id
 from ragen_core.training.checkpoint import checkpoint_dir, latest_checkpoint
 
 
@@ -31,10 +32,11 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, dict[str, 
     its config becomes the evaluation's base (same prompt format and limits). Anything else must be a folder.
     """
     run_id, _, updates = target.removeprefix("run:").partition("@")
-    manifest = lake.read_manifest(run_id) if lake is not None and (lake.root / "runs").is_dir() else None
+    known = lake is not None and is_valid_run_id(run_id) and (lake.root / "runs").is_dir()  # else: a folder
+    manifest = lake.read_manifest(run_id) if known else None
     if manifest is not None:
         if updates:
-            if not updates.isdigit():
+            if not (updates.isascii() and updates.isdigit()):
                 raise EvaluationError(f"{target!r}: after '@' give the number of updates, e.g. {run_id}@10")
             folder = checkpoint_dir(lake, run_id, int(updates))
             if not folder.is_dir():
@@ -85,6 +87,7 @@ def evaluation_config(
 
 def evaluation_run_id(which: str, config: RunConfig) -> str:
     """``eval-<target slug>-<hash of target and config>``: the same evaluation names the same run."""
-    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(which).name or which).strip("-")[:40]
+    name = Path(which).name or which  # ASCII only: the id must be a run-id name (ragen_core.storage.names)
+    slug = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in name).strip("-")[:40]
     digest = hashlib.sha256(f"{which}|{config.config_hash()}".encode()).hexdigest()[:8]
     return f"eval-{slug}-{digest}"

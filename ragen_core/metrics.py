@@ -4,6 +4,8 @@ early warnings computed from the metric history.
 Collapse indicators (RAGEN, "Metrics and collapse indicators"): in-group reward std and token entropy fall before
 the reward does, and gradient-norm spikes mark an irreversible collapse. :func:`collapse_warnings` checks the
 latest iteration against the run's history; the run logs each warning, records it as an ``events`` row and goes on.
+RAGEN-2's template collapse (reasoning that no longer depends on the input) is watched the same way through
+``diag/reasoning_mi`` (:func:`template_collapse_warning`; the estimate itself: :mod:`ragen_core.diagnostics`).
 """
 
 from __future__ import annotations
@@ -145,6 +147,39 @@ def collapse_warnings(
     return warnings
 
 
+MI_KEY = "diag/reasoning_mi"
+
+
+def template_collapse_warning(
+    history: list[dict[str, float]], current: dict[str, float], warmup: int, drop: float, patience: int
+) -> CollapseWarning | None:
+    """RAGEN-2's template collapse: the input-reasoning mutual information (``diag/reasoning_mi``) has stayed more
+    than ``drop`` below its running peak for ``patience`` consecutive iterations, this one included. Each of those
+    values is compared with the peak of the values before it; the peak must be positive and come from at least
+    ``warmup`` earlier values (iterations without the metric are skipped)."""
+    if MI_KEY not in current or not np.isfinite(current[MI_KEY]):
+        return None
+    values = _history(history, MI_KEY) + [current[MI_KEY]]
+    if len(values) < patience:
+        return None
+    threshold = float("nan")
+    for position in range(len(values) - patience, len(values)):
+        past = values[:position]
+        if len(past) < max(warmup, 1) or max(past) <= 0:
+            return None
+        threshold = (1.0 - drop) * max(past)
+        if values[position] >= threshold:
+            return None
+    value = current[MI_KEY]
+    return CollapseWarning(
+        MI_KEY,
+        value,
+        threshold,
+        f"input-reasoning mutual information {value:.4g} has stayed more than {drop:.0%} below its running peak "
+        f"for {patience} iteration(s): a sign of template collapse (reasoning that no longer depends on the input)",
+    )
+
+
 def filter_metrics(trajectories: pa.Table) -> dict[str, float]:
     """Keep rate and the in-group std of kept vs dropped groups (after the filter set ``kept``)."""
     frame = trajectories.select(["group_id", "group_reward_std", "kept"]).to_pandas().drop_duplicates("group_id")
@@ -154,8 +189,9 @@ def filter_metrics(trajectories: pa.Table) -> dict[str, float]:
         "filter/kept_groups": float(len(kept)),
         "filter/keep_rate": float(len(kept)) / max(len(frame), 1),
         "filter/kept_trajectories": float(pc.sum(pc.cast(trajectories["kept"], pa.int64())).as_py() or 0),
-        "filter/kept_in_group_std": _mean(kept["group_reward_std"].to_numpy()),
     }
+    if len(kept):  # undefined when the filter keeps nothing (linear top_p below its target): left out, not NaN
+        metrics["filter/kept_in_group_std"] = _mean(kept["group_reward_std"].to_numpy())
     if len(dropped):  # undefined when the filter keeps every group (ratio 1.0): left out rather than NaN
         metrics["filter/dropped_in_group_std"] = _mean(dropped["group_reward_std"].to_numpy())
     return metrics

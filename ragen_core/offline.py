@@ -19,6 +19,7 @@ from ragen_core.config import RunConfig
 from ragen_core.policy import tokenizer_fingerprint
 from ragen_core.seeding import derive_seed
 from ragen_core.storage import DataLake, query
+from ragen_core.storage.names import is_valid_run_id
 from ragen_core.training import collate
 from ragen_core.training.starpo import (
     UpdateInputs,
@@ -33,15 +34,16 @@ class OfflineError(ValueError):
     """The selection cannot be re-trained on as asked; the message says why and how to fix it."""
 
 
-def select_trajectories(lake: DataLake, sql: str) -> pa.Table:
+def select_trajectories(lake: DataLake, sql: str, params: list | dict | None = None) -> pa.Table:
     """The stored trajectories whose keys the read-only ``sql`` returns, whole, in key order.
 
     The query may return any columns as long as it includes the trajectory key
     (run_id, iteration, split, env, group_id, traj_index), e.g. ``SELECT * FROM trajectories WHERE success``.
+    ``params`` binds its ``?`` / ``$name`` placeholders (how code passes a run id: never pasted into ``sql``).
     """
     keys = ", ".join(TRAJECTORY_KEY)
     try:
-        selected = query(lake, f"SELECT DISTINCT {keys} FROM ({sql}) AS selection")
+        selected = query(lake, f"SELECT DISTINCT {keys} FROM ({sql}) AS selection", params=params)
     except Exception as exc:  # noqa: BLE001  (DuckDB raises several error types; all mean the same to the user)
         raise OfflineError(f"the selection query failed: {exc}; it must return the columns {keys}") from exc
     if selected.num_rows == 0:
@@ -77,7 +79,10 @@ def check_tokenizer(lake: DataLake, runs: list[str], tokenizer: Any) -> str:
 
 def offline_inputs(table: pa.Table, pad_token_id: int) -> UpdateInputs:
     """Token batch, scores and groups of the selected rows; groups are (run, iteration, split, env, group)."""
-    batch = collate(table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(), pad_token_id)
+    batch = collate(
+        table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(), pad_token_id,
+        table["segment_lengths"].to_pylist(),
+    )  # fmt: skip
     group_keys = list(zip(*(table[k].to_pylist() for k in TRAJECTORY_KEY[:-1]), strict=True))
     ids = {key: i for i, key in enumerate(dict.fromkeys(group_keys))}
     return UpdateInputs(
@@ -123,25 +128,48 @@ def pg_update(config: RunConfig, actor: Any, table: pa.Table, pad_token_id: int,
 
 def sft_update(actor: Any, table: pa.Table, pad_token_id: int, batch_size: int, seed: int) -> dict[str, float]:
     """One supervised epoch on the selected rows' loss-masked tokens."""
-    batch = collate(table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(), pad_token_id)
+    batch = collate(
+        table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(), pad_token_id,
+        table["segment_lengths"].to_pylist(),
+    )  # fmt: skip
     metrics = actor.sft_update(batch, batch_size, seed)
     metrics["offline/trajectories"] = float(table.num_rows)
     return metrics
 
 
-def lineage(sql: str, table: pa.Table, mode: str, init: Path) -> dict[str, Any]:
-    """What the re-trained run came from: the query, the source runs and iterations, the mode and the start model."""
+def lineage(sql: str, table: pa.Table, mode: str, init: Path, root: Path | None = None) -> dict[str, Any]:
+    """What the re-trained run came from: the query, the source runs and iterations, the mode and the start model
+    (with the run and iteration whose checkpoint it is, when it is one of the data root ``root``). The ``runs``
+    table shows these as its lineage columns."""
     sources: dict[str, set[int]] = {}
     for run, iteration in zip(table["run_id"].to_pylist(), table["iteration"].to_pylist(), strict=True):
         sources.setdefault(run, set()).add(int(iteration))
+    init_run, init_iteration = checkpoint_origin(init, root) if root is not None else (None, None)
     return {
         "query": sql,
         "mode": mode,
         "init": str(init),
+        "init_run": init_run,
+        "init_iteration": init_iteration,
         "trajectories": table.num_rows,
         "source_runs": sorted(sources),
         "source_iterations": {run: sorted(its) for run, its in sorted(sources.items())},
     }
+
+
+def checkpoint_origin(folder: Path, root: Path) -> tuple[str | None, int | None]:
+    """(run, iteration) when ``folder`` is a checkpoint of a run of the data root ``root``
+    (``<root>/runs/<run>/checkpoints/iteration=<n>[/hf]``), else (None, None)."""
+    try:
+        parts = Path(folder).resolve().relative_to(Path(root).resolve() / "runs").parts
+    except ValueError:
+        return None, None
+    if len(parts) < 3 or parts[1] != "checkpoints" or not is_valid_run_id(parts[0]):
+        return None, None
+    name, _, number = parts[2].partition("=")
+    if name != "iteration" or not (number.isascii() and number.isdigit()):
+        return None, None
+    return parts[0], int(number)
 
 
 def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
@@ -152,10 +180,16 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
         if lake is None:
             raise OfflineError("--init run:<id> needs the data root of that run")
         run_id, _, updates = text.removeprefix("run:").partition("@")
+        if not is_valid_run_id(run_id):
+            raise OfflineError(f"--init {text}: {run_id!r} is not a run id (letters, digits, '.', '_', '-')")
+        if updates and not (updates.isascii() and updates.isdigit()):
+            raise OfflineError(f"--init {text}: after '@' give the number of updates, e.g. run:{run_id}@10")
         manifest = lake.read_manifest(run_id)
         if manifest is None:
             raise OfflineError(f"--init {text}: no run {run_id!r} in {lake.root}")
         if not updates:
+            if not manifest.get("model_dir"):  # its manifest is written before the bootstrap picks the model
+                raise OfflineError(f"--init {text}: run {run_id!r} stopped before choosing its start model")
             return resolve_init(manifest["model_dir"])
         path = lake.root / "runs" / run_id / "checkpoints" / f"iteration={int(updates)}"
     path = Path(path).expanduser().resolve()

@@ -1,7 +1,8 @@
 """Collapse-indicator plots of one or several runs, read from the ``metrics`` table, as one PNG.
 
 One panel per indicator of the RAGEN paper's Echo Trap analysis: validation success per environment, rollout reward
-mean and std, in-group reward std, token entropy, gradient norm and response length, against the iteration. One
+mean and std, in-group reward std, token entropy, gradient norm and response length, plus RAGEN-2's input-reasoning
+mutual information (``trainer.mi_diagnostic``; it falls under template collapse), against the iteration. One
 colour per run; a panel no run has data for says "no data". The figure is drawn with matplotlib's Agg canvas (no
 display, no pyplot state) and written atomically.
 """
@@ -53,6 +54,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("actor/entropy", "Token entropy", "entropy"),
     Panel("actor/grad_norm", "Gradient norm", "grad norm"),
     Panel("rollout/response_length", "Response length", "tokens"),
+    Panel("diag/reasoning_mi", "Input-reasoning MI (template collapse)", "nats"),
 )
 
 

@@ -113,15 +113,18 @@ class RunSession:
         self.lake.write_manifest(self.run_id, self.manifest)
 
 
-def new_manifest(config: RunConfig, run_id: str, model_dir: Path, command: list[str] | None) -> dict[str, Any]:
-    """The run manifest: config, hash, seed, versions, git commit, host, command, status and timestamps."""
+def new_manifest(config: RunConfig, run_id: str, model_dir: Path | None, command: list[str] | None) -> dict[str, Any]:
+    """The run manifest: config, hash, seed, versions, git commit, host, command, status and timestamps.
+
+    ``model_dir`` is None in the manifest a run writes at its first moment, before the bootstrap and the session:
+    a run killed there is then known (``ragen resume`` starts it over), and the session fills the folder in."""
     now = utc_now()
     return {
         "run_id": run_id,
         "config": config.to_dict(),
         "config_hash": config.config_hash(),
         "seed": config.seed,
-        "model_dir": str(model_dir),
+        "model_dir": str(model_dir) if model_dir is not None else None,
         "versions": library_versions(),
         "git_commit": git_commit(),
         "host": socket.gethostname(),
@@ -134,6 +137,23 @@ def new_manifest(config: RunConfig, run_id: str, model_dir: Path, command: list[
         "started_at": now,
         "updated_at": now,
     }
+
+
+STOP_FIELDS = ("failed_iteration", "failed_stage", "interrupted_iteration", "interrupted_stage",
+               "last_committed_iteration")  # fmt: skip
+
+
+def stop_record(exc: BaseException, where: dict[str, Any] | None, committed: list[int]) -> dict[str, Any]:
+    """The manifest fields of a run stopped by ``exc``: status ``interrupted`` for a Ctrl-C (KeyboardInterrupt),
+    else ``failed`` with the error; the iteration and stage it stopped in (``where``, a session's position) and its
+    last committed iteration (``ragen resume`` continues after it)."""
+    where = where or {}
+    last = committed[-1] if committed else None
+    if isinstance(exc, KeyboardInterrupt):
+        return {"status": "interrupted", "interrupted_iteration": where.get("iteration"),
+                "interrupted_stage": where.get("stage"), "last_committed_iteration": last}  # fmt: skip
+    return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "failed_iteration": where.get("iteration"),
+            "failed_stage": where.get("stage"), "last_committed_iteration": last}  # fmt: skip
 
 
 def default_run_id(config: RunConfig) -> str:
@@ -194,7 +214,10 @@ def open_session(
             "versions": library_versions(),
             "resumes": [*resumed_manifest.get("resumes", []), attempt],
         }
-        for stale in ("error", "failed_iteration", "failed_stage", "update_group"):
+        if not resumed_manifest.get("model_dir"):  # the run stopped before its first session (e.g. in the bootstrap)
+            session.manifest["model_dir"] = str(start_model_dir)
+            session.manifest["tokenizer_fingerprint"] = tokenizer_fingerprint(tokenizer)
+        for stale in ("error", "update_group", *STOP_FIELDS):
             session.manifest.pop(stale, None)
     session.manifest["precision"] = precision
     try:

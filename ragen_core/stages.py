@@ -1,8 +1,9 @@
 """The stages of one StarPO iteration, as plain functions over a :class:`RunSession` (Prefect-free).
 
-generate -> persist -> validate -> filter (+ publish) -> update -> commit; validation rollouts (evaluate) run at
-iterations 0, every ``eval.every`` and after the last update, so ``split='val'`` rows of iteration i measure the
-policy after i updates.
+generate -> persist -> validate -> filter (+ publish) -> [diagnose] -> update -> commit; validation rollouts
+(evaluate) run at iterations 0, every ``eval.every`` and after the last update, so ``split='val'`` rows of iteration
+i measure the policy after i updates. ``diagnose`` (``trainer.mi_diagnostic``) scores the input-reasoning mutual
+information of the batch with the policy that sampled it.
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from ragen_core.algos import FILTERS
+from ragen_core.algos import FilterSpec, apply_filter
 from ragen_core.config import RunConfig
+from ragen_core.diagnostics import first_turn_reasoning, model_scorer, reasoning_mi
 from ragen_core.envs import make_env
 from ragen_core.faults import maybe_fail
 from ragen_core.metrics import (
     collapse_warnings,
     filter_metrics,
     rollout_metrics,
+    template_collapse_warning,
     throughput_metrics,
     validation_metrics,
 )
@@ -74,6 +78,8 @@ def rollout_spec(config: RunConfig, env_name: str, group_seeds: list[int], group
         enable_think=config.rollout.enable_think,
         format_penalty=config.rollout.format_penalty,
         env_options=dict(config.env.options),
+        context_window_mode=config.rollout.context_window_mode,
+        max_context_window=config.rollout.max_context_window,
     )
 
 
@@ -164,29 +170,57 @@ def validate_env_batch(
     )
 
 
-def filter_groups(lake: DataLake, run_id: str, iteration: int, filter_name: str, ratio: float) -> dict[str, float]:
-    """Stage 4: the StarPO-S variance filter writes ``group_reward_std`` and ``kept`` into the staged batch, which is
-    then published (atomic renames). Returns filter and rollout metrics."""
+def filter_groups(lake: DataLake, run_id: str, iteration: int, spec: FilterSpec) -> dict[str, float]:
+    """Stage 4: the group filter (``spec``) writes ``group_reward_std``, ``filter_metric_value`` and ``kept`` into
+    the staged batch, which is then published (atomic renames). Returns filter and rollout metrics."""
     trajectories = lake.read_staged(run_id, iteration, "rollout", "trajectories")
     turns = lake.read_staged(run_id, iteration, "rollout", "turns")
-    scores = torch.tensor(trajectories["total_reward"].to_numpy(), dtype=torch.float64)
-    groups = torch.tensor(trajectories["group_id"].to_numpy(), dtype=torch.long)
-    kept, group_std = FILTERS.get(filter_name)(scores, groups, ratio)
-    schema = trajectories.schema
-    trajectories = trajectories.set_column(
-        schema.get_field_index("group_reward_std"),
-        schema.field("group_reward_std"),
-        pa.array(group_std.double().numpy(), pa.float64()),
-    )
-    trajectories = trajectories.set_column(
-        schema.get_field_index("kept"), schema.field("kept"), pa.array(kept.numpy(), pa.bool_())
-    )
+    decision = apply_filter(spec, *filter_inputs(trajectories, spec.metric))
+    for name, values, kind in (
+        ("group_reward_std", decision.group_reward_std.numpy(), pa.float64()),
+        ("filter_metric_value", decision.metric_value.numpy(), pa.float64()),
+        ("kept", decision.kept.numpy(), pa.bool_()),
+    ):
+        index = trajectories.schema.get_field_index(name)
+        trajectories = trajectories.set_column(index, trajectories.schema.field(name), pa.array(values, kind))
     lake.stage_table(run_id, iteration, "rollout", "trajectories", trajectories)
     lake.publish(run_id, iteration, "rollout")
     metrics = {**rollout_metrics(trajectories, turns), **filter_metrics(trajectories)}
+    if not bool(decision.kept.any()):
+        LOGGER.warning("run %s iteration %d: the filter kept no group; the update is skipped", run_id, iteration)
     lake.mark_stage_done(run_id, iteration, "rollout", {"metrics": metrics})  # a resume reuses the published batch
     maybe_fail("publish", "after", iteration)  # published, not yet trained on or committed
     return metrics
+
+
+def filter_inputs(trajectories: pa.Table, metric: str) -> tuple[torch.Tensor, ...]:
+    """(group index, scores, entropy, length) per trajectory for the filter; the entropy estimate (only computed for
+    ``metric='entropy'``) is ``-sum(behavior_logprobs) / response_length``, the mean negative log-prob the sampler
+    gave its own tokens (the log-probs are 0 off the loss mask)."""
+    groups = torch.tensor(trajectories["group_id"].to_numpy(), dtype=torch.long)
+    scores = torch.tensor(trajectories["total_reward"].to_numpy(), dtype=torch.float64)
+    length = torch.tensor(trajectories["response_length"].to_numpy(), dtype=torch.float64)
+    entropy = None
+    if metric == "entropy":
+        logprobs = trajectories["behavior_logprobs"]
+        if logprobs.null_count:
+            raise ValueError("filter metric 'entropy' needs behaviour log-probs, and scripted rows have none")
+        parents = pc.list_parent_indices(logprobs).to_numpy()
+        flat = pc.list_flatten(logprobs).to_numpy().astype(np.float64)
+        sums = np.bincount(parents, weights=-flat, minlength=trajectories.num_rows)
+        entropy = torch.tensor(sums) / length.clamp(min=1.0)
+    return groups, scores, entropy, length
+
+
+def kept_row_count(session: RunSession, iteration: int) -> int:
+    """Published training rows of ``iteration`` the filter kept (0: the filter kept nothing, no update). An iteration
+    without any published training row is an error (nothing was generated, or its commit is missing), not a skip."""
+    rows = session.lake.read_table("trajectories", session.run_id, iteration, columns=["split", "kept"])
+    train = pc.equal(rows["split"], "train")
+    if not pc.any(train).as_py():
+        raise RuntimeError(f"iteration {iteration} of {session.run_id} has no kept training rows to update on: "
+                           "no training rows were published for it")  # fmt: skip
+    return int(pc.sum(pc.and_(train, pc.fill_null(rows["kept"], False))).as_py() or 0)
 
 
 def update_inputs(session: RunSession, iteration: int) -> UpdateInputs:
@@ -196,7 +230,12 @@ def update_inputs(session: RunSession, iteration: int) -> UpdateInputs:
     if rows.num_rows == 0:
         raise RuntimeError(f"iteration {iteration} of {session.run_id} has no kept training rows to update on")
     rows = rows.sort_by([("group_id", "ascending"), ("traj_index", "ascending")])
-    batch = collate(rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist(), session.tokenizer.pad_token_id)
+    batch = collate(
+        rows["input_ids"].to_pylist(),
+        rows["loss_mask"].to_pylist(),
+        session.tokenizer.pad_token_id,
+        rows["segment_lengths"].to_pylist(),
+    )
     turn_rewards = None
     if session.config.algorithm.reward_level == "turn":
         turns = session.lake.read_table("turns", session.run_id, iteration).to_pandas()
@@ -215,11 +254,34 @@ def update_inputs(session: RunSession, iteration: int) -> UpdateInputs:
     )
 
 
+def diagnose_reasoning(session: RunSession, iteration: int) -> dict[str, float]:
+    """Stage 4b (``trainer.mi_diagnostic``): the input-reasoning mutual information of the iteration's published
+    training trajectories under the policy that sampled them (before the update), as ``diag/reasoning_*`` metrics
+    (:mod:`ragen_core.diagnostics`). The reasoning is the first reply's ``<think>`` block, or the whole first reply
+    with thinking off; pairs are drawn from (seed, iteration). Fewer than two distinct prompts: only the counts."""
+    config = session.config
+    columns = ["split", "input_ids", "loss_mask"]
+    rows = session.lake.read_table("trajectories", session.run_id, iteration, columns=columns)
+    rows = rows.filter(pc.equal(rows["split"], "train"))
+    decode = session.tokenizer.decode if config.rollout.enable_think else None
+    prompts, reasonings = first_turn_reasoning(rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist(), decode)
+    scorer = model_scorer(session.policy_model, session.tokenizer.pad_token_id, config.actor.micro_batch_size)
+    seed = derive_seed(config.seed, iteration, "reasoning_mi")
+    estimate = reasoning_mi(prompts, reasonings, scorer, config.trainer.mi_prompts, seed)
+    if estimate is None:
+        LOGGER.info("run %s iteration %d: fewer than two distinct prompts, no MI estimate", session.run_id, iteration)
+        return {"diag/reasoning_prompts": float(len({p for p, z in zip(prompts, reasonings, strict=True) if z}))}
+    return estimate.metrics()
+
+
 def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
     """Stage 5: the StarPO update (actor, and critic when the estimator needs one) on the iteration's kept rows.
 
     With ``trainer.launcher`` set, the launched group reads those rows from the lake and steps its engines; the
-    rollout side then loads the new weights (as a vLLM engine does in every mode)."""
+    rollout side then loads the new weights (as a vLLM engine does in every mode). When the filter kept no group
+    (RAGEN's ``empty_after_filter``) nothing is trained: the policy stays as it is."""
+    if kept_row_count(session, iteration) == 0:
+        return {"actor/skipped_update": 1.0}
     if session.update_group is not None:
         metrics, weights = session.update_group.update(iteration)
         maybe_fail("update", "inside", iteration)  # the group has stepped; nothing is saved or committed
@@ -268,6 +330,10 @@ def record_warnings(session: RunSession, iteration: int, metrics: dict[str, floa
         monitor.entropy_drop,
         monitor.grad_norm_spike,
     )
+    template = template_collapse_warning(
+        session.metric_history, metrics, monitor.warmup, monitor.mi_drop, monitor.mi_patience
+    )
+    warnings += [template] if template is not None else []
     rows = []
     for warning in warnings:
         LOGGER.warning("run %s iteration %d: %s", session.run_id, iteration, warning.message)
@@ -314,6 +380,9 @@ def commit_iteration(
     rows = [{"run_id": run_id, "iteration": iteration, "name": n, "value": float(metrics[n])} for n in names]
     lake.write_rows("metrics", run_id, iteration, rows, stage="commit", publish=False)
     events = record_warnings(session, iteration, metrics)
+    if metrics.get("actor/skipped_update"):  # RAGEN's empty_after_filter: recorded so SQL can find such iterations
+        message = "the filter kept no group, so this iteration trained nothing"
+        events.append(event_row(run_id, iteration, "empty_after_filter", message, "filter/kept_groups", 0.0))
     if events:
         lake.write_rows("events", run_id, iteration, events, stage="commit", publish=False)
     columns = ["run_id", "iteration", "split", "env", "group_id", "success", "total_reward", "response_length"]

@@ -31,6 +31,7 @@ from ragen_core.config import ConfigError, RunConfig, build_config, parse_overri
 from ragen_core.seeding import derive_rng
 from ragen_core.storage import DataLake, query
 from ragen_core.storage.files import atomic_write_bytes
+from ragen_core.storage.names import InvalidRunIdError, validate_run_id
 
 DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
 _RANDOM_PATTERN = re.compile(r"^\s*(\w+)\s*\((.*)\)\s*$", re.DOTALL)
@@ -187,12 +188,12 @@ def plan_sweep(
         "seeds": parse_seeds(seeds),
         "search_seed": search_seed,
     }
-    sweep_id = sweep_id or "sweep-" + _digest(spec)[:8]
+    sweep_id = "sweep-" + _digest(spec)[:8] if sweep_id is None else sweep_id  # '' is refused, not replaced
     _check_id(sweep_id)
     points = []
     for overrides in _combinations(grid_axes, random_axes, samples, spec["seeds"], search_seed):
         index = len(points)
-        run_id = f"{sweep_id}-p{index:03d}"
+        run_id = validate_run_id(f"{sweep_id}-p{index:03d}")
         config = _validated(base_config.to_dict(), overrides, f"point {index} ({' '.join(overrides)})")
         points.append(SweepPoint(index, run_id, overrides, config.to_dict()))
     return SweepPlan(sweep_id, spec, points)
@@ -236,14 +237,27 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _check_id(sweep_id: str) -> None:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}", sweep_id):
-        raise SweepError(f"sweep id {sweep_id!r}: use letters, digits, '.', '_' or '-' (at most 81 characters)")
+SWEEP_ID_MAX_LENGTH = 81  # leaves room for the points' suffix (-p<NNN>) within the run-id length
+
+
+def _check_id(sweep_id: str) -> str:
+    """A sweep id prefixes its points' run ids, so it is a run-id name (:mod:`ragen_core.storage.names`) with room
+    for the ``-p<NNN>`` suffix; never a pattern or a path."""
+    try:
+        validate_run_id(sweep_id, "sweep id")
+    except InvalidRunIdError as exc:
+        raise SweepError(str(exc)) from None
+    if len(sweep_id) > SWEEP_ID_MAX_LENGTH or not sweep_id[0].isalnum():
+        raise SweepError(
+            f"sweep id {sweep_id!r}: use 1 to {SWEEP_ID_MAX_LENGTH} letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit (its points are named <sweep id>-p<NNN>)"
+        )
+    return sweep_id
 
 
 def sweep_file(lake: DataLake, sweep_id: str) -> Path:
     """Where a sweep's plan is stored: ``<root>/sweeps/<sweep_id>.json``."""
-    return lake.root / "sweeps" / f"{sweep_id}.json"
+    return lake.root / "sweeps" / f"{_check_id(sweep_id)}.json"
 
 
 def record_sweep(lake: DataLake, plan: SweepPlan) -> Path:
@@ -294,7 +308,7 @@ LEFT JOIN validation v USING (run_id)
 LEFT JOIN first_validation v0 USING (run_id)
 LEFT JOIN rewards w USING (run_id)
 LEFT JOIN collapse c USING (run_id)
-WHERE r.sweep_id = '{sweep_id}'
+WHERE r.sweep_id = $sweep_id
 """
 
 COMPARISON_SCHEMA = pa.schema(
@@ -317,7 +331,7 @@ def compare_sweep(lake: DataLake, plan: SweepPlan) -> pa.Table:
     (mean over the validation envs), the last training iteration's mean reward, and Echo-Trap warnings.
 
     Points that never started have status ``pending`` and nulls."""
-    found = {row["run_id"]: row for row in query(lake, COMPARISON_SQL.format(sweep_id=plan.sweep_id)).to_pylist()}
+    found = {row["run_id"]: row for row in query(lake, COMPARISON_SQL, params={"sweep_id": plan.sweep_id}).to_pylist()}
     rows = []
     for point in plan.points:
         row = found.get(point.run_id, {})

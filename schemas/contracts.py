@@ -69,7 +69,7 @@ COLUMN_RULES: dict[str, dict[str, tuple[tuple[str, str, tuple[Any, ...]], ...]]]
     "checkpoints": {"iteration": _NON_NEGATIVE, "format": (("isin", "isin", (["deepspeed", "hf"],)),)},
     "events": {"iteration": _NON_NEGATIVE},
     "runs": {
-        "status": (("isin", "isin", (["running", "completed", "failed", "deleting"],)),),
+        "status": (("isin", "isin", (["running", "completed", "failed", "interrupted", "deleting"],)),),
         "iterations_done": _NON_NEGATIVE,
     },
 }

@@ -86,7 +86,8 @@ def trajectory_summary(
     success_rule: Callable[[float], bool | None] | None = None,
 ) -> pd.DataFrame:
     """Per-trajectory summary frame (lengths, sums, flags) for the semantic checks; no raw token lists."""
-    scalar = [c for c in TRAJECTORIES.column_names if c not in ("input_ids", "loss_mask", "behavior_logprobs")]
+    lists = ("input_ids", "loss_mask", "behavior_logprobs", "segment_lengths")
+    scalar = [c for c in TRAJECTORIES.column_names if c not in lists]
     frame = trajectories.select(scalar).to_pandas()
     n = trajectories.num_rows
     ids, mask, logprobs = (_list_stats(trajectories[c], n) for c in ("input_ids", "loss_mask", "behavior_logprobs"))

@@ -131,7 +131,11 @@ TRAJECTORIES = TableSpec(
         ColumnSpec("behavior_source", pa.string(), "'policy' (sampled by the model) or 'scripted'."),
         ColumnSpec("temperature", pa.float32(), "Sampling temperature of the replies."),
         ColumnSpec("config_hash", pa.string(), "Hash of the run's resolved config."),
-        ColumnSpec("input_ids", pa.list_(pa.int32()), "The whole chat as token ids (one training sequence)."),
+        ColumnSpec(
+            "input_ids",
+            pa.list_(pa.int32()),
+            "The whole chat as token ids (one training sequence; windowed modes: see segment_lengths).",
+        ),
         ColumnSpec("loss_mask", pa.list_(pa.int8()), "1 on tokens the policy produced, 0 on prompt/env tokens."),
         ColumnSpec(
             "behavior_logprobs",
@@ -139,8 +143,24 @@ TRAJECTORIES = TableSpec(
             "Sampler's log-prob per token (0 at masked-out positions); null for scripted rows.",
             True,
         ),
+        ColumnSpec(
+            "filter_metric_value",
+            pa.float64(),
+            "Group's value of algorithm.filter_metric that the filter ranked (train rows, set by the filter).",
+            True,
+            added_in=2,
+        ),
+        ColumnSpec(
+            "segment_lengths",
+            pa.list_(pa.int32()),
+            "Windowed context modes: lengths of the independent per-turn sequences packed in input_ids, in order "
+            "(each is the turn's window prompt then its reply); null: input_ids is one sequence (full mode).",
+            True,
+            added_in=2,
+        ),
     ),
     key=TRAJECTORY_KEY,
+    version=2,
     description="One row per trajectory: scores, filter decision and the token-exact training sequence.",
 )
 
@@ -197,13 +217,48 @@ EVALUATIONS = TableSpec(
     description="Validation results per (run, iteration, env), computed from the published split='val' rows.",
 )
 
+# The lineage of an offline run (`ragen retrain`): what it was trained on and from (null for other runs).
+_LINEAGE = (
+    ColumnSpec("offline_mode", pa.string(), "Offline re-training mode, 'sft' or 'pg'.", True, added_in=2),
+    ColumnSpec("source_query", pa.string(), "The SQL that selected the trajectories it trained on.", True, added_in=2),
+    ColumnSpec(
+        "source_runs", pa.list_(pa.string()), "Runs whose trajectories it trained on (sorted).", True, added_in=2
+    ),
+    ColumnSpec(
+        "source_iterations",
+        pa.list_(pa.struct([("run_id", pa.string()), ("iterations", pa.list_(pa.int32()))])),
+        "Per source run, the iterations of its trajectories that were selected (sorted).",
+        True,
+        added_in=2,
+    ),
+    ColumnSpec("source_trajectories", pa.int64(), "Trajectories it trained on.", True, added_in=2),
+    ColumnSpec("init_model", pa.string(), "Model folder it started from (--init, resolved).", True, added_in=2),
+    ColumnSpec(
+        "init_run",
+        pa.string(),
+        "Run whose checkpoint it started from (--init run:<id>@<n> or that run's checkpoint folder); null when it "
+        "started from another model.",
+        True,
+        added_in=2,
+    ),
+    ColumnSpec("init_iteration", pa.int32(), "Iteration (updates) of init_run's checkpoint.", True, added_in=2),
+)
+
 RUNS = TableSpec(
     "runs",
     (
         _RUN,
-        ColumnSpec("kind", pa.string(), "'train' (a StarPO run) or 'bootstrap' (scripted demonstrations + SFT)."),
         ColumnSpec(
-            "status", pa.string(), "'running', 'completed', 'failed', or 'deleting' while `ragen runs rm` removes it."
+            "kind",
+            pa.string(),
+            "'train' (a StarPO run), 'bootstrap' (scripted demonstrations + SFT), 'offline' (`ragen retrain`) or "
+            "'evaluation' (`ragen eval`).",
+        ),
+        ColumnSpec(
+            "status",
+            pa.string(),
+            "'running', 'completed', 'failed', 'interrupted' (Ctrl-C; `ragen resume` continues it) or 'deleting' "
+            "while `ragen runs rm` removes it.",
         ),
         ColumnSpec("config_json", pa.string(), "Resolved config as sorted-key JSON."),
         ColumnSpec("config_hash", pa.string(), "Hash of the resolved config."),
@@ -221,8 +276,10 @@ RUNS = TableSpec(
         ColumnSpec(
             "overrides_json", pa.string(), "The sweep point's key=value overrides of the base config, as JSON.", True
         ),
+        *_LINEAGE,
     ),
     key=("run_id",),
+    version=2,
     description="One row per run, derived from runs/<run_id>/manifest.json and the run's commit markers.",
     source="manifest",
 )

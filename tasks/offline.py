@@ -34,9 +34,9 @@ def check_tokenizer(lake: DataLake, table: pa.Table, model_dir: Path) -> str:
 
 
 @task(name="lineage", cache_policy=NO_CACHE)
-def lineage(sql: str, table: pa.Table, mode: str, init: Path) -> dict[str, Any]:
-    """The query, source runs and start model of the re-trained run."""
-    return offline.lineage(sql, table, mode, init)
+def lineage(sql: str, table: pa.Table, mode: str, init: Path, root: Path | None = None) -> dict[str, Any]:
+    """The query, source runs and start model of the re-trained run (and the run whose checkpoint that is)."""
+    return offline.lineage(sql, table, mode, init, root)
 
 
 @task(name="offline_epoch", cache_policy=NO_CACHE)

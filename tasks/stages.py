@@ -13,6 +13,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ragen_core import resume, stages
+from ragen_core.algos import FilterSpec
 from ragen_core.bootstrap import bootstrap_model
 from ragen_core.config import RunConfig
 from ragen_core.resume import ResumePlan
@@ -87,9 +88,15 @@ def validate_batch(
 
 
 @task(name="filter_groups", cache_policy=NO_CACHE)
-def filter_groups(lake: DataLake, run_id: str, iteration: int, filter_name: str, ratio: float) -> dict[str, float]:
-    """Stage 4: variance filter, then publish the batch."""
-    return stages.filter_groups(lake, run_id, iteration, filter_name, ratio)
+def filter_groups(lake: DataLake, run_id: str, iteration: int, spec: FilterSpec) -> dict[str, float]:
+    """Stage 4: group filter, then publish the batch."""
+    return stages.filter_groups(lake, run_id, iteration, spec)
+
+
+@task(name="diagnose_reasoning", cache_policy=NO_CACHE)
+def diagnose_reasoning(session: RunSession, iteration: int) -> dict[str, float]:
+    """Stage 4b: input-reasoning mutual information (template-collapse diagnostic), before the update."""
+    return stages.diagnose_reasoning(session, iteration)
 
 
 @task(name="update_policy", cache_policy=NO_CACHE)

@@ -94,3 +94,78 @@ def test_missing_or_malformed_file(tmp_path):
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "why"),
+    [
+        ("actor.lr=true", "actor.lr", "boolean true"),
+        ("trainer.iterations=yes", "trainer.iterations", "boolean true"),  # YAML 1.1 reads yes as true
+        ("seed=off", "seed", "boolean false"),
+        ("eval.temperature=on", "eval.temperature", "boolean true"),
+        ("model.path=no", "model.path", "takes text"),
+        ("rollout.enable_think=1", "rollout.enable_think", "true or false, not 1"),
+        ("rollout.enable_think=0", "rollout.enable_think", "true or false, not 0"),
+        ("rollout.enable_think='true'", "rollout.enable_think", "true or false, not 'true'"),
+        ("algorithm.filter_largest=1", "algorithm.filter_largest", "true or false"),  # bool | None
+        ("actor.zero_stage=true", "actor.zero_stage", "boolean true"),  # Literal[0, 1, 2, 3]: True == 1 in Python
+    ],
+)
+def test_a_boolean_is_not_a_number_and_a_number_is_not_a_boolean(text, key, why):
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides=[text])
+    assert f"{key}: " in str(info.value) and why in str(info.value)
+
+
+def test_booleans_and_numbers_of_their_own_kind_still_load(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout:\n  enable_think: no\nalgorithm:\n  filter_largest: null\nactor:\n  lr: 1\n")
+    config = load_config(path, ["trainer.iterations=3", "eval.temperature=1"])
+    assert config.rollout.enable_think is False and config.algorithm.filter_largest is None
+    assert (config.actor.lr, config.trainer.iterations, config.eval.temperature) == (1.0, 3, 1.0)
+    assert build_config(config.to_dict()) == config  # a stored config (a manifest's) loads back unchanged
+    path.write_text("rollout:\n  enable_think: 1\n")
+    with pytest.raises(ConfigError, match="rollout.enable_think: must be true or false"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("actor:\n  lr: 0.1\n  grad_clip: 0.2\n  lr: 0.3\n", "key 'lr' appears twice in one section (lines 2 and 4)"),
+        ("seed: 1\nactor: {lr: 0.1, lr: 0.2}\n", "key 'lr' appears twice in one section (lines 2 and 2)"),
+        ("actor:\n  lr: 0.1\nactor:\n  grad_clip: 0.2\n", "key 'actor' appears twice in one section (lines 1 and 3)"),
+    ],
+)
+def test_duplicate_yaml_keys_name_the_key_and_lines(tmp_path, text, message):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_yaml_merge_keys_may_still_override(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("actor: &a\n  lr: 0.1\ncritic:\n  <<: *a\n  lr: 0.2\n")
+    assert load_config(path).critic.lr == 0.2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["actor.lr=0.1", "actor.lr=0.2"], "actor.lr"),
+        (["actor.lr=0.1", "seed=3", " actor.lr =0.1"], "actor.lr"),  # the same value twice is refused too
+        (["actor={lr: 0.1}", "actor.lr=0.2"], "actor"),  # a section and a key inside it
+        (["actor.lr=0.2", "actor={lr: 0.1}"], "actor"),
+    ],
+)
+def test_a_key_overridden_twice_is_an_error(overrides, key):
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides=overrides)
+    assert f"both set {key};" in str(info.value)
+
+
+def test_overrides_of_different_keys_of_one_section_are_fine():
+    config = build_config(overrides=["actor.lr=0.1", "actor.grad_clip=0.3"])
+    assert (config.actor.lr, config.actor.grad_clip) == (0.1, 0.3)

@@ -121,7 +121,7 @@ def test_random_search_draws_per_grid_combination_reproducibly():
 
 
 def test_a_bad_point_is_refused_before_anything_runs():
-    expected = r"(?s)point 1 \(algorithm.filter_ratio=1.5\).*filter_ratio: Input should be less than or equal to 1"
+    expected = r"(?s)point 1 \(algorithm.filter_ratio=1.5\).*filter_ratio=1.5: filter std needs a value in \(0, 1\]"
     with pytest.raises(SweepError, match=expected):
         plan_sweep(BASE, ["algorithm.filter_ratio=[0.5,1.5]"])
     with pytest.raises(SweepError, match="unknown key"):

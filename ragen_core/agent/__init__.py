@@ -1,13 +1,14 @@
 """Prompt building and reply parsing."""
 
 from ragen_core.agent.parsing import ACTION_SEPARATOR, ParsedResponse, parse_response, turn_penalty
-from ragen_core.agent.prompts import ChatFormatter, first_user_message, turn_message
+from ragen_core.agent.prompts import ChatFormatter, first_user_message, history_block, turn_message
 
 __all__ = [
     "ACTION_SEPARATOR",
     "ChatFormatter",
     "ParsedResponse",
     "first_user_message",
+    "history_block",
     "parse_response",
     "turn_message",
     "turn_penalty",

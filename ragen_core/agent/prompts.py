@@ -1,8 +1,9 @@
 """Chat prompts for multi-turn rollouts, built as token ids so that history is never re-tokenised.
 
-Turn k+1's prompt is the stored ids of turns 1..k plus the newly tokenised environment text. The environment text
-between two assistant replies is found by rendering the model's own chat template around a sentinel reply, so any
-template in which the reply appears verbatim (ChatML/Qwen, Llama-3, ...) works.
+Turn k+1's prompt is the stored ids of turns 1..k plus the newly tokenised environment text (windowed context modes:
+the stored ids of the turns in the window, see :mod:`ragen_core.rollout.windows`). The environment text between two
+assistant replies is found by rendering the model's own chat template around a sentinel reply, so any template in
+which the reply appears verbatim (ChatML/Qwen, Llama-3, ...) works.
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ def turn_message(turn: int, state: str, actions_left: int, enable_think: bool, r
         f"{reward_line}Turn {turn}:\nState:\n{state}\n"
         f"You have {actions_left} action(s) left. Reply exactly as {reply_format} with no other text."
     )
+
+
+def history_block(turns: list[tuple[int, str, str, float]]) -> str:
+    """The earlier turns of a ``single_turn`` window as text: per (1-based turn, state, reply text, env reward), what
+    the model saw, answered and got; empty when the window holds only the current turn."""
+    if not turns:
+        return ""
+    lines = ["Earlier turns:"]
+    for number, state, reply, reward in turns:
+        lines.append(f"Turn {number} state:\n{state}\nTurn {number} reply: {reply}\nTurn {number} reward: {reward:g}")
+        lines.append("---")
+    return "\n".join(lines) + "\n"
 
 
 class ChatFormatter:

@@ -1,79 +1,259 @@
-"""Group filters (StarPO-S variance filter): keep the groups whose rollouts disagree most.
+"""Group filters, as RAGEN-2 selects rollout groups: a strategy over one value per group.
 
-Signature: ``fn(scores (B,), group_index (B,), ratio) -> (kept (B,) bool, group_std (B,))``. ``group_std`` is each
-trajectory's in-group (unbiased) score std, stored with the trajectory so the decision is auditable.
+Each group (the members that share an initial state) gets one value of ``FilterSpec.metric``: the in-group std of
+the trajectory scores (``reward_std``), their mean (``reward``), the mean per-trajectory entropy estimate
+(``entropy``: a trajectory's mean negative behaviour log-prob over its sampled tokens) or the mean number of
+sampled tokens (``length``). A strategy then keeps some groups, ranked by that value (largest first unless
+``largest=False``):
+
+- ``top_k``: the first ``int(value * groups)`` groups, at least one;
+- ``top_k_abs``: the first ``int(value)`` groups, at least one;
+- ``top_p``, ``linear`` mode: the shortest prefix whose values sum to at least ``value * total - eps``; a group whose
+  value is <= 0 ends the prefix, and when the prefix cannot reach the threshold (or the threshold is <= 0 and no
+  group was needed) nothing is kept;
+- ``top_p``, ``softmax`` mode: the shortest prefix whose softmax probabilities (of the values, or of their
+  negatives when ``largest=False``) sum to at least ``value``;
+- ``min_p``: every group with value >= ``value * max`` (``largest``) or <= ``min / value`` (``largest=False``).
+
+``value >= 1`` keeps every candidate under ``top_p``. With ``include_zero=False`` the groups whose rewards do not vary
+(in-group std <= 1e-10) are no candidates at all. Ties in rank go to the lower group id, so every choice is
+deterministic. The aliases ``std``, ``std_rev`` and ``std_top_p`` are ``top_k`` (largest), ``top_k`` (smallest) and
+``top_p`` (linear) over ``reward_std``; :data:`FILTERS` keeps their old call signature
+``fn(scores (B,), group_index (B,), ratio) -> (kept (B,) bool, group_std (B,))``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
 from ragen_core.algos.registry import Registry
 
-FILTERS: Registry = Registry("group filter")
-register_filter = FILTERS.register
+ZERO_STD = 1e-10  # a group whose reward std is at most this has no variance (RAGEN's zero test)
+MIN_P_TOL = 1e-10  # RAGEN's slack on the min-p threshold
+CUMULATIVE_TOL = 1e-12  # float sums of probabilities must not miss an exactly reachable top-p target
+FILTER_METRICS = ("reward_std", "reward", "entropy", "length")
+TOP_P_MODES = ("linear", "softmax")
+
+
+@dataclass(frozen=True)
+class FilterSpec:
+    """One filter: strategy, its value (``algorithm.filter_ratio``), the metric and the selection options."""
+
+    strategy: str = "top_k"
+    value: float = 1.0
+    metric: str = "reward_std"
+    largest: bool = True
+    include_zero: bool = True
+    top_p_mode: str = "linear"
+    eps: float = 0.01
+
+
+# alias -> what it fixes: the strategy, the direction and the top-p mode (the metric is always reward_std)
+FILTER_ALIASES: dict[str, dict[str, object]] = {
+    "std": {"strategy": "top_k", "largest": True},
+    "std_rev": {"strategy": "top_k", "largest": False},
+    "std_top_p": {"strategy": "top_p", "largest": True, "top_p_mode": "linear"},
+}
+
+Strategy = Callable[[dict[int, float], FilterSpec, int], list[int]]
+STRATEGIES: Registry[Strategy] = Registry("filter strategy")
+register_strategy = STRATEGIES.register
+
+
+def filter_names() -> list[str]:
+    """Every name ``algorithm.filter`` accepts: the strategies and the aliases."""
+    return sorted([*STRATEGIES.names(), *FILTER_ALIASES])
+
+
+def resolve_filter(name: str, **options: object) -> FilterSpec:
+    """The :class:`FilterSpec` of ``algorithm.filter=name`` with the other filter keys in ``options``."""
+    if name in FILTER_ALIASES:
+        return FilterSpec(**{**options, "metric": "reward_std", **FILTER_ALIASES[name]})  # type: ignore[arg-type]
+    STRATEGIES.get(name)  # raises for an unknown name, listing the strategies
+    return FilterSpec(strategy=name, **options)  # type: ignore[arg-type]
+
+
+def check_filter_options(name: str, value: float, metric: str, largest: bool | None, top_p_mode: str) -> None:
+    """Raise ``ValueError`` (naming the config keys and the fix) when the filter keys do not fit together."""
+    if name not in filter_names():
+        raise ValueError(f"algorithm.filter={name!r} is not a filter; use one of {', '.join(filter_names())}")
+    alias = FILTER_ALIASES.get(name)
+    strategy = str(alias["strategy"]) if alias is not None else name
+    if alias is not None:
+        if metric != "reward_std":
+            raise ValueError(
+                f"algorithm.filter={name} ranks groups by reward_std; to rank by {metric} set "
+                f"algorithm.filter={strategy}"
+            )
+        if largest is not None and largest != alias["largest"]:
+            raise ValueError(
+                f"algorithm.filter={name} already keeps the {'largest' if alias['largest'] else 'smallest'} std; "
+                f"set algorithm.filter={strategy} to choose algorithm.filter_largest yourself"
+            )
+        if name == "std_top_p" and top_p_mode != "linear":
+            raise ValueError(
+                "algorithm.filter=std_top_p is top_p in linear mode; for softmax set algorithm.filter=top_p"
+            )
+    if strategy == "top_k_abs" and value != int(value):
+        raise ValueError(
+            f"algorithm.filter_ratio={value:g}: filter top_k_abs keeps that many groups, so it must be a whole number "
+            ">= 1 (for a share of the groups use algorithm.filter=top_k)"
+        )
+    if strategy != "top_k_abs" and not 0 < value <= 1:
+        raise ValueError(
+            f"algorithm.filter_ratio={value:g}: filter {name} needs a value in (0, 1] (1.0 keeps every group under "
+            "top_k and top_p); to keep a number of groups use algorithm.filter=top_k_abs"
+        )
+    if top_p_mode == "softmax" and strategy != "top_p":
+        raise ValueError(f"algorithm.filter_top_p_mode=softmax only applies to algorithm.filter=top_p, not {name}")
+
+
+def ranked(values: dict[int, float], largest: bool) -> list[int]:
+    """Group ids by value (descending when ``largest``), ties to the lower group id."""
+    return sorted(values, key=lambda g: (-values[g] if largest else values[g], g))
+
+
+def groups_to_keep(ratio: float, num_groups: int) -> int:
+    """How many groups ``top_k`` keeps: ``int(ratio * num_groups)``, at least one (RAGEN's rule; the 1e-9 guards
+    products such as 0.29 * 100 that land just below an integer)."""
+    return max(1, min(num_groups, int(math.floor(ratio * num_groups + 1e-9))))
+
+
+@register_strategy("top_k")
+def top_k(values: dict[int, float], spec: FilterSpec, num_groups: int) -> list[int]:
+    """The first ``int(value * num_groups)`` candidates (counted over all groups), at least one."""
+    return ranked(values, spec.largest)[: groups_to_keep(spec.value, num_groups)]
+
+
+@register_strategy("top_k_abs")
+def top_k_abs(values: dict[int, float], spec: FilterSpec, num_groups: int) -> list[int]:
+    """The first ``int(value)`` candidates, at least one."""
+    return ranked(values, spec.largest)[: max(1, int(spec.value))]
+
+
+@register_strategy("top_p")
+def top_p(values: dict[int, float], spec: FilterSpec, num_groups: int) -> list[int]:
+    """Nucleus-style selection over the values (linear mass) or their softmax probabilities."""
+    order = ranked(values, spec.largest)
+    if spec.value >= 1.0:
+        return order
+    if spec.top_p_mode == "softmax":
+        return order[: softmax_prefix([values[g] for g in order], spec.value, spec.largest)]
+    if spec.top_p_mode == "linear":
+        return order[: linear_prefix([values[g] for g in order], spec.value, spec.eps)]
+    raise ValueError(f"unknown top_p mode {spec.top_p_mode!r}; use one of {', '.join(TOP_P_MODES)}")
+
+
+def softmax_prefix(ordered: list[float], p: float, largest: bool) -> int:
+    """Length of the shortest prefix whose softmax probability mass reaches ``p`` (all of them if none does)."""
+    logits = torch.tensor(ordered if largest else [-v for v in ordered], dtype=torch.float64)
+    cumulative = torch.cumsum(torch.softmax(logits, dim=0), dim=0).tolist()
+    for count, mass in enumerate(cumulative, start=1):
+        if mass >= p - CUMULATIVE_TOL:
+            return count
+    return len(ordered)
+
+
+def linear_prefix(ordered: list[float], p: float, eps: float) -> int:
+    """RAGEN's linear top-p: accumulate values in order until they reach ``p * total - eps``; a value <= 0 stops
+    the accumulation. Returns the prefix length, or 0 (keep nothing) when the threshold was not reached."""
+    threshold = p * math.fsum(ordered) - eps
+    covered, count = 0.0, 0
+    for value in ordered:
+        if covered >= threshold or value <= 0:
+            break
+        covered += value
+        count += 1
+    return count if covered >= threshold else 0
+
+
+@register_strategy("min_p")
+def min_p(values: dict[int, float], spec: FilterSpec, num_groups: int) -> list[int]:
+    """Groups within a factor ``value`` of the best: ``v >= value * max`` (largest) or ``v <= min / value``."""
+    if spec.largest:
+        threshold = max(values.values()) * spec.value
+        return [g for g in ranked(values, True) if values[g] >= threshold - MIN_P_TOL]
+    threshold = min(values.values()) / (spec.value + MIN_P_TOL)
+    return [g for g in ranked(values, False) if values[g] <= threshold + MIN_P_TOL]
+
+
+def select_groups(values: dict[int, float], stds: dict[int, float], spec: FilterSpec) -> set[int]:
+    """The kept group ids: ``values`` is each group's metric value, ``stds`` its reward std (for ``include_zero``)."""
+    candidates = {g: v for g, v in values.items() if spec.include_zero or stds[g] > ZERO_STD}
+    if not candidates:
+        return set()
+    return set(STRATEGIES.get(spec.strategy)(candidates, spec, len(values)))
 
 
 def in_group_std(scores: torch.Tensor, group_index: torch.Tensor) -> dict[int, float]:
     """Unbiased std of the scores of each group (0.0 for single-member groups)."""
-    result = {}
-    for group in torch.unique(group_index).tolist():
-        members = scores[group_index == group]
-        result[int(group)] = float(members.std()) if members.numel() > 1 else 0.0
-    return result
+    return {g: float(m.std()) if m.numel() > 1 else 0.0 for g, m in _members(scores, group_index).items()}
 
 
-def groups_to_keep(ratio: float, num_groups: int) -> int:
-    """How many groups a filter keeps: ``int(ratio * num_groups)``, at least one (RAGEN's rule)."""
-    return max(1, min(num_groups, int(math.floor(ratio * num_groups + 1e-9))))
+def in_group_mean(values: torch.Tensor, group_index: torch.Tensor) -> dict[int, float]:
+    """Mean of the values of each group."""
+    return {g: float(m.double().mean()) for g, m in _members(values, group_index).items()}
 
 
-def _select(
-    scores: torch.Tensor, group_index: torch.Tensor, count_kept: Callable[[list[float]], int], highest: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the first ``count_kept(stds in order)`` groups ordered by std (descending when ``highest``)."""
-    stds = in_group_std(scores, group_index)
-    # Ties break towards the lower group id, so the choice is deterministic.
-    order = sorted(stds, key=lambda g: ((-stds[g]) if highest else stds[g], g))
-    kept_groups = set(order[: count_kept([stds[g] for g in order])])
-    kept = torch.tensor([int(g) in kept_groups for g in group_index.tolist()], dtype=torch.bool)
-    group_std = torch.tensor([stds[int(g)] for g in group_index.tolist()], dtype=torch.float32)
-    return kept, group_std
+def _members(values: torch.Tensor, group_index: torch.Tensor) -> dict[int, torch.Tensor]:
+    return {int(g): values[group_index == g] for g in torch.unique(group_index).tolist()}
 
 
-def groups_to_cover(ratio: float, ordered_stds: list[float]) -> int:
-    """How many groups, taken in the given (descending-std) order, it takes for their cumulative std to reach
-    ``ratio`` of the total std; all of them for ``ratio >= 1``, at least one."""
-    if ratio >= 1.0:
-        return len(ordered_stds)
-    target = ratio * sum(ordered_stds) * (1.0 - 1e-9)  # tolerance: float sums must not miss the target
-    covered = 0.0
-    for count, std in enumerate(ordered_stds, start=1):
-        covered += std
-        if covered >= target:
-            return count
-    return len(ordered_stds)
+@dataclass(frozen=True)
+class FilterDecision:
+    """Per trajectory: kept or not, its group's reward std and its group's metric value (what was ranked)."""
+
+    kept: torch.Tensor  # (B,) bool
+    group_reward_std: torch.Tensor  # (B,) float64
+    metric_value: torch.Tensor  # (B,) float64
 
 
-@register_filter("std")
-def std_filter(scores: torch.Tensor, group_index: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the top ``ratio`` share of groups by in-group score std (ratio 1.0 keeps all)."""
-    return _select(scores, group_index, lambda stds: groups_to_keep(ratio, len(stds)), highest=True)
+def apply_filter(
+    spec: FilterSpec,
+    group_index: torch.Tensor,
+    scores: torch.Tensor,
+    entropy: torch.Tensor | None = None,
+    length: torch.Tensor | None = None,
+) -> FilterDecision:
+    """Filter one batch: per-trajectory ``scores`` (and ``entropy`` / ``length`` for those metrics) -> decisions."""
+    stds = in_group_std(scores.double(), group_index)
+    if spec.metric == "reward_std":
+        values = stds
+    elif spec.metric == "reward":
+        values = in_group_mean(scores, group_index)
+    elif spec.metric in ("entropy", "length"):
+        per_trajectory = entropy if spec.metric == "entropy" else length
+        if per_trajectory is None:
+            raise ValueError(f"filter metric {spec.metric!r} needs the per-trajectory {spec.metric} of every row")
+        values = in_group_mean(per_trajectory, group_index)
+    else:
+        raise ValueError(f"unknown filter metric {spec.metric!r}; use one of {', '.join(FILTER_METRICS)}")
+    kept_groups = select_groups(values, stds, spec)
+    rows = [int(g) for g in group_index.tolist()]
+    return FilterDecision(
+        kept=torch.tensor([g in kept_groups for g in rows], dtype=torch.bool),
+        group_reward_std=torch.tensor([stds[g] for g in rows], dtype=torch.float64),
+        metric_value=torch.tensor([values[g] for g in rows], dtype=torch.float64),
+    )
 
 
-@register_filter("std_rev")
-def std_rev_filter(scores: torch.Tensor, group_index: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the ``ratio`` share of groups with the LOWEST in-group std (the ablation of the paper)."""
-    return _select(scores, group_index, lambda stds: groups_to_keep(ratio, len(stds)), highest=False)
+# The legacy call signature of the three original names, kept for code that calls them directly.
+LegacyFilter = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+FILTERS: Registry[LegacyFilter] = Registry("group filter")
 
 
-@register_filter("std_top_p")
-def std_top_p_filter(
-    scores: torch.Tensor, group_index: torch.Tensor, ratio: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-p by std: keep groups in descending in-group std until their cumulative std covers at least ``ratio``
-    (= p) of the batch's total std (ratio 1.0 keeps all; at least one group)."""
-    return _select(scores, group_index, lambda stds: groups_to_cover(ratio, stds), highest=True)
+def _legacy(name: str) -> LegacyFilter:
+    def run(scores: torch.Tensor, group_index: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+        decision = apply_filter(replace(resolve_filter(name), value=ratio), group_index, scores)
+        return decision.kept, decision.group_reward_std.float()
+
+    run.__doc__ = f"``algorithm.filter={name}`` at ``ratio``: (kept, group_std) per trajectory."
+    return run
+
+
+for _name in FILTER_ALIASES:
+    FILTERS.register(_name)(_legacy(_name))

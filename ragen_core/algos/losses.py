@@ -27,17 +27,24 @@ def aggregate_loss(
     denominator, so micro-batches of one mini-batch add up to the mini-batch's token mean).
     ``seq-mean-token-mean``: mean over tokens within each sequence, then mean over sequences (the paper's equation).
     ``seq-mean-token-sum``: sum over tokens within each sequence, then mean over sequences (Dr. GRPO style).
+    The sequence means count only sequences with at least one masked token (as veRL does): a row with nothing to
+    train does not dilute the others.
     """
     mask = mask.to(loss_mat.dtype)
     if mode == "token-mean":
         denominator = mask.sum() if token_count is None else torch.as_tensor(token_count, dtype=loss_mat.dtype)
         return (loss_mat * mask).sum() / denominator.clamp(min=1.0)
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; use one of {', '.join(LOSS_AGG_MODES)}")
+    per_sequence = (loss_mat * mask).sum(dim=-1)  # (B,)
     if mode == "seq-mean-token-mean":
-        per_sequence = (loss_mat * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)  # (B,)
-        return per_sequence.mean()
-    if mode == "seq-mean-token-sum":
-        return (loss_mat * mask).sum(dim=-1).mean()
-    raise ValueError(f"unknown loss_agg_mode {mode!r}; use one of {', '.join(LOSS_AGG_MODES)}")
+        per_sequence = per_sequence / mask.sum(dim=-1).clamp(min=1.0)
+    return per_sequence.sum() / (mask.sum(dim=-1) > 0).sum().clamp(min=1).to(loss_mat.dtype)
+
+
+def trained_sequences(mask: torch.Tensor) -> int:
+    """Rows of a (B, T) mask with at least one masked token: the denominator of the sequence-mean modes."""
+    return int((mask.sum(dim=-1) > 0).sum())
 
 
 @register_policy_loss("ppo")
@@ -115,7 +122,9 @@ def value_loss(
     """Clipped value loss (PPO2 / veRL ``compute_value_loss``): with ``V_clip = old + clip(V - old, -eps, eps)``,
     per token ``max((V - G)^2, (V_clip - G)^2)``, aggregated, times 1/2.
 
-    Stats: ``vf_clipfrac`` (share of masked tokens where the clipped term is the larger) and ``vpred_mean``.
+    Stats: ``vf_clipfrac`` (share of masked tokens the clip acts on: ``|V - old| > eps`` and the clipped term is the
+    larger) and ``vpred_mean``. Inside the range ``old + (V - old)`` can round one ulp away from ``V``, which makes
+    the clipped term "larger" by rounding alone; veRL counts those tokens, we do not.
     """
     values_clipped = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)  # (B, T)
     vf_losses1 = (values - returns).square()
@@ -123,7 +132,9 @@ def value_loss(
     loss = 0.5 * aggregate_loss(torch.maximum(vf_losses1, vf_losses2), mask, loss_agg_mode, token_count)
     with torch.no_grad():
         stats = {
-            "vf_clipfrac": masked_mean((vf_losses2 > vf_losses1).to(values.dtype), mask),
+            "vf_clipfrac": masked_mean(
+                (((values - old_values).abs() > cliprange_value) & (vf_losses2 > vf_losses1)).to(values.dtype), mask
+            ),
             "vpred_mean": masked_mean(values, mask),
         }
     return loss, stats

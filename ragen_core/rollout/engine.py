@@ -1,9 +1,12 @@
 """The multi-turn rollout engine: ``env_groups x group_size`` environments stepped turn by turn in lockstep.
 
-Every trajectory is one token sequence built incrementally: the first prompt, then for each turn the sampled reply
-ids (trained: loss mask 1) and the tokenised environment text of the next turn (not trained: mask 0). Nothing is
-re-tokenised, so what the update trains on is exactly what was sampled. The engine is environment-agnostic:
-multi-action turns, the per-trajectory action budget and the format penalty are enforced here for every env.
+Full context mode: every trajectory is one token sequence built incrementally: the first prompt, then for each turn
+the sampled reply ids (trained: loss mask 1) and the tokenised environment text of the next turn (not trained: mask
+0). Nothing is re-tokenised, so what the update trains on is exactly what was sampled. Windowed modes
+(:mod:`ragen_core.rollout.windows`): each turn's window prompt (mask 0) and reply (mask 1) form their own sequence,
+stored back to back in the trajectory's row with ``segment_lengths``; the update scores each reply in its own window.
+The engine is environment-agnostic: multi-action turns, the per-trajectory action budget and the format penalty are
+enforced here for every env.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, Protocol
 from ragen_core.agent import ChatFormatter, first_user_message, parse_response, turn_message, turn_penalty
 from ragen_core.envs import make_env
 from ragen_core.rollout.types import Generation, TrajectoryRecord, TurnContext, TurnRecord
+from ragen_core.rollout.windows import PastTurn, WindowPrompter
 from ragen_core.seeding import derive_seed
 
 
@@ -38,6 +42,8 @@ class RolloutSpec:
     enable_think: bool = True
     format_penalty: float = -0.1
     env_options: dict[str, Any] | None = None
+    context_window_mode: str = "full"
+    max_context_window: int | None = None  # turns in the window (windowed modes only)
 
 
 class _Slot:
@@ -51,6 +57,9 @@ class _Slot:
         self.state = ""
         self.last_reward: float | None = None
         self.last_reply_finished = True
+        self.past: list[PastTurn] = []  # windowed modes: the finished turns
+        self.segment_start = 0  # windowed modes: where the current turn's sequence starts in the row
+        self.shown: tuple[str, int] = ("", actions_left)  # the state and budget the current turn's prompt showed
 
 
 def run_rollouts(
@@ -91,21 +100,54 @@ def _roll_out(
             slots.append(slot)
 
     encoded: dict[tuple[str, bool, bool], list[int]] = {}  # group members mostly see the same text: encode once
+    prompter = None
+    if spec.context_window_mode != "full":
+        if spec.max_context_window is None:
+            raise ValueError(f"context window mode {spec.context_window_mode!r} needs max_context_window")
+        prompter = WindowPrompter(
+            formatter, spec.context_window_mode, spec.max_context_window, spec.max_actions_per_turn, spec.enable_think
+        )
     for turn in range(spec.max_turns):
         active = [slot for slot in slots if not slot.done]
         if not active:
             break
-        observations = [_extend_prompt(slot, turn, spec, formatter, encoded) for slot in active]
-        contexts = [
-            TurnContext(
-                slot.record.input_ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think
-            )
+        prompts = [
+            _window_prompt(slot, prompter) if prompter else _extend_prompt(slot, turn, spec, formatter, encoded)
             for slot in active
         ]
+        contexts = [
+            TurnContext(ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think)
+            for slot, (ids, _) in zip(active, prompts, strict=True)
+        ]
         generations = backend.generate(contexts, derive_seed(seed, turn))
-        for slot, observation, generation in zip(active, observations, generations, strict=True):
+        for slot, (_, observation), generation in zip(active, prompts, generations, strict=True):
             _apply_reply(slot, turn, observation, generation, spec)
+            if prompter is not None:
+                _close_segment(slot, generation)
     return [slot.record for slot in slots]
+
+
+def _window_prompt(slot: _Slot, prompter: WindowPrompter) -> tuple[list[int], str]:
+    """Windowed modes: start the turn's own sequence in the row with its window prompt (mask 0)."""
+    ids, text = prompter.prompt(slot.env, slot.past, slot.state, slot.actions_left)
+    record = slot.record
+    slot.segment_start = len(record.input_ids)
+    record.input_ids.extend(ids)
+    record.loss_mask.extend([0] * len(ids))
+    if record.behavior_logprobs is not None:
+        record.behavior_logprobs.extend([0.0] * len(ids))
+    return ids, text
+
+
+def _close_segment(slot: _Slot, generation: Generation) -> None:
+    """Windowed modes: record the turn's sequence length and keep the turn for later windows."""
+    record, turn = slot.record, slot.record.turns[-1]
+    if record.segment_lengths is None:
+        record.segment_lengths = []
+    record.segment_lengths.append(len(record.input_ids) - slot.segment_start)
+    state, budget = slot.shown
+    finished = not generation.truncated
+    slot.past.append(PastTurn(state, budget, generation.token_ids, generation.text, finished, turn.reward))
 
 
 def _extend_prompt(
@@ -114,8 +156,9 @@ def _extend_prompt(
     spec: RolloutSpec,
     formatter: ChatFormatter,
     encoded: dict[tuple[str, bool, bool], list[int]],
-) -> str:
-    """Append the environment text of this turn to the slot's sequence (mask 0); return that text.
+) -> tuple[list[int], str]:
+    """Full mode: append the environment text of this turn to the slot's sequence (mask 0); return the sequence (the
+    prompt; the very list, so a backend can continue its cache) and that text.
 
     ``encoded`` memoises the ids of each distinct (text, first turn, previous reply finished): encoding is a pure
     function of those, so the ids are exactly what encoding again would give.
@@ -133,12 +176,13 @@ def _extend_prompt(
     record.loss_mask.extend([0] * len(ids))
     if record.behavior_logprobs is not None:
         record.behavior_logprobs.extend([0.0] * len(ids))
-    return text
+    return record.input_ids, text
 
 
 def _apply_reply(slot: _Slot, turn: int, observation: str, generation: Generation, spec: RolloutSpec) -> None:
     """Record the reply's tokens, parse it, step the env with its valid actions and score the turn."""
     record = slot.record
+    slot.shown = (slot.state, slot.actions_left)  # what this turn's prompt showed, before the env steps
     record.input_ids.extend(generation.token_ids)
     record.loss_mask.extend([1] * len(generation.token_ids))
     if record.behavior_logprobs is not None:

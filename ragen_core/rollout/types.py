@@ -50,10 +50,12 @@ class TurnRecord:
 
 @dataclass
 class TrajectoryRecord:
-    """A whole multi-turn trajectory as ONE training sequence.
+    """A whole multi-turn trajectory as ONE training row.
 
     ``input_ids`` is the full chat; ``loss_mask`` is 1 on tokens the policy sampled; ``behavior_logprobs`` holds the
-    sampler's log-prob at sampled positions and 0.0 elsewhere (None for scripted trajectories).
+    sampler's log-prob at sampled positions and 0.0 elsewhere (None for scripted trajectories). In the windowed
+    context modes the row holds one independent sequence per turn (that turn's window prompt, then its reply),
+    back to back, and ``segment_lengths`` their lengths; None in full mode (the row is one sequence).
     """
 
     env: str
@@ -69,6 +71,7 @@ class TrajectoryRecord:
     env_reward: float = 0.0
     format_penalty: float = 0.0
     num_actions: int = 0
+    segment_lengths: list[int] | None = None
 
     @property
     def total_reward(self) -> float:

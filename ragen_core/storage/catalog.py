@@ -6,37 +6,42 @@
 - Older ``schema_version`` files: columns added since are null or their default (``COALESCE``), the same rule as
   the Python reader. When a version step needs a registered upgrade function (renames, type changes), the view is
   the Python reader's upgraded table instead.
-- A table that cannot be read (a damaged file, a file newer than this code) still gets a view, one that fails when
-  queried with a message naming the file(s); the other tables stay queryable. :func:`query` turns such failures
-  into a :class:`LakeError`.
-- Read-only: only one query per call (SELECT / WITH / DESCRIBE / SHOW / SUMMARIZE / EXPLAIN); anything else raises
-  :class:`QueryRefused`. The connection is in-memory, and once the views exist it may touch no file outside the data
-  root and no setting can change (``enable_external_access=false``, ``allowed_directories``,
-  ``lock_configuration``), so a query cannot write the lake or read elsewhere.
+- A table that cannot be read (a damaged or unreadable file, a file newer than this code) still gets a view, one
+  that fails when the statement is *bound*, with a message naming the file(s): the failure comes from a constant
+  table-function argument that is only an error once the connection is locked, so no filter, grouping, join or
+  statistics-based pruning can skip it (an ``error()`` evaluated per row could be, and a filtered count then read
+  0). The other tables stay queryable. :func:`query` turns such failures into a :class:`LakeError`.
+- ``runs``: a damaged manifest makes the view fail the same way, naming the file; ``broken_manifests="row"`` (the
+  ``ragen runs`` overview) shows it instead as a row with status ``broken`` and the reason in ``error``.
+- Read-only: only one query per call, decided by DuckDB's parser (:mod:`ragen_core.storage.statements`); anything
+  else raises :class:`QueryRefused`. The connection is in-memory, and once the views exist it may open only the
+  Parquet files the views list (``allowed_paths``; no directory, so no new file can be created anywhere), has no
+  temporary directory, loads no extension, and no setting can change (``enable_external_access=false``,
+  ``lock_configuration``).
 - Views list their files explicitly (the compaction rule of :mod:`ragen_core.storage.parts`), so a reader never
   counts a compacted partition twice; ``run_id=`` scopes every view to one run.
 """
 
 from __future__ import annotations
 
-import os
+from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
-from ragen_core.storage.files import LakeError, damaged_files
+from ragen_core.storage.files import LakeError, damaged_files, read_json
 from ragen_core.storage.lake import DataLake
+from ragen_core.storage.runs import manifest_row, runs_table
+from ragen_core.storage.statements import QueryRefused, check_read_only
 from schemas.tables import ColumnSpec, TableSpec
 from schemas.versions import NewerSchemaError, check_readable
 
 ERROR_PREFIX = "ragen lake: "
-READ_ONLY_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
 QUERY_ATTEMPTS = 3
+BROKEN_STATUS = "broken"
 
-
-class QueryRefused(LakeError):
-    """A statement that is not a single read-only query."""
+__all__ = ["QueryRefused", "check_read_only", "connect", "query", "read_manifests"]
 
 
 def _quote(text: str) -> str:
@@ -104,13 +109,57 @@ def _register_rows(con: duckdb.DuckDBPyConnection, name: str, rows: pa.Table) ->
     con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_rows")
 
 
+def _manifest_paths(lake: DataLake, run_id: str | None) -> list[Path]:
+    """The manifests under ``runs/`` (only ``run_id``'s when given), found by listing, never by a pattern."""
+    folder = lake.root / "runs"
+    if run_id is not None:
+        candidates = [folder / run_id / "manifest.json"]
+    else:
+        candidates = [d / "manifest.json" for d in sorted(folder.iterdir())] if folder.is_dir() else []
+    return [path for path in candidates if path.is_file()]
+
+
+def _broken_row(lake: DataLake, path: Path, message: str) -> dict:
+    """A ``runs`` row standing for a manifest that cannot be read: status ``broken``, the reason in ``error``."""
+    stamp = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat()
+    run_id = path.parent.name
+    row = manifest_row({"run_id": run_id, "kind": "?", "updated_at": stamp}, lake.committed_iterations(run_id))
+    return {**row, "status": BROKEN_STATUS, "error": message}
+
+
+def read_manifests(lake: DataLake, run_id: str | None = None) -> tuple[pa.Table, list[str]]:
+    """The ``runs`` rows of every manifest (or of ``run_id``'s) and the problems found: a manifest that cannot be
+    read or is not a run manifest becomes a row with status ``broken`` and its problem (naming the file) in ``error``,
+    so one damaged manifest never hides the other runs."""
+    rows, problems = [], []
+    for path in _manifest_paths(lake, run_id):
+        try:
+            manifest = read_json(path)
+            rows.append(manifest_row(manifest, lake.committed_iterations(manifest["run_id"])))
+        except LakeError as exc:
+            problems.append(str(exc))
+            rows.append(_broken_row(lake, path, str(exc)))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            problems.append(f"manifest {str(path)!r} cannot be read as a runs row: {exc!r}")
+            rows.append(_broken_row(lake, path, problems[-1]))
+    return runs_table(rows), problems
+
+
 def _create_view(
-    con: duckdb.DuckDBPyConnection, lake: DataLake, spec: TableSpec, run_id: str | None, listed: list[Path]
+    con: duckdb.DuckDBPyConnection,
+    lake: DataLake,
+    spec: TableSpec,
+    run_id: str | None,
+    listed: list[Path],
+    broken_manifests: str,
 ) -> None:
     """Create the view of one table (scoped to ``run_id`` when given); add the files it reads to ``listed``."""
     name = spec.name
     if spec.source == "manifest":
-        _register_rows(con, name, lake.read_table(name, run_id))
+        rows, problems = read_manifests(lake, run_id)
+        if problems and broken_manifests != "row":
+            raise LakeError("; ".join(problems))
+        _register_rows(con, name, rows)
         return
     files = lake.partition_files(name, run_id)
     listed += files
@@ -133,55 +182,55 @@ def _create_view(
 
 
 def _create_failing_view(con: duckdb.DuckDBPyConnection, spec: TableSpec, message: str) -> None:
-    """A view with the table's columns that raises ``message`` when queried."""
-    con.register(f"_{spec.name}_null", pa.table({c.name: pa.nulls(1, c.type) for c in spec.columns}))
+    """A view with the table's columns that raises ``message`` whenever a statement uses it, once the connection
+    is locked: ``range()``'s argument is a constant evaluated when the statement is bound, before any optimizer
+    can prune a scan (a per-row ``error()`` behind a filter would never run)."""
+    con.register(f"_{spec.name}_null", spec.arrow_schema.empty_table())
     con.execute(f"DROP VIEW IF EXISTS {spec.name}")
     con.execute(
-        f"CREATE VIEW {spec.name} AS SELECT * FROM _{spec.name}_null WHERE error({_quote(ERROR_PREFIX + message)}) "
-        "IS NULL"
+        f"CREATE VIEW {spec.name} AS SELECT _{spec.name}_null.* FROM _{spec.name}_null, "
+        f"range(CASE WHEN current_setting('lock_configuration') THEN error({_quote(ERROR_PREFIX + message)}) "
+        "ELSE 0 END)"
     )
 
 
-def _lock_down(con: duckdb.DuckDBPyConnection, root: Path) -> None:
-    """From now on the connection reads only under ``root`` and its settings cannot change."""
-    con.execute(f"SET allowed_directories = [{_quote(str(root) + os.sep)}]")
+def _lock_down(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
+    """From now on the connection opens only ``files`` (the views' Parquet files: exact paths, not folders, so no
+    new file can be created anywhere), spills nothing to disk, loads no extension, and its settings cannot change."""
+    con.execute(f"SET allowed_paths = {_files_sql(files)}")
+    con.execute("SET allowed_directories = []")
+    con.execute("SET temp_directory = ''")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET allow_community_extensions = false")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
 
 
-def _open(lake: DataLake, run_id: str | None) -> tuple[duckdb.DuckDBPyConnection, list[Path]]:
-    con = duckdb.connect(":memory:")
+def _open(
+    lake: DataLake, run_id: str | None, broken_manifests: str = "fail"
+) -> tuple[duckdb.DuckDBPyConnection, list[Path]]:
+    no_extensions = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    con = duckdb.connect(":memory:", config=no_extensions)
     files: list[Path] = []
     for spec in lake.tables.values():
         con.register(f"_{spec.name}_empty", spec.arrow_schema.empty_table())
         try:
-            _create_view(con, lake, spec, run_id, files)
+            _create_view(con, lake, spec, run_id, files, broken_manifests)
         except LakeError as exc:
             _create_failing_view(con, spec, str(exc))
-    _lock_down(con, lake.root)
+    _lock_down(con, files)
     return con, files
 
 
-def connect(root: str | Path | DataLake, run_id: str | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory, read-only DuckDB connection with a view per table over the published rows of ``root``
-    (of every run, or only of ``run_id``)."""
+def connect(
+    root: str | Path | DataLake, run_id: str | None = None, broken_manifests: str = "fail"
+) -> duckdb.DuckDBPyConnection:
+    """An in-memory, locked-down DuckDB connection with a view per table over the published rows of ``root`` (of
+    every run, or only of ``run_id``). It cannot write files, but it runs any statement given to it: hand users
+    :func:`query`, which admits only read-only queries."""
     lake = root if isinstance(root, DataLake) else DataLake(root)
-    return _open(lake, run_id)[0]
-
-
-def check_read_only(sql: str) -> None:
-    """Refuse anything but one query (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN); SQL syntax errors stay
-    DuckDB's own."""
-    statements = duckdb.extract_statements(sql)
-    if len(statements) != 1:
-        raise QueryRefused(f"give exactly one query, not {len(statements)} statements")
-    kind = statements[0].type
-    if kind not in READ_ONLY_STATEMENTS:
-        raise QueryRefused(
-            f"{kind.name} statements are refused: the lake is read-only here, only queries run (SELECT, WITH, "
-            "DESCRIBE, SHOW, SUMMARIZE, EXPLAIN); to save a result use `ragen sql ... --format csv|json|parquet "
-            "--out FILE`"
-        )
+    return _open(lake, run_id, broken_manifests)[0]
 
 
 def _translate(exc: duckdb.Error, lake: DataLake) -> LakeError | None:
@@ -198,19 +247,27 @@ def _translate(exc: duckdb.Error, lake: DataLake) -> LakeError | None:
     return None
 
 
-def query(root: str | Path | DataLake, sql: str, run_id: str | None = None) -> pa.Table:
+def query(
+    root: str | Path | DataLake,
+    sql: str,
+    run_id: str | None = None,
+    params: list | dict | None = None,
+    broken_manifests: str = "fail",
+) -> pa.Table:
     """Run one read-only query against the lake at ``root`` (every run, or only ``run_id``) as an Arrow table.
 
     A statement that is not a query raises :class:`QueryRefused`; a failure to read the lake's files raises
-    :class:`LakeError` naming the file(s); SQL mistakes raise DuckDB's own error. When a file vanished between
-    listing and reading (a concurrent compaction), the query runs again on a fresh listing.
+    :class:`LakeError` naming the file(s); SQL mistakes raise DuckDB's own error. ``params`` binds ``?`` / ``$name``
+    placeholders (a run id is always a parameter, never text in the SQL). When a file vanished between
+    listing and reading (a concurrent compaction), the query runs again on a fresh listing. A damaged manifest
+    fails a query of ``runs`` unless ``broken_manifests="row"`` (then it is a row with status ``broken``).
     """
     lake = root if isinstance(root, DataLake) else DataLake(root)
-    check_read_only(sql)
+    statement = check_read_only(sql)  # what runs is the text DuckDB's parser classified, never the raw input
     for attempt in range(QUERY_ATTEMPTS):
-        con, files = _open(lake, run_id)
+        con, files = _open(lake, run_id, broken_manifests)
         try:
-            relation = con.sql(sql)
+            relation = con.sql(statement, params=params)  # values (run ids...) as parameters, never pasted into SQL
             return relation.to_arrow_table() if relation is not None else pa.table({})
         except duckdb.Error as exc:
             if attempt + 1 < QUERY_ATTEMPTS and any(not f.exists() for f in files):

@@ -39,11 +39,11 @@ from ragen_core.storage.files import (
     LakeError,
     atomic_write_json,
     atomic_write_parquet,
-    check_name,
     fsync_dir,
     read_table_file,
 )
 from ragen_core.storage.lake import DataLake
+from ragen_core.storage.names import validate_run_id
 from ragen_core.storage.parts import COMPACTION_MARKER, MERGED_PREFIX, read_marker, visible_parts
 from schemas.tables import TableSpec
 
@@ -77,7 +77,7 @@ def run_lock(lake: DataLake, run_id: str) -> Iterator[None]:
     """Exclusive lock of a run's housekeeping (compaction, removal); fails at once when another process holds it."""
     import fcntl  # POSIX only: imported here so that the rest of the lake imports everywhere
 
-    path = lake.root / "_locks" / f"{check_name('run id', run_id)}.lock"
+    path = lake.root / "_locks" / f"{validate_run_id(run_id)}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as handle:
         try:
@@ -134,13 +134,14 @@ def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> Partitio
 
 def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) -> CompactionReport:
     """Compact every committed iteration of ``run_id`` in ``tables`` (default: every Parquet table)."""
-    check_name("run id", run_id)
+    validate_run_id(run_id)
     specs = [lake.spec(t) for t in tables] if tables else [s for s in lake.tables.values() if s.source == "parquet"]
     committed = set(lake.committed_iterations(run_id))
     report = CompactionReport(run_id)
     with run_lock(lake, run_id):
         for spec in specs:
-            folders = sorted(lake.table_dir(spec.name).glob(f"run_id={run_id}/iteration=*"), key=_iteration_of)
+            run_folder = lake.table_dir(spec.name) / f"run_id={run_id}"  # the run's own folder, never a pattern
+            folders = sorted(run_folder.glob("iteration=*"), key=_iteration_of)
             for folder in folders:
                 iteration = _iteration_of(folder)
                 if iteration not in committed:

@@ -29,8 +29,9 @@ import pyarrow.parquet as pq
 
 from ragen_core.storage.catalog import query
 from ragen_core.storage.compaction import run_lock
-from ragen_core.storage.files import LakeError, check_name
+from ragen_core.storage.files import LakeError
 from ragen_core.storage.lake import DataLake
+from ragen_core.storage.names import validate_run_id
 
 TRASH_PREFIX = ".deleting-"
 
@@ -66,8 +67,9 @@ class RunActiveError(LakeError):
 
 def runs_overview(lake: DataLake) -> pa.Table:
     """One row per run (manifest): kind, status, config hash, committed iterations, the validation success of the
-    last validated iteration (from ``evaluations``, else the ``val/<env>/success`` metrics), created_at."""
-    return query(lake, RUNS_OVERVIEW_SQL)
+    last validated iteration (from ``evaluations``, else the ``val/<env>/success`` metrics), created_at. A manifest
+    that cannot be read is a row with status ``broken`` (the other runs stay listed)."""
+    return query(lake, RUNS_OVERVIEW_SQL, broken_manifests="row")
 
 
 def runs_with_data(lake: DataLake) -> set[str]:
@@ -142,7 +144,7 @@ def _checkpoint_paths(lake: DataLake, run_id: str) -> tuple[list[Path], list[str
 
 def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPlan:
     """What ``remove_run`` would delete; refuses an unknown run, and a running one unless ``force``."""
-    check_name("run id", run_id)
+    validate_run_id(run_id)
     if run_id not in runs_with_data(lake):
         known = sorted(runs_with_data(lake))
         listed = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "") if known else "none"

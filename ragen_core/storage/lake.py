@@ -36,6 +36,7 @@ from ragen_core.storage.files import (
     read_parquet,
     read_table_file,
 )
+from ragen_core.storage.names import validate_run_id
 from ragen_core.storage.parts import check_not_superseded, visible_parts
 from ragen_core.storage.runs import manifest_row, runs_table
 from schemas.tables import TABLES, TableSpec
@@ -71,24 +72,24 @@ class DataLake:
             raise LakeError(f"table {table!r} is derived from the run manifests; write the manifest instead")
         return spec
 
-    # -- paths -------------------------------------------------------------------------------------------------
+    # -- paths (every path built from a run id passes the run-id validator: a backstop behind the entry points) ---
     def table_dir(self, table: str) -> Path:
         return self.root / table
 
     def partition_dir(self, table: str, run_id: str, iteration: int) -> Path:
-        return self.root / table / f"run_id={run_id}" / f"iteration={iteration}"
+        return self.root / table / f"run_id={validate_run_id(run_id)}" / f"iteration={int(iteration)}"
 
     def stage_dir(self, run_id: str, iteration: int, stage: str) -> Path:
-        return self.root / "_staging" / check_name("run id", run_id) / str(iteration) / check_name("stage", stage)
+        return self.root / "_staging" / validate_run_id(run_id) / str(int(iteration)) / check_name("stage", stage)
 
     def quarantine_dir(self, run_id: str, iteration: int, stage: str) -> Path:
-        return self.root / "quarantine" / f"run_id={run_id}" / f"iteration={iteration}" / stage
+        return self.root / "quarantine" / f"run_id={validate_run_id(run_id)}" / f"iteration={int(iteration)}" / stage
 
     def commit_marker(self, run_id: str, iteration: int) -> Path:
-        return self.root / "_commits" / run_id / f"iteration={iteration}.json"
+        return self.root / "_commits" / validate_run_id(run_id) / f"iteration={int(iteration)}.json"
 
     def run_dir(self, run_id: str) -> Path:
-        return self.root / "runs" / run_id
+        return self.root / "runs" / validate_run_id(run_id)
 
     def models_dir(self) -> Path:
         return self.root / "models"
@@ -199,10 +200,13 @@ class DataLake:
     # -- reading published rows --------------------------------------------------------------------------------
     def partition_files(self, table: str, run_id: str | None = None, iteration: int | None = None) -> list[Path]:
         """The published part files readers see (sorted): a listing, then the compaction rule of
-        :mod:`ragen_core.storage.parts` (a compacted partition shows its merged file, never it and its sources)."""
-        run_glob = f"run_id={run_id}" if run_id is not None else "run_id=*"
-        iteration_glob = f"iteration={iteration}" if iteration is not None else "iteration=*"
-        return visible_parts(self.table_dir(table).glob(f"{run_glob}/{iteration_glob}/part-*.parquet"))
+        :mod:`ragen_core.storage.parts` (a compacted partition shows its merged file, never it and its sources).
+        A run id is never part of a pattern: one run's files are listed from its own folder."""
+        iteration_glob = f"iteration={int(iteration)}" if iteration is not None else "iteration=*"
+        if run_id is None:
+            return visible_parts(self.table_dir(table).glob(f"run_id=*/{iteration_glob}/part-*.parquet"))
+        folder = self.table_dir(table) / f"run_id={validate_run_id(run_id)}"
+        return visible_parts(folder.glob(f"{iteration_glob}/part-*.parquet"))
 
     def read_table(
         self, table: str, run_id: str | None = None, iteration: int | None = None, columns: list[str] | None = None
@@ -238,9 +242,12 @@ class DataLake:
 
     def read_runs(self, run_id: str | None = None) -> pa.Table:
         """The ``runs`` table: one row per manifest under ``runs/`` (see :mod:`ragen_core.storage.runs`)."""
-        pattern = f"{run_id}/manifest.json" if run_id is not None else "*/manifest.json"
+        if run_id is None:
+            paths = sorted((self.root / "runs").glob("*/manifest.json"))
+        else:  # exactly that run's manifest, never a pattern
+            paths = [p for p in [self.run_dir(run_id) / "manifest.json"] if p.is_file()]
         rows = []
-        for path in sorted((self.root / "runs").glob(pattern)):
+        for path in paths:
             manifest = read_json(path)
             try:
                 rows.append(manifest_row(manifest, self.committed_iterations(manifest["run_id"])))
@@ -252,14 +259,14 @@ class DataLake:
     def commit_iteration(self, run_id: str, iteration: int, payload: dict[str, Any]) -> None:
         """Mark the iteration committed, then drop its staging folder."""
         atomic_write_json(self.commit_marker(run_id, iteration), payload)
-        shutil.rmtree(self.root / "_staging" / run_id / str(iteration), ignore_errors=True)
+        shutil.rmtree(self.root / "_staging" / validate_run_id(run_id) / str(iteration), ignore_errors=True)
 
     def committed_iterations(self, run_id: str) -> list[int]:
-        folder = self.root / "_commits" / run_id
+        folder = self.root / "_commits" / validate_run_id(run_id)
         return sorted(int(p.stem.split("=")[1]) for p in folder.glob("iteration=*.json")) if folder.is_dir() else []
 
     def write_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
-        atomic_write_json(self.run_dir(check_name("run id", run_id)) / "manifest.json", manifest)
+        atomic_write_json(self.run_dir(run_id) / "manifest.json", manifest)
 
     def read_manifest(self, run_id: str) -> dict[str, Any] | None:
         path = self.run_dir(run_id) / "manifest.json"

@@ -24,7 +24,7 @@ class BatchMeta:
 
 
 def trajectories_table(records: list[TrajectoryRecord], meta: BatchMeta) -> pa.Table:
-    """One row per trajectory; filter columns (``group_reward_std``, ``kept``) start null."""
+    """One row per trajectory; filter columns (``group_reward_std``, ``kept``, ``filter_metric_value``) start null."""
     columns = {
         "run_id": [meta.run_id] * len(records),
         "iteration": [meta.iteration] * len(records),
@@ -50,6 +50,8 @@ def trajectories_table(records: list[TrajectoryRecord], meta: BatchMeta) -> pa.T
         "input_ids": [r.input_ids for r in records],
         "loss_mask": [r.loss_mask for r in records],
         "behavior_logprobs": [r.behavior_logprobs for r in records],
+        "filter_metric_value": [None] * len(records),
+        "segment_lengths": [r.segment_lengths for r in records],
     }
     return pa.Table.from_pydict(columns, schema=TRAJECTORIES.arrow_schema)
 

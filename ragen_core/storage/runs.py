@@ -28,7 +28,7 @@ def manifest_row(manifest: dict[str, Any], committed: list[int]) -> dict[str, An
 
     ``kind`` defaults to ``train`` (training manifests do not name it); ``created_at`` is the manifest's
     ``created_at``, else ``started_at``, else ``updated_at`` (bootstrap manifests are written once, when done).
-    Sweep points carry ``sweep: {id, point, overrides}``.
+    Sweep points carry ``sweep: {id, point, overrides}``; offline runs their ``lineage`` (:func:`lineage_columns`).
     """
     updated = _timestamp(manifest.get("updated_at"))
     sweep = manifest.get("sweep") or {}
@@ -53,6 +53,26 @@ def manifest_row(manifest: dict[str, Any], committed: list[int]) -> dict[str, An
         "sweep_id": sweep.get("id"),
         "sweep_point": sweep.get("point"),
         "overrides_json": json.dumps(sweep["overrides"]) if "overrides" in sweep else None,
+        **lineage_columns(manifest),
+    }
+
+
+def lineage_columns(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The lineage columns of a run: what an offline run (``ragen retrain``) was trained on and from, as its
+    manifest's ``lineage`` records it (:func:`ragen_core.offline.lineage`); nulls for every other run."""
+    lineage = manifest.get("lineage") or {}
+    sources = lineage.get("source_iterations")
+    return {
+        "offline_mode": lineage.get("mode"),
+        "source_query": lineage.get("query"),
+        "source_runs": lineage.get("source_runs"),
+        "source_iterations": (
+            [{"run_id": run, "iterations": list(its)} for run, its in sorted(sources.items())] if sources else None
+        ),
+        "source_trajectories": lineage.get("trajectories"),
+        "init_model": lineage.get("init"),
+        "init_run": lineage.get("init_run"),
+        "init_iteration": lineage.get("init_iteration"),
     }
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ragen_core.algos import POLICY_LOSSES, aggregate_loss, kl_penalty
+from ragen_core.algos.losses import trained_sequences
 from ragen_core.training.batch import TokenBatch, token_logprobs
 from ragen_core.training.distributed import ensure_single_process_env
 from ragen_core.training.parallel import (
@@ -223,10 +224,12 @@ class ActorEngine:
         """Forward/backward this rank's micro-batches of one mini-batch, then one optimizer step. Returns the
         mini-batch's metrics (summed over ranks)."""
         token_count = float(batch.loss_mask[rows].sum())
+        sequences = max(trained_sequences(batch.loss_mask[rows]), 1)
         _, world = data_parallel_world()
         sums: dict[str, float] = {}
         for plan in self._passes(rows):
-            weight = len(plan.rows) / len(rows)  # seq-mean: this micro-batch's share of the mini-batch
+            # seq-mean: this micro-batch's share of the mini-batch's trained sequences (rows without tokens count 0)
+            weight = trained_sequences(batch.loss_mask[plan.rows]) / sequences
             loss, values = self._ppo_micro(
                 batch, plan.rows, old_logprobs, ref_logprobs, advantages, loss_fn, config, token_count, weight
             )

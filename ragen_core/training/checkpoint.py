@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.faults import maybe_fail
-from ragen_core.storage.files import check_name, fsync_dir
+from ragen_core.storage.files import fsync_dir
 from ragen_core.storage.lake import DataLake
+from ragen_core.storage.names import validate_run_id
 from ragen_core.training.actor import ActorEngine
 from ragen_core.training.critic import CriticEngine
 
@@ -58,7 +59,7 @@ class CheckpointError(RuntimeError):
 def checkpoints_root(lake_or_root: DataRoot, run_id: str) -> Path:
     """``<data root>/runs/<run_id>/checkpoints``: the folder holding every checkpoint of the run."""
     root = lake_or_root.root if isinstance(lake_or_root, DataLake) else Path(lake_or_root).resolve()
-    return root / "runs" / check_name("run id", run_id) / "checkpoints"
+    return root / "runs" / validate_run_id(run_id) / "checkpoints"
 
 
 def checkpoint_dir(lake_or_root: DataRoot, run_id: str, iteration: int) -> Path:

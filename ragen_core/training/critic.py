@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ragen_core.algos import value_loss
+from ragen_core.algos.losses import trained_sequences
 from ragen_core.training.actor import (
     OptimConfig,
     build_optimizer,
@@ -22,7 +23,7 @@ from ragen_core.training.actor import (
     deepspeed_config,
     optimizer_step,
 )
-from ragen_core.training.batch import TokenBatch
+from ragen_core.training.batch import TokenBatch, model_inputs
 from ragen_core.training.distributed import ensure_single_process_env
 from ragen_core.training.parallel import (
     MicroBatchPlan,
@@ -77,8 +78,14 @@ class ValueModel(torch.nn.Module):
         policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
         return cls(policy.base_model, policy.config.hidden_size, head_seed)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **inputs: torch.Tensor | bool
+    ) -> torch.Tensor:
+        """Values (B, T) of ``input_ids``; further keyword inputs as :func:`model_inputs` gives them (packed rows
+        pass ``position_ids`` and no mask)."""
+        if attention_mask is not None:
+            inputs["attention_mask"] = attention_mask
+        hidden = self.backbone(input_ids=input_ids, **inputs).last_hidden_state  # (B, T, H)
         scores = self.value_head(hidden).squeeze(-1).float()  # (B, T): value after reading token t
         return torch.cat([torch.zeros_like(scores[:, :1]), scores[:, :-1]], dim=1)  # (B, T): value before token t
 
@@ -118,7 +125,7 @@ class CriticEngine:
         out = torch.zeros_like(batch.loss_mask)
         for plan in self._passes(list(range(len(batch))), self.engine.zero_optimization_partition_weights()):
             micro = batch.select(plan.rows).to(self.device)
-            values = self.module(input_ids=micro.input_ids, attention_mask=micro.attention_mask)
+            values = self.module(**model_inputs(micro))
             if plan.weight > 0:
                 out[plan.rows, : values.shape[1]] = values.to(device=out.device, dtype=out.dtype)
         self.module.train(was_training)
@@ -157,7 +164,7 @@ class CriticEngine:
             micro = batch.select(plan.rows).to(self.device)
             width = micro.input_ids.shape[1]
             micro_mask = mask[plan.rows, :width].to(self.device)
-            vpreds = self.engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask)  # (b, width)
+            vpreds = self.engine(**model_inputs(micro))  # (b, width)
             loss, stats = value_loss(
                 vpreds,
                 old_values[plan.rows, :width].to(self.device),
@@ -168,7 +175,7 @@ class CriticEngine:
                 token_count if token_mean else None,
             )
             # token-mean losses share the mini-batch denominator and add up; seq-mean ones are weighted by rows
-            share = 1.0 if token_mean else len(plan.rows) / len(rows)
+            share = 1.0 if token_mean else trained_sequences(mask[plan.rows]) / max(trained_sequences(mask[rows]), 1)
             scaled = loss * share
             if world > 1 or plan.weight != 1.0:  # DeepSpeed averages over ranks: scale so that the ranks' sum counts
                 scaled = scaled * (plan.weight * world)

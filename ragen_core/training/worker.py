@@ -83,10 +83,12 @@ def _export(worker: _Worker) -> str:
 
 def _update(worker: _Worker, iteration: int) -> dict[str, float]:
     """The update stage's core on this rank: the kept rows of ``iteration`` from the lake, one StarPO update."""
-    from ragen_core.stages import update_inputs
+    from ragen_core.stages import kept_row_count, update_inputs
     from ragen_core.training.starpo import starpo_update
 
     session = worker.session
+    if kept_row_count(session, iteration) == 0:  # the filter kept nothing: the run's process skips this update too
+        return {"actor/skipped_update": 1.0}
     return starpo_update(session.config, session.actor, session.critic, update_inputs(session, iteration), iteration)
 
 

@@ -6,8 +6,9 @@ import torch
 
 from ragen_core.algos import (
     FILTERS,
+    FilterSpec,
+    apply_filter,
     explained_variance,
-    groups_to_cover,
     masked_mean,
     masked_var,
     masked_whiten,
@@ -34,11 +35,12 @@ def _kept_groups(kept: torch.Tensor, groups: torch.Tensor) -> list[int]:
 
 @pytest.mark.parametrize(
     ("ratio", "expected"),
-    [(0.5, [0, 2]), (0.4, [0]), (0.41, [0, 2]), (0.75, [0, 2, 3]), (0.01, [0]), (1.0, [0, 1, 2, 3])],
+    [(0.4, [0]), (0.41, [0]), (0.42, [0, 2]), (0.5, [0, 2]), (0.75, [0, 2, 3]), (0.01, []), (1.0, [0, 1, 2, 3])],
 )
 def test_std_top_p_hand_computed(ratio, expected):
-    # stds proportional to 4, 1, 3, 2 (total 10): descending order 0, 2, 3, 1 with cumulative shares .4 .7 .9 1
-    # 0.4: group 0 alone covers exactly 0.4 of the total, which is enough ("at least p")
+    # spreads 4, 1, 3, 2 (/10): stds .2828 .0707 .2121 .1414 (total .7071), descending order 0, 2, 3, 1; the target is
+    # ratio * .7071 - 0.01: 0.41 -> .2799 (group 0 alone), 0.42 -> .2870 (two groups), 0.75 -> .5203 (.2828 + .2121
+    # + .1414), 0.01 -> -.0029, met before any group is added, so nothing is kept (RAGEN's rule)
     scores, groups = _groups_with_spreads([0.4, 0.1, 0.3, 0.2])
     kept, group_std = FILTERS.get("std_top_p")(scores, groups, ratio)
     assert _kept_groups(kept, groups) == expected
@@ -46,47 +48,70 @@ def test_std_top_p_hand_computed(ratio, expected):
 
 
 def test_std_top_p_ties_and_zero_spread():
-    # equal stds: the lower group id comes first; all-zero spread keeps only the lowest group (at least one)
+    # equal stds: the lower group id comes first; with no spread anywhere nothing is kept (RAGEN's empty batch)
     scores, groups = _groups_with_spreads([0.2, 0.2, 0.2, 0.2])
     assert _kept_groups(FILTERS.get("std_top_p")(scores, groups, 0.5)[0], groups) == [0, 1]
     scores, groups = _groups_with_spreads([0.0, 0.0, 0.0])
-    assert _kept_groups(FILTERS.get("std_top_p")(scores, groups, 0.5)[0], groups) == [0]
+    assert _kept_groups(FILTERS.get("std_top_p")(scores, groups, 0.5)[0], groups) == []
     assert _kept_groups(FILTERS.get("std_top_p")(scores, groups, 1.0)[0], groups) == [0, 1, 2]
 
 
-def test_groups_to_cover():
-    assert groups_to_cover(0.5, [4.0, 3.0, 2.0, 1.0]) == 2
-    assert groups_to_cover(0.71, [4.0, 3.0, 2.0, 1.0]) == 3
-    assert groups_to_cover(1.0, [4.0, 0.0]) == 2
-    assert groups_to_cover(0.0, [4.0, 3.0]) == 1
-
-
-def _top_p_loop(scores: list[float], groups: list[int], p: float) -> set[int]:
+def _stds(scores: list[float], groups: list[int]) -> dict[int, float]:
     stds = {}
     for g in sorted(set(groups)):
         members = [s for s, h in zip(scores, groups, strict=True) if h == g]
         stds[g] = statistics.stdev(members) if len(members) > 1 else 0.0
+    return stds
+
+
+def _linear_loop(stds: dict[int, float], p: float, eps: float = 0.01) -> set[int]:
+    """RAGEN's linear top-p rule written out: add groups in descending std until the target is met."""
     if p >= 1.0:
         return set(stds)
-    kept, covered, total = set(), 0.0, math.fsum(stds.values())
+    target = p * math.fsum(stds.values()) - eps
+    kept, covered = [], 0.0
     for g in sorted(stds, key=lambda h: (-stds[h], h)):
-        kept.add(g)
-        covered += stds[g]
-        if covered >= p * total * (1 - 1e-9):
+        if covered >= target or stds[g] <= 0:
             break
-    return kept
+        kept.append(g)
+        covered += stds[g]
+    return set(kept) if covered >= target else set()
+
+
+def _softmax_loop(stds: dict[int, float], p: float) -> set[int]:
+    if p >= 1.0:
+        return set(stds)
+    weights = {g: math.exp(v) for g, v in stds.items()}
+    total = math.fsum(weights.values())
+    kept, mass = [], 0.0
+    for g in sorted(stds, key=lambda h: (-stds[h], h)):
+        kept.append(g)
+        mass += weights[g] / total
+        if mass >= p - 1e-12:
+            break
+    return set(kept)
+
+
+def _min_p_loop(stds: dict[int, float], p: float) -> set[int]:
+    best = max(stds.values())
+    return {g for g, v in stds.items() if v >= best * p - 1e-10}
 
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("p", [0.3, 0.6, 0.9])
-def test_std_top_p_matches_loop_twin(seed, p):
+def test_std_strategies_match_loop_twins(seed, p):
     generator = torch.Generator().manual_seed(seed)
     groups = torch.randint(0, 6, (30,), generator=generator)
     scores = torch.randn(30, generator=generator, dtype=torch.float64)
-    kept, _ = FILTERS.get("std_top_p")(scores, groups, p)
-    expected = _top_p_loop(scores.tolist(), groups.tolist(), p)
-    assert set(_kept_groups(kept, groups)) == expected
-    assert kept.tolist() == [g in expected for g in groups.tolist()]
+    stds = _stds(scores.tolist(), groups.tolist())
+    for spec, expected in (
+        (FilterSpec("top_p", p), _linear_loop(stds, p)),
+        (FilterSpec("top_p", p, top_p_mode="softmax"), _softmax_loop(stds, p)),
+        (FilterSpec("min_p", p), _min_p_loop(stds, p)),
+    ):
+        kept = apply_filter(spec, groups, scores).kept
+        assert set(_kept_groups(kept, groups)) == expected, spec
+        assert kept.tolist() == [g in expected for g in groups.tolist()]
 
 
 def test_masked_statistics_hand_computed():

@@ -88,6 +88,15 @@ def test_value_loss_hand_computed():
     assert values.grad[0].tolist() == pytest.approx([0.0, -0.5, 0.0])
 
 
+def test_value_clip_fraction_ignores_rounding_inside_the_range():
+    # float32: 0.3 + (0.1 - 0.3) = 0.099999994, one ulp below 0.1, so (V_clip - G)^2 exceeds (V - G)^2 by rounding
+    # alone; |V - old| = 0.2 is inside the 0.5 range: the clip does not act, the token is not counted
+    values, old, returns = torch.tensor([[0.1, 2.0]]), torch.tensor([[0.3, 0.0]]), torch.tensor([[1.0, 3.0]])
+    assert float((old + (values - old))[0, 0]) != float(values[0, 0])  # the rounding this test is about
+    _, stats = value_loss(values, old, returns, torch.ones(1, 2), cliprange_value=0.5)
+    assert float(stats["vf_clipfrac"]) == 0.5  # token 1 only: V 2.0 clipped to 0.5, (0.5 - 3)^2 > (2 - 3)^2
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_value_loss_matches_loop_twin(seed):
     old, values, returns, mask = _random_tokens(seed)
@@ -160,6 +169,15 @@ def test_seq_mean_token_sum():
     assert float(aggregate_loss(losses, mask, "seq-mean-token-sum")) == pytest.approx((6 + 4) / 2)
 
 
+def test_sequence_means_skip_rows_without_trained_tokens():
+    # the third row has no masked token: it is not a sequence of the mean (veRL's seq_mask), so it does not dilute
+    losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert float(aggregate_loss(losses, mask, "seq-mean-token-mean")) == pytest.approx((2 + 4) / 2)
+    assert float(aggregate_loss(losses, mask, "seq-mean-token-sum")) == pytest.approx((6 + 4) / 2)
+    assert float(aggregate_loss(losses, torch.zeros(3, 3), "seq-mean-token-mean")) == 0.0  # nothing to train
+
+
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_aggregation_matches_loop_twin(seed, mode):
@@ -170,6 +188,7 @@ def test_aggregation_matches_loop_twin(seed, mode):
         per_sequence.append(sum(kept) / max(len(kept), 1) if mode == "seq-mean-token-mean" else sum(kept))
     if mode == "token-mean":
         expected = sum(per_sequence) / float(mask.sum())
-    else:
-        expected = sum(per_sequence) / len(per_sequence)
+    else:  # the mean over the sequences that have a masked token
+        trained = [p for p, m_row in zip(per_sequence, mask.tolist(), strict=True) if sum(m_row) > 0]
+        expected = sum(trained) / max(len(trained), 1)
     assert float(aggregate_loss(losses, mask, mode)) == pytest.approx(expected, rel=1e-10)

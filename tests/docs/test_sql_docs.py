@@ -10,8 +10,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
+from ragen_core.offline import lineage
 from ragen_core.storage import DataLake, check_read_only, query
 from ragen_core.storage.sqldoc import COLUMNS_BEGIN, named_queries, update_columns
 from schemas.tables import TABLES
@@ -19,6 +21,34 @@ from tests.storage.synthetic import PROMPT_TOKENS, SyntheticRun, Trajectory, mak
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sql.md"
 RUNS = (("sweep-a", "sokoban", 0.5), ("sweep-b", "sokoban", 1.0), ("bandit-demo", "bandit", 0.5))
+# offline runs (ragen retrain): mode, (source run, first iteration taken) pairs, start model (a run's checkpoint or
+# a model folder outside the data root)
+OFFLINE = (
+    ("offline-pg", "pg", (("sweep-b", 0),), ("sweep-a", 2)),
+    ("offline-sft", "sft", (("sweep-a", 1), ("bandit-demo", 0)), None),
+    ("offline-unrelated", "sft", (("bandit-demo", 2),), ("sweep-b", 1)),
+)
+
+
+def _offline_selection(runs: list[SyntheticRun], sources: tuple) -> list[Trajectory]:
+    """The trajectories an offline run of OFFLINE selected: train rows of each source from its first iteration."""
+    first = dict(sources)
+    return [t for run in runs if run.run_id in first for t in run.trajectories
+            if t.split == "train" and t.iteration >= first[run.run_id]]  # fmt: skip
+
+
+def _write_offline_runs(lake: DataLake, runs: list[SyntheticRun]) -> None:
+    """Manifests of offline runs whose lineage is made by the code `ragen retrain` uses (ragen_core.offline)."""
+    for run_id, mode, sources, init in OFFLINE:
+        chosen = _offline_selection(runs, sources)
+        table = pa.table({"run_id": [t.run_id for t in chosen], "iteration": [t.iteration for t in chosen]})
+        init_dir = lake.root.parent / "base-model"
+        if init is not None:
+            init_dir = lake.root / "runs" / init[0] / "checkpoints" / f"iteration={init[1]}" / "hf"
+        sql = f"SELECT * FROM trajectories WHERE split = 'train' -- {run_id}"
+        lake.write_manifest(run_id, {"run_id": run_id, "kind": "offline", "status": "completed", "config": {},
+                                     "created_at": "2025-02-01T00:00:00+00:00",
+                                     "lineage": lineage(sql, table, mode, init_dir, lake.root)})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +62,7 @@ def lake_runs(tmp_path_factory) -> tuple[DataLake, list[SyntheticRun]]:
         manifest = lake.read_manifest(run.run_id)
         sweep = {"id": "sweep-x", "point": point, "overrides": overrides}
         lake.write_manifest(run.run_id, {**manifest, "sweep": sweep})
+    _write_offline_runs(lake, runs)
     return lake, runs
 
 
@@ -173,9 +204,23 @@ def vertical_move_share(runs):
     return rows
 
 
+def runs_trained_from(runs):
+    """Offline runs trained on sweep-a's trajectories (the iterations taken) or started from its checkpoint."""
+    rows = []
+    for run_id, mode, sources, init in sorted(OFFLINE):
+        used = sorted({t.iteration for t in _offline_selection(runs, sources) if t.run_id == "sweep-a"}) or None
+        from_checkpoint = init is not None and init[0] == "sweep-a"
+        if used or from_checkpoint:
+            rows.append({"run_id": run_id, "offline_mode": mode, "iterations_used": used,
+                         "started_from_its_checkpoint": from_checkpoint,
+                         "init_iteration": init[1] if init is not None else None})  # fmt: skip
+    return rows
+
+
 EXPECTED = {f.__name__: f for f in (success_by_env_iteration, reward_by_turn, echo_trap_think_diversity,
             format_failures, filter_keep_rate, sokoban_solution_plans, response_length_by_iteration,
-            compare_sweep_runs, training_curves, trained_tokens, vertical_move_share, sweep_points)}  # fmt: skip
+            compare_sweep_runs, training_curves, trained_tokens, vertical_move_share, sweep_points,
+            runs_trained_from)}  # fmt: skip
 
 
 TOLERANCE = {"trained_tokens": 1e-6}

@@ -21,6 +21,10 @@ ALL_ENVS = [
     "sokoban_new_vocab",
     "frozen_lake",
     "countdown",
+    "sudoku",
+    "sudoku_9x9",
+    "game_2048",
+    "rubikscube",
 ]
 
 

@@ -1,6 +1,9 @@
 """The algorithm switches of StarPO through the real flow: critic (GAE, bi-level GAE with per-turn rewards), KL in
 the loss or in the reward, dual-clip, Online-k, the filters; the filter's stored decisions checked in DuckDB."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from ragen_core.config import build_config
@@ -26,6 +29,15 @@ VARIANTS = {
     "online3": {"algorithm": {"adv_estimator": "reinforce_plus_plus"}, "actor": {"online_k": 3}},
     "std_half": {"algorithm": {"filter": "std", "filter_ratio": 0.5, "adv_estimator": "reinforce_plus_plus_baseline"}},
     "top_p": {"algorithm": {"filter": "std_top_p", "filter_ratio": 0.6}},
+    # RAGEN-2's strategies over each metric (replayed in SQL below)
+    "softmax": {"algorithm": {"filter": "top_p", "filter_top_p_mode": "softmax", "filter_ratio": 0.5}},
+    "min_p_length": {"algorithm": {"filter": "min_p", "filter_metric": "length", "filter_ratio": 0.9}},
+    "abs_entropy": {
+        "algorithm": {"filter": "top_k_abs", "filter_ratio": 2, "filter_metric": "entropy", "filter_largest": False}
+    },
+    "reward_nonzero": {
+        "algorithm": {"filter": "top_k", "filter_ratio": 0.5, "filter_metric": "reward", "filter_include_zero": False}
+    },
 }
 
 
@@ -121,7 +133,32 @@ def test_top_p_filter_covers_the_share_of_total_std(lake_root):
     total = sum(r["std"] for r in rows)
     kept = [r for r in rows if r["kept"]]
     assert kept == rows[: len(kept)]  # kept in descending std
-    if total > 0:
+    target = 0.6 * total - 0.01  # RAGEN's linear top-p: 60% of the total std, less its 0.01 slack
+    if target > 0:
         covered = sum(r["std"] for r in kept)
-        assert covered >= 0.6 * total - 1e-9
-        assert covered - kept[-1]["std"] < 0.6 * total  # the smallest prefix that covers 60%
+        assert covered >= target - 1e-12
+        assert covered - kept[-1]["std"] < target  # the smallest prefix that covers it
+    else:
+        assert kept == []  # no group is needed to reach a target <= 0: RAGEN keeps nothing, the update is skipped
+
+
+def _replay_query() -> str:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "algorithms.md").read_text()
+    block = re.search(r"<!-- filter-replay:begin -->\n```sql\n(.*?)```\n<!-- filter-replay:end -->", text, re.S)
+    assert block, "docs/algorithms.md lost its filter replay query"
+    return block.group(1)
+
+
+def test_the_documented_sql_replays_every_filter_decision(lake_root):
+    """docs/algorithms.md's query recomputes each group's decision from the stored metric values and the run's
+    config, for every strategy, metric and direction trained above: it must agree with what the filter stored."""
+    rows = query(lake_root, _replay_query()).to_pylist()
+    assert {r["run_id"] for r in rows} == set(VARIANTS)
+    for row in rows:
+        assert row["replayed"] == row["kept"], row
+    by_run = {run: [r["kept"] for r in rows if r["run_id"] == run] for run in VARIANTS}
+    assert sum(by_run["abs_entropy"]) == 2  # top_k_abs 2 of 4 groups, by hand
+    assert sum(by_run["std_half"]) == 2 and sum(by_run["gae"]) == 4
+    values = {r["group_id"]: r["metric_value"] for r in rows if r["run_id"] == "min_p_length"}
+    kept = {r["group_id"] for r in rows if r["run_id"] == "min_p_length" and r["kept"]}
+    assert kept == {g for g, v in values.items() if v >= 0.9 * max(values.values())}  # min_p by hand

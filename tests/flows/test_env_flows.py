@@ -12,6 +12,9 @@ CASES = [
     ("configs/frozenlake.yaml", "frozen_lake"),
     ("configs/countdown.yaml", "countdown"),
     ("configs/bandit.yaml", "bandit_reversed"),
+    ("configs/sudoku.yaml", "sudoku"),
+    ("configs/game_2048.yaml", "game_2048"),
+    ("configs/rubikscube.yaml", "rubikscube"),
 ]
 
 
@@ -75,3 +78,15 @@ def test_expert_solves_countdown_and_bandit_in_the_flow(lake_root):
     }
     assert rates["countdown"] == 1.0 and rates["bandit_reversed"] == 1.0
     assert set(rates) == {env for _, env in CASES}
+
+
+def test_expert_solves_sudoku_and_rubikscube_in_the_flow(lake_root):
+    # 6 empty cells within 20 placements; a one-move scramble within 20 turns: the expert solves every instance
+    rates = {
+        r["env"]: r["rate"]
+        for r in query(
+            lake_root,
+            "SELECT env, avg(success::int) AS rate FROM trajectories WHERE env IN ('sudoku', 'rubikscube') GROUP BY 1",
+        ).to_pylist()
+    }
+    assert rates == {"sudoku": 1.0, "rubikscube": 1.0}

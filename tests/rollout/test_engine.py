@@ -13,12 +13,30 @@ def _spec(max_turns=1, groups=(11, 12, 13), group_size=4):
     )
 
 
-def test_stored_ids_rescored_reproduce_behavior_logprobs(tiny_policy):
+@pytest.mark.parametrize(
+    ("env", "mode", "window"),
+    [
+        ("bandit", "full", None),
+        ("frozen_lake", "limited_multi_turn", 1),
+        ("frozen_lake", "limited_multi_turn", 2),
+        ("sokoban", "single_turn", 2),
+    ],
+)
+def test_stored_ids_rescored_reproduce_behavior_logprobs(tiny_policy, env, mode, window):
+    # windowed modes: the row packs one sequence per turn, and the packed batch must score each reply in its own window
     model, tokenizer = tiny_policy
     backend = HFBackend(model, tokenizer, temperature=1.0, max_new_tokens=24)
-    records = run_rollouts(_spec(max_turns=3), backend, ChatFormatter(tokenizer), seed=5)
+    spec = RolloutSpec(
+        env, [11, 12, 13], 4, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=3,
+        context_window_mode=mode, max_context_window=window,
+    )  # fmt: skip
+    records = run_rollouts(spec, backend, ChatFormatter(tokenizer), seed=5)
     assert any(len(r.turns) > 1 for r in records), "the untrained model should need several turns somewhere"
-    batch = collate([r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id)
+    assert all((r.segment_lengths is None) == (mode == "full") for r in records)
+    batch = collate(
+        [r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id,
+        [r.segment_lengths for r in records],
+    )  # fmt: skip
     with torch.no_grad():
         logprobs, _ = token_logprobs(model.eval(), batch)
     for row, record in enumerate(records):

@@ -9,6 +9,7 @@ from ragen_core.storage import DataLake, LakeError, compact_run, query
 from ragen_core.storage import compaction as compaction_module
 from ragen_core.storage.compaction import merged_name, run_lock
 from ragen_core.storage.parts import COMPACTION_MARKER
+from schemas.tables import TRAJECTORIES
 from tests.storage.synthetic import make_run, write_run
 
 RUN = "run-c"
@@ -52,7 +53,8 @@ def test_compaction_merges_each_partition_into_one_file_with_the_same_rows(lake)
         if iteration < 2:
             assert merged.name == merged_name([p.name for p in parts_before[iteration]])
             schema = pq.read_schema(merged)
-            assert schema.metadata[b"schema_version"] == b"1" and schema.metadata[b"table"] == b"trajectories"
+            assert schema.metadata[b"schema_version"] == str(TRAJECTORIES.version).encode()
+            assert schema.metadata[b"table"] == b"trajectories"
             assert schema.field("input_ids").metadata[b"description"].startswith(b"The whole chat")
     after = _snapshot(lake)
     assert after == before  # same rows, same order (the merged file keeps the reader's file order)

@@ -56,6 +56,25 @@ def test_micro_batching_does_not_change_the_update(tiny_policy, rollout_batch, m
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "seq-mean-token-sum"])
+def test_a_row_without_trained_tokens_changes_no_sequence_mean_update(tiny_policy, rollout_batch, mode):
+    """A row whose loss mask is empty (nothing to train) is not a sequence of the mean: the update with it, over
+    micro-batches of 3, equals the update on the batch without it."""
+    batch, scores, groups = rollout_batch
+    advantages, _ = grpo_advantage(trajectory_token_rewards(batch.loss_mask, scores), batch.loss_mask, groups)
+    empty = copy.deepcopy(batch)
+    empty.loss_mask[2] = 0.0
+    rest = [0, 1, 3, 4, 5, 6, 7]
+    results = []
+    for rows_batch, adv, size in ((empty, advantages, 8), (batch.select(rest), advantages[rest], 7)):
+        config = PolicyUpdateConfig(**{**UPDATE.__dict__, "loss_agg_mode": mode, "mini_batch_size": size})
+        actor = _engine(tiny_policy, 3, 0.5, "sgd")
+        actor.policy_update(rows_batch, adv[:, : rows_batch.input_ids.shape[1]], actor.score(rows_batch), config, 0)
+        results.append(actor)
+    for a, b in zip(results[0].module.parameters(), results[1].module.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy, rollout_batch):
     batch, scores, groups = rollout_batch
     actor = _engine(tiny_policy, 8, lr=1e-3)

@@ -1,0 +1,129 @@
+"""Ctrl-C for the ``ragen`` command line: the first one stops the command cleanly, a second one forces it.
+
+The first SIGINT mutes the console output of the libraries' loggers (Prefect would print its "crash detected"
+reports; the Prefect server still receives them) and raises :class:`KeyboardInterrupt` as Python does by default, so
+the flow records where the run stopped, closes its engines and reports to the Prefect server, and the command prints
+one line and exits with status 130 (skipping the interpreter's slow finalization). A second SIGINT while that clean
+stop runs calls the registered last-resort cleanups (stop the temporary Prefect server) and exits at once, with
+status 130 too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+EXIT_CODE = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
+_state = {"requested": False, "reported": False}
+_last_resort: list[Callable[[], None]] = []
+
+
+def install() -> None:
+    """Handle SIGINT as described in the module docstring (call it from the main thread, before the command)."""
+    signal.signal(signal.SIGINT, _on_sigint)
+    atexit.register(_skip_finalization)  # registered first, so it runs after every other exit handler
+
+
+def _skip_finalization() -> None:
+    """After a Ctrl-C, once the exit handlers ran (Prefect's reports, the temporary server stopped), end the process
+    without the interpreter's finalization: tearing down torch and DeepSpeed takes seconds (over ten on a loaded
+    machine) and has nothing left to save."""
+    if _state["requested"]:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(EXIT_CODE)
+
+
+def on_forced_stop(cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` when a second Ctrl-C forces the command to stop (atexit handlers do not run then)."""
+    _last_resort.append(cleanup)
+
+
+def requested() -> bool:
+    """Whether a Ctrl-C arrived."""
+    return _state["requested"]
+
+
+def report(message: str) -> None:
+    """Print the command's one line about the stop on stderr (once; later calls are ignored)."""
+    if _state["reported"]:
+        return
+    _state["reported"] = True
+    from flows.cli_common import err_console
+
+    err_console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    if _state["requested"]:
+        os.write(2, b"\nsecond Ctrl-C: stopping now, without cleaning up (`ragen resume` continues the run)\n")
+        for cleanup in _last_resort:
+            try:
+                cleanup()
+            except Exception:  # noqa: BLE001 - best effort on the way out; nothing may keep us from exiting
+                pass
+        os._exit(EXIT_CODE)
+    _state["requested"] = True
+    mute_console_logs()
+    raise KeyboardInterrupt
+
+
+def mute_console_logs() -> None:
+    """Silence every logging handler that writes to the terminal (stdout/stderr); handlers that ship logs elsewhere
+    (Prefect's API handler, files) keep working."""
+    terminal = {id(stream) for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if stream}
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and id(getattr(handler, "stream", None)) in terminal:
+                handler.setLevel(logging.CRITICAL + 1)
+
+
+def start_command_server(home: Path) -> None:
+    """Start the command's own temporary Prefect server (:func:`flows.local_server.start_temporary`: out of reach of
+    the terminal's Ctrl-C, dead with this process) and point Prefect at it; it is stopped when the command exits,
+    after Prefect's own exit handlers (registered later, so run earlier) have reported to it."""
+    import atexit
+
+    from flows.cli_common import fail
+    from flows.local_server import ServerError, start_temporary
+
+    try:
+        timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
+    except ValueError:
+        timeout = 180.0
+    try:
+        server = start_temporary(home, timeout)
+    except ServerError as exc:
+        fail(str(exc))
+    os.environ["PREFECT_API_URL"] = server.api_url
+    atexit.register(server.stop)
+    on_forced_stop(lambda: server.stop(grace=1))
+
+
+def report_interrupted(root: Path, run_id: str) -> None:
+    """The one line of a Ctrl-C'd run: where it stopped (from its manifest) and how to continue it."""
+    from ragen_core.storage import DataLake, LakeError
+
+    try:
+        manifest = DataLake(root).read_manifest(run_id) or {}
+    except (LakeError, OSError, ValueError):
+        manifest = {}
+    where = ""
+    if manifest.get("interrupted_iteration") is not None:
+        where = f" in iteration {manifest['interrupted_iteration']} ({manifest.get('interrupted_stage')})"
+    last = manifest.get("last_committed_iteration")
+    committed = f"last committed iteration: {last}" if last is not None else "no iteration committed yet"
+    report(f"interrupted: run {run_id} stopped{where}; {committed}. Continue it with: ragen resume {run_id} "
+           f"--data-root {root}")  # fmt: skip

@@ -1,0 +1,215 @@
+"""Template-collapse diagnostics: the mutual information between a trajectory's input and its reasoning.
+
+RAGEN-2 observes that token entropy cannot see *template collapse*: the reasoning stays diverse, yet no longer
+depends on the input. It watches the mutual information I(X; Z) between the first-turn prompt X and the reasoning Z
+instead. With the batch's distinct first-turn prompts as a uniform empirical distribution over X, the policy itself
+gives p(z | x) for any pairing, so
+
+    MI_hat = mean_i [ log p(z_i | x_i) - log mean_{j in S_i} p(z_i | x_j) ]
+
+where trajectory i has prompt x_i and reasoning z_i, and S_i holds x_i plus up to M - 1 other distinct prompts of the
+batch drawn at random (``M = trainer.mi_prompts``; the inner mean is a log-sum-exp). Reasoning copied from the input
+gives log |S_i| (the bound), one template for every input gives 0. Cost: N x |S_i| teacher-forced sequences (N
+trajectories), no generation.
+
+The functions here are pure: they take token ids and a *scorer* (a callable returning log p(z | x) for a list of
+(x, z) pairs), so the estimator can be checked against exact distributions; :func:`model_scorer` is the scorer of a
+causal LM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ragen_core.training.batch import collate, token_logprobs
+
+TokenIds = tuple[int, ...]
+Scorer = Callable[[Sequence[tuple[TokenIds, TokenIds]]], np.ndarray]  # (x, z) pairs -> summed log p(z | x)
+THINK_END = "</think>"
+
+
+def first_reply(input_ids: Sequence[int], loss_mask: Sequence[int]) -> tuple[TokenIds, TokenIds]:
+    """(prompt, reply) of a trajectory's first turn: the tokens before the first policy token (system prompt, first
+    user message and the assistant header) and the first run of policy tokens (``loss_mask`` 1)."""
+    mask = np.asarray(loss_mask, dtype=bool)
+    if not mask.any():
+        return tuple(int(t) for t in input_ids), ()
+    start = int(np.argmax(mask))
+    gaps = np.flatnonzero(~mask[start:])
+    end = start + int(gaps[0]) if len(gaps) else len(mask)
+    return tuple(int(t) for t in input_ids[:start]), tuple(int(t) for t in input_ids[start:end])
+
+
+def reasoning_tokens(reply: TokenIds, decode: Callable[[list[int]], str] | None) -> TokenIds:
+    """The reasoning part of a first reply: its shortest prefix whose text contains ``</think>`` (the ``<think>``
+    block, tags included; the token that completes the tag may carry a character or two after it; what follows is
+    the answer), or the whole reply when it has no ``</think>`` (thinking off, or a reply without the tag) or
+    ``decode`` is None. Decoded text grows with the prefix, so a binary search finds the cut in log2(len) decodes."""
+    if decode is None or THINK_END not in decode(list(reply)):
+        return reply
+    low, high = 1, len(reply)  # invariant: the prefix of length ``high`` contains the tag
+    while low < high:
+        middle = (low + high) // 2
+        if THINK_END in decode(list(reply[:middle])):
+            high = middle
+        else:
+            low = middle + 1
+    return reply[:high]
+
+
+def first_turn_reasoning(
+    input_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]], decode: Callable[[list[int]], str] | None
+) -> tuple[list[TokenIds], list[TokenIds]]:
+    """(prompts, reasonings) of stored trajectories (their ``input_ids`` and ``loss_mask`` columns): each one's
+    first-turn prompt and the reasoning of its first reply (:func:`first_reply`, :func:`reasoning_tokens`)."""
+    prompts, reasonings = [], []
+    for ids, mask in zip(input_ids, loss_masks, strict=True):
+        prompt, reply = first_reply(ids, mask)
+        prompts.append(prompt)
+        reasonings.append(reasoning_tokens(reply, decode))
+    return prompts, reasonings
+
+
+@dataclass(frozen=True)
+class MIEstimate:
+    """The estimate and its parts (all means over the scored trajectories)."""
+
+    mi: float  # mean_i [log p(z_i|x_i) - log mean_j p(z_i|x_j)], nats per reasoning
+    mi_per_token: float  # the same with log-probs divided by len(z_i) (RAGEN-2's length-normalised variant)
+    logp_own: float  # mean_i log p(z_i | x_i)
+    logp_cross: float  # mean_i log mean_{j in S_i} p(z_i | x_j)
+    retrieval: float  # share of i whose own prompt scores z_i highest (ties share the credit); chance = 1/|S_i|
+    bound: float  # mean_i log |S_i|: the largest value ``mi`` can take
+    trajectories: int  # N: trajectories scored
+    prompts: int  # distinct prompts among them
+    pairs: int  # (x, z) pairs asked for, N x |S_i| (before identical pairs are merged)
+    scored: int  # distinct (x, z) sequences the scorer ran
+    reasoning_tokens: float  # mean len(z_i)
+
+    def metrics(self, prefix: str = "diag") -> dict[str, float]:
+        """The metrics-table rows of this estimate."""
+        return {
+            f"{prefix}/reasoning_mi": self.mi,
+            f"{prefix}/reasoning_mi_per_token": self.mi_per_token,
+            f"{prefix}/reasoning_mi_bound": self.bound,
+            f"{prefix}/reasoning_logp_own": self.logp_own,
+            f"{prefix}/reasoning_logp_cross": self.logp_cross,
+            f"{prefix}/reasoning_retrieval": self.retrieval,
+            f"{prefix}/reasoning_trajectories": float(self.trajectories),
+            f"{prefix}/reasoning_prompts": float(self.prompts),
+            f"{prefix}/reasoning_pairs": float(self.pairs),
+            f"{prefix}/reasoning_scored": float(self.scored),
+            f"{prefix}/reasoning_tokens": self.reasoning_tokens,
+        }
+
+
+def candidate_prompts(prompt_index: Sequence[int], num_prompts: int, max_prompts: int, seed: int) -> np.ndarray:
+    """(N, m) prompt indices to score each trajectory under: column 0 its own prompt, then m - 1 distinct others
+    drawn without replacement (seeded); m = min(max_prompts, num_prompts)."""
+    if max_prompts < 2:
+        raise ValueError(f"max_prompts must be >= 2 (own prompt + at least one other), got {max_prompts}")
+    width = min(max_prompts, num_prompts)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for own in prompt_index:
+        others = np.array([p for p in range(num_prompts) if p != own], dtype=np.int64)
+        rows.append(np.concatenate([[own], rng.choice(others, size=width - 1, replace=False)]))
+    return np.asarray(rows, dtype=np.int64).reshape(len(prompt_index), width)
+
+
+def _retrieval(scores: np.ndarray) -> float:
+    best = scores.max(axis=1, keepdims=True)
+    ties = (scores == best).sum(axis=1)
+    return float(np.mean(np.where(scores[:, 0] == best[:, 0], 1.0 / ties, 0.0)))
+
+
+def estimate_from_scores(scores: np.ndarray, lengths: Sequence[int]) -> tuple[float, float, float, float, float]:
+    """(mi, mi_per_token, logp_own, logp_cross, retrieval) from the (N, m) matrix of log p(z_i | x_{c(i, k)}) whose
+    column 0 is each trajectory's own prompt; ``lengths`` = len(z_i)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    width = scores.shape[1]
+    cross = torch.logsumexp(torch.from_numpy(scores), dim=1).numpy() - math.log(width)
+    per_token = scores / np.maximum(np.asarray(lengths, dtype=np.float64), 1.0)[:, None]
+    cross_per_token = torch.logsumexp(torch.from_numpy(per_token), dim=1).numpy() - math.log(width)
+    own = scores[:, 0]
+    return (
+        float(np.mean(own - cross)),
+        float(np.mean(per_token[:, 0] - cross_per_token)),
+        float(np.mean(own)),
+        float(np.mean(cross)),
+        _retrieval(scores),
+    )
+
+
+def reasoning_mi(
+    prompts: Sequence[Sequence[int]],
+    reasonings: Sequence[Sequence[int]],
+    score: Scorer,
+    max_prompts: int = 8,
+    seed: int = 0,
+) -> MIEstimate | None:
+    """The MI estimate of trajectories i with first-turn prompt ``prompts[i]`` and reasoning ``reasonings[i]``
+    (token ids), scored by ``score``. Trajectories with an empty reasoning are left out. Prompts are told apart by
+    their tokens (group members share one). None when fewer than two distinct prompts remain: X is then constant
+    and the MI is zero by definition, which says nothing about collapse."""
+    rows = [(tuple(map(int, x)), tuple(map(int, z))) for x, z in zip(prompts, reasonings, strict=True) if len(z)]
+    distinct = list(dict.fromkeys(x for x, _ in rows))
+    if len(distinct) < 2:
+        return None
+    index = {x: k for k, x in enumerate(distinct)}
+    own = [index[x] for x, _ in rows]
+    candidates = candidate_prompts(own, len(distinct), max_prompts, seed)
+    pairs = [(distinct[p], z) for (_, z), row in zip(rows, candidates, strict=True) for p in row]
+    unique = list(dict.fromkeys(pairs))  # identical (x, z) pairs (a collapsed template) are scored once
+    values = np.asarray(score(unique), dtype=np.float64)
+    if values.shape != (len(unique),):
+        raise ValueError(f"the scorer returned shape {values.shape} for {len(unique)} pairs")
+    lookup = dict(zip(unique, values, strict=True))
+    matrix = np.array([lookup[pair] for pair in pairs]).reshape(candidates.shape)
+    lengths = [len(z) for _, z in rows]
+    mi, mi_per_token, logp_own, logp_cross, retrieval = estimate_from_scores(matrix, lengths)
+    return MIEstimate(
+        mi=mi,
+        mi_per_token=mi_per_token,
+        logp_own=logp_own,
+        logp_cross=logp_cross,
+        retrieval=retrieval,
+        bound=math.log(candidates.shape[1]),
+        trajectories=len(rows),
+        prompts=len(distinct),
+        pairs=len(pairs),
+        scored=len(unique),
+        reasoning_tokens=float(np.mean(lengths)),
+    )
+
+
+def model_scorer(model: torch.nn.Module, pad_id: int, batch_size: int = 16) -> Scorer:
+    """A scorer over a causal LM: log p(z | x) = the summed log-probs (temperature 1) of z's tokens after x, by
+    teacher forcing, ``batch_size`` right-padded sequences per forward pass, without gradients."""
+
+    @torch.no_grad()
+    def score(pairs: Sequence[tuple[TokenIds, TokenIds]]) -> np.ndarray:
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        out = np.zeros(len(pairs), dtype=np.float64)
+        order = sorted(range(len(pairs)), key=lambda k: len(pairs[k][0]) + len(pairs[k][1]))  # less padding
+        try:
+            for start in range(0, len(order), batch_size):
+                chunk = order[start : start + batch_size]
+                sequences = [list(pairs[k][0]) + list(pairs[k][1]) for k in chunk]
+                masks = [[0] * len(pairs[k][0]) + [1] * len(pairs[k][1]) for k in chunk]
+                batch = collate(sequences, masks, pad_id).to(device)
+                logprobs, _ = token_logprobs(model, batch)
+                sums = (logprobs.double() * batch.loss_mask.double()).sum(dim=1).cpu().numpy()
+                out[chunk] = sums
+        finally:
+            model.train(was_training)
+        return out
+
+    return score

@@ -1,0 +1,217 @@
+"""One writer per run: an exclusive lock on ``runs/<run_id>/writer.lock``, held by ``train``, ``resume``,
+``retrain`` and ``eval`` for the whole run.
+
+The lock is ``flock`` on an open file descriptor, so the kernel drops it when the holding process dies, whatever
+kills it: a killed holder never blocks the next attempt. The file also holds a JSON record of the holder (pid, host,
+user, command, start time), written after the lock is taken and cleared when it is released. A record found in a
+file whose lock is free was therefore left by a holder that died: the new holder takes over and reports it.
+
+The lock belongs to the head process of a run: the descriptor is not inherited by the processes it launches (an
+update group started by torchrun or the DeepSpeed launcher), and nested acquisitions of the same run in one process
+(the CLI, then the flow it calls) share the one lock. On a data root shared over NFS the lock works where the NFS
+server supports locking (Linux maps ``flock`` onto NFS byte-range locks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import getpass
+import json
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ragen_core.storage.files import LakeError
+from ragen_core.storage.names import validate_run_id
+
+LOCK_NAME = "writer.lock"
+LOCK_ATTEMPTS = 20
+
+
+class RunLockedError(LakeError):
+    """Another live process writes this run; the message names it and says how to proceed."""
+
+
+@dataclass
+class RunLock:
+    """A held writer lock. ``taken_over`` is the record of a holder that died without releasing it, if any."""
+
+    run_id: str
+    path: Path
+    descriptor: int
+    holder: dict[str, Any]
+    taken_over: dict[str, Any] | None = None
+    depth: int = field(default=1, repr=False)
+
+
+_held: dict[Path, RunLock] = {}  # this process's locks, by file: nested acquisitions share one descriptor
+_held_guard = threading.Lock()
+
+
+def lock_path(root: Path, run_id: str) -> Path:
+    """The writer lock file of ``run_id`` under the data root ``root``."""
+    return Path(root) / "runs" / validate_run_id(run_id) / LOCK_NAME
+
+
+def read_holder(path: Path) -> dict[str, Any] | None:
+    """The holder record in a lock file (None when the file is absent, empty or not a record)."""
+    try:
+        text = Path(path).read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        record = json.loads(text) if text.strip() else None
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def holder_record(run_id: str, command: list[str] | None = None) -> dict[str, Any]:
+    """Who takes the lock: this process."""
+    return {
+        "run_id": run_id,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "user": getpass.getuser(),
+        "command": " ".join(command or sys.argv),
+        "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def locked_message(run_id: str, path: Path, holder: dict[str, Any] | None) -> str:
+    """Why the run cannot be written now, by whom, and what to do."""
+    if holder is None:
+        return (
+            f"run {run_id!r} is being written by another process (it has just taken the lock {path}); wait for it "
+            "to finish, or choose another --run-id"
+        )
+    who = f"pid {holder.get('pid')} on host {holder.get('host')} (user {holder.get('user')}"
+    who += f", since {holder.get('since')})"
+    text = f"run {run_id!r} is being written by {who}: `{holder.get('command')}`. "
+    here = holder.get("host") == socket.gethostname()
+    if here and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]):
+        return text + (
+            f"That process is gone, but a process it started still holds {path} open (find it with `fuser -v "
+            f"{path}`); stop that process, then run the command again"
+        )
+    stop = f"stop it (`kill -INT {holder.get('pid')}`{'' if here else ' on that host'})"
+    return text + f"Wait for it to finish, or {stop} and then `ragen resume {run_id}`; or choose another --run-id"
+
+
+def _open_locked(path: Path, run_id: str, wait: bool) -> int:
+    """Open ``path`` and take its exclusive lock; raise :class:`RunLockedError` if held (unless ``wait``).
+
+    A holder that releases the lock of a run without a manifest removes the file (and the empty folder); a taker
+    that opened the file just before that holds a lock nobody else sees, so it checks that the path still names
+    its file and otherwise starts over."""
+    import fcntl  # POSIX only: imported here so that the rest of the lake imports everywhere
+
+    for _ in range(LOCK_ATTEMPTS):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: a refused taker writes nothing
+        except FileNotFoundError:  # the folder was removed between the two calls
+            continue
+        except OSError as exc:
+            raise LakeError(f"cannot open the lock file {path} of run {run_id!r}: {exc.strerror}") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(descriptor)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunLockedError(locked_message(run_id, path, read_holder(path))) from None
+            raise LakeError(f"cannot lock {path} of run {run_id!r}: {exc.strerror}") from None
+        if _names(path, descriptor):
+            return descriptor
+        os.close(descriptor)
+    raise LakeError(f"cannot lock {path} of run {run_id!r}: other processes keep removing it; try again")
+
+
+def _names(path: Path, descriptor: int) -> bool:
+    """Whether ``path`` still names the open file ``descriptor``."""
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(descriptor)
+    return (on_disk.st_dev, on_disk.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def acquire(root: Path, run_id: str, command: list[str] | None = None, wait: bool = False) -> RunLock:
+    """Take the writer lock of ``run_id`` (or join this process's own hold of it); ``wait`` blocks until it is free
+    instead of refusing. Release with :func:`release`."""
+    path = lock_path(Path(root).resolve(), run_id)
+    with _held_guard:
+        held = _held.get(path)
+        if held is not None:
+            held.depth += 1
+            return held
+    descriptor = _open_locked(path, run_id, wait)  # outside the guard: a waiting taker must not block the others
+    stale = read_holder(path)  # a record under a free lock: its holder died without releasing it
+    holder = holder_record(run_id, command)
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, json.dumps(holder, sort_keys=True).encode(), 0)
+    lock = RunLock(run_id, path, descriptor, holder, taken_over=stale)
+    with _held_guard:
+        _held[path] = lock
+    return lock
+
+
+def release(lock: RunLock) -> None:
+    """Drop one hold of ``lock``; the last one clears the holder record and unlocks. The lock file of a run that
+    has no manifest (a command that stopped before writing anything) is removed, with its folder if empty."""
+    import fcntl
+
+    with _held_guard:
+        lock.depth -= 1
+        if lock.depth > 0:
+            return
+        _held.pop(lock.path, None)
+        try:
+            os.ftruncate(lock.descriptor, 0)  # cleared first: a record under a free lock means a dead holder
+            if not (lock.path.parent / "manifest.json").exists():  # removed while still locked (see _open_locked)
+                lock.path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    lock.path.parent.rmdir()  # only when empty
+            fcntl.flock(lock.descriptor, fcntl.LOCK_UN)
+        finally:
+            os.close(lock.descriptor)
+
+
+@contextmanager
+def run_writer(root: Path, run_id: str, command: list[str] | None = None, wait: bool = False) -> Iterator[RunLock]:
+    """Hold the writer lock of ``run_id`` for the ``with`` block (see :func:`acquire`)."""
+    lock = acquire(root, run_id, command, wait)
+    try:
+        yield lock
+    finally:
+        release(lock)
+
+
+def takeover_note(lock: RunLock) -> str | None:
+    """One line about a stale lock this process took over, or None (also for a nested hold: the outer one tells)."""
+    stale = lock.taken_over
+    if not stale or lock.depth > 1:
+        return None
+    return (
+        f"took over the lock of run {lock.run_id!r} left by pid {stale.get('pid')} on host {stale.get('host')} "
+        f"(since {stale.get('since')}), which ended without releasing it"
+    )

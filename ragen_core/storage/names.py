@@ -1,0 +1,60 @@
+"""Run ids are names: never patterns, paths or SQL text.
+
+A run id names folders under the data root (``runs/<id>/``, ``<table>/run_id=<id>/``, ``_commits/<id>/`` ...) and
+the rows of the run in every table, so one validator decides what a run id may be, and every entry point (the CLI
+commands, the flows' parameters, the lake's path helpers as a backstop) applies it before anything is created:
+
+- 1 to :data:`RUN_ID_MAX_LENGTH` characters, each an ASCII letter, a digit, ``.``, ``_`` or ``-``;
+- the first one a letter, a digit or ``_``: a leading ``.`` would hide the folders (and allow ``.`` and ``..``),
+  a leading ``-`` reads as an option on the command line.
+
+With these rules a run id holds no glob character (``*?[``), no path separator and no quote, so a listing built
+from it matches that run only and it never leaves the data root; SQL still takes it as a parameter, never as text.
+128 characters leave room for derived ids (``<sweep id>-p<NNN>``) well under file systems' 255-byte name limit.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ragen_core.storage.files import LakeError
+
+RUN_ID_MAX_LENGTH = 128
+_ALLOWED = re.compile(r"[A-Za-z0-9._-]")
+_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+RUN_ID_RULE = (
+    f"use 1 to {RUN_ID_MAX_LENGTH} characters: letters, digits, '.', '_' or '-', starting with a letter, digit or '_'"
+    " (e.g. sokoban-lr3e-6_seed.1)"
+)
+
+
+class InvalidRunIdError(LakeError, ValueError):
+    """A run id (or a sweep id, which prefixes run ids) that is not a plain name; the message says why and how."""
+
+
+def _problem(run_id: str) -> str:
+    """What is wrong with a string that is not a valid run id."""
+    if not run_id:
+        return "is empty"
+    if len(run_id) > RUN_ID_MAX_LENGTH:
+        return f"is {len(run_id)} characters long (at most {RUN_ID_MAX_LENGTH})"
+    bad = sorted({c for c in run_id if not _ALLOWED.fullmatch(c)})
+    if bad:
+        return "contains " + ", ".join(repr(c) for c in bad[:8])
+    return f"starts with {run_id[0]!r}"
+
+
+def is_valid_run_id(run_id: object) -> bool:
+    """Whether ``run_id`` is a string that :func:`validate_run_id` accepts."""
+    return isinstance(run_id, str) and len(run_id) <= RUN_ID_MAX_LENGTH and _RUN_ID.fullmatch(run_id) is not None
+
+
+def validate_run_id(run_id: object, what: str = "run id") -> str:
+    """``run_id`` itself when it is a valid name (module docstring), else :class:`InvalidRunIdError` saying what is
+    wrong (``what`` names the value in the message, e.g. ``"sweep id"``)."""
+    if not isinstance(run_id, str):
+        raise InvalidRunIdError(f"{what} must be a string, not {type(run_id).__name__}")
+    if not is_valid_run_id(run_id):
+        shown = repr(run_id) if len(run_id) <= 80 else repr(run_id[:60]) + "..."
+        raise InvalidRunIdError(f"{what} {shown} {_problem(run_id)}; {RUN_ID_RULE}")
+    return run_id

@@ -1,0 +1,226 @@
+"""Each group-filter strategy against selections computed by hand (ties, zero-variance groups, empty results), the
+metrics it ranks, and the config rules that reject filter keys which do not fit together."""
+
+import math
+
+import pyarrow as pa
+import pytest
+import torch
+
+from ragen_core.algos import FILTERS, FilterSpec, apply_filter, resolve_filter, select_groups
+from ragen_core.config import ConfigError, build_config
+from ragen_core.stages import filter_inputs
+
+# metric values with total 1.0: ranked largest first 0 (.4), 2 (.3), 3 (.2), 1 (.1)
+VALUES = {0: 0.4, 1: 0.1, 2: 0.3, 3: 0.2}
+VARYING = {g: 1.0 for g in VALUES}  # reward std of each group: all vary
+
+
+def _select(values, strategy, value, stds=None, **options):
+    spec = FilterSpec(strategy=strategy, value=value, **options)
+    kept = select_groups(values, stds if stds is not None else {g: 1.0 for g in values}, spec)
+    return sorted(kept)
+
+
+@pytest.mark.parametrize(
+    ("value", "largest", "expected"),
+    [(0.5, True, [0, 2]), (0.5, False, [1, 3]), (0.25, True, [0]), (0.01, True, [0]), (1.0, True, [0, 1, 2, 3])],
+)
+def test_top_k_keeps_a_share_of_the_groups(value, largest, expected):
+    # int(value * 4) groups, at least one
+    assert _select(VALUES, "top_k", value, largest=largest) == expected
+
+
+def test_top_k_ties_go_to_the_lower_group_id():
+    tied = {0: 0.2, 1: 0.3, 2: 0.3, 3: 0.1}
+    assert _select(tied, "top_k", 0.25) == [1]
+    assert _select(tied, "top_k", 0.5) == [1, 2]
+    assert _select({0: 0.3, 1: 0.3, 2: 0.3}, "top_k", 0.34) == [0]  # int(1.02) = 1 of three equal groups
+    assert _select(tied, "top_k", 0.5, largest=False) == [0, 3]  # 0.1, then 0.2
+
+
+@pytest.mark.parametrize(
+    ("count", "largest", "expected"), [(3, True, [0, 2, 3]), (10, True, [0, 1, 2, 3]), (1, False, [1])]
+)
+def test_top_k_abs_keeps_a_number_of_groups(count, largest, expected):
+    assert _select(VALUES, "top_k_abs", count, largest=largest) == expected
+
+
+@pytest.mark.parametrize(
+    ("p", "eps", "expected"),
+    [
+        (0.5, 0.01, [0, 2]),  # threshold 0.49: 0.4 is short, 0.4 + 0.3 reaches it
+        (0.41, 0.01, [0]),  # threshold 0.40: group 0 alone reaches it (without eps it would take two groups)
+        (0.41, 0.0, [0, 2]),
+        (0.4, 0.0, [0]),  # exactly reached counts
+        (0.9, 0.01, [0, 2, 3]),  # threshold 0.89: .4 .7 .9
+        (1.0, 0.01, [0, 1, 2, 3]),
+    ],
+)
+def test_top_p_linear_hand_computed(p, eps, expected):
+    assert _select(VALUES, "top_p", p, eps=eps) == expected
+
+
+def test_top_p_linear_empty_and_non_positive_cases():
+    # every group without variance: the threshold -eps is met by no group at all, so nothing is kept (RAGEN skips)
+    assert _select({0: 0.0, 1: 0.0}, "top_p", 0.5) == []
+    assert _select({0: 0.0, 1: 0.0}, "top_p", 1.0) == [0, 1]  # p = 1 keeps every candidate
+    # a value <= 0 ends the accumulation: smallest-first meets the zero group first and never reaches the target
+    zeros = {0: 0.5, 1: 0.0, 2: 0.0}
+    assert _select(zeros, "top_p", 0.9) == [0]
+    assert _select(zeros, "top_p", 0.9, largest=False) == []
+    # without the zero-variance groups the smallest-first prefix works: threshold 0.9 * 0.5 - 0.01 = 0.44
+    stds = {0: 0.2, 1: 0.0, 2: 0.0}
+    assert _select(zeros, "top_p", 0.9, stds=stds, largest=False, include_zero=False) == [0]
+    # negative values (metric 'reward'): total 0.5, threshold 0.24, reached by group 0
+    assert _select({0: 1.0, 1: -0.5}, "top_p", 0.5) == [0]
+
+
+@pytest.mark.parametrize(
+    ("p", "largest", "expected"),
+    [
+        (0.5, True, [0, 2]),  # probabilities 0.4, 0.1, 0.3, 0.2: 0.4 then 0.7
+        (0.4, True, [0]),
+        (0.95, True, [0, 1, 2, 3]),  # 0.4 .7 .9 1.0
+        (0.5, False, [1, 3]),  # softmax of -log v: proportional to 1/v = 2.5, 10, 3.33, 5 -> 0.48 (1), 0.72 (+3)
+    ],
+)
+def test_top_p_softmax_hand_computed(p, largest, expected):
+    logits = {g: math.log(v) for g, v in VALUES.items()}  # softmax(log v) = v / sum(v)
+    assert _select(logits, "top_p", p, top_p_mode="softmax", largest=largest) == expected
+
+
+def test_top_p_softmax_ties():
+    equal = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}  # 0.25 each
+    assert _select(equal, "top_p", 0.5, top_p_mode="softmax") == [0, 1]
+    assert _select(equal, "top_p", 0.6, top_p_mode="softmax") == [0, 1, 2]
+
+
+def test_min_p_hand_computed():
+    assert _select(VALUES, "min_p", 0.5) == [0, 2, 3]  # >= 0.5 * 0.4: the 0.2 on the threshold is kept
+    assert _select(VALUES, "min_p", 1.0) == [0]
+    assert _select(VALUES, "min_p", 0.5, largest=False) == [1, 3]  # <= 0.1 / 0.5
+    assert _select({0: 0.3, 1: 0.3, 2: 0.1}, "min_p", 1.0) == [0, 1]  # ties with the maximum
+
+
+def test_include_zero_drops_groups_without_reward_variance():
+    values = {0: 0.0, 1: 0.3, 2: 0.0, 3: 0.1}
+    stds = {0: 0.0, 1: 0.3, 2: 0.0, 3: 0.1}
+    assert _select(values, "top_k", 0.5, stds=stds, largest=False) == [0, 2]
+    assert _select(values, "top_k", 0.5, stds=stds, largest=False, include_zero=False) == [1, 3]
+    assert _select(values, "top_k", 1.0, stds=stds, include_zero=False) == [1, 3]
+    assert _select(values, "min_p", 0.1, stds={g: 0.0 for g in values}, include_zero=False) == []
+    # the test is on the reward std, whatever the metric: a zero *mean* reward with variance stays a candidate
+    assert _select({0: 0.0, 1: 0.5}, "top_k", 1.0, stds={0: 0.5, 1: 0.0}, include_zero=False) == [0]
+
+
+def _batch():
+    # group 0: scores 0, 1 (std 0.7071, mean 0.5); group 1: 1, 1 (std 0, mean 1); group 2: -1, 0 (std .7071, mean -.5)
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    scores = torch.tensor([0.0, 1.0, 1.0, 1.0, -1.0, 0.0], dtype=torch.float64)
+    entropy = torch.tensor([1.0, 3.0, 0.5, 0.5, 4.0, 4.0], dtype=torch.float64)  # group means 2, 0.5, 4
+    length = torch.tensor([10, 20, 5, 5, 7, 9], dtype=torch.float64)  # group means 15, 5, 8
+    return groups, scores, entropy, length
+
+
+@pytest.mark.parametrize(
+    ("metric", "largest", "group_values", "kept_groups"),
+    [
+        ("reward_std", True, [math.sqrt(0.5), 0.0, math.sqrt(0.5)], [0]),  # tie between 0 and 2: lower id
+        ("reward", True, [0.5, 1.0, -0.5], [1]),
+        ("entropy", True, [2.0, 0.5, 4.0], [2]),
+        ("length", False, [15.0, 5.0, 8.0], [1]),
+    ],
+)
+def test_each_metric_is_ranked_per_group(metric, largest, group_values, kept_groups):
+    groups, scores, entropy, length = _batch()
+    spec = FilterSpec("top_k_abs", 1, metric=metric, largest=largest)
+    decision = apply_filter(spec, groups, scores, entropy, length)
+    assert decision.metric_value.tolist() == pytest.approx([v for v in group_values for _ in range(2)])
+    assert decision.group_reward_std.tolist() == pytest.approx([math.sqrt(0.5)] * 2 + [0.0] * 2 + [math.sqrt(0.5)] * 2)
+    assert decision.kept.tolist() == [g in kept_groups for g in groups.tolist()]
+
+
+def test_a_metric_without_its_inputs_is_refused():
+    groups, scores, _, _ = _batch()
+    with pytest.raises(ValueError, match="needs the per-trajectory entropy"):
+        apply_filter(FilterSpec(metric="entropy"), groups, scores)
+
+
+def test_aliases_resolve_to_their_strategy_and_keep_the_old_call():
+    assert resolve_filter("std", value=0.25) == FilterSpec("top_k", 0.25)
+    assert resolve_filter("std_rev", value=0.25) == FilterSpec("top_k", 0.25, largest=False)
+    assert resolve_filter("std_top_p", value=0.5, top_p_mode="linear") == FilterSpec("top_p", 0.5)
+    scores = torch.tensor([0.0, 0.4, 0.0, 0.1, 0.0, 0.3, 0.0, 0.2], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    # stds .4, .1, .3, .2 over sqrt(2) (total 1 / sqrt(2) = .7071); at 0.41 the target is .2899 - eps = .2799, which
+    # group 0 (.2828) reaches alone; without the epsilon it would take two groups
+    kept, group_std = FILTERS.get("std_top_p")(scores, groups, 0.41)
+    assert sorted(set(groups[kept].tolist())) == [0]
+    kept, _ = FILTERS.get("std_top_p")(scores, groups, 0.5)  # target .3536 - .01: .2828 is short, + .2121 reaches it
+    assert sorted(set(groups[kept].tolist())) == [0, 2]
+    assert float(group_std[2]) == pytest.approx(0.1 / math.sqrt(2))
+
+
+def test_filter_inputs_estimate_entropy_from_the_behaviour_logprobs():
+    table = pa.table(
+        {
+            "group_id": pa.array([0, 0], pa.int32()),
+            "total_reward": [1.0, 0.0],
+            "response_length": pa.array([2, 4], pa.int32()),
+            "behavior_logprobs": pa.array([[0.0, -1.0, -3.0], [-0.5, 0.0, -0.5, -1.0, -2.0]], pa.list_(pa.float32())),
+        }
+    )
+    groups, scores, entropy, length = filter_inputs(table, "entropy")
+    assert entropy.tolist() == pytest.approx([4.0 / 2, 4.0 / 4])
+    assert length.tolist() == [2.0, 4.0] and groups.tolist() == [0, 0] and scores.tolist() == [1.0, 0.0]
+    assert filter_inputs(table, "reward")[2] is None  # only computed when ranked by entropy
+    scripted = table.set_column(3, "behavior_logprobs", pa.array([None, None], pa.list_(pa.float32())))
+    with pytest.raises(ValueError, match="scripted rows have none"):
+        filter_inputs(scripted, "entropy")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["algorithm.filter=top_p", "algorithm.filter_ratio=1.5"],
+            r"filter_ratio=1.5: filter top_p needs a value in \(0, 1\]",
+        ),
+        (["algorithm.filter=min_p", "algorithm.filter_ratio=2"], r"filter min_p needs a value in \(0, 1\]"),
+        (["algorithm.filter=top_p", "algorithm.filter_ratio=0"], "filter_ratio: Input should be greater than 0"),
+        (["algorithm.filter=top_k_abs", "algorithm.filter_ratio=2.5"], "must be a whole number >= 1"),
+        (["algorithm.filter=top_k_abs"], "filter_ratio=0.25: filter top_k_abs"),  # the preset's share is no count
+        (["algorithm.filter=std", "algorithm.filter_metric=length"], "set algorithm.filter=top_k"),
+        (["algorithm.filter=std_rev", "algorithm.filter_largest=true"], "already keeps the smallest std"),
+        (
+            ["algorithm.filter=std_top_p", "algorithm.filter_top_p_mode=softmax"],
+            "for softmax set algorithm.filter=top_p",
+        ),
+        (["algorithm.filter=top_k", "algorithm.filter_top_p_mode=softmax"], "only applies to algorithm.filter=top_p"),
+        (["algorithm.filter=median"], "'median' is not a filter; use one of min_p, std"),
+        (["algorithm.filter_metric=variance"], "algorithm.filter_metric: Input should be"),
+        (["algorithm.filter_eps=-0.1"], "algorithm.filter_eps"),
+        (
+            ["algorithm.filter=top_k", "algorithm.filter_metric=entropy", "rollout.backend=scripted"],
+            "needs behaviour log-probs",
+        ),
+    ],
+)
+def test_bad_filter_combinations_are_refused_at_load_time(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(overrides=overrides)
+
+
+def test_the_filter_spec_of_a_config():
+    spec = build_config(
+        overrides=[
+            "algorithm.filter=top_p", "algorithm.filter_top_p_mode=softmax", "algorithm.filter_ratio=0.9",
+            "algorithm.filter_largest=false", "algorithm.filter_include_zero=false", "algorithm.filter_metric=reward",
+        ]
+    ).algorithm.filter_spec  # fmt: skip
+    assert spec == FilterSpec("top_p", 0.9, "reward", largest=False, include_zero=False, top_p_mode="softmax")
+    assert build_config(overrides=["algorithm.filter=std_rev"]).algorithm.filter_spec.largest is False
+    assert build_config(
+        overrides=["algorithm.filter=top_k_abs", "algorithm.filter_ratio=3"]
+    ).algorithm.filter_spec == (FilterSpec("top_k_abs", 3.0))

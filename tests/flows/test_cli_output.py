@@ -1,0 +1,119 @@
+"""Users see their data literally and clear errors: cells are never rich markup, errors go to stderr with a non-zero
+exit (never into the result on stdout), and a user's mistake shows no traceback."""
+
+import json
+import os
+
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragen_core.storage import DataLake
+from tests.storage.synthetic import make_run, write_run
+
+MARKUP = ["[/x]", "[red]vanishes?[/red]", "[bold]", "[link=file:///etc]x[/link]", "\\[escaped]"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    lake = DataLake(tmp_path_factory.mktemp("lake"))
+    write_run(lake, make_run(0, "run-a", "bandit", iterations=1, groups=2, group_size=2))
+    turn = {"run_id": "run-a", "iteration": 0, "split": "train", "env": "bandit", "group_id": 9, "observation": "o",
+            "think": "t", "answer": "a", "actions": [], "valid": False, "format_ok": False, "reward": 0.0,
+            "penalty": -0.1, "done": True, "truncated": False, "response_tokens": 3, "info": "{}"}  # fmt: skip
+    rows = [{**turn, "traj_index": i, "turn_index": 0, "response": text} for i, text in enumerate(MARKUP)]
+    lake.write_rows("turns", "run-a", 0, pa.Table.from_pylist(rows, schema=lake.spec("turns").arrow_schema),
+                    stage="markup")  # fmt: skip
+    return lake.root
+
+
+def _invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _no_traceback(result) -> None:
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # typer.Exit, not a crash
+    assert "Traceback" not in result.output
+
+
+def test_model_output_with_markup_is_shown_literally_in_tables(root):
+    query = "SELECT traj_index, response FROM turns WHERE group_id = 9 ORDER BY 1"
+    result = _invoke("sql", query, "--data-root", root)
+    assert result.exit_code == 0, result.output
+    for text in MARKUP:
+        assert text in result.stdout, text
+    header = _invoke("sql", "SELECT 1 AS \"[red]h[/red]\", '[/]' AS \"[/x]\"", "--data-root", root)
+    assert header.exit_code == 0 and "[red]h[/red]" in header.stdout and "[/x]" in header.stdout
+    assert "[/]" in header.stdout
+
+
+def test_markup_survives_a_table_written_to_a_file(root, tmp_path):
+    out = tmp_path / "t.txt"
+    result = _invoke("sql", "SELECT response FROM turns WHERE group_id = 9", "--data-root", root, "--out", out)
+    assert result.exit_code == 0 and all(text in out.read_text() for text in MARKUP)
+
+
+def test_errors_go_to_stderr_and_never_into_the_result(root, tmp_path):
+    result = _invoke("sql", "SELECT nonexistent FROM trajectories", "--data-root", root, "--format", "csv")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: query failed") and "nonexistent" in result.stderr
+    _no_traceback(result)
+    refused = _invoke("sql", "DROP VIEW turns", "--data-root", root, "-f", "json")
+    assert refused.exit_code == 2 and refused.stdout == "" and "query refused" in refused.stderr
+
+
+def test_error_messages_are_literal(root):
+    result = _invoke("sql", "SELECT * FROM \"[red]gone[/red]\"", "--data-root", root)
+    assert result.exit_code == 2 and "[red]gone[/red]" in result.stderr
+    _no_traceback(result)
+
+
+def test_a_data_root_that_is_a_file_is_a_clear_error(root, tmp_path):
+    file_root = tmp_path / "not-a-folder"
+    file_root.write_text("x")
+    for args in (["sql", "SELECT 1"], ["runs"], ["train", "trainer.iterations=1"], ["resume", "run-a"]):
+        result = _invoke(*args, "--data-root", file_root)
+        assert result.exit_code == 2, (args, result.output)
+        assert "is a file, not a folder" in result.stderr, args
+        _no_traceback(result)
+    below = _invoke("train", "--data-root", file_root / "sub", "trainer.iterations=1")
+    assert below.exit_code == 2 and "cannot be written" in below.stderr
+    _no_traceback(below)
+    assert file_root.read_text() == "x"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_data_root_is_a_clear_error(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        result = _invoke("train", "--data-root", folder, "trainer.iterations=1")
+        assert result.exit_code == 2 and "cannot be written" in result.stderr
+        _no_traceback(result)
+    finally:
+        folder.chmod(0o755)
+
+
+def test_out_must_be_a_new_file_unless_forced(root, tmp_path):
+    statement = "SELECT 1 AS x"
+    result = _invoke("sql", statement, "--data-root", root, "--out", tmp_path, "-f", "csv")
+    assert result.exit_code == 2 and "is a folder" in result.stderr
+    _no_traceback(result)
+    existing = tmp_path / "keep.json"
+    existing.write_text("precious")
+    result = _invoke("sql", statement, "--data-root", root, "--out", existing, "-f", "json")
+    assert result.exit_code == 2 and "exists; pass --force" in result.stderr and existing.read_text() == "precious"
+    _no_traceback(result)
+    result = _invoke("sql", statement, "--data-root", root, "--out", existing, "-f", "json", "--force")
+    assert result.exit_code == 0 and json.loads(existing.read_text()) == [{"x": 1}]
+    result = _invoke("sql", statement, "--data-root", root, "--out", "/proc/no/such/x.csv", "-f", "csv")
+    assert result.exit_code == 2 and "cannot write --out" in result.stderr
+    _no_traceback(result)
+
+
+def test_a_plot_that_cannot_be_written_is_a_clear_error(root):
+    result = _invoke("plot", "run-a", "--out", "/proc/no/such/plot.png", "--data-root", root)
+    assert result.exit_code == 2 and "cannot write --out '/proc/no/such/plot.png'" in result.stderr
+    _no_traceback(result)
