@@ -8,7 +8,8 @@
 
 Sections: flow (orchestration overhead, Parquet share, memory), peer (TRL side by side), rollout, update, lake
 (DuckDB at 10^4..10^6 turns). Sections not run keep their previous results in the report (each says when and on
-which machine it ran). Not a test: ratios, not absolute times, are the point.
+which machine it ran). Not a test: ratios, not absolute times, are the point. The experts' success over 200 seeded
+instances of every env is a separate command: ``python -m benchmarks.expert_bench``.
 """
 
 from __future__ import annotations

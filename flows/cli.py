@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -81,6 +83,11 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     for name in ("great_expectations", "DeepSpeed", "deepspeed", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # this module sets its own logger to INFO when imported (after us) and says "Created temporary directory" on
+    # the terminal at every run; a filter on the logger outlives that
+    logging.getLogger("great_expectations.data_context.types.base").addFilter(
+        lambda record: record.levelno >= logging.ERROR
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -133,7 +140,7 @@ def resume(
 ) -> None:
     """Continue a run from its last committed iteration, with the run's own config. Extra key.sub=value
     overrides change it (only the keys listed in --force-config), e.g. trainer.iterations=50."""
-    from ragen_core.config import ConfigError, build_config
+    from ragen_core.config import ConfigError, build_config, stored_config
     from ragen_core.storage import DataLake
 
     checked_run_id(run_id)
@@ -142,7 +149,7 @@ def resume(
     if manifest is None:
         fail(f"no run {run_id!r} in {root}; `ragen runs --data-root {root}` lists the runs there")
     try:
-        run_config = build_config(manifest["config"], list(ctx.args))
+        run_config = build_config(stored_config(manifest["config"]), list(ctx.args))
     except ConfigError as exc:
         fail(str(exc))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
@@ -199,13 +206,16 @@ def retrain(
     from ragen_core.offline import OfflineError
     from ragen_core.session import RunExistsError
 
+    if not verbose:
+        _hide_run_failure_logs()
+
     console.print(f"offline {mode} run [bold]{run_id}[/] from {init} · data root {root}")
     try:
         result = retrain_offline(
             run_config.to_dict(), sql, mode, init, data_root=str(root), run_id=run_id,
             progress=lambda i, m: console.print(_metrics_line(i, m)),
         )  # fmt: skip
-    except (OfflineError, RunExistsError) as exc:
+    except (OfflineError, RunExistsError, *_user_facing_errors()) as exc:
         fail(str(exc))
     console.print(f"trained on {result['trajectories']} stored trajectories")
     _print_run_summary(root, result["run_id"], None)
@@ -312,12 +322,18 @@ def eval_command(
     if not verbose:
         _quiet_libraries()
     from flows.evaluate import evaluate
+    from ragen_core.evaluation import EvaluationError
 
+    if not verbose:
+        _hide_run_failure_logs()
     console.print(f"evaluating [bold]{which}[/] · data root {root}")
-    result = evaluate(
-        target, envs=env or None, n=n, data_root=str(root), config=str(config) if config else None,
-        overrides=list(ctx.args), run_id=run_id,
-    )  # fmt: skip
+    try:
+        result = evaluate(
+            target, envs=env or None, n=n, data_root=str(root), config=str(config) if config else None,
+            overrides=list(ctx.args), run_id=run_id,
+        )  # fmt: skip
+    except (EvaluationError, *_user_facing_errors()) as exc:
+        fail(str(exc))
     import pyarrow as pa
 
     note = " (stored result of the same evaluation)" if result["reused"] else ""
@@ -336,6 +352,9 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
     from flows.train import train as train_flow
     from ragen_core.resume import ResumeError
     from ragen_core.storage import LakeError
+
+    if not verbose:
+        _hide_run_failure_logs()
 
     console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {root}")
     total = run_config.trainer.iterations + 1
@@ -362,15 +381,18 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
                 force_config=allowed,
                 skip_iteration=skip_iteration,
             )
-        except ResumeError as exc:
+        except (ResumeError, *_user_facing_errors()) as exc:  # the manifest recorded it; one line, no traceback
             progress.stop()
             fail(str(exc))
-        except KeyboardInterrupt:  # Ctrl-C: the flow recorded where it stopped; one line, then exit status 130
-            progress.stop()
-            from flows.interrupts import report_interrupted
+        except BaseException as exc:  # Ctrl-C: the flow recorded where it stopped; one line, then exit status 130
+            from flows.interrupts import report_interrupted, requested
+            from ragen_core.session import interrupted
 
+            if not (interrupted(exc) or requested()):  # an error that a Ctrl-C did not cause: not ours to handle
+                raise
+            progress.stop()
             report_interrupted(root, run_id)
-            raise
+            raise KeyboardInterrupt from None  # also for a library's error raised while it handled the Ctrl-C
     if result.get("completed"):
         console.print(f"run {run_id} is already completed; nothing to do")
     elif result.get("resumed"):
@@ -383,6 +405,34 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
         _print_run_summary(root, result["run_id"], result.get("bootstrap"))
     except LakeError as exc:  # a damaged file the run's summary reads: say so, never a traceback or a silent 0
         fail(f"the run's summary cannot be read: {exc}")
+
+
+def _user_facing_errors() -> tuple[type[BaseException], ...]:
+    """Errors about the user's data or setup (a damaged lake or checkpoint, a missing model): their message says
+    what is wrong and what to do, so the command prints it alone. Anything else is a bug and keeps its traceback."""
+    from ragen_core.policy.loading import PolicyLoadError
+    from ragen_core.storage import LakeError
+    from ragen_core.training.checkpoint import CheckpointError
+
+    return LakeError, PolicyLoadError, CheckpointError
+
+
+class _NoRunFailureRecords(logging.Filter):
+    """Drops Prefect's error records about failed flow and task runs (each with the traceback) from the terminal:
+    the command reports the error itself; the Prefect server still receives them, and --verbose shows them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        runs = record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
+        return not (runs and record.levelno >= logging.ERROR)
+
+
+def _hide_run_failure_logs() -> None:
+    """Install :class:`_NoRunFailureRecords` on every handler that writes to the terminal (Prefect set them up when
+    it was imported)."""
+    terminal = {id(stream) for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if stream}
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and id(getattr(handler, "stream", None)) in terminal:
+            handler.addFilter(_NoRunFailureRecords())
 
 
 def _metrics_line(iteration: int, metrics: dict[str, float]) -> str:

@@ -19,8 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-console = Console(width=None if sys.stdout.isatty() else 160)  # piped output: wide tables, not 80 columns
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# emoji=False: text from users (paths, run:<id>: in messages) is shown as typed, never as emoji (':ab:' is one)
+console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)  # piped output: wide tables
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
 DEFAULT_DATA_ROOT = "data"
 
 

@@ -120,10 +120,10 @@ def report_interrupted(root: Path, run_id: str) -> None:
         manifest = DataLake(root).read_manifest(run_id) or {}
     except (LakeError, OSError, ValueError):
         manifest = {}
+    iteration, last = manifest.get("interrupted_iteration"), manifest.get("last_committed_iteration")
     where = ""
-    if manifest.get("interrupted_iteration") is not None:
-        where = f" in iteration {manifest['interrupted_iteration']} ({manifest.get('interrupted_stage')})"
-    last = manifest.get("last_committed_iteration")
+    if iteration is not None and (last is None or iteration > last):  # not when it came after the commit
+        where = f" in iteration {iteration} ({manifest.get('interrupted_stage')})"
     committed = f"last committed iteration: {last}" if last is not None else "no iteration committed yet"
     report(f"interrupted: run {run_id} stopped{where}; {committed}. Continue it with: ragen resume {run_id} "
            f"--data-root {root}")  # fmt: skip

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ragen_core.agent import ChatFormatter
+from ragen_core.agent import ChatFormatter, reply_prefix
 from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.offline import check_tokenizer, select_trajectories, sft_update
@@ -39,6 +39,7 @@ def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
         "bootstrap": config.bootstrap.model_dump(mode="json"),
         "env": config.env.model_dump(mode="json"),
         "think": config.rollout.enable_think,
+        "think_prefix": config.rollout.think_prefix,
         "seed": config.seed,
         "micro_batch_size": config.actor.micro_batch_size,
     }
@@ -64,7 +65,8 @@ def _build(
     """Demonstrations, their SFT, and the model saved to ``target`` (the bootstrap run's lock held)."""
     settings = config.bootstrap
     model, tokenizer = load_policy(base_dir)
-    formatter = ChatFormatter(tokenizer)
+    prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
+    formatter = ChatFormatter(tokenizer, reply_prefix=prefix)
     seeds = derive_seeds(config.seed, settings.num_groups, "bootstrap")
     spec = rollout_spec(config, config.env.name, seeds, settings.group_size)
     records = run_rollouts(

@@ -153,6 +153,11 @@ class RolloutConfig(_Section):
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
     max_new_tokens: PositiveInt = Field(48, description="Maximum tokens of one reply (paper scale: 400).")
     enable_think: bool = Field(True, description="Ask for and parse <think>...</think> before <answer>.")
+    think_prefix: bool = Field(
+        True,
+        description="With enable_think: end every prompt with <think> after the assistant header, so the model "
+        "continues from inside the thinking block (RAGEN's prompts); the prefix is not trained.",
+    )
     format_penalty: float = Field(-0.1, le=0, description="Added once per turn whose reply breaks the format.")
     context_window_mode: Literal["full", "limited_multi_turn", "single_turn"] = Field(
         "full",
@@ -205,7 +210,11 @@ class AlgorithmConfig(_Section):
         description="'trajectory': the trajectory score on its last assistant token; 'turn': each turn's reward "
         "(env reward + format penalty) on that turn's last token (for bi_level_gae).",
     )
-    policy_loss: str = Field("ppo", description="Registered policy loss: ppo (decoupled clip) or dual_clip.")
+    policy_loss: str = Field(
+        "dual_clip",
+        description="Registered policy loss: dual_clip (PPO with decoupled clip, negative advantages further bounded "
+        "by clip_ratio_c, as RAGEN/veRL always apply it) or ppo (decoupled clip only).",
+    )
     clip_low: NonNegativeFloat = Field(description="PPO clip below 1 (ratio >= 1 - clip_low).")
     clip_high: NonNegativeFloat = Field(description="PPO clip above 1 (ratio <= 1 + clip_high); StarPO-S: 0.28.")
     clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages (dual_clip loss).")
@@ -214,11 +223,14 @@ class AlgorithmConfig(_Section):
         "loss", description="Apply KL as a loss term (RAGEN's default) or subtract it from the token rewards."
     )
     kl_estimator: Literal["k1", "k2", "k3", "kl", "mse", "low_var_kl", "abs"] = Field(
-        "low_var_kl", description="KL estimator: k1 (kl), k2 (mse), k3 (low_var_kl) or abs."
+        "k1", description="KL estimator: k1 (kl, RAGEN's), k2 (mse), k3 (low_var_kl) or abs."
     )
     entropy_coef: NonNegativeFloat = Field(0.001, description="Entropy bonus coefficient.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
-        "token-mean", description="Loss reduction: RAGEN's code (token-mean) or the paper's equations (seq-mean-*)."
+        "seq-mean-token-mean",
+        description="Loss reduction: seq-mean-token-mean (each trajectory's token mean, averaged over trajectories: "
+        "the paper's equation and what RAGEN's code computes with one trajectory per micro-batch), token-mean (over "
+        "all tokens of the mini-batch) or seq-mean-token-sum.",
     )
     filter: str = Field(
         "std",
@@ -309,7 +321,7 @@ class ActorConfig(_Section):
     lr: float = Field(1e-3, gt=0, description="Learning rate (paper, 0.5B pretrained: 1e-6; tiny model needs more).")
     weight_decay: NonNegativeFloat = Field(0.01, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
-    mini_batch_size: PositiveInt = Field(16, description="Trajectories per optimizer step.")
+    mini_batch_size: PositiveInt = Field(32, description="Trajectories per optimizer step (RAGEN: 32).")
     micro_batch_size: PositiveInt = Field(16, description="Trajectories per forward/backward pass.")
     ppo_epochs: PositiveInt = Field(1, description="Passes over the kept batch per iteration.")
     online_k: PositiveInt | None = Field(
@@ -631,6 +643,23 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = child
         node[path[-1]] = value
     return result
+
+
+# Keys added after runs were stored whose default is not how those runs behaved: a stored config that lacks one of
+# them behaved as the value here (RAGEN's <think> prefix came with rollout.think_prefix; earlier prompts had none).
+STORED_CONFIG_FALLBACKS: dict[str, Any] = {"rollout.think_prefix": False}
+
+
+def stored_config(tree: dict[str, Any]) -> dict[str, Any]:
+    """A run's stored config tree (its manifest's ``config``) with the keys it predates filled in as the run behaved
+    (:data:`STORED_CONFIG_FALLBACKS`); use it wherever a run's own config is read back (resume, evaluation)."""
+    filled = copy.deepcopy(tree)
+    for dotted, value in STORED_CONFIG_FALLBACKS.items():
+        section, key = dotted.split(".")
+        part = filled.setdefault(section, {})
+        if isinstance(part, dict):
+            part.setdefault(key, value)
+    return filled
 
 
 def build_config(tree: dict[str, Any] | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ragen_core.config import RunConfig, build_config, load_config
+from ragen_core.config import RunConfig, build_config, load_config, stored_config
 from ragen_core.envs import registered_envs
 from ragen_core.offline import OfflineError, resolve_init
 from ragen_core.storage import DataLake
@@ -50,7 +50,8 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, dict[str, 
                     f"{manifest['model_dir']}"
                 )
             folder, which = newest[1], f"{run_id}@{newest[0]}"
-        return resolve_init(folder), manifest.get("config"), which
+        config = manifest.get("config")
+        return resolve_init(folder), stored_config(config) if isinstance(config, dict) else None, which
     if target.startswith("run:") or updates:
         where = lake.root if lake else "the data root"
         raise EvaluationError(f"no run {run_id!r} in {where}; `ragen runs` lists them")

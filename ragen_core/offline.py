@@ -192,6 +192,8 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
                 raise OfflineError(f"--init {text}: run {run_id!r} stopped before choosing its start model")
             return resolve_init(manifest["model_dir"])
         path = lake.root / "runs" / run_id / "checkpoints" / f"iteration={int(updates)}"
+    if "\x00" in str(path):  # no file name holds one (resolve() would raise ValueError)
+        raise OfflineError(f"--init {str(path)!r} is not a folder name: it contains a NUL character")
     path = Path(path).expanduser().resolve()
     if (path / "hf" / "config.json").is_file():
         return path / "hf"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragen_core.config import RunConfig
+from ragen_core.config import RunConfig, stored_config
 from ragen_core.session import RunSession
 from ragen_core.storage import DataLake
 from ragen_core.storage.files import read_json
@@ -63,7 +63,7 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
     A key the old tree lacks (a run started before the key existed) counts as unchanged when the new value is that
     key's default: the run behaved as the default says."""
-    before, after = flatten(old), flatten(new)
+    before, after = flatten(stored_config(old)), flatten(new)
     defaults = flatten(RunConfig().to_dict())
     return sorted(
         k

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ragen_core.agent import ChatFormatter
+from ragen_core.agent import ChatFormatter, reply_prefix
 from ragen_core.config import RunConfig
 from ragen_core.policy import ensure_tiny_model, load_policy, tokenizer_fingerprint
 from ragen_core.storage import DataLake
@@ -143,13 +143,26 @@ STOP_FIELDS = ("failed_iteration", "failed_stage", "interrupted_iteration", "int
                "last_committed_iteration")  # fmt: skip
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Ctrl-C or was raised while handling one (a library's clean-up that fails on the way out,
+    e.g. Prefect's "Task run is not set" when the Ctrl-C lands while it creates a task run)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def stop_record(exc: BaseException, where: dict[str, Any] | None, committed: list[int]) -> dict[str, Any]:
     """The manifest fields of a run stopped by ``exc``: status ``interrupted`` for a Ctrl-C (KeyboardInterrupt),
     else ``failed`` with the error; the iteration and stage it stopped in (``where``, a session's position) and its
     last committed iteration (``ragen resume`` continues after it)."""
     where = where or {}
     last = committed[-1] if committed else None
-    if isinstance(exc, KeyboardInterrupt):
+    if interrupted(exc):
         return {"status": "interrupted", "interrupted_iteration": where.get("iteration"),
                 "interrupted_stage": where.get("stage"), "last_committed_iteration": last}  # fmt: skip
     return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "failed_iteration": where.get("iteration"),
@@ -197,7 +210,9 @@ def open_session(
         actor, critic = None, None
     else:
         actor, critic, tokenizer = start_engines(config, start_model_dir, precision, training)
-    session = RunSession(config, lake, run_id, start_model_dir, tokenizer, actor, ChatFormatter(tokenizer))
+    prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
+    formatter = ChatFormatter(tokenizer, reply_prefix=prefix)
+    session = RunSession(config, lake, run_id, start_model_dir, tokenizer, actor, formatter)
     session.critic, session.precision = critic, precision
     if launched:
         session.rollout_model = model

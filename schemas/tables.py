@@ -170,7 +170,11 @@ TURNS = TableSpec(
     + (
         ColumnSpec("turn_index", pa.int32(), "0-based turn number."),
         ColumnSpec("observation", pa.string(), "User message shown before the reply (env text)."),
-        ColumnSpec("response", pa.string(), "Raw model reply text."),
+        ColumnSpec(
+            "response",
+            pa.string(),
+            "The reply as parsed: the reply prefix that ended the prompt (<think> by default) and the generated text.",
+        ),
         ColumnSpec("think", pa.string(), "Content of <think>."),
         ColumnSpec("answer", pa.string(), "Content of <answer>."),
         ColumnSpec("actions", pa.list_(pa.string()), "Actions executed this turn (canonical names)."),

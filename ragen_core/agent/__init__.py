@@ -1,7 +1,7 @@
 """Prompt building and reply parsing."""
 
 from ragen_core.agent.parsing import ACTION_SEPARATOR, ParsedResponse, parse_response, turn_penalty
-from ragen_core.agent.prompts import ChatFormatter, first_user_message, history_block, turn_message
+from ragen_core.agent.prompts import ChatFormatter, first_user_message, history_block, reply_prefix, turn_message
 
 __all__ = [
     "ACTION_SEPARATOR",
@@ -10,6 +10,7 @@ __all__ = [
     "first_user_message",
     "history_block",
     "parse_response",
+    "reply_prefix",
     "turn_message",
     "turn_penalty",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 SYSTEM_PROMPT = "You are a helpful assistant. You think step by step, then act."
+THINK_PREFIX = "<think>"
 _SENTINEL = "\u2063RAGEN_SENTINEL\u2063"
 
 
@@ -53,16 +54,27 @@ def history_block(turns: list[tuple[int, str, str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-class ChatFormatter:
-    """Turns chat messages into token ids with the tokenizer's own chat template."""
+def reply_prefix(enable_think: bool, think_prefix: bool) -> str:
+    """The text every reply starts with, placed in the prompt after the assistant header: ``<think>`` when replies
+    think and ``rollout.think_prefix`` is on (as RAGEN does: the model continues from inside the thinking block),
+    else nothing."""
+    return THINK_PREFIX if enable_think and think_prefix else ""
 
-    def __init__(self, tokenizer: Any, system_prompt: str = SYSTEM_PROMPT) -> None:
+
+class ChatFormatter:
+    """Turns chat messages into token ids with the tokenizer's own chat template.
+
+    ``reply_prefix`` (see :func:`reply_prefix`) ends every prompt, after the assistant header: it is part of the
+    prompt (never trained), and the reply the parser reads is the prefix followed by the generated text."""
+
+    def __init__(self, tokenizer: Any, system_prompt: str = SYSTEM_PROMPT, reply_prefix: str = "") -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat template; use an instruct model or set tokenizer.chat_template"
             )
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.reply_prefix = reply_prefix
         self._eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
@@ -75,13 +87,13 @@ class ChatFormatter:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def start(self, user_text: str) -> list[int]:
-        """Ids of the system message, the first user message and the assistant header."""
+        """Ids of the system message, the first user message, the assistant header and the reply prefix."""
         messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": user_text}]
-        return self.encode(self._render(messages, add_generation_prompt=True))
+        return self.encode(self._render(messages, add_generation_prompt=True) + self.reply_prefix)
 
     def continuation_text(self, user_text: str, reply_ended_with_eos: bool) -> str:
         """Template text after an assistant reply: its end marker (unless the reply emitted it), the next user
-        message and the assistant header."""
+        message, the assistant header and the reply prefix."""
         messages = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": "x"},
@@ -92,7 +104,7 @@ class ChatFormatter:
         suffix = rendered[rendered.index(_SENTINEL) + len(_SENTINEL) :]
         if reply_ended_with_eos and self._eos_text and suffix.startswith(self._eos_text):
             suffix = suffix[len(self._eos_text) :]
-        return suffix
+        return suffix + self.reply_prefix
 
     def continue_after(self, user_text: str, reply_ended_with_eos: bool) -> list[int]:
         """Ids to append after an assistant reply to start the next turn."""

@@ -116,12 +116,13 @@ def _roll_out(
             for slot in active
         ]
         contexts = [
-            TurnContext(ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think)
+            TurnContext(ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think,
+                        formatter.reply_prefix)  # fmt: skip
             for slot, (ids, _) in zip(active, prompts, strict=True)
         ]
         generations = backend.generate(contexts, derive_seed(seed, turn))
         for slot, (_, observation), generation in zip(active, prompts, generations, strict=True):
-            _apply_reply(slot, turn, observation, generation, spec)
+            _apply_reply(slot, turn, observation, generation, spec, formatter.reply_prefix)
             if prompter is not None:
                 _close_segment(slot, generation)
     return [slot.record for slot in slots]
@@ -147,7 +148,7 @@ def _close_segment(slot: _Slot, generation: Generation) -> None:
     record.segment_lengths.append(len(record.input_ids) - slot.segment_start)
     state, budget = slot.shown
     finished = not generation.truncated
-    slot.past.append(PastTurn(state, budget, generation.token_ids, generation.text, finished, turn.reward))
+    slot.past.append(PastTurn(state, budget, generation.token_ids, turn.response, finished, turn.reward))
 
 
 def _extend_prompt(
@@ -179,8 +180,11 @@ def _extend_prompt(
     return record.input_ids, text
 
 
-def _apply_reply(slot: _Slot, turn: int, observation: str, generation: Generation, spec: RolloutSpec) -> None:
-    """Record the reply's tokens, parse it, step the env with its valid actions and score the turn."""
+def _apply_reply(
+    slot: _Slot, turn: int, observation: str, generation: Generation, spec: RolloutSpec, prefix: str = ""
+) -> None:
+    """Record the reply's tokens, parse it (``prefix``, which ended the prompt, followed by the generated text), step
+    the env with its valid actions and score the turn."""
     record = slot.record
     slot.shown = (slot.state, slot.actions_left)  # what this turn's prompt showed, before the env steps
     record.input_ids.extend(generation.token_ids)
@@ -192,7 +196,8 @@ def _apply_reply(slot: _Slot, turn: int, observation: str, generation: Generatio
     slot.last_reply_finished = not generation.truncated
 
     budget = min(spec.max_actions_per_turn, slot.actions_left)
-    parsed = parse_response(generation.text, slot.env.parse_action, budget, spec.enable_think)
+    reply = prefix + generation.text
+    parsed = parse_response(reply, slot.env.parse_action, budget, spec.enable_think)
     reward, terminated, executed, infos = 0.0, False, [], []
     for action in parsed.actions:
         slot.state, step_reward, terminated, truncated, info = slot.env.step(action)
@@ -214,7 +219,7 @@ def _apply_reply(slot: _Slot, turn: int, observation: str, generation: Generatio
         TurnRecord(
             turn_index=turn,
             observation=observation,
-            response=generation.text,
+            response=reply,
             think=parsed.think,
             answer=parsed.answer,
             actions=executed,

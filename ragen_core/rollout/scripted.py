@@ -77,6 +77,8 @@ class ScriptedBackend:
         results = []
         for context in contexts:
             text = format_reply(self.policy(context, rng), context.enable_think)
+            if context.reply_prefix and text.startswith(context.reply_prefix):  # the prompt already ends with it
+                text = text[len(context.reply_prefix) :]
             ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.tokenizer.eos_token_id]
             results.append(Generation(ids, None, text, truncated=False))
         return results

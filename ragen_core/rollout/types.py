@@ -26,6 +26,7 @@ class TurnContext:
     actions_left: int
     max_actions_per_turn: int
     enable_think: bool
+    reply_prefix: str = ""  # what the prompt ended with: the reply (as parsed) is this plus the generated text
 
 
 @dataclass

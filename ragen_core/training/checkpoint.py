@@ -3,7 +3,8 @@
 Layout, under the data root so that removing the run removes its checkpoints::
 
     runs/<run_id>/checkpoints/iteration=<n>/
-        checkpoint.json     run_id, iteration (= updates the weights include), created_at, extra; written last
+        checkpoint.json     run_id, iteration (= updates the weights include), created_at, extra, and the sha256
+                            of every other file of the checkpoint ("files"); written last
         actor/state/        DeepSpeed ``save_checkpoint`` of the actor: weights, optimizer, lr scheduler, step counters
         critic/state/       the same for the critic, when the run has one
         hf/                 ``save_pretrained`` of the policy and its tokenizer (safetensors): plain
@@ -14,8 +15,12 @@ place, so a folder named ``iteration=<n>`` is always complete. Hidden leftovers 
 here and deleted by the next save. The folder name is the source of truth: DeepSpeed's ``latest`` file is not
 written, and the engine state is loaded with an explicit tag.
 
-Loading uses ``torch.load(weights_only=False)`` inside DeepSpeed (its state holds pickled config objects): load
-only checkpoints you trust. Under a launcher every rank calls :func:`save_checkpoint` / :func:`load_checkpoint`
+Nothing read from a checkpoint is trusted (the data root is shared; see :mod:`ragen_core.training.checkpoint_files`):
+a load first checks the engine folders against the digests of ``checkpoint.json`` (a damaged, changed, missing or
+extra file is refused and named), then DeepSpeed reads its state files through ``torch.load(weights_only=True)``
+with an allow-list of DeepSpeed's plain types, so a planted pickle cannot run code. A checkpoint written before
+digests were recorded (``format_version`` 1) is loaded the same safe way, without the digest check (a warning says
+so). Under a launcher every rank calls :func:`save_checkpoint` / :func:`load_checkpoint`
 (DeepSpeed saves each rank's ZeRO shard; under ZeRO-3 the export gathers the partitioned weights, a collective);
 rank 0 alone touches the folders and writes the export.
 
@@ -27,6 +32,7 @@ update group hands the new weights to the rollout side through it after every up
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -39,20 +45,18 @@ from ragen_core.storage.files import fsync_dir
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.names import validate_run_id
 from ragen_core.training.actor import ActorEngine
+from ragen_core.training.checkpoint_files import CheckpointError, safe_engine_loading, tree_digests, verify_digests
 from ragen_core.training.critic import CriticEngine
 
 INFO_FILE = "checkpoint.json"
 ENGINE_TAG = "state"  # DeepSpeed's sub-folder name inside actor/ and critic/
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checkpoint.json records the sha256 of every file ("files")
 _TEMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".old-"
 _NAME = re.compile(r"^iteration=(\d+)$")
 
 DataRoot = DataLake | str | Path
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint folder is missing, incomplete, or does not fit the engines it is loaded into."""
+LOG = logging.getLogger(__name__)
 
 
 # -- paths and listing -----------------------------------------------------------------------------------------
@@ -134,10 +138,8 @@ def save_checkpoint(
     """
     final = checkpoint_dir(lake_or_root, run_id, iteration)
     temp = final.with_name(_TEMP_PREFIX + final.name)
-    # serialised first, so unserialisable ``extra`` fails before anything is written
-    info = json.dumps(
-        _info(run_id, iteration, actor, critic, extra or {}), indent=2, sort_keys=True, default=_json_value
-    )
+    info = _info(run_id, iteration, actor, critic, extra or {})
+    json.dumps(info, default=_json_value)  # unserialisable ``extra`` fails before anything is written
     if _rank() == 0:
         _clean_leftovers(final.parent)
         temp.mkdir(parents=True)
@@ -147,10 +149,13 @@ def save_checkpoint(
         critic.engine.save_checkpoint(str(temp / "critic"), tag=ENGINE_TAG, save_latest=False)
     maybe_fail("checkpoint", "mid_save", iteration)
     state_dict = _full_state_dict(actor)  # every rank (a collective under ZeRO-3)
+    _barrier()  # every rank's shard is written before rank 0 takes the digests
     if _rank() == 0:
         actor.module.save_pretrained(str(temp / "hf"), state_dict=state_dict)
         tokenizer.save_pretrained(str(temp / "hf"))
-        (temp / INFO_FILE).write_text(info)  # last: its presence marks the folder complete
+        info["files"] = tree_digests(temp, skip=(INFO_FILE,))  # what a load checks before reading anything
+        text = json.dumps(info, indent=2, sort_keys=True, default=_json_value)
+        (temp / INFO_FILE).write_text(text)  # last: its presence marks the folder complete
         _fsync_tree(temp)
         _replace_dir(temp, final)
     _barrier()
@@ -285,28 +290,54 @@ def load_checkpoint(path: str | Path, actor: ActorEngine, critic: CriticEngine |
 
     The engines must be built with the same model shape and optimizer settings as the saved ones (a mismatch raises).
     A checkpoint with a critic may be loaded without one (actor only); the reverse raises a :class:`CheckpointError`.
+    Every file of the engine folders loaded is checked against its recorded sha256 first, and the state files are
+    read without running code (see the module's docstring); a damaged or foreign file is a :class:`CheckpointError`
+    naming it (a digest mismatch is found before any engine is changed).
     """
     path = Path(path)
     info = read_checkpoint_info(path)
-    _load_engine(actor, path / "actor", "actor")
+    engines: dict[str, ActorEngine | CriticEngine] = {"actor": actor}
     if critic is not None:
         if not info.get("has_critic") or not (path / "critic").is_dir():
             raise CheckpointError(
                 f"checkpoint {str(path)!r} has no critic state but a critic was given; it was saved by a run "
                 "without a critic (e.g. GRPO): resume with the same algorithm settings, or pass critic=None"
             )
-        _load_engine(critic, path / "critic", "critic")
+        engines["critic"] = critic
+    for role in engines:
+        if not any((path / role / ENGINE_TAG).glob("*model_states.pt")):
+            raise CheckpointError(
+                f"checkpoint is incomplete: no {role} model state (*model_states.pt) in "
+                f"{str(path / role / ENGINE_TAG)!r}"
+            )
+    _verify_files(path, info, tuple(engines))
+    for role, owner in engines.items():
+        _load_engine(owner, path / role, role)
     return info
 
 
+def _verify_files(path: Path, info: dict[str, Any], roles: tuple[str, ...]) -> None:
+    """Check the engine folders ``roles`` of the checkpoint against the digests of its ``checkpoint.json``."""
+    if "files" in info:
+        verify_digests(path, info["files"], roles)
+    elif info.get("format_version", 1) != 1:  # the entry was removed: treat as tampering, not as an old save
+        raise CheckpointError(f"{str(path / INFO_FILE)!r} is damaged: it lacks the 'files' digests of its version")
+    else:
+        LOG.warning(
+            "checkpoint %s predates file digests (format_version 1): its files are loaded without running code "
+            "from them, but not checked for damage; a new save of the run records digests",
+            path,
+        )
+
+
 def _load_engine(owner: ActorEngine | CriticEngine, folder: Path, role: str) -> None:
-    """Load one engine's DeepSpeed state from ``folder`` (explicit tag, never the ``latest`` file)."""
+    """Load one engine's DeepSpeed state from ``folder`` (explicit tag, never the ``latest`` file), reading the
+    state files without running code from them."""
     state = folder / ENGINE_TAG
-    if not any(state.glob("*model_states.pt")):
-        raise CheckpointError(f"checkpoint is incomplete: no {role} model state (*model_states.pt) in {str(state)!r}")
-    load_path, _ = owner.engine.load_checkpoint(
-        str(folder), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
-    )
+    with safe_engine_loading(owner.engine):
+        load_path, _ = owner.engine.load_checkpoint(
+            str(folder), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
     if load_path is None:
         raise CheckpointError(f"DeepSpeed could not load the {role} state in {str(state)!r}")
 

@@ -204,12 +204,12 @@ def vertical_move_share(runs):
     return rows
 
 
-def runs_trained_from(runs):
-    """Offline runs trained on sweep-a's trajectories (the iterations taken) or started from its checkpoint."""
+def runs_trained_from(runs, source: str = "sweep-a"):
+    """Offline runs trained on ``source``'s trajectories (the iterations taken) or started from its checkpoint."""
     rows = []
     for run_id, mode, sources, init in sorted(OFFLINE):
-        used = sorted({t.iteration for t in _offline_selection(runs, sources) if t.run_id == "sweep-a"}) or None
-        from_checkpoint = init is not None and init[0] == "sweep-a"
+        used = sorted({t.iteration for t in _offline_selection(runs, sources) if t.run_id == source}) or None
+        from_checkpoint = init is not None and init[0] == source
         if used or from_checkpoint:
             rows.append({"run_id": run_id, "offline_mode": mode, "iterations_used": used,
                          "started_from_its_checkpoint": from_checkpoint,
@@ -261,3 +261,15 @@ def test_worked_query_returns_the_independently_computed_numbers(lake_runs, name
     assert expected, f"the generated lake gives {name} nothing to find"
     actual = query(lake, named_queries(DOC.read_text())[name]).to_pylist()
     _assert_rows_equal(actual, expected, TOLERANCE.get(name, 1e-9))
+
+
+@pytest.mark.parametrize("source", ["sweep-a", "sweep-b", "bandit-demo", "offline-sft"])
+def test_lineage_query_takes_the_run_id_as_a_parameter(lake_runs, source):
+    """The lineage query as its section says to use it from Python: ``$run_id`` for each ``'sweep-a'`` and the id as
+    a parameter, for every run (one that is only a start model, one that is only a source, one nothing came from)."""
+    lake, runs = lake_runs
+    sql = named_queries(DOC.read_text())["runs_trained_from"]
+    assert sql.count("'sweep-a'") >= 2
+    actual = query(lake, sql.replace("'sweep-a'", "$run_id"), params={"run_id": source}).to_pylist()
+    _assert_rows_equal(actual, runs_trained_from(runs, source))
+    assert bool(actual) == (source != "offline-sft")

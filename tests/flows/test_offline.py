@@ -77,6 +77,32 @@ def test_sft_across_two_runs_records_both_in_its_lineage(lake_root, tiny_model_d
     assert manifest["lineage"]["source_runs"] == ["demo", "src"] and manifest["lineage"]["query"] == sql
     assert manifest["lineage"]["init"].endswith("iteration=1/hf")
     assert DataLake(lake_root).committed_iterations("sft-both") == [0, 1]
+    _assert_runs_table_lineage(lake_root, sql, checkpoint)
+
+
+def _assert_runs_table_lineage(lake_root, sql, checkpoint):
+    """The ``runs`` table shows the real retrain's lineage (nulls for a normal run), and docs/sql.md's query
+    "which runs were trained from run X" finds it from each of its two sources."""
+    from pathlib import Path
+
+    from ragen_core.storage import query
+    from ragen_core.storage.sqldoc import named_queries
+
+    lineage = "offline_mode, source_query, source_runs, source_iterations, source_trajectories, init_model, init_run, "
+    rows = query(lake_root, f"SELECT run_id, {lineage} init_iteration FROM runs WHERE run_id IN ('src', 'sft-both') "
+                 "ORDER BY run_id").to_pylist()  # fmt: skip
+    iterations = [{"run_id": "demo", "iterations": [0]}, {"run_id": "src", "iterations": [0]}]
+    assert rows[0] == {"run_id": "sft-both", "offline_mode": "sft", "source_query": sql,
+                       "source_runs": ["demo", "src"], "source_iterations": iterations, "source_trajectories": 16,
+                       "init_model": str(checkpoint.resolve() / "hf"), "init_run": "src",
+                       "init_iteration": 1}  # fmt: skip
+    assert rows[1]["run_id"] == "src" and all(value is None for key, value in rows[1].items() if key != "run_id")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "sql.md").read_text()
+    trained_from = named_queries(doc)["runs_trained_from"].replace("'sweep-a'", "$run_id")
+    for source, from_checkpoint in (("src", True), ("demo", False)):
+        found = query(lake_root, trained_from, params={"run_id": source}).to_pylist()
+        assert {"run_id": "sft-both", "offline_mode": "sft", "iterations_used": [0],
+                "started_from_its_checkpoint": from_checkpoint, "init_iteration": 1} in found  # fmt: skip
 
 
 def test_a_foreign_tokenizer_is_refused(lake_root, tiny_model_dir):

@@ -14,15 +14,16 @@ def _spec(max_turns=1, groups=(11, 12, 13), group_size=4):
 
 
 @pytest.mark.parametrize(
-    ("env", "mode", "window"),
+    ("env", "mode", "window", "prefix"),
     [
-        ("bandit", "full", None),
-        ("frozen_lake", "limited_multi_turn", 1),
-        ("frozen_lake", "limited_multi_turn", 2),
-        ("sokoban", "single_turn", 2),
+        ("bandit", "full", None, ""),
+        ("frozen_lake", "full", None, "<think>"),
+        ("frozen_lake", "limited_multi_turn", 1, ""),
+        ("frozen_lake", "limited_multi_turn", 2, "<think>"),
+        ("sokoban", "single_turn", 2, "<think>"),
     ],
 )
-def test_stored_ids_rescored_reproduce_behavior_logprobs(tiny_policy, env, mode, window):
+def test_stored_ids_rescored_reproduce_behavior_logprobs(tiny_policy, env, mode, window, prefix):
     # windowed modes: the row packs one sequence per turn, and the packed batch must score each reply in its own window
     model, tokenizer = tiny_policy
     backend = HFBackend(model, tokenizer, temperature=1.0, max_new_tokens=24)
@@ -30,8 +31,9 @@ def test_stored_ids_rescored_reproduce_behavior_logprobs(tiny_policy, env, mode,
         env, [11, 12, 13], 4, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=3,
         context_window_mode=mode, max_context_window=window,
     )  # fmt: skip
-    records = run_rollouts(spec, backend, ChatFormatter(tokenizer), seed=5)
+    records = run_rollouts(spec, backend, ChatFormatter(tokenizer, reply_prefix=prefix), seed=5)
     assert any(len(r.turns) > 1 for r in records), "the untrained model should need several turns somewhere"
+    assert all(turn.response.startswith(prefix) for r in records for turn in r.turns)
     assert all((r.segment_lengths is None) == (mode == "full") for r in records)
     batch = collate(
         [r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id,
@@ -110,3 +112,27 @@ def test_multi_turn_sequence_layout_and_penalty(tiny_policy):
     assert "Reward: 0\nTurn 2:" in text and text.count("<|im_start|>assistant") == 2
     assert record.input_ids[-1] == tokenizer.eos_token_id
     assert record.turns[1].observation.startswith("Reward: 0\nTurn 2:")
+
+
+def test_the_think_prefix_ends_every_prompt_and_starts_every_parsed_reply(tiny_policy):
+    """RAGEN's prompts end with <think> after the assistant header: it is prompt (mask 0), the trained tokens are
+    what follows, and the reply that is parsed and stored is the prefix plus those tokens."""
+    _, tokenizer = tiny_policy
+    formatter = ChatFormatter(tokenizer, reply_prefix="<think>")
+    spec = RolloutSpec("frozen_lake", [3, 4], 2, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=3)
+    records = run_rollouts(spec, ScriptedBackend("random", tokenizer), formatter, seed=0)
+    plain = run_rollouts(spec, ScriptedBackend("random", tokenizer), ChatFormatter(tokenizer), seed=0)
+    prefix_ids = formatter.encode("<think>")
+    for record, without in zip(records, plain, strict=True):
+        assert [t.response for t in without.turns] == [t.response for t in record.turns]  # same replies as parsed
+        assert all(t.response.startswith("<think>") and t.format_ok and t.think for t in record.turns)
+        mask, ids = record.loss_mask, record.input_ids
+        starts = [i for i in range(1, len(mask)) if mask[i] == 1 and mask[i - 1] == 0]
+        assert len(starts) == len(record.turns)
+        for start, turn in zip(starts, record.turns, strict=True):
+            assert ids[start - len(prefix_ids) : start] == prefix_ids  # the prompt ends with the prefix
+            end = start
+            while end < len(mask) and mask[end] == 1:
+                end += 1
+            generated = tokenizer.decode(ids[start:end], skip_special_tokens=True)
+            assert "<think>" + generated == turn.response  # trained tokens: the reply without the prefix

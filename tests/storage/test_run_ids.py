@@ -84,11 +84,16 @@ def _commands(root: Path, out: Path, run_id: str) -> dict[str, list]:
     }
 
 
-def _assert_refused(result, command: str) -> None:
+def _assert_refused(result, command: str, run_id: str) -> None:
+    """Refused as a user error (status 2, no traceback) for the id itself: the validator's message for ``run_id``,
+    naming it as the command's run id, sweep id or --init run id, not some later failure."""
     assert result.exit_code == 2, (command, result.output, result.exception)
     assert isinstance(result.exception, SystemExit), (command, result.exception)  # a user error, no traceback
     assert "Traceback" not in result.output
-    assert ("run id" in result.output or "sweep id" in result.output or "--init" in result.output), result.output
+    with pytest.raises(InvalidRunIdError) as caught:
+        validate_run_id(run_id)
+    what = "sweep id" if command == "sweep" else "--init run id" if "--init" in command else "run id"
+    assert f"error: {what} {str(caught.value).removeprefix('run id ')}" in result.output, (command, result.output)
 
 
 # -- the validator -----------------------------------------------------------------------------------------------
@@ -126,8 +131,13 @@ def test_the_validator_matches_the_rule_written_out(text):
 def test_every_command_refuses_a_hostile_id_and_changes_nothing(lake, tmp_path, run_id):
     before = _snapshot(tmp_path)  # the data root and its parent: '../x' must not create anything outside either
     for command, args in _commands(lake.root, tmp_path / "plot.png", run_id).items():
-        _assert_refused(_invoke(*args), command)
+        _assert_refused(_invoke(*args), command, run_id)
         assert _snapshot(tmp_path) == before, command
+    # eval's TARGET is a run id or a folder: one that is not a valid id is never looked up as a run, only as a folder
+    result = _invoke("eval", "--data-root", lake.root, "--", run_id)
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (result.output, result.exception)
+    assert f"error: {run_id!r} is neither a run id in" in result.output and "Traceback" not in result.output
+    assert _snapshot(tmp_path) == before
 
 
 invalid_ids = st.text(st.characters(codec="utf-8"), max_size=140).filter(lambda t: not _independently_valid(t))
@@ -138,7 +148,7 @@ invalid_ids = st.text(st.characters(codec="utf-8"), max_size=140).filter(lambda 
 def test_any_invalid_id_is_refused_by_every_command(lake, tmp_path, run_id):
     before = _snapshot(tmp_path)
     for command, args in _commands(lake.root, tmp_path / "plot.png", run_id).items():
-        _assert_refused(_invoke(*args), command)
+        _assert_refused(_invoke(*args), command, run_id)
     assert _snapshot(tmp_path) == before
 
 
@@ -175,7 +185,7 @@ def test_a_star_cannot_touch_run_ab(lake, tmp_path):
                  ["sql", "--data-root", lake.root, "--run", "a*", COUNT],
                  ["resume", "--data-root", lake.root, "a*"]):  # fmt: skip
         result = _invoke(*args)
-        _assert_refused(result, args[0])
+        _assert_refused(result, args[0], "a*")
         assert "run id 'a*' contains '*'" in result.output
     assert _snapshot(tmp_path) == before and (checkpoint / "checkpoint.json").is_file()
     for call in (lambda: lake.read_table("trajectories", "a*"), lambda: lake.partition_files("checkpoints", "a*"),
@@ -247,3 +257,12 @@ def test_queries_take_run_ids_as_parameters_even_when_validation_is_bypassed(lak
     assert [(r["iteration"], r["split"], r["trajectories"]) for r in rows if r["split"] == "train"] == [
         (0, "train", len(train))
     ]  # fmt: skip
+
+
+def test_errors_show_the_users_text_as_typed(tmp_path):
+    """A message quotes what the user typed literally: ':ab:' (rich's emoji code) and '[b]' (its markup) stay text."""
+    missing = tmp_path / ":ab: [b]x[/b].yaml"
+    result = _invoke("train", "--data-root", tmp_path / "lake", "--config", missing)
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert f"error: config file {str(missing)!r} does not exist" in result.output
+    assert not (tmp_path / "lake").exists()

@@ -1,0 +1,191 @@
+"""Clean stops and loopback only, with the real command in its own process group, the way a terminal runs it.
+
+Ctrl-C on the terminal (SIGINT to the whole group) stops `ragen train` in seconds with one line on stderr, exit
+status 130 and no traceback; the manifest says where it stopped, the command's temporary Prefect server is gone and
+`ragen resume` ends the run exactly like one that never stopped. While it trained, every listening socket of the
+command and its children was on the loopback interface. A SIGKILLed command takes its Prefect server with it.
+`ragen server start` works again after `ragen server stop`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from ipaddress import ip_address
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from flows.local_server import POOL, PROJECT_DIR, alive, base_env, read_state, stop
+from ragen_core.storage import DataLake
+from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _ragen, _rows, _weights
+
+pytestmark = pytest.mark.server
+RAGEN = str(Path(sys.executable).with_name("ragen"))
+STAGES = {"evaluate", "generate", "persist", "validate", "filter", "diagnose", "update", "commit"}  # flows/train.py
+
+
+def _start(args: list[str], root: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """`ragen <args>` in a new session (its own process group, as a terminal's job) with no Prefect server
+    configured, so it starts its own temporary one; stdout and stderr go to files."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
+    out, err = root.parent / f"{root.name}.out", root.parent / f"{root.name}.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen([RAGEN, *args, "--data-root", str(root)], stdout=stdout, stderr=stderr, env=env,
+                                   cwd=PROJECT_DIR, start_new_session=True)  # fmt: skip
+    return process, out, err
+
+
+def _wait_for(condition, process: subprocess.Popen, what: str, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the command exited ({process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def _servers(process: psutil.Process) -> list[psutil.Process]:
+    """The command's temporary Prefect servers (uvicorn children)."""
+    return [p for p in process.children(recursive=True) if "uvicorn" in " ".join(p.cmdline())]
+
+
+def _listening(processes: list[psutil.Process]) -> list[tuple[str, int, str]]:
+    """(address, port, command) of every listening TCP socket of these processes."""
+    found = []
+    for process in processes:
+        for conn in process.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                found.append((conn.laddr.ip, conn.laddr.port, " ".join(process.cmdline()[1:4])))
+    return found
+
+
+def _gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """The processes still alive (zombies count as dead) after waiting up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in processes if alive(p.pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.fixture
+def leftovers():
+    """Whatever a failed test leaves running is killed (by the process ids it recorded)."""
+    started: list[int] = []
+    yield started
+    for pid in started:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
+    tmp_path, tiny_model_dir, tiny_policy, prefect_server, leftovers
+):
+    from ragen_core.training import ActorEngine, OptimConfig
+
+    model, _ = tiny_policy  # DeepSpeed compiles a CPU op at its first engine: never inside the interrupted process
+    ActorEngine(model, OptimConfig(lr=1e-3, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1))
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
+    root = tmp_path / "stopped"
+    process, out, err = _start(train, root)
+    leftovers.append(process.pid)
+    command = psutil.Process(process.pid)
+    lake = DataLake(root)
+    _wait_for(lambda: 1 in lake.committed_iterations(RUN), process, "committed iteration 1")
+    # engines built and an update done: DeepSpeed's process group and every server of the command exist now
+    children = command.children(recursive=True)
+    leftovers.extend(child.pid for child in children)
+    servers = _servers(command)
+    assert len(servers) == 1, [" ".join(c.cmdline()) for c in children]
+    sockets = _listening([command, *children])
+    assert sockets, "the command's Prefect server listens: no sockets seen means the check itself is broken"
+    assert [s for s in sockets if not ip_address(s[0]).is_loopback] == [], sockets
+
+    started = time.monotonic()
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C on the terminal does: the whole foreground group
+    try:
+        returncode = process.wait(timeout=60)
+    finally:
+        seconds = time.monotonic() - started
+    print(f"Ctrl-C to exit: {seconds:.1f} s")
+    assert returncode == 130
+    assert seconds <= 30, f"the stop took {seconds:.1f} s"  # about a second unloaded; the machine may be busy
+    stderr = err.read_text()
+    assert "Traceback" not in stderr + out.read_text()
+    manifest = lake.read_manifest(RUN)
+    last = lake.committed_iterations(RUN)[-1]
+    assert last < 3, "the run ended before the Ctrl-C; the test would prove nothing"
+    assert manifest["status"] == "interrupted" and manifest["last_committed_iteration"] == last
+    stopped_in = (manifest["interrupted_iteration"], manifest["interrupted_stage"])
+    # in the next iteration, or still in the commit stage of the one just committed (its last steps after the commit)
+    assert stopped_in[0] == last + 1 and stopped_in[1] in STAGES or stopped_in == (last, "commit"), manifest
+    where = f" in iteration {last + 1} ({stopped_in[1]})" if stopped_in[0] == last + 1 else ""
+    assert stderr.splitlines() == [
+        f"interrupted: run {RUN} stopped{where}; last committed iteration: {last}. "
+        f"Continue it with: ragen resume {RUN} --data-root {root}"
+    ]  # fmt: skip
+    assert _gone(servers, 5) == [], "the temporary Prefect server outlived the command"
+
+    api_url = prefect_server[0].api_url  # the rest needs no temporary server of its own (seconds saved)
+    rc, output = _ragen(["resume", RUN], root, None, api_url)
+    assert rc == 0 and "resumed at iteration" in output, output[-3000:]
+    assert lake.read_manifest(RUN)["status"] == "completed" and lake.committed_iterations(RUN) == [0, 1, 2, 3]
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    rc, output = _ragen(train, whole, None, api_url)
+    assert rc == 0, output[-3000:]
+    expected, actual = _weights(whole), _weights(root)
+    assert expected.keys() == actual.keys() and all(torch.equal(expected[k], actual[k]) for k in expected)
+    for table in ("trajectories", "turns", "metrics", "evaluations"):
+        assert _rows(root, table) == _rows(whole, table), table
+
+
+def test_a_sigkilled_run_leaves_no_prefect_server(tmp_path, tiny_model_dir, leftovers):
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
+    process, _, err = _start(train, tmp_path / "killed")
+    leftovers.append(process.pid)
+    command = psutil.Process(process.pid)
+    lake = DataLake(tmp_path / "killed")
+    _wait_for(lambda: lake.read_manifest(RUN) is not None, process, "the run's manifest")  # the server is up
+    servers = _servers(command)
+    assert len(servers) == 1, err.read_text()[-3000:]
+    leftovers.extend(server.pid for server in servers)
+    process.kill()  # the command only: its server runs in a session of its own, out of reach of the group
+    process.wait(timeout=30)
+    started = time.monotonic()
+    assert _gone(servers, 10) == [], "the Prefect server outlived its SIGKILLed command"
+    print(f"server gone {time.monotonic() - started:.1f} s after the SIGKILL")
+
+
+def _server(args: list[str]) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
+    return subprocess.run([RAGEN, "server", *args], env=env, cwd=PROJECT_DIR, capture_output=True, text=True,
+                          timeout=400)  # fmt: skip
+
+
+def test_server_start_stop_start_again(tmp_path):
+    state_dir = tmp_path / "state"
+    start = ["start", "--port", "0", "--state-dir", str(state_dir), "--no-worker", "--no-deploy"]
+    try:
+        for attempt in (1, 2):  # the second start finds the pool the first one created in the server's database
+            done = _server(start)
+            assert done.returncode == 0, f"start {attempt}: {done.stdout}\n{done.stderr}"
+            state = read_state(state_dir)
+            assert state is not None and alive(state.server_pid)
+            server = psutil.Process(state.server_pid)
+            sockets = _listening([server, *server.children(recursive=True)])
+            assert {port for _, port, _ in sockets} == {state.port}, sockets
+            assert all(ip_address(ip).is_loopback for ip, _, _ in sockets), sockets
+            inspect = subprocess.run([sys.executable, "-m", "prefect", "work-pool", "inspect", POOL],
+                                     env=base_env(Path(state.home), state.api_url), cwd=PROJECT_DIR,
+                                     capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert inspect.returncode == 0 and "process" in inspect.stdout, inspect.stdout + inspect.stderr
+            done = _server(["stop", "--state-dir", str(state_dir)])
+            assert done.returncode == 0 and "stopped" in done.stdout, done.stdout + done.stderr
+            assert not alive(state.server_pid) and read_state(state_dir) is None
+    finally:
+        stop(state_dir)
