@@ -60,7 +60,14 @@ def make_batch(session: RunSession, iteration: int) -> None:
     """Generate, persist, validate and filter (publish) one real training batch, as the flow's stages do."""
     config = session.config
     records = stages.generate_rollouts(session, iteration)
-    meta = BatchMeta(session.run_id, iteration, "train", iteration, config.rollout.temperature, session.config_hash)
+    meta = BatchMeta(
+        run_id=session.run_id,
+        iteration=iteration,
+        split="train",
+        policy_version=iteration,
+        temperature=config.rollout.temperature,
+        config_hash=session.config_hash,
+    )
     stages.persist_trajectories(session.lake, meta, "rollout", records)
     stages.validate_env_batch(
         session.lake, config, session.run_id, iteration, "rollout", config.env.name, config.rollout.group_size

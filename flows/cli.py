@@ -189,7 +189,12 @@ def retrain(
 
     checked_run_id(run_id)
     if init.startswith("run:"):  # the run named by --init run:<id>[@<updates>] is a name too
-        checked_run_id(init.removeprefix("run:").partition("@")[0], "--init run id")
+        from ragen_core.storage.names import is_valid_run_id
+
+        spec = init.removeprefix("run:")
+        run_part, at, updates = spec.partition("@")
+        well_formed = is_valid_run_id(run_part) and (not at or (updates.isascii() and updates.isdigit()))
+        checked_run_id(run_part if well_formed else spec, "--init run id")  # else the whole text is refused
     if mode not in ("sft", "pg"):
         fail(f"--mode must be sft or pg, not {mode!r}")
     try:
@@ -344,6 +349,12 @@ def eval_command(
 def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:
     """Run (or resume) the train flow with a progress bar, then print the run's summary."""
     checked_run_id(run_id)  # also a derived default id, before anything is created
+    from ragen_core.training.precision import PrecisionError, resolve_precision
+
+    try:
+        resolve_precision(run_config.trainer.precision)  # this machine can run it: checked before anything starts
+    except PrecisionError as exc:
+        fail(str(exc))
     _prepare_prefect(root, run_id, verbose)
     if not verbose:
         _quiet_libraries()

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -27,13 +26,13 @@ DEFAULT_DATA_ROOT = "data"
 
 def fail(message: str) -> None:
     """Print ``error: message`` (literally) on stderr and exit with status 2: a user's mistake, no traceback."""
-    err_console.print("[bold red]error:[/] " + escape(message), highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
 def warn(message: str) -> None:
     """Print ``warning: message`` (literally) on stderr."""
-    err_console.print("[yellow]warning:[/] " + escape(message), highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("warning:", "yellow"), " ", message), highlight=False, soft_wrap=True)
 
 
 def data_root_path(value: Path | None) -> Path:

@@ -51,7 +51,7 @@ def _evaluate(lake: DataLake, run_config: RunConfig, run_id: str, target: str, w
         return _result(lake, run_id, which, reused=True)
     if manifest is not None:
         discard_uncommitted(lake, run_id, 0)
-    session = t.start_session(run_config, lake, run_id, model_dir, manifest, training=False)
+    session = t.open_session(run_config, lake, run_id, model_dir, manifest, training=False)
     evaluated = {"target": target, "model": which, "model_dir": str(model_dir)}
     session.update_manifest(kind="evaluation", evaluated=evaluated)
     try:

@@ -60,7 +60,7 @@ def _retrain(
     init_dir = o.resolve_init(init, lake)
     table = o.select_trajectories(lake, sql)
     o.check_tokenizer(lake, table, init_dir)
-    session = t.start_session(run_config, lake, run_id, init_dir)
+    session = t.open_session(run_config, lake, run_id, init_dir)
     session.update_manifest(kind="offline", lineage=o.lineage(sql, table, mode, init_dir, lake.root))
     try:
         for epoch in range(epochs):

@@ -67,10 +67,17 @@ def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
     with stage("generate"):
         records = t.generate_rollouts(session, iteration)
     with stage("persist"):
-        meta = BatchMeta(run_id, iteration, "train", iteration, config.rollout.temperature, session.config_hash)
+        meta = BatchMeta(
+            run_id=run_id,
+            iteration=iteration,
+            split="train",
+            policy_version=iteration,
+            temperature=config.rollout.temperature,
+            config_hash=session.config_hash,
+        )
         t.persist_trajectories(lake, meta, "rollout", quote(records))
     with stage("validate"):
-        t.validate_batch(lake, config, run_id, iteration, "rollout", config.env.name, config.rollout.group_size)
+        t.validate_env_batch(lake, config, run_id, iteration, "rollout", config.env.name, config.rollout.group_size)
     with stage("filter"):
         metrics.update(t.filter_groups(lake, run_id, iteration, config.algorithm.filter_spec))
     if config.trainer.mi_diagnostic:  # scored by the policy that sampled the batch, so before the update
@@ -103,12 +110,12 @@ def _open(
     manifest = lake.read_manifest(run_id)
     if manifest is None or not manifest.get("model_dir"):  # new, or stopped before its session (in the bootstrap)
         return _start(run_config, lake, run_id, manifest, force_config)
-    plan = t.plan_resume(lake, run_config, run_id, manifest, force_config, skip_iteration)
+    plan = t.prepare_resume(lake, run_config, run_id, manifest, force_config, skip_iteration)
     if plan.next_iteration > run_config.trainer.iterations:
         return None, plan.next_iteration, {"completed": True, "bootstrap": manifest.get("bootstrap")}
     session = None
     try:
-        session = t.start_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
+        session = t.open_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
         restored = t.restore_session(session, plan)
         first = plan.next_iteration
         if plan.quarantined:  # only reachable with skip_iteration (plan_resume refuses otherwise)
@@ -135,9 +142,9 @@ def _start(
         early = {**manifest, "status": "running", "updated_at": utc_now()}
         lake.write_manifest(run_id, early)
     try:
-        start_dir = t.start_model(run_config, lake)
-        summary = t.bootstrap(run_config, lake, start_dir) if run_config.bootstrap.enabled else None
-        session = t.start_session(run_config, lake, run_id, summary[0] if summary else start_dir, manifest)
+        start_dir = t.base_model_dir(run_config, lake)
+        summary = t.bootstrap_model(run_config, lake, start_dir) if run_config.bootstrap.enabled else None
+        session = t.open_session(run_config, lake, run_id, summary[0] if summary else start_dir, manifest)
     except BaseException as exc:
         _record_failure(lake, run_id, None, exc)
         raise

@@ -73,7 +73,9 @@ def _build(
         spec, ScriptedBackend(settings.policy, tokenizer), formatter, derive_seed(config.seed, "bootstrap")
     )
     stage = "demos"
-    meta = BatchMeta(run_id, 0, "train", 0, 1.0, config.config_hash())
+    meta = BatchMeta(
+        run_id=run_id, iteration=0, split="train", policy_version=0, temperature=1.0, config_hash=config.config_hash()
+    )
     persist_trajectories(lake, meta, stage, records)
     maybe_fail("bootstrap", "demos")  # demonstrations staged; no model yet
     validate_env_batch(lake, config, run_id, 0, stage, config.env.name, settings.group_size)

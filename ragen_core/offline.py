@@ -179,10 +179,10 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
     if text.startswith("run:"):
         if lake is None:
             raise OfflineError("--init run:<id> needs the data root of that run")
-        run_id, _, updates = text.removeprefix("run:").partition("@")
+        run_id, at, updates = text.removeprefix("run:").partition("@")
         if not is_valid_run_id(run_id):
             raise OfflineError(f"--init {text}: {run_id!r} is not a run id (letters, digits, '.', '_', '-')")
-        if updates and not (updates.isascii() and updates.isdigit()):
+        if at and not (updates.isascii() and updates.isdigit()):
             raise OfflineError(f"--init {text}: after '@' give the number of updates, e.g. run:{run_id}@10")
         manifest = lake.read_manifest(run_id)
         if manifest is None:

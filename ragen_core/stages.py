@@ -296,7 +296,14 @@ def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
     """Stage 6: validation rollouts on fixed instances of every validation env, stored with ``split='val'``."""
     config = session.config
     metrics: dict[str, float] = {}
-    meta = BatchMeta(session.run_id, iteration, "val", iteration, config.eval.temperature, session.config_hash)
+    meta = BatchMeta(
+        run_id=session.run_id,
+        iteration=iteration,
+        split="val",
+        policy_version=iteration,
+        temperature=config.eval.temperature,
+        config_hash=session.config_hash,
+    )
     for env_name in config.env.validation_envs:
         stage = f"eval-{env_name}"
         done = session.lake.stage_result(session.run_id, iteration, stage)

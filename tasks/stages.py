@@ -12,30 +12,30 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ragen_core import resume, stages
+from ragen_core import bootstrap, resume, stages
+from ragen_core import session as run_session
 from ragen_core.algos import FilterSpec
-from ragen_core.bootstrap import bootstrap_model
 from ragen_core.config import RunConfig
 from ragen_core.resume import ResumePlan
 from ragen_core.rollout import TrajectoryRecord
-from ragen_core.session import RunSession, base_model_dir, open_session
+from ragen_core.session import RunSession
 from ragen_core.storage import BatchMeta, DataLake
 
 
-@task(name="bootstrap", cache_policy=NO_CACHE)
-def bootstrap(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[Path, dict[str, Any]]:
+@task(name="bootstrap_model", cache_policy=NO_CACHE)
+def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[Path, dict[str, Any]]:
     """Scripted demonstrations + supervised update; returns the bootstrapped model folder."""
-    return bootstrap_model(config, lake, base_dir)
+    return bootstrap.bootstrap_model(config, lake, base_dir)
 
 
-@task(name="start_model", cache_policy=NO_CACHE)
-def start_model(config: RunConfig, lake: DataLake) -> Path:
+@task(name="base_model_dir", cache_policy=NO_CACHE)
+def base_model_dir(config: RunConfig, lake: DataLake) -> Path:
     """The model a fresh run starts from (``model.path`` or the tiny default, built if absent)."""
-    return base_model_dir(config, lake)
+    return run_session.base_model_dir(config, lake)
 
 
 @task(name="open_session", cache_policy=NO_CACHE)
-def start_session(
+def open_session(
     config: RunConfig,
     lake: DataLake,
     run_id: str,
@@ -44,11 +44,13 @@ def start_session(
     training: bool = True,
 ) -> RunSession:
     """Load the policy and start its DeepSpeed engine(s)."""
-    return open_session(config, lake, run_id, model_dir, resumed_manifest=resumed_manifest, training=training)
+    return run_session.open_session(
+        config, lake, run_id, model_dir, resumed_manifest=resumed_manifest, training=training
+    )
 
 
-@task(name="plan_resume", cache_policy=NO_CACHE)
-def plan_resume(
+@task(name="prepare_resume", cache_policy=NO_CACHE)
+def prepare_resume(
     lake: DataLake, config: RunConfig, run_id: str, manifest: dict, allowed: list[str], skip_iteration: bool
 ) -> ResumePlan:
     """Check that the run can resume with this config and discard its uncommitted output."""
@@ -79,8 +81,8 @@ def persist_trajectories(lake: DataLake, meta: BatchMeta, stage: str, records: l
     return stages.persist_trajectories(lake, meta, stage, records)
 
 
-@task(name="validate_batch", cache_policy=NO_CACHE)
-def validate_batch(
+@task(name="validate_env_batch", cache_policy=NO_CACHE)
+def validate_env_batch(
     lake: DataLake, config: RunConfig, run_id: str, iteration: int, stage: str, env_name: str, group_size: int
 ) -> dict:
     """Stage 3: data contracts; a failing batch is quarantined and the task fails."""

@@ -2,7 +2,8 @@
 
 One signature for all: ``fn(token_rewards (B, T), response_mask (B, T), group_index (B,), **options)
 -> (advantages (B, T), returns (B, T))``. Estimators that need a critic take ``values=`` (B, T); the others ignore
-it, and every estimator ignores options it does not know (the actor passes the same options to all of them).
+it does not take. An estimator takes only its own options and refuses any other keyword (a typo is an error);
+:meth:`Registry.call` passes an estimator the options it declares out of the config's full set.
 
 Conventions. The whole multi-turn chat is one sequence: ``response_mask`` is 1 on assistant tokens only, so its
 contiguous runs of 1s are the turns (:mod:`ragen_core.algos.turns`). The trajectory reward sits on the last
@@ -58,7 +59,6 @@ def grpo_advantage(
     norm_adv_by_std: bool = True,
     grouping: str = "state",
     epsilon: float = 1e-6,
-    **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO (Shao et al. 2024, eq. 3 outcome supervision): ``A_i = (R_i - mean(R_G)) / (std(R_G) + eps)``, the std
     division only when ``norm_adv_by_std``, broadcast to every response token.
@@ -81,7 +81,7 @@ def grpo_advantage(
 
 @register_advantage("rloo")
 def rloo_advantage(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, **_: object
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al. 2024, eq. 6): ``A_i = R_i - 1/(n-1) sum_{j != i} R_j`` within the group of n rollouts
     of one initial state; a single-member group keeps its raw score (veRL)."""
@@ -111,7 +111,6 @@ def reinforce_plus_plus_advantage(
     response_mask: torch.Tensor,
     group_index: torch.Tensor,
     gamma: float = 1.0,
-    **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, eqs. 5-6): discounted return-to-go ``G_t = sum_{s >= t} gamma^(s-t) r_s`` over the
     masked tokens, whitened over all masked tokens of the batch: ``A_t = (G_t - mean G) / std G``.
@@ -125,7 +124,7 @@ def reinforce_plus_plus_advantage(
 
 @register_advantage("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline_advantage(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, **_: object
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with baseline (veRL): ``R_i - mean(R_G)`` (mean 0 for a single-member group), broadcast to the
     response tokens, then whitened over all masked tokens of the batch."""
@@ -165,7 +164,6 @@ def gae_advantage(
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten_advantages: bool = True,
-    **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's GAE with a critic: :func:`masked_gae` (env text between turns does not discount), returns
     ``A_t + V_t`` as the critic's targets, advantages whitened over the batch's masked tokens when
@@ -204,7 +202,6 @@ def bi_level_gae_advantage(
     lam: float = 1.0,
     high_level_gamma: float = 0.95,
     whiten_advantages: bool = True,
-    **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RAGEN's bi-level (turn-level) GAE: a high-level MDP over turns, a low-level MDP over each turn's tokens.
 

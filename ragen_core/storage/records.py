@@ -11,9 +11,9 @@ from ragen_core.rollout.types import TrajectoryRecord
 from schemas import TRAJECTORIES, TURNS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchMeta:
-    """Row-level context of a rollout batch."""
+    """Row-level context of a rollout batch (keywords only: four of its fields are easily swapped by position)."""
 
     run_id: str
     iteration: int

@@ -86,7 +86,8 @@ def compute_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns (B, T) from the registered estimator with the config's options."""
     algorithm = config.algorithm
-    return ADVANTAGES.get(algorithm.adv_estimator)(
+    return ADVANTAGES.call(
+        algorithm.adv_estimator,
         token_rewards,
         mask,
         groups,

@@ -243,9 +243,24 @@ def test_reinforce_plus_plus_baseline_matches_loop_twin(seed):
     torch.testing.assert_close(adv, torch.tensor(whiten(centred, mask.tolist()), dtype=torch.float64))
 
 
-def test_every_estimator_ignores_options_it_does_not_use():
+def test_the_registry_passes_each_estimator_its_own_options():
     values = VALUES.clone()
     for name in ADVANTAGES.names():
-        adv, ret = ADVANTAGES.get(name)(REWARDS, MASK, ONE_GROUP, values=values, norm_adv_by_std=True, gamma=1.0)
+        adv, ret = ADVANTAGES.call(name, REWARDS, MASK, ONE_GROUP, values=values, norm_adv_by_std=True, gamma=1.0)
         assert adv.shape == ret.shape == MASK.shape
         assert bool((adv[MASK == 0] == 0).all())
+    assert ADVANTAGES.options("grpo") == {"norm_adv_by_std", "grouping", "epsilon"}
+    assert ADVANTAGES.options("rloo") == set()
+    # only gae's options reach gae: the same call with grpo's option set to a value gae would choke on
+    direct, _ = gae_advantage(REWARDS, MASK, ONE_GROUP, values=VALUES, gamma=0.9, lam=0.8)
+    routed, _ = ADVANTAGES.call("gae", REWARDS, MASK, ONE_GROUP, values=VALUES, gamma=0.9, lam=0.8, grouping="x")
+    torch.testing.assert_close(routed, direct)
+
+
+def test_a_misspelt_option_is_refused():
+    with pytest.raises(TypeError, match="norm_adv_by_sd"):
+        grpo_advantage(REWARDS, MASK, ONE_GROUP, norm_adv_by_sd=False)
+    with pytest.raises(TypeError, match="values"):
+        rloo_advantage(REWARDS, MASK, ONE_GROUP, values=VALUES)  # rloo needs no critic and says so
+    with pytest.raises(TypeError, match=r"unknown advantage estimator option\(s\) lamda; known: "):
+        ADVANTAGES.call("gae", REWARDS, MASK, ONE_GROUP, values=VALUES, lamda=0.9)

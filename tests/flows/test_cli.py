@@ -112,3 +112,18 @@ def test_runs_compact_reports_what_it_merged(root):
     assert query(root, "SELECT * FROM turns ORDER BY ALL").equals(before)
     result = _invoke("runs", "compact", "nope", "--data-root", root)
     assert result.exit_code == 2 and "unknown run 'nope'" in result.output
+
+
+def test_a_precision_this_machine_cannot_run_is_refused_before_anything_starts(tmp_path):
+    """bf16 is a valid config anywhere (planned on a CPU head node); running it needs CUDA, checked at the start."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: bf16 may run here")
+    root = tmp_path / "lake"
+    result = _invoke("train", "--run-id", "p", "--data-root", root, "trainer.precision=bf16", "trainer.iterations=1")
+    assert result.exit_code == 2, result.output
+    assert "trainer.precision=bf16 needs a CUDA GPU" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert not (root / "runs" / "p" / "manifest.json").exists()
+    assert not (root / "_prefect").exists()  # no Prefect server was started

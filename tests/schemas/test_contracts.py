@@ -22,7 +22,7 @@ def batch(tiny_policy):
     model, tokenizer = tiny_policy
     spec = RolloutSpec("bandit", [1, 2], GROUP_SIZE, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
     records = run_rollouts(spec, HFBackend(model, tokenizer, 1.0, 12), ChatFormatter(tokenizer), seed=0)
-    meta = BatchMeta("r", 0, "train", 0, 1.0, "h")
+    meta = BatchMeta(run_id="r", iteration=0, split="train", policy_version=0, temperature=1.0, config_hash="h")
     return trajectories_table(records, meta), turns_table(records, meta)
 
 
@@ -58,7 +58,7 @@ def test_a_scripted_batch_without_logprobs_passes(tiny_policy):
     _, tokenizer = tiny_policy
     spec = RolloutSpec("bandit", [1, 2], GROUP_SIZE, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
     records = run_rollouts(spec, ScriptedBackend("random", tokenizer), ChatFormatter(tokenizer), seed=0)
-    meta = BatchMeta("r", 0, "train", 0, 1.0, "h")
+    meta = BatchMeta(run_id="r", iteration=0, split="train", policy_version=0, temperature=1.0, config_hash="h")
     trajectories = trajectories_table(records, meta)
     assert trajectories["behavior_logprobs"].null_count == trajectories.num_rows
     report = _check(trajectories, turns_table(records, meta))

@@ -15,7 +15,12 @@ def test_commit_writes_metrics_evaluations_marker_and_manifest(tmp_path, tiny_po
     spec = RolloutSpec("bandit", [1, 2, 3], 2, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
     records = run_rollouts(spec, ScriptedBackend("random", tokenizer), ChatFormatter(tokenizer), seed=0)
     lake = DataLake(tmp_path)
-    persist_trajectories(lake, BatchMeta("run-c", 2, "val", 2, 0.5, "hash"), "eval-bandit", records)
+    persist_trajectories(
+        lake,
+        BatchMeta(run_id="run-c", iteration=2, split="val", policy_version=2, temperature=0.5, config_hash="hash"),
+        "eval-bandit",
+        records,
+    )
     validate_batch(lake, "run-c", 2, "eval-bandit", 2, (-1.0, 1.0))
     lake.publish("run-c", 2, "eval-bandit")
     config = build_config()

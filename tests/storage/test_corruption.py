@@ -18,7 +18,14 @@ def lake(tmp_path, tiny_policy):
     records = run_rollouts(spec, ScriptedBackend("random", tokenizer), ChatFormatter(tokenizer), seed=0)
     lake = DataLake(tmp_path)
     for iteration in (0, 1):
-        meta = BatchMeta("run-a", iteration, "train", iteration, 1.0, "hash")
+        meta = BatchMeta(
+            run_id="run-a",
+            iteration=iteration,
+            split="train",
+            policy_version=iteration,
+            temperature=1.0,
+            config_hash="hash",
+        )
         lake.stage_table("run-a", iteration, "rollout", "trajectories", trajectories_table(records, meta))
         lake.publish("run-a", iteration, "rollout")
         rows = [{"run_id": "run-a", "iteration": iteration, "name": "m", "value": 1.0}]

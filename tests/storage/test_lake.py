@@ -29,7 +29,7 @@ def records(tiny_policy):
     return run_rollouts(spec, ScriptedBackend("random", tokenizer), ChatFormatter(tokenizer), seed=0)
 
 
-META = BatchMeta("run-a", 0, "train", 0, 1.0, "hash")
+META = BatchMeta(run_id="run-a", iteration=0, split="train", policy_version=0, temperature=1.0, config_hash="hash")
 
 
 def test_parquet_round_trip_is_token_exact(tmp_path, records):
@@ -59,7 +59,7 @@ def test_duckdb_views_span_runs_and_empty_tables_have_columns(tmp_path, records)
     lake = DataLake(tmp_path)
     assert query(tmp_path, "SELECT count(*) AS n FROM trajectories").to_pylist() == [{"n": 0}]
     for run in ("run-a", "run-b"):
-        meta = BatchMeta(run, 0, "train", 0, 1.0, "hash")
+        meta = BatchMeta(run_id=run, iteration=0, split="train", policy_version=0, temperature=1.0, config_hash="hash")
         lake.stage_table(run, 0, "rollout", "trajectories", trajectories_table(records, meta))
         lake.publish(run, 0, "rollout")
     result = query(
@@ -140,7 +140,10 @@ def test_checkpoints_events_and_evaluations_round_trip(tmp_path, records):
         {"kind": "early_warning", "metric": "rollout/in_group_reward_std", "threshold": 0.05},
         {"kind": "info", "metric": None, "threshold": None},
     ]
-    val = trajectories_table(records, BatchMeta("run-a", 2, "val", 2, 0.5, "hash"))
+    val = trajectories_table(
+        records,
+        BatchMeta(run_id="run-a", iteration=2, split="val", policy_version=2, temperature=0.5, config_hash="hash"),
+    )
     evaluations = evaluation_rows(val).to_pylist()
     successes = [r.success for r in records]  # 3 groups of 4
     assert len(evaluations) == 1 and evaluations[0]["instances"] == 3 and evaluations[0]["k"] == 4

@@ -80,13 +80,18 @@ BAD_BATCHES = {
 def test_a_bad_batch_is_quarantined_with_its_check_named(tmp_path, records, case):
     mutate, check, rows = BAD_BATCHES[case]
     lake = DataLake(tmp_path)
-    good = BatchMeta(RUN, 0, "train", 0, 1.0, "hash")
+    good = BatchMeta(run_id=RUN, iteration=0, split="train", policy_version=0, temperature=1.0, config_hash="hash")
     persist_trajectories(lake, good, "rollout", records)
     validate_batch(lake, RUN, 0, "rollout", GROUP_SIZE, BOUNDS)
     lake.publish(RUN, 0, "rollout")
     before, published_rows = _published_snapshot(lake), lake.read_table("trajectories").to_pylist()
 
-    persist_trajectories(lake, BatchMeta(RUN, 1, "train", 1, 1.0, "hash"), "rollout", records)
+    persist_trajectories(
+        lake,
+        BatchMeta(run_id=RUN, iteration=1, split="train", policy_version=1, temperature=1.0, config_hash="hash"),
+        "rollout",
+        records,
+    )
     staged = lake.read_staged(RUN, 1, "rollout", "trajectories")
     lake.stage_table(RUN, 1, "rollout", "trajectories", mutate(staged), strict=False)  # stage 2 wrote a bad batch
     with pytest.raises(BatchRejected, match=check) as rejected:
@@ -112,7 +117,12 @@ def test_a_bad_batch_is_quarantined_with_its_check_named(tmp_path, records, case
 
 def test_an_unreadable_staged_batch_is_quarantined_too(tmp_path, records):
     lake = DataLake(tmp_path)
-    persist_trajectories(lake, BatchMeta(RUN, 0, "train", 0, 1.0, "hash"), "rollout", records)
+    persist_trajectories(
+        lake,
+        BatchMeta(run_id=RUN, iteration=0, split="train", policy_version=0, temperature=1.0, config_hash="hash"),
+        "rollout",
+        records,
+    )
     (part,) = (lake.stage_dir(RUN, 0, "rollout") / "turns").glob("*.parquet")
     part.write_bytes(part.read_bytes()[:100])
     with pytest.raises(BatchRejected, match="staged_batch_readable"):
