@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -440,10 +439,10 @@ class _NoRunFailureRecords(logging.Filter):
 def _hide_run_failure_logs() -> None:
     """Install :class:`_NoRunFailureRecords` on every handler that writes to the terminal (Prefect set them up when
     it was imported)."""
-    terminal = {id(stream) for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if stream}
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.StreamHandler) and id(getattr(handler, "stream", None)) in terminal:
-            handler.addFilter(_NoRunFailureRecords())
+    from flows.interrupts import terminal_handlers
+
+    for handler in terminal_handlers([logging.getLogger()]):
+        handler.addFilter(_NoRunFailureRecords())
 
 
 def _metrics_line(iteration: int, metrics: dict[str, float]) -> str:

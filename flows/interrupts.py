@@ -77,17 +77,25 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def mute_console_logs() -> None:
-    """Silence every logging handler that writes to the terminal (stdout/stderr); handlers that ship logs elsewhere
-    (Prefect's API handler, files) keep working."""
+def terminal_handlers(loggers: list[logging.Logger]) -> list[logging.Handler]:
+    """The handlers of ``loggers`` that write to the terminal (stdout/stderr); not those that ship logs elsewhere
+    (Prefect's API handler, files)."""
     terminal = {id(stream) for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if stream}
+    return [
+        handler
+        for logger in loggers
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler) and id(getattr(handler, "stream", None)) in terminal
+    ]
+
+
+def mute_console_logs() -> None:
+    """Silence every logging handler that writes to the terminal; the others keep working."""
     loggers = [logging.getLogger()] + [
         logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
     ]
-    for logger in loggers:
-        for handler in logger.handlers:
-            if isinstance(handler, logging.StreamHandler) and id(getattr(handler, "stream", None)) in terminal:
-                handler.setLevel(logging.CRITICAL + 1)
+    for handler in terminal_handlers(loggers):
+        handler.setLevel(logging.CRITICAL + 1)
 
 
 def start_command_server(home: Path) -> None:

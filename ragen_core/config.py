@@ -308,7 +308,7 @@ class AlgorithmConfig(_Section):
 
 
 VALUE_ESTIMATORS = ("gae", "bi_level_gae")
-# What each preset sets (REFERENCE.md): StarPO-S = decoupled clip, no KL, variance filter keeping 25% of groups.
+# What each preset sets (the RAGEN paper): StarPO-S = decoupled clip, no KL, variance filter keeping 25% of groups.
 PRESETS: dict[str, dict[str, Any]] = {
     "starpo": {"clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.001, "filter_ratio": 1.0},
     "starpo_s": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "filter_ratio": 0.25},

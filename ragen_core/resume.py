@@ -1,4 +1,4 @@
-"""Resuming a run from its last committed point (DESIGN.md, "Reproducible and resumable").
+"""Resuming a run from its last committed point (README, "exact resume").
 
 The lake is the source of truth. Iteration i is done when its commit marker exists; its marker is written after its
 update, metrics and (when due) checkpoint. A resumed run:

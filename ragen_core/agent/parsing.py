@@ -1,4 +1,6 @@
-"""Parsing model replies into actions, and the format penalty (REFERENCE.md, "Prompt and response format")."""
+"""Parsing model replies into actions, and the format penalty.
+
+RAGEN's reply format: ``<think>...</think><answer>...</answer>``."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ class TextEnv(ABC):
 
     @abstractmethod
     def render(self) -> str:
-        """The current state as text (the symbols of REFERENCE.md)."""
+        """The current state as text (the env's own symbols, docs/environments.md)."""
 
     @property
     @abstractmethod

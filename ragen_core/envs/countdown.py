@@ -1,7 +1,7 @@
 """Countdown (shipped by RAGEN beyond the paper's three envs): reach the target with each number used exactly once.
 
 One turn, one action: the answer is an arithmetic equation over the given numbers with ``+ - * /`` and brackets.
-Reward (REFERENCE.md): 1 if it evaluates to the target using exactly the given numbers, 0.1 if it uses exactly the
+Reward (as RAGEN's): 1 if it evaluates to the target using exactly the given numbers, 0.1 if it uses exactly the
 numbers but misses the target, else 0. RAGEN reads a public dataset; we draw instances from the seed instead:
 3-4 numbers in ``[min_number, max_number]`` combined by a random expression whose value (a whole number in
 ``[1, max_target]``) becomes the target, so every instance is solvable.
