@@ -3,7 +3,7 @@
 The flow runs as users run it (Prefect's temporary local server; each iteration a group of tasks of the ``train``
 flow). A measurement harness in this process wraps, without changing what they do:
 
-- the core call of every stage (the :mod:`ragen_core.stages` functions the tasks call; nested core calls, e.g. the
+- the core call of every stage (the :mod:`ragen_core.run.stages` functions the tasks call; nested core calls, e.g. the
   persist inside ``evaluate``, count once), so core time per iteration is known;
 - the ``starpo_iteration`` call, so the iteration's wall time is known;
 - ``atomic_write_parquet`` (Parquet encode + fsync + rename), for the storage share;
@@ -22,14 +22,16 @@ from typing import Any
 
 from benchmarks.common import ROOT, RssSampler, patched, spread
 
+# (module or class, name) of the core call of every stage task: ragen_core.run.stages functions and the batch
+# pipeline's steps (ragen_core.run.batches)
 CORE_CALLS = (
-    "generate_rollouts",
-    "persist_trajectories",
-    "validate_env_batch",
-    "filter_groups",
-    "update_policy",
-    "evaluate",
-    "commit_iteration",
+    ("stages", "generate_rollouts"),
+    ("pipeline", "persist"),
+    ("pipeline", "validate"),
+    ("batches", "filter_and_publish"),
+    ("stages", "update_policy"),
+    ("stages", "evaluate"),
+    ("stages", "commit_iteration"),
 )
 
 
@@ -80,7 +82,8 @@ def run_flow(
     The flow itself runs each iteration as a group of tasks of ``train`` with the records ``quote``-d.
     """
     import flows.train as train_module
-    import ragen_core.stages as core
+    import ragen_core.run.batches as batches
+    import ragen_core.run.stages as stages
     import ragen_core.storage.lake as lake_module
     from ragen_core.config import load_config
 
@@ -119,7 +122,8 @@ def run_flow(
         rows.append(row)
         return metrics
 
-    patches = [patched(core, name, clock.wrap(name, getattr(core, name))) for name in CORE_CALLS]
+    owners = {"stages": stages, "batches": batches, "pipeline": batches.BatchPipeline}
+    patches = [patched(owners[o], name, clock.wrap(name, getattr(owners[o], name))) for o, name in CORE_CALLS]
     patches.append(
         patched(lake_module, "atomic_write_parquet", parquet.wrap("parquet", lake_module.atomic_write_parquet))
     )
@@ -158,7 +162,7 @@ class _Null:
 
 def overhead_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Overhead share per iteration (median and spread over the iterations without validation, and over all), where
-    it goes (subflow vs task wrappers), and the Parquet write share."""
+    it goes (subflow vs task wrappers), and the Parquet write and data-contract (``validation_share``) shares."""
     plain = [r for r in rows if not r["evaluated"]] or rows
     shares = [(r["wall_s"] - r["core_s"]) / r["wall_s"] for r in plain]
     wall = sum(r["wall_s"] for r in rows)
@@ -181,6 +185,8 @@ def overhead_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "task_wrapped_share": task_wrapped / sum(r["wall_s"] for r in plain),
         "core_by_stage_s": {name: spread(values) for name, values in stage_core.items()},
         "parquet_write_share": spread([r["parquet_write_s"] / r["wall_s"] for r in plain]),
+        # the validate stage's core call (read the staged batch + data contracts) over the iteration's wall time
+        "validation_share": spread([r["core"].get("validate", 0.0) / r["wall_s"] for r in plain]),
         "parquet_write_s": spread([r["parquet_write_s"] for r in plain]),
     }
 

@@ -14,6 +14,7 @@ TARGETS = {
     "rollout_efficiency": 0.9,  # at least
     "update_efficiency": 0.9,  # at least
     "orchestration_overhead": 0.05,  # at most, at the demo config
+    "validation_share": 0.10,  # at most, at the demo config: the data contracts' share of an iteration
     "trl_iteration_time_ratio": 1.0,  # below: ours faster per iteration
     "peak_rss_growth": 0.1,  # at most
 }

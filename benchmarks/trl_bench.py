@@ -117,8 +117,8 @@ def prompt_rows(config: Any, tokenizer: Any, iterations: int) -> tuple[list[dict
     gives exactly our ids."""
     from ragen_core.agent import ChatFormatter
     from ragen_core.rollout import ScriptedBackend, run_rollouts
+    from ragen_core.run.stages import rollout_spec
     from ragen_core.seeding import derive_seeds
-    from ragen_core.stages import rollout_spec
 
     rows, same_ids = [], True
     for iteration in range(iterations):
@@ -203,8 +203,8 @@ def validation_success(model: Any, tokenizer: Any, config: Any, updates: int, en
     from ragen_core.agent import ChatFormatter
     from ragen_core.rollout import run_rollouts
     from ragen_core.rollout.hf_backend import HFBackend
+    from ragen_core.run.stages import rollout_spec
     from ragen_core.seeding import derive_seed, derive_seeds
-    from ragen_core.stages import rollout_spec
 
     seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
     spec = rollout_spec(config, env_name, seeds, config.eval.k)
@@ -221,9 +221,9 @@ def validation_success(model: Any, tokenizer: Any, config: Any, updates: int, en
 def measure(case: PeerCase, device: str = "cpu") -> dict[str, Any]:
     """Run both side by side; per-iteration wall times, validation curves and success gained per minute."""
     from benchmarks.flow_bench import FlowCase, run_flow
-    from ragen_core.bootstrap import bootstrap_model
     from ragen_core.config import load_config
-    from ragen_core.session import base_model_dir
+    from ragen_core.run.bootstrap import bootstrap_model
+    from ragen_core.run.session import base_model_dir
     from ragen_core.storage import DataLake
 
     overrides = case_overrides(case)

@@ -1,8 +1,9 @@
 """Update efficiency: trained tokens per second of our update stage divided by a bare torch loop.
 
-Ours is the update stage's core call, :func:`ragen_core.stages.update_policy` (read the published kept rows, collate,
-re-score the old log-probs, advantages, DeepSpeed PPO steps), on a real batch that our rollout, persist, validate
-and filter stages wrote (configs/bandit.yaml: 8 x 16 rollouts, 25% of the groups kept, mini- and micro-batches of 16).
+Ours is the update stage's core call, :func:`ragen_core.run.stages.update_policy` (read the published kept rows,
+collate, re-score the old log-probs, advantages, DeepSpeed PPO steps), on a real batch that our rollout, persist,
+validate and filter stages wrote (configs/bandit.yaml: 8 x 16 rollouts, 25% of the groups kept, mini- and
+micro-batches of 16).
 
 Bare is the least a PPO/GRPO update of the same batch must do, in plain torch: a copy of the same model, the same
 token tensors (padded once, outside the timing), the same mini-batches, and per mini-batch one forward, the
@@ -24,11 +25,13 @@ import torch
 
 from benchmarks.common import ROOT, StopWatch, interleave, profile_top, ratio_of_rates, spread
 from benchmarks.models import parameter_count
-from ragen_core import stages
 from ragen_core.config import RunConfig, load_config
+from ragen_core.run import stages
+from ragen_core.run.batches import filter_and_publish
+from ragen_core.run.session import RunSession, open_session
 from ragen_core.seeding import derive_seed
-from ragen_core.session import RunSession, open_session
-from ragen_core.storage import BatchMeta, DataLake
+from ragen_core.storage import DataLake
+from ragen_core.training import updater as updater_module
 
 
 @dataclass(frozen=True)
@@ -51,28 +54,18 @@ def bench_config(case: UpdateCase) -> RunConfig:
 
 
 def policy_of(session: RunSession) -> torch.nn.Module:
-    """The policy module the session trains."""
-    model = getattr(session, "policy_model", None)
-    return model if model is not None else session.actor.module
+    """The policy module the session trains (in-process: the rollouts sample from the actor's own module)."""
+    return session.policy.model
 
 
 def make_batch(session: RunSession, iteration: int) -> None:
     """Generate, persist, validate and filter (publish) one real training batch, as the flow's stages do."""
     config = session.config
     records = stages.generate_rollouts(session, iteration)
-    meta = BatchMeta(
-        run_id=session.run_id,
-        iteration=iteration,
-        split="train",
-        policy_version=iteration,
-        temperature=config.rollout.temperature,
-        config_hash=session.config_hash,
-    )
-    stages.persist_trajectories(session.lake, meta, "rollout", records)
-    stages.validate_env_batch(
-        session.lake, config, session.run_id, iteration, "rollout", config.env.name, config.rollout.group_size
-    )
-    stages.filter_groups(session.lake, session.run_id, iteration, config.algorithm.filter_spec)
+    batch = stages.training_batch(session, iteration)
+    batch.persist(records)
+    batch.validate()
+    filter_and_publish(batch, config.algorithm.filter_spec)
 
 
 class BareUpdate:
@@ -131,8 +124,8 @@ class BareUpdate:
 def _breakdown_watch(session: RunSession) -> tuple[StopWatch, list[tuple[Any, str, Any]]]:
     """Wrap the update's parts (read + collate, re-scoring, PPO steps) in a stop watch; returns the patches."""
     watch = StopWatch()
-    actor_type = type(session.actor)
-    patches = [(stages, "update_inputs", stages.update_inputs)]
+    actor_type = type(session.updater.actor)
+    patches = [(updater_module, "update_inputs", updater_module.update_inputs)]
     patches += [(actor_type, name, getattr(actor_type, name)) for name in ("score", "policy_update")]
     for target, name, original in patches:
         setattr(target, name, watch.wrap(name, original))

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 
 from flows.cli_common import (
-    DATA_ROOT_HELP,
     OUTPUT_FORMATS,
+    OVERRIDES,
+    DataRoot,
+    Verbose,
     check_output,
     checked_run_id,
+    config_option,
     console,
     existing_root,
     fail,
+    load_config_or_fail,
     print_table,
+    run_id_option,
     writable_root,
     write_result,
 )
+from flows.cli_launch import start_flow_command, user_facing_errors, writer
 from flows.cli_runs import runs_app
 from flows.cli_server import server_app
 
@@ -37,95 +39,31 @@ SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQ
 )
 
 
-def _prepare_prefect(data_root: Path, run_id: str, verbose: bool) -> None:
-    """Environment for Prefect, set before it is imported: no telemetry, a patient local server, and a Prefect home
-    of the run's own attempt when no server is configured (two runs, or a resume and the server a killed attempt may
-    have left behind, never share one SQLite file)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    if not verbose:
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    if "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        home = data_root / "_prefect" / run_id / f"{stamp}-{os.getpid()}"
-        home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level itself
-        os.environ["PREFECT_HOME"] = str(home)
-        from flows.interrupts import start_command_server
-
-        start_command_server(home)  # its own server: out of reach of the terminal's Ctrl-C, dead with this process
-
-
-@contextmanager
-def _writer(root: Path, run_id: str) -> Iterator[None]:
-    """Hold the run's writer lock for the whole command, taken before anything is written or started: one writer
-    per run (the flow takes the same lock again, sharing this hold)."""
-    from ragen_core.storage import LakeError
-    from ragen_core.storage.locks import acquire, release, takeover_note
-
-    try:
-        lock = acquire(root, run_id)
-    except LakeError as exc:
-        fail(str(exc))
-    note = takeover_note(lock)
-    if note:
-        console.print(f"[yellow]note:[/] {note}")
-    try:
-        yield
-    finally:
-        release(lock)
-
-
-def _quiet_libraries() -> None:
-    import logging
-
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    for name in ("great_expectations", "DeepSpeed", "deepspeed", "transformers"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    # this module sets its own logger to INFO when imported (after us) and says "Created temporary directory" on
-    # the terminal at every run; a filter on the logger outlives that
-    logging.getLogger("great_expectations.data_context.types.base").addFilter(
-        lambda record: record.levelno >= logging.ERROR
-    )
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+@app.command(context_settings=OVERRIDES)
 def train(
     ctx: typer.Context,
-    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
-    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
-    run_id: str | None = typer.Option(
-        None,
-        "--run-id",
-        help="Run id (default <env>-<hash>-<time>); an existing unfinished run with the same config is resumed.",
-    ),  # fmt: skip
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
+    config: Path | None = config_option(),
+    data_root: DataRoot = None,
+    run_id: str | None = run_id_option(
+        "Run id (default <env>-<hash>-<time>); an existing unfinished run with the same config is resumed."
+    ),
+    verbose: Verbose = False,
 ) -> None:
     """Train with StarPO / StarPO-S. Extra arguments are key.sub=value overrides, e.g. trainer.iterations=5."""
-    from ragen_core.config import ConfigError, load_config
+    from ragen_core.run.record import default_run_id
 
     checked_run_id(run_id)
-
-    try:
-        run_config = load_config(config, list(ctx.args))
-    except ConfigError as exc:
-        fail(str(exc))
-    from ragen_core.session import default_run_id
-
+    run_config = load_config_or_fail(config, ctx.args)
     root, run_id = writable_root(data_root), checked_run_id(run_id or default_run_id(run_config))
-    ctx.with_resource(_writer(root, run_id))
+    ctx.with_resource(writer(root, run_id))
     _run(run_config, root, run_id, verbose, [], False)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+@app.command(context_settings=OVERRIDES)
 def resume(
     ctx: typer.Context,
     run_id: str = typer.Argument(..., help="The run to continue."),
-    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
+    data_root: DataRoot = None,
     force_config: str = typer.Option(
         "",
         "--force-config",
@@ -135,7 +73,7 @@ def resume(
     skip_iteration: bool = typer.Option(
         False, "--skip-iteration", help="Record a quarantined iteration as skipped (no update) and go on."
     ),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
+    verbose: Verbose = False,
 ) -> None:
     """Continue a run from its last committed iteration, with the run's own config. Extra key.sub=value
     overrides change it (only the keys listed in --force-config), e.g. trainer.iterations=50."""
@@ -152,11 +90,11 @@ def resume(
     except ConfigError as exc:
         fail(str(exc))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
-    ctx.with_resource(_writer(root, run_id))
+    ctx.with_resource(writer(root, run_id))
     _run(run_config, root, run_id, verbose, allowed, skip_iteration)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+@app.command(context_settings=OVERRIDES)
 def retrain(
     ctx: typer.Context,
     sql: str = typer.Option(
@@ -177,58 +115,54 @@ def retrain(
         help="Model folder, checkpoint folder (its hf/ export), run:<id> (the "
         "model that run started from) or run:<id>@<updates> (its checkpoint).",
     ),  # fmt: skip
-    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (actor, algorithm, offline, eval)."),
-    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
-    run_id: str | None = typer.Option(None, "--run-id", help="Id of the new run (default retrain-<mode>-<hash>)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
+    config: Path | None = config_option("YAML config (actor, algorithm, offline, eval)."),
+    data_root: DataRoot = None,
+    run_id: str | None = run_id_option("Id of the new run (default retrain-<mode>-<hash>)."),
+    verbose: Verbose = False,
 ) -> None:
     """Re-train a model offline on stored trajectories, exactly as stored (no re-tokenisation), as a new run whose
     manifest records the query and the source runs. Extra key.sub=value overrides, e.g. offline.epochs=3."""
-    from ragen_core.config import ConfigError, load_config
-
     checked_run_id(run_id)
-    if init.startswith("run:"):  # the run named by --init run:<id>[@<updates>] is a name too
-        from ragen_core.storage.names import is_valid_run_id
-
-        spec = init.removeprefix("run:")
-        run_part, at, updates = spec.partition("@")
-        well_formed = is_valid_run_id(run_part) and (not at or (updates.isascii() and updates.isdigit()))
-        checked_run_id(run_part if well_formed else spec, "--init run id")  # else the whole text is refused
+    _check_init(init)
     if mode not in ("sft", "pg"):
         fail(f"--mode must be sft or pg, not {mode!r}")
-    try:
-        run_config = load_config(config, list(ctx.args))
-    except ConfigError as exc:
-        fail(str(exc))
+    run_config = load_config_or_fail(config, ctx.args)
     root = writable_root(existing_root(data_root), create=False)
     run_id = checked_run_id(run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}")
-    ctx.with_resource(_writer(root, run_id))
-    _prepare_prefect(root, run_id, verbose)
-    if not verbose:
-        _quiet_libraries()
+    ctx.with_resource(writer(root, run_id))
+    start_flow_command(root, run_id, verbose)
     from flows.retrain import retrain_offline
-    from ragen_core.offline import OfflineError
-    from ragen_core.session import RunExistsError
-
-    if not verbose:
-        _hide_run_failure_logs()
+    from ragen_core.run.offline import OfflineError
+    from ragen_core.run.record import RunExistsError
 
     console.print(f"offline {mode} run [bold]{run_id}[/] from {init} · data root {root}")
     try:
         result = retrain_offline(
-            run_config.to_dict(), sql, mode, init, data_root=str(root), run_id=run_id,
+            run_config, sql, mode, init, data_root=str(root), run_id=run_id,
             progress=lambda i, m: console.print(_metrics_line(i, m)),
         )  # fmt: skip
-    except (OfflineError, RunExistsError, *_user_facing_errors()) as exc:
+    except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
         fail(str(exc))
     console.print(f"trained on {result['trajectories']} stored trajectories")
     _print_run_summary(root, result["run_id"], None)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def _check_init(init: str) -> None:
+    """The run named by ``--init run:<id>[@<updates>]`` is a name too: refused (the whole text) unless well formed."""
+    if not init.startswith("run:"):
+        return
+    from ragen_core.storage.names import is_valid_run_id
+
+    spec = init.removeprefix("run:")
+    run_part, at, updates = spec.partition("@")
+    well_formed = is_valid_run_id(run_part) and (not at or (updates.isascii() and updates.isdigit()))
+    checked_run_id(run_part if well_formed else spec, "--init run id")
+
+
+@app.command(context_settings=OVERRIDES)
 def sweep(
     ctx: typer.Context,
-    config: Path | None = typer.Option(None, "--config", "-c", help="Base YAML config."),
+    config: Path | None = config_option("Base YAML config."),
     grid: list[str] | None = typer.Option(
         None, "--grid", "-g", help='Grid axis key=[v1,v2,...] (repeatable), e.g. "algorithm.filter_ratio=[0.25,0.5]".'
     ),
@@ -244,20 +178,19 @@ def sweep(
         False, "--deployment", help="Submit each point as a run of a deployment (needs PREFECT_API_URL and a worker)."
     ),
     deployment_name: str = typer.Option("train/train", "--deployment-name", help="Deployment the points run as."),
-    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
+    data_root: DataRoot = None,
+    verbose: Verbose = False,
 ) -> None:
     """A sweep: every grid combination x random draw x seed is its own run (manifest: sweep id, point, overrides),
     then a comparison table. The same command again resumes it (completed points are skipped). Extra key.sub=value
     arguments override the base config of every point."""
-    from ragen_core.config import ConfigError, load_config
     from ragen_core.sweep import SweepError, plan_sweep
 
     checked_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids
+    base = load_config_or_fail(config, ctx.args)
     try:
-        base = load_config(config, list(ctx.args))
         plan = plan_sweep(base.to_dict(), grid or [], random or [], samples, seeds, sweep_id, search_seed)
-    except (ConfigError, SweepError) as exc:
+    except SweepError as exc:
         fail(str(exc))
     if deployment and "PREFECT_API_URL" not in os.environ:
         fail(
@@ -265,9 +198,7 @@ def sweep(
             "export PREFECT_API_URL=http://127.0.0.1:4200/api"
         )
     root = writable_root(data_root)
-    _prepare_prefect(root, plan.sweep_id, verbose)
-    if not verbose:
-        _quiet_libraries()
+    start_flow_command(root, plan.sweep_id, verbose)
     from flows.sweep import sweep as sweep_flow
 
     chosen = [p for p in plan.points if not point or p.index in set(point)]
@@ -283,6 +214,11 @@ def sweep(
         )  # fmt: skip
     except SweepError as exc:
         fail(str(exc))
+    _print_sweep(result)
+
+
+def _print_sweep(result: dict) -> None:
+    """The sweep's comparison table; exit status 1 when some point did not complete."""
     import pyarrow as pa
 
     console.print("\n[bold]sweep comparison[/] (val_success: mean over validation envs at the last iteration)")
@@ -293,21 +229,21 @@ def sweep(
         raise typer.Exit(code=1)
 
 
-@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+@app.command("eval", context_settings=OVERRIDES)
 def eval_command(
     ctx: typer.Context,
     target: str = typer.Argument(..., help="RUN_ID (newest checkpoint), RUN_ID@N, a checkpoint or a model folder."),
     env: list[str] | None = typer.Option(None, "--env", "-e", help="Validation env (repeatable; default: the run's)."),
     n: int | None = typer.Option(None, "--n", help="Fixed validation instances per env (default: eval.instances)."),
-    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (default: the run's, or defaults)."),
-    data_root: Path | None = typer.Option(None, "--data-root", help="Data root (default ./data or RAGEN_DATA_ROOT)."),
-    run_id: str | None = typer.Option(None, "--run-id", help="Evaluation run id (default eval-<model>-<hash>)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's and the libraries' logs."),
+    config: Path | None = config_option("YAML config (default: the run's, or defaults)."),
+    data_root: DataRoot = None,
+    run_id: str | None = run_id_option("Evaluation run id (default eval-<model>-<hash>)."),
+    verbose: Verbose = False,
 ) -> None:
     """Evaluate a policy on fixed validation instances; the rollouts are stored as an evaluation run (query them with
     `ragen sql`). Extra key.sub=value overrides, e.g. eval.temperature=1.0 eval.k=4."""
     from ragen_core.config import ConfigError
-    from ragen_core.evaluation import EvaluationError, evaluation_config, evaluation_run_id, resolve_target
+    from ragen_core.run.evaluation import EvaluationError, evaluation_config, evaluation_run_id, resolve_target
     from ragen_core.storage import DataLake
 
     checked_run_id(run_id)
@@ -321,22 +257,17 @@ def eval_command(
     except (ConfigError, EvaluationError) as exc:
         fail(str(exc))
     root.mkdir(parents=True, exist_ok=True)
-    ctx.with_resource(_writer(root, checked_run_id(run_id)))
-    _prepare_prefect(root, "eval", verbose)
-    if not verbose:
-        _quiet_libraries()
+    ctx.with_resource(writer(root, checked_run_id(run_id)))
+    start_flow_command(root, "eval", verbose)
     from flows.evaluate import evaluate
-    from ragen_core.evaluation import EvaluationError
 
-    if not verbose:
-        _hide_run_failure_logs()
     console.print(f"evaluating [bold]{which}[/] · data root {root}")
     try:
         result = evaluate(
             target, envs=env or None, n=n, data_root=str(root), config=str(config) if config else None,
             overrides=list(ctx.args), run_id=run_id,
         )  # fmt: skip
-    except (EvaluationError, *_user_facing_errors()) as exc:
+    except (EvaluationError, *user_facing_errors()) as exc:
         fail(str(exc))
     import pyarrow as pa
 
@@ -347,62 +278,16 @@ def eval_command(
 
 def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:
     """Run (or resume) the train flow with a progress bar, then print the run's summary."""
-    checked_run_id(run_id)  # also a derived default id, before anything is created
     from ragen_core.training.precision import PrecisionError, resolve_precision
 
+    checked_run_id(run_id)  # also a derived default id, before anything is created
     try:
         resolve_precision(run_config.trainer.precision)  # this machine can run it: checked before anything starts
     except PrecisionError as exc:
         fail(str(exc))
-    _prepare_prefect(root, run_id, verbose)
-    if not verbose:
-        _quiet_libraries()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from flows.train import train as train_flow
-    from ragen_core.resume import ResumeError
-    from ragen_core.storage import LakeError
-
-    if not verbose:
-        _hide_run_failure_logs()
-
+    start_flow_command(root, run_id, verbose)
     console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {root}")
-    total = run_config.trainer.iterations + 1
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
-        bar = progress.add_task("training", total=total)
-
-        def on_iteration(iteration: int, metrics: dict[str, float]) -> None:
-            progress.console.print(_metrics_line(iteration, metrics))
-            progress.update(bar, completed=iteration + 1)
-
-        try:
-            result = train_flow(
-                run_config.to_dict(),
-                data_root=str(root),
-                run_id=run_id,
-                progress=on_iteration,
-                force_config=allowed,
-                skip_iteration=skip_iteration,
-            )
-        except (ResumeError, *_user_facing_errors()) as exc:  # the manifest recorded it; one line, no traceback
-            progress.stop()
-            fail(str(exc))
-        except BaseException as exc:  # Ctrl-C: the flow recorded where it stopped; one line, then exit status 130
-            from flows.interrupts import report_interrupted, requested
-            from ragen_core.session import interrupted
-
-            if not (interrupted(exc) or requested()):  # an error that a Ctrl-C did not cause: not ours to handle
-                raise
-            progress.stop()
-            report_interrupted(root, run_id)
-            raise KeyboardInterrupt from None  # also for a library's error raised while it handled the Ctrl-C
+    result = _train_with_progress(run_config, root, run_id, allowed, skip_iteration)
     if result.get("completed"):
         console.print(f"run {run_id} is already completed; nothing to do")
     elif result.get("resumed"):
@@ -411,38 +296,47 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
             f"resumed at iteration {resumed['next_iteration']} from "
             f"{resumed['checkpoint'] or 'the start model'} (replayed updates: {resumed['replayed'] or 'none'})"
         )
+    from ragen_core.storage import LakeError
+
     try:
         _print_run_summary(root, result["run_id"], result.get("bootstrap"))
     except LakeError as exc:  # a damaged file the run's summary reads: say so, never a traceback or a silent 0
         fail(f"the run's summary cannot be read: {exc}")
 
 
-def _user_facing_errors() -> tuple[type[BaseException], ...]:
-    """Errors about the user's data or setup (a damaged lake or checkpoint, a missing model): their message says
-    what is wrong and what to do, so the command prints it alone. Anything else is a bug and keeps its traceback."""
-    from ragen_core.policy.loading import PolicyLoadError
-    from ragen_core.storage import LakeError
-    from ragen_core.training.checkpoint import CheckpointError
+def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str], skip_iteration: bool) -> dict:
+    """The train flow under a progress bar; a user's error is one line, a Ctrl-C a one-line report (exit 130)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return LakeError, PolicyLoadError, CheckpointError
+    from flows.train import train as train_flow
+    from ragen_core.run.decisions import ResumeError
 
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task("training", total=run_config.trainer.iterations + 1)
 
-class _NoRunFailureRecords(logging.Filter):
-    """Drops Prefect's error records about failed flow and task runs (each with the traceback) from the terminal:
-    the command reports the error itself; the Prefect server still receives them, and --verbose shows them."""
+        def on_iteration(iteration: int, metrics: dict[str, float]) -> None:
+            progress.console.print(_metrics_line(iteration, metrics))
+            progress.update(bar, completed=iteration + 1)
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        runs = record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
-        return not (runs and record.levelno >= logging.ERROR)
+        try:
+            return train_flow(
+                run_config, data_root=str(root), run_id=run_id, progress=on_iteration,
+                force_config=allowed, skip_iteration=skip_iteration,
+            )  # fmt: skip
+        except (ResumeError, *user_facing_errors()) as exc:  # the manifest recorded it; one line, no traceback
+            progress.stop()
+            fail(str(exc))
+        except BaseException as exc:  # Ctrl-C: the flow recorded where it stopped; one line, then exit status 130
+            from flows.interrupts import report_interrupted, requested
+            from ragen_core.run.record import interrupted
 
-
-def _hide_run_failure_logs() -> None:
-    """Install :class:`_NoRunFailureRecords` on every handler that writes to the terminal (Prefect set them up when
-    it was imported)."""
-    from flows.interrupts import terminal_handlers
-
-    for handler in terminal_handlers([logging.getLogger()]):
-        handler.addFilter(_NoRunFailureRecords())
+            if not (interrupted(exc) or requested()):  # an error that a Ctrl-C did not cause: not ours to handle
+                raise
+            progress.stop()
+            report_interrupted(root, run_id)
+            raise KeyboardInterrupt from None  # also for a library's error raised while it handled the Ctrl-C
 
 
 def _metrics_line(iteration: int, metrics: dict[str, float]) -> str:
@@ -495,7 +389,7 @@ def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None) -> None:
 @app.command()
 def sql(
     statement: str = typer.Argument(..., help="One SQL query over the lake's tables (docs/sql.md)."),
-    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+    data_root: DataRoot = None,
     run: str | None = typer.Option(None, "--run", help="Scope every table to this run id."),
     output_format: str = typer.Option("table", "--format", "-f", help="table, csv, json or parquet."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the result to FILE (required for parquet)."),
@@ -526,7 +420,7 @@ def sql(
 def plot(
     run_ids: list[str] = typer.Argument(..., help="One or several run ids (`ragen runs` lists them)."),
     out: Path = typer.Option(..., "--out", "-o", help="PNG file to write (outside the data root)."),
-    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+    data_root: DataRoot = None,
 ) -> None:
     """Plot the runs' collapse indicators from the metrics table into one PNG: validation success per env, reward
     mean and std, in-group reward std, entropy, gradient norm and response length against the iteration."""

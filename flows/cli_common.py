@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -127,7 +128,7 @@ def write_result(result, output_format: str, out: Path | None) -> None:
         import pyarrow.csv as pacsv
 
         sink = io.BytesIO()
-        pacsv.write_csv(result, sink)
+        pacsv.write_csv(_csv_ready(result), sink)
         data = sink.getvalue()
     else:
         data = (json.dumps(result.to_pylist(), default=str, indent=1) + "\n").encode()
@@ -136,6 +137,19 @@ def write_result(result, output_format: str, out: Path | None) -> None:
     elif output_format != "table":
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
+
+
+def _csv_ready(result):
+    """``result`` with every nested column (lists, structs, maps: CSV has no such cells) as one JSON text per cell."""
+    import pyarrow as pa
+
+    columns = []
+    for column in result.columns:
+        if pa.types.is_nested(column.type):
+            cells = [None if v is None else json.dumps(v, default=str) for v in column.to_pylist()]
+            column = pa.array(cells, pa.string())
+        columns.append(column)
+    return pa.table(columns, names=result.column_names)
 
 
 def checked_run_id(run_id: str | None, what: str = "run id") -> str | None:
@@ -162,3 +176,30 @@ def _write_file(out: Path, data) -> None:
             atomic_write_parquet(out, data)
     except OSError as exc:
         fail(f"cannot write --out {str(out)!r}: {exc.strerror or exc}")
+
+
+# -- options shared by commands: declared once ------------------------------------------------------------------
+OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": False}  # commands taking key.sub=value overrides
+DataRoot = Annotated[Path | None, typer.Option("--data-root", help=DATA_ROOT_HELP)]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect's and the libraries' logs.")]
+
+
+def config_option(help_text: str = "YAML config file.") -> Any:
+    """``--config / -c``: a YAML config file (what it is the base of differs per command)."""
+    return typer.Option(None, "--config", "-c", help=help_text)
+
+
+def run_id_option(help_text: str) -> Any:
+    """``--run-id``: the id of the run a command creates (its default differs per command)."""
+    return typer.Option(None, "--run-id", help=help_text)
+
+
+def load_config_or_fail(config: Path | None, overrides: list[str]) -> Any:
+    """The validated config of a YAML file (or the defaults) plus ``key.sub=value`` overrides; a bad one is a user
+    error (one line, exit status 2), before anything starts."""
+    from ragen_core.config import ConfigError, load_config
+
+    try:
+        return load_config(config, list(overrides))
+    except ConfigError as exc:
+        fail(str(exc))

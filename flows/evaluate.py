@@ -7,9 +7,9 @@ from typing import Any
 
 from prefect import flow
 
-from ragen_core import evaluation as e
 from ragen_core.config import RunConfig
-from ragen_core.resume import discard_uncommitted
+from ragen_core.run import evaluation as e
+from ragen_core.run.record import run_status
 from ragen_core.storage import DataLake
 from ragen_core.storage.locks import run_writer
 from ragen_core.storage.names import validate_run_id
@@ -50,18 +50,14 @@ def _evaluate(lake: DataLake, run_config: RunConfig, run_id: str, target: str, w
     if manifest is not None and 0 in lake.committed_iterations(run_id):
         return _result(lake, run_id, which, reused=True)
     if manifest is not None:
-        discard_uncommitted(lake, run_id, 0)
+        lake.discard_uncommitted(run_id, 0)
     session = t.open_session(run_config, lake, run_id, model_dir, manifest, training=False)
-    evaluated = {"target": target, "model": which, "model_dir": str(model_dir)}
-    session.update_manifest(kind="evaluation", evaluated=evaluated)
-    try:
+    with run_status(session):
+        evaluated = {"target": target, "model": which, "model_dir": str(model_dir)}
+        session.record.update(kind="evaluation", evaluated=evaluated)
         metrics = t.evaluate(session, 0)
         t.commit_iteration(session, 0, metrics, updated=False)
-    except BaseException as exc:
-        session.update_manifest(status="failed", error=f"{type(exc).__name__}: {exc}")
-        raise
     r.publish_iteration_artifact(run_id, 0, metrics)
-    session.update_manifest(status="completed")
     return _result(lake, run_id, which, reused=False)
 
 

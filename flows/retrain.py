@@ -7,8 +7,8 @@ from typing import Any
 from prefect import flow
 
 from flows.train import ProgressCallback, final_evaluation, resolve_config
-from ragen_core.config import RunConfig, build_config
-from ragen_core.session import check_run_id_free
+from ragen_core.config import RunConfig
+from ragen_core.run.record import check_run_id_free, run_status
 from ragen_core.storage import DataLake
 from ragen_core.storage.locks import run_writer
 from ragen_core.storage.names import validate_run_id
@@ -18,7 +18,7 @@ from tasks import stages as t
 
 @flow(name="retrain_offline", validate_parameters=False)
 def retrain_offline(
-    config: dict[str, Any] | str | None,
+    config: RunConfig | dict[str, Any] | str | None,
     sql: str,
     mode: str,
     init: str,
@@ -35,10 +35,9 @@ def retrain_offline(
     if run_id is not None:
         validate_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(config, overrides)  # a tree, or a YAML path (deployments), plus key=value overrides
-    epochs = run_config.offline.epochs
-    run_config = build_config(
-        {**run_config.to_dict(), "trainer": {**run_config.to_dict()["trainer"], "iterations": epochs}}
-    )
+    epochs = run_config.offline.epochs  # each epoch is committed as an iteration: the run has `epochs` iterations
+    trainer = run_config.trainer.model_copy(update={"iterations": epochs})  # both validated positive integers
+    run_config = run_config.model_copy(update={"trainer": trainer})
     lake = DataLake(data_root)
     run_id = validate_run_id(run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}")
     with run_writer(lake.root, run_id):  # one writer per run (a second retrain of the same id is refused)
@@ -61,8 +60,8 @@ def _retrain(
     table = o.select_trajectories(lake, sql)
     o.check_tokenizer(lake, table, init_dir)
     session = t.open_session(run_config, lake, run_id, init_dir)
-    session.update_manifest(kind="offline", lineage=o.lineage(sql, table, mode, init_dir, lake.root))
-    try:
+    with run_status(session):
+        session.record.update(kind="offline", lineage=o.lineage(sql, table, mode, init_dir, lake))
         for epoch in range(epochs):
             metrics = t.evaluate(session, 0) if epoch == 0 else {}
             metrics.update(o.offline_epoch(session, table, mode, epoch))
@@ -72,8 +71,4 @@ def _retrain(
         final = final_evaluation(session, epochs)
         if progress:
             progress(epochs, final)
-    except BaseException as exc:
-        session.update_manifest(status="failed", error=f"{type(exc).__name__}: {exc}")
-        raise
-    session.update_manifest(status="completed")
     return {"run_id": run_id, "data_root": str(lake.root), "trajectories": table.num_rows}

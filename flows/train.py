@@ -14,9 +14,11 @@ from prefect.utilities.annotations import quote
 
 from ragen_core.config import RunConfig, build_config, load_config
 from ragen_core.faults import set_iteration
-from ragen_core.resume import check_config
-from ragen_core.session import RunSession, default_run_id, new_manifest, stop_record, utc_now
-from ragen_core.storage import BatchMeta, DataLake
+from ragen_core.run.decisions import ResumePlan, Start, decide_start
+from ragen_core.run.record import RunRecord, default_run_id, new_manifest, run_status
+from ragen_core.run.session import RunSession
+from ragen_core.run.stages import training_batch
+from ragen_core.storage import DataLake
 from ragen_core.storage.locks import run_writer, takeover_note
 from ragen_core.storage.names import validate_run_id
 from tasks import reporting as r
@@ -25,8 +27,13 @@ from tasks import stages as t
 ProgressCallback = Callable[[int, dict[str, float]], None]
 
 
-def resolve_config(config: dict[str, Any] | str | None, overrides: list[str] | None = None) -> RunConfig:
-    """A config tree, or the path of a YAML config file, plus ``key.sub=value`` overrides, validated."""
+def resolve_config(config: RunConfig | dict[str, Any] | str | None, overrides: list[str] | None = None) -> RunConfig:
+    """A config tree, or the path of a YAML config file, plus ``key.sub=value`` overrides, validated. A
+    :class:`RunConfig` (what the CLI passes, having validated it) is used as it is: a config is validated once."""
+    if isinstance(config, RunConfig) and not overrides:
+        return config
+    if isinstance(config, RunConfig):
+        config = config.to_dict()
     if config is None or isinstance(config, str):
         return load_config(config, list(overrides or []))
     return build_config(config, list(overrides or []))
@@ -41,12 +48,12 @@ class _Clock:
     """Records where the run is (for the manifest, if it fails) and how long each stage took (``time/<stage>``)."""
 
     def __init__(self, session: RunSession, iteration: int, metrics: dict[str, float]) -> None:
-        self.session, self.iteration, self.metrics = session, iteration, metrics
+        self.record, self.iteration, self.metrics = session.record, iteration, metrics
         set_iteration(iteration)
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
-        self.session.position = {"iteration": self.iteration, "stage": stage}
+        self.record.position = {"iteration": self.iteration, "stage": stage}
         start = time.perf_counter()
         yield
         self.metrics[f"time/{stage}"] = time.perf_counter() - start
@@ -58,7 +65,7 @@ def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
     A group of tasks of the ``train`` flow, not a subflow: measured at the demo config, a subflow per iteration plus
     Prefect walking the rollout records for futures cost ~1.7 s of a 3.3 s iteration (benchmarks/RESULTS.md, section
     3). The records reach the persist task ``quote``-d, so Prefect passes them through untouched."""
-    config, lake, run_id = session.config, session.lake, session.run_id
+    config = session.config
     metrics: dict[str, float] = {}
     stage = _Clock(session, iteration, metrics)
     if eval_due(config, iteration):
@@ -66,20 +73,13 @@ def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
             metrics.update(t.evaluate(session, iteration))
     with stage("generate"):
         records = t.generate_rollouts(session, iteration)
+    batch = training_batch(session, iteration)
     with stage("persist"):
-        meta = BatchMeta(
-            run_id=run_id,
-            iteration=iteration,
-            split="train",
-            policy_version=iteration,
-            temperature=config.rollout.temperature,
-            config_hash=session.config_hash,
-        )
-        t.persist_trajectories(lake, meta, "rollout", quote(records))
+        t.persist(batch, quote(records))
     with stage("validate"):
-        t.validate_env_batch(lake, config, run_id, iteration, "rollout", config.env.name, config.rollout.group_size)
+        t.validate(batch)
     with stage("filter"):
-        metrics.update(t.filter_groups(lake, run_id, iteration, config.algorithm.filter_spec))
+        metrics.update(t.filter_and_publish(batch, config.algorithm.filter_spec))
     if config.trainer.mi_diagnostic:  # scored by the policy that sampled the batch, so before the update
         with stage("diagnose"):
             metrics.update(t.diagnose_reasoning(session, iteration))
@@ -87,7 +87,7 @@ def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
         metrics.update(t.update_policy(session, iteration))
     with stage("commit"):
         t.commit_iteration(session, iteration, metrics, updated=True)
-    r.publish_iteration_artifact(run_id, iteration, metrics)
+    r.publish_iteration_artifact(session.run_id, iteration, metrics)
     return metrics
 
 
@@ -103,72 +103,52 @@ def final_evaluation(session: RunSession, iteration: int) -> dict[str, float]:
     return metrics
 
 
-def _open(
-    run_config: RunConfig, lake: DataLake, run_id: str, force_config: list[str], skip_iteration: bool
-) -> tuple[RunSession, int, dict[str, Any]]:
-    """A fresh run (bootstrap, then the session) or a resumed one (checks, checkpoint, replayed updates)."""
+Opened = tuple[RunSession | None, ResumePlan | None, dict[str, Any]]
+
+
+def _open(run_config: RunConfig, lake: DataLake, run_id: str, force_config: list[str], skip_iteration: bool) -> Opened:
+    """The session of a fresh run (after its bootstrap) or of a resumed one (checked, its uncommitted output
+    discarded: the plan says what to restore); no session when the run is already done."""
     manifest = lake.read_manifest(run_id)
-    if manifest is None or not manifest.get("model_dir"):  # new, or stopped before its session (in the bootstrap)
-        return _start(run_config, lake, run_id, manifest, force_config)
+    start = decide_start(manifest, run_config, lake.committed_iterations(run_id), force_config)
+    if start is Start.DONE:
+        return None, None, {"completed": True, "bootstrap": manifest.get("bootstrap")}
+    if start in (Start.FRESH, Start.OVER):
+        session, bootstrap = _start(run_config, lake, run_id, manifest)
+        return session, None, {"bootstrap": bootstrap}
     plan = t.prepare_resume(lake, run_config, run_id, manifest, force_config, skip_iteration)
-    if plan.next_iteration > run_config.trainer.iterations:
-        return None, plan.next_iteration, {"completed": True, "bootstrap": manifest.get("bootstrap")}
-    session = None
     try:
         session = t.open_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
-        restored = t.restore_session(session, plan)
-        first = plan.next_iteration
-        if plan.quarantined:  # only reachable with skip_iteration (plan_resume refuses otherwise)
-            t.skip_iteration(session, first, plan.quarantined)
-            first += 1
     except BaseException as exc:  # a failed resume says so in the manifest (a refused one, above, changes nothing)
-        _record_failure(lake, run_id, session, exc)
-        if session is not None:
-            session.close()
+        RunRecord(lake, run_id, manifest).stopped(exc)
         raise
-    return session, first, {"bootstrap": manifest.get("bootstrap"), "resumed": restored}
+    return session, plan, {"bootstrap": manifest.get("bootstrap")}
 
 
 def _start(
-    run_config: RunConfig, lake: DataLake, run_id: str, manifest: dict[str, Any] | None, force_config: list[str]
-) -> tuple[RunSession, int, dict[str, Any]]:
+    run_config: RunConfig, lake: DataLake, run_id: str, manifest: dict[str, Any] | None
+) -> tuple[RunSession, dict[str, Any] | None]:
     """Start a run: its manifest first (so a run killed in the bootstrap is known and resumable), then the start
     model, the bootstrap and the session. ``manifest``: the one an earlier attempt left before its session."""
-    if manifest is None:
-        early = new_manifest(run_config, run_id, None, None)
-        lake.write_manifest(run_id, early)
-    else:
-        check_config(manifest, run_config, force_config)
-        early = {**manifest, "status": "running", "updated_at": utc_now()}
-        lake.write_manifest(run_id, early)
+    early = new_manifest(run_config, run_id, None, None) if manifest is None else {**manifest, "status": "running"}
+    record = RunRecord(lake, run_id, early)
+    record.update()
     try:
         start_dir = t.base_model_dir(run_config, lake)
         summary = t.bootstrap_model(run_config, lake, start_dir) if run_config.bootstrap.enabled else None
         session = t.open_session(run_config, lake, run_id, summary[0] if summary else start_dir, manifest)
     except BaseException as exc:
-        _record_failure(lake, run_id, None, exc)
+        record.stopped(exc)
         raise
     if manifest is None:  # the session wrote a full manifest: keep the run's first moment
-        session.manifest.update(created_at=early["created_at"], started_at=early["started_at"])
-    session.update_manifest(bootstrap=summary[1] if summary else None)
-    return session, 0, {"bootstrap": summary[1] if summary else None}
-
-
-def _record_failure(lake: DataLake, run_id: str, session: RunSession | None, exc: BaseException) -> None:
-    """Mark the run failed (or interrupted, by Ctrl-C) in its manifest, with the error, its last committed iteration
-    and (from a session) where it stopped."""
-    stopped = stop_record(exc, getattr(session, "position", None), lake.committed_iterations(run_id))
-    if session is not None:
-        session.update_manifest(**stopped)
-        return
-    manifest = lake.read_manifest(run_id)
-    if manifest is not None:
-        lake.write_manifest(run_id, {**manifest, **stopped, "updated_at": utc_now()})
+        session.record.manifest.update(created_at=early["created_at"], started_at=early["started_at"])
+    session.record.update(bootstrap=summary[1] if summary else None)
+    return session, summary[1] if summary else None
 
 
 @flow(name="train", validate_parameters=False)
 def train(
-    config: dict[str, Any] | str | None = None,
+    config: RunConfig | dict[str, Any] | str | None = None,
     data_root: str = "data",
     run_id: str | None = None,
     progress: ProgressCallback | None = None,
@@ -206,18 +186,21 @@ def _train(
     skip_iteration: bool,
     sweep: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The body of :func:`train`, under the run's writer lock."""
-    session, first, info = _open(run_config, lake, run_id, force_config, skip_iteration)
-    if session is not None and sweep is not None:
-        session.update_manifest(sweep=sweep)
-    result = {
-        "run_id": run_id,
-        "data_root": str(lake.root),
-        "iterations": run_config.trainer.iterations,
-    }
+    """The body of :func:`train`, under the run's writer lock: open, [restore], iterations, final validation."""
+    session, plan, info = _open(run_config, lake, run_id, force_config, skip_iteration)
+    result = {"run_id": run_id, "data_root": str(lake.root), "iterations": run_config.trainer.iterations, **info}
     if session is None:
-        return {**result, **info}
-    try:
+        return result
+    with run_status(session):
+        if sweep is not None:
+            session.record.update(sweep=sweep)
+        first = 0
+        if plan is not None:
+            result["resumed"] = t.restore_session(session, plan)
+            first = plan.next_iteration
+            if plan.quarantined:  # only reachable with skip_iteration (prepare_resume refuses otherwise)
+                t.skip_iteration(session, first, plan.quarantined)
+                first += 1
         for iteration in range(first, run_config.trainer.iterations):
             metrics = starpo_iteration(session, iteration)
             if progress:
@@ -226,10 +209,4 @@ def _train(
         metrics = final_evaluation(session, final)
         if progress:
             progress(final, metrics)
-    except BaseException as exc:
-        _record_failure(lake, run_id, session, exc)
-        raise
-    finally:
-        session.close()  # stops a launched update group / vLLM engine
-    session.update_manifest(status="completed")
-    return {**result, **info, "first_iteration": first}
+    return {**result, "first_iteration": first}

@@ -256,8 +256,8 @@ def _check_id(sweep_id: str) -> str:
 
 
 def sweep_file(lake: DataLake, sweep_id: str) -> Path:
-    """Where a sweep's plan is stored: ``<root>/sweeps/<sweep_id>.json``."""
-    return lake.root / "sweeps" / f"{_check_id(sweep_id)}.json"
+    """Where a sweep's plan is stored (the lake's sweep folder)."""
+    return lake.sweep_file(_check_id(sweep_id))
 
 
 def record_sweep(lake: DataLake, plan: SweepPlan) -> Path:

@@ -1,8 +1,20 @@
 """Data contracts checked on every batch before it is used.
 
-Layer 1 (pandera, on the Arrow table): structure, types, nullability, per-column ranges, unique keys; every table.
-Layer 2 (great-expectations, on a per-trajectory summary frame of lengths, sums and flags; :mod:`schemas.suites`):
-semantics across columns and rows of a trajectory batch.
+Layer 1 (structure, on the Arrow table): types, nullability, per-column ranges, unique keys; every table.
+Layer 2 (semantics, trajectory batches): lengths, sums and flags across the columns and rows of a batch.
+
+Each layer has two implementations that must agree (the tests run both on every kind of bad batch):
+
+- the library reference: pandera on the Arrow table (layer 1) and a great-expectations suite on a per-trajectory
+  summary frame (layer 2, :mod:`schemas.suites`);
+- :mod:`schemas.vectorised`: the same checks computed column at a time with pyarrow.compute and numpy, at a small
+  fraction of the cost (the libraries spend most of a second per demo-sized batch on per-check bookkeeping).
+
+``engine`` picks what runs: ``"auto"`` (the default) runs the vectorised checks on every batch and, when they
+reject it, the library reference as well, whose findings join the report (a second opinion on every rejected
+batch; a check only the libraries fail still rejects it); ``"vectorised"`` and ``"libraries"`` run one
+implementation alone; ``"both"`` runs both on every batch. The report's ``engines`` field says which ran (and
+``reference_error`` what the libraries raised, if they raised while re-checking a rejected batch).
 
 Each failure names a stable check (reports and tests rely on these strings):
 
@@ -28,6 +40,7 @@ import pyarrow.compute as pc
 from schemas.tables import TABLES, TableSpec
 
 MAX_REPORTED_ROWS = 20
+ENGINES = ("auto", "vectorised", "libraries", "both")
 
 # Per-column rules of layer 1: column -> ((rule name, pandera check factory name, args), ...).
 _NON_NEGATIVE = (("ge_0", "ge", (0,)),)
@@ -80,6 +93,8 @@ class ContractReport:
     """Outcome of validating one batch: the failed checks, each with the offending rows (their keys, first 20)."""
 
     failures: list[dict[str, Any]] = field(default_factory=list)
+    engines: list[str] = field(default_factory=list)
+    reference_error: str | None = None  # the library reference raised while re-checking a rejected batch
 
     @property
     def ok(self) -> bool:
@@ -106,12 +121,25 @@ class ContractReport:
             }
         )
 
+    def merge(self, other: ContractReport) -> None:
+        """Add ``other``'s engines and its failures of checks this report does not name yet."""
+        known = set(self.failed_checks())
+        self.failures += [f for f in other.failures if f["check"] not in known]
+        self.engines += [e for e in other.engines if e not in self.engines]
+
     def failed_checks(self) -> list[str]:
         """The stable names of the failed checks, sorted."""
         return sorted({f["check"] for f in self.failures})
 
     def to_dict(self, **context: Any) -> dict[str, Any]:
-        return {**context, "ok": self.ok, "failed_checks": self.failed_checks(), "failures": self.failures}
+        return {
+            **context,
+            "ok": self.ok,
+            "failed_checks": self.failed_checks(),
+            "failures": self.failures,
+            "engines": self.engines,
+            **({"reference_error": self.reference_error} if self.reference_error else {}),
+        }
 
     def to_json(self, **context: Any) -> str:
         """Machine-readable report; ``context`` (run, iteration, stage...) is added at the top level."""
@@ -171,8 +199,8 @@ def _failing_rows(table: pa.Table, spec: TableSpec, reason: str, column: str | N
     if column is None or column not in table.column_names:
         return []
     values = table[column]
-    if reason == "SERIES_CONTAINS_NULLS":
-        return key_rows(table, spec, pc.is_null(values))
+    if reason == "SERIES_CONTAINS_NULLS":  # pandera counts a float NaN as null
+        return key_rows(table, spec, pc.is_null(values, nan_is_null=pa.types.is_floating(values.type)))
     if reason == "DATAFRAME_CHECK" and isinstance(cases, pa.Table) and column in cases.column_names:
         bad = cases[column].combine_chunks()
         return key_rows(table, spec, pc.is_in(values, value_set=bad.drop_null()))
@@ -207,7 +235,7 @@ def _add_pandera_error(spec: TableSpec, table: pa.Table, error: Any, report: Con
 
 
 def check_structure(table_name: str | TableSpec, table: pa.Table, report: ContractReport) -> None:
-    """Layer 1: pandera on the Arrow table; failures are added to ``report``."""
+    """Layer 1, library reference: pandera on the Arrow table; failures are added to ``report``."""
     from pandera.errors import SchemaError, SchemaErrors
 
     spec = table_spec(table_name)
@@ -220,11 +248,46 @@ def check_structure(table_name: str | TableSpec, table: pa.Table, report: Contra
         _add_pandera_error(spec, table, exc, report)
 
 
-def validate_rows(table_name: str | TableSpec, table: pa.Table) -> ContractReport:
-    """Layer 1 alone, for tables without a semantic suite (metrics, evaluations, checkpoints, events)."""
+Checker = Callable[[ContractReport], None]
+
+
+def _check_engine(engine: str) -> None:
+    if engine not in ENGINES:
+        raise ValueError(f"unknown contract engine {engine!r}; engines: {', '.join(ENGINES)}")
+
+
+def _run_engines(engine: str, vectorised: Checker, libraries: Checker) -> ContractReport:
+    """Run the implementations ``engine`` asks for (see the module docstring) and merge their reports."""
+    _check_engine(engine)
     report = ContractReport()
-    check_structure(table_name, table, report)
+    if engine != "libraries":
+        vectorised(report)
+        report.engines.append("vectorised")
+    if engine in ("libraries", "both"):
+        reference = ContractReport(engines=["pandera+great_expectations"])
+        libraries(reference)
+        report.merge(reference)
+    elif engine == "auto" and not report.ok:  # a second opinion: the batch is rejected whatever the libraries do
+        reference = ContractReport(engines=["pandera+great_expectations"])
+        try:
+            libraries(reference)
+        except Exception as exc:  # noqa: BLE001 - a library failing on a malformed batch must not stop its quarantine
+            report.reference_error = f"{type(exc).__name__}: {exc}"[:500]
+        else:
+            report.merge(reference)
     return report
+
+
+def validate_rows(table_name: str | TableSpec, table: pa.Table, *, engine: str = "auto") -> ContractReport:
+    """Layer 1 alone, for tables without a semantic suite (metrics, evaluations, checkpoints, events)."""
+    from schemas import vectorised as vec
+
+    spec = table_spec(table_name)
+    return _run_engines(
+        engine,
+        lambda report: vec.check_structure(spec, table, report, COLUMN_RULES.get(spec.name, {})),
+        lambda report: check_structure(spec, table, report),
+    )
 
 
 def validate_trajectory_batch(
@@ -235,19 +298,32 @@ def validate_trajectory_batch(
     *,
     success_rule: Callable[[float], bool | None] | None = None,
     filtered: bool = False,
+    engine: str = "auto",
 ) -> ContractReport:
     """Run both layers on one batch (trajectories and their turns).
 
     ``success_rule`` maps a trajectory's ``env_reward`` to the ``success`` it implies (None: not implied); without
     it success is not checked against the reward. ``filtered`` says whether the variance filter has run: before it,
     no row may carry a filter decision; after it, every train row must, the same for all members of a group.
-    Validation rows never carry one.
+    Validation rows never carry one. ``engine``: which implementation runs (module docstring); the default checks
+    every batch with the vectorised one and lets the libraries re-check a rejected batch.
     """
-    from schemas.suites import check_semantics
+    from schemas import vectorised as vec
 
-    report = ContractReport()
-    check_structure("trajectories", trajectories, report)
-    check_structure("turns", turns, report)
-    if report.ok:  # semantic checks assume the structure holds
-        check_semantics(trajectories, turns, group_size, reward_bounds, report, success_rule, filtered)
-    return report
+    trajectory_spec, turn_spec = TABLES["trajectories"], TABLES["turns"]
+
+    def vectorised(report: ContractReport) -> None:
+        vec.check_structure(trajectory_spec, trajectories, report, COLUMN_RULES["trajectories"])
+        vec.check_structure(turn_spec, turns, report, COLUMN_RULES["turns"])
+        if report.ok:  # semantic checks assume the structure holds
+            vec.check_semantics(trajectories, turns, group_size, reward_bounds, report, success_rule, filtered)
+
+    def libraries(report: ContractReport) -> None:
+        from schemas.suites import check_semantics
+
+        check_structure(trajectory_spec, trajectories, report)
+        check_structure(turn_spec, turns, report)
+        if report.ok:
+            check_semantics(trajectories, turns, group_size, reward_bounds, report, success_rule, filtered)
+
+    return _run_engines(engine, vectorised, libraries)

@@ -1,4 +1,7 @@
-"""Layer 2 of the data contracts: a great-expectations suite over a per-trajectory summary frame.
+"""Layer 2 of the data contracts, library reference: a great-expectations suite over a per-trajectory summary frame.
+
+:mod:`schemas.vectorised` computes the same checks on the Arrow batch and runs on every batch; this suite re-checks
+the batches it rejects (and every batch with ``engine="libraries"`` or ``"both"``).
 
 The frame holds one row per trajectory with lengths, sums and flags derived from the token lists (never the
 lists themselves), so the suite stays fast and its reports stay readable. Every expectation carries its stable
@@ -189,6 +192,7 @@ def _optional_expectations(with_turns: bool, with_success: bool, filtered: bool)
     return items
 
 
+@lru_cache(maxsize=32)  # built once per run and kind of batch; validation does not change a suite
 def trajectory_suite(
     group_size: int,
     reward_bounds: tuple[float, float],
@@ -226,7 +230,8 @@ def check_semantics(
     """Layer 2: the great-expectations suite on the summary frame; failures are added to ``report``."""
     frame = trajectory_summary(trajectories, turns, success_rule)
     batch = _gx_batch_definition().get_batch(batch_parameters={"dataframe": frame})
-    suite = trajectory_suite(group_size, reward_bounds, turns is not None, success_rule is not None, filtered)
+    bounds = (float(reward_bounds[0]), float(reward_bounds[1]))
+    suite = trajectory_suite(group_size, bounds, turns is not None, success_rule is not None, filtered)
     result = batch.validate(suite, result_format={"result_format": "COMPLETE"})
     keys = list(TRAJECTORY_KEY)
     for item in result.results:

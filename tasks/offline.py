@@ -1,4 +1,4 @@
-"""Offline re-training steps as Prefect tasks (thin wrappers over :mod:`ragen_core.offline`)."""
+"""Offline re-training steps as Prefect tasks (thin wrappers over :mod:`ragen_core.run.offline`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ragen_core import offline
 from ragen_core.policy import load_tokenizer
-from ragen_core.session import RunSession
+from ragen_core.run import offline
+from ragen_core.run.session import RunSession
 from ragen_core.storage import DataLake
 
 
@@ -34,9 +34,9 @@ def check_tokenizer(lake: DataLake, table: pa.Table, model_dir: Path) -> str:
 
 
 @task(name="lineage", cache_policy=NO_CACHE)
-def lineage(sql: str, table: pa.Table, mode: str, init: Path, root: Path | None = None) -> dict[str, Any]:
+def lineage(sql: str, table: pa.Table, mode: str, init: Path, lake: DataLake | None = None) -> dict[str, Any]:
     """The query, source runs and start model of the re-trained run (and the run whose checkpoint that is)."""
-    return offline.lineage(sql, table, mode, init, root)
+    return offline.lineage(sql, table, mode, init, lake)
 
 
 @task(name="offline_epoch", cache_policy=NO_CACHE)

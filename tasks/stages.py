@@ -1,4 +1,4 @@
-"""The stages of a StarPO iteration as Prefect tasks (thin wrappers over :mod:`ragen_core.stages`).
+"""The stages of a run as Prefect tasks: thin wrappers, each named as the core function it calls.
 
 They share the in-memory run session, so they opt out of Prefect's input-hash caching (the lake's commit markers
 are the source of truth for what is done).
@@ -12,14 +12,14 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ragen_core import bootstrap, resume, stages
-from ragen_core import session as run_session
 from ragen_core.algos import FilterSpec
 from ragen_core.config import RunConfig
-from ragen_core.resume import ResumePlan
 from ragen_core.rollout import TrajectoryRecord
-from ragen_core.session import RunSession
-from ragen_core.storage import BatchMeta, DataLake
+from ragen_core.run import batches, bootstrap, resume, session, stages
+from ragen_core.run.batches import BatchPipeline
+from ragen_core.run.decisions import ResumePlan
+from ragen_core.run.session import RunSession
+from ragen_core.storage import DataLake
 
 
 @task(name="bootstrap_model", cache_policy=NO_CACHE)
@@ -31,7 +31,7 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
 @task(name="base_model_dir", cache_policy=NO_CACHE)
 def base_model_dir(config: RunConfig, lake: DataLake) -> Path:
     """The model a fresh run starts from (``model.path`` or the tiny default, built if absent)."""
-    return run_session.base_model_dir(config, lake)
+    return session.base_model_dir(config, lake)
 
 
 @task(name="open_session", cache_policy=NO_CACHE)
@@ -40,13 +40,11 @@ def open_session(
     lake: DataLake,
     run_id: str,
     model_dir: Path,
-    resumed_manifest: dict | None = None,
+    resumed: dict | None = None,
     training: bool = True,
 ) -> RunSession:
-    """Load the policy and start its DeepSpeed engine(s)."""
-    return run_session.open_session(
-        config, lake, run_id, model_dir, resumed_manifest=resumed_manifest, training=training
-    )
+    """Start the updater (the DeepSpeed engines) and the rollout side; write the manifest."""
+    return session.open_session(config, lake, run_id, model_dir, resumed=resumed, training=training)
 
 
 @task(name="prepare_resume", cache_policy=NO_CACHE)
@@ -58,62 +56,60 @@ def prepare_resume(
 
 
 @task(name="restore_session", cache_policy=NO_CACHE)
-def restore_session(session: RunSession, plan: ResumePlan) -> dict[str, Any]:
+def restore_session(run: RunSession, plan: ResumePlan) -> dict[str, Any]:
     """Load the checkpoint and replay the committed updates after it."""
-    return resume.restore_session(session, plan)
+    return resume.restore_session(run, plan)
 
 
 @task(name="skip_iteration", cache_policy=NO_CACHE)
-def skip_iteration(session: RunSession, iteration: int, quarantined: str) -> None:
+def skip_iteration(run: RunSession, iteration: int, quarantined: str) -> None:
     """Record a quarantined iteration as skipped."""
-    resume.skip_iteration(session, iteration, quarantined)
+    resume.skip_iteration(run, iteration, quarantined)
 
 
 @task(name="generate_rollouts", cache_policy=NO_CACHE)
-def generate_rollouts(session: RunSession, iteration: int) -> list[TrajectoryRecord]:
+def generate_rollouts(run: RunSession, iteration: int) -> list[TrajectoryRecord]:
     """Stage 1: training rollouts."""
-    return stages.generate_rollouts(session, iteration)
+    return stages.generate_rollouts(run, iteration)
 
 
-@task(name="persist_trajectories", cache_policy=NO_CACHE)
-def persist_trajectories(lake: DataLake, meta: BatchMeta, stage: str, records: list[TrajectoryRecord]) -> dict:
+@task(name="persist", cache_policy=NO_CACHE)
+def persist(pipeline: BatchPipeline, records: list[TrajectoryRecord]) -> dict:
     """Stage 2: stage the batch as Parquet."""
-    return stages.persist_trajectories(lake, meta, stage, records)
+    return pipeline.persist(records)
 
 
-@task(name="validate_env_batch", cache_policy=NO_CACHE)
-def validate_env_batch(
-    lake: DataLake, config: RunConfig, run_id: str, iteration: int, stage: str, env_name: str, group_size: int
-) -> dict:
+@task(name="validate", cache_policy=NO_CACHE)
+def validate(pipeline: BatchPipeline) -> dict:
     """Stage 3: data contracts; a failing batch is quarantined and the task fails."""
-    return stages.validate_env_batch(lake, config, run_id, iteration, stage, env_name, group_size)
+    return pipeline.validate()
 
 
-@task(name="filter_groups", cache_policy=NO_CACHE)
-def filter_groups(lake: DataLake, run_id: str, iteration: int, spec: FilterSpec) -> dict[str, float]:
+@task(name="filter_and_publish", cache_policy=NO_CACHE)
+def filter_and_publish(pipeline: BatchPipeline, spec: FilterSpec) -> dict[str, float]:
     """Stage 4: group filter, then publish the batch."""
-    return stages.filter_groups(lake, run_id, iteration, spec)
+    return batches.filter_and_publish(pipeline, spec)
 
 
 @task(name="diagnose_reasoning", cache_policy=NO_CACHE)
-def diagnose_reasoning(session: RunSession, iteration: int) -> dict[str, float]:
+def diagnose_reasoning(run: RunSession, iteration: int) -> dict[str, float]:
     """Stage 4b: input-reasoning mutual information (template-collapse diagnostic), before the update."""
-    return stages.diagnose_reasoning(session, iteration)
+    return stages.diagnose_reasoning(run, iteration)
 
 
 @task(name="update_policy", cache_policy=NO_CACHE)
-def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
+def update_policy(run: RunSession, iteration: int) -> dict[str, float]:
     """Stage 5: StarPO update on the kept trajectories."""
-    return stages.update_policy(session, iteration)
+    return stages.update_policy(run, iteration)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
+def evaluate(run: RunSession, iteration: int) -> dict[str, float]:
     """Stage 6: validation rollouts on fixed instances."""
-    return stages.evaluate(session, iteration)
+    return stages.evaluate(run, iteration)
 
 
 @task(name="commit_iteration", cache_policy=NO_CACHE)
-def commit_iteration(session: RunSession, iteration: int, metrics: dict[str, float], updated: bool) -> dict:
+def commit_iteration(run: RunSession, iteration: int, metrics: dict[str, float], updated: bool) -> dict:
     """Stage 7: checkpoint when due, metrics rows and the commit marker."""
-    return stages.commit_iteration(session, iteration, metrics, updated)
+    return stages.commit_iteration(run, iteration, metrics, updated)

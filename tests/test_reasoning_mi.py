@@ -22,8 +22,9 @@ from ragen_core.diagnostics import (
     reasoning_tokens,
 )
 from ragen_core.metrics import template_collapse_warning
-from ragen_core.session import RunSession
-from ragen_core.stages import commit_iteration
+from ragen_core.run.record import RunRecord
+from ragen_core.run.session import RunSession
+from ragen_core.run.stages import commit_iteration
 from ragen_core.storage import DataLake, query
 
 
@@ -187,8 +188,8 @@ def test_template_collapse_rule():
 
 def test_commit_records_the_template_collapse_event(tmp_path, caplog):
     config = build_config(overrides=["monitor.warmup=1", "monitor.mi_drop=0.4", "monitor.mi_patience=2"])
-    session = RunSession(config, DataLake(tmp_path), "mi", Path("."), tokenizer=None, actor=None, formatter=None)
-    session.manifest = {"run_id": "mi", "status": "running"}
+    record = RunRecord(DataLake(tmp_path), "mi", {"run_id": "mi", "status": "running"})
+    session = RunSession(config, DataLake(tmp_path), "mi", policy=None, updater=None, record=record)
     for iteration, mi in enumerate([1.0, 1.1, 0.6, 0.5, 0.9]):  # thresholds 0.6 x 1.1 = 0.66 from iteration 2
         commit_iteration(session, iteration, {"diag/reasoning_mi": mi, "actor/entropy": 1.0})
     events = query(tmp_path, "SELECT iteration, kind, metric, value, threshold FROM events ORDER BY 1").to_pylist()

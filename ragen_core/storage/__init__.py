@@ -12,7 +12,7 @@ from ragen_core.storage.housekeeping import (
     remove_run,
     runs_overview,
 )
-from ragen_core.storage.lake import DataLake
+from ragen_core.storage.lake import DataLake, Stage
 from ragen_core.storage.records import BatchMeta, trajectories_table, turns_table
 from ragen_core.storage.rows import checkpoint_row, evaluation_rows, event_row
 
@@ -25,6 +25,7 @@ __all__ = [
     "RemovalPlan",
     "RunActiveError",
     "RunNotFoundError",
+    "Stage",
     "check_read_only",
     "checkpoint_row",
     "compact_run",

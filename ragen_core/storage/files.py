@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,24 @@ def atomic_write_parquet(path: Path, table: pa.Table) -> None:
         os.fsync(handle.fileno())
     maybe_fail("persist", "mid_write")  # a crash here leaves only the temporary file, which readers never list
     os.replace(tmp, path)
+
+
+TRASH_PREFIX = ".old-"  # a folder or file being deleted: renamed to this hidden name first
+
+
+def discard(path: Path) -> None:
+    """Delete ``path`` (file or folder) so that readers stop seeing it at once: rename it to a hidden name in the
+    same folder, then delete that (a crash in between leaves only a hidden leftover, which no reader lists)."""
+    trash = path.with_name(TRASH_PREFIX + path.name)
+    if trash.is_dir():
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        trash.unlink(missing_ok=True)
+    os.replace(path, trash)
+    if trash.is_dir():
+        shutil.rmtree(trash)
+    else:
+        trash.unlink()
 
 
 def read_json(path: Path) -> Any:

@@ -1,4 +1,4 @@
-"""The trajectory lake on disk: all Parquet reading and writing, and the commit protocol (DESIGN.md).
+"""The trajectory lake on disk: all Parquet reading and writing, and the commit protocol.
 
 Layout under the data root::
 
@@ -8,17 +8,25 @@ Layout under the data root::
     _commits/<run_id>/iteration=<n>.json                           the iteration is committed
     quarantine/run_id=<id>/iteration=<n>/<stage>/                  batches that failed validation + report.json
     runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
+    runs/<run_id>/checkpoints/iteration=<n>/                       engine states + Hugging Face export after n updates
+    runs/<run_id>/update_group/                                    a launched update group's logs and policy export
     <table>/run_id=<id>/iteration=<n>/_COMPACTION.json             marker of a compaction (``parts``, ``compaction``)
     _locks/<run_id>.lock                                           held while a run is compacted or removed
+    sweeps/<sweep_id>.json                                         a sweep's plan
+    _prefect/<run or sweep>/<attempt>/                             a command's own Prefect home and local server
 
-File names are deterministic (run, iteration, stage, part), so a redone stage overwrites instead of adding rows.
-Every file is written under a temporary name and renamed into place, so readers never see a partial file.
+The lake alone builds and parses these paths: the run layer asks it for a stage's folder, a checkpoint's folder,
+which stages of an interrupted iteration finished, and to discard the rest. Stage names are the constants of
+:class:`Stage`. File names are deterministic (run, iteration, stage, part), so a redone stage overwrites instead of
+adding rows. Every file is written under a temporary name and renamed into place, so readers never see a partial
+file.
 Readers bring files of an older ``schema_version`` to the current schema (:mod:`schemas.versions`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,25 +35,45 @@ from typing import Any
 import pyarrow as pa
 
 from ragen_core.storage.files import (
+    TRASH_PREFIX,
     LakeError,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_parquet,
     check_name,
+    discard,
     read_json,
     read_parquet,
     read_table_file,
 )
-from ragen_core.storage.names import validate_run_id
+from ragen_core.storage.names import is_valid_run_id, validate_run_id
 from ragen_core.storage.parts import check_not_superseded, visible_parts
 from ragen_core.storage.runs import manifest_row, runs_table
 from schemas.tables import TABLES, TableSpec
 from schemas.versions import UPGRADES, UpgradeRegistry
 
-__all__ = ["DataLake", "LakeError", "atomic_write_json", "atomic_write_parquet", "read_parquet"]
+__all__ = ["CHECKPOINT_INFO", "DataLake", "LakeError", "Stage", "atomic_write_json", "atomic_write_parquet",
+           "read_parquet"]  # fmt: skip
 
 Rows = pa.Table | Sequence[Mapping[str, Any]]
 READ_ATTEMPTS = 3
+CHECKPOINT_INFO = "checkpoint.json"  # written last into a checkpoint folder: its presence marks the folder complete
+_DONE = "_DONE.json"
+_CHECKPOINT_NAME = re.compile(r"^iteration=(\d+)$")
+
+
+class Stage:
+    """The names of the stages that stage and publish files (they appear in part-file names, ``part-<stage>-<k>``)."""
+
+    ROLLOUT = "rollout"  # a training iteration's rollouts (validated, filtered, then published)
+    COMMIT = "commit"  # the small tables an iteration's commit writes (metrics, events, evaluations, checkpoints)
+    DEMOS = "demos"  # the bootstrap's scripted demonstrations
+    SKIP = "skip"  # the event of an iteration skipped on resume
+
+    @staticmethod
+    def evaluation(env_name: str) -> str:
+        """The validation rollouts of one env (``eval-<env>``)."""
+        return f"eval-{env_name}"
 
 
 class DataLake:
@@ -94,6 +122,69 @@ class DataLake:
     def models_dir(self) -> Path:
         return self.root / "models"
 
+    def sweep_file(self, sweep_id: str) -> Path:
+        """The stored plan of a sweep (``sweep_id``: checked by the sweep module, a name like a run id)."""
+        return self.root / "sweeps" / f"{check_name('sweep id', sweep_id)}.json"
+
+    def prefect_home(self, name: str) -> Path:
+        """A folder for the Prefect home (and its local server's database) of one command attempt named ``name``."""
+        return self.root / "_prefect" / check_name("Prefect home", name)
+
+    def update_group_dir(self, run_id: str) -> Path:
+        """A launched update group's logs, control files and the policy export it hands to the rollout side."""
+        return self.run_dir(run_id) / "update_group"
+
+    def policy_export_dir(self, run_id: str) -> Path:
+        """The Hugging Face export through which the training side hands new weights to the rollout side."""
+        return self.update_group_dir(run_id) / "policy"
+
+    # -- checkpoint folders (their contents are ragen_core.training.checkpoint's) ----------------------------------
+    def checkpoints_dir(self, run_id: str) -> Path:
+        """The folder holding every checkpoint of the run (inside the run's folder: removing the run removes them)."""
+        return self.run_dir(run_id) / "checkpoints"
+
+    def checkpoint_dir(self, run_id: str, updates: int) -> Path:
+        """The folder of the checkpoint taken after ``updates`` updates."""
+        if int(updates) < 0:
+            raise ValueError(f"a checkpoint holds a number of updates >= 0, got {updates}")
+        return self.checkpoints_dir(run_id) / f"iteration={int(updates)}"
+
+    def list_checkpoints(self, run_id: str) -> list[tuple[int, Path]]:
+        """``(updates, folder)`` of the run's complete checkpoints (with their info file), oldest first."""
+        folder = self.checkpoints_dir(run_id)
+        found = []
+        for path in folder.iterdir() if folder.is_dir() else []:
+            match = _CHECKPOINT_NAME.match(path.name)
+            if match and path.is_dir() and (path / CHECKPOINT_INFO).is_file():
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def latest_checkpoint(self, run_id: str, at_most: int | None = None) -> tuple[int, Path] | None:
+        """The newest complete checkpoint (of at most ``at_most`` updates when given), or None."""
+        candidates = [(n, p) for n, p in self.list_checkpoints(run_id) if at_most is None or n <= at_most]
+        return candidates[-1] if candidates else None
+
+    def prune_checkpoints(self, run_id: str, keep_last: int) -> list[Path]:
+        """Delete all but the newest ``keep_last`` complete checkpoints; return the deleted folders, oldest first."""
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1 (the newest checkpoint is what a resume needs), got {keep_last}")
+        removed = [path for _, path in self.list_checkpoints(run_id)[:-keep_last]]
+        for path in removed:
+            discard(path)
+        return removed
+
+    def checkpoint_origin(self, folder: str | Path) -> tuple[str | None, int | None]:
+        """(run, updates) when ``folder`` is a checkpoint of this data root (or its ``hf/`` export), else
+        (None, None)."""
+        try:
+            parts = Path(folder).resolve().relative_to(self.root / "runs").parts
+        except ValueError:
+            return None, None
+        if len(parts) < 3 or parts[1] != "checkpoints" or not is_valid_run_id(parts[0]):
+            return None, None
+        match = _CHECKPOINT_NAME.match(parts[2])
+        return (parts[0], int(match.group(1))) if match else (None, None)
+
     # -- staging -----------------------------------------------------------------------------------------------
     def stage_table(
         self,
@@ -131,12 +222,45 @@ class DataLake:
             raise LakeError(f"the staged parts in {str(folder)!r} have different schemas: {exc}") from exc
 
     def mark_stage_done(self, run_id: str, iteration: int, stage: str, payload: dict[str, Any] | None = None) -> None:
-        atomic_write_json(self.stage_dir(run_id, iteration, stage) / "_DONE.json", payload or {})
+        """Record that a stage finished (after its publish) with its result payload: a resume reuses it."""
+        atomic_write_json(self.stage_dir(run_id, iteration, stage) / _DONE, payload or {})
 
     def stage_result(self, run_id: str, iteration: int, stage: str) -> dict[str, Any] | None:
         """The payload of a finished stage, or None if the stage has not finished."""
-        marker = self.stage_dir(run_id, iteration, stage) / "_DONE.json"
+        marker = self.stage_dir(run_id, iteration, stage) / _DONE
         return read_json(marker) if marker.is_file() else None
+
+    def finished_stages(self, run_id: str, iteration: int) -> list[str]:
+        """The stages of an uncommitted ``iteration`` that finished (published, marked done), sorted."""
+        folder = self.root / "_staging" / validate_run_id(run_id) / str(int(iteration))
+        stages = folder.iterdir() if folder.is_dir() else []
+        return sorted(s.name for s in stages if not s.name.startswith(".") and (s / _DONE).is_file())
+
+    def discard_uncommitted(self, run_id: str, from_iteration: int) -> list[str]:
+        """Clear iterations ``>= from_iteration`` (none may be committed) for a redo; return the reused stages.
+
+        The stages of ``from_iteration`` that finished keep their published files and are reused; every other
+        staged or published file of those iterations is discarded (renamed to a hidden name first, so readers stop
+        seeing it at once)."""
+        if any(i >= from_iteration for i in self.committed_iterations(run_id)):
+            raise LakeError(f"refusing to discard committed iterations >= {from_iteration} of run {run_id!r}")
+        reused = self.finished_stages(run_id, from_iteration)
+        staging = self.root / "_staging" / validate_run_id(run_id)
+        for folder in sorted(staging.iterdir()) if staging.is_dir() else []:
+            if not (folder.name.isdigit() and int(folder.name) >= from_iteration):
+                continue
+            for stage in sorted(p for p in folder.iterdir() if not p.name.startswith(TRASH_PREFIX)):
+                keep = int(folder.name) == from_iteration and stage.name in reused
+                for item in sorted(stage.iterdir()) if keep else [stage]:
+                    if item.name != _DONE:
+                        discard(item)
+        for table in sorted(name for name, spec in self.tables.items() if spec.source == "parquet"):
+            run_folder = self.table_dir(table) / f"run_id={validate_run_id(run_id)}"
+            for file in sorted(run_folder.glob("iteration=*/part-*.parquet")):  # every part, compacted or not
+                iteration = int(file.parent.name.removeprefix("iteration="))
+                if iteration > from_iteration or (iteration == from_iteration and _part_stage(file) not in reused):
+                    discard(file)
+        return reused
 
     def publish(self, run_id: str, iteration: int, stage: str, tables: Sequence[str] | None = None) -> list[Path]:
         """Move a stage's staged files (of ``tables``, default all) into the table partitions, one atomic rename
@@ -261,6 +385,13 @@ class DataLake:
         atomic_write_json(self.commit_marker(run_id, iteration), payload)
         shutil.rmtree(self.root / "_staging" / validate_run_id(run_id) / str(iteration), ignore_errors=True)
 
+    def commit_payload(self, run_id: str, iteration: int) -> dict[str, Any]:
+        """The payload of a committed iteration's marker (e.g. ``skipped``); a :class:`LakeError` if uncommitted."""
+        marker = self.commit_marker(run_id, iteration)
+        if not marker.is_file():
+            raise LakeError(f"iteration {iteration} of run {run_id!r} is not committed")
+        return read_json(marker)
+
     def committed_iterations(self, run_id: str) -> list[int]:
         folder = self.root / "_commits" / validate_run_id(run_id)
         return sorted(int(p.stem.split("=")[1]) for p in folder.glob("iteration=*.json")) if folder.is_dir() else []
@@ -271,6 +402,11 @@ class DataLake:
     def read_manifest(self, run_id: str) -> dict[str, Any] | None:
         path = self.run_dir(run_id) / "manifest.json"
         return read_json(path) if path.is_file() else None
+
+
+def _part_stage(path: Path) -> str:
+    """The stage of a part file named ``part-<stage>-<k>.parquet``."""
+    return path.name.removeprefix("part-").removesuffix(".parquet").rsplit("-", 1)[0]
 
 
 def _as_table(spec: TableSpec, rows: Rows) -> pa.Table:

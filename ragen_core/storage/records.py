@@ -22,6 +22,24 @@ class BatchMeta:
     temperature: float
     config_hash: str
 
+    @classmethod
+    def training(cls, run_id: str, iteration: int, temperature: float, config_hash: str) -> BatchMeta:
+        """A training iteration's rollouts, sampled by the policy after ``iteration`` updates."""
+        return cls(run_id=run_id, iteration=iteration, split="train", policy_version=iteration,
+                   temperature=temperature, config_hash=config_hash)  # fmt: skip
+
+    @classmethod
+    def validation(cls, run_id: str, iteration: int, temperature: float, config_hash: str) -> BatchMeta:
+        """Validation rollouts of the policy after ``iteration`` updates (``split='val'``)."""
+        return cls(run_id=run_id, iteration=iteration, split="val", policy_version=iteration,
+                   temperature=temperature, config_hash=config_hash)  # fmt: skip
+
+    @classmethod
+    def demonstrations(cls, run_id: str, config_hash: str) -> BatchMeta:
+        """A bootstrap's scripted demonstrations: one batch, iteration 0, no policy behind them (version 0)."""
+        return cls(run_id=run_id, iteration=0, split="train", policy_version=0, temperature=1.0,
+                   config_hash=config_hash)  # fmt: skip
+
 
 def trajectories_table(records: list[TrajectoryRecord], meta: BatchMeta) -> pa.Table:
     """One row per trajectory; filter columns (``group_reward_std``, ``kept``, ``filter_metric_value``) start null."""

@@ -59,7 +59,7 @@ def manifest_row(manifest: dict[str, Any], committed: list[int]) -> dict[str, An
 
 def lineage_columns(manifest: dict[str, Any]) -> dict[str, Any]:
     """The lineage columns of a run: what an offline run (``ragen retrain``) was trained on and from, as its
-    manifest's ``lineage`` records it (:func:`ragen_core.offline.lineage`); nulls for every other run."""
+    manifest's ``lineage`` records it (:func:`ragen_core.run.offline.lineage`); nulls for every other run."""
     lineage = manifest.get("lineage") or {}
     sources = lineage.get("source_iterations")
     return {

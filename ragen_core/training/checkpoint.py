@@ -1,8 +1,9 @@
 """Checkpoints of a run: the DeepSpeed engine states (for exact resume) and a Hugging Face export of the policy.
 
-Layout, under the data root so that removing the run removes its checkpoints::
+Contents of a checkpoint folder (the lake places it, :meth:`DataLake.checkpoint_dir`, inside the run's folder so
+that removing the run removes its checkpoints)::
 
-    runs/<run_id>/checkpoints/iteration=<n>/
+    <checkpoint folder>/
         checkpoint.json     run_id, iteration (= updates the weights include), created_at, extra, and the sha256
                             of every other file of the checkpoint ("files"); written last
         actor/state/        DeepSpeed ``save_checkpoint`` of the actor: weights, optimizer, lr scheduler, step counters
@@ -10,9 +11,9 @@ Layout, under the data root so that removing the run removes its checkpoints::
         hf/                 ``save_pretrained`` of the policy and its tokenizer (safetensors): plain
                             ``AutoModelForCausalLM.from_pretrained`` and vLLM load it
 
-A save is atomic: everything is built in the hidden sibling ``.tmp-iteration=<n>``, fsynced, then renamed into
-place, so a folder named ``iteration=<n>`` is always complete. Hidden leftovers of a crash are ignored by the readers
-here and deleted by the next save. The folder name is the source of truth: DeepSpeed's ``latest`` file is not
+A save is atomic: everything is built in a hidden sibling of the folder, fsynced, then renamed into place, so a
+checkpoint folder the lake lists is always complete. Hidden leftovers of a crash are ignored by the readers and
+deleted by the next save. The folder name is the source of truth: DeepSpeed's ``latest`` file is not
 written, and the engine state is loaded with an explicit tag.
 
 Nothing read from a checkpoint is trusted (the data root is shared; see :mod:`ragen_core.training.checkpoint_files`):
@@ -34,76 +35,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ragen_core.faults import maybe_fail
-from ragen_core.storage.files import fsync_dir
-from ragen_core.storage.lake import DataLake
-from ragen_core.storage.names import validate_run_id
+from ragen_core.storage.files import TRASH_PREFIX, fsync_dir
+from ragen_core.storage.lake import CHECKPOINT_INFO, DataLake
 from ragen_core.training.actor import ActorEngine
 from ragen_core.training.checkpoint_files import CheckpointError, safe_engine_loading, tree_digests, verify_digests
 from ragen_core.training.critic import CriticEngine
 
-INFO_FILE = "checkpoint.json"
+HF_EXPORT = "hf"  # the checkpoint's Hugging Face export of the policy
+INFO_FILE = CHECKPOINT_INFO  # the lake lists a checkpoint folder as complete once this file is in it
 ENGINE_TAG = "state"  # DeepSpeed's sub-folder name inside actor/ and critic/
 FORMAT_VERSION = 2  # 2: checkpoint.json records the sha256 of every file ("files")
 _TEMP_PREFIX = ".tmp-"
-_TRASH_PREFIX = ".old-"
-_NAME = re.compile(r"^iteration=(\d+)$")
 
-DataRoot = DataLake | str | Path
 LOG = logging.getLogger(__name__)
-
-
-# -- paths and listing -----------------------------------------------------------------------------------------
-def checkpoints_root(lake_or_root: DataRoot, run_id: str) -> Path:
-    """``<data root>/runs/<run_id>/checkpoints``: the folder holding every checkpoint of the run."""
-    root = lake_or_root.root if isinstance(lake_or_root, DataLake) else Path(lake_or_root).resolve()
-    return root / "runs" / validate_run_id(run_id) / "checkpoints"
-
-
-def checkpoint_dir(lake_or_root: DataRoot, run_id: str, iteration: int) -> Path:
-    """The folder of the checkpoint taken after ``iteration`` updates."""
-    if iteration < 0:
-        raise ValueError(f"iteration must be >= 0, got {iteration}")
-    return checkpoints_root(lake_or_root, run_id) / f"iteration={iteration}"
-
-
-def list_checkpoints(lake_or_root: DataRoot, run_id: str) -> list[tuple[int, Path]]:
-    """``(iteration, folder)`` of the run's complete checkpoints (with ``checkpoint.json``), oldest first."""
-    folder = checkpoints_root(lake_or_root, run_id)
-    if not folder.is_dir():
-        return []
-    found = []
-    for path in folder.iterdir():
-        match = _NAME.match(path.name)
-        if match and path.is_dir() and (path / INFO_FILE).is_file():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
-def latest_checkpoint(lake_or_root: DataRoot, run_id: str, at_most: int | None = None) -> tuple[int, Path] | None:
-    """The newest complete checkpoint (of an iteration ``<= at_most`` when given), or None."""
-    candidates = [(n, p) for n, p in list_checkpoints(lake_or_root, run_id) if at_most is None or n <= at_most]
-    return candidates[-1] if candidates else None
-
-
-def prune_checkpoints(lake_or_root: DataRoot, run_id: str, keep_last: int) -> list[Path]:
-    """Delete all but the newest ``keep_last`` complete checkpoints; return the deleted folders, oldest first.
-
-    Each folder is first renamed to a hidden name (one atomic step for readers), then deleted.
-    """
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1 (the newest checkpoint is what a resume needs), got {keep_last}")
-    removed = []
-    for _, path in list_checkpoints(lake_or_root, run_id)[:-keep_last]:
-        _discard(path)
-        removed.append(path)
-    return removed
 
 
 def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
@@ -122,7 +72,7 @@ def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
 
 # -- save --------------------------------------------------------------------------------------------------------
 def save_checkpoint(
-    lake_or_root: DataRoot,
+    lake: DataLake,
     run_id: str,
     iteration: int,
     actor: ActorEngine,
@@ -136,7 +86,7 @@ def save_checkpoint(
     and ``checkpoint.json`` with ``extra`` (JSON-serialisable: config hash, metrics, ...). An existing checkpoint
     of the same iteration is replaced. Call it on every rank when running under a launcher.
     """
-    final = checkpoint_dir(lake_or_root, run_id, iteration)
+    final = lake.checkpoint_dir(run_id, iteration)
     temp = final.with_name(_TEMP_PREFIX + final.name)
     info = _info(run_id, iteration, actor, critic, extra or {})
     json.dumps(info, default=_json_value)  # unserialisable ``extra`` fails before anything is written
@@ -151,8 +101,8 @@ def save_checkpoint(
     state_dict = _full_state_dict(actor)  # every rank (a collective under ZeRO-3)
     _barrier()  # every rank's shard is written before rank 0 takes the digests
     if _rank() == 0:
-        actor.module.save_pretrained(str(temp / "hf"), state_dict=state_dict)
-        tokenizer.save_pretrained(str(temp / "hf"))
+        actor.module.save_pretrained(str(temp / HF_EXPORT), state_dict=state_dict)
+        tokenizer.save_pretrained(str(temp / HF_EXPORT))
         info["files"] = tree_digests(temp, skip=(INFO_FILE,))  # what a load checks before reading anything
         text = json.dumps(info, indent=2, sort_keys=True, default=_json_value)
         (temp / INFO_FILE).write_text(text)  # last: its presence marks the folder complete
@@ -249,22 +199,14 @@ def _clean_leftovers(folder: Path) -> None:
     if not folder.is_dir():
         return
     for path in folder.iterdir():
-        if path.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)):
+        if path.name.startswith((_TEMP_PREFIX, TRASH_PREFIX)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _discard(path: Path) -> None:
-    """Rename ``path`` to a hidden name (readers stop seeing it at once), then delete it."""
-    trash = path.with_name(_TRASH_PREFIX + path.name)
-    shutil.rmtree(trash, ignore_errors=True)
-    os.rename(path, trash)
-    shutil.rmtree(trash)
 
 
 def _replace_dir(source: Path, target: Path) -> None:
     """Rename ``source`` to ``target``; an existing ``target`` is first moved aside, then deleted."""
     if target.exists():
-        trash = target.with_name(_TRASH_PREFIX + target.name)
+        trash = target.with_name(TRASH_PREFIX + target.name)
         shutil.rmtree(trash, ignore_errors=True)
         os.rename(target, trash)
         os.rename(source, target)

@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ragen_core.storage.lake import CHECKPOINT_INFO
+
 DIGEST_CHUNK = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -129,7 +131,7 @@ def verify_digests(folder: Path, recorded: Any, under: tuple[str, ...]) -> None:
     present = {name for sub in under for name in _entries(folder / sub, folder)}
     for name in sorted(present - set(expected)):
         raise CheckpointError(
-            f"{str(folder / name)!r} is not a file of this checkpoint (no sha256 recorded in checkpoint.json): "
+            f"{str(folder / name)!r} is not a file of this checkpoint (no sha256 recorded in {CHECKPOINT_INFO}): "
             "something else wrote into the checkpoint folder; remove it (or delete the checkpoint folder: a resume "
             "then starts from an earlier checkpoint)"
         )
@@ -139,8 +141,8 @@ def verify_digests(folder: Path, recorded: Any, under: tuple[str, ...]) -> None:
             raise CheckpointError(f"checkpoint file {str(path)!r} is missing: the checkpoint is damaged")
         if file_sha256(path) != digest:
             raise CheckpointError(
-                f"checkpoint file {str(path)!r} does not match the sha256 recorded in checkpoint.json: it was "
-                f"damaged or changed after the save; delete the checkpoint folder {str(folder)!r} (a resume then "
+                f"checkpoint file {str(path)!r} does not match the sha256 recorded in {CHECKPOINT_INFO}: it "
+                f"was damaged or changed after the save; delete the checkpoint folder {str(folder)!r} (a resume then "
                 "starts from an earlier checkpoint)"
             )
 
@@ -148,7 +150,7 @@ def verify_digests(folder: Path, recorded: Any, under: tuple[str, ...]) -> None:
 def _checked_listing(folder: Path, recorded: Any) -> dict[str, str]:
     """``recorded`` when it is a ``{relative path inside the folder: hex sha256}`` mapping; a damaged or edited
     listing (a path leaving the folder, a digest that is none) is a :class:`CheckpointError`."""
-    info = str(folder / "checkpoint.json")
+    info = str(folder / CHECKPOINT_INFO)
     if not isinstance(recorded, dict):
         raise CheckpointError(f"{info!r} is damaged: its 'files' entry is not a mapping of file names to sha256")
     for name, digest in recorded.items():

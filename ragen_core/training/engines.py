@@ -11,6 +11,19 @@ from ragen_core.training.critic import CriticEngine, ValueModel
 from ragen_core.training.precision import torch_dtype
 
 
+def set_determinism(config: RunConfig) -> None:
+    """Fixed thread count and deterministic kernels where torch has them (every process that steps engines)."""
+    import torch
+
+    if config.trainer.num_threads:
+        torch.set_num_threads(config.trainer.num_threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    # Deterministic mode also NaN-fills every torch.empty; DeepSpeed's ZeRO-1/2/3 allocate large buffers at
+    # every step, which that turns into seconds of memset per step (measured: 8.5 s vs 0.1 s). Kernels stay
+    # deterministic without it.
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+
 def actor_optim(config: RunConfig, precision: str) -> OptimConfig:
     """The actor's optimisation settings (``precision`` resolved, see :mod:`ragen_core.training.precision`)."""
     return OptimConfig(

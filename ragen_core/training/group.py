@@ -2,7 +2,7 @@
 
 The run's process (the Prefect flow) keeps the rollout side; the update stage is handed to a long-lived group of
 ``trainer.nproc`` processes per node, started once per session by ``torchrun`` or the ``deepspeed`` launcher running
-:mod:`ragen_core.training.worker`. The stage boundary is the one DESIGN.md draws: a command names the iteration (the
+:mod:`ragen_core.run.worker`. The stage boundary is the lake: a command names the iteration (the
 group reads that iteration's published, kept batch from the lake) and, on a restore, the checkpoint to start from;
 the group answers with the metrics, writes checkpoints exactly as :mod:`ragen_core.training.checkpoint` lays them
 out, and after every update a Hugging Face export of the policy that the rollout side loads.
@@ -30,7 +30,7 @@ from typing import Any
 
 START_TIMEOUT_S = 900.0  # a first DeepSpeed start may compile its CPU ops (about a minute each on 2 cores)
 STOP_TIMEOUT_S = 60.0
-WORKER_MODULE = "ragen_core.training.worker"
+WORKER_MODULE = "ragen_core.run.worker"
 # Variables of this process's own one-process DeepSpeed world, or of a fault injection meant for this process; the
 # launcher sets the group's own rank variables.
 _NOT_INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RAGEN_FAULT",
@@ -39,11 +39,6 @@ _NOT_INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTE
 
 class GroupError(RuntimeError):
     """The update group failed to start, failed a command or died; the message holds the end of its log."""
-
-
-def group_dir(run_dir: Path) -> Path:
-    """``<run folder>/update_group``: the group's logs, control files and the policy export for the rollout side."""
-    return Path(run_dir) / "update_group"
 
 
 def launch_command(launcher: str, nproc: int, master_port: int, control_file: Path, hostfile: str | None) -> list[str]:
@@ -108,13 +103,13 @@ class UpdateGroup:
     # -- start ---------------------------------------------------------------------------------------------------
     @classmethod
     def start(
-        cls, launcher: str, nproc: int, hostfile: str | None, run_dir: Path, init: dict[str, Any]
+        cls, launcher: str, nproc: int, hostfile: str | None, folder: Path, init: dict[str, Any]
     ) -> UpdateGroup:
         """Launch the group, wait for rank 0 to connect, and send it ``init`` (config, data root, run id, start model,
-        precision): every rank builds its engines. Raises :class:`GroupError` if the group does not come up."""
+        precision): every rank builds its engines. ``folder`` (the lake's update-group folder of the run) takes the
+        control file and the log. Raises :class:`GroupError` if the group does not come up."""
         from ragen_core.training.distributed import free_port
 
-        folder = group_dir(run_dir)
         folder.mkdir(parents=True, exist_ok=True)
         server = socket.create_server(("127.0.0.1", 0))
         server.settimeout(1.0)

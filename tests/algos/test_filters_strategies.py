@@ -9,7 +9,7 @@ import torch
 
 from ragen_core.algos import FILTERS, FilterSpec, apply_filter, resolve_filter, select_groups
 from ragen_core.config import ConfigError, build_config
-from ragen_core.stages import filter_inputs
+from ragen_core.run.batches import filter_inputs
 
 # metric values with total 1.0: ranked largest first 0 (.4), 2 (.3), 3 (.2), 1 (.1)
 VALUES = {0: 0.4, 1: 0.1, 2: 0.3, 3: 0.2}

@@ -49,6 +49,18 @@ def test_overhead_is_wall_minus_core_over_wall_on_iterations_without_validation(
     assert memory["peak_rss_growth"] == pytest.approx((102 - 101) / 101)
 
 
+def test_validation_share_is_the_validate_core_call_over_wall_on_iterations_without_validation():
+    rows = [
+        _row(0, 10.0, {"validate": 4.0, "evaluate": 5.0}, {"validate": 4.1, "evaluate": 5.5}, True),
+        _row(1, 4.0, {"validate": 0.4, "update_policy": 2.0}, {"validate": 0.5, "update": 2.3}),
+        _row(2, 5.0, {"validate": 0.25, "update_policy": 2.0}, {"validate": 0.3, "update": 2.4}),
+        _row(3, 2.0, {"update_policy": 1.0}, {"update": 1.1}),  # validation not timed: a share of 0
+    ]
+    share = overhead_summary(rows)["validation_share"]
+    assert share["n"] == 3 and share["median"] == pytest.approx(0.05)  # of 0.4 / 4, 0.25 / 5, 0
+    assert (share["min"], share["max"]) == (pytest.approx(0.0), pytest.approx(0.1))
+
+
 def test_trl_time_ratio_is_ours_over_trl_without_our_validation():
     from benchmarks.trl_bench import summarise
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ragen_core.offline import lineage
+from ragen_core.run.offline import lineage
 from ragen_core.storage import DataLake, check_read_only, query
 from ragen_core.storage.sqldoc import COLUMNS_BEGIN, named_queries, update_columns
 from schemas.tables import TABLES
@@ -38,7 +38,7 @@ def _offline_selection(runs: list[SyntheticRun], sources: tuple) -> list[Traject
 
 
 def _write_offline_runs(lake: DataLake, runs: list[SyntheticRun]) -> None:
-    """Manifests of offline runs whose lineage is made by the code `ragen retrain` uses (ragen_core.offline)."""
+    """Manifests of offline runs whose lineage is made by the code `ragen retrain` uses (ragen_core.run.offline)."""
     for run_id, mode, sources, init in OFFLINE:
         chosen = _offline_selection(runs, sources)
         table = pa.table({"run_id": [t.run_id for t in chosen], "iteration": [t.iteration for t in chosen]})
@@ -48,7 +48,7 @@ def _write_offline_runs(lake: DataLake, runs: list[SyntheticRun]) -> None:
         sql = f"SELECT * FROM trajectories WHERE split = 'train' -- {run_id}"
         lake.write_manifest(run_id, {"run_id": run_id, "kind": "offline", "status": "completed", "config": {},
                                      "created_at": "2025-02-01T00:00:00+00:00",
-                                     "lineage": lineage(sql, table, mode, init_dir, lake.root)})  # fmt: skip
+                                     "lineage": lineage(sql, table, mode, init_dir, lake)})  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -117,3 +117,18 @@ def test_a_plot_that_cannot_be_written_is_a_clear_error(root):
     result = _invoke("plot", "run-a", "--out", "/proc/no/such/plot.png", "--data-root", root)
     assert result.exit_code == 2 and "cannot write --out '/proc/no/such/plot.png'" in result.stderr
     _no_traceback(result)
+
+
+def test_csv_holds_list_and_struct_cells_as_json(root):
+    """CSV has no nested cells: a list or struct column comes out as one JSON text per cell, never a traceback."""
+    import csv
+    import io
+
+    statement = "SELECT 1 AS n, ['Up', 'Left'] AS actions, {'a': 1, 'b': 'x'} AS s, CAST(NULL AS VARCHAR[]) AS none"
+    result = _invoke("sql", statement, "--data-root", root, "-f", "csv")
+    assert result.exit_code == 0, result.output
+    (row,) = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert row["n"] == "1" and json.loads(row["actions"]) == ["Up", "Left"]
+    assert json.loads(row["s"]) == {"a": 1, "b": "x"} and row["none"] == ""
+    stored = _invoke("sql", "SELECT actions FROM turns WHERE group_id = 9 LIMIT 1", "--data-root", root, "-f", "csv")
+    assert stored.exit_code == 0 and stored.stdout.splitlines() == ['"actions"', '"[]"']

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ragen_core.offline import OfflineError
+from ragen_core.run.offline import OfflineError
 from ragen_core.storage import DataLake
 
 BASE = {

@@ -10,10 +10,11 @@ from ragen_core.config import build_config
 from ragen_core.envs import base as env_base
 from ragen_core.envs import register_env
 from ragen_core.envs.bandit import BanditEnv
-from ragen_core.resume import ResumeError, plan_resume, restore_session
-from ragen_core.session import open_session
+from ragen_core.run.decisions import ResumeError, plan_resume
+from ragen_core.run.resume import restore_session
+from ragen_core.run.session import open_session
 from ragen_core.storage import DataLake, query
-from ragen_core.training.checkpoint import checkpoint_dir, list_checkpoints, load_checkpoint
+from ragen_core.training.checkpoint import load_checkpoint
 
 
 def _config(model_dir, **sections):
@@ -38,17 +39,17 @@ def test_deleted_newest_checkpoint_falls_back_and_replays_to_the_same_weights(
     tree = _config(tiny_model_dir, algorithm={"adv_estimator": "gae"})  # a critic too: both engines are restored
     train(tree, data_root=str(tmp_path), run_id="cp")
     lake, config = DataLake(tmp_path), build_config(tree)
-    assert [n for n, _ in list_checkpoints(tmp_path, "cp")] == [1, 2, 3]
-    final = open_session(config, lake, "cp-probe", tiny_model_dir)
-    load_checkpoint(checkpoint_dir(tmp_path, "cp", 3), final.actor, final.critic)
-    shutil.rmtree(checkpoint_dir(tmp_path, "cp", 3))
+    assert [n for n, _ in lake.list_checkpoints("cp")] == [1, 2, 3]
+    final = open_session(config, lake, "cp-probe", tiny_model_dir).updater
+    load_checkpoint(lake.checkpoint_dir("cp", 3), final.actor, final.critic)
+    shutil.rmtree(lake.checkpoint_dir("cp", 3))
 
-    plan = plan_resume(lake, "cp", config, list_checkpoints(tmp_path, "cp"))
+    plan = plan_resume("cp", config, lake.committed_iterations("cp"), [], lake.list_checkpoints("cp"))
     assert (plan.checkpoint_updates, plan.replay) == (2, [2])
-    session = open_session(config, lake, "cp", tiny_model_dir, resumed_manifest=lake.read_manifest("cp"))
+    session = open_session(config, lake, "cp", tiny_model_dir, resumed=lake.read_manifest("cp"))
     restore_session(session, plan)
     for name, engine in (("actor", "actor"), ("critic", "critic")):
-        ours, theirs = getattr(session, engine).module.state_dict(), getattr(final, engine).module.state_dict()
+        ours, theirs = getattr(session.updater, engine).module.state_dict(), getattr(final, engine).module.state_dict()
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs), name
 
 
@@ -68,7 +69,7 @@ def overpaying_bandit():
 
 def test_quarantined_iteration_is_refused_then_skipped(prefect_harness, tmp_path, tiny_model_dir, overpaying_bandit):
     from flows.train import train
-    from ragen_core.stages import BatchRejected
+    from ragen_core.run.batches import BatchRejected
 
     tree = _config(
         tiny_model_dir,

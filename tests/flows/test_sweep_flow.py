@@ -129,7 +129,7 @@ def test_evaluate_a_run_and_a_model_folder(swept, tiny_model_dir):
 
 
 def test_evaluate_refuses_unknown_targets_and_envs(swept):
-    from ragen_core.evaluation import EvaluationError, evaluation_config, resolve_target
+    from ragen_core.run.evaluation import EvaluationError, evaluation_config, resolve_target
 
     lake = DataLake(swept[0])
     with pytest.raises(EvaluationError, match="no checkpoint after 7 updates"):

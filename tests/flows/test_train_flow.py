@@ -102,7 +102,7 @@ def test_cli_sql_formats(trained_root):
 
 def test_rerunning_a_completed_run_does_nothing_and_another_config_is_refused(trained_root, tiny_model_dir):
     from flows.train import train
-    from ragen_core.resume import ResumeError
+    from ragen_core.run.decisions import ResumeError
 
     before = query(trained_root, "SELECT count(*) AS n FROM trajectories").to_pylist()
     result = train(_config(tiny_model_dir), data_root=str(trained_root), run_id="flow-test")
@@ -232,7 +232,7 @@ def test_a_bad_batch_is_quarantined_and_nothing_is_trained(
     prefect_harness, tmp_path, tiny_model_dir, overpaying_bandit
 ):
     from flows.train import train
-    from ragen_core.stages import BatchRejected
+    from ragen_core.run.batches import BatchRejected
 
     config = _config(tiny_model_dir, iterations=2)
     config["env"] = {"name": "overpaying_bandit", "val_envs": ["bandit"]}

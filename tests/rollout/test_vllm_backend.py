@@ -85,7 +85,7 @@ def test_a_missing_vllm_says_how_to_get_it(tiny_policy, tiny_model_dir):
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_a_session_asking_for_vllm_fails_before_loading_anything(tmp_path, tiny_model_dir):
-    from ragen_core.session import open_session
+    from ragen_core.run.session import open_session
     from ragen_core.storage import DataLake
 
     config = build_config({"model": {"path": str(tiny_model_dir)}, "rollout": {"backend": "vllm"}})

@@ -37,8 +37,21 @@ def _edit(table: pa.Table, column: str, row: int, value) -> pa.Table:
     return _replace(table, column, values)
 
 
+def _findings(report) -> dict:
+    return {(f["check"], f["column"]): (f["rows"], f["row_count"]) for f in report.failures}
+
+
 def _check(trajectories, turns, **kwargs):
+    """The default (auto) report, after checking that both implementations find the same failures, rows and all."""
+    vectorised, libraries = (
+        validate_trajectory_batch(trajectories, turns, GROUP_SIZE, BOUNDS, engine=engine, **kwargs)
+        for engine in ("vectorised", "libraries")
+    )
+    assert _findings(vectorised) == _findings(libraries)
     report = validate_trajectory_batch(trajectories, turns, GROUP_SIZE, BOUNDS, **kwargs)
+    assert _findings(report) == _findings(vectorised)
+    # the libraries re-check exactly the batches the vectorised checks reject
+    assert report.engines == (["vectorised"] if report.ok else ["vectorised", "pandera+great_expectations"])
     for name in report.failed_checks():  # every reported name is one of the documented, stable names
         assert name in SEMANTIC_CHECKS or STRUCTURE_CHECK.match(name), name
     return report
@@ -65,13 +78,13 @@ def test_a_scripted_batch_without_logprobs_passes(tiny_policy):
     assert report.ok, report.to_json()
 
 
-def test_wrong_type_is_caught_by_pandera(batch):
+def test_wrong_type_is_caught(batch):
     trajectories, turns = batch
     index = trajectories.schema.get_field_index("env_seed")
     bad = trajectories.set_column(index, "env_seed", trajectories["env_seed"].cast(pa.float64()))
     report = _check(bad, turns)
     assert report.failed_checks() == ["trajectories.env_seed:dtype"]
-    assert [f["layer"] for f in report.failures] == ["pandera"] and report.failures[0]["column"] == "env_seed"
+    assert [f["layer"] for f in report.failures] == ["structure"] and report.failures[0]["column"] == "env_seed"
 
 
 def test_null_and_range_failures_name_the_rows(batch):

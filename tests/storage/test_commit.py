@@ -5,8 +5,10 @@ import pytest
 from ragen_core.agent import ChatFormatter
 from ragen_core.config import build_config
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
-from ragen_core.session import RunSession
-from ragen_core.stages import commit_iteration, persist_trajectories, validate_batch
+from ragen_core.run.batches import BatchPipeline, BatchRules
+from ragen_core.run.record import RunRecord
+from ragen_core.run.session import RunSession
+from ragen_core.run.stages import commit_iteration
 from ragen_core.storage import BatchMeta, DataLake, query
 
 
@@ -15,16 +17,12 @@ def test_commit_writes_metrics_evaluations_marker_and_manifest(tmp_path, tiny_po
     spec = RolloutSpec("bandit", [1, 2, 3], 2, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
     records = run_rollouts(spec, ScriptedBackend("random", tokenizer), ChatFormatter(tokenizer), seed=0)
     lake = DataLake(tmp_path)
-    persist_trajectories(
-        lake,
-        BatchMeta(run_id="run-c", iteration=2, split="val", policy_version=2, temperature=0.5, config_hash="hash"),
-        "eval-bandit",
-        records,
-    )
-    validate_batch(lake, "run-c", 2, "eval-bandit", 2, (-1.0, 1.0))
-    lake.publish("run-c", 2, "eval-bandit")
+    meta = BatchMeta(run_id="run-c", iteration=2, split="val", policy_version=2, temperature=0.5, config_hash="hash")
+    assert meta == BatchMeta.validation("run-c", 2, 0.5, "hash")
+    BatchPipeline(lake, meta, "eval-bandit", BatchRules(2, (-1.0, 1.0))).run(records)
     config = build_config()
-    session = RunSession(config, lake, "run-c", tmp_path, None, None, None, {"run_id": "run-c", "status": "running"})
+    record = RunRecord(lake, "run-c", {"run_id": "run-c", "status": "running"})
+    session = RunSession(config, lake, "run-c", None, None, record)  # a commit needs no policy and no updater
 
     result = commit_iteration(session, 2, {"val/bandit/success": 0.5, "time/evaluate": 1.25})
 

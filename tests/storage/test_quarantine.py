@@ -10,7 +10,7 @@ import pytest
 from ragen_core.agent import ChatFormatter
 from ragen_core.rollout import RolloutSpec, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
-from ragen_core.stages import BatchRejected, persist_trajectories, validate_batch
+from ragen_core.run.batches import BatchPipeline, BatchRejected, BatchRules
 from ragen_core.storage import BatchMeta, DataLake, query
 
 RUN, GROUP_SIZE, BOUNDS = "run-q", 4, (-0.1, 1.0)
@@ -80,22 +80,19 @@ BAD_BATCHES = {
 def test_a_bad_batch_is_quarantined_with_its_check_named(tmp_path, records, case):
     mutate, check, rows = BAD_BATCHES[case]
     lake = DataLake(tmp_path)
-    good = BatchMeta(run_id=RUN, iteration=0, split="train", policy_version=0, temperature=1.0, config_hash="hash")
-    persist_trajectories(lake, good, "rollout", records)
-    validate_batch(lake, RUN, 0, "rollout", GROUP_SIZE, BOUNDS)
+    rules = BatchRules(GROUP_SIZE, BOUNDS)
+    good = BatchPipeline(lake, BatchMeta.training(RUN, 0, 1.0, "hash"), "rollout", rules)
+    good.persist(records)
+    good.validate()
     lake.publish(RUN, 0, "rollout")
     before, published_rows = _published_snapshot(lake), lake.read_table("trajectories").to_pylist()
 
-    persist_trajectories(
-        lake,
-        BatchMeta(run_id=RUN, iteration=1, split="train", policy_version=1, temperature=1.0, config_hash="hash"),
-        "rollout",
-        records,
-    )
+    bad = BatchPipeline(lake, BatchMeta.training(RUN, 1, 1.0, "hash"), "rollout", rules)
+    bad.persist(records)
     staged = lake.read_staged(RUN, 1, "rollout", "trajectories")
     lake.stage_table(RUN, 1, "rollout", "trajectories", mutate(staged), strict=False)  # stage 2 wrote a bad batch
     with pytest.raises(BatchRejected, match=check) as rejected:
-        validate_batch(lake, RUN, 1, "rollout", GROUP_SIZE, BOUNDS)
+        bad.validate()
 
     assert check in rejected.value.checks
     where = lake.quarantine_dir(RUN, 1, "rollout")
@@ -117,16 +114,12 @@ def test_a_bad_batch_is_quarantined_with_its_check_named(tmp_path, records, case
 
 def test_an_unreadable_staged_batch_is_quarantined_too(tmp_path, records):
     lake = DataLake(tmp_path)
-    persist_trajectories(
-        lake,
-        BatchMeta(run_id=RUN, iteration=0, split="train", policy_version=0, temperature=1.0, config_hash="hash"),
-        "rollout",
-        records,
-    )
+    pipeline = BatchPipeline(lake, BatchMeta.training(RUN, 0, 1.0, "hash"), "rollout", BatchRules(GROUP_SIZE, BOUNDS))
+    pipeline.persist(records)
     (part,) = (lake.stage_dir(RUN, 0, "rollout") / "turns").glob("*.parquet")
     part.write_bytes(part.read_bytes()[:100])
     with pytest.raises(BatchRejected, match="staged_batch_readable"):
-        validate_batch(lake, RUN, 0, "rollout", GROUP_SIZE, BOUNDS)
+        pipeline.validate()
     report = json.loads((lake.quarantine_dir(RUN, 0, "rollout") / "report.json").read_text())
     assert report["failed_checks"] == ["staged_batch_readable"] and part.name in report["failures"][0]["detail"]
     assert lake.read_table("turns").num_rows == 0

@@ -239,7 +239,7 @@ def test_queries_take_run_ids_as_parameters_even_when_validation_is_bypassed(lak
     """Code paths that put a run id into SQL bind it: an id with a quote (refused by the validator, here passed
     straight to the query functions) finds nothing instead of breaking or changing the query."""
     from flows.cli import SUMMARY_SQL, _print_run_summary
-    from ragen_core.offline import OfflineError, select_trajectories
+    from ragen_core.run.offline import OfflineError, select_trajectories
     from ragen_core.sweep import SweepPlan, compare_sweep
 
     hostile = "ab' OR '1'='1"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ragen_core.config import build_config
-from ragen_core.session import new_manifest
+from ragen_core.run.record import new_manifest
 from ragen_core.storage import DataLake
 from ragen_core.storage.locks import (
     RunLockedError,

@@ -15,11 +15,7 @@ from ragen_core.training import ActorEngine, OptimConfig, PolicyUpdateConfig
 from ragen_core.training.checkpoint import (
     ENGINE_TAG,
     CheckpointError,
-    checkpoint_dir,
-    latest_checkpoint,
-    list_checkpoints,
     load_checkpoint,
-    prune_checkpoints,
     read_checkpoint_info,
     save_checkpoint,
 )
@@ -81,7 +77,7 @@ def _hidden_entries(root: Path) -> list[str]:
 def test_resume_from_a_checkpoint_is_bitwise_identical(tmp_path, tiny_policy, update_batch):
     actor, critic = _actor(tiny_policy), _critic(tiny_policy)
     _train(update_batch, actor, critic, seed=1)
-    path = save_checkpoint(tmp_path, RUN, 1, actor, critic, tiny_policy[1], {"config_hash": "abc"})
+    path = save_checkpoint(DataLake(tmp_path), RUN, 1, actor, critic, tiny_policy[1], {"config_hash": "abc"})
     _train(update_batch, actor, critic, seed=2)
 
     resumed_actor, resumed_critic = _actor(tiny_policy), _critic(tiny_policy)  # from the original weights
@@ -133,12 +129,13 @@ def test_hugging_face_export_loads_with_plain_transformers(tmp_path, tiny_policy
 _CRASHING_SAVE = """
 import sys
 from ragen_core.policy import load_policy
+from ragen_core.storage import DataLake
 from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.checkpoint import save_checkpoint
 
 model, tokenizer = load_policy(sys.argv[1])
 actor = ActorEngine(model, OptimConfig(lr=1e-2, weight_decay=0.0, grad_clip=1.0, micro_batch_size=4))
-save_checkpoint(sys.argv[2], sys.argv[3], 2, actor, None, tokenizer, {})
+save_checkpoint(DataLake(sys.argv[2]), sys.argv[3], 2, actor, None, tokenizer, {})
 print("SAVED")
 """
 
@@ -146,7 +143,7 @@ print("SAVED")
 def test_a_save_killed_midway_leaves_no_checkpoint(tmp_path, tiny_policy, tiny_model_dir):
     # this process builds an engine first, so DeepSpeed's comm op is compiled before anything is killed
     actor = _actor(tiny_policy)
-    save_checkpoint(tmp_path, RUN, 1, actor, None, tiny_policy[1], {})
+    save_checkpoint(DataLake(tmp_path), RUN, 1, actor, None, tiny_policy[1], {})
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
     env["RAGEN_FAULT"] = "checkpoint:mid_save"
     child = subprocess.run(
@@ -159,64 +156,67 @@ def test_a_save_killed_midway_leaves_no_checkpoint(tmp_path, tiny_policy, tiny_m
     )
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
     assert "SAVED" not in child.stdout
-    assert [n for n, _ in list_checkpoints(tmp_path, RUN)] == [1]
+    assert [n for n, _ in DataLake(tmp_path).list_checkpoints(RUN)] == [1]
     assert _hidden_entries(tmp_path) == [".tmp-iteration=2"]  # the kill hit after the engine state was written
     leftover = tmp_path / "runs" / RUN / "checkpoints" / ".tmp-iteration=2"
     assert (leftover / "actor" / ENGINE_TAG / "mp_rank_00_model_states.pt").is_file()
     assert not (leftover / "checkpoint.json").exists()
 
-    save_checkpoint(tmp_path, RUN, 2, actor, None, tiny_policy[1], {})
-    assert [n for n, _ in list_checkpoints(tmp_path, RUN)] == [1, 2]
+    save_checkpoint(DataLake(tmp_path), RUN, 2, actor, None, tiny_policy[1], {})
+    assert [n for n, _ in DataLake(tmp_path).list_checkpoints(RUN)] == [1, 2]
     assert _hidden_entries(tmp_path) == []
 
 
 def test_listing_latest_and_pruning(tmp_path, tiny_policy):
     actor = _actor(tiny_policy)
     for iteration in (1, 2, 4, 10):
-        save_checkpoint(tmp_path, RUN, iteration, actor, None, tiny_policy[1], {"v": 1})
+        save_checkpoint(DataLake(tmp_path), RUN, iteration, actor, None, tiny_policy[1], {"v": 1})
     folder = tmp_path / "runs" / RUN / "checkpoints"
     (folder / "iteration=11").mkdir()  # incomplete: no checkpoint.json
     (folder / ".tmp-iteration=12").mkdir()  # a crashed save
-    assert [n for n, _ in list_checkpoints(tmp_path, RUN)] == [1, 2, 4, 10]  # numeric, not string, order
-    assert list_checkpoints(tmp_path, "other-run") == []
-    assert latest_checkpoint(tmp_path, RUN) == (10, folder / "iteration=10")
-    assert latest_checkpoint(tmp_path, RUN, at_most=9) == (4, folder / "iteration=4")
-    assert latest_checkpoint(tmp_path, RUN, at_most=0) is None
+    assert [n for n, _ in DataLake(tmp_path).list_checkpoints(RUN)] == [1, 2, 4, 10]  # numeric, not string, order
+    assert DataLake(tmp_path).list_checkpoints("other-run") == []
+    assert DataLake(tmp_path).latest_checkpoint(RUN) == (10, folder / "iteration=10")
+    assert DataLake(tmp_path).latest_checkpoint(RUN, at_most=9) == (4, folder / "iteration=4")
+    assert DataLake(tmp_path).latest_checkpoint(RUN, at_most=0) is None
 
-    removed = prune_checkpoints(tmp_path, RUN, keep_last=2)
+    removed = DataLake(tmp_path).prune_checkpoints(RUN, keep_last=2)
     assert removed == [folder / "iteration=1", folder / "iteration=2"]
     assert not any(p.exists() for p in removed)
-    assert [n for n, _ in list_checkpoints(tmp_path, RUN)] == [4, 10]
-    assert prune_checkpoints(tmp_path, RUN, keep_last=2) == []
+    assert [n for n, _ in DataLake(tmp_path).list_checkpoints(RUN)] == [4, 10]
+    assert DataLake(tmp_path).prune_checkpoints(RUN, keep_last=2) == []
     with pytest.raises(ValueError, match="keep_last"):
-        prune_checkpoints(tmp_path, RUN, keep_last=0)
+        DataLake(tmp_path).prune_checkpoints(RUN, keep_last=0)
 
     # saving an iteration again replaces its checkpoint, and cleans the leftovers of the crashed save
-    save_checkpoint(tmp_path, RUN, 10, actor, None, tiny_policy[1], {"v": 2})
+    save_checkpoint(DataLake(tmp_path), RUN, 10, actor, None, tiny_policy[1], {"v": 2})
     assert read_checkpoint_info(folder / "iteration=10")["extra"] == {"v": 2}
     assert _hidden_entries(tmp_path) == []
 
 
 def test_checkpoint_dir_layout(tmp_path):
     expected = tmp_path.resolve() / "runs" / RUN / "checkpoints" / "iteration=7"
-    assert checkpoint_dir(tmp_path, RUN, 7) == checkpoint_dir(str(tmp_path), RUN, 7) == expected
-    assert checkpoint_dir(DataLake(tmp_path), RUN, 7) == expected
+    assert DataLake(tmp_path).checkpoint_dir(RUN, 7) == DataLake(str(tmp_path)).checkpoint_dir(RUN, 7) == expected
+    assert DataLake(tmp_path).checkpoint_origin(expected / "hf") == (RUN, 7)
+    assert DataLake(tmp_path).checkpoint_origin(tmp_path / "runs" / RUN / "elsewhere" / "iteration=7") == (None, None)
+    with pytest.raises(ValueError, match=">= 0"):
+        DataLake(tmp_path).checkpoint_dir(RUN, -1)
     with pytest.raises(LakeError):
-        checkpoint_dir(tmp_path, "../escape", 7)
+        DataLake(tmp_path).checkpoint_dir("../escape", 7)
 
 
 def test_loading_an_incomplete_or_mismatched_checkpoint_fails_clearly(tmp_path, tiny_policy):
     actor = _actor(tiny_policy)
-    incomplete = checkpoint_dir(tmp_path, RUN, 5)
+    incomplete = DataLake(tmp_path).checkpoint_dir(RUN, 5)
     incomplete.mkdir(parents=True)
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         load_checkpoint(incomplete, actor)
 
-    path = save_checkpoint(tmp_path, RUN, 1, actor, None, tiny_policy[1], {"reward": np.float32(0.5)})
+    path = save_checkpoint(DataLake(tmp_path), RUN, 1, actor, None, tiny_policy[1], {"reward": np.float32(0.5)})
     assert read_checkpoint_info(path)["extra"] == {"reward": 0.5}
     with pytest.raises(TypeError, match="JSON-serialisable"):
-        save_checkpoint(tmp_path, RUN, 2, actor, None, tiny_policy[1], {"bad": object()})
-    assert [n for n, _ in list_checkpoints(tmp_path, RUN)] == [1]
+        save_checkpoint(DataLake(tmp_path), RUN, 2, actor, None, tiny_policy[1], {"bad": object()})
+    assert [n for n, _ in DataLake(tmp_path).list_checkpoints(RUN)] == [1]
     assert _hidden_entries(tmp_path) == []  # it failed before writing anything
 
     with pytest.raises(CheckpointError, match="no critic state"):

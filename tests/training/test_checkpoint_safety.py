@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from ragen_core.storage import DataLake
 from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.checkpoint import (
     ENGINE_TAG,
     INFO_FILE,
     CheckpointError,
-    checkpoint_dir,
     load_checkpoint,
     read_checkpoint_info,
     save_checkpoint,
@@ -56,7 +56,7 @@ def saved(tmp_path_factory, tiny_policy, update_batch):  # noqa: F811
         actor = _actor(tiny_policy, stage)
         _train(update_batch, actor, None, seed=1)
         root = tmp_path_factory.mktemp(f"zero{stage}")
-        found[stage] = (save_checkpoint(root, RUN, 1, actor, None, tiny_policy[1], {}), actor)
+        found[stage] = (save_checkpoint(DataLake(root), RUN, 1, actor, None, tiny_policy[1], {}), actor)
     return found
 
 
@@ -178,7 +178,7 @@ def test_ragen_resume_of_a_garbage_checkpoint_fails_in_one_line(prefect_harness,
         "eval": {"every": 1, "instances": 2},
     }
     train(tree, data_root=str(tmp_path), run_id="g")
-    state = checkpoint_dir(tmp_path, "g", 1) / MODEL_STATE
+    state = DataLake(tmp_path).checkpoint_dir("g", 1) / MODEL_STATE
     state.write_bytes(os.urandom(state.stat().st_size))
 
     env = {k: v for k, v in os.environ.items() if k not in ("RAGEN_FAULT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}

@@ -31,7 +31,7 @@ def test_launch_commands(tmp_path):
     assert torchrun[1:3] == ["-m", "torch.distributed.run"]
     assert torchrun[torchrun.index("--nproc_per_node") + 1] == "2"
     assert torchrun[torchrun.index("--master_addr") + 1] == "127.0.0.1"  # the group listens on loopback only
-    assert torchrun[-4:] == ["-m", "ragen_core.training.worker", "--control-file", str(control)]
+    assert torchrun[-4:] == ["-m", "ragen_core.run.worker", "--control-file", str(control)]
     hosts = tmp_path / "hostfile"
     deepspeed = launch_command("deepspeed", 4, 29500, control, str(hosts))
     assert deepspeed[1:3] == ["-m", "deepspeed.launcher.runner"]
@@ -120,10 +120,10 @@ def test_a_deepspeed_launched_group_restores_exports_and_reports_failures(tmp_pa
     lake = DataLake(tmp_path)
     init = {"config": config.to_dict(), "data_root": str(lake.root), "run_id": "g", "model_dir": str(tiny_model_dir),
             "precision": "fp32"}  # fmt: skip
-    group = UpdateGroup.start("deepspeed", 1, None, lake.run_dir("g"), init)
+    group = UpdateGroup.start("deepspeed", 1, None, lake.update_group_dir("g"), init)
     try:
         assert group.world_size == 1 and len(group.worker_pids) == 1
-        assert not list(lake.run_dir("g").glob("update_group/control-*.json"))  # the token file is gone
+        assert not list(lake.update_group_dir("g").glob("control-*.json"))  # the token file is gone
         exported = group.restore(None, [])  # no checkpoint, nothing to replay: the start weights
         weights = load_file(exported / "model.safetensors")
         model, _ = tiny_policy
@@ -147,7 +147,7 @@ def test_a_worker_exits_when_the_run_process_dies_even_while_busy():
     sleeping 120 s, as in a long update); the worker exits with code 3 within seconds."""
     parent = subprocess.Popen(["sleep", "3"])
     watched = {"host": socket.gethostname(), "pid": parent.pid, "start": process_start_time(parent.pid)}
-    code = f"import time; from ragen_core.training.worker import _watch_parent; _watch_parent({watched!r}); " \
+    code = f"import time; from ragen_core.run.worker import _watch_parent; _watch_parent({watched!r}); " \
            "time.sleep(120)"  # fmt: skip
     worker = subprocess.Popen([sys.executable, "-c", code])
     try:

@@ -21,6 +21,7 @@ from ragen_core.seeding import derive_seed
 from ragen_core.storage import DataLake, query
 from ragen_core.storage.names import is_valid_run_id
 from ragen_core.training import collate
+from ragen_core.training.checkpoint import HF_EXPORT
 from ragen_core.training.starpo import (
     UpdateInputs,
     compute_advantages,
@@ -137,14 +138,14 @@ def sft_update(actor: Any, table: pa.Table, pad_token_id: int, batch_size: int, 
     return metrics
 
 
-def lineage(sql: str, table: pa.Table, mode: str, init: Path, root: Path | None = None) -> dict[str, Any]:
+def lineage(sql: str, table: pa.Table, mode: str, init: Path, lake: DataLake | None = None) -> dict[str, Any]:
     """What the re-trained run came from: the query, the source runs and iterations, the mode and the start model
-    (with the run and iteration whose checkpoint it is, when it is one of the data root ``root``). The ``runs``
-    table shows these as its lineage columns."""
+    (with the run and iteration whose checkpoint it is, when it is one of ``lake``). The ``runs`` table shows these as
+    its lineage columns."""
     sources: dict[str, set[int]] = {}
     for run, iteration in zip(table["run_id"].to_pylist(), table["iteration"].to_pylist(), strict=True):
         sources.setdefault(run, set()).add(int(iteration))
-    init_run, init_iteration = checkpoint_origin(init, root) if root is not None else (None, None)
+    init_run, init_iteration = lake.checkpoint_origin(init) if lake is not None else (None, None)
     return {
         "query": sql,
         "mode": mode,
@@ -155,21 +156,6 @@ def lineage(sql: str, table: pa.Table, mode: str, init: Path, root: Path | None 
         "source_runs": sorted(sources),
         "source_iterations": {run: sorted(its) for run, its in sorted(sources.items())},
     }
-
-
-def checkpoint_origin(folder: Path, root: Path) -> tuple[str | None, int | None]:
-    """(run, iteration) when ``folder`` is a checkpoint of a run of the data root ``root``
-    (``<root>/runs/<run>/checkpoints/iteration=<n>[/hf]``), else (None, None)."""
-    try:
-        parts = Path(folder).resolve().relative_to(Path(root).resolve() / "runs").parts
-    except ValueError:
-        return None, None
-    if len(parts) < 3 or parts[1] != "checkpoints" or not is_valid_run_id(parts[0]):
-        return None, None
-    name, _, number = parts[2].partition("=")
-    if name != "iteration" or not (number.isascii() and number.isdigit()):
-        return None, None
-    return parts[0], int(number)
 
 
 def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
@@ -191,25 +177,28 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
             if not manifest.get("model_dir"):  # its manifest is written before the bootstrap picks the model
                 raise OfflineError(f"--init {text}: run {run_id!r} stopped before choosing its start model")
             return resolve_init(manifest["model_dir"])
-        path = lake.root / "runs" / run_id / "checkpoints" / f"iteration={int(updates)}"
+        path = lake.checkpoint_dir(run_id, int(updates))
     if "\x00" in str(path):  # no file name holds one (resolve() would raise ValueError)
         raise OfflineError(f"--init {str(path)!r} is not a folder name: it contains a NUL character")
     path = Path(path).expanduser().resolve()
-    if (path / "hf" / "config.json").is_file():
-        return path / "hf"
+    if (path / HF_EXPORT / "config.json").is_file():
+        return path / HF_EXPORT
     if (path / "config.json").is_file():
         return path
     raise OfflineError(f"--init {str(path)!r} is neither a Hugging Face model folder nor a ragen-flows checkpoint")
 
 
 def offline_epoch(session: Any, table: pa.Table, mode: str, epoch: int) -> dict[str, float]:
-    """One pass of ``mode`` ('sft' or 'pg') over the selected rows with the session's actor."""
+    """One pass of ``mode`` ('sft' or 'pg') over the selected rows with the session's actor (in this process)."""
+    from ragen_core.training.updater import InProcessUpdater
+
     config, pad = session.config, session.tokenizer.pad_token_id
-    if session.actor is None:
+    if not isinstance(session.updater, InProcessUpdater):
         raise OfflineError("offline re-training runs in the run's own process: set trainer.launcher=inprocess")
+    actor = session.updater.actor
     seed = derive_seed(config.seed, epoch, "offline_shuffle")
     if mode == "sft":
-        return sft_update(session.actor, table, pad, config.offline.batch_size, seed)
+        return sft_update(actor, table, pad, config.offline.batch_size, seed)
     if mode == "pg":
-        return pg_update(config, session.actor, table, pad, seed)
+        return pg_update(config, actor, table, pad, seed)
     raise OfflineError(f"unknown mode {mode!r}; use 'sft' or 'pg'")

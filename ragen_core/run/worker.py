@@ -1,13 +1,16 @@
-"""A process of the launched update group: ``python -m ragen_core.training.worker --control-file FILE``.
+"""A process of the launched update group: ``python -m ragen_core.run.worker --control-file FILE``.
 
 Started by ``torchrun`` or the ``deepspeed`` launcher (see :mod:`ragen_core.training.group`), never by hand. Rank 0
 connects to the run's process, every rank builds the engines on ``init``, then each command (``restore``,
 ``update``, ``save``, ``stop``) read by rank 0 is broadcast and executed by all ranks in lockstep:
 
-- ``update``: the StarPO update on the iteration's published, kept rows read from the lake (the code of the
-  one-process update stage), then a Hugging Face export of the policy for the rollout side;
+- ``update``: the StarPO update on the iteration's published, kept rows read from the lake, then a Hugging Face
+  export of the policy for the rollout side;
 - ``restore``: load a checkpoint and replay committed updates from their stored batches, then the export;
-- ``save``: a checkpoint, laid out exactly as :mod:`ragen_core.training.checkpoint` does in one process.
+- ``save``: a checkpoint, laid out exactly as in one process.
+
+Every rank runs the one-process updater (:class:`ragen_core.training.updater.InProcessUpdater`): the same code
+updates, saves and restores in both modes.
 
 Any exception ends the group (rank 0 reports it first); the run's process then fails the stage.
 """
@@ -31,10 +34,9 @@ WATCH_INTERVAL_S = 0.5
 
 @dataclass
 class _Worker:
-    """One rank's state: its engines in a session-shaped holder, and where it exports the policy."""
+    """One rank's state: its engines, behind the same updater a one-process run uses."""
 
-    session: Any = None
-    weights_dir: Path | None = None
+    updater: Any = None  # ragen_core.training.updater.InProcessUpdater
 
 
 def _watch_parent(parent: dict[str, Any]) -> None:
@@ -55,68 +57,36 @@ def _watch_parent(parent: dict[str, Any]) -> None:
 
 
 def _init(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
-    """Build this rank's engines (as the one-process session does) and its session-shaped holder."""
-    from ragen_core.agent import ChatFormatter
+    """Build this rank's engines (as a one-process run does)."""
     from ragen_core.config import build_config
-    from ragen_core.session import RunSession, set_determinism
     from ragen_core.storage import DataLake
-    from ragen_core.training.engines import start_engines
-    from ragen_core.training.group import group_dir
+    from ragen_core.training.engines import set_determinism
+    from ragen_core.training.updater import InProcessUpdater
 
     config = build_config(command["config"])
     set_determinism(config)
     lake = DataLake(command["data_root"])
-    model_dir = Path(command["model_dir"])
-    actor, critic, tokenizer = start_engines(config, model_dir, command["precision"])
-    session = RunSession(config, lake, command["run_id"], model_dir, tokenizer, actor, ChatFormatter(tokenizer))
-    session.critic = critic
-    worker.session = session
-    worker.weights_dir = group_dir(lake.run_dir(command["run_id"])) / "policy"
-    return {"device": str(actor.device)}
-
-
-def _export(worker: _Worker) -> str:
-    from ragen_core.training.checkpoint import export_policy
-
-    return str(export_policy(worker.session.actor, worker.session.tokenizer, worker.weights_dir))
-
-
-def _update(worker: _Worker, iteration: int) -> dict[str, float]:
-    """The update stage's core on this rank: the kept rows of ``iteration`` from the lake, one StarPO update."""
-    from ragen_core.stages import kept_row_count, update_inputs
-    from ragen_core.training.starpo import starpo_update
-
-    session = worker.session
-    if kept_row_count(session, iteration) == 0:  # the filter kept nothing: the run's process skips this update too
-        return {"actor/skipped_update": 1.0}
-    return starpo_update(session.config, session.actor, session.critic, update_inputs(session, iteration), iteration)
+    worker.updater = InProcessUpdater.start(
+        config, lake, command["run_id"], Path(command["model_dir"]), command["precision"]
+    )
+    return {"device": str(worker.updater.actor.device)}
 
 
 def _execute(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
-    """Run one command on this rank; the reply rank 0 sends back."""
-    op = command["op"]
+    """Run one command on this rank; the reply rank 0 sends back. ``update`` and ``restore`` end with a Hugging Face
+    export of the policy, which the run's process loads into its rollout copy."""
+    op, updater = command["op"], worker.updater
     if op == "init":
         return _init(worker, command)
     if op == "update":
-        metrics = _update(worker, int(command["iteration"]))
-        return {"metrics": metrics, "weights": _export(worker)}
+        metrics = updater.update(int(command["iteration"]))
+        return {"metrics": metrics, "weights": str(updater.export())}
     if op == "restore":
-        from ragen_core.training.checkpoint import load_checkpoint
-
-        if command["checkpoint"]:
-            load_checkpoint(command["checkpoint"], worker.session.actor, worker.session.critic)
-        for iteration in command["replay"]:
-            _update(worker, int(iteration))  # same stored batch, same seeds, same start weights: same update
-        return {"weights": _export(worker)}
+        checkpoint = Path(command["checkpoint"]) if command["checkpoint"] else None
+        updater.restore(checkpoint, [int(i) for i in command["replay"]])
+        return {"weights": str(updater.export())}
     if op == "save":
-        from ragen_core.training.checkpoint import save_checkpoint
-
-        session = worker.session
-        path = save_checkpoint(
-            session.lake.root, session.run_id, int(command["updates"]), session.actor, session.critic,
-            session.tokenizer, command["extra"],
-        )  # fmt: skip
-        return {"path": str(path)}
+        return {"path": str(updater.save(int(command["updates"]), command["extra"]))}
     raise ValueError(f"unknown command {op!r}")
 
 

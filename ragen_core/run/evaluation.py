@@ -15,10 +15,9 @@ from typing import Any
 
 from ragen_core.config import RunConfig, build_config, load_config, stored_config
 from ragen_core.envs import registered_envs
-from ragen_core.offline import OfflineError, resolve_init
+from ragen_core.run.offline import OfflineError, resolve_init
 from ragen_core.storage import DataLake
 from ragen_core.storage.names import is_valid_run_id
-from ragen_core.training.checkpoint import checkpoint_dir, latest_checkpoint
 
 
 class EvaluationError(ValueError):
@@ -32,18 +31,18 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, dict[str, 
     its config becomes the evaluation's base (same prompt format and limits). Anything else must be a folder.
     """
     run_id, _, updates = target.removeprefix("run:").partition("@")
-    known = lake is not None and is_valid_run_id(run_id) and (lake.root / "runs").is_dir()  # else: a folder
+    known = lake is not None and is_valid_run_id(run_id)  # else: a folder
     manifest = lake.read_manifest(run_id) if known else None
     if manifest is not None:
         if updates:
             if not (updates.isascii() and updates.isdigit()):
                 raise EvaluationError(f"{target!r}: after '@' give the number of updates, e.g. {run_id}@10")
-            folder = checkpoint_dir(lake, run_id, int(updates))
+            folder = lake.checkpoint_dir(run_id, int(updates))
             if not folder.is_dir():
                 raise EvaluationError(f"run {run_id!r} has no checkpoint after {updates} updates ({folder})")
             which = f"{run_id}@{updates}"
         else:
-            newest = latest_checkpoint(lake, run_id)
+            newest = lake.latest_checkpoint(run_id)
             if newest is None:
                 raise EvaluationError(
                     f"run {run_id!r} has no checkpoint yet; evaluate the model it started from instead: "

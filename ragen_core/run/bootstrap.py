@@ -21,13 +21,14 @@ from typing import Any
 from ragen_core.agent import ChatFormatter, reply_prefix
 from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
-from ragen_core.offline import check_tokenizer, select_trajectories, sft_update
 from ragen_core.policy import load_policy, tokenizer_fingerprint
 from ragen_core.rollout import ScriptedBackend, run_rollouts
+from ragen_core.run.batches import BatchPipeline, BatchRules
+from ragen_core.run.offline import check_tokenizer, select_trajectories, sft_update
+from ragen_core.run.record import library_versions, utc_now
+from ragen_core.run.stages import rollout_spec
 from ragen_core.seeding import derive_seed, derive_seeds
-from ragen_core.session import library_versions, utc_now
-from ragen_core.stages import persist_trajectories, rollout_spec, validate_env_batch
-from ragen_core.storage import BatchMeta, DataLake
+from ragen_core.storage import BatchMeta, DataLake, Stage
 from ragen_core.storage.locks import run_writer
 from ragen_core.training import ActorEngine, OptimConfig
 
@@ -63,25 +64,10 @@ def _build(
     config: RunConfig, lake: DataLake, base_dir: Path, target: Path, run_id: str
 ) -> tuple[Path, dict[str, Any]]:
     """Demonstrations, their SFT, and the model saved to ``target`` (the bootstrap run's lock held)."""
-    settings = config.bootstrap
     model, tokenizer = load_policy(base_dir)
-    prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
-    formatter = ChatFormatter(tokenizer, reply_prefix=prefix)
-    seeds = derive_seeds(config.seed, settings.num_groups, "bootstrap")
-    spec = rollout_spec(config, config.env.name, seeds, settings.group_size)
-    records = run_rollouts(
-        spec, ScriptedBackend(settings.policy, tokenizer), formatter, derive_seed(config.seed, "bootstrap")
-    )
-    stage = "demos"
-    meta = BatchMeta(
-        run_id=run_id, iteration=0, split="train", policy_version=0, temperature=1.0, config_hash=config.config_hash()
-    )
-    persist_trajectories(lake, meta, stage, records)
-    maybe_fail("bootstrap", "demos")  # demonstrations staged; no model yet
-    validate_env_batch(lake, config, run_id, 0, stage, config.env.name, settings.group_size)
-    lake.publish(run_id, 0, stage)
-
-    # The supervised step is offline re-training (ragen_core.offline) on the demonstration run, selected by SQL:
+    _demonstrations(config, lake, run_id, tokenizer)
+    maybe_fail("bootstrap", "demos")  # demonstrations published; no model yet
+    # The supervised step is offline re-training (ragen_core.run.offline) on the demonstration run, selected by SQL:
     # the stored token ids exactly, checked against the model's tokenizer.
     manifest = {
         "run_id": run_id,
@@ -99,30 +85,7 @@ def _build(
     lake.write_manifest(run_id, manifest)
     demos = select_trajectories(lake, "SELECT * FROM trajectories WHERE run_id = ?", params=[run_id])
     check_tokenizer(lake, [run_id], tokenizer)
-    actor = ActorEngine(
-        model,
-        OptimConfig(
-            lr=settings.lr,
-            weight_decay=0.0,
-            grad_clip=config.actor.grad_clip,
-            micro_batch_size=config.actor.micro_batch_size,
-        ),
-    )
-    history = [
-        sft_update(
-            actor, demos, tokenizer.pad_token_id, settings.batch_size, derive_seed(config.seed, "bootstrap_sft", e)
-        )
-        for e in range(settings.epochs)
-    ]
-
-    staging = target.parent / f".{target.name}.building-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    actor.module.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    try:
-        os.rename(staging, target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
+    history = _supervised(config, ActorEngine(model, _sft_optim(config)), demos, tokenizer, target)
     summary = {
         "run_id": run_id,
         "cached": False,
@@ -133,3 +96,49 @@ def _build(
     lake.write_manifest(run_id, {**manifest, "status": "completed", "summary": summary, "updated_at": utc_now()})
     lake.commit_iteration(run_id, 0, summary)
     return target, summary
+
+
+def _demonstrations(config: RunConfig, lake: DataLake, run_id: str, tokenizer: Any) -> None:
+    """The scripted policy's demonstrations through the batch pipeline (staged, validated, published)."""
+    settings = config.bootstrap
+    prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
+    formatter = ChatFormatter(tokenizer, reply_prefix=prefix)
+    seeds = derive_seeds(config.seed, settings.num_groups, "bootstrap")
+    spec = rollout_spec(config, config.env.name, seeds, settings.group_size)
+    backend = ScriptedBackend(settings.policy, tokenizer)
+    records = run_rollouts(spec, backend, formatter, derive_seed(config.seed, "bootstrap"))
+    meta = BatchMeta.demonstrations(run_id, config.config_hash())
+    rules = BatchRules.of(config, config.env.name, settings.group_size)
+    BatchPipeline(lake, meta, Stage.DEMOS, rules).run(records)
+
+
+def _sft_optim(config: RunConfig) -> OptimConfig:
+    return OptimConfig(
+        lr=config.bootstrap.lr,
+        weight_decay=0.0,
+        grad_clip=config.actor.grad_clip,
+        micro_batch_size=config.actor.micro_batch_size,
+    )
+
+
+def _supervised(
+    config: RunConfig, actor: ActorEngine, demos: Any, tokenizer: Any, target: Path
+) -> list[dict[str, float]]:
+    """``bootstrap.epochs`` supervised epochs on the demonstrations, then the model saved to ``target`` (built in a
+    hidden sibling and renamed: a folder named ``target`` is always complete)."""
+    settings = config.bootstrap
+    history = [
+        sft_update(
+            actor, demos, tokenizer.pad_token_id, settings.batch_size, derive_seed(config.seed, "bootstrap_sft", e)
+        )
+        for e in range(settings.epochs)
+    ]
+    staging = target.parent / f".{target.name}.building-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    actor.module.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        os.rename(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return history

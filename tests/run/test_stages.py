@@ -1,10 +1,10 @@
 """The commit stage records Echo-Trap early warnings as events rows (and the run goes on)."""
 
-from pathlib import Path
 
 from ragen_core.config import build_config
-from ragen_core.session import RunSession
-from ragen_core.stages import commit_iteration
+from ragen_core.run.record import RunRecord
+from ragen_core.run.session import RunSession
+from ragen_core.run.stages import commit_iteration
 from ragen_core.storage import DataLake, query
 
 
@@ -12,8 +12,8 @@ def test_commit_writes_early_warning_events(tmp_path, caplog):
     config = build_config(overrides=["monitor.warmup=2", "monitor.reward_std_drop=0.5"])
     lake = DataLake(tmp_path)
     # a session needs no policy to commit: the commit stage only touches the lake and the metric history
-    session = RunSession(config, lake, "watch", Path("."), tokenizer=None, actor=None, formatter=None)
-    session.manifest = {"run_id": "watch", "status": "running"}
+    record = RunRecord(lake, "watch", {"run_id": "watch", "status": "running"})
+    session = RunSession(config, lake, "watch", policy=None, updater=None, record=record)
     stds = [0.30, 0.40, 0.35, 0.15, 0.38]
     grads = [1.0, 1.1, 0.9, 1.0, 9.0]
     for iteration, (std, grad) in enumerate(zip(stds, grads, strict=True)):

@@ -1,0 +1,108 @@
+"""What a ``ragen`` command that runs a flow sets up first: Prefect's environment, quiet libraries, the run's writer
+lock, and which errors are the user's (one line on stderr) rather than bugs (a traceback)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from flows.cli_common import console, fail
+
+
+def start_flow_command(root: Path, name: str, verbose: bool) -> None:
+    """Prefect's environment (its own home and server under ``root`` for ``name``), then, unless ``verbose``, the
+    libraries quieted and Prefect's failure tracebacks kept off the terminal (the command reports errors itself)."""
+    _prepare_prefect(root, name, verbose)
+    if not verbose:
+        _quiet_libraries()
+        import prefect.main  # noqa: F401  (importing it sets up Prefect's logging: the handlers the filter goes on)
+
+        _hide_run_failure_logs()
+
+
+def _prepare_prefect(data_root: Path, run_id: str, verbose: bool) -> None:
+    """Environment for Prefect, set before it is imported: no telemetry, a patient local server, and a Prefect home
+    of the run's own attempt when no server is configured (two runs, or a resume and the server a killed attempt may
+    have left behind, never share one SQLite file)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    if "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        from ragen_core.storage import DataLake
+
+        home = DataLake(data_root).prefect_home(run_id) / f"{stamp}-{os.getpid()}"
+        home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level itself
+        os.environ["PREFECT_HOME"] = str(home)
+        from flows.interrupts import start_command_server
+
+        start_command_server(home)  # its own server: out of reach of the terminal's Ctrl-C, dead with this process
+
+
+@contextmanager
+def writer(root: Path, run_id: str) -> Iterator[None]:
+    """Hold the run's writer lock for the whole command, taken before anything is written or started: one writer
+    per run (the flow takes the same lock again, sharing this hold)."""
+    from ragen_core.storage import LakeError
+    from ragen_core.storage.locks import acquire, release, takeover_note
+
+    try:
+        lock = acquire(root, run_id)
+    except LakeError as exc:
+        fail(str(exc))
+    note = takeover_note(lock)
+    if note:
+        console.print(f"[yellow]note:[/] {note}")
+    try:
+        yield
+    finally:
+        release(lock)
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    for name in ("great_expectations", "DeepSpeed", "deepspeed", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # this module sets its own logger to INFO when imported (after us) and says "Created temporary directory" on
+    # the terminal at every run; a filter on the logger outlives that
+    logging.getLogger("great_expectations.data_context.types.base").addFilter(
+        lambda record: record.levelno >= logging.ERROR
+    )
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def user_facing_errors() -> tuple[type[BaseException], ...]:
+    """Errors about the user's data or setup (a damaged lake or checkpoint, a missing model): their message says
+    what is wrong and what to do, so the command prints it alone. Anything else is a bug and keeps its traceback."""
+    from ragen_core.policy.loading import PolicyLoadError
+    from ragen_core.storage import LakeError
+    from ragen_core.training.checkpoint import CheckpointError
+
+    return LakeError, PolicyLoadError, CheckpointError
+
+
+class _NoRunFailureRecords(logging.Filter):
+    """Drops Prefect's error records about failed flow and task runs (each with the traceback) from the terminal:
+    the command reports the error itself; the Prefect server still receives them, and --verbose shows them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        runs = record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
+        return not (runs and record.levelno >= logging.ERROR)
+
+
+def _hide_run_failure_logs() -> None:
+    """Install :class:`_NoRunFailureRecords` on every handler that writes to the terminal (Prefect set them up when
+    it was imported)."""
+    from flows.interrupts import terminal_handlers
+
+    for handler in terminal_handlers([logging.getLogger()]):
+        handler.addFilter(_NoRunFailureRecords())

@@ -1,0 +1,16 @@
+"""The run layer: one run's life, from the decision to start to its last commit.
+
+Rooms (each a module; lower packages -- training, storage, rollout, envs, algos, agent, policy -- never import
+this one):
+
+- :mod:`~ragen_core.run.decisions`: fresh / over / resume / done and the resume plan, pure functions of what is
+  stored;
+- :mod:`~ragen_core.run.record`: the manifest and the run's status (running -> completed / failed / interrupted);
+- :mod:`~ragen_core.run.session`: the session (config, lake, run id, rollout policy, updater, record);
+- :mod:`~ragen_core.run.batches`: the batch pipeline every stored batch passes (stage -> validate -> filter ->
+  publish);
+- :mod:`~ragen_core.run.stages`: the stages of one iteration; :mod:`~ragen_core.run.resume`: restoring a session;
+- :mod:`~ragen_core.run.bootstrap`, :mod:`~ragen_core.run.evaluation`, :mod:`~ragen_core.run.offline`: the bootstrap,
+  stand-alone evaluation and offline re-training;
+- :mod:`~ragen_core.run.worker`: the entry point of a launched update group's processes.
+"""

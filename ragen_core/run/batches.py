@@ -1,0 +1,186 @@
+"""The batch pipeline: stage -> validate -> [filter] -> publish, one code path for every batch a run stores.
+
+Training rollouts (filtered, then trained on), validation rollouts and a bootstrap's demonstrations all pass through
+a :class:`BatchPipeline`: the records are staged as Parquet (invisible to readers), the data contracts judge the
+staged batch (a failing batch is quarantined with a report and nothing from it is published), the group filter
+marks the kept groups (training only), and the batch is published (atomic renames) and marked done with its
+metrics, so a resume reuses it. The training flow calls the steps as separate tasks, so each is a visible, timed
+stage; everyone else calls :meth:`BatchPipeline.run`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from ragen_core.algos import FilterSpec, apply_filter
+from ragen_core.config import RunConfig
+from ragen_core.envs import make_env
+from ragen_core.faults import maybe_fail
+from ragen_core.metrics import filter_metrics, rollout_metrics
+from ragen_core.rollout import TrajectoryRecord
+from ragen_core.storage import BatchMeta, DataLake, LakeError, trajectories_table, turns_table
+from schemas.contracts import ContractReport, validate_trajectory_batch
+
+LOGGER = logging.getLogger("ragen.monitor")
+BatchMetrics = Callable[[pa.Table, pa.Table], dict[str, float]]
+
+
+class BatchRejected(RuntimeError):
+    """A batch failed its data contracts; it was quarantined and nothing from it was trained on.
+
+    ``checks`` holds the stable names of the failed checks, ``quarantine`` the folder with the batch and report.json.
+    """
+
+    def __init__(self, message: str, checks: list[str] | None = None, quarantine: str | None = None) -> None:
+        super().__init__(message)
+        self.checks = checks or []
+        self.quarantine = quarantine
+
+
+@dataclass(frozen=True)
+class BatchRules:
+    """What a batch of one env is checked against: groups of ``group_size``, scores within ``bounds``, and the env's
+    reward -> success rule (None: the env has none)."""
+
+    group_size: int
+    bounds: tuple[float, float]
+    success_rule: Callable[[float], bool | None] | None = None
+
+    @classmethod
+    def of(cls, config: RunConfig, env_name: str, group_size: int) -> BatchRules:
+        """The rules of ``env_name`` under the config's limits: env reward bounds plus the worst format penalties."""
+        env = make_env(env_name, **config.env.options)
+        low, high = env.reward_bounds(config.env.max_actions_per_traj)
+        bounds = (low + config.env.max_turns * config.rollout.format_penalty, high)
+        return cls(group_size, bounds, env.success_from_reward)
+
+
+class BatchPipeline:
+    """One batch of one stage (``meta``: its run, iteration, split; ``stage``: a :class:`ragen_core.storage.Stage`
+    name) on its way into the lake. A plain class, not a dataclass: Prefect passes it to tasks without walking it."""
+
+    def __init__(self, lake: DataLake, meta: BatchMeta, stage: str, rules: BatchRules) -> None:
+        self.lake, self.meta, self.stage, self.rules = lake, meta, stage, rules
+        self._checked: tuple[pa.Table, pa.Table] | None = None  # the staged batch as validated (read back once)
+
+    def __repr__(self) -> str:
+        return f"BatchPipeline({self.meta.run_id}/{self.meta.iteration}/{self.stage})"
+
+    def run(self, records: list[TrajectoryRecord], metrics: BatchMetrics | None = None) -> dict[str, float]:
+        """stage -> validate -> publish (no filter: every group is kept as it is); returns the batch's metrics."""
+        self.persist(records)
+        self.validate()
+        return self.publish(metrics)
+
+    def persist(self, records: list[TrajectoryRecord]) -> dict[str, Any]:
+        """Stage the batch's ``trajectories`` and ``turns`` (deterministic names: a redo overwrites)."""
+        run_id, iteration = self.meta.run_id, self.meta.iteration
+        self.lake.stage_table(run_id, iteration, self.stage, "trajectories", trajectories_table(records, self.meta))
+        self.lake.stage_table(run_id, iteration, self.stage, "turns", turns_table(records, self.meta))
+        return {"trajectories": len(records), "turns": sum(len(r.turns) for r in records)}
+
+    def validate(self) -> dict[str, Any]:
+        """The data contracts of :mod:`schemas.contracts` on the staged batch (vectorised on every batch; pandera and
+        great-expectations re-check a rejected one); a failing or unreadable batch is moved to quarantine with a
+        machine-readable report.json and :class:`BatchRejected`."""
+        run_id, iteration, rules = self.meta.run_id, self.meta.iteration, self.rules
+        self._checked = None
+        try:
+            trajectories, turns = self.staged()
+        except LakeError as exc:
+            report = ContractReport()
+            report.add("storage", "staged_batch_readable", detail=str(exc))
+        else:
+            report = validate_trajectory_batch(
+                trajectories, turns, rules.group_size, rules.bounds, success_rule=rules.success_rule
+            )
+        if not report.ok:
+            context = {"run_id": run_id, "iteration": iteration, "stage": self.stage, "group_size": rules.group_size}
+            report_json = report.to_json(**context, reward_bounds=list(rules.bounds))
+            where = self.lake.quarantine(run_id, iteration, self.stage, report_json)
+            checks = report.failed_checks()
+            raise BatchRejected(
+                f"batch {run_id}/{iteration}/{self.stage} failed checks {', '.join(checks)}; "
+                f"quarantined in {where} (see report.json); nothing from it is trained on",
+                checks,
+                str(where),
+            )
+        self._checked = (trajectories, turns)
+        return {"rows": trajectories.num_rows, "checks": "passed"}
+
+    def filter(self, spec: FilterSpec) -> None:
+        """The group filter (``spec``) writes ``group_reward_std``, ``filter_metric_value`` and ``kept`` into the
+        staged trajectories."""
+        trajectories, turns = self.checked()
+        decision = apply_filter(spec, *filter_inputs(trajectories, spec.metric))
+        for name, values, kind in (
+            ("group_reward_std", decision.group_reward_std.numpy(), pa.float64()),
+            ("filter_metric_value", decision.metric_value.numpy(), pa.float64()),
+            ("kept", decision.kept.numpy(), pa.bool_()),
+        ):
+            index = trajectories.schema.get_field_index(name)
+            trajectories = trajectories.set_column(index, trajectories.schema.field(name), pa.array(values, kind))
+        self.lake.stage_table(self.meta.run_id, self.meta.iteration, self.stage, "trajectories", trajectories)
+        self._checked = (trajectories, turns)
+        if not bool(decision.kept.any()):
+            LOGGER.warning("run %s iteration %d: the filter kept no group; the update is skipped",
+                           self.meta.run_id, self.meta.iteration)  # fmt: skip
+
+    def publish(self, metrics: BatchMetrics | None = None) -> dict[str, float]:
+        """Publish the staged batch (one atomic rename per file) and mark the stage done with ``metrics`` of it (a
+        resume reuses a published batch and its metrics instead of regenerating it)."""
+        run_id, iteration = self.meta.run_id, self.meta.iteration
+        values = metrics(*self.checked()) if metrics is not None else {}
+        self.lake.publish(run_id, iteration, self.stage)
+        self.lake.mark_stage_done(run_id, iteration, self.stage, {"metrics": values})
+        return values
+
+    def checked(self) -> tuple[pa.Table, pa.Table]:
+        """The batch as :meth:`validate` read it back from staging (with the filter's columns once filtered)."""
+        if self._checked is None:
+            raise RuntimeError(f"{self!r} has not been validated: validate() reads the staged batch back first")
+        return self._checked
+
+    def staged(self) -> tuple[pa.Table, pa.Table]:
+        """The staged (trajectories, turns) of the batch."""
+        run_id, iteration = self.meta.run_id, self.meta.iteration
+        return (
+            self.lake.read_staged(run_id, iteration, self.stage, "trajectories"),
+            self.lake.read_staged(run_id, iteration, self.stage, "turns"),
+        )
+
+
+def filter_and_publish(pipeline: BatchPipeline, spec: FilterSpec) -> dict[str, float]:
+    """A training batch's last steps: the group filter, then the publish; returns rollout and filter metrics."""
+    pipeline.filter(spec)
+    metrics = pipeline.publish(lambda trajectories, turns: {**rollout_metrics(trajectories, turns),
+                                                            **filter_metrics(trajectories)})  # fmt: skip
+    maybe_fail("publish", "after", pipeline.meta.iteration)  # published, not yet trained on or committed
+    return metrics
+
+
+def filter_inputs(trajectories: pa.Table, metric: str) -> tuple[torch.Tensor, ...]:
+    """(group index, scores, entropy, length) per trajectory for the filter; the entropy estimate (only computed for
+    ``metric='entropy'``) is ``-sum(behavior_logprobs) / response_length``, the mean negative log-prob the sampler
+    gave its own tokens (the log-probs are 0 off the loss mask)."""
+    groups = torch.tensor(trajectories["group_id"].to_numpy(), dtype=torch.long)
+    scores = torch.tensor(trajectories["total_reward"].to_numpy(), dtype=torch.float64)
+    length = torch.tensor(trajectories["response_length"].to_numpy(), dtype=torch.float64)
+    entropy = None
+    if metric == "entropy":
+        logprobs = trajectories["behavior_logprobs"]
+        if logprobs.null_count:
+            raise ValueError("filter metric 'entropy' needs behaviour log-probs, and scripted rows have none")
+        parents = pc.list_parent_indices(logprobs).to_numpy()
+        flat = pc.list_flatten(logprobs).to_numpy().astype(np.float64)
+        sums = np.bincount(parents, weights=-flat, minlength=trajectories.num_rows)
+        entropy = torch.tensor(sums) / length.clamp(min=1.0)
+    return groups, scores, entropy, length

@@ -1,0 +1,137 @@
+"""The decisions of starting a run, as pure functions of what is stored: no files, no engines, no Prefect.
+
+Given the run's manifest, the config it is started with and the facts the lake reports (committed and skipped
+iterations, complete checkpoints, a quarantined batch), they say whether the run starts fresh, starts over (it
+stopped before its first session, e.g. in the bootstrap), resumes, or is already done, and from where a resume goes
+on: the next iteration, the checkpoint to load and the committed updates to replay from their stored batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from ragen_core.config import RunConfig, stored_config
+
+
+class ResumeError(RuntimeError):
+    """The run cannot be resumed as asked; the message says why and what to do."""
+
+
+class Start(str, Enum):
+    """How a ``train`` call begins."""
+
+    FRESH = "fresh"  # no manifest: a new run
+    OVER = "over"  # a manifest written before the run's first session: the bootstrap is redone, then a fresh start
+    RESUME = "resume"  # committed iterations to continue from
+    DONE = "done"  # every iteration and the final validation are committed: nothing to do
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a resumed run starts."""
+
+    next_iteration: int  # first iteration without a commit marker
+    committed: list[int]  # committed iterations (training iterations and, at the end, the final evaluation)
+    skipped: list[int]  # committed iterations that were skipped (no update)
+    checkpoint: Path | None  # engine state to load; None: start from the run's start model
+    checkpoint_updates: int  # updates the checkpoint holds (0 without one)
+    replay: list[int] = field(default_factory=list)  # committed iterations whose updates are replayed
+    quarantined: str | None = None  # quarantine folder of the next iteration, if its batch was rejected
+    reused_stages: list[str] = field(default_factory=list)  # finished stages of the next iteration, kept as they are
+
+    def training_iterations(self, config: RunConfig) -> list[int]:
+        """Committed iterations that trained (the collapse monitor's history): not skipped, not the final one."""
+        return [i for i in self.committed if i < config.trainer.iterations and i not in self.skipped]
+
+
+def decide_start(
+    manifest: dict[str, Any] | None, config: RunConfig, committed: list[int], allowed_changes: list[str]
+) -> Start:
+    """Fresh, over, resume or done; refuses a run that is not a training run, or a config that differs from the
+    run's in keys not listed in ``allowed_changes``."""
+    if manifest is None:
+        return Start.FRESH
+    kind = manifest.get("kind", "train")
+    if kind != "train":
+        raise ResumeError(f"{manifest.get('run_id')!r} is a {kind} run, not a training run to resume")
+    check_config(manifest, config, allowed_changes)
+    if not manifest.get("model_dir"):
+        return Start.OVER
+    return Start.DONE if len(committed) > config.trainer.iterations else Start.RESUME
+
+
+def plan_resume(
+    run_id: str,
+    config: RunConfig,
+    committed: list[int],
+    skipped: list[int],
+    checkpoints: list[tuple[int, Path]],
+    quarantined: str | None = None,
+) -> ResumePlan:
+    """Where to restart ``run_id``: the next iteration, the newest checkpoint the committed updates cover and the
+    later updates to replay. ``checkpoints``: ``(updates, folder)`` of the run's complete checkpoints;
+    ``quarantined``: the quarantine folder of the next iteration's batch, if it was rejected."""
+    if committed != list(range(len(committed))):
+        raise ResumeError(f"run {run_id!r} has gaps in its committed iterations {committed}; the lake was edited")
+    next_iteration = len(committed)
+    updates = min(next_iteration, config.trainer.iterations)  # training iterations done (each one update)
+    usable = [(n, path) for n, path in checkpoints if n <= updates]
+    checkpoint_updates, checkpoint = max(usable, key=lambda item: item[0]) if usable else (0, None)
+    replay = [i for i in range(checkpoint_updates, updates) if i not in skipped]
+    return ResumePlan(next_iteration, committed, skipped, checkpoint, checkpoint_updates, replay, quarantined)
+
+
+def check_resumable(plan: ResumePlan, run_id: str, skip_iteration: bool) -> None:
+    """Refuse to redo a quarantined batch: the same seeds would regenerate the same batch."""
+    if plan.quarantined and not skip_iteration:
+        raise ResumeError(
+            f"iteration {plan.next_iteration} of run {run_id!r} was quarantined ({plan.quarantined}, see "
+            "report.json). "
+            "Resuming would regenerate exactly the same batch from the same seeds and fail the same way. Fix the "
+            "cause (environment, reward bounds, contracts), or resume with --skip-iteration to record that iteration "
+            "as skipped (no update) and go on with the next one"
+        )
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two resolved config trees.
+
+    A key the old tree lacks (a run started before the key existed) counts as unchanged when the new value is that
+    key's default: the run behaved as the default says."""
+    before, after = flatten(stored_config(old)), flatten(new)
+    defaults = flatten(RunConfig().to_dict())
+    return sorted(
+        k
+        for k in set(before) | set(after)
+        if before.get(k) != after.get(k) and not (k not in before and k in defaults and after.get(k) == defaults[k])
+    )
+
+
+def check_config(manifest: dict[str, Any], config: RunConfig, allowed: list[str]) -> list[str]:
+    """Refuse a resume whose config differs from the run's, except in ``allowed`` keys (or their sections)."""
+    changed = config_changes(manifest.get("config", {}), config.to_dict())
+    if not changed:
+        return []
+    blocked = [k for k in changed if not any(k == a or k.startswith(f"{a}.") for a in allowed)]
+    if blocked:
+        raise ResumeError(
+            f"run {manifest.get('run_id')!r} was started with another config (hash {manifest.get('config_hash')}, "
+            f"now {config.config_hash()}); changed keys: {', '.join(blocked)}. Resume with the run's own config "
+            f"(`ragen resume RUN_ID`), or allow the change with --force-config {','.join(blocked)}"
+        )
+    return changed

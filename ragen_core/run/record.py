@@ -1,0 +1,194 @@
+"""A run's record: its manifest (config, versions, host, status, where it stopped) and the status it moves through.
+
+running -> completed, or -> failed / interrupted (Ctrl-C) with the iteration and stage it stopped in and its last
+committed iteration. :func:`run_status` is that life around a run's body, used the same way by training,
+evaluation and offline re-training: whatever ends the body, the manifest says so and the session is closed.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import platform
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ragen_core.config import RunConfig
+from ragen_core.storage import DataLake
+
+if TYPE_CHECKING:
+    from ragen_core.run.session import RunSession
+
+
+class RunExistsError(RuntimeError):
+    """The run id is already taken in this data root."""
+
+
+STOP_FIELDS = ("failed_iteration", "failed_stage", "interrupted_iteration", "interrupted_stage",
+               "last_committed_iteration")  # fmt: skip
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class RunRecord:
+    """The run's manifest as this process keeps it, plus what the collapse monitor and a failure report need."""
+
+    lake: DataLake
+    run_id: str
+    manifest: dict[str, Any]
+    metric_history: list[dict[str, float]] = field(default_factory=list)  # committed iterations' metrics, in order
+    position: dict[str, Any] = field(default_factory=dict)  # iteration and stage now running (for failure reports)
+
+    @classmethod
+    def load(cls, lake: DataLake, run_id: str) -> RunRecord | None:
+        """The record of a run as its stored manifest says (None: no manifest)."""
+        manifest = lake.read_manifest(run_id)
+        return None if manifest is None else cls(lake, run_id, manifest)
+
+    def update(self, **changes: Any) -> None:
+        """Change manifest fields and write the manifest (atomically)."""
+        self.manifest.update(changes, updated_at=utc_now())
+        self.lake.write_manifest(self.run_id, self.manifest)
+
+    def stopped(self, exc: BaseException) -> None:
+        """Record that ``exc`` stopped the run (see :func:`stop_record`)."""
+        self.update(**stop_record(exc, self.position, self.lake.committed_iterations(self.run_id)))
+
+
+@contextmanager
+def run_status(session: RunSession) -> Iterator[RunSession]:
+    """The body of a run: ``completed`` when it returns, ``failed`` / ``interrupted`` (where, and the last committed
+    iteration) when it raises; the session's updater and rollout engine are closed either way."""
+    try:
+        yield session
+    except BaseException as exc:
+        session.record.stopped(exc)
+        raise
+    finally:
+        session.close()
+    session.record.update(status="completed")
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Ctrl-C or was raised while handling one (a library's clean-up that fails on the way out,
+    e.g. Prefect's "Task run is not set" when the Ctrl-C lands while it creates a task run)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def stop_record(exc: BaseException, where: dict[str, Any] | None, committed: list[int]) -> dict[str, Any]:
+    """The manifest fields of a run stopped by ``exc``: status ``interrupted`` for a Ctrl-C (KeyboardInterrupt),
+    else ``failed`` with the error; the iteration and stage it stopped in (``where``, a record's position) and its
+    last committed iteration (``ragen resume`` continues after it)."""
+    where = where or {}
+    last = committed[-1] if committed else None
+    if interrupted(exc):
+        return {"status": "interrupted", "interrupted_iteration": where.get("iteration"),
+                "interrupted_stage": where.get("stage"), "last_committed_iteration": last}  # fmt: skip
+    return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "failed_iteration": where.get("iteration"),
+            "failed_stage": where.get("stage"), "last_committed_iteration": last}  # fmt: skip
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that decide a run's numbers."""
+    versions = {"python": sys.version.split()[0]}
+    for package in ("torch", "transformers", "deepspeed", "prefect", "pyarrow", "duckdb", "ragen-flows"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "absent"
+    return versions
+
+
+def new_manifest(config: RunConfig, run_id: str, model_dir: Path | None, command: list[str] | None) -> dict[str, Any]:
+    """The run manifest: config, hash, seed, versions, git commit, host, command, status and timestamps.
+
+    ``model_dir`` is None in the manifest a run writes at its first moment, before the bootstrap and the session:
+    a run killed there is then known (``ragen resume`` starts it over), and the session fills the folder in."""
+    now = utc_now()
+    return {
+        "run_id": run_id,
+        "config": config.to_dict(),
+        "config_hash": config.config_hash(),
+        "seed": config.seed,
+        "model_dir": str(model_dir) if model_dir is not None else None,
+        "versions": library_versions(),
+        "git_commit": git_commit(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "user": getpass.getuser(),
+        "pid": os.getpid(),
+        "command": command or sys.argv,
+        "status": "running",
+        "created_at": now,
+        "started_at": now,
+        "updated_at": now,
+    }
+
+
+def resumed_manifest(manifest: dict[str, Any], config: RunConfig, command: list[str] | None) -> dict[str, Any]:
+    """A resumed run's manifest: the stored one marked running again, with the (allowed) config, this attempt
+    appended to ``resumes`` and the fields of the last stop removed."""
+    attempt = {"at": utc_now(), "host": socket.gethostname(), "pid": os.getpid(), "command": command or sys.argv}
+    resumed = {
+        **manifest,
+        "status": "running",
+        "config": config.to_dict(),
+        "config_hash": config.config_hash(),
+        "versions": library_versions(),
+        "resumes": [*manifest.get("resumes", []), attempt],
+    }
+    for stale in ("error", "update_group", *STOP_FIELDS):
+        resumed.pop(stale, None)
+    return resumed
+
+
+def default_run_id(config: RunConfig) -> str:
+    """``<env>-<config hash[:8]>-<UTC timestamp>``."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"{config.env.name}-{config.config_hash()[:8]}-{stamp}"
+
+
+def check_run_id_free(lake: DataLake, run_id: str) -> None:
+    """Refuse a run id that already has a manifest in this data root."""
+    manifest = lake.read_manifest(run_id)
+    if manifest is not None:
+        raise RunExistsError(
+            f"run {run_id!r} already exists in {lake.root} (status: {manifest.get('status')}); "
+            "choose a new --run-id or remove that run"
+        )
+
+
+def git_commit() -> str | None:
+    """The commit of the running code (``+dirty`` when tracked files differ from it); None outside a git checkout
+    or without git."""
+    source = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=source, capture_output=True, text=True,
+            timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    dirty = status.returncode != 0 or bool(status.stdout.strip())
+    return head.stdout.strip() + ("+dirty" if dirty else "")

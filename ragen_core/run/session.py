@@ -1,0 +1,154 @@
+"""A run session: what one run is while it runs.
+
+Its config, the lake, its id, the policy the rollouts sample from (:class:`RolloutPolicy`), the updater that trains
+that policy (:mod:`ragen_core.training.updater`: engines in this process or in a launched group) and its record
+(:class:`ragen_core.run.record.RunRecord`: the manifest). The policy stays in memory across stages and iterations;
+stages read their inputs from the lake or their arguments, never from a global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ragen_core.agent import ChatFormatter, reply_prefix
+from ragen_core.config import RolloutConfig, RunConfig
+from ragen_core.policy import ensure_tiny_model, tokenizer_fingerprint
+from ragen_core.rollout import ScriptedBackend
+from ragen_core.rollout.hf_backend import HFBackend
+from ragen_core.run.record import RunRecord, new_manifest, resumed_manifest
+from ragen_core.storage import DataLake
+from ragen_core.training.engines import set_determinism
+from ragen_core.training.precision import resolve_precision, torch_dtype
+from ragen_core.training.updater import Updater, start_updater
+
+
+@dataclass
+class RolloutPolicy:
+    """The rollout side: the policy the Hugging Face backend samples from, its tokenizer and chat format, and a vLLM
+    engine when ``rollout.backend`` is vllm. The updater keeps it at the current weights (``Updater.sync``)."""
+
+    model_dir: Path  # the model the run started from
+    tokenizer: Any
+    formatter: ChatFormatter
+    model: torch.nn.Module
+    engine: Any = None  # ragen_core.rollout.vllm_backend.VLLMEngine
+
+    def backend(self, rollout: RolloutConfig, temperature: float) -> Any:
+        """The generation backend ``rollout.backend`` names, sampling at ``temperature``."""
+        if rollout.backend == "scripted":
+            return ScriptedBackend(rollout.scripted_policy, self.tokenizer)
+        if rollout.backend == "vllm":
+            from ragen_core.rollout.vllm_backend import VLLMBackend
+
+            return VLLMBackend(
+                self.engine, self.tokenizer, temperature, rollout.max_new_tokens, rollout.top_p, rollout.top_k
+            )
+        return HFBackend(
+            self.model, self.tokenizer, temperature, rollout.max_new_tokens, top_p=rollout.top_p, top_k=rollout.top_k
+        )
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+
+@dataclass
+class RunSession:
+    """Everything one run's stages share in memory."""
+
+    config: RunConfig
+    lake: DataLake
+    run_id: str
+    policy: RolloutPolicy
+    updater: Updater
+    record: RunRecord
+
+    @property
+    def config_hash(self) -> str:
+        return self.config.config_hash()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.policy.tokenizer
+
+    def close(self) -> None:
+        """Stop the launched update group and the vLLM engine, if any (idempotent)."""
+        self.updater.close()
+        self.policy.close()
+
+
+def base_model_dir(config: RunConfig, lake: DataLake) -> Path:
+    """The model the run starts from: ``model.path`` or the tiny default (built under the data root if absent)."""
+    if config.model.path:
+        return Path(config.model.path).expanduser().resolve()
+    return ensure_tiny_model(config.model.tiny, lake.models_dir())
+
+
+def open_session(
+    config: RunConfig,
+    lake: DataLake,
+    run_id: str,
+    start_model_dir: Path,
+    command: list[str] | None = None,
+    resumed: dict[str, Any] | None = None,
+    training: bool = True,
+) -> RunSession:
+    """Start the updater from ``start_model_dir`` (engines here, or the launched group), the rollout side, and write
+    the run manifest (``resumed``: the stored manifest of a resumed run, kept and marked running again, with this
+    attempt appended to ``resumes``). ``training=False`` (evaluation runs) skips the KL reference copy and the
+    critic."""
+    if config.rollout.backend == "vllm":  # fail before loading anything when the gpu extra is missing
+        from ragen_core.rollout.vllm_backend import import_vllm
+
+        import_vllm()
+    set_determinism(config)
+    precision = resolve_precision(config.trainer.precision)
+    updater = start_updater(config, lake, run_id, start_model_dir, precision, training)
+    try:
+        policy = _rollout_policy(config, updater, start_model_dir, precision)
+        record = RunRecord(lake, run_id, _opening_manifest(config, run_id, start_model_dir, command, resumed, policy))
+        where = {"precision": precision, **({"update_group": updater.describe()} if updater.describe() else {})}
+        record.manifest.update(where)
+        if record.manifest.get("resumes"):
+            record.manifest["resumes"][-1].update(where)
+        record.update()
+    except BaseException:
+        updater.close()
+        raise
+    return RunSession(config, lake, run_id, policy, updater, record)
+
+
+def _opening_manifest(
+    config: RunConfig,
+    run_id: str,
+    start_model_dir: Path,
+    command: list[str] | None,
+    resumed: dict[str, Any] | None,
+    policy: RolloutPolicy,
+) -> dict[str, Any]:
+    """A fresh run's manifest, or a resumed run's stored one marked running again."""
+    fingerprint = tokenizer_fingerprint(policy.tokenizer)
+    if resumed is None:
+        return {**new_manifest(config, run_id, start_model_dir, command), "tokenizer_fingerprint": fingerprint}
+    manifest = resumed_manifest(resumed, config, command)
+    if not resumed.get("model_dir"):  # the run stopped before its first session (e.g. in the bootstrap)
+        manifest.update(model_dir=str(start_model_dir), tokenizer_fingerprint=fingerprint)
+    return manifest
+
+
+def _rollout_policy(config: RunConfig, updater: Updater, model_dir: Path, precision: str) -> RolloutPolicy:
+    """The rollout side of a new session (the updater's model, or a copy of it; a vLLM engine when configured)."""
+    model, tokenizer = updater.rollout_policy(model_dir, torch_dtype(precision))
+    prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
+    formatter = ChatFormatter(tokenizer, reply_prefix=prefix)
+    policy = RolloutPolicy(model_dir, tokenizer, formatter, model)
+    if config.rollout.backend == "vllm":
+        from ragen_core.rollout.vllm_backend import VLLMEngine
+
+        policy.engine = VLLMEngine.from_config(config, model_dir, precision)
+    return policy

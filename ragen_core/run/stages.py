@@ -1,0 +1,199 @@
+"""The stages of one StarPO iteration, as plain functions over a :class:`RunSession` (Prefect-free).
+
+generate -> [the batch pipeline: persist -> validate -> filter + publish] -> [diagnose] -> update -> commit;
+validation rollouts (evaluate) run at iterations 0, every ``eval.every`` and after the last update, so ``split='val'``
+rows of iteration i measure the policy after i updates. ``diagnose`` (``trainer.mi_diagnostic``) scores the
+input-reasoning mutual information of the batch with the policy that sampled it.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+from ragen_core.config import RunConfig
+from ragen_core.diagnostics import first_turn_reasoning, model_scorer, reasoning_mi
+from ragen_core.faults import maybe_fail
+from ragen_core.metrics import collapse_warnings, template_collapse_warning, throughput_metrics, validation_metrics
+from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
+from ragen_core.run.batches import BatchPipeline, BatchRules
+from ragen_core.run.session import RunSession
+from ragen_core.seeding import derive_seed, derive_seeds
+from ragen_core.storage import BatchMeta, Stage, checkpoint_row, evaluation_rows, event_row
+from ragen_core.tensorboard_sink import record_iteration
+from ragen_core.training.checkpoint import HF_EXPORT
+from ragen_core.training.updater import SKIPPED
+
+LOGGER = logging.getLogger("ragen.monitor")
+
+
+def rollout_spec(config: RunConfig, env_name: str, group_seeds: list[int], group_size: int) -> RolloutSpec:
+    """The rollout spec of ``env_name`` under the config's interaction limits."""
+    return RolloutSpec(
+        env_name=env_name,
+        group_seeds=group_seeds,
+        group_size=group_size,
+        max_turns=config.env.max_turns,
+        max_actions_per_turn=config.env.max_actions_per_turn,
+        max_actions_per_traj=config.env.max_actions_per_traj,
+        enable_think=config.rollout.enable_think,
+        format_penalty=config.rollout.format_penalty,
+        env_options=dict(config.env.options),
+        context_window_mode=config.rollout.context_window_mode,
+        max_context_window=config.rollout.max_context_window,
+    )
+
+
+def generate_rollouts(session: RunSession, iteration: int) -> list[TrajectoryRecord]:
+    """Stage 1: ``env_groups x group_size`` training rollouts; env seeds and sampling derive from (seed, iteration)."""
+    config = session.config
+    seeds = derive_seeds(config.seed, config.rollout.env_groups, iteration, "env_seeds")
+    spec = rollout_spec(config, config.env.name, seeds, config.rollout.group_size)
+    backend = session.policy.backend(config.rollout, config.rollout.temperature)
+    records = run_rollouts(spec, backend, session.policy.formatter, derive_seed(config.seed, iteration, "rollout"))
+    maybe_fail("rollout", "inside", iteration)  # rollouts in memory, nothing written yet
+    return records
+
+
+def training_batch(session: RunSession, iteration: int) -> BatchPipeline:
+    """The batch pipeline of ``iteration``'s training rollouts."""
+    config = session.config
+    meta = BatchMeta.training(session.run_id, iteration, config.rollout.temperature, session.config_hash)
+    rules = BatchRules.of(config, config.env.name, config.rollout.group_size)
+    return BatchPipeline(session.lake, meta, Stage.ROLLOUT, rules)
+
+
+def diagnose_reasoning(session: RunSession, iteration: int) -> dict[str, float]:
+    """Stage 4b (``trainer.mi_diagnostic``): the input-reasoning mutual information of the iteration's published
+    training trajectories under the policy that sampled them (before the update), as ``diag/reasoning_*`` metrics
+    (:mod:`ragen_core.diagnostics`). The reasoning is the first reply's ``<think>`` block, or the whole first reply
+    with thinking off; pairs are drawn from (seed, iteration). Fewer than two distinct prompts: only the counts."""
+    config = session.config
+    columns = ["split", "input_ids", "loss_mask"]
+    rows = session.lake.read_table("trajectories", session.run_id, iteration, columns=columns)
+    rows = rows.filter(pc.equal(rows["split"], "train"))
+    decode = session.tokenizer.decode if config.rollout.enable_think else None
+    prompts, reasonings = first_turn_reasoning(rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist(), decode)
+    scorer = model_scorer(session.policy.model, session.tokenizer.pad_token_id, config.actor.micro_batch_size)
+    seed = derive_seed(config.seed, iteration, "reasoning_mi")
+    estimate = reasoning_mi(prompts, reasonings, scorer, config.trainer.mi_prompts, seed)
+    if estimate is None:
+        LOGGER.info("run %s iteration %d: fewer than two distinct prompts, no MI estimate", session.run_id, iteration)
+        return {"diag/reasoning_prompts": float(len({p for p, z in zip(prompts, reasonings, strict=True) if z}))}
+    return estimate.metrics()
+
+
+def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
+    """Stage 5: the StarPO update (actor, and critic when the estimator needs one) on the iteration's kept rows, by
+    the session's updater; the rollout side then samples from the new weights. When the filter kept no group
+    (RAGEN's ``empty_after_filter``) nothing is trained: the policy stays as it is."""
+    metrics = session.updater.update(iteration)
+    if metrics != SKIPPED:
+        session.updater.sync(session.policy)
+    return metrics
+
+
+def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
+    """Stage 6: validation rollouts on fixed instances of every validation env, stored with ``split='val'``; an env
+    whose batch a crash left published is reused."""
+    config = session.config
+    metrics: dict[str, float] = {}
+    meta = BatchMeta.validation(session.run_id, iteration, config.eval.temperature, session.config_hash)
+    for env_name in config.env.validation_envs:
+        stage = Stage.evaluation(env_name)
+        done = session.lake.stage_result(session.run_id, iteration, stage)
+        if done is None:
+            seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
+            spec = rollout_spec(config, env_name, seeds, config.eval.k)
+            backend = session.policy.backend(config.rollout, config.eval.temperature)
+            sampling = derive_seed(config.seed, iteration, "eval", env_name)
+            records = run_rollouts(spec, backend, session.policy.formatter, sampling)
+            pipeline = BatchPipeline(session.lake, meta, stage, BatchRules.of(config, env_name, config.eval.k))
+            done = {"metrics": pipeline.run(records, partial(validation_metrics, env=env_name))}
+        metrics.update(done["metrics"])
+    return metrics
+
+
+def record_warnings(session: RunSession, iteration: int, metrics: dict[str, float]) -> list[dict[str, Any]]:
+    """Echo-Trap early warnings for this iteration (against the run's earlier metrics): logged, and returned as
+    ``events`` rows. The run goes on."""
+    monitor = session.config.monitor
+    warnings = collapse_warnings(
+        session.record.metric_history,
+        metrics,
+        monitor.warmup,
+        monitor.reward_std_drop,
+        monitor.entropy_drop,
+        monitor.grad_norm_spike,
+    )
+    template = template_collapse_warning(
+        session.record.metric_history, metrics, monitor.warmup, monitor.mi_drop, monitor.mi_patience
+    )
+    warnings += [template] if template is not None else []
+    rows = []
+    for warning in warnings:
+        LOGGER.warning("run %s iteration %d: %s", session.run_id, iteration, warning.message)
+        rows.append(
+            event_row(
+                session.run_id, iteration, "early_warning", warning.message, warning.metric, warning.value,
+                warning.threshold,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def save_checkpoint_if_due(session: RunSession, iteration: int, metrics: dict[str, float]) -> Path | None:
+    """After the update of ``iteration`` (``iteration + 1`` updates), save the engines and the Hugging Face export
+    every ``trainer.checkpoint_every`` updates and after the last one; record it and prune old ones."""
+    trainer, updates = session.config.trainer, iteration + 1
+    if updates % trainer.checkpoint_every and updates != trainer.iterations:
+        return None
+    run_id = session.run_id
+    extra = {"config_hash": session.config_hash, "metrics": {k: v for k, v in metrics.items() if "/" in k}}
+    path = session.updater.save(updates, extra)
+    rows = [
+        checkpoint_row(run_id, iteration, str(path), "deepspeed", extra["metrics"]),
+        checkpoint_row(run_id, iteration, str(path / HF_EXPORT), "hf", extra["metrics"]),
+    ]
+    session.lake.write_rows("checkpoints", run_id, iteration, rows, stage=Stage.COMMIT, publish=False)
+    session.lake.prune_checkpoints(run_id, trainer.keep_last)
+    return path
+
+
+def commit_iteration(
+    session: RunSession, iteration: int, metrics: dict[str, float], updated: bool = False
+) -> dict[str, Any]:
+    """Stage 7: the checkpoint when due (``updated``: the iteration ran an update), the metrics rows (plus
+    throughput), the early-warning events and the evaluations rows (from the published ``split='val'`` rows, when
+    the iteration has any); publish them, write the commit marker and update the manifest."""
+    lake, run_id = session.lake, session.run_id
+    metrics = {**metrics, **throughput_metrics(metrics)}
+    checkpoint = save_checkpoint_if_due(session, iteration, metrics) if updated else None
+    names = sorted(metrics)
+    rows = [{"run_id": run_id, "iteration": iteration, "name": n, "value": float(metrics[n])} for n in names]
+    lake.write_rows("metrics", run_id, iteration, rows, stage=Stage.COMMIT, publish=False)
+    events = record_warnings(session, iteration, metrics)
+    if metrics.get("actor/skipped_update"):  # RAGEN's empty_after_filter: recorded so SQL can find such iterations
+        message = "the filter kept no group, so this iteration trained nothing"
+        events.append(event_row(run_id, iteration, "empty_after_filter", message, "filter/kept_groups", 0.0))
+    if events:
+        lake.write_rows("events", run_id, iteration, events, stage=Stage.COMMIT, publish=False)
+    columns = ["run_id", "iteration", "split", "env", "group_id", "success", "total_reward", "response_length"]
+    published = lake.read_table("trajectories", run_id, iteration, columns=columns + ["temperature"])
+    evaluations = evaluation_rows(published)
+    if evaluations.num_rows:
+        lake.write_rows("evaluations", run_id, iteration, evaluations, stage=Stage.COMMIT, publish=False)
+    lake.publish(run_id, iteration, Stage.COMMIT)
+    summary = {"metrics": len(names), "evaluations": evaluations.num_rows, "events": len(events)}
+    if checkpoint is not None:
+        summary["checkpoint"] = str(checkpoint)
+    lake.commit_iteration(run_id, iteration, summary)
+    if session.config.monitor.tensorboard:  # a view of the committed rows, so written after the marker
+        record_iteration(lake, run_id, iteration, {row["name"]: row["value"] for row in rows})
+    session.record.metric_history.append(metrics)
+    session.record.update(last_committed_iteration=iteration)
+    return {"iteration": iteration, **summary}

@@ -1,0 +1,55 @@
+"""An iteration's update inputs, read from the lake: the published training rows the filter kept.
+
+The one-process updater and every rank of a launched group read them the same way, so both update on the same
+batch in the same order.
+"""
+
+from __future__ import annotations
+
+import pyarrow.compute as pc
+import torch
+
+from ragen_core.config import RunConfig
+from ragen_core.storage import DataLake
+from ragen_core.training.batch import collate
+from ragen_core.training.starpo import UpdateInputs
+
+
+def kept_row_count(lake: DataLake, run_id: str, iteration: int) -> int:
+    """Published training rows of ``iteration`` the filter kept (0: the filter kept nothing, no update). An iteration
+    without any published training row is an error (nothing was generated, or its commit is missing), not a skip."""
+    rows = lake.read_table("trajectories", run_id, iteration, columns=["split", "kept"])
+    train = pc.equal(rows["split"], "train")
+    if not pc.any(train).as_py():
+        raise RuntimeError(f"iteration {iteration} of {run_id} has no kept training rows to update on: "
+                           "no training rows were published for it")  # fmt: skip
+    return int(pc.sum(pc.and_(train, pc.fill_null(rows["kept"], False))).as_py() or 0)
+
+
+def update_inputs(lake: DataLake, run_id: str, iteration: int, config: RunConfig, pad_token_id: int) -> UpdateInputs:
+    """The published, kept training rows of ``iteration`` as update inputs, in (group, trajectory) order, with
+    per-turn rewards when ``algorithm.reward_level`` is ``turn``."""
+    rows = lake.read_table("trajectories", run_id, iteration)
+    rows = rows.filter(pc.and_(pc.equal(rows["split"], "train"), pc.equal(rows["kept"], True)))
+    if rows.num_rows == 0:
+        raise RuntimeError(f"iteration {iteration} of {run_id} has no kept training rows to update on")
+    rows = rows.sort_by([("group_id", "ascending"), ("traj_index", "ascending")])
+    batch = collate(
+        rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist(), pad_token_id, rows["segment_lengths"].to_pylist()
+    )
+    turn_rewards = None
+    if config.algorithm.reward_level == "turn":
+        turns = lake.read_table("turns", run_id, iteration).to_pandas()
+        turns = turns[turns["split"] == "train"].sort_values("turn_index")
+        by_key = {
+            key: list(group["reward"] + group["penalty"])
+            for key, group in turns.groupby(["group_id", "traj_index"], sort=False)
+        }
+        keys = zip(rows["group_id"].to_pylist(), rows["traj_index"].to_pylist(), strict=True)
+        turn_rewards = [by_key[key] for key in keys]
+    return UpdateInputs(
+        batch=batch,
+        scores=torch.tensor(rows["total_reward"].to_numpy(), dtype=torch.float32),
+        group_index=torch.tensor(rows["group_id"].to_numpy(), dtype=torch.long),
+        turn_rewards=turn_rewards,
+    )

@@ -1,0 +1,196 @@
+"""The updater: who holds the training engines and steps them, behind one interface.
+
+A run updates its policy through an :class:`Updater` and never asks where the engines live:
+
+- :class:`InProcessUpdater`: the DeepSpeed actor (and critic) in this process; the rollouts sample from the actor's
+  own module, so there is nothing to copy after an update;
+- :class:`LaunchedUpdater`: the engines in a group of processes started by ``torchrun`` or the ``deepspeed``
+  launcher (:mod:`ragen_core.training.group`); every rank runs an :class:`InProcessUpdater`, and this process keeps a
+  copy of the policy for the rollouts that loads the group's export after every update.
+
+Both read an iteration's kept rows from the lake (:mod:`ragen_core.training.inputs`), save checkpoints laid out as
+:mod:`ragen_core.training.checkpoint` does, restore from one (replaying later committed updates from their stored
+batches) and bring the rollout side to the new weights (:meth:`Updater.sync`; a vLLM engine reloads an export).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from ragen_core.config import RunConfig
+from ragen_core.faults import maybe_fail
+from ragen_core.storage import DataLake
+from ragen_core.training.actor import ActorEngine
+from ragen_core.training.checkpoint import export_policy, load_checkpoint, load_exported_weights, save_checkpoint
+from ragen_core.training.critic import CriticEngine
+from ragen_core.training.engines import start_engines
+from ragen_core.training.inputs import kept_row_count, update_inputs
+from ragen_core.training.starpo import starpo_update
+
+SKIPPED = {"actor/skipped_update": 1.0}  # the filter kept no group (RAGEN's empty_after_filter): nothing trained
+
+
+class RolloutSide(Protocol):
+    """What an updater syncs after an update: the policy the Hugging Face backend samples from, and a vLLM engine
+    (``load_weights(folder)``) or None."""
+
+    model: torch.nn.Module
+    engine: Any
+
+
+class Updater(Protocol):
+    """The training side of a run."""
+
+    def update(self, iteration: int) -> dict[str, float]:
+        """One StarPO update on ``iteration``'s published, kept rows; its metrics (``SKIPPED`` if none was kept)."""
+        ...
+
+    def save(self, updates: int, extra: dict[str, Any]) -> Path:
+        """A checkpoint after ``updates`` updates (``extra``: recorded in its info file); its folder."""
+        ...
+
+    def restore(self, checkpoint: Path | None, replay: list[int]) -> None:
+        """Load ``checkpoint`` (None: keep the start weights), then replay the updates of ``replay`` in order."""
+        ...
+
+    def sync(self, rollout: RolloutSide) -> None:
+        """Bring the rollout side to the current weights."""
+        ...
+
+    def rollout_policy(self, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+        """(model, tokenizer) the rollouts sample from."""
+        ...
+
+    def describe(self) -> dict[str, Any] | None:
+        """What the run manifest records about the engines' processes (None: this process)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what the updater started (idempotent)."""
+        ...
+
+
+class InProcessUpdater:
+    """The engines in this process (also what every rank of a launched group runs)."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        lake: DataLake,
+        run_id: str,
+        actor: ActorEngine,
+        critic: CriticEngine | None,
+        tokenizer: Any,
+    ) -> None:
+        self.config, self.lake, self.run_id = config, lake, run_id
+        self.actor, self.critic, self.tokenizer = actor, critic, tokenizer
+
+    @classmethod
+    def start(
+        cls, config: RunConfig, lake: DataLake, run_id: str, model_dir: Path, precision: str, training: bool = True
+    ) -> InProcessUpdater:
+        """Engines from ``model_dir``; ``training=False`` (evaluation) skips the KL reference copy and the critic."""
+        actor, critic, tokenizer = start_engines(config, model_dir, precision, training)
+        return cls(config, lake, run_id, actor, critic, tokenizer)
+
+    def update(self, iteration: int) -> dict[str, float]:
+        if kept_row_count(self.lake, self.run_id, iteration) == 0:
+            return dict(SKIPPED)
+        inputs = update_inputs(self.lake, self.run_id, iteration, self.config, self.tokenizer.pad_token_id)
+        return starpo_update(self.config, self.actor, self.critic, inputs, iteration)
+
+    def save(self, updates: int, extra: dict[str, Any]) -> Path:
+        return save_checkpoint(self.lake, self.run_id, updates, self.actor, self.critic, self.tokenizer, extra)
+
+    def restore(self, checkpoint: Path | None, replay: list[int]) -> None:
+        if checkpoint is not None:
+            load_checkpoint(checkpoint, self.actor, self.critic)
+        for iteration in replay:
+            self.update(iteration)  # same stored batch, same seeds, same starting weights: same update
+
+    def export(self) -> Path:
+        """The policy as a Hugging Face folder (the run's policy export), for a vLLM engine or the run's process."""
+        return export_policy(self.actor, self.tokenizer, self.lake.policy_export_dir(self.run_id))
+
+    def sync(self, rollout: RolloutSide) -> None:
+        if rollout.engine is not None:
+            rollout.engine.load_weights(self.export())
+        elif rollout.model is not self.actor.module:  # a separate copy (not how a run builds it, but kept exact)
+            load_exported_weights(rollout.model, self.export())
+
+    def rollout_policy(self, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+        return self.actor.module, self.tokenizer  # the rollouts sample from the actor's own module
+
+    def describe(self) -> dict[str, Any] | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class LaunchedUpdater:
+    """The engines in a launched group of processes; this process sends commands and holds the newest export."""
+
+    def __init__(self, group: Any, launcher: str, nproc: int) -> None:
+        self.group, self.launcher, self.nproc = group, launcher, nproc
+        self.weights: Path | None = None  # the group's newest export, not yet synced
+
+    @classmethod
+    def start(cls, config: RunConfig, lake: DataLake, run_id: str, model_dir: Path, precision: str) -> LaunchedUpdater:
+        """Launch ``trainer.nproc`` processes per node; every rank builds its engines from ``model_dir``."""
+        from ragen_core.training.group import UpdateGroup
+
+        trainer = config.trainer
+        init = {"config": config.to_dict(), "data_root": str(lake.root), "run_id": run_id,
+                "model_dir": str(model_dir), "precision": precision}  # fmt: skip
+        folder = lake.update_group_dir(run_id)
+        group = UpdateGroup.start(trainer.launcher, trainer.nproc, trainer.hostfile, folder, init)
+        return cls(group, trainer.launcher, trainer.nproc)
+
+    def update(self, iteration: int) -> dict[str, float]:
+        metrics, self.weights = self.group.update(iteration)
+        maybe_fail("update", "inside", iteration)  # the group has stepped; nothing is saved or committed
+        return metrics
+
+    def save(self, updates: int, extra: dict[str, Any]) -> Path:
+        return self.group.save(updates, extra, lambda: maybe_fail("checkpoint", "mid_save", updates))
+
+    def restore(self, checkpoint: Path | None, replay: list[int]) -> None:
+        self.weights = self.group.restore(checkpoint, replay)
+
+    def sync(self, rollout: RolloutSide) -> None:
+        if self.weights is None:
+            return
+        load_exported_weights(rollout.model, self.weights)
+        if rollout.engine is not None:
+            rollout.engine.load_weights(self.weights)
+        self.weights = None
+
+    def rollout_policy(self, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+        from ragen_core.policy import load_policy
+
+        model, tokenizer = load_policy(model_dir, dtype=dtype)
+        return model.to(rollout_device()).eval(), tokenizer
+
+    def describe(self) -> dict[str, Any] | None:
+        return {"launcher": self.launcher, "nproc": self.nproc, **self.group.describe()}
+
+    def close(self) -> None:
+        self.group.stop()
+
+
+def start_updater(
+    config: RunConfig, lake: DataLake, run_id: str, model_dir: Path, precision: str, training: bool = True
+) -> Updater:
+    """The updater ``trainer.launcher`` asks for (evaluation runs, ``training=False``, always run in-process)."""
+    if training and config.trainer.launcher != "inprocess":
+        return LaunchedUpdater.start(config, lake, run_id, model_dir, precision)
+    return InProcessUpdater.start(config, lake, run_id, model_dir, precision, training)
+
+
+def rollout_device() -> torch.device:
+    """Where this process's rollout copy of the policy runs: the first visible GPU, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
