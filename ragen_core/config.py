@@ -334,6 +334,12 @@ class ActorConfig(_Section):
         description="DeepSpeed ZeRO stage: 0 (plain data parallelism), 1 (optimizer states sharded), 2 (+ gradients) "
         "or 3 (+ weights; launched groups only). A group of several processes needs 1-3.",
     )
+    reuse_behavior_logprobs: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="PPO's old log-probs: 'auto' takes the sampler's stored behaviour log-probs when they are exactly "
+        "the policy's (rollout.backend=hf, temperature 1, no top-k/top-p, fp32, only policy rows) and re-scores "
+        "otherwise; 'always' takes them whenever the rows have them; 'never' re-scores the batch (one more forward).",
+    )
 
 
 class CriticConfig(_Section):
@@ -378,6 +384,13 @@ class MonitorConfig(_Section):
     )
     grad_norm_spike: float = Field(
         5.0, gt=1, description="Warn when the gradient norm exceeds this multiple of its running median."
+    )
+    converged_success: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="No reward-std or entropy drop warning while the rollout success rate is at least this: the "
+        "spread of a policy that has converged on success falls because it succeeds, not because it collapses.",
     )
     tensorboard: bool = Field(
         True,
@@ -505,6 +518,11 @@ class RunConfig(_Section):
             raise ValueError(
                 "algorithm.filter_metric=entropy needs behaviour log-probs, which scripted rollouts "
                 "(rollout.backend=scripted) do not have: choose reward_std, reward or length"
+            )
+        if self.actor.reuse_behavior_logprobs == "always" and self.rollout.backend == "scripted":
+            raise ValueError(
+                "actor.reuse_behavior_logprobs=always needs behaviour log-probs, which scripted rollouts "
+                "(rollout.backend=scripted) do not have: use auto or never"
             )
         if self.env.max_actions_per_turn > self.env.max_actions_per_traj:
             raise ValueError(
@@ -641,7 +659,9 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 # Keys added after runs were stored whose default is not how those runs behaved: a stored config that lacks one of
 # them behaved as the value here (RAGEN's <think> prefix came with rollout.think_prefix; earlier prompts had none).
-STORED_CONFIG_FALLBACKS: dict[str, Any] = {"rollout.think_prefix": False}
+# Old runs re-scored their old log-probs (actor.reuse_behavior_logprobs came later): replaying them so keeps their
+# updates bit for bit.
+STORED_CONFIG_FALLBACKS: dict[str, Any] = {"rollout.think_prefix": False, "actor.reuse_behavior_logprobs": "never"}
 
 
 def stored_config(tree: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ RAGEN-2's template collapse (reasoning that no longer depends on the input) is w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,49 +102,73 @@ def collapse_warnings(
     reward_std_drop: float,
     entropy_drop: float,
     grad_norm_spike: float,
+    converged_success: float = 1.0,
 ) -> list[CollapseWarning]:
-    """Warnings for ``current`` given the earlier iterations' metrics (``history``, oldest first).
+    """Warnings for ``current`` given the earlier iterations' metrics (``history``, oldest first); each marks the
+    start of an episode (see :func:`episode_starts`: a signal still past its threshold is not warned again).
 
     - in-group reward std (``rollout/in_group_reward_std``) or token entropy (``actor/entropy``) below
-      ``(1 - drop) x`` their running peak over the history;
+      ``(1 - drop) x`` their running peak over the history, unless the policy has converged
+      (``rollout/success_rate >= converged_success``: low spread is then the policy settling, not collapsing);
     - the iteration's largest gradient norm (``actor/grad_norm_max``) above ``grad_norm_spike x`` the median of the
       history's.
     Nothing is checked until the history holds ``warmup`` iterations with the metric.
     """
+
+    def crossings(past: list[dict[str, float]], now: dict[str, float]) -> list[CollapseWarning]:
+        return _crossings(past, now, warmup, reward_std_drop, entropy_drop, grad_norm_spike, converged_success)
+
+    return episode_starts(crossings, history, current)
+
+
+def episode_starts(
+    check: Callable[[list[dict[str, float]], dict[str, float]], list[CollapseWarning]],
+    history: list[dict[str, float]],
+    current: dict[str, float],
+) -> list[CollapseWarning]:
+    """The warnings ``check`` gives for ``current`` whose metric it did not also warn about at the previous
+    iteration: one event per episode of a signal past its threshold, not one per iteration of it. Recomputed from the
+    history (no state), so a resumed run warns exactly as the uninterrupted one."""
+    fired = check(history, current)
+    if not fired or not history:
+        return fired
+    before = {w.metric for w in check(history[:-1], history[-1])}
+    return [w for w in fired if w.metric not in before]
+
+
+def _crossings(
+    history: list[dict[str, float]],
+    current: dict[str, float],
+    warmup: int,
+    reward_std_drop: float,
+    entropy_drop: float,
+    grad_norm_spike: float,
+    converged_success: float,
+) -> list[CollapseWarning]:
+    """Every threshold ``current`` is past (the checks of :func:`collapse_warnings`, episode or not)."""
     warnings = []
+    converged = current.get("rollout/success_rate", float("nan")) >= converged_success
     for key, drop, what in (
         ("rollout/in_group_reward_std", reward_std_drop, "in-group reward std"),
         ("actor/entropy", entropy_drop, "token entropy"),
     ):
         past = _history(history, key)
-        if len(past) < max(warmup, 1) or key not in current:
+        if converged or len(past) < max(warmup, 1) or key not in current:
             continue
         peak = max(past)
         threshold = (1.0 - drop) * peak
         if peak > 0 and current[key] < threshold:
-            warnings.append(
-                CollapseWarning(
-                    key,
-                    current[key],
-                    threshold,
-                    f"{what} {current[key]:.4g} fell more than {drop:.0%} below its peak {peak:.4g}: "
-                    "an early sign of the Echo Trap (collapse into repeated templates)",
-                )
-            )
+            message = (f"{what} {current[key]:.4g} fell more than {drop:.0%} below its peak {peak:.4g}: "
+                       "an early sign of the Echo Trap (collapse into repeated templates)")  # fmt: skip
+            warnings.append(CollapseWarning(key, current[key], threshold, message))
     key = "actor/grad_norm_max"
     past = _history(history, key)
     if len(past) >= max(warmup, 1) and key in current:
         threshold = grad_norm_spike * float(np.median(past))
         if threshold > 0 and current[key] > threshold:
-            warnings.append(
-                CollapseWarning(
-                    key,
-                    current[key],
-                    threshold,
-                    f"gradient norm {current[key]:.4g} is over {grad_norm_spike:g}x its running median: "
-                    "gradient spikes mark irreversible collapse",
-                )
-            )
+            message = (f"gradient norm {current[key]:.4g} is over {grad_norm_spike:g}x its running median: "
+                       "gradient spikes mark irreversible collapse")  # fmt: skip
+            warnings.append(CollapseWarning(key, current[key], threshold, message))
     return warnings
 
 
@@ -178,6 +203,19 @@ def template_collapse_warning(
         f"input-reasoning mutual information {value:.4g} has stayed more than {drop:.0%} below its running peak "
         f"for {patience} iteration(s): a sign of template collapse (reasoning that no longer depends on the input)",
     )
+
+
+def template_collapse_warnings(
+    history: list[dict[str, float]], current: dict[str, float], warmup: int, drop: float, patience: int
+) -> list[CollapseWarning]:
+    """:func:`template_collapse_warning` once per episode (:func:`episode_starts`): at the iteration the MI has first
+    stayed low for ``patience`` iterations, not again until it recovers."""
+
+    def check(past: list[dict[str, float]], now: dict[str, float]) -> list[CollapseWarning]:
+        warning = template_collapse_warning(past, now, warmup, drop, patience)
+        return [warning] if warning is not None else []
+
+    return episode_starts(check, history, current)
 
 
 def filter_metrics(trajectories: pa.Table) -> dict[str, float]:

@@ -13,11 +13,11 @@ def _series(stds, entropies, grad_norms):
     ]
 
 
-def _events(series):
+def _events(series, **monitor):
     """Feed the series one iteration at a time, as the commit stage does; (iteration, metric) of each warning."""
     fired = []
     for i, current in enumerate(series):
-        fired += [(i, w.metric) for w in collapse_warnings(series[:i], current, **MONITOR)]
+        fired += [(i, w.metric) for w in collapse_warnings(series[:i], current, **{**MONITOR, **monitor})]
     return fired
 
 
@@ -31,13 +31,43 @@ def test_falling_std_and_entropy_and_a_grad_spike_raise_warnings():
     # grad norm median of [1, 1, 1, 1, 1] = 1; 6 > 5 at iteration 5.
     series = _series([0.30, 0.40, 0.35, 0.25, 0.19, 0.10], [2.0, 1.8, 1.6, 1.4, 1.2, 0.9], [1, 1, 1, 1, 1, 6])
     assert _events(series) == [
-        (4, "rollout/in_group_reward_std"),
-        (5, "rollout/in_group_reward_std"),
+        (4, "rollout/in_group_reward_std"),  # iteration 5 is still below: the same episode, no second event
         (5, "actor/entropy"),
         (5, "actor/grad_norm_max"),
     ]
     warning = collapse_warnings(series[:4], series[4], **MONITOR)[0]
     assert warning.value == 0.19 and warning.threshold == pytest.approx(0.2) and "Echo Trap" in warning.message
+
+
+def test_a_signal_that_recovers_and_falls_again_is_a_second_episode():
+    # peak 0.4; below 0.2 at 2 and 3 (one episode), back at 0.3 at 4, below again at 5 (peak still 0.4)
+    series = _series([0.40, 0.38, 0.10, 0.12, 0.30, 0.15], [2.0] * 6, [1.0] * 6)
+    assert _events(series) == [(2, "rollout/in_group_reward_std"), (5, "rollout/in_group_reward_std")]
+
+
+def test_a_converged_policy_is_quiet_while_a_collapsing_one_warns():
+    """Success 1.0 with the spread gone is convergence; the same fall at success 0.3 is the Echo Trap."""
+    stds, entropies = [0.5, 0.5, 0.4, 0.05, 0.0, 0.0], [2.0, 1.9, 1.5, 0.6, 0.4, 0.3]
+    collapse = [(3, "rollout/in_group_reward_std"), (3, "actor/entropy")]
+    for success, expected in ((1.0, []), (0.95, []), (0.3, collapse)):
+        series = _series(stds, entropies, [1.0] * 6)
+        for row in series[3:]:
+            row["rollout/success_rate"] = success
+        assert _events(series, converged_success=0.9) == expected, success
+    # success reached only later: the drop that began while the policy still failed was warned at its start
+    series = _series(stds, entropies, [1.0] * 6)
+    for row, success in zip(series, [0.2, 0.3, 0.3, 0.4, 1.0, 1.0], strict=True):
+        row["rollout/success_rate"] = success
+    assert _events(series, converged_success=0.9) == [(3, "rollout/in_group_reward_std"), (3, "actor/entropy")]
+
+
+def test_the_template_collapse_warning_fires_once_per_episode():
+    from ragen_core.metrics import template_collapse_warnings
+
+    mis = [1.0, 1.1, 0.5, 0.4, 0.3, 1.0, 0.2, 0.2]  # low (< 0.55) from 2 to 4, back at 5, low again from 6
+    series = [{"diag/reasoning_mi": v} for v in mis]
+    fired = [i for i in range(len(series)) if template_collapse_warnings(series[:i], series[i], 1, 0.5, 2)]
+    assert fired == [3, 7]  # patience 2: the second low iteration of each episode
 
 
 def test_no_warning_during_warmup():

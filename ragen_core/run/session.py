@@ -57,16 +57,23 @@ class RolloutPolicy:
             self.engine = None
 
 
-@dataclass
 class RunSession:
-    """Everything one run's stages share in memory."""
+    """Everything one run's stages share in memory.
 
-    config: RunConfig
-    lake: DataLake
-    run_id: str
-    policy: RolloutPolicy
-    updater: Updater
-    record: RunRecord
+    A plain class, not a dataclass: Prefect walks every field of a task's dataclass arguments looking for futures,
+    and a session holds the config and the run's whole metric history, which grows with every iteration. Measured
+    (Prefect's ``visit_collection``, 60 metrics per iteration, loaded 2-core machine): 7.8 ms per task call after one
+    iteration, 63 ms after 50, 218 ms after 200, against 0.006 ms for a plain object."""
+
+    def __init__(
+        self, config: RunConfig, lake: DataLake, run_id: str, policy: RolloutPolicy, updater: Updater,
+        record: RunRecord,
+    ) -> None:  # fmt: skip
+        self.config, self.lake, self.run_id = config, lake, run_id
+        self.policy, self.updater, self.record = policy, updater, record
+
+    def __repr__(self) -> str:
+        return f"RunSession({self.run_id!r})"
 
     @property
     def config_hash(self) -> str:

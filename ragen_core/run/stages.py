@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from ragen_core.config import RunConfig
 from ragen_core.diagnostics import first_turn_reasoning, model_scorer, reasoning_mi
 from ragen_core.faults import maybe_fail
-from ragen_core.metrics import collapse_warnings, template_collapse_warning, throughput_metrics, validation_metrics
+from ragen_core.metrics import collapse_warnings, template_collapse_warnings, throughput_metrics, validation_metrics
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
 from ragen_core.run.batches import BatchPipeline, BatchRules
 from ragen_core.run.session import RunSession
@@ -121,19 +121,12 @@ def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
 def record_warnings(session: RunSession, iteration: int, metrics: dict[str, float]) -> list[dict[str, Any]]:
     """Echo-Trap early warnings for this iteration (against the run's earlier metrics): logged, and returned as
     ``events`` rows. The run goes on."""
-    monitor = session.config.monitor
+    monitor, history = session.config.monitor, session.record.metric_history
     warnings = collapse_warnings(
-        session.record.metric_history,
-        metrics,
-        monitor.warmup,
-        monitor.reward_std_drop,
-        monitor.entropy_drop,
-        monitor.grad_norm_spike,
-    )
-    template = template_collapse_warning(
-        session.record.metric_history, metrics, monitor.warmup, monitor.mi_drop, monitor.mi_patience
-    )
-    warnings += [template] if template is not None else []
+        history, metrics, monitor.warmup, monitor.reward_std_drop, monitor.entropy_drop, monitor.grad_norm_spike,
+        monitor.converged_success,
+    )  # fmt: skip
+    warnings += template_collapse_warnings(history, metrics, monitor.warmup, monitor.mi_drop, monitor.mi_patience)
     rows = []
     for warning in warnings:
         LOGGER.warning("run %s iteration %d: %s", session.run_id, iteration, warning.message)

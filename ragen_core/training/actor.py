@@ -11,6 +11,7 @@ exactly over their own tokens.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 
 from ragen_core.algos import POLICY_LOSSES, aggregate_loss, kl_penalty
 from ragen_core.algos.losses import trained_sequences
-from ragen_core.training.batch import TokenBatch, token_logprobs
+from ragen_core.training.batch import TokenBatch, token_logprobs, trained_columns
 from ragen_core.training.distributed import ensure_single_process_env
 from ragen_core.training.parallel import (
     MicroBatchPlan,
@@ -157,6 +158,8 @@ class ActorEngine:
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(optim))
         check_data_parallel(optim)
         self.device = torch.device(self.engine.device)
+        # Hugging Face causal LMs that take logits_to_keep project only the positions the update trains on
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         if self.reference is not None:  # where and in what precision the policy runs
             self.reference.to(device=self.device, dtype=torch_dtype(optim.precision))
 
@@ -199,64 +202,93 @@ class ActorEngine:
         config: PolicyUpdateConfig,
         shuffle_seed: int,
         ref_logprobs: torch.Tensor | None = None,
+        watch_old_gap: bool = False,
     ) -> dict[str, float]:
         """PPO-style optimizer steps on ``batch`` (the kept trajectories) with precomputed ``advantages`` (B, T).
 
-        ``old_logprobs`` are the actor's own re-scored log-probs (as RAGEN/veRL do; the stored behaviour log-probs
-        serve analysis and offline importance weighting). ``ref_logprobs`` adds the KL loss term (``kl_coef``).
-        Returns metrics averaged over the optimizer steps, plus ``actor/optimizer_steps``.
+        ``old_logprobs`` are the policy's log-probs of the batch before the update: the re-scored batch, or the
+        sampler's stored ones when they are the same (see :func:`ragen_core.training.starpo.reuses_behavior_logprobs`).
+        ``ref_logprobs`` adds the KL loss term (``kl_coef``). With ``watch_old_gap`` the first optimizer step, whose
+        forward runs on the weights before any change, also records ``actor/behavior_logprob_gap``: the largest
+        |current - old| log-prob over that mini-batch's trained tokens (0 up to float summation order when the old
+        log-probs are the policy's; no extra compute). Returns metrics averaged over the optimizer steps, plus
+        ``actor/optimizer_steps``.
         """
         loss_fn = POLICY_LOSSES.get(config.policy_loss)
         rng = np.random.default_rng(shuffle_seed)
         schedule = update_schedule(len(batch), config.mini_batch_size, config.ppo_epochs, config.online_k, rng)
+        step_inputs = _StepInputs(batch, old_logprobs, ref_logprobs, advantages, loss_fn, config)
         history: dict[str, list[float]] = {}
+        gap = None
         self.engine.train()
-        for rows in schedule:
-            stats = self._ppo_step(batch, rows, old_logprobs, ref_logprobs, advantages, loss_fn, config)
+        for index, rows in enumerate(schedule):
+            stats = self._ppo_step(step_inputs, rows, watch_gap=watch_old_gap and index == 0)
+            gap = stats.pop(GAP_METRIC, gap)
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
         metrics = {key: float(np.mean(values)) for key, values in history.items()}
         metrics["actor/optimizer_steps"] = float(len(schedule))
         metrics["actor/grad_norm_max"] = float(np.max(history["actor/grad_norm"]))
+        if gap is not None:
+            metrics[GAP_METRIC] = gap
         return metrics
 
-    def _ppo_step(self, batch, rows, old_logprobs, ref_logprobs, advantages, loss_fn, config) -> dict[str, float]:
+    def _ppo_step(self, inputs: _StepInputs, rows: list[int], watch_gap: bool = False) -> dict[str, float]:
         """Forward/backward this rank's micro-batches of one mini-batch, then one optimizer step. Returns the
-        mini-batch's metrics (summed over ranks)."""
-        token_count = float(batch.loss_mask[rows].sum())
-        sequences = max(trained_sequences(batch.loss_mask[rows]), 1)
+        mini-batch's metrics (summed over ranks).
+
+        The metrics stay on the device as tensors through the micro-batches (no host round-trip there) and come to
+        the host once, with the optimizer step."""
+        mask = inputs.batch.loss_mask  # on the host: the normalisers below cost the device nothing
+        token_count = float(mask[rows].sum())
+        sequences = max(trained_sequences(mask[rows]), 1)
         _, world = data_parallel_world()
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
+        gap = torch.zeros((), device=self.device) if watch_gap else None
         for plan in self._passes(rows):
             # seq-mean: this micro-batch's share of the mini-batch's trained sequences (rows without tokens count 0)
-            weight = trained_sequences(batch.loss_mask[plan.rows]) / sequences
-            loss, values = self._ppo_micro(
-                batch, plan.rows, old_logprobs, ref_logprobs, advantages, loss_fn, config, token_count, weight
-            )
+            weight = trained_sequences(mask[plan.rows]) / sequences
+            micro_tokens = float(mask[plan.rows].sum()) / max(token_count, 1.0)
+            loss, values, micro_gap = self._ppo_micro(inputs, plan.rows, token_count, weight, micro_tokens, watch_gap)
             if world > 1 or plan.weight != 1.0:  # DeepSpeed averages over ranks: scale so that the ranks' sum counts
                 loss = loss * (plan.weight * world)
             self.engine.backward(loss, scale_wrt_gas=False)
             for key, value in values.items():
-                sums[key] = sums.get(key, 0.0) + value * plan.weight
-        sums = all_reduce_sums(sums, self.device)
+                term = value.double() * plan.weight
+                sums[key] = sums[key] + term if key in sums else term
+            if gap is not None and micro_gap is not None and plan.weight > 0:
+                gap = torch.maximum(gap, micro_gap)
+        stats = _to_host(sums, self.device)
+        if gap is not None:
+            stats[GAP_METRIC] = float(all_reduce_max(gap))
         steps_skipped = self.engine.skipped_steps
-        sums["actor/grad_norm"] = optimizer_step(self.engine)
-        sums["actor/lr"] = float(self.engine.get_lr()[0])
+        stats["actor/grad_norm"] = optimizer_step(self.engine)
+        stats["actor/lr"] = float(self.engine.get_lr()[0])
         if self.optim.precision == "fp16":  # a loss-scale overflow skips the step
-            sums["actor/skipped_steps"] = float(self.engine.skipped_steps - steps_skipped)
-        return sums
+            stats["actor/skipped_steps"] = float(self.engine.skipped_steps - steps_skipped)
+        return stats
 
     def _ppo_micro(
-        self, batch, rows, old_logprobs, ref_logprobs, advantages, loss_fn, config, token_count: float, weight: float
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss of one micro-batch (normalised by the whole mini-batch) and its share of the metrics."""
-        micro = batch.select(rows).to(self.device)
+        self, inputs: _StepInputs, rows: list[int], token_count: float, weight: float, micro_tokens: float,
+        watch_gap: bool,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:  # fmt: skip
+        """The loss of one micro-batch (normalised by the whole mini-batch), its share of the metrics (detached
+        device tensors) and, with ``watch_gap``, the largest |current - old| log-prob over its trained tokens."""
+        config = inputs.config
+        host = inputs.batch.select(rows)
+        micro = host.to(self.device, non_blocking=True)
         width = micro.input_ids.shape[1]
-        logprobs, entropy = token_logprobs(self.engine, micro, with_entropy=True)
-        old = old_logprobs[rows, :width].to(self.device)
-        adv = advantages[rows, :width].to(self.device)
+        # only the columns with trained tokens get logits (found on the host: no device round-trip); the entropy is
+        # a metric only when its coefficient is 0: then no graph is kept for it
+        columns = trained_columns(host.loss_mask) if self.keeps_logits else None
+        columns = columns.to(self.device, non_blocking=True) if columns is not None and len(columns) else None
+        logprobs, entropy = token_logprobs(
+            self.engine, micro, with_entropy=True, entropy_grad=config.entropy_coef != 0, columns=columns
+        )
+        old = inputs.old_logprobs[rows, :width].to(self.device, non_blocking=True)
+        adv = inputs.advantages[rows, :width].to(self.device, non_blocking=True)
         count = token_count if config.loss_agg_mode == "token-mean" else None
-        pg_loss, pg_stats = loss_fn(
+        pg_loss, pg_stats = inputs.loss_fn(
             logprobs,
             old,
             adv,
@@ -268,24 +300,26 @@ class ActorEngine:
             clip_ratio_c=config.clip_ratio_c,
         )
         entropy_loss = aggregate_loss(entropy, micro.loss_mask, config.loss_agg_mode, count)
-        loss = pg_loss - config.entropy_coef * entropy_loss
+        loss = pg_loss - config.entropy_coef * entropy_loss if config.entropy_coef else pg_loss
         share = _share(config, weight)
-        values: dict[str, float] = {}
-        if ref_logprobs is not None:
-            reference = ref_logprobs[rows, :width].to(self.device)
+        values: dict[str, torch.Tensor] = {}
+        if inputs.ref_logprobs is not None:
+            reference = inputs.ref_logprobs[rows, :width].to(self.device, non_blocking=True)
             kl = aggregate_loss(
                 kl_penalty(logprobs, reference, config.kl_estimator), micro.loss_mask, config.loss_agg_mode, count
             )
             loss = loss + config.kl_coef * kl
-            values["actor/kl_loss"] = float(kl.detach()) * share
+            values["actor/kl_loss"] = kl.detach() * share
         if config.loss_agg_mode != "token-mean":
             loss = loss * weight
-        micro_tokens = float(micro.loss_mask.sum()) / max(token_count, 1.0)
-        values["actor/pg_loss"] = float(pg_loss.detach()) * share
-        values["actor/entropy"] = float(entropy_loss.detach()) * share
+        values["actor/pg_loss"] = pg_loss.detach() * share
+        values["actor/entropy"] = entropy_loss.detach() * share
         for key, value in pg_stats.items():
-            values[f"actor/{key}"] = float(value) * micro_tokens
-        return loss, values
+            values[f"actor/{key}"] = value.detach() * micro_tokens
+        gap = None
+        if watch_gap:
+            gap = ((logprobs.detach() - old).abs() * (micro.loss_mask > 0)).max()
+        return loss, values, gap
 
     def sft_update(self, batch: TokenBatch, batch_size: int, shuffle_seed: int) -> dict[str, float]:
         """One epoch of supervised learning: token-mean cross-entropy on the loss-masked tokens."""
@@ -309,6 +343,42 @@ class ActorEngine:
             optimizer_step(self.engine)
             losses.append(total)
         return {"sft/loss": float(np.mean(losses)), "sft/steps": float(len(losses))}
+
+
+GAP_METRIC = "actor/behavior_logprob_gap"
+
+
+@dataclass(frozen=True)
+class _StepInputs:
+    """What every optimizer step of one policy update reads (host tensors, (B, T))."""
+
+    batch: TokenBatch
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    advantages: torch.Tensor
+    loss_fn: Any
+    config: PolicyUpdateConfig
+
+
+def _to_host(sums: dict[str, torch.Tensor], device: torch.device) -> dict[str, float]:
+    """Device metric tensors, summed over ranks, as host floats: one transfer (and one collective) per step."""
+    if not sums:
+        return {}
+    keys = sorted(sums)
+    stacked = all_reduce_sum(torch.stack([sums[key] for key in keys]), device)
+    return dict(zip(keys, stacked.tolist(), strict=True))
+
+
+def all_reduce_max(value: torch.Tensor) -> torch.Tensor:
+    """The largest of a scalar tensor over all ranks (itself in a world of one)."""
+    _, world = data_parallel_world()
+    if world == 1:
+        return value
+    import torch.distributed as dist
+
+    work = value.clone()
+    dist.all_reduce(work, op=dist.ReduceOp.MAX)
+    return work
 
 
 def _share(config: PolicyUpdateConfig, weight: float) -> float:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-
-from ragen_core.algos import entropy_from_logits
 
 
 @dataclass
@@ -27,12 +26,12 @@ class TokenBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def to(self, device: torch.device | str) -> TokenBatch:
-        """The same batch on ``device`` (itself when it is already there)."""
-        positions = self.position_ids.to(device) if self.position_ids is not None else None
-        return TokenBatch(
-            self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device), positions
-        )
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TokenBatch:
+        """The same batch on ``device`` (itself when it is already there); ``non_blocking``: the host does not wait
+        for a copy to a GPU (safe from pageable memory, which is staged at once)."""
+        tensors = [self.input_ids, self.attention_mask, self.loss_mask, self.position_ids]
+        moved = [t.to(device, non_blocking=non_blocking) if t is not None else None for t in tensors]
+        return TokenBatch(*moved)
 
     def select(self, rows: torch.Tensor | list[int]) -> TokenBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
@@ -103,14 +102,78 @@ def model_inputs(batch: TokenBatch) -> dict[str, torch.Tensor | bool]:
     return {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "use_cache": False}
 
 
+def trained_columns(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Columns ``t >= 1`` of a (B, T) loss mask where some row has a trained token (sorted, on the mask's device)."""
+    return torch.nonzero(loss_mask[:, 1:].sum(dim=0) > 0).squeeze(-1) + 1
+
+
 def token_logprobs(
-    model: torch.nn.Module, batch: TokenBatch, with_entropy: bool = False
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    columns: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (B, T) of ``batch.input_ids`` under ``model`` (temperature 1), and optionally entropies."""
-    logits = model(**model_inputs(batch)).logits  # (B, T, V)
-    shifted = logits[:, :-1].float()
-    logp = torch.log_softmax(shifted, dim=-1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-    zeros = torch.zeros_like(logp[:, :1])
-    logprobs = torch.cat([zeros, logp], dim=1)
-    entropy = torch.cat([zeros, entropy_from_logits(shifted)], dim=1) if with_entropy else None
-    return logprobs, entropy
+    """Per-token log-probs (B, T) of ``batch.input_ids`` under ``model`` (temperature 1), and optionally entropies.
+
+    The entropies come from the same log-softmax as the log-probs (no second pass over the vocabulary): with
+    gradients through :class:`LogprobEntropy`, or with ``entropy_grad=False`` as a detached by-product (a metric:
+    no graph is kept for them). ``columns`` (sorted positions >= 1, e.g. :func:`trained_columns`; the model must
+    take ``logits_to_keep``): only those positions are computed, the vocabulary projection included; the others are
+    0 (training reads only the trained tokens, often a small share of the batch)."""
+    inputs = model_inputs(batch)
+    if columns is not None:
+        inputs["logits_to_keep"] = columns - 1  # position t's log-prob comes from the logits at t - 1
+        targets = batch.input_ids.index_select(1, columns)
+    else:
+        targets = batch.input_ids[:, 1:]
+    logits = model(**inputs).logits  # (B, K, V)
+    shifted = (logits if columns is not None else logits[:, :-1]).float()
+    if with_entropy and entropy_grad and torch.is_grad_enabled():
+        logp, entropy = LogprobEntropy.apply(shifted, targets)
+    else:
+        logp_all = torch.log_softmax(shifted, dim=-1)  # (B, K, V)
+        logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # (B, K)
+        entropy = _entropy(logp_all.detach()) if with_entropy else None
+    width = batch.input_ids.shape[1]
+    return _placed(logp, columns, width), _placed(entropy, columns, width) if entropy is not None else None
+
+
+def _placed(values: torch.Tensor, columns: torch.Tensor | None, width: int) -> torch.Tensor:
+    """(B, ``width``) from the values of positions 1.. (``columns`` None) or of ``columns`` only; 0 elsewhere."""
+    if columns is None:
+        return torch.cat([torch.zeros_like(values[:, :1]), values], dim=1)
+    return values.new_zeros((values.shape[0], width)).index_copy(1, columns, values)
+
+
+def _entropy(logp_all: torch.Tensor) -> torch.Tensor:
+    """``-sum_v p log p`` over the last axis of log-probs (..., V)."""
+    return -(logp_all.exp() * logp_all).sum(dim=-1)
+
+
+class LogprobEntropy(torch.autograd.Function):
+    """Log-prob of each target and entropy of each distribution, from logits (..., V) and targets (...).
+
+    Autograd through ``log_softmax``, ``gather`` and the entropy keeps several (..., V) tensors and walks the
+    vocabulary about ten times in the backward pass; the gradients have a closed form that needs only the
+    log-softmax: with ``p = softmax(z)``, ``d logp_y / dz = onehot(y) - p`` and ``dH / dz = -p (log p + H)``.
+    The forward values are those of the plain ops."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp_all = torch.log_softmax(logits, dim=-1)
+        picked = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+        entropy = _entropy(logp_all)
+        ctx.save_for_backward(logp_all, targets, entropy)
+        return picked, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_picked: torch.Tensor | None, grad_entropy: torch.Tensor | None) -> tuple:
+        logp_all, targets, entropy = ctx.saved_tensors
+        grad_picked = torch.zeros_like(entropy) if grad_picked is None else grad_picked
+        weight = grad_picked[..., None].expand_as(logp_all).clone()  # g_lp + g_H (log p + H), then times -p
+        if grad_entropy is not None:
+            weight.addcmul_(logp_all + entropy[..., None], grad_entropy[..., None])
+        grad = weight.mul_(logp_all.exp()).neg_()
+        grad.scatter_add_(-1, targets[..., None], grad_picked[..., None])
+        return grad, None

@@ -6,6 +6,7 @@ batch in the same order.
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
@@ -52,4 +53,19 @@ def update_inputs(lake: DataLake, run_id: str, iteration: int, config: RunConfig
         scores=torch.tensor(rows["total_reward"].to_numpy(), dtype=torch.float32),
         group_index=torch.tensor(rows["group_id"].to_numpy(), dtype=torch.long),
         turn_rewards=turn_rewards,
+        behavior_logprobs=stored_behavior_logprobs(rows, batch.loss_mask.shape[1]),
     )
+
+
+def stored_behavior_logprobs(rows: pa.Table, width: int) -> torch.Tensor | None:
+    """(B, ``width``) the sampler's stored log-probs of the rows, right-padded with 0 like the loss mask; None when
+    some row has none (scripted rows: ``behavior_source`` other than 'policy')."""
+    sources = rows["behavior_source"]
+    if rows.num_rows == 0 or not pc.all(pc.equal(sources, "policy")).as_py():
+        return None
+    out = torch.zeros((rows.num_rows, width), dtype=torch.float32)
+    for row, values in enumerate(rows["behavior_logprobs"].to_pylist()):
+        if values is None:
+            return None
+        out[row, : len(values)] = torch.as_tensor(values, dtype=torch.float32)
+    return out

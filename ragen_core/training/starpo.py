@@ -31,6 +31,7 @@ class UpdateInputs:
     scores: torch.Tensor  # (B,) trajectory scores (env rewards + format penalties)
     group_index: torch.Tensor  # (B,) initial-state group of each trajectory
     turn_rewards: Sequence[Sequence[float]] | None = None  # per trajectory, each turn's reward + penalty
+    behavior_logprobs: torch.Tensor | None = None  # (B, T) the sampler's stored log-probs; None: some row has none
 
 
 def trajectory_token_rewards(loss_mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -101,13 +102,47 @@ def compute_advantages(
     )
 
 
+def reuses_behavior_logprobs(config: RunConfig, inputs: UpdateInputs, precision: str) -> bool:
+    """Whether the update takes the stored behaviour log-probs for the old log-probs (actor.reuse_behavior_logprobs).
+
+    ``auto``: only when they are the current policy's log-probs up to float summation order: sampled by this
+    policy's weights through Hugging Face ``generate`` (vLLM's kernels differ), at temperature 1 without top-k/top-p
+    (which change the distribution), in fp32 (bf16/fp16 rounding between a cached generation and a full forward is
+    ~1e-2), and every row sampled by the policy (scripted rows have none). Updates happen between rollouts, so the
+    weights that sampled an iteration's batch are those that update on it.
+    """
+    mode = config.actor.reuse_behavior_logprobs
+    if mode == "never":
+        return False
+    if mode == "always":
+        if inputs.behavior_logprobs is None:
+            raise ValueError(
+                "actor.reuse_behavior_logprobs=always, but some kept rows have no behaviour log-probs (scripted "
+                "rows); use auto or never"
+            )
+        return True
+    rollout = config.rollout
+    return (
+        inputs.behavior_logprobs is not None
+        and rollout.backend == "hf"
+        and rollout.temperature == 1.0
+        and rollout.top_p in (1.0, None)
+        and not rollout.top_k
+        and precision == "fp32"
+    )
+
+
 def starpo_update(
     config: RunConfig, actor: ActorEngine, critic: CriticEngine | None, inputs: UpdateInputs, iteration: int
 ) -> dict[str, float]:
-    """One StarPO update of the actor (and the critic, for gae / bi_level_gae); returns namespaced metrics."""
+    """One StarPO update of the actor (and the critic, for gae / bi_level_gae); returns namespaced metrics.
+
+    The old log-probs are the stored behaviour log-probs when :func:`reuses_behavior_logprobs` says so (then
+    ``actor/behavior_logprob_gap`` watches that they are the policy's), else the batch re-scored by the actor."""
     algorithm, batch = config.algorithm, inputs.batch
     mask = batch.loss_mask
-    old_logprobs = actor.score(batch)
+    reuse = reuses_behavior_logprobs(config, inputs, actor.optim.precision)
+    old_logprobs = inputs.behavior_logprobs if reuse and inputs.behavior_logprobs is not None else actor.score(batch)
     ref_logprobs = actor.score(batch, actor.reference) if algorithm.kl_coef > 0 and actor.reference else None
     token_rewards = token_rewards_for(inputs, algorithm.reward_level)
     metrics: dict[str, float] = {}
@@ -131,6 +166,7 @@ def starpo_update(
             policy_update_config(config),
             seed,
             ref_logprobs if algorithm.kl_mode == "loss" else None,
+            watch_old_gap=reuse,
         )
     )
     maybe_fail("update", "inside", iteration)  # the actor has stepped in memory; nothing is saved or committed
