@@ -95,6 +95,8 @@ def make_batch(
         "truncated": np.zeros(n, bool), "response_length": replies.sum(axis=1).astype(np.int32),
         "group_reward_std": pa.array(np.where(split == "train", std, np.nan), from_pandas=True),
         "kept": pa.array(kept, pa.bool_()), "policy_version": np.full(n, iteration, np.int32),
+        "filter_metric_value": pa.array(np.where(split == "train", std, np.nan), from_pandas=True),  # ranked by std
+        "segment_lengths": pa.nulls(n, pa.list_(pa.int32())),  # full context mode: one sequence per row
         "behavior_source": np.full(n, "policy", dtype=object),
         "temperature": np.where(split == "train", 1.0, 0.5).astype(np.float32),
         "config_hash": np.full(n, "bench", dtype=object), **_token_columns(rng, replies),

@@ -140,6 +140,23 @@ def update_section(section: dict[str, Any] | None, title: str) -> list[str]:
             f"| {case['trained_tokens']} | {fmt_spread(case['ours_tokens_per_s'], 0)} "
             f"| {fmt_spread(case['bare_tokens_per_s'], 0)} | {fmt_spread(case['ratio'])} | {parts}{extra} |"
         )
+    fair = [case for case in section["cases"] if "ratio_vs_bare_kept" in case]
+    if fair:
+        lines += [
+            "",
+            "Ours builds logits only at the trained columns and, when the batch is exactly on-policy, takes the "
+            "stored behaviour log-probs as PPO's old log-probs (`actor.reuse_behavior_logprobs`). The same update "
+            "against a bare loop that also builds logits only at the trained columns (`bare_kept`, the like-for-like "
+            "denominator), and ours with re-scoring (`never`), in the same interleaved repeats:",
+            "",
+            "| model | ours / bare_kept | ours re-scoring / bare | reuse speed-up | behaviour log-prob gap |",
+            "|---|---|---|---|---|",
+        ]
+        for case in fair:
+            lines.append(
+                f"| {case['shape']} | {fmt_spread(case['ratio_vs_bare_kept'])} | {fmt_spread(case['rescore_ratio'])} "
+                f"| {fmt_spread(case['reuse_speedup'])} | {case['behavior_logprob_gap']:.2g} |"
+            )
     for case in section["cases"]:
         if case["ratio"]["median"] < TARGETS["update_efficiency"]:
             lines += ["", f"{case['shape']}: {verdict('update_efficiency', case['ratio']['median'])}; profile of ours "

@@ -115,7 +115,7 @@ def lockstep_callback(lockstep: Lockstep) -> Any:
 def prompt_rows(config: Any, tokenizer: Any, iterations: int) -> tuple[list[dict[str, Any]], bool]:
     """Our first-turn prompts of every iteration's env seeds, as text, plus whether TRL's tokenisation of that text
     gives exactly our ids."""
-    from ragen_core.agent import ChatFormatter
+    from ragen_core.agent import ChatFormatter, reply_prefix
     from ragen_core.rollout import ScriptedBackend, run_rollouts
     from ragen_core.run.stages import rollout_spec
     from ragen_core.seeding import derive_seeds
@@ -125,7 +125,8 @@ def prompt_rows(config: Any, tokenizer: Any, iterations: int) -> tuple[list[dict
         seeds = derive_seeds(config.seed, config.rollout.env_groups, iteration, "env_seeds")
         records = run_rollouts(
             rollout_spec(config, config.env.name, seeds, 1), ScriptedBackend("random", tokenizer),
-            ChatFormatter(tokenizer), 0,
+            ChatFormatter(tokenizer, reply_prefix=reply_prefix(config.rollout.enable_think,
+                                                               config.rollout.think_prefix)), 0,
         )  # fmt: skip
         for seed, record in zip(seeds, records, strict=True):
             ids = record.input_ids[: record.loss_mask.index(1)]
@@ -137,17 +138,19 @@ def prompt_rows(config: Any, tokenizer: Any, iterations: int) -> tuple[list[dict
 
 def bandit_reward(config: Any) -> Any:
     """TRL reward function: our env's reward for the reply plus the format penalty, as our engine scores a turn."""
-    from ragen_core.agent import parse_response, turn_penalty
+    from ragen_core.agent import parse_response, reply_prefix, turn_penalty
     from ragen_core.envs import make_env
 
     budget = min(config.env.max_actions_per_turn, config.env.max_actions_per_traj)
+    prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
 
     def reward(prompts: list[str], completions: list[str], env_seed: list[int], **kwargs: Any) -> list[float]:
         scores = []
         for text, seed in zip(completions, env_seed, strict=True):
             env = make_env(config.env.name, **config.env.options)
             env.reset(int(seed))
-            parsed = parse_response(text, env.parse_action, budget, config.rollout.enable_think)
+            # the prompt ends with the reply prefix (e.g. "<think>"): the reply is the prefix and the completion
+            parsed = parse_response(prefix + text, env.parse_action, budget, config.rollout.enable_think)
             total = 0.0
             for action in parsed.actions:
                 _, step_reward, terminated, truncated, _ = env.step(action)
@@ -200,7 +203,7 @@ def grpo_trainer(config: Any, model_dir: Path, rows: list[dict[str, Any]], outpu
 def validation_success(model: Any, tokenizer: Any, config: Any, updates: int, env_name: str) -> float:
     """Success of ``model`` on the run's fixed validation instances, sampled exactly as our evaluate stage samples
     after ``updates`` updates (same instances, temperature and sampling seed)."""
-    from ragen_core.agent import ChatFormatter
+    from ragen_core.agent import ChatFormatter, reply_prefix
     from ragen_core.rollout import run_rollouts
     from ragen_core.rollout.hf_backend import HFBackend
     from ragen_core.run.stages import rollout_spec
@@ -213,7 +216,9 @@ def validation_success(model: Any, tokenizer: Any, config: Any, updates: int, en
         config.rollout.top_k,
     )  # fmt: skip
     records = run_rollouts(
-        spec, backend, ChatFormatter(tokenizer), derive_seed(config.seed, updates, "eval", env_name)
+        spec, backend, ChatFormatter(tokenizer, reply_prefix=reply_prefix(config.rollout.enable_think,
+                                                                          config.rollout.think_prefix)),
+        derive_seed(config.seed, updates, "eval", env_name),
     )
     return sum(r.success for r in records) / len(records)
 
