@@ -116,7 +116,7 @@ def _open(run_config: RunConfig, lake: DataLake, run_id: str, force_config: list
     if start in (Start.FRESH, Start.OVER):
         session, bootstrap = _start(run_config, lake, run_id, manifest)
         return session, None, {"bootstrap": bootstrap}
-    plan = t.prepare_resume(lake, run_config, run_id, manifest, force_config, skip_iteration)
+    plan = t.prepare_resume(lake, run_config, run_id, skip_iteration)
     try:
         session = t.open_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
     except BaseException as exc:  # a failed resume says so in the manifest (a refused one, above, changes nothing)

@@ -48,11 +48,9 @@ def open_session(
 
 
 @task(name="prepare_resume", cache_policy=NO_CACHE)
-def prepare_resume(
-    lake: DataLake, config: RunConfig, run_id: str, manifest: dict, allowed: list[str], skip_iteration: bool
-) -> ResumePlan:
-    """Check that the run can resume with this config and discard its uncommitted output."""
-    return resume.prepare_resume(lake, config, run_id, manifest, allowed, skip_iteration)
+def prepare_resume(lake: DataLake, config: RunConfig, run_id: str, skip_iteration: bool) -> ResumePlan:
+    """The resume plan (gaps and a quarantined batch refused); the run's uncommitted output discarded."""
+    return resume.prepare_resume(lake, config, run_id, skip_iteration)
 
 
 @task(name="restore_session", cache_policy=NO_CACHE)

@@ -179,5 +179,9 @@ def apply_kl_penalty(
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Token entropy of the categorical distribution given by ``logits`` (..., V) -> (...)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    return entropy_from_logprobs(torch.log_softmax(logits.float(), dim=-1))
+
+
+def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
+    """Entropy ``-sum_v p log p`` of distributions given as log-probabilities (..., V) -> (...)."""
     return -(logp.exp() * logp).sum(dim=-1)

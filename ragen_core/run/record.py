@@ -50,12 +50,6 @@ class RunRecord:
     metric_history: list[dict[str, float]] = field(default_factory=list)  # committed iterations' metrics, in order
     position: dict[str, Any] = field(default_factory=dict)  # iteration and stage now running (for failure reports)
 
-    @classmethod
-    def load(cls, lake: DataLake, run_id: str) -> RunRecord | None:
-        """The record of a run as its stored manifest says (None: no manifest)."""
-        manifest = lake.read_manifest(run_id)
-        return None if manifest is None else cls(lake, run_id, manifest)
-
     def update(self, **changes: Any) -> None:
         """Change manifest fields and write the manifest (atomically)."""
         self.manifest.update(changes, updated_at=utc_now())

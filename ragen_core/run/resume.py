@@ -18,17 +18,17 @@ import dataclasses
 from typing import Any
 
 from ragen_core.config import RunConfig
-from ragen_core.run.decisions import ResumePlan, check_config, check_resumable, plan_resume
+from ragen_core.run.decisions import ResumePlan, check_resumable, plan_resume
 from ragen_core.run.session import RunSession
 from ragen_core.storage import DataLake, Stage, event_row
 
 
 def prepare_resume(
-    lake: DataLake, config: RunConfig, run_id: str, manifest: dict[str, Any], allowed: list[str], skip_iteration: bool
+    lake: DataLake, config: RunConfig, run_id: str, skip_iteration: bool
 ) -> ResumePlan:
-    """All checks of a resume, then the plan; the uncommitted output of the next iterations is discarded (the
-    finished stages of the next one are kept, to be reused)."""
-    check_config(manifest, config, allowed)
+    """The checks of a resume that need the lake (gaps, a quarantined batch), then the plan; the uncommitted output
+    of the next iterations is discarded (the finished stages of the next one are kept, to be reused). The config was
+    checked against the manifest by :func:`ragen_core.run.decisions.decide_start`, which chose to resume."""
     committed = lake.committed_iterations(run_id)
     skipped = [i for i in committed if lake.commit_payload(run_id, i).get("skipped")]
     quarantine = lake.quarantine_dir(run_id, len(committed), Stage.ROLLOUT)

@@ -119,7 +119,8 @@ def open_session(
     try:
         policy = _rollout_policy(config, updater, start_model_dir, precision)
         record = RunRecord(lake, run_id, _opening_manifest(config, run_id, start_model_dir, command, resumed, policy))
-        where = {"precision": precision, **({"update_group": updater.describe()} if updater.describe() else {})}
+        group = updater.describe()
+        where = {"precision": precision, **({"update_group": group} if group else {})}
         record.manifest.update(where)
         if record.manifest.get("resumes"):
             record.manifest["resumes"][-1].update(where)

@@ -171,7 +171,7 @@ def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPla
         lake.root / "_staging" / run_id,
         lake.root / "_commits" / run_id,
         lake.root / "quarantine" / f"run_id={run_id}",
-        lake.root / "_prefect" / run_id,
+        lake.prefect_home(run_id),
         *checkpoints,
         *models,
         lake.root / "_locks" / f"{run_id}.lock",

@@ -24,6 +24,7 @@ from ragen_core.training.batch import TokenBatch, token_logprobs, trained_column
 from ragen_core.training.distributed import ensure_single_process_env
 from ragen_core.training.parallel import (
     MicroBatchPlan,
+    all_reduce_max,
     all_reduce_sum,
     all_reduce_sums,
     data_parallel_world,
@@ -260,7 +261,7 @@ class ActorEngine:
                 gap = torch.maximum(gap, micro_gap)
         stats = _to_host(sums, self.device)
         if gap is not None:
-            stats[GAP_METRIC] = float(all_reduce_max(gap))
+            stats[GAP_METRIC] = float(all_reduce_max(gap, self.device))
         steps_skipped = self.engine.skipped_steps
         stats["actor/grad_norm"] = optimizer_step(self.engine)
         stats["actor/lr"] = float(self.engine.get_lr()[0])
@@ -367,18 +368,6 @@ def _to_host(sums: dict[str, torch.Tensor], device: torch.device) -> dict[str, f
     keys = sorted(sums)
     stacked = all_reduce_sum(torch.stack([sums[key] for key in keys]), device)
     return dict(zip(keys, stacked.tolist(), strict=True))
-
-
-def all_reduce_max(value: torch.Tensor) -> torch.Tensor:
-    """The largest of a scalar tensor over all ranks (itself in a world of one)."""
-    _, world = data_parallel_world()
-    if world == 1:
-        return value
-    import torch.distributed as dist
-
-    work = value.clone()
-    dist.all_reduce(work, op=dist.ReduceOp.MAX)
-    return work
 
 
 def _share(config: PolicyUpdateConfig, weight: float) -> float:

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from ragen_core.algos import entropy_from_logprobs
+
 
 @dataclass
 class TokenBatch:
@@ -134,7 +136,7 @@ def token_logprobs(
     else:
         logp_all = torch.log_softmax(shifted, dim=-1)  # (B, K, V)
         logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # (B, K)
-        entropy = _entropy(logp_all.detach()) if with_entropy else None
+        entropy = entropy_from_logprobs(logp_all.detach()) if with_entropy else None
     width = batch.input_ids.shape[1]
     return _placed(logp, columns, width), _placed(entropy, columns, width) if entropy is not None else None
 
@@ -144,11 +146,6 @@ def _placed(values: torch.Tensor, columns: torch.Tensor | None, width: int) -> t
     if columns is None:
         return torch.cat([torch.zeros_like(values[:, :1]), values], dim=1)
     return values.new_zeros((values.shape[0], width)).index_copy(1, columns, values)
-
-
-def _entropy(logp_all: torch.Tensor) -> torch.Tensor:
-    """``-sum_v p log p`` over the last axis of log-probs (..., V)."""
-    return -(logp_all.exp() * logp_all).sum(dim=-1)
 
 
 class LogprobEntropy(torch.autograd.Function):
@@ -163,7 +160,7 @@ class LogprobEntropy(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logp_all = torch.log_softmax(logits, dim=-1)
         picked = logp_all.gather(-1, targets[..., None]).squeeze(-1)
-        entropy = _entropy(logp_all)
+        entropy = entropy_from_logprobs(logp_all)
         ctx.save_for_backward(logp_all, targets, entropy)
         return picked, entropy
 

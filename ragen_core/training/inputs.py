@@ -16,24 +16,21 @@ from ragen_core.training.batch import collate
 from ragen_core.training.starpo import UpdateInputs
 
 
-def kept_row_count(lake: DataLake, run_id: str, iteration: int) -> int:
-    """Published training rows of ``iteration`` the filter kept (0: the filter kept nothing, no update). An iteration
-    without any published training row is an error (nothing was generated, or its commit is missing), not a skip."""
-    rows = lake.read_table("trajectories", run_id, iteration, columns=["split", "kept"])
+def update_inputs(
+    lake: DataLake, run_id: str, iteration: int, config: RunConfig, pad_token_id: int
+) -> UpdateInputs | None:
+    """The published, kept training rows of ``iteration`` as update inputs, in (group, trajectory) order, with
+    per-turn rewards when ``algorithm.reward_level`` is ``turn``; None when the filter kept no group (no update). An
+    iteration without any published training row is an error (nothing was generated, or its commit is missing), not
+    a skip. The partition is read once."""
+    rows = lake.read_table("trajectories", run_id, iteration)
     train = pc.equal(rows["split"], "train")
     if not pc.any(train).as_py():
         raise RuntimeError(f"iteration {iteration} of {run_id} has no kept training rows to update on: "
                            "no training rows were published for it")  # fmt: skip
-    return int(pc.sum(pc.and_(train, pc.fill_null(rows["kept"], False))).as_py() or 0)
-
-
-def update_inputs(lake: DataLake, run_id: str, iteration: int, config: RunConfig, pad_token_id: int) -> UpdateInputs:
-    """The published, kept training rows of ``iteration`` as update inputs, in (group, trajectory) order, with
-    per-turn rewards when ``algorithm.reward_level`` is ``turn``."""
-    rows = lake.read_table("trajectories", run_id, iteration)
-    rows = rows.filter(pc.and_(pc.equal(rows["split"], "train"), pc.equal(rows["kept"], True)))
+    rows = rows.filter(pc.and_(train, pc.fill_null(rows["kept"], False)))
     if rows.num_rows == 0:
-        raise RuntimeError(f"iteration {iteration} of {run_id} has no kept training rows to update on")
+        return None
     rows = rows.sort_by([("group_id", "ascending"), ("traj_index", "ascending")])
     batch = collate(
         rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist(), pad_token_id, rows["segment_lengths"].to_pylist()

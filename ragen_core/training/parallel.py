@@ -53,13 +53,22 @@ def shard_micro_batches(rows: list[int], size: int, rank: int, world: int) -> li
 
 def all_reduce_sum(tensor: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
     """Element-wise sum of ``tensor`` over all ranks (the tensor itself in a world of one)."""
+    return _all_reduce(tensor, device, "SUM")
+
+
+def all_reduce_max(tensor: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """Element-wise maximum of ``tensor`` over all ranks (the tensor itself in a world of one)."""
+    return _all_reduce(tensor, device, "MAX")
+
+
+def _all_reduce(tensor: torch.Tensor, device: torch.device | None, op: str) -> torch.Tensor:
     import torch.distributed as dist
 
     _, world = data_parallel_world()
     if world == 1:
         return tensor
     work = tensor.to(device) if device is not None else tensor.clone()
-    dist.all_reduce(work, op=dist.ReduceOp.SUM)
+    dist.all_reduce(work, op=getattr(dist.ReduceOp, op))
     return work.to(tensor.device)
 
 

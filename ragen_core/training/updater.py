@@ -27,7 +27,7 @@ from ragen_core.training.actor import ActorEngine
 from ragen_core.training.checkpoint import export_policy, load_checkpoint, load_exported_weights, save_checkpoint
 from ragen_core.training.critic import CriticEngine
 from ragen_core.training.engines import start_engines
-from ragen_core.training.inputs import kept_row_count, update_inputs
+from ragen_core.training.inputs import update_inputs
 from ragen_core.training.starpo import starpo_update
 
 SKIPPED = {"actor/skipped_update": 1.0}  # the filter kept no group (RAGEN's empty_after_filter): nothing trained
@@ -97,9 +97,9 @@ class InProcessUpdater:
         return cls(config, lake, run_id, actor, critic, tokenizer)
 
     def update(self, iteration: int) -> dict[str, float]:
-        if kept_row_count(self.lake, self.run_id, iteration) == 0:
-            return dict(SKIPPED)
         inputs = update_inputs(self.lake, self.run_id, iteration, self.config, self.tokenizer.pad_token_id)
+        if inputs is None:
+            return dict(SKIPPED)
         return starpo_update(self.config, self.actor, self.critic, inputs, iteration)
 
     def save(self, updates: int, extra: dict[str, Any]) -> Path:
