@@ -98,12 +98,12 @@ def run_flow(
 
         previous_design = flow(name="starpo_iteration", validate_parameters=False)(original_iteration)
 
-    def timed_iteration(session: Any, iteration: int) -> dict[str, float]:
+    def timed_iteration(session: Any, iteration: int, *rest: Any) -> dict[str, float]:
         clock.take(), parquet.take()
         if sample_memory:
             sampler.window()
         started = time.perf_counter()
-        metrics = (previous_design if variant else original_iteration)(session, iteration)
+        metrics = (previous_design if variant else original_iteration)(session, iteration, *rest)
         wall = time.perf_counter() - started
         core_seconds = clock.take()
         row = {

@@ -213,7 +213,9 @@ def flow_section(section: dict[str, Any] | None) -> list[str]:
         f"stage's task call and {demo['task_wrappers_s']['median']:.2f} s inside task calls but outside their core "
         f"call, i.e. Prefect's task-run bookkeeping (about {1000 * demo['task_wrappers_s']['median'] / 7:.0f} ms "
         "for each of the 7 task runs of an iteration without validation); the core calls themselves are in the "
-        f"table above (the largest: `{largest}`).",
+        f"table above (the largest: `{largest}`). The iteration's metrics artifact is published in the background "
+        "(a task run on the flow's thread pool, overlapping the next iteration's compute): what it costs the "
+        "iteration is its submission and the wait for the previous one, both inside the measured wall time.",
         "",
         f"Growth: at 10x the batch the overhead share is {large['overhead_share']['median']:.1%} "
         f"({growth:.2f}x the demo's share; {absolute[0]:.2f} s vs {absolute[1]:.2f} s of overhead per iteration).",

@@ -59,8 +59,11 @@ class _Clock:
         self.metrics[f"time/{stage}"] = time.perf_counter() - start
 
 
-def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
-    """One StarPO iteration: [evaluate] -> generate -> persist -> validate -> filter -> [diagnose] -> update -> commit.
+def starpo_iteration(
+    session: RunSession, iteration: int, artifacts: r.IterationArtifacts | None = None
+) -> dict[str, float]:
+    """One StarPO iteration: [evaluate] -> generate -> persist -> validate -> filter -> [diagnose] -> update -> commit
+    -> artifact (in the background through ``artifacts``; without it, before returning).
 
     A group of tasks of the ``train`` flow, not a subflow: measured at the demo config, a subflow per iteration plus
     Prefect walking the rollout records for futures cost ~1.7 s of a 3.3 s iteration (benchmarks/RESULTS.md, section
@@ -87,8 +90,15 @@ def starpo_iteration(session: RunSession, iteration: int) -> dict[str, float]:
         metrics.update(t.update_policy(session, iteration))
     with stage("commit"):
         t.commit_iteration(session, iteration, metrics, updated=True)
-    r.publish_iteration_artifact(session.run_id, iteration, metrics)
+    _publish(artifacts, session.run_id, iteration, metrics)
     return metrics
+
+
+def _publish(artifacts: r.IterationArtifacts | None, run_id: str, iteration: int, metrics: dict[str, float]) -> None:
+    if artifacts is None:
+        r.publish_iteration_artifact(run_id, iteration, metrics)
+    else:
+        artifacts.publish(run_id, iteration, metrics)
 
 
 def final_evaluation(session: RunSession, iteration: int) -> dict[str, float]:
@@ -201,10 +211,16 @@ def _train(
             if plan.quarantined:  # only reachable with skip_iteration (prepare_resume refuses otherwise)
                 t.skip_iteration(session, first, plan.quarantined)
                 first += 1
-        for iteration in range(first, run_config.trainer.iterations):
-            metrics = starpo_iteration(session, iteration)
-            if progress:
-                progress(iteration, metrics)
+        artifacts = r.IterationArtifacts()
+        try:
+            for iteration in range(first, run_config.trainer.iterations):
+                metrics = starpo_iteration(session, iteration, artifacts)
+                if progress:
+                    progress(iteration, metrics)
+        except BaseException:
+            artifacts.wait(raise_error=False)
+            raise
+        artifacts.wait()
         final = run_config.trainer.iterations
         metrics = final_evaluation(session, final)
         if progress:
