@@ -31,6 +31,7 @@ from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import BatchMeta, DataLake, Stage
 from ragen_core.storage.locks import run_writer
 from ragen_core.training import ActorEngine, OptimConfig
+from ragen_core.training.engines import set_determinism
 
 
 def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
@@ -57,6 +58,7 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
     with run_writer(lake.root, run_id, wait=True):  # another run building the same bootstrap: wait for it
         if (target / "config.json").is_file():
             return target, {"run_id": run_id, "cached": True}
+        set_determinism(config)  # the run's thread count (it is set before the session's engines otherwise)
         return _build(config, lake, base_dir, target, run_id)
 
 

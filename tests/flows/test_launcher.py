@@ -52,11 +52,13 @@ def _overrides(model_dir):
     ]
 
 
-def _ragen(args, root, fault=None):
-    """Run the CLI in its own process group. After a fault kill, wait (up to 30 s) for the update group recorded in
-    the manifest to exit on its own; only then kill whatever is left (the killed run's Prefect server).
+def _ragen(args, root, api_url, fault=None):
+    """Run the CLI in its own process group, talking to the Prefect server at ``api_url`` (the session's: no
+    temporary server per process). After a fault kill, wait (up to 30 s) for the update group recorded in the
+    manifest to exit on its own; only then kill whatever is left.
     Returns (exit code, output, pids of the update group still alive after the wait)."""
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
+    env["PREFECT_API_URL"] = api_url
     if fault:
         env["RAGEN_FAULT"] = fault
     script = str(Path(sys.executable).with_name("ragen"))
@@ -82,22 +84,23 @@ def _ragen(args, root, fault=None):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_model_dir, tiny_policy):
+def runs(tmp_path_factory, tiny_model_dir, tiny_policy, prefect_server):
     from ragen_core.training import ActorEngine, OptimConfig
 
     # DeepSpeed compiles a CPU op at its first engine: build it here, never inside a process that gets killed
     ActorEngine(tiny_policy[0], OptimConfig(lr=1e-3, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1))
     train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
     inprocess = tmp_path_factory.mktemp("inprocess")
-    rc, output, _ = _ragen(train, inprocess)
+    api_url = prefect_server[0].api_url
+    rc, output, _ = _ragen(train, inprocess, api_url)
     assert rc == 0, output[-3000:]
     launched = tmp_path_factory.mktemp("launched")
     # killed inside iteration 3's update: the group has stepped, nothing is saved; the checkpoint after update 2
     # is loaded (both ranks' ZeRO-2 shards) on resume and the batch of iteration 3 is trained on again
-    rc, output, survivors = _ragen([*train, *LAUNCHED], launched, fault="update:inside@3")
+    rc, output, survivors = _ragen([*train, *LAUNCHED], launched, api_url, fault="update:inside@3")
     assert rc == -signal.SIGKILL, output[-3000:]
     manifest = DataLake(launched).read_manifest(RUN)
-    rc, resumed, _ = _ragen(["resume", RUN], launched)
+    rc, resumed, _ = _ragen(["resume", RUN], launched, api_url)
     assert rc == 0, resumed[-3000:]
     return inprocess, launched, survivors, manifest
 
