@@ -173,3 +173,36 @@ def test_a_bad_out_is_refused_before_anything_runs(tmp_path):
     result = _invoke("reproduce", "--data-root", str(root))
     assert result.exit_code == 2 and "--list" in result.output
     assert not root.exists()
+
+
+def _context(root, name: str):
+    from ragen_core.findings import load_context
+
+    spec = load_finding(name)
+    return load_context(DataLake(root), spec, plan_finding(spec, quick=True))
+
+
+def test_the_learning_analysis_reads_validation_before_and_after(reproduced):
+    from ragen_core.findings import ANALYSES
+
+    root = reproduced[0]
+    numbers = ANALYSES["learning"](_context(root, "echo_trap"))
+    for variant in ("starpo", "starpo_s"):
+        firsts = _sql(root, "SELECT run_id, success_rate AS s FROM evaluations WHERE env = 'bandit' AND iteration = 0 "
+                      "AND list_contains($runs, run_id)", _runs("echo_trap", variant))  # fmt: skip
+        expected = np.mean([row["s"] for row in firsts])
+        assert len(firsts) == 2 and numbers["arms"][variant]["val_success_first"]["mean"] == pytest.approx(expected)
+
+
+def test_the_diversity_analysis_times_runs_by_their_stage_seconds(reproduced):
+    from ragen_core.findings import ANALYSES
+
+    root = reproduced[0]
+    numbers = ANALYSES["diversity"](_context(root, "filtering"))
+    seconds = _sql(root, """
+        SELECT r.overrides_json AS o, sum(m.value) AS s FROM metrics m JOIN runs r USING (run_id)
+        WHERE m.name LIKE 'time/%' AND m.name NOT LIKE '%_per_s' AND list_contains($runs, run_id) GROUP BY ALL""",
+                   _runs("filtering"))  # fmt: skip
+    for row in seconds:
+        label = " ".join(o for o in json.loads(row["o"]) if not o.startswith("seed="))
+        assert numbers["arms"][label]["minutes"]["mean"] == pytest.approx(row["s"] / 60.0)
