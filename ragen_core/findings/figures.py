@@ -11,11 +11,12 @@ from typing import Any
 
 from ragen_core.storage.files import atomic_write_bytes
 
+SUCCESS_KEY = "rollout/success_rate"
 VAL = "val"  # stands for val/<val_env>/success in the panel lists below
 TITLES = {
     VAL: "Validation success", "rollout/success_rate": "Training success",
     "rollout/in_group_reward_std": "In-group reward std", "actor/entropy": "Token entropy",
-    "actor/grad_norm_max": "Gradient norm (max per iteration)", "actor/trained_tokens": "Update tokens per iteration",
+    "actor/grad_norm_max": "Gradient norm (max)", "actor/trained_tokens": "Update tokens per iteration",
     "time/update": "Update seconds per iteration", "think_words": "Think length (words per turn)",
     "rollout/think_distinct_rate": "Distinct think texts per group (share)", "format_ok_rate": "Format-ok rate",
     "val_success_first": "Validation success before RL", "val_success_final": "Final validation success",
@@ -49,6 +50,30 @@ def _curve_panel(ax, result: dict[str, Any], key: str) -> None:
         for index, (ref, level) in enumerate(result.get("references", {}).items()):
             ax.axhline(level, color="grey", linestyle=("--", ":", "-.")[index % 3], label=f"{ref} {level:g}")
     ax.set_title(TITLES.get(key, key))
+    ax.set_xlabel("iteration")
+    ax.grid(True, alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize="x-small")
+
+
+def _run_panel(ax, numbers: dict[str, Any], key: str) -> None:
+    """Early warnings: one line per run (colour: its arm), an x at its collapse, a triangle at each warning about
+    this metric (or any warning, on the training-success panel)."""
+    for index, (label, runs) in enumerate(numbers.get("run_curves", {}).items()):
+        for number, (run, series) in enumerate(runs.items()):
+            points = dict(series.get(key, []))
+            if not points:
+                continue
+            colour = f"C{index % 10}"
+            ax.plot(list(points), list(points.values()), color=colour, linewidth=1, alpha=0.8,
+                    label=label if number == 0 else None, gid=f"{run}|{key}")  # fmt: skip
+            collapse = numbers.get("collapse_iteration", {}).get(run)
+            if collapse in points:
+                ax.plot([collapse], [points[collapse]], "x", color=colour, markersize=9, markeredgewidth=2)
+            warned = {i for i, metric in numbers.get("warnings", {}).get(run, []) if key in (metric, SUCCESS_KEY)}
+            marks = [i for i in sorted(warned) if i in points]
+            ax.plot(marks, [points[i] for i in marks], "v", color=colour, markersize=6, linestyle="none")
+    ax.set_title(f"{TITLES.get(key, key)}, per run (x collapse, v warning)")
     ax.set_xlabel("iteration")
     ax.grid(True, alpha=0.3)
     if ax.lines:
@@ -95,7 +120,7 @@ def draw_finding(result: dict[str, Any], title: str):
     FigureCanvasAgg(figure)
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
     for ax, key in zip(axes, curves, strict=False):
-        _curve_panel(ax, result["numbers"], key)
+        (_run_panel if extra else _curve_panel)(ax, result["numbers"], key)
     for ax, key in zip(axes[len(curves) :], bars, strict=False):
         _bar_panel(ax, result["numbers"], key)
     if extra:

@@ -75,6 +75,8 @@ def early_warnings(ctx: Context) -> dict[str, Any]:
         "calibration": settings,
         "calibrated": best,
         "curves": {arm.label: {n: curve(ctx, arm, n) for n in (SUCCESS, *SIGNALS)} for arm in ctx.arms},
+        "run_curves": {arm.label: {run: {n: ctx.series(run, n) for n in (SUCCESS, *SIGNALS)} for run in arm.run_ids}
+                       for arm in ctx.arms},  # fmt: skip
         "warnings": recorded,
     }
 

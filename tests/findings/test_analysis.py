@@ -71,7 +71,7 @@ def test_variants_switch_the_preset_before_the_config_is_resolved():
     assert [item.plan.sweep_id for item in again] == [item.plan.sweep_id for item in plans]  # same runs: resumable
     quick = plan_finding(load_finding("echo_trap"), quick=True)
     assert all(item.plan.sweep_id.startswith("echo-trap-quick-") for item in quick)
-    assert quick[0].plan.points[0].config["trainer"]["iterations"] == 2
+    assert quick[0].plan.points[0].config["trainer"]["iterations"] == 3
 
 
 def test_a_spec_with_a_bad_key_or_analysis_is_refused(tmp_path):
