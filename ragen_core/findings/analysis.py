@@ -8,8 +8,9 @@ runs. A curve is one such summary per iteration. "Training success" is ``rollout
 Collapse (:func:`collapse_iteration`), defined on training success because it is measured every iteration: the
 first iteration at which either (a) the trailing mean of training success over ``window`` iterations has fallen at
 least ``collapse_drop`` below its highest earlier value (trailing means from the ``window``-th iteration on), or (b)
-the in-group reward std is 0 (every group answers alike) after it was positive at an earlier iteration, while
-training success is below ``monitor.converged_success`` (a policy that stopped exploring without solving the task).
+the first of ``window`` consecutive iterations at which the in-group reward std is 0 (every group answers alike)
+and training success is below ``monitor.converged_success``, after the std was positive at an earlier iteration (a
+policy that stopped exploring without solving the task).
 A run without such an iteration is healthy (a run that never explored, e.g. one that never learned the format, too).
 """
 
@@ -119,13 +120,14 @@ def collapse_iteration(
 ) -> int | None:
     """The collapse iteration of one run (module docstring), or None for a healthy run."""
     stds = dict(group_std)
-    peak, explored = -math.inf, False
+    peak, explored, stuck = -math.inf, False, []
     for position, (iteration, value) in enumerate(success):
         trailing = float(np.mean([v for _, v in success[max(0, position - window + 1) : position + 1]]))
         if position >= window and trailing <= peak - drop:
             return iteration
-        if explored and stds.get(iteration, 1.0) == 0.0 and value < converged:
-            return iteration
+        stuck = [*stuck, iteration] if explored and stds.get(iteration, 1.0) == 0.0 and value < converged else []
+        if len(stuck) >= window:
+            return stuck[0]
         explored = explored or stds.get(iteration, 0.0) > 0.0
         if position >= window - 1:
             peak = max(peak, trailing)
@@ -181,8 +183,8 @@ def echo_trap(ctx: Context) -> dict[str, Any]:
 def _collapse_text(ctx: Context) -> str:
     return (f"first iteration where the {ctx.params.get('collapse_window', 3)}-iteration trailing mean of training "
             f"success is >= {ctx.params.get('collapse_drop', 0.25)} below its earlier peak, or in-group reward std is "
-            "0 (after being positive) while training success < "
-            f"{ctx.config['monitor']['converged_success']}")  # fmt: skip
+            f"0 for {ctx.params.get('collapse_window', 3)} iterations in a row (after being positive) while training "
+            f"success < {ctx.config['monitor']['converged_success']} (the first of them)")  # fmt: skip
 
 
 ANALYSES: dict[str, Callable[[Context], dict[str, Any]]] = {"learning": learning, "echo_trap": echo_trap}

@@ -35,12 +35,13 @@ def test_a_drop_of_the_trailing_mean_below_its_peak_is_a_collapse():
 
 
 def test_group_std_reaching_zero_after_exploring_is_a_collapse_unless_converged():
-    success = _series([0.5, 0.5, 0.5, 0.5])
-    assert collapse_iteration(success, _series([0.3, 0.2, 0.0, 0.0]), DROP, CONVERGED, WINDOW) == 2
-    never_explored = _series([0.0, 0.0, 0.0, 0.0])
+    success = _series([0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    assert collapse_iteration(success, _series([0.3, 0.2, 0.0, 0.0, 0.0, 0.0]), DROP, CONVERGED, WINDOW) == 2
+    assert collapse_iteration(success, _series([0.3, 0.0, 0.0, 0.1, 0.0, 0.0]), DROP, CONVERGED, WINDOW) is None
+    never_explored = _series([0.0] * 6)
     assert collapse_iteration(success, never_explored, DROP, CONVERGED, WINDOW) is None
-    converged = _series([0.5, 0.7, 0.95, 0.95])
-    assert collapse_iteration(converged, _series([0.3, 0.2, 0.0, 0.0]), DROP, CONVERGED, WINDOW) is None
+    converged = _series([0.5, 0.7, 0.95, 0.95, 0.95, 0.95])
+    assert collapse_iteration(converged, _series([0.3, 0.2, 0.0, 0.0, 0.0, 0.0]), DROP, CONVERGED, WINDOW) is None
 
 
 def test_leads_count_warnings_at_or_before_the_collapse_and_alarms_on_healthy_runs():
