@@ -21,6 +21,9 @@ class TextEnv(ABC):
     """A seeded, text-rendered environment. Subclasses set ``name`` and implement the abstract methods."""
 
     name: str = "base"
+    # Characters of the cells of a grid state (FrozenLake, Sokoban): the tiny model's tokenizer never merges two of
+    # them, so every cell is one token (ragen_core/policy/tiny.py). Empty for envs whose state is not a grid.
+    grid_symbols: str = ""
 
     @abstractmethod
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:

@@ -58,6 +58,8 @@ def generate_map(seed: int, size: int = 4, p: float = 0.8, max_tries: int = 10_0
 class FrozenLakeEnv(TextEnv):
     """A seeded FrozenLake map over Gymnasium's dynamics, rendered as a character grid."""
 
+    grid_symbols = "".join(SYMBOLS.values())
+
     def __init__(
         self,
         size: int = 4,

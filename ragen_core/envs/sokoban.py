@@ -10,7 +10,7 @@ or an immovable box leaves the state unchanged, still costs the step penalty, an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from ragen_core.envs.base import StepResult, TextEnv, register_env
@@ -76,6 +76,7 @@ class SokobanEnv(TextEnv):
         # RAGEN (gym-sokoban's env) walks int(1.7 * (height + width)) steps when carving the topology.
         self.num_gen_steps = num_gen_steps if num_gen_steps is not None else int(1.7 * (height + width))
         self.symbols = symbols
+        self.grid_symbols = "".join(astuple(symbols))
         self.step_penalty, self.solved_reward = step_penalty, solved_reward
         self.box_on_target_reward, self.box_off_target_penalty = box_on_target_reward, box_off_target_penalty
         self.room: Room | None = None

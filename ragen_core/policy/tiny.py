@@ -4,6 +4,13 @@ Nothing is downloaded. The tokenizer is a byte-level BPE trained on text rendere
 environment, with Qwen2's own normaliser and pre-tokeniser (transformers loads folders whose config says
 ``model_type=qwen2`` with ``Qwen2Tokenizer``, which installs those; training with the same ones keeps save -> load
 token-identical). The build is reproducible from the config and lands atomically under the data root.
+
+Grid states keep one token per cell: the merges that would join two grid characters (the cell symbols the envs
+declare in ``grid_symbols``, and the row break) are dropped from the trained BPE. With them, a row such as
+``_GP_`` came out as ``_G``, ``P``, ``_\n`` in one map and ``__``, ``P``, ``G`` in another, so a cell's column had to
+be inferred from the widths of the tokens before it. Measured on FrozenLake (a 64x2 model trained to predict the
+value-iteration action from the first prompt, 4000 maps, 300 steps of 64): agreement with the expert on held-out
+maps 0.45 with one token per cell vs 0.34 with the merged tokens (the most frequent action: 0.30).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ CHATML_TEMPLATE = (
 )
 # Qwen2's pre-tokenisation regex (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX).
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
-TOKENIZER_CORPUS_VERSION = 2
+TOKENIZER_CORPUS_VERSION = 3  # 3: one token per grid cell
 
 
 def tokenizer_corpus(seeds_per_env: int = 40) -> list[str]:
@@ -79,7 +86,7 @@ def train_tokenizer(vocab_size: int):
     )
     tokenizer.train_from_iterator(tokenizer_corpus(), trainer=trainer)
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
+        tokenizer_object=without_grid_merges(tokenizer, grid_characters()),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token="<|endoftext|>",
@@ -87,6 +94,48 @@ def train_tokenizer(vocab_size: int):
     )
     wrapped.chat_template = CHATML_TEMPLATE
     return wrapped
+
+
+def grid_characters() -> frozenset[str]:
+    """The cell symbols of every registered grid env, and the row break."""
+    return frozenset("\n" + "".join(make_env(name).grid_symbols for name in registered_envs()))
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in character -> the byte it stands for (GPT-2's table)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    stand_ins = {b: b for b in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in stand_ins:
+            stand_ins[byte] = 256 + extra
+            extra += 1
+    return {chr(char): byte for byte, char in stand_ins.items()}
+
+
+def without_grid_merges(tokenizer, characters: frozenset[str]):
+    """``tokenizer`` (a trained byte-level BPE) without the merges that join two of ``characters``, nor those built
+    on their results; the remaining vocabulary renumbered in order (the special tokens keep their ids)."""
+    from tokenizers import Tokenizer
+
+    state = json.loads(tokenizer.to_str())
+    model, decode = state["model"], _byte_level_decoder()
+
+    def grid_only(token: str) -> bool:
+        text = bytes(decode[c] for c in token).decode("utf-8", errors="replace")
+        return len(text) > 1 and set(text) <= characters
+
+    dropped: set[str] = set()
+    merges = []
+    for merge in model["merges"]:
+        left, right = merge if isinstance(merge, list) else merge.split(" ")
+        if left in dropped or right in dropped or grid_only(left + right):
+            dropped.add(left + right)
+        else:
+            merges.append(merge)
+    kept = sorted((t for t in model["vocab"] if t not in dropped), key=model["vocab"].get)
+    model["vocab"], model["merges"] = {token: i for i, token in enumerate(kept)}, merges
+    return Tokenizer.from_str(json.dumps(state))
 
 
 def tiny_model_key(config: TinyModelConfig) -> str:

@@ -25,3 +25,18 @@ def test_build_is_reproducible_from_the_seed(tmp_path, tiny_policy):
     model, _ = tiny_policy
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=False):
         assert torch.equal(a, b), name
+
+
+def test_grid_states_are_one_token_per_cell_and_other_text_still_merges(tiny_model_dir):
+    from ragen_core.envs import make_env
+
+    loaded = load_tokenizer(tiny_model_dir)
+    for name, cells in (("frozen_lake", "P_OGX\u221a"), ("sokoban", "#_OX\u221aPS"), ("sokoban_new_vocab", "W.GBCA@")):
+        env = make_env(name)
+        for seed in range(30):
+            state = env.reset(seed)[0]
+            pieces = [loaded.decode([i]) for i in loaded.encode(state, add_special_tokens=False)]
+            assert pieces == list(state), (name, seed, pieces)  # one token per character: per cell and row break
+            assert set(state) <= set(cells + "\n")
+    # the merges that do not join two grid characters are kept: an instruction word is not spelled out
+    assert len(loaded.encode("You are a helpful assistant", add_special_tokens=False)) <= 6
