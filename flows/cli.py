@@ -1,4 +1,5 @@
-"""The ``ragen`` command line: train, resume, retrain, sweep, eval, sql, plot, runs (list, rm, compact), server."""
+"""The ``ragen`` command line: train, resume, retrain, sweep, eval, sql, plot, reproduce, runs (list, rm, compact),
+server."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ from flows.cli_common import (
     write_result,
 )
 from flows.cli_launch import start_flow_command, user_facing_errors, writer
+from flows.cli_reproduce import reproduce
 from flows.cli_runs import runs_app
 from flows.cli_server import server_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.")
 app.add_typer(server_app, name="server")
 app.add_typer(runs_app, name="runs")
+app.command()(reproduce)
 
 SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQL
     "SELECT iteration, split, count(*) AS trajectories, round(avg(total_reward), 4) AS reward, "

@@ -179,6 +179,13 @@ def plan_sweep(
     keys = [k for k, _ in grid_axes] + [r.key for r in random_axes] + (["seed"] if seeds else [])
     if len(set(keys)) != len(keys):
         raise SweepError(f"a key is searched twice: {sorted(k for k in keys if keys.count(k) > 1)}")
+    if "algorithm.preset" in keys:  # the base config is resolved first: its clip, KL and filter are explicit by then
+        raise SweepError(
+            "algorithm.preset cannot be a sweep axis: the base config's algorithm keys are already set from its "
+            "preset, so the axis would change nothing. Run one sweep per preset (add algorithm.preset=starpo to the "
+            "command), sweep the keys a preset sets (algorithm.clip_high, algorithm.kl_coef, algorithm.filter_ratio), "
+            "or use `ragen reproduce echo_trap` (StarPO against StarPO-S)"
+        )
     base_config = _validated(base, [], "the base config")
     spec = {
         "base_config_hash": base_config.config_hash(),

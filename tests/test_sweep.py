@@ -132,6 +132,16 @@ def test_a_bad_point_is_refused_before_anything_runs():
         plan_sweep(BASE, random=["actor.lr=uniform(0.001,0.01)"])
 
 
+def test_a_preset_axis_is_refused_because_it_would_change_nothing():
+    # what the axis would have produced: the base config (starpo_s) resolved, then preset=starpo laid on top
+    resolved = plan_sweep(BASE).points[0].config
+    assert resolved["algorithm"]["preset"] == "starpo_s" and resolved["algorithm"]["kl_coef"] == 0.0
+    with pytest.raises(SweepError, match="algorithm.preset cannot be a sweep axis"):
+        plan_sweep(BASE, ["algorithm.preset=[starpo,starpo_s]"])
+    with pytest.raises(SweepError, match="algorithm.preset cannot be a sweep axis"):
+        plan_sweep(BASE, random=["algorithm.preset=choice([starpo,starpo_s])"], samples=2)
+
+
 def test_recording_a_sweep_refuses_another_spec_under_the_same_id(tmp_path):
     lake = DataLake(tmp_path)
     plan = plan_sweep(BASE, ["algorithm.filter_ratio=[0.5,1.0]"], sweep_id="s1")

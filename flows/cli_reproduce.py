@@ -1,0 +1,137 @@
+"""``ragen reproduce NAME``: run one of the paper's findings (a registered spec under configs/findings/) as sweeps of
+local subflows, like ``ragen sweep``, then compute its numbers from the lake and draw its picture."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from flows.cli_common import DataRoot, Verbose, console, data_root_path, fail, writable_root
+
+QUICK_HELP = "A tiny version (a few iterations) for tests and smoke runs; its runs and picture are kept apart."
+
+
+def reproduce(
+    name: str | None = typer.Argument(None, help="A registered finding (`ragen reproduce --list`)."),
+    list_findings: bool = typer.Option(False, "--list", help="List the registered findings and their claims."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="PNG to write (default docs/findings/<name>.png)."),
+    quick: bool = typer.Option(False, "--quick", help=QUICK_HELP),
+    data_root: DataRoot = None,
+    verbose: Verbose = False,
+) -> None:
+    """Reproduce one of the paper's findings at tiny scale: its runs (resumed when already there), its numbers
+    (printed, and written to <out>.json) and its picture (<out>)."""
+    from ragen_core.findings import FindingError, claims, load_finding, plan_finding, run_spec
+
+    if list_findings:
+        for known, claim in claims().items():
+            console.print(f"[bold]{known}[/]: {escape(claim)}", highlight=False)
+        return
+    if name is None:
+        fail("give the NAME of a finding; `ragen reproduce --list` lists them")
+    try:
+        spec = load_finding(name)
+        plans = plan_finding(run_spec(spec), quick)
+    except FindingError as exc:
+        fail(str(exc))
+    default = Path("docs/findings") / f"{name}{'-quick' if quick else ''}.png"
+    out = _checked_out(out or default, data_root_path(data_root))
+    root = writable_root(data_root)
+    started = time.monotonic()
+    _run_sweeps(plans, root, f"reproduce-{name}", verbose)
+    result = _analyse(spec, plans, root, quick)
+    result["wall_seconds"] = round(time.monotonic() - started, 1)
+    _write(result, out)
+    _print_numbers(result["numbers"])
+    console.print(f"wrote {escape(str(out))} and {escape(str(out.with_suffix('.json')))} "
+                  f"({result['wall_seconds']:.0f} s)", highlight=False)  # fmt: skip
+
+
+def _checked_out(out: Path, root: Path) -> Path:
+    """The picture's path: a .png outside the data root, not a folder (checked before any compute)."""
+    resolved = out.expanduser().resolve()
+    if resolved.suffix.lower() != ".png":
+        fail(f"--out {str(out)!r} must be a .png file")
+    if resolved.is_relative_to(root):
+        fail(f"--out {str(out)!r} lies inside the data root {str(root)!r}; write the picture elsewhere")
+    if resolved.is_dir():
+        fail(f"--out {str(out)!r} is a folder; give a file name ending in .png")
+    return resolved
+
+
+def _run_sweeps(plans: list, root: Path, name: str, verbose: bool) -> None:
+    """Every variant's sweep as local subflows; completed points are skipped, failed ones resumed."""
+    from flows.cli_launch import start_flow_command
+
+    threads = plans[0].base["trainer"].get("num_threads")
+    if threads:
+        import torch
+
+        # The bootstrap runs before a run applies trainer.num_threads; with torch's default team on a busy 2-core
+        # machine its threads spin at barriers (measured: a 21 s bootstrap took over 7 min). Its setting, here too.
+        torch.set_num_threads(threads)
+    start_flow_command(root, name, verbose)
+    from flows.sweep import sweep as sweep_flow
+
+    failed = []
+    for item in plans:
+        plan = item.plan
+        console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(plan.points)} point(s) · {escape(str(root))}")
+        result = sweep_flow(item.base, grid=[f"{k}={json.dumps(v)}" for k, v in plan.spec["grid"]],
+                            seeds=plan.spec["seeds"] or None, data_root=str(root), sweep_id=plan.sweep_id)  # fmt: skip
+        failed += [row["run_id"] for row in result["points"] if row["status"] != "completed"]
+    if failed:
+        console.print(f"[yellow]not completed:[/] {', '.join(failed)}; run the same command again to resume them")
+        raise typer.Exit(code=1)
+
+
+def _analyse(spec, plans: list, root: Path, quick: bool) -> dict[str, Any]:
+    from ragen_core.findings import ANALYSES, load_context
+    from ragen_core.findings.spec import spec_digest
+    from ragen_core.storage import DataLake
+
+    context = load_context(DataLake(root), spec, plans)
+    return {
+        "finding": spec.name, "claim": spec.claim, "analysis": spec.analysis, "quick": quick,
+        "command": f"ragen reproduce {spec.name}{' --quick' if quick else ''}", "spec_digest": spec_digest(spec),
+        "sweeps": {item.variant.name: item.plan.sweep_id for item in plans},
+        "numbers": ANALYSES[spec.analysis](context),
+    }  # fmt: skip
+
+
+def _write(result: dict[str, Any], out: Path) -> None:
+    from ragen_core.findings.figures import write_finding_png
+    from ragen_core.storage.files import atomic_write_bytes
+
+    try:
+        atomic_write_bytes(out.with_suffix(".json"), (json.dumps(result, indent=1, default=str) + "\n").encode())
+        write_finding_png(result, f"{result['finding']}: {result['claim']}", out)
+    except OSError as exc:
+        fail(f"cannot write {str(out)!r}: {exc.strerror or exc}")
+
+
+def _fmt(value: dict[str, Any]) -> str:
+    if value.get("mean") is None:
+        return "no data"
+    return f"{value['mean']:.3f} ± {value['std']:.3f} (min {value['min']:.3f}, max {value['max']:.3f}, n {value['n']})"
+
+
+def _print_numbers(numbers: dict[str, Any]) -> None:
+    """Every per-arm summary (mean ± std over seeds) and the top-level scalar results."""
+    for label, arm in numbers.get("arms", {}).items():
+        console.print(f"[bold]{escape(label)}[/]", highlight=False)
+        for key, value in arm.items():
+            if isinstance(value, dict) and "mean" in value:
+                console.print(f"  {key}: {_fmt(value)}", highlight=False)
+            elif isinstance(value, int | float):
+                console.print(f"  {key}: {value}", highlight=False)
+    for key in ("as_run", "calibrated"):
+        if isinstance(numbers.get(key), dict):
+            shown = {k: (_fmt(v) if isinstance(v, dict) and "mean" in v else v)
+                     for k, v in numbers[key].items() if not isinstance(v, dict) or "mean" in v}  # fmt: skip
+            console.print(f"[bold]{key}[/]: {escape(json.dumps(shown, default=str))}", highlight=False)

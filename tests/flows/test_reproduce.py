@@ -1,0 +1,208 @@
+"""`ragen reproduce NAME --quick` on real tiny runs: the numbers equal independent SQL / Python computations over the
+lake, the picture is a PNG, and bad names or outputs are refused before any compute."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragen_core.findings import load_finding, plan_finding
+from ragen_core.findings.analysis import Context, replay_warnings
+from ragen_core.storage import DataLake, query
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def reproduced(prefect_harness, tmp_path_factory):
+    """echo_trap, early_warnings (on echo_trap's runs), filtering and reasoning, each --quick, in one lake."""
+    root = tmp_path_factory.mktemp("findings-lake")
+    out = tmp_path_factory.mktemp("findings-out")
+    results = {}
+    for name in ("echo_trap", "early_warnings", "filtering", "reasoning"):
+        result = _invoke("reproduce", name, "--quick", "--data-root", str(root), "--out", str(out / f"{name}.png"))
+        assert result.exit_code == 0, result.output
+        results[name] = (json.loads((out / f"{name}.json").read_text()), result.output)
+    return root, out, results
+
+
+def _runs(name: str, variant: str | None = None) -> list[str]:
+    plans = plan_finding(load_finding(name), quick=True)
+    return [p.run_id for item in plans if variant in (None, item.variant.name) for p in item.plan.points]
+
+
+def _sql(root, sql: str, runs: list[str]) -> list[dict]:
+    return query(root, sql, params={"runs": runs}).to_pylist()
+
+
+def test_each_finding_writes_its_png_and_numbers(reproduced):
+    _, out, results = reproduced
+    for name, (numbers, output) in results.items():
+        data = (out / f"{name}.png").read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+        assert numbers["finding"] == name and numbers["quick"] is True
+        assert f"wrote {out / f'{name}.png'}" in output.replace("\n", "")
+
+
+def test_echo_trap_validation_and_group_std_match_the_trajectories(reproduced):
+    root, _, results = reproduced
+    numbers = results["echo_trap"][0]["numbers"]
+    for variant in ("starpo", "starpo_s"):
+        runs = _runs("echo_trap", variant)
+        finals = _sql(root, """
+            SELECT run_id, avg(success::INT) AS s FROM trajectories t WHERE split = 'val' AND env = 'bandit'
+              AND list_contains($runs, run_id)
+              AND iteration = (SELECT max(iteration) FROM trajectories u WHERE u.run_id = t.run_id)
+            GROUP BY run_id""", runs)  # fmt: skip
+        values = [row["s"] for row in finals]
+        arm = numbers["arms"][variant]
+        assert len(values) == 2 and arm["val_success_final"]["mean"] == pytest.approx(np.mean(values))
+        assert arm["val_success_final"]["std"] == pytest.approx(np.std(values, ddof=1))
+        stds = _sql(root, """
+            WITH g AS (SELECT run_id, iteration, group_id, coalesce(stddev_samp(total_reward), 0) AS sd
+                       FROM trajectories WHERE split = 'train' AND list_contains($runs, run_id) GROUP BY ALL),
+                 r AS (SELECT run_id, iteration, avg(sd) AS sd FROM g GROUP BY ALL)
+            SELECT iteration, avg(sd) AS sd, count(*) AS n FROM r GROUP BY iteration ORDER BY iteration""", runs)
+        curve = numbers["curves"][variant]["rollout/in_group_reward_std"]
+        assert [(p["iteration"], p["n"]) for p in curve] == [(row["iteration"], row["n"]) for row in stds]
+        assert [p["mean"] for p in curve] == pytest.approx([row["sd"] for row in stds])
+
+
+def test_the_replayed_detector_gives_exactly_the_recorded_events(reproduced):
+    root, _, results = reproduced
+    numbers = results["early_warnings"][0]["numbers"]
+    runs = _runs("echo_trap")
+    assert sorted(numbers["collapse_iteration"]) == sorted(runs)
+    frame = query(root, "SELECT run_id, iteration, name, value FROM metrics WHERE list_contains($runs, run_id)",
+                  params={"runs": runs}).to_pandas()  # fmt: skip
+    config = plan_finding(load_finding("echo_trap"), quick=True)[0].plan.points[0].config
+    context = Context(DataLake(root), [], frame, {}, "bandit", config)
+    monitor = config["monitor"]
+    assert monitor["reward_std_drop"] == monitor["entropy_drop"]  # the replay takes one drop for both
+    recorded = 0
+    for run in runs:
+        events = _sql(root, "SELECT iteration, metric FROM events WHERE kind = 'early_warning' AND "
+                      "list_contains($runs, run_id) AND metric NOT LIKE 'diag/%' ORDER BY ALL", [run])  # fmt: skip
+        replayed = replay_warnings(context, run, monitor["reward_std_drop"], monitor["grad_norm_spike"])
+        assert sorted(replayed) == [(row["iteration"], row["metric"]) for row in events]
+        assert numbers["warnings"][run] == [list(e) for e in sorted(replayed)]
+        recorded += len(events)
+    assert recorded > 0  # the quick spec's hair-trigger thresholds make the runs warn: the comparison is not empty
+
+
+def test_filtering_tokens_and_times_match_the_lake(reproduced):
+    root, _, results = reproduced
+    numbers = results["filtering"][0]["numbers"]
+    for ratio in ("0.25", "0.5", "1.0"):
+        arm = numbers["arms"][f"algorithm.filter_ratio={ratio}"]
+        runs = [r["run_id"] for r in _sql(root, "SELECT run_id FROM runs WHERE list_contains($runs, run_id) AND "
+                                          f"overrides_json LIKE '%filter_ratio={ratio}%'", _runs("filtering"))]
+        tokens = _sql(root, """
+            SELECT iteration, sum(list_sum(loss_mask)) AS tokens FROM trajectories
+            WHERE split = 'train' AND kept AND list_contains($runs, run_id) GROUP BY ALL ORDER BY ALL""", runs)
+        assert len(runs) == 1 and arm["trained_tokens_per_iteration"]["n"] == 1
+        assert arm["trained_tokens_per_iteration"]["mean"] == pytest.approx(np.mean([t["tokens"] for t in tokens]))
+        update = _sql(root, "SELECT avg(value) AS v FROM metrics WHERE name = 'time/update' AND "
+                      "list_contains($runs, run_id)", runs)[0]["v"]  # fmt: skip
+        assert arm["update_seconds_per_iteration"]["mean"] == pytest.approx(update)
+    kept = {r: numbers["arms"][f"algorithm.filter_ratio={r}"]["trained_tokens_per_iteration"]["mean"]
+            for r in ("0.25", "1.0")}  # fmt: skip
+    assert kept["0.25"] < kept["1.0"]  # 1 of 2 groups kept against both
+
+
+def test_reasoning_think_length_matches_the_turns(reproduced):
+    root, _, results = reproduced
+    numbers = results["reasoning"][0]["numbers"]
+    for variant in ("format_penalty", "no_format_penalty"):
+        runs = _runs("reasoning", variant)
+        turns = _sql(root, "SELECT iteration, think FROM turns WHERE split = 'train' AND list_contains($runs, run_id)",
+                     runs)  # fmt: skip
+        by_iteration: dict[int, list[int]] = {}
+        for row in turns:
+            by_iteration.setdefault(row["iteration"], []).append(len(re.findall(r"\S+", row["think"] or "")))
+        curve = numbers["curves"][variant]["think_words"]
+        assert [p["iteration"] for p in curve] == sorted(by_iteration)
+        assert [p["mean"] for p in curve] == pytest.approx([np.mean(by_iteration[i]) for i in sorted(by_iteration)])
+
+
+def test_reproducing_again_reuses_the_completed_runs(reproduced):
+    root, out, _ = reproduced
+    before = _sql(root, "SELECT run_id, updated_at FROM runs WHERE list_contains($runs, run_id) ORDER BY 1",
+                  _runs("echo_trap"))  # fmt: skip
+    result = _invoke("reproduce", "echo_trap", "--quick", "--data-root", str(root), "--out", str(out / "again.png"))
+    assert result.exit_code == 0, result.output
+    after = _sql(root, "SELECT run_id, updated_at FROM runs WHERE list_contains($runs, run_id) ORDER BY 1",
+                 _runs("echo_trap"))  # fmt: skip
+    assert after == before
+    first = json.loads((out / "echo_trap.json").read_text())["numbers"]
+    assert json.loads((out / "again.json").read_text())["numbers"] == first
+
+
+def test_list_shows_every_finding_with_its_claim():
+    result = _invoke("reproduce", "--list")
+    assert result.exit_code == 0
+    for name in ("echo_trap", "early_warnings", "filtering", "diversity", "reasoning"):
+        assert re.search(rf"^{name}: \S", result.output, re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", ["nope", "../configs/bandit", "echo_trap.yaml"])
+def test_an_unknown_name_is_one_error_line_and_nothing_is_written(tmp_path, name):
+    root = tmp_path / "lake"
+    result = CliRunner().invoke(app, ["reproduce", name, "--data-root", str(root)])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: unknown finding") and "echo_trap" in lines[0]
+    assert "Traceback" not in result.output and not root.exists()
+
+
+def test_a_bad_out_is_refused_before_anything_runs(tmp_path):
+    root = tmp_path / "lake"
+    for out, message in ((tmp_path / "x.jpg", "must be a .png"), (root / "x.png", "inside the data root"),
+                         (tmp_path, "must be a .png")):  # fmt: skip
+        result = _invoke("reproduce", "echo_trap", "--data-root", str(root), "--out", str(out))
+        assert result.exit_code == 2 and message in result.output
+    result = _invoke("reproduce", "--data-root", str(root))
+    assert result.exit_code == 2 and "--list" in result.output
+    assert not root.exists()
+
+
+def _context(root, name: str):
+    from ragen_core.findings import load_context
+
+    spec = load_finding(name)
+    return load_context(DataLake(root), spec, plan_finding(spec, quick=True))
+
+
+def test_the_learning_analysis_reads_validation_before_and_after(reproduced):
+    from ragen_core.findings import ANALYSES
+
+    root = reproduced[0]
+    numbers = ANALYSES["learning"](_context(root, "echo_trap"))
+    for variant in ("starpo", "starpo_s"):
+        firsts = _sql(root, "SELECT run_id, success_rate AS s FROM evaluations WHERE env = 'bandit' AND iteration = 0 "
+                      "AND list_contains($runs, run_id)", _runs("echo_trap", variant))  # fmt: skip
+        expected = np.mean([row["s"] for row in firsts])
+        assert len(firsts) == 2 and numbers["arms"][variant]["val_success_first"]["mean"] == pytest.approx(expected)
+
+
+def test_the_diversity_analysis_times_runs_by_their_stage_seconds(reproduced):
+    from ragen_core.findings import ANALYSES
+
+    root = reproduced[0]
+    numbers = ANALYSES["diversity"](_context(root, "filtering"))
+    seconds = _sql(root, """
+        SELECT r.overrides_json AS o, sum(m.value) AS s FROM metrics m JOIN runs r USING (run_id)
+        WHERE m.name LIKE 'time/%' AND m.name NOT LIKE '%_per_s' AND list_contains($runs, run_id) GROUP BY ALL""",
+                   _runs("filtering"))  # fmt: skip
+    for row in seconds:
+        label = " ".join(o for o in json.loads(row["o"]) if not o.startswith("seed="))
+        assert numbers["arms"][label]["minutes"]["mean"] == pytest.approx(row["s"] / 60.0)
