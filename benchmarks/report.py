@@ -140,7 +140,7 @@ def verdict(key: str, value: float | None) -> str:
     if key in ("rollout_efficiency", "update_efficiency"):
         return "met" if value >= target else f"missed by {target - value:.2f} ({(target - value) / target:.0%} short)"
     if key == "trl_iteration_time_ratio":
-        return "met (ours faster)" if value < target else f"missed: ours {value:.2f}x TRL's time per iteration"
+        return "met" if value <= target else f"missed: ours {value:.2f}x TRL's time per iteration"
     if key in ("orchestration_overhead", "validation_share"):
         return "met" if value <= target else f"missed by {(value - target) * 100:.1f} points"
     return "met" if value <= target else f"missed by {value - target:.3f}"
