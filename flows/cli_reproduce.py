@@ -68,13 +68,6 @@ def _run_sweeps(plans: list, root: Path, name: str, verbose: bool) -> None:
     """Every variant's sweep as local subflows; completed points are skipped, failed ones resumed."""
     from flows.cli_launch import start_flow_command
 
-    threads = plans[0].base["trainer"].get("num_threads")
-    if threads:
-        import torch
-
-        # The bootstrap runs before a run applies trainer.num_threads; with torch's default team on a busy 2-core
-        # machine its threads spin at barriers (measured: a 21 s bootstrap took over 7 min). Its setting, here too.
-        torch.set_num_threads(threads)
     start_flow_command(root, name, verbose)
     from flows.sweep import sweep as sweep_flow
 
