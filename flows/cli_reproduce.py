@@ -54,14 +54,12 @@ def reproduce(
 
 def _checked_out(out: Path, root: Path) -> Path:
     """The picture's path: a .png outside the data root, not a folder (checked before any compute)."""
-    resolved = out.expanduser().resolve()
-    if resolved.suffix.lower() != ".png":
-        fail(f"--out {str(out)!r} must be a .png file")
-    if resolved.is_relative_to(root):
-        fail(f"--out {str(out)!r} lies inside the data root {str(root)!r}; write the picture elsewhere")
-    if resolved.is_dir():
-        fail(f"--out {str(out)!r} is a folder; give a file name ending in .png")
-    return resolved
+    from ragen_core.plots import PlotError, check_png_output
+
+    try:
+        return check_png_output(out, root)
+    except PlotError as exc:
+        fail(str(exc))
 
 
 def _run_sweeps(plans: list, root: Path, name: str, verbose: bool) -> None:

@@ -79,12 +79,18 @@ def check_request(lake: DataLake, run_ids: Sequence[str], out: Path) -> Path:
             f"unknown run id(s) {', '.join(map(repr, unknown))} in {lake.root}; "
             f"list the runs with `ragen runs --data-root {lake.root}`"
         )
-    out = Path(out).expanduser().resolve()
+    return check_png_output(out, lake.root)
+
+
+def check_png_output(out: str | Path, root: str | Path) -> Path:
+    """The resolved path of a picture to write: a .png file, not a folder, outside the data root ``root`` (which
+    the command only reads). Raises :class:`PlotError` naming what is wrong."""
+    out, root = Path(out).expanduser().resolve(), Path(root).expanduser().resolve()
     if out.suffix.lower() != ".png":
         raise PlotError(f"the output {str(out)!r} must be a .png file")
-    if out.is_relative_to(lake.root):
+    if out.is_relative_to(root):
         raise PlotError(
-            f"the output {str(out)!r} lies inside the data root {str(lake.root)!r}; the lake is read-only here: "
+            f"the output {str(out)!r} lies inside the data root {str(root)!r}; the lake is read-only here: "
             "write elsewhere"
         )
     if out.is_dir():
