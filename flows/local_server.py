@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from flows import prefect_template
+
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_STATE_DIR = PROJECT_DIR / ".prefect-local"
 POOL = "local-process"
@@ -135,6 +137,7 @@ def start(
     port = port or free_port()
     home = state_dir / "home"
     home.mkdir(exist_ok=True)
+    seeded = prefect_template.seed(home)  # only a home without a database yet
     api_url = f"http://127.0.0.1:{port}/api"
     command = _prefect() + ["server", "start", "--host", "127.0.0.1", "--port", str(port)]
     server = _spawn(command, base_env(home), state_dir / "server.log")
@@ -142,6 +145,8 @@ def start(
     state.save(state_dir)
     try:
         wait_healthy(api_url, timeout, server)
+        if not seeded:
+            prefect_template.save(home)
         env = base_env(home, api_url)
         ensure_pool(env)
         if deploy:
@@ -204,7 +209,16 @@ def stop_process(pid: int, first: signal.Signals, grace: float = 20) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        return
+    deadline = time.monotonic() + 10  # SIGKILL is not instant: return once it is gone (reaped when it is our child)
+    while time.monotonic() < deadline:
+        try:
+            finished, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            finished = 0
+        if finished == pid or not alive(pid):
+            return
+        time.sleep(0.05)
 
 
 def stop(state_dir: Path = DEFAULT_STATE_DIR) -> bool:
@@ -265,6 +279,7 @@ def start_temporary(home: Path, timeout: float, attempts: int = 3) -> TemporaryS
     env = base_env(home)
     env.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
     log = home / "server.log"
+    seeded = prefect_template.seed(home)  # a ready database: about half the start-up (flows/prefect_template.py)
     for attempt in range(attempts):
         port = free_port()
         command = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
@@ -276,10 +291,17 @@ def start_temporary(home: Path, timeout: float, attempts: int = 3) -> TemporaryS
         server = TemporaryServer(process, f"http://127.0.0.1:{port}/api", log)
         try:
             wait_healthy(server.api_url, timeout, process)
+            if not seeded:
+                prefect_template.save(home)
             return server
         except ServerError:
             exited = process.poll() is not None  # an early exit may be a port taken in between: try another
             server.stop()
+            if seeded and attempt < attempts - 1:  # a template no server starts from is dropped: migrate afresh
+                prefect_template.unseed(home)
+                prefect_template.discard()
+                seeded = False
+                continue
             if not exited or attempt == attempts - 1:
                 raise ServerError(f"the temporary Prefect server did not start (its log: {log})") from None
         except BaseException:  # Ctrl-C while waiting

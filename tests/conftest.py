@@ -11,10 +11,23 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# One torch thread in this process and in every command it starts: the tests run a tiny model, where a second OpenMP
+# thread gains nothing, and on two cores shared with the commands and Prefect servers the tests start, threads that
+# spin at OpenMP barriers made in-process runs 2-3x slower (measured: a one-iteration flow 7 s vs 13-23 s).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
 from ragen_core.config import TinyModelConfig  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ragen_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's own cache folder (the ready Prefect database of flows/prefect_template.py): the first server of
+    the session migrates a fresh database, the later ones start from its copy; the user's cache is left alone."""
+    folder = tmp_path_factory.mktemp("cache")
+    os.environ["RAGEN_CACHE_DIR"] = str(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

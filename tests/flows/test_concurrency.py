@@ -21,6 +21,7 @@ import pytest
 
 from ragen_core.storage import DataLake, compact_run, query
 from ragen_core.storage import compaction as compaction_module
+from tests.flows.test_resume import RUN, _overrides
 from tests.storage.synthetic import make_batch
 
 # a fresh user shell: no Prefect settings and no distributed variables left by DeepSpeed in this test process
@@ -32,22 +33,13 @@ TABLE_KEYS = {"trajectories": KEY, "turns": KEY + ["turn_index"], "metrics": ["i
 WALL_CLOCK_METRICS = ("time/",)  # wall-clock figures: allowed to differ between runs
 
 
-def _train(root: Path, run_id: str, seed: int, model_dir: Path) -> subprocess.Popen:
+def _train(root: Path, run_id: str, model_dir: Path, seed: int | None = None) -> subprocess.Popen:
+    """`ragen train` of the exact-resume tests' config (tests/flows/test_resume.py; another ``seed`` if given), from
+    a fresh user shell: no Prefect settings, so the command starts its own temporary server in its own home."""
     script = shutil.which("ragen") or str(Path(sys.executable).parent / "ragen")
-    overrides = [
-        f"seed={seed}",
-        f"model.path={model_dir}",
-        "rollout.env_groups=2",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=8",
-        "actor.mini_batch_size=4",
-        "actor.micro_batch_size=4",
-        "trainer.iterations=2",
-        "eval.every=1",
-        "eval.instances=4",
-        "env.val_envs=[bandit]",
-        "bootstrap.enabled=false",
-    ]
+    overrides = _overrides(model_dir)
+    if seed is not None:
+        overrides = [o for o in overrides if not o.startswith("seed=")] + [f"seed={seed}"]
     command = [script, "train", "--config", "configs/bandit.yaml", "--data-root", str(root), "--run-id", run_id]
     env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
     return subprocess.Popen(command + overrides, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -73,17 +65,16 @@ def _rows(root: Path, run_id: str) -> dict[str, list[dict]]:
 
 
 @pytest.mark.slow
-def test_two_concurrent_runs_store_the_rows_each_stores_alone(tmp_path, tiny_model_dir):
+def test_two_concurrent_runs_store_the_rows_each_stores_alone(tmp_path, tiny_model_dir, whole_bandit_run):
     shared = tmp_path / "shared"
-    first, second = _train(shared, "run-a", 1, tiny_model_dir), _train(shared, "run-b", 2, tiny_model_dir)
+    first, second = _train(shared, RUN, tiny_model_dir), _train(shared, "run-b", tiny_model_dir, seed=11)
     _finish(first)
     _finish(second)
-    alone = tmp_path / "alone"
-    _finish(_train(alone, "run-a", 1, tiny_model_dir))
+    alone = whole_bandit_run  # the same command and config made alone (on the session's Prefect server)
 
-    assert (shared / "_prefect" / "run-a").is_dir() and (shared / "_prefect" / "run-b").is_dir()
-    together, by_itself = _rows(shared, "run-a"), _rows(alone, "run-a")
-    assert len(together["trajectories"]) == 2 * 8 + 3 * 4  # 2 iterations x 2x4 train, 3 validations x 4
+    assert (shared / "_prefect" / RUN).is_dir() and (shared / "_prefect" / "run-b").is_dir()
+    together, by_itself = _rows(shared, RUN), _rows(alone, RUN)
+    assert len(together["trajectories"]) == 3 * 8 + 4 * 2  # 3 iterations x 2x4 train, 4 validations x 2
     assert len(together["turns"]) == len(together["trajectories"])  # bandit: one turn each
     for table, rows in together.items():
         assert rows == by_itself[table], table
@@ -91,7 +82,7 @@ def test_two_concurrent_runs_store_the_rows_each_stores_alone(tmp_path, tiny_mod
     assert len(other["trajectories"]) == len(together["trajectories"])
     assert [r["env_seed"] for r in other["trajectories"]] != [r["env_seed"] for r in together["trajectories"]]
     assert query(shared, "SELECT count(DISTINCT run_id) AS n FROM trajectories").to_pylist() == [{"n": 2}]
-    manifests = [DataLake(shared).read_manifest(r) for r in ("run-a", "run-b")]
+    manifests = [DataLake(shared).read_manifest(r) for r in (RUN, "run-b")]
     assert all(m["created_at"] <= n["updated_at"] for m in manifests for n in manifests)  # their runs overlapped
     if (Path(__file__).resolve().parents[2] / ".git").exists():  # the manifest names the code that ran
         assert all(re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", m["git_commit"]) for m in manifests)

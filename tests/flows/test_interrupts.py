@@ -83,7 +83,7 @@ def leftovers():
 
 
 def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
-    tmp_path, tiny_model_dir, tiny_policy, prefect_server, leftovers
+    tmp_path, tiny_model_dir, tiny_policy, prefect_server, whole_bandit_run, leftovers
 ):
     from ragen_core.training import ActorEngine, OptimConfig
 
@@ -134,10 +134,7 @@ def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
     rc, output = _ragen(["resume", RUN], root, None, api_url)
     assert rc == 0 and "resumed at iteration" in output, output[-3000:]
     assert lake.read_manifest(RUN)["status"] == "completed" and lake.committed_iterations(RUN) == [0, 1, 2, 3]
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    rc, output = _ragen(train, whole, None, api_url)
-    assert rc == 0, output[-3000:]
+    whole = whole_bandit_run  # the same command and config, never stopped (tests/flows/conftest.py)
     expected, actual = _weights(whole), _weights(root)
     assert expected.keys() == actual.keys() and all(torch.equal(expected[k], actual[k]) for k in expected)
     for table in ("trajectories", "turns", "metrics", "evaluations"):

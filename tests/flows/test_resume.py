@@ -70,18 +70,15 @@ def _ragen(args, root, fault=None, api_url=None):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_model_dir, tiny_policy, prefect_server):
+def runs(tmp_path_factory, tiny_model_dir, tiny_policy, prefect_server, whole_bandit_run):
     from ragen_core.training import ActorEngine, OptimConfig
 
     # DeepSpeed compiles a CPU op at its first engine: build it here, never inside a process that gets killed
     model, _ = tiny_policy
     ActorEngine(model, OptimConfig(lr=1e-3, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1))
     overrides = _overrides(tiny_model_dir)
-    whole = tmp_path_factory.mktemp("whole")
-    api_url = prefect_server[0].api_url  # one real server for all seven processes (killed ones included)
-    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *overrides]
-    rc, output = _ragen(train, whole, None, api_url)
-    assert rc == 0, output[-3000:]
+    whole = whole_bandit_run  # the same command and config, never stopped (tests/flows/conftest.py)
+    api_url = prefect_server[0].api_url  # one real server for all the processes (killed ones included)
     killed = tmp_path_factory.mktemp("killed")
     log = []
     for attempt, fault in enumerate(FAULTS):
