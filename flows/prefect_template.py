@@ -33,7 +33,10 @@ def template_dir() -> Path | None:
         return None
     cache = os.environ.get("RAGEN_CACHE_DIR")
     if not cache:
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ragen"
+        try:
+            cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ragen"
+        except RuntimeError:  # no home folder to be found: no cache
+            return None
     return Path(cache) / "prefect-home" / version
 
 

@@ -41,6 +41,7 @@ def lake_root(prefect_harness, tmp_path_factory, tiny_model_dir):
                 "eval.every=1",
                 "eval.instances=3",
                 "bootstrap.enabled=false",
+                "trainer.num_threads=1",  # the configs' 2 threads spin against the suite's other processes
             ],
         )
         train(config.to_dict(), data_root=str(root), run_id=f"flow-{env}")

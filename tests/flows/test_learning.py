@@ -20,6 +20,7 @@ def test_starpo_s_lifts_bandit_validation_success(prefect_harness, tmp_path):
             f"eval.every={ITERATIONS}",
             "eval.instances=128",
             "env.val_envs=[bandit]",
+            "trainer.num_threads=1",  # the config's 2 threads spin against the suite's other processes on 2 cores
         ],
     )
     train(config.to_dict(), data_root=str(tmp_path), run_id="learn")

@@ -31,6 +31,7 @@ POINT_OVERRIDES = [
     "eval.instances=2",
     "env.val_envs=[bandit]",
     "bootstrap.enabled=false",
+    "trainer.num_threads=1",  # tests: no second thread spinning against the other processes on 2 cores
 ]
 RAGEN = str(Path(sys.executable).with_name("ragen"))
 

@@ -186,6 +186,7 @@ def test_ragen_train_end_to_end_on_prefects_local_server(tmp_path, tiny_model_di
         "eval.instances=2",
         "env.val_envs=[bandit]",
         "bootstrap.enabled=false",
+        "trainer.num_threads=1",
     ]
     result = subprocess.run(
         [
