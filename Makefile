@@ -25,8 +25,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ragen train --config configs/bandit.yaml --data-root $(DATA_ROOT)
 
+# Two workers, whole files each (a module's shared runs stay in one process): the tests wait on processes and
+# servers often enough that a second worker fills the gaps on two cores. TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
 # A local Prefect server on 127.0.0.1:$(PORT), the local-process pool, prefect.yaml deployed, and a worker.
 PORT ?= 4200
