@@ -6,9 +6,10 @@ to learn to act on the model's own description. That is worth trying only if sup
 description within a bootstrap's budget. Supervised, no RL: a tiny Qwen2 shape (random init, seed 0) is trained on
 the description after ``<think>`` in the real first prompt of a FrozenLake episode (teacher forcing), on ``--maps``
 training maps (seeds 100000..), and scored on ``--held-out`` maps (seeds 0..) by exact match: every token of the
-description is the model's top choice. ``--short`` drops the system prompt, rules and legend (the state grid
-alone), to separate reading the grid from finding it in a long prompt. Run:
-``python -m benchmarks.describe_probe [--hidden 64] [--layers 2] [--steps 600] [--short]``.
+description is the model's top choice. ``--prompt`` picks the prompt: ``full`` (the real one),
+``no-legend`` (the real one without the sentence that lists the symbols, which holds a second ``P`` and ``G``) or
+``grid`` (the state grid alone), to tell reading the grid from finding it in a long prompt. Run:
+``python -m benchmarks.describe_probe [--hidden 64] [--layers 2] [--steps 600] [--prompt full]``.
 """
 
 from __future__ import annotations
@@ -35,17 +36,25 @@ def goal_description(rows: list[str], player: tuple[int, int]) -> str:
     return f"The goal is {' and '.join(parts) or 'here'}."
 
 
-def described_prompts(tokenizer, seeds: range, short: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
+PROMPTS = ("full", "no-legend", "grid")
+
+
+def described_prompts(
+    tokenizer, seeds: range, prompt_kind: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
     """(left-padded ids, attention mask, targets with -100 outside the description, the descriptions) of the first
     turn of each seed's map, the prompt ending in ``<think>`` and followed by the description and ``</think>``."""
     env = make_env("frozen_lake")
     pairs, descriptions = [], []
     for seed in seeds:
         state, _ = env.reset(seed)
-        if short:
+        if prompt_kind == "grid":
             prompt = f"<|im_start|>user\n{state}<|im_end|>\n<|im_start|>assistant\n<think>"
         else:
-            user = first_user_message(env.instruction(), env.action_names, 1, turn_message(1, state, 10, True))
+            instruction = env.instruction()
+            if prompt_kind == "no-legend":
+                instruction = instruction.split("\nThe symbols of the state are:")[0]
+            user = first_user_message(instruction, env.action_names, 1, turn_message(1, state, 10, True))
             prompt = (f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
                       "<|im_start|>assistant\n<think>")  # fmt: skip
         descriptions.append(goal_description(env.rows, env.position))
@@ -66,8 +75,8 @@ def probe(args: argparse.Namespace) -> list[tuple[int, float, float]]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = train_tokenizer(1024)
-    train = described_prompts(tokenizer, range(100_000, 100_000 + args.maps), args.short)
-    held_out = described_prompts(tokenizer, range(args.held_out), args.short)
+    train = described_prompts(tokenizer, range(100_000, 100_000 + args.maps), args.prompt)
+    held_out = described_prompts(tokenizer, range(args.held_out), args.prompt)
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                          num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
                          tie_word_embeddings=True)  # fmt: skip
@@ -108,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=600, help="optimizer steps of 64 examples")
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--short", action="store_true", help="the state grid alone as the prompt")
+    parser.add_argument("--prompt", choices=PROMPTS, default="full", help="full, no legend, grid alone")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     for name in ("hidden", "layers", "maps", "held_out", "eval_every", "threads"):
@@ -117,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hidden % 4 or args.steps < 0 or args.lr <= 0:
         parser.error("--hidden must be a multiple of 4 (4 heads), --steps at least 0 and --lr positive")
     torch.set_num_threads(args.threads)
-    descriptions = described_prompts(train_tokenizer(1024), range(args.held_out), args.short)[3]
+    descriptions = described_prompts(train_tokenizer(1024), range(args.held_out), args.prompt)[3]
     frequent = Counter(descriptions).most_common(1)[0][1] / len(descriptions)
     print(f"most frequent description on the held-out maps: {frequent:.3f}")
     curve = probe(args)

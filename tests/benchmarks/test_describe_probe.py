@@ -36,7 +36,7 @@ def test_description_by_hand():
 
 def test_targets_cover_exactly_the_description_tokens():
     tokenizer = train_tokenizer(1024)
-    ids, mask, targets, descriptions = described_prompts(tokenizer, range(3), short=True)
+    ids, mask, targets, descriptions = described_prompts(tokenizer, range(3), "grid")
     for row, description in enumerate(descriptions):
         scored = targets[row][targets[row] != -100].tolist()
         assert tokenizer.decode(scored) == description + "</think>"
