@@ -7,8 +7,9 @@ description within a bootstrap's budget. Supervised, no RL: a tiny Qwen2 shape (
 the description after ``<think>`` in the real first prompt of a FrozenLake episode (teacher forcing), on ``--maps``
 training maps (seeds 100000..), and scored on ``--held-out`` maps (seeds 0..) by exact match: every token of the
 description is the model's top choice. ``--prompt`` picks the prompt: ``full`` (the real one),
-``no-legend`` (the real one without the sentence that lists the symbols, which holds a second ``P`` and ``G``) or
-``grid`` (the state grid alone), to tell reading the grid from finding it in a long prompt. Run:
+``no-legend`` (the real one without the sentence that lists the symbols, which holds a second ``P`` and ``G``),
+``compact`` (a one-line rule, the actions and the turn text: what a short prompt for this task could be) or ``grid``
+(the state grid alone), to tell reading the grid from finding it in a long prompt. Run:
 ``python -m benchmarks.describe_probe [--hidden 64] [--layers 2] [--steps 600] [--prompt full]``.
 """
 
@@ -36,7 +37,7 @@ def goal_description(rows: list[str], player: tuple[int, int]) -> str:
     return f"The goal is {' and '.join(parts) or 'here'}."
 
 
-PROMPTS = ("full", "no-legend", "grid")
+PROMPTS = ("full", "no-legend", "compact", "grid")
 
 
 def described_prompts(
@@ -50,6 +51,9 @@ def described_prompts(
         state, _ = env.reset(seed)
         if prompt_kind == "grid":
             prompt = f"<|im_start|>user\n{state}<|im_end|>\n<|im_start|>assistant\n<think>"
+        elif prompt_kind == "compact":
+            user = f"Reach G, avoid O.\nActions: {', '.join(env.action_names)}.\nState:\n{state}\n10 actions left."
+            prompt = f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n<think>"
         else:
             instruction = env.instruction()
             if prompt_kind == "no-legend":
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=600, help="optimizer steps of 64 examples")
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--prompt", choices=PROMPTS, default="full", help="full, no legend, grid alone")
+    parser.add_argument("--prompt", choices=PROMPTS, default="full", help="how much text surrounds the grid")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     for name in ("hidden", "layers", "maps", "held_out", "eval_every", "threads"):
