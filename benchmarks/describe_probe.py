@@ -11,6 +11,10 @@ description is the model's top choice. ``--prompt`` picks the prompt: ``full`` (
 ``compact`` (a one-line rule, the actions and the turn text: what a short prompt for this task could be) or ``grid``
 (the state grid alone), to tell reading the grid from finding it in a long prompt. Run:
 ``python -m benchmarks.describe_probe [--hidden 64] [--layers 2] [--steps 600] [--prompt full]``.
+
+Measured (64x2, one thread; docs/findings.md, "Multi-turn learning"): the real prompt stays at the level of one fixed
+description for about 1,000 steps and reaches 0.57 at 1,500 (26 minutes); ``compact`` 0.83 and ``grid`` 0.89 at 1,000
+steps (4 and 2.5 minutes).
 """
 
 from __future__ import annotations
