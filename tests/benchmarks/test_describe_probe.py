@@ -1,0 +1,63 @@
+"""``python -m benchmarks.describe_probe``: the description against the rendered grid, the targets, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.describe_probe import PROMPTS, described_prompts, goal_description, main
+from ragen_core.envs import make_env
+from ragen_core.policy.tiny import train_tokenizer
+
+
+def _from_render(text: str) -> str:
+    # independently of the env's fields: find P and G in the rendered grid and compare their coordinates
+    grid = text.split("\n")
+    (pr, pc), (gr, gc) = ((next((r, line.index(ch)) for r, line in enumerate(grid) if ch in line)) for ch in "PG")
+    vertical = {True: "down", False: "up"}[gr > pr] if gr != pr else None
+    horizontal = {True: "right", False: "left"}[gc > pc] if gc != pc else None
+    return "The goal is " + " and ".join(word for word in (vertical, horizontal) if word) + "."
+
+
+def test_description_matches_the_rendered_grid_on_many_maps():
+    env = make_env("frozen_lake")
+    for seed in range(200):
+        rendered, _ = env.reset(seed)
+        assert goal_description(env.rows, env.position) == _from_render(rendered)
+
+
+def test_description_by_hand():
+    rows = ["SFFF", "FHFH", "FFFH", "HFFG"]
+    assert goal_description(rows, (0, 0)) == "The goal is down and right."
+    assert goal_description(rows, (3, 1)) == "The goal is right."
+    assert goal_description(rows, (0, 3)) == "The goal is down."
+    assert goal_description(["GF", "FS"], (1, 1)) == "The goal is up and left."
+    assert goal_description(["GF", "FS"], (0, 0)) == "The goal is here."
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(1024)
+
+
+@pytest.mark.parametrize("kind", PROMPTS)
+def test_targets_cover_exactly_the_description_tokens(tokenizer, kind):
+    ids, mask, targets, descriptions = described_prompts(tokenizer, range(3), kind)
+    env = make_env("frozen_lake")
+    for row, description in enumerate(descriptions):
+        scored = targets[row][targets[row] != -100].tolist()
+        assert tokenizer.decode(scored) == description + "</think>"
+        # each target is the next input token (teacher forcing) and the padding is never scored
+        positions = (targets[row] != -100).nonzero().flatten()
+        assert ids[row][positions + 1].tolist() == scored and mask[row][positions].all()
+        end = int(positions[0]) + 1  # the last prompt token predicts the description's first
+        prompt = tokenizer.decode(ids[row][:end][mask[row][:end].bool()])
+        state, _ = env.reset(row)
+        assert prompt.startswith("<|im_start|>") and prompt.endswith("<think>") and f"\n{state}" in prompt
+        assert ("The symbols of the state are" in prompt) == (kind == "full")
+
+
+@pytest.mark.parametrize("argv", [["--layers", "0"], ["--hidden", "30"], ["--lr", "0"], ["--held-out", "0"]])
+def test_bad_arguments_exit_with_a_message(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and "must be" in capsys.readouterr().err
