@@ -85,6 +85,8 @@ def probe(args: argparse.Namespace) -> list[tuple[int, float, float]]:
     tokenizer = train_tokenizer(1024)
     train = described_prompts(tokenizer, range(100_000, 100_000 + args.maps), args.prompt)
     held_out = described_prompts(tokenizer, range(args.held_out), args.prompt)
+    frequent = Counter(held_out[3]).most_common(1)[0][1] / len(held_out[3])
+    print(f"most frequent description on the held-out maps: {frequent:.3f}")
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                          num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
                          tie_word_embeddings=True)  # fmt: skip
@@ -134,9 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.hidden % 4 or args.steps < 0 or args.lr <= 0:
         parser.error("--hidden must be a multiple of 4 (4 heads), --steps at least 0 and --lr positive")
     torch.set_num_threads(args.threads)
-    descriptions = described_prompts(train_tokenizer(1024), range(args.held_out), args.prompt)[3]
-    frequent = Counter(descriptions).most_common(1)[0][1] / len(descriptions)
-    print(f"most frequent description on the held-out maps: {frequent:.3f}")
     curve = probe(args)
     print(f"best exact match {max(exact for _, exact, _ in curve):.3f}")
     return 0

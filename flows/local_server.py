@@ -137,7 +137,7 @@ def start(
     port = port or free_port()
     home = state_dir / "home"
     home.mkdir(exist_ok=True)
-    seeded = prefect_template.seed(home)  # only a home without a database yet
+    prefect_template.seed(home)  # only a home without a database yet
     api_url = f"http://127.0.0.1:{port}/api"
     command = _prefect() + ["server", "start", "--host", "127.0.0.1", "--port", str(port)]
     server = _spawn(command, base_env(home), state_dir / "server.log")
@@ -145,8 +145,7 @@ def start(
     state.save(state_dir)
     try:
         wait_healthy(api_url, timeout, server)
-        if not seeded:
-            prefect_template.save(home)
+        prefect_template.save(home)  # a no-op once a template exists
         env = base_env(home, api_url)
         ensure_pool(env)
         if deploy:
@@ -197,28 +196,27 @@ def stop_process(pid: int, first: signal.Signals, grace: float = 20) -> None:
         os.killpg(pid, first)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            finished, _ = os.waitpid(pid, os.WNOHANG)  # reap it when it is our child
-        except ChildProcessError:
-            finished = 0 if alive(pid) else pid
-        if finished == pid or not alive(pid):
-            return
-        time.sleep(0.2)
+    if _gone_within(pid, grace, 0.2):
+        return
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + 10  # SIGKILL is not instant: return once it is gone (reaped when it is our child)
+    _gone_within(pid, 10, 0.05)  # SIGKILL is not instant: return once it is gone
+
+
+def _gone_within(pid: int, seconds: float, pause: float) -> bool:
+    """Wait up to ``seconds`` for the process to be gone (reaped when it is our child); True when it is."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             finished, _ = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             finished = 0
         if finished == pid or not alive(pid):
-            return
-        time.sleep(0.05)
+            return True
+        time.sleep(pause)
+    return False
 
 
 def stop(state_dir: Path = DEFAULT_STATE_DIR) -> bool:
@@ -291,8 +289,7 @@ def start_temporary(home: Path, timeout: float, attempts: int = 3) -> TemporaryS
         server = TemporaryServer(process, f"http://127.0.0.1:{port}/api", log)
         try:
             wait_healthy(server.api_url, timeout, process)
-            if not seeded:
-                prefect_template.save(home)
+            prefect_template.save(home)  # a no-op once a template exists
             return server
         except ServerError:
             exited = process.poll() is not None  # an early exit may be a port taken in between: try another

@@ -78,7 +78,9 @@ def unseed(home: Path) -> None:
 def discard() -> None:
     """Drop the template (a server did not start from it)."""
     folder = template_dir()
-    for name in (DATABASE, MEMO) if folder is not None else ():
+    if folder is None:
+        return
+    for name in (DATABASE, MEMO):
         try:
             (folder / name).unlink(missing_ok=True)
         except OSError:
@@ -86,8 +88,9 @@ def discard() -> None:
 
 
 def save(home: Path) -> None:
-    """Keep the database of a server that has just started on an empty ``home`` as the template, unless one exists.
-    Written under temporary names and renamed into place, so a reader sees a whole file or none."""
+    """Keep the database of a server that has just started in ``home`` as the template, unless one exists (so after
+    a start from the template this does nothing). Written under temporary names and renamed into place, so a reader
+    sees a whole file or none."""
     folder = template_dir()
     if folder is None or (folder / DATABASE).is_file() or not (home / DATABASE).is_file():
         return
