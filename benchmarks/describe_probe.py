@@ -29,18 +29,6 @@ from ragen_core.agent.prompts import SYSTEM_PROMPT, first_user_message, turn_mes
 from ragen_core.envs import make_env
 from ragen_core.policy.tiny import train_tokenizer
 
-
-def goal_description(rows: list[str], player: tuple[int, int]) -> str:
-    """Where the goal ``G`` of ``rows`` lies relative to ``player`` (row, col): perception only, no action."""
-    goal_row, goal_col = next((r, row.index("G")) for r, row in enumerate(rows) if "G" in row)
-    parts = []
-    if goal_row != player[0]:
-        parts.append("down" if goal_row > player[0] else "up")
-    if goal_col != player[1]:
-        parts.append("right" if goal_col > player[1] else "left")
-    return f"The goal is {' and '.join(parts) or 'here'}."
-
-
 PROMPTS = ("full", "no-legend", "compact", "grid")
 
 
@@ -65,7 +53,7 @@ def described_prompts(
             user = first_user_message(instruction, env.action_names, 1, turn_message(1, state, 10, True))
             prompt = (f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
                       "<|im_start|>assistant\n<think>")  # fmt: skip
-        descriptions.append(goal_description(env.rows, env.position))
+        descriptions.append(env.describe())
         pairs.append((tokenizer.encode(prompt, add_special_tokens=False),
                       tokenizer.encode(descriptions[-1] + "</think>", add_special_tokens=False)))  # fmt: skip
     width = max(len(p) + len(d) for p, d in pairs)

@@ -158,6 +158,12 @@ class RolloutConfig(_Section):
         description="With enable_think: end every prompt with <think> after the assistant header, so the model "
         "continues from inside the thinking block (RAGEN's prompts); the prefix is not trained.",
     )
+    prompt_style: Literal["full", "compact"] = Field(
+        "full",
+        description="'full': RAGEN's prompts (system message, rules and symbol legend, a format reminder every turn). "
+        "'compact': no system message, the env's one-line rule, the actions, the state and the budget (about a "
+        "quarter of the text; what a small randomly initialised model can learn to read, docs/findings.md).",
+    )
     format_penalty: float = Field(-0.1, le=0, description="Added once per turn whose reply breaks the format.")
     context_window_mode: Literal["full", "limited_multi_turn", "single_turn"] = Field(
         "full",
@@ -481,6 +487,11 @@ class BootstrapConfig(_Section):
     epochs: PositiveInt = Field(3, description="Passes over the demonstrations.")
     lr: float = Field(3e-3, gt=0, description="Supervised learning rate.")
     batch_size: PositiveInt = Field(32, description="Demonstrations per optimizer step.")
+    seed: int | None = Field(
+        None,
+        description="Seed of the demonstrations and their SFT; None: the run's seed. Set it to start runs of "
+        "different seeds from one bootstrapped model (built once, cached), as RL seeds of one base model.",
+    )
 
 
 class RunConfig(_Section):
@@ -579,6 +590,22 @@ def _check_registered_names(config: RunConfig) -> None:
     ):
         if name not in policies:
             raise ValueError(f"{key}: unknown scripted policy {name!r}; registered: {', '.join(policies)}")
+        if name == "describe_random":
+            _check_describing_policy(config, key)
+
+
+def _check_describing_policy(config: RunConfig, key: str) -> None:
+    """``describe_random`` writes the env's state descriptions as thinking: the env must have some, replies think."""
+    from ragen_core.envs import TextEnv, make_env
+
+    env_type = type(make_env(config.env.name))
+    if env_type.describe is TextEnv.describe:
+        raise ValueError(
+            f"{key}: describe_random writes the env's state descriptions, and {config.env.name} has none "
+            "(frozen_lake has them); use the random policy"
+        )
+    if not config.rollout.enable_think:
+        raise ValueError(f"{key}: describe_random writes its descriptions as thinking: set rollout.enable_think=true")
 
 
 def _format_validation_error(error: ValidationError) -> str:

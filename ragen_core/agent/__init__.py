@@ -1,16 +1,26 @@
 """Prompt building and reply parsing."""
 
 from ragen_core.agent.parsing import ACTION_SEPARATOR, ParsedResponse, parse_response, turn_penalty
-from ragen_core.agent.prompts import ChatFormatter, first_user_message, history_block, reply_prefix, turn_message
+from ragen_core.agent.prompts import (
+    PROMPT_STYLES,
+    ChatFormatter,
+    first_user_message,
+    history_block,
+    reply_prefix,
+    rules_text,
+    turn_message,
+)
 
 __all__ = [
     "ACTION_SEPARATOR",
+    "PROMPT_STYLES",
     "ChatFormatter",
     "ParsedResponse",
     "first_user_message",
     "history_block",
     "parse_response",
     "reply_prefix",
+    "rules_text",
     "turn_message",
     "turn_penalty",
 ]

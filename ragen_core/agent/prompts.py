@@ -12,14 +12,27 @@ from typing import Any
 
 SYSTEM_PROMPT = "You are a helpful assistant. You think step by step, then act."
 THINK_PREFIX = "<think>"
+# "full": RAGEN's prompts (system message, rules and legend, the format reminder every turn). "compact": no system
+# message, the env's one-line rule (``TextEnv.brief``), the actions, the state and the budget: about a quarter of the
+# text, which a small randomly initialised model can learn to read (docs/findings.md, "Multi-turn learning").
+PROMPT_STYLES = ("full", "compact")
 _SENTINEL = "\u2063RAGEN_SENTINEL\u2063"
 
 
-def first_user_message(instruction: str, action_names: list[str], max_actions_per_turn: int, turn_text: str) -> str:
+def first_user_message(
+    instruction: str, action_names: list[str], max_actions_per_turn: int, turn_text: str, style: str = "full"
+) -> str:
     """The first user message: rules and legend, the available actions, the per-turn action limit, turn 1.
 
-    Envs with free-form answers (Countdown) have no action names; their instruction says what to answer.
+    Envs with free-form answers (Countdown) have no action names; their instruction says what to answer. The
+    ``compact`` style lists the actions shortly and states the per-turn limit only when it is above one.
     """
+    if style == "compact":
+        actions = f"Actions: {', '.join(action_names)}.\n" if action_names else ""
+        limit = ""
+        if max_actions_per_turn > 1:
+            limit = f"Up to {max_actions_per_turn} actions per turn, separated by ' || '.\n"
+        return f"{instruction}\n{actions}{limit}{turn_text}"
     actions_line = f"Your available actions are: {', '.join(action_names)}.\n" if action_names else ""
     return (
         f"{instruction}\n{actions_line}"
@@ -28,8 +41,14 @@ def first_user_message(instruction: str, action_names: list[str], max_actions_pe
     )
 
 
-def turn_message(turn: int, state: str, actions_left: int, enable_think: bool, reward: float | None = None) -> str:
-    """The user message of turn ``turn`` (1-based): previous reward, the state, the budget and the format reminder."""
+def turn_message(
+    turn: int, state: str, actions_left: int, enable_think: bool, reward: float | None = None, style: str = "full"
+) -> str:
+    """The user message of turn ``turn`` (1-based): previous reward, the state, the budget and the format reminder
+    (``compact``: the previous reward, the state and the budget only)."""
+    if style == "compact":
+        reward_text = f"Reward: {reward:g}\n" if reward is not None else ""
+        return f"{reward_text}State:\n{state}\n{actions_left} actions left."
     reply_format = (
         "<think> [your thoughts] </think> <answer> [your answer] </answer>"
         if enable_think
@@ -54,6 +73,11 @@ def history_block(turns: list[tuple[int, str, str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rules_text(env: Any, style: str) -> str:
+    """What the first message says of the env's rules: its instruction, or its one-line rule (``compact``)."""
+    return env.brief() if style == "compact" else env.instruction()
+
+
 def reply_prefix(enable_think: bool, think_prefix: bool) -> str:
     """The text every reply starts with, placed in the prompt after the assistant header: ``<think>`` when replies
     think and ``rollout.think_prefix`` is on (as RAGEN does: the model continues from inside the thinking block),
@@ -65,16 +89,22 @@ class ChatFormatter:
     """Turns chat messages into token ids with the tokenizer's own chat template.
 
     ``reply_prefix`` (see :func:`reply_prefix`) ends every prompt, after the assistant header: it is part of the
-    prompt (never trained), and the reply the parser reads is the prefix followed by the generated text."""
+    prompt (never trained), and the reply the parser reads is the prefix followed by the generated text. ``style``
+    (:data:`PROMPT_STYLES`) is how the user messages are written; the ``compact`` style has no system message."""
 
-    def __init__(self, tokenizer: Any, system_prompt: str = SYSTEM_PROMPT, reply_prefix: str = "") -> None:
+    def __init__(
+        self, tokenizer: Any, system_prompt: str = SYSTEM_PROMPT, reply_prefix: str = "", style: str = "full"
+    ) -> None:
+        if style not in PROMPT_STYLES:
+            raise ValueError(f"unknown prompt style {style!r}; use one of {', '.join(PROMPT_STYLES)}")
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat template; use an instruct model or set tokenizer.chat_template"
             )
         self.tokenizer = tokenizer
-        self.system_prompt = system_prompt
+        self.system_prompt = None if style == "compact" else system_prompt
         self.reply_prefix = reply_prefix
+        self.style = style
         self._eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
@@ -82,20 +112,22 @@ class ChatFormatter:
             messages, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
+    def _system(self) -> list[dict[str, str]]:
+        return [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special tokens added (special-token text is recognised)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def start(self, user_text: str) -> list[int]:
         """Ids of the system message, the first user message, the assistant header and the reply prefix."""
-        messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": user_text}]
+        messages = self._system() + [{"role": "user", "content": user_text}]
         return self.encode(self._render(messages, add_generation_prompt=True) + self.reply_prefix)
 
     def continuation_text(self, user_text: str, reply_ended_with_eos: bool) -> str:
         """Template text after an assistant reply: its end marker (unless the reply emitted it), the next user
         message, the assistant header and the reply prefix."""
-        messages = [
-            {"role": "system", "content": self.system_prompt},
+        messages = self._system() + [
             {"role": "user", "content": "x"},
             {"role": "assistant", "content": _SENTINEL},
             {"role": "user", "content": user_text},

@@ -46,6 +46,15 @@ class TextEnv(ABC):
     def instruction(self) -> str:
         """The rules and symbol legend shown in the first prompt (may depend on the instance)."""
 
+    def brief(self) -> str:
+        """The rules in one line, for ``rollout.prompt_style=compact`` (default: the whole :meth:`instruction`)."""
+        return self.instruction()
+
+    def describe(self) -> str | None:
+        """A sentence of what the current state shows (perception only: no action, plan or value), which the
+        ``describe_random`` scripted policy writes as its thinking; None for envs that have none."""
+        return None
+
     @property
     @abstractmethod
     def success(self) -> bool:

@@ -167,6 +167,19 @@ class FrozenLakeEnv(TextEnv):
             f"{slip}Reaching the goal gives reward 1.\nThe symbols of the state are: {legend}."
         )
 
+    def brief(self) -> str:
+        return "Reach G, avoid O."
+
+    def describe(self) -> str:
+        """Where the goal lies from the player: "The goal is down and right." (rows first; "here" on the goal)."""
+        (row, col), parts = self.position, []
+        goal_row, goal_col = next((r, line.index("G")) for r, line in enumerate(self.rows) if "G" in line)
+        if goal_row != row:
+            parts.append("down" if goal_row > row else "up")
+        if goal_col != col:
+            parts.append("right" if goal_col > col else "left")
+        return f"The goal is {' and '.join(parts) or 'here'}."
+
     @property
     def success(self) -> bool:
         return self._lake is not None and self._tile() == "G"

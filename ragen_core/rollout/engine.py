@@ -14,7 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ragen_core.agent import ChatFormatter, first_user_message, parse_response, turn_message, turn_penalty
+from ragen_core.agent import (
+    ChatFormatter,
+    first_user_message,
+    parse_response,
+    rules_text,
+    turn_message,
+    turn_penalty,
+)
 from ragen_core.envs import make_env
 from ragen_core.rollout.types import Generation, TrajectoryRecord, TurnContext, TurnRecord
 from ragen_core.rollout.windows import PastTurn, WindowPrompter
@@ -165,9 +172,11 @@ def _extend_prompt(
     function of those, so the ids are exactly what encoding again would give.
     """
     record = slot.record
-    text = turn_message(turn + 1, slot.state, slot.actions_left, spec.enable_think, reward=slot.last_reward)
+    style = formatter.style
+    text = turn_message(turn + 1, slot.state, slot.actions_left, spec.enable_think, slot.last_reward, style)
     if turn == 0:
-        text = first_user_message(slot.env.instruction(), slot.env.action_names, spec.max_actions_per_turn, text)
+        rules = rules_text(slot.env, style)
+        text = first_user_message(rules, slot.env.action_names, spec.max_actions_per_turn, text, style)
     key = (text, turn == 0, slot.last_reply_finished)
     ids = encoded.get(key)
     if ids is None:

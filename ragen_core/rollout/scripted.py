@@ -1,19 +1,31 @@
 """The scripted rollout backend: replies written by Python policies, tokenised like model replies.
 
 Scripted replies are well-formed and have no behaviour log-probs (``behavior_source='scripted'``). Policies are
-registered by name: ``random`` (uniformly random valid actions) and ``expert`` (the env's own expert plan).
+registered by name: ``random`` (uniformly random valid actions), ``expert`` (the env's own expert plan) and
+``describe_random`` (random actions, thinking that describes the state: ``TextEnv.describe``). A policy returns the
+reply's action names, or a :class:`ScriptedReply` when it also writes the thinking.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ragen_core.rollout.types import Generation, TurnContext
 
-ScriptedPolicy = Callable[[TurnContext, np.random.Generator], list[str]]
+
+@dataclass(frozen=True)
+class ScriptedReply:
+    """A scripted reply: its actions and, optionally, its thinking (None: "I will take <actions>.")."""
+
+    actions: list[str]
+    think: str | None = None
+
+
+ScriptedPolicy = Callable[[TurnContext, np.random.Generator], "list[str] | ScriptedReply"]
 _POLICIES: dict[str, ScriptedPolicy] = {}
 
 
@@ -55,12 +67,27 @@ def expert_policy(context: TurnContext, rng: np.random.Generator) -> list[str]:
     return plan or [context.env.sample_action(rng)]
 
 
-def format_reply(actions: list[str], enable_think: bool) -> str:
-    """A well-formed reply naming ``actions``."""
+@register_scripted_policy("describe_random")
+def describe_random_policy(context: TurnContext, rng: np.random.Generator) -> ScriptedReply:
+    """The ``random`` policy's actions, with thinking that says what the state shows (``env.describe()``) and
+    nothing of the choice: a bootstrap on these replies teaches reading the state, never which action is better."""
+    description = context.env.describe()
+    if description is None:
+        raise ValueError(
+            f"the describe_random policy needs an env that describes its states; {context.env.name} does not "
+            "(use bootstrap.policy=random)"
+        )
+    return ScriptedReply(random_policy(context, rng), description)
+
+
+def format_reply(actions: list[str], enable_think: bool, think: str | None = None) -> str:
+    """A well-formed reply naming ``actions``, thinking ``think`` (default: "I will take <actions>.")."""
     answer = " || ".join(actions)
     if not enable_think:
         return f"<answer>{answer}</answer>"
-    return f"<think>I will take {', then '.join(actions)}.</think><answer>{answer}</answer>"
+    if think is None:
+        think = f"I will take {', then '.join(actions)}."
+    return f"<think>{think}</think><answer>{answer}</answer>"
 
 
 class ScriptedBackend:
@@ -76,7 +103,10 @@ class ScriptedBackend:
         rng = np.random.default_rng(seed)
         results = []
         for context in contexts:
-            text = format_reply(self.policy(context, rng), context.enable_think)
+            reply = self.policy(context, rng)
+            if not isinstance(reply, ScriptedReply):
+                reply = ScriptedReply(list(reply))
+            text = format_reply(reply.actions, context.enable_think, reply.think)
             if context.reply_prefix and text.startswith(context.reply_prefix):  # the prompt already ends with it
                 text = text[len(context.reply_prefix) :]
             ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.tokenizer.eos_token_id]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ragen_core.agent import ChatFormatter, first_user_message, history_block, turn_message
+from ragen_core.agent import ChatFormatter, first_user_message, history_block, rules_text, turn_message
 
 WINDOW_MODES = ("limited_multi_turn", "single_turn")
 
@@ -58,7 +58,8 @@ class WindowPrompter:
         return ids
 
     def _first(self, env: Any, text: str) -> str:
-        return first_user_message(env.instruction(), env.action_names, self.max_actions_per_turn, text)
+        style = self.formatter.style
+        return first_user_message(rules_text(env, style), env.action_names, self.max_actions_per_turn, text, style)
 
     def prompt(self, env: Any, past: list[PastTurn], state: str, actions_left: int) -> tuple[list[int], str]:
         """(prompt ids, the user text that ends the prompt) of turn ``len(past)`` showing ``state``."""
@@ -66,14 +67,14 @@ class WindowPrompter:
         start = max(0, turn - self.window + 1)
         if self.mode == "single_turn":
             shown = [(j + 1, past[j].state, past[j].reply_text, past[j].reward) for j in range(start, turn)]
-            current = turn_message(turn + 1, state, actions_left, self.think)
+            current = turn_message(turn + 1, state, actions_left, self.think, style=self.formatter.style)
             text = self._first(env, history_block(shown) + current)
             return list(self._encode("start", text)), text
         views = [(p.state, p.actions_left) for p in past[start:]] + [(state, actions_left)]
-        text = self._first(env, turn_message(start + 1, *views[0], self.think))
+        text = self._first(env, turn_message(start + 1, *views[0], self.think, style=self.formatter.style))
         ids = list(self._encode("start", text))
         for j in range(start, turn):
-            text = turn_message(j + 2, *views[j + 1 - start], self.think, reward=past[j].reward)
+            text = turn_message(j + 2, *views[j + 1 - start], self.think, past[j].reward, self.formatter.style)
             ids += past[j].reply_ids
             ids += self._encode("continue", text, past[j].reply_finished)
         return ids, text

@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ragen_core.agent import ChatFormatter, reply_prefix
 from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.policy import load_policy, tokenizer_fingerprint
@@ -26,6 +25,7 @@ from ragen_core.rollout import ScriptedBackend, run_rollouts
 from ragen_core.run.batches import BatchPipeline, BatchRules
 from ragen_core.run.offline import check_tokenizer, select_trajectories, sft_update
 from ragen_core.run.record import library_versions, utc_now
+from ragen_core.run.session import chat_formatter
 from ragen_core.run.stages import rollout_spec
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import BatchMeta, DataLake, Stage
@@ -34,17 +34,27 @@ from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.engines import set_determinism
 
 
+def bootstrap_seed(config: RunConfig) -> int:
+    """The seed of the demonstrations and their SFT: ``bootstrap.seed``, else the run's."""
+    return config.seed if config.bootstrap.seed is None else config.bootstrap.seed
+
+
 def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
     """Identity of a bootstrap: base model, bootstrap settings, the env and the reply format."""
-    payload = {
+    payload: dict[str, Any] = {
         "base": str(base_dir),
-        "bootstrap": config.bootstrap.model_dump(mode="json"),
+        "bootstrap": config.bootstrap.model_dump(mode="json", exclude={"seed"}),
         "env": config.env.model_dump(mode="json"),
         "think": config.rollout.enable_think,
         "think_prefix": config.rollout.think_prefix,
-        "seed": config.seed,
+        "seed": bootstrap_seed(config),
         "micro_batch_size": config.actor.micro_batch_size,
     }
+    # what the demonstrations' prompts look like; left out at the defaults, so those keys stay what they were
+    if config.rollout.prompt_style != "full":
+        payload["prompt_style"] = config.rollout.prompt_style
+    if config.rollout.context_window_mode != "full":
+        payload["context_window"] = [config.rollout.context_window_mode, config.rollout.max_context_window]
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -103,12 +113,12 @@ def _build(
 def _demonstrations(config: RunConfig, lake: DataLake, run_id: str, tokenizer: Any) -> None:
     """The scripted policy's demonstrations through the batch pipeline (staged, validated, published)."""
     settings = config.bootstrap
-    prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
-    formatter = ChatFormatter(tokenizer, reply_prefix=prefix)
-    seeds = derive_seeds(config.seed, settings.num_groups, "bootstrap")
+    formatter = chat_formatter(config, tokenizer)
+    seed = bootstrap_seed(config)
+    seeds = derive_seeds(seed, settings.num_groups, "bootstrap")
     spec = rollout_spec(config, config.env.name, seeds, settings.group_size)
     backend = ScriptedBackend(settings.policy, tokenizer)
-    records = run_rollouts(spec, backend, formatter, derive_seed(config.seed, "bootstrap"))
+    records = run_rollouts(spec, backend, formatter, derive_seed(seed, "bootstrap"))
     meta = BatchMeta.demonstrations(run_id, config.config_hash())
     rules = BatchRules.of(config, config.env.name, settings.group_size)
     BatchPipeline(lake, meta, Stage.DEMOS, rules).run(records)
@@ -129,10 +139,9 @@ def _supervised(
     """``bootstrap.epochs`` supervised epochs on the demonstrations, then the model saved to ``target`` (built in a
     hidden sibling and renamed: a folder named ``target`` is always complete)."""
     settings = config.bootstrap
+    seed = bootstrap_seed(config)
     history = [
-        sft_update(
-            actor, demos, tokenizer.pad_token_id, settings.batch_size, derive_seed(config.seed, "bootstrap_sft", e)
-        )
+        sft_update(actor, demos, tokenizer.pad_token_id, settings.batch_size, derive_seed(seed, "bootstrap_sft", e))
         for e in range(settings.epochs)
     ]
     staging = target.parent / f".{target.name}.building-{os.getpid()}"

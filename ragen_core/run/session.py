@@ -149,12 +149,16 @@ def _opening_manifest(
     return manifest
 
 
+def chat_formatter(config: RunConfig, tokenizer: Any) -> ChatFormatter:
+    """The prompts of the config's rollouts: its prompt style and reply prefix over the tokenizer's chat template."""
+    prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
+    return ChatFormatter(tokenizer, reply_prefix=prefix, style=config.rollout.prompt_style)
+
+
 def _rollout_policy(config: RunConfig, updater: Updater, model_dir: Path, precision: str) -> RolloutPolicy:
     """The rollout side of a new session (the updater's model, or a copy of it; a vLLM engine when configured)."""
     model, tokenizer = updater.rollout_policy(model_dir, torch_dtype(precision))
-    prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
-    formatter = ChatFormatter(tokenizer, reply_prefix=prefix)
-    policy = RolloutPolicy(model_dir, tokenizer, formatter, model)
+    policy = RolloutPolicy(model_dir, tokenizer, chat_formatter(config, tokenizer), model)
     if config.rollout.backend == "vllm":
         from ragen_core.rollout.vllm_backend import VLLMEngine
 

@@ -122,7 +122,17 @@ def token_logprobs(
     gradients through :class:`LogprobEntropy`, or with ``entropy_grad=False`` as a detached by-product (a metric:
     no graph is kept for them). ``columns`` (sorted positions >= 1, e.g. :func:`trained_columns`; the model must
     take ``logits_to_keep``): only those positions are computed, the vocabulary projection included; the others are
-    0 (training reads only the trained tokens, often a small share of the batch)."""
+    0 (training reads only the trained tokens, often a small share of the batch).
+
+    Packed rows (``batch.position_ids`` set) are scored as their separate sequences (:func:`unpack`), then placed
+    back: the same log-probs as the packed forward's block-diagonal attention, without its T x T masks over the
+    whole row and its padding to the longest row (measured on FrozenLake windows of one turn, 16 rows of up to 771
+    tokens: 5.5x less time for a forward and backward)."""
+    if batch.position_ids is not None:
+        flat, where = unpack(batch)
+        flat_columns = trained_columns(flat.loss_mask) if columns is not None else None
+        logp, entropy = token_logprobs(model, flat, with_entropy, entropy_grad, flat_columns)
+        return _repacked(logp, where, batch), _repacked(entropy, where, batch) if entropy is not None else None
     inputs = model_inputs(batch)
     if columns is not None:
         inputs["logits_to_keep"] = columns - 1  # position t's log-prob comes from the logits at t - 1
@@ -139,6 +149,44 @@ def token_logprobs(
         entropy = entropy_from_logprobs(logp_all.detach()) if with_entropy else None
     width = batch.input_ids.shape[1]
     return _placed(logp, columns, width), _placed(entropy, columns, width) if entropy is not None else None
+
+
+def unpack(batch: TokenBatch) -> tuple[TokenBatch, tuple[torch.Tensor, ...]]:
+    """The sequences of a packed batch as rows of their own (right-padded), and where each of their tokens sits in
+    the packed batch: (flat rows, flat columns, packed rows, packed columns) index tensors. A sequence starts where
+    the position ids restart at 0 inside a row's attended tokens."""
+    if batch.position_ids is None:
+        raise ValueError("unpack needs a packed batch (position ids set): collate with segment lengths")
+    spans = []  # (packed row, start, length)
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    for row, width in enumerate(lengths):
+        starts = torch.nonzero(batch.position_ids[row, :width] == 0).squeeze(-1).tolist() or [0]
+        if starts[0] != 0:
+            starts.insert(0, 0)
+        spans += [(row, a, b - a) for a, b in zip(starts, starts[1:] + [width], strict=True)]
+    width = max(n for _, _, n in spans)
+    index = [[], [], [], []]
+    for flat_row, (row, start, n) in enumerate(spans):
+        index[0] += [flat_row] * n
+        index[1] += range(n)
+        index[2] += [row] * n
+        index[3] += range(start, start + n)
+    device = batch.input_ids.device
+    where = tuple(torch.tensor(i, dtype=torch.long, device=device) for i in index)
+    flat_ids = batch.input_ids.new_zeros((len(spans), width))
+    flat_attention = batch.attention_mask.new_zeros((len(spans), width))
+    flat_mask = batch.loss_mask.new_zeros((len(spans), width))
+    flat_ids[where[0], where[1]] = batch.input_ids[where[2], where[3]]
+    flat_attention[where[0], where[1]] = 1
+    flat_mask[where[0], where[1]] = batch.loss_mask[where[2], where[3]]
+    flat_mask[:, 0] = 0.0  # a sequence's first token has no context (the packed mask already says so)
+    return TokenBatch(flat_ids, flat_attention, flat_mask), where
+
+
+def _repacked(values: torch.Tensor, where: tuple[torch.Tensor, ...], batch: TokenBatch) -> torch.Tensor:
+    """(B, T) of the packed batch from the flat rows' values (0 at padding); differentiable."""
+    out = values.new_zeros(batch.input_ids.shape)
+    return out.index_put((where[2], where[3]), values[where[0], where[1]])
 
 
 def _placed(values: torch.Tensor, columns: torch.Tensor | None, width: int) -> torch.Tensor:

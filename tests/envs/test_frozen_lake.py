@@ -131,3 +131,39 @@ def test_expert_matches_value_iteration_optimum_over_1000_maps():
     assert abs(expert - mean) <= half_width, (expert, mean, half_width)
     assert random_rate < expert - 0.2
     print(f"frozen_lake: optimum {mean:.3f}, expert {expert:.3f} (+-{half_width:.3f}), random {random_rate:.3f}")
+
+
+def _goal_from_render(text: str) -> str:
+    # independently of the env's fields: find P and G in the rendered grid and compare their coordinates
+    grid = text.split("\n")
+    (pr, pc), (gr, gc) = ((next((r, line.index(ch)) for r, line in enumerate(grid) if ch in line)) for ch in "PG")
+    vertical = {True: "down", False: "up"}[gr > pr] if gr != pr else None
+    horizontal = {True: "right", False: "left"}[gc > pc] if gc != pc else None
+    return "The goal is " + " and ".join(word for word in (vertical, horizontal) if word) + "."
+
+
+def test_describe_names_the_goal_direction_seen_in_the_rendered_grid():
+    env = make_env("frozen_lake")
+    rng = np.random.default_rng(0)
+    for seed in range(200):
+        rendered, _ = env.reset(seed)
+        assert env.describe() == _goal_from_render(rendered)
+        rendered, _, done, _, _ = env.step(ORDER[int(rng.integers(4))])  # after a (slippery) move too
+        if not done:
+            assert env.describe() == _goal_from_render(rendered)
+
+
+def test_describe_by_hand():
+    env = make_env("frozen_lake", desc=["SFFF", "FHFH", "FFFH", "HFFG"], is_slippery=False)
+    env.reset(0)
+    assert env.describe() == "The goal is down and right."
+    env.step("Right"), env.step("Right"), env.step("Right")
+    assert env.describe() == "The goal is down."
+    env = make_env("frozen_lake", desc=["GF", "FS"], is_slippery=False)
+    env.reset(0)
+    assert env.describe() == "The goal is up and left."
+    env.step("Up")
+    assert env.describe() == "The goal is left."
+    env.step("Left")
+    assert env.describe() == "The goal is here."
+    assert env.brief() == "Reach G, avoid O."
