@@ -25,8 +25,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ragen train --config configs/bandit.yaml --data-root $(DATA_ROOT)
 
-# Two workers, whole files each (a module's shared runs stay in one process): the tests wait on processes and
-# servers often enough that a second worker fills the gaps on two cores. TEST_WORKERS=0 runs them in one process.
+# Two workers, whole files each (a module's shared runs stay in one process), the files that use the session's
+# `ragen server` all in one worker (tests/conftest.py: one server instead of one per worker): the tests wait on
+# processes and servers often enough that a second worker fills the gaps on two cores. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests

@@ -20,6 +20,33 @@ import pytest  # noqa: E402
 
 from ragen_core.config import TinyModelConfig  # noqa: E402
 
+SERVER_FIXTURES = ("prefect_server", "whole_bandit_run")  # the session's `ragen server`, and the run made on it
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's scheduler type
+    """``make test`` (``-n 2 --dist loadfile``): whole files per worker, except that every file using the session's
+    `ragen server` runs in one worker, which then starts that server (and its reference run) once instead of each
+    worker starting its own (a server and its worker process cost ~150 CPU-s). A file uses it when its source names
+    one of :data:`SERVER_FIXTURES`. (``--dist loadgroup`` cannot do this under pytest 9: xdist 3.8 renames node ids
+    through an attribute pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    tests = Path(__file__).resolve().parent
+    server_files = {
+        path.relative_to(tests.parent).as_posix()
+        for path in tests.rglob("test_*.py")
+        if any(name in path.read_text() for name in SERVER_FIXTURES)
+    }
+
+    class ServerFilesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "prefect-server" if file in server_files else file
+
+    return ServerFilesTogether(config, log)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def ragen_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
