@@ -183,6 +183,15 @@ def unpack(batch: TokenBatch) -> tuple[TokenBatch, tuple[torch.Tensor, ...]]:
     return TokenBatch(flat_ids, flat_attention, flat_mask), where
 
 
+def per_token_outputs(module: Any, batch: TokenBatch) -> torch.Tensor:
+    """``module(**model_inputs(batch))`` for a module returning (B, T) values (the critic), with packed rows run as
+    their separate sequences (:func:`unpack`) and placed back; positions outside the sequences' tokens are 0."""
+    if batch.position_ids is None:
+        return module(**model_inputs(batch))
+    flat, where = unpack(batch)
+    return _repacked(module(input_ids=flat.input_ids, attention_mask=flat.attention_mask), where, batch)
+
+
 def _repacked(values: torch.Tensor, where: tuple[torch.Tensor, ...], batch: TokenBatch) -> torch.Tensor:
     """(B, T) of the packed batch from the flat rows' values (0 at padding); differentiable."""
     out = values.new_zeros(batch.input_ids.shape)

@@ -23,7 +23,7 @@ from ragen_core.training.actor import (
     deepspeed_config,
     optimizer_step,
 )
-from ragen_core.training.batch import TokenBatch, model_inputs
+from ragen_core.training.batch import TokenBatch, per_token_outputs
 from ragen_core.training.distributed import ensure_single_process_env
 from ragen_core.training.parallel import (
     MicroBatchPlan,
@@ -125,7 +125,7 @@ class CriticEngine:
         out = torch.zeros_like(batch.loss_mask)
         for plan in self._passes(list(range(len(batch))), self.engine.zero_optimization_partition_weights()):
             micro = batch.select(plan.rows).to(self.device)
-            values = self.module(**model_inputs(micro))
+            values = per_token_outputs(self.module, micro)
             if plan.weight > 0:
                 out[plan.rows, : values.shape[1]] = values.to(device=out.device, dtype=out.dtype)
         self.module.train(was_training)
@@ -164,7 +164,7 @@ class CriticEngine:
             micro = batch.select(plan.rows).to(self.device)
             width = micro.input_ids.shape[1]
             micro_mask = mask[plan.rows, :width].to(self.device)
-            vpreds = self.engine(**model_inputs(micro))  # (b, width)
+            vpreds = per_token_outputs(self.engine, micro)  # (b, width)
             loss, stats = value_loss(
                 vpreds,
                 old_values[plan.rows, :width].to(self.device),

@@ -71,3 +71,20 @@ def test_scores_and_gradients_equal_the_packed_forward(tiny_policy, use_columns)
     with torch.no_grad():
         single, _ = token_logprobs(model, alone)
     assert float((single[0, 1:7] - logp[0, 1:7].detach()).abs().max()) < 1e-5
+
+
+def test_critic_values_equal_the_packed_forward_inside_each_sequence(tiny_policy):
+    from ragen_core.training.batch import per_token_outputs
+    from ragen_core.training.critic import ValueModel
+
+    critic = ValueModel.from_policy(tiny_policy[0], head_seed=3)
+    critic.backbone.config.use_cache = False
+    rows, masks, segments = _batch(2)
+    batch = collate(rows, masks, 0, segments)
+    with torch.no_grad():
+        ours = per_token_outputs(critic, batch)
+        packed = critic(**model_inputs(batch))
+    inside = batch.attention_mask.bool().clone()
+    inside[batch.position_ids == 0] = False  # a sequence's first token: no value before it within its sequence
+    assert ours.shape == packed.shape and float(packed[inside].abs().min()) > 0
+    assert float((ours - packed)[inside].abs().max()) < 1e-5
