@@ -55,7 +55,7 @@ def test_leads_count_warnings_at_or_before_the_collapse_and_alarms_on_healthy_ru
 
 def test_the_registry_lists_the_specs_and_refuses_other_names():
     names = set(registered())
-    assert {"echo_trap", "early_warnings", "filtering", "diversity", "reasoning"} <= names
+    assert {"echo_trap", "early_warnings", "filtering", "diversity", "reasoning", "multiturn_learning"} <= names
     assert all(claims()[name] for name in names)
     for bad in ("nope", "../configs/bandit", "echo_trap.yaml", "ECHO_TRAP", ""):
         with pytest.raises(FindingError, match="unknown finding"):

@@ -24,11 +24,12 @@ def _invoke(*args: str):
 
 @pytest.fixture(scope="module")
 def reproduced(prefect_harness, tmp_path_factory):
-    """echo_trap, early_warnings (on echo_trap's runs), filtering and reasoning, each --quick, in one lake."""
+    """echo_trap, early_warnings (on echo_trap's runs), filtering, reasoning and multiturn_learning, each --quick, in
+    one lake."""
     root = tmp_path_factory.mktemp("findings-lake")
     out = tmp_path_factory.mktemp("findings-out")
     results = {}
-    for name in ("echo_trap", "early_warnings", "filtering", "reasoning"):
+    for name in ("echo_trap", "early_warnings", "filtering", "reasoning", "multiturn_learning"):
         result = _invoke("reproduce", name, "--quick", "--data-root", str(root), "--out", str(out / f"{name}.png"))
         assert result.exit_code == 0, result.output
         results[name] = (json.loads((out / f"{name}.json").read_text()), result.output)
@@ -192,6 +193,29 @@ def test_the_learning_analysis_reads_validation_before_and_after(reproduced):
                       "AND list_contains($runs, run_id)", _runs("echo_trap", variant))  # fmt: skip
         expected = np.mean([row["s"] for row in firsts])
         assert len(firsts) == 2 and numbers["arms"][variant]["val_success_first"]["mean"] == pytest.approx(expected)
+
+
+def test_multiturn_learning_bootstraps_on_descriptions_in_compact_prompts(reproduced):
+    from tests.envs.test_frozen_lake import _goal_from_render
+
+    root, _, results = reproduced
+    numbers = results["multiturn_learning"][0]["numbers"]
+    (run,) = _runs("multiturn_learning")
+    arm = numbers["arms"]["starpo_s"]
+    assert arm["runs"] == [run] and numbers["references"]["value iteration"] == 0.52
+    final = _sql(root, "SELECT success_rate AS s FROM evaluations WHERE env = 'frozen_lake' AND iteration = 2 "
+                 "AND list_contains($runs, run_id)", [run])  # fmt: skip
+    assert arm["val_success_final"]["mean"] == pytest.approx(final[0]["s"])
+    bootstrap = query(root, "SELECT DISTINCT run_id FROM trajectories WHERE run_id LIKE 'bootstrap-%' "
+                      "AND env = 'frozen_lake'").to_pylist()  # fmt: skip
+    assert len(bootstrap) == 1
+    turns = _sql(root, "SELECT observation, think FROM turns WHERE list_contains($runs, run_id)",
+                 [bootstrap[0]["run_id"]])  # fmt: skip
+    assert len(turns) >= 8
+    for row in turns:  # the demonstrations think what the state shows, and the prompt is the compact one
+        assert row["observation"].startswith("Reach G, avoid O.\nActions: Left, Down, Right, Up.\nState:\n")
+        grid = row["observation"].split("State:\n", 1)[1].rsplit("\n", 1)[0]
+        assert row["think"] == _goal_from_render(grid)
 
 
 def test_the_diversity_analysis_times_runs_by_their_stage_seconds(reproduced):
