@@ -44,7 +44,8 @@ def described_prompts(
         if prompt_kind == "grid":
             prompt = f"<|im_start|>user\n{state}<|im_end|>\n<|im_start|>assistant\n<think>"
         elif prompt_kind == "compact":
-            user = f"Reach G, avoid O.\nActions: {', '.join(env.action_names)}.\nState:\n{state}\n10 actions left."
+            turn = turn_message(1, state, 10, True, style="compact")  # the compact prompt style's first message
+            user = first_user_message(env.brief(), env.action_names, 1, turn, style="compact")
             prompt = f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n<think>"
         else:
             instruction = env.instruction()
