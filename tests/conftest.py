@@ -50,9 +50,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - x
 
 @pytest.fixture(scope="session", autouse=True)
 def ragen_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The session's own cache folder (the ready Prefect database of flows/prefect_template.py): the first server of
-    the session migrates a fresh database, the later ones start from its copy; the user's cache is left alone."""
-    folder = tmp_path_factory.mktemp("cache")
+    """The test run's own cache folder (the ready Prefect database of flows/prefect_template.py): the first server of
+    the run migrates a fresh database, the later ones start from its copy; the user's cache is left alone. Under
+    xdist the workers share one folder (beside their own temporary folders; the template is written atomically)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent / "ragen-cache" if os.environ.get("PYTEST_XDIST_WORKER") else base / "ragen-cache"
+    folder.mkdir(exist_ok=True)
     os.environ["RAGEN_CACHE_DIR"] = str(folder)
     return folder
 
