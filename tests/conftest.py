@@ -20,7 +20,8 @@ import pytest  # noqa: E402
 
 from ragen_core.config import TinyModelConfig  # noqa: E402
 
-SERVER_FIXTURES = ("prefect_server", "whole_bandit_run")  # the session's `ragen server`, and the run made on it
+SERVER_FIXTURES = ("prefect_server", "whole_bandit_run")
+SERVER_SCOPE = "prefect-server"  # the session's `ragen server`, and the run made on it
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's scheduler type
@@ -43,7 +44,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - x
     class ServerFilesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
-            return "prefect-server" if file in server_files else file
+            return SERVER_SCOPE if file in server_files else file
+
+        def _assign_work_unit(self, node) -> None:  # noqa: ANN001 - xdist's WorkerController
+            # the server's files are the longest unit by far (~10 min of the ~20 serial): first, not last, so the
+            # other worker's files fill the time beside them instead of one worker finishing alone
+            if SERVER_SCOPE in self.workqueue:
+                self.workqueue.move_to_end(SERVER_SCOPE, last=False)
+            super()._assign_work_unit(node)
 
     return ServerFilesTogether(config, log)
 
