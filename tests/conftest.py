@@ -20,8 +20,8 @@ import pytest  # noqa: E402
 
 from ragen_core.config import TinyModelConfig  # noqa: E402
 
-SERVER_FIXTURES = ("prefect_server", "whole_bandit_run")
-SERVER_SCOPE = "prefect-server"  # the session's `ragen server`, and the run made on it
+SERVER_FIXTURES = ("prefect_server", "whole_bandit_run")  # the session's `ragen server`, and the run made on it
+SERVER_SCOPE = "prefect-server"
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's scheduler type

@@ -157,12 +157,11 @@ def unpack(batch: TokenBatch) -> tuple[TokenBatch, tuple[torch.Tensor, ...]]:
     the position ids restart at 0 inside a row's attended tokens."""
     if batch.position_ids is None:
         raise ValueError("unpack needs a packed batch (position ids set): collate with segment lengths")
+    # the layout is read on the host in one transfer (not one per row: a device sync each inside the micro-batch loop)
+    restarts = (batch.position_ids == 0).cpu().tolist()
     spans = []  # (packed row, start, length)
-    lengths = batch.attention_mask.sum(dim=1).tolist()
-    for row, width in enumerate(lengths):
-        starts = torch.nonzero(batch.position_ids[row, :width] == 0).squeeze(-1).tolist() or [0]
-        if starts[0] != 0:
-            starts.insert(0, 0)
+    for row, width in enumerate(batch.attention_mask.sum(dim=1).tolist()):
+        starts = [0] + [t for t in range(1, width) if restarts[row][t]]
         spans += [(row, a, b - a) for a, b in zip(starts, starts[1:] + [width], strict=True)]
     width = max(n for _, _, n in spans)
     index = [[], [], [], []]
