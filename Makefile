@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(if $(CONSTRAINTS),$(PIP) install -q $(PIP_C) torch,)
 	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation $(PIP_C) "deepspeed>=0.16"
 	$(PIP) install -q $(PIP_C) -e ".[dev]"
+	$(BIN)/python -m ragen_core.native_ops  # DeepSpeed's CPU comm op, compiled once here, not in the first run
 	touch $(STAMP)
 
 install: $(STAMP)

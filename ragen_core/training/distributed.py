@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import socket
 
+from ragen_core.native_ops import use_environment_extensions_dir
+
 LOOPBACK_INTERFACES = ("lo", "lo0")  # Linux, macOS/BSD
 _state = {"owned": False}  # whether this module set the rank variables (then it also owns the process group)
 
@@ -39,6 +41,7 @@ def ensure_single_process_env() -> None:
     Without them DeepSpeed falls back to MPI discovery and fails. The port comes from the OS so two runs on one
     machine never collide (kept for tools that read it; the group itself needs no port, see the module docstring).
     """
+    use_environment_extensions_dir()
     if _state["owned"]:
         init_single_process_group()  # again, should someone have destroyed the group since
         return
@@ -70,3 +73,4 @@ def init_single_process_group() -> None:
     if get_accelerator().device_name() == "cuda":
         get_accelerator().set_device(0)
     dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+
