@@ -1,7 +1,8 @@
 """Actor and critic updates on a fixed batch; run by tests/training/test_distributed.py in one process and under
 ``torchrun`` (``python -m torch.distributed.run --nproc_per_node 2 tests/training/dp_update_script.py MODEL OUT
-STAGE``), where rank 0 saves the resulting weights and metrics to OUT and the first actor is exported (every rank
-taking part) to the folder ``export`` next to OUT."""
+STAGES``, STAGES e.g. ``2,3``): for each ZeRO stage in turn, in the same group, rank 0 saves the resulting weights
+and metrics to ``OUT/zero<stage>.pt`` and the first actor is exported (every rank taking part) to the folder
+``OUT/export-zero<stage>``. One group for all stages: its processes' start-up (~20 CPU-s) is paid once."""
 
 from __future__ import annotations
 
@@ -78,19 +79,20 @@ def _weights(engine: Any) -> dict[str, torch.Tensor]:
         return {name: p.detach().to("cpu", copy=True) for name, p in engine.module.named_parameters()}
 
 
-def main(model_dir: str, out: str, zero_stage: int) -> None:
+def main(model_dir: str, out: str, zero_stages: list[int]) -> None:
     import torch.distributed as dist
 
     from ragen_core.policy import load_policy
 
     torch.set_num_threads(1)
     model, tokenizer = load_policy(model_dir)
-    results = run_cases(model, tokenizer, zero_stage, Path(out).with_name("export"))
-    if dist.get_rank() == 0:
-        torch.save({"world_size": dist.get_world_size(), "results": results}, out)
-    dist.barrier()
+    for stage in zero_stages:
+        results = run_cases(model, tokenizer, stage, Path(out) / f"export-zero{stage}")
+        if dist.get_rank() == 0:
+            torch.save({"world_size": dist.get_world_size(), "results": results}, Path(out) / f"zero{stage}.pt")
+        dist.barrier()
 
 
 if __name__ == "__main__":
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], [int(stage) for stage in sys.argv[3].split(",")])

@@ -121,18 +121,25 @@ def test_bf16_engine_steps_with_fp32_master_weights(tiny_policy):
 
 
 # -- the update over 2 processes ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
-def two_rank_results(request, tmp_path_factory, tiny_model_dir):
-    out = tmp_path_factory.mktemp(f"dp-zero{request.param}") / "results.pt"
+@pytest.fixture(scope="module")
+def two_rank_group(tmp_path_factory, tiny_model_dir):
+    """One 2-process group (torchrun, gloo) running the cases under ZeRO-2, then under ZeRO-3; its output folder."""
+    out = tmp_path_factory.mktemp("dp")
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
     env["PYTHONPATH"] = str(REPO)
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
                "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               str(Path(__file__).with_name("dp_update_script.py")), str(tiny_model_dir), str(out),
-               str(request.param)]  # fmt: skip
+               str(Path(__file__).with_name("dp_update_script.py")), str(tiny_model_dir), str(out), "2,3"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return {**torch.load(out, weights_only=False), "export": out.with_name("export"), "stage": request.param}
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+def two_rank_results(request, two_rank_group):
+    stage = request.param
+    return {**torch.load(two_rank_group / f"zero{stage}.pt", weights_only=False),
+            "export": two_rank_group / f"export-zero{stage}", "stage": stage}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
