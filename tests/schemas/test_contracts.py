@@ -42,16 +42,19 @@ def _findings(report) -> dict:
 
 
 def _check(trajectories, turns, **kwargs):
-    """The default (auto) report, after checking that both implementations find the same failures, rows and all."""
+    """The batch's report, after checking that both implementations find the same failures, rows and all. A passing
+    batch also goes through the default (auto) engine, which must run the vectorised checks alone; on a rejected
+    batch auto runs exactly these two and merges them (tests/schemas/test_vectorised.py checks the merge on every
+    kind of bad batch), so the vectorised report stands for it here and the libraries' ~1 s is not spent twice."""
     vectorised, libraries = (
         validate_trajectory_batch(trajectories, turns, GROUP_SIZE, BOUNDS, engine=engine, **kwargs)
         for engine in ("vectorised", "libraries")
     )
     assert _findings(vectorised) == _findings(libraries)
-    report = validate_trajectory_batch(trajectories, turns, GROUP_SIZE, BOUNDS, **kwargs)
-    assert _findings(report) == _findings(vectorised)
-    # the libraries re-check exactly the batches the vectorised checks reject
-    assert report.engines == (["vectorised"] if report.ok else ["vectorised", "pandera+great_expectations"])
+    report = vectorised
+    if vectorised.ok:
+        report = validate_trajectory_batch(trajectories, turns, GROUP_SIZE, BOUNDS, **kwargs)
+        assert report.ok and report.engines == ["vectorised"]
     for name in report.failed_checks():  # every reported name is one of the documented, stable names
         assert name in SEMANTIC_CHECKS or STRUCTURE_CHECK.match(name), name
     return report
