@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,11 @@ def set_determinism(config: RunConfig) -> None:
 
     if config.trainer.num_threads:
         torch.set_num_threads(config.trainer.num_threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # torch.use_deterministic_algorithms is this flag plus torch._inductor's own (for torch.compile, which nothing
+    # here uses); importing torch._inductor to set it cost 1.4 s at the start of every command and launched rank
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    if "torch._inductor.config" in sys.modules:  # already loaded by something else: keep the two in step
+        sys.modules["torch._inductor.config"].deterministic = True
     # Deterministic mode also NaN-fills every torch.empty; DeepSpeed's ZeRO-1/2/3 allocate large buffers at
     # every step, which that turns into seconds of memset per step (measured: 8.5 s vs 0.1 s). Kernels stay
     # deterministic without it.
