@@ -73,4 +73,3 @@ def init_single_process_group() -> None:
     if get_accelerator().device_name() == "cuda":
         get_accelerator().set_device(0)
     dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
-
