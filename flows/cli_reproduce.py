@@ -119,8 +119,11 @@ def _print_numbers(numbers: dict[str, Any]) -> None:
         for key, value in arm.items():
             if isinstance(value, dict) and "mean" in value:
                 console.print(f"  {key}: {_fmt(value)}", highlight=False)
-            elif isinstance(value, int | float):
-                console.print(f"  {key}: {value}", highlight=False)
+            elif isinstance(value, int | float | str):
+                console.print(f"  {key}: {escape(str(value))}", highlight=False)
+            elif key == "references":
+                levels = ", ".join(f"{name} {level:.3f}" for name, level in value.items())
+                console.print(f"  {key}: {escape(levels)}", highlight=False)
     for key in ("as_run", "calibrated"):
         if isinstance(numbers.get(key), dict):
             shown = {k: (_fmt(v) if isinstance(v, dict) and "mean" in v else v)

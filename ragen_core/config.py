@@ -487,6 +487,13 @@ class BootstrapConfig(_Section):
     epochs: PositiveInt = Field(3, description="Passes over the demonstrations.")
     lr: float = Field(3e-3, gt=0, description="Supervised learning rate.")
     batch_size: PositiveInt = Field(32, description="Demonstrations per optimizer step.")
+    teacher_prob: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="The teacher_mix policy's probability of the teacher's move (else a random valid move), for the "
+        "bootstrap and for rollout.scripted_policy=teacher_mix: the strength of the weak prior it teaches.",
+    )
     seed: int | None = Field(
         None,
         description="Seed of the demonstrations and their SFT; None: the run's seed. Set it to start runs of "
@@ -592,6 +599,21 @@ def _check_registered_names(config: RunConfig) -> None:
             raise ValueError(f"{key}: unknown scripted policy {name!r}; registered: {', '.join(policies)}")
         if name == "describe_random":
             _check_describing_policy(config, key)
+        if name == "teacher_mix":
+            _check_teacher_policy(config, key)
+
+
+def _check_teacher_policy(config: RunConfig, key: str) -> None:
+    """``teacher_mix`` draws the teacher's moves: every env it plays must have a teacher."""
+    from ragen_core.envs import make_env
+    from ragen_core.rollout.scripted import has_teacher
+
+    for name in {config.env.name, *(config.env.val_envs or [])} if key.startswith("rollout") else {config.env.name}:
+        if not has_teacher(make_env(name)):
+            raise ValueError(
+                f"{key}: teacher_mix draws the teacher's moves, and {name} has no teacher (frozen_lake and sokoban "
+                "have one); use the random policy"
+            )
 
 
 def _check_describing_policy(config: RunConfig, key: str) -> None:

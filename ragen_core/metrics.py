@@ -10,6 +10,7 @@ RAGEN-2's template collapse (reasoning that no longer depends on the input) is w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,7 +44,25 @@ def rollout_metrics(trajectories: pa.Table, turns: pa.Table, prefix: str = "roll
         ),
     }
     metrics.update(think_diversity(turns, prefix))
+    metrics.update(teacher_agreement(turns, prefix))
     return metrics
+
+
+def teacher_agreement(turns: pa.Table, prefix: str) -> dict[str, float]:
+    """The policy's agreement with the env's teacher (``prefix/teacher_agreement``: the share of turns whose first
+    action is one of the teacher's best moves, over the turns where the teacher prefers some moves) against chance
+    (``prefix/teacher_chance``: the same share for uniformly random actions); none for envs without a teacher."""
+    if "info" not in turns.column_names:
+        return {}
+    agree, chance = [], []
+    for text in turns["info"].to_pylist():
+        info = json.loads(text) if text else {}
+        if "teacher_agree" in info:
+            agree.append(float(info["teacher_agree"]))
+            chance.append(float(info["teacher_chance"]))
+    if not agree:
+        return {}
+    return {f"{prefix}/teacher_agreement": _mean(np.array(agree)), f"{prefix}/teacher_chance": _mean(np.array(chance))}
 
 
 def _bigrams(text: str) -> list[tuple[str, str]]:
@@ -245,4 +264,5 @@ def validation_metrics(trajectories: pa.Table, turns: pa.Table, env: str) -> dic
         f"val/{env}/reward_mean": float(frame["total_reward"].mean()),
         f"val/{env}/response_length": float(frame["response_length"].mean()),
         f"val/{env}/format_ok_rate": _mean(turns["format_ok"].to_numpy(zero_copy_only=False).astype(float)),
+        **teacher_agreement(turns, f"val/{env}"),
     }

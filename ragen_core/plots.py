@@ -2,7 +2,9 @@
 
 One panel per indicator of the RAGEN paper's Echo Trap analysis: validation success per environment, rollout reward
 mean and std, in-group reward std, token entropy, gradient norm and response length, plus RAGEN-2's input-reasoning
-mutual information (``trainer.mi_diagnostic``; it falls under template collapse), against the iteration. One
+mutual information (``trainer.mi_diagnostic``; it falls under template collapse), and for envs with a teacher the
+share of validation moves that agree with it against the share random moves would (the weak prior a bootstrap gives
+and RL sharpens), against the iteration. One
 colour per run; a panel no run has data for says "no data". The figure is drawn with matplotlib's Agg canvas (no
 display, no pyplot state) and written atomically.
 """
@@ -24,7 +26,7 @@ Points = list[tuple[int, float]]
 SeriesKey = tuple[str, str]  # (run_id, metric name)
 PanelData = dict[str, dict[SeriesKey, Points]]  # panel key -> series -> points sorted by iteration
 
-VAL_SUCCESS = re.compile(r"^val/(?P<env>[^/]+)/success$")
+VAL_METRIC = re.compile(r"^val/(?P<env>[^/]+)/(?P<metric>[^/]+)$")
 ENV_STYLES = ("-", "--", ":", "-.")
 NO_DATA = "no data"
 
@@ -35,7 +37,8 @@ class PlotError(ValueError):
 
 @dataclass(frozen=True)
 class Panel:
-    """One indicator: ``key`` is the metric name, or ``val/*/success`` for every environment's validation success."""
+    """One indicator: ``key`` is the metric name, or ``val/*/<metric>`` for that metric of every validation
+    environment (``val/*/teacher_*``: the teacher agreement and its chance level)."""
 
     key: str
     title: str
@@ -43,7 +46,13 @@ class Panel:
 
     def matches(self, name: str) -> bool:
         """Whether metric ``name`` is drawn in this panel."""
-        return bool(VAL_SUCCESS.match(name)) if self.key == "val/*/success" else name == self.key
+        if not self.key.startswith("val/*/"):
+            return name == self.key
+        metric = self.key.removeprefix("val/*/")
+        found = VAL_METRIC.match(name)
+        if found is None:
+            return False
+        return found["metric"].startswith(metric[:-1]) if metric.endswith("*") else found["metric"] == metric
 
 
 PANELS: tuple[Panel, ...] = (
@@ -55,6 +64,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("actor/grad_norm", "Gradient norm", "grad norm"),
     Panel("rollout/response_length", "Response length", "tokens"),
     Panel("diag/reasoning_mi", "Input-reasoning MI (template collapse)", "nats"),
+    Panel("val/*/teacher_*", "Teacher agreement (validation) against chance", "share of moves"),
 )
 
 
@@ -114,8 +124,10 @@ def panel_data(lake: DataLake, run_ids: Sequence[str], panels: Sequence[Panel] =
 
 
 def _label(panel: Panel, run_id: str, name: str) -> str:
-    match = VAL_SUCCESS.match(name)
-    return f"{run_id} · {match['env']}" if panel.key == "val/*/success" and match else run_id
+    match = VAL_METRIC.match(name)
+    if not panel.key.startswith("val/*/") or match is None:
+        return run_id
+    return f"{run_id} · {match['env']}" + (f" {match['metric']}" if panel.key.endswith("*") else "")
 
 
 def draw(data: PanelData, run_ids: Sequence[str], panels: Sequence[Panel] = PANELS):

@@ -13,11 +13,13 @@ from ragen_core.storage import DataLake
 
 ITERATIONS = 4
 RUN_A_METRICS = ("rollout/reward_mean", "rollout/reward_std", "rollout/in_group_reward_std", "actor/entropy",
-                 "actor/grad_norm", "actor/pg_loss", "val/bandit/pass@k", "diag/reasoning_mi")  # fmt: skip
+                 "actor/grad_norm", "actor/pg_loss", "val/bandit/pass@k", "diag/reasoning_mi",
+                 "val/bandit/teacher_agreement", "val/bandit/teacher_chance")  # fmt: skip
 RUN_B_METRICS = ("rollout/reward_mean", "rollout/reward_std", "rollout/in_group_reward_std", "actor/entropy")
 PANEL_SQL = {  # which metric names each panel shows, said in SQL (independent of ragen_core.plots' matching)
     "val/*/success": "regexp_matches(name, '^val/[^/]+/success$')",
-    **{p.key: f"name = '{p.key}'" for p in PANELS if p.key != "val/*/success"},
+    "val/*/teacher_*": "regexp_matches(name, '^val/[^/]+/teacher_(agreement|chance)$')",
+    **{p.key: f"name = '{p.key}'" for p in PANELS if not p.key.startswith("val/*/")},
 }
 
 
@@ -128,3 +130,15 @@ def test_bad_requests_fail_clearly_and_write_nothing(lake, tmp_path):
         plot_runs(lake, [], tmp_path / "x.png")
     assert sorted(p.relative_to(lake.root) for p in lake.root.rglob("*")) == before
     assert not list(tmp_path.glob("x.*"))
+
+
+def test_teacher_agreement_panel_draws_agreement_and_chance_apart(lake, tmp_path):
+    result = plot_runs(lake, ["run-a"], tmp_path / "a.png")
+    axes = {ax.get_title(): ax for ax in result.figure.axes if ax.get_visible()}
+    panel = axes["Teacher agreement (validation) against chance"]
+    lines = {line.get_gid(): line for line in panel.get_lines()}
+    assert set(lines) == {"run-a|val/bandit/teacher_agreement", "run-a|val/bandit/teacher_chance"}
+    assert lines["run-a|val/bandit/teacher_agreement"].get_linestyle() != lines[
+        "run-a|val/bandit/teacher_chance"].get_linestyle()
+    legend = sorted(t.get_text() for t in panel.get_legend().get_texts())
+    assert legend == ["run-a · bandit teacher_agreement", "run-a · bandit teacher_chance"]

@@ -91,6 +91,12 @@ class TextEnv(ABC):
         """
         raise NotImplementedError(f"environment {self.name!r} has no scripted expert")
 
+    def teacher_actions(self, actions_left: int) -> list[str] | None:
+        """Every best next action from the current state, ties included, in :attr:`action_names` order; None for
+        envs without a teacher. The ``teacher_mix`` scripted policy draws among them, and the rollout engine stores
+        whether each reply's first action is one of them (the teacher-agreement diagnostic)."""
+        return None
+
 
 EnvFactory = Callable[..., TextEnv]
 _REGISTRY: dict[str, EnvFactory] = {}

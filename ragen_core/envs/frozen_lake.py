@@ -204,7 +204,61 @@ class FrozenLakeEnv(TextEnv):
         return [ACTIONS[int(np.argmax(q_values))]]
 
 
-_TABLE_CACHE: dict[tuple, np.ndarray] = {}
+    def teacher_actions(self, actions_left: int) -> list[str]:
+        """The "safe and soonest" teacher's moves: among the actions of highest success probability within the
+        budget, those that reach the goal soonest (highest ``TEACHER_DISCOUNT ** steps`` in expectation), ties all
+        kept. :meth:`expert_plan` maximises success alone, so with budget to spare most actions tie and it drifts to
+        the first of them (Left); this teacher walks to the goal. Where no action can reach the goal, all tie."""
+        horizon = max(1, actions_left)
+        safe, soon = _teacher_tables(tuple(self.rows), self.is_slippery, self.success_rate, horizon, self.transitions)
+        state = int(self._require_lake().s)
+        best = _ties(safe[horizon, state], np.ones(len(ACTIONS), dtype=bool))
+        best = _ties(soon[horizon, state], best)
+        return [name for name, keep in zip(ACTIONS, best, strict=True) if keep]
+
+
+TEACHER_DISCOUNT = 0.9  # how the teacher weighs a later arrival against a sooner one (second criterion only)
+_TIE_TOLERANCE = 1e-9
+_TABLE_CACHE: dict[tuple, Any] = {}
+
+
+def _ties(values: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Which of the ``allowed`` entries are within the tolerance of their best value."""
+    best = values[allowed].max()
+    return allowed & (values >= best - _TIE_TOLERANCE)
+
+
+def _teacher_tables(
+    rows: tuple[str, ...], slippery: bool, rate: float, horizon: int, transitions
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lexicographic value iteration: ``safe[t, s, a]`` is the success probability within ``t`` actions (as
+    :func:`_success_table`), ``soon[t, s, a]`` the expected ``TEACHER_DISCOUNT ** (arrival step - 1)`` when acting by
+    the safest actions afterwards, choosing the soonest among them."""
+    key = ("teacher", rows, slippery, rate, horizon)
+    if key in _TABLE_CACHE:
+        return _TABLE_CACHE[key]
+    safe = _success_table(rows, slippery, rate, horizon, transitions)
+    flat = "".join(rows)
+    n_states = len(flat)
+    terminal = np.array([tile in "GH" for tile in flat])
+    goal = np.array([tile == "G" for tile in flat], dtype=float)
+    soon = np.zeros_like(safe)
+    value = np.zeros(n_states)  # V_0: nothing more to collect with no action left
+    for t in range(1, horizon + 1):
+        for s in range(n_states):
+            for a in range(len(ACTIONS)):
+                soon[t, s, a] = sum(
+                    prob * (goal[nxt] + (0.0 if terminal[nxt] else TEACHER_DISCOUNT * value[nxt]))
+                    for prob, nxt, _, _ in transitions[s][a]
+                )
+        value = np.array(
+            [0.0 if terminal[s] else soon[t, s][_ties(safe[t, s], np.ones(len(ACTIONS), dtype=bool))].max()
+             for s in range(n_states)]
+        )  # fmt: skip
+    if len(_TABLE_CACHE) > 4096:
+        _TABLE_CACHE.clear()
+    _TABLE_CACHE[key] = (safe, soon)
+    return safe, soon
 
 
 def _success_table(rows: tuple[str, ...], slippery: bool, rate: float, horizon: int, transitions) -> np.ndarray:

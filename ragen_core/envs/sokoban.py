@@ -14,7 +14,15 @@ from dataclasses import astuple, dataclass
 from typing import Any
 
 from ragen_core.envs.base import StepResult, TextEnv, register_env
-from ragen_core.envs.sokoban_rooms import GENERATORS, MOVES, Room, generate_room, solve, step_state
+from ragen_core.envs.sokoban_rooms import (
+    GENERATORS,
+    MOVES,
+    Room,
+    generate_room,
+    optimal_first_moves,
+    solve,
+    step_state,
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ class SokobanEnv(TextEnv):
         self._player = 0
         self._boxes: tuple[int, ...] = ()
         self._steps = 0
+        self._teacher_cache: dict[tuple[int, tuple[int, ...]], list[str] | None] = {}
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
         self.room = generate_room(
@@ -96,6 +105,7 @@ class SokobanEnv(TextEnv):
             generator=self.generator,
         )
         self._player, self._boxes, self._steps = self.room.player, self.room.boxes, 0
+        self._teacher_cache.clear()
         return self.render(), {"success": False, "optimal_steps": self.room.optimal_steps}
 
     def load_room(self, room: Room) -> str:
@@ -107,6 +117,7 @@ class SokobanEnv(TextEnv):
             )
         self.room = room
         self._player, self._boxes, self._steps = room.player, room.boxes, 0
+        self._teacher_cache.clear()
         return self.render()
 
     def _room(self) -> Room:
@@ -178,6 +189,10 @@ class SokobanEnv(TextEnv):
             f"The symbols of the state are: {self.symbols.legend()}."
         )
 
+    def brief(self) -> str:
+        sym = self.symbols
+        return f"You are {sym.player}. Push {sym.box} onto {sym.target}; {sym.wall} is wall."
+
     @property
     def success(self) -> bool:
         return self.room is not None and self._on_target(self._boxes) == self.num_boxes
@@ -205,6 +220,42 @@ class SokobanEnv(TextEnv):
         """A shortest solution from the current state (breadth-first search over the room)."""
         plan = solve(self._room(), self.state, max_depth=300)  # independent of the generator's search depth
         return plan if plan is not None else []
+
+
+    def teacher_actions(self, actions_left: int) -> list[str] | None:
+        """Every move that starts a shortest solution from the current state (breadth-first, ties all kept);
+        None when the room cannot be solved from here (a box pushed into a corner)."""
+        state = self.state
+        if state not in self._teacher_cache:  # emptied whenever the room changes
+            self._teacher_cache[state] = optimal_first_moves(self._room(), state)
+        moves = self._teacher_cache[state]
+        return list(moves) if moves else None
+
+    def describe(self) -> str:
+        """Where the nearest box off target lies from the player, and its nearest free target from the box ("The
+        box is up and left. The target is down."); "The boxes are on their targets." when solved."""
+        room, width = self._room(), self.width
+        loose = [box for box in self._boxes if box not in room.targets]
+        if not loose:
+            return "The boxes are on their targets."
+        free = [target for target in room.targets if target not in self._boxes]
+        box = min(loose, key=lambda cell: _distance(self._player, cell, width))
+        target = min(free, key=lambda cell: _distance(box, cell, width))
+        return f"The box is {_direction(self._player, box, width)}. The target is {_direction(box, target, width)}."
+
+
+def _distance(a: int, b: int, width: int) -> int:
+    return abs(a // width - b // width) + abs(a % width - b % width)
+
+
+def _direction(origin: int, cell: int, width: int) -> str:
+    """Where ``cell`` lies from ``origin``: "up", "down and left", ... (rows first)."""
+    parts = []
+    if cell // width != origin // width:
+        parts.append("down" if cell // width > origin // width else "up")
+    if cell % width != origin % width:
+        parts.append("right" if cell % width > origin % width else "left")
+    return " and ".join(parts) or "here"
 
 
 @register_env("sokoban")

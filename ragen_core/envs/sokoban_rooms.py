@@ -328,6 +328,40 @@ def solve(room: Room, state: State | None = None, max_depth: int = 300) -> list[
     return None
 
 
+def optimal_first_moves(room: Room, state: State, max_depth: int = 300) -> list[str] | None:
+    """Every move that starts a shortest solution of ``room`` from ``state``, in :data:`MOVES` order; ``[]`` when
+    already solved, None when unsolvable within ``max_depth``. Breadth-first, level by level, carrying for every
+    state the set of first moves that reach it at its shortest depth."""
+    goal = tuple(sorted(room.targets))
+    if state[1] == goal:
+        return []
+    first: dict[State, set[str]] = {}
+    level: dict[State, set[str]] = {}
+    for name, move in MOVES.items():
+        successor = step_state(state, move, room.floor, room.width)
+        if successor is not None and successor != state:
+            level.setdefault(successor, set()).add(name)
+    first.update(level)
+    first[state] = set()
+    for _ in range(max_depth):
+        solved = [moves for node, moves in level.items() if node[1] == goal]
+        if solved:
+            names = set().union(*solved)
+            return [name for name in MOVES if name in names]
+        following: dict[State, set[str]] = {}
+        for node, moves in level.items():
+            for move in MOVES.values():
+                successor = step_state(node, move, room.floor, room.width)
+                if successor is None or (successor in first and successor not in following):
+                    continue
+                following.setdefault(successor, set()).update(moves)
+        if not following:
+            return None
+        first.update(following)
+        level = following
+    return None
+
+
 def _path(parents: dict[State, tuple[State, str] | None], end: State) -> list[str]:
     actions = []
     node = parents[end]

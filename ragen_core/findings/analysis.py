@@ -41,6 +41,7 @@ class Arm:
     variant: str
     overrides: list[str]
     run_ids: list[str]
+    config: dict[str, Any] | None = None  # the resolved config of its first point (its env, eval settings)
 
 
 @dataclass
@@ -80,7 +81,7 @@ def arms_of(plans: list[VariantPlan]) -> list[Arm]:
         for point in item.plan.points:
             setting = [o for o in point.overrides if not o.startswith("seed=")]
             label = " ".join([item.variant.name, *setting]) if len(plans) > 1 or not setting else " ".join(setting)
-            arm = arms.setdefault(label, Arm(label, item.variant.name, setting, []))
+            arm = arms.setdefault(label, Arm(label, item.variant.name, setting, [], point.config))
             arm.run_ids.append(point.run_id)
     return list(arms.values())
 

@@ -106,10 +106,55 @@ def _calibration_panel(ax, result: dict[str, Any]) -> None:
     ax.legend(fontsize="x-small")
 
 
+def _series_panel(ax, points: list[dict[str, Any]], label: str, colour: str, gid: str, style: str = "-") -> None:
+    """Mean over seeds with the min..max band."""
+    points = [p for p in points if p["mean"] is not None]
+    if not points:
+        return
+    x = [p["iteration"] for p in points]
+    ax.plot(x, [p["mean"] for p in points], color=colour, linestyle=style, marker="o", markersize=3, label=label,
+            gid=gid)  # fmt: skip
+    ax.fill_between(x, [p["min"] for p in points], [p["max"] for p in points], color=colour, alpha=0.15)
+
+
+def _draw_multiturn(figure, numbers: dict[str, Any]) -> None:
+    """One row per arm: validation success against the measured reference levels, and the teacher agreement
+    against chance."""
+    arms = numbers.get("arms", {})
+    axes = figure.subplots(max(1, len(arms)), 2, squeeze=False)
+    for row, (label, arm) in enumerate(arms.items()):
+        left, right = axes[row]
+        curves = arm["curves"]
+        _series_panel(left, curves[arm["val_key"]], f"StarPO-S ({arm['lifted_runs']}/{len(arm['runs'])} lifted)",
+                      "C0", f"{label}|{arm['val_key']}")  # fmt: skip
+        for index, (ref, level) in enumerate(arm.get("references", {}).items()):
+            left.axhline(level, color="grey", linestyle=("--", ":", "-.")[index % 3], label=f"{ref} {level:.2f}")
+        left.set_title(f"{label}: validation success ({arm['verdict']})", fontsize="small")
+        left.set_ylim(-0.02, 1.02)
+        for ax, key in ((right, "teacher_agreement"), (right, "teacher_chance")):
+            name = arm["val_key"].replace("/success", f"/{key}")
+            style = "-" if key == "teacher_agreement" else ":"
+            _series_panel(ax, curves.get(name, []), key.replace("_", " "), "C1", f"{label}|{name}", style)
+        right.set_title(f"{label}: agreement with the teacher's move", fontsize="small")
+        for ax in (left, right):
+            ax.set_xlabel("iteration")
+            ax.grid(True, alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize="x-small")
+
+
 def draw_finding(result: dict[str, Any], title: str):
     """The finding's figure (a matplotlib Figure on an Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    if result["analysis"] == "multiturn":
+        arms = len(result["numbers"].get("arms", {}))
+        figure = Figure(figsize=(12.0, 3.2 * max(1, arms)), layout="constrained")
+        FigureCanvasAgg(figure)
+        _draw_multiturn(figure, result["numbers"])
+        figure.suptitle(textwrap.fill(title, 110), fontsize="medium")
+        return figure
 
     curves, bars = PANELS[result["analysis"]]
     extra = 1 if result["analysis"] == "early_warnings" else 0

@@ -23,6 +23,7 @@ from ragen_core.agent import (
     turn_penalty,
 )
 from ragen_core.envs import make_env
+from ragen_core.rollout.scripted import has_teacher
 from ragen_core.rollout.types import Generation, TrajectoryRecord, TurnContext, TurnRecord
 from ragen_core.rollout.windows import PastTurn, WindowPrompter
 from ragen_core.seeding import derive_seed
@@ -207,6 +208,7 @@ def _apply_reply(
     budget = min(spec.max_actions_per_turn, slot.actions_left)
     reply = prefix + generation.text
     parsed = parse_response(reply, slot.env.parse_action, budget, spec.enable_think)
+    teacher = _teacher_agreement(slot.env, slot.actions_left, parsed.actions)  # before the env steps
     reward, terminated, executed, infos = 0.0, False, [], []
     for action in parsed.actions:
         slot.state, step_reward, terminated, truncated, info = slot.env.step(action)
@@ -239,6 +241,23 @@ def _apply_reply(
             done=slot.done,
             truncated=generation.truncated,
             response_tokens=len(generation.token_ids),
-            info={"action_is_effective": [bool(i.get("action_is_effective", True)) for i in infos]},
+            info={"action_is_effective": [bool(i.get("action_is_effective", True)) for i in infos], **teacher},
         )
     )
+
+
+def _teacher_agreement(env: Any, actions_left: int, actions: list[str]) -> dict[str, Any]:
+    """The teacher-agreement diagnostic of one turn, for envs with a teacher (``TextEnv.teacher_actions``): the
+    teacher's best moves from the state the turn saw, whether the reply's first action is one of them
+    (``teacher_agree``; a reply without a valid action disagrees), and the rate at which a uniformly random action
+    would (``teacher_chance``). Empty where the env has no teacher, or no move is better than another."""
+    if not has_teacher(env):
+        return {}
+    best = env.teacher_actions(actions_left)
+    if not best or len(best) == len(env.action_names):
+        return {}
+    return {
+        "teacher_actions": best,
+        "teacher_agree": bool(actions) and actions[0] in best,
+        "teacher_chance": len(best) / len(env.action_names),
+    }

@@ -1,19 +1,24 @@
 """The scripted rollout backend: replies written by Python policies, tokenised like model replies.
 
 Scripted replies are well-formed and have no behaviour log-probs (``behavior_source='scripted'``). Policies are
-registered by name: ``random`` (uniformly random valid actions), ``expert`` (the env's own expert plan) and
-``describe_random`` (random actions, thinking that describes the state: ``TextEnv.describe``). A policy returns the
-reply's action names, or a :class:`ScriptedReply` when it also writes the thinking.
+registered by name: ``random`` (uniformly random valid actions), ``expert`` (the env's own expert plan),
+``describe_random`` (random actions, thinking that describes the state: ``TextEnv.describe``) and ``teacher_mix``
+(the teacher's move with probability ``teacher_prob``, else a random one; thinking that describes the state). A policy
+returns the reply's action names, or a :class:`ScriptedReply` when it also writes the thinking. Policies that take
+options (``teacher_prob``) get them as keyword arguments (:class:`ScriptedBackend`'s ``options``).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ragen_core.envs import TextEnv
 from ragen_core.rollout.types import Generation, TurnContext
 
 
@@ -30,21 +35,25 @@ _POLICIES: dict[str, ScriptedPolicy] = {}
 
 
 def register_scripted_policy(name: str) -> Callable[[ScriptedPolicy], ScriptedPolicy]:
-    """Register a policy mapping (context, rng) to the list of action names of one reply."""
+    """Register a policy mapping (context, rng, **options) to the action names of one reply (or a ScriptedReply)."""
 
     def decorator(policy: ScriptedPolicy) -> ScriptedPolicy:
+        if name in _POLICIES:
+            raise ValueError(f"scripted policy {name!r} is registered twice")
         _POLICIES[name] = policy
         return policy
 
     return decorator
 
 
-def get_scripted_policy(name: str) -> ScriptedPolicy:
-    """The scripted policy registered as ``name``."""
+def get_scripted_policy(name: str, **options: Any) -> ScriptedPolicy:
+    """The scripted policy registered as ``name``, with ``options`` bound (only those its signature takes)."""
     try:
-        return _POLICIES[name]
+        policy = _POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown scripted policy {name!r}; registered: {', '.join(sorted(_POLICIES))}") from None
+    accepted = {key: value for key, value in options.items() if key in inspect.signature(policy).parameters}
+    return functools.partial(policy, **accepted) if accepted else policy
 
 
 def registered_scripted_policies() -> list[str]:
@@ -80,6 +89,51 @@ def describe_random_policy(context: TurnContext, rng: np.random.Generator) -> Sc
     return ScriptedReply(random_policy(context, rng), description)
 
 
+@register_scripted_policy("teacher_mix")
+def teacher_mix_policy(context: TurnContext, rng: np.random.Generator, teacher_prob: float = 0.5) -> ScriptedReply:
+    """One action: with probability ``teacher_prob`` one of the teacher's best moves (``env.teacher_actions``, drawn
+    uniformly among ties), else a uniformly random valid action; the thinking describes the state
+    (``env.describe()``). A bootstrap on these replies is the weak prior a pretrained model brings: the state read
+    right, the good move preferred, not always taken."""
+    env = context.env
+    teacher = env.teacher_actions(context.actions_left)
+    if teacher is None and not has_teacher(env):
+        raise ValueError(f"the teacher_mix policy needs an env with a teacher; {env.name} has none")
+    draw = rng.random()  # drawn every turn, so the random stream does not depend on whether the teacher had a move
+    action = teacher[int(rng.integers(len(teacher)))] if teacher and draw < teacher_prob else env.sample_action(rng)
+    return ScriptedReply([action], env.describe())
+
+
+def has_teacher(env: TextEnv) -> bool:
+    """Whether ``env``'s class defines a teacher (:meth:`TextEnv.teacher_actions`)."""
+    return type(env).teacher_actions is not TextEnv.teacher_actions
+
+
+def play_scripted(
+    env: TextEnv,
+    policy: ScriptedPolicy,
+    rng: np.random.Generator,
+    limits: tuple[int, int, int],
+    enable_think: bool = True,
+    on_reply: Callable[[ScriptedReply], None] | None = None,
+) -> bool:
+    """Play one episode of a reset ``env`` with a scripted ``policy`` under the rollout engine's limits
+    ``(max_turns, max_actions_per_turn, max_actions_per_traj)``, without a tokenizer or a prompt (the policies read
+    the env, never the prompt); ``on_reply`` sees each reply. Returns whether the episode succeeded."""
+    max_turns, per_turn, actions_left = limits
+    for _ in range(max_turns):
+        reply = policy(TurnContext([], env, actions_left, per_turn, enable_think), rng)
+        reply = reply if isinstance(reply, ScriptedReply) else ScriptedReply(list(reply))
+        if on_reply is not None:
+            on_reply(reply)
+        for action in reply.actions[: max(1, min(per_turn, actions_left))]:
+            _, _, terminated, truncated, _ = env.step(action)
+            actions_left -= 1
+            if terminated or truncated or actions_left <= 0:
+                return bool(env.success)
+    return bool(env.success)
+
+
 def format_reply(actions: list[str], enable_think: bool, think: str | None = None) -> str:
     """A well-formed reply naming ``actions``, thinking ``think`` (default: "I will take <actions>.")."""
     answer = " || ".join(actions)
@@ -95,8 +149,8 @@ class ScriptedBackend:
 
     behavior_source = "scripted"
 
-    def __init__(self, policy: str | ScriptedPolicy, tokenizer: Any) -> None:
-        self.policy = get_scripted_policy(policy) if isinstance(policy, str) else policy
+    def __init__(self, policy: str | ScriptedPolicy, tokenizer: Any, options: dict[str, Any] | None = None) -> None:
+        self.policy = get_scripted_policy(policy, **(options or {})) if isinstance(policy, str) else policy
         self.tokenizer = tokenizer
 
     def generate(self, contexts: list[TurnContext], seed: int) -> list[Generation]:

@@ -18,14 +18,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.policy import load_policy, tokenizer_fingerprint
-from ragen_core.rollout import ScriptedBackend, run_rollouts
+from ragen_core.rollout import ScriptedBackend, get_scripted_policy, run_rollouts
+from ragen_core.rollout.scripted import play_scripted
 from ragen_core.run.batches import BatchPipeline, BatchRules
 from ragen_core.run.offline import check_tokenizer, select_trajectories, sft_update
 from ragen_core.run.record import library_versions, utc_now
-from ragen_core.run.session import chat_formatter
+from ragen_core.run.session import chat_formatter, scripted_options
 from ragen_core.run.stages import rollout_spec
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import BatchMeta, DataLake, Stage
@@ -39,11 +42,43 @@ def bootstrap_seed(config: RunConfig) -> int:
     return config.seed if config.bootstrap.seed is None else config.bootstrap.seed
 
 
+FINGERPRINT_EPISODES = 16  # probe episodes of policy_fingerprint: enough to see any change of choice or thinking
+
+
+def policy_fingerprint(config: RunConfig) -> str:
+    """What the bootstrap's scripted policy does, as a digest: its replies (thinking and actions) over
+    ``FINGERPRINT_EPISODES`` fixed episodes of the run's env, played with its options. A policy whose code changed
+    writes other replies, so the bootstrap cache never reuses a model built from another policy's demonstrations."""
+    from ragen_core.envs import make_env
+
+    policy = get_scripted_policy(config.bootstrap.policy, **scripted_options(config))
+    rng = np.random.default_rng(0)
+    digest = hashlib.sha256()
+    env = make_env(config.env.name, **config.env.options)
+    limits = (config.env.max_turns, config.env.max_actions_per_turn, config.env.max_actions_per_traj)
+    for episode in range(FINGERPRINT_EPISODES):
+        env.reset(derive_seed(0, "fingerprint", episode))
+        play_scripted(env, policy, rng, limits, config.rollout.enable_think,
+                      lambda reply: digest.update(json.dumps([reply.think, reply.actions]).encode()))  # fmt: skip
+    return digest.hexdigest()[:16]
+
+
+POLICY_OPTIONS = ("teacher_prob",)  # bootstrap fields that are options of some scripted policies
+
+
+def policy_options(config: RunConfig) -> dict[str, Any]:
+    """The scripted options the bootstrap's policy takes (none for ``random``: its key ignores ``teacher_prob``)."""
+    policy = get_scripted_policy(config.bootstrap.policy, **scripted_options(config))
+    return dict(getattr(policy, "keywords", {}))
+
+
 def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
-    """Identity of a bootstrap: base model, bootstrap settings, the env and the reply format."""
+    """Identity of a bootstrap: base model, bootstrap settings, what its policy does, the env and the reply format."""
     payload: dict[str, Any] = {
         "base": str(base_dir),
-        "bootstrap": config.bootstrap.model_dump(mode="json", exclude={"seed"}),
+        "bootstrap": config.bootstrap.model_dump(mode="json", exclude={"seed", *POLICY_OPTIONS}),
+        "policy_behaviour": policy_fingerprint(config),
+        "policy_options": policy_options(config),
         "env": config.env.model_dump(mode="json"),
         "think": config.rollout.enable_think,
         "think_prefix": config.rollout.think_prefix,
@@ -117,7 +152,7 @@ def _demonstrations(config: RunConfig, lake: DataLake, run_id: str, tokenizer: A
     seed = bootstrap_seed(config)
     seeds = derive_seeds(seed, settings.num_groups, "bootstrap")
     spec = rollout_spec(config, config.env.name, seeds, settings.group_size)
-    backend = ScriptedBackend(settings.policy, tokenizer)
+    backend = ScriptedBackend(settings.policy, tokenizer, scripted_options(config))
     records = run_rollouts(spec, backend, formatter, derive_seed(seed, "bootstrap"))
     meta = BatchMeta.demonstrations(run_id, config.config_hash())
     rules = BatchRules.of(config, config.env.name, settings.group_size)

@@ -8,7 +8,7 @@ stages read their inputs from the lake or their arguments, never from a global.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +36,12 @@ class RolloutPolicy:
     formatter: ChatFormatter
     model: torch.nn.Module
     engine: Any = None  # ragen_core.rollout.vllm_backend.VLLMEngine
+    scripted_options: dict[str, Any] = field(default_factory=dict)  # rollout.backend=scripted: the policy's options
 
     def backend(self, rollout: RolloutConfig, temperature: float) -> Any:
         """The generation backend ``rollout.backend`` names, sampling at ``temperature``."""
         if rollout.backend == "scripted":
-            return ScriptedBackend(rollout.scripted_policy, self.tokenizer)
+            return ScriptedBackend(rollout.scripted_policy, self.tokenizer, self.scripted_options)
         if rollout.backend == "vllm":
             from ragen_core.rollout.vllm_backend import VLLMBackend
 
@@ -149,6 +150,11 @@ def _opening_manifest(
     return manifest
 
 
+def scripted_options(config: RunConfig) -> dict[str, Any]:
+    """The options the config gives scripted policies (``teacher_mix``'s ``teacher_prob``)."""
+    return {"teacher_prob": config.bootstrap.teacher_prob}
+
+
 def chat_formatter(config: RunConfig, tokenizer: Any) -> ChatFormatter:
     """The prompts of the config's rollouts: its prompt style and reply prefix over the tokenizer's chat template."""
     prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
@@ -159,6 +165,7 @@ def _rollout_policy(config: RunConfig, updater: Updater, model_dir: Path, precis
     """The rollout side of a new session (the updater's model, or a copy of it; a vLLM engine when configured)."""
     model, tokenizer = updater.rollout_policy(model_dir, torch_dtype(precision))
     policy = RolloutPolicy(model_dir, tokenizer, chat_formatter(config, tokenizer), model)
+    policy.scripted_options = scripted_options(config)
     if config.rollout.backend == "vllm":
         from ragen_core.rollout.vllm_backend import VLLMEngine
 

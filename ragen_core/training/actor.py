@@ -334,8 +334,12 @@ class ActorEngine:
             token_count = float(batch.loss_mask[rows].sum())
             total = 0.0
             for plan in self._passes(rows):
-                micro = batch.select(plan.rows).to(self.device)
-                logprobs, _ = token_logprobs(self.engine, micro)
+                host = batch.select(plan.rows)
+                micro = host.to(self.device)
+                # only the columns with trained tokens get logits (the replies: a fifth of a windowed demonstration)
+                columns = trained_columns(host.loss_mask) if self.keeps_logits else None
+                columns = columns.to(self.device) if columns is not None and len(columns) else None
+                logprobs, _ = token_logprobs(self.engine, micro, columns=columns)
                 loss = -aggregate_loss(logprobs, micro.loss_mask, "token-mean", token_count)
                 scaled = loss * (plan.weight * world) if world > 1 or plan.weight != 1.0 else loss
                 self.engine.backward(scaled, scale_wrt_gas=False)

@@ -195,27 +195,59 @@ def test_the_learning_analysis_reads_validation_before_and_after(reproduced):
         assert len(firsts) == 2 and numbers["arms"][variant]["val_success_first"]["mean"] == pytest.approx(expected)
 
 
-def test_multiturn_learning_bootstraps_on_descriptions_in_compact_prompts(reproduced):
+def _sokoban_description(grid: str) -> str:
+    """Independently of the env: where the box lies from the player and its target from the box, read off the grid."""
+    cells = {ch: [(r, c) for r, line in enumerate(grid.split("\n")) for c, x in enumerate(line) if x == ch]
+             for ch in "PSXO"}  # fmt: skip
+    (player,) = cells["P"] + cells["S"]
+    (box,) = cells["X"]
+    (target,) = cells["O"] + ([player] if cells["S"] else [])
+
+    def way(a, b):
+        parts = [("down" if b[0] > a[0] else "up")] if b[0] != a[0] else []
+        parts += [("right" if b[1] > a[1] else "left")] if b[1] != a[1] else []
+        return " and ".join(parts) or "here"
+
+    return f"The box is {way(player, box)}. The target is {way(box, target)}."
+
+
+def test_multiturn_learning_bootstraps_a_weak_prior_and_reads_lift_and_agreement(reproduced):
     from tests.envs.test_frozen_lake import _goal_from_render
 
     root, _, results = reproduced
     numbers = results["multiturn_learning"][0]["numbers"]
-    (run,) = _runs("multiturn_learning")
-    arm = numbers["arms"]["starpo_s"]
-    assert arm["runs"] == [run] and numbers["references"]["value iteration"] == 0.52
-    final = _sql(root, "SELECT success_rate AS s FROM evaluations WHERE env = 'frozen_lake' AND iteration = 2 "
-                 "AND list_contains($runs, run_id)", [run])  # fmt: skip
-    assert arm["val_success_final"]["mean"] == pytest.approx(final[0]["s"])
-    bootstrap = query(root, "SELECT DISTINCT run_id FROM trajectories WHERE run_id LIKE 'bootstrap-%' "
-                      "AND env = 'frozen_lake'").to_pylist()  # fmt: skip
-    assert len(bootstrap) == 1
-    turns = _sql(root, "SELECT observation, think FROM turns WHERE list_contains($runs, run_id)",
-                 [bootstrap[0]["run_id"]])  # fmt: skip
-    assert len(turns) >= 8
-    for row in turns:  # the demonstrations think what the state shows, and the prompt is the compact one
-        assert row["observation"].startswith("Reach G, avoid O.\nActions: Left, Down, Right, Up.\nState:\n")
-        grid = row["observation"].split("State:\n", 1)[1].rsplit("\n", 1)[0]
-        assert row["think"] == _goal_from_render(grid)
+    assert sorted(numbers["arms"]) == ["frozen_lake", "sokoban"]
+    describe = {"frozen_lake": _goal_from_render, "sokoban": _sokoban_description}
+    for env, arm in numbers["arms"].items():
+        (run,) = _runs("multiturn_learning", env)
+        assert arm["env"] == env and list(arm["runs"]) == [run]
+        evals = query(root, "SELECT iteration, success_rate AS s FROM evaluations WHERE env = $env AND "
+                      "run_id = $run ORDER BY iteration", params={"env": env, "run": run}).to_pylist()  # fmt: skip
+        first, final = evals[0]["s"], evals[-1]["s"]
+        assert [e["iteration"] for e in evals] == [0, 1, 2]
+        assert arm["runs"][run]["lift"] == pytest.approx(final - first)
+        assert arm["val_success_final"]["mean"] == pytest.approx(final)
+        # the agreement diagnostic is the share of the validation turns, where the teacher prefers some moves, whose
+        # first action is one of the teacher's
+        agreement = query(root, """
+            SELECT avg(json_extract(info, '$.teacher_agree')::BOOLEAN::INT) AS a FROM turns
+            WHERE run_id = $run AND split = 'val' AND iteration = 0
+              AND json_extract(info, '$.teacher_agree') IS NOT NULL
+            """, params={"run": run}).to_pylist()[0]["a"]  # fmt: skip
+        assert arm["agreement_first"]["mean"] == pytest.approx(agreement)
+        assert list(arm["references"]) == ["random", "teacher mix p=0.3", "teacher"]
+        assert arm["references"]["random"] < arm["references"]["teacher mix p=0.3"] < arm["references"]["teacher"]
+        assert arm["verdict"] in ("reproduced", "partly", "not reproduced")
+        # the demonstrations think what the state shows, in the compact prompt
+        (bootstrap,) = query(root, "SELECT DISTINCT run_id FROM trajectories WHERE run_id LIKE 'bootstrap-%' "
+                             "AND env = $env", params={"env": env}).to_pylist()  # fmt: skip
+        turns = _sql(root, "SELECT observation, think FROM turns WHERE list_contains($runs, run_id)",
+                     [bootstrap["run_id"]])  # fmt: skip
+        assert len(turns) >= 8
+        for row in turns:
+            assert "\nState:\n" in row["observation"] and "system" not in row["observation"]
+            grid = row["observation"].split("State:\n", 1)[1].rsplit("\n", 1)[0]
+            assert row["think"] == describe[env](grid)
 
 
 def test_the_diversity_analysis_times_runs_by_their_stage_seconds(reproduced):

@@ -1,8 +1,6 @@
 """``rollout.prompt_style=compact`` and the ``describe_random`` scripted policy: the prompts written out by hand
 from an independent replay of the env, the thinking checked against the rendered grid; the bootstrap's cache key."""
 
-import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +8,7 @@ import pytest
 from ragen_core.agent import ChatFormatter
 from ragen_core.config import load_config
 from ragen_core.envs import make_env
-from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
+from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts, scripted
 from ragen_core.run.bootstrap import bootstrap_key
 from tests.envs.test_frozen_lake import _goal_from_render
 
@@ -101,17 +99,25 @@ def test_bootstrap_key_covers_the_prompts_and_the_shared_seed(tmp_path: Path):
     shared = [bootstrap_key(load_config("configs/frozenlake.yaml", [f"seed={s}", "bootstrap.seed=0"]), tmp_path)
               for s in (0, 1, 2)]  # fmt: skip
     assert set(shared) == {key}  # one bootstrap (seed 0's) for three RL seeds
-    # at the defaults the key is what it was before these settings existed: cached bootstraps stay valid
-    payload = {
-        "base": str(tmp_path),
-        "bootstrap": {k: v for k, v in base.bootstrap.model_dump(mode="json").items() if k != "seed"},
-        "env": base.env.model_dump(mode="json"),
-        "think": True,
-        "think_prefix": True,
-        "seed": 0,
-        "micro_batch_size": base.actor.micro_batch_size,
-    }
-    assert key == hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    assert bootstrap_key(base, tmp_path) == key  # deterministic
+    # teacher_prob is an option of teacher_mix only: the random policy's key ignores it
+    assert bootstrap_key(load_config("configs/frozenlake.yaml", ["bootstrap.teacher_prob=0.9"]), tmp_path) == key
+    mixes = [load_config("configs/frozenlake.yaml", ["bootstrap.policy=teacher_mix", f"bootstrap.teacher_prob={p}"])
+             for p in (0.5, 0.51)]  # fmt: skip
+    assert len({key, *(bootstrap_key(c, tmp_path) for c in mixes)}) == 3
+
+
+def test_bootstrap_key_follows_what_the_policy_does_not_its_name(tmp_path: Path, monkeypatch):
+    config = load_config("configs/frozenlake.yaml", ["bootstrap.policy=teacher_mix"])
+    key = bootstrap_key(config, tmp_path)
+
+    def always_left(context, rng, teacher_prob=0.5):  # the same name and options, another behaviour
+        return scripted.ScriptedReply(["Left"], context.env.describe())
+
+    monkeypatch.setitem(scripted._POLICIES, "teacher_mix", always_left)
+    assert bootstrap_key(config, tmp_path) != key
+    monkeypatch.setitem(scripted._POLICIES, "teacher_mix", scripted.teacher_mix_policy)
+    assert bootstrap_key(config, tmp_path) == key
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,98 @@
+"""Multi-turn learning from a weak prior: does RL lift validation success above the bootstrapped model's own level,
+in every seed, on each multi-turn env?
+
+Per arm (one env each): validation success at iteration 0 (the bootstrapped model, before any update) and at the last
+validation; a run's lift counts when it is at least ``params.min_lift`` (0.08) and beyond two standard errors of the
+difference of the two estimates (``sqrt(p0 (1 - p0) / n + p1 (1 - p1) / n)``, n = validation episodes). The verdict is
+"reproduced" when every run of the arm lifts, "partly" when some do, "not reproduced" when none does. The prior is
+shown by the teacher-agreement diagnostic (``val/<env>/teacher_agreement`` against ``teacher_chance``). Reference
+levels are measured here, not typed in: scripted policies (random moves, the bootstrap's own teacher mix, the teacher)
+played on the same validation instances under the same limits, ``params.reference_repeats`` times each.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ragen_core.config import RunConfig
+from ragen_core.envs import make_env
+from ragen_core.findings.analysis import Arm, Context, curve, first_value, last_value, register, spread
+from ragen_core.rollout.scripted import get_scripted_policy, has_teacher, play_scripted
+from ragen_core.seeding import derive_seed, derive_seeds
+
+AGREEMENT, CHANCE = "teacher_agreement", "teacher_chance"
+
+
+def reference_levels(config: RunConfig, env_name: str, repeats: int) -> dict[str, float]:
+    """Success of scripted policies on the validation instances of ``env_name`` (the config's ``eval`` seeds and
+    interaction limits): random moves, the bootstrap's teacher mix (when it is one) and the teacher alone."""
+    env = make_env(env_name, **config.env.options)
+    policies: dict[str, Any] = {"random": get_scripted_policy("random")}
+    if has_teacher(env):
+        if config.bootstrap.policy == "teacher_mix":
+            prob = config.bootstrap.teacher_prob
+            policies[f"teacher mix p={prob:g}"] = get_scripted_policy("teacher_mix", teacher_prob=prob)
+        policies["teacher"] = get_scripted_policy("teacher_mix", teacher_prob=1.0)
+    seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
+    limits = (config.env.max_turns, config.env.max_actions_per_turn, config.env.max_actions_per_traj)
+    levels = {}
+    for label, policy in policies.items():
+        rng = np.random.default_rng(derive_seed(0, "references", label))
+        wins = []
+        for _ in range(repeats):
+            for seed in seeds:
+                env.reset(seed)
+                wins.append(play_scripted(env, policy, rng, limits, config.rollout.enable_think))
+        levels[label] = float(np.mean(wins))
+    return levels
+
+
+def lift(first: float | None, final: float | None, episodes: int, min_lift: float) -> dict[str, Any]:
+    """One run's lift from ``first`` to ``final`` validation success over ``episodes`` each, and whether it counts."""
+    if first is None or final is None:
+        return {"first": first, "final": final, "lift": None, "se": None, "lifted": False}
+    se = math.sqrt((first * (1 - first) + final * (1 - final)) / episodes)
+    gain = final - first
+    return {"first": first, "final": final, "lift": gain, "se": se, "lifted": gain >= min_lift and gain > 2 * se}
+
+
+def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any]:
+    config = RunConfig.model_validate(arm.config)
+    env_name = config.env.name
+    key = f"val/{env_name}/success"
+    episodes = config.eval.instances * config.eval.k
+    runs = {run: lift(first_value(ctx, run, key), last_value(ctx, run, key), episodes, min_lift)
+            for run in arm.run_ids}  # fmt: skip
+    lifted = sum(r["lifted"] for r in runs.values())
+    verdict = "reproduced" if lifted == len(runs) and runs else "partly" if lifted else "not reproduced"
+    names = (key, f"val/{env_name}/{AGREEMENT}", f"val/{env_name}/{CHANCE}")
+    return {
+        "env": env_name,
+        "env_options": dict(config.env.options),
+        "val_key": key,
+        "episodes": episodes,
+        "verdict": verdict,
+        "lifted_runs": lifted,
+        "runs": runs,
+        "val_success_first": spread([r["first"] for r in runs.values()]),
+        "val_success_final": spread([r["final"] for r in runs.values()]),
+        "lift": spread([r["lift"] for r in runs.values()]),
+        "agreement_first": spread([first_value(ctx, run, names[1]) for run in arm.run_ids]),
+        "agreement_final": spread([last_value(ctx, run, names[1]) for run in arm.run_ids]),
+        "chance": spread([first_value(ctx, run, names[2]) for run in arm.run_ids]),
+        "references": reference_levels(config, env_name, repeats),
+        "curves": {name: curve(ctx, arm, name) for name in names},
+    }
+
+
+@register("multiturn")
+def multiturn(ctx: Context) -> dict[str, Any]:
+    """Per arm: the verdict, each run's lift and its standard error, the teacher agreement before and after RL
+    against chance, the measured reference levels and the curves (module docstring)."""
+    repeats = int(ctx.params.get("reference_repeats", 4))
+    min_lift = float(ctx.params.get("min_lift", 0.08))
+    arms = {arm.label: _arm(ctx, arm, repeats, min_lift) for arm in ctx.arms}
+    return {"min_lift": min_lift, "arms": arms}

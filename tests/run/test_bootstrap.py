@@ -1,0 +1,46 @@
+"""A real bootstrap (scripted demonstrations stored in a lake, then SFT through a DeepSpeed engine) on clean teacher
+replies: the bootstrapped model starts its replies with the thinking it was shown, never with an end of reply."""
+
+from pathlib import Path
+
+import torch
+
+from ragen_core.config import load_config
+from ragen_core.policy import load_policy
+from ragen_core.run.bootstrap import bootstrap_model
+from ragen_core.storage import DataLake, query
+
+OVERRIDES = [
+    "env.options.is_slippery=false", "env.max_turns=10", "env.max_actions_per_turn=1", "rollout.prompt_style=compact",
+    "rollout.context_window_mode=single_turn", "rollout.max_context_window=1", "actor.micro_batch_size=16",
+    "actor.mini_batch_size=16", "trainer.num_threads=1", "bootstrap.enabled=true", "bootstrap.policy=teacher_mix",
+    "bootstrap.teacher_prob=1.0", "bootstrap.num_groups=48", "bootstrap.group_size=1", "bootstrap.epochs=20",
+    "bootstrap.batch_size=16",
+]  # fmt: skip
+
+
+def test_a_bootstrap_on_clean_teacher_replies_answers_in_format(tiny_model_dir: Path, tmp_path: Path):
+    config = load_config("configs/frozenlake.yaml", OVERRIDES)
+    lake = DataLake(tmp_path / "lake")
+    target, summary = bootstrap_model(config, lake, tiny_model_dir)
+    assert not summary["cached"] and summary["sft_loss_last"] < summary["sft_loss_first"] / 3
+    model, tokenizer = load_policy(target)
+    rows = query(lake, "SELECT input_ids, loss_mask, segment_lengths FROM trajectories WHERE run_id = $run",
+                 params={"run": summary["run_id"]}).to_pylist()  # fmt: skip
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    think = tokenizer.encode("The", add_special_tokens=False)[0]
+    ends, firsts = [], []
+    for row in rows:
+        start = 0
+        for length in row["segment_lengths"]:
+            ids, mask = row["input_ids"][start : start + length], row["loss_mask"][start : start + length]
+            prompt = ids[: mask.index(1)]
+            assert tokenizer.decode(prompt).endswith("<|im_start|>assistant\n<think>")
+            assert ids[mask.index(1)] == think  # the demonstration goes on with its description, not an end
+            with torch.no_grad():
+                probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1], dim=-1)
+            ends.append(float(probs[end]))
+            firsts.append(float(probs[think]))
+            start += length
+    assert len(ends) > 60
+    assert max(ends) < 0.01 and min(firsts) > 0.9  # the model learned what follows <think>: its description
