@@ -217,10 +217,26 @@ def runs_trained_from(runs, source: str = "sweep-a"):
     return rows
 
 
+def teacher_agreement(runs):
+    """Per run, iteration and env: the share of validation turns whose first action is one of the teacher's, the
+    chance share and the turns counted (turns of envs with a teacher only)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for run in runs:
+        for t in run.trajectories:
+            if t.split == "val":
+                for i in range(len(t.turns)):
+                    if t.teacher(i) is not None:
+                        groups[(t.run_id, t.iteration, t.env)].append(t.turn_info(i))
+    return [{"run_id": r, "iteration": i, "env": e,
+             "agreement": statistics.fmean(float(x["teacher_agree"]) for x in infos),
+             "chance": statistics.fmean(x["teacher_chance"] for x in infos), "turns": len(infos)}
+            for (r, i, e), infos in sorted(groups.items())]  # fmt: skip
+
+
 EXPECTED = {f.__name__: f for f in (success_by_env_iteration, reward_by_turn, echo_trap_think_diversity,
             format_failures, filter_keep_rate, sokoban_solution_plans, response_length_by_iteration,
             compare_sweep_runs, training_curves, trained_tokens, vertical_move_share, sweep_points,
-            runs_trained_from)}  # fmt: skip
+            runs_trained_from, teacher_agreement)}  # fmt: skip
 
 
 TOLERANCE = {"trained_tokens": 1e-6}

@@ -107,6 +107,23 @@ class Trajectory:
             "behavior_logprobs": logprobs,
         }
 
+    def teacher(self, turn_index: int) -> list[str] | None:
+        """The teacher's moves at a turn (grid envs only; bandit has no teacher): one or two moves from the seed."""
+        if self.env == "bandit":
+            return None
+        first = (self.env_seed + turn_index) % 4
+        moves = {MOVES[first], MOVES[(first + 1) % 4]} if (self.env_seed + turn_index) % 3 == 0 else {MOVES[first]}
+        return [m for m in MOVES if m in moves]
+
+    def turn_info(self, turn_index: int) -> dict[str, Any]:
+        """The turn's info: the teacher-agreement diagnostic of the rollout engine, where there is a teacher."""
+        teacher = self.teacher(turn_index)
+        if teacher is None:
+            return {}
+        actions = self.turns[turn_index].actions
+        return {"teacher_actions": teacher, "teacher_agree": bool(actions) and actions[0] in teacher,
+                "teacher_chance": len(teacher) / len(MOVES)}  # fmt: skip
+
     def turn_rows(self) -> list[dict[str, Any]]:
         key = dict(zip(("run_id", "iteration", "split", "env", "group_id", "traj_index"), self.key, strict=True))
         return [
@@ -125,7 +142,7 @@ class Trajectory:
                 "done": i == len(self.turns) - 1,
                 "truncated": False,
                 "response_tokens": t.response_tokens,
-                "info": "{}",
+                "info": json.dumps(self.turn_info(i), sort_keys=True),
             }
             for i, t in enumerate(self.turns)
         ]
