@@ -261,7 +261,9 @@ class AlgorithmConfig(_Section):
         "(std_rev: smallest).",
     )  # fmt: skip
     filter_include_zero: bool = Field(
-        True, description="Whether groups whose rewards do not vary (in-group std <= 1e-10) may be kept."
+        True,
+        description="Whether groups whose ranked value is zero (|value| <= 1e-10; for reward_std: rewards that do "
+        "not vary; for reward: a zero mean) may be kept, as RAGEN-2's rollout_filter_include_zero.",
     )
     filter_top_p_mode: Literal["linear", "softmax"] = Field(
         "linear",

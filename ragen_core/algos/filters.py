@@ -15,8 +15,9 @@ sampled tokens (``length``). A strategy then keeps some groups, ranked by that v
   negatives when ``largest=False``) sum to at least ``value``;
 - ``min_p``: every group with value >= ``value * max`` (``largest``) or <= ``min / value`` (``largest=False``).
 
-``value >= 1`` keeps every candidate under ``top_p``. With ``include_zero=False`` the groups whose rewards do not vary
-(in-group std <= 1e-10) are no candidates at all. Ties in rank go to the lower group id, so every choice is
+``value >= 1`` keeps every candidate under ``top_p``. With ``include_zero=False`` the groups whose value is zero
+(``|value| <= 1e-10``: for ``reward_std`` the groups whose rewards do not vary) are no candidates at all, as in
+RAGEN-2's code (which tests the selection score, whatever the metric). Ties in rank go to the lower group id, so every choice is
 deterministic. The aliases ``std``, ``std_rev`` and ``std_top_p`` are ``top_k`` (largest), ``top_k`` (smallest) and
 ``top_p`` (linear) over ``reward_std``; :data:`FILTERS` keeps their old call signature
 ``fn(scores (B,), group_index (B,), ratio) -> (kept (B,) bool, group_std (B,))``.
@@ -32,7 +33,7 @@ import torch
 
 from ragen_core.algos.registry import Registry
 
-ZERO_STD = 1e-10  # a group whose reward std is at most this has no variance (RAGEN's zero test)
+ZERO_SCORE = 1e-10  # include_zero=False: a group whose selection score is at most this in magnitude is dropped
 MIN_P_TOL = 1e-10  # RAGEN's slack on the min-p threshold
 CUMULATIVE_TOL = 1e-12  # float sums of probabilities must not miss an exactly reachable top-p target
 FILTER_METRICS = ("reward_std", "reward", "entropy", "length")
@@ -173,17 +174,26 @@ def linear_prefix(ordered: list[float], p: float, eps: float) -> int:
 
 @register_strategy("min_p")
 def min_p(values: dict[int, float], spec: FilterSpec, num_groups: int) -> list[int]:
-    """Groups within a factor ``value`` of the best: ``v >= value * max`` (largest) or ``v <= min / value``."""
+    """Groups within a factor ``value`` of the best: ``v >= value * max - tol`` (largest) or
+    ``v <= min / (value + tol) + tol``, in float32 as RAGEN-2 computes it: there the slack ``tol`` (1e-10) rounds
+    away next to values far from 0, so the group at the minimum is always kept (in float64 the division by
+    ``1 + 1e-10`` moved the threshold just below a minimum above 1, and nothing was kept)."""
+    order = ranked(values, spec.largest)
+    scores = torch.tensor([values[g] for g in order], dtype=torch.float32)
     if spec.largest:
-        threshold = max(values.values()) * spec.value
-        return [g for g in ranked(values, True) if values[g] >= threshold - MIN_P_TOL]
-    threshold = min(values.values()) / (spec.value + MIN_P_TOL)
-    return [g for g in ranked(values, False) if values[g] <= threshold + MIN_P_TOL]
+        mask = scores >= scores.max() * spec.value - MIN_P_TOL
+    else:
+        mask = scores <= scores.min() / (spec.value + MIN_P_TOL) + MIN_P_TOL
+    return [g for g, keep in zip(order, mask.tolist(), strict=True) if keep]
 
 
-def select_groups(values: dict[int, float], stds: dict[int, float], spec: FilterSpec) -> set[int]:
-    """The kept group ids: ``values`` is each group's metric value, ``stds`` its reward std (for ``include_zero``)."""
-    candidates = {g: v for g, v in values.items() if spec.include_zero or stds[g] > ZERO_STD}
+def select_groups(values: dict[int, float], spec: FilterSpec) -> set[int]:
+    """The kept group ids, ``values`` being each group's metric value. With ``include_zero=False`` the groups whose
+    value is zero (``|value| <= 1e-10`` in float32, RAGEN-2's test on the selection score) are no candidates."""
+    candidates = values
+    if not spec.include_zero:
+        magnitude = torch.tensor(list(values.values()), dtype=torch.float32).abs().tolist()
+        candidates = {g: v for (g, v), m in zip(values.items(), magnitude, strict=True) if m > ZERO_SCORE}
     if not candidates:
         return set()
     return set(STRATEGIES.get(spec.strategy)(candidates, spec, len(values)))
@@ -232,7 +242,7 @@ def apply_filter(
         values = in_group_mean(per_trajectory, group_index)
     else:
         raise ValueError(f"unknown filter metric {spec.metric!r}; use one of {', '.join(FILTER_METRICS)}")
-    kept_groups = select_groups(values, stds, spec)
+    kept_groups = select_groups(values, spec)
     rows = [int(g) for g in group_index.tolist()]
     return FilterDecision(
         kept=torch.tensor([g in kept_groups for g in rows], dtype=torch.bool),

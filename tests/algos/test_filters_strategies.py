@@ -3,6 +3,7 @@ metrics it ranks, and the config rules that reject filter keys which do not fit 
 
 import math
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -16,10 +17,8 @@ VALUES = {0: 0.4, 1: 0.1, 2: 0.3, 3: 0.2}
 VARYING = {g: 1.0 for g in VALUES}  # reward std of each group: all vary
 
 
-def _select(values, strategy, value, stds=None, **options):
-    spec = FilterSpec(strategy=strategy, value=value, **options)
-    kept = select_groups(values, stds if stds is not None else {g: 1.0 for g in values}, spec)
-    return sorted(kept)
+def _select(values, strategy, value, **options):
+    return sorted(select_groups(values, FilterSpec(strategy=strategy, value=value, **options)))
 
 
 @pytest.mark.parametrize(
@@ -69,9 +68,8 @@ def test_top_p_linear_empty_and_non_positive_cases():
     zeros = {0: 0.5, 1: 0.0, 2: 0.0}
     assert _select(zeros, "top_p", 0.9) == [0]
     assert _select(zeros, "top_p", 0.9, largest=False) == []
-    # without the zero-variance groups the smallest-first prefix works: threshold 0.9 * 0.5 - 0.01 = 0.44
-    stds = {0: 0.2, 1: 0.0, 2: 0.0}
-    assert _select(zeros, "top_p", 0.9, stds=stds, largest=False, include_zero=False) == [0]
+    # without the zero-valued groups the smallest-first prefix works: threshold 0.9 * 0.5 - 0.01 = 0.44
+    assert _select(zeros, "top_p", 0.9, largest=False, include_zero=False) == [0]
     # negative values (metric 'reward'): total 0.5, threshold 0.24, reached by group 0
     assert _select({0: 1.0, 1: -0.5}, "top_p", 0.5) == [0]
 
@@ -103,15 +101,88 @@ def test_min_p_hand_computed():
     assert _select({0: 0.3, 1: 0.3, 2: 0.1}, "min_p", 1.0) == [0, 1]  # ties with the maximum
 
 
-def test_include_zero_drops_groups_without_reward_variance():
+def test_min_p_keeps_the_minimum_above_one():
+    # RAGEN-2 computes the threshold in float32, where min / (1 + 1e-10) + 1e-10 is the minimum itself; in float64 it
+    # fell just below a minimum above 1 and nothing was kept
+    assert _select({0: 1.6, 1: 1.62, 2: 1.5, 3: 1.01}, "min_p", 1.0, largest=False) == [3]
+    assert _select({0: 1.6, 1: 1.62, 2: 1.5, 3: 1.01}, "min_p", 1.0) == [1]
+
+
+def test_include_zero_drops_groups_whose_selection_score_is_zero():
     values = {0: 0.0, 1: 0.3, 2: 0.0, 3: 0.1}
-    stds = {0: 0.0, 1: 0.3, 2: 0.0, 3: 0.1}
-    assert _select(values, "top_k", 0.5, stds=stds, largest=False) == [0, 2]
-    assert _select(values, "top_k", 0.5, stds=stds, largest=False, include_zero=False) == [1, 3]
-    assert _select(values, "top_k", 1.0, stds=stds, include_zero=False) == [1, 3]
-    assert _select(values, "min_p", 0.1, stds={g: 0.0 for g in values}, include_zero=False) == []
-    # the test is on the reward std, whatever the metric: a zero *mean* reward with variance stays a candidate
-    assert _select({0: 0.0, 1: 0.5}, "top_k", 1.0, stds={0: 0.5, 1: 0.0}, include_zero=False) == [0]
+    assert _select(values, "top_k", 0.5, largest=False) == [0, 2]
+    assert _select(values, "top_k", 0.5, largest=False, include_zero=False) == [1, 3]
+    assert _select(values, "top_k", 1.0, include_zero=False) == [1, 3]
+    assert _select({0: 0.0, 1: 0.0}, "min_p", 0.1, include_zero=False) == []
+    # RAGEN-2 tests the ranked value, whatever the metric: a zero mean reward is dropped, an all-success group kept
+    assert _select({0: 0.0, 1: 0.5}, "top_k", 1.0, metric="reward", include_zero=False) == [1]
+    assert _select({0: 1e-11, 1: -2e-10}, "top_k", 1.0, metric="reward", include_zero=False) == [1]
+
+
+def _ragen2_select(scores: list[float], strategy: str, value: float, largest: bool, include_zero: bool,
+                   mode: str, eps: float) -> list[int]:  # fmt: skip
+    """Our port of RAGEN-2's group selection (ragen/trainer/rollout_filter.py, _select_top_groups, at its HEAD of
+    2026-04): float32 scores, the zero test on the score, then the strategy; the group ids kept, sorted."""
+    tensor = torch.tensor(scores, dtype=torch.float32)
+    ids = torch.arange(len(scores))
+    if not include_zero:
+        nonzero = tensor.abs() > 1e-10
+        tensor, ids = tensor[nonzero], ids[nonzero]
+        if ids.numel() == 0:
+            return []
+    if strategy == "top_p":
+        if value >= 1.0:
+            return sorted(ids.tolist())
+        if mode == "softmax":
+            probs = torch.softmax(tensor if largest else -tensor, dim=0)
+            ordered, order = torch.sort(probs, descending=True, stable=True)
+            k = min(int(torch.searchsorted(torch.cumsum(ordered, dim=0), value)) + 1, ids.numel())
+            return sorted(ids[order[:k]].tolist())
+        ordered, order = torch.sort(tensor, descending=largest, stable=True)
+        threshold = value * tensor.sum() - eps
+        total, count = 0.0, 0
+        for score in ordered:
+            if total >= threshold or score.item() <= 0:
+                break
+            total += score.item()
+            count += 1
+        return sorted(ids[order[:count]].tolist()) if total >= threshold else []
+    if strategy == "min_p":
+        if largest:
+            mask = tensor >= tensor.max() * value - 1e-10
+        else:
+            mask = tensor <= tensor.min() / (value + 1e-10) + 1e-10
+        return sorted(ids[mask].tolist())
+    ordered, order = torch.sort(tensor, descending=largest, stable=True)
+    k = max(1, int(value * len(scores))) if strategy == "top_k" else max(1, int(value))
+    return sorted(ids[order[: min(k, ids.numel())]].tolist())
+
+
+@pytest.mark.parametrize("strategy", ["top_k", "top_k_abs", "top_p", "min_p"])
+def test_every_strategy_selects_as_ragen2_on_random_cases(strategy):
+    rng = np.random.default_rng({"top_k": 0, "top_k_abs": 1, "top_p": 2, "min_p": 3}[strategy])
+    compared = 0
+    for case in range(1500):
+        groups = int(rng.integers(2, 9))
+        kind = case % 3  # small rewards with zeros, values around 1 and above, signed means
+        if kind == 0:
+            scores = [float(v) if rng.random() < 0.7 else 0.0 for v in rng.uniform(0, 1, groups)]
+        elif kind == 1:
+            scores = [float(v) for v in rng.uniform(0.9, 2.0, groups)]
+        else:
+            scores = [float(v) for v in rng.normal(0, 1, groups)]
+        scores = [float(np.float32(v)) for v in scores]  # exactly representable: the ranks agree in both dtypes
+        if len(set(scores)) < len(scores):
+            continue  # ties: we break them by group id, RAGEN-2 by its sort; both are deterministic
+        value = float(rng.integers(1, groups + 1)) if strategy == "top_k_abs" else float(rng.choice([0.25, 0.5, 0.9,
+                                                                                                       1.0]))  # fmt: skip
+        largest, include_zero = bool(rng.random() < 0.7), bool(rng.random() < 0.5)
+        mode = "softmax" if strategy == "top_p" and rng.random() < 0.3 else "linear"
+        spec = FilterSpec(strategy, value, largest=largest, include_zero=include_zero, top_p_mode=mode)
+        ours = sorted(select_groups(dict(enumerate(scores)), spec))
+        assert ours == _ragen2_select(scores, strategy, value, largest, include_zero, mode, 0.01), (scores, spec)
+        compared += 1
+    assert compared > 1000
 
 
 def _batch():
