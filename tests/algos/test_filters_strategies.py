@@ -174,8 +174,8 @@ def test_every_strategy_selects_as_ragen2_on_random_cases(strategy):
         scores = [float(np.float32(v)) for v in scores]  # exactly representable: the ranks agree in both dtypes
         if len(set(scores)) < len(scores):
             continue  # ties: we break them by group id, RAGEN-2 by its sort; both are deterministic
-        value = float(rng.integers(1, groups + 1)) if strategy == "top_k_abs" else float(rng.choice([0.25, 0.5, 0.9,
-                                                                                                       1.0]))  # fmt: skip
+        shares = [0.25, 0.5, 0.9, 1.0]
+        value = float(rng.integers(1, groups + 1)) if strategy == "top_k_abs" else float(rng.choice(shares))
         largest, include_zero = bool(rng.random() < 0.7), bool(rng.random() < 0.5)
         mode = "softmax" if strategy == "top_p" and rng.random() < 0.3 else "linear"
         spec = FilterSpec(strategy, value, largest=largest, include_zero=include_zero, top_p_mode=mode)
