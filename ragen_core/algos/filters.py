@@ -18,8 +18,8 @@ sampled tokens (``length``). A strategy then keeps some groups, ranked by that v
 ``value >= 1`` keeps every candidate under ``top_p``. With ``include_zero=False`` the groups whose value is zero
 (``|value| <= 1e-10``: for ``reward_std`` the groups whose rewards do not vary) are no candidates at all, as in
 RAGEN-2's code (which tests the selection score, whatever the metric). Ties in rank go to the lower group id, so
-every choice is deterministic. The aliases ``std``, ``std_rev`` and ``std_top_p`` are ``top_k`` (largest), ``top_k`` (smallest) and
-``top_p`` (linear) over ``reward_std``; :data:`FILTERS` keeps their old call signature
+every choice is deterministic. The aliases ``std``, ``std_rev`` and ``std_top_p`` are ``top_k`` (largest), ``top_k``
+(smallest) and ``top_p`` (linear) over ``reward_std``; :data:`FILTERS` keeps their old call signature
 ``fn(scores (B,), group_index (B,), ratio) -> (kept (B,) bool, group_std (B,))``.
 """
 
