@@ -1,6 +1,8 @@
 """Rubik's Cube 2x2 (RAGEN-2's pocket cube): restore a scrambled cube so that every face shows one color.
 
-Rules, notation, symbols and rewards follow RAGEN-2's ``rubikscube`` env: 12 quarter turns in Singmaster notation
+Rules, notation, symbols and rewards follow RAGEN-2's ``rubikscube`` env (except B and B', which RAGEN-2's sticker
+table gets wrong: its B breaks a corner; ours is the legal back turn, docs/environments.md): 12 quarter turns in
+Singmaster notation
 (``U U' D D' L L' R R' F F' B B'``: a letter alone turns that face 90 degrees clockwise as seen looking at it, a prime
 counter-clockwise); faces listed Up, Left, Front, Right, Back, Down with colors W (white), O (orange), G (green),
 R (red), B (blue), Y (yellow); the cube starts solved and takes ``scramble_depth`` uniformly random quarter turns
