@@ -63,9 +63,6 @@ def policy_fingerprint(config: RunConfig) -> str:
     return digest.hexdigest()[:16]
 
 
-POLICY_OPTIONS = ("teacher_prob",)  # bootstrap fields that are options of some scripted policies
-
-
 def policy_options(config: RunConfig) -> dict[str, Any]:
     """The scripted options the bootstrap's policy takes (none for ``random``: its key ignores ``teacher_prob``)."""
     policy = get_scripted_policy(config.bootstrap.policy, **scripted_options(config))
@@ -76,7 +73,8 @@ def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
     """Identity of a bootstrap: base model, bootstrap settings, what its policy does, the env and the reply format."""
     payload: dict[str, Any] = {
         "base": str(base_dir),
-        "bootstrap": config.bootstrap.model_dump(mode="json", exclude={"seed", *POLICY_OPTIONS}),
+        # scripted options count only for the policy that takes them (policy_options): random ignores teacher_prob
+        "bootstrap": config.bootstrap.model_dump(mode="json", exclude={"seed", *scripted_options(config)}),
         "policy_behaviour": policy_fingerprint(config),
         "policy_options": policy_options(config),
         "env": config.env.model_dump(mode="json"),

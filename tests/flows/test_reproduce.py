@@ -24,12 +24,13 @@ def _invoke(*args: str):
 
 @pytest.fixture(scope="module")
 def reproduced(prefect_harness, tmp_path_factory):
-    """echo_trap, early_warnings (on echo_trap's runs), filtering, reasoning and multiturn_learning, each --quick, in
-    one lake."""
+    """echo_trap, early_warnings (on echo_trap's runs), filtering, reasoning, multiturn_learning and the multi-turn
+    echo_trap, early_warnings, filtering and reasoning, each --quick, in one lake."""
     root = tmp_path_factory.mktemp("findings-lake")
     out = tmp_path_factory.mktemp("findings-out")
     results = {}
-    for name in ("echo_trap", "early_warnings", "filtering", "reasoning", "multiturn_learning"):
+    for name in ("echo_trap", "early_warnings", "filtering", "reasoning", "multiturn_learning", "echo_trap_multiturn",
+                 "early_warnings_multiturn", "filtering_multiturn", "reasoning_multiturn"):
         result = _invoke("reproduce", name, "--quick", "--data-root", str(root), "--out", str(out / f"{name}.png"))
         assert result.exit_code == 0, result.output
         results[name] = (json.loads((out / f"{name}.json").read_text()), result.output)
