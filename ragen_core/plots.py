@@ -154,8 +154,11 @@ def draw(data: PanelData, run_ids: Sequence[str], panels: Sequence[Panel] = PANE
         envs = sorted({name for _, name in series})
         for (run_id, name), points in series.items():
             iterations, values = zip(*points, strict=True) if points else ((), ())
+            style = ENV_STYLES[envs.index(name) % 4]
+            if panel.key == "val/*/teacher_*":  # agreement solid, its chance level dotted, whatever the env
+                style = "-" if name.endswith("_agreement") else ":"
             ax.plot(
-                iterations, values, color=colours.get(run_id, "black"), linestyle=ENV_STYLES[envs.index(name) % 4],
+                iterations, values, color=colours.get(run_id, "black"), linestyle=style,
                 marker="o", markersize=3, label=_label(panel, run_id, name), gid=f"{run_id}|{name}",
             )  # fmt: skip
         ax.grid(True, alpha=0.3)

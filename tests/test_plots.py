@@ -138,7 +138,7 @@ def test_teacher_agreement_panel_draws_agreement_and_chance_apart(lake, tmp_path
     panel = axes["Teacher agreement (validation) against chance"]
     lines = {line.get_gid(): line for line in panel.get_lines()}
     assert set(lines) == {"run-a|val/bandit/teacher_agreement", "run-a|val/bandit/teacher_chance"}
-    assert lines["run-a|val/bandit/teacher_agreement"].get_linestyle() != lines[
-        "run-a|val/bandit/teacher_chance"].get_linestyle()
+    assert lines["run-a|val/bandit/teacher_agreement"].get_linestyle() == "-"
+    assert lines["run-a|val/bandit/teacher_chance"].get_linestyle() == ":"
     legend = sorted(t.get_text() for t in panel.get_legend().get_texts())
     assert legend == ["run-a · bandit teacher_agreement", "run-a · bandit teacher_chance"]
