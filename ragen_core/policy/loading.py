@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,28 +13,66 @@ class PolicyLoadError(ValueError):
     """The model directory is missing or incomplete."""
 
 
+# Files of a model folder that can ask transformers to import the folder's own Python code.
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json", "generation_config.json")
+
+
+def refuse_remote_code(model_dir: str | Path) -> None:
+    """Raise :class:`PolicyLoadError` when a file of ``model_dir`` declares custom code (``auto_map``): a model
+    folder never runs its own code here (every load passes ``trust_remote_code=False``, and this says why before
+    transformers would prompt or fail). The files are read as JSON, nothing else."""
+    for name in REMOTE_CODE_FILES:
+        path = Path(model_dir) / name
+        if not path.is_file():
+            continue
+        try:
+            content = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PolicyLoadError(f"{str(path)!r} is not readable JSON ({exc}); the model folder is damaged") from None
+        if isinstance(content, dict) and "auto_map" in content:
+            raise PolicyLoadError(
+                f"model directory {str(model_dir)!r} declares its own code ({name}: auto_map "
+                f"{sorted(content['auto_map'])}); models are loaded without running a folder's code "
+                "(trust_remote_code=False): use a model of an architecture transformers ships (Qwen2, Llama, ...)"
+            )
+
+
 def load_tokenizer(model_dir: str | Path) -> Any:
-    """Load the tokenizer of ``model_dir`` (offline)."""
+    """Load the tokenizer of ``model_dir`` (offline, never running the folder's own code)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    refuse_remote_code(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
 def load_policy(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a local Hugging Face directory; nothing is downloaded."""
-    from transformers import AutoModelForCausalLM
-
+    """Load ``(model, tokenizer)`` from a local Hugging Face directory; nothing is downloaded, no code of the folder
+    runs."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise PolicyLoadError(
             f"model directory {str(model_dir)!r} has no config.json; point model.path at a local Hugging Face "
             "causal-LM folder (e.g. a Qwen2.5-0.5B-Instruct checkout) or leave it unset for the tiny default"
         )
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
+    model = load_causal_lm(model_dir, dtype)
     return model, load_tokenizer(model_dir)
+
+
+def load_causal_lm(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The causal LM of a local Hugging Face directory: offline, never running the folder's own code; a folder
+    transformers cannot read is a :class:`PolicyLoadError` naming it."""
+    from transformers import AutoModelForCausalLM
+
+    refuse_remote_code(model_dir)
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=dtype, local_files_only=True, trust_remote_code=False
+        )
+    except (ValueError, KeyError) as exc:  # an unknown model_type or a config transformers cannot map
+        raise PolicyLoadError(f"model directory {str(model_dir)!r} cannot be loaded as a causal LM: {exc}") from None
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

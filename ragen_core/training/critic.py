@@ -73,9 +73,9 @@ class ValueModel(torch.nn.Module):
         cls, model_dir: str | Path, dtype: torch.dtype = torch.float32, head_seed: int = 0
     ) -> ValueModel:
         """Load the transformer of a local Hugging Face causal-LM directory (nothing is downloaded)."""
-        from transformers import AutoModelForCausalLM
+        from ragen_core.policy.loading import load_causal_lm
 
-        policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
+        policy = load_causal_lm(model_dir, dtype)
         return cls(policy.base_model, policy.config.hidden_size, head_seed)
 
     def forward(
