@@ -423,6 +423,7 @@ def sql(
 def plot(
     run_ids: list[str] = typer.Argument(..., help="One or several run ids (`ragen runs` lists them)."),
     out: Path = typer.Option(..., "--out", "-o", help="PNG file to write (outside the data root)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --out FILE."),
     data_root: DataRoot = None,
 ) -> None:
     """Plot the runs' collapse indicators from the metrics table into one PNG: validation success per env, reward
@@ -434,7 +435,7 @@ def plot(
         checked_run_id(run_id)
     root = existing_root(data_root)
     try:
-        result = plot_runs(root, run_ids, out)
+        result = plot_runs(root, run_ids, out, force)
     except (PlotError, LakeError) as exc:
         fail(str(exc))
     except OSError as exc:  # the PNG cannot be written there: a user's mistake, not a traceback

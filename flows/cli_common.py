@@ -103,12 +103,16 @@ def check_output(
         fail("--format parquet writes a file: give it with --out FILE")
     if out is None:
         return
+    if out.is_symlink():  # replacing the link would lose it; writing through it would write elsewhere
+        fail(f"--out {str(out)!r} is a symbolic link; give the path of a plain file")
     if out.resolve().is_relative_to(root):  # never write into the lake
         fail(
             f"--out {str(out)!r} lies inside the data root {str(root)!r}; the lake is read-only here: write elsewhere"
         )
     if out.is_dir():
         fail(f"--out {str(out)!r} is a folder; give a file name, e.g. {str(out / ('result.' + output_format))!r}")
+    if out.exists() and not out.is_file():  # a FIFO, a device, a socket: --force would replace it with a file
+        fail(f"--out {str(out)!r} is not a plain file (a device, pipe or socket); write to a file")
     if out.exists() and not force:
         fail(f"--out {str(out)!r} exists; pass --force to overwrite it")
 

@@ -77,9 +77,9 @@ class PlotResult:
     figure: object  # matplotlib.figure.Figure (imported lazily)
 
 
-def check_request(lake: DataLake, run_ids: Sequence[str], out: Path) -> Path:
-    """Refuse before reading anything: no runs, unknown runs, an output that is not a PNG or lies in the lake.
-    Returns the resolved output path."""
+def check_request(lake: DataLake, run_ids: Sequence[str], out: Path, force: bool = True) -> Path:
+    """Refuse before reading anything: no runs, unknown runs, an output that is not a PNG, lies in the lake, is
+    not a plain file (or exists, without ``force``). Returns the resolved output path."""
     if not run_ids:
         raise PlotError("give at least one run id; list the runs with `ragen runs`")
     known = runs_with_data(lake)
@@ -89,13 +89,17 @@ def check_request(lake: DataLake, run_ids: Sequence[str], out: Path) -> Path:
             f"unknown run id(s) {', '.join(map(repr, unknown))} in {lake.root}; "
             f"list the runs with `ragen runs --data-root {lake.root}`"
         )
-    return check_png_output(out, lake.root)
+    return check_png_output(out, lake.root, force)
 
 
-def check_png_output(out: str | Path, root: str | Path) -> Path:
+def check_png_output(out: str | Path, root: str | Path, force: bool = True) -> Path:
     """The resolved path of a picture to write: a .png file, not a folder, outside the data root ``root`` (which
-    the command only reads). Raises :class:`PlotError` naming what is wrong."""
-    out, root = Path(out).expanduser().resolve(), Path(root).expanduser().resolve()
+    the command only reads), not a symbolic link nor a device, pipe or socket (replaced by a file, they would be
+    lost), and, without ``force``, not an existing file. Raises :class:`PlotError` naming what is wrong."""
+    given = Path(out).expanduser()
+    if given.is_symlink():
+        raise PlotError(f"the output {str(given)!r} is a symbolic link; give the path of a plain file")
+    out, root = given.resolve(), Path(root).expanduser().resolve()
     if out.suffix.lower() != ".png":
         raise PlotError(f"the output {str(out)!r} must be a .png file")
     if out.is_relative_to(root):
@@ -105,6 +109,10 @@ def check_png_output(out: str | Path, root: str | Path) -> Path:
         )
     if out.is_dir():
         raise PlotError(f"the output {str(out)!r} is a folder; give a file name ending in .png")
+    if out.exists() and not out.is_file():
+        raise PlotError(f"the output {str(out)!r} is not a plain file (a device, pipe or socket); write elsewhere")
+    if out.exists() and not force:
+        raise PlotError(f"the output {str(out)!r} exists; pass --force to overwrite it")
     return out
 
 
@@ -169,11 +177,14 @@ def draw(data: PanelData, run_ids: Sequence[str], panels: Sequence[Panel] = PANE
     return figure
 
 
-def plot_runs(root: str | Path | DataLake, run_ids: Sequence[str], out: str | Path) -> PlotResult:
+def plot_runs(
+    root: str | Path | DataLake, run_ids: Sequence[str], out: str | Path, force: bool = True
+) -> PlotResult:
     """Plot the collapse indicators of ``run_ids`` (runs of the data root ``root``) into one PNG at ``out``
-    (outside the data root; written atomically). Returns the path, the plotted data and the figure."""
+    (outside the data root; written atomically; an existing file only with ``force``). Returns the path, the
+    plotted data and the figure."""
     lake = root if isinstance(root, DataLake) else DataLake(root)
-    path = check_request(lake, run_ids, Path(out))
+    path = check_request(lake, run_ids, Path(out), force)
     data = panel_data(lake, run_ids)
     figure = draw(data, run_ids)
     buffer = io.BytesIO()

@@ -132,3 +132,37 @@ def test_csv_holds_list_and_struct_cells_as_json(root):
     assert json.loads(row["s"]) == {"a": 1, "b": "x"} and row["none"] == ""
     stored = _invoke("sql", "SELECT actions FROM turns WHERE group_id = 9 LIMIT 1", "--data-root", root, "-f", "csv")
     assert stored.exit_code == 0 and stored.stdout.splitlines() == ['"actions"', '"[]"']
+
+
+def test_out_never_replaces_a_link_a_pipe_or_a_device(root, tmp_path):
+    target = tmp_path / "kept.csv"
+    target.write_text("precious\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    for out, message in ((link, "is a symbolic link"), (fifo, "is not a plain file"),
+                         (os.devnull, "is not a plain file")):  # fmt: skip
+        result = _invoke("sql", "SELECT 1", "--data-root", root, "--format", "csv", "--out", out, "--force")
+        assert result.exit_code == 2 and message in " ".join(result.stderr.split()), result.output
+        _no_traceback(result)
+    assert link.is_symlink() and target.read_text() == "precious\n"
+    assert fifo.is_fifo() and os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
+
+
+def test_plot_asks_for_force_like_sql_and_never_replaces_a_link_or_pipe(root, tmp_path):
+    out = tmp_path / "runs.png"
+    out.write_bytes(b"not yet a plot")
+    result = _invoke("plot", "run-a", "--out", out, "--data-root", root)
+    assert result.exit_code == 2 and "exists; pass --force" in " ".join(result.stderr.split())
+    assert out.read_bytes() == b"not yet a plot"
+    result = _invoke("plot", "run-a", "--out", out, "--data-root", root, "--force")
+    assert result.exit_code == 0 and out.read_bytes().startswith(b"\x89PNG")
+    link = tmp_path / "link.png"
+    link.symlink_to(out)
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    for target, message in ((link, "is a symbolic link"), (fifo, "is not a plain file")):
+        result = _invoke("plot", "run-a", "--out", target, "--data-root", root, "--force")
+        assert result.exit_code == 2 and message in " ".join(result.stderr.split()), result.output
+    assert link.is_symlink() and fifo.is_fifo()
