@@ -22,12 +22,17 @@ from pydantic import (
     Field,
     NonNegativeFloat,
     NonNegativeInt,
-    PositiveInt,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+
+# Every count of the config (iterations, instances, groups, tokens, ...) is at most a million: a larger one is a typo
+# (10**12 iterations) that would otherwise pass validation and fail, or run for ever, after the run was created.
+MAX_COUNT = 1_000_000
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
+MAX_NEW_TOKENS = 131_072  # longer than any model's context here: a larger reply limit is a mistake
 
 if TYPE_CHECKING:
     from ragen_core.algos.filters import FilterSpec
@@ -37,7 +42,8 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # inf and nan are no setting of any key (actor.lr=inf would pass and fail at the first update)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -151,7 +157,9 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1.0 keeps the sampler's log-probs exact.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
-    max_new_tokens: PositiveInt = Field(48, description="Maximum tokens of one reply (paper scale: 400).")
+    max_new_tokens: Annotated[int, Field(gt=0, le=MAX_NEW_TOKENS)] = Field(
+        48, description="Maximum tokens of one reply (paper scale: 400)."
+    )
     enable_think: bool = Field(True, description="Ask for and parse <think>...</think> before <answer>.")
     think_prefix: bool = Field(
         True,

@@ -169,3 +169,39 @@ def test_a_key_overridden_twice_is_an_error(overrides, key):
 def test_overrides_of_different_keys_of_one_section_are_fine():
     config = build_config(overrides=["actor.lr=0.1", "actor.grad_clip=0.3"])
     assert (config.actor.lr, config.actor.grad_clip) == (0.1, 0.3)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.iterations=1000000000000", "trainer.iterations: Input should be less than or equal to 1000000"),
+        ("eval.instances=1000001", "eval.instances: Input should be less than or equal to 1000000"),
+        ("rollout.max_new_tokens=100000000", "rollout.max_new_tokens: Input should be less than or equal to"),
+        ("rollout.max_new_tokens=200000", "rollout.max_new_tokens: Input should be less than or equal to 131072"),
+        ("actor.lr=inf", "actor.lr: Input should be a finite number"),
+        ("actor.lr=.nan", "actor.lr: Input should be a finite number"),
+        ("algorithm.clip_high=-.inf", "algorithm.clip_high: Input should be a finite number"),
+    ],
+)
+def test_numbers_are_finite_and_counts_bounded(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("configs/bandit.yaml", [override])
+
+
+def test_every_shipped_config_stays_within_the_bounds():
+    from pathlib import Path
+
+    for path in sorted(Path("configs").glob("*.yaml")):
+        load_config(path)
+
+
+def test_train_refuses_an_unbounded_config_before_creating_anything(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    root = tmp_path / "never-made"
+    result = CliRunner().invoke(app, ["train", "--config", "configs/bandit.yaml", "--data-root", str(root),
+                                      "trainer.iterations=1000000000000"])  # fmt: skip
+    assert result.exit_code == 2 and "trainer.iterations" in result.output and "Traceback" not in result.output
+    assert not root.exists()
