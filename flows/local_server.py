@@ -69,6 +69,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def check_port_free(port: int) -> None:
+    """Raise :class:`ServerError` unless ``port`` is a valid TCP port that nothing listens on at 127.0.0.1 (a server
+    started there would fail, and the one already listening would answer the health check in its place)."""
+    if not 0 < port < 65536:
+        raise ServerError(f"--port {port} is not a TCP port: give 1-65535, or 0 for any free port")
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise ServerError(
+                f"port {port} on 127.0.0.1 is in use (another server?); choose another --port, or 0 for a free one"
+            ) from None
+
+
 def _prefect() -> list[str]:
     return [sys.executable, "-m", "prefect"]
 
@@ -130,11 +144,12 @@ def start(
 ) -> ServerState:
     """Start a server on 127.0.0.1:``port`` (0: a free one), create the work pool, deploy prefect.yaml and start a
     process worker. Refuses when ``state_dir`` already has live processes (stop them first)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
     previous = read_state(state_dir)
     if previous is not None and any(alive(p) for p in (previous.server_pid, previous.worker_pid) if p):
         raise ServerError(f"a server started from {state_dir} is still running ({previous.api_url}); stop it first")
     port = port or free_port()
+    check_port_free(port)
+    state_dir.mkdir(parents=True, exist_ok=True)
     home = state_dir / "home"
     home.mkdir(exist_ok=True)
     prefect_template.seed(home)  # only a home without a database yet
@@ -145,6 +160,9 @@ def start(
     state.save(state_dir)
     try:
         wait_healthy(api_url, timeout, server)
+        if server.poll() is not None:  # what answered is not the server started here
+            raise ServerError(f"the Prefect server exited with code {server.returncode}; another one answers at "
+                              f"{api_url}: choose another --port")  # fmt: skip
         prefect_template.save(home)  # a no-op once a template exists
         env = base_env(home, api_url)
         ensure_pool(env)
