@@ -453,8 +453,8 @@ def main() -> None:
         app()
     except SystemExit:
         if interrupts.requested():  # a command without its own message about the stop
-            interrupts.report("interrupted (Ctrl-C)")
-            raise SystemExit(interrupts.EXIT_CODE) from None
+            interrupts.report(f"interrupted ({interrupts.signal_name()})")
+            raise SystemExit(interrupts.exit_code()) from None
         raise
 
 

@@ -1,4 +1,5 @@
-"""Ctrl-C for the ``ragen`` command line: the first one stops the command cleanly, a second one forces it.
+"""Ctrl-C (and SIGTERM) for the ``ragen`` command line: the first one stops the command cleanly, a second one forces
+it. SIGTERM (a scheduler's or ``kill``'s stop) is handled as Ctrl-C is, with exit status 143.
 
 The first SIGINT mutes the console output of the libraries' loggers (Prefect would print its "crash detected"
 reports; the Prefect server still receives them) and raises :class:`KeyboardInterrupt` as Python does by default, so
@@ -19,15 +20,26 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-EXIT_CODE = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
-_state = {"requested": False, "reported": False}
+_state: dict[str, bool | int] = {"requested": False, "reported": False, "signal": signal.SIGINT}
 _last_resort: list[Callable[[], None]] = []
 
 
 def install() -> None:
-    """Handle SIGINT as described in the module docstring (call it from the main thread, before the command)."""
-    signal.signal(signal.SIGINT, _on_sigint)
+    """Handle SIGINT and SIGTERM as described in the module docstring (call it from the main thread, before the
+    command)."""
+    signal.signal(signal.SIGINT, _on_stop_signal)
+    signal.signal(signal.SIGTERM, _on_stop_signal)
     atexit.register(_skip_finalization)  # registered first, so it runs after every other exit handler
+
+
+def exit_code() -> int:
+    """128 + the number of the signal that stopped the command (130 for Ctrl-C, 143 for SIGTERM)."""
+    return 128 + int(_state["signal"])
+
+
+def signal_name() -> str:
+    """How the stop came, for the command's one line: "Ctrl-C" or "SIGTERM"."""
+    return "Ctrl-C" if _state["signal"] == signal.SIGINT else signal.Signals(_state["signal"]).name
 
 
 def _skip_finalization() -> None:
@@ -40,7 +52,7 @@ def _skip_finalization() -> None:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(EXIT_CODE)
+        os._exit(exit_code())
 
 
 def on_forced_stop(cleanup: Callable[[], None]) -> None:
@@ -63,16 +75,18 @@ def report(message: str) -> None:
     err_console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
-def _on_sigint(signum: int, frame: FrameType | None) -> None:
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     if _state["requested"]:
-        os.write(2, b"\nsecond Ctrl-C: stopping now, without cleaning up (`ragen resume` continues the run)\n")
+        os.write(2, f"\nsecond {signal_name()}: stopping now, without cleaning up (`ragen resume` continues the "
+                    "run)\n".encode())  # fmt: skip
         for cleanup in _last_resort:
             try:
                 cleanup()
             except Exception:  # noqa: BLE001 - best effort on the way out; nothing may keep us from exiting
                 pass
-        os._exit(EXIT_CODE)
+        os._exit(exit_code())
     _state["requested"] = True
+    _state["signal"] = signum
     mute_console_logs()
     raise KeyboardInterrupt
 

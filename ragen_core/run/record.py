@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -74,13 +75,21 @@ def run_status(session: RunSession) -> Iterator[RunSession]:
     session.record.update(status="completed")
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def interrupted(exc: BaseException) -> bool:
-    """Whether ``exc`` is a Ctrl-C or was raised while handling one (a library's clean-up that fails on the way out,
-    e.g. Prefect's "Task run is not set" when the Ctrl-C lands while it creates a task run)."""
+    """Whether ``exc`` is a stop from outside or was raised while handling one (a library's clean-up that fails on
+    the way out, e.g. Prefect's "Task run is not set" when the Ctrl-C lands while it creates a task run). A stop is a
+    Ctrl-C (KeyboardInterrupt) or a SIGTERM turned into an exception by the orchestration layer (Prefect raises a
+    ``BaseException`` that carries the ``signal``; the core knows it by that, not by importing Prefect)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         if isinstance(current, KeyboardInterrupt):
+            return True
+        signalled = getattr(current, "signal", None) in STOP_SIGNALS
+        if signalled and not isinstance(current, Exception | SystemExit | GeneratorExit):
             return True
         seen.add(id(current))
         current = current.__cause__ or current.__context__

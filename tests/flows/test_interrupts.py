@@ -141,6 +141,30 @@ def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
         assert _rows(root, table) == _rows(whole, table), table
 
 
+def test_sigterm_stops_a_run_like_ctrl_c_with_one_line_and_status_143(tmp_path, tiny_model_dir, leftovers):
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
+    root = tmp_path / "terminated"
+    process, out, err = _start(train, root)
+    leftovers.append(process.pid)
+    command = psutil.Process(process.pid)
+    lake = DataLake(root)
+    _wait_for(lambda: 1 in lake.committed_iterations(RUN), process, "committed iteration 1")
+    servers = _servers(command)
+    leftovers.extend(server.pid for server in servers)
+    os.kill(process.pid, signal.SIGTERM)  # the command alone, as a scheduler or `kill` stops it
+    assert process.wait(timeout=60) == 143
+    stderr = err.read_text()
+    assert "Traceback" not in stderr + out.read_text()
+    manifest = lake.read_manifest(RUN)
+    last = lake.committed_iterations(RUN)[-1]
+    assert last < 3, "the run ended before the SIGTERM; the test would prove nothing"
+    assert manifest["status"] == "interrupted" and manifest["last_committed_iteration"] == last
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"interrupted: run {RUN} stopped"), stderr
+    assert f"Continue it with: ragen resume {RUN}" in lines[0]
+    assert _gone(servers, 10) == [], "the temporary Prefect server outlived the command"
+
+
 def test_a_sigkilled_run_leaves_no_prefect_server(tmp_path, tiny_model_dir, leftovers):
     train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
     process, _, err = _start(train, tmp_path / "killed")

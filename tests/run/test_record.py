@@ -1,6 +1,8 @@
 """A run's record: the manifest fields of a stopped run (a Ctrl-C, also one that a library turned into another error
 while handling it, is ``interrupted``; any other error ``failed``), and the status a run's body leaves behind."""
 
+import signal
+
 from ragen_core.run.record import interrupted, stop_record
 
 
@@ -70,3 +72,27 @@ def test_run_status_records_how_the_body_ended_and_always_closes_the_session(tmp
     assert (manifest["status"], manifest["interrupted_stage"], manifest["last_committed_iteration"]) == (
         "interrupted", "update", None)  # fmt: skip
     assert closed == [True, True, True]
+
+
+def test_a_sigterm_raised_as_an_exception_counts_as_an_interruption():
+    from ragen_core.run.record import interrupted
+
+    class Termination(BaseException):  # what an orchestration layer raises for a SIGTERM (Prefect's shape)
+        def __init__(self, number: int) -> None:
+            super().__init__()
+            self.signal = number
+
+    class Unrelated(Exception):  # an ordinary error that happens to carry a signal attribute
+        def __init__(self) -> None:
+            super().__init__()
+            self.signal = signal.SIGTERM
+
+    assert interrupted(KeyboardInterrupt()) and interrupted(Termination(signal.SIGTERM))
+    assert not interrupted(Termination(signal.SIGUSR1)) and not interrupted(Unrelated())
+    try:
+        try:
+            raise Termination(signal.SIGTERM)
+        except Termination:
+            raise RuntimeError("clean-up failed on the way out")  # noqa: B904 - the context is what is tested
+    except RuntimeError as exc:
+        assert interrupted(exc)
