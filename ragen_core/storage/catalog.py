@@ -24,8 +24,10 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -39,6 +41,7 @@ from schemas.versions import NewerSchemaError, check_readable
 
 ERROR_PREFIX = "ragen lake: "
 QUERY_ATTEMPTS = 3
+INTERRUPT_GRACE = 5.0  # seconds an interrupted query is given to stop before the stop goes on without it
 BROKEN_STATUS = "broken"
 
 __all__ = ["QueryRefused", "check_read_only", "connect", "query", "read_manifests"]
@@ -247,6 +250,37 @@ def _translate(exc: duckdb.Error, lake: DataLake) -> LakeError | None:
     return None
 
 
+def _interruptible(con: duckdb.DuckDBPyConnection, statement: str, params: list | dict | None) -> pa.Table:
+    """Run the statement in a worker thread while this thread waits, so that a Ctrl-C or SIGTERM reaches Python's
+    handler at once (a query holds the calling thread inside DuckDB); the stop interrupts the query
+    (``con.interrupt()``) and is raised again once DuckDB has let go, or after ``INTERRUPT_GRACE`` seconds when it
+    does not (the worker is a daemon thread: a command that stops does not wait for it)."""
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            relation = con.sql(statement, params=params)  # values (run ids...) as parameters, never pasted into SQL
+            outcome["table"] = relation.to_arrow_table() if relation is not None else pa.table({})
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=work, name="ragen-query", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except BaseException:
+        try:
+            con.interrupt()
+        except duckdb.Error:  # the query is between two calls of the connection: it ends by itself
+            pass
+        worker.join(INTERRUPT_GRACE)  # a daemon: the process does not wait for a query that ignores the interrupt
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["table"]
+
+
 def query(
     root: str | Path | DataLake,
     sql: str,
@@ -267,8 +301,7 @@ def query(
     for attempt in range(QUERY_ATTEMPTS):
         con, files = _open(lake, run_id, broken_manifests)
         try:
-            relation = con.sql(statement, params=params)  # values (run ids...) as parameters, never pasted into SQL
-            return relation.to_arrow_table() if relation is not None else pa.table({})
+            return _interruptible(con, statement, params)
         except duckdb.Error as exc:
             if attempt + 1 < QUERY_ATTEMPTS and any(not f.exists() for f in files):
                 continue
@@ -277,5 +310,8 @@ def query(
                 raise
             raise translated from exc
         finally:
-            con.close()
+            try:
+                con.close()
+            except duckdb.Error:  # still busy with a query that a stop left behind: it closes when that ends
+                pass
     raise AssertionError("unreachable: the last attempt returns or raises")
