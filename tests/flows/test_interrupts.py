@@ -82,6 +82,17 @@ def leftovers():
             os.kill(pid, signal.SIGKILL)
 
 
+def _train_until_committed(root: Path, tiny_model_dir: Path, leftovers: list[int]):
+    """`ragen train` of the bandit config started as a terminal's job, once it committed iteration 1:
+    (process, stdout file, stderr file, its psutil process, its lake)."""
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
+    process, out, err = _start(train, root)
+    leftovers.append(process.pid)
+    lake = DataLake(root)
+    _wait_for(lambda: 1 in lake.committed_iterations(RUN), process, "committed iteration 1")
+    return process, out, err, psutil.Process(process.pid), lake
+
+
 def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
     tmp_path, tiny_model_dir, tiny_policy, prefect_server, whole_bandit_run, leftovers
 ):
@@ -89,13 +100,8 @@ def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
 
     model, _ = tiny_policy  # DeepSpeed compiles a CPU op at its first engine: never inside the interrupted process
     ActorEngine(model, OptimConfig(lr=1e-3, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1))
-    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
     root = tmp_path / "stopped"
-    process, out, err = _start(train, root)
-    leftovers.append(process.pid)
-    command = psutil.Process(process.pid)
-    lake = DataLake(root)
-    _wait_for(lambda: 1 in lake.committed_iterations(RUN), process, "committed iteration 1")
+    process, out, err, command, lake = _train_until_committed(root, tiny_model_dir, leftovers)
     # engines built and an update done: DeepSpeed's process group and every server of the command exist now
     children = command.children(recursive=True)
     leftovers.extend(child.pid for child in children)
@@ -142,13 +148,8 @@ def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
 
 
 def test_sigterm_stops_a_run_like_ctrl_c_with_one_line_and_status_143(tmp_path, tiny_model_dir, leftovers):
-    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
     root = tmp_path / "terminated"
-    process, out, err = _start(train, root)
-    leftovers.append(process.pid)
-    command = psutil.Process(process.pid)
-    lake = DataLake(root)
-    _wait_for(lambda: 1 in lake.committed_iterations(RUN), process, "committed iteration 1")
+    process, out, err, command, lake = _train_until_committed(root, tiny_model_dir, leftovers)
     servers = _servers(command)
     leftovers.extend(server.pid for server in servers)
     os.kill(process.pid, signal.SIGTERM)  # the command alone, as a scheduler or `kill` stops it

@@ -16,7 +16,9 @@ RAGEN = str(Path(sys.executable).with_name("ragen"))
 LONG = "SELECT sum(a.range * b.range) FROM range(100000000) a, range(1000000) b"  # hours of work
 
 
-@pytest.mark.parametrize(("number", "code", "name"), [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+@pytest.mark.parametrize(
+    ("number", "code", "name"), [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")]
+)
 def test_a_long_query_stops_at_once(tmp_path, number, code, name):
     lake = DataLake(tmp_path / "lake")
     write_run(lake, make_run(0, "run-a", "bandit", iterations=1, groups=2, group_size=2))
