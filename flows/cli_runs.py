@@ -61,7 +61,9 @@ def runs_rm(
     run_id: str = typer.Argument(..., help="The run to remove."),
     data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    force: bool = typer.Option(False, "--force", help="Remove even when the manifest says 'running'."),
+    force: bool = typer.Option(
+        False, "--force", help="Remove even when the manifest says 'running' (never while a live process writes it)."
+    ),
 ) -> None:
     """Remove a run: its rows in every table, staging, commits, quarantine, manifest, checkpoints, owned models."""
     from ragen_core.storage import DataLake, LakeError, plan_removal, remove_run

@@ -31,6 +31,7 @@ from ragen_core.storage.catalog import query
 from ragen_core.storage.compaction import run_lock
 from ragen_core.storage.files import LakeError
 from ragen_core.storage.lake import DataLake
+from ragen_core.storage.locks import run_writer
 from ragen_core.storage.names import validate_run_id
 
 TRASH_PREFIX = ".deleting-"
@@ -191,7 +192,9 @@ def _delete(path: Path) -> None:
 def remove_run(lake: DataLake, plan: RemovalPlan) -> None:
     """Delete everything in ``plan`` (order and crash behaviour: module docstring); the manifest goes last."""
     run_id = plan.run_id
-    with run_lock(lake, run_id):
+    # the writer's own lock (RunLockedError naming the live writer, whatever --force said about the manifest), then
+    # the housekeeping lock: nothing is deleted while a process writes the run
+    with run_writer(lake.root, run_id, wait=False), run_lock(lake, run_id):
         manifest = lake.read_manifest(run_id)
         if manifest is not None:
             lake.write_manifest(run_id, {**manifest, "status": "deleting"})

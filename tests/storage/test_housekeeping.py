@@ -145,3 +145,36 @@ def test_a_damaged_file_does_not_keep_its_run_from_being_removed(tmp_path):
     assert "checkpoints: ? row(s)" in plan.describe(tmp_path)
     remove_run(lake, plan)
     assert not list(tmp_path.rglob("*gone*"))
+
+
+def test_runs_rm_never_removes_a_run_whose_writer_is_alive(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from ragen_core.storage.locks import lock_path, read_holder
+
+    lake = DataLake(tmp_path / "lake")
+    write_run(lake, make_run(0, "live", "bandit", iterations=1), status="running")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from ragen_core.storage.locks import run_writer\n"
+        f"with run_writer({str(lake.root)!r}, 'live'):\n    print('held', flush=True); time.sleep(60)"
+    )], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.relative_to(lake.root) for p in lake.root.rglob("*") if p.name != "writer.lock")
+        result = CliRunner().invoke(app, ["runs", "rm", "live", "--force", "--yes", "--data-root", str(lake.root)])
+        assert result.exit_code == 2, result.output
+        assert f"pid {holder.pid}" in " ".join(result.output.split()) and "removed run" not in result.output
+        after = sorted(p.relative_to(lake.root) for p in lake.root.rglob("*") if p.name != "writer.lock")
+        assert after == before and lake.read_manifest("live")["status"] == "running"
+        assert read_holder(lock_path(lake.root, "live"))["pid"] == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.1)
+    result = CliRunner().invoke(app, ["runs", "rm", "live", "--force", "--yes", "--data-root", str(lake.root)])
+    assert result.exit_code == 0 and not lake.run_dir("live").exists()  # the writer is gone: --force removes it
