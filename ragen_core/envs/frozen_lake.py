@@ -11,6 +11,7 @@ always give the same trajectory.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -219,7 +220,7 @@ class FrozenLakeEnv(TextEnv):
 
 TEACHER_DISCOUNT = 0.9  # how the teacher weighs a later arrival against a sooner one (second criterion only)
 _TIE_TOLERANCE = 1e-9
-_TABLE_CACHE: dict[tuple, Any] = {}
+_TABLE_CACHE: dict[tuple, tuple[np.ndarray, ...]] = {}  # (kind, map, dynamics) -> tables
 
 
 def _ties(values: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -228,56 +229,64 @@ def _ties(values: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return allowed & (values >= best - _TIE_TOLERANCE)
 
 
+def _cached(key: tuple, horizon: int, build: Callable[[int], tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    """The tables of ``key`` for ``horizon`` actions (``build(horizon)`` once). Row ``t`` of every table depends on
+    ``t`` alone, so tables built for a longer horizon serve every shorter one, sliced: an episode asks for its budget
+    first, then one action less each turn, and is served by one build per map."""
+    tables = _TABLE_CACHE.get(key)
+    if tables is None or len(tables[0]) <= horizon:
+        if len(_TABLE_CACHE) > 4096:
+            _TABLE_CACHE.clear()
+        tables = _TABLE_CACHE[key] = build(horizon)
+    return tuple(table[: horizon + 1] for table in tables)
+
+
 def _teacher_tables(
     rows: tuple[str, ...], slippery: bool, rate: float, horizon: int, transitions
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lexicographic value iteration: ``safe[t, s, a]`` is the success probability within ``t`` actions (as
     :func:`_success_table`), ``soon[t, s, a]`` the expected ``TEACHER_DISCOUNT ** (arrival step - 1)`` when acting by
     the safest actions afterwards, choosing the soonest among them."""
-    key = ("teacher", rows, slippery, rate, horizon)
-    if key in _TABLE_CACHE:
-        return _TABLE_CACHE[key]
-    safe = _success_table(rows, slippery, rate, horizon, transitions)
-    flat = "".join(rows)
-    n_states = len(flat)
-    terminal = np.array([tile in "GH" for tile in flat])
-    goal = np.array([tile == "G" for tile in flat], dtype=float)
-    soon = np.zeros_like(safe)
-    value = np.zeros(n_states)  # V_0: nothing more to collect with no action left
-    for t in range(1, horizon + 1):
-        for s in range(n_states):
-            for a in range(len(ACTIONS)):
-                soon[t, s, a] = sum(
-                    prob * (goal[nxt] + (0.0 if terminal[nxt] else TEACHER_DISCOUNT * value[nxt]))
-                    for prob, nxt, _, _ in transitions[s][a]
-                )
-        value = np.array(
-            [0.0 if terminal[s] else soon[t, s][_ties(safe[t, s], np.ones(len(ACTIONS), dtype=bool))].max()
-             for s in range(n_states)]
-        )  # fmt: skip
-    if len(_TABLE_CACHE) > 4096:
-        _TABLE_CACHE.clear()
-    _TABLE_CACHE[key] = (safe, soon)
+
+    def build(horizon: int) -> tuple[np.ndarray, np.ndarray]:
+        safe = _success_table(rows, slippery, rate, horizon, transitions)
+        flat = "".join(rows)
+        n_states = len(flat)
+        terminal = np.array([tile in "GH" for tile in flat])
+        goal = np.array([tile == "G" for tile in flat], dtype=float)
+        soon = np.zeros_like(safe)
+        value = np.zeros(n_states)  # V_0: nothing more to collect with no action left
+        for t in range(1, horizon + 1):
+            for s in range(n_states):
+                for a in range(len(ACTIONS)):
+                    soon[t, s, a] = sum(
+                        prob * (goal[nxt] + (0.0 if terminal[nxt] else TEACHER_DISCOUNT * value[nxt]))
+                        for prob, nxt, _, _ in transitions[s][a]
+                    )
+            value = np.array(
+                [0.0 if terminal[s] else soon[t, s][_ties(safe[t, s], np.ones(len(ACTIONS), dtype=bool))].max()
+                 for s in range(n_states)]
+            )  # fmt: skip
+        return safe, soon
+
+    safe, soon = _cached(("teacher", rows, slippery, rate), horizon, build)
     return safe, soon
 
 
 def _success_table(rows: tuple[str, ...], slippery: bool, rate: float, horizon: int, transitions) -> np.ndarray:
-    key = (rows, slippery, rate, horizon)
-    if key in _TABLE_CACHE:
-        return _TABLE_CACHE[key]
-    n_states = len(rows) * len(rows[0])
-    flat = "".join(rows)
-    value = np.array([1.0 if tile == "G" else 0.0 for tile in flat])  # V_0: success already achieved
-    q_table = np.zeros((horizon + 1, n_states, len(ACTIONS)))
-    for t in range(1, horizon + 1):
-        for s in range(n_states):
-            for a in range(len(ACTIONS)):
-                q_table[t, s, a] = sum(prob * value[nxt] for prob, nxt, _, _ in transitions[s][a])
-        value = np.where(np.array([tile in "GH" for tile in flat]), value, q_table[t].max(axis=1))
-    if len(_TABLE_CACHE) > 4096:
-        _TABLE_CACHE.clear()
-    _TABLE_CACHE[key] = q_table
-    return q_table
+    def build(horizon: int) -> tuple[np.ndarray]:
+        n_states = len(rows) * len(rows[0])
+        flat = "".join(rows)
+        value = np.array([1.0 if tile == "G" else 0.0 for tile in flat])  # V_0: success already achieved
+        q_table = np.zeros((horizon + 1, n_states, len(ACTIONS)))
+        for t in range(1, horizon + 1):
+            for s in range(n_states):
+                for a in range(len(ACTIONS)):
+                    q_table[t, s, a] = sum(prob * value[nxt] for prob, nxt, _, _ in transitions[s][a])
+            value = np.where(np.array([tile in "GH" for tile in flat]), value, q_table[t].max(axis=1))
+        return (q_table,)
+
+    return _cached(("success", rows, slippery, rate), horizon, build)[0]
 
 
 @register_env("frozen_lake")

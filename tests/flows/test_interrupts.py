@@ -93,6 +93,18 @@ def _train_until_committed(root: Path, tiny_model_dir: Path, leftovers: list[int
     return process, out, err, psutil.Process(process.pid), lake
 
 
+def _stopped_run(lake: DataLake, out: Path, err: Path, how: str) -> tuple[str, dict, int]:
+    """A run stopped mid-way by ``how``: no traceback, its manifest ``interrupted`` after its last committed iteration
+    (before the end: else the test would prove nothing). Returns (stderr, manifest, last committed iteration)."""
+    stderr = err.read_text()
+    assert "Traceback" not in stderr + out.read_text()
+    manifest = lake.read_manifest(RUN)
+    last = lake.committed_iterations(RUN)[-1]
+    assert last < 3, f"the run ended before the {how}; the test would prove nothing"
+    assert manifest["status"] == "interrupted" and manifest["last_committed_iteration"] == last
+    return stderr, manifest, last
+
+
 def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
     tmp_path, tiny_model_dir, tiny_policy, prefect_server, whole_bandit_run, leftovers
 ):
@@ -120,12 +132,7 @@ def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
     print(f"Ctrl-C to exit: {seconds:.1f} s")
     assert returncode == 130
     assert seconds <= 30, f"the stop took {seconds:.1f} s"  # about a second unloaded; the machine may be busy
-    stderr = err.read_text()
-    assert "Traceback" not in stderr + out.read_text()
-    manifest = lake.read_manifest(RUN)
-    last = lake.committed_iterations(RUN)[-1]
-    assert last < 3, "the run ended before the Ctrl-C; the test would prove nothing"
-    assert manifest["status"] == "interrupted" and manifest["last_committed_iteration"] == last
+    stderr, manifest, last = _stopped_run(lake, out, err, "Ctrl-C")
     stopped_in = (manifest["interrupted_iteration"], manifest["interrupted_stage"])
     # in the next iteration, or still in the commit stage of the one just committed (its last steps after the commit)
     assert stopped_in[0] == last + 1 and stopped_in[1] in STAGES or stopped_in == (last, "commit"), manifest
@@ -154,12 +161,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_with_one_line_and_status_143(tmp_path, 
     leftovers.extend(server.pid for server in servers)
     os.kill(process.pid, signal.SIGTERM)  # the command alone, as a scheduler or `kill` stops it
     assert process.wait(timeout=60) == 143
-    stderr = err.read_text()
-    assert "Traceback" not in stderr + out.read_text()
-    manifest = lake.read_manifest(RUN)
-    last = lake.committed_iterations(RUN)[-1]
-    assert last < 3, "the run ended before the SIGTERM; the test would prove nothing"
-    assert manifest["status"] == "interrupted" and manifest["last_committed_iteration"] == last
+    stderr, _, _ = _stopped_run(lake, out, err, "SIGTERM")
     lines = stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"interrupted: run {RUN} stopped"), stderr
     assert f"Continue it with: ragen resume {RUN}" in lines[0]
