@@ -109,7 +109,7 @@ def upgrade(table: pa.Table, spec: TableSpec, registry: UpgradeRegistry = UPGRAD
         )
     try:
         return table.select(spec.column_names).cast(spec.arrow_schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError) as exc:  # nulls in NOT NULL
         raise SchemaVersionError(
             f"a schema_version {version} {spec.name!r} table does not cast to the current schema: {exc}"
         ) from exc

@@ -34,10 +34,12 @@ import pyarrow as pa
 
 from ragen_core.storage.files import LakeError, damaged_files, read_json
 from ragen_core.storage.lake import DataLake
+from ragen_core.storage.layout import check_footer, check_manifest, check_regular_file, footer
+from ragen_core.storage.names import is_valid_run_id
 from ragen_core.storage.runs import manifest_row, runs_table
 from ragen_core.storage.statements import QueryRefused, check_read_only
 from schemas.tables import ColumnSpec, TableSpec
-from schemas.versions import NewerSchemaError, check_readable
+from schemas.versions import SchemaVersionError, check_readable, stored_version
 
 ERROR_PREFIX = "ragen lake: "
 QUERY_ATTEMPTS = 3
@@ -82,22 +84,24 @@ def _files_sql(files: list[Path]) -> str:
     return "[" + ", ".join(_quote(str(f)) for f in files) + "]"
 
 
-def _file_versions(con: duckdb.DuckDBPyConnection, spec: TableSpec, files: list[Path]) -> set[int]:
-    """The schema versions of the table's files (1 for files without one); too-new files raise."""
-    try:
-        found = con.execute(
-            f"SELECT file_name, decode(value) FROM parquet_kv_metadata({_files_sql(files)}) "
-            "WHERE key = 'schema_version'::BLOB"
-        ).fetchall()
-    except duckdb.Error as exc:
-        raise _read_failure(exc, spec.name, files) from exc
-    by_file = {Path(name): int(version) for name, version in found}
-    for path, version in by_file.items():
+def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[int]:
+    """The schema versions of the table's files (1 for files without one), from their footers, which are also held
+    to the layout's row rules (:func:`ragen_core.storage.layout.check_footer`: the NOT NULL columns present, the rows
+    of the folder's run and iteration); a damaged, too-new or misplaced file raises, naming it."""
+    versions = set()
+    for path in files:
         try:
+            metadata = footer(path)
+        except LakeError as exc:
+            raise LakeError(f"cannot read table {spec.name!r}: damaged Parquet file(s) {str(path)!r} ({exc})") from exc
+        try:
+            version = stored_version(metadata.schema.to_arrow_schema())
             check_readable(spec, version)
-        except NewerSchemaError as exc:
+        except SchemaVersionError as exc:  # a newer file, or a version that is no number
             raise LakeError(f"cannot read {str(path)!r}: {exc}") from exc
-    return set(by_file.values()) | ({1} if len(by_file) < len(files) else set())
+        check_footer(path, spec, metadata, lake.upgrades.has_function(spec.name, version, spec.version))
+        versions.add(version)
+    return versions
 
 
 def _needs_python_upgrade(lake: DataLake, spec: TableSpec, versions: set[int]) -> bool:
@@ -113,20 +117,25 @@ def _register_rows(con: duckdb.DuckDBPyConnection, name: str, rows: pa.Table) ->
 
 
 def _manifest_paths(lake: DataLake, run_id: str | None) -> list[Path]:
-    """The manifests under ``runs/`` (only ``run_id``'s when given), found by listing, never by a pattern."""
+    """The manifests under ``runs/`` (only ``run_id``'s when given), found by listing, never by a pattern; a link
+    in place of a manifest is listed too (it is then refused, naming it)."""
     folder = lake.root / "runs"
     if run_id is not None:
         candidates = [folder / run_id / "manifest.json"]
     else:
         candidates = [d / "manifest.json" for d in sorted(folder.iterdir())] if folder.is_dir() else []
-    return [path for path in candidates if path.is_file()]
+    return [path for path in candidates if path.is_file() or path.is_symlink()]
 
 
 def _broken_row(lake: DataLake, path: Path, message: str) -> dict:
     """A ``runs`` row standing for a manifest that cannot be read: status ``broken``, the reason in ``error``."""
-    stamp = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat()
+    stamp = datetime.fromtimestamp(path.lstat().st_mtime, timezone.utc).isoformat()
     run_id = path.parent.name
-    row = manifest_row({"run_id": run_id, "kind": "?", "updated_at": stamp}, lake.committed_iterations(run_id))
+    try:
+        committed = lake.committed_iterations(run_id) if is_valid_run_id(run_id) else []
+    except LakeError:
+        committed = []
+    row = manifest_row({"run_id": run_id, "kind": "?", "updated_at": stamp}, committed)
     return {**row, "status": BROKEN_STATUS, "error": message}
 
 
@@ -137,7 +146,8 @@ def read_manifests(lake: DataLake, run_id: str | None = None) -> tuple[pa.Table,
     rows, problems = [], []
     for path in _manifest_paths(lake, run_id):
         try:
-            manifest = read_json(path)
+            check_regular_file(path, "manifest")
+            manifest = check_manifest(path, read_json(path))  # a manifest names the run of its folder
             rows.append(manifest_row(manifest, lake.committed_iterations(manifest["run_id"])))
         except LakeError as exc:
             problems.append(str(exc))
@@ -169,7 +179,7 @@ def _create_view(
     if not files:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
         return
-    versions = _file_versions(con, spec, files)
+    versions = _file_versions(lake, spec, files)
     if _needs_python_upgrade(lake, spec, versions):
         _register_rows(con, name, lake.read_table(name, run_id))
         return

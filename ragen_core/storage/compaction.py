@@ -4,8 +4,8 @@ Only committed iterations are compacted: their partitions receive no more writes
 a partition while it is merged. One partition, in this order (:func:`compact_partition`):
 
 1. recover: finish or neutralise an earlier compaction of the partition that stopped half-way (below);
-2. write the marker ``_COMPACTION.json`` = ``{"merged": "part-compacted-<digest>.parquet", "replaces": [...]}``
-   (atomic); the digest is of the replaced names, so a redo picks the same name;
+2. write the marker ``_COMPACTION.json`` = ``{"merged": "part-compacted-<digest>.parquet", "replaces": [...],
+   "rows": <n>}`` (atomic); the digest is of the replaced names, so a redo picks the same name;
 3. write the merged file: rows of the replaced files in reader order, in the current schema, under a hidden
    temporary name, fsync, then one rename to its final name. **This rename is the commit point**;
 4. delete the replaced files.
@@ -18,7 +18,11 @@ the merged file (:mod:`ragen_core.storage.parts`). So a crash
 - after the rename, before or during 4: the merged file is visible and hides every replaced file still present;
   recovery deletes them.
 
-Either way readers see every row exactly once. The marker is kept afterwards: it names only files that no longer
+Either way readers see every row exactly once. Before anything is read or deleted, the run's folders and every
+marker are held to the layout (:mod:`ragen_core.storage.layout`): a marker naming anything but plain part files of
+its own folder, or one whose merged file holds fewer rows than the files it would hide, stops the compaction of the
+whole run, naming the marker, with nothing deleted; so does a part file whose rows are not its folder's, or a link
+in place of a folder. The marker is kept afterwards: it names only files that no longer
 exist, and the next compaction of the partition (after its recovery step) overwrites it. A reader that listed
 files just before a compaction deleted them gets a missing-file error; the lake's readers list again
 (``DataLake.read_table``, ``catalog.query``). Compactions and removals of one run hold an exclusive lock
@@ -27,7 +31,6 @@ files just before a compaction deleted them gets a missing-file error; the lake'
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,8 +46,16 @@ from ragen_core.storage.files import (
     read_table_file,
 )
 from ragen_core.storage.lake import DataLake
+from ragen_core.storage.layout import check_real_folder, check_rows, iteration_folders, part_files
 from ragen_core.storage.names import validate_run_id
-from ragen_core.storage.parts import COMPACTION_MARKER, MERGED_PREFIX, read_marker, visible_parts
+from ragen_core.storage.parts import (
+    COMPACTION_MARKER,
+    MERGED_PREFIX,
+    merged_name,
+    read_marker,
+    superseded,
+    visible_parts,
+)
 from schemas.tables import TableSpec
 
 
@@ -90,19 +101,18 @@ def run_lock(lake: DataLake, run_id: str) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def merged_name(names: list[str]) -> str:
-    """The deterministic name of the file that merges ``names``."""
-    digest = hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
-    return f"{MERGED_PREFIX}{digest}.parquet"
-
-
 def recover_partition(folder: Path) -> None:
-    """Finish a compaction of ``folder`` that passed its commit point, or clear the leftovers of one that did not."""
+    """Finish a compaction of ``folder`` that passed its commit point, or clear the leftovers of one that did not.
+    The marker is checked first (:mod:`ragen_core.storage.layout`): only plain part names of this folder, and only
+    when the merged file holds at least the rows of those still present, are deleted."""
+    check_real_folder(folder, "partition folder")
     for leftover in folder.glob(f".{MERGED_PREFIX}*.tmp-*"):
         leftover.unlink(missing_ok=True)
     marker = read_marker(folder)
     if marker is not None and (folder / marker["merged"]).is_file():
-        delete_replaced(folder, [n for n in marker.get("replaces", []) if n != marker["merged"]])
+        present = {p.name for p in part_files(folder)}
+        hidden = superseded(folder, present | {marker["merged"]})
+        delete_replaced(folder, sorted(hidden))
 
 
 def delete_replaced(folder: Path, names: list[str]) -> None:
@@ -116,10 +126,10 @@ def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> Partitio
     """Merge the visible part files of one partition folder into one (steps 1-4 above); None when there is at most
     one file."""
     recover_partition(folder)
-    files = visible_parts(folder.glob("part-*.parquet"))
+    files = visible_parts(part_files(folder))
     if len(files) < 2:
         return None
-    merged = pa.concat_tables([read_table_file(f, spec, lake.upgrades) for f in files])
+    merged = pa.concat_tables([_read_part(lake, spec, f) for f in files])
     # the current schema, with its version and column descriptions in the metadata
     merged = merged.cast(spec.arrow_schema).replace_schema_metadata(spec.arrow_schema.metadata)
     names = [f.name for f in files]
@@ -138,19 +148,39 @@ def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) ->
     specs = [lake.spec(t) for t in tables] if tables else [s for s in lake.tables.values() if s.source == "parquet"]
     committed = set(lake.committed_iterations(run_id))
     report = CompactionReport(run_id)
-    with run_lock(lake, run_id):
-        for spec in specs:
-            run_folder = lake.table_dir(spec.name) / f"run_id={run_id}"  # the run's own folder, never a pattern
-            folders = sorted(run_folder.glob("iteration=*"), key=_iteration_of)
-            for folder in folders:
-                iteration = _iteration_of(folder)
-                if iteration not in committed:
-                    report.skipped_uncommitted.append((spec.name, iteration))
-                    continue
-                result = compact_partition(lake, spec, folder)
-                if result is not None:
-                    report.compacted.append(result)
+    try:
+        with run_lock(lake, run_id):
+            for spec in specs:  # the whole run's layout and markers checked before anything changes
+                lake.partition_files(spec.name, run_id)
+            _compact_tables(lake, run_id, specs, committed, report)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise LakeError(f"cannot compact run {run_id!r}: {exc.strerror or exc}{where}; the data root must be "
+                        "writable (readers still see every row exactly once)") from exc  # fmt: skip
     return report
+
+
+def _compact_tables(
+    lake: DataLake, run_id: str, specs: list[TableSpec], committed: set[int], report: CompactionReport
+) -> None:
+    """Compact every committed partition of the run in ``specs`` (the run lock held), adding to ``report``."""
+    for spec in specs:
+        check_real_folder(lake.table_dir(spec.name), "table folder")
+        run_folder = lake.table_dir(spec.name) / f"run_id={run_id}"  # the run's own folder, never a pattern
+        for iteration, folder in list(iteration_folders(run_folder)):
+            if iteration not in committed:
+                report.skipped_uncommitted.append((spec.name, iteration))
+                continue
+            result = compact_partition(lake, spec, folder)
+            if result is not None:
+                report.compacted.append(result)
+
+
+def _read_part(lake: DataLake, spec: TableSpec, path: Path) -> pa.Table:
+    """One part file, refused when its rows are not its folder's (they would be merged under the wrong run)."""
+    table = read_table_file(path, spec, lake.upgrades)
+    check_rows(path, table, spec)
+    return table
 
 
 def _iteration_of(folder: Path) -> int:

@@ -18,6 +18,7 @@ run's rows of that table or none) and then deleted; then the other folders; the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -29,10 +30,11 @@ import pyarrow.parquet as pq
 
 from ragen_core.storage.catalog import query
 from ragen_core.storage.compaction import run_lock
-from ragen_core.storage.files import LakeError
+from ragen_core.storage.files import LakeError, read_parquet
 from ragen_core.storage.lake import DataLake
+from ragen_core.storage.layout import check_real_folder, checkpoint_folder
 from ragen_core.storage.locks import run_writer
-from ragen_core.storage.names import validate_run_id
+from ragen_core.storage.names import is_valid_run_id, validate_run_id
 
 TRASH_PREFIX = ".deleting-"
 
@@ -74,14 +76,15 @@ def runs_overview(lake: DataLake) -> pa.Table:
 
 
 def runs_with_data(lake: DataLake) -> set[str]:
-    """Run ids that own anything under the data root: a manifest, table rows, commits, staging or quarantine."""
+    """Run ids that own anything under the data root: a manifest, table rows, commits, staging or quarantine. Only
+    folders named by a valid run id count (a folder of another name is no run's)."""
     found = {p.parent.name for p in (lake.root / "runs").glob("*/manifest.json")}
     for spec in lake.tables.values():
         found |= {p.name.split("=", 1)[1] for p in lake.table_dir(spec.name).glob("run_id=*")}
     for folder in ("_commits", "_staging", "_prefect"):
         found |= {p.name for p in (lake.root / folder).glob("*") if p.is_dir()}
     found |= {p.name.split("=", 1)[1] for p in (lake.root / "quarantine").glob("run_id=*")}
-    return found
+    return {run_id for run_id in found if is_valid_run_id(run_id)}
 
 
 @dataclass
@@ -101,22 +104,14 @@ class RemovalPlan:
         return lines
 
 
-def _inside(root: Path, path: Path) -> bool:
-    """``path`` lies at least two levels below ``root`` (never the root or one of its top-level folders)."""
-    try:
-        relative = path.resolve().relative_to(root)
-    except ValueError:
-        return False
-    return len(relative.parts) >= 2
-
-
 def _owned_models(lake: DataLake, run_id: str, manifest: dict[str, Any] | None) -> tuple[list[Path], list[str]]:
     """The model a bootstrap run built, and warnings naming the runs that started from it."""
     if not manifest or manifest.get("kind") != "bootstrap" or not manifest.get("model_dir"):
         return [], []
-    model = Path(manifest["model_dir"]).resolve()
-    if model.parent != lake.models_dir():
-        return [], []
+    model = Path(str(manifest["model_dir"]))
+    # only the model folder the bootstrap run itself builds: models/<its run id>, no link on the way
+    if model != lake.models_dir() / run_id or model.is_symlink() or lake.models_dir().is_symlink():
+        return [], [f"model {str(model)!r} of its manifest is not models/{run_id}: not removed"]
     users = []
     for path in sorted((lake.root / "runs").glob("*/manifest.json")):
         other = path.parent.name
@@ -135,12 +130,31 @@ def _row_count(files: list[Path]) -> int | None:
 
 
 def _checkpoint_paths(lake: DataLake, run_id: str) -> tuple[list[Path], list[str]]:
-    """Checkpoint folders under the data root that the run's ``checkpoints`` rows name (and warnings)."""
-    try:
-        paths = lake.read_table("checkpoints", run_id, columns=["path"])["path"].to_pylist()
-    except LakeError as exc:  # a damaged file must not keep its run from being removed
-        return [], [f"checkpoint folders unknown, the checkpoints table cannot be read: {exc}"]
-    return sorted({Path(p).resolve() for p in paths if p and _inside(lake.root, Path(p))}), []
+    """Checkpoint folders under the data root that the run's ``checkpoints`` rows name (and warnings). Each path is
+    held to the layout first (:func:`ragen_core.storage.layout.checkpoint_folder`): a row naming anything but one of
+    the run's own checkpoint folders raises, naming its file, before anything is deleted."""
+    stored = []
+    for source in lake.partition_files("checkpoints", run_id):
+        try:
+            stored.append((source, read_parquet(source).column("path").to_pylist()))
+        except (LakeError, KeyError) as exc:  # a damaged file must not keep its run from being removed
+            return [], [f"checkpoint folders unknown, the checkpoints table cannot be read: {exc}"]
+    folders = {checkpoint_folder(lake.root, run_id, path, source) for source, paths in stored for path in paths}
+    return sorted(f for f in folders if f is not None and f.exists()), []
+
+
+def _check_own_folders(lake: DataLake, run_id: str) -> None:
+    """The run's folders that removal renames or deletes are real folders, not links (a link would take the
+    deletion elsewhere, or stop it half-way): refused, naming the link, before anything changes."""
+    for spec in lake.tables.values():
+        check_real_folder(lake.table_dir(spec.name), "table folder")
+        if spec.source == "parquet":
+            check_real_folder(lake.table_dir(spec.name) / f"run_id={run_id}", "partition folder")
+    for folder in ("_staging", "_commits", "quarantine", "_prefect", "runs", "models"):
+        check_real_folder(lake.root / folder, "folder")
+    for folder in (lake.root / "_staging" / run_id, lake.root / "_commits" / run_id,
+                   lake.root / "quarantine" / f"run_id={run_id}", lake.prefect_home(run_id), lake.run_dir(run_id)):
+        check_real_folder(folder, "folder")  # fmt: skip
 
 
 def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPlan:
@@ -157,6 +171,7 @@ def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPla
             f"run {run_id!r} is still 'running' according to its manifest (pid {manifest.get('pid')} on "
             f"{manifest.get('host')}); stop it first, or pass --force if it died without updating its status"
         )
+    _check_own_folders(lake, run_id)
     plan = RemovalPlan(run_id, status)
     for spec in lake.tables.values():
         if spec.source != "parquet":
@@ -190,27 +205,50 @@ def _delete(path: Path) -> None:
 
 
 def remove_run(lake: DataLake, plan: RemovalPlan) -> None:
-    """Delete everything in ``plan`` (order and crash behaviour: module docstring); the manifest goes last."""
+    """Delete everything in ``plan`` (order and crash behaviour: module docstring); the manifest goes last. A file
+    system refusal (a read-only root, a folder that cannot be deleted) raises a :class:`LakeError` saying how far
+    it got; when nothing was deleted yet, the manifest keeps its status (never left ``deleting``)."""
     run_id = plan.run_id
-    # the writer's own lock (RunLockedError naming the live writer, whatever --force said about the manifest), then
-    # the housekeeping lock: nothing is deleted while a process writes the run
-    with run_writer(lake.root, run_id, wait=False), run_lock(lake, run_id):
-        manifest = lake.read_manifest(run_id)
-        if manifest is not None:
-            lake.write_manifest(run_id, {**manifest, "status": "deleting"})
-        for spec in lake.tables.values():
-            folder = lake.table_dir(spec.name) / f"run_id={run_id}"
-            trash = folder.with_name(f"{TRASH_PREFIX}{folder.name}")
-            if folder.is_dir():
-                if trash.exists():  # left by a removal that crashed
-                    shutil.rmtree(trash)
-                os.replace(folder, trash)
-            if trash.exists():
-                shutil.rmtree(trash)
-        lock = lake.root / "_locks" / f"{run_id}.lock"
-        for path in plan.paths:
-            if path not in (lake.run_dir(run_id), lock) and path.exists():
+    manifest, progress = None, {"deleted": False}
+    try:
+        # the writer's own lock (RunLockedError naming the live writer, whatever --force said about the manifest),
+        # then the housekeeping lock: nothing is deleted while a process writes the run
+        with run_writer(lake.root, run_id, wait=False), run_lock(lake, run_id):
+            manifest = lake.read_manifest(run_id)
+            if manifest is not None:
+                lake.write_manifest(run_id, {**manifest, "status": "deleting"})
+            _delete_owned(lake, plan, progress)
+        for path in (lake.run_dir(run_id), lake.root / "_locks" / f"{run_id}.lock"):
+            if path.exists():
                 _delete(path)
-    for path in (lake.run_dir(run_id), lock):
-        if path.exists():
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        if not progress["deleted"] and manifest is not None:
+            with contextlib.suppress(OSError):  # put the status back: nothing of the run was removed
+                lake.write_manifest(run_id, manifest)
+        done = "nothing was removed;"
+        if progress["deleted"]:
+            done = "removal stopped half-way; run `ragen runs rm` again once"
+        raise LakeError(f"cannot remove run {run_id!r}: {exc.strerror or exc}{where}; {done} the data root can be "
+                        "written") from exc  # fmt: skip
+
+
+def _delete_owned(lake: DataLake, plan: RemovalPlan, progress: dict[str, bool]) -> None:
+    """Delete the run's table partitions and the other paths of ``plan`` (not its manifest folder, not its lock);
+    ``progress["deleted"]`` turns true as the first thing goes (a table partition is renamed away first)."""
+    run_id = plan.run_id
+    for spec in lake.tables.values():
+        folder = lake.table_dir(spec.name) / f"run_id={run_id}"
+        trash = folder.with_name(f"{TRASH_PREFIX}{folder.name}")
+        if folder.is_dir():
+            if trash.exists():  # left by a removal that crashed
+                shutil.rmtree(trash)
+            os.replace(folder, trash)
+            progress["deleted"] = True
+        if trash.exists():
+            shutil.rmtree(trash)
+    lock = lake.root / "_locks" / f"{run_id}.lock"
+    for path in plan.paths:
+        if path not in (lake.run_dir(run_id), lock) and path.exists():
+            progress["deleted"] = True
             _delete(path)

@@ -46,6 +46,15 @@ from ragen_core.storage.files import (
     read_parquet,
     read_table_file,
 )
+from ragen_core.storage.layout import (
+    ITERATION_FOLDER,
+    check_manifest,
+    check_regular_file,
+    check_rows,
+    iteration_folders,
+    list_parts,
+    part_files,
+)
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
 from ragen_core.storage.parts import check_not_superseded, visible_parts
 from ragen_core.storage.runs import manifest_row, runs_table
@@ -256,10 +265,10 @@ class DataLake:
                         discard(item)
         for table in sorted(name for name, spec in self.tables.items() if spec.source == "parquet"):
             run_folder = self.table_dir(table) / f"run_id={validate_run_id(run_id)}"
-            for file in sorted(run_folder.glob("iteration=*/part-*.parquet")):  # every part, compacted or not
-                iteration = int(file.parent.name.removeprefix("iteration="))
-                if iteration > from_iteration or (iteration == from_iteration and _part_stage(file) not in reused):
-                    discard(file)
+            for iteration, folder in list(iteration_folders(run_folder)):  # every part, compacted or not
+                for file in part_files(folder) if iteration >= from_iteration else []:
+                    if iteration > from_iteration or _part_stage(file) not in reused:
+                        discard(file)
         return reused
 
     def publish(self, run_id: str, iteration: int, stage: str, tables: Sequence[str] | None = None) -> list[Path]:
@@ -323,14 +332,13 @@ class DataLake:
 
     # -- reading published rows --------------------------------------------------------------------------------
     def partition_files(self, table: str, run_id: str | None = None, iteration: int | None = None) -> list[Path]:
-        """The published part files readers see (sorted): a listing, then the compaction rule of
+        """The published part files readers see (sorted): a listing held to the layout
+        (:mod:`ragen_core.storage.layout`: plain names, no links), then the compaction rule of
         :mod:`ragen_core.storage.parts` (a compacted partition shows its merged file, never it and its sources).
         A run id is never part of a pattern: one run's files are listed from its own folder."""
-        iteration_glob = f"iteration={int(iteration)}" if iteration is not None else "iteration=*"
-        if run_id is None:
-            return visible_parts(self.table_dir(table).glob(f"run_id=*/{iteration_glob}/part-*.parquet"))
-        folder = self.table_dir(table) / f"run_id={validate_run_id(run_id)}"
-        return visible_parts(folder.glob(f"{iteration_glob}/part-*.parquet"))
+        if run_id is not None:
+            validate_run_id(run_id)
+        return visible_parts(list_parts(self.table_dir(table), run_id, iteration))
 
     def read_table(
         self, table: str, run_id: str | None = None, iteration: int | None = None, columns: list[str] | None = None
@@ -362,6 +370,8 @@ class DataLake:
 
     def _concat_files(self, spec: TableSpec, files: list[Path]) -> pa.Table:
         parts = [read_table_file(f, spec, self.upgrades) for f in files]
+        for path, part in zip(files, parts, strict=True):
+            check_rows(path, part, spec)  # rows belong to the run and iteration of their folder
         return pa.concat_tables(parts) if parts else spec.arrow_schema.empty_table()
 
     def read_runs(self, run_id: str | None = None) -> pa.Table:
@@ -372,7 +382,7 @@ class DataLake:
             paths = [p for p in [self.run_dir(run_id) / "manifest.json"] if p.is_file()]
         rows = []
         for path in paths:
-            manifest = read_json(path)
+            manifest = check_manifest(path, read_json(path))
             try:
                 rows.append(manifest_row(manifest, self.committed_iterations(manifest["run_id"])))
             except (KeyError, TypeError, ValueError) as exc:
@@ -393,15 +403,28 @@ class DataLake:
         return read_json(marker)
 
     def committed_iterations(self, run_id: str) -> list[int]:
+        """The run's committed iterations (its commit markers ``_commits/<id>/iteration=<n>.json``), sorted."""
         folder = self.root / "_commits" / validate_run_id(run_id)
-        return sorted(int(p.stem.split("=")[1]) for p in folder.glob("iteration=*.json")) if folder.is_dir() else []
+        found = []
+        for path in folder.glob("iteration=*.json") if folder.is_dir() else []:
+            match = ITERATION_FOLDER.fullmatch(path.stem)
+            if match is None:
+                raise LakeError(f"commit marker {str(path)!r} is not iteration=<n>.json; it was changed by hand or "
+                                "planted: move it out of the data root, then try again")  # fmt: skip
+            found.append(int(match.group(1)))
+        return sorted(found)
 
     def write_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
         atomic_write_json(self.run_dir(run_id) / "manifest.json", manifest)
 
     def read_manifest(self, run_id: str) -> dict[str, Any] | None:
+        """The run's manifest, or None when it has none; one that is not a JSON object naming this run (or is a
+        link) raises a :class:`LakeError` naming the file (:func:`ragen_core.storage.layout.check_manifest`)."""
         path = self.run_dir(run_id) / "manifest.json"
-        return read_json(path) if path.is_file() else None
+        if not (path.is_file() or path.is_symlink()):
+            return None
+        check_regular_file(path, "manifest")
+        return check_manifest(path, read_json(path))
 
 
 def _part_stage(path: Path) -> str:

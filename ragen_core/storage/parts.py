@@ -2,51 +2,68 @@
 
 A partition folder (``<table>/run_id=<id>/iteration=<n>/``) holds ``part-*.parquet`` files. Compaction
 (:mod:`ragen_core.storage.compaction`) merges them into one ``part-compacted-<digest>.parquet`` and records, *before*
-that file appears, a marker ``_COMPACTION.json`` = ``{"merged": <name>, "replaces": [<names>]}``.
+that file appears, a marker ``_COMPACTION.json`` = ``{"merged": <name>, "replaces": [<names>], "rows": <n>}``.
 
 The reader rule: **list the part files first, then read the marker; when the marker's merged file is among the
 listed files, skip the files it replaces.** The merged file becomes visible by one rename, after the marker is on
 disk, so every listing that holds the merged file was taken when the marker already named what it replaces: a
 reader sees the complete old set or the merged file, never both and never part of either. A marker whose merged
 file is absent (a compaction that stopped before its rename) changes nothing.
+
+A marker is a file of the lake like any other, so it is checked before it hides anything
+(:mod:`ragen_core.storage.layout`): plain names of its own folder, the merged name derived from the replaced ones,
+and row counts that add up (the merged file holds the marker's count; the replaced files still present hold no more).
+A marker that breaks a rule raises a :class:`LakeError` naming it: every read of the table fails, nothing is hidden
+and nothing is deleted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ragen_core.storage.files import LakeError
+from ragen_core.storage.layout import check_marker, check_regular_file, check_replaced_rows
 
 COMPACTION_MARKER = "_COMPACTION.json"
 MERGED_PREFIX = "part-compacted-"
 
 
+def merged_name(names: list[str]) -> str:
+    """The deterministic name of the file that merges ``names``."""
+    digest = hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+    return f"{MERGED_PREFIX}{digest}.parquet"
+
+
 def read_marker(folder: Path) -> dict[str, Any] | None:
-    """The compaction marker of a partition folder, or None when it has none."""
+    """The compaction marker of a partition folder (held to the marker rules), or None when it has none."""
     path = Path(folder) / COMPACTION_MARKER
+    if not check_regular_file(path, "compaction marker"):
+        return None
     try:
         payload = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         raise LakeError(f"cannot read compaction marker {str(path)!r} (damaged?): {exc}") from exc
-    if not isinstance(payload, dict) or not isinstance(payload.get("merged"), str):
-        raise LakeError(f"compaction marker {str(path)!r} has no 'merged' file name")
-    return payload
+    return check_marker(path, payload, merged_name)
 
 
 def superseded(folder: Path, listed: Iterable[str]) -> set[str]:
-    """Names among ``listed`` (a listing of ``folder`` taken before this call) that a compaction replaced."""
+    """Names among ``listed`` (a listing of ``folder`` taken before this call) that a compaction replaced; a marker
+    that would hide rows the merged file does not hold raises instead."""
     names = set(listed)
     if len(names) < 2:
         return set()  # one file is never hidden: either it is the merged file or the marker is inert
     marker = read_marker(folder)
     if marker is None or marker["merged"] not in names:
         return set()
-    return (set(marker.get("replaces", [])) - {marker["merged"]}) & names
+    hidden = set(marker["replaces"]) & names
+    check_replaced_rows(Path(folder) / COMPACTION_MARKER, marker, [Path(folder) / n for n in sorted(hidden)])
+    return hidden
 
 
 def visible_parts(files: Iterable[Path]) -> list[Path]:
@@ -64,7 +81,7 @@ def visible_parts(files: Iterable[Path]) -> list[Path]:
 def check_not_superseded(folder: Path, name: str) -> None:
     """Refuse to publish ``name`` into a compacted partition whose marker hides that name (it would be invisible)."""
     marker = read_marker(folder)
-    if marker is None or name == marker["merged"] or name not in marker.get("replaces", []):
+    if marker is None or name not in marker["replaces"]:
         return
     if (Path(folder) / marker["merged"]).is_file():
         raise LakeError(

@@ -31,8 +31,9 @@ def _owned_extras(lake: DataLake, run_id: str) -> list:
     checkpoint = lake.run_dir(run_id) / "checkpoints" / "iteration=1"
     checkpoint.mkdir(parents=True)
     lake.write_rows("checkpoints", run_id, 1, [checkpoint_row(run_id, 1, str(checkpoint), "hf", {})], stage="ckpt")
-    outside = lake.root.parent / f"outside-{lake.root.name}-{run_id}"
-    outside.mkdir()
+    # a row written when the data root lay elsewhere (moved or copied since): the same layout under another root
+    outside = lake.root.parent / f"old-root-{lake.root.name}" / "runs" / run_id / "checkpoints" / "iteration=0"
+    outside.mkdir(parents=True)
     lake.write_rows("checkpoints", run_id, 0, [checkpoint_row(run_id, 0, str(outside), "hf", {})], stage="ckpt")
     lake.stage_table(run_id, 5, "rollout", "metrics", lake.spec("metrics").arrow_schema.empty_table())
     lake.quarantine(run_id, 5, "rollout", '{"ok": false}')
