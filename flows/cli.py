@@ -177,6 +177,9 @@ def sweep(
     seeds: str | None = typer.Option(None, "--seeds", help="Seeds per point: a count (3 -> 0,1,2) or a list 0,7,42."),
     sweep_id: str | None = typer.Option(None, "--sweep-id", help="Sweep id (default sweep-<hash of the spec>)."),
     point: list[int] | None = typer.Option(None, "--point", help="Run only this point index (repeatable)."),
+    max_points: int | None = typer.Option(
+        None, "--max-points", help="Refuse a search of more points than this (default 100): a guard against typos."
+    ),
     deployment: bool = typer.Option(
         False, "--deployment", help="Submit each point as a run of a deployment (needs PREFECT_API_URL and a worker)."
     ),
@@ -187,12 +190,13 @@ def sweep(
     """A sweep: every grid combination x random draw x seed is its own run (manifest: sweep id, point, overrides),
     then a comparison table. The same command again resumes it (completed points are skipped). Extra key.sub=value
     arguments override the base config of every point."""
-    from ragen_core.sweep import SweepError, plan_sweep
+    from ragen_core.sweep import DEFAULT_MAX_POINTS, SweepError, plan_sweep
 
     checked_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids
     base = load_config_or_fail(config, ctx.args)
+    max_points = DEFAULT_MAX_POINTS if max_points is None else max_points
     try:
-        plan = plan_sweep(base.to_dict(), grid or [], random or [], samples, seeds, sweep_id, search_seed)
+        plan = plan_sweep(base.to_dict(), grid or [], random or [], samples, seeds, sweep_id, search_seed, max_points)
     except SweepError as exc:
         fail(str(exc))
     if deployment and "PREFECT_API_URL" not in os.environ:
@@ -213,7 +217,7 @@ def sweep(
         result = sweep_flow(
             base.to_dict(), grid=grid or [], random=random or [], samples=samples, seeds=seeds, data_root=str(root),
             sweep_id=plan.sweep_id, deployment=deployment_name if deployment else None, points=point or None,
-            search_seed=search_seed,
+            search_seed=search_seed, max_points=max_points,
         )  # fmt: skip
     except SweepError as exc:
         fail(str(exc))

@@ -12,7 +12,7 @@ from flows.train import resolve_config, train
 from ragen_core.reports import artifact_key
 from ragen_core.storage import DataLake
 from ragen_core.storage.names import validate_run_id
-from ragen_core.sweep import SweepPlan, SweepPoint
+from ragen_core.sweep import DEFAULT_MAX_POINTS, SweepPlan, SweepPoint
 from tasks import reporting as r
 from tasks import sweep as sw
 
@@ -33,6 +33,7 @@ def sweep(
     points: list[int] | None = None,
     search_seed: int = 0,
     poll_seconds: float = 2.0,
+    max_points: int = DEFAULT_MAX_POINTS,
 ) -> dict[str, Any]:
     """plan (validate all points) -> run each point (``deployment`` runs, else local subflows) -> compare.
 
@@ -40,13 +41,14 @@ def sweep(
     overrides. Running the same sweep again resumes it: completed points are skipped, failed ones resume. ``points``
     restricts the run to those indices (e.g. one failed point). ``deployment`` (e.g. ``train/train``) submits each
     point as a flow run of that deployment, so any worker of its pool can take it; the data root must then be
-    reachable by the workers (pass an absolute path).
+    reachable by the workers (pass an absolute path). A search of more than ``max_points`` points is refused.
     """
     if sweep_id is not None:
         validate_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids: a name, never a pattern or a path
     base = resolve_config(config, overrides).to_dict()
     lake = DataLake(data_root)
-    plan = sw.plan_sweep(lake, base, list(grid or []), list(random or []), samples, seeds, sweep_id, search_seed)
+    plan = sw.plan_sweep(lake, base, list(grid or []), list(random or []), samples, seeds, sweep_id, search_seed,
+                         max_points)  # fmt: skip
     chosen = [p for p in plan.points if points is None or p.index in set(points)]
     root = str(Path(data_root).resolve())
     if deployment:

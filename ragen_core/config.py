@@ -675,6 +675,80 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+YAML_MAX_BYTES = 1_000_000  # a config is a few kilobytes; a megabyte is room for long env options
+YAML_MAX_DEPTH = 64  # sections nest a few levels: deeper is a mistake (and would exhaust Python's recursion)
+YAML_MAX_NODES = 100_000  # values after expanding aliases: an alias bomb (billion laughs) is refused, not expanded
+
+
+def _yaml_bounds(text: str, what: str) -> None:
+    """Refuse YAML whose nesting or alias-expanded size exceed the limits, from its parse events, before any object
+    is built (the parser keeps its own stack, so a 20,000-deep text costs no recursion here)."""
+    sizes: dict[str, int] = {}  # anchor -> expanded size of its node
+    open_nodes: list[list[Any]] = []  # [size so far, anchor] of each collection being read
+    total = 0
+
+    def add(size: int) -> None:
+        nonlocal total
+        total += size
+        if total > YAML_MAX_NODES:
+            raise ConfigError(
+                f"{what} expands to more than {YAML_MAX_NODES:,} values (aliases included): a config never needs "
+                "that many; remove the repeated aliases (*name)"
+            )
+        if open_nodes:
+            open_nodes[-1][0] += size
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if len(open_nodes) >= YAML_MAX_DEPTH:
+                raise ConfigError(f"{what} nests deeper than {YAML_MAX_DEPTH} levels; configs nest a few sections")
+            add(1)  # the collection itself, counted in its parent
+            open_nodes.append([0, event.anchor])
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            size, anchor = open_nodes.pop()
+            if anchor is not None:
+                sizes[anchor] = size + 1
+        elif isinstance(event, yaml.ScalarEvent):
+            add(1)
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.AliasEvent):
+            add(sizes.get(event.anchor, 1))
+
+
+def load_yaml(text: str, what: str) -> Any:
+    """Parse YAML ``text`` (``what`` names it in errors, e.g. ``config file 'x.yaml'``) with a safe loader that builds
+    no objects, refuses a key given twice, and is bounded (:data:`YAML_MAX_DEPTH`, :data:`YAML_MAX_NODES`) before
+    anything is built; every problem is a one-line :class:`ConfigError`."""
+    try:
+        _yaml_bounds(text, what)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: builds no objects
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(exc).split())
+        raise ConfigError(f"{what} is not valid YAML: {problem}") from exc
+
+
+def read_yaml_file(path: Path) -> Any:
+    """The YAML of a config file: a text file of at most :data:`YAML_MAX_BYTES`, UTF-8, parsed by
+    :func:`load_yaml`."""
+    what = f"config file {str(path)!r}"
+    try:
+        size = path.stat().st_size
+        if size > YAML_MAX_BYTES:
+            raise ConfigError(f"{what} is {size:,} bytes; a config is YAML text of at most {YAML_MAX_BYTES:,} bytes")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{what} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 at byte {exc.start}"
+        raise ConfigError(f"{what} is not a YAML text file ({problem}); give a .yaml config") from exc
+    if "\x00" in text:
+        raise ConfigError(f"{what} is not a YAML text file (it holds NUL bytes); give a .yaml config")
+    return load_yaml(text, what)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into its key path and YAML-parsed value."""
     if "=" not in text:
@@ -683,10 +757,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     path = [part for part in key.strip().split(".") if part]
     if not path:
         raise ConfigError(f"override {text!r} has an empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from exc
+    shown = text if len(text) <= 80 else text[:60] + "..."
+    value = load_yaml(raw, f"the value of override {shown!r}") if raw.strip() else ""
     return path, value
 
 
@@ -751,10 +823,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        try:
-            loaded = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader: builds no objects
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+        loaded = read_yaml_file(path)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(
                 f"config file {str(path)!r} must hold a mapping of sections, got {type(loaded).__name__}"

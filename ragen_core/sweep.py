@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import yaml
 
-from ragen_core.config import ConfigError, RunConfig, build_config, parse_override
+from ragen_core.config import ConfigError, RunConfig, build_config, load_yaml, parse_override
 from ragen_core.seeding import derive_rng
 from ragen_core.storage import DataLake, query
 from ragen_core.storage.files import atomic_write_bytes
 from ragen_core.storage.names import InvalidRunIdError, validate_run_id
 
 DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
+DEFAULT_MAX_POINTS = 100  # runs one sweep may start unless --max-points allows more: 1,000 points is rarely meant
 _RANDOM_PATTERN = re.compile(r"^\s*(\w+)\s*\((.*)\)\s*$", re.DOTALL)
 
 
@@ -117,9 +117,9 @@ def parse_random(text: str) -> RandomSpec:
         )
     name, inner = match.group(1), match.group(2)
     try:
-        args = [_numeric(a) for a in yaml.safe_load(f"[{inner}]")]
-    except yaml.YAMLError as exc:
-        raise SweepError(f"--random {text!r}: arguments are not valid YAML ({exc})") from exc
+        args = [_numeric(a) for a in load_yaml(f"[{inner}]", f"the arguments of --random {text!r}")]
+    except ConfigError as exc:
+        raise SweepError(str(exc)) from None
     if name == "choice":
         choices = args[0] if len(args) == 1 and isinstance(args[0], list) else args
         if not choices:
@@ -143,8 +143,9 @@ def parse_seeds(value: int | str | list[int] | None) -> list[int]:
         seeds = value
     elif isinstance(value, int) or str(value).strip().isdigit():
         count = int(value)
-        if count < 1:
-            raise SweepError(f"--seeds {value!r}: give a positive count or a comma-separated list of seeds")
+        if not 1 <= count <= DEFAULT_MAX_POINTS * 100:  # a count is expanded into a list: bounded before that
+            raise SweepError(f"--seeds {value!r}: give a count from 1 to {DEFAULT_MAX_POINTS * 100} or a "
+                             "comma-separated list of seeds")  # fmt: skip
         return list(range(count))
     else:
         try:
@@ -164,11 +165,13 @@ def plan_sweep(
     seeds: int | str | list[int] | None = None,
     sweep_id: str | None = None,
     search_seed: int = 0,
+    max_points: int = DEFAULT_MAX_POINTS,
 ) -> SweepPlan:
     """Expand grid x random samples x seeds into points, each validated as a full config before anything runs.
 
     ``base`` is a config tree (it may already carry the user's fixed overrides). The sweep id defaults to
-    ``sweep-<hash of the spec>``, so the same command names the same runs.
+    ``sweep-<hash of the spec>``, so the same command names the same runs. A search of more than ``max_points``
+    points is refused from its size alone, before anything is expanded.
     """
     grid_axes = [parse_grid(text) for text in grid or []]
     random_axes = [parse_random(text) for text in random or []]
@@ -176,6 +179,7 @@ def plan_sweep(
         raise SweepError("--random needs --samples N (draws per grid combination), N >= 1")
     if samples and not random_axes:
         raise SweepError("--samples only applies with --random key=dist(...)")
+    check_size(grid_axes, samples, parse_seeds(seeds), max_points)
     keys = [k for k, _ in grid_axes] + [r.key for r in random_axes] + (["seed"] if seeds else [])
     if len(set(keys)) != len(keys):
         raise SweepError(f"a key is searched twice: {sorted(k for k in keys if keys.count(k) > 1)}")
@@ -204,6 +208,22 @@ def plan_sweep(
         config = _validated(base_config.to_dict(), overrides, f"point {index} ({' '.join(overrides)})")
         points.append(SweepPoint(index, run_id, overrides, config.to_dict()))
     return SweepPlan(sweep_id, spec, points)
+
+
+def check_size(grid_axes: list[tuple[str, list[Any]]], samples: int, seeds: list[int], max_points: int) -> int:
+    """The number of points of a search (grid combinations x samples x seeds), computed without expanding it; more
+    than ``max_points`` raises a :class:`SweepError` saying how to allow it."""
+    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 1:
+        raise SweepError(f"--max-points must be a positive integer, not {max_points!r}")
+    factors = [len(values) for _, values in grid_axes] + [max(samples, 1), max(len(seeds), 1)]
+    points = math.prod(factors)
+    if points > max_points:
+        shape = " x ".join(str(f) for f in factors if f > 1) or "1"
+        raise SweepError(
+            f"the sweep has {points:,} points ({shape}), more than --max-points {max_points:,}; narrow the search, "
+            f"or pass --max-points {points} to run them all"
+        )
+    return points
 
 
 def _combinations(grid_axes, random_axes, samples, seeds, search_seed) -> list[list[str]]:

@@ -13,9 +13,10 @@ from ragen_core.storage import DataLake
 
 @task(name="plan_sweep", cache_policy=NO_CACHE)
 def plan_sweep(lake: DataLake, base: dict[str, Any], grid: list[str], random: list[str], samples: int,
-               seeds: Any, sweep_id: str | None, search_seed: int) -> s.SweepPlan:  # fmt: skip
+               seeds: Any, sweep_id: str | None, search_seed: int,
+               max_points: int = s.DEFAULT_MAX_POINTS) -> s.SweepPlan:  # fmt: skip
     """Expand the search into points (every point's config validated) and store the plan under the data root."""
-    plan = s.plan_sweep(base, grid, random, samples, seeds, sweep_id, search_seed)
+    plan = s.plan_sweep(base, grid, random, samples, seeds, sweep_id, search_seed, max_points)
     s.record_sweep(lake, plan)
     return plan
 

@@ -1,0 +1,118 @@
+"""Configs are bounded before they are expanded (issue 29, items 9 and 11): an alias bomb, a 20,000-deep text, a
+binary file and an oversized sweep are refused by the real commands with one line on stderr, exit status 2, before a
+data root is created; a search's size is computed from its axes, never by expanding it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragen_core.config import YAML_MAX_DEPTH, YAML_MAX_NODES, ConfigError, load_config, load_yaml
+from ragen_core.sweep import DEFAULT_MAX_POINTS, SweepError, plan_sweep
+
+PROJECT = Path(__file__).resolve().parents[1]
+BANDIT = PROJECT / "configs" / "bandit.yaml"
+
+
+def _laughs(levels: int, width: int = 10) -> str:
+    """Billion laughs inside env.options: ``width ** levels`` values from a few hundred bytes."""
+    lines = ["env:", "  name: bandit", "  options:", f"    l0: &l0 [{', '.join(['lol'] * width)}]"]
+    for level in range(1, levels):
+        lines.append(f"    l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * width)}]")
+    return "\n".join(lines) + "\n"
+
+
+def _refused_before_anything(tmp_path: Path, *args: object):
+    root = tmp_path / "never-made"
+    result = CliRunner().invoke(app, [str(a) for a in args] + ["--data-root", str(root)])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error:")
+    assert not root.exists()
+    return result.stderr
+
+
+def test_an_alias_bomb_in_env_options_is_refused_at_load(tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_laughs(9))  # 10^9 values once expanded
+    assert len(bomb.read_bytes()) < 1000
+    message = _refused_before_anything(tmp_path, "train", "--config", bomb)
+    assert "bomb.yaml" in message and f"more than {YAML_MAX_NODES:,} values" in message
+    # the same as an override value, and through a sweep's base config
+    override = "env.options={" + _laughs(6).split("options:\n", 1)[1].replace("\n    ", ", ").strip() + "}"
+    assert "more than" in _refused_before_anything(tmp_path, "train", "--config", BANDIT, override)
+    assert "more than" in _refused_before_anything(tmp_path, "sweep", "--config", bomb, "--seeds", "2")
+
+
+def test_the_expanded_size_is_counted_through_the_aliases():
+    # {a: &a [m scalars], b: [n times *a]}: the mapping, two keys, two lists, m scalars, n copies of a's m + 1 values
+    m = 1009
+
+    def text(n: int) -> str:
+        return f"a: &a [{', '.join(['x'] * m)}]\nb: [{', '.join(['*a'] * n)}]\n"
+
+    def expanded(n: int) -> int:
+        return 1 + 2 + 2 + m + n * (m + 1)
+
+    assert expanded(98) <= YAML_MAX_NODES < expanded(99)
+    assert len(load_yaml(text(98), "test")["b"]) == 98
+    with pytest.raises(ConfigError, match=f"more than {YAML_MAX_NODES:,} values"):
+        load_yaml(text(99), "test")
+
+
+@pytest.mark.parametrize("shape", ["flow", "block"])
+def test_a_20000_deep_yaml_is_one_line_not_a_recursion_error(tmp_path, shape):
+    deep = tmp_path / "deep.yaml"
+    if shape == "flow":
+        deep.write_text("env:\n  options:\n    x: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    else:
+        deep.write_text("".join(f"{'  ' * i}k{i}:\n" for i in range(500)) + "  " * 500 + "v: 1\n")
+    message = _refused_before_anything(tmp_path, "train", "--config", deep)
+    assert f"nests deeper than {YAML_MAX_DEPTH} levels" in message
+    load_yaml("a:" + " [" * (YAML_MAX_DEPTH - 1) + "]" * (YAML_MAX_DEPTH - 1), "at the limit")  # 64 levels load
+
+
+@pytest.mark.parametrize("binary", ["/bin/ls", "nul"])
+def test_a_binary_config_is_one_line(tmp_path, binary):
+    path = Path(binary)
+    if binary == "nul":
+        path = tmp_path / "nul.yaml"
+        path.write_bytes(b"seed: 1\n\x00\x00")
+    if not path.is_file():
+        pytest.skip("no /bin/ls here")
+    message = _refused_before_anything(tmp_path, "train", "--config", path)
+    assert "is not a YAML text file" in message and str(path) in message
+
+
+def test_a_huge_config_file_is_refused_by_its_size(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("seed: 1\n" + "#" * 2_000_000 + "\n")
+    assert "bytes" in _refused_before_anything(tmp_path, "train", "--config", big)
+
+
+def test_a_grid_of_ten_keys_by_ten_values_is_refused_by_its_size_before_expanding(tmp_path):
+    grids = [f"--grid=actor.lr{k}=[{','.join(str(v) for v in range(10))}]" for k in range(10)]
+    message = _refused_before_anything(tmp_path, "sweep", "--config", BANDIT, *grids)
+    assert f"has {10**10:,} points" in message and "--max-points 10000000000" in message
+
+
+def test_max_points_default_and_raising_it(tmp_path):
+    ratios = "algorithm.filter_ratio=[0.25,0.5,0.75,1.0]"
+    points = 4 * 26  # 4 ratios x 26 seeds = 104 > 100
+    assert points > DEFAULT_MAX_POINTS == 100
+    message = _refused_before_anything(tmp_path, "sweep", "--config", BANDIT, "--grid", ratios, "--seeds", "26")
+    assert f"has {points} points (4 x 26), more than --max-points 100" in message
+    assert f"pass --max-points {points}" in message
+    message = _refused_before_anything(tmp_path, "sweep", "--config", BANDIT, "--grid", ratios, "--seeds", "2",
+                                       "--max-points", "7")  # fmt: skip
+    assert "has 8 points" in message
+    base = load_config(BANDIT).to_dict()
+    plan = plan_sweep(base, [ratios], seeds=2, max_points=8)
+    assert len(plan.points) == math.prod([4, 2])
+    with pytest.raises(SweepError, match="--seeds"):
+        plan_sweep(base, seeds=10**9, max_points=10**12)  # a count is bounded before it becomes a list
