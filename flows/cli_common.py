@@ -27,13 +27,13 @@ DEFAULT_DATA_ROOT = "data"
 
 def fail(message: str) -> None:
     """Print ``error: message`` (literally) on stderr and exit with status 2: a user's mistake, no traceback."""
-    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), " ", printable(message)), highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
 def warn(message: str) -> None:
     """Print ``warning: message`` (literally) on stderr."""
-    err_console.print(Text.assemble(("warning:", "yellow"), " ", message), highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("warning:", "yellow"), " ", printable(message)), highlight=False, soft_wrap=True)
 
 
 def data_root_path(value: Path | None) -> Path:
@@ -63,18 +63,28 @@ def writable_root(value: Path | None, create: bool = True) -> Path:
     return root
 
 
+# C0 and C1 control characters and DEL, but tab and newline (a cell may hold lines): shown as escapes, never sent to
+# the terminal, so stored or generated text (chr(27) || '[2J') cannot clear the screen or move the cursor
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)] if chr(c) not in "\t\n"}
+
+
+def printable(text: str) -> str:
+    """``text`` with every terminal control character (ESC, BEL, CR, ...) written as a ``\\xNN`` escape."""
+    return text.translate(_CONTROL)
+
+
 def _cell(value) -> Text:
-    """One table cell, shown literally (never parsed as rich markup)."""
+    """One table cell, shown literally (never parsed as rich markup, no control character reaching the terminal)."""
     if value is None:
         return Text("")
-    return Text(f"{value:.6g}" if isinstance(value, float) else str(value))
+    return Text(printable(f"{value:.6g}" if isinstance(value, float) else str(value)))
 
 
 def print_table(result, target: Console | None = None) -> None:
     """Print an Arrow table as a rich table; every header and cell is literal text."""
     table = Table(show_header=True, header_style="bold")
     for name in result.column_names:
-        table.add_column(Text(name))
+        table.add_column(Text(printable(name)))
     for row in result.to_pylist():
         table.add_row(*(_cell(v) for v in row.values()))
     (target or console).print(table)

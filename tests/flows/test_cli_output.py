@@ -166,3 +166,32 @@ def test_plot_asks_for_force_like_sql_and_never_replaces_a_link_or_pipe(root, tm
         result = _invoke("plot", "run-a", "--out", target, "--data-root", root, "--force")
         assert result.exit_code == 2 and message in " ".join(result.stderr.split()), result.output
     assert link.is_symlink() and fifo.is_fifo()
+
+
+CONTROL = ["\x1b[2J\x1b[H", "bell\x07", "\x1b]0;title\x07", "carriage\rreturn", "csi\x9b31m", "del\x7f"]
+
+
+def test_terminal_control_characters_are_escaped_in_table_output(tmp_path):
+    """Stored text (a model's reply) and generated text (chr(27) || '[2J') never reach the terminal as control
+    sequences: each control character shows as a \\xNN escape; csv and json keep the exact text."""
+    lake = DataLake(tmp_path / "lake")
+    write_run(lake, make_run(0, "run-a", "bandit", iterations=1, groups=2, group_size=2))
+    turn = {"run_id": "run-a", "iteration": 0, "split": "train", "env": "bandit", "group_id": 9, "observation": "o",
+            "think": "t", "answer": "a", "actions": [], "valid": False, "format_ok": False, "reward": 0.0,
+            "penalty": -0.1, "done": True, "truncated": False, "response_tokens": 3, "info": "{}"}  # fmt: skip
+    rows = [{**turn, "traj_index": i, "turn_index": 0, "response": text} for i, text in enumerate(CONTROL)]
+    lake.write_rows("turns", "run-a", 0, rows, stage="control")
+    statement = "SELECT response FROM turns WHERE group_id = 9 ORDER BY traj_index"
+    table = _invoke("sql", statement, "--data-root", lake.root)
+    assert table.exit_code == 0, table.output
+    assert not any(c in table.stdout for c in "\x1b\x07\r\x9b\x7f")
+    for text in CONTROL:  # the same text, each control character written out
+        shown = "".join(f"\\x{ord(c):02x}" if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in text)
+        assert shown in table.stdout, shown
+    generated = _invoke("sql", "SELECT chr(27) || '[2J' AS \"x\x1b[31m\"", "--data-root", lake.root)
+    assert generated.exit_code == 0 and "\x1b" not in generated.stdout and "\\x1b[2J" in generated.stdout
+    assert "x\\x1b[31m" in generated.stdout  # a column name too
+    exact = _invoke("sql", statement, "--data-root", lake.root, "-f", "json")
+    assert [r["response"] for r in json.loads(exact.stdout)] == CONTROL
+    error = _invoke("sql", "SELECT * FROM \"no\x1b[2Jtable\"", "--data-root", lake.root)
+    assert error.exit_code == 2 and "\x1b" not in error.stderr and "\\x1b" in error.stderr
