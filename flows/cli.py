@@ -81,13 +81,18 @@ def resume(
     """Continue a run from its last committed iteration, with the run's own config. Extra key.sub=value
     overrides change it (only the keys listed in --force-config), e.g. trainer.iterations=50."""
     from ragen_core.config import ConfigError, build_config, stored_config
-    from ragen_core.storage import DataLake
+    from ragen_core.storage import DataLake, LakeError
 
     checked_run_id(run_id)
     root = writable_root(data_root, create=False)
-    manifest = DataLake(root).read_manifest(run_id) if root.is_dir() else None
+    try:  # a manifest of the wrong shape (types, another run's id) is named, never a traceback
+        manifest = DataLake(root).read_manifest(run_id) if root.is_dir() else None
+    except LakeError as exc:
+        fail(str(exc))
     if manifest is None:
         fail(f"no run {run_id!r} in {root}; `ragen runs --data-root {root}` lists the runs there")
+    if not manifest.get("config"):
+        fail(f"the manifest of run {run_id!r} holds no config to resume with; start the run again with ragen train")
     try:
         run_config = build_config(stored_config(manifest["config"]), list(ctx.args))
     except ConfigError as exc:
@@ -132,11 +137,17 @@ def retrain(
     run_config = load_config_or_fail(config, ctx.args)
     root = writable_root(existing_root(data_root), create=False)
     run_id = checked_run_id(run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}")
+    from ragen_core.run.offline import OfflineError, preflight
+    from ragen_core.run.record import RunExistsError
+    from ragen_core.storage import DataLake
+
+    try:  # every refusal before anything is created: no lock, no Prefect home, no manifest, no rows
+        preflight(DataLake(root), run_id, sql, init)
+    except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
+        fail(str(exc))
     ctx.with_resource(writer(root, run_id))
     start_flow_command(root, run_id, verbose)
     from flows.retrain import retrain_offline
-    from ragen_core.run.offline import OfflineError
-    from ragen_core.run.record import RunExistsError
 
     console.print(f"offline {mode} run [bold]{run_id}[/] from {init} · data root {root}")
     try:

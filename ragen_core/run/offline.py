@@ -50,12 +50,33 @@ def select_trajectories(lake: DataLake, sql: str, params: list | dict | None = N
     if selected.num_rows == 0:
         raise OfflineError(f"the selection query returned no trajectories: {sql}")
     wanted = set(zip(*(selected[k].to_pylist() for k in TRAJECTORY_KEY), strict=True))
-    runs = sorted({key[0] for key in wanted})
+    runs = sorted({key[0] for key in wanted if is_valid_run_id(key[0])})
     parts = [lake.read_table("trajectories", run) for run in runs]
-    table = pa.concat_tables(parts)
-    keep = [tuple(row) in wanted for row in zip(*(table[k].to_pylist() for k in TRAJECTORY_KEY), strict=True)]
-    table = table.filter(pa.array(keep))
+    table = pa.concat_tables(parts) if parts else lake.spec("trajectories").arrow_schema.empty_table()
+    stored = list(zip(*(table[k].to_pylist() for k in TRAJECTORY_KEY), strict=True))
+    table = table.filter(pa.array([row in wanted for row in stored], pa.bool_()))
+    unmatched = wanted - set(stored)
+    if unmatched:  # keys made up by the query (or of other tables): nothing stored to train on for them
+        example = dict(zip(TRAJECTORY_KEY, min(unmatched, key=repr), strict=True))
+        raise OfflineError(
+            f"{len(unmatched)} of the {len(wanted)} keys the selection query returned match no stored trajectory "
+            f"(e.g. {example}); select rows of the trajectories table, e.g. SELECT * FROM trajectories WHERE ..."
+        )
     return table.sort_by([(k, "ascending") for k in TRAJECTORY_KEY])
+
+
+def preflight(lake: DataLake, run_id: str, sql: str, init: str) -> tuple[Path, pa.Table]:
+    """Everything that can refuse a re-training before it creates anything: the run id is free, ``init`` names a
+    model, the query selects stored trajectories, and they were tokenised by the model's tokenizer. Returns the
+    model folder and the selected rows; raises :class:`OfflineError` (or the lake's error) otherwise."""
+    from ragen_core.policy import load_tokenizer
+    from ragen_core.run.record import check_run_id_free
+
+    check_run_id_free(lake, run_id)
+    init_dir = resolve_init(init, lake)
+    table = select_trajectories(lake, sql)
+    check_tokenizer(lake, sorted(set(table["run_id"].to_pylist())), load_tokenizer(init_dir))
+    return init_dir, table
 
 
 def check_tokenizer(lake: DataLake, runs: list[str], tokenizer: Any) -> str:

@@ -10,6 +10,7 @@ Layout under the data root::
     runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
     runs/<run_id>/checkpoints/iteration=<n>/                       engine states + Hugging Face export after n updates
     runs/<run_id>/update_group/                                    a launched update group's logs and policy export
+    runs/<run_id>/vllm_server/server.log                          the run's vLLM rollout server's log
     <table>/run_id=<id>/iteration=<n>/_COMPACTION.json             marker of a compaction (``parts``, ``compaction``)
     _locks/<run_id>.lock                                           held while a run is compacted or removed
     sweeps/<sweep_id>.json                                         a sweep's plan
@@ -49,6 +50,7 @@ from ragen_core.storage.files import (
 from ragen_core.storage.layout import (
     ITERATION_FOLDER,
     check_manifest,
+    check_real_folder,
     check_regular_file,
     check_rows,
     iteration_folders,
@@ -146,6 +148,10 @@ class DataLake:
     def policy_export_dir(self, run_id: str) -> Path:
         """The Hugging Face export through which the training side hands new weights to the rollout side."""
         return self.update_group_dir(run_id) / "policy"
+
+    def vllm_server_dir(self, run_id: str) -> Path:
+        """The run's vLLM rollout server: its log (``rollout.backend=vllm``)."""
+        return self.run_dir(run_id) / "vllm_server"
 
     # -- checkpoint folders (their contents are ragen_core.training.checkpoint's) ----------------------------------
     def checkpoints_dir(self, run_id: str) -> Path:
@@ -282,6 +288,8 @@ class DataLake:
                 continue
             target_dir = self.partition_dir(table_dir.name, run_id, iteration)
             target_dir.mkdir(parents=True, exist_ok=True)
+            for folder in (target_dir.parent.parent, target_dir.parent, target_dir):  # never publish through a link
+                check_real_folder(folder, "partition folder")
             for file in sorted(table_dir.glob("part-*.parquet")):
                 check_not_superseded(target_dir, file.name)
                 os.replace(file, target_dir / file.name)

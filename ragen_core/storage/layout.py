@@ -23,7 +23,7 @@ its account. The rules:
   as many). A forged marker therefore cannot hide rows: to hide them it needs a merged file holding at least as many
   rows, and a marker that breaks a rule fails every read of the table instead of hiding anything.
 - **Manifests** (``runs/<id>/manifest.json``): a regular file in a folder named by a valid run id, a JSON object
-  whose ``run_id`` is that folder's name.
+  whose ``run_id`` is that folder's name, and whose fields the tools read have their types (:data:`MANIFEST_TYPES`).
 - **Checkpoint rows**: a row of run R names ``runs/R/checkpoints/iteration=<n>`` or its ``hf/`` export. Under this
   data root, exactly that folder (no link on the way); elsewhere (a data root that was moved or copied), a path
   that ends so, and the lake never touches it.
@@ -300,6 +300,7 @@ def check_replaced_rows(marker_path: Path, marker: Mapping[str, Any], present: I
 def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
     """A manifest read from ``runs/<id>/manifest.json``: a JSON object naming the run of its folder."""
     folder = path.parent.name
+    check_real_folder(path.parent, "run folder")  # a linked run folder would be a manifest from elsewhere
     if not is_valid_run_id(folder):
         raise LakeError(f"manifest {_show(path)} lies in a folder that is not a valid run id; {_HOW_TO_FIX}")
     if not isinstance(manifest, dict):
@@ -309,7 +310,28 @@ def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
             f"manifest {_show(path)} says run_id {manifest.get('run_id')!r}, but it lies in the folder of run "
             f"{folder!r}; a manifest describes the run of its folder: {_HOW_TO_FIX}"
         )
+    for key, kinds in MANIFEST_TYPES.items():
+        value = manifest.get(key)
+        if value is not None and (isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds)):
+            expected = " or ".join(_TYPE_NAMES[k] for k in kinds)
+            raise LakeError(f"manifest {_show(path)} has {key} = {_short(value)}, not {expected}; {_HOW_TO_FIX}")
     return manifest
+
+
+# what the tools read from a manifest, by type (None, or absent, is always allowed)
+MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("kind", "status", "model_dir", "config_hash", "tokenizer_fingerprint", "created_at",
+                     "started_at", "updated_at", "git_commit", "error", "base_model", "host"), (str,)),
+    **dict.fromkeys(("config", "bootstrap", "sweep", "lineage", "versions", "summary"), (dict,)),
+    **dict.fromkeys(("last_committed_iteration", "interrupted_iteration", "seed", "pid"), (int,)),
+    "resumes": (list,),
+}  # fmt: skip
+_TYPE_NAMES = {str: "a text", dict: "a mapping", int: "an integer", list: "a list"}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:50] + "..."
 
 
 def checkpoint_folder(root: Path, run_id: str, stored: Any, source: Path) -> Path | None:

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 from ragen_core.run.offline import OfflineError
 from ragen_core.storage import DataLake
+from schemas.tables import TRAJECTORY_KEY
 
 BASE = {
     "env": {"val_envs": ["bandit"]},
@@ -141,3 +142,65 @@ def test_readme_example_best_quarter_from_the_run_start_model(lake_root, tiny_mo
     assert result["trajectories"] == expected
     lineage = DataLake(lake_root).read_manifest("best25")["lineage"]
     assert lineage["init"] == str(tiny_model_dir.resolve()) and lineage["source_runs"] == ["src"]
+
+
+def _lake_state(root) -> tuple:
+    """What a refused command must leave as it was: every folder name under the data root's top-level folders, and
+    the rows of every table."""
+    from ragen_core.storage import query
+
+    folders = sorted(str(p.relative_to(root)) for p in root.glob("*/*"))
+    counts = {t: query(root, f"SELECT count(*) AS n FROM {t}").to_pylist()[0]["n"]
+              for t in ("trajectories", "turns", "metrics", "evaluations", "checkpoints", "runs")}  # fmt: skip
+    return folders, counts
+
+
+KEYS = "SELECT 'src' AS run_id, 99 AS iteration, 'train' AS split, 'bandit' AS env, 0 AS group_id, 0 AS traj_index"
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    (KEYS, "1 of the 1 keys the selection query returned match no stored trajectory"),
+    (KEYS.replace("'src'", "'no/such run'"), "match no stored trajectory"),
+    ("UNION ALL", "1 of the "),
+    ("SELECT * FROM trajectories WHERE false", "returned no trajectories"),
+    ("SELECT nothing FROM trajectories", "the selection query failed"),
+])  # fmt: skip
+def test_a_refused_retrain_creates_nothing(lake_root, tiny_model_dir, sql, message):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    if sql == "UNION ALL":  # every stored key of src plus one made up: one unmatched key is refused too
+        sql = f"SELECT {', '.join(TRAJECTORY_KEY)} FROM trajectories WHERE run_id = 'src' UNION ALL {KEYS}"
+    before = _lake_state(lake_root)
+    result = CliRunner().invoke(app, ["retrain", "--from", sql, "--mode", "sft", "--init", str(tiny_model_dir),
+                                      "--data-root", str(lake_root), "--run-id", "refused"])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and result.stderr.startswith("error:")
+    assert message in " ".join(result.stderr.split())
+    assert _lake_state(lake_root) == before
+    assert not (lake_root / "_prefect" / "refused").exists() and not (lake_root / "runs" / "refused").exists()
+
+
+def test_a_retrain_over_an_existing_run_or_with_a_foreign_tokenizer_creates_nothing(lake_root, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    def retrain(run_id: str):
+        return CliRunner().invoke(app, ["retrain", "--from", "SELECT * FROM trajectories WHERE run_id = 'demo'",
+                                        "--mode", "sft", "--init", str(tiny_model_dir), "--data-root", str(lake_root),
+                                        "--run-id", run_id])  # fmt: skip
+
+    before = _lake_state(lake_root)
+    result = retrain("src")
+    assert result.exit_code == 2 and "already exists" in result.stderr
+    path = lake_root / "runs" / "demo" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "tokenizer_fingerprint": "0123456789abcdef"}))
+    try:
+        result = retrain("foreign")
+    finally:
+        path.write_text(json.dumps(manifest))
+    assert result.exit_code == 2 and "another tokenizer" in result.stderr
+    assert _lake_state(lake_root) == before and not (lake_root / "_prefect" / "foreign").exists()

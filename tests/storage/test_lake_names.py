@@ -315,3 +315,42 @@ def test_rm_and_compact_on_a_read_only_root_fail_in_one_line(lake, command):
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stderr.startswith("error:") and "runB" in result.stderr and "only" in result.stderr
     assert _files(lake.root) == before and lake.read_manifest("runB")["status"] == "completed"
+
+
+# -- 11. resume of a manifest of the wrong shape: one line naming it, nothing started --------------------------------
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"config": "not a mapping"}, "has config = 'not a mapping', not a mapping"),
+    ({"config": [1, 2]}, "has config = [1, 2], not a mapping"),
+    ({"resumes": "twice"}, "has resumes = 'twice', not a list"),
+    ({"last_committed_iteration": "3"}, "has last_committed_iteration = '3', not an integer"),
+    ({"last_committed_iteration": True}, "not an integer"),
+    ({"status": 5}, "has status = 5, not a text"),
+    ({"model_dir": {"a": 1}}, "has model_dir = {'a': 1}, not a text"),
+    ({"config": {}}, "holds no config to resume with"),
+    ({"config": {"trainer": "fast"}}, "trainer"),
+    (None, "is not a JSON object"),
+])  # fmt: skip
+def test_resume_of_a_manifest_of_the_wrong_shape_is_one_line(lake, change, expected):
+    path = lake.run_dir("runB") / "manifest.json"
+    stored = json.loads(path.read_text())
+    path.write_text(json.dumps([stored] if change is None else {**stored, **change}))
+    before = _files(lake.root)
+    result = _cli("resume", "runB", "--data-root", lake.root)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and result.stderr.startswith("error:")
+    assert expected in " ".join(result.stderr.split())
+    if change is None or not isinstance(change.get("config"), dict):
+        assert str(path) in " ".join(result.stderr.split()) or "runB" in result.stderr
+    assert _files(lake.root) == before and not (lake.root / "_prefect").exists()
+
+
+def test_the_lake_never_publishes_through_a_linked_partition_folder(lake, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    folder = lake.partition_dir("metrics", "runA", 7)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.symlink_to(outside, target_is_directory=True)
+    row = {"run_id": "runA", "iteration": 7, "name": "x", "value": 1.0}
+    with pytest.raises(LakeError, match="symbolic link"):
+        lake.write_rows("metrics", "runA", 7, [row], stage="commit")
+    assert list(outside.iterdir()) == []
