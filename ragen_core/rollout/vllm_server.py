@@ -1,0 +1,288 @@
+"""The vLLM rollout server: a small HTTP program run by the vLLM environment's Python (``make install-vllm``).
+
+Never imported by the trainer (its environment has no vLLM, and vLLM's pins clash with Prefect's): the trainer starts
+this file as a program (:class:`ragen_core.rollout.vllm_backend.VLLMServer`) and talks JSON to it over 127.0.0.1.
+It imports only the standard library and vLLM, so it runs from any checkout or installed copy of this package.
+
+Endpoints (``POST`` bodies and answers are JSON; every ``POST`` must carry ``Authorization: Bearer <token>``, the
+token the trainer passed in ``RAGEN_VLLM_TOKEN``, so no other local process can drive or stop the server):
+
+- ``GET /health``: ``{"state": "loading" | "ready" | "failed", "pid", "token_digest", "error"}``; the trainer checks
+  the pid and the digest of its token, so a server someone else runs on the port is never taken for its own.
+- ``POST /generate``: ``{"prompts": [[token ids]], "sampling": [{"temperature", "top_p", "top_k", "max_tokens",
+  "seed", "stop_token_ids"}]}`` -> ``{"outputs": [{"token_ids", "logprobs"}]}``: one sampled completion per prompt,
+  the sampler's log-prob of each sampled token (``logprobs_mode="processed_logprobs"``: after temperature and
+  top-k/top-p, as the trainer records them).
+- ``POST /score``: ``{"sequences": [[token ids]]}`` -> ``{"logprobs": [[...]]}``: the model's log-prob of every token
+  after the first (temperature 1), to check the server scores with the trainer's weights.
+- ``POST /load_weights``: ``{"path": folder}``: reload the policy in place from a Hugging Face export.
+- ``POST /shutdown``: answer, then exit.
+
+The engine runs in this one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), in a process group of its own; a watchdog
+ends the group when the trainer that started it is gone (killed, crashed), so no server outlives its run.
+
+Two defects of vLLM 0.32's CPU path are worked around here: the tied output head keeps its old pre-packed weights
+after an in-place reload (it is re-packed after every reload), and a seeded request whose prefill is split over
+engine steps crashes the CPU sampler (chunked prefill is off, so a prefill is never split).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+MAX_BODY_BYTES = 512 * 1024 * 1024  # a batch of prompts as JSON; far above any rollout's
+
+
+class _State:
+    """What the handlers share: the engine (once loaded), its lock and the server's status."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.llm: Any = None
+        self.state = "loading"
+        self.error = ""
+        self.lock = threading.Lock()  # one engine call at a time
+        self.stop = threading.Event()
+
+
+STATE: _State
+
+
+def _sampling_params(vllm: Any, spec: dict[str, Any]) -> Any:
+    return vllm.SamplingParams(
+        n=1,
+        temperature=float(spec["temperature"]),
+        top_p=float(spec.get("top_p", 1.0)),
+        top_k=int(spec.get("top_k", 0)),
+        max_tokens=int(spec["max_tokens"]),
+        seed=None if spec.get("seed") is None else int(spec["seed"]),
+        logprobs=0,  # the sampled token's own log-prob only
+        stop_token_ids=[int(token) for token in spec.get("stop_token_ids", [])],
+        detokenize=False,  # the trainer decodes with its own tokenizer
+    )
+
+
+def generate(body: dict[str, Any]) -> dict[str, Any]:
+    """Sample one completion per prompt; token ids and the sampler's log-prob of each."""
+    import vllm
+
+    prompts, specs = body["prompts"], body["sampling"]
+    if len(prompts) != len(specs):
+        raise ValueError(f"{len(prompts)} prompts but {len(specs)} sampling settings")
+    requests = [{"prompt_token_ids": [int(token) for token in prompt]} for prompt in prompts]
+    params = [_sampling_params(vllm, spec) for spec in specs]
+    outputs = STATE.llm.generate(requests, params, use_tqdm=False)
+    answers = []
+    for output in outputs:
+        completion = output.outputs[0]
+        tokens = [int(token) for token in completion.token_ids]
+        positions = completion.logprobs or []
+        logprobs = [float(positions[i][token].logprob) for i, token in enumerate(tokens)]
+        answers.append({"token_ids": tokens, "logprobs": logprobs, "finish_reason": completion.finish_reason})
+    return {"outputs": answers}
+
+
+def score(body: dict[str, Any]) -> dict[str, Any]:
+    """The model's log-prob of every token after the first of each sequence (temperature 1, nothing filtered)."""
+    import vllm
+
+    sequences = [[int(token) for token in sequence] for sequence in body["sequences"]]
+    params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+    outputs = STATE.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+    answers = []
+    for sequence, output in zip(sequences, outputs, strict=True):
+        positions = output.prompt_logprobs  # the first is None (no context)
+        answers.append([float(positions[i][token].logprob) for i, token in enumerate(sequence) if i > 0])
+    return {"logprobs": answers}
+
+
+def _repack_output_head(worker: Any) -> int:
+    """On the CPU, re-pack the (tied) output head from its reloaded weight; the reload leaves the old packing."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    if head is None or getattr(head, "weight", None) is None or head.weight.numel() == 0:
+        return 0
+    dispatch_cpu_unquantized_gemm(head, remove_weight=False)
+    return 1
+
+
+def load_weights(body: dict[str, Any]) -> dict[str, Any]:
+    """Reload the weights in place from the Hugging Face export at ``path``."""
+    started = time.perf_counter()
+    STATE.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(body["path"])})
+    STATE.llm.collective_rpc(_repack_output_head)
+    STATE.llm.reset_prefix_cache()
+    return {"seconds": time.perf_counter() - started}
+
+
+ROUTES = {"/generate": generate, "/score": score, "/load_weights": load_weights}
+
+
+class Handler(BaseHTTPRequestHandler):
+    """JSON in, JSON out; errors as ``{"error": ...}`` with a 4xx/5xx status."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # one line per request would drown the log; errors are logged where they happen
+
+    def _answer(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - the base class's name
+        if self.path != "/health":
+            self._answer(404, {"error": f"no such endpoint: {self.path}"})
+            return
+        digest = hashlib.sha256(STATE.token.encode()).hexdigest()
+        self._answer(200, {"state": STATE.state, "pid": os.getpid(), "token_digest": digest, "error": STATE.error})
+
+    def do_POST(self) -> None:  # noqa: N802 - the base class's name
+        if self.headers.get("Authorization") != f"Bearer {STATE.token}":
+            self._answer(403, {"error": "wrong or missing token"})
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            self._answer(413, {"error": f"request body of {length} bytes is over {MAX_BODY_BYTES}"})
+            return
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError as exc:
+            self._answer(400, {"error": f"request body is not JSON: {exc}"})
+            return
+        if self.path == "/shutdown":
+            self._answer(200, {"stopping": True})
+            STATE.stop.set()
+            return
+        route = ROUTES.get(self.path)
+        if route is None:
+            self._answer(404, {"error": f"no such endpoint: {self.path}"})
+            return
+        if STATE.state != "ready":
+            self._answer(503, {"error": f"the engine is {STATE.state}: {STATE.error}".rstrip(": ")})
+            return
+        try:
+            with STATE.lock:
+                answer = route(body)
+        except Exception as exc:  # the trainer gets the error; the log gets the traceback
+            traceback.print_exc()
+            sys.stdout.flush()
+            self._answer(500, {"error": f"{type(exc).__name__}: {exc}"})
+            return
+        self._answer(200, answer)
+
+
+def _end_group(code: int) -> None:
+    """Exit at once with everything this server started (its process group)."""
+    sys.stdout.flush()
+    try:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    finally:
+        os._exit(code)
+
+
+def _watch_parent(parent: int) -> None:
+    """End the server when the process that started it is gone (it was re-parented)."""
+    while True:
+        if os.getppid() != parent:
+            print(f"vllm server: the trainer (pid {parent}) is gone; stopping", flush=True)
+            _end_group(3)
+        time.sleep(0.5)
+
+
+def _build_engine(args: argparse.Namespace) -> Any:
+    import vllm
+    from vllm.platforms import current_platform
+
+    options: dict[str, Any] = {}
+    if args.kv_cache_gib is not None:
+        options["kv_cache_memory_bytes"] = int(args.kv_cache_gib * 1024**3)
+    elif current_platform.is_cpu():
+        options["kv_cache_memory_bytes"] = 1024**3
+    else:
+        options["gpu_memory_utilization"] = args.gpu_memory_utilization
+    return vllm.LLM(
+        model=args.model,
+        tokenizer=args.model,
+        skip_tokenizer_init=False,
+        dtype=args.dtype,
+        seed=args.seed,
+        tensor_parallel_size=args.tensor_parallel_size,
+        enforce_eager=args.enforce_eager,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=False,  # every rollout computes from its own tokens: nothing depends on earlier calls
+        enable_chunked_prefill=False,  # a split prefill crashes seeded sampling on the CPU (vLLM 0.32)
+        logprobs_mode="processed_logprobs",  # log-probs after temperature / top-k / top-p: the sampler's own
+        generation_config="vllm",  # the model folder's sampling defaults change nothing
+        **options,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="RAGEN-Flows' vLLM rollout server (started by the trainer)")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--ready-file", required=True, help="where to write the port and pid once listening")
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--kv-cache-gib", type=float, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.4)
+    parser.add_argument("--enforce-eager", action="store_true")
+    args = parser.parse_args(argv)
+
+    global STATE
+    STATE = _State(os.environ.pop("RAGEN_VLLM_TOKEN", ""))
+    if not STATE.token:
+        print("vllm server: RAGEN_VLLM_TOKEN is not set (the trainer starts this program)", file=sys.stderr)
+        return 2
+    threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: STATE.stop.set())
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    temporary = f"{args.ready_file}.{os.getpid()}.tmp"
+    with open(temporary, "w") as handle:
+        json.dump({"port": server.server_address[1], "pid": os.getpid()}, handle)
+    os.replace(temporary, args.ready_file)
+    print(f"vllm server: listening on 127.0.0.1:{server.server_address[1]}, loading {args.model}", flush=True)
+
+    try:
+        STATE.llm = _build_engine(args)
+        STATE.state = "ready"
+        print("vllm server: ready", flush=True)
+    except Exception as exc:
+        traceback.print_exc()
+        STATE.state, STATE.error = "failed", f"{type(exc).__name__}: {exc}"
+    STATE.stop.wait()
+    time.sleep(0.2)  # let the shutdown answer leave
+    _end_group(0)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: one process to stop
+    sys.exit(main())

