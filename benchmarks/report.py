@@ -44,7 +44,28 @@ def flatten(details: dict[str, Any]) -> dict[str, Any]:
     _flatten_peer(details.get("peer"), flat)
     _flatten_lake(details.get("lake"), flat)
     _flatten_gpu(details.get("gpu"), flat)
+    _flatten_vllm(details.get("vllm"), flat)
     return flat
+
+
+def _flatten_vllm(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    if not section:
+        return
+    for case in section["cases"]:
+        prefix = f"vllm.{case['shape']}.{case['case']}"
+        flat[f"{prefix}.vllm_over_hf"] = case["vllm_over_hf"]["median"]
+        flat[f"{prefix}.vllm_over_bare"] = case["vllm_over_bare"]["median"]
+        for side in ("vllm", "hf", "bare"):
+            flat[f"{prefix}.{side}_tokens_per_s"] = case[f"{side}_tokens_per_s"]["median"]
+        if case["shape"] == "20m" and case["case"] == "sokoban":
+            flat["vllm_speedup_multiturn"] = case["vllm_over_hf"]["median"]
+    for shape, seconds in section["engine_start_s"].items():
+        flat[f"vllm.engine_start_s.{shape}"] = seconds
+    push = section["push"]
+    if push["push_share"]:
+        flat["weight_push_share"] = push["push_share"]["median"]
+        flat["vllm.weight_push_s"] = push["push_seconds"]["median"]
+        flat["vllm.iteration_wall_s"] = push["iteration_wall_s"]["median"]
 
 
 def _flatten_flow(flow: dict[str, Any] | None, flat: dict[str, Any]) -> None:
@@ -137,10 +158,10 @@ def verdict(key: str, value: float | None) -> str:
     if value is None:
         return "not run"
     target = TARGETS[key]
-    if key in ("rollout_efficiency", "update_efficiency"):
+    if key in ("rollout_efficiency", "update_efficiency", "vllm_speedup_multiturn"):
         return "met" if value >= target else f"missed by {target - value:.2f} ({(target - value) / target:.0%} short)"
     if key == "trl_iteration_time_ratio":
         return "met" if value <= target else f"missed: ours {value:.2f}x TRL's time per iteration"
-    if key in ("orchestration_overhead", "validation_share"):
+    if key in ("orchestration_overhead", "validation_share", "weight_push_share"):
         return "met" if value <= target else f"missed by {(value - target) * 100:.1f} points"
     return "met" if value <= target else f"missed by {value - target:.3f}"

@@ -17,6 +17,8 @@ TARGETS = {
     "validation_share": 0.10,  # at most, at the demo config: the data contracts' share of an iteration
     "trl_iteration_time_ratio": 0.7,  # at most: ours / TRL's time per iteration at equal work (moonshot 0.5)
     "peak_rss_growth": 0.1,  # at most
+    "vllm_speedup_multiturn": 8.0,  # at least: vLLM backend / HF backend tokens per second, multi-turn Sokoban, 20m
+    "weight_push_share": 0.10,  # at most: a vLLM weight push's share of its iteration at the demo's size
 }
 
 
@@ -36,6 +38,8 @@ class Sizes:
     peer_eval_instances: int
     lake_turns: tuple[int, ...]
     lake_iterations: int
+    vllm_cases: tuple[tuple[str, str, int, int, int], ...] = ()  # (shape, case, groups, group_size, repeats)
+    vllm_push_overrides: tuple[str, ...] = ()  # the demo run whose weight pushes are timed
     repeats_override: int | None = None  # --repeats: every ratio
 
 
@@ -57,6 +61,13 @@ FULL = Sizes(
     peer_eval_instances=64,
     lake_turns=(10_000, 100_000, 1_000_000),
     lake_iterations=50,
+    vllm_cases=(
+        ("tiny", "bandit", 8, 16, 3),  # the demo's batch, one turn
+        ("tiny", "sokoban", 4, 8, 3),  # five turns
+        ("20m", "bandit", 4, 16, 3),
+        ("20m", "sokoban", 4, 8, 3),  # the target's case
+    ),
+    vllm_push_overrides=("trainer.iterations=8", "eval.every=4", "eval.instances=64"),
 )
 QUICK = Sizes(
     rollout_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
@@ -71,9 +82,11 @@ QUICK = Sizes(
     peer_eval_instances=16,
     lake_turns=(10_000,),
     lake_iterations=10,
+    vllm_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
+    vllm_push_overrides=("trainer.iterations=3", "eval.every=3", "eval.instances=16"),
 )
 GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
-SECTIONS = ("flow", "peer", "rollout", "update", "lake")
+SECTIONS = ("flow", "peer", "rollout", "update", "lake", "vllm")
 
 
 def _stamp(device: str) -> dict[str, Any]:
@@ -183,6 +196,18 @@ def update_mfu(result: dict[str, Any], peak_tflops: float | None) -> dict[str, A
     seconds = sorted(result["ours_seconds"])[len(result["ours_seconds"]) // 2]
     achieved = flops / seconds / 1e12
     return {"achieved_tflops": achieved, "peak_tflops": peak, "mfu": achieved / peak if peak else None}
+
+
+def run_vllm_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, Any]:
+    """vLLM backend vs Hugging Face backend vs bare generate (1 and 5 turns, tiny and 20m), the server's start, and a
+    weight push's share of its iteration at the demo's size (needs `make install-vllm`)."""
+    from benchmarks.vllm_bench import VLLMCase, run
+
+    started = time.perf_counter()
+    cases = [VLLMCase(shape, case, groups, size, sizes.repeats_override or repeats)
+             for shape, case, groups, size, repeats in sizes.vllm_cases]  # fmt: skip
+    result = run(cases, data_root, (*sizes.common_overrides, *sizes.vllm_push_overrides), threads)
+    return {**_stamp("cpu"), "threads": threads, **result, "seconds": time.perf_counter() - started}
 
 
 def run_lake_section(sizes: Sizes) -> dict[str, Any]:
