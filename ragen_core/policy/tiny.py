@@ -27,7 +27,7 @@ import torch
 
 from ragen_core.agent.prompts import SYSTEM_PROMPT, first_user_message, turn_message
 from ragen_core.config import TinyModelConfig
-from ragen_core.envs import make_env, registered_envs
+from ragen_core.envs import make_env
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
@@ -39,12 +39,18 @@ CHATML_TEMPLATE = (
 # Qwen2's pre-tokenisation regex (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX).
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
 TOKENIZER_CORPUS_VERSION = 3  # 3: one token per grid cell
+# The environments whose text the tokenizer is trained on, frozen: an environment registered later does not join the
+# corpus, so adding one changes no existing model. The corpus itself is pinned by its digest (a test recomputes it):
+# changing how one of these renders changes the default model, so it needs a new TOKENIZER_CORPUS_VERSION and digest.
+CORPUS_ENVS = ("bandit", "bandit_reversed", "bandit_test", "countdown", "frozen_lake", "game_2048", "rubikscube",
+               "sokoban", "sokoban_large", "sokoban_new_vocab", "sudoku", "sudoku_9x9")  # fmt: skip
+CORPUS_DIGEST = "597f61c8148fc9580cd3ec9013e531f838bc411808b65c17581d04a02268e582"  # corpus_digest() of version 3
 
 
 def tokenizer_corpus(seeds_per_env: int = 40) -> list[str]:
-    """Texts the tokenizer is trained on: chat-formatted prompts and replies of every registered environment."""
+    """Texts the tokenizer is trained on: chat-formatted prompts and replies of the :data:`CORPUS_ENVS`."""
     texts = [SYSTEM_PROMPT, "Reward: 0.1 -0.1 1 10 0 0.5 -1", " ".join(str(n) for n in range(200))]
-    for name in registered_envs():
+    for name in CORPUS_ENVS:
         env = make_env(name)
         rng = np.random.default_rng(0)
         for seed in range(seeds_per_env):
@@ -62,6 +68,12 @@ def tokenizer_corpus(seeds_per_env: int = 40) -> list[str]:
             _, reward, _, _, _ = env.step(action)
             texts.append(turn_message(2, env.render(), 9, True, reward=reward))
     return texts
+
+
+def corpus_digest() -> str:
+    """SHA-256 of the tokenizer corpus (its texts joined by a record separator): :data:`CORPUS_DIGEST` unless an
+    environment of the corpus renders differently than when the digest was taken."""
+    return hashlib.sha256("\x1e".join(tokenizer_corpus()).encode()).hexdigest()
 
 
 def train_tokenizer(vocab_size: int, one_token_per_cell: bool = True):
@@ -100,8 +112,8 @@ def train_tokenizer(vocab_size: int, one_token_per_cell: bool = True):
 
 
 def grid_characters() -> frozenset[str]:
-    """The cell symbols of every registered grid env, and the row break."""
-    return frozenset("\n" + "".join(make_env(name).grid_symbols for name in registered_envs()))
+    """The cell symbols of the corpus's grid envs, and the row break."""
+    return frozenset("\n" + "".join(make_env(name).grid_symbols for name in CORPUS_ENVS))
 
 
 def _byte_level_decoder() -> dict[str, int]:
@@ -142,9 +154,10 @@ def without_grid_merges(tokenizer, characters: frozenset[str]):
 
 
 def tiny_model_key(config: TinyModelConfig) -> str:
-    """Folder name of the tiny model built from ``config`` (changes when the shape or the corpus changes)."""
+    """Folder name of the tiny model built from ``config`` (changes when the shape or the corpus changes, not when an
+    environment is added)."""
     payload = json.dumps(
-        {"config": config.model_dump(mode="json"), "corpus": TOKENIZER_CORPUS_VERSION, "envs": registered_envs()},
+        {"config": config.model_dump(mode="json"), "corpus": TOKENIZER_CORPUS_VERSION, "envs": list(CORPUS_ENVS)},
         sort_keys=True,
     )
     return "tiny-" + hashlib.sha256(payload.encode()).hexdigest()[:12]

@@ -40,3 +40,29 @@ def test_grid_states_are_one_token_per_cell_and_other_text_still_merges(tiny_mod
             assert set(state) <= set(cells + "\n")
     # the merges that do not join two grid characters are kept: an instruction word is not spelled out
     assert len(loaded.encode("You are a helpful assistant", add_special_tokens=False)) <= 6
+
+
+def test_the_tokenizer_corpus_is_pinned_by_its_digest():
+    """The default model's tokenizer is trained on this corpus: an environment that renders differently changes every
+    default model, so it must come with a new TOKENIZER_CORPUS_VERSION and CORPUS_DIGEST (which change the key)."""
+    import hashlib
+
+    from ragen_core.policy.tiny import CORPUS_DIGEST, tokenizer_corpus
+
+    texts = tokenizer_corpus()
+    assert hashlib.sha256("\x1e".join(texts).encode()).hexdigest() == CORPUS_DIGEST, (
+        "the tokenizer corpus changed: bump TOKENIZER_CORPUS_VERSION and set CORPUS_DIGEST to the new digest "
+        "(this changes the default tiny model, and the numbers measured with it)"
+    )
+
+
+def test_a_new_environment_changes_no_existing_model(monkeypatch):
+    from ragen_core.config import TinyModelConfig
+    from ragen_core.envs import base, make_env, registered_envs
+    from ragen_core.policy.tiny import grid_characters, tiny_model_key
+
+    before, grid_before = tiny_model_key(TinyModelConfig()), grid_characters()
+    monkeypatch.setitem(base._REGISTRY, "zz_new_grid_env", base._REGISTRY["sokoban"])
+    assert "zz_new_grid_env" in registered_envs() and make_env("zz_new_grid_env") is not None
+    assert tiny_model_key(TinyModelConfig()) == before and grid_characters() == grid_before
+    assert tiny_model_key(TinyModelConfig(num_heads=4, num_kv_heads=2)) != before  # the shape still counts
