@@ -66,12 +66,16 @@ def select_trajectories(lake: DataLake, sql: str, params: list | dict | None = N
 
 
 def preflight(lake: DataLake, run_id: str, sql: str, init: str) -> tuple[Path, pa.Table]:
-    """Everything that can refuse a re-training before it creates anything: the run id is free, ``init`` names a
-    model, the query selects stored trajectories, and they were tokenised by the model's tokenizer. Returns the
-    model folder and the selected rows; raises :class:`OfflineError` (or the lake's error) otherwise."""
+    """Everything that can refuse a re-training before it creates anything: no live process writes the run (the
+    refusal names it, as train and resume do), the run id is free, ``init`` names a model, the query selects stored
+    trajectories, and they were tokenised by the model's tokenizer. Returns the model folder and the selected rows;
+    raises :class:`OfflineError`, :class:`~ragen_core.storage.locks.RunLockedError` (or the lake's error)
+    otherwise."""
     from ragen_core.policy import load_tokenizer
     from ragen_core.run.record import check_run_id_free
+    from ragen_core.storage.locks import check_not_held
 
+    check_not_held(lake.root, run_id)  # a run its writer holds: name the writer, not just "already exists"
     check_run_id_free(lake, run_id)
     init_dir = resolve_init(init, lake)
     table = select_trajectories(lake, sql)

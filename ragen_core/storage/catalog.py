@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,8 +33,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ragen_core.storage.files import LakeError, damaged_files, read_json
-from ragen_core.storage.lake import DataLake
+from ragen_core.storage.files import VANISHED_ATTEMPTS, LakeError, VanishedFileError, damaged_files, read_json
+from ragen_core.storage.lake import DataLake, by_partition
 from ragen_core.storage.layout import check_footer, check_manifest, check_regular_file, footer
 from ragen_core.storage.names import is_valid_run_id
 from ragen_core.storage.runs import manifest_row, runs_table
@@ -42,7 +43,6 @@ from schemas.tables import ColumnSpec, TableSpec
 from schemas.versions import SchemaVersionError, check_readable, stored_version
 
 ERROR_PREFIX = "ragen lake: "
-QUERY_ATTEMPTS = 3
 INTERRUPT_GRACE = 5.0  # seconds an interrupted query is given to stop before the stop goes on without it
 BROKEN_STATUS = "broken"
 
@@ -92,6 +92,8 @@ def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[in
     for path in files:
         try:
             metadata = footer(path)
+        except VanishedFileError:
+            raise  # removed since it was listed: the caller lists its partition again
         except LakeError as exc:
             raise LakeError(f"cannot read table {spec.name!r}: damaged Parquet file(s) {str(path)!r} ({exc})") from exc
         try:
@@ -102,6 +104,27 @@ def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[in
         check_footer(path, spec, metadata, lake.upgrades.has_function(spec.name, version, spec.version))
         versions.add(version)
     return versions
+
+
+def _checked_files(lake: DataLake, spec: TableSpec, files: list[Path]) -> tuple[list[Path], set[int]]:
+    """The table's visible ``files`` with their footers checked (:func:`_file_versions`), and their schema versions.
+    A partition with a file that vanished since the listing (a compaction's last step, a redo) is listed again and
+    checked whole from the fresh listing: a view holds each partition whole or not at all."""
+    checked: list[Path] = []
+    versions: set[int] = set()
+    for partition in by_partition(files):
+        for attempt in range(VANISHED_ATTEMPTS):
+            try:
+                versions |= _file_versions(lake, spec, partition)
+                break
+            except VanishedFileError:
+                if attempt + 1 == VANISHED_ATTEMPTS:
+                    raise
+            partition = lake.relist_partition(spec.name, partition)
+            if not partition:
+                break
+        checked += partition
+    return checked, versions
 
 
 def _needs_python_upgrade(lake: DataLake, spec: TableSpec, versions: set[int]) -> bool:
@@ -158,15 +181,39 @@ def read_manifests(lake: DataLake, run_id: str | None = None) -> tuple[pa.Table,
     return runs_table(rows), problems
 
 
+FileIdentity = tuple[int, int, int, int] | None
+
+
+def _identity(path: Path) -> FileIdentity:
+    """Which file ``path`` names now (None: none). A writer that removes or replaces a listed file changes it, even
+    when the same name is published again before a reader looks (a redone stage)."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino, found.st_mtime_ns, found.st_ctime_ns
+
+
+def _changed(files: dict[Path, FileIdentity]) -> list[Path]:
+    """The files gone, or replaced since their identity was taken (each was there when it was listed)."""
+    changed = []
+    for path, seen in files.items():
+        now = _identity(path)
+        if now is None or now != seen:
+            changed.append(path)
+    return changed
+
+
 def _create_view(
     con: duckdb.DuckDBPyConnection,
     lake: DataLake,
     spec: TableSpec,
     run_id: str | None,
-    listed: list[Path],
+    listed: dict[Path, FileIdentity],
     broken_manifests: str,
 ) -> None:
-    """Create the view of one table (scoped to ``run_id`` when given); add the files it reads to ``listed``."""
+    """Create the view of one table (scoped to ``run_id`` when given); add the files it reads to ``listed``, each
+    with its identity before DuckDB opens it."""
     name = spec.name
     if spec.source == "manifest":
         rows, problems = read_manifests(lake, run_id)
@@ -174,12 +221,11 @@ def _create_view(
             raise LakeError("; ".join(problems))
         _register_rows(con, name, rows)
         return
-    files = lake.partition_files(name, run_id)
-    listed += files
+    files, versions = _checked_files(lake, spec, lake.partition_files(name, run_id))
+    listed.update((path, _identity(path)) for path in files)
     if not files:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
         return
-    versions = _file_versions(lake, spec, files)
     if _needs_python_upgrade(lake, spec, versions):
         _register_rows(con, name, lake.read_table(name, run_id))
         return
@@ -222,17 +268,17 @@ def _lock_down(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
 
 def _open(
     lake: DataLake, run_id: str | None, broken_manifests: str = "fail"
-) -> tuple[duckdb.DuckDBPyConnection, list[Path]]:
+) -> tuple[duckdb.DuckDBPyConnection, dict[Path, FileIdentity]]:
     no_extensions = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     con = duckdb.connect(":memory:", config=no_extensions)
-    files: list[Path] = []
+    files: dict[Path, FileIdentity] = {}
     for spec in lake.tables.values():
         con.register(f"_{spec.name}_empty", spec.arrow_schema.empty_table())
         try:
             _create_view(con, lake, spec, run_id, files, broken_manifests)
         except LakeError as exc:
             _create_failing_view(con, spec, str(exc))
-    _lock_down(con, files)
+    _lock_down(con, list(files))
     return con, files
 
 
@@ -302,19 +348,23 @@ def query(
 
     A statement that is not a query raises :class:`QueryRefused`; a failure to read the lake's files raises
     :class:`LakeError` naming the file(s); SQL mistakes raise DuckDB's own error. ``params`` binds ``?`` / ``$name``
-    placeholders (a run id is always a parameter, never text in the SQL). When a file vanished between
-    listing and reading (a concurrent compaction), the query runs again on a fresh listing. A damaged manifest
+    placeholders (a run id is always a parameter, never text in the SQL). When a file the views read was removed
+    or replaced between listing and reading (a concurrent compaction, a redone stage) and the query failed, it runs
+    again on a fresh listing (up to ``VANISHED_ATTEMPTS`` times, each after such a writer's step). A damaged manifest
     fails a query of ``runs`` unless ``broken_manifests="row"`` (then it is a row with status ``broken``).
     """
     lake = root if isinstance(root, DataLake) else DataLake(root)
     statement = check_read_only(sql)  # what runs is the text DuckDB's parser classified, never the raw input
-    for attempt in range(QUERY_ATTEMPTS):
-        con, files = _open(lake, run_id, broken_manifests)
+    for attempt in range(VANISHED_ATTEMPTS):
+        con, files = _open(lake, run_id, broken_manifests)  # files: exactly those the views read
         try:
             return _interruptible(con, statement, params)
         except duckdb.Error as exc:
-            if attempt + 1 < QUERY_ATTEMPTS and any(not f.exists() for f in files):
+            changed = _changed(files)  # a writer removed or replaced a file the views read: list again
+            if changed and attempt + 1 < VANISHED_ATTEMPTS:
                 continue
+            if changed:  # DuckDB reports a listed file that is gone as a pattern it may not expand, or worse
+                raise VanishedFileError(changed[0]) from exc
             translated = _translate(exc, lake)
             if translated is None:
                 raise

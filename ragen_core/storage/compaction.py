@@ -24,9 +24,10 @@ its own folder, or one whose merged file holds fewer rows than the files it woul
 whole run, naming the marker, with nothing deleted; so does a part file whose rows are not its folder's, or a link
 in place of a folder. The marker is kept afterwards: it names only files that no longer
 exist, and the next compaction of the partition (after its recovery step) overwrites it. A reader that listed
-files just before a compaction deleted them gets a missing-file error; the lake's readers list again
-(``DataLake.read_table``, ``catalog.query``). Compactions and removals of one run hold an exclusive lock
-(``_locks/<run_id>.lock``, released by the OS if the process dies).
+files just before a compaction deleted them finds them gone; the lake's readers then list that partition again
+(``DataLake.read_table``, ``catalog.query``: :class:`~ragen_core.storage.files.VanishedFileError`), and a replaced
+file that is gone when the marker is checked counts as absent. Compactions and removals of one run hold an
+exclusive lock (``_locks/<run_id>.lock``, released by the OS if the process dies).
 """
 
 from __future__ import annotations

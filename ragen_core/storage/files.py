@@ -23,6 +23,26 @@ class LakeError(RuntimeError):
     """A stored file cannot be read or the lake is in a state the caller did not expect."""
 
 
+class VanishedFileError(LakeError):
+    """A file listed a moment ago is gone when it is read: a writer removed or replaced it after the listing (a
+    compaction deleting the parts its merged file replaced, a redo discarding a stage's files, a run's removal).
+    That is the writer's atomic step, never damage: readers list the partition again and read what is there then
+    (:data:`VANISHED_ATTEMPTS`)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            f"Parquet file {str(path)!r} vanished after it was listed: another process removed or replaced it (a "
+            "compaction, a redone stage, a run's removal) while it was read; try again"
+        )
+        self.path = Path(path)
+
+
+# how often a reader lists a partition again when a file it listed vanished: each time needs a writer to have
+# removed a file of it since the last listing, and a partition settles after one such step (the merged file of a
+# compaction stays), so the bound is met only by a writer removing files without end
+VANISHED_ATTEMPTS = 20
+
+
 def check_name(kind: str, name: str) -> str:
     """``name`` if it can be one path component (run ids, stage names); else a :class:`LakeError`."""
     if not name or name in (".", "..") or name.startswith(".") or _UNSAFE_NAME.search(name):
@@ -102,6 +122,8 @@ def read_parquet(path: Path) -> pa.Table:
     """Read one Parquet file as stored; a damaged file raises :class:`LakeError` naming it."""
     try:
         return pq.read_table(path)
+    except FileNotFoundError as exc:
+        raise VanishedFileError(path) from exc
     except (pa.ArrowException, OSError) as exc:
         raise LakeError(f"cannot read Parquet file {str(path)!r} (damaged or truncated?): {exc}") from exc
 

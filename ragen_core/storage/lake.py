@@ -37,7 +37,9 @@ import pyarrow as pa
 
 from ragen_core.storage.files import (
     TRASH_PREFIX,
+    VANISHED_ATTEMPTS,
     LakeError,
+    VanishedFileError,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_parquet,
@@ -56,6 +58,7 @@ from ragen_core.storage.layout import (
     iteration_folders,
     list_parts,
     part_files,
+    partition_of,
 )
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
 from ragen_core.storage.parts import check_not_superseded, visible_parts
@@ -67,7 +70,6 @@ __all__ = ["CHECKPOINT_INFO", "DataLake", "LakeError", "Stage", "atomic_write_js
            "read_parquet"]  # fmt: skip
 
 Rows = pa.Table | Sequence[Mapping[str, Any]]
-READ_ATTEMPTS = 3
 CHECKPOINT_INFO = "checkpoint.json"  # written last into a checkpoint folder: its presence marks the folder complete
 _DONE = "_DONE.json"
 _CHECKPOINT_NAME = re.compile(r"^iteration=(\d+)$")
@@ -343,10 +345,22 @@ class DataLake:
         """The published part files readers see (sorted): a listing held to the layout
         (:mod:`ragen_core.storage.layout`: plain names, no links), then the compaction rule of
         :mod:`ragen_core.storage.parts` (a compacted partition shows its merged file, never it and its sources).
-        A run id is never part of a pattern: one run's files are listed from its own folder."""
+        A run id is never part of a pattern: one run's files are listed from its own folder. A file that vanishes
+        while the listing is checked (a compaction's merged file, by a run's removal) makes it list again."""
         if run_id is not None:
             validate_run_id(run_id)
-        return visible_parts(list_parts(self.table_dir(table), run_id, iteration))
+        for attempt in range(VANISHED_ATTEMPTS):
+            try:
+                return visible_parts(list_parts(self.table_dir(table), run_id, iteration))
+            except VanishedFileError:
+                if attempt + 1 == VANISHED_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def relist_partition(self, table: str, files: list[Path]) -> list[Path]:
+        """The visible files of the partition of ``files`` (one partition's listing) now: a fresh listing of that
+        partition alone, by the same rules, for a reader that found one of them gone."""
+        return self.partition_files(table, *partition_of(files[0]))
 
     def read_table(
         self, table: str, run_id: str | None = None, iteration: int | None = None, columns: list[str] | None = None
@@ -365,22 +379,35 @@ class DataLake:
         return result.select(columns) if columns is not None else result
 
     def _read_parquet_table(self, spec: TableSpec, run_id: str | None, iteration: int | None) -> pa.Table:
-        """Read the visible files; when one vanished meanwhile (a concurrent compaction deleted the parts it had
-        merged), list again: a fresh listing shows the merged file instead."""
-        for _ in range(READ_ATTEMPTS - 1):
-            files = self.partition_files(spec.name, run_id, iteration)
-            try:
-                return self._concat_files(spec, files)
-            except LakeError:
-                if all(f.exists() for f in files):
-                    raise
-        return self._concat_files(spec, self.partition_files(spec.name, run_id, iteration))
-
-    def _concat_files(self, spec: TableSpec, files: list[Path]) -> pa.Table:
-        parts = [read_table_file(f, spec, self.upgrades) for f in files]
-        for path, part in zip(files, parts, strict=True):
-            check_rows(path, part, spec)  # rows belong to the run and iteration of their folder
+        """Read the visible files, one partition at a time. When a file of a partition vanished meanwhile (a
+        concurrent compaction deleted the parts it had merged, a redo discarded a stage), that partition is listed
+        again and read whole from the fresh listing (the merged file instead of its parts; nothing, once removed):
+        a partition is read whole or not at all, never in part and never twice."""
+        parts: list[pa.Table] = []
+        for files in by_partition(self.partition_files(spec.name, run_id, iteration)):
+            parts += self._read_partition(spec, files)
         return pa.concat_tables(parts) if parts else spec.arrow_schema.empty_table()
+
+    def _read_partition(self, spec: TableSpec, files: list[Path]) -> list[pa.Table]:
+        """The tables of one partition's visible ``files``, listed again while one of them vanishes."""
+        for attempt in range(VANISHED_ATTEMPTS):
+            try:
+                return [self._read_part(spec, path) for path in files]
+            except VanishedFileError:
+                if attempt + 1 == VANISHED_ATTEMPTS:
+                    raise
+            except LakeError:
+                if attempt + 1 == VANISHED_ATTEMPTS or all(f.exists() for f in files):
+                    raise
+            files = self.relist_partition(spec.name, files)
+            if not files:
+                return []
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _read_part(self, spec: TableSpec, path: Path) -> pa.Table:
+        table = read_table_file(path, spec, self.upgrades)
+        check_rows(path, table, spec)  # rows belong to the run and iteration of their folder
+        return table
 
     def read_runs(self, run_id: str | None = None) -> pa.Table:
         """The ``runs`` table: one row per manifest under ``runs/`` (see :mod:`ragen_core.storage.runs`)."""
@@ -433,6 +460,15 @@ class DataLake:
             return None
         check_regular_file(path, "manifest")
         return check_manifest(path, read_json(path))
+
+
+def by_partition(files: list[Path]) -> list[list[Path]]:
+    """A listing of part files as the listings of their partition folders (in the order of their first file; a
+    sorted listing keeps its order)."""
+    groups: dict[Path, list[Path]] = {}
+    for path in files:
+        groups.setdefault(path.parent, []).append(path)
+    return list(groups.values())
 
 
 def _part_stage(path: Path) -> str:

@@ -22,6 +22,10 @@ its account. The rules:
   holds that many rows, and the replaced files still present hold no more rows than it (all of them present: exactly
   as many). A forged marker therefore cannot hide rows: to hide them it needs a merged file holding at least as many
   rows, and a marker that breaks a rule fails every read of the table instead of hiding anything.
+- **Files that vanish** between a listing and the reading of a footer were removed by a writer's atomic step (a
+  compaction deleting what its merged file replaced, a redo discarding a stage): never damage. A replaced file then
+  counts as absent (it hides nothing); any other raises :class:`~ragen_core.storage.files.VanishedFileError`, and
+  the reader lists that partition again and checks it whole, so it sees the partition whole or not at all.
 - **Manifests** (``runs/<id>/manifest.json``): a regular file in a folder named by a valid run id, a JSON object
   whose ``run_id`` is that folder's name, and whose fields the tools read have their types (:data:`MANIFEST_TYPES`).
 - **Checkpoint rows**: a row of run R names ``runs/R/checkpoints/iteration=<n>`` or its ``hf/`` export. Under this
@@ -42,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ragen_core.storage.files import LakeError
+from ragen_core.storage.files import LakeError, VanishedFileError
 from ragen_core.storage.names import is_valid_run_id
 from schemas.tables import TableSpec
 from schemas.versions import stored_version
@@ -150,8 +154,8 @@ def part_files(folder: Path) -> list[Path]:
             continue
         if PART_NAME.fullmatch(entry.name) is None:
             raise LakeError(f"part file {_show(entry.path)} has a name of no form the lake writes; {_HOW_TO_FIX}")
-        check_regular_file(Path(entry.path), "part file")
-        files.append(Path(entry.path))
+        if check_regular_file(Path(entry.path), "part file"):  # False: removed since the folder was listed
+            files.append(Path(entry.path))
     return files
 
 
@@ -216,7 +220,7 @@ def check_footer(path: Path, spec: TableSpec, metadata: pq.FileMetaData, renamed
             elif stats.min != expected[name] or stats.max != expected[name]:
                 _wrong_partition(path, name, stats.min if stats.min != expected[name] else stats.max, expected)
     if unproven and metadata.num_rows:
-        check_rows(path, pq.read_table(path, columns=sorted(set(unproven))), spec)
+        check_rows(path, _read_columns(path, sorted(set(unproven))), spec)
 
 
 def check_rows(path: Path, table: pa.Table, spec: TableSpec) -> None:
@@ -246,9 +250,22 @@ def _wrong_partition(path: Path, column: str, found: Any, expected: Mapping[str,
 
 
 def footer(path: Path) -> pq.FileMetaData:
-    """A part file's footer; a damaged file raises naming it."""
+    """A part file's footer; a damaged file raises naming it, a file removed since it was listed raises
+    :class:`~ragen_core.storage.files.VanishedFileError` (the caller lists again)."""
     try:
         return pq.read_metadata(path)
+    except FileNotFoundError as exc:
+        raise VanishedFileError(path) from exc
+    except (pa.ArrowException, OSError) as exc:
+        raise LakeError(f"cannot read Parquet file {_show(path)} (damaged or truncated?): {exc}") from exc
+
+
+def _read_columns(path: Path, columns: list[str]) -> pa.Table:
+    """Some columns of a part file, failing as :func:`footer` does."""
+    try:
+        return pq.read_table(path, columns=columns)
+    except FileNotFoundError as exc:
+        raise VanishedFileError(path) from exc
     except (pa.ArrowException, OSError) as exc:
         raise LakeError(f"cannot read Parquet file {_show(path)} (damaged or truncated?): {exc}") from exc
 
@@ -282,11 +299,15 @@ def check_marker(path: Path, payload: Any, merged_name_of: Any) -> dict[str, Any
 
 def check_replaced_rows(marker_path: Path, marker: Mapping[str, Any], present: Iterable[Path]) -> None:
     """The merged file holds the marker's row count, and the replaced files still present hold no more rows than it
-    (exactly as many when all of them are present): else the marker would hide rows, and it raises instead."""
+    (exactly as many when all of them are present): else the marker would hide rows, and it raises instead.
+
+    A replaced file listed in ``present`` that is gone by the time its footer is read was deleted by the
+    compaction's last step (the merged file was already there: it is in the listing): it hides nothing, so it counts
+    as absent, never as an error. A merged file that is gone raises
+    :class:`~ragen_core.storage.files.VanishedFileError`: the listing is stale and the caller lists again."""
     folder = marker_path.parent
     merged_rows = footer(folder / marker["merged"]).num_rows
-    present = list(present)
-    replaced_rows = sum(footer(p).num_rows for p in present)
+    present, replaced_rows = _rows_of_present(present)
     complete = len(present) == len(marker["replaces"])
     if merged_rows != marker["rows"] or replaced_rows > merged_rows or (complete and replaced_rows != merged_rows):
         raise LakeError(
@@ -294,6 +315,18 @@ def check_replaced_rows(marker_path: Path, marker: Mapping[str, Any], present: I
             f"behind {marker['merged']!r}, which holds {merged_rows} (the marker says {marker['rows']}); "
             f"{_HOW_TO_FIX}"
         )
+
+
+def _rows_of_present(listed: Iterable[Path]) -> tuple[list[Path], int]:
+    """The files of ``listed`` still there when their footers are read, and their rows."""
+    present, rows = [], 0
+    for path in listed:
+        try:
+            rows += footer(path).num_rows
+        except VanishedFileError:
+            continue
+        present.append(path)
+    return present, rows
 
 
 # -- manifests and checkpoint rows ----------------------------------------------------------------------------------

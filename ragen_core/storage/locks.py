@@ -145,6 +145,32 @@ def _open_locked(path: Path, run_id: str, wait: bool) -> int:
     raise LakeError(f"cannot lock {path} of run {run_id!r}: other processes keep removing it; try again")
 
 
+def check_not_held(root: Path, run_id: str) -> None:
+    """Refuse as :func:`acquire` would, naming the holder, when another process holds the writer lock of ``run_id``;
+    create, take and write nothing (for a command's checks before it takes the lock: no file appears for a run that
+    has none, and a run's lock file is only opened). Free or absent: return. This process's own hold: return."""
+    import fcntl
+
+    path = lock_path(Path(root).resolve(), run_id)
+    with _held_guard:
+        if path in _held:
+            return
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # no link followed, no FIFO waited on
+    except (FileNotFoundError, NotADirectoryError):
+        return  # no lock file: nobody writes the run (acquire creates it)
+    except OSError as exc:
+        raise LakeError(f"cannot open the lock file {path} of run {run_id!r}: {exc.strerror}") from None
+    try:  # a shared probe conflicts with the holder's exclusive lock (and needs only read access, also over NFS)
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise RunLockedError(locked_message(run_id, path, read_holder(path))) from None
+        raise LakeError(f"cannot lock {path} of run {run_id!r}: {exc.strerror}") from None
+    finally:
+        os.close(descriptor)  # drops the probe's lock, if it got one
+
+
 def _names(path: Path, descriptor: int) -> bool:
     """Whether ``path`` still names the open file ``descriptor``."""
     try:

@@ -7,6 +7,7 @@ import pytest
 
 from ragen_core.storage import DataLake, LakeError, compact_run, query
 from ragen_core.storage import compaction as compaction_module
+from ragen_core.storage import layout as layout_module
 from ragen_core.storage.compaction import merged_name, run_lock
 from ragen_core.storage.parts import COMPACTION_MARKER
 from schemas.tables import TRAJECTORIES
@@ -156,6 +157,60 @@ def test_readers_list_again_when_a_compaction_deleted_their_files(lake, monkeypa
     served.clear()
     (count,) = query(lake, "SELECT count(*) AS n FROM trajectories").to_pylist()
     assert count["n"] == len(before["trajectories"]) and "trajectories" in served
+
+
+def test_a_replaced_part_deleted_while_a_reader_checks_the_marker_counts_as_absent(lake, monkeypatch):
+    """The compaction's last step lands between a reader's listing (merged file and replaced parts) and the footer
+    reads of the marker check: the reader sees the merged file, never an error."""
+    before = _snapshot(lake)
+    real_delete = compaction_module.delete_replaced
+
+    def crash(folder_, names):  # stops after the commit point: the merged file and every replaced part are there
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(compaction_module, "delete_replaced", crash)
+    with pytest.raises(KeyboardInterrupt):
+        compact_run(lake, RUN, ["turns"])
+    monkeypatch.setattr(compaction_module, "delete_replaced", real_delete)
+    folder = lake.partition_dir("turns", RUN, 0)
+    replaced = {p for p in folder.glob("part-*.parquet") if not p.name.startswith("part-compacted-")}
+    assert len(replaced) == 2
+    real_footer = layout_module.footer
+    deleted = []
+
+    def footer_after_step_4(path):  # the compaction deletes each replaced part just before the reader's look
+        if path in replaced and path.exists():
+            path.unlink()
+            deleted.append(path)
+        return real_footer(path)
+
+    monkeypatch.setattr(layout_module, "footer", footer_after_step_4)
+    assert _sorted(lake.read_table("turns", RUN).to_pylist()) == _sorted(before["turns"])
+    assert deleted and [p.name for p in lake.partition_files("turns", RUN, 0)][0].startswith("part-compacted-")
+    (count,) = query(lake, "SELECT count(*) AS n FROM turns").to_pylist()
+    assert count["n"] == len(before["turns"]) and set(deleted) == replaced
+
+
+def test_a_visible_part_deleted_after_the_listing_makes_the_reader_read_its_partition_again(lake, monkeypatch):
+    """A reader lists a partition's parts, then a compaction merges and deletes them before the reader opens them:
+    the reader lists that partition again and reads it whole from the merged file (Python reader and DuckDB)."""
+    before = _snapshot(lake)
+    real = DataLake.partition_files
+    compacted = set()
+
+    def compacted_after_listing(self, table, run_id=None, iteration=None):
+        files = real(self, table, run_id, iteration)
+        if iteration is None and table not in compacted:
+            compacted.add(table)
+            compact_run(lake, RUN, [table])  # every part just listed is gone now
+        return files
+
+    monkeypatch.setattr(DataLake, "partition_files", compacted_after_listing)
+    assert _sorted(lake.read_table("turns", RUN).to_pylist()) == _sorted(before["turns"])
+    (count,) = query(lake, "SELECT count(*) AS n FROM trajectories").to_pylist()
+    assert count["n"] == len(before["trajectories"]) and {"turns", "trajectories"} <= compacted
+    monkeypatch.undo()
+    assert all(p.name.startswith("part-compacted-") for p in lake.partition_files("turns", RUN, 0))
 
 
 def test_one_housekeeper_per_run(lake):

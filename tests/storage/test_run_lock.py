@@ -21,6 +21,7 @@ from ragen_core.storage import DataLake
 from ragen_core.storage.locks import (
     RunLockedError,
     acquire,
+    check_not_held,
     lock_path,
     read_holder,
     release,
@@ -201,3 +202,22 @@ def test_a_lock_of_a_run_without_manifest_leaves_no_trace(tmp_path):
     assert not (tmp_path / "runs" / "new-run").exists()  # a command that stopped before writing leaves nothing
     with run_writer(tmp_path, "new-run"):  # and the lock works again
         assert _probe(tmp_path, "new-run").returncode != 0
+
+
+def test_the_check_before_the_lock_names_a_live_holder_and_creates_nothing(tmp_path):
+    check_not_held(tmp_path, RUN)  # no run, no lock file: free, and nothing was created
+    assert list(tmp_path.iterdir()) == []
+    DataLake(tmp_path).write_manifest(RUN, {"run_id": RUN, "status": "running"})
+    with run_writer(tmp_path, RUN):
+        check_not_held(tmp_path, RUN)  # this process's own hold is no refusal
+    check_not_held(tmp_path, RUN)  # a released lock file: free
+    holder, _ = _holder(tmp_path)
+    try:
+        before = _snapshot(tmp_path)
+        with pytest.raises(RunLockedError, match=f"pid {holder.pid} on host .*holder-under-test"):
+            check_not_held(tmp_path, RUN)
+        assert _snapshot(tmp_path) == before  # the refused check wrote nothing
+    finally:
+        _stop(holder)
+    check_not_held(tmp_path, RUN)  # the holder is gone: free again, and the check kept no lock
+    assert _probe(tmp_path).returncode == 0
