@@ -17,7 +17,7 @@ from ragen_core.faults import set_iteration
 from ragen_core.run.decisions import ResumePlan, Start, decide_start
 from ragen_core.run.record import RunRecord, default_run_id, new_manifest, run_status
 from ragen_core.run.session import RunSession
-from ragen_core.run.stages import training_batch
+from ragen_core.run.stages import filter_entropy, training_batch
 from ragen_core.storage import DataLake
 from ragen_core.storage.locks import run_writer, takeover_note
 from ragen_core.storage.names import validate_run_id
@@ -82,7 +82,7 @@ def starpo_iteration(
     with stage("validate"):
         t.validate(batch)
     with stage("filter"):
-        metrics.update(t.filter_and_publish(batch, config.algorithm.filter_spec))
+        metrics.update(t.filter_and_publish(batch, config.algorithm.filter_spec, filter_entropy(session)))
     if config.trainer.mi_diagnostic:  # scored by the policy that sampled the batch, so before the update
         with stage("diagnose"):
             metrics.update(t.diagnose_reasoning(session, iteration))

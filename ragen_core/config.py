@@ -232,7 +232,11 @@ class RolloutConfig(_Section):
 class AlgorithmConfig(_Section):
     """StarPO / StarPO-S settings. Keys left out take the preset's value; keys given override it."""
 
-    preset: Literal["starpo", "starpo_s"] = Field("starpo_s", description="Vanilla StarPO or stabilised StarPO-S.")
+    preset: Literal["starpo", "starpo_s", "ragen2"] = Field(
+        "starpo_s",
+        description="Vanilla StarPO, stabilised StarPO-S, or ragen2: StarPO-S with RAGEN-2's recommended filter "
+        "(top_p over reward_std at 0.9, linear mass, zero-std groups excluded). See PRESETS for the keys each sets.",
+    )
     adv_estimator: str = Field(
         "grpo",
         description="Registered advantage estimator: grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, "
@@ -285,11 +289,17 @@ class AlgorithmConfig(_Section):
         description="The strategy's value: top_k share of groups kept, top_p mass, min_p factor (all in (0, 1]; "
         "1.0 keeps everything under top_k and top_p); top_k_abs: number of groups kept (a whole number >= 1).",
     )
-    filter_metric: Literal["reward_std", "reward", "entropy", "length"] = Field(
+    filter_metric: Literal["reward_std", "reward", "reward_sum", "entropy", "entropy_variance", "length"] = Field(
         "reward_std",
-        description="Per-group value the strategy ranks: in-group std of trajectory scores, their mean, the mean "
-        "entropy estimate (a trajectory's mean negative behaviour log-prob over its sampled tokens) or the mean "
-        "number of sampled tokens.",
+        description="Per-group value the strategy ranks: in-group std of trajectory scores, their mean or sum, the "
+        "mean or in-group std of the trajectories' entropy (see filter_entropy) or the mean number of sampled tokens.",
+    )
+    filter_entropy: Literal["sampled", "full"] = Field(
+        "sampled",
+        description="entropy / entropy_variance: a trajectory's entropy is the mean over its sampled tokens of "
+        "'sampled': the sampled token's negative behaviour log-prob (free: stored by the sampler), or 'full': the "
+        "entropy of the policy's whole next-token distribution at the sampling temperature (RAGEN-2's; one forward "
+        "pass over the batch in the filter stage).",
     )
     filter_largest: bool | None = Field(
         None, description="Keep the groups with the largest metric (true) or the smallest (false); None: largest "
@@ -307,6 +317,17 @@ class AlgorithmConfig(_Section):
     )
     filter_eps: NonNegativeFloat = Field(
         0.01, description="top_p linear: slack subtracted from the target sum (RAGEN's selection epsilon)."
+    )
+    filter_loss_scaling: Literal["none", "linear", "sqrt"] = Field(
+        "none",
+        description="RAGEN-2's filter_loss_scaling: multiply every advantage by the share of groups the filter kept "
+        "('linear') or its square root ('sqrt'), so a heavily filtered batch takes a smaller step; 'none': unscaled.",
+    )
+    soft_advantage_reweight: bool = Field(
+        False,
+        description="RAGEN-2's soft advantage reweighting (grpo only): multiply each kept trajectory's advantage by "
+        "its group's reward std over the largest kept group's (std / (max std + 1e-6)), down-weighting low-variance "
+        "groups instead of dropping them.",
     )
 
     @property
@@ -336,6 +357,16 @@ class AlgorithmConfig(_Section):
         check_filter_options(
             self.filter, self.filter_ratio, self.filter_metric, self.filter_largest, self.filter_top_p_mode
         )
+        if self.filter_entropy == "full" and self.filter_metric not in ("entropy", "entropy_variance"):
+            raise ValueError(
+                f"algorithm.filter_entropy=full only applies to the entropy metrics: set algorithm.filter_metric to "
+                f"entropy or entropy_variance, or drop filter_entropy (filter_metric is {self.filter_metric})"
+            )
+        if self.soft_advantage_reweight and self.adv_estimator != "grpo":
+            raise ValueError(
+                f"algorithm.soft_advantage_reweight weights GRPO's group advantages by the group's reward std (as "
+                f"RAGEN-2, where only grpo has it): set algorithm.adv_estimator=grpo, not {self.adv_estimator}"
+            )
         return self
 
     @model_validator(mode="before")
@@ -352,9 +383,21 @@ class AlgorithmConfig(_Section):
 
 VALUE_ESTIMATORS = ("gae", "bi_level_gae")
 # What each preset sets (the RAGEN paper): StarPO-S = decoupled clip, no KL, variance filter keeping 25% of groups.
+# ragen2: RAGEN-2's recommended setting (its README's SNR-adaptive filtering and filtering runs): StarPO-S's clip and
+# KL, the top-p filter over reward std at 0.9 with linear mass, groups without reward variance excluded.
 PRESETS: dict[str, dict[str, Any]] = {
     "starpo": {"clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.001, "filter_ratio": 1.0},
     "starpo_s": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "filter_ratio": 0.25},
+    "ragen2": {
+        "clip_low": 0.2,
+        "clip_high": 0.28,
+        "kl_coef": 0.0,
+        "filter": "top_p",
+        "filter_ratio": 0.9,
+        "filter_metric": "reward_std",
+        "filter_top_p_mode": "linear",
+        "filter_include_zero": False,
+    },
 }
 
 
@@ -569,10 +612,14 @@ class RunConfig(_Section):
                 f"critic.mini_batch_size={critic_mini} must be a multiple of critic.micro_batch_size={critic_micro}"
             )
         _check_scale_out(self)
-        if self.algorithm.filter_metric == "entropy" and self.rollout.backend == "scripted":
+        algorithm = self.algorithm
+        entropy_metric = algorithm.filter_metric in ("entropy", "entropy_variance")
+        sampled_entropy = entropy_metric and algorithm.filter_entropy == "sampled"
+        if sampled_entropy and self.rollout.backend == "scripted":
             raise ValueError(
-                "algorithm.filter_metric=entropy needs behaviour log-probs, which scripted rollouts "
-                "(rollout.backend=scripted) do not have: choose reward_std, reward or length"
+                f"algorithm.filter_metric={algorithm.filter_metric} with filter_entropy=sampled needs behaviour "
+                "log-probs, which scripted rollouts (rollout.backend=scripted) do not have: set "
+                "algorithm.filter_entropy=full (the policy scores the rows) or choose a reward or length metric"
             )
         if self.actor.reuse_behavior_logprobs == "always" and self.rollout.backend == "scripted":
             raise ValueError(

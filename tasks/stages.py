@@ -84,9 +84,11 @@ def validate(pipeline: BatchPipeline) -> dict:
 
 
 @task(name="filter_and_publish", cache_policy=NO_CACHE)
-def filter_and_publish(pipeline: BatchPipeline, spec: FilterSpec) -> dict[str, float]:
-    """Stage 4: group filter, then publish the batch."""
-    return batches.filter_and_publish(pipeline, spec)
+def filter_and_publish(
+    pipeline: BatchPipeline, spec: FilterSpec, entropy: batches.TrajectoryEntropy | None = None
+) -> dict[str, float]:
+    """Stage 4: group filter (``entropy``: the full-distribution entropy, when configured), then publish the batch."""
+    return batches.filter_and_publish(pipeline, spec, entropy)
 
 
 @task(name="diagnose_reasoning", cache_policy=NO_CACHE)

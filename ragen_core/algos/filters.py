@@ -1,10 +1,11 @@
 """Group filters, as RAGEN-2 selects rollout groups: a strategy over one value per group.
 
 Each group (the members that share an initial state) gets one value of ``FilterSpec.metric``: the in-group std of
-the trajectory scores (``reward_std``), their mean (``reward``), the mean per-trajectory entropy estimate
-(``entropy``: a trajectory's mean negative behaviour log-prob over its sampled tokens) or the mean number of
-sampled tokens (``length``). A strategy then keeps some groups, ranked by that value (largest first unless
-``largest=False``):
+the trajectory scores (``reward_std``), their mean (``reward``) or sum (``reward_sum``), the mean or the in-group
+std of the per-trajectory entropy (``entropy``, ``entropy_variance``: a trajectory's entropy is the mean over its
+sampled tokens of either the sampled token's negative behaviour log-prob or the full distribution's entropy, see
+``algorithm.filter_entropy``) or the mean number of sampled tokens (``length``). A strategy then keeps some groups,
+ranked by that value (largest first unless ``largest=False``):
 
 - ``top_k``: the first ``int(value * groups)`` groups, at least one;
 - ``top_k_abs``: the first ``int(value)`` groups, at least one;
@@ -36,7 +37,8 @@ from ragen_core.algos.registry import Registry
 ZERO_SCORE = 1e-10  # include_zero=False: a group whose selection score is at most this in magnitude is dropped
 MIN_P_TOL = 1e-10  # RAGEN's slack on the min-p threshold
 CUMULATIVE_TOL = 1e-12  # float sums of probabilities must not miss an exactly reachable top-p target
-FILTER_METRICS = ("reward_std", "reward", "entropy", "length")
+FILTER_METRICS = ("reward_std", "reward", "reward_sum", "entropy", "entropy_variance", "length")
+ENTROPY_METRICS = ("entropy", "entropy_variance")  # need a per-trajectory entropy
 TOP_P_MODES = ("linear", "softmax")
 
 
@@ -209,6 +211,11 @@ def in_group_mean(values: torch.Tensor, group_index: torch.Tensor) -> dict[int, 
     return {g: float(m.double().mean()) for g, m in _members(values, group_index).items()}
 
 
+def in_group_sum(values: torch.Tensor, group_index: torch.Tensor) -> dict[int, float]:
+    """Sum of the values of each group (RAGEN-2's ``reward_sum``)."""
+    return {g: float(m.double().sum()) for g, m in _members(values, group_index).items()}
+
+
 def _members(values: torch.Tensor, group_index: torch.Tensor) -> dict[int, torch.Tensor]:
     return {int(g): values[group_index == g] for g in torch.unique(group_index).tolist()}
 
@@ -231,17 +238,7 @@ def apply_filter(
 ) -> FilterDecision:
     """Filter one batch: per-trajectory ``scores`` (and ``entropy`` / ``length`` for those metrics) -> decisions."""
     stds = in_group_std(scores.double(), group_index)
-    if spec.metric == "reward_std":
-        values = stds
-    elif spec.metric == "reward":
-        values = in_group_mean(scores, group_index)
-    elif spec.metric in ("entropy", "length"):
-        per_trajectory = entropy if spec.metric == "entropy" else length
-        if per_trajectory is None:
-            raise ValueError(f"filter metric {spec.metric!r} needs the per-trajectory {spec.metric} of every row")
-        values = in_group_mean(per_trajectory, group_index)
-    else:
-        raise ValueError(f"unknown filter metric {spec.metric!r}; use one of {', '.join(FILTER_METRICS)}")
+    values = group_metric(spec.metric, group_index, scores, stds, entropy, length)
     kept_groups = select_groups(values, spec)
     rows = [int(g) for g in group_index.tolist()]
     return FilterDecision(
@@ -249,6 +246,33 @@ def apply_filter(
         group_reward_std=torch.tensor([stds[g] for g in rows], dtype=torch.float64),
         metric_value=torch.tensor([values[g] for g in rows], dtype=torch.float64),
     )
+
+
+def group_metric(
+    metric: str,
+    group_index: torch.Tensor,
+    scores: torch.Tensor,
+    stds: dict[int, float],
+    entropy: torch.Tensor | None,
+    length: torch.Tensor | None,
+) -> dict[int, float]:
+    """Each group's value of ``metric`` (``stds``: the groups' reward std, already computed). The std-based metrics
+    are unbiased stds, 0 for a one-member group (RAGEN-2's ``torch.std`` would give nan there)."""
+    if metric == "reward_std":
+        return stds
+    if metric == "reward":
+        return in_group_mean(scores, group_index)
+    if metric == "reward_sum":
+        return in_group_sum(scores.double(), group_index)
+    if metric not in FILTER_METRICS:
+        raise ValueError(f"unknown filter metric {metric!r}; use one of {', '.join(FILTER_METRICS)}")
+    per_trajectory = length if metric == "length" else entropy
+    if per_trajectory is None:
+        needed = "length" if metric == "length" else "entropy"
+        raise ValueError(f"filter metric {metric!r} needs the per-trajectory {needed} of every row")
+    if metric == "entropy_variance":
+        return in_group_std(per_trajectory.double(), group_index)
+    return in_group_mean(per_trajectory, group_index)
 
 
 # The legacy call signature of the three original names, kept for code that calls them directly.

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import torch
 
 from ragen_core.algos import FilterSpec, apply_filter
+from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
 from ragen_core.envs import make_env
 from ragen_core.faults import maybe_fail
@@ -31,6 +32,7 @@ from schemas.contracts import ContractReport, validate_trajectory_batch
 
 LOGGER = logging.getLogger("ragen.monitor")
 BatchMetrics = Callable[[pa.Table, pa.Table], dict[str, float]]
+TrajectoryEntropy = Callable[[pa.Table], torch.Tensor]  # trajectories -> (B,) mean token entropy of each row
 
 
 class BatchRejected(RuntimeError):
@@ -116,11 +118,12 @@ class BatchPipeline:
         self._checked = (trajectories, turns)
         return {"rows": trajectories.num_rows, "checks": "passed"}
 
-    def filter(self, spec: FilterSpec) -> None:
+    def filter(self, spec: FilterSpec, entropy: TrajectoryEntropy | None = None) -> None:
         """The group filter (``spec``) writes ``group_reward_std``, ``filter_metric_value`` and ``kept`` into the
-        staged trajectories."""
+        staged trajectories; ``entropy`` (the entropy metrics with ``algorithm.filter_entropy=full``) gives each
+        trajectory's entropy instead of the stored log-probs' estimate."""
         trajectories, turns = self.checked()
-        decision = apply_filter(spec, *filter_inputs(trajectories, spec.metric))
+        decision = apply_filter(spec, *filter_inputs(trajectories, spec.metric, entropy))
         for name, values, kind in (
             ("group_reward_std", decision.group_reward_std.numpy(), pa.float64()),
             ("filter_metric_value", decision.metric_value.numpy(), pa.float64()),
@@ -158,27 +161,35 @@ class BatchPipeline:
         )
 
 
-def filter_and_publish(pipeline: BatchPipeline, spec: FilterSpec) -> dict[str, float]:
-    """A training batch's last steps: the group filter, then the publish; returns rollout and filter metrics."""
-    pipeline.filter(spec)
+def filter_and_publish(
+    pipeline: BatchPipeline, spec: FilterSpec, entropy: TrajectoryEntropy | None = None
+) -> dict[str, float]:
+    """A training batch's last steps: the group filter (``entropy``: see :meth:`BatchPipeline.filter`), then the
+    publish; returns rollout and filter metrics."""
+    pipeline.filter(spec, entropy)
     metrics = pipeline.publish(lambda trajectories, turns: {**rollout_metrics(trajectories, turns),
                                                             **filter_metrics(trajectories)})  # fmt: skip
     maybe_fail("publish", "after", pipeline.meta.iteration)  # published, not yet trained on or committed
     return metrics
 
 
-def filter_inputs(trajectories: pa.Table, metric: str) -> tuple[torch.Tensor, ...]:
-    """(group index, scores, entropy, length) per trajectory for the filter; the entropy estimate (only computed for
-    ``metric='entropy'``) is ``-sum(behavior_logprobs) / response_length``, the mean negative log-prob the sampler
-    gave its own tokens (the log-probs are 0 off the loss mask)."""
+def filter_inputs(
+    trajectories: pa.Table, metric: str, full_entropy: TrajectoryEntropy | None = None
+) -> tuple[torch.Tensor, ...]:
+    """(group index, scores, entropy, length) per trajectory for the filter. The entropy (only computed for the
+    entropy metrics) is ``full_entropy(trajectories)`` when given, else the estimate
+    ``-sum(behavior_logprobs) / response_length``, the mean negative log-prob the sampler gave its own tokens (the
+    log-probs are 0 off the loss mask)."""
     groups = torch.tensor(trajectories["group_id"].to_numpy(), dtype=torch.long)
     scores = torch.tensor(trajectories["total_reward"].to_numpy(), dtype=torch.float64)
     length = torch.tensor(trajectories["response_length"].to_numpy(), dtype=torch.float64)
     entropy = None
-    if metric == "entropy":
+    if metric in ENTROPY_METRICS and full_entropy is not None:
+        entropy = full_entropy(trajectories).double()
+    elif metric in ENTROPY_METRICS:
         logprobs = trajectories["behavior_logprobs"]
         if logprobs.null_count:
-            raise ValueError("filter metric 'entropy' needs behaviour log-probs, and scripted rows have none")
+            raise ValueError(f"filter metric {metric!r} needs behaviour log-probs, and scripted rows have none")
         parents = pc.list_parent_indices(logprobs).to_numpy()
         flat = pc.list_flatten(logprobs).to_numpy().astype(np.float64)
         sums = np.bincount(parents, weights=-flat, minlength=trajectories.num_rows)

@@ -13,19 +13,23 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 
+from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
 from ragen_core.diagnostics import first_turn_reasoning, model_scorer, reasoning_mi
 from ragen_core.faults import maybe_fail
 from ragen_core.metrics import collapse_warnings, template_collapse_warnings, throughput_metrics, validation_metrics
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
-from ragen_core.run.batches import BatchPipeline, BatchRules
+from ragen_core.run.batches import BatchPipeline, BatchRules, TrajectoryEntropy
 from ragen_core.run.session import RunSession
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import BatchMeta, Stage, checkpoint_row, evaluation_rows, event_row
 from ragen_core.tensorboard_sink import record_iteration
 from ragen_core.training.checkpoint import HF_EXPORT
+from ragen_core.training.entropy import trajectory_entropy
 from ragen_core.training.updater import SKIPPED
 
 LOGGER = logging.getLogger("ragen.monitor")
@@ -65,6 +69,28 @@ def training_batch(session: RunSession, iteration: int) -> BatchPipeline:
     meta = BatchMeta.training(session.run_id, iteration, config.rollout.temperature, session.config_hash)
     rules = BatchRules.of(config, config.env.name, config.rollout.group_size)
     return BatchPipeline(session.lake, meta, Stage.ROLLOUT, rules)
+
+
+def filter_entropy(session: RunSession) -> TrajectoryEntropy | None:
+    """The filter's per-trajectory entropy when ``algorithm.filter_entropy`` is ``full`` (an entropy metric): the
+    full-distribution token entropy under the policy that sampled the batch, at the sampling temperature; None: the
+    filter uses the stored log-probs' estimate (or needs no entropy)."""
+    config = session.config
+    if config.algorithm.filter_entropy != "full" or config.algorithm.filter_metric not in ENTROPY_METRICS:
+        return None
+
+    def entropy(trajectories: pa.Table) -> torch.Tensor:
+        return trajectory_entropy(
+            session.policy.model,
+            trajectories["input_ids"].to_pylist(),
+            trajectories["loss_mask"].to_pylist(),
+            session.tokenizer.pad_token_id,
+            config.rollout.temperature,
+            config.actor.micro_batch_size,
+            trajectories["segment_lengths"].to_pylist(),
+        )
+
+    return entropy
 
 
 def diagnose_reasoning(session: RunSession, iteration: int) -> dict[str, float]:

@@ -22,12 +22,14 @@ def update_inputs(
     """The published, kept training rows of ``iteration`` as update inputs, in (group, trajectory) order, with
     per-turn rewards when ``algorithm.reward_level`` is ``turn``; None when the filter kept no group (no update). An
     iteration without any published training row is an error (nothing was generated, or its commit is missing), not
-    a skip. The partition is read once."""
+    a skip. ``kept_group_share`` is the share of the iteration's groups that were kept. The partition is read
+    once."""
     rows = lake.read_table("trajectories", run_id, iteration)
     train = pc.equal(rows["split"], "train")
     if not pc.any(train).as_py():
         raise RuntimeError(f"iteration {iteration} of {run_id} has no kept training rows to update on: "
                            "no training rows were published for it")  # fmt: skip
+    groups = pc.count_distinct(rows.filter(train)["group_id"]).as_py()
     rows = rows.filter(pc.and_(train, pc.fill_null(rows["kept"], False)))
     if rows.num_rows == 0:
         return None
@@ -51,6 +53,7 @@ def update_inputs(
         group_index=torch.tensor(rows["group_id"].to_numpy(), dtype=torch.long),
         turn_rewards=turn_rewards,
         behavior_logprobs=stored_behavior_logprobs(rows, batch.loss_mask.shape[1]),
+        kept_group_share=pc.count_distinct(rows["group_id"]).as_py() / groups,
     )
 
 

@@ -15,6 +15,7 @@ import torch
 
 from ragen_core.algos import ADVANTAGES, apply_kl_penalty, place_turn_rewards, value_metrics
 from ragen_core.algos.masked import masked_mean
+from ragen_core.algos.reweighting import filter_loss_scale, soft_advantage_weights
 from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.seeding import derive_seed
@@ -32,6 +33,7 @@ class UpdateInputs:
     group_index: torch.Tensor  # (B,) initial-state group of each trajectory
     turn_rewards: Sequence[Sequence[float]] | None = None  # per trajectory, each turn's reward + penalty
     behavior_logprobs: torch.Tensor | None = None  # (B, T) the sampler's stored log-probs; None: some row has none
+    kept_group_share: float = 1.0  # groups the filter kept / groups of the iteration (filter_loss_scaling)
 
 
 def trajectory_token_rewards(loss_mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -102,6 +104,29 @@ def compute_advantages(
     )
 
 
+def scaled_advantages(
+    config: RunConfig,
+    advantages: torch.Tensor,
+    token_rewards: torch.Tensor,
+    inputs: UpdateInputs,
+    metrics: dict[str, float],
+) -> torch.Tensor:
+    """RAGEN-2's scalings after the estimator, in its order: the soft reweighting by group reward std
+    (``soft_advantage_reweight``, over the summed token rewards GRPO normalised), then ``filter_loss_scaling`` by
+    the share of groups the filter kept. Their factors are logged in ``metrics``."""
+    algorithm = config.algorithm
+    if algorithm.soft_advantage_reweight:
+        weights = soft_advantage_weights(token_rewards.sum(dim=-1), inputs.group_index)  # (B,)
+        advantages = advantages * weights.unsqueeze(-1).to(advantages.dtype)
+        metrics.update({"actor/soft_reweight_min": float(weights.min()), "actor/soft_reweight_max":
+                        float(weights.max()), "actor/soft_reweight_mean": float(weights.mean())})  # fmt: skip
+    if algorithm.filter_loss_scaling != "none":
+        scale = filter_loss_scale(algorithm.filter_loss_scaling, inputs.kept_group_share)
+        advantages = advantages * scale
+        metrics["actor/filter_loss_scale"] = scale
+    return advantages
+
+
 def reuses_behavior_logprobs(config: RunConfig, inputs: UpdateInputs, precision: str) -> bool:
     """Whether the update takes the stored behaviour log-probs for the old log-probs (actor.reuse_behavior_logprobs).
 
@@ -155,6 +180,7 @@ def starpo_update(
         raise ValueError(f"adv_estimator {algorithm.adv_estimator!r} needs a critic; the session has none")
     values = critic.values(batch) if algorithm.needs_critic else None
     advantages, returns = compute_advantages(config, token_rewards, mask, inputs.group_index, values)
+    advantages = scaled_advantages(config, advantages, token_rewards, inputs, metrics)
     metrics["actor/advantage_mean"] = float(masked_mean(advantages, mask))
     metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))
     seed = derive_seed(config.seed, iteration, "update_shuffle")

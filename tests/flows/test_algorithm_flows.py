@@ -4,6 +4,7 @@ the loss or in the reward, dual-clip, Online-k, the filters; the filter's stored
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ragen_core.config import build_config
@@ -38,6 +39,12 @@ VARIANTS = {
     "reward_nonzero": {
         "algorithm": {"filter": "top_k", "filter_ratio": 0.5, "filter_metric": "reward", "filter_include_zero": False}
     },
+    # RAGEN-2's entropy_variance over the full-distribution entropy; its preset with both advantage scalings
+    "entropy_var_full": {
+        "algorithm": {"filter": "top_k", "filter_ratio": 0.5, "filter_metric": "entropy_variance",
+                      "filter_entropy": "full"}
+    },  # fmt: skip
+    "ragen2": {"algorithm": {"preset": "ragen2", "soft_advantage_reweight": True, "filter_loss_scaling": "linear"}},
 }
 
 
@@ -162,3 +169,43 @@ def test_the_documented_sql_replays_every_filter_decision(lake_root):
     values = {r["group_id"]: r["metric_value"] for r in rows if r["run_id"] == "min_p_length"}
     kept = {r["group_id"] for r in rows if r["run_id"] == "min_p_length" and r["kept"]}
     assert kept == {g for g, v in values.items() if v >= 0.9 * max(values.values())}  # min_p by hand
+
+
+def test_full_entropy_filter_ranks_the_policys_distribution_entropy(lake_root, tiny_model_dir):
+    """The entropy_variance filter with filter_entropy=full stored, per group, the std of the trajectories' mean
+    full-distribution entropy under the policy that sampled them (the start model: iteration 0 is before any
+    update), recomputed here with a plain forward and softmax."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    rows = query(
+        lake_root,
+        "SELECT group_id, input_ids, loss_mask, filter_metric_value, kept FROM trajectories "
+        "WHERE run_id = 'entropy_var_full' AND split = 'train' ORDER BY group_id, traj_index",
+    ).to_pylist()
+    per_group: dict[int, list[float]] = {}
+    for row in rows:
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([row["input_ids"]])).logits[0].double(), dim=-1)
+        entropy = -(logp.exp() * logp).sum(dim=-1)  # (T,) entropy of the distribution predicting token t + 1
+        trained = [t for t, m in enumerate(row["loss_mask"]) if m and t > 0]
+        per_group.setdefault(row["group_id"], []).append(float(entropy[[t - 1 for t in trained]].mean()))
+    for row in rows:  # the run's forward is in float32: entropies near log(vocab) agree to ~1e-7
+        assert row["filter_metric_value"] == pytest.approx(np.std(per_group[row["group_id"]], ddof=1), abs=2e-6)
+    ranked = sorted(per_group, key=lambda g: (-float(np.std(per_group[g], ddof=1)), g))
+    assert {r["group_id"] for r in rows if r["kept"]} == set(ranked[:2])  # top_k 0.5 of 4 groups
+
+
+def test_ragen2_preset_scales_the_advantages_by_the_kept_share(lake_root):
+    metrics = _metrics(lake_root, "ragen2")
+    groups = query(
+        lake_root,
+        "SELECT count(DISTINCT group_id) AS n, count(DISTINCT group_id) FILTER (WHERE kept) AS kept "
+        "FROM trajectories WHERE run_id = 'ragen2' AND split = 'train'",
+    ).to_pylist()[0]
+    if groups["kept"] == 0:
+        assert metrics.get("actor/skipped_update") == 1.0  # top_p over zero-std groups excluded: nothing to train
+    else:
+        assert metrics["actor/filter_loss_scale"] == pytest.approx(groups["kept"] / groups["n"])
+        assert metrics["actor/soft_reweight_max"] == pytest.approx(1.0, abs=1e-5)  # the largest kept std over itself
