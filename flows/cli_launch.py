@@ -67,6 +67,7 @@ def writer(root: Path, run_id: str) -> Iterator[None]:
 def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _quiet_deepspeed()
     for name in ("great_expectations", "DeepSpeed", "deepspeed", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
     # this module sets its own logger to INFO when imported (after us) and says "Created temporary directory" on
@@ -78,6 +79,34 @@ def _quiet_libraries() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+
+
+def _quiet_deepspeed() -> None:
+    """DeepSpeed's two lines on every command: the accelerator warning it logs at import when none is named (named
+    here: the CPU when torch sees no GPU, which is what it would pick) and the "built successfully" it prints each time
+    it loads its CPU comm op (the load itself stays; --verbose shows both)."""
+    if "DS_ACCELERATOR" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["DS_ACCELERATOR"] = "cpu"
+    import contextlib
+    import importlib
+    import io
+
+    # by module path: `import deepspeed.comm.torch as x` binds the package's attribute `torch`, which is torch itself
+    deepspeed_torch = importlib.import_module("deepspeed.comm.torch")
+
+    loud = deepspeed_torch.build_shm_op
+    if getattr(loud, "_ragen_quiet", False):
+        return
+
+    def build_shm_op():  # noqa: ANN202 - DeepSpeed's own function, wrapped
+        with contextlib.redirect_stdout(io.StringIO()):
+            return loud()
+
+    build_shm_op._ragen_quiet = True
+    deepspeed_torch.build_shm_op = build_shm_op
 
 
 def user_facing_errors() -> tuple[type[BaseException], ...]:

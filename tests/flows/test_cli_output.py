@@ -195,3 +195,23 @@ def test_terminal_control_characters_are_escaped_in_table_output(tmp_path):
     assert [r["response"] for r in json.loads(exact.stdout)] == CONTROL
     error = _invoke("sql", "SELECT * FROM \"no\x1b[2Jtable\"", "--data-root", lake.root)
     assert error.exit_code == 2 and "\x1b" not in error.stderr and "\\x1b" in error.stderr
+
+
+def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, tiny_model_dir):
+    """DeepSpeed's accelerator warning (when DS_ACCELERATOR is not set) and its "built successfully" line are not
+    shown by `ragen train`; the run's own lines are."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DS_ACCELERATOR", "PREFECT_API_URL", "PREFECT_HOME")}
+    command = [str(Path(sys.executable).with_name("ragen")), "train", "--config", "configs/bandit.yaml",
+               "--data-root", str(tmp_path / "root"), "--run-id", "quiet", f"model.path={tiny_model_dir}",
+               "trainer.iterations=1", "bootstrap.enabled=false", "rollout.env_groups=2", "rollout.group_size=4",
+               "rollout.max_new_tokens=8", "actor.mini_batch_size=8", "actor.micro_batch_size=8",
+               "eval.instances=4", "env.val_envs=[bandit]"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "iter   0" in done.stdout and "validation success" in done.stdout
+    assert "Setting accelerator" not in output and "built successfully" not in output, output[:2000]
