@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,17 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     payload = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
     special = json.dumps(sorted(map(str, tokenizer.all_special_tokens)))
     return hashlib.sha256((payload + special).encode()).hexdigest()[:16]
+
+
+def save_policy(model: Any, tokenizer: Any, folder: str | Path, state_dict: dict[str, Any] | None = None) -> None:
+    """Write ``model`` (``state_dict``: its weights when the module does not hold them whole) and ``tokenizer`` into
+    ``folder`` as a Hugging Face folder, its files readable as the user's umask says: transformers writes the weights
+    through a private temporary file (mode 0600), which would keep a shared data root's models from its other users."""
+    folder = Path(folder)
+    model.save_pretrained(str(folder), **({"state_dict": state_dict} if state_dict is not None else {}))
+    tokenizer.save_pretrained(str(folder))
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)

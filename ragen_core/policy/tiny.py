@@ -28,6 +28,7 @@ import torch
 from ragen_core.agent.prompts import SYSTEM_PROMPT, first_user_message, turn_message
 from ragen_core.config import TinyModelConfig
 from ragen_core.envs import make_env
+from ragen_core.policy.loading import save_policy
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
@@ -188,8 +189,7 @@ def build_tiny_model(config: TinyModelConfig, out_dir: Path) -> None:
         model = Qwen2ForCausalLM(model_config)
     finally:
         torch.random.set_rng_state(generator_state)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_policy(model, tokenizer, out_dir)
 
 
 def ensure_tiny_model(config: TinyModelConfig, models_dir: Path) -> Path:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
-from ragen_core.policy import load_policy, tokenizer_fingerprint
+from ragen_core.policy import load_policy, save_policy, tokenizer_fingerprint
 from ragen_core.rollout import ScriptedBackend, get_scripted_policy, run_rollouts
 from ragen_core.rollout.scripted import play_scripted
 from ragen_core.run.batches import BatchPipeline, BatchRules
@@ -179,8 +179,7 @@ def _supervised(
     ]
     staging = target.parent / f".{target.name}.building-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    actor.module.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+    save_policy(actor.module, tokenizer, staging)
     try:
         os.rename(staging, target)
     except OSError:

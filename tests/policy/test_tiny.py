@@ -66,3 +66,19 @@ def test_a_new_environment_changes_no_existing_model(monkeypatch):
     assert "zz_new_grid_env" in registered_envs() and make_env("zz_new_grid_env") is not None
     assert tiny_model_key(TinyModelConfig()) == before and grid_characters() == grid_before
     assert tiny_model_key(TinyModelConfig(num_heads=4, num_kv_heads=2)) != before  # the shape still counts
+
+
+def test_saved_models_follow_the_umask(tmp_path):
+    """transformers writes the weights through a 0600 temporary file; a saved policy's files are as the umask says."""
+    import os
+
+    from ragen_core.config import TinyModelConfig
+    from ragen_core.policy import ensure_tiny_model
+
+    previous = os.umask(0o022)
+    try:
+        folder = ensure_tiny_model(TinyModelConfig(), tmp_path / "models")
+    finally:
+        os.umask(previous)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in folder.iterdir()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
