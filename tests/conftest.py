@@ -15,6 +15,9 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # thread gains nothing, and on two cores shared with the commands and Prefect servers the tests start, threads that
 # spin at OpenMP barriers made in-process runs 2-3x slower (measured: a one-iteration flow 7 s vs 13-23 s).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Every process the session starts carries this mark (xdist's workers inherit it from the controller, and every
+# command and server they start from them): at the end, a vLLM rollout server still alive with it is an orphan.
+os.environ.setdefault("RAGEN_TEST_SESSION", f"{os.getpid()}")
 
 import pytest  # noqa: E402
 
@@ -111,3 +114,27 @@ def prefect_server(tmp_path_factory):
     stop(state_dir)
     assert not alive(state.server_pid), "the Prefect server outlived `stop`"
     assert not (state.worker_pid and alive(state.worker_pid)), "the worker outlived `stop`"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No vLLM rollout server outlives the tests: one still alive with this session's mark fails the session (it is
+    killed, and named)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller checks once, after every worker finished
+    import signal
+    import time
+
+    from tests.vllm_env import session_servers
+
+    deadline = time.monotonic() + 15  # a server whose trainer just died stops within a second or two
+    while (left := session_servers(os.environ["RAGEN_TEST_SESSION"])) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        session.exitstatus = 1
+        lines = "\n".join(f"  pid {pid}: {command}" for pid, command in left)
+        print(f"\nvLLM rollout servers left running by the tests (killed now):\n{lines}")

@@ -33,3 +33,18 @@ def server_processes(marker: str) -> list[int]:
         if any(part.endswith("vllm_server.py") for part in command) and any(marker in part for part in command):
             found.append(process.info["pid"])
     return found
+
+
+def session_servers(mark: str) -> list[tuple[int, str]]:
+    """(pid, command line) of live vLLM rollout servers started under the test session marked ``mark``."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline", "status"]):
+        command = process.info["cmdline"] or []
+        if process.info["status"] == psutil.STATUS_ZOMBIE or not any(p.endswith("vllm_server.py") for p in command):
+            continue
+        try:
+            if process.environ().get("RAGEN_TEST_SESSION") == mark:
+                found.append((process.info["pid"], " ".join(command)))
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+    return found
