@@ -303,9 +303,13 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
         resolve_precision(run_config.trainer.precision)  # this machine can run it: checked before anything starts
     except PrecisionError as exc:
         fail(str(exc))
-    start_flow_command(root, run_id, verbose)
-    console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {root}")
-    result = _train_with_progress(run_config, root, run_id, allowed, skip_iteration)
+    if _already_completed(run_config, root, run_id, allowed):  # answered before any Prefect server starts
+        console.print(f"run {run_id} is already completed; nothing to do")
+        result = {"run_id": run_id, "bootstrap": None}
+    else:
+        start_flow_command(root, run_id, verbose)
+        console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {root}")
+        result = _train_with_progress(run_config, root, run_id, allowed, skip_iteration)
     if result.get("completed"):
         console.print(f"run {run_id} is already completed; nothing to do")
     elif result.get("resumed"):
@@ -320,6 +324,20 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
         _print_run_summary(root, result["run_id"], result.get("bootstrap"))
     except LakeError as exc:  # a damaged file the run's summary reads: say so, never a traceback or a silent 0
         fail(f"the run's summary cannot be read: {exc}")
+
+
+def _already_completed(run_config, root: Path, run_id: str, allowed: list[str]) -> bool:
+    """The start decision the flow would make, taken here first (it reads the manifest and the commit markers, no
+    engine, no Prefect): a refused config or a run that cannot be shortened is one line, a done run is True."""
+    from ragen_core.run.decisions import ResumeError, Start
+    from ragen_core.run.resume import decide_run_start
+    from ragen_core.storage import DataLake, LakeError
+
+    lake = DataLake(root)
+    try:
+        return decide_run_start(lake, lake.read_manifest(run_id), run_config, run_id, allowed) is Start.DONE
+    except (ResumeError, LakeError) as exc:
+        fail(str(exc))
 
 
 def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str], skip_iteration: bool) -> dict:

@@ -14,11 +14,12 @@ from prefect.utilities.annotations import quote
 
 from ragen_core.config import RunConfig, build_config, load_config
 from ragen_core.faults import set_iteration
-from ragen_core.run.decisions import ResumePlan, Start, decide_start
+from ragen_core.run.decisions import ResumePlan, Start
 from ragen_core.run.record import RunRecord, default_run_id, new_manifest, run_status
+from ragen_core.run.resume import decide_run_start
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import filter_entropy, training_batch
-from ragen_core.storage import DataLake
+from ragen_core.storage import DataLake, Stage
 from ragen_core.storage.locks import run_writer, takeover_note
 from ragen_core.storage.names import validate_run_id
 from tasks import reporting as r
@@ -71,7 +72,7 @@ def starpo_iteration(
     config = session.config
     metrics: dict[str, float] = {}
     stage = _Clock(session, iteration, metrics)
-    if eval_due(config, iteration):
+    if eval_due(config, iteration) or _evaluated(session, iteration):
         with stage("evaluate"):
             metrics.update(t.evaluate(session, iteration))
     with stage("generate"):
@@ -92,6 +93,13 @@ def starpo_iteration(
         t.commit_iteration(session, iteration, metrics, updated=True)
     _publish(artifacts, session.run_id, iteration, metrics)
     return metrics
+
+
+def _evaluated(session: RunSession, iteration: int) -> bool:
+    """Whether a validation stage of ``iteration`` already finished (an extended run's reopened final validation):
+    its metrics then belong to the iteration's, whether or not a validation is due."""
+    stages = session.lake.finished_stages(session.run_id, iteration)
+    return any(stage.startswith(Stage.evaluation("")) for stage in stages)
 
 
 def _publish(artifacts: r.IterationArtifacts | None, run_id: str, iteration: int, metrics: dict[str, float]) -> None:
@@ -120,12 +128,14 @@ def _open(run_config: RunConfig, lake: DataLake, run_id: str, force_config: list
     """The session of a fresh run (after its bootstrap) or of a resumed one (checked, its uncommitted output
     discarded: the plan says what to restore); no session when the run is already done."""
     manifest = lake.read_manifest(run_id)
-    start = decide_start(manifest, run_config, lake.committed_iterations(run_id), force_config)
+    start = decide_run_start(lake, manifest, run_config, run_id, force_config)
     if start is Start.DONE:
         return None, None, {"completed": True, "bootstrap": manifest.get("bootstrap")}
     if start in (Start.FRESH, Start.OVER):
         session, bootstrap = _start(run_config, lake, run_id, manifest)
         return session, None, {"bootstrap": bootstrap}
+    if start is Start.EXTEND:
+        return _extend(run_config, lake, run_id, manifest)
     plan = t.prepare_resume(lake, run_config, run_id, skip_iteration)
     try:
         session = t.open_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
@@ -133,6 +143,30 @@ def _open(run_config: RunConfig, lake: DataLake, run_id: str, force_config: list
         RunRecord(lake, run_id, manifest).stopped(exc)
         raise
     return session, plan, {"bootstrap": manifest.get("bootstrap")}
+
+
+def _extend(run_config: RunConfig, lake: DataLake, run_id: str, manifest: dict[str, Any]) -> Opened:
+    """A completed run given more iterations: the session is opened and restored first; until then a failure puts
+    the stored manifest back (the run stays completed, with its config) and the lake is untouched. Only then is the
+    final validation reopened as the next training iteration."""
+    plan = t.prepare_extension(lake, manifest, run_config, run_id)
+    session = None
+    try:
+        session = t.open_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
+        restored = t.restore_session(session, plan)
+    except BaseException:
+        if session is not None:
+            session.close()
+        lake.write_manifest(run_id, manifest)
+        raise
+    try:
+        t.reopen_final_evaluation(session, plan)
+    except BaseException as exc:
+        session.record.stopped(exc)
+        session.close()
+        raise
+    info = {"bootstrap": manifest.get("bootstrap"), "resumed": {**restored, "extended_from": plan.next_iteration}}
+    return session, plan, info
 
 
 def _start(
@@ -206,7 +240,8 @@ def _train(
             session.record.update(sweep=sweep)
         first = 0
         if plan is not None:
-            result["resumed"] = t.restore_session(session, plan)
+            if "resumed" not in result:  # an extension restored its session when it opened it
+                result["resumed"] = t.restore_session(session, plan)
             first = plan.next_iteration
             if plan.quarantined:  # only reachable with skip_iteration (prepare_resume refuses otherwise)
                 t.skip_iteration(session, first, plan.quarantined)

@@ -53,6 +53,18 @@ def prepare_resume(lake: DataLake, config: RunConfig, run_id: str, skip_iteratio
     return resume.prepare_resume(lake, config, run_id, skip_iteration)
 
 
+@task(name="prepare_extension", cache_policy=NO_CACHE)
+def prepare_extension(lake: DataLake, manifest: dict, config: RunConfig, run_id: str) -> ResumePlan:
+    """The plan of extending a completed run (nothing written)."""
+    return resume.prepare_extension(lake, manifest, config, run_id)
+
+
+@task(name="reopen_final_evaluation", cache_policy=NO_CACHE)
+def reopen_final_evaluation(run: RunSession, plan: ResumePlan) -> list[str]:
+    """Reopen a completed run's final validation as a training iteration whose validation is reused."""
+    return resume.reopen_final_evaluation(run, plan)
+
+
 @task(name="restore_session", cache_policy=NO_CACHE)
 def restore_session(run: RunSession, plan: ResumePlan) -> dict[str, Any]:
     """Load the checkpoint and replay the committed updates after it."""

@@ -2,8 +2,10 @@
 
 Given the run's manifest, the config it is started with and the facts the lake reports (committed and skipped
 iterations, complete checkpoints, a quarantined batch), they say whether the run starts fresh, starts over (it
-stopped before its first session, e.g. in the bootstrap), resumes, or is already done, and from where a resume goes
-on: the next iteration, the checkpoint to load and the committed updates to replay from their stored batches.
+stopped before its first session, e.g. in the bootstrap), resumes, is extended (a completed run given more
+iterations: its final validation-only iteration is reopened as a training iteration) or is already done, and from
+where a resume goes on: the next iteration, the checkpoint to load and the committed updates to replay from their
+stored batches.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Start(str, Enum):
     FRESH = "fresh"  # no manifest: a new run
     OVER = "over"  # a manifest written before the run's first session: the bootstrap is redone, then a fresh start
     RESUME = "resume"  # committed iterations to continue from
+    EXTEND = "extend"  # a completed run given more iterations: its final validation becomes a training iteration
     DONE = "done"  # every iteration and the final validation are committed: nothing to do
 
 
@@ -48,10 +51,15 @@ class ResumePlan:
 
 
 def decide_start(
-    manifest: dict[str, Any] | None, config: RunConfig, committed: list[int], allowed_changes: list[str]
+    manifest: dict[str, Any] | None,
+    config: RunConfig,
+    committed: list[int],
+    allowed_changes: list[str],
+    last_payload: dict[str, Any] | None = None,
 ) -> Start:
-    """Fresh, over, resume or done; refuses a run that is not a training run, or a config that differs from the
-    run's in keys not listed in ``allowed_changes``."""
+    """Fresh, over, resume, extend or done; refuses a run that is not a training run, a config that differs from the
+    run's in keys not listed in ``allowed_changes``, and a config with fewer iterations than the run already trained.
+    ``last_payload``: the commit payload of the last committed iteration (see :func:`final_evaluation`)."""
     if manifest is None:
         return Start.FRESH
     kind = manifest.get("kind", "train")
@@ -60,7 +68,31 @@ def decide_start(
     check_config(manifest, config, allowed_changes)
     if not manifest.get("model_dir"):
         return Start.OVER
-    return Start.DONE if len(committed) > config.trainer.iterations else Start.RESUME
+    iterations, final = config.trainer.iterations, final_evaluation(manifest, committed, last_payload)
+    trained = final if final is not None else len(committed)  # iterations that ran (or may have run) an update
+    if trained > iterations:
+        raise ResumeError(
+            f"run {manifest.get('run_id')!r} already trained {trained} iterations, more than "
+            f"trainer.iterations={iterations}: a run cannot be shortened. Evaluate an earlier checkpoint instead "
+            f"(`ragen eval {manifest.get('run_id')}@N`)"
+        )
+    if final is None:
+        return Start.RESUME
+    return Start.DONE if final == iterations else Start.EXTEND
+
+
+def final_evaluation(
+    manifest: dict[str, Any], committed: list[int], last_payload: dict[str, Any] | None = None
+) -> int | None:
+    """The committed iteration that is the run's final validation (no update), if the run got that far: the last
+    committed one when its commit payload says it ran no update (``updated: false``); for a commit written before
+    payloads said so, when it is the iteration after the stored config's last update."""
+    if not committed:
+        return None
+    last = committed[-1]
+    if last_payload is not None and "updated" in last_payload:
+        return None if last_payload["updated"] else last
+    return last if last == flatten(manifest.get("config") or {}).get("trainer.iterations") else None
 
 
 def plan_resume(

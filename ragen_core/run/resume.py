@@ -10,22 +10,71 @@ update, metrics and (when due) checkpoint. A resumed run (the decisions are :mod
    from their seeds and so come out identical;
 4. loads the newest checkpoint that the committed iterations cover and replays the later committed updates from their
    stored batches (the offline path), which gives the same weights as the uninterrupted run.
+
+Extending a completed run (more ``trainer.iterations``) is a resume whose last committed iteration, the final
+validation (no update), is reopened: its validation rows stay and are reused, its commit is withdrawn, and the
+iteration is run again as a training iteration, as the run configured longer from the start ran it. Nothing is
+changed before the session is open and restored (:func:`prepare_extension`, then :func:`reopen_final_evaluation`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ragen_core.config import RunConfig
-from ragen_core.run.decisions import ResumePlan, check_resumable, plan_resume
-from ragen_core.run.session import RunSession
+from ragen_core.run.decisions import ResumePlan, Start, check_resumable, decide_start, final_evaluation, plan_resume
 from ragen_core.storage import DataLake, Stage, event_row
 
+if TYPE_CHECKING:  # the session (torch, the engines) is not imported by the CLI's quick answers, which use this module
+    from ragen_core.run.session import RunSession
 
-def prepare_resume(
-    lake: DataLake, config: RunConfig, run_id: str, skip_iteration: bool
-) -> ResumePlan:
+
+def decide_run_start(
+    lake: DataLake, manifest: dict[str, Any] | None, config: RunConfig, run_id: str, allowed_changes: list[str]
+) -> Start:
+    """:func:`ragen_core.run.decisions.decide_start` on what the lake reports of ``run_id`` (reads only)."""
+    committed = lake.committed_iterations(run_id)
+    last_payload = lake.commit_payload(run_id, committed[-1]) if committed else None
+    return decide_start(manifest, config, committed, allowed_changes, last_payload)
+
+
+def prepare_extension(lake: DataLake, manifest: dict[str, Any], config: RunConfig, run_id: str) -> ResumePlan:
+    """The plan of extending a completed run (reads only): a resume at its final validation's iteration, which is
+    to be reopened (:func:`reopen_final_evaluation`) and trained; its validation stages are the reused ones."""
+    committed = lake.committed_iterations(run_id)
+    last = lake.commit_payload(run_id, committed[-1]) if committed else None
+    final = final_evaluation(manifest, committed, last)
+    if final is None:  # decide_start chose to extend, so the final validation is committed
+        raise ValueError(f"run {run_id!r} has no committed final validation to extend from")
+    trained = committed[:-1]
+    skipped = [i for i in trained if lake.commit_payload(run_id, i).get("skipped")]
+    plan = plan_resume(run_id, config, trained, skipped, lake.list_checkpoints(run_id))
+    envs = sorted(set(lake.read_table("trajectories", run_id, final, columns=["env"])["env"].to_pylist()))
+    return dataclasses.replace(plan, reused_stages=[Stage.evaluation(env) for env in envs])
+
+
+def reopen_final_evaluation(session: RunSession, plan: ResumePlan) -> list[str]:
+    """Turn the committed final validation (iteration ``plan.next_iteration``) back into an uncommitted iteration
+    whose validation stages finished: each env's stage is marked done with its committed ``val/<env>/*`` metrics
+    (so the iteration reuses them), then the commit marker is withdrawn and the iteration's commit rows (metrics,
+    evaluations, events) are discarded. A crash midway leaves either the completed run or an interrupted one that
+    ``ragen resume`` continues. Returns the reused stages."""
+    lake, run_id, iteration = session.lake, session.run_id, plan.next_iteration
+    metrics = lake.read_table("metrics", run_id, iteration, columns=["name", "value"]).to_pylist()
+    for stage in plan.reused_stages:
+        prefix = f"val/{stage.removeprefix(Stage.evaluation(''))}/"
+        values = {row["name"]: row["value"] for row in metrics if row["name"].startswith(prefix)}
+        lake.mark_stage_done(run_id, iteration, stage, {"metrics": values})
+    lake.commit_marker(run_id, iteration).unlink()
+    reused = lake.discard_uncommitted(run_id, iteration)
+    attempt = session.record.manifest.get("resumes", [{}])[-1]
+    attempt.update(extended_from=iteration, reused_stages=reused)
+    session.record.update(last_committed_iteration=iteration - 1 if iteration else None)
+    return reused
+
+
+def prepare_resume(lake: DataLake, config: RunConfig, run_id: str, skip_iteration: bool) -> ResumePlan:
     """The checks of a resume that need the lake (gaps, a quarantined batch), then the plan; the uncommitted output
     of the next iterations is discarded (the finished stages of the next one are kept, to be reused). The config was
     checked against the manifest by :func:`ragen_core.run.decisions.decide_start`, which chose to resume."""

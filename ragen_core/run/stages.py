@@ -207,7 +207,8 @@ def commit_iteration(
     if evaluations.num_rows:
         lake.write_rows("evaluations", run_id, iteration, evaluations, stage=Stage.COMMIT, publish=False)
     lake.publish(run_id, iteration, Stage.COMMIT)
-    summary = {"metrics": len(names), "evaluations": evaluations.num_rows, "events": len(events)}
+    # ``updated`` tells a later resume which commit is a run's final validation (ragen_core.run.decisions)
+    summary = {"metrics": len(names), "evaluations": evaluations.num_rows, "events": len(events), "updated": updated}
     if checkpoint is not None:
         summary["checkpoint"] = str(checkpoint)
     lake.commit_iteration(run_id, iteration, summary)

@@ -8,7 +8,14 @@ import copy
 import pytest
 
 from ragen_core.config import build_config
-from ragen_core.run.decisions import ResumeError, Start, config_changes, decide_start, plan_resume
+from ragen_core.run.decisions import (
+    ResumeError,
+    Start,
+    config_changes,
+    decide_start,
+    final_evaluation,
+    plan_resume,
+)
 
 
 def test_a_key_the_old_run_lacks_is_unchanged_at_its_default_and_changed_otherwise():
@@ -61,7 +68,7 @@ def test_a_changed_config_or_another_kind_of_run_is_refused_before_anything():
     longer = build_config({}, ["trainer.iterations=5"])
     with pytest.raises(ResumeError, match="changed keys: trainer.iterations.*--force-config trainer.iterations"):
         decide_start(_manifest(), longer, [0], [])
-    assert decide_start(_manifest(), longer, [0, 1, 2, 3], ["trainer"]) is Start.RESUME  # allowed: 2 more to go
+    assert decide_start(_manifest(), longer, [0, 1, 2], ["trainer"]) is Start.RESUME  # allowed: 3 more to go
     with pytest.raises(ResumeError, match="changed keys"):
         decide_start(_manifest(model_dir=None), longer, [], [])  # starting over checks the config too
     for kind in ("bootstrap", "evaluation", "offline"):
@@ -87,3 +94,29 @@ def test_the_plan_loads_the_newest_covered_checkpoint_and_replays_the_rest():
 def test_a_gap_in_the_committed_iterations_is_an_edited_lake():
     with pytest.raises(ResumeError, match=r"gaps in its committed iterations \[0, 2\]"):
         plan_resume("r", CONFIG, [0, 2], [], [])
+
+
+def test_a_completed_run_given_more_iterations_is_extended_and_one_given_fewer_is_refused():
+    longer, shorter = build_config({}, ["trainer.iterations=5"]), build_config({}, ["trainer.iterations=2"])
+    final, update = {"updated": False}, {"updated": True}
+    # 3 updates + the final validation (iteration 3, no update): 2 more updates to go, the validation reopened
+    assert decide_start(_manifest(), longer, [0, 1, 2, 3], ["trainer"], final) is Start.EXTEND
+    assert decide_start(_manifest(), longer, [0, 1, 2, 3], ["trainer"]) is Start.EXTEND  # a commit without "updated"
+    assert decide_start(_manifest(), CONFIG, [0, 1, 2, 3], [], final) is Start.DONE
+    # the manifest already holds the longer config (killed before the reopening): the payload still says final
+    stored_longer = _manifest(config=longer.to_dict())
+    assert decide_start(stored_longer, longer, [0, 1, 2, 3], [], final) is Start.EXTEND
+    assert decide_start(stored_longer, longer, [0, 1, 2, 3], [], update) is Start.RESUME  # 4 trained, 1 to go
+    with pytest.raises(ResumeError, match="already trained 3 iterations, more than trainer.iterations=2"):
+        decide_start(_manifest(), shorter, [0, 1, 2, 3], ["trainer"], final)
+    with pytest.raises(ResumeError, match="already trained 3 iterations, more than trainer.iterations=2"):
+        decide_start(_manifest(), shorter, [0, 1, 2], ["trainer"], update)  # interrupted after 3 updates
+    assert decide_start(_manifest(), shorter, [0, 1], ["trainer"], update) is Start.RESUME  # still within 2
+
+
+def test_the_final_validation_is_the_last_commit_that_ran_no_update():
+    assert final_evaluation(_manifest(), [], None) is None
+    assert final_evaluation(_manifest(), [0, 1, 2, 3], {"updated": False}) == 3
+    assert final_evaluation(_manifest(), [0, 1, 2], {"updated": True}) is None
+    assert final_evaluation(_manifest(), [0, 1, 2, 3], {"metrics": 9}) == 3  # before payloads said: 3 updates done
+    assert final_evaluation(_manifest(), [0, 1, 2], {"skipped": True}) is None

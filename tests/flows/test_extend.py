@@ -1,0 +1,162 @@
+"""Extending a completed run (`ragen resume RUN --force-config trainer.iterations trainer.iterations=N`), through the
+real CLI: the extended run is bitwise the run configured longer from the start (tests/flows/test_resume.py's
+never-stopped 3-iteration run), a refused or failed extension leaves the completed run as it was, and the answers
+that need no flow (done, refused, unknown run) come at once, without a Prefect server."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ragen_core.storage import DataLake
+from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _ragen, _rows, _weights
+
+EXTEND = ["--force-config", "trainer.iterations", "trainer.iterations=3"]
+QUICK_SECONDS = 15  # an answer without a flow; starting a Prefect server alone takes longer on this machine
+
+
+def _short_overrides(model_dir):
+    return [o if o != "trainer.iterations=3" else "trainer.iterations=2" for o in _overrides(model_dir)]
+
+
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory, tiny_model_dir, prefect_server):
+    """A completed 2-iteration run of the reference config (one iteration short), and a pristine copy of it."""
+    root = tmp_path_factory.mktemp("short")
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_short_overrides(tiny_model_dir)]
+    rc, output = _ragen(train, root, None, prefect_server[0].api_url)
+    assert rc == 0, output[-3000:]
+    assert DataLake(root).committed_iterations(RUN) == [0, 1, 2]  # 2 updates, then the final validation
+    pristine = tmp_path_factory.mktemp("pristine") / "root"
+    shutil.copytree(root, pristine, symlinks=True)
+    return root, pristine
+
+
+def _copy(pristine, tmp_path):
+    target = tmp_path / "root"
+    shutil.copytree(pristine, target, symlinks=True)
+    return target
+
+
+@pytest.fixture(scope="module")
+def extended(completed, prefect_server, whole_bandit_run):
+    root, _ = completed
+    rc, output = _ragen(["resume", RUN, *EXTEND], root, None, prefect_server[0].api_url)
+    assert rc == 0, output[-3000:]
+    assert "resumed at iteration 2" in output and "Traceback" not in output
+    return root, whole_bandit_run
+
+
+def test_the_extended_run_has_bitwise_the_weights_of_the_run_configured_longer(extended):
+    root, whole = extended
+    expected, actual = _weights(whole), _weights(root)  # checkpoints/iteration=3/hf: after the 3rd update
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+
+
+def _rows_without(root, table, column):
+    rows = [{k: v for k, v in row.items() if k != column} for row in DataLake(root).read_table(table, RUN).to_pylist()]
+    return sorted(repr(sorted(row.items())) for row in rows)
+
+
+@pytest.mark.parametrize("table", ["trajectories", "turns", "metrics", "evaluations"])
+def test_the_extended_run_holds_the_rows_of_the_run_configured_longer(extended, table):
+    """eval.every=1, so the longer run also validated at iteration 2: even the validation rows agree."""
+    root, whole = extended
+    expected, actual = _rows(whole, table), _rows(root, table)
+    assert len(actual) == len(set(actual)) == len(expected)
+    if table == "trajectories":  # each row records the hash of the config that made it
+        expected, actual = _rows_without(whole, table, "config_hash"), _rows_without(root, table, "config_hash")
+    assert actual == expected
+
+
+def test_trajectories_record_the_config_that_made_them(extended, completed):
+    root, whole = extended
+    hashes = {(r["iteration"], r["split"]): r["config_hash"] for r in DataLake(root).read_table("trajectories", RUN)
+              .select(["iteration", "split", "config_hash"]).to_pylist()}  # fmt: skip
+    shorter = DataLake(completed[1]).read_manifest(RUN)["config_hash"]
+    longer = DataLake(whole).read_manifest(RUN)["config_hash"]
+    assert hashes[(0, "train")] == hashes[(1, "train")] == hashes[(2, "val")] == shorter != longer
+    assert hashes[(2, "train")] == hashes[(3, "val")] == longer
+
+
+def test_the_extended_run_is_completed_with_the_longer_config(extended):
+    root, whole = extended
+    lake = DataLake(root)
+    manifest = lake.read_manifest(RUN)
+    assert manifest["status"] == "completed"
+    assert manifest["config_hash"] == DataLake(whole).read_manifest(RUN)["config_hash"]
+    assert manifest["resumes"][-1]["extended_from"] == 2
+    assert manifest["resumes"][-1]["reused_stages"] == ["eval-bandit"]
+    assert lake.committed_iterations(RUN) == [0, 1, 2, 3]
+    assert lake.commit_payload(RUN, 2)["updated"] is True and lake.commit_payload(RUN, 3)["updated"] is False
+
+
+def _quick(args, root):
+    """The real CLI with no Prefect server configured: (exit status, stdout, stderr, seconds)."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
+    script = str(Path(sys.executable).with_name("ragen"))
+    start = time.monotonic()
+    done = subprocess.run([script, *args, "--data-root", str(root)], capture_output=True, text=True, env=env,
+                          timeout=120)  # fmt: skip
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - start
+
+
+def _state(root):
+    """What a refused or failed extension must leave as it was: the manifest and the commit markers."""
+    lake = DataLake(root)
+    manifest = (root / "runs" / RUN / "manifest.json").read_bytes()
+    return manifest, {i: lake.commit_payload(RUN, i) for i in lake.committed_iterations(RUN)}
+
+
+def test_a_completed_run_answers_nothing_to_do_at_once_without_a_server(completed, tmp_path):
+    root = _copy(completed[1], tmp_path)
+    before = _state(root)
+    rc, out, err, seconds = _quick(["resume", RUN], root)
+    assert rc == 0, err
+    assert f"run {RUN} is already completed; nothing to do" in out
+    assert seconds < QUICK_SECONDS, seconds
+    assert not (root / "_prefect").exists()  # no Prefect home: no server was started
+    assert _state(root) == before
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["resume", RUN, "trainer.iterations=3"], "changed keys: trainer.iterations"),
+        (["resume", RUN, *EXTEND, "actor.lr=0.5"], "changed keys: actor.lr"),
+        (["resume", RUN, "--force-config", "trainer", "trainer.iterations=1"], "a run cannot be shortened"),
+        (["resume", "no-such-run", *EXTEND], "no run 'no-such-run'"),
+        (["train", "--config", "configs/bandit.yaml", "--run-id", RUN], "changed keys"),
+    ],
+)
+def test_a_refused_extension_is_one_line_at_once_and_changes_nothing(completed, tmp_path, args, message):
+    root = _copy(completed[1], tmp_path)
+    before = _state(root)
+    rc, out, err, seconds = _quick(args, root)
+    assert rc != 0
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err + out, err
+    assert seconds < QUICK_SECONDS, seconds
+    assert not (root / "_prefect").exists()
+    assert _state(root) == before
+    assert json.loads(before[0])["status"] == "completed"
+
+
+def test_a_failed_extension_leaves_the_completed_run_with_its_config(completed, tmp_path, prefect_server):
+    """The checkpoint the extension must load is damaged: it fails while restoring, before the lake is changed."""
+    root = _copy(completed[1], tmp_path)
+    before = _state(root)
+    state = root / "runs" / RUN / "checkpoints" / "iteration=2" / "actor" / "state"
+    victim = sorted(p for p in state.rglob("*") if p.is_file())[0]
+    victim.write_bytes(victim.read_bytes() + b"damaged")
+    rc, output = _ragen(["resume", RUN, *EXTEND], root, None, prefect_server[0].api_url)
+    assert rc not in (0, None) and "Traceback" not in output, output[-3000:]
+    assert "iteration=2" in output  # the message names the damaged checkpoint
+    assert _state(root) == before  # status completed, the old config and hash, the same commits
+    assert DataLake(root).finished_stages(RUN, 2) == []  # the final validation was not reopened
