@@ -10,6 +10,7 @@ from ragen_core.agent.prompts import (
     rules_text,
     turn_message,
 )
+from ragen_core.agent.templates import base_chat_template, export_chat_template
 
 __all__ = [
     "ACTION_SEPARATOR",
@@ -23,4 +24,6 @@ __all__ = [
     "rules_text",
     "turn_message",
     "turn_penalty",
+    "base_chat_template",
+    "export_chat_template",
 ]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ragen_core.agent.templates import base_chat_template
+
 SYSTEM_PROMPT = "You are a helpful assistant. You think step by step, then act."
 THINK_PREFIX = "<think>"
 # "full": RAGEN's prompts (system message, rules and legend, the format reminder every turn). "compact": no system
@@ -102,6 +104,9 @@ class ChatFormatter:
                 "the tokenizer has no chat template; use an instruct model or set tokenizer.chat_template"
             )
         self.tokenizer = tokenizer
+        # an export's template appends its run's reply prefix (ragen_core.agent.templates); this one adds its own
+        template = base_chat_template(tokenizer.chat_template)
+        self.chat_template = template if isinstance(template, str) else None  # None: the tokenizer's own choice
         self.system_prompt = None if style == "compact" else system_prompt
         self.reply_prefix = reply_prefix
         self.style = style
@@ -109,7 +114,7 @@ class ChatFormatter:
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
     def _system(self) -> list[dict[str, str]]:

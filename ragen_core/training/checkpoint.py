@@ -9,7 +9,9 @@ that removing the run removes its checkpoints)::
         actor/state/        DeepSpeed ``save_checkpoint`` of the actor: weights, optimizer, lr scheduler, step counters
         critic/state/       the same for the critic, when the run has one
         hf/                 ``save_pretrained`` of the policy and its tokenizer (safetensors): plain
-                            ``AutoModelForCausalLM.from_pretrained`` and vLLM load it
+                            ``AutoModelForCausalLM.from_pretrained`` and vLLM load it; its chat template ends the
+                            generation prompt with the run's reply prefix (``<think>``), as training prompts do
+                            (:mod:`ragen_core.agent.templates`)
 
 A save is atomic: everything is built in a hidden sibling of the folder, fsynced, then renamed into place, so a
 checkpoint folder the lake lists is always complete. Hidden leftovers of a crash are ignored by the readers and
@@ -32,6 +34,7 @@ update group hands the new weights to the rollout side through it after every up
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -40,6 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ragen_core.agent.templates import export_chat_template
 from ragen_core.faults import maybe_fail
 from ragen_core.storage.files import TRASH_PREFIX, fsync_dir
 from ragen_core.storage.lake import CHECKPOINT_INFO, DataLake
@@ -79,10 +83,12 @@ def save_checkpoint(
     critic: CriticEngine | None,
     tokenizer: Any,
     extra: dict[str, Any] | None = None,
+    reply_prefix: str = "",
 ) -> Path:
     """Save the engines after ``iteration`` updates, atomically; return the checkpoint folder.
 
-    Writes the actor's (and critic's) DeepSpeed state, the Hugging Face export of the policy with ``tokenizer``,
+    Writes the actor's (and critic's) DeepSpeed state, the Hugging Face export of the policy with ``tokenizer``
+    (its chat template appending ``reply_prefix``, the text training prompts end with, to the generation prompt),
     and ``checkpoint.json`` with ``extra`` (JSON-serialisable: config hash, metrics, ...). An existing checkpoint
     of the same iteration is replaced. Call it on every rank when running under a launcher.
     """
@@ -102,7 +108,7 @@ def save_checkpoint(
     _barrier()  # every rank's shard is written before rank 0 takes the digests
     if _rank() == 0:
         actor.module.save_pretrained(str(temp / HF_EXPORT), state_dict=state_dict)
-        tokenizer.save_pretrained(str(temp / HF_EXPORT))
+        save_tokenizer(tokenizer, temp / HF_EXPORT, reply_prefix)
         info["files"] = tree_digests(temp, skip=(INFO_FILE,))  # what a load checks before reading anything
         text = json.dumps(info, indent=2, sort_keys=True, default=_json_value)
         (temp / INFO_FILE).write_text(text)  # last: its presence marks the folder complete
@@ -112,9 +118,20 @@ def save_checkpoint(
     return final
 
 
-def export_policy(actor: ActorEngine, tokenizer: Any, folder: str | Path) -> Path:
+def save_tokenizer(tokenizer: Any, folder: str | Path, reply_prefix: str = "") -> None:
+    """``tokenizer.save_pretrained(folder)`` with the export's chat template: the tokenizer's own, with
+    ``reply_prefix`` appended to the generation prompt (:func:`ragen_core.agent.templates.export_chat_template`).
+    The run's tokenizer itself is not changed (a shallow copy carries the template)."""
+    exported = copy.copy(tokenizer)
+    exported.chat_template = export_chat_template(getattr(tokenizer, "chat_template", None), reply_prefix)
+    exported.save_pretrained(str(folder))
+
+
+def export_policy(actor: ActorEngine, tokenizer: Any, folder: str | Path, reply_prefix: str = "") -> Path:
     """Write the policy and ``tokenizer`` as a Hugging Face folder at ``folder``, atomically replacing what is there
-    (built in a hidden sibling, fsynced, renamed). Call it on every rank under a launcher; rank 0 writes."""
+    (built in a hidden sibling, fsynced, renamed); its chat template ends the generation prompt with
+    ``reply_prefix``, as :func:`save_checkpoint`'s export does. Call it on every rank under a launcher; rank 0
+    writes."""
     folder = Path(folder)
     state_dict = _full_state_dict(actor)
     if _rank() == 0:
@@ -122,7 +139,7 @@ def export_policy(actor: ActorEngine, tokenizer: Any, folder: str | Path) -> Pat
         shutil.rmtree(temp, ignore_errors=True)
         temp.parent.mkdir(parents=True, exist_ok=True)
         actor.module.save_pretrained(str(temp), state_dict=state_dict)
-        tokenizer.save_pretrained(str(temp))
+        save_tokenizer(tokenizer, temp, reply_prefix)
         _fsync_tree(temp)
         _replace_dir(temp, folder)
     _barrier()

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ragen_core.agent.prompts import reply_prefix as prompt_reply_prefix
 from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.storage import DataLake
@@ -104,7 +105,9 @@ class InProcessUpdater:
         return starpo_update(self.config, self.actor, self.critic, inputs, iteration)
 
     def save(self, updates: int, extra: dict[str, Any]) -> Path:
-        return save_checkpoint(self.lake, self.run_id, updates, self.actor, self.critic, self.tokenizer, extra)
+        return save_checkpoint(
+            self.lake, self.run_id, updates, self.actor, self.critic, self.tokenizer, extra, self.reply_prefix
+        )
 
     def restore(self, checkpoint: Path | None, replay: list[int]) -> None:
         if checkpoint is not None:
@@ -114,7 +117,7 @@ class InProcessUpdater:
 
     def export(self) -> Path:
         """The policy as a Hugging Face folder (the run's policy export), for a vLLM engine or the run's process."""
-        return export_policy(self.actor, self.tokenizer, self.lake.policy_export_dir(self.run_id))
+        return export_policy(self.actor, self.tokenizer, self.lake.policy_export_dir(self.run_id), self.reply_prefix)
 
     def sync(self, rollout: RolloutSide) -> None:
         if rollout.engine is not None:
@@ -124,6 +127,11 @@ class InProcessUpdater:
 
     def rollout_policy(self, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
         return self.actor.module, self.tokenizer  # the rollouts sample from the actor's own module
+
+    @property
+    def reply_prefix(self) -> str:
+        """What the run's prompts end with after the assistant header; its exports' chat template adds it too."""
+        return prompt_reply_prefix(self.config.rollout.enable_think, self.config.rollout.think_prefix)
 
     def describe(self) -> dict[str, Any] | None:
         return None
