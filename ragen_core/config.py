@@ -487,11 +487,17 @@ class MonitorConfig(_Section):
         0.5,
         gt=0,
         le=1,
-        description="Warn of template collapse when diag/reasoning_mi (trainer.mi_diagnostic) stays more than this "
-        "fraction below its running peak for monitor.mi_patience consecutive iterations.",
+        description="Warn of template collapse when the MI estimate (monitor.mi_metric; trainer.mi_diagnostic) "
+        "stays more than this fraction below its running peak for monitor.mi_patience consecutive iterations.",
     )
     mi_patience: PositiveInt = Field(
-        2, description="Consecutive iterations diag/reasoning_mi must stay low before the template-collapse warning."
+        2, description="Consecutive iterations the MI must stay low before the template-collapse warning."
+    )
+    mi_metric: Literal["per_token", "sequence"] = Field(
+        "per_token",
+        description="Which MI estimate the template-collapse warning watches: 'per_token' "
+        "(diag/reasoning_mi_per_token, RAGEN-2's headline collapse/mi_estimate) or 'sequence' (diag/reasoning_mi, "
+        "summed log-probs: RAGEN-2's mi_seq_estimate).",
     )
 
 
@@ -527,11 +533,28 @@ class TrainerConfig(_Section):
         False,
         description="Template-collapse diagnostic: before each update, score every training trajectory's first-turn "
         "reasoning under its own prompt and under trainer.mi_prompts - 1 other prompts of the batch with the current "
-        "policy, and store the mutual-information estimate diag/reasoning_mi (cost: N x mi_prompts forward "
-        "sequences; docs/algorithms.md).",
+        "policy, and store the mutual-information estimates diag/reasoning_mi_per_token (RAGEN-2's headline) and "
+        "diag/reasoning_mi (summed) (cost: N x mi_prompts forward sequences; docs/algorithms.md).",
     )
     mi_prompts: int = Field(
         8, ge=2, description="Prompts each reasoning is scored under (its own + mi_prompts - 1 others), at most."
+    )
+    mi_reasoning: Literal["content", "block"] = Field(
+        "content",
+        description="The reasoning Z: 'content' (RAGEN-2's) is the text inside <think>...</think> only, and replies "
+        "without a closed think block are left out (with rollout.enable_think=false there is none); 'block' is the "
+        "block through </think>, or the whole reply when it has no </think> (this project's earlier span).",
+    )
+    mi_multi_turn: bool = Field(
+        False,
+        description="Also estimate RAGEN-2's multi-turn sampled variant (diag/reasoning_mt_*): (prompt, reasoning) "
+        "pairs of every turn, drawn uniformly over trajectories then over their turns, each draw its own prompt "
+        "(needs rollout.context_window_mode=full, as RAGEN-2).",
+    )
+    mi_samples: PositiveInt | None = Field(
+        None,
+        description="Multi-turn variant: draws (RAGEN-2's collapse_detection.num_samples); None: as many as the "
+        "batch's turns with a reasoning. Each is scored under min(mi_prompts, draws) prompts.",
     )
 
     @model_validator(mode="after")
@@ -626,6 +649,7 @@ class RunConfig(_Section):
                 "actor.reuse_behavior_logprobs=always needs behaviour log-probs, which scripted rollouts "
                 "(rollout.backend=scripted) do not have: use auto or never"
             )
+        _check_mi(self)
         if self.env.max_actions_per_turn > self.env.max_actions_per_traj:
             raise ValueError(
                 f"env.max_actions_per_turn={self.env.max_actions_per_turn} exceeds env.max_actions_per_traj="
@@ -641,6 +665,21 @@ class RunConfig(_Section):
         """Stable 16-hex-digit digest of the resolved config (sorted-key JSON)."""
         payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _check_mi(config: RunConfig) -> None:
+    """The MI diagnostic's keys must fit together (checked at load time)."""
+    trainer = config.trainer
+    if trainer.mi_multi_turn and not trainer.mi_diagnostic:
+        raise ValueError("trainer.mi_multi_turn is part of the MI diagnostic: set trainer.mi_diagnostic=true too")
+    if trainer.mi_samples is not None and not trainer.mi_multi_turn:
+        raise ValueError("trainer.mi_samples sets the multi-turn sample's draws: set trainer.mi_multi_turn=true")
+    if trainer.mi_multi_turn and config.rollout.context_window_mode != "full":
+        raise ValueError(
+            "trainer.mi_multi_turn scores each turn under the chat before it, which windowed rollouts "
+            f"(rollout.context_window_mode={config.rollout.context_window_mode}) do not keep: use full (RAGEN-2 "
+            "computes no collapse metric outside full)"
+        )
 
 
 def _check_scale_out(config: RunConfig) -> None:
@@ -866,7 +905,14 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 # them behaved as the value here (RAGEN's <think> prefix came with rollout.think_prefix; earlier prompts had none).
 # Old runs re-scored their old log-probs (actor.reuse_behavior_logprobs came later): replaying them so keeps their
 # updates bit for bit.
-STORED_CONFIG_FALLBACKS: dict[str, Any] = {"rollout.think_prefix": False, "actor.reuse_behavior_logprobs": "never"}
+# Runs stored before RAGEN-2's MI span and headline took the think block (or the whole reply) and warned on the summed
+# estimate.
+STORED_CONFIG_FALLBACKS: dict[str, Any] = {
+    "rollout.think_prefix": False,
+    "actor.reuse_behavior_logprobs": "never",
+    "trainer.mi_reasoning": "block",
+    "monitor.mi_metric": "sequence",
+}
 
 
 def stored_config(tree: dict[str, Any]) -> dict[str, Any]:

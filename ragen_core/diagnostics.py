@@ -12,6 +12,15 @@ batch drawn at random (``M = trainer.mi_prompts``; the inner mean is a log-sum-e
 gives log |S_i| (the bound), one template for every input gives 0. Cost: N x |S_i| teacher-forced sequences (N
 trajectories), no generation.
 
+RAGEN-2's headline (``collapse/mi_estimate``) is the per-token variant (log-probs divided by len(z) before the
+log-sum-exp): ``diag/reasoning_mi_per_token`` here, which the template-collapse warning watches by default; its
+``mi_seq_estimate`` (summed log-probs) is ``diag/reasoning_mi``. Its reasoning is the content of the ``<think>`` block
+only (:func:`think_content`: the stripped text re-tokenised, as RAGEN-2), and replies without a closed block are
+left out; the earlier span of this project
+(the block through ``</think>``, else the whole reply: :func:`reasoning_tokens`) is ``trainer.mi_reasoning=block``.
+Its multi-turn variant (:func:`sampled_turns`) scores (prompt, reasoning) pairs of every turn, drawn uniformly over
+trajectories then over their turns, each draw its own prompt column.
+
 The functions here are pure: they take token ids and a *scorer* (a callable returning log p(z | x) for a list of
 (x, z) pairs), so the estimator can be checked against exact distributions; :func:`model_scorer` is the scorer of a
 causal LM.
@@ -20,7 +29,8 @@ causal LM.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,17 +72,132 @@ def reasoning_tokens(reply: TokenIds, decode: Callable[[list[int]], str] | None)
     return reply[:high]
 
 
+THINK_START = "<think>"
+SPECIAL_TAGS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")  # RAGEN-2's list
+
+
+def _cut_before(reply: TokenIds, decode: Callable[[list[int]], str], tag: str) -> int | None:
+    """The number of leading tokens of ``reply`` whose text ends before the first ``tag`` (None: no ``tag``)."""
+    text = decode(list(reply))
+    if tag not in text:
+        return None
+    at = text.index(tag)
+    cut = next(k for k in range(1, len(reply) + 1) if tag in decode(list(reply[:k])))  # the token completing it
+    while cut > 0 and len(decode(list(reply[:cut]))) > at:  # back to the tokens wholly before the tag
+        cut -= 1
+    return cut
+
+
+def think_content(
+    reply: TokenIds,
+    decode: Callable[[list[int]], str],
+    think_in_prompt: bool,
+    encode: Callable[[str], list[int]] | None = None,
+) -> TokenIds:
+    """RAGEN-2's reasoning of a reply: the text inside its first ``<think>...</think>`` (with ``think_in_prompt``,
+    the prompt ends with ``<think>`` as ``rollout.think_prefix`` makes it, so the block opens at the reply's start),
+    the special tags removed and stripped, re-tokenised by ``encode`` as RAGEN-2 does. Without ``encode``, the
+    token-exact variant: the sampled tokens wholly inside the block, whitespace-only tokens at the ends dropped (a
+    token that straddles a tag is left out). Empty (the reply is left out) without a closed block or with nothing
+    but whitespace inside."""
+    text = decode(list(reply))
+    match = re.search(r"<think>(.*?)</think>", (THINK_START if think_in_prompt else "") + text, re.DOTALL)
+    if match is None:
+        return ()
+    if encode is not None:
+        content = match.group(1)
+        for tag in SPECIAL_TAGS:
+            content = content.replace(tag, "")
+        return tuple(encode(content.strip()))
+    start = 0
+    if not think_in_prompt:
+        start = next(k for k in range(1, len(reply) + 1) if THINK_START in decode(list(reply[:k])))
+    end = _cut_before(reply[start:], decode, THINK_END)
+    content_ids = list(reply[start : start + (end or 0)])
+    while content_ids and not decode(content_ids[:1]).strip():
+        content_ids.pop(0)
+    while content_ids and not decode(content_ids[-1:]).strip():
+        content_ids.pop()
+    return tuple(content_ids)
+
+
+def turn_replies(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list[tuple[TokenIds, TokenIds]]:
+    """(prompt, reply) of every turn of a full-context trajectory: each maximal run of policy tokens (``loss_mask``
+    1) and all the tokens before it (the chat so far: what the policy was given when it wrote that reply)."""
+    mask = np.asarray(loss_mask, dtype=bool)
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], mask, [False]]).astype(np.int8)))
+    ids = [int(t) for t in input_ids]
+    return [(tuple(ids[:a]), tuple(ids[a:b])) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def sampled_turns(
+    turns: Sequence[Sequence[tuple[TokenIds, TokenIds]]], num_samples: int | None, seed: int
+) -> list[tuple[TokenIds, TokenIds]]:
+    """RAGEN-2's trajectory-uniform sample of (prompt, reasoning) pairs over every turn: ``turns[m]`` holds the pairs
+    of trajectory m's turns that have a reasoning. Each of ``num_samples`` draws (None: as many as there are such
+    turns) picks a trajectory uniformly, then one of its turns uniformly; a trajectory without any gives no pair
+    for its draw (so fewer may come back). Drawn with replacement, seeded."""
+    total = sum(len(t) for t in turns)
+    draws = total if num_samples is None else min(num_samples, total)
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(draws):
+        m = int(rng.integers(len(turns)))
+        if turns[m]:
+            pairs.append(turns[m][int(rng.integers(len(turns[m])))])
+    return pairs
+
+
+def reasoning_of(
+    reply: TokenIds,
+    decode: Callable[[list[int]], str] | None,
+    span: str = "content",
+    think_in_prompt: bool = True,
+    encode: Callable[[str], list[int]] | None = None,
+) -> TokenIds:
+    """A reply's reasoning under ``trainer.mi_reasoning``: ``content`` (RAGEN-2's: :func:`think_content`, empty
+    without a closed think block or when thinking is off, ``decode`` None) or ``block`` (:func:`reasoning_tokens`)."""
+    if span == "block":
+        return reasoning_tokens(reply, decode)
+    if span != "content":
+        raise ValueError(f"unknown reasoning span {span!r}; use 'content' or 'block'")
+    return think_content(reply, decode, think_in_prompt, encode) if decode is not None else ()
+
+
 def first_turn_reasoning(
-    input_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]], decode: Callable[[list[int]], str] | None
+    input_ids: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[int]],
+    decode: Callable[[list[int]], str] | None,
+    span: str = "block",
+    think_in_prompt: bool = True,
+    encode: Callable[[str], list[int]] | None = None,
 ) -> tuple[list[TokenIds], list[TokenIds]]:
     """(prompts, reasonings) of stored trajectories (their ``input_ids`` and ``loss_mask`` columns): each one's
-    first-turn prompt and the reasoning of its first reply (:func:`first_reply`, :func:`reasoning_tokens`)."""
+    first-turn prompt and the reasoning of its first reply (:func:`first_reply`, :func:`reasoning_of`)."""
     prompts, reasonings = [], []
     for ids, mask in zip(input_ids, loss_masks, strict=True):
         prompt, reply = first_reply(ids, mask)
         prompts.append(prompt)
-        reasonings.append(reasoning_tokens(reply, decode))
+        reasonings.append(reasoning_of(reply, decode, span, think_in_prompt, encode))
     return prompts, reasonings
+
+
+def every_turn_reasoning(
+    input_ids: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[int]],
+    decode: Callable[[list[int]], str] | None,
+    span: str = "content",
+    think_in_prompt: bool = True,
+    encode: Callable[[str], list[int]] | None = None,
+) -> list[list[tuple[TokenIds, TokenIds]]]:
+    """Per trajectory, the (prompt, reasoning) pairs of its turns that have a reasoning (:func:`turn_replies`,
+    :func:`reasoning_of`), as RAGEN-2 collects them for its multi-turn sample."""
+    out = []
+    for ids, mask in zip(input_ids, loss_masks, strict=True):
+        replies = turn_replies(ids, mask)
+        turns = [(x, reasoning_of(reply, decode, span, think_in_prompt, encode)) for x, reply in replies]
+        out.append([(x, z) for x, z in turns if z])
+    return out
 
 
 @dataclass(frozen=True)
@@ -91,20 +216,22 @@ class MIEstimate:
     scored: int  # distinct (x, z) sequences the scorer ran
     reasoning_tokens: float  # mean len(z_i)
 
-    def metrics(self, prefix: str = "diag") -> dict[str, float]:
-        """The metrics-table rows of this estimate."""
+    def metrics(self, prefix: str = "diag", stem: str = "reasoning") -> dict[str, float]:
+        """The metrics-table rows of this estimate (``stem``: ``reasoning`` for the first turn, ``reasoning_mt``
+        for the multi-turn sample)."""
+        head = f"{prefix}/{stem}"
         return {
-            f"{prefix}/reasoning_mi": self.mi,
-            f"{prefix}/reasoning_mi_per_token": self.mi_per_token,
-            f"{prefix}/reasoning_mi_bound": self.bound,
-            f"{prefix}/reasoning_logp_own": self.logp_own,
-            f"{prefix}/reasoning_logp_cross": self.logp_cross,
-            f"{prefix}/reasoning_retrieval": self.retrieval,
-            f"{prefix}/reasoning_trajectories": float(self.trajectories),
-            f"{prefix}/reasoning_prompts": float(self.prompts),
-            f"{prefix}/reasoning_pairs": float(self.pairs),
-            f"{prefix}/reasoning_scored": float(self.scored),
-            f"{prefix}/reasoning_tokens": self.reasoning_tokens,
+            f"{head}_mi": self.mi,
+            f"{head}_mi_per_token": self.mi_per_token,
+            f"{head}_mi_bound": self.bound,
+            f"{head}_logp_own": self.logp_own,
+            f"{head}_logp_cross": self.logp_cross,
+            f"{head}_retrieval": self.retrieval,
+            f"{head}_trajectories": float(self.trajectories),
+            f"{head}_prompts": float(self.prompts),
+            f"{head}_pairs": float(self.pairs),
+            f"{head}_scored": float(self.scored),
+            f"{head}_tokens": self.reasoning_tokens,
         }
 
 
@@ -152,17 +279,25 @@ def reasoning_mi(
     score: Scorer,
     max_prompts: int = 8,
     seed: int = 0,
+    columns: Sequence[Hashable] | None = None,
 ) -> MIEstimate | None:
     """The MI estimate of trajectories i with first-turn prompt ``prompts[i]`` and reasoning ``reasonings[i]``
     (token ids), scored by ``score``. Trajectories with an empty reasoning are left out. Prompts are told apart by
-    their tokens (group members share one). None when fewer than two distinct prompts remain: X is then constant
-    and the MI is zero by definition, which says nothing about collapse."""
-    rows = [(tuple(map(int, x)), tuple(map(int, z))) for x, z in zip(prompts, reasonings, strict=True) if len(z)]
-    distinct = list(dict.fromkeys(x for x, _ in rows))
+    their tokens (group members share one), or by ``columns[i]`` when given (RAGEN-2's multi-turn sample: each draw
+    its own column; a column's prompt is that of its first row). None when fewer than two distinct prompts remain:
+    X is then constant and the MI is zero by definition, which says nothing about collapse."""
+    keys = list(columns) if columns is not None else [tuple(map(int, x)) for x in prompts]
+    kept = [k for k, z in enumerate(reasonings) if len(z)]
+    rows = [(tuple(map(int, prompts[k])), tuple(map(int, reasonings[k]))) for k in kept]
+    index: dict[Hashable, int] = {}
+    distinct: list[TokenIds] = []
+    for k, (x, _) in zip(kept, rows, strict=True):
+        if keys[k] not in index:
+            index[keys[k]] = len(distinct)
+            distinct.append(x)
     if len(distinct) < 2:
         return None
-    index = {x: k for k, x in enumerate(distinct)}
-    own = [index[x] for x, _ in rows]
+    own = [index[keys[k]] for k in kept]
     candidates = candidate_prompts(own, len(distinct), max_prompts, seed)
     pairs = [(distinct[p], z) for (_, z), row in zip(rows, candidates, strict=True) for p in row]
     unique = list(dict.fromkeys(pairs))  # identical (x, z) pairs (a collapsed template) are scored once

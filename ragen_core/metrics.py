@@ -5,7 +5,8 @@ Collapse indicators (RAGEN, "Metrics and collapse indicators"): in-group reward 
 the reward does, and gradient-norm spikes mark an irreversible collapse. :func:`collapse_warnings` checks the
 latest iteration against the run's history; the run logs each warning, records it as an ``events`` row and goes on.
 RAGEN-2's template collapse (reasoning that no longer depends on the input) is watched the same way through
-``diag/reasoning_mi`` (:func:`template_collapse_warning`; the estimate itself: :mod:`ragen_core.diagnostics`).
+``diag/reasoning_mi_per_token`` or ``diag/reasoning_mi`` (:func:`template_collapse_warning`; the estimate itself:
+:mod:`ragen_core.diagnostics`).
 """
 
 from __future__ import annotations
@@ -191,19 +192,27 @@ def _crossings(
     return warnings
 
 
-MI_KEY = "diag/reasoning_mi"
+MI_KEY = "diag/reasoning_mi"  # the summed estimate (RAGEN-2's mi_seq_estimate)
+# monitor.mi_metric -> the metric the template-collapse warning watches; per_token is RAGEN-2's collapse/mi_estimate
+MI_KEYS = {"per_token": "diag/reasoning_mi_per_token", "sequence": MI_KEY}
 
 
 def template_collapse_warning(
-    history: list[dict[str, float]], current: dict[str, float], warmup: int, drop: float, patience: int
+    history: list[dict[str, float]],
+    current: dict[str, float],
+    warmup: int,
+    drop: float,
+    patience: int,
+    key: str = MI_KEY,
 ) -> CollapseWarning | None:
-    """RAGEN-2's template collapse: the input-reasoning mutual information (``diag/reasoning_mi``) has stayed more
-    than ``drop`` below its running peak for ``patience`` consecutive iterations, this one included. Each of those
-    values is compared with the peak of the values before it; the peak must be positive and come from at least
-    ``warmup`` earlier values (iterations without the metric are skipped)."""
-    if MI_KEY not in current or not np.isfinite(current[MI_KEY]):
+    """RAGEN-2's template collapse: the input-reasoning mutual information ``key`` (the run passes
+    ``MI_KEYS[monitor.mi_metric]``, by default the per-token estimate, RAGEN-2's headline) has stayed more than
+    ``drop`` below its running peak for ``patience`` consecutive iterations, this one included. Each of those values
+    is compared with the peak of the values before it; the peak must be positive and come from at least ``warmup``
+    earlier values (iterations without the metric are skipped)."""
+    if key not in current or not np.isfinite(current[key]):
         return None
-    values = _history(history, MI_KEY) + [current[MI_KEY]]
+    values = _history(history, key) + [current[key]]
     if len(values) < patience:
         return None
     threshold = float("nan")
@@ -214,9 +223,9 @@ def template_collapse_warning(
         threshold = (1.0 - drop) * max(past)
         if values[position] >= threshold:
             return None
-    value = current[MI_KEY]
+    value = current[key]
     return CollapseWarning(
-        MI_KEY,
+        key,
         value,
         threshold,
         f"input-reasoning mutual information {value:.4g} has stayed more than {drop:.0%} below its running peak "
@@ -225,13 +234,18 @@ def template_collapse_warning(
 
 
 def template_collapse_warnings(
-    history: list[dict[str, float]], current: dict[str, float], warmup: int, drop: float, patience: int
+    history: list[dict[str, float]],
+    current: dict[str, float],
+    warmup: int,
+    drop: float,
+    patience: int,
+    key: str = MI_KEY,
 ) -> list[CollapseWarning]:
-    """:func:`template_collapse_warning` once per episode (:func:`episode_starts`): at the iteration the MI has first
-    stayed low for ``patience`` iterations, not again until it recovers."""
+    """:func:`template_collapse_warning` (on ``key``) once per episode (:func:`episode_starts`): at the iteration the
+    MI has first stayed low for ``patience`` iterations, not again until it recovers."""
 
     def check(past: list[dict[str, float]], now: dict[str, float]) -> list[CollapseWarning]:
-        warning = template_collapse_warning(past, now, warmup, drop, patience)
+        warning = template_collapse_warning(past, now, warmup, drop, patience, key)
         return [warning] if warning is not None else []
 
     return episode_starts(check, history, current)

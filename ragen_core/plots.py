@@ -63,7 +63,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("actor/entropy", "Token entropy", "entropy"),
     Panel("actor/grad_norm", "Gradient norm", "grad norm"),
     Panel("rollout/response_length", "Response length", "tokens"),
-    Panel("diag/reasoning_mi", "Input-reasoning MI (template collapse)", "nats"),
+    Panel("diag/reasoning_mi_per_token", "Input-reasoning MI per token (template collapse)", "nats/token"),
     Panel("val/*/teacher_*", "Teacher agreement (validation) against chance", "share of moves"),
 )
 

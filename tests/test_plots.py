@@ -13,7 +13,7 @@ from ragen_core.storage import DataLake
 
 ITERATIONS = 4
 RUN_A_METRICS = ("rollout/reward_mean", "rollout/reward_std", "rollout/in_group_reward_std", "actor/entropy",
-                 "actor/grad_norm", "actor/pg_loss", "val/bandit/pass@k", "diag/reasoning_mi",
+                 "actor/grad_norm", "actor/pg_loss", "val/bandit/pass@k", "diag/reasoning_mi_per_token",
                  "val/bandit/teacher_agreement", "val/bandit/teacher_chance")  # fmt: skip
 RUN_B_METRICS = ("rollout/reward_mean", "rollout/reward_std", "rollout/in_group_reward_std", "actor/entropy")
 PANEL_SQL = {  # which metric names each panel shows, said in SQL (independent of ragen_core.plots' matching)

@@ -186,15 +186,22 @@ def test_template_collapse_rule():
     assert template_collapse_warning(history(1.0, 2.0, 0.9), {"actor/entropy": 1.0}, **rule) is None
 
 
-def test_commit_records_the_template_collapse_event(tmp_path, caplog):
-    config = build_config(overrides=["monitor.warmup=1", "monitor.mi_drop=0.4", "monitor.mi_patience=2"])
+@pytest.mark.parametrize(
+    "mi_metric, watched, other",
+    [("per_token", "diag/reasoning_mi_per_token", "diag/reasoning_mi"),  # the default: RAGEN-2's headline
+     ("sequence", "diag/reasoning_mi", "diag/reasoning_mi_per_token")],
+)  # fmt: skip
+def test_commit_records_the_template_collapse_event(tmp_path, caplog, mi_metric, watched, other):
+    overrides = ["monitor.warmup=1", "monitor.mi_drop=0.4", "monitor.mi_patience=2"]
+    chosen = [] if mi_metric == "per_token" else [f"monitor.mi_metric={mi_metric}"]  # per_token: the default
+    config = build_config(overrides=overrides + chosen)
     record = RunRecord(DataLake(tmp_path), "mi", {"run_id": "mi", "status": "running"})
     session = RunSession(config, DataLake(tmp_path), "mi", policy=None, updater=None, record=record)
     for iteration, mi in enumerate([1.0, 1.1, 0.6, 0.5, 0.9]):  # thresholds 0.6 x 1.1 = 0.66 from iteration 2
-        commit_iteration(session, iteration, {"diag/reasoning_mi": mi, "actor/entropy": 1.0})
+        commit_iteration(session, iteration, {watched: mi, other: 5.0 - iteration, "actor/entropy": 1.0})
     events = query(tmp_path, "SELECT iteration, kind, metric, value, threshold FROM events ORDER BY 1").to_pylist()
     assert [(e["iteration"], e["kind"], e["metric"], e["value"]) for e in events] == [
-        (3, "early_warning", "diag/reasoning_mi", 0.5)  # 0.6 and 0.5 both below 0.66: two iterations in a row
+        (3, "early_warning", watched, 0.5)  # 0.6 and 0.5 both below 0.66: two iterations in a row; the other never
     ]
     assert events[0]["threshold"] == pytest.approx(0.66) and "template collapse" in caplog.text
 
@@ -226,7 +233,8 @@ def test_a_tiny_training_run_stores_the_mi_metric(prefect_harness, tmp_path, tin
         "env": {"name": "sokoban", "val_envs": ["sokoban"]},
         "rollout": {"env_groups": 3, "group_size": 2, "max_new_tokens": 6, "enable_think": False},
         "actor": {"mini_batch_size": 6, "micro_batch_size": 6},
-        "trainer": {"iterations": 1, "mi_diagnostic": True, "mi_prompts": 8},
+        # thinking off: RAGEN-2's span has no reasoning to score, the earlier one takes the whole first reply
+        "trainer": {"iterations": 1, "mi_diagnostic": True, "mi_prompts": 8, "mi_reasoning": "block"},
         "eval": {"every": 1, "instances": 2},
     }
     train(config, data_root=str(tmp_path), run_id="mi-run")

@@ -9,6 +9,7 @@ input-reasoning mutual information of the batch with the policy that sampled it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,23 @@ import torch
 
 from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
-from ragen_core.diagnostics import first_turn_reasoning, model_scorer, reasoning_mi
+from ragen_core.diagnostics import (
+    Scorer,
+    TokenIds,
+    every_turn_reasoning,
+    first_turn_reasoning,
+    model_scorer,
+    reasoning_mi,
+    sampled_turns,
+)
 from ragen_core.faults import maybe_fail
-from ragen_core.metrics import collapse_warnings, template_collapse_warnings, throughput_metrics, validation_metrics
+from ragen_core.metrics import (
+    MI_KEYS,
+    collapse_warnings,
+    template_collapse_warnings,
+    throughput_metrics,
+    validation_metrics,
+)
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
 from ragen_core.run.batches import BatchPipeline, BatchRules, TrajectoryEntropy
 from ragen_core.run.session import RunSession
@@ -96,21 +111,46 @@ def filter_entropy(session: RunSession) -> TrajectoryEntropy | None:
 def diagnose_reasoning(session: RunSession, iteration: int) -> dict[str, float]:
     """Stage 4b (``trainer.mi_diagnostic``): the input-reasoning mutual information of the iteration's published
     training trajectories under the policy that sampled them (before the update), as ``diag/reasoning_*`` metrics
-    (:mod:`ragen_core.diagnostics`). The reasoning is the first reply's ``<think>`` block, or the whole first reply
-    with thinking off; pairs are drawn from (seed, iteration). Fewer than two distinct prompts: only the counts."""
-    config = session.config
+    (:mod:`ragen_core.diagnostics`), and with ``trainer.mi_multi_turn`` RAGEN-2's multi-turn sample as
+    ``diag/reasoning_mt_*``. The reasoning follows ``trainer.mi_reasoning``; candidates and draws come from (seed,
+    iteration). Fewer than two distinct prompts: only the prompt count."""
+    config, trainer = session.config, session.config.trainer
     columns = ["split", "input_ids", "loss_mask"]
     rows = session.lake.read_table("trajectories", session.run_id, iteration, columns=columns)
     rows = rows.filter(pc.equal(rows["split"], "train"))
+    ids, masks = rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist()
     decode = session.tokenizer.decode if config.rollout.enable_think else None
-    prompts, reasonings = first_turn_reasoning(rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist(), decode)
+    encode = partial(session.tokenizer.encode, add_special_tokens=False)  # RAGEN-2 re-tokenises the think content
+    span = (trainer.mi_reasoning, config.rollout.think_prefix, encode)
     scorer = model_scorer(session.policy.model, session.tokenizer.pad_token_id, config.actor.micro_batch_size)
-    seed = derive_seed(config.seed, iteration, "reasoning_mi")
-    estimate = reasoning_mi(prompts, reasonings, scorer, config.trainer.mi_prompts, seed)
-    if estimate is None:
-        LOGGER.info("run %s iteration %d: fewer than two distinct prompts, no MI estimate", session.run_id, iteration)
-        return {"diag/reasoning_prompts": float(len({p for p, z in zip(prompts, reasonings, strict=True) if z}))}
-    return estimate.metrics()
+    prompts, reasonings = first_turn_reasoning(ids, masks, decode, *span)
+    metrics = _mi_metrics(prompts, reasonings, scorer, trainer.mi_prompts, derive_seed(config.seed, iteration,
+                          "reasoning_mi"), "reasoning", None)  # fmt: skip
+    if trainer.mi_multi_turn:
+        turns = every_turn_reasoning(ids, masks, decode, *span)
+        pairs = sampled_turns(turns, trainer.mi_samples, derive_seed(config.seed, iteration, "reasoning_mt_draws"))
+        seed = derive_seed(config.seed, iteration, "reasoning_mt")
+        metrics.update(_mi_metrics([x for x, _ in pairs], [z for _, z in pairs], scorer, trainer.mi_prompts, seed,
+                                   "reasoning_mt", range(len(pairs))))  # fmt: skip
+    return metrics
+
+
+def _mi_metrics(
+    prompts: Sequence[TokenIds],
+    reasonings: Sequence[TokenIds],
+    scorer: Scorer,
+    max_prompts: int,
+    seed: int,
+    stem: str,
+    columns: Sequence[int] | None,
+) -> dict[str, float]:
+    """The ``diag/<stem>_*`` metrics of one estimate, or only the prompt count when there is none."""
+    estimate = reasoning_mi(prompts, reasonings, scorer, max_prompts, seed, columns)
+    if estimate is not None:
+        return estimate.metrics(stem=stem)
+    keys = columns if columns is not None else prompts
+    LOGGER.info("%s: fewer than two distinct prompts with a reasoning, no MI estimate", stem)
+    return {f"diag/{stem}_prompts": float(len({k for k, z in zip(keys, reasonings, strict=True) if z}))}
 
 
 def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
@@ -152,7 +192,9 @@ def record_warnings(session: RunSession, iteration: int, metrics: dict[str, floa
         history, metrics, monitor.warmup, monitor.reward_std_drop, monitor.entropy_drop, monitor.grad_norm_spike,
         monitor.converged_success,
     )  # fmt: skip
-    warnings += template_collapse_warnings(history, metrics, monitor.warmup, monitor.mi_drop, monitor.mi_patience)
+    warnings += template_collapse_warnings(
+        history, metrics, monitor.warmup, monitor.mi_drop, monitor.mi_patience, MI_KEYS[monitor.mi_metric]
+    )
     rows = []
     for warning in warnings:
         LOGGER.warning("run %s iteration %d: %s", session.run_id, iteration, warning.message)
