@@ -45,6 +45,10 @@ PROBE_LENGTH = 64  # tokens in the sequence scored after every weight push
 INSTALL_HINT = "build it with `make install-vllm` (or point rollout.vllm.python / RAGEN_VLLM_PYTHON at its python)"
 
 
+# Requests to the server never go through a proxy (http_proxy and friends would send loopback traffic elsewhere).
+_LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class BackendUnavailable(RuntimeError):
     """The vLLM environment is missing or cannot start a server; the message says what to do."""
 
@@ -150,7 +154,7 @@ class VLLMServer:
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"}
         request = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as answer:
+            with _LOOPBACK.open(request, timeout=timeout) as answer:
                 return json.loads(answer.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")

@@ -231,3 +231,16 @@ def test_the_server_dies_with_a_killed_trainer(python, tiny_model_dir, tmp_path)
             os.kill(pid, signal.SIGKILL)
         if owner.poll() is None:
             os.killpg(owner.pid, signal.SIGKILL)
+
+
+def test_requests_to_the_server_ignore_proxy_settings(server, monkeypatch):
+    """A user's http_proxy must not take the trainer's loopback requests elsewhere (a dead proxy would fail them)."""
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # the discard port: nothing listens there
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's shared opener would now take the proxy
+    assert urllib.request.getproxies()["http"] == "http://127.0.0.1:9"
+    assert server.score([[1, 2, 3]])[0]  # answered directly
