@@ -95,8 +95,13 @@ def save_policy(model: Any, tokenizer: Any, folder: str | Path, state_dict: dict
     folder = Path(folder)
     model.save_pretrained(str(folder), **({"state_dict": state_dict} if state_dict is not None else {}))
     tokenizer.save_pretrained(str(folder))
+    follow_umask(folder)
+
+
+def follow_umask(folder: str | Path) -> None:
+    """Give the plain files of ``folder`` the mode a new file gets under the user's umask (``0o666 & ~umask``)."""
     mask = os.umask(0)
     os.umask(mask)
-    for path in folder.iterdir():
+    for path in Path(folder).iterdir():
         if path.is_file() and not path.is_symlink():
             path.chmod(0o666 & ~mask)

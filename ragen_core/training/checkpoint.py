@@ -45,6 +45,7 @@ from typing import Any
 
 from ragen_core.agent.templates import export_chat_template
 from ragen_core.faults import maybe_fail
+from ragen_core.policy.loading import follow_umask
 from ragen_core.storage.files import TRASH_PREFIX, fsync_dir
 from ragen_core.storage.lake import CHECKPOINT_INFO, DataLake
 from ragen_core.training.actor import ActorEngine
@@ -109,6 +110,7 @@ def save_checkpoint(
     if _rank() == 0:
         actor.module.save_pretrained(str(temp / HF_EXPORT), state_dict=state_dict)
         save_tokenizer(tokenizer, temp / HF_EXPORT, reply_prefix)
+        follow_umask(temp / HF_EXPORT)  # transformers writes the weights 0600
         info["files"] = tree_digests(temp, skip=(INFO_FILE,))  # what a load checks before reading anything
         text = json.dumps(info, indent=2, sort_keys=True, default=_json_value)
         (temp / INFO_FILE).write_text(text)  # last: its presence marks the folder complete
@@ -140,6 +142,7 @@ def export_policy(actor: ActorEngine, tokenizer: Any, folder: str | Path, reply_
         temp.parent.mkdir(parents=True, exist_ok=True)
         actor.module.save_pretrained(str(temp), state_dict=state_dict)
         save_tokenizer(tokenizer, temp, reply_prefix)
+        follow_umask(temp)  # transformers writes the weights 0600
         _fsync_tree(temp)
         _replace_dir(temp, folder)
     _barrier()

@@ -110,6 +110,9 @@ def test_hugging_face_export_loads_with_plain_transformers(tmp_path, tiny_policy
     assert not [p for p in written if p.name == "latest"]
     assert (path / "actor" / ENGINE_TAG / "mp_rank_00_model_states.pt").is_file()
     assert (path / "hf" / "model.safetensors").is_file()
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.stat().st_mode & 0o777 for p in (path / "hf").iterdir()} == {0o666 & ~mask}  # shared roots: readable
 
     model = AutoModelForCausalLM.from_pretrained(path / "hf", local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(path / "hf", local_files_only=True)
