@@ -141,13 +141,13 @@ def _register_rows(con: duckdb.DuckDBPyConnection, name: str, rows: pa.Table) ->
 
 def _manifest_paths(lake: DataLake, run_id: str | None) -> list[Path]:
     """The manifests under ``runs/`` (only ``run_id``'s when given), found by listing, never by a pattern; a link
-    in place of a manifest is listed too (it is then refused, naming it)."""
+    or anything else in place of a manifest is listed too (it is then refused, naming it)."""
     folder = lake.root / "runs"
     if run_id is not None:
         candidates = [folder / run_id / "manifest.json"]
     else:
         candidates = [d / "manifest.json" for d in sorted(folder.iterdir())] if folder.is_dir() else []
-    return [path for path in candidates if path.is_file() or path.is_symlink()]
+    return [path for path in candidates if os.path.lexists(path)]  # a folder or FIFO in its place is broken too
 
 
 def _broken_row(lake: DataLake, path: Path, message: str) -> dict:

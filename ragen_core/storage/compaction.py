@@ -32,6 +32,8 @@ exclusive lock (``_locks/<run_id>.lock``, released by the OS if the process dies
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -47,7 +49,13 @@ from ragen_core.storage.files import (
     read_table_file,
 )
 from ragen_core.storage.lake import DataLake
-from ragen_core.storage.layout import check_real_folder, check_rows, iteration_folders, part_files
+from ragen_core.storage.layout import (
+    check_real_folder,
+    check_regular_file,
+    check_rows,
+    iteration_folders,
+    part_files,
+)
 from ragen_core.storage.names import validate_run_id
 from ragen_core.storage.parts import (
     COMPACTION_MARKER,
@@ -90,8 +98,10 @@ def run_lock(lake: DataLake, run_id: str) -> Iterator[None]:
     import fcntl  # POSIX only: imported here so that the rest of the lake imports everywhere
 
     path = lake.root / "_locks" / f"{validate_run_id(run_id)}.lock"
+    check_real_folder(path.parent, "locks folder")
+    check_regular_file(path, "lock file")  # never opened (or created) through a link
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
+    with open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644), "a+") as handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
@@ -102,18 +112,47 @@ def run_lock(lake: DataLake, run_id: str) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def recover_partition(folder: Path) -> None:
+def recover_partition(lake: DataLake, spec: TableSpec, folder: Path) -> None:
     """Finish a compaction of ``folder`` that passed its commit point, or clear the leftovers of one that did not.
     The marker is checked first (:mod:`ragen_core.storage.layout`): only plain part names of this folder, and only
-    when the merged file holds at least the rows of those still present, are deleted."""
+    when the merged file holds exactly the rows of those still present (:func:`_check_merged_holds`), are deleted."""
     check_real_folder(folder, "partition folder")
     for leftover in folder.glob(f".{MERGED_PREFIX}*.tmp-*"):
         leftover.unlink(missing_ok=True)
     marker = read_marker(folder)
     if marker is not None and (folder / marker["merged"]).is_file():
         present = {p.name for p in part_files(folder)}
-        hidden = superseded(folder, present | {marker["merged"]})
-        delete_replaced(folder, sorted(hidden))
+        hidden = sorted(superseded(folder, present | {marker["merged"]}))
+        if hidden:
+            _check_merged_holds(lake, spec, folder, marker, hidden)
+        delete_replaced(folder, hidden)
+
+
+def _check_merged_holds(lake: DataLake, spec: TableSpec, folder: Path, marker: dict, present: list[str]) -> None:
+    """Before a replaced file is deleted for good, its rows must be in the merged file, not just as many of them (a
+    forged merged file of the right size would otherwise take them with it). A compaction writes the replaced files'
+    rows in the marker's order and deletes them in that order, so those still present are the marker's last names
+    and their rows, in the current schema, the merged file's last rows; anything else raises, naming the marker."""
+    replaces = marker["replaces"]
+    marker_path = folder / COMPACTION_MARKER
+    merged = _read_part(lake, spec, folder / marker["merged"])
+    tail = pa.concat_tables([_read_part(lake, spec, folder / name) for name in present])
+    tail = tail.cast(spec.arrow_schema)
+    if replaces[len(replaces) - len(present):] != present or not _same_rows(
+        merged.slice(merged.num_rows - tail.num_rows), tail
+    ):
+        raise LakeError(
+            f"compaction marker {str(marker_path)!r} names {marker['merged']!r} as the merged file of {present}, but "
+            "it does not hold their rows; nothing was deleted: it was changed by hand or planted; move it out of "
+            "the data root, then try again"
+        )
+
+
+def _same_rows(left: pa.Table, right: pa.Table) -> bool:
+    """Whether two tables hold the same rows in the same order (NaN equal to NaN, chunking and metadata ignored)."""
+    if left.num_rows != right.num_rows or left.column_names != right.column_names:
+        return False
+    return json.dumps(left.to_pylist(), default=repr) == json.dumps(right.to_pylist(), default=repr)
 
 
 def delete_replaced(folder: Path, names: list[str]) -> None:
@@ -126,7 +165,7 @@ def delete_replaced(folder: Path, names: list[str]) -> None:
 def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> PartitionCompaction | None:
     """Merge the visible part files of one partition folder into one (steps 1-4 above); None when there is at most
     one file."""
-    recover_partition(folder)
+    recover_partition(lake, spec, folder)
     files = visible_parts(part_files(folder))
     if len(files) < 2:
         return None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -99,23 +101,49 @@ def discard(path: Path) -> None:
     """Delete ``path`` (file or folder) so that readers stop seeing it at once: rename it to a hidden name in the
     same folder, then delete that (a crash in between leaves only a hidden leftover, which no reader lists)."""
     trash = path.with_name(TRASH_PREFIX + path.name)
-    if trash.is_dir():
+    if trash.is_dir() and not trash.is_symlink():
         shutil.rmtree(trash, ignore_errors=True)
     else:
         trash.unlink(missing_ok=True)
     os.replace(path, trash)
-    if trash.is_dir():
+    if trash.is_dir() and not trash.is_symlink():  # a link is removed itself, never what it points to
         shutil.rmtree(trash)
     else:
         trash.unlink()
 
 
-def read_json(path: Path) -> Any:
-    """Read one JSON file; a damaged file raises :class:`LakeError` naming it."""
+# the lake's JSON files (manifests, markers, a stage's result) are kilobytes; a planted one is refused by its size
+# before it is read, and by its nesting while it is parsed, instead of filling the memory or the stack
+MAX_JSON_BYTES = 64 * 2**20
+
+
+def read_json(path: Path, missing_ok: bool = False) -> Any:
+    """Read one JSON file of the lake: a regular file (no link followed, no FIFO waited on) of at most
+    :data:`MAX_JSON_BYTES`. A damaged, oversized or too deeply nested file raises :class:`LakeError` naming it;
+    ``missing_ok``: None for a file that is not there."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise LakeError(f"cannot read JSON file {str(path)!r} (damaged or truncated?): {exc}") from exc
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise LakeError(f"cannot read JSON file {str(path)!r}: it is not there") from None
+    except OSError as exc:
+        reason = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise LakeError(f"cannot read JSON file {str(path)!r}: {reason}; the lake reads only its own files") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        found = os.fstat(handle.fileno())
+        problem = None if stat.S_ISREG(found.st_mode) else "it is not a regular file"
+        if found.st_size > MAX_JSON_BYTES:
+            problem = f"it holds {found.st_size:,} bytes, more than the {MAX_JSON_BYTES:,} any file of the lake needs"
+        if problem:
+            raise LakeError(f"cannot read JSON file {str(path)!r}: {problem}; move it out of the data root")
+        try:
+            return json.loads(handle.read(MAX_JSON_BYTES + 1))
+        except RecursionError:
+            raise LakeError(f"cannot read JSON file {str(path)!r}: it is nested too deeply to be a file of the "
+                            "lake; move it out of the data root") from None  # fmt: skip
+        except (OSError, ValueError) as exc:
+            raise LakeError(f"cannot read JSON file {str(path)!r} (damaged or truncated?): {exc}") from exc
 
 
 def read_parquet(path: Path) -> pa.Table:

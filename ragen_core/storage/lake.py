@@ -53,6 +53,7 @@ from ragen_core.storage.layout import (
     ITERATION_FOLDER,
     check_manifest,
     check_real_folder,
+    check_real_folders,
     check_regular_file,
     check_rows,
     iteration_folders,
@@ -120,17 +121,25 @@ class DataLake:
     def partition_dir(self, table: str, run_id: str, iteration: int) -> Path:
         return self.root / table / f"run_id={validate_run_id(run_id)}" / f"iteration={int(iteration)}"
 
+    # the folders a run's writers fill and clear are checked to be real folders (no link out of the data root) each
+    # time their path is built: a planted link would take the writes, or a redo's deletions, elsewhere
     def stage_dir(self, run_id: str, iteration: int, stage: str) -> Path:
-        return self.root / "_staging" / validate_run_id(run_id) / str(int(iteration)) / check_name("stage", stage)
+        path = self._staging(run_id) / str(int(iteration)) / check_name("stage", stage)
+        return check_real_folders(self.root, path, "staging folder")
+
+    def _staging(self, run_id: str) -> Path:
+        return check_real_folders(self.root, self.root / "_staging" / validate_run_id(run_id), "staging folder")
 
     def quarantine_dir(self, run_id: str, iteration: int, stage: str) -> Path:
-        return self.root / "quarantine" / f"run_id={validate_run_id(run_id)}" / f"iteration={int(iteration)}" / stage
+        path = self.root / "quarantine" / f"run_id={validate_run_id(run_id)}" / f"iteration={int(iteration)}"
+        return check_real_folders(self.root, path / check_name("stage", stage), "quarantine folder")
 
     def commit_marker(self, run_id: str, iteration: int) -> Path:
-        return self.root / "_commits" / validate_run_id(run_id) / f"iteration={int(iteration)}.json"
+        folder = check_real_folders(self.root, self.root / "_commits" / validate_run_id(run_id), "commits folder")
+        return folder / f"iteration={int(iteration)}.json"
 
     def run_dir(self, run_id: str) -> Path:
-        return self.root / "runs" / validate_run_id(run_id)
+        return check_real_folders(self.root, self.root / "runs" / validate_run_id(run_id), "run folder")
 
     def models_dir(self) -> Path:
         return self.root / "models"
@@ -158,7 +167,7 @@ class DataLake:
     # -- checkpoint folders (their contents are ragen_core.training.checkpoint's) ----------------------------------
     def checkpoints_dir(self, run_id: str) -> Path:
         """The folder holding every checkpoint of the run (inside the run's folder: removing the run removes them)."""
-        return self.run_dir(run_id) / "checkpoints"
+        return check_real_folders(self.root, self.run_dir(run_id) / "checkpoints", "checkpoint folder")
 
     def checkpoint_dir(self, run_id: str, updates: int) -> Path:
         """The folder of the checkpoint taken after ``updates`` updates."""
@@ -172,6 +181,8 @@ class DataLake:
         found = []
         for path in folder.iterdir() if folder.is_dir() else []:
             match = _CHECKPOINT_NAME.match(path.name)
+            if match:
+                check_real_folder(path, "checkpoint folder")  # never loaded from, nor pruned through, a link
             if match and path.is_dir() and (path / CHECKPOINT_INFO).is_file():
                 found.append((int(match.group(1)), path))
         return sorted(found)
@@ -249,7 +260,7 @@ class DataLake:
 
     def finished_stages(self, run_id: str, iteration: int) -> list[str]:
         """The stages of an uncommitted ``iteration`` that finished (published, marked done), sorted."""
-        folder = self.root / "_staging" / validate_run_id(run_id) / str(int(iteration))
+        folder = check_real_folders(self.root, self._staging(run_id) / str(int(iteration)), "staging folder")
         stages = folder.iterdir() if folder.is_dir() else []
         return sorted(s.name for s in stages if not s.name.startswith(".") and (s / _DONE).is_file())
 
@@ -262,12 +273,15 @@ class DataLake:
         if any(i >= from_iteration for i in self.committed_iterations(run_id)):
             raise LakeError(f"refusing to discard committed iterations >= {from_iteration} of run {run_id!r}")
         reused = self.finished_stages(run_id, from_iteration)
-        staging = self.root / "_staging" / validate_run_id(run_id)
+        staging = self._staging(run_id)
         for folder in sorted(staging.iterdir()) if staging.is_dir() else []:
             if not (folder.name.isdigit() and int(folder.name) >= from_iteration):
                 continue
+            check_real_folder(folder, "staging folder")  # a link's target is never cleared
             for stage in sorted(p for p in folder.iterdir() if not p.name.startswith(TRASH_PREFIX)):
                 keep = int(folder.name) == from_iteration and stage.name in reused
+                if keep:
+                    check_real_folder(stage, "staging folder")
                 for item in sorted(stage.iterdir()) if keep else [stage]:
                     if item.name != _DONE:
                         discard(item)
@@ -428,7 +442,8 @@ class DataLake:
     def commit_iteration(self, run_id: str, iteration: int, payload: dict[str, Any]) -> None:
         """Mark the iteration committed, then drop its staging folder."""
         atomic_write_json(self.commit_marker(run_id, iteration), payload)
-        shutil.rmtree(self.root / "_staging" / validate_run_id(run_id) / str(iteration), ignore_errors=True)
+        folder = check_real_folders(self.root, self._staging(run_id) / str(int(iteration)), "staging folder")
+        shutil.rmtree(folder, ignore_errors=True)
 
     def commit_payload(self, run_id: str, iteration: int) -> dict[str, Any]:
         """The payload of a committed iteration's marker (e.g. ``skipped``); a :class:`LakeError` if uncommitted."""
@@ -456,9 +471,8 @@ class DataLake:
         """The run's manifest, or None when it has none; one that is not a JSON object naming this run (or is a
         link) raises a :class:`LakeError` naming the file (:func:`ragen_core.storage.layout.check_manifest`)."""
         path = self.run_dir(run_id) / "manifest.json"
-        if not (path.is_file() or path.is_symlink()):
+        if not check_regular_file(path, "manifest"):  # a link, folder or FIFO in its place raises
             return None
-        check_regular_file(path, "manifest")
         return check_manifest(path, read_json(path))
 
 

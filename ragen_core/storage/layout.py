@@ -26,6 +26,13 @@ its account. The rules:
   compaction deleting what its merged file replaced, a redo discarding a stage): never damage. A replaced file then
   counts as absent (it hides nothing); any other raises :class:`~ragen_core.storage.files.VanishedFileError`, and
   the reader lists that partition again and checks it whole, so it sees the partition whole or not at all.
+- **A run's working folders** (``runs/<id>/``, its ``checkpoints/``, ``_staging/<id>/`` and its iteration and stage
+  folders, ``_commits/<id>/``, ``quarantine/``) and **lock files** (``runs/<id>/writer.lock``, ``_locks/<id>.lock``)
+  are no links either (:func:`check_real_folders`): writers fill and clear them, and a lock's holder record truncates
+  its file, so a link would take writes or deletions out of the data root.
+- **JSON files** of the lake are regular files of at most 64 MB, parsed with a bounded nesting
+  (:func:`ragen_core.storage.files.read_json`). Before compaction deletes the files a marker replaces, the merged
+  file must hold their very rows, not just as many (:mod:`ragen_core.storage.compaction`).
 - **Manifests** (``runs/<id>/manifest.json``): a regular file in a folder named by a valid run id, a JSON object
   whose ``run_id`` is that folder's name, and whose fields the tools read have their types (:data:`MANIFEST_TYPES`).
 - **Checkpoint rows**: a row of run R names ``runs/R/checkpoints/iteration=<n>`` or its ``hf/`` export. Under this
@@ -78,6 +85,15 @@ def check_real_folder(path: Path, what: str) -> None:
         )
     if not stat.S_ISDIR(mode):
         raise LakeError(f"{what} {_show(path)} is not a folder; {_HOW_TO_FIX}")
+
+
+def check_real_folders(root: Path, path: Path, what: str) -> Path:
+    """``path`` (under the data root ``root``) with every folder from ``root`` down to it checked by
+    :func:`check_real_folder` (absent ones are fine: they are created as real folders). A lake folder that a writer
+    fills or clears (a run's staging, commits, quarantine, checkpoints) must not lead out of the data root."""
+    for depth in range(1, len(path.relative_to(root).parts) + 1):
+        check_real_folder(Path(root, *path.relative_to(root).parts[:depth]), what)
+    return path
 
 
 def check_regular_file(path: Path, what: str) -> bool:

@@ -30,10 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.storage.files import LakeError
+from ragen_core.storage.layout import check_real_folders, check_regular_file
 from ragen_core.storage.names import validate_run_id
 
 LOCK_NAME = "writer.lock"
 LOCK_ATTEMPTS = 20
+HOLDER_BYTES = 64 * 1024
 
 
 class RunLockedError(LakeError):
@@ -64,12 +66,13 @@ def lock_path(root: Path, run_id: str) -> Path:
 def read_holder(path: Path) -> dict[str, Any] | None:
     """The holder record in a lock file (None when the file is absent, empty or not a record)."""
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as handle:
+            text = handle.read(HOLDER_BYTES)  # a record is a few hundred bytes: a planted giant is not read whole
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
         record = json.loads(text) if text.strip() else None
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not a record (damaged, planted, nested without end)
         return None
     return record if isinstance(record, dict) else None
 
@@ -125,9 +128,11 @@ def _open_locked(path: Path, run_id: str, wait: bool) -> int:
     import fcntl  # POSIX only: imported here so that the rest of the lake imports everywhere
 
     for _ in range(LOCK_ATTEMPTS):
+        _check_no_link(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: a refused taker writes nothing
+            # no O_TRUNC: a refused taker writes nothing; no link followed: the holder record truncates the file
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except FileNotFoundError:  # the folder was removed between the two calls
             continue
         except OSError as exc:
@@ -143,6 +148,14 @@ def _open_locked(path: Path, run_id: str, wait: bool) -> int:
             return descriptor
         os.close(descriptor)
     raise LakeError(f"cannot lock {path} of run {run_id!r}: other processes keep removing it; try again")
+
+
+def _check_no_link(path: Path) -> None:
+    """The lock file and the folders holding it (``runs/``, ``runs/<id>/``) are no symbolic links, and the lock
+    is a regular file when present: taking the lock truncates and writes it, which through a link would clobber a
+    file outside the data root."""
+    check_real_folders(path.parents[2], path.parent, "run folder")
+    check_regular_file(path, "lock file")
 
 
 def check_not_held(root: Path, run_id: str) -> None:

@@ -20,12 +20,11 @@ and nothing is deleted.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ragen_core.storage.files import LakeError
+from ragen_core.storage.files import LakeError, read_json
 from ragen_core.storage.layout import check_marker, check_regular_file, check_replaced_rows
 
 COMPACTION_MARKER = "_COMPACTION.json"
@@ -44,12 +43,10 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
     if not check_regular_file(path, "compaction marker"):
         return None
     try:
-        payload = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
+        payload = read_json(path, missing_ok=True)
+    except LakeError as exc:
         raise LakeError(f"cannot read compaction marker {str(path)!r} (damaged?): {exc}") from exc
-    return check_marker(path, payload, merged_name)
+    return None if payload is None else check_marker(path, payload, merged_name)
 
 
 def superseded(folder: Path, listed: Iterable[str]) -> set[str]:
