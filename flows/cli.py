@@ -369,7 +369,16 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
             from ragen_core.run.record import interrupted
 
             if not (interrupted(exc) or requested()):  # an error that a Ctrl-C did not cause: not ours to handle
-                raise
+                from ragen_core.storage.space import space_failure
+
+                message = space_failure(root, run_id, exc)  # a full disk or a file-size limit: one line
+                if message is None:
+                    raise
+                progress.stop()
+                import logging
+
+                logging.raiseExceptions = False  # Prefect's log sender, failing on the full disk too, stays quiet
+                fail(message)
             progress.stop()
             report_interrupted(root, run_id)
             raise KeyboardInterrupt from None  # also for a library's error raised while it handled the Ctrl-C

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragen_core.config import RunConfig
 from ragen_core.storage import DataLake
+from ragen_core.storage.space import SPACE_PREFIX, space_failure, space_message, written_what
 
 if TYPE_CHECKING:
     from ragen_core.run.session import RunSession
@@ -57,8 +58,18 @@ class RunRecord:
         self.lake.write_manifest(self.run_id, self.manifest)
 
     def stopped(self, exc: BaseException) -> None:
-        """Record that ``exc`` stopped the run (see :func:`stop_record`)."""
-        self.update(**stop_record(exc, self.position, self.lake.committed_iterations(self.run_id)))
+        """Record that ``exc`` stopped the run (see :func:`stop_record`); a write that found no space is recorded
+        as that, in the line the command prints. With the disk full the manifest may not be writable either: the
+        error then goes on unrecorded (the manifest keeps its last state) rather than be replaced by that one."""
+        record = stop_record(exc, self.position, self.lake.committed_iterations(self.run_id))
+        if record["status"] == "failed" and space_failure(self.lake.root, self.run_id, exc) is not None:
+            record["error"] = space_message(self.run_id, written_what(exc, self.position))
+        try:
+            self.update(**record)
+        except OSError:
+            if record.get("error", "").startswith(SPACE_PREFIX):
+                return
+            raise
 
 
 @contextmanager
