@@ -26,7 +26,7 @@ def test_commit_writes_metrics_evaluations_marker_and_manifest(tmp_path, tiny_po
 
     result = commit_iteration(session, 2, {"val/bandit/success": 0.5, "time/evaluate": 1.25})
 
-    assert result == {"iteration": 2, "metrics": 2, "evaluations": 1, "events": 0}
+    assert result == {"iteration": 2, "metrics": 2, "evaluations": 1, "events": 0, "updated": False}  # no update ran
     metrics = query(tmp_path, "SELECT name, value FROM metrics ORDER BY name").to_pylist()
     assert metrics == [{"name": "time/evaluate", "value": 1.25}, {"name": "val/bandit/success", "value": 0.5}]
     (evaluation,) = query(tmp_path, "SELECT * FROM evaluations").to_pylist()
