@@ -35,10 +35,10 @@ app.add_typer(server_app, name="server")
 app.add_typer(runs_app, name="runs")
 app.command()(reproduce)
 
-SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQL
-    "SELECT iteration, split, count(*) AS trajectories, round(avg(total_reward), 4) AS reward, "
+SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQL; one row per env and split
+    "SELECT iteration, split, env, count(*) AS trajectories, round(avg(total_reward), 4) AS reward, "
     "round(avg(success::int), 4) AS success FROM trajectories WHERE run_id = $run_id "
-    "GROUP BY 1, 2 ORDER BY 1, 2"
+    "GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
 )
 
 

@@ -184,7 +184,7 @@ def test_ragen_train_end_to_end_on_prefects_local_server(tmp_path, tiny_model_di
         "actor.micro_batch_size=4",
         "trainer.iterations=1",
         "eval.instances=2",
-        "env.val_envs=[bandit]",
+        "env.val_envs=[bandit,bandit_test]",
         "bootstrap.enabled=false",
         "trainer.num_threads=1",
     ]
@@ -209,7 +209,10 @@ def test_ragen_train_end_to_end_on_prefects_local_server(tmp_path, tiny_model_di
     assert "validation success" in result.stdout and "SQL summary" in result.stdout
     assert (tmp_path / "_prefect" / "cli").is_dir()
     rows = query(tmp_path, "SELECT split, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1").to_pylist()
-    assert rows == [{"split": "train", "n": 4}, {"split": "val", "n": 4}]
+    assert rows == [{"split": "train", "n": 4}, {"split": "val", "n": 8}]
+    summary = result.stdout.split("SQL summary", 1)[1]
+    rows = [line for line in summary.splitlines() if " val " in line]  # one row per validation env and iteration
+    assert sorted(line.split("│")[3].strip() for line in rows) == ["bandit", "bandit", "bandit_test", "bandit_test"]
 
 
 class _Overpaying(BanditEnv):

@@ -254,9 +254,15 @@ def test_queries_take_run_ids_as_parameters_even_when_validation_is_bypassed(lak
     assert "WHERE run_id = 'ab'" in capsys.readouterr().out  # shown to copy; run with the id as a parameter
     train = [t for t in make_run(1, "ab", "bandit", 1, groups=1, group_size=2).trajectories if t.split == "train"]
     rows = query(lake, SUMMARY_SQL, params={"run_id": "ab"}).to_pylist()
-    assert [(r["iteration"], r["split"], r["trajectories"]) for r in rows if r["split"] == "train"] == [
-        (0, "train", len(train))
+    assert [(r["iteration"], r["split"], r["env"], r["trajectories"]) for r in rows if r["split"] == "train"] == [
+        (0, "train", "bandit", len(train))
     ]  # fmt: skip
+    validation = [t for t in make_run(1, "ab", "bandit", 1, groups=1, group_size=2).trajectories if t.split == "val"]
+    by_env = {(r["iteration"], r["env"]): r["trajectories"] for r in rows if r["split"] == "val"}
+    expected = {}
+    for t in validation:  # the demo's summary gives each validation env its own row, never one average over envs
+        expected[(t.iteration, t.env)] = expected.get((t.iteration, t.env), 0) + 1
+    assert by_env == expected
 
 
 def test_errors_show_the_users_text_as_typed(tmp_path):
