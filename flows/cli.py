@@ -404,6 +404,21 @@ def _metrics_line(iteration: int, metrics: dict[str, float]) -> str:
     return " · ".join(parts)
 
 
+def bootstrap_line(bootstrap: dict) -> str:
+    """One readable line about the run's bootstrap (its model run, reused or built, and the SFT loss)."""
+    from rich.markup import escape
+
+    name = escape(str(bootstrap.get("run_id", "?")))
+    if bootstrap.get("cached"):
+        return f"bootstrap: {name} (reused)"
+    parts = [f"bootstrap: {name}"]
+    if "demonstrations" in bootstrap:
+        parts.append(f"{bootstrap['demonstrations']} demonstrations")
+    if "sft_loss_first" in bootstrap and "sft_loss_last" in bootstrap:
+        parts.append(f"SFT loss {bootstrap['sft_loss_first']:.3f} -> {bootstrap['sft_loss_last']:.3f}")
+    return ", ".join(parts)
+
+
 def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None) -> None:
     from rich.markup import escape
 
@@ -425,7 +440,7 @@ def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None) -> None:
                 f"  {name.split('/')[1]:<16} iteration {first}: {before:.3f} -> iteration {last}: {after:.3f}"
             )
     if bootstrap:
-        console.print(f"bootstrap: {bootstrap}")
+        console.print(bootstrap_line(bootstrap), highlight=False)
     shown = SUMMARY_SQL.replace("$run_id", "'" + run_id.replace("'", "''") + "'")  # to copy; runs with a parameter
     console.print("\n[bold]SQL summary[/]: " + escape(shown), highlight=False)
     print_table(query(root, SUMMARY_SQL, params={"run_id": run_id}))

@@ -215,3 +215,12 @@ def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, ti
     assert done.returncode == 0, output[-3000:]
     assert "iter   0" in done.stdout and "validation success" in done.stdout
     assert "Setting accelerator" not in output and "built successfully" not in output, output[:2000]
+
+
+def test_the_bootstrap_is_one_readable_line():
+    from flows.cli import bootstrap_line
+
+    built = {"run_id": "bootstrap-ab12", "cached": False, "demonstrations": 512, "sft_loss_first": 4.4467189,
+             "sft_loss_last": 0.1081778}  # fmt: skip
+    assert bootstrap_line(built) == "bootstrap: bootstrap-ab12, 512 demonstrations, SFT loss 4.447 -> 0.108"
+    assert bootstrap_line({"run_id": "bootstrap-ab12", "cached": True}) == "bootstrap: bootstrap-ab12 (reused)"
