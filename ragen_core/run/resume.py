@@ -23,8 +23,18 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ragen_core.config import RunConfig
-from ragen_core.run.decisions import ResumePlan, Start, check_resumable, decide_start, final_evaluation, plan_resume
+from ragen_core.run.decisions import (
+    ResumeError,
+    ResumePlan,
+    Start,
+    check_resumable,
+    decide_start,
+    final_evaluation,
+    plan_resume,
+)
 from ragen_core.storage import DataLake, Stage, event_row
+from ragen_core.storage.compaction import run_lock
+from ragen_core.storage.parts import COMPACTION_MARKER
 
 if TYPE_CHECKING:  # the session (torch, the engines) is not imported by the CLI's quick answers, which use this module
     from ragen_core.run.session import RunSession
@@ -36,7 +46,27 @@ def decide_run_start(
     """:func:`ragen_core.run.decisions.decide_start` on what the lake reports of ``run_id`` (reads only)."""
     committed = lake.committed_iterations(run_id)
     last_payload = lake.commit_payload(run_id, committed[-1]) if committed else None
-    return decide_start(manifest, config, committed, allowed_changes, last_payload)
+    start = decide_start(manifest, config, committed, allowed_changes, last_payload)
+    if start == Start.EXTEND:
+        refuse_compacted_final(lake, run_id, committed[-1])
+    return start
+
+
+def refuse_compacted_final(lake: DataLake, run_id: str, iteration: int) -> None:
+    """An extension reopens the final validation's iteration and keeps its validation files by their stage names;
+    ``ragen runs compact`` merged them into one file of no stage, which the reopening would discard with its rows.
+    Refused (:class:`ResumeError`) when any table's partition of ``iteration`` was compacted."""
+    compacted = [
+        table for table in sorted(lake.tables)
+        if lake.spec(table).source == "parquet" and (lake.partition_dir(table, run_id, iteration) / COMPACTION_MARKER)
+        .exists()
+    ]  # fmt: skip
+    if compacted:
+        raise ResumeError(
+            f"run {run_id!r} cannot be extended: its final iteration {iteration} was compacted (`ragen runs compact`; "
+            f"tables {', '.join(compacted)}). Start a new run from its last checkpoint instead: model.path="
+            f"{lake.checkpoints_dir(run_id)}/iteration=<updates>/hf"
+        )
 
 
 def prepare_extension(lake: DataLake, manifest: dict[str, Any], config: RunConfig, run_id: str) -> ResumePlan:
@@ -61,13 +91,15 @@ def reopen_final_evaluation(session: RunSession, plan: ResumePlan) -> list[str]:
     evaluations, events) are discarded. A crash midway leaves either the completed run or an interrupted one that
     ``ragen resume`` continues. Returns the reused stages."""
     lake, run_id, iteration = session.lake, session.run_id, plan.next_iteration
-    metrics = lake.read_table("metrics", run_id, iteration, columns=["name", "value"]).to_pylist()
-    for stage in plan.reused_stages:
-        prefix = f"val/{stage.removeprefix(Stage.evaluation(''))}/"
-        values = {row["name"]: row["value"] for row in metrics if row["name"].startswith(prefix)}
-        lake.mark_stage_done(run_id, iteration, stage, {"metrics": values})
-    lake.commit_marker(run_id, iteration).unlink()
-    reused = lake.discard_uncommitted(run_id, iteration)
+    with run_lock(lake, run_id):  # no compaction while the iteration is reopened (it merges committed files only)
+        refuse_compacted_final(lake, run_id, iteration)  # compacted since the command decided to extend
+        metrics = lake.read_table("metrics", run_id, iteration, columns=["name", "value"]).to_pylist()
+        for stage in plan.reused_stages:
+            prefix = f"val/{stage.removeprefix(Stage.evaluation(''))}/"
+            values = {row["name"]: row["value"] for row in metrics if row["name"].startswith(prefix)}
+            lake.mark_stage_done(run_id, iteration, stage, {"metrics": values})
+        lake.commit_marker(run_id, iteration).unlink()
+        reused = lake.discard_uncommitted(run_id, iteration)
     attempt = session.record.manifest.get("resumes", [{}])[-1]
     attempt.update(extended_from=iteration, reused_stages=reused)
     session.record.update(last_committed_iteration=iteration - 1 if iteration else None)

@@ -160,3 +160,28 @@ def test_a_failed_extension_leaves_the_completed_run_with_its_config(completed, 
     assert "iteration=2" in output  # the message names the damaged checkpoint
     assert _state(root) == before  # status completed, the old config and hash, the same commits
     assert DataLake(root).finished_stages(RUN, 2) == []  # the final validation was not reopened
+
+
+def test_a_compacted_run_is_not_extended_and_keeps_every_row(tmp_path, tiny_model_dir, prefect_server):
+    """`ragen runs compact` merges the final validation's per-env files into one file of no stage: reopening that
+    iteration would have discarded it with its rows. The extension is refused in one line and nothing changes."""
+    root = tmp_path / "root"
+    root.mkdir()
+    overrides = [o for o in _short_overrides(tiny_model_dir) if not o.startswith(("env.val_envs", "trainer.iter"))]
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *overrides, "trainer.iterations=1",
+             "env.val_envs=[bandit,bandit_test]"]  # fmt: skip
+    rc, output = _ragen(train, root, None, prefect_server[0].api_url)
+    assert rc == 0, output[-3000:]
+    rc, _, err, _ = _quick(["runs", "compact", RUN], root)
+    assert rc == 0, err
+    lake = DataLake(root)
+    final = lake.committed_iterations(RUN)[-1]
+    assert (lake.partition_dir("trajectories", RUN, final) / "_COMPACTION.json").is_file()  # the premise
+    rows = {table: _rows(root, table) for table in ("trajectories", "turns", "metrics", "evaluations")}
+    before = _state(root)
+    extend = ["--force-config", "trainer.iterations", "trainer.iterations=2"]
+    rc, out, err, _ = _quick(["resume", RUN, *extend], root)
+    assert rc != 0 and "was compacted" in err and "model.path=" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
+    assert _state(root) == before
+    assert {table: _rows(root, table) for table in rows} == rows
