@@ -12,8 +12,9 @@ vLLM cannot share this project's environment (its pins on fastapi and transforme
   (:meth:`VLLMServer.load_weights`); then the server scores a fixed probe sequence and the trainer compares it with its
   own model's log-probs, so a server left on old weights stops the run with an error instead of training off-policy.
 - Lifetime: the server lives in a process group of its own and is stopped with the run (:meth:`VLLMServer.close`,
-  called when the run session closes, also on Ctrl-C, failures and at interpreter exit); a watchdog in the server ends
-  it when the trainer is killed outright. Its log is ``runs/<id>/vllm_server/server.log`` under the data root.
+  called when the run session closes, also on Ctrl-C, failures and at interpreter exit); when the trainer is killed
+  outright, the pipe it alone held open reaches end-of-file and the server's watchdog ends the server (through any
+  wrapper script in between). Its log is ``runs/<id>/vllm_server/server.log`` under the data root.
 - Reproducibility: requests are seeded one by one and the engine keeps no prefix cache, so the same prompts, seeds and
   weights give the same replies across a restart of the server (tested by the resume tests).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import http.client
 import json
 import os
 import secrets
@@ -80,9 +82,16 @@ class VLLMServer:
     """A vLLM rollout server this process started, and the client that talks to it."""
 
     def __init__(
-        self, process: subprocess.Popen, port: int, token: str, log_path: Path, tolerance: float = 1e-4
+        self,
+        process: subprocess.Popen,
+        port: int,
+        token: str,
+        log_path: Path,
+        tolerance: float = 1e-4,
+        lifeline: int | None = None,
     ) -> None:
         self.process, self.port, self.token, self.log_path = process, port, token, log_path
+        self._lifeline = lifeline  # the write end of the pipe whose end-of-file tells the server this process is gone
         self.tolerance = tolerance  # largest log-prob difference from the trainer's model the weight check accepts
         self.push_seconds: list[float] = []  # time of each weight push (reload + check)
         self._closed = False
@@ -113,8 +122,9 @@ class VLLMServer:
         log_path = folder / "server.log"
         ready_file = folder / f"ready-{secrets.token_hex(4)}.json"
         token = secrets.token_hex(16)
+        lifeline_read, lifeline = os.pipe()  # the server watches the read end: end-of-file when we are gone
         command = [str(python), "-I", str(SERVER_PROGRAM), "--model", str(model_dir), "--ready-file", str(ready_file),
-                   "--parent-pid", str(os.getpid()), "--dtype", dtype, "--seed", str(seed),
+                   "--lifeline-fd", str(lifeline_read), "--dtype", dtype, "--seed", str(seed),
                    "--tensor-parallel-size", str(tensor_parallel_size),
                    "--gpu-memory-utilization", str(gpu_memory_utilization)]  # fmt: skip
         if enforce_eager:
@@ -126,15 +136,23 @@ class VLLMServer:
         env = {**os.environ, "RAGEN_VLLM_TOKEN": token, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
         env.pop("PYTHONPATH", None)
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,  # its own group: a Ctrl-C reaches the trainer, which stops it
-            )
+        os.set_inheritable(lifeline, False)  # only this process holds the write end (children must not keep it)
+        try:
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True,  # its own group: a Ctrl-C reaches the trainer, which stops it
+                    pass_fds=(lifeline_read,),
+                )
+        except BaseException:
+            os.close(lifeline)
+            raise
+        finally:
+            os.close(lifeline_read)
         server: VLLMServer | None = None
         try:
             port = _wait_for_port(process, ready_file, log_path, startup_timeout)
-            server = cls(process, port, token, log_path, tolerance)
+            server = cls(process, port, token, log_path, tolerance, lifeline)
             server._wait_until_ready(time.monotonic() + startup_timeout)
             return server
         except BaseException:
@@ -142,6 +160,7 @@ class VLLMServer:
                 server.close()
             else:
                 _kill_group(process)
+                os.close(lifeline)
             raise
         finally:
             ready_file.unlink(missing_ok=True)
@@ -165,7 +184,7 @@ class VLLMServer:
             raise VLLMServerError(
                 f"the vLLM server answered {exc.code} to {path}: {detail} (log: {self.log_path})"
             ) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as exc:
             state = "died" if self.process.poll() is not None else "did not answer"
             raise VLLMServerError(
                 f"the vLLM server {state} on {path} ({exc}); see its log {self.log_path}:\n{_tail(self.log_path)}"
@@ -183,7 +202,8 @@ class VLLMServer:
                 health = self._request("/health", timeout=10)
             except VLLMServerError:
                 health = {}
-            if health and (health.get("pid") != self.process.pid or health.get("token_digest") != digest):
+            ours = health.get("token_digest") == digest and _in_group(health.get("pid"), self.process.pid)
+            if health and not ours:
                 raise BackendUnavailable(f"port {self.port} is answered by another server (pid {health.get('pid')})")
             if health.get("state") == "ready":
                 return
@@ -239,13 +259,17 @@ class VLLMServer:
             return
         self._closed = True
         atexit.unregister(self.close)
-        if self.process.poll() is None:
-            try:
+        try:
+            if self.process.poll() is None:
                 self._request("/shutdown", {}, timeout=5)
                 self.process.wait(timeout=10)
-            except (VLLMServerError, subprocess.TimeoutExpired):
-                pass
-        _kill_group(self.process)
+        except Exception:  # noqa: BLE001 - a clean-up: the group is ended below whatever the request did
+            pass
+        finally:  # whatever happened above (a second Ctrl-C included), the group ends
+            _kill_group(self.process)
+            if self._lifeline is not None:
+                os.close(self._lifeline)
+                self._lifeline = None
 
 
 def _wait_for_port(process: subprocess.Popen, ready_file: Path, log_path: Path, timeout: float) -> int:
@@ -260,6 +284,15 @@ def _wait_for_port(process: subprocess.Popen, ready_file: Path, log_path: Path, 
             raise BackendUnavailable(f"the vLLM server did not start listening in {timeout:g} s (log: {log_path})")
         time.sleep(0.1)
     return int(json.loads(ready_file.read_text())["port"])
+
+
+def _in_group(pid: Any, group: int) -> bool:
+    """Whether process ``pid`` belongs to the process group ``group`` (the server's own, led by the process started;
+    the server itself may be that process or, behind a wrapper script, its child)."""
+    try:
+        return isinstance(pid, int) and os.getpgid(pid) == group
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -296,8 +329,13 @@ def reference_logprobs(model: Any, sequence: list[int]) -> list[float]:
 
     device = next(model.parameters()).device
     ids = torch.tensor([sequence], device=device)
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, :-1].float()
+    training = model.training
+    model.eval()  # no dropout: the served model samples without it (an update leaves the module in training mode)
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, :-1].float()
+    finally:
+        model.train(training)
     picked = logits.gather(1, ids[0, 1:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
     return picked.tolist()
 

@@ -19,7 +19,8 @@ token the trainer passed in ``RAGEN_VLLM_TOKEN``, so no other local process can 
 - ``POST /shutdown``: answer, then exit.
 
 The engine runs in this one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), in a process group of its own; a watchdog
-ends the group when the trainer that started it is gone (killed, crashed), so no server outlives its run.
+ends the group when the trainer that started it is gone (killed, crashed: the pipe only the trainer holds open
+reaches end-of-file), so no server outlives its run.
 
 Two defects of vLLM 0.32's CPU path are worked around here: the tied output head keeps its old pre-packed weights
 after an in-place reload (it is re-packed after every reload), and a seeded request whose prefill is split over
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import hmac
 import json
 import os
 import signal
@@ -158,12 +160,15 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(200, {"state": STATE.state, "pid": os.getpid(), "token_digest": digest, "error": STATE.error})
 
     def do_POST(self) -> None:  # noqa: N802 - the base class's name
-        if self.headers.get("Authorization") != f"Bearer {STATE.token}":
+        if not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {STATE.token}"):
             self._answer(403, {"error": "wrong or missing token"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            self._answer(413, {"error": f"request body of {length} bytes is over {MAX_BODY_BYTES}"})
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self._answer(413, {"error": f"request body length must be 0..{MAX_BODY_BYTES} bytes"})
             return
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
@@ -201,13 +206,19 @@ def _end_group(code: int) -> None:
         os._exit(code)
 
 
-def _watch_parent(parent: int) -> None:
-    """End the server when the process that started it is gone (it was re-parented)."""
+def _watch_trainer(lifeline: int) -> None:
+    """End the server when the trainer that started it is gone: it alone holds the write end of the ``lifeline`` pipe,
+    so a read returns end-of-file when it exits, however it ended (also through a wrapper script in between)."""
     while True:
-        if os.getppid() != parent:
-            print(f"vllm server: the trainer (pid {parent}) is gone; stopping", flush=True)
-            _end_group(3)
-        time.sleep(0.5)
+        try:
+            if not os.read(lifeline, 1):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+    print("vllm server: the trainer is gone; stopping", flush=True)
+    _end_group(3)
 
 
 def _build_engine(args: argparse.Namespace) -> Any:
@@ -242,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="RAGEN-Flows' vLLM rollout server (started by the trainer)")
     parser.add_argument("--model", required=True)
     parser.add_argument("--ready-file", required=True, help="where to write the port and pid once listening")
-    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--lifeline-fd", type=int, required=True, help="a pipe's read end; end-of-file: stop")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -257,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if not STATE.token:
         print("vllm server: RAGEN_VLLM_TOKEN is not set (the trainer starts this program)", file=sys.stderr)
         return 2
-    threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
+    threading.Thread(target=_watch_trainer, args=(args.lifeline_fd,), daemon=True).start()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: STATE.stop.set())
 

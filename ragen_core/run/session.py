@@ -85,9 +85,12 @@ class RunSession:
         return self.policy.tokenizer
 
     def close(self) -> None:
-        """Stop the launched update group and the vLLM engine, if any (idempotent)."""
-        self.updater.close()
-        self.policy.close()
+        """Stop the launched update group and the vLLM server, if any (idempotent; the server even when the group's
+        stop fails)."""
+        try:
+            self.updater.close()
+        finally:
+            self.policy.close()
 
 
 def base_model_dir(config: RunConfig, lake: DataLake) -> Path:

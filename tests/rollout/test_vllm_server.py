@@ -179,11 +179,12 @@ def test_requests_without_the_token_are_refused(server):
     import urllib.error
     import urllib.request
 
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, whatever http_proxy says
     request = urllib.request.Request(f"http://127.0.0.1:{server.port}/shutdown", data=b"{}", method="POST")
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=5)
+        direct.open(request, timeout=5)
     assert refused.value.code == 403
-    assert json.loads(urllib.request.urlopen(f"http://127.0.0.1:{server.port}/health").read())["state"] == "ready"
+    assert json.loads(direct.open(f"http://127.0.0.1:{server.port}/health").read())["state"] == "ready"
 
 
 def test_a_missing_environment_says_how_to_build_it(tmp_path, monkeypatch):
@@ -204,22 +205,27 @@ def test_a_server_that_cannot_load_the_model_fails_in_one_error_and_leaves_nothi
     assert not server_processes(str(tmp_path / "log"))
 
 
-def test_the_server_dies_with_a_killed_trainer(python, tiny_model_dir, tmp_path):
-    """SIGKILL the process that started the server (no clean-up runs): the server's watchdog ends it."""
+def test_the_server_dies_with_a_killed_trainer_even_behind_a_wrapper(python, tiny_model_dir, tmp_path):
+    """SIGKILL the process that started the server (no clean-up runs): the server's watchdog ends it. The vLLM Python
+    is a wrapper script that does not exec (as conda run or a module-load shim), so the server's parent is the
+    wrapper, not the trainer."""
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\n"{python}" "$@"\n')  # no exec: the shell stays the server's parent
+    wrapper.chmod(0o755)
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
         from ragen_core.rollout.vllm_backend import VLLMServer
-        server = VLLMServer.start(Path({str(python)!r}), Path({str(tiny_model_dir)!r}), Path({str(tmp_path)!r}),
+        server = VLLMServer.start(Path({str(wrapper)!r}), Path({str(tiny_model_dir)!r}), Path({str(tmp_path)!r}),
                                   enforce_eager=True)
-        print(server.process.pid, flush=True)
+        print(server.score([[1, 2, 3]])[0][0], flush=True)
         time.sleep(600)
     """)
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                              start_new_session=True)  # fmt: skip
     try:
-        pid = int(owner.stdout.readline())
-        assert server_processes(str(tmp_path)) == [pid]
+        assert float(owner.stdout.readline()) < 0  # started through the wrapper, and answering
+        assert len(server_processes(str(tmp_path))) == 2  # the wrapper's shell and the server
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(timeout=10)
         deadline = time.monotonic() + 15
@@ -244,3 +250,27 @@ def test_requests_to_the_server_ignore_proxy_settings(server, monkeypatch):
     monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's shared opener would now take the proxy
     assert urllib.request.getproxies()["http"] == "http://127.0.0.1:9"
     assert server.score([[1, 2, 3]])[0]  # answered directly
+
+
+def test_a_dropout_model_in_training_mode_passes_the_weight_check(server, tiny_model_dir):
+    """An update leaves the trainer's module in training mode; the check scores without dropout (as the server
+    samples) and gives the module back in the mode it was in."""
+    model, _ = load_policy(tiny_model_dir)
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    model.train()
+    assert server.check_weights(model) <= 1e-5
+    assert model.training
+
+
+def test_close_ends_the_server_even_when_the_shutdown_request_fails(python, tiny_model_dir, tmp_path):
+    import http.client
+
+    server = VLLMServer.start(python, tiny_model_dir, tmp_path, enforce_eager=True)
+
+    def broken(*args, **kwargs):
+        raise http.client.IncompleteRead(b"")
+
+    server._request = broken
+    server.close()
+    assert server.process.poll() is not None and not server_processes(str(tmp_path))
