@@ -349,6 +349,9 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
 
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
+    from ragen_core.run.record import utc_now
+
+    started = utc_now()  # a want of space the manifest recorded before this command is not this failure's cause
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("training", total=run_config.trainer.iterations + 1)
 
@@ -371,7 +374,7 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
             if not (interrupted(exc) or requested()):  # an error that a Ctrl-C did not cause: not ours to handle
                 from ragen_core.storage.space import space_failure
 
-                message = space_failure(root, run_id, exc)  # a full disk or a file-size limit: one line
+                message = space_failure(root, run_id, exc, started)  # a full disk or a file-size limit: one line
                 if message is None:
                     raise
                 progress.stop()

@@ -105,17 +105,22 @@ def written_what(exc: BaseException, where: dict | None) -> str:
     return f"iteration {where['iteration']}{stage}"
 
 
-def space_failure(root: Path, run_id: str, exc: BaseException) -> str | None:
+def space_failure(root: Path, run_id: str, exc: BaseException, recorded_since: str | None = None) -> str | None:
     """The one line for a run stopped by ``exc`` when that was a want of space, else None: the run's manifest
-    recorded it (the error that reached the caller may be a later one, such as the Prefect server's 500 when it then
-    reports the failure), the error says so, or the run's folders show it (:func:`space_exhausted`)."""
+    recorded it at or after ``recorded_since`` (an ISO time: this command's start; None: the manifest is not read)
+    (the error that reached the caller may be a later one, such as the Prefect server's 500 when it then reports the
+    failure), the error says so, or the run's folders show it (:func:`space_exhausted`). A want of space an earlier
+    command recorded is not this failure's cause."""
     root = Path(root)
-    try:
-        recorded = read_json(root / "runs" / run_id / "manifest.json", missing_ok=True)
-    except LakeError:
-        recorded = None
+    recorded = None
+    if recorded_since is not None:
+        try:
+            recorded = read_json(root / "runs" / run_id / "manifest.json", missing_ok=True)
+        except LakeError:
+            recorded = None
     error = recorded.get("error") if isinstance(recorded, dict) else None
-    if isinstance(error, str) and error.startswith(SPACE_PREFIX):
+    fresh = isinstance(recorded, dict) and str(recorded.get("updated_at", "")) >= str(recorded_since)
+    if isinstance(error, str) and error.startswith(SPACE_PREFIX) and fresh:
         return error
     folders = [root / "_prefect" / run_id, root / "runs" / run_id, root / "_staging" / run_id]
     if out_of_space(exc) or space_exhausted(root, folders):

@@ -77,3 +77,23 @@ def test_what_counts_as_a_write_that_found_no_space(error, expected):
     except RuntimeError as outer:
         assert out_of_space(outer) is expected
 
+
+
+def test_a_want_of_space_recorded_by_an_earlier_command_is_not_a_later_failures_cause(tmp_path):
+    """A run failed on a full disk; space was freed and a resume failed for another reason before it wrote its
+    manifest: that failure is recorded and reported as itself, not as the earlier want of space."""
+    from ragen_core.run.record import RunRecord
+    from ragen_core.storage.space import space_failure, space_message
+
+    lake = DataLake(tmp_path)
+    stale = space_message("r", "iteration 0, stage commit")
+    manifest = {"run_id": "r", "status": "failed", "error": stale, "updated_at": "2026-01-01T00:00:00+00:00"}
+    lake.write_manifest("r", manifest)
+    later = RuntimeError("the vLLM server could not load the model")
+    assert space_failure(tmp_path, "r", later, recorded_since="2026-06-01T00:00:00+00:00") is None
+    assert space_failure(tmp_path, "r", later, recorded_since="2025-12-31T00:00:00+00:00") == stale  # this command's
+    assert space_failure(tmp_path, "r", later) is None  # no time given: the manifest is not read
+    RunRecord(lake, "r", dict(manifest)).stopped(later)
+    recorded = lake.read_manifest("r")
+    assert recorded["status"] == "failed" and "could not load the model" in recorded["error"]
+    assert not recorded["error"].startswith(SPACE_PREFIX)
