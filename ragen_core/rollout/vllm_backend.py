@@ -15,8 +15,9 @@ vLLM cannot share this project's environment (its pins on fastapi and transforme
   called when the run session closes, also on Ctrl-C, failures and at interpreter exit); when the trainer is killed
   outright, the pipe it alone held open reaches end-of-file and the server's watchdog ends the server (through any
   wrapper script in between). Its log is ``runs/<id>/vllm_server/server.log`` under the data root.
-- Reproducibility: requests are seeded one by one and the engine keeps no prefix cache, so the same prompts, seeds and
-  weights give the same replies across a restart of the server (tested by the resume tests).
+- Reproducibility: requests are seeded one by one, and the prefix cache (a multi-turn rollout's later turns reuse the
+  keys and values of its earlier ones) is emptied before every rollout, so the same prompts, seeds and weights give
+  the same replies across a restart of the server (tested by the resume tests).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class VLLMServer:
         dtype: str = "float32",
         seed: int = 0,
         enforce_eager: bool = False,
+        prefix_caching: bool = True,
         max_model_len: int | None = None,
         kv_cache_gib: float | None = None,
         gpu_memory_utilization: float = 0.4,
@@ -129,6 +131,8 @@ class VLLMServer:
                    "--gpu-memory-utilization", str(gpu_memory_utilization)]  # fmt: skip
         if enforce_eager:
             command.append("--enforce-eager")
+        if prefix_caching:
+            command.append("--prefix-caching")
         if max_model_len is not None:
             command += ["--max-model-len", str(max_model_len)]
         if kv_cache_gib is not None:
@@ -223,6 +227,10 @@ class VLLMServer:
         if not prompts:
             return []
         return self._request("/generate", {"prompts": prompts, "sampling": sampling})["outputs"]
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the server's cached prefixes."""
+        self._request("/reset_prefix_cache", {})
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """The served model's log-prob of every token after the first of each sequence (temperature 1)."""
@@ -367,6 +375,12 @@ class VLLMBackend:
              "max_tokens": self.max_new_tokens, "seed": derive_seed(seed, index), "stop_token_ids": self.stop_ids}
             for index in range(count)
         ]  # fmt: skip
+
+    def reset(self) -> None:
+        """Called by the rollout engine before and after every rollout: the rollout starts from an empty prefix cache
+        (its later turns reuse its earlier turns' keys and values), so what it samples never depends on what the
+        server computed before it: a resumed run samples what the uninterrupted one did."""
+        self.server.reset_prefix_cache()
 
     def generate(self, contexts: list[TurnContext], seed: int) -> list[Generation]:
         """Sample one reply per context; every request is seeded from ``seed`` and its index."""

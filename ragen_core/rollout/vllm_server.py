@@ -16,6 +16,7 @@ token the trainer passed in ``RAGEN_VLLM_TOKEN``, so no other local process can 
 - ``POST /score``: ``{"sequences": [[token ids]]}`` -> ``{"logprobs": [[...]]}``: the model's log-prob of every token
   after the first (temperature 1), to check the server scores with the trainer's weights.
 - ``POST /load_weights``: ``{"path": folder}``: reload the policy in place from a Hugging Face export.
+- ``POST /reset_prefix_cache``: forget the cached prefixes (the trainer calls it before and after every rollout).
 - ``POST /shutdown``: answer, then exit.
 
 The engine runs in this one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), in a process group of its own; a watchdog
@@ -133,7 +134,14 @@ def load_weights(body: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - started}
 
 
-ROUTES = {"/generate": generate, "/score": score, "/load_weights": load_weights}
+def reset_prefix_cache(body: dict[str, Any]) -> dict[str, Any]:
+    """Forget every cached prefix (a rollout starts from an empty cache, so what it samples never depends on what
+    was served before it)."""
+    return {"reset": bool(STATE.llm.reset_prefix_cache())}
+
+
+ROUTES = {"/generate": generate, "/score": score, "/load_weights": load_weights,
+          "/reset_prefix_cache": reset_prefix_cache}  # fmt: skip
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -241,7 +249,7 @@ def _build_engine(args: argparse.Namespace) -> Any:
         tensor_parallel_size=args.tensor_parallel_size,
         enforce_eager=args.enforce_eager,
         max_model_len=args.max_model_len,
-        enable_prefix_caching=False,  # every rollout computes from its own tokens: nothing depends on earlier calls
+        enable_prefix_caching=args.prefix_caching,  # later turns reuse the earlier turns' keys and values
         enable_chunked_prefill=False,  # a split prefill crashes seeded sampling on the CPU (vLLM 0.32)
         logprobs_mode="processed_logprobs",  # log-probs after temperature / top-k / top-p: the sampler's own
         generation_config="vllm",  # the model folder's sampling defaults change nothing
@@ -261,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-gib", type=float, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.4)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--prefix-caching", action="store_true")
     args = parser.parse_args(argv)
 
     global STATE

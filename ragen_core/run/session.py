@@ -196,6 +196,7 @@ def start_vllm_server(config: RunConfig, folder: Path, model_dir: Path, precisio
         dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision],
         seed=config.seed,
         enforce_eager=settings.enforce_eager,
+        prefix_caching=settings.prefix_caching,
         max_model_len=settings.max_model_len,
         kv_cache_gib=settings.kv_cache_gib,
         gpu_memory_utilization=settings.gpu_memory_utilization,
