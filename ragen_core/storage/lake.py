@@ -154,7 +154,7 @@ class DataLake:
 
     def update_group_dir(self, run_id: str) -> Path:
         """A launched update group's logs, control files and the policy export it hands to the rollout side."""
-        return self.run_dir(run_id) / "update_group"
+        return check_real_folders(self.root, self.run_dir(run_id) / "update_group", "update group folder")
 
     def policy_export_dir(self, run_id: str) -> Path:
         """The Hugging Face export through which the training side hands new weights to the rollout side."""
@@ -162,7 +162,7 @@ class DataLake:
 
     def vllm_server_dir(self, run_id: str) -> Path:
         """The run's vLLM rollout server: its log (``rollout.backend=vllm``)."""
-        return self.run_dir(run_id) / "vllm_server"
+        return check_real_folders(self.root, self.run_dir(run_id) / "vllm_server", "vLLM server folder")
 
     # -- checkpoint folders (their contents are ragen_core.training.checkpoint's) ----------------------------------
     def checkpoints_dir(self, run_id: str) -> Path:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ragen_core.storage import LakeError
+from ragen_core.storage import DataLake, LakeError
 from ragen_core.storage.files import MAX_JSON_BYTES
 from ragen_core.storage.parts import COMPACTION_MARKER, merged_name
 from tests.flows.test_concurrency import _train
@@ -222,3 +222,21 @@ def test_a_nested_compaction_marker_is_one_line(lake):
     _one_line_error(_cli("runs", "compact", "runA", "--data-root", lake.root), COMPACTION_MARKER, "nested")
     _one_line_error(_sql_count(lake, "true"), COMPACTION_MARKER, "nested")
     assert _files(lake.root) == before
+
+
+@pytest.mark.parametrize("folder", ["update_group", "vllm_server"])
+def test_the_run_folders_the_rollout_and_update_sides_write_are_never_links(tmp_path, folder):
+    """The launched group's export and logs, and the vLLM server's log, are written into the run's folder: a link
+    there (to a folder outside the data root) is refused before anything is written through it."""
+    lake = DataLake(tmp_path / "root")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (lake.root / "runs" / "r").mkdir(parents=True)
+    (lake.root / "runs" / "r" / folder).symlink_to(outside, target_is_directory=True)
+    method = {"update_group": lake.update_group_dir, "vllm_server": lake.vllm_server_dir}[folder]
+    with pytest.raises(LakeError, match="link"):
+        method("r")
+    if folder == "update_group":
+        with pytest.raises(LakeError, match="link"):
+            lake.policy_export_dir("r")
+    assert list(outside.iterdir()) == []
