@@ -125,34 +125,13 @@ class VLLMServer:
         ready_file = folder / f"ready-{secrets.token_hex(4)}.json"
         token = secrets.token_hex(16)
         lifeline_read, lifeline = os.pipe()  # the server watches the read end: end-of-file when we are gone
-        command = [str(python), "-I", str(SERVER_PROGRAM), "--model", str(model_dir), "--ready-file", str(ready_file),
-                   "--lifeline-fd", str(lifeline_read), "--dtype", dtype, "--seed", str(seed),
-                   "--tensor-parallel-size", str(tensor_parallel_size),
-                   "--gpu-memory-utilization", str(gpu_memory_utilization)]  # fmt: skip
-        if enforce_eager:
-            command.append("--enforce-eager")
-        if prefix_caching:
-            command.append("--prefix-caching")
-        if max_model_len is not None:
-            command += ["--max-model-len", str(max_model_len)]
-        if kv_cache_gib is not None:
-            command += ["--kv-cache-gib", str(kv_cache_gib)]
-        env = {**os.environ, "RAGEN_VLLM_TOKEN": token, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
-        env.pop("PYTHONPATH", None)
-        os.set_inheritable(lifeline, False)  # only this process holds the write end (children must not keep it)
-        try:
-            with open(log_path, "ab") as log:
-                process = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                    start_new_session=True,  # its own group: a Ctrl-C reaches the trainer, which stops it
-                    pass_fds=(lifeline_read,),
-                )
-        except BaseException:
-            os.close(lifeline)
-            raise
-        finally:
-            os.close(lifeline_read)
+        options = {"--model": model_dir, "--ready-file": ready_file, "--lifeline-fd": lifeline_read, "--dtype": dtype,
+                   "--seed": seed, "--tensor-parallel-size": tensor_parallel_size,
+                   "--gpu-memory-utilization": gpu_memory_utilization, "--max-model-len": max_model_len,
+                   "--kv-cache-gib": kv_cache_gib, "--enforce-eager": enforce_eager,
+                   "--prefix-caching": prefix_caching}  # fmt: skip
+        command = [str(python), "-I", str(SERVER_PROGRAM), *_arguments(options)]
+        process = _spawn(command, token, log_path, lifeline_read, lifeline)
         server: VLLMServer | None = None
         try:
             port = _wait_for_port(process, ready_file, log_path, startup_timeout)
@@ -278,6 +257,36 @@ class VLLMServer:
             if self._lifeline is not None:
                 os.close(self._lifeline)
                 self._lifeline = None
+
+
+def _spawn(command: list[str], token: str, log_path: Path, lifeline_read: int, lifeline: int) -> subprocess.Popen:
+    """Start the server program in a process group of its own (a terminal's Ctrl-C reaches the trainer, which stops
+    it), its output appended to ``log_path``, holding the pipe's read end; the write end stays with this process alone.
+    The pipe's read end is closed here either way, the write end too when the start fails."""
+    env = {**os.environ, "RAGEN_VLLM_TOKEN": token, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    env.pop("PYTHONPATH", None)
+    os.set_inheritable(lifeline, False)  # children must not keep the write end open
+    try:
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True, pass_fds=(lifeline_read,))  # fmt: skip
+    except BaseException:
+        os.close(lifeline)
+        raise
+    finally:
+        os.close(lifeline_read)
+
+
+def _arguments(options: dict[str, Any]) -> list[str]:
+    """Command-line arguments: a flag for each True, ``--name value`` for each other value, nothing for None/False."""
+    arguments: list[str] = []
+    for name, value in options.items():
+        if value is True:
+            arguments.append(name)
+        elif value is not None and value is not False:
+            arguments += [name, str(value)]
+    return arguments
 
 
 def _wait_for_port(process: subprocess.Popen, ready_file: Path, log_path: Path, timeout: float) -> int:

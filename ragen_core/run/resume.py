@@ -62,10 +62,11 @@ def refuse_compacted_final(lake: DataLake, run_id: str, iteration: int) -> None:
         .exists()
     ]  # fmt: skip
     if compacted:
+        latest = lake.latest_checkpoint(run_id)
+        start = f"model.path={latest[1] / 'hf'}" if latest else "a new run"
         raise ResumeError(
             f"run {run_id!r} cannot be extended: its final iteration {iteration} was compacted (`ragen runs compact`; "
-            f"tables {', '.join(compacted)}). Start a new run from its last checkpoint instead: model.path="
-            f"{lake.checkpoints_dir(run_id)}/iteration=<updates>/hf"
+            f"tables {', '.join(compacted)}). Start a new run from its last checkpoint instead: {start}"
         )
 
 
