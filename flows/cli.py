@@ -368,7 +368,7 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
             progress.stop()
             fail(str(exc))
         except BaseException as exc:  # Ctrl-C: the flow recorded where it stopped; one line, then exit status 130
-            from flows.interrupts import report_interrupted, requested
+            from flows.interrupts import note_stop, report_interrupted, requested
             from ragen_core.run.record import interrupted
 
             if not (interrupted(exc) or requested()):  # an error that a Ctrl-C did not cause: not ours to handle
@@ -383,6 +383,7 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
                 logging.raiseExceptions = False  # Prefect's log sender, failing on the full disk too, stays quiet
                 fail(message)
             progress.stop()
+            note_stop(exc)  # a SIGTERM that Prefect caught first is still a SIGTERM (exit status 143)
             report_interrupted(root, run_id)
             raise KeyboardInterrupt from None  # also for a library's error raised while it handled the Ctrl-C
 

@@ -60,6 +60,23 @@ def on_forced_stop(cleanup: Callable[[], None]) -> None:
     _last_resort.append(cleanup)
 
 
+def note_stop(exc: BaseException) -> None:
+    """A stop signal the orchestration layer caught before our handler did (Prefect turns a SIGTERM that lands inside
+    a flow run into its own exception carrying the ``signal``) counts as that signal: the command then reports and
+    exits as for it (143 for SIGTERM), not as for a Ctrl-C."""
+    if _state["requested"]:
+        return
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        signum = getattr(current, "signal", None)
+        if signum in (signal.SIGINT, signal.SIGTERM):
+            _state["requested"], _state["signal"] = True, int(signum)
+            return
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+
+
 def requested() -> bool:
     """Whether a Ctrl-C arrived."""
     return _state["requested"]

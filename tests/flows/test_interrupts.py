@@ -213,3 +213,28 @@ def test_server_start_stop_start_again(tmp_path):
             assert not alive(state.server_pid) and read_state(state_dir) is None
     finally:
         stop(state_dir)
+
+
+def test_a_sigterm_prefect_caught_first_still_exits_143(monkeypatch):
+    """A SIGTERM that lands inside a flow run reaches Prefect's handler, not ours: Prefect raises its
+    TerminationSignal carrying the signal (here wrapped, as when a library's clean-up fails on the way out). The
+    command still reports SIGTERM and exits 143; a Ctrl-C noted first is left as it was."""
+    from prefect.exceptions import TerminationSignal
+
+    from flows import interrupts
+
+    monkeypatch.setattr(interrupts, "_state", {"requested": False, "reported": False, "signal": signal.SIGINT})
+    try:
+        try:
+            raise TerminationSignal(signal=signal.SIGTERM)
+        except TerminationSignal:
+            raise RuntimeError("Task run is not set") from None
+    except RuntimeError as wrapped:
+        wrapped.__context__ = TerminationSignal(signal=signal.SIGTERM)
+        interrupts.note_stop(wrapped)
+    assert interrupts.requested() and interrupts.exit_code() == 143 and interrupts.signal_name() == "SIGTERM"
+    interrupts.note_stop(TerminationSignal(signal=signal.SIGINT))  # already noted: unchanged
+    assert interrupts.exit_code() == 143
+    monkeypatch.setattr(interrupts, "_state", {"requested": False, "reported": False, "signal": signal.SIGINT})
+    interrupts.note_stop(RuntimeError("an ordinary failure"))
+    assert not interrupts.requested() and interrupts.exit_code() == 130
