@@ -70,12 +70,12 @@ def _show(path: Path | str) -> str:
     return repr(str(path))
 
 
-def check_real_folder(path: Path, what: str) -> None:
-    """``path`` is a folder and not a symbolic link (a link would lead readers or deletions out of the layout)."""
+def _mode_unless_link(path: Path, what: str) -> int | None:
+    """``path``'s mode without following it (None when absent); a :class:`LakeError` when it is a symbolic link."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
-        return
+        return None
     except OSError as exc:
         raise LakeError(f"cannot inspect {what} {_show(path)}: {exc.strerror or exc}") from exc
     if stat.S_ISLNK(mode):
@@ -83,7 +83,13 @@ def check_real_folder(path: Path, what: str) -> None:
             f"{what} {_show(path)} is a symbolic link (to {os.readlink(path)!r}); the lake never follows links: "
             f"{_HOW_TO_FIX}"
         )
-    if not stat.S_ISDIR(mode):
+    return mode
+
+
+def check_real_folder(path: Path, what: str) -> None:
+    """``path`` is a folder and not a symbolic link (a link would lead readers or deletions out of the layout)."""
+    mode = _mode_unless_link(path, what)
+    if mode is not None and not stat.S_ISDIR(mode):
         raise LakeError(f"{what} {_show(path)} is not a folder; {_HOW_TO_FIX}")
 
 
@@ -98,17 +104,9 @@ def check_real_folders(root: Path, path: Path, what: str) -> Path:
 
 def check_regular_file(path: Path, what: str) -> bool:
     """Whether ``path`` exists; a :class:`LakeError` when it is a symbolic link or not a regular file."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    mode = _mode_unless_link(path, what)
+    if mode is None:
         return False
-    except OSError as exc:
-        raise LakeError(f"cannot inspect {what} {_show(path)}: {exc.strerror or exc}") from exc
-    if stat.S_ISLNK(mode):
-        raise LakeError(
-            f"{what} {_show(path)} is a symbolic link (to {os.readlink(path)!r}); the lake never follows links: "
-            f"{_HOW_TO_FIX}"
-        )
     if not stat.S_ISREG(mode):
         raise LakeError(f"{what} {_show(path)} is not a regular file; {_HOW_TO_FIX}")
     return True
