@@ -81,10 +81,11 @@ def _cell(value) -> Text:
 
 
 def print_table(result, target: Console | None = None) -> None:
-    """Print an Arrow table as a rich table; every header and cell is literal text."""
+    """Print an Arrow table as a rich table; every header and cell is literal text, shown whole: a cell too wide for
+    the terminal folds onto more lines instead of ending in an ellipsis (run ids and overrides are read in full)."""
     table = Table(show_header=True, header_style="bold")
     for name in result.column_names:
-        table.add_column(Text(printable(name)))
+        table.add_column(Text(printable(name)), overflow="fold")
     for row in result.to_pylist():
         table.add_row(*(_cell(v) for v in row.values()))
     (target or console).print(table)

@@ -197,14 +197,34 @@ def test_terminal_control_characters_are_escaped_in_table_output(tmp_path):
     assert error.exit_code == 2 and "\x1b" not in error.stderr and "\\x1b" in error.stderr
 
 
-def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, tiny_model_dir):
-    """DeepSpeed's accelerator warning (when DS_ACCELERATOR is not set) and its "built successfully" line are not
-    shown by `ragen train`; the run's own lines are."""
-    import subprocess
+# where a DeepSpeed op build can land: the environment's folder (make install), DeepSpeed's and torch's defaults
+_OP_FOLDERS = ("var/torch_extensions", "/tmp/torch_extensions", "~/.cache/torch_extensions")
+
+
+def _op_files_written_since(start_ns: int) -> list[str]:
+    """Files of any compiled-op folder written at or after ``start_ns`` (a build writes its .o/.so/ninja files)."""
     import sys
     from pathlib import Path
 
-    env = {k: v for k, v in os.environ.items() if k not in ("DS_ACCELERATOR", "PREFECT_API_URL", "PREFECT_HOME")}
+    folders = [Path(sys.prefix) / f if not f.startswith(("/", "~")) else Path(f).expanduser() for f in _OP_FOLDERS]
+    files = [p for folder in folders for p in folder.rglob("*") if p.is_file()]
+    return [str(p) for p in files if p.stat().st_mtime_ns >= start_ns]
+
+
+def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, tiny_model_dir):
+    """DeepSpeed's accelerator warning (when DS_ACCELERATOR is not set) and its "built successfully" line are not
+    shown by `ragen train`; the run's own lines are. The run, started as a user starts it (no TORCH_EXTENSIONS_DIR),
+    uses the comm op ``make install`` built: it compiles nothing (no file of the op's folder written)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    installed = Path(sys.prefix) / "var" / "torch_extensions"
+    assert list(installed.rglob("deepspeed_shm_comm*.so")), f"make install built no op in {installed}"
+    start_ns = time.time_ns()
+    unset = ("DS_ACCELERATOR", "PREFECT_API_URL", "PREFECT_HOME", "TORCH_EXTENSIONS_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     command = [str(Path(sys.executable).with_name("ragen")), "train", "--config", "configs/bandit.yaml",
                "--data-root", str(tmp_path / "root"), "--run-id", "quiet", f"model.path={tiny_model_dir}",
                "trainer.iterations=1", "bootstrap.enabled=false", "rollout.env_groups=2", "rollout.group_size=4",
@@ -215,6 +235,7 @@ def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, ti
     assert done.returncode == 0, output[-3000:]
     assert "iter   0" in done.stdout and "validation success" in done.stdout
     assert "Setting accelerator" not in output and "built successfully" not in output, output[:2000]
+    assert not _op_files_written_since(start_ns), "the run compiled DeepSpeed's op, not make install's"
 
 
 def test_the_bootstrap_is_one_readable_line():
@@ -224,3 +245,22 @@ def test_the_bootstrap_is_one_readable_line():
              "sft_loss_last": 0.1081778}  # fmt: skip
     assert bootstrap_line(built) == "bootstrap: bootstrap-ab12, 512 demonstrations, SFT loss 4.447 -> 0.108"
     assert bootstrap_line({"run_id": "bootstrap-ab12", "cached": True}) == "bootstrap: bootstrap-ab12 (reused)"
+
+
+def test_a_table_narrower_than_its_cells_shows_every_character():
+    """On an 60-column terminal a sweep's long run ids and overrides fold onto more lines; none ends in an ellipsis."""
+    import pyarrow as pa
+    from rich.console import Console
+
+    from flows.cli_common import print_table
+
+    rows = [{"run_id": f"sweep-0123456789abcdef-p{i:03d}", "overrides": f"algorithm.filter_ratio=0.{i}5 seed={i}",
+             "status": "completed", "val_success": 0.5} for i in range(3)]  # fmt: skip
+    narrow = Console(width=60, record=True, color_system=None)
+    print_table(pa.Table.from_pylist(rows), target=narrow)
+    shown = narrow.export_text()
+    assert "…" not in shown
+    lines = [line.split("│") for line in shown.splitlines() if line.startswith("│")]
+    columns = ["".join(cells[c].strip() for cells in lines) for c in (1, 2)]  # each column's cells, top to bottom
+    for row in rows:
+        assert row["run_id"] in columns[0] and row["overrides"].replace(" ", "") in columns[1], columns
