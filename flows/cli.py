@@ -158,7 +158,7 @@ def retrain(
     except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
         fail(str(exc))
     console.print(f"trained on {result['trajectories']} stored trajectories")
-    _print_run_summary(root, result["run_id"], None)
+    _print_run_summary(root, result["run_id"], None, phases=f"before -> after offline {mode.upper()}")
 
 
 def _check_init(init: str) -> None:
@@ -423,7 +423,9 @@ def bootstrap_line(bootstrap: dict) -> str:
     return ", ".join(parts)
 
 
-def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None) -> None:
+def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None, phases: str = "before RL -> after RL") -> None:
+    """Validation success at the run's first and last validation (``phases`` names the two), its bootstrap and the
+    SQL summary per environment and split."""
     from rich.markup import escape
 
     from ragen_core.storage import query
@@ -436,7 +438,7 @@ def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None) -> None:
     ).to_pylist()
     if success:
         first, last = success[0]["iteration"], success[-1]["iteration"]
-        console.print("\n[bold]validation success[/] (before RL -> after RL)")
+        console.print(f"\n[bold]validation success[/] ({phases})")
         for name in sorted({row["name"] for row in success}):
             before = next(r["value"] for r in success if r["name"] == name and r["iteration"] == first)
             after = next(r["value"] for r in success if r["name"] == name and r["iteration"] == last)

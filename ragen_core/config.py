@@ -484,6 +484,15 @@ class MonitorConfig(_Section):
         description="No reward-std or entropy drop warning while the rollout success rate is at least this: the "
         "spread of a policy that has converged on success falls because it succeeds, not because it collapses.",
     )
+    success_slip: float | None = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Warn of a reward-std or entropy drop, or a gradient spike, only while the policy loses ground: "
+        "training success (3-iteration trailing mean) has fallen at least this much since the signal's peak (over "
+        "the last 3 iterations for a spike). A healthy run's spread falls too as it converges; this tells them apart "
+        "(calibrated on the echo_trap finding's runs: docs/findings.md). None: warn on the signals alone.",
+    )
     tensorboard: bool = Field(
         True,
         description="Also write each committed iteration's metrics as TensorBoard scalars (step = iteration) under "
@@ -918,6 +927,7 @@ STORED_CONFIG_FALLBACKS: dict[str, Any] = {
     "actor.reuse_behavior_logprobs": "never",
     "trainer.mi_reasoning": "block",
     "monitor.mi_metric": "sequence",
+    "monitor.success_slip": None,
 }
 
 

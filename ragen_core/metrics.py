@@ -123,6 +123,7 @@ def collapse_warnings(
     entropy_drop: float,
     grad_norm_spike: float,
     converged_success: float = 1.0,
+    success_slip: float | None = None,
 ) -> list[CollapseWarning]:
     """Warnings for ``current`` given the earlier iterations' metrics (``history``, oldest first); each marks the
     start of an episode (see :func:`episode_starts`: a signal still past its threshold is not warned again).
@@ -133,10 +134,16 @@ def collapse_warnings(
     - the iteration's largest gradient norm (``actor/grad_norm_max``) above ``grad_norm_spike x`` the median of the
       history's.
     Nothing is checked until the history holds ``warmup`` iterations with the metric.
+
+    With ``success_slip`` set, a signal is warned only while the policy is losing ground: training success (its
+    trailing mean over :data:`SUCCESS_WINDOW` iterations) has fallen at least ``success_slip`` since the iteration of
+    the signal's peak (a drop) or over the last :data:`SUCCESS_WINDOW` iterations (a gradient spike). A healthy run's
+    spread also falls as it converges on success; this tells the two apart (docs/findings.md, early warnings).
     """
 
     def crossings(past: list[dict[str, float]], now: dict[str, float]) -> list[CollapseWarning]:
-        return _crossings(past, now, warmup, reward_std_drop, entropy_drop, grad_norm_spike, converged_success)
+        fired = _crossings(past, now, warmup, reward_std_drop, entropy_drop, grad_norm_spike, converged_success)
+        return fired if success_slip is None else [w for w in fired if _losing_ground(past, now, w, success_slip)]
 
     return episode_starts(crossings, history, current)
 
@@ -154,6 +161,31 @@ def episode_starts(
         return fired
     before = {w.metric for w in check(history[:-1], history[-1])}
     return [w for w in fired if w.metric not in before]
+
+
+SUCCESS = "rollout/success_rate"
+SUCCESS_WINDOW = 3  # iterations of the trailing mean of training success the slip is measured on
+
+
+def _trailing_success(series: list[dict[str, float]], position: int) -> float:
+    """Mean training success over the :data:`SUCCESS_WINDOW` iterations ending at ``position`` (NaN: none has it)."""
+    values = [h.get(SUCCESS, np.nan) for h in series[max(0, position - SUCCESS_WINDOW + 1) : position + 1]]
+    return float(np.mean(values)) if values and all(np.isfinite(values)) else float("nan")
+
+
+def _losing_ground(
+    history: list[dict[str, float]], current: dict[str, float], warning: CollapseWarning, slip: float
+) -> bool:
+    """Whether training success has slipped by ``slip`` since the warned signal peaked (a drop) or over the last
+    :data:`SUCCESS_WINDOW` iterations (a gradient spike); false when success is not recorded."""
+    series = [*history, current]
+    now = len(history)
+    if warning.metric == "actor/grad_norm_max":
+        reference = max(0, now - SUCCESS_WINDOW)
+    else:
+        peaks = [(h[warning.metric], i) for i, h in enumerate(history) if np.isfinite(h.get(warning.metric, np.nan))]
+        reference = max(peaks, key=lambda p: (p[0], -p[1]))[1]  # the first iteration at the peak
+    return bool(_trailing_success(series, now) <= _trailing_success(series, reference) - slip)
 
 
 def _crossings(

@@ -97,3 +97,44 @@ def test_throughput():
         "time/generate_tokens_per_s": 50.0,
         "time/update_tokens_per_s": 200.0,
     }
+
+
+def _with_success(series, success):
+    return [{**h, "rollout/success_rate": s} for h, s in zip(series, success, strict=True)]
+
+
+def test_a_spread_that_falls_while_success_rises_is_not_warned_with_a_slip():
+    """A run converging on success: reward std falls 0.4 -> 0.1 (past the 50% drop at iteration 4) while training
+    success climbs 0.3 -> 0.8 (below monitor.converged_success): the signals alone warn, the success slip does not."""
+    series = _with_success(_series([0.3, 0.4, 0.35, 0.3, 0.15, 0.1], [2.0] * 6, [1.0] * 6),
+                           [0.3, 0.4, 0.5, 0.6, 0.7, 0.8])  # fmt: skip
+    assert _events(series, converged_success=0.9) == [(4, "rollout/in_group_reward_std")]
+    assert _events(series, converged_success=0.9, success_slip=0.05) == []
+
+
+def test_a_spread_that_falls_while_success_slips_is_warned():
+    """Reward std peaks at 0.4 at iteration 1 and falls below 0.2 at iteration 4. Trailing 3-iteration success at
+    the peak: mean(0.5, 0.5) = 0.5; at iteration 4: mean(0.5, 0.45, 0.35) = 0.4333 <= 0.5 - 0.05: warned."""
+    stds, flat = [0.3, 0.4, 0.38, 0.3, 0.15, 0.1], [2.0] * 6
+    slipping = _with_success(_series(stds, flat, [1.0] * 6), [0.5, 0.5, 0.5, 0.45, 0.35, 0.3])
+    assert _events(slipping, success_slip=0.05) == [(4, "rollout/in_group_reward_std")]
+    # success holding at 0.46: trailing means 0.4733 (iteration 4) and 0.46 (5), both above 0.45: not warned; with a
+    # slip of 0.03 the line is 0.47: iteration 5 is past it
+    holding = _with_success(_series(stds, flat, [1.0] * 6), [0.5, 0.5, 0.5, 0.46, 0.46, 0.46])
+    assert _events(holding, success_slip=0.05) == []
+    assert _events(holding, success_slip=0.03) == [(5, "rollout/in_group_reward_std")]
+
+
+def test_a_gradient_spike_is_warned_only_when_success_fell_over_the_last_iterations():
+    """Gradient norm 6 > 5 x median(1, ...) at iteration 5. Success over the last 3 iterations: trailing mean at
+    iteration 2 = mean(0.6, 0.6, 0.6) = 0.6, at 5 = mean(0.6, 0.5, 0.4) = 0.5 <= 0.55: warned; rising: not."""
+    grads = [1.0, 1.0, 1.0, 1.0, 1.0, 6.0]
+    falling = _with_success(_series([0.4] * 6, [2.0] * 6, grads), [0.6, 0.6, 0.6, 0.6, 0.5, 0.4])
+    rising = _with_success(_series([0.4] * 6, [2.0] * 6, grads), [0.6, 0.6, 0.6, 0.6, 0.7, 0.8])
+    assert _events(falling, success_slip=0.05) == [(5, "actor/grad_norm_max")]
+    assert _events(rising, success_slip=0.05) == [] and _events(rising) == [(5, "actor/grad_norm_max")]
+
+
+def test_without_a_recorded_success_a_slip_gated_signal_is_not_warned():
+    series = _series([0.3, 0.4, 0.35, 0.3, 0.15, 0.1], [2.0] * 6, [1.0] * 6)
+    assert _events(series, success_slip=0.05) == [] and _events(series) == [(4, "rollout/in_group_reward_std")]

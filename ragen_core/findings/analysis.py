@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ragen_core.config import stored_config
 from ragen_core.findings.spec import FindingSpec, VariantPlan
 from ragen_core.metrics import collapse_warnings
 from ragen_core.storage import DataLake, query
@@ -208,13 +209,20 @@ def history(ctx: Context, run_id: str) -> list[tuple[int, dict[str, float]]]:
     return [(int(i), dict(zip(g["name"], g["value"].astype(float), strict=True))) for i, g in grouped]
 
 
-def replay_warnings(ctx: Context, run_id: str, drop: float, spike: float) -> list[tuple[int, str]]:
+AS_RUN = "as run"  # replay_warnings' slip: the run's own monitor.success_slip
+
+
+def replay_warnings(
+    ctx: Context, run_id: str, drop: float, spike: float, slip: float | None | str = AS_RUN
+) -> list[tuple[int, str]]:
     """(iteration, metric) of every collapse warning the monitor would give on the stored metrics of ``run_id`` with
-    both drop thresholds ``drop`` and the gradient spike factor ``spike`` (warmup and convergence: the run's)."""
-    monitor, fired, past = ctx.config["monitor"], [], []
+    both drop thresholds ``drop``, the gradient spike factor ``spike`` and the success slip ``slip`` (None: signals
+    alone; by default the run's; warmup and convergence: the run's)."""
+    monitor, fired, past = stored_config(ctx.config)["monitor"], [], []
+    slip = monitor["success_slip"] if slip == AS_RUN else slip
     for iteration, metrics in history(ctx, run_id):
         for warning in collapse_warnings(past, metrics, monitor["warmup"], drop, drop, spike,
-                                         monitor["converged_success"]):  # fmt: skip
+                                         monitor["converged_success"], slip):  # fmt: skip
             fired.append((iteration, warning.metric))
         past.append(metrics)
     return fired

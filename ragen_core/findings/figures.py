@@ -95,14 +95,15 @@ def _bar_panel(ax, result: dict[str, Any], key: str) -> None:
 
 def _calibration_panel(ax, result: dict[str, Any]) -> None:
     settings = result.get("calibration", [])
-    labels = [f"d{s['drop']:g}/x{s['spike']:g}" for s in settings]
+    labels = [f"d{s['drop']:g}/x{s['spike']:g}" + (f"/s{s['slip']:g}" if s.get("slip") is not None else "")
+              for s in settings]  # fmt: skip
     detection = [s["detected"] / s["collapsing_runs"] if s["collapsing_runs"] else math.nan for s in settings]
     alarms = [s["false_alarm_rate"] if s["false_alarm_rate"] is not None else math.nan for s in settings]
     positions = range(len(settings))
     ax.bar([p - 0.2 for p in positions], detection, width=0.4, label="detected before collapse (share)")
     ax.bar([p + 0.2 for p in positions], alarms, width=0.4, label="false alarms on healthy runs (share)")
     ax.set_xticks(list(positions), labels, rotation=45, ha="right", fontsize="x-small")
-    ax.set_title("Detector calibration (drop / spike factor)")
+    ax.set_title("Detector calibration (drop / spike factor / success slip)")
     ax.legend(fontsize="x-small")
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 
+from ragen_core.config import stored_config
 from ragen_core.findings.analysis import (
     ENTROPY,
     GRAD,
@@ -53,24 +55,25 @@ def _leads(warnings: dict[str, list[tuple[int, str]]], collapses: dict[str, int 
 def early_warnings(ctx: Context) -> dict[str, Any]:
     """How many iterations ahead the run's own early warnings (``events``) came on collapsing runs, per signal and
     any; how often they fired on healthy runs; and the same for a grid of thresholds replayed on the stored metrics
-    (``params.calibration``: drops for both reward std and entropy, gradient spike factors)."""
+    (``params.calibration``: drops for both reward std and entropy, gradient spike factors, success slips: null for
+    the signals alone)."""
     runs = [run for arm in ctx.arms for run in arm.run_ids]
     collapses = {run: run_collapse(ctx, run) for run in runs}
     recorded = recorded_warnings(ctx, runs)
     per_signal = {name: _leads({r: [w for w in ws if w[1] == name] for r, ws in recorded.items()}, collapses)
                   for name in SIGNALS}  # fmt: skip
-    grid = ctx.params.get("calibration", {"drop": [0.3, 0.5, 0.7], "spike": [3.0, 5.0, 10.0]})
+    grid = ctx.params.get("calibration", {"drop": [0.3, 0.5, 0.7], "spike": [3.0, 5.0, 10.0], "slip": [None]})
     settings = []
-    for drop in grid["drop"]:
-        for spike in grid["spike"]:
-            result = _leads({r: replay_warnings(ctx, r, drop, spike) for r in runs}, collapses)
-            settings.append({"drop": drop, "spike": spike, **result})
+    for drop, spike, slip in itertools.product(grid["drop"], grid["spike"], grid.get("slip", [None])):
+        result = _leads({r: replay_warnings(ctx, r, drop, spike, slip) for r in runs}, collapses)
+        settings.append({"drop": drop, "spike": spike, "slip": slip, **result})
     best = max(settings, key=_score, default=None)
-    monitor = ctx.config["monitor"]
+    monitor = stored_config(ctx.config)["monitor"]
     return {
         "collapse_iteration": collapses,
         "as_run": {"reward_std_drop": monitor["reward_std_drop"], "entropy_drop": monitor["entropy_drop"],
-                   "grad_norm_spike": monitor["grad_norm_spike"], **_leads(recorded, collapses)},  # fmt: skip
+                   "grad_norm_spike": monitor["grad_norm_spike"], "success_slip": monitor["success_slip"],
+                   **_leads(recorded, collapses)},  # fmt: skip
         "per_signal": per_signal,
         "calibration": settings,
         "calibrated": best,

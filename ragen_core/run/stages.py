@@ -190,7 +190,7 @@ def record_warnings(session: RunSession, iteration: int, metrics: dict[str, floa
     monitor, history = session.config.monitor, session.record.metric_history
     warnings = collapse_warnings(
         history, metrics, monitor.warmup, monitor.reward_std_drop, monitor.entropy_drop, monitor.grad_norm_spike,
-        monitor.converged_success,
+        monitor.converged_success, monitor.success_slip,
     )  # fmt: skip
     warnings += template_collapse_warnings(
         history, metrics, monitor.warmup, monitor.mi_drop, monitor.mi_patience, MI_KEYS[monitor.mi_metric]

@@ -204,3 +204,20 @@ def test_a_retrain_over_an_existing_run_or_with_a_foreign_tokenizer_creates_noth
         path.write_text(json.dumps(manifest))
     assert result.exit_code == 2 and "another tokenizer" in result.stderr
     assert _lake_state(lake_root) == before and not (lake_root / "_prefect" / "foreign").exists()
+
+
+def test_the_cli_names_an_offline_run_s_phases(lake_root, tiny_model_dir, tmp_path):
+    """`ragen retrain --mode sft` titles its summary by what ran (offline SFT), not "before RL -> after RL"."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    config = tmp_path / "offline.yaml"
+    config.write_text(yaml.safe_dump(_tree(tiny_model_dir)))
+    sql = "SELECT * FROM trajectories WHERE run_id = 'demo' AND split = 'train' AND iteration = 0"
+    result = CliRunner().invoke(app, ["retrain", "--from", sql, "--mode", "sft", "--init", str(tiny_model_dir),
+                                      "--config", str(config), "--data-root", str(lake_root), "--run-id", "sft-cli"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "validation success (before -> after offline SFT)" in result.stdout
+    assert "after RL" not in result.stdout and "trained on 8 stored trajectories" in result.stdout
