@@ -39,7 +39,7 @@ def lineage(sql: str, table: pa.Table, mode: str, init: Path, lake: DataLake | N
     return offline.lineage(sql, table, mode, init, lake)
 
 
-@task(name="offline_epoch", cache_policy=NO_CACHE)
+@task(name="offline_epoch", task_run_name="epoch-i{epoch}", cache_policy=NO_CACHE)
 def offline_epoch(session: RunSession, table: pa.Table, mode: str, epoch: int) -> dict[str, float]:
     """One pass of sft or pg over the selected rows."""
     return offline.offline_epoch(session, table, mode, epoch)

@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from ragen_core.reports import artifact_key, iteration_markdown
 
 
-@task(name="publish_iteration_artifact", cache_policy=NO_CACHE)
+@task(name="publish_iteration_artifact", task_run_name="artifact-i{iteration}", cache_policy=NO_CACHE)
 def publish_iteration_artifact(run_id: str, iteration: int, metrics: dict[str, float]) -> str:
     """A markdown artifact of the iteration's metrics, one version per iteration under the run's key."""
     key = artifact_key(run_id)
