@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LOWER = ("agent", "algos", "envs", "policy", "rollout", "storage", "training")
 LAKE_TOKENS = ("_DONE", "_commits", "_staging", "_locks", "_COMPACTION", "iteration=", "run_id=", "part-",
-               "manifest.json", "checkpoint.json")  # fmt: skip
+               "manifest.json", "checkpoint.json", "iteration-", ".compaction.json", "_layout.json")  # fmt: skip
 LAKE_FOLDERS = {"runs", "checkpoints", "models", "quarantine", "update_group", "_staging", "_commits", "_locks",
                 "sweeps", "_prefect"}  # fmt: skip
 MAX_LINES = 60

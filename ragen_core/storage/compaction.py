@@ -4,7 +4,7 @@ Only committed iterations are compacted: their partitions receive no more writes
 a partition while it is merged. One partition, in this order (:func:`compact_partition`):
 
 1. recover: finish or neutralise an earlier compaction of the partition that stopped half-way (below);
-2. write the marker ``_COMPACTION.json`` = ``{"merged": "part-compacted-<digest>.parquet", "replaces": [...],
+2. write the marker ``.compaction.json`` = ``{"merged": "part-compacted-<digest>.parquet", "replaces": [...],
    "rows": <n>}`` (atomic); the digest is of the replaced names, so a redo picks the same name;
 3. write the merged file: rows of the replaced files in reader order, in the current schema, under a hidden
    temporary name, fsync, then one rename to its final name. **This rename is the commit point**;
@@ -55,6 +55,7 @@ from ragen_core.storage.layout import (
     check_rows,
     iteration_folders,
     part_files,
+    partition_of,
 )
 from ragen_core.storage.names import validate_run_id
 from ragen_core.storage.parts import (
@@ -122,7 +123,8 @@ def recover_partition(lake: DataLake, spec: TableSpec, folder: Path) -> None:
     marker = read_marker(folder)
     if marker is not None and (folder / marker["merged"]).is_file():
         present = {p.name for p in part_files(folder)}
-        hidden = sorted(superseded(folder, present | {marker["merged"]}))
+        hidden_names = superseded(folder, present | {marker["merged"]})
+        hidden = [name for name in marker["replaces"] if name in hidden_names]  # in the marker's (merge) order
         if hidden:
             _check_merged_holds(lake, spec, folder, marker, hidden)
         delete_replaced(folder, hidden)
@@ -206,7 +208,7 @@ def _compact_tables(
     """Compact every committed partition of the run in ``specs`` (the run lock held), adding to ``report``."""
     for spec in specs:
         check_real_folder(lake.table_dir(spec.name), "table folder")
-        run_folder = lake.table_dir(spec.name) / f"run_id={run_id}"  # the run's own folder, never a pattern
+        run_folder = lake.run_partition_dir(spec.name, run_id)  # the run's own folder, never a pattern
         for iteration, folder in list(iteration_folders(run_folder)):
             if iteration not in committed:
                 report.skipped_uncommitted.append((spec.name, iteration))
@@ -224,7 +226,4 @@ def _read_part(lake: DataLake, spec: TableSpec, path: Path) -> pa.Table:
 
 
 def _iteration_of(folder: Path) -> int:
-    try:
-        return int(folder.name.split("=", 1)[1])
-    except (IndexError, ValueError) as exc:
-        raise LakeError(f"{str(folder)!r} is not an iteration=<n> partition folder") from exc
+    return partition_of(folder / MERGED_PREFIX)[1]

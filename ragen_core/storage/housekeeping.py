@@ -2,7 +2,7 @@
 
 What a run owns under the data root (and what removal deletes):
 
-- its rows in every Parquet table: ``<table>/run_id=<id>/`` (trajectories, turns, metrics, evaluations,
+- its rows in every Parquet table: ``<table>/run-<id>/`` (trajectories, turns, metrics, evaluations,
   checkpoints, events);
 - ``_staging/<id>/``, ``_commits/<id>/``, ``quarantine/run_id=<id>/``, ``_prefect/<id>/`` (the CLI's Prefect home),
   ``_locks/<id>.lock``;
@@ -12,7 +12,7 @@ What a run owns under the data root (and what removal deletes):
   warning: the model is rebuilt when needed).
 
 Removal order, so a crash leaves a run that ``ragen runs rm`` can finish: the manifest is marked ``deleting``; each
-table's partition folder is renamed to a hidden ``.deleting-run_id=<id>`` name (one atomic rename: readers see the
+table's partition folder is renamed to a hidden ``.deleting-run-<id>`` name (one atomic rename: readers see the
 run's rows of that table or none) and then deleted; then the other folders; the manifest goes last.
 """
 
@@ -32,7 +32,7 @@ from ragen_core.storage.catalog import query
 from ragen_core.storage.compaction import run_lock
 from ragen_core.storage.files import LakeError, read_parquet
 from ragen_core.storage.lake import DataLake
-from ragen_core.storage.layout import check_real_folder, checkpoint_folder
+from ragen_core.storage.layout import RUN_FOLDER_PREFIX, check_real_folder, checkpoint_folder
 from ragen_core.storage.locks import run_writer
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
 
@@ -80,7 +80,8 @@ def runs_with_data(lake: DataLake) -> set[str]:
     folders named by a valid run id count (a folder of another name is no run's)."""
     found = {p.parent.name for p in (lake.root / "runs").glob("*/manifest.json")}
     for spec in lake.tables.values():
-        found |= {p.name.split("=", 1)[1] for p in lake.table_dir(spec.name).glob("run_id=*")}
+        folders = lake.table_dir(spec.name).glob(f"{RUN_FOLDER_PREFIX}*")
+        found |= {p.name.removeprefix(RUN_FOLDER_PREFIX) for p in folders}
     for folder in ("_commits", "_staging", "_prefect"):
         found |= {p.name for p in (lake.root / folder).glob("*") if p.is_dir()}
     found |= {p.name.split("=", 1)[1] for p in (lake.root / "quarantine").glob("run_id=*")}
@@ -149,7 +150,7 @@ def _check_own_folders(lake: DataLake, run_id: str) -> None:
     for spec in lake.tables.values():
         check_real_folder(lake.table_dir(spec.name), "table folder")
         if spec.source == "parquet":
-            check_real_folder(lake.table_dir(spec.name) / f"run_id={run_id}", "partition folder")
+            check_real_folder(lake.run_partition_dir(spec.name, run_id), "partition folder")
     for folder in ("_staging", "_commits", "quarantine", "_prefect", "runs", "models"):
         check_real_folder(lake.root / folder, "folder")
     for folder in (lake.root / "_staging" / run_id, lake.root / "_commits" / run_id,
@@ -176,7 +177,7 @@ def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPla
     for spec in lake.tables.values():
         if spec.source != "parquet":
             continue
-        folder = lake.table_dir(spec.name) / f"run_id={run_id}"
+        folder = lake.run_partition_dir(spec.name, run_id)
         if folder.is_dir():
             plan.rows[spec.name] = _row_count(lake.partition_files(spec.name, run_id))
             plan.table_dirs.append(folder)
@@ -237,8 +238,8 @@ def _delete_owned(lake: DataLake, plan: RemovalPlan, progress: dict[str, bool]) 
     """Delete the run's table partitions and the other paths of ``plan`` (not its manifest folder, not its lock);
     ``progress["deleted"]`` turns true as the first thing goes (a table partition is renamed away first)."""
     run_id = plan.run_id
-    for spec in lake.tables.values():
-        folder = lake.table_dir(spec.name) / f"run_id={run_id}"
+    for spec in [s for s in lake.tables.values() if s.source == "parquet"]:
+        folder = lake.run_partition_dir(spec.name, run_id)
         trash = folder.with_name(f"{TRASH_PREFIX}{folder.name}")
         if folder.is_dir():
             if trash.exists():  # left by a removal that crashed

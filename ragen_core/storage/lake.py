@@ -2,8 +2,10 @@
 
 Layout under the data root::
 
-    <table>/run_id=<id>/iteration=<n>/part-<stage>-<k>.parquet    published rows (what readers see)
-    _staging/<run_id>/<iteration>/<stage>/<table>/...              a stage's output before publishing
+    <table>/run-<id>/iteration-<n>/part-<token>-<k>.parquet        published rows (what readers see; <token>: of the
+                                                                   stage, ``ragen_core.storage.layout.stage_token``)
+    _layout.json                                                   the layout version (``ragen_core.storage.upgrade``)
+    _staging/<run_id>/<iteration>/<stage>/<table>/...              a stage's output (part-<stage>-<k>), unpublished
     _staging/<run_id>/<iteration>/<stage>/_DONE.json               the stage finished (its result payload)
     _commits/<run_id>/iteration=<n>.json                           the iteration is committed
     quarantine/run_id=<id>/iteration=<n>/<stage>/                  batches that failed validation + report.json
@@ -11,13 +13,14 @@ Layout under the data root::
     runs/<run_id>/checkpoints/iteration=<n>/                       engine states + Hugging Face export after n updates
     runs/<run_id>/update_group/                                    a launched update group's logs and policy export
     runs/<run_id>/vllm_server/server.log                          the run's vLLM rollout server's log
-    <table>/run_id=<id>/iteration=<n>/_COMPACTION.json             marker of a compaction (``parts``, ``compaction``)
+    <table>/run-<id>/iteration-<n>/.compaction.json                marker of a compaction (``parts``, ``compaction``)
     _locks/<run_id>.lock                                           held while a run is compacted or removed
     sweeps/<sweep_id>.json                                         a sweep's plan
     _prefect/<run or sweep>/<attempt>/                             a command's own Prefect home and local server
 
-The lake alone builds and parses these paths: the run layer asks it for a stage's folder, a checkpoint's folder,
-which stages of an interrupted iteration finished, and to discard the rest. Stage names are the constants of
+The lake alone builds and parses these paths (the names are :mod:`ragen_core.storage.layout`'s): the run layer asks
+it for a stage's folder, a checkpoint's folder, which stages of an interrupted iteration finished, and to discard the
+rest. Stage names are the constants of
 :class:`Stage`. File names are deterministic (run, iteration, stage, part), so a redone stage overwrites instead of
 adding rows. Every file is written under a temporary name and renamed into place, so readers never see a partial
 file.
@@ -51,15 +54,25 @@ from ragen_core.storage.files import (
 )
 from ragen_core.storage.layout import (
     ITERATION_FOLDER,
+    LAYOUT_FILE,
+    LAYOUT_VERSION,
+    OLD_RUN_FOLDER_PREFIX,
     check_manifest,
     check_real_folder,
     check_real_folders,
     check_regular_file,
     check_rows,
+    iteration_folder_name,
     iteration_folders,
+    layout_version,
     list_parts,
+    old_layout_error,
     part_files,
     partition_of,
+    published_by_stage,
+    published_name_of,
+    run_folder_name,
+    staged_part_name,
 )
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
 from ragen_core.storage.parts import check_not_superseded, visible_parts
@@ -118,8 +131,12 @@ class DataLake:
     def table_dir(self, table: str) -> Path:
         return self.root / table
 
+    def run_partition_dir(self, table: str, run_id: str) -> Path:
+        """The folder of a run's rows in ``table`` (one folder per iteration in it)."""
+        return self.root / table / run_folder_name(validate_run_id(run_id))
+
     def partition_dir(self, table: str, run_id: str, iteration: int) -> Path:
-        return self.root / table / f"run_id={validate_run_id(run_id)}" / f"iteration={int(iteration)}"
+        return self.run_partition_dir(table, run_id) / iteration_folder_name(iteration)
 
     # the folders a run's writers fill and clear are checked to be real folders (no link out of the data root) each
     # time their path is built: a planted link would take the writes, or a redo's deletions, elsewhere
@@ -233,7 +250,7 @@ class DataLake:
         expected = self._parquet_spec(table).arrow_schema
         if strict and not data.schema.equals(expected, check_metadata=False):
             raise LakeError(f"table {table!r} does not match its schema:\n{data.schema}\nexpected:\n{expected}")
-        path = self.stage_dir(run_id, iteration, stage) / table / f"part-{stage}-{part:05d}.parquet"
+        path = self.stage_dir(run_id, iteration, stage) / table / staged_part_name(stage, part)
         atomic_write_parquet(path, data.replace_schema_metadata(expected.metadata) if strict else data)
         return path
 
@@ -286,10 +303,10 @@ class DataLake:
                     if item.name != _DONE:
                         discard(item)
         for table in sorted(name for name, spec in self.tables.items() if spec.source == "parquet"):
-            run_folder = self.table_dir(table) / f"run_id={validate_run_id(run_id)}"
+            run_folder = self.run_partition_dir(table, run_id)
             for iteration, folder in list(iteration_folders(run_folder)):  # every part, compacted or not
                 for file in part_files(folder) if iteration >= from_iteration else []:
-                    if iteration > from_iteration or _part_stage(file) not in reused:
+                    if iteration > from_iteration or not published_by_stage(file.name, reused):
                         discard(file)
         return reused
 
@@ -298,6 +315,7 @@ class DataLake:
         per file; return the published paths."""
         source = self.stage_dir(run_id, iteration, stage)
         folders = sorted(p for p in source.iterdir() if p.is_dir()) if source.is_dir() else []
+        self.check_layout(run_id)
         published = []
         for table_dir in folders:
             if tables is not None and table_dir.name not in tables:
@@ -307,10 +325,21 @@ class DataLake:
             for folder in (target_dir.parent.parent, target_dir.parent, target_dir):  # never publish through a link
                 check_real_folder(folder, "partition folder")
             for file in sorted(table_dir.glob("part-*.parquet")):
-                check_not_superseded(target_dir, file.name)
-                os.replace(file, target_dir / file.name)
-                published.append(target_dir / file.name)
+                name = published_name_of(stage, file.name)
+                check_not_superseded(target_dir, name)
+                os.replace(file, target_dir / name)
+                published.append(target_dir / name)
         return published
+
+    def check_layout(self, run_id: str | None = None) -> None:
+        """Before publishing (``run_id``'s rows): the data root's layout is this code's, recording it in a new
+        data root; a newer layout, or (for ``run_id``) a folder of the old layout 1, raises naming the upgrade."""
+        if layout_version(self.root) is None:
+            atomic_write_json(self.root / LAYOUT_FILE, {"layout_version": LAYOUT_VERSION})
+        for table in [n for n, spec in self.tables.items() if spec.source == "parquet" and run_id is not None]:
+            old = self.table_dir(table) / f"{OLD_RUN_FOLDER_PREFIX}{validate_run_id(run_id)}"
+            if os.path.lexists(old):
+                raise old_layout_error(self.root, old)
 
     def quarantine(self, run_id: str, iteration: int, stage: str, report_json: str) -> Path:
         """Move a failed stage's staged output under ``quarantine/`` with its report; return the folder."""
@@ -328,7 +357,8 @@ class DataLake:
         self, table: str, run_id: str, iteration: int, rows: Rows, *, stage: str, part: int = 0, publish: bool = True
     ) -> Path:
         """Validate ``rows`` (pandera contract of ``table``; all rows in partition ``run_id``/``iteration``), stage
-        them as ``part-<stage>-<part>.parquet`` and, unless ``publish=False``, publish that table of the stage.
+        them as ``part-<stage>-<part>.parquet`` and, unless ``publish=False``, publish that table of the stage
+        (as ``part-<stage token>-<part>.parquet``).
 
         Rows that fail are quarantined with a report and a :class:`LakeError` names the failed checks. Returns
         the published (or staged) path. Writing the same (table, run, iteration, stage, part) again replaces it.
@@ -352,7 +382,7 @@ class DataLake:
         if not publish:
             return path
         self.publish(run_id, iteration, stage, [table])
-        return self.partition_dir(table, run_id, iteration) / path.name
+        return self.partition_dir(table, run_id, iteration) / published_name_of(stage, path.name)
 
     # -- reading published rows --------------------------------------------------------------------------------
     def partition_files(self, table: str, run_id: str | None = None, iteration: int | None = None) -> list[Path]:
@@ -363,6 +393,7 @@ class DataLake:
         while the listing is checked (a compaction's merged file, by a run's removal) makes it list again."""
         if run_id is not None:
             validate_run_id(run_id)
+        layout_version(self.root)  # a newer layout raises; a folder of layout 1 raises in the listing
         for attempt in range(VANISHED_ATTEMPTS):
             try:
                 return visible_parts(list_parts(self.table_dir(table), run_id, iteration))
@@ -483,11 +514,6 @@ def by_partition(files: list[Path]) -> list[list[Path]]:
     for path in files:
         groups.setdefault(path.parent, []).append(path)
     return list(groups.values())
-
-
-def _part_stage(path: Path) -> str:
-    """The stage of a part file named ``part-<stage>-<k>.parquet``."""
-    return path.name.removeprefix("part-").removesuffix(".parquet").rsplit("-", 1)[0]
 
 
 def _as_table(spec: TableSpec, rows: Rows) -> pa.Table:

@@ -7,12 +7,19 @@ damaged, planted or edited by hand, so each is held to the layout it must follow
 :class:`~ragen_core.storage.files.LakeError` naming the offending file, and the caller reads and deletes nothing on
 its account. The rules:
 
-- **Folders and part files.** Under a table folder only ``run_id=<run id>`` (a valid run id,
-  :mod:`ragen_core.storage.names`) holding ``iteration=<n>`` (a plain decimal, no sign, no leading zero) holding
-  ``part-<name>.parquet`` files (letters, digits, ``.``, ``_``, ``-``). Hidden entries (a leading ``.``: temporary
-  files, folders being deleted) and entries of another form (notes, markers) are not parts and are never read. No
-  table folder, partition folder or part file may be a symbolic link: a link could make readers count rows from
-  outside the data root, and housekeeping write or delete there.
+- **Folders and part files** (layout version :data:`LAYOUT_VERSION`; this module spells every name). Under a
+  table folder only ``run-<run id>`` (a valid run id, :mod:`ragen_core.storage.names`) holding ``iteration-<n>`` (a
+  plain decimal, no sign, no leading zero) holding ``part-<name>.parquet`` files (letters, digits, ``.``, ``_``,
+  ``-``). Hidden entries (a leading ``.``: temporary files, folders being deleted, the compaction marker) and
+  entries of another form (notes) are not parts and are never read. No table folder, partition folder or part file
+  may be a symbolic link: a link could make readers count rows from outside the data root, and housekeeping write
+  or delete there. The names are chosen for the other tools that read the folders (docs/lake.md, "Reading the lake
+  with other tools"): no ``key=value`` folder, so pandas, pyarrow and polars infer no partition column that clashes
+  with the files' own ``run_id`` and ``iteration`` columns; no split word of Hugging Face ``datasets``
+  (train, test, eval, val, dev, ...) in a part name (a published part is ``part-<digest of its stage>-<k>``), so
+  ``load_dataset`` takes no file for a split; only ``.parquet`` files, the marker hidden. Layout 1 (``run_id=<id>/
+  iteration=<n>/part-<stage>-<k>.parquet``, ``_COMPACTION.json``) is refused, naming the upgrade
+  (:mod:`ragen_core.storage.upgrade`).
 - **Rows belong to their folder.** A part file under ``run_id=A/iteration=n/`` holds rows of run A and iteration n
   only, and every column the table declares NOT NULL (for the file's schema version) is present and has no nulls
   (:func:`check_footer`, :func:`check_rows`): a file that says otherwise fails every read of its table, naming it.
@@ -42,6 +49,7 @@ its account. The rules:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -53,17 +61,90 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ragen_core.storage.files import LakeError, VanishedFileError
+from ragen_core.storage.files import LakeError, VanishedFileError, read_json
 from ragen_core.storage.names import is_valid_run_id
 from schemas.tables import TableSpec
 from schemas.versions import stored_version
 
 PART_NAME = re.compile(r"part-[A-Za-z0-9_][A-Za-z0-9._-]{0,200}\.parquet")
 MERGED_NAME = re.compile(r"part-compacted-[0-9a-f]{16}\.parquet")
-ITERATION_FOLDER = re.compile(r"iteration=(0|[1-9][0-9]{0,17})")
-RUN_FOLDER_PREFIX = "run_id="
+ITERATION_FOLDER = re.compile(r"iteration=(0|[1-9][0-9]{0,17})")  # checkpoint folders and commit markers
 HF_EXPORT = "hf"
 _HOW_TO_FIX = "it was changed by hand or planted; move it out of the data root, then try again"
+
+# -- the names of table folders and part files (layout 2) -----------------------------------------------------------
+LAYOUT_VERSION = 2
+LAYOUT_FILE = "_layout.json"  # {"layout_version": n} at the data root, written with the first published file
+RUN_FOLDER_PREFIX = "run-"
+ITERATION_PREFIX = "iteration-"
+PARTITION_ITERATION = re.compile(r"iteration-(0|[1-9][0-9]{0,17})")
+COMPACTION_MARKER = ".compaction.json"  # hidden: the tools that read the folders see only Parquet files
+MERGED_PREFIX = "part-compacted-"
+# layout 1, read only by the upgrade
+OLD_RUN_FOLDER_PREFIX = "run_id="
+OLD_COMPACTION_MARKER = "_COMPACTION.json"
+UPGRADE_HINT = "upgrade it once with `ragen upgrade-lake --data-root {root}` (safe to interrupt and run again)"
+
+
+def run_folder_name(run_id: str) -> str:
+    """The folder of a run's rows in a table folder."""
+    return f"{RUN_FOLDER_PREFIX}{run_id}"
+
+
+def iteration_folder_name(iteration: int) -> str:
+    """The folder of one iteration's rows in a run's folder."""
+    return f"{ITERATION_PREFIX}{int(iteration)}"
+
+
+def stage_token(stage: str) -> str:
+    """The stage's part of a published part name: 12 hex digits of its SHA-256. Stage names hold env names (an
+    evaluation is ``eval-<env>``), and hex digits never spell a split word of Hugging Face ``datasets``."""
+    return hashlib.sha256(stage.encode()).hexdigest()[:12]
+
+
+def staged_part_name(stage: str, part: int) -> str:
+    """A part file's name in a stage's staging folder (and in quarantine): ``part-<stage>-<part:05d>.parquet``."""
+    return f"part-{stage}-{int(part):05d}.parquet"
+
+
+def published_part_name(stage: str, part: int) -> str:
+    """A part file's name once published into its partition: ``part-<stage token>-<part:05d>.parquet``."""
+    return f"part-{stage_token(stage)}-{int(part):05d}.parquet"
+
+
+def published_name_of(stage: str, staged: str) -> str:
+    """The published name of the staged part file ``staged`` of ``stage``."""
+    number = staged.removesuffix(".parquet").rsplit("-", 1)[-1]
+    if staged != staged_part_name(stage, int(number) if number.isdigit() else 0):
+        raise LakeError(f"staged file {staged!r} of stage {stage!r} is not {staged_part_name(stage, 0)!r} or the like")
+    return published_part_name(stage, int(number))
+
+
+def published_by_stage(name: str, stages: Iterable[str]) -> bool:
+    """Whether the published part file ``name`` was published by one of ``stages``."""
+    return any(name.startswith(f"part-{stage_token(stage)}-") for stage in stages)
+
+
+def layout_version(root: Path) -> int | None:
+    """The layout version recorded in the data root (None when it has no ``_layout.json`` yet); a version newer
+    than this code raises."""
+    path = root / LAYOUT_FILE
+    if not check_regular_file(path, "layout file"):
+        return None
+    payload = read_json(path)
+    version = payload.get("layout_version") if isinstance(payload, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise LakeError(f"layout file {_show(path)} has no integer layout_version; {_HOW_TO_FIX}")
+    if version > LAYOUT_VERSION:
+        raise LakeError(f"data root {_show(root)} has lake layout {version}, but this ragen-flows only knows layouts "
+                        f"up to {LAYOUT_VERSION}: upgrade ragen-flows (pip install -U ragen-flows) to use it")
+    return version
+
+
+def old_layout_error(root: Path, found: Path) -> LakeError:
+    """The error for a folder of layout 1 found where layout 2 is read or written."""
+    return LakeError(f"data root {_show(root)} has tables in the old lake layout 1 ({_show(found)}); "
+                     + UPGRADE_HINT.format(root=root))
 
 
 def _show(path: Path | str) -> str:
@@ -132,9 +213,12 @@ def _checked_folder(entry: os.DirEntry, what: str) -> bool:
 
 
 def run_folders(table_dir: Path) -> Iterator[tuple[str, Path]]:
-    """``(run id, folder)`` of every ``run_id=<id>`` partition of a table folder (hidden entries skipped)."""
+    """``(run id, folder)`` of every ``run-<id>`` partition of a table folder (hidden entries skipped); a folder of
+    layout 1 (``run_id=<id>``) raises, naming the upgrade."""
     check_real_folder(table_dir, "table folder")
     for entry in _entries(table_dir):
+        if entry.name.startswith(OLD_RUN_FOLDER_PREFIX):
+            raise old_layout_error(table_dir.parent, Path(entry.path))
         if not entry.name.startswith(RUN_FOLDER_PREFIX):
             continue
         run_id = entry.name[len(RUN_FOLDER_PREFIX):]
@@ -145,15 +229,15 @@ def run_folders(table_dir: Path) -> Iterator[tuple[str, Path]]:
 
 
 def iteration_folders(run_folder: Path) -> Iterator[tuple[int, Path]]:
-    """``(iteration, folder)`` of every ``iteration=<n>`` folder of a run's partition, in increasing order."""
+    """``(iteration, folder)`` of every ``iteration-<n>`` folder of a run's partition, in increasing order."""
     check_real_folder(run_folder, "partition folder")
     found = []
     for entry in _entries(run_folder):
-        if not entry.name.startswith("iteration="):
+        if not entry.name.startswith(ITERATION_PREFIX):
             continue
-        match = ITERATION_FOLDER.fullmatch(entry.name)
+        match = PARTITION_ITERATION.fullmatch(entry.name)
         if match is None:
-            raise LakeError(f"partition folder {_show(entry.path)} is not iteration=<n>; {_HOW_TO_FIX}")
+            raise LakeError(f"partition folder {_show(entry.path)} is not {ITERATION_PREFIX}<n>; {_HOW_TO_FIX}")
         _checked_folder(entry, "partition folder")
         found.append((int(match.group(1)), Path(entry.path)))
     yield from sorted(found)
@@ -180,7 +264,7 @@ def list_parts(table_dir: Path, run_id: str | None = None, iteration: int | None
         runs = list(run_folders(table_dir)) if table_dir.exists() or table_dir.is_symlink() else []
     else:
         check_real_folder(table_dir, "table folder")
-        runs = [(run_id, table_dir / f"{RUN_FOLDER_PREFIX}{run_id}")]
+        runs = [(run_id, table_dir / run_folder_name(run_id))]
     files: list[Path] = []
     for _, run_folder in runs:
         for number, folder in iteration_folders(run_folder):
@@ -192,10 +276,11 @@ def list_parts(table_dir: Path, run_id: str | None = None, iteration: int | None
 def partition_of(path: Path) -> tuple[str, int]:
     """``(run id, iteration)`` of the partition folder a part file sits in."""
     run_name, iteration_name = path.parent.parent.name, path.parent.name
-    match = ITERATION_FOLDER.fullmatch(iteration_name)
+    match = PARTITION_ITERATION.fullmatch(iteration_name)
     run_id = run_name[len(RUN_FOLDER_PREFIX):] if run_name.startswith(RUN_FOLDER_PREFIX) else ""
     if match is None or not is_valid_run_id(run_id):
-        raise LakeError(f"{_show(path)} does not lie in a <table>/run_id=<id>/iteration=<n>/ folder")
+        raise LakeError(f"{_show(path)} does not lie in a <table>/{RUN_FOLDER_PREFIX}<id>/{ITERATION_PREFIX}<n>/ "
+                        "folder")
     return run_id, int(match.group(1))
 
 
@@ -257,7 +342,8 @@ def check_rows(path: Path, table: pa.Table, spec: TableSpec) -> None:
 
 def _wrong_partition(path: Path, column: str, found: Any, expected: Mapping[str, Any]) -> None:
     raise LakeError(
-        f"part file {_show(path)} lies in partition run_id={expected['run_id']}/iteration={expected['iteration']} "
+        f"part file {_show(path)} lies in partition {run_folder_name(expected['run_id'])}/"
+        f"{iteration_folder_name(expected['iteration'])} "
         f"but holds rows with {column} = {found!r}; rows belong to the run and iteration of their folder: "
         f"{_HOW_TO_FIX}"
     )

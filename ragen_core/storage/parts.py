@@ -1,8 +1,9 @@
 """Which part files of a partition readers see: the rule that makes compaction atomic for readers.
 
-A partition folder (``<table>/run_id=<id>/iteration=<n>/``) holds ``part-*.parquet`` files. Compaction
+A partition folder (``<table>/run-<id>/iteration-<n>/``) holds ``part-*.parquet`` files. Compaction
 (:mod:`ragen_core.storage.compaction`) merges them into one ``part-compacted-<digest>.parquet`` and records, *before*
-that file appears, a marker ``_COMPACTION.json`` = ``{"merged": <name>, "replaces": [<names>], "rows": <n>}``.
+that file appears, a marker ``.compaction.json`` = ``{"merged": <name>, "replaces": [<names>], "rows": <n>}``
+(hidden: the folder shows the other tools that read it only Parquet files).
 
 The reader rule: **list the part files first, then read the marker; when the marker's merged file is among the
 listed files, skip the files it replaces.** The merged file becomes visible by one rename, after the marker is on
@@ -25,10 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.storage.files import LakeError, read_json
-from ragen_core.storage.layout import check_marker, check_regular_file, check_replaced_rows
+from ragen_core.storage.layout import (
+    COMPACTION_MARKER,
+    MERGED_PREFIX,
+    check_marker,
+    check_regular_file,
+    check_replaced_rows,
+)
 
-COMPACTION_MARKER = "_COMPACTION.json"
-MERGED_PREFIX = "part-compacted-"
+__all__ = ["COMPACTION_MARKER", "MERGED_PREFIX", "check_not_superseded", "merged_name", "read_marker", "superseded",
+           "visible_parts"]  # fmt: skip
 
 
 def merged_name(names: list[str]) -> str:

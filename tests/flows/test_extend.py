@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ragen_core.storage import DataLake
+from ragen_core.storage.parts import COMPACTION_MARKER
 from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _ragen, _rows, _weights
 
 EXTEND = ["--force-config", "trainer.iterations", "trainer.iterations=3"]
@@ -176,7 +177,7 @@ def test_a_compacted_run_is_not_extended_and_keeps_every_row(tmp_path, tiny_mode
     assert rc == 0, err
     lake = DataLake(root)
     final = lake.committed_iterations(RUN)[-1]
-    assert (lake.partition_dir("trajectories", RUN, final) / "_COMPACTION.json").is_file()  # the premise
+    assert (lake.partition_dir("trajectories", RUN, final) / COMPACTION_MARKER).is_file()  # the premise
     rows = {table: _rows(root, table) for table in ("trajectories", "turns", "metrics", "evaluations")}
     before = _state(root)
     extend = ["--force-config", "trainer.iterations", "trainer.iterations=2"]

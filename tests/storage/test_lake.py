@@ -19,6 +19,7 @@ from ragen_core.storage import (
     trajectories_table,
     turns_table,
 )
+from ragen_core.storage.layout import published_part_name
 from schemas import TABLES
 
 
@@ -38,7 +39,8 @@ def test_parquet_round_trip_is_token_exact(tmp_path, records):
     lake.stage_table("run-a", 0, "rollout", "turns", turns_table(records, META))
     assert lake.read_table("trajectories").num_rows == 0  # staged rows are invisible to readers
     published = lake.publish("run-a", 0, "rollout")
-    assert {p.parent.name for p in published} == {"iteration=0"}
+    assert {p.parent for p in published} == {lake.partition_dir("trajectories", "run-a", 0),
+                                             lake.partition_dir("turns", "run-a", 0)}
     rows = lake.read_table("trajectories", "run-a", 0).to_pylist()
     assert [r["input_ids"] for r in rows] == [r.input_ids for r in records]
     assert [r["loss_mask"] for r in rows] == [r.loss_mask for r in records]
@@ -101,7 +103,8 @@ def test_every_table_has_a_view_with_its_columns_on_a_fresh_root(tmp_path):
 def test_write_rows_publishes_self_describing_files_under_deterministic_names(tmp_path):
     lake = DataLake(tmp_path)
     path = lake.write_rows("metrics", "run-a", 3, _metric_rows("run-a", 3, {"a": 1.0, "b": 2.0}), stage="commit")
-    assert path == lake.partition_dir("metrics", "run-a", 3) / "part-commit-00000.parquet" and path.is_file()
+    assert path == lake.partition_dir("metrics", "run-a", 3) / published_part_name("commit", 0) and path.is_file()
+    assert path.name == "part-9505cacb7c71-00000.parquet"  # sha256("commit")[:12]: no stage word in the name
     schema = pq.read_schema(path)
     assert schema.metadata[b"schema_version"] == b"1" and schema.metadata[b"table"] == b"metrics"
     assert schema.field("value").metadata[b"description"] == b"Metric value."

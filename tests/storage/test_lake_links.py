@@ -15,8 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ragen_core.storage import DataLake, LakeError
+from ragen_core.storage import DataLake, LakeError, Stage
 from ragen_core.storage.files import MAX_JSON_BYTES
+from ragen_core.storage.layout import published_part_name
 from ragen_core.storage.parts import COMPACTION_MARKER, merged_name
 from tests.flows.test_concurrency import _train
 from tests.storage import test_lake_names as lake_names
@@ -148,7 +149,7 @@ def test_a_forged_merged_file_of_the_right_size_never_lets_compaction_delete_row
     replaced files for good, since only the counts were checked."""
     folder = lake.partition_dir("trajectories", "runC", 0)
     parts = lake.partition_files("trajectories", "runC", 0)
-    rollout = pq.read_table(next(p for p in parts if "rollout" in p.name))
+    rollout = pq.read_table(next(p for p in parts if p.name == published_part_name(Stage.ROLLOUT, 0)))
     rows = sum(pq.read_metadata(p).num_rows for p in parts)
     forged = pa.concat_tables([rollout] * (rows // rollout.num_rows + 1)).slice(0, rows)
     merged = merged_name([p.name for p in parts])

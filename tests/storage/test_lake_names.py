@@ -263,8 +263,8 @@ def test_a_symlinked_part_file_reads_no_rows_from_outside_the_root(lake, tmp_pat
 
 @pytest.mark.parametrize("level", ["run", "iteration"])
 def test_a_symlinked_partition_folder_is_refused_by_compact_and_rm_without_a_stuck_run(lake, tmp_path, level):
-    run_folder = lake.table_dir("trajectories") / "run_id=runB"
-    folder = run_folder if level == "run" else run_folder / "iteration=0"
+    run_folder = lake.run_partition_dir("trajectories", "runB")
+    folder = run_folder if level == "run" else lake.partition_dir("trajectories", "runB", 0)
     outside = tmp_path / "elsewhere"
     shutil.move(folder, outside)
     folder.symlink_to(outside, target_is_directory=True)
