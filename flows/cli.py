@@ -1,5 +1,5 @@
 """The ``ragen`` command line: train, resume, retrain, sweep, eval, sql, plot, reproduce, runs (list, rm, compact),
-server."""
+server, export, upgrade-lake."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from flows.cli_common import (
     writable_root,
     write_result,
 )
+from flows.cli_export import export, upgrade_lake
 from flows.cli_launch import start_flow_command, user_facing_errors, writer
 from flows.cli_reproduce import reproduce
 from flows.cli_runs import runs_app
@@ -34,6 +35,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows:
 app.add_typer(server_app, name="server")
 app.add_typer(runs_app, name="runs")
 app.command()(reproduce)
+app.command()(export)
+app.command("upgrade-lake")(upgrade_lake)
 
 SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQL; one row per env and split
     "SELECT iteration, split, env, count(*) AS trajectories, round(avg(total_reward), 4) AS reward, "

@@ -1,0 +1,60 @@
+"""``ragen export`` (chosen runs' rows as a Hugging Face ``datasets`` folder) and ``ragen upgrade-lake`` (a data
+root of an older lake layout brought to the current one); both registered in :mod:`flows.cli`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from flows.cli_common import DATA_ROOT_HELP, checked_run_id, console, existing_root, fail
+
+
+def export(
+    run_ids: list[str] = typer.Argument(..., help="The run(s) to export (`ragen runs` lists them)."),
+    out: Path = typer.Option(..., "--out", "-o", help="A new (or empty) folder outside the data root."),
+    table: list[str] | None = typer.Option(
+        None, "--table", help="trajectories (default) or turns; repeatable (then one folder per table)."
+    ),
+    data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+) -> None:
+    """Write runs' rows as a dataset folder with train and validation splits: load_dataset("parquet",
+    data_dir=OUT) loads it (several --table: data_dir=OUT/<table>). Reads the lake only."""
+    from ragen_core.storage import DataLake, LakeError
+    from ragen_core.storage.export import export_dataset, load_line
+
+    for run_id in run_ids:
+        checked_run_id(run_id)
+    root = existing_root(data_root)
+    try:
+        report = export_dataset(DataLake(root), out, list(run_ids), list(table or ["trajectories"]))
+    except LakeError as exc:
+        fail(str(exc))
+    for name, rows in report.rows.items():
+        counts = ", ".join(f"{split} {n}" for split, n in rows.items())
+        console.print(f"{escape(name)}: {counts} rows -> {escape(load_line(report.folders[name]))}", highlight=False)
+
+
+def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP)) -> None:
+    """Bring a data root written by an older ragen-flows to the current lake layout (folders and part-file names,
+    no file rewritten); safe to interrupt and run again. Stop the runs writing to it first."""
+    from ragen_core.storage import DataLake, LakeError
+    from ragen_core.storage.upgrade import upgrade_layout
+
+    root = existing_root(data_root)
+    try:
+        report = upgrade_layout(DataLake(root))
+    except LakeError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot upgrade {str(root)!r}: {exc.strerror or exc} ({exc.filename}); make it writable, then run "
+             "`ragen upgrade-lake` again (it goes on where it stopped)")  # fmt: skip
+    if not report.partitions:
+        console.print(f"{escape(str(root))} already has lake layout {report.layout}", highlight=False)
+        return
+    console.print(
+        f"upgraded {escape(str(root))} to lake layout {report.layout}: {len(report.partitions)} partition(s), "
+        f"{report.files} file(s), runs {escape(', '.join(report.runs))}",
+        highlight=False,
+    )

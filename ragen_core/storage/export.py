@@ -1,0 +1,132 @@
+"""A Hugging Face ``datasets`` folder of chosen runs' rows (``ragen export``): read-only on the lake.
+
+One table gives a folder that ``load_dataset("parquet", data_dir=OUT)`` loads with two splits::
+
+    OUT/train/part-<k>.parquet         the rows with split = 'train' (run k of the export, in the order given)
+    OUT/validation/part-<k>.parquet    the rows with split = 'val'
+    OUT/README.md                      what was exported: runs, tables, rows per split, and the line to load it
+
+Several tables give one such folder per table (``OUT/<table>/``: ``data_dir=OUT/<table>``), since one dataset has
+one schema. The names hold no split word besides the split folders (``datasets`` picks splits by the words in
+folder and file names), and both splits always have a file (a 0-row one when a run has no such rows), so the
+splits are the same whatever the runs hold. Rows are the lake's readers' (:meth:`DataLake.read_table`: the current
+schema, compacted partitions once). Everything is written into a hidden folder beside ``OUT``, which is renamed to
+``OUT`` last: a failed export leaves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ragen_core.storage.files import LakeError, atomic_write_bytes, atomic_write_parquet
+from ragen_core.storage.lake import DataLake
+from ragen_core.storage.names import validate_run_id
+
+SPLITS = {"train": "train", "validation": "val"}  # the dataset's split: the lake's `split` value
+EXPORT_TMP_PREFIX = ".ragen-export-"
+
+
+class ExportError(LakeError):
+    """An export that cannot be done as asked: the message says what is wrong and how to fix it."""
+
+
+@dataclass
+class ExportReport:
+    """What :func:`export_dataset` wrote: rows per (table, split) and the folder of each table's dataset."""
+
+    out: Path
+    runs: list[str]
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)
+    folders: dict[str, Path] = field(default_factory=dict)
+
+
+def splittable_tables(lake: DataLake) -> list[str]:
+    """The tables an export can write: Parquet tables with a ``split`` column."""
+    return [n for n, s in lake.tables.items() if s.source == "parquet" and "split" in s.column_names]
+
+
+def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str]) -> None:
+    """Refuse a bad export before anything is written: no or unknown runs, unknown or unsplittable tables, an
+    ``out`` that is inside the data root, a link, a file or a non-empty folder."""
+    if not run_ids:
+        raise ExportError("name at least one run to export (`ragen runs` lists them)")
+    from ragen_core.storage.housekeeping import runs_with_data
+
+    known = runs_with_data(lake)
+    for run_id in run_ids:
+        validate_run_id(run_id)
+        if run_id not in known:
+            raise ExportError(f"unknown run {run_id!r} in {lake.root}; list the runs with `ragen runs`")
+    allowed = splittable_tables(lake)
+    for table in tables:
+        if table not in allowed:
+            raise ExportError(f"cannot export table {table!r}: an export takes a table with train and validation "
+                              f"rows ({', '.join(allowed)})")  # fmt: skip
+    if len(set(run_ids)) != len(run_ids) or len(set(tables)) != len(tables) or not tables:
+        raise ExportError("name each run and each table once (and at least one table)")
+    if os.path.islink(out):
+        raise ExportError(f"--out {str(out)!r} is a symbolic link; give the path of a new folder")
+    if out.resolve().is_relative_to(lake.root):
+        raise ExportError(f"--out {str(out)!r} lies inside the data root {str(lake.root)!r}; the lake is read-only "
+                          "here: export elsewhere")  # fmt: skip
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"--out {str(out)!r} exists and is not an empty folder; give a new folder")
+    if not out.resolve().parent.is_dir():
+        raise ExportError(f"the folder of --out {str(out)!r} does not exist; create it first")
+
+
+def export_dataset(lake: DataLake, out: Path, run_ids: list[str], tables: list[str]) -> ExportReport:
+    """Write the dataset folder (module docstring) of ``run_ids``' rows of ``tables`` at ``out``."""
+    check_export(lake, out, run_ids, tables)
+    out = out.resolve()
+    staging = out.parent / f"{EXPORT_TMP_PREFIX}{out.name}-{os.getpid()}"
+    report = ExportReport(out, list(run_ids))
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        for table in tables:
+            folder = staging / table if len(tables) > 1 else staging
+            report.rows[table] = _write_table(lake, table, run_ids, folder)
+            report.folders[table] = out / table if len(tables) > 1 else out
+        atomic_write_bytes(staging / "README.md", _card(lake, report).encode())
+        if out.exists():
+            out.rmdir()  # empty (checked): replaced by the finished export
+        os.replace(staging, out)
+    except OSError as exc:
+        raise ExportError(f"cannot write the export to {str(out)!r}: {exc.strerror or exc}; nothing was written "
+                          "there") from exc  # fmt: skip
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
+
+
+def _write_table(lake: DataLake, table: str, run_ids: list[str], folder: Path) -> dict[str, int]:
+    """One table's splits, one file per run and split; the rows written per split."""
+    rows = dict.fromkeys(SPLITS, 0)
+    for index, run_id in enumerate(run_ids):
+        data = lake.read_table(table, run_id)
+        for split, value in SPLITS.items():
+            part = data.filter(pc.equal(data["split"], pa.scalar(value)))
+            atomic_write_parquet(folder / split / f"part-{index:05d}.parquet", part)
+            rows[split] += part.num_rows
+    return rows
+
+
+def load_line(folder: Path) -> str:
+    """The one line that loads an exported table."""
+    return f'load_dataset("parquet", data_dir="{folder}")'
+
+
+def _card(lake: DataLake, report: ExportReport) -> str:
+    """README.md of the export: where it came from and how to load it."""
+    lines = ["# RAGEN-Flows export", "", f"From data root `{lake.root}`, runs: {', '.join(report.runs)}.", ""]
+    for table, counts in report.rows.items():
+        shown = ", ".join(f"{split} {n}" for split, n in counts.items())
+        lines += [f"- `{table}` ({shown} rows): `{load_line(report.folders[table])}`"]
+    lines += ["", "Columns: docs/sql.md of ragen-flows. `validation` holds the rows with split = 'val'.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""Upgrading a data root's lake layout, in place (``ragen upgrade-lake``): the layout's counterpart of
+:mod:`schemas.versions`, which brings old *files* to the current schema when they are read.
+
+The layout version is recorded in ``<root>/_layout.json`` (:func:`ragen_core.storage.layout.layout_version`); a
+data root without it and with ``run_id=<id>`` folders in its tables is layout 1. Readers and writers refuse
+layout-1 folders, naming this upgrade. Layout 1 to 2 (:mod:`ragen_core.storage.layout`, which spells both):
+
+- ``<table>/run_id=<id>/iteration=<n>/`` becomes ``<table>/run-<id>/iteration-<n>/``;
+- a part file ``part-<stage>-<k>.parquet`` becomes ``part-<stage token>-<k>.parquet`` (any other part name: the
+  token of its whole stem, part 0); a merged file named by a compaction marker takes the name derived from the new
+  names of the files it replaces, and the marker ``_COMPACTION.json`` becomes ``.compaction.json`` naming them;
+- other regular files of a partition (notes) keep their name; hidden leftovers of an interrupted write are dropped.
+
+The files themselves are not rewritten: each gets a second name (a hard link; a copy where the file system has
+none). One partition at a time, under the run's housekeeping and writer locks:
+
+1. fill a hidden ``.upgrading-iteration-<n>`` folder beside the new partition with the new names, fsync;
+2. rename it to ``iteration-<n>``: **the partition's commit point** (one rename);
+3. delete the old partition folder, then the run's old folder once empty.
+
+A crash before 2 leaves the old partition whole and a hidden folder that the next upgrade deletes first; after 2,
+the next upgrade finds the new partition, checks that it holds every old file under its new name (same size) and
+finishes step 3. So the upgrade can be interrupted at any point and run again; no row is lost or doubled. Readers
+refuse the data root until no layout-1 folder is left; ``_layout.json`` is written last.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ragen_core.storage.compaction import run_lock
+from ragen_core.storage.files import LakeError, atomic_write_json, fsync_dir, read_json
+from ragen_core.storage.lake import DataLake
+from ragen_core.storage.layout import (
+    ITERATION_FOLDER,
+    LAYOUT_FILE,
+    LAYOUT_VERSION,
+    OLD_COMPACTION_MARKER,
+    OLD_RUN_FOLDER_PREFIX,
+    PART_NAME,
+    check_marker,
+    check_real_folder,
+    check_regular_file,
+    iteration_folder_name,
+    layout_version,
+    published_part_name,
+)
+from ragen_core.storage.locks import run_writer
+from ragen_core.storage.names import is_valid_run_id
+from ragen_core.storage.parts import COMPACTION_MARKER, merged_name
+
+UPGRADING_PREFIX = ".upgrading-"
+
+
+@dataclass
+class LayoutUpgrade:
+    """What :func:`upgrade_layout` did: the partitions moved (table, run, iteration) and the layout now."""
+
+    root: Path
+    partitions: list[tuple[str, str, int]] = field(default_factory=list)
+    files: int = 0
+    layout: int = LAYOUT_VERSION
+
+    @property
+    def runs(self) -> list[str]:
+        return sorted({run for _, run, _ in self.partitions})
+
+
+def old_run_folders(lake: DataLake) -> list[tuple[str, str, Path]]:
+    """``(table, run id, folder)`` of every layout-1 run folder (``<table>/run_id=<id>``) of the data root."""
+    found = []
+    for name, spec in sorted(lake.tables.items()):
+        table_dir = lake.table_dir(name)
+        if spec.source != "parquet" or not table_dir.is_dir():
+            continue
+        check_real_folder(table_dir, "table folder")
+        for entry in sorted(table_dir.iterdir()):
+            if not entry.name.startswith(OLD_RUN_FOLDER_PREFIX):
+                continue
+            run_id = entry.name.removeprefix(OLD_RUN_FOLDER_PREFIX)
+            if not is_valid_run_id(run_id):
+                raise LakeError(f"layout-1 folder {str(entry)!r} does not name a valid run id; move it out of the "
+                                "data root, then upgrade again")  # fmt: skip
+            check_real_folder(entry, "partition folder")
+            found.append((name, run_id, entry))
+    return found
+
+
+def upgrade_layout(lake: DataLake) -> LayoutUpgrade:
+    """Bring the data root to the current layout (module docstring); a data root already there is left as it is
+    (only ``_layout.json`` is written when missing). Safe to interrupt and run again."""
+    layout_version(lake.root)  # a newer layout raises
+    report = LayoutUpgrade(lake.root)
+    by_run: dict[str, list[tuple[str, Path]]] = {}
+    for table, run_id, folder in old_run_folders(lake):
+        by_run.setdefault(run_id, []).append((table, folder))
+    for run_id, folders in sorted(by_run.items()):
+        with run_writer(lake.root, run_id, ["ragen", "upgrade-lake"]), run_lock(lake, run_id):
+            for table, folder in folders:
+                _upgrade_run_folder(lake, table, run_id, folder, report)
+    try:
+        atomic_write_json(lake.root / LAYOUT_FILE, {"layout_version": LAYOUT_VERSION})
+    except OSError as exc:
+        raise LakeError(f"cannot write {str(lake.root / LAYOUT_FILE)!r}: {exc.strerror or exc}") from exc
+    return report
+
+
+def _upgrade_run_folder(lake: DataLake, table: str, run_id: str, folder: Path, report: LayoutUpgrade) -> None:
+    """Move every ``iteration=<n>`` partition of one layout-1 run folder, then remove the folder (once empty)."""
+    target_run = lake.run_partition_dir(table, run_id)
+    target_run.mkdir(parents=True, exist_ok=True)
+    check_real_folder(target_run, "partition folder")
+    for entry in sorted(folder.iterdir()):
+        match = ITERATION_FOLDER.fullmatch(entry.name)
+        if match is None:
+            raise LakeError(f"{str(entry)!r} is not a layout-1 iteration=<n> folder; move it out of the data root, "
+                            "then upgrade again")  # fmt: skip
+        check_real_folder(entry, "partition folder")
+        iteration = int(match.group(1))
+        report.files += _upgrade_partition(entry, target_run, iteration)
+        report.partitions.append((table, run_id, iteration))
+    folder.rmdir()
+    fsync_dir(folder.parent)
+
+
+def _upgrade_partition(old: Path, target_run: Path, iteration: int) -> int:
+    """Steps 1-3 of one partition; returns the number of files moved."""
+    names = _new_names(old)
+    new = target_run / iteration_folder_name(iteration)
+    if os.path.lexists(new):  # committed by an earlier, interrupted upgrade: check it, then finish
+        check_real_folder(new, "partition folder")
+        _check_moved(old, new, names)
+    else:
+        staging = target_run / f"{UPGRADING_PREFIX}{new.name}"
+        if os.path.lexists(staging):
+            check_real_folder(staging, "upgrade folder")
+            shutil.rmtree(staging)
+        staging.mkdir()
+        for source, name in names.items():
+            _second_name(old / source, staging / name)
+        _write_marker(old, staging, names)
+        fsync_dir(staging)
+        _commit_partition(staging, new)
+    _remove_old_partition(old)
+    return len(names)
+
+
+def _commit_partition(staging: Path, new: Path) -> None:
+    """Step 2: the filled hidden folder becomes the partition (one rename: the commit point)."""
+    os.replace(staging, new)
+    fsync_dir(new.parent)
+
+
+def _remove_old_partition(old: Path) -> None:
+    """Step 3: delete the layout-1 partition, its marker last (while it is there, the merged file's new name can
+    be derived from it, so an interrupted deletion is checked and finished by the next upgrade)."""
+    for entry in sorted(old.iterdir(), key=lambda e: e.name == OLD_COMPACTION_MARKER):
+        entry.unlink()
+    old.rmdir()
+
+
+def _new_names(old: Path) -> dict[str, str]:
+    """The new name of every file of a layout-1 partition that is kept (the marker and hidden leftovers are not)."""
+    names: dict[str, str] = {}
+    for entry in sorted(old.iterdir()):
+        if entry.name.startswith(".") or entry.name == OLD_COMPACTION_MARKER:
+            continue
+        if not check_regular_file(entry, "file"):
+            continue
+        names[entry.name] = new_part_name(entry.name) if PART_NAME.fullmatch(entry.name) else entry.name
+    marker = _old_marker(old)
+    if marker is not None and marker["merged"] in names:
+        names[marker["merged"]] = merged_name([new_part_name(n) for n in marker["replaces"]])
+    if len(set(names.values())) != len(names):
+        raise LakeError(f"two files of {str(old)!r} would take the same layout-2 name; move the extra files out of "
+                        "the data root, then upgrade again")  # fmt: skip
+    return names
+
+
+def new_part_name(old_name: str) -> str:
+    """The layout-2 name of a layout-1 part file (``part-<stage>-<k>.parquet``)."""
+    stem = old_name.removeprefix("part-").removesuffix(".parquet")
+    stage, _, number = stem.rpartition("-")
+    if stage and number.isdigit():
+        return published_part_name(stage, int(number))
+    return published_part_name(stem, 0)
+
+
+def _old_marker(old: Path) -> dict | None:
+    path = old / OLD_COMPACTION_MARKER
+    if not check_regular_file(path, "compaction marker"):
+        return None
+    return check_marker(path, read_json(path), merged_name)
+
+
+def _write_marker(old: Path, staging: Path, names: dict[str, str]) -> None:
+    """The layout-1 marker, its names translated, as the new partition's marker."""
+    marker = _old_marker(old)
+    if marker is None:
+        return
+    replaces = [new_part_name(n) for n in marker["replaces"]]
+    payload = {"merged": merged_name(replaces), "replaces": replaces, "rows": marker["rows"]}
+    atomic_write_json(staging / COMPACTION_MARKER, payload)
+
+
+def _second_name(source: Path, target: Path) -> None:
+    """``target`` as a second name of ``source`` (a hard link; a copy, flushed, where links are not supported)."""
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:
+        shutil.copyfile(source, target)
+        with open(target, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def _check_moved(old: Path, new: Path, names: dict[str, str]) -> None:
+    """Every file still in the old partition is in the new one under its new name, with the same size."""
+    for source, name in names.items():
+        moved = new / name
+        if not check_regular_file(moved, "part file") or moved.stat().st_size != (old / source).stat().st_size:
+            raise LakeError(
+                f"{str(old / source)!r} is not in the upgraded partition {str(new)!r} (as {name!r}); nothing was "
+                "deleted: move one of the two folders out of the data root, then upgrade again"
+            )

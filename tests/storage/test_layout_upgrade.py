@@ -1,0 +1,195 @@
+"""Upgrading a data root of lake layout 1 (``run_id=<id>/iteration=<n>/part-<stage>-<k>.parquet``,
+``_COMPACTION.json``): readers refuse it naming the upgrade; `ragen upgrade-lake` brings it to the current layout
+with every row once; an upgrade interrupted at any step goes on where it stopped when run again.
+
+The layout-1 lake is the real lake of :mod:`tests.storage.real_lake` renamed back by :func:`to_layout_1`, the old
+naming kept for these tests (stage names, compaction markers and merged-file names as the old code wrote them)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragen_core.storage import DataLake, LakeError, Stage, compact_run, query
+from ragen_core.storage import upgrade as upgrade_module
+from ragen_core.storage.layout import stage_token
+from ragen_core.storage.parts import merged_name
+from ragen_core.storage.upgrade import upgrade_layout
+from schemas.tables import TABLES
+from tests.storage.real_lake import RUNS, VAL_ENVS, expected_counts, make_real_lake
+
+PARQUET_TABLES = sorted(name for name, spec in TABLES.items() if spec.source == "parquet")
+STAGES = [Stage.ROLLOUT, Stage.COMMIT, Stage.DEMOS, Stage.SKIP, *(Stage.evaluation(env) for env in VAL_ENVS)]
+
+
+@pytest.fixture(scope="module")
+def new_lake(prefect_harness, tmp_path_factory, tiny_model_dir) -> Path:
+    return make_real_lake(tmp_path_factory.mktemp("layout2"), tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def original(new_lake) -> dict[str, list[dict]]:
+    """Every table's rows as the Python reader gives them on the lake as written (sorted, comparable)."""
+    return {table: _rows(new_lake, table) for table in PARQUET_TABLES}
+
+
+def _rows(root: Path, table: str) -> list[str]:
+    rows = DataLake(root).read_table(table).to_pylist()
+    return sorted(json.dumps(row, sort_keys=True, default=repr) for row in rows)
+
+
+def _old_part_name(name: str) -> str:
+    """The layout-1 name of a published part file (the stage found from its token)."""
+    token, _, number = name.removeprefix("part-").removesuffix(".parquet").partition("-")
+    stage = next(s for s in STAGES if stage_token(s) == token)
+    return f"part-{stage}-{number}.parquet"
+
+
+def to_layout_1(root: Path) -> Path:
+    """Rename a layout-2 data root's table folders, part files and compaction markers as layout 1 had them."""
+    (root / "_layout.json").unlink()
+    for table in PARQUET_TABLES:
+        for run_folder in sorted((root / table).glob("run-*")):
+            for folder in sorted(run_folder.glob("iteration-*")):
+                _partition_to_layout_1(folder)
+                folder.rename(run_folder / folder.name.replace("iteration-", "iteration="))
+            run_folder.rename(run_folder.with_name("run_id=" + run_folder.name.removeprefix("run-")))
+    return root
+
+
+def _partition_to_layout_1(folder: Path) -> None:
+    marker_path = folder / ".compaction.json"
+    marker = json.loads(marker_path.read_text()) if marker_path.is_file() else None
+    for path in sorted(folder.glob("part-*.parquet")):
+        if marker is None or path.name != marker["merged"]:
+            path.rename(folder / _old_part_name(path.name))
+    if marker is not None:
+        replaces = [_old_part_name(n) for n in marker["replaces"]]
+        (folder / marker["merged"]).rename(folder / merged_name(replaces))
+        (folder / "_COMPACTION.json").write_text(json.dumps({**marker, "merged": merged_name(replaces),
+                                                             "replaces": replaces}))  # fmt: skip
+        marker_path.unlink()
+
+
+@pytest.fixture
+def old_lake(new_lake, tmp_path) -> Path:
+    return to_layout_1(Path(shutil.copytree(new_lake, tmp_path / "old")))
+
+
+def _assert_same_rows(root: Path, original: dict[str, list[str]], new_lake: Path) -> None:
+    for table in PARQUET_TABLES:
+        assert _rows(root, table) == original[table], table
+    assert expected_counts(root, "trajectories") == expected_counts(new_lake, "trajectories")
+    assert not list(root.glob("*/run_id=*")) and not list(root.glob("*/*/.upgrading-*"))
+    assert json.loads((root / "_layout.json").read_text()) == {"layout_version": 2}
+
+
+def test_the_old_layout_is_written_as_the_old_code_wrote_it(old_lake):
+    names = {p.name for p in (old_lake / "trajectories" / f"run_id={RUNS[1]}" / "iteration=0").iterdir()}
+    assert names == {"part-rollout-00000.parquet", *(f"part-eval-{env}-00000.parquet" for env in VAL_ENVS)}
+    assert list((old_lake / "trajectories" / f"run_id={RUNS[0]}").glob("*/_COMPACTION.json"))
+
+
+def test_readers_refuse_the_old_layout_naming_the_upgrade(old_lake):
+    with pytest.raises(LakeError, match=r"old lake layout 1 .*ragen upgrade-lake --data-root"):
+        DataLake(old_lake).read_table("trajectories")
+    result = CliRunner().invoke(app, ["sql", "SELECT count(*) FROM trajectories", "--data-root", str(old_lake)])
+    assert result.exit_code != 0 and "ragen upgrade-lake" in result.output and "Traceback" not in result.output
+
+
+def test_upgrade_lake_keeps_every_row_once(old_lake, original, new_lake):
+    result = CliRunner().invoke(app, ["upgrade-lake", "--data-root", str(old_lake)])
+    assert result.exit_code == 0, result.output
+    partitions = sum(1 for table in PARQUET_TABLES for _ in new_lake.glob(f"{table}/run-*/iteration-*"))
+    assert f"{partitions} partition(s)" in result.output
+    _assert_same_rows(old_lake, original, new_lake)
+    # the compacted run: its merged files and markers under their new names, so compaction goes on from there
+    assert compact_run(DataLake(old_lake), RUNS[0]).compacted == []
+    again = CliRunner().invoke(app, ["upgrade-lake", "--data-root", str(old_lake)])
+    assert again.exit_code == 0 and "already has lake layout 2" in again.output
+
+
+class Crash(Exception):
+    pass
+
+
+def _crash_on(calls: int, real):
+    """A stand-in for ``real`` that raises on its ``calls``-th call (earlier calls do the real thing)."""
+    seen = {"n": 0}
+
+    def wrapper(*args):
+        seen["n"] += 1
+        if seen["n"] == calls:
+            raise Crash(f"crash at call {calls}")
+        return real(*args)
+
+    return wrapper
+
+
+def _remove_half_then_crash(calls: int):
+    """Step 3 stopped half-way on its ``calls``-th partition: some old files deleted, not all."""
+    seen = {"n": 0}
+    real = upgrade_module._remove_old_partition
+
+    def wrapper(old: Path) -> None:
+        seen["n"] += 1
+        if seen["n"] != calls:
+            return real(old)
+        files = sorted(old.iterdir(), key=lambda e: e.name == "_COMPACTION.json")
+        for entry in files[: max(1, len(files) // 2)]:
+            entry.unlink()
+        raise Crash("crash in the middle of step 3")
+
+    return wrapper
+
+
+@pytest.mark.parametrize(
+    "step, calls",
+    [("fill", 1), ("fill", 9), ("commit", 1), ("commit", 14), ("remove", 2), ("remove", 20), ("remove_half", 1),
+     ("remove_half", 7)],
+)  # fmt: skip
+def test_an_interrupted_upgrade_goes_on_where_it_stopped(old_lake, original, new_lake, monkeypatch, step, calls):
+    fault = {
+        "fill": lambda: ("_second_name", _crash_on(calls, upgrade_module._second_name)),
+        "commit": lambda: ("_commit_partition", _crash_on(calls, upgrade_module._commit_partition)),
+        "remove": lambda: ("_remove_old_partition", _crash_on(calls, upgrade_module._remove_old_partition)),
+        "remove_half": lambda: ("_remove_old_partition", _remove_half_then_crash(calls)),
+    }[step]()
+    with monkeypatch.context() as patched:
+        patched.setattr(upgrade_module, *fault)
+        with pytest.raises(Crash):
+            upgrade_layout(DataLake(old_lake))
+    with pytest.raises(LakeError, match="ragen upgrade-lake"):  # half-way: still refused, never read in part
+        query(old_lake, "SELECT count(*) FROM trajectories")
+    report = upgrade_layout(DataLake(old_lake))
+    assert report.partitions
+    _assert_same_rows(old_lake, original, new_lake)
+
+
+def test_a_compaction_stopped_after_its_commit_point_in_layout_1_is_finished_after_the_upgrade(
+    old_lake, original, new_lake
+):
+    # layout 1 as a compaction that crashed after its rename left it: the merged file, its marker and the replaced
+    # files all present (readers skip the replaced ones)
+    folder = old_lake / "trajectories" / f"run_id={RUNS[1]}" / "iteration=1"
+    parts = sorted(folder.glob("part-*.parquet"))
+    merged = merged_name([p.name for p in parts])
+    table = pa.concat_tables([pq.read_table(p) for p in parts])
+    pq.write_table(table.replace_schema_metadata(pq.read_schema(parts[0]).metadata), folder / merged)
+    (folder / "_COMPACTION.json").write_text(
+        json.dumps({"merged": merged, "replaces": [p.name for p in parts], "rows": table.num_rows})
+    )
+    upgrade_layout(DataLake(old_lake))
+    _assert_same_rows(old_lake, original, new_lake)  # the replaced files are hidden by the translated marker
+    new_folder = old_lake / "trajectories" / f"run-{RUNS[1]}" / "iteration-1"
+    assert len(list(new_folder.glob("part-*.parquet"))) == len(parts) + 1
+    compact_run(DataLake(old_lake), RUNS[1])  # its recovery finishes the layout-1 compaction
+    assert [p.name.startswith("part-compacted-") for p in new_folder.glob("part-*.parquet")] == [True]
+    _assert_same_rows(old_lake, original, new_lake)
