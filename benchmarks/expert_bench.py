@@ -2,7 +2,7 @@
 
     python -m benchmarks.expert_bench                         # every env with an expert, seeds 0..199
     python -m benchmarks.expert_bench --envs game_2048 --jobs 2
-    python -m benchmarks.expert_bench --envs sudoku_9x9 --options difficulty=hard --seeds 50
+    python -m benchmarks.expert_bench --envs sudoku --options difficulty=hard --seeds 50
 
 Each instance is played from ``reset(seed)`` with the expert's plans (cut to the remaining action budget, re-planned
 whenever a plan runs out), until the episode ends or the budget is spent; success is the env's own flag. The budget is

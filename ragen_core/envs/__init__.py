@@ -1,6 +1,7 @@
 """Text environments and their registry. Importing this package registers every built-in environment:
 ``bandit``, ``bandit_test``, ``bandit_reversed``, ``sokoban``, ``sokoban_large``, ``sokoban_new_vocab``,
-``frozen_lake``, ``countdown``, ``sudoku``, ``sudoku_9x9``, ``game_2048`` and ``rubikscube``."""
+``sokoban_coord``, ``frozen_lake``, ``countdown``, ``sudoku``, ``sudoku_pr147_4x4``, ``sudoku_pr147_9x9``,
+``game_2048`` and ``rubikscube``."""
 
 from ragen_core.envs import (  # noqa: F401  (register the environments)
     bandit,
@@ -10,6 +11,7 @@ from ragen_core.envs import (  # noqa: F401  (register the environments)
     rubikscube,
     sokoban,
     sudoku,
+    sudoku_pr147,
 )
 from ragen_core.envs.base import TextEnv, make_env, register_env, registered_envs
 

@@ -100,6 +100,11 @@ class TextEnv(ABC):
 
 EnvFactory = Callable[..., TextEnv]
 _REGISTRY: dict[str, EnvFactory] = {}
+# Names that were given up, and what to use instead (told when one is asked for).
+RENAMED_ENVS = {
+    "sudoku_9x9": "renamed sudoku_pr147_9x9 (RAGEN-2's superseded PR #147 Sudoku); RAGEN-2's current Sudoku, 9x9, is "
+    "sudoku",
+}
 
 
 def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
@@ -124,7 +129,8 @@ def make_env(name: str, **overrides: Any) -> TextEnv:
     try:
         factory = _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown environment {name!r}; registered: {', '.join(registered_envs())}") from None
+        hint = f" ({name} was {RENAMED_ENVS[name]})" if name in RENAMED_ENVS else ""
+        raise ValueError(f"unknown environment {name!r}{hint}; registered: {', '.join(registered_envs())}") from None
     try:
         return factory(**overrides)
     except TypeError as exc:

@@ -6,6 +6,10 @@ a box pushed off one, +10 when every box is on a target (the components add up w
 or an immovable box leaves the state unchanged, still costs the step penalty, and is reported with
 ``info["action_is_effective"] = False``. The episode ends when solved (terminated) or after ``max_steps`` env steps
 (truncated). Rooms come from :mod:`ragen_core.envs.sokoban_rooms` (reverse play, so always solvable).
+
+``observation_format`` is RAGEN-2's option of the same name: ``grid`` (the character grid), ``coord`` (the board size
+and the zero-indexed (row, col) of every target, box and the player) or ``grid_coord`` (both: RAGEN-2's CoordSokoban,
+registered here as ``sokoban_coord``, which its base config trains on).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class SokobanSymbols:
         )
 
 
+OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
 CLASSIC_SYMBOLS = SokobanSymbols("#", "_", "O", "X", "\u221a", "P", "S")
 # RAGEN's SokobanDifferentGridVocab: B is a box, C a box on a target.
 NEW_VOCAB_SYMBOLS = SokobanSymbols("W", ".", "G", "B", "C", "A", "@")
@@ -67,6 +72,7 @@ class SokobanEnv(TextEnv):
         box_on_target_reward: float = 1.0,
         box_off_target_penalty: float = -1.0,
         solved_reward: float = 10.0,
+        observation_format: str = "grid",
         name: str = "sokoban",
     ) -> None:
         height, width = (int(v) for v in dim_room)
@@ -78,6 +84,9 @@ class SokobanEnv(TextEnv):
             raise ValueError(f"max_solution_steps must be a positive move count or None, got {max_solution_steps}")
         if generator not in GENERATORS:
             raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {generator!r}")
+        if observation_format not in OBSERVATION_FORMATS:
+            raise ValueError(f"observation_format must be one of {OBSERVATION_FORMATS}, got {observation_format!r}")
+        self.observation_format = observation_format
         self.name, self.generator = name, generator
         self.height, self.width, self.num_boxes = height, width, num_boxes
         self.max_steps, self.search_depth, self.max_solution_steps = max_steps, search_depth, max_solution_steps
@@ -158,6 +167,33 @@ class SokobanEnv(TextEnv):
         return self.render(), float(reward), solved, not solved and self._steps >= self.max_steps, info
 
     def render(self) -> str:
+        """The state in the ``observation_format``: the grid, the coordinates, or RAGEN-2's ``Coordinates:`` block
+        followed by ``Grid Map:`` and the grid."""
+        if self.observation_format == "grid":
+            return self.grid_text()
+        if self.observation_format == "coord":
+            return self.coordinates()
+        return "Coordinates: \n" + self.coordinates() + "\nGrid Map: \n" + self.grid_text()
+
+    def coordinates(self) -> str:
+        """RAGEN-2's coordinate render: the board size, then the zero-indexed (row, col) of the targets (covered or
+        not), the boxes off and on targets and the player (off or on a target), row by row; empty kinds left out."""
+        room, boxes = self._room(), set(self._boxes)
+        kinds = [
+            ("Targets", sorted(room.targets)),
+            ("Boxes", sorted(boxes - set(room.targets))),
+            ("Boxes on target", sorted(boxes & set(room.targets))),
+            ("Player", [self._player] if self._player not in room.targets else []),
+            ("Player on target", [self._player] if self._player in room.targets else []),
+        ]
+        lines = [f"Board size: {room.height} rows x {room.width} cols (zero-indexed)."]
+        for label, cells in kinds:
+            if cells:
+                lines.append(f"{label}: " + ", ".join("({}, {})".format(*room.position(cell)) for cell in cells))
+        return "\n".join(lines)
+
+    def grid_text(self) -> str:
+        """The character grid, one row per line."""
         room, sym = self._room(), self.symbols
         boxes = set(self._boxes)
         rows = []
@@ -182,15 +218,26 @@ class SokobanEnv(TextEnv):
         return list(MOVES)
 
     def instruction(self) -> str:
-        return (
+        text = (
             "You are solving a Sokoban puzzle. You are the player and must push every box onto a target. "
             "Walking into a box pushes it one cell in the same direction if the cell beyond it is free; "
             "you cannot pull boxes, and walls and other boxes block a push.\n"
-            f"The symbols of the state are: {self.symbols.legend()}."
         )
+        if self.observation_format != "coord":
+            text += f"The symbols of the state are: {self.symbols.legend()}."
+        if self.observation_format != "grid":
+            shown = "a symbol grid and " if self.observation_format == "grid_coord" else ""
+            text += (
+                f"{' ' if shown else ''}You are provided with {shown}the zero-indexed (row, column) coordinates of "
+                "the player, each box, and each target. Coordinates range from the top-left corner (0, 0) to the "
+                f"bottom-right corner ({self.height - 1}, {self.width - 1})."
+            )
+        return text
 
     def brief(self) -> str:
         sym = self.symbols
+        if self.observation_format == "coord":
+            return "Push every box onto a target; coordinates are (row, col) from (0, 0) at the top left."
         return f"You are {sym.player}. Push {sym.box} onto {sym.target}; {sym.wall} is wall."
 
     @property
@@ -263,6 +310,14 @@ def make_sokoban(**overrides: Any) -> SokobanEnv:
     """RAGEN's SimpleSokoban: 6x6 room, one box, RAGEN's generator (topology walk ``int(1.7 * (6 + 6)) = 20``
     steps, reverse search depth 300). ``generator="bfs"`` gives our harder breadth-first rooms instead."""
     return SokobanEnv(**{"dim_room": (6, 6), "num_boxes": 1, "search_depth": 300, "name": "sokoban", **overrides})
+
+
+@register_env("sokoban_coord")
+def make_sokoban_coord(**overrides: Any) -> SokobanEnv:
+    """RAGEN-2's CoordSokoban (the env its base config trains and validates on): ``sokoban``'s 6x6 one-box rooms,
+    shown as the zero-indexed coordinates of the targets, boxes and player followed by the grid."""
+    defaults = {"dim_room": (6, 6), "num_boxes": 1, "search_depth": 300, "observation_format": "grid_coord"}
+    return SokobanEnv(**{**defaults, "name": "sokoban_coord", **overrides})
 
 
 @register_env("sokoban_large")

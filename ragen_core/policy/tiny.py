@@ -44,8 +44,12 @@ TOKENIZER_CORPUS_VERSION = 3  # 3: one token per grid cell
 # corpus, so adding one changes no existing model. The corpus itself is pinned by its digest (a test recomputes it):
 # changing how one of these renders changes the default model, so it needs a new TOKENIZER_CORPUS_VERSION and digest.
 CORPUS_ENVS = ("bandit", "bandit_reversed", "bandit_test", "countdown", "frozen_lake", "game_2048", "rubikscube",
-               "sokoban", "sokoban_large", "sokoban_new_vocab", "sudoku", "sudoku_9x9")  # fmt: skip
+               "sokoban", "sokoban_large", "sokoban_new_vocab", "sudoku_pr147_4x4", "sudoku_pr147_9x9")  # fmt: skip
 CORPUS_DIGEST = "597f61c8148fc9580cd3ec9013e531f838bc411808b65c17581d04a02268e582"  # corpus_digest() of version 3
+# Corpus envs renamed since the model key was fixed -> their name then. The corpus renders them as before (the digest
+# is unchanged), so the key, and the default model's folder, stay: the two PR #147 Sudokus were ``sudoku`` and
+# ``sudoku_9x9`` until RAGEN-2's current Sudoku took the name ``sudoku``.
+_KEY_NAMES = {"sudoku_pr147_4x4": "sudoku", "sudoku_pr147_9x9": "sudoku_9x9"}
 
 
 def tokenizer_corpus(seeds_per_env: int = 40) -> list[str]:
@@ -158,7 +162,11 @@ def tiny_model_key(config: TinyModelConfig) -> str:
     """Folder name of the tiny model built from ``config`` (changes when the shape or the corpus changes, not when an
     environment is added)."""
     payload = json.dumps(
-        {"config": config.model_dump(mode="json"), "corpus": TOKENIZER_CORPUS_VERSION, "envs": list(CORPUS_ENVS)},
+        {
+            "config": config.model_dump(mode="json"),
+            "corpus": TOKENIZER_CORPUS_VERSION,
+            "envs": [_KEY_NAMES.get(name, name) for name in CORPUS_ENVS],
+        },
         sort_keys=True,
     )
     return "tiny-" + hashlib.sha256(payload.encode()).hexdigest()[:12]

@@ -19,10 +19,12 @@ ALL_ENVS = [
     "sokoban",
     "sokoban_large",
     "sokoban_new_vocab",
+    "sokoban_coord",
     "frozen_lake",
     "countdown",
     "sudoku",
-    "sudoku_9x9",
+    "sudoku_pr147_4x4",
+    "sudoku_pr147_9x9",
     "game_2048",
     "rubikscube",
 ]

@@ -155,3 +155,49 @@ def test_expert_solves_200_seeds_within_the_step_limit(depth):
             env.step(action)
         solved += env.success
     assert solved == 200
+
+
+def _ragen2_move(state, face: str, prime: bool = False):
+    """RAGEN-2's sticker table (ragen/env/rubikscube/env.py at 20daedc: _rotate_face_clockwise and _move_X), ported;
+    a prime is three turns, as RAGEN-2 applies it."""
+    cycles = {  # (face turned, [(targets, sources)] applied as RAGEN-2's tuple assignments)
+        "U": (0, [((8, 9), (12, 13)), ((12, 13), (16, 17)), ((16, 17), (4, 5)), ((4, 5), (8, 9))]),
+        "D": (5, [((10, 11), (6, 7)), ((6, 7), (18, 19)), ((18, 19), (14, 15)), ((14, 15), (10, 11))]),
+        "L": (1, [((0, 2), (19, 17)), ((19, 17), (20, 22)), ((20, 22), (8, 10)), ((8, 10), (0, 2))]),
+        "R": (3, [((1, 3), (9, 11)), ((9, 11), (21, 23)), ((21, 23), (18, 16)), ((18, 16), (1, 3))]),
+        "F": (2, [((2, 3), (7, 5)), ((7, 5), (21, 20)), ((21, 20), (12, 14)), ((12, 14), (2, 3))]),
+        "B": (4, [((0, 1), (13, 15)), ((13, 15), (22, 23)), ((22, 23), (6, 4)), ((6, 4), (0, 1))]),
+    }
+    face_index, swaps = cycles[face]
+    s = list(state)
+    for _ in range(3 if prime else 1):
+        b = face_index * 4
+        s[b], s[b + 1], s[b + 2], s[b + 3] = s[b + 2], s[b], s[b + 3], s[b + 1]
+        old = list(s)  # each assignment reads the values before the cycle, as RAGEN-2's temporaries make it
+        for targets, sources in swaps:
+            for t, src in zip(targets, sources, strict=True):
+                s[t] = old[src]
+    return tuple(s)
+
+
+def _corner_color_sets(state):
+    # the three stickers of each corner cubie, in U L F R B D reading positions (0-3 U, 4-7 L, ... 20-23 D)
+    corners = [(0, 4, 17), (1, 13, 16), (2, 5, 8), (3, 9, 12), (6, 19, 22), (7, 10, 20), (11, 14, 21), (15, 18, 23)]
+    return [frozenset(state[i] for i in corner) for corner in corners]
+
+
+def test_ten_turns_match_ragen2s_table_and_its_b_breaks_a_corner():
+    scrambled = scramble(4, 6)[0]
+    for face in "UDLRF":
+        for prime in (False, True):
+            move = face + ("'" if prime else "")
+            assert apply_move(scrambled, move) == _ragen2_move(scrambled, face, prime), move
+    # from solved RAGEN-2's B and ours agree (the stickers it swaps share a color there); after U they do not:
+    # RAGEN-2's leaves a corner with two orange stickers (W, O, O), which no real cube shows
+    assert _ragen2_move(SOLVED, "B") == apply_move(SOLVED, "B")
+    legal = set(_corner_color_sets(SOLVED))
+    after_u = apply_move(SOLVED, "U")
+    assert set(_corner_color_sets(apply_move(after_u, "B"))) <= legal
+    theirs = _ragen2_move(after_u, "B")
+    assert frozenset({0, 1}) in _corner_color_sets(theirs)  # W and O only: one of them twice
+    assert not set(_corner_color_sets(theirs)) <= legal

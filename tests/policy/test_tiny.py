@@ -82,3 +82,14 @@ def test_saved_models_follow_the_umask(tmp_path):
         os.umask(previous)
     modes = {path.name: path.stat().st_mode & 0o777 for path in folder.iterdir()}
     assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
+
+
+def test_renaming_a_corpus_env_keeps_the_default_models_folder():
+    """The PR #147 Sudokus were renamed (``sudoku`` -> ``sudoku_pr147_4x4``, ``sudoku_9x9`` -> ``sudoku_pr147_9x9``)
+    when RAGEN-2's current Sudoku took the name ``sudoku``; their text, the corpus and the model did not change, so
+    neither does the folder key (the value before the rename)."""
+    from ragen_core.config import TinyModelConfig
+    from ragen_core.policy.tiny import CORPUS_ENVS, tiny_model_key
+
+    assert {"sudoku_pr147_4x4", "sudoku_pr147_9x9"} <= set(CORPUS_ENVS) and "sudoku" not in CORPUS_ENVS
+    assert tiny_model_key(TinyModelConfig()) == "tiny-ad4efc149cc4"
