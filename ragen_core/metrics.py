@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -143,7 +143,9 @@ def collapse_warnings(
 
     def crossings(past: list[dict[str, float]], now: dict[str, float]) -> list[CollapseWarning]:
         fired = _crossings(past, now, warmup, reward_std_drop, entropy_drop, grad_norm_spike, converged_success)
-        return fired if success_slip is None else [w for w in fired if _losing_ground(past, now, w, success_slip)]
+        if success_slip is None:
+            return fired
+        return [gated for w in fired if (gated := _losing_ground(past, now, w, success_slip)) is not None]
 
     return episode_starts(crossings, history, current)
 
@@ -175,9 +177,10 @@ def _trailing_success(series: list[dict[str, float]], position: int) -> float:
 
 def _losing_ground(
     history: list[dict[str, float]], current: dict[str, float], warning: CollapseWarning, slip: float
-) -> bool:
-    """Whether training success has slipped by ``slip`` since the warned signal peaked (a drop) or over the last
-    :data:`SUCCESS_WINDOW` iterations (a gradient spike); false when success is not recorded."""
+) -> CollapseWarning | None:
+    """``warning``, its message naming the slip, when training success has slipped by ``slip`` since the warned
+    signal peaked (a drop) or over the last :data:`SUCCESS_WINDOW` iterations (a gradient spike); None otherwise
+    (also when success is not recorded)."""
     series = [*history, current]
     now = len(history)
     if warning.metric == "actor/grad_norm_max":
@@ -185,7 +188,12 @@ def _losing_ground(
     else:
         peaks = [(h[warning.metric], i) for i, h in enumerate(history) if np.isfinite(h.get(warning.metric, np.nan))]
         reference = max(peaks, key=lambda p: (p[0], -p[1]))[1]  # the first iteration at the peak
-    return bool(_trailing_success(series, now) <= _trailing_success(series, reference) - slip)
+    before, after = _trailing_success(series, reference), _trailing_success(series, now)
+    if not after <= before - slip:
+        return None
+    what, why = warning.message.split(": ", 1)
+    slipped = f"{what}, while training success fell {before:.3g} -> {after:.3g} in {now - reference} iterations"
+    return replace(warning, message=f"{slipped}: {why}")
 
 
 def _crossings(

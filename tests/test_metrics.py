@@ -138,3 +138,13 @@ def test_a_gradient_spike_is_warned_only_when_success_fell_over_the_last_iterati
 def test_without_a_recorded_success_a_slip_gated_signal_is_not_warned():
     series = _series([0.3, 0.4, 0.35, 0.3, 0.15, 0.1], [2.0] * 6, [1.0] * 6)
     assert _events(series, success_slip=0.05) == [] and _events(series) == [(4, "rollout/in_group_reward_std")]
+
+
+def test_a_slip_gated_warning_names_the_slip():
+    series = _with_success(_series([0.3, 0.4, 0.38, 0.3, 0.15, 0.1], [2.0] * 6, [1.0] * 6),
+                           [0.5, 0.5, 0.5, 0.45, 0.35, 0.3])  # fmt: skip
+    warning = collapse_warnings(series[:4], series[4], **MONITOR, success_slip=0.05)[0]
+    assert warning.message == (
+        "in-group reward std 0.15 fell more than 50% below its peak 0.4, while training success fell 0.5 -> 0.433 "
+        "in 3 iterations: an early sign of the Echo Trap (collapse into repeated templates)"
+    )
