@@ -219,6 +219,13 @@ class RolloutConfig(_Section):
         description="Turns in the window, the current one included (1: only the current turn); required by "
         "limited_multi_turn and single_turn, unused by full.",
     )
+    training_rows: Literal["trajectory", "turn"] = Field(
+        "trajectory",
+        description="Windowed modes: the update's rows. 'trajectory': one row per trajectory packing its turns' "
+        "sequences; 'turn': every turn is its own row carrying the trajectory's score (RAGEN-2's samples in its "
+        "context-window modes), so the loss aggregation and mini-batches count turns; GRPO and the filter still "
+        "count each trajectory once. 'full' mode: trajectory only.",
+    )
 
     @model_validator(mode="after")
     def _check_window(self) -> RolloutConfig:
@@ -231,6 +238,12 @@ class RolloutConfig(_Section):
             raise ValueError(
                 f"rollout.context_window_mode={self.context_window_mode} needs rollout.max_context_window (the "
                 "number of turns the model sees, the current one included, >= 1)"
+            )
+        if self.context_window_mode == "full" and self.training_rows == "turn":
+            raise ValueError(
+                "rollout.training_rows=turn cuts the windowed rows into their turns' sequences; in full mode a "
+                "trajectory is one sequence: set rollout.context_window_mode to limited_multi_turn or single_turn "
+                "(RAGEN-2 trains turn rows only there), or rollout.training_rows=trajectory"
             )
         return self
 
@@ -328,6 +341,11 @@ class AlgorithmConfig(_Section):
         "none",
         description="RAGEN-2's filter_loss_scaling: multiply every advantage by the share of groups the filter kept "
         "('linear') or its square root ('sqrt'), so a heavily filtered batch takes a smaller step; 'none': unscaled.",
+    )
+    filter_empty_stop_steps: NonNegativeInt = Field(
+        5,
+        description="RAGEN-2's rollout_filter_empty_stop_steps: stop training after this many consecutive training "
+        "iterations whose filter kept no group (then the final validation runs); 0: never stop.",
     )
     soft_advantage_reweight: bool = Field(
         False,
@@ -665,6 +683,12 @@ class RunConfig(_Section):
                 "(rollout.backend=scripted) do not have: use auto or never"
             )
         _check_mi(self)
+        if self.rollout.training_rows == "turn" and algorithm.reward_level == "turn":
+            raise ValueError(
+                "rollout.training_rows=turn gives every turn row its trajectory's score (RAGEN-2); "
+                "algorithm.reward_level=turn would need each turn's own reward: use reward_level=trajectory with "
+                "turn rows, or training_rows=trajectory"
+            )
         if self.env.max_actions_per_turn > self.env.max_actions_per_traj:
             raise ValueError(
                 f"env.max_actions_per_turn={self.env.max_actions_per_turn} exceeds env.max_actions_per_traj="
@@ -921,13 +945,14 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 # Old runs re-scored their old log-probs (actor.reuse_behavior_logprobs came later): replaying them so keeps their
 # updates bit for bit.
 # Runs stored before RAGEN-2's MI span and headline took the think block (or the whole reply) and warned on the summed
-# estimate.
+# estimate. Runs stored before algorithm.filter_empty_stop_steps never stopped early.
 STORED_CONFIG_FALLBACKS: dict[str, Any] = {
     "rollout.think_prefix": False,
     "actor.reuse_behavior_logprobs": "never",
     "trainer.mi_reasoning": "block",
     "monitor.mi_metric": "sequence",
     "monitor.success_slip": None,
+    "algorithm.filter_empty_stop_steps": 0,
 }
 
 

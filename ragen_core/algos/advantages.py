@@ -31,15 +31,48 @@ def _group_sums(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.
     return sums[inverse], counts[inverse].to(values.dtype), inverse
 
 
-def group_mean_std(scores: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def group_mean_std(
+    scores: torch.Tensor, group_index: torch.Tensor, episode_index: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-trajectory mean and (unbiased) std of its group's scores; single-member groups get mean 0, std 1
-    (as veRL does), so their advantage is the raw score."""
+    (as veRL does), so their advantage is the raw score.
+
+    ``episode_index`` (turn rows: the trajectory of each row): each (group, episode) pair counts once, with the
+    score of its first row, as RAGEN-2's ``compute_grpo_outcome_advantage`` deduplicates its turn-level samples; a
+    group is then single-member when it holds one episode, however many rows."""
+    if episode_index is not None:
+        return _episode_mean_std(scores, group_index, episode_index)
     group_sum, group_size, inverse = _group_sums(scores, group_index)  # (B,)
     mean = group_sum / group_size
     squares, _, _ = _group_sums((scores - mean).square(), group_index)
     std = torch.sqrt(squares / (group_size - 1).clamp(min=1.0))
     single = group_size == 1
     return torch.where(single, torch.zeros_like(mean), mean), torch.where(single, torch.ones_like(std), std)
+
+
+def first_of_episode(group_index: torch.Tensor, episode_index: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: the first row of each (group, episode) pair."""
+    pairs = torch.stack([group_index.long(), episode_index.long()], dim=1)
+    _, inverse = torch.unique(pairs, dim=0, return_inverse=True)
+    rows = torch.arange(len(inverse))
+    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return torch.zeros(len(inverse), dtype=torch.bool).index_fill_(0, first, True)
+
+
+def _episode_mean_std(
+    scores: torch.Tensor, group_index: torch.Tensor, episode_index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`group_mean_std` over one score per (group, episode), broadcast to every row of the group."""
+    if len(scores) == 0:
+        return scores.clone(), scores.clone()
+    first = first_of_episode(group_index, episode_index)
+    mean, std = group_mean_std(scores[first], group_index[first])  # (episodes,)
+    groups, inverse = torch.unique(group_index[first], return_inverse=True)
+    group_mean = torch.zeros(len(groups), dtype=mean.dtype).index_copy_(0, inverse, mean)
+    group_std = torch.zeros(len(groups), dtype=std.dtype).index_copy_(0, inverse, std)
+    where = torch.searchsorted(groups, group_index)
+    return group_mean[where], group_std[where]
 
 
 def _require_values(values: torch.Tensor | None, estimator: str) -> torch.Tensor:
@@ -59,19 +92,22 @@ def grpo_advantage(
     norm_adv_by_std: bool = True,
     grouping: str = "state",
     epsilon: float = 1e-6,
+    episode_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO (Shao et al. 2024, eq. 3 outcome supervision): ``A_i = (R_i - mean(R_G)) / (std(R_G) + eps)``, the std
     division only when ``norm_adv_by_std``, broadcast to every response token.
 
     ``grouping="state"`` normalises within each group of rollouts from one initial state (``group_index``);
-    ``grouping="batch"`` normalises over the whole batch.
+    ``grouping="batch"`` normalises over the whole batch. ``episode_index`` (per-turn training rows): the mean and
+    std count each episode once, whatever its number of turn rows (RAGEN-2's deduplication); every row is
+    normalised with them.
     """
     if grouping == "batch":
         group_index = torch.zeros_like(group_index)
     elif grouping != "state":
         raise ValueError(f"unknown grpo grouping {grouping!r}; use 'state' (per initial state) or 'batch'")
     scores = token_rewards.sum(dim=-1)  # (B,)
-    mean, std = group_mean_std(scores, group_index)
+    mean, std = group_mean_std(scores, group_index, episode_index)
     advantage = scores - mean
     if norm_adv_by_std:
         advantage = advantage / (std + epsilon)

@@ -13,11 +13,14 @@ from ragen_core.algos.advantages import group_mean_std
 FILTER_LOSS_SCALINGS = ("none", "linear", "sqrt")
 
 
-def soft_advantage_weights(scores: torch.Tensor, group_index: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
+def soft_advantage_weights(
+    scores: torch.Tensor, group_index: torch.Tensor, episode_index: torch.Tensor | None = None, epsilon: float = 1e-6
+) -> torch.Tensor:
     """(B,) RAGEN-2's soft advantage weight of each trajectory: its group's reward std over the largest group std of
     the batch, ``std_g / (max_g std_g + epsilon)``. The std is GRPO's (unbiased; a one-member group counts 1.0, as
-    veRL's GRPO sets it), so a group whose rewards do not vary gets weight 0 instead of being filtered out."""
-    _, std = group_mean_std(scores.double(), group_index)  # (B,) each trajectory's group std
+    veRL's GRPO sets it), so a group whose rewards do not vary gets weight 0 instead of being filtered out. With
+    ``episode_index`` (turn rows) the std counts each episode once, as GRPO's does then."""
+    _, std = group_mean_std(scores.double(), group_index, episode_index)  # (B,) each row's group std
     return (std / (std.max() + epsilon)).to(scores.dtype)
 
 

@@ -78,6 +78,8 @@ def decide_start(
         )
     if final is None:
         return Start.RESUME
+    if (manifest.get("early_stop") or {}).get("iteration") == final:
+        return Start.DONE  # stopped early (filter_empty_stop_steps), then validated: more iterations change nothing
     return Start.DONE if final == iterations else Start.EXTEND
 
 
@@ -114,6 +116,25 @@ def plan_resume(
     checkpoint_updates, checkpoint = max(usable, key=lambda item: item[0]) if usable else (0, None)
     replay = [i for i in range(checkpoint_updates, updates) if i not in skipped]
     return ResumePlan(next_iteration, committed, skipped, checkpoint, checkpoint_updates, replay, quarantined)
+
+
+def empty_filter_streak(history: list[dict[str, float]]) -> int:
+    """The number of consecutive training iterations, counted back from the last one in ``history`` (the committed
+    training iterations' metrics, in order), whose filter kept no group (``filter/kept_groups`` 0: RAGEN's
+    ``empty_after_filter``)."""
+    streak = 0
+    for metrics in reversed(history):
+        if metrics.get("filter/kept_groups", 1.0) != 0.0:
+            break
+        streak += 1
+    return streak
+
+
+def stops_early(history: list[dict[str, float]], empty_stop_steps: int) -> bool:
+    """RAGEN-2's ``rollout_filter_empty_stop_steps``: whether training ends after the iterations of ``history``,
+    because the last ``empty_stop_steps`` of them kept nothing (0: never). A pure function of the stored metrics, so
+    a resumed run stops where the uninterrupted one did."""
+    return empty_stop_steps > 0 and empty_filter_streak(history) >= empty_stop_steps
 
 
 def check_resumable(plan: ResumePlan, run_id: str, skip_iteration: bool) -> None:

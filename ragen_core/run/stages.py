@@ -39,12 +39,14 @@ from ragen_core.metrics import (
 )
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
 from ragen_core.run.batches import BatchPipeline, BatchRules, TrajectoryEntropy
+from ragen_core.run.decisions import stops_early
 from ragen_core.run.session import RunSession
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import BatchMeta, Stage, checkpoint_row, evaluation_rows, event_row
 from ragen_core.tensorboard_sink import record_iteration
 from ragen_core.training.checkpoint import HF_EXPORT
 from ragen_core.training.entropy import trajectory_entropy
+from ragen_core.training.turn_rows import turn_entropy
 from ragen_core.training.updater import SKIPPED
 
 LOGGER = logging.getLogger("ragen.monitor")
@@ -89,21 +91,23 @@ def training_batch(session: RunSession, iteration: int) -> BatchPipeline:
 def filter_entropy(session: RunSession) -> TrajectoryEntropy | None:
     """The filter's per-trajectory entropy when ``algorithm.filter_entropy`` is ``full`` (an entropy metric): the
     full-distribution token entropy under the policy that sampled the batch, at the sampling temperature; None: the
-    filter uses the stored log-probs' estimate (or needs no entropy)."""
+    filter uses the stored log-probs' estimate (or needs no entropy). With ``rollout.training_rows=turn`` (either
+    entropy) a trajectory's entropy is the mean over its turn rows of each row's, as RAGEN-2's turn-level modes."""
     config = session.config
-    if config.algorithm.filter_entropy != "full" or config.algorithm.filter_metric not in ENTROPY_METRICS:
+    turn_rows = config.rollout.training_rows == "turn"
+    if config.algorithm.filter_metric not in ENTROPY_METRICS:
         return None
+    if config.algorithm.filter_entropy != "full":
+        return turn_entropy if turn_rows else None
 
     def entropy(trajectories: pa.Table) -> torch.Tensor:
-        return trajectory_entropy(
-            session.policy.model,
-            trajectories["input_ids"].to_pylist(),
-            trajectories["loss_mask"].to_pylist(),
-            session.tokenizer.pad_token_id,
-            config.rollout.temperature,
-            config.actor.micro_batch_size,
-            trajectories["segment_lengths"].to_pylist(),
-        )
+        score = partial(trajectory_entropy, session.policy.model, pad_id=session.tokenizer.pad_token_id,
+                        temperature=config.rollout.temperature, batch_size=config.actor.micro_batch_size)  # fmt: skip
+        if turn_rows:
+            return turn_entropy(trajectories, lambda turns: score(turns.input_ids, turns.loss_mask))
+        columns = ("input_ids", "loss_mask", "segment_lengths")
+        ids, masks, segments = (trajectories[name].to_pylist() for name in columns)
+        return score(ids, masks, segment_lengths=segments)
 
     return entropy
 
@@ -207,11 +211,30 @@ def record_warnings(session: RunSession, iteration: int, metrics: dict[str, floa
     return rows
 
 
+def stop_early(session: RunSession, iteration: int) -> bool:
+    """Before training ``iteration``: whether the run stops here (``algorithm.filter_empty_stop_steps`` consecutive
+    committed iterations kept no group, :func:`ragen_core.run.decisions.stops_early`); the stop is logged and
+    recorded in the manifest (``early_stop``), and the run's final validation is then committed as ``iteration``."""
+    steps = session.config.algorithm.filter_empty_stop_steps
+    if not stops_early(session.record.metric_history, steps):
+        return False
+    LOGGER.warning(
+        "run %s: the filter kept no group for %d consecutive iterations; training stops before iteration %d "
+        "(algorithm.filter_empty_stop_steps=%d)", session.run_id, steps, iteration, steps,
+    )  # fmt: skip
+    session.record.update(early_stop={"iteration": iteration, "reason": "filter_empty_stop_steps", "steps": steps})
+    return True
+
+
 def save_checkpoint_if_due(session: RunSession, iteration: int, metrics: dict[str, float]) -> Path | None:
     """After the update of ``iteration`` (``iteration + 1`` updates), save the engines and the Hugging Face export
-    every ``trainer.checkpoint_every`` updates and after the last one; record it and prune old ones."""
+    every ``trainer.checkpoint_every`` updates and after the last one (the last before an early stop included);
+    record it and prune old ones."""
     trainer, updates = session.config.trainer, iteration + 1
-    if updates % trainer.checkpoint_every and updates != trainer.iterations:
+    last = updates == trainer.iterations or stops_early(
+        [*session.record.metric_history, metrics], session.config.algorithm.filter_empty_stop_steps
+    )
+    if updates % trainer.checkpoint_every and not last:
         return None
     run_id = session.run_id
     extra = {"config_hash": session.config_hash, "metrics": {k: v for k, v in metrics.items() if "/" in k}}

@@ -14,12 +14,14 @@ from ragen_core.config import RunConfig
 from ragen_core.storage import DataLake
 from ragen_core.training.batch import collate
 from ragen_core.training.starpo import UpdateInputs
+from ragen_core.training.turn_rows import padded_logprobs, turn_rows_of_table
 
 
 def update_inputs(
     lake: DataLake, run_id: str, iteration: int, config: RunConfig, pad_token_id: int
 ) -> UpdateInputs | None:
-    """The published, kept training rows of ``iteration`` as update inputs, in (group, trajectory) order, with
+    """The published, kept training rows of ``iteration`` as update inputs, in (group, trajectory) order (with
+    ``rollout.training_rows=turn``: one row per turn, see :func:`turn_update_inputs`), with
     per-turn rewards when ``algorithm.reward_level`` is ``turn``; None when the filter kept no group (no update). An
     iteration without any published training row is an error (nothing was generated, or its commit is missing), not
     a skip. ``kept_group_share`` is the share of the iteration's groups that were kept. The partition is read
@@ -34,6 +36,9 @@ def update_inputs(
     if rows.num_rows == 0:
         return None
     rows = rows.sort_by([("group_id", "ascending"), ("traj_index", "ascending")])
+    kept_share = pc.count_distinct(rows["group_id"]).as_py() / groups
+    if config.rollout.training_rows == "turn":
+        return turn_update_inputs(rows, pad_token_id, kept_share)
     batch = collate(
         rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist(), pad_token_id, rows["segment_lengths"].to_pylist()
     )
@@ -53,7 +58,24 @@ def update_inputs(
         group_index=torch.tensor(rows["group_id"].to_numpy(), dtype=torch.long),
         turn_rewards=turn_rewards,
         behavior_logprobs=stored_behavior_logprobs(rows, batch.loss_mask.shape[1]),
-        kept_group_share=pc.count_distinct(rows["group_id"]).as_py() / groups,
+        kept_group_share=kept_share,
+    )
+
+
+def turn_update_inputs(rows: pa.Table, pad_token_id: int, kept_share: float) -> UpdateInputs:
+    """``rollout.training_rows=turn``: every turn of the kept trajectories ``rows`` (in their order) is its own
+    training row (:mod:`ragen_core.training.turn_rows`), carrying its trajectory's score and group, with its
+    trajectory as ``episode_index`` (GRPO's statistics count each trajectory once, as RAGEN-2's)."""
+    turns = turn_rows_of_table(rows)
+    batch = collate(turns.input_ids, turns.loss_mask, pad_token_id)
+    index = torch.tensor(turns.trajectory, dtype=torch.long)
+    return UpdateInputs(
+        batch=batch,
+        scores=torch.tensor(rows["total_reward"].to_numpy(), dtype=torch.float32)[index],
+        group_index=torch.tensor(rows["group_id"].to_numpy(), dtype=torch.long)[index],
+        behavior_logprobs=padded_logprobs(turns, batch.loss_mask.shape[1]),
+        kept_group_share=kept_share,
+        episode_index=index,
     )
 
 

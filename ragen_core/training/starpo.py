@@ -34,6 +34,7 @@ class UpdateInputs:
     turn_rewards: Sequence[Sequence[float]] | None = None  # per trajectory, each turn's reward + penalty
     behavior_logprobs: torch.Tensor | None = None  # (B, T) the sampler's stored log-probs; None: some row has none
     kept_group_share: float = 1.0  # groups the filter kept / groups of the iteration (filter_loss_scaling)
+    episode_index: torch.Tensor | None = None  # (B,) turn rows: each row's trajectory; None: rows are trajectories
 
 
 def trajectory_token_rewards(loss_mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -85,9 +86,15 @@ def value_update_config(config: RunConfig) -> ValueUpdateConfig:
 
 
 def compute_advantages(
-    config: RunConfig, token_rewards: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, values
+    config: RunConfig,
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    groups: torch.Tensor,
+    values: torch.Tensor | None,
+    episode_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns (B, T) from the registered estimator with the config's options."""
+    """Advantages and returns (B, T) from the registered estimator with the config's options; ``episode_index``
+    (turn rows) lets GRPO count each trajectory once in its group statistics."""
     algorithm = config.algorithm
     return ADVANTAGES.call(
         algorithm.adv_estimator,
@@ -101,6 +108,7 @@ def compute_advantages(
         lam=algorithm.lam,
         high_level_gamma=algorithm.high_level_gamma,
         whiten_advantages=algorithm.whiten_advantages,
+        episode_index=episode_index,
     )
 
 
@@ -116,7 +124,7 @@ def scaled_advantages(
     the share of groups the filter kept. Their factors are logged in ``metrics``."""
     algorithm = config.algorithm
     if algorithm.soft_advantage_reweight:
-        weights = soft_advantage_weights(token_rewards.sum(dim=-1), inputs.group_index)  # (B,)
+        weights = soft_advantage_weights(token_rewards.sum(dim=-1), inputs.group_index, inputs.episode_index)
         advantages = advantages * weights.unsqueeze(-1).to(advantages.dtype)
         metrics.update({"actor/soft_reweight_min": float(weights.min()), "actor/soft_reweight_max":
                         float(weights.max()), "actor/soft_reweight_mean": float(weights.mean())})  # fmt: skip
@@ -179,7 +187,9 @@ def starpo_update(
     if algorithm.needs_critic and critic is None:
         raise ValueError(f"adv_estimator {algorithm.adv_estimator!r} needs a critic; the session has none")
     values = critic.values(batch) if algorithm.needs_critic else None
-    advantages, returns = compute_advantages(config, token_rewards, mask, inputs.group_index, values)
+    advantages, returns = compute_advantages(
+        config, token_rewards, mask, inputs.group_index, values, inputs.episode_index
+    )
     advantages = scaled_advantages(config, advantages, token_rewards, inputs, metrics)
     metrics["actor/advantage_mean"] = float(masked_mean(advantages, mask))
     metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))

@@ -249,7 +249,7 @@ def test_the_registry_passes_each_estimator_its_own_options():
         adv, ret = ADVANTAGES.call(name, REWARDS, MASK, ONE_GROUP, values=values, norm_adv_by_std=True, gamma=1.0)
         assert adv.shape == ret.shape == MASK.shape
         assert bool((adv[MASK == 0] == 0).all())
-    assert ADVANTAGES.options("grpo") == {"norm_adv_by_std", "grouping", "epsilon"}
+    assert ADVANTAGES.options("grpo") == {"norm_adv_by_std", "grouping", "epsilon", "episode_index"}
     assert ADVANTAGES.options("rloo") == set()
     # only gae's options reach gae: the same call with grpo's option set to a value gae would choke on
     direct, _ = gae_advantage(REWARDS, MASK, ONE_GROUP, values=VALUES, gamma=0.9, lam=0.8)
