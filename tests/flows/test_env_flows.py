@@ -12,6 +12,7 @@ CASES = [
     ("configs/frozenlake.yaml", "frozen_lake"),
     ("configs/countdown.yaml", "countdown"),
     ("configs/bandit.yaml", "bandit_reversed"),
+    ("configs/sudoku.yaml", "sudoku_pr147_4x4"),
     ("configs/sudoku.yaml", "sudoku"),
     ("configs/game_2048.yaml", "game_2048"),
     ("configs/rubikscube.yaml", "rubikscube"),
@@ -87,7 +88,22 @@ def test_expert_solves_sudoku_and_rubikscube_in_the_flow(lake_root):
         r["env"]: r["rate"]
         for r in query(
             lake_root,
-            "SELECT env, avg(success::int) AS rate FROM trajectories WHERE env IN ('sudoku', 'rubikscube') GROUP BY 1",
+            "SELECT env, avg(success::int) AS rate FROM trajectories "
+            "WHERE env IN ('sudoku_pr147_4x4', 'rubikscube') GROUP BY 1",
         ).to_pylist()
     }
-    assert rates == {"sudoku": 1.0, "rubikscube": 1.0}
+    assert rates == {"sudoku_pr147_4x4": 1.0, "rubikscube": 1.0}
+
+
+def test_ragen2_sudoku_runs_through_the_flow_with_dense_rewards(lake_root):
+    # RAGEN-2's current Sudoku: 32 empty cells, more than the config's 20 placements (5 turns of 5, 20 in all), so
+    # the expert fills 20 cells with the solved grid's values, +1 each, and does not finish (as RAGEN-2's own
+    # SimpleSudoku budget of 20 actions cannot)
+    rows = query(
+        lake_root,
+        "SELECT split, success, env_reward, num_actions, format_penalty FROM trajectories WHERE env = 'sudoku'",
+    ).to_pylist()
+    assert len(rows) == 10  # 4 train + 6 val
+    for row in rows:
+        assert (row["success"], row["num_actions"], row["format_penalty"]) == (False, 20, 0.0)
+        assert row["env_reward"] == pytest.approx(20.0)
