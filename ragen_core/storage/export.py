@@ -2,16 +2,16 @@
 
 One table gives a folder that ``load_dataset("parquet", data_dir=OUT)`` loads with two splits::
 
-    OUT/train/part-<k>.parquet         the rows with split = 'train' (run k of the export, in the order given)
+    OUT/train/part-<k>.parquet         the rows with split = 'train' of run k (the runs in the order given)
     OUT/validation/part-<k>.parquet    the rows with split = 'val'
     OUT/README.md                      what was exported: runs, tables, rows per split, and the line to load it
 
 Several tables give one such folder per table (``OUT/<table>/``: ``data_dir=OUT/<table>``), since one dataset has
 one schema. The names hold no split word besides the split folders (``datasets`` picks splits by the words in
-folder and file names), and both splits always have a file (a 0-row one when a run has no such rows), so the
-splits are the same whatever the runs hold. Rows are the lake's readers' (:meth:`DataLake.read_table`: the current
-schema, compacted partitions once). Everything is written into a hidden folder beside ``OUT``, which is renamed to
-``OUT`` last: a failed export leaves nothing.
+folder and file names). A run without rows of a split has no file in it (``datasets`` cannot load a 0-row Parquet
+file), so a split no run has rows of is left out, and the report says so (0 rows). Rows are the lake's readers'
+(:meth:`DataLake.read_table`: the current schema, compacted partitions once). Everything is written into a hidden
+folder beside ``OUT``, which is renamed to ``OUT`` last: a failed export leaves nothing.
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ def _write_table(lake: DataLake, table: str, run_ids: list[str], folder: Path) -
         data = lake.read_table(table, run_id)
         for split, value in SPLITS.items():
             part = data.filter(pc.equal(data["split"], pa.scalar(value)))
-            atomic_write_parquet(folder / split / f"part-{index:05d}.parquet", part)
+            if part.num_rows:
+                atomic_write_parquet(folder / split / f"part-{index:05d}.parquet", part)
             rows[split] += part.num_rows
     return rows
 

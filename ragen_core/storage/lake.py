@@ -54,9 +54,6 @@ from ragen_core.storage.files import (
 )
 from ragen_core.storage.layout import (
     ITERATION_FOLDER,
-    LAYOUT_FILE,
-    LAYOUT_VERSION,
-    OLD_RUN_FOLDER_PREFIX,
     check_manifest,
     check_real_folder,
     check_real_folders,
@@ -64,9 +61,7 @@ from ragen_core.storage.layout import (
     check_rows,
     iteration_folder_name,
     iteration_folders,
-    layout_version,
     list_parts,
-    old_layout_error,
     part_files,
     partition_of,
     published_by_stage,
@@ -77,6 +72,7 @@ from ragen_core.storage.layout import (
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
 from ragen_core.storage.parts import check_not_superseded, visible_parts
 from ragen_core.storage.runs import manifest_row, runs_table
+from ragen_core.storage.versioning import check_publishable, layout_version
 from schemas.tables import TABLES, TableSpec
 from schemas.versions import UPGRADES, UpgradeRegistry
 
@@ -331,15 +327,10 @@ class DataLake:
                 published.append(target_dir / name)
         return published
 
-    def check_layout(self, run_id: str | None = None) -> None:
-        """Before publishing (``run_id``'s rows): the data root's layout is this code's, recording it in a new
-        data root; a newer layout, or (for ``run_id``) a folder of the old layout 1, raises naming the upgrade."""
-        if layout_version(self.root) is None:
-            atomic_write_json(self.root / LAYOUT_FILE, {"layout_version": LAYOUT_VERSION})
-        for table in [n for n, spec in self.tables.items() if spec.source == "parquet" and run_id is not None]:
-            old = self.table_dir(table) / f"{OLD_RUN_FOLDER_PREFIX}{validate_run_id(run_id)}"
-            if os.path.lexists(old):
-                raise old_layout_error(self.root, old)
+    def check_layout(self, run_id: str) -> None:
+        """Before publishing ``run_id``'s rows: :func:`ragen_core.storage.versioning.check_publishable`."""
+        tables = [self.table_dir(n) for n, spec in self.tables.items() if spec.source == "parquet"]
+        check_publishable(self.root, tables, validate_run_id(run_id))
 
     def quarantine(self, run_id: str, iteration: int, stage: str, report_json: str) -> Path:
         """Move a failed stage's staged output under ``quarantine/`` with its report; return the folder."""

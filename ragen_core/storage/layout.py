@@ -61,7 +61,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ragen_core.storage.files import LakeError, VanishedFileError, read_json
+from ragen_core.storage.files import LakeError, VanishedFileError
 from ragen_core.storage.names import is_valid_run_id
 from schemas.tables import TableSpec
 from schemas.versions import stored_version
@@ -74,7 +74,7 @@ _HOW_TO_FIX = "it was changed by hand or planted; move it out of the data root, 
 
 # -- the names of table folders and part files (layout 2) -----------------------------------------------------------
 LAYOUT_VERSION = 2
-LAYOUT_FILE = "_layout.json"  # {"layout_version": n} at the data root, written with the first published file
+LAYOUT_FILE = "_layout.json"  # {"layout_version": n} at the data root: ragen_core.storage.versioning
 RUN_FOLDER_PREFIX = "run-"
 ITERATION_PREFIX = "iteration-"
 PARTITION_ITERATION = re.compile(r"iteration-(0|[1-9][0-9]{0,17})")
@@ -123,22 +123,6 @@ def published_name_of(stage: str, staged: str) -> str:
 def published_by_stage(name: str, stages: Iterable[str]) -> bool:
     """Whether the published part file ``name`` was published by one of ``stages``."""
     return any(name.startswith(f"part-{stage_token(stage)}-") for stage in stages)
-
-
-def layout_version(root: Path) -> int | None:
-    """The layout version recorded in the data root (None when it has no ``_layout.json`` yet); a version newer
-    than this code raises."""
-    path = root / LAYOUT_FILE
-    if not check_regular_file(path, "layout file"):
-        return None
-    payload = read_json(path)
-    version = payload.get("layout_version") if isinstance(payload, dict) else None
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise LakeError(f"layout file {_show(path)} has no integer layout_version; {_HOW_TO_FIX}")
-    if version > LAYOUT_VERSION:
-        raise LakeError(f"data root {_show(root)} has lake layout {version}, but this ragen-flows only knows layouts "
-                        f"up to {LAYOUT_VERSION}: upgrade ragen-flows (pip install -U ragen-flows) to use it")
-    return version
 
 
 def old_layout_error(root: Path, found: Path) -> LakeError:

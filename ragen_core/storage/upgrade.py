@@ -1,7 +1,7 @@
 """Upgrading a data root's lake layout, in place (``ragen upgrade-lake``): the layout's counterpart of
 :mod:`schemas.versions`, which brings old *files* to the current schema when they are read.
 
-The layout version is recorded in ``<root>/_layout.json`` (:func:`ragen_core.storage.layout.layout_version`); a
+The layout version is recorded in ``<root>/_layout.json`` (:mod:`ragen_core.storage.versioning`); a
 data root without it and with ``run_id=<id>`` folders in its tables is layout 1. Readers and writers refuse
 layout-1 folders, naming this upgrade. Layout 1 to 2 (:mod:`ragen_core.storage.layout`, which spells both):
 
@@ -45,12 +45,12 @@ from ragen_core.storage.layout import (
     check_real_folder,
     check_regular_file,
     iteration_folder_name,
-    layout_version,
     published_part_name,
 )
 from ragen_core.storage.locks import run_writer
 from ragen_core.storage.names import is_valid_run_id
 from ragen_core.storage.parts import COMPACTION_MARKER, merged_name
+from ragen_core.storage.versioning import layout_version, record_layout
 
 UPGRADING_PREFIX = ".upgrading-"
 
@@ -102,7 +102,7 @@ def upgrade_layout(lake: DataLake) -> LayoutUpgrade:
             for table, folder in folders:
                 _upgrade_run_folder(lake, table, run_id, folder, report)
     try:
-        atomic_write_json(lake.root / LAYOUT_FILE, {"layout_version": LAYOUT_VERSION})
+        record_layout(lake.root)
     except OSError as exc:
         raise LakeError(f"cannot write {str(lake.root / LAYOUT_FILE)!r}: {exc.strerror or exc}") from exc
     return report

@@ -193,3 +193,31 @@ def test_a_compaction_stopped_after_its_commit_point_in_layout_1_is_finished_aft
     compact_run(DataLake(old_lake), RUNS[1])  # its recovery finishes the layout-1 compaction
     assert [p.name.startswith("part-compacted-") for p in new_folder.glob("part-*.parquet")] == [True]
     _assert_same_rows(old_lake, original, new_lake)
+
+
+def _metrics(run_id: str, iteration: int) -> list[dict]:
+    return [{"run_id": run_id, "iteration": iteration, "name": "m", "value": 1.0}]
+
+
+def test_a_new_data_root_records_its_layout_and_a_newer_one_is_refused(tmp_path):
+    lake = DataLake(tmp_path)
+    assert not (tmp_path / "_layout.json").exists()
+    lake.write_rows("metrics", "a", 0, _metrics("a", 0), stage="commit")
+    assert json.loads((tmp_path / "_layout.json").read_text()) == {"layout_version": 2}
+    (tmp_path / "_layout.json").write_text(json.dumps({"layout_version": 3}))
+    for call in (lambda: lake.read_table("metrics"), lambda: upgrade_layout(lake),
+                 lambda: lake.write_rows("metrics", "a", 1, _metrics("a", 1), stage="commit")):  # fmt: skip
+        with pytest.raises(LakeError, match="has lake layout 3, but this ragen-flows only knows layouts up to 2"):
+            call()
+    assert json.loads((tmp_path / "_layout.json").read_text()) == {"layout_version": 3}
+
+
+def test_a_run_with_layout_1_folders_is_not_published_into(tmp_path):
+    lake = DataLake(tmp_path)
+    lake.write_rows("metrics", "a", 0, _metrics("a", 0), stage="commit")
+    old = tmp_path / "turns" / "run_id=a"
+    old.mkdir(parents=True)
+    with pytest.raises(LakeError, match=r"old lake layout 1 .*ragen upgrade-lake"):
+        lake.write_rows("metrics", "a", 1, _metrics("a", 1), stage="commit")
+    assert [p.parent.name for p in lake.partition_files("metrics")] == ["iteration-0"]  # nothing published
+    lake.write_rows("metrics", "b", 0, _metrics("b", 0), stage="commit")  # another run is written as usual

@@ -1,0 +1,58 @@
+"""The data root's lake layout version: ``_layout.json`` = ``{"layout_version": n}`` (the names of each layout:
+:mod:`ragen_core.storage.layout`; the upgrade from an older one: :mod:`ragen_core.storage.upgrade`).
+
+A data root gets the file with its first published part file (or from the upgrade). Readers refuse a layout newer
+than this code; writers also refuse to publish a run whose rows still lie in layout-1 folders (readers refuse those
+folders in their listing, :func:`ragen_core.storage.layout.run_folders`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from ragen_core.storage.files import LakeError, atomic_write_json, read_json
+from ragen_core.storage.layout import (
+    LAYOUT_FILE,
+    LAYOUT_VERSION,
+    OLD_RUN_FOLDER_PREFIX,
+    check_regular_file,
+    old_layout_error,
+)
+
+
+def layout_version(root: Path) -> int | None:
+    """The layout version recorded in the data root (None when it has no ``_layout.json`` yet); a version newer
+    than this code raises."""
+    path = root / LAYOUT_FILE
+    if not check_regular_file(path, "layout file"):
+        return None
+    payload = read_json(path)
+    version = payload.get("layout_version") if isinstance(payload, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise LakeError(
+            f"layout file {str(path)!r} has no integer layout_version; it was changed by hand: write "
+            f'{{"layout_version": {LAYOUT_VERSION}}} into it if the data root is of this layout'
+        )
+    if version > LAYOUT_VERSION:
+        raise LakeError(
+            f"data root {str(root)!r} has lake layout {version}, but this ragen-flows only knows layouts "
+            f"up to {LAYOUT_VERSION}: upgrade ragen-flows (pip install -U ragen-flows) to use it"
+        )
+    return version
+
+
+def record_layout(root: Path) -> None:
+    """Write ``_layout.json`` with the current version (atomically)."""
+    atomic_write_json(root / LAYOUT_FILE, {"layout_version": LAYOUT_VERSION})
+
+
+def check_publishable(root: Path, table_dirs: Iterable[Path], run_id: str) -> None:
+    """Before publishing ``run_id``'s rows: the data root's layout is this code's (recorded when it has none yet),
+    and none of ``table_dirs`` holds the run's rows in a layout-1 folder (raises, naming the upgrade)."""
+    if layout_version(root) is None:
+        record_layout(root)
+    for table_dir in table_dirs:
+        old = table_dir / f"{OLD_RUN_FOLDER_PREFIX}{run_id}"
+        if os.path.lexists(old):
+            raise old_layout_error(root, old)
