@@ -16,8 +16,12 @@ def test_commit_writes_early_warning_events(tmp_path, caplog):
     session = RunSession(config, lake, "watch", policy=None, updater=None, record=record)
     stds = [0.30, 0.40, 0.35, 0.15, 0.38]
     grads = [1.0, 1.1, 0.9, 1.0, 9.0]
-    for iteration, (std, grad) in enumerate(zip(stds, grads, strict=True)):
-        metrics = {"rollout/in_group_reward_std": std, "actor/entropy": 1.0, "actor/grad_norm_max": grad}
+    # training success slips (monitor.success_slip 0.05): 3-iteration trailing mean 0.6 at the std's peak (1) and at
+    # iteration 1 (three before the spike), 0.533 at 3, 0.433 at 4
+    success = [0.6, 0.6, 0.6, 0.4, 0.3]
+    for iteration, (std, grad, rate) in enumerate(zip(stds, grads, success, strict=True)):
+        metrics = {"rollout/in_group_reward_std": std, "actor/entropy": 1.0, "actor/grad_norm_max": grad,
+                   "rollout/success_rate": rate}  # fmt: skip
         commit_iteration(session, iteration, metrics)
     events = query(tmp_path, "SELECT iteration, kind, metric, value, threshold FROM events ORDER BY 1, 3").to_pylist()
     assert [(e["iteration"], e["kind"], e["metric"]) for e in events] == [
