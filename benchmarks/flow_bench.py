@@ -75,7 +75,7 @@ def run_flow(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Run the train flow of ``case``; one row per iteration (wall, core per stage, task-measured stage times,
     Parquet write seconds, validation metrics and, with ``sample_memory``, peak resident bytes) and the final
-    validation's metrics. ``progress(iteration, metrics)`` is the flow's own progress callback.
+    validation's metrics. ``progress(iteration, metrics)`` hears the flow's progress (:func:`flows.ui.watching`).
 
     ``variant`` measures the previous design side by side: the iteration as a ``starpo_iteration`` subflow of its
     own, and the rollout records handed to the persist task as they are (Prefect walks them looking for futures).
@@ -85,6 +85,7 @@ def run_flow(
     import ragen_core.run.batches as batches
     import ragen_core.run.stages as stages
     import ragen_core.storage.lake as lake_module
+    from flows.ui import watching
     from ragen_core.config import load_config
 
     config = load_config(ROOT / "configs" / "bandit.yaml", list(case.overrides))
@@ -142,10 +143,10 @@ def run_flow(
         patch.__enter__()
     try:
         with sampler if sample_memory else _Null():
-            train_module.train(
-                config=config.to_dict(), data_root=str(case.data_root), run_id=f"bench-{case.label}",
-                progress=on_progress,
-            )  # fmt: skip
+            with watching(on_progress):
+                train_module.train(
+                    config=config.to_dict(), data_root=str(case.data_root), run_id=f"bench-{case.label}"
+                )
     finally:
         for patch in reversed(patches):
             patch.__exit__(None, None, None)

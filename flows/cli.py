@@ -26,7 +26,7 @@ from flows.cli_common import (
     write_result,
 )
 from flows.cli_export import export, upgrade_lake
-from flows.cli_launch import start_flow_command, user_facing_errors, writer
+from flows.cli_launch import start_flow_command, user_facing_errors, watch_run, writer
 from flows.cli_reproduce import reproduce
 from flows.cli_runs import runs_app
 from flows.cli_server import server_app
@@ -154,10 +154,8 @@ def retrain(
 
     console.print(f"offline {mode} run [bold]{run_id}[/] from {init} · data root {root}")
     try:
-        result = retrain_offline(
-            run_config, sql, mode, init, data_root=str(root), run_id=run_id,
-            progress=lambda i, m: console.print(_metrics_line(i, m)),
-        )  # fmt: skip
+        with watch_run(lambda i, m: console.print(_metrics_line(i, m))):
+            result = retrain_offline(run_config, sql, mode, init, data_root=str(root), run_id=run_id)
     except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
         fail(str(exc))
     console.print(f"trained on {result['trajectories']} stored trajectories")
@@ -228,11 +226,12 @@ def sweep(
     for item in chosen:
         console.print(f"  {item.run_id}: {' '.join(item.overrides) or '(base config)'}")
     try:
-        result = sweep_flow(
-            base.to_dict(), grid=grid or [], random=random or [], samples=samples, seeds=seeds, data_root=str(root),
-            sweep_id=plan.sweep_id, deployment=deployment_name if deployment else None, points=point or None,
-            search_seed=search_seed, max_points=max_points,
-        )  # fmt: skip
+        with watch_run():
+            result = sweep_flow(
+                base.to_dict(), grid=grid or [], random=random or [], samples=samples, seeds=seeds,
+                data_root=str(root), sweep_id=plan.sweep_id, deployment=deployment_name if deployment else None,
+                points=point or None, search_seed=search_seed, max_points=max_points,
+            )  # fmt: skip
     except SweepError as exc:
         fail(str(exc))
     _print_sweep(result)
@@ -284,10 +283,11 @@ def eval_command(
 
     console.print(f"evaluating [bold]{which}[/] · data root {root}")
     try:
-        result = evaluate(
-            target, envs=env or None, n=n, data_root=str(root), config=str(config) if config else None,
-            overrides=list(ctx.args), run_id=run_id,
-        )  # fmt: skip
+        with watch_run():
+            result = evaluate(
+                target, envs=env or None, n=n, data_root=str(root), config=str(config) if config else None,
+                overrides=list(ctx.args), run_id=run_id,
+            )  # fmt: skip
     except (EvaluationError, *user_facing_errors()) as exc:
         fail(str(exc))
     import pyarrow as pa
@@ -363,10 +363,10 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
             progress.update(bar, completed=iteration + 1)
 
         try:
-            return train_flow(
-                run_config, data_root=str(root), run_id=run_id, progress=on_iteration,
-                force_config=allowed, skip_iteration=skip_iteration,
-            )  # fmt: skip
+            with watch_run(on_iteration):
+                return train_flow(
+                    run_config, data_root=str(root), run_id=run_id, force_config=allowed, skip_iteration=skip_iteration
+                )
         except (ResumeError, *user_facing_errors()) as exc:  # the manifest recorded it; one line, no traceback
             progress.stop()
             fail(str(exc))
@@ -392,23 +392,10 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
 
 
 def _metrics_line(iteration: int, metrics: dict[str, float]) -> str:
-    parts = [f"iter {iteration:>3}"]
-    for key, label in (
-        ("rollout/reward_mean", "reward"),
-        ("rollout/success_rate", "success"),
-        ("rollout/in_group_reward_std", "grp_std"),
-        ("actor/pg_loss", "pg_loss"),
-        ("actor/entropy", "entropy"),
-        ("actor/grad_norm", "grad"),
-    ):
-        if key in metrics:
-            parts.append(f"{label} {metrics[key]:.3f}")
-    parts += [
-        f"{k.removeprefix('val/')} {v:.3f}"
-        for k, v in sorted(metrics.items())
-        if k.startswith("val/") and k.endswith("/success")
-    ]
-    return " · ".join(parts)
+    """The iteration's summary line (the same line goes to the run's logs in Prefect's UI)."""
+    from ragen_core.reports import iteration_line
+
+    return iteration_line(iteration, metrics)
 
 
 def bootstrap_line(bootstrap: dict) -> str:

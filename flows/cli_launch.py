@@ -6,22 +6,41 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from flows.cli_common import console, fail
+from rich.text import Text
+
+from flows.cli_common import console, fail, printable
+
+_SERVER = {"configured": False}  # whether the user pointed the command at a Prefect server (PREFECT_API_URL)
 
 
 def start_flow_command(root: Path, name: str, verbose: bool) -> None:
     """Prefect's environment (its own home and server under ``root`` for ``name``), then, unless ``verbose``, the
-    libraries quieted and Prefect's failure tracebacks kept off the terminal (the command reports errors itself)."""
+    libraries quieted and Prefect's run logs kept off the terminal (the command reports progress and errors itself)
+    while they still reach the server."""
+    _SERVER["configured"] = "PREFECT_API_URL" in os.environ
     _prepare_prefect(root, name, verbose)
     if not verbose:
         _quiet_libraries()
         import prefect.main  # noqa: F401  (importing it sets up Prefect's logging: the handlers the filter goes on)
 
-        _hide_run_failure_logs()
+        _hide_run_logs()
+
+
+def watch_run(progress: Callable[[int, dict[str, float]], None] | None = None) -> AbstractContextManager[None]:
+    """The context to call a flow in: ``progress`` after each iteration, and the flow run's address in Prefect's UI
+    printed once it is known, when the user configured the server (a command's temporary server has no UI and stops
+    with the command: no address then)."""
+    from flows.ui import watching
+
+    return watching(progress, _print_address if _SERVER["configured"] else None)
+
+
+def _print_address(url: str) -> None:
+    console.print(Text.assemble("Prefect UI: ", printable(url)), highlight=False, soft_wrap=True)
 
 
 def _prepare_prefect(data_root: Path, run_id: str, verbose: bool) -> None:
@@ -119,19 +138,26 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
     return LakeError, PolicyLoadError, CheckpointError
 
 
-class _NoRunFailureRecords(logging.Filter):
-    """Drops Prefect's error records about failed flow and task runs (each with the traceback) from the terminal:
-    the command reports the error itself; the Prefect server still receives them, and --verbose shows them."""
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+class _NoRunRecords(logging.Filter):
+    """Keeps Prefect's records about flow and task runs off the terminal, but their warnings: the info lines (a run
+    created, renamed, finished) and the errors about failed runs (each with the traceback; the command reports the
+    error itself). The Prefect server still receives them all, and --verbose shows them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        runs = record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
-        return not (runs and record.levelno >= logging.ERROR)
+        runs = record.name.startswith(RUN_LOGGERS)
+        return not (runs and (record.levelno < logging.WARNING or record.levelno >= logging.ERROR))
 
 
-def _hide_run_failure_logs() -> None:
-    """Install :class:`_NoRunFailureRecords` on every handler that writes to the terminal (Prefect set them up when
-    it was imported)."""
+def _hide_run_logs() -> None:
+    """Prefect's run loggers at INFO (the quiet PREFECT_LOGGING_LEVEL=WARNING would keep their lines from the
+    server's logs too), and :class:`_NoRunRecords` on every handler that writes to the terminal (Prefect set them up
+    when it was imported)."""
     from flows.interrupts import terminal_handlers
 
+    for name in RUN_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
     for handler in terminal_handlers([logging.getLogger()]):
-        handler.addFilter(_NoRunFailureRecords())
+        handler.addFilter(_NoRunRecords())

@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows import ui
 from ragen_core.config import RunConfig
 from ragen_core.run import evaluation as e
 from ragen_core.run.record import run_status
@@ -17,7 +18,7 @@ from tasks import reporting as r
 from tasks import stages as t
 
 
-@flow(name="evaluate", validate_parameters=False)
+@flow(name="evaluate", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
 def evaluate(
     target: str,
     envs: list[str] | None = None,
@@ -40,7 +41,8 @@ def evaluate(
     model_dir, base, which = e.resolve_target(target, lake)
     run_config = e.evaluation_config(base, envs, n, config, overrides)
     run_id = validate_run_id(run_id or e.evaluation_run_id(which, run_config))
-    with run_writer(lake.root, run_id):  # one writer per run: the same evaluation twice at once is refused
+    tags = [*ui.run_tags(run_config.env.name, run_config.algorithm.preset), "evaluation"]
+    with ui.showing(run_id, tags), run_writer(lake.root, run_id):  # one writer per run: never the same one twice
         return _evaluate(lake, run_config, run_id, target, which, model_dir)
 
 
@@ -57,6 +59,7 @@ def _evaluate(lake: DataLake, run_config: RunConfig, run_id: str, target: str, w
         session.record.update(kind="evaluation", evaluated=evaluated)
         metrics = t.evaluate(session, 0)
         t.commit_iteration(session, 0, metrics, updated=False)
+    ui.report(0, metrics)
     r.publish_iteration_artifact(run_id, 0, metrics)
     return _result(lake, run_id, which, reused=False)
 

@@ -6,7 +6,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows.train import ProgressCallback, final_evaluation, resolve_config
+from flows import ui
+from flows.train import final_evaluation, resolve_config
 from ragen_core.config import RunConfig
 from ragen_core.run.record import check_run_id_free, run_status
 from ragen_core.storage import DataLake
@@ -16,7 +17,7 @@ from tasks import offline as o
 from tasks import stages as t
 
 
-@flow(name="retrain_offline", validate_parameters=False)
+@flow(name="retrain_offline", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
 def retrain_offline(
     config: RunConfig | dict[str, Any] | str | None,
     sql: str,
@@ -24,13 +25,13 @@ def retrain_offline(
     init: str,
     data_root: str = "data",
     run_id: str | None = None,
-    progress: ProgressCallback | None = None,
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """select -> check tokenizer -> session from ``init`` -> ``offline.epochs`` x (train, commit) -> validation.
 
     Each epoch is committed as an iteration (metrics; a checkpoint after the last one); validation runs before the
-    first epoch and after the last, so the run compares with its sources in the same tables.
+    first epoch and after the last, so the run compares with its sources in the same tables. Progress goes to the
+    caller through :func:`flows.ui.watching`.
     """
     if run_id is not None:
         validate_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
@@ -40,8 +41,9 @@ def retrain_offline(
     run_config = run_config.model_copy(update={"trainer": trainer})
     lake = DataLake(data_root)
     run_id = validate_run_id(run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}")
-    with run_writer(lake.root, run_id):  # one writer per run (a second retrain of the same id is refused)
-        return _retrain(run_config, lake, run_id, sql, mode, init, progress)
+    tags = [*ui.run_tags(run_config.env.name, run_config.algorithm.preset), f"offline:{mode}"]
+    with ui.showing(run_id, tags), run_writer(lake.root, run_id):  # one writer per run (a second one is refused)
+        return _retrain(run_config, lake, run_id, sql, mode, init)
 
 
 def _retrain(
@@ -51,7 +53,6 @@ def _retrain(
     sql: str,
     mode: str,
     init: str,
-    progress: ProgressCallback | None,
 ) -> dict[str, Any]:
     """The body of :func:`retrain_offline`, under the run's writer lock."""
     epochs = run_config.offline.epochs
@@ -66,9 +67,6 @@ def _retrain(
             metrics = t.evaluate(session, 0) if epoch == 0 else {}
             metrics.update(o.offline_epoch(session, table, mode, epoch))
             t.commit_iteration(session, epoch, metrics, updated=True)
-            if progress:
-                progress(epoch, metrics)
-        final = final_evaluation(session, epochs)
-        if progress:
-            progress(epochs, final)
+            ui.report(epoch, metrics)
+        ui.report(epochs, final_evaluation(session, epochs))
     return {"run_id": run_id, "data_root": str(lake.root), "trajectories": table.num_rows}

@@ -8,6 +8,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows import ui
 from flows.train import resolve_config, train
 from ragen_core.reports import artifact_key
 from ragen_core.storage import DataLake
@@ -19,7 +20,7 @@ from tasks import sweep as sw
 FINAL_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
 
-@flow(name="sweep", validate_parameters=False)
+@flow(name="sweep", flow_run_name=ui.named_after("sweep_id"), validate_parameters=False)
 def sweep(
     config: dict[str, Any] | str | None = None,
     grid: list[str] | None = None,
@@ -45,17 +46,18 @@ def sweep(
     """
     if sweep_id is not None:
         validate_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids: a name, never a pattern or a path
-    base = resolve_config(config, overrides).to_dict()
+    base = resolve_config(config, overrides)
     lake = DataLake(data_root)
-    plan = sw.plan_sweep(lake, base, list(grid or []), list(random or []), samples, seeds, sweep_id, search_seed,
-                         max_points)  # fmt: skip
+    plan = sw.plan_sweep(lake, base.to_dict(), list(grid or []), list(random or []), samples, seeds, sweep_id,
+                         search_seed, max_points)  # fmt: skip
     chosen = [p for p in plan.points if points is None or p.index in set(points)]
     root = str(Path(data_root).resolve())
-    if deployment:
-        outcomes = _run_deployments(plan, chosen, deployment, root, poll_seconds)
-    else:
-        outcomes = {p.run_id: _run_local(plan, p, root) for p in chosen}
-    rows = sw.compare_sweep(lake, plan)
+    with ui.showing(plan.sweep_id, ui.run_tags(base.env.name, base.algorithm.preset, plan.sweep_id)):
+        if deployment:
+            outcomes = _run_deployments(plan, chosen, deployment, root, poll_seconds)
+        else:
+            outcomes = {p.run_id: _run_local(plan, p, root) for p in chosen}
+        rows = sw.compare_sweep(lake, plan)
     for row in rows:
         row["outcome"] = outcomes.get(row["run_id"], "not run")
     description = f"Sweep {plan.sweep_id}: validation success (before RL, last), final reward, collapse events"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 from prefect import flow
 from prefect.utilities.annotations import quote
 
+from flows import ui
 from ragen_core.config import RunConfig, build_config, load_config
 from ragen_core.faults import set_iteration
 from ragen_core.run.decisions import ResumePlan, Start
@@ -24,8 +25,6 @@ from ragen_core.storage.locks import run_writer, takeover_note
 from ragen_core.storage.names import validate_run_id
 from tasks import reporting as r
 from tasks import stages as t
-
-ProgressCallback = Callable[[int, dict[str, float]], None]
 
 
 def resolve_config(config: RunConfig | dict[str, Any] | str | None, overrides: list[str] | None = None) -> RunConfig:
@@ -190,12 +189,11 @@ def _start(
     return session, summary[1] if summary else None
 
 
-@flow(name="train", validate_parameters=False)
+@flow(name="train", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
 def train(
     config: RunConfig | dict[str, Any] | str | None = None,
     data_root: str = "data",
     run_id: str | None = None,
-    progress: ProgressCallback | None = None,
     force_config: list[str] | None = None,
     skip_iteration: bool = False,
     overrides: list[str] | None = None,
@@ -207,25 +205,25 @@ def train(
     ``overrides`` (``key.sub=value``) applied on top. An existing ``run_id`` is resumed from its last committed
     iteration (same config, unless ``force_config`` lists the keys allowed to change; ``skip_iteration`` skips an
     iteration whose batch was quarantined). ``sweep`` (``{id, point, overrides}``) is recorded in the manifest of a
-    sweep's point.
+    sweep's point. Progress goes to the caller through :func:`flows.ui.watching`, not a parameter.
     """
     if run_id is not None:
         validate_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(config, overrides)
     lake = DataLake(data_root)
     run_id = validate_run_id(run_id or default_run_id(run_config))
-    with run_writer(lake.root, run_id) as lock:  # one writer per run, for the whole run (lock: the head process's)
+    tags = ui.run_tags(run_config.env.name, run_config.algorithm.preset, (sweep or {}).get("id"))
+    with ui.showing(run_id, tags), run_writer(lake.root, run_id) as lock:  # one writer per run (the head's lock)
         note = takeover_note(lock)
         if note:
             logging.getLogger(__name__).warning(note)
-        return _train(run_config, lake, run_id, progress, list(force_config or []), skip_iteration, sweep)
+        return _train(run_config, lake, run_id, list(force_config or []), skip_iteration, sweep)
 
 
 def _train(
     run_config: RunConfig,
     lake: DataLake,
     run_id: str,
-    progress: ProgressCallback | None,
     force_config: list[str],
     skip_iteration: bool,
     sweep: dict[str, Any] | None,
@@ -249,15 +247,11 @@ def _train(
         artifacts = r.IterationArtifacts()
         try:
             for iteration in range(first, run_config.trainer.iterations):
-                metrics = starpo_iteration(session, iteration, artifacts)
-                if progress:
-                    progress(iteration, metrics)
+                ui.report(iteration, starpo_iteration(session, iteration, artifacts))
         except BaseException:
             artifacts.wait(raise_error=False)
             raise
         artifacts.wait()
         final = run_config.trainer.iterations
-        metrics = final_evaluation(session, final)
-        if progress:
-            progress(final, metrics)
+        ui.report(final, final_evaluation(session, final))
     return {**result, "first_iteration": first}

@@ -45,3 +45,26 @@ def iteration_markdown(run_id: str, iteration: int, metrics: dict[str, float]) -
     lines += [f"| `{name}` | {_format(metrics[name])} |" for name in sorted(metrics)]
     lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+SUMMARY = (
+    ("rollout/reward_mean", "reward"),
+    ("rollout/success_rate", "success"),
+    ("rollout/in_group_reward_std", "grp_std"),
+    ("actor/pg_loss", "pg_loss"),
+    ("actor/entropy", "entropy"),
+    ("actor/grad_norm", "grad"),
+)
+
+
+def iteration_line(iteration: int, metrics: dict[str, float]) -> str:
+    """The one-line summary of an iteration: what ``ragen train`` prints after each one and what the run's logs in
+    Prefect's UI show (``iter   3 · reward 0.500 · success 0.500 · ... · bandit/success 1.000``)."""
+    parts = [f"iter {iteration:>3}"]
+    parts += [f"{label} {metrics[key]:.3f}" for key, label in SUMMARY if key in metrics]
+    parts += [
+        f"{k.removeprefix('val/')} {v:.3f}"
+        for k, v in sorted(metrics.items())
+        if k.startswith("val/") and k.endswith("/success")
+    ]
+    return " · ".join(parts)

@@ -27,6 +27,7 @@ def test_every_deployment_names_a_flow_and_passes_only_its_parameters():
     for deployment in SPEC["deployments"]:
         flow = _flow(deployment["entrypoint"])
         accepted = set(inspect.signature(flow.fn).parameters)
+        assert "progress" not in accepted, deployment["name"]  # the caller's callbacks: a context, never a parameter
         schedules = deployment.get("schedules", [])
         parameter_sets = [deployment.get("parameters", {})] + [s["parameters"] for s in schedules]
         for parameters in parameter_sets:

@@ -1,0 +1,145 @@
+"""What a run shows in Prefect's UI: its flow run's name and tags, its log lines and its address.
+
+- **Names**: a flow run is named after its run id (a sweep after its sweep id, a sweep point after its point's run
+  id): at creation when the id is a parameter (``flow_run_name=named_after("run_id")``), else by :func:`showing`
+  once the flow has derived it. Task runs carry their iteration (``rollout-i3``: tasks/stages.py).
+- **Tags**: ``env:<env>``, ``preset:<preset>`` and, for a sweep and its points, ``sweep:<sweep id>``, set by
+  :func:`showing` on every flow run, whoever started it (the command line, a deployment, Python).
+- **Logs**: while a flow runs, the records of our own loggers (``ragen.*``: the collapse early warnings,
+  ``ragen_core.*``, ``flows.*``) also go to the flow run's logs on the server; where they went before (the terminal)
+  is unchanged. Each iteration's summary line goes to the server only (logger ``ragen.run``): the command line
+  prints it itself, under its progress bar.
+- **Address**: :func:`showing` hands the flow run's UI address to the caller's ``started`` callback (the command
+  line prints it when the user configured a server).
+
+What the caller wants to hear of a run (progress per iteration, the address) is passed in a context
+(:func:`watching`), never as a flow parameter: a deployment's parameter schema shows only what a user can set.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from prefect.logging.handlers import APILogHandler
+
+from ragen_core.reports import iteration_line
+
+ProgressCallback = Callable[[int, dict[str, float]], None]
+RUN_LOGGER = "ragen.run"  # the summary lines: the server only
+FORWARDED = ("ragen", "ragen_core", "flows")  # our loggers whose records also reach the server
+
+
+@dataclass(frozen=True)
+class Watcher:
+    """What the caller of a flow wants to hear: ``progress(iteration, metrics)`` after each committed iteration, and
+    ``started(url)`` with the UI address of the (outermost) flow run once it is named."""
+
+    progress: ProgressCallback | None = None
+    started: Callable[[str], None] | None = None
+
+
+_WATCHER: ContextVar[Watcher | None] = ContextVar("ragen_watcher", default=None)
+_UNWATCHED = Watcher()
+
+
+@contextmanager
+def watching(progress: ProgressCallback | None = None, started: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Flows called inside this block report to ``progress`` and ``started`` (see :class:`Watcher`)."""
+    token = _WATCHER.set(Watcher(progress, started))
+    try:
+        yield
+    finally:
+        _WATCHER.reset(token)
+
+
+def named_after(parameter: str) -> Callable[[], str]:
+    """A ``flow_run_name`` callable: the value of the flow's ``parameter`` (a run id) when given; else the run keeps
+    the name it has until :func:`showing` names it after the id the flow derives."""
+
+    def name() -> str:
+        from prefect.runtime import flow_run
+
+        value = flow_run.parameters.get(parameter)
+        return str(value) if value else str(flow_run.name)
+
+    return name
+
+
+def run_tags(env: str, preset: str, sweep_id: str | None = None) -> list[str]:
+    """The tags of a run's flow run: ``env:<env>``, ``preset:<preset>`` (dashes: ``starpo-s``), ``sweep:<id>``."""
+    tags = [f"env:{env}", f"preset:{preset.replace('_', '-')}"]
+    return tags + ([f"sweep:{sweep_id}"] if sweep_id else [])
+
+
+class _InRun(logging.Filter):
+    """Passes only records made inside a flow or task run (the API takes no log without a flow run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        return bool(getattr(record, "flow_run_id", None) or FlowRunContext.get() or TaskRunContext.get())
+
+
+_API = APILogHandler()
+_API.addFilter(_InRun())
+_SUMMARY = logging.getLogger(RUN_LOGGER)
+_SUMMARY.propagate = False  # never the terminal: the command line prints its own line
+_SUMMARY.setLevel(logging.INFO)
+
+
+@contextmanager
+def showing(name: str, tags: list[str]) -> Iterator[None]:
+    """For the current flow run (none: nothing): named ``name`` and given ``tags``, its address handed to the
+    watcher, and our loggers' records sent to its logs on the server until the block ends."""
+    _label(name, tags)
+    loggers = [logging.getLogger(n) for n in (*FORWARDED, RUN_LOGGER)]
+    added = [logger for logger in loggers if _API not in logger.handlers]  # a subflow: its parent's are in place
+    for logger in added:
+        logger.addHandler(_API)
+    try:
+        yield
+    finally:
+        for logger in added:
+            logger.removeHandler(_API)
+
+
+def _label(name: str, tags: list[str]) -> None:
+    """Rename and tag the current flow run on the server (one call, only when something changes), then hand the
+    UI address of an outermost flow run to the watcher."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    run = context.flow_run if context is not None else None
+    if run is None:
+        return
+    wanted = sorted(set(run.tags) | set(tags))
+    if run.name != name or set(run.tags) != set(wanted):
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(run.id, name=name, tags=wanted)
+        run.name, run.tags = name, wanted
+    started = (_WATCHER.get() or _UNWATCHED).started
+    if started is not None and run.parent_task_run_id is None:
+        url = flow_run_url(run)
+        if url:
+            started(url)
+
+
+def flow_run_url(run: Any) -> str | None:
+    """The flow run's address in Prefect's UI (None when no UI address is known)."""
+    from prefect.utilities.urls import url_for
+
+    return url_for(run)
+
+
+def report(iteration: int, metrics: dict[str, float]) -> None:
+    """After a committed iteration: its summary line to the flow run's logs, and the watcher's ``progress``."""
+    _SUMMARY.info(iteration_line(iteration, metrics))
+    progress = (_WATCHER.get() or _UNWATCHED).progress
+    if progress is not None:
+        progress(iteration, metrics)

@@ -1,0 +1,174 @@
+"""What a run shows in Prefect's UI, read back from a real Prefect server (the session's `ragen server start`, with its
+deployments and process worker) through Prefect's client: flow runs named after their run ids and tagged (env,
+preset, sweep), task runs named with their iteration, the iteration summaries and the early warnings in the run's
+logs (while the terminal shows each line once, as before), the run's UI address printed by the command, and
+deployments whose parameter schemas hold no internal parameter."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from flows.local_server import PROJECT_DIR, alive, start_worker, stop_process
+from ragen_core.storage import DataLake, query
+
+pytestmark = pytest.mark.server
+
+RAGEN = str(Path(sys.executable).with_name("ragen"))
+TINY = [
+    "trainer.iterations=1",
+    "bootstrap.enabled=false",
+    "rollout.env_groups=2",
+    "rollout.group_size=1",  # a group of one has no reward spread: with the next line the filter keeps no group
+    "algorithm.filter_include_zero=false",  # ... which the run warns about (ragen.monitor), every time
+    "rollout.max_new_tokens=6",
+    "actor.mini_batch_size=2",
+    "actor.micro_batch_size=2",
+    "eval.every=1",
+    "eval.instances=2",
+    "env.val_envs=[bandit]",
+    "trainer.num_threads=1",
+]
+WARNING = "the filter kept no group; the update is skipped"
+FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+@pytest.fixture(scope="module")
+def server(prefect_server, tmp_path_factory, tiny_model_dir):
+    """The session's server; a worker of our own when the session's is gone (a test elsewhere kills it)."""
+    state, env, state_dir = prefect_server
+    worker = None
+    if not (state.worker_pid and alive(state.worker_pid)):
+        worker = start_worker(env, state_dir / "worker-ui.log").pid
+    root = tmp_path_factory.mktemp("ui-lake")
+    yield SimpleNamespace(api_url=state.api_url, env=env, root=root, model=f"model.path={tiny_model_dir}")
+    if worker is not None:
+        stop_process(worker, signal.SIGINT)
+
+
+def _ragen(server, args: list[str], configured: bool = True) -> subprocess.CompletedProcess:
+    """The installed command, talking to the session's server (``configured``) or to its own temporary one."""
+    env = dict(server.env)
+    if not configured:
+        env = {k: v for k, v in env.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
+    done = subprocess.run([RAGEN, *args, "--data-root", str(server.root)], env=env, cwd=PROJECT_DIR,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@contextmanager
+def _client(server) -> Iterator:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url}), get_client(sync_client=True) as client:
+        yield client
+
+
+def _seen(server, name: str) -> dict:
+    """The flow run named ``name`` (exactly one) as the UI shows it: tags, state, task run names, logs."""
+    from prefect.client.schemas import filters as f
+
+    with _client(server) as client:
+        runs = client.read_flow_runs(flow_run_filter=f.FlowRunFilter(name=f.FlowRunFilterName(any_=[name])))
+        assert len(runs) == 1, [r.name for r in runs]
+        run = runs[0]
+        by_run = f.TaskRunFilter(flow_run_id=f.TaskRunFilterFlowRunId(any_=[run.id]))
+        tasks = client.read_task_runs(task_run_filter=by_run)
+        logs = client.read_logs(log_filter=f.LogFilter(flow_run_id=f.LogFilterFlowRunId(any_=[run.id])))
+    return {
+        "id": str(run.id),
+        "tags": set(run.tags),
+        "state": run.state.type.value,
+        "tasks": {t.name for t in tasks},
+        "logs": [(log.name, log.level, log.message) for log in logs],
+        "parent": run.parent_task_run_id,
+    }
+
+
+def test_a_command_line_run_is_named_tagged_and_logged_and_prints_its_address(server):
+    done = _ragen(server, ["train", "--config", "configs/bandit.yaml", "--run-id", "ui-run", server.model, *TINY])
+    seen = _seen(server, "ui-run")
+    assert seen["state"] == "COMPLETED"
+    assert seen["tags"] == {"env:bandit", "preset:starpo-s"}
+    stages = {"rollout", "persist", "validate", "filter", "update", "evaluate", "commit", "artifact"}
+    assert {f"{stage}-i0" for stage in stages} | {"evaluate-i1", "commit-i1", "artifact-i1"} <= seen["tasks"]
+    # the summary lines, as the terminal shows them, and the early warning, from inside the filter's task run
+    summaries = [m for name, _, m in seen["logs"] if name == "ragen.run"]
+    printed = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("iter ")]
+    assert summaries == printed and [s.split(" · ")[0] for s in summaries] == ["iter   0", "iter   1"]
+    assert ("ragen.monitor", 30, f"run ui-run iteration 0: {WARNING}") in seen["logs"]
+    assert ("prefect.flow_runs", 20, "Finished in state Completed()") in seen["logs"]
+    # the terminal as before: each line once, Prefect's own info lines not at all; and the run's address
+    output = done.stdout + done.stderr
+    assert output.count(WARNING) == 1 and done.stdout.count("iter   0 ·") == 1
+    assert "Finished in state" not in output and "Beginning flow run" not in output
+    base = server.api_url.removesuffix("/api")
+    assert re.findall(r"^Prefect UI: (\S+)$", done.stdout, re.M) == [f"{base}/runs/flow-run/{seen['id']}"]
+
+
+def test_an_evaluation_is_named_after_its_run_id(server):
+    if DataLake(server.root).read_manifest("ui-run") is None:
+        pytest.skip("needs the run of the previous test")
+    done = _ragen(server, ["eval", "ui-run", "--run-id", "ui-eval", "--n", "2"])
+    seen = _seen(server, "ui-eval")
+    assert seen["state"] == "COMPLETED" and seen["tags"] == {"env:bandit", "preset:starpo-s", "evaluation"}
+    assert "evaluate-i0" in seen["tasks"] and "commit-i0" in seen["tasks"]
+    assert [m.split(" · ")[0] for name, _, m in seen["logs"] if name == "ragen.run"] == ["iter   0"]
+    assert "Prefect UI: " in done.stdout
+    # with the command's own temporary server (no UI, gone when the command ends) no address is printed
+    quiet = _ragen(server, ["eval", "ui-run", "--run-id", "ui-eval-2", "--n", "2"], configured=False)
+    assert "Prefect UI" not in quiet.stdout + quiet.stderr and "evaluation run" in quiet.stdout
+
+
+def test_a_sweep_and_its_points_are_named_after_their_ids_and_tagged_with_the_sweep(server):
+    _ragen(server, ["sweep", "--config", "configs/bandit.yaml", "--grid", "seed=[5]", "--sweep-id", "ui-sweep",
+                    server.model, *TINY])  # fmt: skip
+    sweep, point = _seen(server, "ui-sweep"), _seen(server, "ui-sweep-p000")
+    assert sweep["tags"] == point["tags"] == {"env:bandit", "preset:starpo-s", "sweep:ui-sweep"}
+    assert sweep["parent"] is None and point["parent"] is not None  # the point ran as a subflow of the sweep
+    assert "rollout-i0" in point["tasks"] and point["state"] == sweep["state"] == "COMPLETED"
+
+
+def test_deployments_expose_no_internal_parameter(server):
+    with _client(server) as client:
+        schemas = {
+            name: set(client.read_deployment_by_name(name).parameter_openapi_schema["properties"])
+            for name in ("train/train", "retrain_offline/retrain-offline", "sweep/sweep", "evaluate/evaluate")
+        }
+    assert schemas["train/train"] == {"config", "data_root", "run_id", "force_config", "skip_iteration", "overrides",
+                                      "sweep"}  # fmt: skip
+    assert schemas["retrain_offline/retrain-offline"] == {"config", "sql", "mode", "init", "data_root", "run_id",
+                                                          "overrides"}  # fmt: skip
+    assert not any("progress" in names for names in schemas.values())
+
+
+def test_a_deployment_run_without_a_run_id_is_renamed_to_the_id_it_derives_and_tagged(server, tmp_path):
+    from prefect.deployments import run_deployment
+
+    parameters = {"config": "configs/bandit.yaml", "data_root": str(tmp_path), "overrides": [server.model, *TINY]}
+    with _client(server) as client:
+        flow_run = run_deployment("train/train", parameters=parameters, timeout=0)
+        deadline = time.monotonic() + 400
+        while (state := client.read_flow_run(flow_run.id).state.type.value) not in FINAL:
+            assert time.monotonic() < deadline, f"the deployment run did not finish: {state}"
+            time.sleep(1)
+    [run_id] = [row["run_id"] for row in query(tmp_path, "SELECT run_id FROM runs").to_pylist()]
+    assert run_id.startswith("bandit-") and run_id != flow_run.name  # derived by the flow, not Prefect's random name
+    seen = _seen(server, run_id)
+    assert seen["id"] == str(flow_run.id) and seen["state"] == "COMPLETED"
+    assert seen["tags"] == {"ragen", "env:bandit", "preset:starpo-s"}
+    assert {"rollout-i0", "update-i0", "commit-i1"} <= seen["tasks"]
+    assert [m.split(" · ")[0] for name, _, m in seen["logs"] if name == "ragen.run"] == ["iter   0", "iter   1"]
+    assert DataLake(tmp_path).read_manifest(run_id)["pid"] != os.getpid()  # run by the worker, not here
