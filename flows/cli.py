@@ -26,7 +26,7 @@ from flows.cli_common import (
     write_result,
 )
 from flows.cli_export import export, upgrade_lake
-from flows.cli_launch import start_flow_command, user_facing_errors, watch_run, writer
+from flows.cli_launch import print_step, start_flow_command, user_facing_errors, watch_points, watch_run, writer
 from flows.cli_reproduce import reproduce
 from flows.cli_runs import runs_app
 from flows.cli_server import server_app
@@ -226,7 +226,7 @@ def sweep(
     for item in chosen:
         console.print(f"  {item.run_id}: {' '.join(item.overrides) or '(base config)'}")
     try:
-        with watch_run():
+        with watch_points():
             result = sweep_flow(
                 base.to_dict(), grid=grid or [], random=random or [], samples=samples, seeds=seeds,
                 data_root=str(root), sweep_id=plan.sweep_id, deployment=deployment_name if deployment else None,
@@ -363,7 +363,7 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
             progress.update(bar, completed=iteration + 1)
 
         try:
-            with watch_run(on_iteration):
+            with watch_run(on_iteration, lambda text: print_step(text, progress.console)):
                 return train_flow(
                     run_config, data_root=str(root), run_id=run_id, force_config=allowed, skip_iteration=skip_iteration
                 )

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+from rich.console import Console
 from rich.text import Text
 
 from flows.cli_common import console, fail, printable
@@ -30,13 +31,43 @@ def start_flow_command(root: Path, name: str, verbose: bool) -> None:
         _hide_run_logs()
 
 
-def watch_run(progress: Callable[[int, dict[str, float]], None] | None = None) -> AbstractContextManager[None]:
-    """The context to call a flow in: ``progress`` after each iteration, and the flow run's address in Prefect's UI
-    printed once it is known, when the user configured the server (a command's temporary server has no UI and stops
-    with the command: no address then)."""
+def watch_run(
+    progress: Callable[[int, dict[str, float]], None] | None = None, step: Callable[[str], None] | None = None
+) -> AbstractContextManager[None]:
+    """The context to call a flow in: ``progress`` after each iteration, ``step`` with a line about a long step that
+    is not one (printed by default), and the flow run's address in Prefect's UI printed once it is known, when the
+    user configured the server (a command's temporary server has no UI and stops with the command: no address)."""
     from flows.ui import watching
 
-    return watching(progress, _print_address if _SERVER["configured"] else None)
+    return watching(progress, _print_address if _SERVER["configured"] else None, step or print_step)
+
+
+def print_step(text: str, target: Console | None = None) -> None:
+    """A step's line, literal (control characters written out), on ``target`` (default: the command's console)."""
+    (target or console).print(Text(printable(text)), highlight=False)
+
+
+@contextmanager
+def watch_points() -> Iterator[None]:
+    """The context to call a sweep in: a line as each point starts and ends, and under them a live line with the
+    running point's last iteration (on a terminal; it leaves nothing behind)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ragen_core.reports import iteration_line
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as live:
+        status = live.add_task("starting", total=None)
+
+        def on_step(text: str) -> None:
+            print_step(text, live.console)
+            live.reset(status, description="starting")
+
+        def on_iteration(iteration: int, metrics: dict[str, float]) -> None:
+            live.update(status, description=printable(iteration_line(iteration, metrics)))
+
+        with watch_run(on_iteration, on_step):
+            yield
 
 
 def _print_address(url: str) -> None:

@@ -64,7 +64,7 @@ def _checked_out(out: Path, root: Path) -> Path:
 
 def _run_sweeps(plans: list, root: Path, name: str, verbose: bool) -> None:
     """Every variant's sweep as local subflows; completed points are skipped, failed ones resumed."""
-    from flows.cli_launch import start_flow_command
+    from flows.cli_launch import start_flow_command, watch_points
 
     start_flow_command(root, name, verbose)
     from flows.sweep import sweep as sweep_flow
@@ -73,8 +73,10 @@ def _run_sweeps(plans: list, root: Path, name: str, verbose: bool) -> None:
     for item in plans:
         plan = item.plan
         console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(plan.points)} point(s) · {escape(str(root))}")
-        result = sweep_flow(item.base, grid=[f"{k}={json.dumps(v)}" for k, v in plan.spec["grid"]],
-                            seeds=plan.spec["seeds"] or None, data_root=str(root), sweep_id=plan.sweep_id)  # fmt: skip
+        with watch_points():
+            grid = [f"{k}={json.dumps(v)}" for k, v in plan.spec["grid"]]
+            result = sweep_flow(item.base, grid=grid, seeds=plan.spec["seeds"] or None, data_root=str(root),
+                                sweep_id=plan.sweep_id)  # fmt: skip
         failed += [row["run_id"] for row in result["points"] if row["status"] != "completed"]
     if failed:
         console.print(f"[yellow]not completed:[/] {', '.join(failed)}; run the same command again to resume them")

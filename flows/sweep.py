@@ -56,7 +56,7 @@ def sweep(
         if deployment:
             outcomes = _run_deployments(plan, chosen, deployment, root, poll_seconds)
         else:
-            outcomes = {p.run_id: _run_local(plan, p, root) for p in chosen}
+            outcomes = {p.run_id: _run_local(plan, p, root, f"{n} of {len(chosen)}") for n, p in enumerate(chosen, 1)}
         rows = sw.compare_sweep(lake, plan)
     for row in rows:
         row["outcome"] = outcomes.get(row["run_id"], "not run")
@@ -65,10 +65,14 @@ def sweep(
     return {"sweep_id": plan.sweep_id, "data_root": root, "points": rows}
 
 
-def _run_local(plan: SweepPlan, point: SweepPoint, root: str) -> str:
-    """A point as a subflow of this sweep; a failing point is recorded and the sweep goes on."""
+def _run_local(plan: SweepPlan, point: SweepPoint, root: str, count: str) -> str:
+    """A point as a subflow of this sweep (a line as it starts and ends, ``count``: its place, "2 of 6"); a failing
+    point is recorded and the sweep goes on."""
+    started = time.monotonic()
+    ui.step(f"point {count}: {point.run_id} · {' '.join(point.overrides) or '(base config)'}")
     state = train(point.config, data_root=root, run_id=point.run_id, sweep=point.manifest_entry(plan.sweep_id),
                   return_state=True)  # fmt: skip
+    ui.step(f"point {count}: {point.run_id} {state.type.value.lower()} in {time.monotonic() - started:.0f} s")
     if not state.is_completed():
         get_run_logger().warning("sweep %s: point %d (%s) ended %s", plan.sweep_id, point.index, point.run_id,
                                  state.type.value)  # fmt: skip
@@ -108,7 +112,7 @@ def _run_deployments(
                 state = client.read_flow_run(flow_run_id).state
                 if state is not None and state.type.value in FINAL_STATES:
                     outcomes[run_id] = state.type.value
-                    logger.info("sweep %s: %s ended %s", plan.sweep_id, run_id, state.type.value)
+                    ui.step(f"point {len(outcomes)} of {len(submitted)} done: {run_id} {state.type.value.lower()}")
             if len(outcomes) < len(submitted):
                 time.sleep(poll_seconds)
     return outcomes

@@ -178,7 +178,7 @@ def _start(
     record.update()
     try:
         start_dir = t.base_model_dir(run_config, lake)
-        summary = t.bootstrap_model(run_config, lake, start_dir) if run_config.bootstrap.enabled else None
+        summary = t.bootstrap_model(run_config, lake, start_dir, ui.step) if run_config.bootstrap.enabled else None
         session = t.open_session(run_config, lake, run_id, summary[0] if summary else start_dir, manifest)
     except BaseException as exc:
         record.stopped(exc)

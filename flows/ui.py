@@ -36,11 +36,13 @@ FORWARDED = ("ragen", "ragen_core", "flows")  # our loggers whose records also r
 
 @dataclass(frozen=True)
 class Watcher:
-    """What the caller of a flow wants to hear: ``progress(iteration, metrics)`` after each committed iteration, and
-    ``started(url)`` with the UI address of the (outermost) flow run once it is named."""
+    """What the caller of a flow wants to hear: ``progress(iteration, metrics)`` after each committed iteration,
+    ``started(url)`` with the UI address of the (outermost) flow run once it is named, and ``step(text)`` with a
+    line about a long step that is not an iteration (the bootstrap's demonstrations and epochs, a sweep's points)."""
 
     progress: ProgressCallback | None = None
     started: Callable[[str], None] | None = None
+    step: Callable[[str], None] | None = None
 
 
 _WATCHER: ContextVar[Watcher | None] = ContextVar("ragen_watcher", default=None)
@@ -48,9 +50,13 @@ _UNWATCHED = Watcher()
 
 
 @contextmanager
-def watching(progress: ProgressCallback | None = None, started: Callable[[str], None] | None = None) -> Iterator[None]:
-    """Flows called inside this block report to ``progress`` and ``started`` (see :class:`Watcher`)."""
-    token = _WATCHER.set(Watcher(progress, started))
+def watching(
+    progress: ProgressCallback | None = None,
+    started: Callable[[str], None] | None = None,
+    step: Callable[[str], None] | None = None,
+) -> Iterator[None]:
+    """Flows called inside this block report to ``progress``, ``started`` and ``step`` (see :class:`Watcher`)."""
+    token = _WATCHER.set(Watcher(progress, started, step))
     try:
         yield
     finally:
@@ -143,3 +149,11 @@ def report(iteration: int, metrics: dict[str, float]) -> None:
     progress = (_WATCHER.get() or _UNWATCHED).progress
     if progress is not None:
         progress(iteration, metrics)
+
+
+def step(text: str) -> None:
+    """A line about a long step that is not an iteration: to the flow run's logs and the watcher's ``step``."""
+    _SUMMARY.info(text)
+    to_caller = (_WATCHER.get() or _UNWATCHED).step
+    if to_caller is not None:
+        to_caller(text)

@@ -35,9 +35,11 @@ def batch_run_name(stage: str) -> Callable[..., str]:
 
 
 @task(name="bootstrap_model", cache_policy=NO_CACHE)
-def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """Scripted demonstrations + supervised update; returns the bootstrapped model folder."""
-    return bootstrap.bootstrap_model(config, lake, base_dir)
+def bootstrap_model(
+    config: RunConfig, lake: DataLake, base_dir: Path, report: Callable[[str], None]
+) -> tuple[Path, dict[str, Any]]:
+    """Scripted demonstrations + supervised update (a line per step to ``report``); the bootstrapped model folder."""
+    return bootstrap.bootstrap_model(config, lake, base_dir, report)
 
 
 @task(name="base_model_dir", cache_policy=NO_CACHE)

@@ -15,6 +15,8 @@ import hashlib
 import json
 import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +93,18 @@ def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """Return the bootstrapped model folder (building it if needed) and the bootstrap's summary."""
+Report = Callable[[str], None]
+
+
+def _quiet(text: str) -> None:
+    """The default :data:`Report`: says nothing."""
+
+
+def bootstrap_model(
+    config: RunConfig, lake: DataLake, base_dir: Path, report: Report = _quiet
+) -> tuple[Path, dict[str, Any]]:
+    """Return the bootstrapped model folder (building it if needed) and the bootstrap's summary. ``report`` hears a
+    line per step of a build (the demonstrations, each SFT epoch)."""
     key = bootstrap_key(config, base_dir)
     target = lake.models_dir() / f"bootstrap-{key}"
     run_id = f"bootstrap-{key}"
@@ -102,15 +114,19 @@ def bootstrap_model(config: RunConfig, lake: DataLake, base_dir: Path) -> tuple[
         if (target / "config.json").is_file():
             return target, {"run_id": run_id, "cached": True}
         set_determinism(config)  # the run's thread count (it is set before the session's engines otherwise)
-        return _build(config, lake, base_dir, target, run_id)
+        return _build(config, lake, base_dir, target, run_id, report)
 
 
 def _build(
-    config: RunConfig, lake: DataLake, base_dir: Path, target: Path, run_id: str
+    config: RunConfig, lake: DataLake, base_dir: Path, target: Path, run_id: str, report: Report
 ) -> tuple[Path, dict[str, Any]]:
     """Demonstrations, their SFT, and the model saved to ``target`` (the bootstrap run's lock held)."""
     model, tokenizer = load_policy(base_dir)
+    settings, started = config.bootstrap, time.monotonic()
+    report(f"bootstrap {run_id}: {settings.num_groups * settings.group_size} demonstrations of the "
+           f"{settings.policy} scripted policy on {config.env.name}, then {settings.epochs} SFT epoch(s)")  # fmt: skip
     _demonstrations(config, lake, run_id, tokenizer)
+    report(f"bootstrap: demonstrations stored ({time.monotonic() - started:.0f} s)")
     maybe_fail("bootstrap", "demos")  # demonstrations published; no model yet
     # The supervised step is offline re-training (ragen_core.run.offline) on the demonstration run, selected by SQL:
     # the stored token ids exactly, checked against the model's tokenizer.
@@ -130,7 +146,7 @@ def _build(
     lake.write_manifest(run_id, manifest)
     demos = select_trajectories(lake, "SELECT * FROM trajectories WHERE run_id = ?", params=[run_id])
     check_tokenizer(lake, [run_id], tokenizer)
-    history = _supervised(config, ActorEngine(model, _sft_optim(config)), demos, tokenizer, target)
+    history = _supervised(config, ActorEngine(model, _sft_optim(config)), demos, tokenizer, target, report)
     summary = {
         "run_id": run_id,
         "cached": False,
@@ -167,16 +183,19 @@ def _sft_optim(config: RunConfig) -> OptimConfig:
 
 
 def _supervised(
-    config: RunConfig, actor: ActorEngine, demos: Any, tokenizer: Any, target: Path
+    config: RunConfig, actor: ActorEngine, demos: Any, tokenizer: Any, target: Path, report: Report
 ) -> list[dict[str, float]]:
     """``bootstrap.epochs`` supervised epochs on the demonstrations, then the model saved to ``target`` (built in a
     hidden sibling and renamed: a folder named ``target`` is always complete)."""
     settings = config.bootstrap
     seed = bootstrap_seed(config)
-    history = [
-        sft_update(actor, demos, tokenizer.pad_token_id, settings.batch_size, derive_seed(seed, "bootstrap_sft", e))
-        for e in range(settings.epochs)
-    ]
+    history = []
+    for epoch in range(settings.epochs):
+        started = time.monotonic()
+        seed_e = derive_seed(seed, "bootstrap_sft", epoch)
+        history.append(sft_update(actor, demos, tokenizer.pad_token_id, settings.batch_size, seed_e))
+        report(f"bootstrap: SFT epoch {epoch + 1}/{settings.epochs}, loss {history[-1]['sft/loss']:.3f} "
+               f"({time.monotonic() - started:.0f} s)")  # fmt: skip
     staging = target.parent / f".{target.name}.building-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(actor.module, tokenizer, staging)

@@ -133,12 +133,18 @@ def test_an_evaluation_is_named_after_its_run_id(server):
 
 
 def test_a_sweep_and_its_points_are_named_after_their_ids_and_tagged_with_the_sweep(server):
-    _ragen(server, ["sweep", "--config", "configs/bandit.yaml", "--grid", "seed=[5]", "--sweep-id", "ui-sweep",
-                    server.model, *TINY])  # fmt: skip
+    done = _ragen(server, ["sweep", "--config", "configs/bandit.yaml", "--grid", "seed=[5]", "--sweep-id", "ui-sweep",
+                           server.model, *TINY])  # fmt: skip
+    # a line as each point starts and ends (and the same lines in the sweep's logs on the server)
+    assert "point 1 of 1: ui-sweep-p000 · seed=5\n" in done.stdout
+    assert re.search(r"point 1 of 1: ui-sweep-p000 completed in \d+ s\n", done.stdout), done.stdout
     sweep, point = _seen(server, "ui-sweep"), _seen(server, "ui-sweep-p000")
     assert sweep["tags"] == point["tags"] == {"env:bandit", "preset:starpo-s", "sweep:ui-sweep"}
     assert sweep["parent"] is None and point["parent"] is not None  # the point ran as a subflow of the sweep
     assert "rollout-i0" in point["tasks"] and point["state"] == sweep["state"] == "COMPLETED"
+    steps = [m for name, _, m in sweep["logs"] if name == "ragen.run"]
+    assert steps[0] == "point 1 of 1: ui-sweep-p000 · seed=5"
+    assert steps[1].startswith("point 1 of 1: ui-sweep-p000 completed in ")
 
 
 def test_deployments_expose_no_internal_parameter(server):
@@ -167,6 +173,12 @@ def test_a_deployment_run_without_a_run_id_is_renamed_to_the_id_it_derives_and_t
     [run_id] = [row["run_id"] for row in query(tmp_path, "SELECT run_id FROM runs").to_pylist()]
     assert run_id.startswith("bandit-") and run_id != flow_run.name  # derived by the flow, not Prefect's random name
     seen = _seen(server, run_id)
+    # the worker's flow-run process sends its logs in batches, the last ones as it exits, which can be after the run
+    # is COMPLETED: wait (up to a minute) for the two summary lines before reading the logs
+    deadline = time.monotonic() + 60
+    while sum(name == "ragen.run" for name, _, _ in seen["logs"]) < 2 and time.monotonic() < deadline:
+        time.sleep(1)
+        seen = _seen(server, run_id)
     assert seen["id"] == str(flow_run.id) and seen["state"] == "COMPLETED"
     assert seen["tags"] == {"ragen", "env:bandit", "preset:starpo-s"}
     assert {"rollout-i0", "update-i0", "commit-i1"} <= seen["tasks"]

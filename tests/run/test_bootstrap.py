@@ -1,6 +1,7 @@
 """A real bootstrap (scripted demonstrations stored in a lake, then SFT through a DeepSpeed engine) on clean teacher
 replies: the bootstrapped model starts its replies with the thinking it was shown, never with an end of reply."""
 
+import re
 from pathlib import Path
 
 import torch
@@ -22,8 +23,17 @@ OVERRIDES = [
 def test_a_bootstrap_on_clean_teacher_replies_answers_in_format(tiny_model_dir: Path, tmp_path: Path):
     config = load_config("configs/frozenlake.yaml", OVERRIDES)
     lake = DataLake(tmp_path / "lake")
-    target, summary = bootstrap_model(config, lake, tiny_model_dir)
+    lines = []
+    target, summary = bootstrap_model(config, lake, tiny_model_dir, report=lines.append)
     assert not summary["cached"] and summary["sft_loss_last"] < summary["sft_loss_first"] / 3
+    # a line per step: what is built, the demonstrations stored, then one per epoch with the summary's losses
+    assert lines[0] == (f"bootstrap {summary['run_id']}: 48 demonstrations of the teacher_mix scripted policy on "
+                        f"{config.env.name}, then 20 SFT epoch(s)")  # fmt: skip
+    assert re.fullmatch(r"bootstrap: demonstrations stored \(\d+ s\)", lines[1]) and len(lines) == 22
+    epochs = [re.fullmatch(r"bootstrap: SFT epoch (\d+)/20, loss (\S+) \(\d+ s\)", line) for line in lines[2:]]
+    assert [int(m.group(1)) for m in epochs] == list(range(1, 21))
+    assert epochs[0].group(2) == f"{summary['sft_loss_first']:.3f}"
+    assert epochs[-1].group(2) == f"{summary['sft_loss_last']:.3f}"
     model, tokenizer = load_policy(target)
     rows = query(lake, "SELECT input_ids, loss_mask, segment_lengths FROM trajectories WHERE run_id = $run",
                  params={"run": summary["run_id"]}).to_pylist()  # fmt: skip
