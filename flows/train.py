@@ -19,7 +19,7 @@ from ragen_core.run.decisions import ResumePlan, Start
 from ragen_core.run.record import RunRecord, default_run_id, new_manifest, run_status
 from ragen_core.run.resume import decide_run_start
 from ragen_core.run.session import RunSession
-from ragen_core.run.stages import filter_entropy, training_batch
+from ragen_core.run.stages import filter_entropy, stop_early, training_batch
 from ragen_core.storage import DataLake, Stage
 from ragen_core.storage.locks import run_writer, takeover_note
 from ragen_core.storage.names import validate_run_id
@@ -245,13 +245,16 @@ def _train(
                 t.skip_iteration(session, first, plan.quarantined)
                 first += 1
         artifacts = r.IterationArtifacts()
+        final = run_config.trainer.iterations
         try:
             for iteration in range(first, run_config.trainer.iterations):
+                if stop_early(session, iteration):  # filter_empty_stop_steps: the final validation comes here
+                    final = iteration
+                    break
                 ui.report(iteration, starpo_iteration(session, iteration, artifacts))
         except BaseException:
             artifacts.wait(raise_error=False)
             raise
         artifacts.wait()
-        final = run_config.trainer.iterations
         ui.report(final, final_evaluation(session, final))
     return {**result, "first_iteration": first}
