@@ -17,7 +17,6 @@ from ragen_core.algos.advantages import (
 from ragen_core.algos.filters import (
     FILTER_ALIASES,
     FILTER_METRICS,
-    FILTERS,
     STRATEGIES,
     FilterDecision,
     FilterSpec,
@@ -48,7 +47,6 @@ from ragen_core.algos.turns import place_turn_rewards, turn_ends, turn_index, tu
 
 __all__ = [
     "ADVANTAGES",
-    "FILTERS",
     "FILTER_ALIASES",
     "FILTER_METRICS",
     "KL_ESTIMATORS",

@@ -1,9 +1,10 @@
 """Advantage estimators: pure functions over token-level tensors, registered by name.
 
 One signature for all: ``fn(token_rewards (B, T), response_mask (B, T), group_index (B,), **options)
--> (advantages (B, T), returns (B, T))``. Estimators that need a critic take ``values=`` (B, T); the others ignore
-it does not take. An estimator takes only its own options and refuses any other keyword (a typo is an error);
-:meth:`Registry.call` passes an estimator the options it declares out of the config's full set.
+-> (advantages (B, T), returns (B, T))``. Estimators that need a critic take ``values=`` (B, T), GRPO takes
+``episode_index=`` (turn rows); :meth:`Registry.call` hands each only the inputs it takes. An estimator declares its
+config options where it is registered (``@register_advantage("gae", options=("gamma", "lam", ...))``: fields of
+``algorithm``), and the caller passes the config section: a new option is said at the estimator and at the field.
 
 Conventions. The whole multi-turn chat is one sequence: ``response_mask`` is 1 on assistant tokens only, so its
 contiguous runs of 1s are the turns (:mod:`ragen_core.algos.turns`). The trajectory reward sits on the last
@@ -17,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ragen_core.algos.masked import masked_whiten
-from ragen_core.algos.registry import Registry
 from ragen_core.algos.turns import turn_ends, turn_index, turn_sums
+from ragen_core.registry import Registry
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 register_advantage = ADVANTAGES.register
@@ -84,7 +85,7 @@ def _require_values(values: torch.Tensor | None, estimator: str) -> torch.Tensor
     return values
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", options={"norm_adv_by_std": "norm_adv_by_std", "grouping": "grpo_grouping"})
 def grpo_advantage(
     token_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -141,7 +142,7 @@ def discounted_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor,
     return returns
 
 
-@register_advantage("reinforce_plus_plus")
+@register_advantage("reinforce_plus_plus", options=("gamma",))
 def reinforce_plus_plus_advantage(
     token_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -191,7 +192,7 @@ def masked_gae(
     return advantages, (advantages + values) * mask
 
 
-@register_advantage("gae")
+@register_advantage("gae", options=("gamma", "lam", "whiten_advantages"))
 def gae_advantage(
     token_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -228,7 +229,7 @@ def turn_level_gae(
     return turn_advantages
 
 
-@register_advantage("bi_level_gae")
+@register_advantage("bi_level_gae", options=("gamma", "lam", "high_level_gamma", "whiten_advantages"))
 def bi_level_gae_advantage(
     token_rewards: torch.Tensor,
     response_mask: torch.Tensor,

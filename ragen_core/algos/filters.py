@@ -20,19 +20,18 @@ ranked by that value (largest first unless ``largest=False``):
 (``|value| <= 1e-10``: for ``reward_std`` the groups whose rewards do not vary) are no candidates at all, as in
 RAGEN-2's code (which tests the selection score, whatever the metric). Ties in rank go to the lower group id, so
 every choice is deterministic. The aliases ``std``, ``std_rev`` and ``std_top_p`` are ``top_k`` (largest), ``top_k``
-(smallest) and ``top_p`` (linear) over ``reward_std``; :data:`FILTERS` keeps their old call signature
-``fn(scores (B,), group_index (B,), ratio) -> (kept (B,) bool, group_std (B,))``.
+(smallest) and ``top_p`` (linear) over ``reward_std``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from ragen_core.algos.registry import Registry
+from ragen_core.registry import Registry
 
 ZERO_SCORE = 1e-10  # include_zero=False: a group whose selection score is at most this in magnitude is dropped
 MIN_P_TOL = 1e-10  # RAGEN's slack on the min-p threshold
@@ -273,21 +272,3 @@ def group_metric(
     if metric == "entropy_variance":
         return in_group_std(per_trajectory.double(), group_index)
     return in_group_mean(per_trajectory, group_index)
-
-
-# The legacy call signature of the three original names, kept for code that calls them directly.
-LegacyFilter = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
-FILTERS: Registry[LegacyFilter] = Registry("group filter")
-
-
-def _legacy(name: str) -> LegacyFilter:
-    def run(scores: torch.Tensor, group_index: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
-        decision = apply_filter(replace(resolve_filter(name), value=ratio), group_index, scores)
-        return decision.kept, decision.group_reward_std.float()
-
-    run.__doc__ = f"``algorithm.filter={name}`` at ``ratio``: (kept, group_std) per trajectory."
-    return run
-
-
-for _name in FILTER_ALIASES:
-    FILTERS.register(_name)(_legacy(_name))

@@ -1,7 +1,8 @@
 """Policy and value losses, KL estimators, entropy and loss aggregation: small pure tensor functions.
 
 Policy losses share one signature, ``fn(logprobs, old_logprobs, advantages, mask, clip_low, clip_high,
-loss_agg_mode, token_count) -> (loss, stats)``, and are registered by name in ``POLICY_LOSSES``.
+loss_agg_mode, token_count) -> (loss, stats)``, and are registered by name in ``POLICY_LOSSES`` with the options they
+read from the ``algorithm`` config section (:meth:`~ragen_core.registry.Registry.call` passes them by field name).
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import torch
 
 from ragen_core.algos.masked import masked_mean
-from ragen_core.algos.registry import Registry
+from ragen_core.registry import Registry
 
 POLICY_LOSSES: Registry = Registry("policy loss")
 register_policy_loss = POLICY_LOSSES.register
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+PPO_OPTIONS = ("clip_low", "clip_high", "loss_agg_mode")  # the algorithm fields the clipped losses read
 
 
 def aggregate_loss(
@@ -47,7 +49,7 @@ def trained_sequences(mask: torch.Tensor) -> int:
     return int((mask.sum(dim=-1) > 0).sum())
 
 
-@register_policy_loss("ppo")
+@register_policy_loss("ppo", options=PPO_OPTIONS)
 def ppo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -91,7 +93,7 @@ def ppo_clip_loss(
     return loss, stats
 
 
-@register_policy_loss("dual_clip")
+@register_policy_loss("dual_clip", options=(*PPO_OPTIONS, "clip_ratio_c"))
 def dual_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -22,12 +22,7 @@ from ragen_core.storage import DataLake, query
 from ragen_core.storage.names import is_valid_run_id
 from ragen_core.training import collate
 from ragen_core.training.checkpoint import HF_EXPORT
-from ragen_core.training.starpo import (
-    UpdateInputs,
-    compute_advantages,
-    policy_update_config,
-    token_rewards_for,
-)
+from ragen_core.training.starpo import UpdateInputs, compute_advantages, token_rewards_for
 from schemas.tables import TRAJECTORY_KEY
 
 
@@ -141,13 +136,11 @@ def pg_update(config: RunConfig, actor: Any, table: pa.Table, pad_token_id: int,
     token_rewards = token_rewards_for(inputs, "trajectory")
     if config.algorithm.needs_critic:
         raise OfflineError("offline pg uses critic-free estimators (grpo, rloo, reinforce_plus_plus...), not gae")
-    advantages, _ = compute_advantages(config, token_rewards, mask, inputs.group_index, None)
-    update = policy_update_config(config)
-    if config.offline.is_bound is not None:
-        update = type(update)(
-            **{**update.__dict__, "policy_loss": "dual_clip", "clip_ratio_c": config.offline.is_bound}
-        )
-    metrics = actor.policy_update(inputs.batch, advantages, old, update, seed)
+    advantages, _ = compute_advantages(config.algorithm, token_rewards, mask, inputs.group_index, None)
+    algorithm = config.algorithm
+    if config.offline.is_bound is not None:  # the importance weight of a negative advantage bounded by dual clip
+        algorithm = algorithm.model_copy(update={"policy_loss": "dual_clip", "clip_ratio_c": config.offline.is_bound})
+    metrics = actor.policy_update(inputs.batch, advantages, old, algorithm, config.actor, seed)
     metrics["offline/trajectories"] = float(table.num_rows)
     return metrics
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +33,9 @@ from ragen_core.training.parallel import (
 )
 from ragen_core.training.precision import precision_config, torch_dtype
 
+if TYPE_CHECKING:
+    from ragen_core.config import ActorConfig, AlgorithmConfig
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -44,23 +48,6 @@ class OptimConfig:
     zero_stage: int = 0
     optimizer: str = "adamw"
     precision: str = "fp32"  # a resolved precision: fp32, bf16 or fp16 (see ragen_core.training.precision)
-
-
-@dataclass(frozen=True)
-class PolicyUpdateConfig:
-    """Settings of one StarPO policy update (advantages are computed before, see :mod:`ragen_core.training.starpo`)."""
-
-    policy_loss: str
-    clip_low: float
-    clip_high: float
-    kl_coef: float
-    entropy_coef: float
-    loss_agg_mode: str
-    mini_batch_size: int
-    ppo_epochs: int
-    clip_ratio_c: float | None = None  # the dual-clip bound; None = plain (decoupled) clipping
-    kl_estimator: str = "low_var_kl"
-    online_k: int | None = None
 
 
 def update_schedule(
@@ -200,7 +187,8 @@ class ActorEngine:
         batch: TokenBatch,
         advantages: torch.Tensor,
         old_logprobs: torch.Tensor,
-        config: PolicyUpdateConfig,
+        algorithm: AlgorithmConfig,
+        schedule: ActorConfig,
         shuffle_seed: int,
         ref_logprobs: torch.Tensor | None = None,
         watch_old_gap: bool = False,
@@ -209,26 +197,28 @@ class ActorEngine:
 
         ``old_logprobs`` are the policy's log-probs of the batch before the update: the re-scored batch, or the
         sampler's stored ones when they are the same (see :func:`ragen_core.training.starpo.reuses_behavior_logprobs`).
-        ``ref_logprobs`` adds the KL loss term (``kl_coef``). With ``watch_old_gap`` the first optimizer step, whose
-        forward runs on the weights before any change, also records ``actor/behavior_logprob_gap``: the largest
-        |current - old| log-prob over that mini-batch's trained tokens (0 up to float summation order when the old
-        log-probs are the policy's; no extra compute). Returns metrics averaged over the optimizer steps, plus
+        ``algorithm`` says the loss (``policy_loss``, which reads the options it declares from it), the entropy and KL
+        terms and the aggregation; ``schedule`` (the actor section) the optimizer steps: ``mini_batch_size``,
+        ``ppo_epochs``, ``online_k``. ``ref_logprobs`` adds the KL loss term (``kl_coef``). With ``watch_old_gap``
+        the first optimizer step, whose forward runs on the weights before any change, also records
+        ``actor/behavior_logprob_gap``: the largest |current - old| log-prob over that mini-batch's trained tokens
+        (0 up to float summation order when the old log-probs are the policy's; no extra compute). Returns metrics averaged over the optimizer steps, plus
         ``actor/optimizer_steps``.
         """
-        loss_fn = POLICY_LOSSES.get(config.policy_loss)
+        loss_fn = POLICY_LOSSES.bind(algorithm.policy_loss, algorithm)
         rng = np.random.default_rng(shuffle_seed)
-        schedule = update_schedule(len(batch), config.mini_batch_size, config.ppo_epochs, config.online_k, rng)
-        step_inputs = _StepInputs(batch, old_logprobs, ref_logprobs, advantages, loss_fn, config)
+        steps = update_schedule(len(batch), schedule.mini_batch_size, schedule.ppo_epochs, schedule.online_k, rng)
+        step_inputs = _StepInputs(batch, old_logprobs, ref_logprobs, advantages, loss_fn, algorithm)
         history: dict[str, list[float]] = {}
         gap = None
         self.engine.train()
-        for index, rows in enumerate(schedule):
+        for index, rows in enumerate(steps):
             stats = self._ppo_step(step_inputs, rows, watch_gap=watch_old_gap and index == 0)
             gap = stats.pop(GAP_METRIC, gap)
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
         metrics = {key: float(np.mean(values)) for key, values in history.items()}
-        metrics["actor/optimizer_steps"] = float(len(schedule))
+        metrics["actor/optimizer_steps"] = float(len(steps))
         metrics["actor/grad_norm_max"] = float(np.max(history["actor/grad_norm"]))
         if gap is not None:
             metrics[GAP_METRIC] = gap
@@ -275,7 +265,7 @@ class ActorEngine:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:  # fmt: skip
         """The loss of one micro-batch (normalised by the whole mini-batch), its share of the metrics (detached
         device tensors) and, with ``watch_gap``, the largest |current - old| log-prob over its trained tokens."""
-        config = inputs.config
+        algorithm = inputs.algorithm
         host = inputs.batch.select(rows)
         micro = host.to(self.device, non_blocking=True)
         width = micro.input_ids.shape[1]
@@ -284,34 +274,23 @@ class ActorEngine:
         columns = trained_columns(host.loss_mask) if self.keeps_logits else None
         columns = columns.to(self.device, non_blocking=True) if columns is not None and len(columns) else None
         logprobs, entropy = token_logprobs(
-            self.engine, micro, with_entropy=True, entropy_grad=config.entropy_coef != 0, columns=columns
+            self.engine, micro, with_entropy=True, entropy_grad=algorithm.entropy_coef != 0, columns=columns
         )
         old = inputs.old_logprobs[rows, :width].to(self.device, non_blocking=True)
         adv = inputs.advantages[rows, :width].to(self.device, non_blocking=True)
-        count = token_count if config.loss_agg_mode == "token-mean" else None
-        pg_loss, pg_stats = inputs.loss_fn(
-            logprobs,
-            old,
-            adv,
-            micro.loss_mask,
-            clip_low=config.clip_low,
-            clip_high=config.clip_high,
-            loss_agg_mode=config.loss_agg_mode,
-            token_count=count,
-            clip_ratio_c=config.clip_ratio_c,
-        )
-        entropy_loss = aggregate_loss(entropy, micro.loss_mask, config.loss_agg_mode, count)
-        loss = pg_loss - config.entropy_coef * entropy_loss if config.entropy_coef else pg_loss
-        share = _share(config, weight)
+        mode = algorithm.loss_agg_mode
+        count = token_count if mode == "token-mean" else None
+        pg_loss, pg_stats = inputs.loss_fn(logprobs, old, adv, micro.loss_mask, token_count=count)
+        entropy_loss = aggregate_loss(entropy, micro.loss_mask, mode, count)
+        loss = pg_loss - algorithm.entropy_coef * entropy_loss if algorithm.entropy_coef else pg_loss
+        share = 1.0 if mode == "token-mean" else weight  # token-mean values share the mini-batch's denominator
         values: dict[str, torch.Tensor] = {}
         if inputs.ref_logprobs is not None:
             reference = inputs.ref_logprobs[rows, :width].to(self.device, non_blocking=True)
-            kl = aggregate_loss(
-                kl_penalty(logprobs, reference, config.kl_estimator), micro.loss_mask, config.loss_agg_mode, count
-            )
-            loss = loss + config.kl_coef * kl
+            kl = aggregate_loss(kl_penalty(logprobs, reference, algorithm.kl_estimator), micro.loss_mask, mode, count)
+            loss = loss + algorithm.kl_coef * kl
             values["actor/kl_loss"] = kl.detach() * share
-        if config.loss_agg_mode != "token-mean":
+        if mode != "token-mean":
             loss = loss * weight
         values["actor/pg_loss"] = pg_loss.detach() * share
         values["actor/entropy"] = entropy_loss.detach() * share
@@ -361,8 +340,8 @@ class _StepInputs:
     old_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor | None
     advantages: torch.Tensor
-    loss_fn: Any
-    config: PolicyUpdateConfig
+    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]  # the policy loss, its options bound
+    algorithm: AlgorithmConfig
 
 
 def _to_host(sums: dict[str, torch.Tensor], device: torch.device) -> dict[str, float]:
@@ -372,9 +351,3 @@ def _to_host(sums: dict[str, torch.Tensor], device: torch.device) -> dict[str, f
     keys = sorted(sums)
     stacked = all_reduce_sum(torch.stack([sums[key] for key in keys]), device)
     return dict(zip(keys, stacked.tolist(), strict=True))
-
-
-def _share(config: PolicyUpdateConfig, weight: float) -> float:
-    """Weight of a micro-batch's aggregated value in the mini-batch value (token-mean values already share the
-    mini-batch's denominator, so they simply add up)."""
-    return 1.0 if config.loss_agg_mode == "token-mean" else weight

@@ -16,10 +16,10 @@ import torch
 from ragen_core.algos import ADVANTAGES, apply_kl_penalty, place_turn_rewards, value_metrics
 from ragen_core.algos.masked import masked_mean
 from ragen_core.algos.reweighting import filter_loss_scale, soft_advantage_weights
-from ragen_core.config import RunConfig
+from ragen_core.config import AlgorithmConfig, RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.seeding import derive_seed
-from ragen_core.training.actor import ActorEngine, PolicyUpdateConfig
+from ragen_core.training.actor import ActorEngine
 from ragen_core.training.batch import TokenBatch
 from ragen_core.training.critic import CriticEngine, ValueUpdateConfig
 
@@ -56,24 +56,6 @@ def token_rewards_for(inputs: UpdateInputs, reward_level: str) -> torch.Tensor:
     raise ValueError(f"unknown reward_level {reward_level!r}; use 'trajectory' or 'turn'")
 
 
-def policy_update_config(config: RunConfig) -> PolicyUpdateConfig:
-    """The actor's update settings from the run config (KL as a loss term only when ``kl_mode='loss'``)."""
-    algorithm = config.algorithm
-    return PolicyUpdateConfig(
-        policy_loss=algorithm.policy_loss,
-        clip_low=algorithm.clip_low,
-        clip_high=algorithm.clip_high,
-        kl_coef=algorithm.kl_coef if algorithm.kl_mode == "loss" else 0.0,
-        entropy_coef=algorithm.entropy_coef,
-        loss_agg_mode=algorithm.loss_agg_mode,
-        mini_batch_size=config.actor.mini_batch_size,
-        ppo_epochs=config.actor.ppo_epochs,
-        clip_ratio_c=algorithm.clip_ratio_c if algorithm.policy_loss == "dual_clip" else None,
-        kl_estimator=algorithm.kl_estimator,
-        online_k=config.actor.online_k,
-    )
-
-
 def value_update_config(config: RunConfig) -> ValueUpdateConfig:
     """The critic's update settings (unset sizes follow the actor's)."""
     critic = config.critic
@@ -86,29 +68,18 @@ def value_update_config(config: RunConfig) -> ValueUpdateConfig:
 
 
 def compute_advantages(
-    config: RunConfig,
+    algorithm: AlgorithmConfig,
     token_rewards: torch.Tensor,
     mask: torch.Tensor,
     groups: torch.Tensor,
     values: torch.Tensor | None,
     episode_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns (B, T) from the registered estimator with the config's options; ``episode_index``
-    (turn rows) lets GRPO count each trajectory once in its group statistics."""
-    algorithm = config.algorithm
+    """Advantages and returns (B, T) from the registered estimator ``algorithm.adv_estimator``, which reads the
+    options it declares from ``algorithm``; ``values`` reach the critic estimators and ``episode_index`` (turn rows)
+    lets GRPO count each trajectory once in its group statistics."""
     return ADVANTAGES.call(
-        algorithm.adv_estimator,
-        token_rewards,
-        mask,
-        groups,
-        values=values,
-        norm_adv_by_std=algorithm.norm_adv_by_std,
-        grouping=algorithm.grpo_grouping,
-        gamma=algorithm.gamma,
-        lam=algorithm.lam,
-        high_level_gamma=algorithm.high_level_gamma,
-        whiten_advantages=algorithm.whiten_advantages,
-        episode_index=episode_index,
+        algorithm.adv_estimator, algorithm, token_rewards, mask, groups, values=values, episode_index=episode_index
     )
 
 
@@ -188,7 +159,7 @@ def starpo_update(
         raise ValueError(f"adv_estimator {algorithm.adv_estimator!r} needs a critic; the session has none")
     values = critic.values(batch) if algorithm.needs_critic else None
     advantages, returns = compute_advantages(
-        config, token_rewards, mask, inputs.group_index, values, inputs.episode_index
+        algorithm, token_rewards, mask, inputs.group_index, values, inputs.episode_index
     )
     advantages = scaled_advantages(config, advantages, token_rewards, inputs, metrics)
     metrics["actor/advantage_mean"] = float(masked_mean(advantages, mask))
@@ -199,7 +170,8 @@ def starpo_update(
             batch,
             advantages,
             old_logprobs,
-            policy_update_config(config),
+            algorithm,
+            config.actor,
             seed,
             ref_logprobs if algorithm.kl_mode == "loss" else None,
             watch_old_gap=reuse,

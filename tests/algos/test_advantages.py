@@ -1,10 +1,12 @@
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ragen_core.algos import (
     ADVANTAGES,
+    POLICY_LOSSES,
     bi_level_gae_advantage,
     gae_advantage,
     grpo_advantage,
@@ -14,6 +16,7 @@ from ragen_core.algos import (
     reinforce_plus_plus_baseline_advantage,
     rloo_advantage,
 )
+from ragen_core.config import AlgorithmConfig, build_config
 from tests.algos.loop_twins import (
     bi_level_gae_row,
     gae_row,
@@ -244,17 +247,25 @@ def test_reinforce_plus_plus_baseline_matches_loop_twin(seed):
 
 
 def test_the_registry_passes_each_estimator_its_own_options():
-    values = VALUES.clone()
+    algorithm = build_config().algorithm
     for name in ADVANTAGES.names():
-        adv, ret = ADVANTAGES.call(name, REWARDS, MASK, ONE_GROUP, values=values, norm_adv_by_std=True, gamma=1.0)
+        adv, ret = ADVANTAGES.call(name, algorithm, REWARDS, MASK, ONE_GROUP, values=VALUES.clone())
         assert adv.shape == ret.shape == MASK.shape
         assert bool((adv[MASK == 0] == 0).all())
-    assert ADVANTAGES.options("grpo") == {"norm_adv_by_std", "grouping", "epsilon", "episode_index"}
-    assert ADVANTAGES.options("rloo") == set()
-    # only gae's options reach gae: the same call with grpo's option set to a value gae would choke on
+    assert ADVANTAGES.options("grpo") == {"norm_adv_by_std": "norm_adv_by_std", "grouping": "grpo_grouping"}
+    assert ADVANTAGES.options("rloo") == {}
+    # gae reads its own fields of the section, and no other: grpo's grouping set to a value gae would choke on
     direct, _ = gae_advantage(REWARDS, MASK, ONE_GROUP, values=VALUES, gamma=0.9, lam=0.8)
-    routed, _ = ADVANTAGES.call("gae", REWARDS, MASK, ONE_GROUP, values=VALUES, gamma=0.9, lam=0.8, grouping="x")
+    section = SimpleNamespace(gamma=0.9, lam=0.8, whiten_advantages=True, grpo_grouping="x")
+    routed, _ = ADVANTAGES.call("gae", section, REWARDS, MASK, ONE_GROUP, values=VALUES)
     torch.testing.assert_close(routed, direct)
+
+
+def test_every_declared_option_is_an_algorithm_field():
+    fields = set(AlgorithmConfig.model_fields)
+    for registry in (ADVANTAGES, POLICY_LOSSES):
+        for name in registry.names():
+            assert set(registry.options(name).values()) <= fields, (registry.kind, name)
 
 
 def test_a_misspelt_option_is_refused():
@@ -262,5 +273,5 @@ def test_a_misspelt_option_is_refused():
         grpo_advantage(REWARDS, MASK, ONE_GROUP, norm_adv_by_sd=False)
     with pytest.raises(TypeError, match="values"):
         rloo_advantage(REWARDS, MASK, ONE_GROUP, values=VALUES)  # rloo needs no critic and says so
-    with pytest.raises(TypeError, match=r"unknown advantage estimator option\(s\) lamda; known: "):
-        ADVANTAGES.call("gae", REWARDS, MASK, ONE_GROUP, values=VALUES, lamda=0.9)
+    with pytest.raises(TypeError, match=r"unknown advantage estimator keyword\(s\) valeus; known: "):
+        ADVANTAGES.call("gae", build_config().algorithm, REWARDS, MASK, ONE_GROUP, valeus=VALUES)

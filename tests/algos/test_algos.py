@@ -3,7 +3,20 @@ import math
 import pytest
 import torch
 
-from ragen_core.algos import FILTERS, aggregate_loss, groups_to_keep, grpo_advantage, ppo_clip_loss
+from ragen_core.algos import (
+    aggregate_loss,
+    apply_filter,
+    groups_to_keep,
+    grpo_advantage,
+    ppo_clip_loss,
+    resolve_filter,
+)
+
+
+def _alias_filter(name, scores, groups, ratio):
+    """``algorithm.filter=name`` at ``ratio`` through the filter registry: (kept, group reward std) per row."""
+    decision = apply_filter(resolve_filter(name, value=ratio), groups, scores)
+    return decision.kept, decision.group_reward_std
 
 
 def _grpo_loop(scores, groups, norm_by_std, eps=1e-6):
@@ -92,12 +105,12 @@ def test_std_filter_keeps_exactly_the_top_groups():
     # 8 groups of 2: group g has scores (0, g/10) -> std grows with g; keep 25% = groups 7 and 6
     scores = torch.tensor([v for g in range(8) for v in (0.0, g / 10)])
     groups = torch.tensor([g for g in range(8) for _ in range(2)])
-    kept, group_std = FILTERS.get("std")(scores, groups, 0.25)
+    kept, group_std = _alias_filter("std", scores, groups, 0.25)
     assert sorted(set(groups[kept].tolist())) == [6, 7]
     assert group_std[groups == 7][0] == pytest.approx(math.sqrt(2 * 0.35**2))
-    kept_rev, _ = FILTERS.get("std_rev")(scores, groups, 0.25)
+    kept_rev, _ = _alias_filter("std_rev", scores, groups, 0.25)
     assert sorted(set(groups[kept_rev].tolist())) == [0, 1]
-    kept_all, _ = FILTERS.get("std")(scores, groups, 1.0)
+    kept_all, _ = _alias_filter("std", scores, groups, 1.0)
     assert bool(kept_all.all())
 
 
@@ -109,5 +122,5 @@ def test_groups_to_keep_rule():
 
 
 def test_unknown_names_list_the_registered_ones():
-    with pytest.raises(ValueError, match="registered: std, std_rev"):
-        FILTERS.get("median")
+    with pytest.raises(ValueError, match="registered: min_p, top_k, top_k_abs, top_p"):
+        resolve_filter("median")

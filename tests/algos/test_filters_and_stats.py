@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from ragen_core.algos import (
-    FILTERS,
     FilterSpec,
     apply_filter,
     explained_variance,
@@ -13,6 +12,7 @@ from ragen_core.algos import (
     masked_var,
     masked_whiten,
     place_turn_rewards,
+    resolve_filter,
     turn_ends,
     turn_index,
     turn_starts,
@@ -20,6 +20,12 @@ from ragen_core.algos import (
     value_metrics,
 )
 from tests.algos.loop_twins import runs, whiten
+
+
+def _alias_filter(name, scores, groups, ratio):
+    """``algorithm.filter=name`` at ``ratio`` through the filter registry: (kept, group reward std) per row."""
+    decision = apply_filter(resolve_filter(name, value=ratio), groups, scores)
+    return decision.kept, decision.group_reward_std
 
 
 def _groups_with_spreads(spreads: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +48,7 @@ def test_std_top_p_hand_computed(ratio, expected):
     # ratio * .7071 - 0.01: 0.41 -> .2799 (group 0 alone), 0.42 -> .2870 (two groups), 0.75 -> .5203 (.2828 + .2121
     # + .1414), 0.01 -> -.0029, met before any group is added, so nothing is kept (RAGEN's rule)
     scores, groups = _groups_with_spreads([0.4, 0.1, 0.3, 0.2])
-    kept, group_std = FILTERS.get("std_top_p")(scores, groups, ratio)
+    kept, group_std = _alias_filter("std_top_p", scores, groups, ratio)
     assert _kept_groups(kept, groups) == expected
     assert float(group_std[2]) == pytest.approx(0.1 / math.sqrt(2))
 
@@ -50,10 +56,10 @@ def test_std_top_p_hand_computed(ratio, expected):
 def test_std_top_p_ties_and_zero_spread():
     # equal stds: the lower group id comes first; with no spread anywhere nothing is kept (RAGEN's empty batch)
     scores, groups = _groups_with_spreads([0.2, 0.2, 0.2, 0.2])
-    assert _kept_groups(FILTERS.get("std_top_p")(scores, groups, 0.5)[0], groups) == [0, 1]
+    assert _kept_groups(_alias_filter("std_top_p", scores, groups, 0.5)[0], groups) == [0, 1]
     scores, groups = _groups_with_spreads([0.0, 0.0, 0.0])
-    assert _kept_groups(FILTERS.get("std_top_p")(scores, groups, 0.5)[0], groups) == []
-    assert _kept_groups(FILTERS.get("std_top_p")(scores, groups, 1.0)[0], groups) == [0, 1, 2]
+    assert _kept_groups(_alias_filter("std_top_p", scores, groups, 0.5)[0], groups) == []
+    assert _kept_groups(_alias_filter("std_top_p", scores, groups, 1.0)[0], groups) == [0, 1, 2]
 
 
 def _stds(scores: list[float], groups: list[int]) -> dict[int, float]:

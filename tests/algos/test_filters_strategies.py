@@ -8,9 +8,16 @@ import pyarrow as pa
 import pytest
 import torch
 
-from ragen_core.algos import FILTERS, FilterSpec, apply_filter, resolve_filter, select_groups
+from ragen_core.algos import FilterSpec, apply_filter, resolve_filter, select_groups
 from ragen_core.config import ConfigError, build_config
 from ragen_core.run.batches import filter_inputs
+
+
+def _alias_filter(name, scores, groups, ratio):
+    """``algorithm.filter=name`` at ``ratio`` through the filter registry: (kept, group reward std) per row."""
+    decision = apply_filter(resolve_filter(name, value=ratio), groups, scores)
+    return decision.kept, decision.group_reward_std
+
 
 # metric values with total 1.0: ranked largest first 0 (.4), 2 (.3), 3 (.2), 1 (.1)
 VALUES = {0: 0.4, 1: 0.1, 2: 0.3, 3: 0.2}
@@ -218,7 +225,7 @@ def test_a_metric_without_its_inputs_is_refused():
         apply_filter(FilterSpec(metric="entropy"), groups, scores)
 
 
-def test_aliases_resolve_to_their_strategy_and_keep_the_old_call():
+def test_aliases_resolve_to_their_strategy_and_filter_as_before():
     assert resolve_filter("std", value=0.25) == FilterSpec("top_k", 0.25)
     assert resolve_filter("std_rev", value=0.25) == FilterSpec("top_k", 0.25, largest=False)
     assert resolve_filter("std_top_p", value=0.5, top_p_mode="linear") == FilterSpec("top_p", 0.5)
@@ -226,9 +233,9 @@ def test_aliases_resolve_to_their_strategy_and_keep_the_old_call():
     groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
     # stds .4, .1, .3, .2 over sqrt(2) (total 1 / sqrt(2) = .7071); at 0.41 the target is .2899 - eps = .2799, which
     # group 0 (.2828) reaches alone; without the epsilon it would take two groups
-    kept, group_std = FILTERS.get("std_top_p")(scores, groups, 0.41)
+    kept, group_std = _alias_filter("std_top_p", scores, groups, 0.41)
     assert sorted(set(groups[kept].tolist())) == [0]
-    kept, _ = FILTERS.get("std_top_p")(scores, groups, 0.5)  # target .3536 - .01: .2828 is short, + .2121 reaches it
+    kept, _ = _alias_filter("std_top_p", scores, groups, 0.5)  # target .3536 - .01: .2828 is short, + .2121 reaches it
     assert sorted(set(groups[kept].tolist())) == [0, 2]
     assert float(group_std[2]) == pytest.approx(0.1 / math.sqrt(2))
 

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from ragen_core.algos import grpo_advantage
-from ragen_core.training import ActorEngine, CriticEngine, OptimConfig, PolicyUpdateConfig, ValueModel, collate
+from ragen_core.config import ActorConfig, AlgorithmConfig
+from ragen_core.training import ActorEngine, CriticEngine, OptimConfig, ValueModel, collate
 from ragen_core.training.checkpoint import export_policy
 from ragen_core.training.critic import ValueUpdateConfig
 from ragen_core.training.starpo import trajectory_token_rewards
@@ -55,9 +56,13 @@ def run_cases(
     for name, optimizer, lr, agg, kl_coef in ACTOR_CASES:
         optim = OptimConfig(lr, 0.0, 1.0, MICRO_BATCH, zero_stage=zero_stage, optimizer=optimizer)
         actor = ActorEngine(copy.deepcopy(model), optim, keep_reference=kl_coef > 0)
-        update = PolicyUpdateConfig("ppo", 0.2, 0.28, kl_coef, 0.001, agg, mini_batch_size=8, ppo_epochs=2)
+        algorithm = AlgorithmConfig(
+            policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=kl_coef, entropy_coef=0.001, loss_agg_mode=agg,
+            kl_estimator="low_var_kl",
+        )  # fmt: skip
         reference = actor.score(batch, actor.reference) if kl_coef > 0 else None
-        metrics = actor.policy_update(batch, advantages, actor.score(batch), update, 0, reference)
+        schedule = ActorConfig(mini_batch_size=8, ppo_epochs=2)
+        metrics = actor.policy_update(batch, advantages, actor.score(batch), algorithm, schedule, 0, reference)
         results[name] = {"weights": _weights(actor.engine), "metrics": metrics}
         if export_dir is not None and name == ACTOR_CASES[0][0]:
             export_policy(actor, tokenizer, export_dir)

@@ -5,21 +5,16 @@ import torch
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.algos import grpo_advantage
+from ragen_core.config import ActorConfig, AlgorithmConfig
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
-from ragen_core.training import ActorEngine, OptimConfig, PolicyUpdateConfig, collate, token_logprobs, update_schedule
+from ragen_core.training import ActorEngine, OptimConfig, collate, token_logprobs, update_schedule
 from ragen_core.training.starpo import trajectory_token_rewards
 
-UPDATE = PolicyUpdateConfig(
-    policy_loss="ppo",
-    clip_low=0.2,
-    clip_high=0.28,
-    kl_coef=0.0,
-    entropy_coef=0.001,
-    loss_agg_mode="token-mean",
-    mini_batch_size=8,
-    ppo_epochs=1,
+ALGORITHM = AlgorithmConfig(
+    policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.001, loss_agg_mode="token-mean"
 )
+SCHEDULE = ActorConfig(mini_batch_size=8, ppo_epochs=1)
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +34,15 @@ def _engine(tiny_policy, micro_batch_size: int, lr: float = 1e-2, optimizer: str
     return ActorEngine(copy.deepcopy(model), optim)
 
 
-def _update(actor, batch, scores, groups, config, seed=0):
+def _update(actor, batch, scores, groups, algorithm=ALGORITHM, schedule=SCHEDULE, seed=0):
     advantages, _ = grpo_advantage(trajectory_token_rewards(batch.loss_mask, scores), batch.loss_mask, groups)
-    return actor.policy_update(batch, advantages, actor.score(batch), config, shuffle_seed=seed)
+    return actor.policy_update(batch, advantages, actor.score(batch), algorithm, schedule, shuffle_seed=seed)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_micro_batching_does_not_change_the_update(tiny_policy, rollout_batch, mode):
     batch, scores, groups = rollout_batch
-    config = PolicyUpdateConfig(**{**UPDATE.__dict__, "loss_agg_mode": mode})
+    config = ALGORITHM.model_copy(update={"loss_agg_mode": mode})
     # SGD: Adam's first step divides by |g| and so amplifies float noise on near-zero gradients
     whole, split = _engine(tiny_policy, 8, 0.5, "sgd"), _engine(tiny_policy, 3, 0.5, "sgd")
     _update(whole, batch, scores, groups, config)
@@ -67,9 +62,11 @@ def test_a_row_without_trained_tokens_changes_no_sequence_mean_update(tiny_polic
     rest = [0, 1, 3, 4, 5, 6, 7]
     results = []
     for rows_batch, adv, size in ((empty, advantages, 8), (batch.select(rest), advantages[rest], 7)):
-        config = PolicyUpdateConfig(**{**UPDATE.__dict__, "loss_agg_mode": mode, "mini_batch_size": size})
+        config = ALGORITHM.model_copy(update={"loss_agg_mode": mode})
+        schedule = SCHEDULE.model_copy(update={"mini_batch_size": size})
         actor = _engine(tiny_policy, 3, 0.5, "sgd")
-        actor.policy_update(rows_batch, adv[:, : rows_batch.input_ids.shape[1]], actor.score(rows_batch), config, 0)
+        old = actor.score(rows_batch)
+        actor.policy_update(rows_batch, adv[:, : rows_batch.input_ids.shape[1]], old, config, schedule, 0)
         results.append(actor)
     for a, b in zip(results[0].module.parameters(), results[1].module.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -79,7 +76,7 @@ def test_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy, ro
     batch, scores, groups = rollout_batch
     actor = _engine(tiny_policy, 8, lr=1e-3)
     before = actor.score(batch)
-    stats = _update(actor, batch, scores, groups, UPDATE)
+    stats = _update(actor, batch, scores, groups)
     after = actor.score(batch)
     per_sequence = ((after - before) * batch.loss_mask).sum(1)
     best = torch.tensor([0, 5])  # highest score of each group
@@ -132,8 +129,8 @@ def test_online_k_takes_k_optimizer_steps_per_rollout_batch(tiny_policy, rollout
     batch, scores, groups = rollout_batch
     for k in (1, 3):
         actor = _engine(tiny_policy, 4, lr=1e-3)
-        config = PolicyUpdateConfig(**{**UPDATE.__dict__, "mini_batch_size": 4, "online_k": k})
+        schedule = SCHEDULE.model_copy(update={"mini_batch_size": 4, "online_k": k})
         steps_before = actor.engine.global_steps
-        stats = _update(actor, batch, scores, groups, config)
+        stats = _update(actor, batch, scores, groups, schedule=schedule)
         assert actor.engine.global_steps - steps_before == k  # DeepSpeed's own step counter
         assert stats["actor/optimizer_steps"] == k

@@ -15,25 +15,19 @@ import torch
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.algos import entropy_from_logits, grpo_advantage
-from ragen_core.config import ConfigError, build_config, stored_config
+from ragen_core.config import ActorConfig, AlgorithmConfig, ConfigError, build_config, stored_config
 from ragen_core.rollout import RolloutSpec, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
-from ragen_core.training import ActorEngine, OptimConfig, PolicyUpdateConfig, collate, token_logprobs, update_schedule
+from ragen_core.training import ActorEngine, OptimConfig, collate, token_logprobs, update_schedule
 from ragen_core.training.actor import GAP_METRIC
 from ragen_core.training.batch import LogprobEntropy, trained_columns
 from ragen_core.training.inputs import stored_behavior_logprobs
 from ragen_core.training.starpo import UpdateInputs, reuses_behavior_logprobs, starpo_update, trajectory_token_rewards
 
-UPDATE = PolicyUpdateConfig(
-    policy_loss="ppo",
-    clip_low=0.2,
-    clip_high=0.28,
-    kl_coef=0.0,
-    entropy_coef=0.001,
-    loss_agg_mode="token-mean",
-    mini_batch_size=6,
-    ppo_epochs=2,
+ALGORITHM = AlgorithmConfig(
+    policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.001, loss_agg_mode="token-mean"
 )
+SCHEDULE = ActorConfig(mini_batch_size=6, ppo_epochs=2)
 
 
 def _table(records) -> pa.Table:
@@ -85,8 +79,8 @@ def test_an_update_on_the_stored_logprobs_equals_the_update_on_rescored_ones(tin
     batch, stored, scores, groups = sampled
     advantages = _advantages(batch, scores, groups)
     reused, rescored = _engine(tiny_policy), _engine(tiny_policy)
-    with_stored = reused.policy_update(batch, advantages, stored, UPDATE, 3, watch_old_gap=True)
-    with_scored = rescored.policy_update(batch, advantages, rescored.score(batch), UPDATE, 3)
+    with_stored = reused.policy_update(batch, advantages, stored, ALGORITHM, SCHEDULE, 3, watch_old_gap=True)
+    with_scored = rescored.policy_update(batch, advantages, rescored.score(batch), ALGORITHM, SCHEDULE, 3)
     assert with_stored["actor/optimizer_steps"] == 4  # 12 rows, mini-batches of 6, 2 epochs
     for a, b in zip(reused.module.parameters(), rescored.module.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -103,8 +97,10 @@ def test_the_gap_metric_is_the_first_steps_largest_mismatch(tiny_policy, sampled
     actor = _engine(tiny_policy)
     offsets = torch.arange(1, len(batch) + 1, dtype=torch.float32) * 0.01  # row r is off by 0.01 (r + 1)
     old = actor.score(batch) + offsets[:, None] * batch.loss_mask
-    metrics = actor.policy_update(batch, _advantages(batch, scores, groups), old, UPDATE, 11, watch_old_gap=True)
-    first = update_schedule(len(batch), UPDATE.mini_batch_size, UPDATE.ppo_epochs, None, np.random.default_rng(11))[0]
+    advantages = _advantages(batch, scores, groups)
+    metrics = actor.policy_update(batch, advantages, old, ALGORITHM, SCHEDULE, 11, watch_old_gap=True)
+    rng = np.random.default_rng(11)
+    first = update_schedule(len(batch), SCHEDULE.mini_batch_size, SCHEDULE.ppo_epochs, None, rng)[0]
     assert sorted(first) != list(range(6))  # a shuffled mini-batch, not simply the first rows
     assert metrics[GAP_METRIC] == pytest.approx(float(offsets[first].max()), abs=1e-5)
 

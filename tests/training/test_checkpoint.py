@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from ragen_core.algos import grpo_advantage
+from ragen_core.config import ActorConfig, AlgorithmConfig
 from ragen_core.storage.lake import DataLake, LakeError
-from ragen_core.training import ActorEngine, OptimConfig, PolicyUpdateConfig
+from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.checkpoint import (
     ENGINE_TAG,
     CheckpointError,
@@ -26,16 +27,10 @@ from tests.training.dp_update_script import fixed_batch
 REPO = Path(__file__).resolve().parents[2]
 RUN = "run-a"
 OPTIM = OptimConfig(lr=1e-2, weight_decay=0.01, grad_clip=1.0, micro_batch_size=4)
-POLICY_UPDATE = PolicyUpdateConfig(
-    policy_loss="ppo",
-    clip_low=0.2,
-    clip_high=0.28,
-    kl_coef=0.0,
-    entropy_coef=0.001,
-    loss_agg_mode="token-mean",
-    mini_batch_size=4,
-    ppo_epochs=1,
+ALGORITHM = AlgorithmConfig(
+    policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.001, loss_agg_mode="token-mean"
 )
+SCHEDULE = ActorConfig(mini_batch_size=4, ppo_epochs=1)
 VALUE_UPDATE = ValueUpdateConfig(cliprange_value=0.5, loss_agg_mode="token-mean", mini_batch_size=4, ppo_epochs=1)
 DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -58,7 +53,7 @@ def _train(update_batch, actor: ActorEngine, critic: CriticEngine | None, seed: 
     """One StarPO update of the actor (and the critic) on the fixed batch; ``seed`` shuffles the mini-batches."""
     batch, scores, groups = update_batch
     advantages, _ = grpo_advantage(trajectory_token_rewards(batch.loss_mask, scores), batch.loss_mask, groups)
-    actor.policy_update(batch, advantages, actor.score(batch), POLICY_UPDATE, shuffle_seed=seed)
+    actor.policy_update(batch, advantages, actor.score(batch), ALGORITHM, SCHEDULE, shuffle_seed=seed)
     if critic is not None:
         returns = scores[:, None] * batch.loss_mask
         critic.update(batch, critic.values(batch), returns, batch.loss_mask, VALUE_UPDATE, shuffle_seed=seed)

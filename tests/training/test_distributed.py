@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ragen_core.config import ConfigError, build_config
-from ragen_core.training import ActorEngine, OptimConfig, PolicyUpdateConfig
+from ragen_core.config import ActorConfig, AlgorithmConfig, ConfigError, build_config
+from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.actor import deepspeed_config
 from ragen_core.training.distributed import free_port
 from ragen_core.training.parallel import MicroBatchPlan, shard_micro_batches
@@ -102,12 +102,15 @@ def test_bf16_engine_steps_with_fp32_master_weights(tiny_policy):
     from ragen_core.training.starpo import trajectory_token_rewards
 
     advantages, _ = grpo_advantage(trajectory_token_rewards(batch.loss_mask, scores), batch.loss_mask, groups)
-    update = PolicyUpdateConfig("ppo", 0.2, 0.28, 0.0, 0.001, "token-mean", mini_batch_size=8, ppo_epochs=1)
+    algorithm = AlgorithmConfig(
+        policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.001, loss_agg_mode="token-mean"
+    )
+    schedule = ActorConfig(mini_batch_size=8, ppo_epochs=1)
     results = {}
     for precision in ("fp32", "bf16"):
         optim = OptimConfig(0.5, 0.0, 1.0, 3, zero_stage=1, optimizer="sgd", precision=precision)
         actor = ActorEngine(copy.deepcopy(model), optim)
-        metrics = actor.policy_update(batch, advantages, actor.score(batch), update, 0)
+        metrics = actor.policy_update(batch, advantages, actor.score(batch), algorithm, schedule, 0)
         results[precision] = (actor, metrics)
     (fp32, fp32_metrics), (bf16, bf16_metrics) = results["fp32"], results["bf16"]
     assert next(bf16.module.parameters()).dtype == torch.bfloat16
