@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from ragen_core.registry import Registry
 from schemas.tables import SCHEMA_VERSION, TableSpec
 
 UpgradeFn = Callable[[pa.Table], pa.Table]
@@ -32,29 +33,17 @@ class NewerSchemaError(SchemaVersionError):
     """A stored table was written by a newer ragen-flows than the one reading it."""
 
 
-class UpgradeRegistry:
-    """Upgrade functions by (table, from_version); each turns a version-``s`` table into a version-``s+1`` one."""
+class UpgradeRegistry(Registry[UpgradeFn]):
+    """The project's :class:`~ragen_core.registry.Registry` of upgrade functions, named ``(table, from_version)``:
+    ``@UPGRADES.register(("trajectories", 1))`` turns a version-1 trajectories table into a version-2 one. It adds
+    one question to the registry's (the lake's catalog asks it)."""
 
     def __init__(self) -> None:
-        self._steps: dict[tuple[str, int], UpgradeFn] = {}
-
-    def register(self, table: str, from_version: int) -> Callable[[UpgradeFn], UpgradeFn]:
-        """Decorator: ``@UPGRADES.register("trajectories", 1)`` upgrades version-1 trajectories to version 2."""
-
-        def decorate(fn: UpgradeFn) -> UpgradeFn:
-            if (table, from_version) in self._steps:
-                raise ValueError(f"an upgrade of {table!r} from version {from_version} is already registered")
-            self._steps[(table, from_version)] = fn
-            return fn
-
-        return decorate
-
-    def get(self, table: str, from_version: int) -> UpgradeFn | None:
-        return self._steps.get((table, from_version))
+        super().__init__("schema upgrade")
 
     def has_function(self, table: str, from_version: int, to_version: int) -> bool:
         """Whether any step between the two versions needs a registered function (not only added columns)."""
-        return any((table, step) in self._steps for step in range(from_version, to_version))
+        return any((table, step) in self for step in range(from_version, to_version))
 
 
 UPGRADES = UpgradeRegistry()
@@ -98,9 +87,8 @@ def upgrade(table: pa.Table, spec: TableSpec, registry: UpgradeRegistry = UPGRAD
     version = stored_version(table.schema)
     check_readable(spec, version)
     for step in range(version, spec.version):
-        function = registry.get(spec.name, step)
-        if function is not None:
-            table = function(table)
+        if (spec.name, step) in registry:
+            table = registry.get((spec.name, step))(table)
         table = add_new_columns(table, spec, step + 1)
     missing = [name for name in spec.column_names if name not in table.column_names]
     if missing:

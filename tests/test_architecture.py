@@ -135,3 +135,83 @@ def test_no_function_is_longer_than_sixty_lines():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_LINES
     ]
     assert long == []
+
+
+NOT_REGISTRIES = {
+    "ragen_core/registry.py": "the one registry class itself",
+    "ragen_core/rollout/vllm_server.py": "runs under the vLLM environment's Python and imports only the standard "
+    "library: its table of HTTP routes stays a dict",
+}
+
+
+def _registry_offences(tree: ast.Module) -> list[str]:
+    """What looks like a registry of its own in one module: a class other than ``Registry`` (or one derived from
+    it) with a ``register`` method, a module-level dict holding the module's functions or classes, or a function
+    that stores into a module-level dict by subscript (the decorator pattern)."""
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name != "Registry":
+            bases = {ast.unparse(b).split("[")[0].split(".")[-1] for b in node.bases}
+            methods = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            if "register" in methods and "Registry" not in bases:
+                found.append(f"class {node.name} registers things by itself")
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Dict) and any(isinstance(v, ast.Name) and v.id in defined for v in value.values):
+            found.append(f"line {node.lineno}: a dict of the module's functions or classes")
+    assigned = [n.targets if isinstance(n, ast.Assign) else [n.target] for n in tree.body
+                if isinstance(n, (ast.Assign, ast.AnnAssign))]  # fmt: skip
+    tables = {t.id for targets in assigned for t in targets if isinstance(t, ast.Name)}
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        # the decorator's inner function: stores its argument into a module-level table and returns it (a cache or a
+        # state dict stores what it computed, and passes)
+        returned = {n.value.id for n in function.body if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)}
+        taken = {a.arg for a in function.args.args} & returned
+        for node in function.body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in taken:
+                for target in node.targets:
+                    if isinstance(target, ast.Subscript) and getattr(target.value, "id", None) in tables:
+                        found.append(f"{function.name} stores into the module's table {target.value.id}")
+    return found
+
+
+def test_every_registry_is_the_one_registry_class():
+    """Names -> things live in :class:`ragen_core.registry.Registry` (duplicates refused, unknown names listed),
+    never in a registry of a module's own."""
+    offenders = [
+        (str(p.relative_to(ROOT)), offence)
+        for p in _modules("ragen_core", "schemas", "flows", "tasks")
+        if str(p.relative_to(ROOT)) not in NOT_REGISTRIES
+        for offence in _registry_offences(_tree(p))
+    ]
+    assert offenders == []
+
+
+def test_the_registry_check_sees_a_registry_of_its_own():
+    """The check above catches the three shapes a hand-made registry takes (a check that cannot fail proves
+    nothing), and lets a Registry and its subclasses pass."""
+    planted = ast.parse(
+        "class WidgetRegistry:\n    def register(self, name): ...\n"
+        "class Upgrades(Registry[int]):\n    def register(self, name): ...\n"
+        "def handle(x): ...\nHANDLERS = {'a': handle}\n"
+        "_TABLE: dict = {}\ndef register(name):\n    def add(fn):\n        _TABLE[name] = fn\n        return fn\n"
+        "    return add\n"
+        "TITLES = {'a': 'A'}\n"
+    )
+    assert _registry_offences(planted) == [
+        "class WidgetRegistry registers things by itself",
+        "line 6: a dict of the module's functions or classes",
+        "add stores into the module's table _TABLE",
+    ]
+
+
+def test_the_registry_module_is_a_leaf():
+    """``ragen_core/registry.py`` imports nothing of the project, so every layer may import it; it is the one name of
+    ragen_core that ``schemas`` (the lowest layer) imports."""
+    ours = ("ragen_core", "schemas", "flows", "tasks")
+    leaf = _imports(_tree(ROOT / "ragen_core" / "registry.py"))
+    assert [name for name in leaf if name.split(".")[0] in ours] == []
+    from_schemas = {name for p in _modules("schemas") for name in _imports(_tree(p)) if name.startswith("ragen_core")}
+    assert from_schemas <= {"ragen_core.registry", "ragen_core.registry.Registry"}

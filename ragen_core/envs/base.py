@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ragen_core.registry import Registry
+
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 
@@ -99,7 +101,7 @@ class TextEnv(ABC):
 
 
 EnvFactory = Callable[..., TextEnv]
-_REGISTRY: dict[str, EnvFactory] = {}
+_REGISTRY: Registry[EnvFactory] = Registry("environment")
 # Names that were given up, and what to use instead (told when one is asked for).
 RENAMED_ENVS = {
     "sudoku_9x9": "renamed sudoku_pr147_9x9 (RAGEN-2's superseded PR #147 Sudoku); RAGEN-2's current Sudoku, 9x9, is "
@@ -109,28 +111,20 @@ RENAMED_ENVS = {
 
 def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
     """Register ``factory`` (a class or function taking keyword overrides) under ``name``."""
-
-    def decorator(factory: EnvFactory) -> EnvFactory:
-        if name in _REGISTRY:
-            raise ValueError(f"environment {name!r} is registered twice")
-        _REGISTRY[name] = factory
-        return factory
-
-    return decorator
+    return _REGISTRY.register(name)
 
 
 def registered_envs() -> list[str]:
     """Names accepted by :func:`make_env`, sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def make_env(name: str, **overrides: Any) -> TextEnv:
     """Build the environment registered as ``name``; ``overrides`` replace its default settings."""
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        hint = f" ({name} was {RENAMED_ENVS[name]})" if name in RENAMED_ENVS else ""
-        raise ValueError(f"unknown environment {name!r}{hint}; registered: {', '.join(registered_envs())}") from None
+    if name in RENAMED_ENVS and name not in _REGISTRY:
+        raise ValueError(f"unknown environment {name!r} ({name} was {RENAMED_ENVS[name]}); registered: "
+                         f"{', '.join(registered_envs())}")  # fmt: skip
+    factory = _REGISTRY.get(name)  # an unknown name: a ValueError listing the registered ones
     try:
         return factory(**overrides)
     except TypeError as exc:

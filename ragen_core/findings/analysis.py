@@ -27,6 +27,7 @@ import pandas as pd
 from ragen_core.config import stored_config
 from ragen_core.findings.spec import FindingSpec, VariantPlan
 from ragen_core.metrics import collapse_warnings
+from ragen_core.registry import Registry
 from ragen_core.storage import DataLake, query
 
 SUCCESS, GROUP_STD, ENTROPY, GRAD = ("rollout/success_rate", "rollout/in_group_reward_std", "actor/entropy",
@@ -189,17 +190,9 @@ def _collapse_text(ctx: Context) -> str:
             f"success < {ctx.config['monitor']['converged_success']} (the first of them)")  # fmt: skip
 
 
-ANALYSES: dict[str, Callable[[Context], dict[str, Any]]] = {"learning": learning, "echo_trap": echo_trap}
-
-
-def register(name: str) -> Callable:
-    """Decorator adding an analysis to :data:`ANALYSES`."""
-
-    def add(function: Callable[[Context], dict[str, Any]]) -> Callable[[Context], dict[str, Any]]:
-        ANALYSES[name] = function
-        return function
-
-    return add
+Analysis = Callable[[Context], dict[str, Any]]
+ANALYSES: Registry[Analysis] = Registry("findings analysis", {"learning": learning, "echo_trap": echo_trap})
+register = ANALYSES.register  # ``@register("name")`` adds an analysis (ragen_core/findings/studies.py)
 
 
 def history(ctx: Context, run_id: str) -> list[tuple[int, dict[str, float]]]:

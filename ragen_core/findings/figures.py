@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from ragen_core.registry import Registry
 from ragen_core.storage.files import atomic_write_bytes
 
 SUCCESS_KEY = "rollout/success_rate"
@@ -24,7 +25,8 @@ TITLES = {
     "seconds_per_iteration": "Stage seconds / iteration", "minutes": "Run minutes (stages)",
     "success_gain_per_minute": "Validation success gain per minute",
 }  # fmt: skip
-PANELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # analysis -> (curve panels, bar panels)
+Panels = tuple[tuple[str, ...], tuple[str, ...]]  # (curve panels, bar panels)
+PANELS: Registry[Panels] = Registry("findings figure", {  # analysis -> its panels
     "learning": ((VAL,), ("val_success_first", "val_success_final")),
     "echo_trap": ((VAL, "rollout/success_rate", "rollout/in_group_reward_std", "actor/entropy"), ()),
     "early_warnings": (("rollout/success_rate", "rollout/in_group_reward_std", "actor/entropy",
@@ -33,7 +35,7 @@ PANELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # analysis -> (c
                            "val_success_final")),  # fmt: skip
     "diversity": ((VAL,), ("val_success_final", "minutes", "success_gain_per_minute")),
     "reasoning": (("think_words", "rollout/think_distinct_rate", "format_ok_rate", VAL), ()),
-}
+})  # fmt: skip
 
 
 def _curve_panel(ax, result: dict[str, Any], key: str) -> None:

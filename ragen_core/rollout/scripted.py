@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ragen_core.envs import TextEnv
+from ragen_core.registry import Registry
 from ragen_core.rollout.types import Generation, TurnContext
 
 
@@ -31,33 +32,24 @@ class ScriptedReply:
 
 
 ScriptedPolicy = Callable[[TurnContext, np.random.Generator], "list[str] | ScriptedReply"]
-_POLICIES: dict[str, ScriptedPolicy] = {}
+_POLICIES: Registry[ScriptedPolicy] = Registry("scripted policy")
 
 
 def register_scripted_policy(name: str) -> Callable[[ScriptedPolicy], ScriptedPolicy]:
     """Register a policy mapping (context, rng, **options) to the action names of one reply (or a ScriptedReply)."""
-
-    def decorator(policy: ScriptedPolicy) -> ScriptedPolicy:
-        if name in _POLICIES:
-            raise ValueError(f"scripted policy {name!r} is registered twice")
-        _POLICIES[name] = policy
-        return policy
-
-    return decorator
+    return _POLICIES.register(name)
 
 
 def get_scripted_policy(name: str, **options: Any) -> ScriptedPolicy:
     """The scripted policy registered as ``name``, with ``options`` bound (only those its signature takes)."""
-    try:
-        policy = _POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown scripted policy {name!r}; registered: {', '.join(sorted(_POLICIES))}") from None
+    policy = _POLICIES.get(name)
     accepted = {key: value for key, value in options.items() if key in inspect.signature(policy).parameters}
     return functools.partial(policy, **accepted) if accepted else policy
 
 
 def registered_scripted_policies() -> list[str]:
-    return sorted(_POLICIES)
+    """Names accepted by :func:`get_scripted_policy`, sorted."""
+    return _POLICIES.names()
 
 
 @register_scripted_policy("random")

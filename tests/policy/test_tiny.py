@@ -56,15 +56,18 @@ def test_the_tokenizer_corpus_is_pinned_by_its_digest():
     )
 
 
-def test_a_new_environment_changes_no_existing_model(monkeypatch):
+def test_a_new_environment_changes_no_existing_model():
     from ragen_core.config import TinyModelConfig
-    from ragen_core.envs import base, make_env, registered_envs
+    from ragen_core.envs import base, make_env, register_env, registered_envs
     from ragen_core.policy.tiny import grid_characters, tiny_model_key
 
     before, grid_before = tiny_model_key(TinyModelConfig()), grid_characters()
-    monkeypatch.setitem(base._REGISTRY, "zz_new_grid_env", base._REGISTRY["sokoban"])
-    assert "zz_new_grid_env" in registered_envs() and make_env("zz_new_grid_env") is not None
-    assert tiny_model_key(TinyModelConfig()) == before and grid_characters() == grid_before
+    register_env("zz_new_grid_env")(base._REGISTRY.get("sokoban"))
+    try:
+        assert "zz_new_grid_env" in registered_envs() and make_env("zz_new_grid_env") is not None
+        assert tiny_model_key(TinyModelConfig()) == before and grid_characters() == grid_before
+    finally:
+        base._REGISTRY.remove("zz_new_grid_env")
     assert tiny_model_key(TinyModelConfig(num_heads=4, num_kv_heads=2)) != before  # the shape still counts
 
 

@@ -8,6 +8,7 @@ import pytest
 from ragen_core.agent import ChatFormatter
 from ragen_core.config import load_config
 from ragen_core.envs import make_env
+from ragen_core.registry import Registry
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts, scripted
 from ragen_core.run.bootstrap import bootstrap_key
 from tests.envs.test_frozen_lake import _goal_from_render
@@ -114,9 +115,10 @@ def test_bootstrap_key_follows_what_the_policy_does_not_its_name(tmp_path: Path,
     def always_left(context, rng, teacher_prob=0.5):  # the same name and options, another behaviour
         return scripted.ScriptedReply(["Left"], context.env.describe())
 
-    monkeypatch.setitem(scripted._POLICIES, "teacher_mix", always_left)
+    policies = dict(scripted._POLICIES.items())
+    monkeypatch.setattr(scripted, "_POLICIES", Registry("scripted policy", {**policies, "teacher_mix": always_left}))
     assert bootstrap_key(config, tmp_path) != key
-    monkeypatch.setitem(scripted._POLICIES, "teacher_mix", scripted.teacher_mix_policy)
+    monkeypatch.setattr(scripted, "_POLICIES", Registry("scripted policy", policies))
     assert bootstrap_key(config, tmp_path) == key
 
 

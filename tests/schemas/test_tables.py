@@ -63,14 +63,14 @@ def test_upgrade_fills_added_columns_with_null_or_default():
 def test_registered_functions_run_before_the_added_columns():
     registry = UpgradeRegistry()
 
-    @registry.register("metrics", 1)
+    @registry.register(("metrics", 1))
     def scale(table: pa.Table) -> pa.Table:
         return table.set_column(3, "value", pa.array([v * 100 for v in table["value"].to_pylist()]))
 
     assert upgrade(_v1_metrics(), _metrics_v2(), registry)["value"].to_pylist() == [100.0]
     assert registry.has_function("metrics", 1, 2) and not registry.has_function("metrics", 2, 2)
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register("metrics", 1)(scale)
+    with pytest.raises(ValueError, match=r"schema upgrade \('metrics', 1\) is registered twice"):
+        registry.register(("metrics", 1))(scale)
 
 
 def test_a_newer_version_asks_to_upgrade_ragen_flows():
