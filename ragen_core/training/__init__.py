@@ -2,7 +2,7 @@
 
 from ragen_core.training.actor import ActorEngine, OptimConfig, update_schedule
 from ragen_core.training.batch import TokenBatch, collate, token_logprobs
-from ragen_core.training.critic import CriticEngine, ValueModel, ValueUpdateConfig
+from ragen_core.training.critic import CriticEngine, ValueModel
 
 __all__ = [
     "ActorEngine",
@@ -10,7 +10,6 @@ __all__ = [
     "OptimConfig",
     "TokenBatch",
     "ValueModel",
-    "ValueUpdateConfig",
     "collate",
     "token_logprobs",
     "update_schedule",

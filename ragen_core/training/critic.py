@@ -8,8 +8,8 @@ exactly over their own tokens. Training minimises the clipped value loss of :fun
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,15 +33,8 @@ from ragen_core.training.parallel import (
     shard_micro_batches,
 )
 
-
-@dataclass(frozen=True)
-class ValueUpdateConfig:
-    """Settings of one critic update."""
-
-    cliprange_value: float
-    loss_agg_mode: str
-    mini_batch_size: int
-    ppo_epochs: int
+if TYPE_CHECKING:
+    from ragen_core.config import AlgorithmConfig, CriticConfig
 
 
 class ValueModel(torch.nn.Module):
@@ -137,26 +130,34 @@ class CriticEngine:
         old_values: torch.Tensor,
         returns: torch.Tensor,
         mask: torch.Tensor,
-        config: ValueUpdateConfig,
+        algorithm: AlgorithmConfig,
+        schedule: CriticConfig,
         shuffle_seed: int,
     ) -> dict[str, float]:
-        """``ppo_epochs`` passes of shuffled mini-batches, each one optimizer step on the clipped value loss towards
-        ``returns`` over the tokens of ``mask`` (B, T). Returns metrics averaged over the mini-batches."""
+        """``schedule.ppo_epochs`` passes of shuffled mini-batches of ``schedule.mini_batch_size`` rows (the critic
+        section with its sizes set), each one optimizer step on the value loss clipped at ``schedule.cliprange_value``
+        and aggregated as ``algorithm.loss_agg_mode``, towards ``returns`` over the tokens of ``mask`` (B, T).
+        Returns metrics averaged over the mini-batches."""
+        if schedule.mini_batch_size is None or schedule.ppo_epochs is None:
+            raise ValueError("the critic's update needs its mini_batch_size and ppo_epochs set (or the actor's)")
         rng = np.random.default_rng(shuffle_seed)
         history: dict[str, list[float]] = {}
         self.engine.train()
-        for _ in range(config.ppo_epochs):
+        losses = (schedule.cliprange_value, algorithm.loss_agg_mode)
+        for _ in range(schedule.ppo_epochs):
             order = rng.permutation(len(batch)).tolist()
-            for start in range(0, len(order), config.mini_batch_size):
-                rows = order[start : start + config.mini_batch_size]
-                for key, value in self._value_step(batch, rows, old_values, returns, mask, config).items():
+            for start in range(0, len(order), schedule.mini_batch_size):
+                rows = order[start : start + schedule.mini_batch_size]
+                for key, value in self._value_step(batch, rows, old_values, returns, mask, *losses).items():
                     history.setdefault(key, []).append(value)
         return {key: float(np.mean(values)) for key, values in history.items()}
 
-    def _value_step(self, batch, rows, old_values, returns, mask, config: ValueUpdateConfig) -> dict[str, float]:
+    def _value_step(
+        self, batch, rows, old_values, returns, mask, cliprange_value: float, loss_agg_mode: str
+    ) -> dict[str, float]:
         """Forward/backward this rank's micro-batches of one mini-batch, then one optimizer step (metrics summed over
         ranks)."""
-        token_mean = config.loss_agg_mode == "token-mean"
+        token_mean = loss_agg_mode == "token-mean"
         token_count = float(mask[rows].sum())
         _, world = data_parallel_world()
         sums = {"critic/vf_loss": 0.0, "critic/vf_clipfrac": 0.0, "critic/vpred_mean": 0.0}
@@ -170,8 +171,8 @@ class CriticEngine:
                 old_values[plan.rows, :width].to(self.device),
                 returns[plan.rows, :width].to(self.device),
                 micro_mask,
-                config.cliprange_value,
-                config.loss_agg_mode,
+                cliprange_value,
+                loss_agg_mode,
                 token_count if token_mean else None,
             )
             # token-mean losses share the mini-batch denominator and add up; seq-mean ones are weighted by rows

@@ -16,12 +16,12 @@ import torch
 from ragen_core.algos import ADVANTAGES, apply_kl_penalty, place_turn_rewards, value_metrics
 from ragen_core.algos.masked import masked_mean
 from ragen_core.algos.reweighting import filter_loss_scale, soft_advantage_weights
-from ragen_core.config import AlgorithmConfig, RunConfig
+from ragen_core.config import AlgorithmConfig, CriticConfig, RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.seeding import derive_seed
 from ragen_core.training.actor import ActorEngine
 from ragen_core.training.batch import TokenBatch
-from ragen_core.training.critic import CriticEngine, ValueUpdateConfig
+from ragen_core.training.critic import CriticEngine
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,14 @@ def token_rewards_for(inputs: UpdateInputs, reward_level: str) -> torch.Tensor:
     raise ValueError(f"unknown reward_level {reward_level!r}; use 'trajectory' or 'turn'")
 
 
-def value_update_config(config: RunConfig) -> ValueUpdateConfig:
-    """The critic's update settings (unset sizes follow the actor's)."""
-    critic = config.critic
-    return ValueUpdateConfig(
-        cliprange_value=critic.cliprange_value,
-        loss_agg_mode=config.algorithm.loss_agg_mode,
-        mini_batch_size=critic.mini_batch_size or config.actor.mini_batch_size,
-        ppo_epochs=critic.ppo_epochs or config.actor.ppo_epochs,
+def critic_schedule(config: RunConfig) -> CriticConfig:
+    """The critic section with its unset sizes (``mini_batch_size``, ``ppo_epochs``) set to the actor's."""
+    critic, actor = config.critic, config.actor
+    return critic.model_copy(
+        update={
+            "mini_batch_size": critic.mini_batch_size or actor.mini_batch_size,
+            "ppo_epochs": critic.ppo_epochs or actor.ppo_epochs,
+        }
     )
 
 
@@ -181,6 +181,6 @@ def starpo_update(
     if critic is not None and values is not None:
         metrics.update(value_metrics(values, returns, mask))
         critic_seed = derive_seed(config.seed, iteration, "critic_shuffle")
-        metrics.update(critic.update(batch, values, returns, mask, value_update_config(config), critic_seed))
+        metrics.update(critic.update(batch, values, returns, mask, algorithm, critic_schedule(config), critic_seed))
     metrics["actor/trained_tokens"] = float(mask.sum())
     return metrics

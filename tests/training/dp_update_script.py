@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 from ragen_core.algos import grpo_advantage
-from ragen_core.config import ActorConfig, AlgorithmConfig
+from ragen_core.config import ActorConfig, AlgorithmConfig, CriticConfig
 from ragen_core.training import ActorEngine, CriticEngine, OptimConfig, ValueModel, collate
 from ragen_core.training.checkpoint import export_policy
-from ragen_core.training.critic import ValueUpdateConfig
 from ragen_core.training.starpo import trajectory_token_rewards
 
 # (name, optimizer, lr, loss aggregation, KL coefficient): 8 rows in micro-batches of 3 -> 3 micro-batches per
@@ -68,8 +67,8 @@ def run_cases(
             export_policy(actor, tokenizer, export_dir)
     optim = OptimConfig(0.5, 0.0, 1.0, MICRO_BATCH, zero_stage=zero_stage, optimizer="sgd")
     critic = CriticEngine(ValueModel.from_policy(copy.deepcopy(model)), optim)
-    value_update = ValueUpdateConfig(cliprange_value=0.5, loss_agg_mode="token-mean", mini_batch_size=8, ppo_epochs=2)
-    metrics = critic.update(batch, critic.values(batch), returns, batch.loss_mask, value_update, 0)
+    algorithm, schedule = AlgorithmConfig(loss_agg_mode="token-mean"), CriticConfig(mini_batch_size=8, ppo_epochs=2)
+    metrics = critic.update(batch, critic.values(batch), returns, batch.loss_mask, algorithm, schedule, 0)
     results["critic"] = {"weights": _weights(critic.engine), "metrics": metrics}
     return results
 

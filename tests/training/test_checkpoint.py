@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ragen_core.algos import grpo_advantage
-from ragen_core.config import ActorConfig, AlgorithmConfig
+from ragen_core.config import ActorConfig, AlgorithmConfig, CriticConfig
 from ragen_core.storage.lake import DataLake, LakeError
 from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.checkpoint import (
@@ -20,7 +20,7 @@ from ragen_core.training.checkpoint import (
     read_checkpoint_info,
     save_checkpoint,
 )
-from ragen_core.training.critic import CriticEngine, ValueModel, ValueUpdateConfig
+from ragen_core.training.critic import CriticEngine, ValueModel
 from ragen_core.training.starpo import trajectory_token_rewards
 from tests.training.dp_update_script import fixed_batch
 
@@ -31,7 +31,7 @@ ALGORITHM = AlgorithmConfig(
     policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.001, loss_agg_mode="token-mean"
 )
 SCHEDULE = ActorConfig(mini_batch_size=4, ppo_epochs=1)
-VALUE_UPDATE = ValueUpdateConfig(cliprange_value=0.5, loss_agg_mode="token-mean", mini_batch_size=4, ppo_epochs=1)
+CRITIC_SCHEDULE = CriticConfig(cliprange_value=0.5, mini_batch_size=4, ppo_epochs=1)
 DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -56,7 +56,8 @@ def _train(update_batch, actor: ActorEngine, critic: CriticEngine | None, seed: 
     actor.policy_update(batch, advantages, actor.score(batch), ALGORITHM, SCHEDULE, shuffle_seed=seed)
     if critic is not None:
         returns = scores[:, None] * batch.loss_mask
-        critic.update(batch, critic.values(batch), returns, batch.loss_mask, VALUE_UPDATE, shuffle_seed=seed)
+        values = critic.values(batch)
+        critic.update(batch, values, returns, batch.loss_mask, ALGORITHM, CRITIC_SCHEDULE, shuffle_seed=seed)
 
 
 def _same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -2,10 +2,12 @@ import pytest
 import torch
 
 from ragen_core.algos import value_loss
+from ragen_core.config import AlgorithmConfig, CriticConfig
 from ragen_core.training import OptimConfig, collate
-from ragen_core.training.critic import CriticEngine, ValueModel, ValueUpdateConfig
+from ragen_core.training.critic import CriticEngine, ValueModel
 
-UPDATE = ValueUpdateConfig(cliprange_value=0.5, loss_agg_mode="token-mean", mini_batch_size=4, ppo_epochs=1)
+ALGORITHM = AlgorithmConfig(loss_agg_mode="token-mean")
+SCHEDULE = CriticConfig(cliprange_value=0.5, mini_batch_size=4, ppo_epochs=1)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,9 @@ def test_updates_fit_fixed_returns(tiny_policy, chat_batch):
 
     before = loss_now()
     for step in range(12):
-        metrics = critic.update(batch, critic.values(batch), returns, batch.loss_mask, UPDATE, shuffle_seed=step)
+        metrics = critic.update(
+            batch, critic.values(batch), returns, batch.loss_mask, ALGORITHM, SCHEDULE, shuffle_seed=step
+        )
     after = loss_now()
     assert after < 0.1 * before  # observed: 0.26 -> 0.005
     assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"} <= set(metrics)
@@ -77,11 +81,12 @@ def test_updates_fit_fixed_returns(tiny_policy, chat_batch):
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
 def test_micro_batching_does_not_change_the_update(tiny_policy, chat_batch, mode):
     batch, returns = chat_batch
-    config = ValueUpdateConfig(cliprange_value=0.5, loss_agg_mode=mode, mini_batch_size=6, ppo_epochs=1)
+    algorithm = AlgorithmConfig(loss_agg_mode=mode)
+    schedule = CriticConfig(cliprange_value=0.5, mini_batch_size=6, ppo_epochs=1)
     whole, split = _critic(tiny_policy, 6, 0.5, "sgd"), _critic(tiny_policy, 4, 0.5, "sgd")
     old = whole.values(batch)
-    whole_metrics = whole.update(batch, old, returns, batch.loss_mask, config, shuffle_seed=0)
-    split_metrics = split.update(batch, old, returns, batch.loss_mask, config, shuffle_seed=0)
+    whole_metrics = whole.update(batch, old, returns, batch.loss_mask, algorithm, schedule, shuffle_seed=0)
+    split_metrics = split.update(batch, old, returns, batch.loss_mask, algorithm, schedule, shuffle_seed=0)
     for a, b in zip(whole.module.parameters(), split.module.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert whole_metrics["critic/vf_loss"] == pytest.approx(split_metrics["critic/vf_loss"], rel=1e-5)
