@@ -356,8 +356,13 @@ class AlgorithmConfig(_Section):
 
     @property
     def needs_critic(self) -> bool:
-        """Whether the estimator needs a value model."""
-        return self.adv_estimator in VALUE_ESTIMATORS
+        """Whether the estimator needs a value model: it takes the critic's ``values`` (an unknown estimator is
+        refused elsewhere, naming the registered ones)."""
+        from ragen_core.algos import ADVANTAGES
+        from ragen_core.registry import keyword_parameters
+
+        name = self.adv_estimator
+        return name in ADVANTAGES and "values" in keyword_parameters(ADVANTAGES.get(name))
 
     @property
     def filter_spec(self) -> FilterSpec:
@@ -405,7 +410,6 @@ class AlgorithmConfig(_Section):
         return {**defaults, **data}
 
 
-VALUE_ESTIMATORS = ("gae", "bi_level_gae")
 # What each preset sets (the RAGEN paper): StarPO-S = decoupled clip, no KL, variance filter keeping 25% of groups.
 # ragen2: RAGEN-2's recommended setting (its README's SNR-adaptive filtering and filtering runs): StarPO-S's clip and
 # KL, the top-p filter over reward std at 0.9 with linear mass, groups without reward variance excluded.

@@ -261,6 +261,12 @@ def test_the_registry_passes_each_estimator_its_own_options():
     torch.testing.assert_close(routed, direct)
 
 
+def test_an_estimator_that_takes_values_needs_a_critic():
+    configs = {name: build_config(overrides=[f"algorithm.adv_estimator={name}"]) for name in ADVANTAGES.names()}
+    critics = {name for name, config in configs.items() if config.algorithm.needs_critic}
+    assert critics == {"gae", "bi_level_gae"}
+
+
 def test_every_declared_option_is_an_algorithm_field():
     fields = set(AlgorithmConfig.model_fields)
     for registry in (ADVANTAGES, POLICY_LOSSES):
