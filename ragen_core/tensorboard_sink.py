@@ -1,11 +1,12 @@
 """TensorBoard view of the ``metrics`` table: each committed iteration's metrics as scalars of one event file.
 
-Layout: ``<data root>/runs/<run_id>/tensorboard/events.out.tfevents.<iteration:010d>.ragen`` — one file per
-committed iteration (step = iteration, tag = metric name), written whole under a temporary name (which TensorBoard
-does not list) and renamed into place, so a killed process never leaves a half-written event file and no file handle
-outlives the call. TensorBoard merges the files of a folder; the names sort in step order, and writing an iteration
-again replaces its file instead of doubling its points. The lake stays the source of truth: the files are written
-after the commit marker and :func:`rebuild_tensorboard` regenerates them from the ``metrics`` table.
+Layout: the run's :meth:`~ragen_core.storage.DataLake.tensorboard_dir` (``runs/<run_id>/tensorboard/``) holds
+``events.out.tfevents.<iteration:010d>.ragen`` — one file per committed iteration (step = iteration, tag = metric
+name), written whole under a temporary name (which TensorBoard does not list) and renamed into place, so a killed
+process never leaves a half-written event file and no file handle outlives the call. TensorBoard merges the files of
+a folder; the names sort in step order, and writing an iteration again replaces its file instead of doubling its
+points. The lake stays the source of truth: the files are written after the commit marker and
+:func:`rebuild_tensorboard` regenerates them from the ``metrics`` table.
 """
 
 from __future__ import annotations
@@ -22,13 +23,7 @@ from ragen_core.storage import DataLake, LakeError
 from ragen_core.storage.files import fsync_dir
 
 LOGGER = logging.getLogger("ragen.monitor")
-TENSORBOARD_DIR = "tensorboard"
 FILE_VERSION = "brain.Event:2"  # TensorBoard's current event format: restarts are marked, never guessed from steps
-
-
-def tensorboard_dir(lake: DataLake, run_id: str) -> Path:
-    """The run's TensorBoard folder (``tensorboard --logdir`` it, or the ``runs`` folder for several runs)."""
-    return lake.run_dir(run_id) / TENSORBOARD_DIR
 
 
 def event_file_name(iteration: int) -> str:
@@ -83,7 +78,7 @@ def record_iteration(lake: DataLake, run_id: str, iteration: int, metrics: Mappi
     ``None`` returned; :func:`rebuild_tensorboard` can regenerate the files from the lake later.
     """
     try:
-        return write_scalars(tensorboard_dir(lake, run_id), iteration, metrics)
+        return write_scalars(lake.tensorboard_dir(run_id), iteration, metrics)
     except OSError as exc:
         LOGGER.warning("run %s iteration %d: TensorBoard events not written (%s); the lake has them", run_id,
                        iteration, exc)  # fmt: skip
@@ -101,7 +96,7 @@ def rebuild_tensorboard(lake: DataLake, run_id: str) -> list[Path]:
     for row in rows:
         if row["iteration"] in committed:
             by_iteration.setdefault(row["iteration"], {})[row["name"]] = row["value"]
-    folder = tensorboard_dir(lake, run_id)
+    folder = lake.tensorboard_dir(run_id)
     return [
         write_scalars(folder, i, by_iteration[i], lake.commit_marker(run_id, i).stat().st_mtime)  # commit time
         for i in sorted(by_iteration)

@@ -3,6 +3,7 @@
 - the core never imports Prefect;
 - the lower packages never import the run layer (``ragen_core.run``);
 - outside ``ragen_core/storage`` no code spells a lake file name, marker or top-level folder;
+- outside ``ragen_core/storage/layout.py`` no code joins a lake name (a literal or a layout constant) onto a path;
 - tasks are thin: each task's name is the name of the core function it calls;
 - no function is longer than 60 lines in ragen_core/, flows/, tasks/ and schemas/.
 """
@@ -21,6 +22,7 @@ LAKE_TOKENS = ("_DONE", "_commits", "_staging", "_locks", "_COMPACTION", "iterat
 LAKE_FOLDERS = {"runs", "checkpoints", "models", "quarantine", "update_group", "_staging", "_commits", "_locks",
                 "sweeps", "_prefect"}  # fmt: skip
 MAX_LINES = 60
+LAYOUT = ROOT / "ragen_core" / "storage" / "layout.py"
 
 
 def _modules(*folders: str) -> list[Path]:
@@ -74,33 +76,135 @@ def test_lower_packages_never_import_the_run_layer():
     assert offenders == []
 
 
-def test_only_storage_spells_lake_file_names():
-    offenders = []
+def _layout_names() -> dict[str, str]:
+    """The layout's named constants that spell a name under the data root: ``{constant: name}``."""
+    names = {}
+    for node in _tree(LAYOUT).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            names.update({target.id: node.value.value for target in node.targets if isinstance(target, ast.Name)})
+    return names
+
+
+def _aliases(constants: set[str]) -> set[str]:
+    """The layout's constant names and the module-level aliases other modules give them (``INFO_FILE =
+    CHECKPOINT_INFO``): a module that imports one of these names from anywhere in the project holds a lake name."""
+    names = set(constants)
     for path in _modules("ragen_core", "flows", "tasks"):
-        if path.is_relative_to(ROOT / "ragen_core" / "storage"):
-            continue
-        tree = _tree(path)
-        docstrings = _docstrings(tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-                offenders += [(path.name, node.lineno, t) for t in LAKE_TOKENS if t in node.value]
-            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
-                for side in (node.left, node.right):
-                    if isinstance(side, ast.Constant) and side.value in LAKE_FOLDERS:
-                        offenders.append((path.name, node.lineno, side.value))
+        for node in _tree(path).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in constants:
+                names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    return names
+
+
+def _bound_to_layout(tree: ast.Module, constants: set[str]) -> tuple[set[str], set[str]]:
+    """The names a module binds to the layout's constants (imported from the layout or from a module that hands
+    one on, renamed or not, or assigned from one) and to the layout module itself."""
+    names, modules = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ragen_core"):
+            names |= {alias.asname or alias.name for alias in node.names if alias.name in constants}
+            if node.module == "ragen_core.storage":
+                modules |= {alias.asname or alias.name for alias in node.names if alias.name == "layout"}
+    for node in tree.body:  # a constant of the layout's name spelled again, or aliased: INFO_FILE = CHECKPOINT_INFO
+        if isinstance(node, ast.Assign):
+            targets = {target.id for target in node.targets if isinstance(target, ast.Name)}
+            aliased = isinstance(node.value, ast.Name) and node.value.id in names
+            names |= targets if aliased else targets & constants
+    return names, modules
+
+
+def lake_tokens_spelled(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, token)`` of every string (not a docstring) that spells a lake file name, marker or folder token."""
+    docstrings, found = _docstrings(tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found += [(node.lineno, token) for token in LAKE_TOKENS if token in node.value]
+    return sorted(found)
+
+
+def lake_paths_joined(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, what)`` of every ``/`` that joins a lake name onto a path: a string literal naming a lake folder or
+    file (or an f-string holding a lake token or a layout constant), or a named constant of the layout."""
+    spelled = _layout_names()
+    literals = LAKE_FOLDERS | set(spelled.values())
+    names, modules = _bound_to_layout(tree, _aliases(set(spelled)))
+
+    def named(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Name) and node.id in names:
+            return node.id
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            return f"{node.value.id}.{node.attr}" if node.attr in spelled else None
+        return None
+
+    def joined(side: ast.AST) -> str | None:
+        if isinstance(side, ast.Constant) and side.value in literals:
+            return repr(side.value)
+        if isinstance(side, ast.JoinedStr):
+            for part in side.values:
+                if isinstance(part, ast.Constant) and any(token in part.value for token in LAKE_TOKENS):
+                    return repr(part.value)
+                if isinstance(part, ast.FormattedValue) and named(part.value):
+                    return named(part.value)
+        return named(side)
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            found += [(node.lineno, what) for what in map(joined, (node.left, node.right)) if what]
+    return sorted(found)
+
+
+def test_only_storage_spells_lake_file_names():
+    offenders = [
+        (path.name, line, token)
+        for path in _modules("ragen_core", "flows", "tasks")
+        if not path.is_relative_to(ROOT / "ragen_core" / "storage")
+        for line, token in lake_tokens_spelled(_tree(path))
+    ]
     assert offenders == []
 
 
-def test_the_check_sees_a_lake_path_built_by_hand(tmp_path):
-    """The two patterns above match what they are meant to (a check that cannot fail proves nothing)."""
-    tree = ast.parse('p = root / "runs" / run / "checkpoints"\nq = f"iteration={n}"\n"""docstring: iteration=1"""')
-    constants = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-    assert any("iteration=" in c for c in constants)
-    divisions = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)]
-    assert {s.value for n in divisions for s in (n.left, n.right) if isinstance(s, ast.Constant)} == {
-        "runs",
-        "checkpoints",
-    }
+def test_only_the_layout_joins_lake_names_onto_paths():
+    """Every folder and file name under the data root comes from ``ragen_core.storage.layout``: no other module,
+    storage's own included, builds a lake path with ``/`` from a literal name or from one of the layout's names."""
+    offenders = [
+        (str(path.relative_to(ROOT)), line, what)
+        for path in _modules("ragen_core", "flows", "tasks", "schemas")
+        if path != LAYOUT
+        for line, what in lake_paths_joined(_tree(path))
+    ]
+    assert offenders == []
+
+
+PLANTED = '''
+from ragen_core.storage import layout
+from ragen_core.storage.layout import CHECKPOINT_INFO, RUNS as FOLDER, run_dir
+from ragen_core.storage.parts import COMPACTION_MARKER
+INFO = CHECKPOINT_INFO
+a = root / "runs" / run / "checkpoints"
+b = root / f"iteration={n}.json"
+c = root / FOLDER
+d = checkpoint / INFO
+e = root / layout.STAGING
+f = root / f"{layout.LOCKS}-x"
+g = run_dir(root, run) / name
+h = "{}/_staging".format(root)
+i = folder / COMPACTION_MARKER
+def j():
+    """docstring: _staging/iteration=1"""
+'''
+
+
+def test_the_checks_see_lake_paths_built_by_hand():
+    """Each rule catches a planted violation (a check that cannot fail proves nothing) and lets the layout's own
+    functions and docstrings pass."""
+    tree = ast.parse(PLANTED)
+    assert lake_paths_joined(tree) == [
+        (6, "'checkpoints'"), (6, "'runs'"), (7, "'iteration='"), (8, "FOLDER"), (9, "INFO"), (10, "layout.STAGING"),
+        (11, "layout.LOCKS"), (14, "COMPACTION_MARKER"),
+    ]  # fmt: skip
+    assert lake_tokens_spelled(tree) == [(7, "iteration="), (13, "_staging")]
+    assert lake_paths_joined(_tree(LAYOUT)) != []  # the layout joins them itself: the one module allowed to
 
 
 def _tasks() -> list[tuple[str, ast.FunctionDef]]:

@@ -15,7 +15,6 @@ from ragen_core.tensorboard_sink import (
     event_file_name,
     rebuild_tensorboard,
     record_iteration,
-    tensorboard_dir,
     write_scalars,
 )
 
@@ -63,7 +62,7 @@ def test_written_events_read_back_equal_the_metrics_table(tmp_path):
     lake, written = _lake_with_metrics(tmp_path, "run-a", 12)
     for iteration, values in written.items():  # what commit_iteration does after each commit
         assert record_iteration(lake, "run-a", iteration, values) is not None
-    folder = tensorboard_dir(lake, "run-a")
+    folder = lake.tensorboard_dir("run-a")
     assert folder == lake.root / "runs" / "run-a" / "tensorboard"
     events = read_events(folder)
     expected = duckdb_metrics(lake.root, "run-a")
@@ -104,15 +103,15 @@ def test_rebuild_writes_every_committed_iteration_from_the_lake(tmp_path):
     assert [p.name for p in paths] == [event_file_name(i) for i in range(5)]
     expected = duckdb_metrics(lake.root, "run-b")
     del expected["x"]
-    assert read_events(tensorboard_dir(lake, "run-b")) == expected
+    assert read_events(lake.tensorboard_dir("run-b")) == expected
     with pytest.raises(LakeError, match="no committed iterations.*ragen runs"):
         rebuild_tensorboard(lake, "nope")
 
 
 def test_an_unwritable_folder_warns_and_does_not_fail_the_commit(tmp_path, caplog):
     lake = DataLake(tmp_path / "lake")
-    tensorboard_dir(lake, "run-c").parent.mkdir(parents=True)
-    tensorboard_dir(lake, "run-c").write_text("a file where the folder should be")
+    lake.tensorboard_dir("run-c").parent.mkdir(parents=True)
+    lake.tensorboard_dir("run-c").write_text("a file where the folder should be")
     with caplog.at_level(logging.WARNING, logger="ragen.monitor"):
         assert record_iteration(lake, "run-c", 0, {"x": 1.0}) is None
     assert "TensorBoard events not written" in caplog.text

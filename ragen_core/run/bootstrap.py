@@ -3,10 +3,10 @@
 
 This teaches a randomly initialised model the reply format before RL. With the ``random`` scripted policy the
 demonstrations choose uniformly among valid actions, so any preference the RL run later shows comes from RL.
-The bootstrapped model is cached under ``<root>/models/bootstrap-<key>`` (key = base model + settings). Runs that
-need the same bootstrap at once build it once: the builder holds the bootstrap run's writer lock, the others wait
-for it and then find the model built. A bootstrap killed half-way is redone from the start with the same seeds (its
-files have deterministic names, so the redo replaces them).
+The bootstrapped model is cached in the lake's ``bootstrap_model_dir(key)`` (``models/bootstrap-<key>``; key = base
+model + settings). Runs that need the same bootstrap at once build it once: the builder holds the bootstrap run's
+writer lock, the others wait for it and then find the model built. A bootstrap killed half-way is redone from the
+start with the same seeds (its files have deterministic names, so the redo replaces them).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ragen_core.run.session import chat_formatter, scripted_options
 from ragen_core.run.stages import rollout_spec
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import BatchMeta, DataLake, Stage
+from ragen_core.storage.layout import bootstrap_name, building
 from ragen_core.storage.locks import run_writer
 from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.engines import set_determinism
@@ -106,8 +107,7 @@ def bootstrap_model(
     """Return the bootstrapped model folder (building it if needed) and the bootstrap's summary. ``report`` hears a
     line per step of a build (the demonstrations, each SFT epoch)."""
     key = bootstrap_key(config, base_dir)
-    target = lake.models_dir() / f"bootstrap-{key}"
-    run_id = f"bootstrap-{key}"
+    target, run_id = lake.bootstrap_model_dir(key), bootstrap_name(key)
     if (target / "config.json").is_file():
         return target, {"run_id": run_id, "cached": True}
     with run_writer(lake.root, run_id, wait=True):  # another run building the same bootstrap: wait for it
@@ -196,7 +196,7 @@ def _supervised(
         history.append(sft_update(actor, demos, tokenizer.pad_token_id, settings.batch_size, seed_e))
         report(f"bootstrap: SFT epoch {epoch + 1}/{settings.epochs}, loss {history[-1]['sft/loss']:.3f} "
                f"({time.monotonic() - started:.0f} s)")  # fmt: skip
-    staging = target.parent / f".{target.name}.building-{os.getpid()}"
+    staging = building(target)
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(actor.module, tokenizer, staging)
     try:

@@ -19,9 +19,9 @@ from ragen_core.config import RunConfig
 from ragen_core.policy import tokenizer_fingerprint
 from ragen_core.seeding import derive_seed
 from ragen_core.storage import DataLake, query
+from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
 from ragen_core.storage.names import is_valid_run_id
 from ragen_core.training import collate
-from ragen_core.training.checkpoint import HF_EXPORT
 from ragen_core.training.starpo import UpdateInputs, compute_advantages, token_rewards_for
 from schemas.tables import TRAJECTORY_KEY
 
@@ -199,8 +199,8 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
     if "\x00" in str(path):  # no file name holds one (resolve() would raise ValueError)
         raise OfflineError(f"--init {str(path)!r} is not a folder name: it contains a NUL character")
     path = Path(path).expanduser().resolve()
-    if (path / HF_EXPORT / "config.json").is_file():
-        return path / HF_EXPORT
+    if (checkpoint_file(path, CHECKPOINT_HF) / "config.json").is_file():
+        return checkpoint_file(path, CHECKPOINT_HF)
     if (path / "config.json").is_file():
         return path
     raise OfflineError(f"--init {str(path)!r} is neither a Hugging Face model folder nor a ragen-flows checkpoint")

@@ -34,7 +34,7 @@ from ragen_core.run.decisions import (
 )
 from ragen_core.storage import DataLake, Stage, event_row
 from ragen_core.storage.compaction import run_lock
-from ragen_core.storage.parts import COMPACTION_MARKER
+from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file, compaction_marker
 
 if TYPE_CHECKING:  # the session (torch, the engines) is not imported by the CLI's quick answers, which use this module
     from ragen_core.run.session import RunSession
@@ -58,12 +58,12 @@ def refuse_compacted_final(lake: DataLake, run_id: str, iteration: int) -> None:
     Refused (:class:`ResumeError`) when any table's partition of ``iteration`` was compacted."""
     compacted = [
         table for table in sorted(lake.tables)
-        if lake.spec(table).source == "parquet" and (lake.partition_dir(table, run_id, iteration) / COMPACTION_MARKER)
+        if lake.spec(table).source == "parquet" and compaction_marker(lake.partition_dir(table, run_id, iteration))
         .exists()
     ]  # fmt: skip
     if compacted:
         latest = lake.latest_checkpoint(run_id)
-        start = f"model.path={latest[1] / 'hf'}" if latest else "a new run"
+        start = f"model.path={checkpoint_file(latest[1], CHECKPOINT_HF)}" if latest else "a new run"
         raise ResumeError(
             f"run {run_id!r} cannot be extended: its final iteration {iteration} was compacted (`ragen runs compact`; "
             f"tables {', '.join(compacted)}). Start a new run from its last checkpoint instead: {start}"

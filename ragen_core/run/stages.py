@@ -43,8 +43,8 @@ from ragen_core.run.decisions import stops_early
 from ragen_core.run.session import RunSession
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import BatchMeta, Stage, checkpoint_row, evaluation_rows, event_row
+from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
 from ragen_core.tensorboard_sink import record_iteration
-from ragen_core.training.checkpoint import HF_EXPORT
 from ragen_core.training.entropy import trajectory_entropy
 from ragen_core.training.turn_rows import turn_entropy
 from ragen_core.training.updater import SKIPPED
@@ -241,7 +241,7 @@ def save_checkpoint_if_due(session: RunSession, iteration: int, metrics: dict[st
     path = session.updater.save(updates, extra)
     rows = [
         checkpoint_row(run_id, iteration, str(path), "deepspeed", extra["metrics"]),
-        checkpoint_row(run_id, iteration, str(path / HF_EXPORT), "hf", extra["metrics"]),
+        checkpoint_row(run_id, iteration, str(checkpoint_file(path, CHECKPOINT_HF)), "hf", extra["metrics"]),
     ]
     session.lake.write_rows("checkpoints", run_id, iteration, rows, stage=Stage.COMMIT, publish=False)
     session.lake.prune_checkpoints(run_id, trainer.keep_last)

@@ -34,11 +34,12 @@ import duckdb
 import pyarrow as pa
 
 from ragen_core.storage.files import VANISHED_ATTEMPTS, LakeError, VanishedFileError, damaged_files, read_json
-from ragen_core.storage.lake import DataLake, by_partition
-from ragen_core.storage.layout import check_footer, check_manifest, check_regular_file, footer
+from ragen_core.storage.lake import DataLake
+from ragen_core.storage.layout import manifest_file, run_dir
 from ragen_core.storage.names import is_valid_run_id
 from ragen_core.storage.runs import manifest_row, runs_table
 from ragen_core.storage.statements import QueryRefused, check_read_only
+from ragen_core.storage.trust import by_partition, check_footer, check_manifest, check_regular_file, footer
 from schemas.tables import ColumnSpec, TableSpec
 from schemas.versions import SchemaVersionError, check_readable, stored_version
 
@@ -142,11 +143,11 @@ def _register_rows(con: duckdb.DuckDBPyConnection, name: str, rows: pa.Table) ->
 def _manifest_paths(lake: DataLake, run_id: str | None) -> list[Path]:
     """The manifests under ``runs/`` (only ``run_id``'s when given), found by listing, never by a pattern; a link
     or anything else in place of a manifest is listed too (it is then refused, naming it)."""
-    folder = lake.root / "runs"
+    folder = run_dir(lake.root)
     if run_id is not None:
-        candidates = [folder / run_id / "manifest.json"]
+        candidates = [manifest_file(run_dir(lake.root, run_id))]
     else:
-        candidates = [d / "manifest.json" for d in sorted(folder.iterdir())] if folder.is_dir() else []
+        candidates = [manifest_file(d) for d in sorted(folder.iterdir())] if folder.is_dir() else []
     return [path for path in candidates if os.path.lexists(path)]  # a folder or FIFO in its place is broken too
 
 

@@ -49,22 +49,22 @@ from ragen_core.storage.files import (
     read_table_file,
 )
 from ragen_core.storage.lake import DataLake
-from ragen_core.storage.layout import (
+from ragen_core.storage.layout import compaction_marker, housekeeping_lock_file
+from ragen_core.storage.names import validate_run_id
+from ragen_core.storage.parts import (
+    MERGED_PREFIX,
+    merged_name,
+    read_marker,
+    superseded,
+    visible_parts,
+)
+from ragen_core.storage.trust import (
     check_real_folder,
     check_regular_file,
     check_rows,
     iteration_folders,
     part_files,
     partition_of,
-)
-from ragen_core.storage.names import validate_run_id
-from ragen_core.storage.parts import (
-    COMPACTION_MARKER,
-    MERGED_PREFIX,
-    merged_name,
-    read_marker,
-    superseded,
-    visible_parts,
 )
 from schemas.tables import TableSpec
 
@@ -98,7 +98,7 @@ def run_lock(lake: DataLake, run_id: str) -> Iterator[None]:
     """Exclusive lock of a run's housekeeping (compaction, removal); fails at once when another process holds it."""
     import fcntl  # POSIX only: imported here so that the rest of the lake imports everywhere
 
-    path = lake.root / "_locks" / f"{validate_run_id(run_id)}.lock"
+    path = housekeeping_lock_file(lake.root, run_id)
     check_real_folder(path.parent, "locks folder")
     check_regular_file(path, "lock file")  # never opened (or created) through a link
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def _check_merged_holds(lake: DataLake, spec: TableSpec, folder: Path, marker: d
     rows in the marker's order and deletes them in that order, so those still present are the marker's last names
     and their rows, in the current schema, the merged file's last rows; anything else raises, naming the marker."""
     replaces = marker["replaces"]
-    marker_path = folder / COMPACTION_MARKER
+    marker_path = compaction_marker(folder)
     merged = _read_part(lake, spec, folder / marker["merged"])
     tail = pa.concat_tables([_read_part(lake, spec, folder / name) for name in present])
     tail = tail.cast(spec.arrow_schema)
@@ -176,7 +176,7 @@ def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> Partitio
     merged = merged.cast(spec.arrow_schema).replace_schema_metadata(spec.arrow_schema.metadata)
     names = [f.name for f in files]
     name = merged_name(names)
-    atomic_write_json(folder / COMPACTION_MARKER, {"merged": name, "replaces": names, "rows": merged.num_rows})
+    atomic_write_json(compaction_marker(folder), {"merged": name, "replaces": names, "rows": merged.num_rows})
     fsync_dir(folder)
     atomic_write_parquet(folder / name, merged)  # the commit point: one rename
     fsync_dir(folder)
@@ -226,4 +226,4 @@ def _read_part(lake: DataLake, spec: TableSpec, path: Path) -> pa.Table:
 
 
 def _iteration_of(folder: Path) -> int:
-    return partition_of(folder / MERGED_PREFIX)[1]
+    return partition_of(compaction_marker(folder))[1]

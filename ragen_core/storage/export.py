@@ -113,7 +113,7 @@ def _write_table(lake: DataLake, table: str, run_ids: list[str], folder: Path) -
         for split, value in SPLITS.items():
             part = data.filter(pc.equal(data["split"], pa.scalar(value)))
             if part.num_rows:
-                atomic_write_parquet(folder / split / f"part-{index:05d}.parquet", part)
+                atomic_write_parquet(folder / split / _part_name(index), part)
             rows[split] += part.num_rows
     return rows
 
@@ -131,3 +131,8 @@ def _card(lake: DataLake, report: ExportReport) -> str:
         lines += [f"- `{table}` ({shown} rows): `{load_line(report.folders[table])}`"]
     lines += ["", "Columns: docs/sql.md of ragen-flows. `validation` holds the rows with split = 'val'.", ""]
     return "\n".join(lines)
+
+
+def _part_name(index: int) -> str:
+    """An exported part file's name (a file of the export's folder, outside the data root)."""
+    return f"part-{index:05d}.parquet"

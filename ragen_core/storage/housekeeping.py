@@ -28,15 +28,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragen_core.storage import layout
 from ragen_core.storage.catalog import query
 from ragen_core.storage.compaction import run_lock
 from ragen_core.storage.files import LakeError, read_parquet
 from ragen_core.storage.lake import DataLake
-from ragen_core.storage.layout import RUN_FOLDER_PREFIX, check_real_folder, checkpoint_folder
 from ragen_core.storage.locks import run_writer
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
-
-TRASH_PREFIX = ".deleting-"
+from ragen_core.storage.trust import check_real_folder, checkpoint_folder
 
 RUNS_OVERVIEW_SQL = """
 WITH val AS (
@@ -78,13 +77,13 @@ def runs_overview(lake: DataLake) -> pa.Table:
 def runs_with_data(lake: DataLake) -> set[str]:
     """Run ids that own anything under the data root: a manifest, table rows, commits, staging or quarantine. Only
     folders named by a valid run id count (a folder of another name is no run's)."""
-    found = {p.parent.name for p in (lake.root / "runs").glob("*/manifest.json")}
+    found = {p.parent.name for p in layout.run_dir(lake.root).glob(f"*/{layout.MANIFEST}")}
     for spec in lake.tables.values():
-        folders = lake.table_dir(spec.name).glob(f"{RUN_FOLDER_PREFIX}*")
-        found |= {p.name.removeprefix(RUN_FOLDER_PREFIX) for p in folders}
-    for folder in ("_commits", "_staging", "_prefect"):
-        found |= {p.name for p in (lake.root / folder).glob("*") if p.is_dir()}
-    found |= {p.name.split("=", 1)[1] for p in (lake.root / "quarantine").glob("run_id=*")}
+        folders = lake.table_dir(spec.name).glob(f"{layout.RUN_FOLDER_PREFIX}*")
+        found |= {p.name.removeprefix(layout.RUN_FOLDER_PREFIX) for p in folders}
+    for folder in (layout.commits_dir(lake.root), layout.staging_dir(lake.root), layout.prefect_home(lake.root)):
+        found |= {p.name for p in folder.glob("*") if p.is_dir()}
+    found |= {layout.quarantined_run(p.name) for p in layout.quarantine_dir(lake.root).glob("*")}
     return {run_id for run_id in found if is_valid_run_id(run_id)}
 
 
@@ -111,10 +110,10 @@ def _owned_models(lake: DataLake, run_id: str, manifest: dict[str, Any] | None) 
         return [], []
     model = Path(str(manifest["model_dir"]))
     # only the model folder the bootstrap run itself builds: models/<its run id>, no link on the way
-    if model != lake.models_dir() / run_id or model.is_symlink() or lake.models_dir().is_symlink():
+    if model != layout.model_dir(lake.root, run_id) or model.is_symlink() or lake.models_dir().is_symlink():
         return [], [f"model {str(model)!r} of its manifest is not models/{run_id}: not removed"]
     users = []
-    for path in sorted((lake.root / "runs").glob("*/manifest.json")):
+    for path in sorted(layout.run_dir(lake.root).glob(f"*/{layout.MANIFEST}")):
         other = path.parent.name
         if other != run_id and (lake.read_manifest(other) or {}).get("model_dir") == manifest["model_dir"]:
             users.append(other)
@@ -151,11 +150,16 @@ def _check_own_folders(lake: DataLake, run_id: str) -> None:
         check_real_folder(lake.table_dir(spec.name), "table folder")
         if spec.source == "parquet":
             check_real_folder(lake.run_partition_dir(spec.name, run_id), "partition folder")
-    for folder in ("_staging", "_commits", "quarantine", "_prefect", "runs", "models"):
-        check_real_folder(lake.root / folder, "folder")
-    for folder in (lake.root / "_staging" / run_id, lake.root / "_commits" / run_id,
-                   lake.root / "quarantine" / f"run_id={run_id}", lake.prefect_home(run_id), lake.run_dir(run_id)):
-        check_real_folder(folder, "folder")  # fmt: skip
+    for folder in layout.top_folders(lake.root):
+        check_real_folder(folder, "folder")
+    for folder in (*_working_folders(lake.root, run_id), lake.run_dir(run_id)):
+        check_real_folder(folder, "folder")
+
+
+def _working_folders(root: Path, run_id: str) -> tuple[Path, ...]:
+    """A run's staging, commits, quarantine and Prefect home folders."""
+    return (layout.staging_dir(root, run_id), layout.commits_dir(root, run_id), layout.quarantine_dir(root, run_id),
+            layout.prefect_home(root, run_id))  # fmt: skip
 
 
 def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPlan:
@@ -185,13 +189,10 @@ def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPla
     checkpoints, checkpoint_warnings = _checkpoint_paths(lake, run_id)
     plan.warnings = model_warnings + checkpoint_warnings
     candidates = [
-        lake.root / "_staging" / run_id,
-        lake.root / "_commits" / run_id,
-        lake.root / "quarantine" / f"run_id={run_id}",
-        lake.prefect_home(run_id),
+        *_working_folders(lake.root, run_id),
         *checkpoints,
         *models,
-        lake.root / "_locks" / f"{run_id}.lock",
+        layout.housekeeping_lock_file(lake.root, run_id),
         lake.run_dir(run_id),
     ]
     plan.paths = [p for p in dict.fromkeys(candidates) if p.exists()]
@@ -219,7 +220,7 @@ def remove_run(lake: DataLake, plan: RemovalPlan) -> None:
             if manifest is not None:
                 lake.write_manifest(run_id, {**manifest, "status": "deleting"})
             _delete_owned(lake, plan, progress)
-        for path in (lake.run_dir(run_id), lake.root / "_locks" / f"{run_id}.lock"):
+        for path in (lake.run_dir(run_id), layout.housekeeping_lock_file(lake.root, run_id)):
             if path.exists():
                 _delete(path)
     except OSError as exc:
@@ -240,7 +241,7 @@ def _delete_owned(lake: DataLake, plan: RemovalPlan, progress: dict[str, bool]) 
     run_id = plan.run_id
     for spec in [s for s in lake.tables.values() if s.source == "parquet"]:
         folder = lake.run_partition_dir(spec.name, run_id)
-        trash = folder.with_name(f"{TRASH_PREFIX}{folder.name}")
+        trash = layout.deleting(folder)
         if folder.is_dir():
             if trash.exists():  # left by a removal that crashed
                 shutil.rmtree(trash)
@@ -248,7 +249,7 @@ def _delete_owned(lake: DataLake, plan: RemovalPlan, progress: dict[str, bool]) 
             progress["deleted"] = True
         if trash.exists():
             shutil.rmtree(trash)
-    lock = lake.root / "_locks" / f"{run_id}.lock"
+    lock = layout.housekeeping_lock_file(lake.root, run_id)
     for path in plan.paths:
         if path not in (lake.run_dir(run_id), lock) and path.exists():
             progress["deleted"] = True

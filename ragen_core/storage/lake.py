@@ -1,36 +1,17 @@
 """The trajectory lake on disk: all Parquet reading and writing, and the commit protocol.
 
-Layout under the data root::
-
-    <table>/run-<id>/iteration-<n>/part-<token>-<k>.parquet        published rows (what readers see; <token>: of the
-                                                                   stage, ``ragen_core.storage.layout.stage_token``)
-    _layout.json                                                   the layout version (``ragen_core.storage.upgrade``)
-    _staging/<run_id>/<iteration>/<stage>/<table>/...              a stage's output (part-<stage>-<k>), unpublished
-    _staging/<run_id>/<iteration>/<stage>/_DONE.json               the stage finished (its result payload)
-    _commits/<run_id>/iteration=<n>.json                           the iteration is committed
-    quarantine/run_id=<id>/iteration=<n>/<stage>/                  batches that failed validation + report.json
-    runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
-    runs/<run_id>/checkpoints/iteration=<n>/                       engine states + Hugging Face export after n updates
-    runs/<run_id>/update_group/                                    a launched update group's logs and policy export
-    runs/<run_id>/vllm_server/server.log                          the run's vLLM rollout server's log
-    <table>/run-<id>/iteration-<n>/.compaction.json                marker of a compaction (``parts``, ``compaction``)
-    _locks/<run_id>.lock                                           held while a run is compacted or removed
-    sweeps/<sweep_id>.json                                         a sweep's plan
-    _prefect/<run or sweep>/<attempt>/                             a command's own Prefect home and local server
-
-The lake alone builds and parses these paths (the names are :mod:`ragen_core.storage.layout`'s): the run layer asks
-it for a stage's folder, a checkpoint's folder, which stages of an interrupted iteration finished, and to discard the
-rest. Stage names are the constants of
-:class:`Stage`. File names are deterministic (run, iteration, stage, part), so a redone stage overwrites instead of
-adding rows. Every file is written under a temporary name and renamed into place, so readers never see a partial
-file.
-Readers bring files of an older ``schema_version`` to the current schema (:mod:`schemas.versions`).
+Where everything lies under the data root is :mod:`ragen_core.storage.layout`'s (it spells every name); the lake
+hands those paths out, each folder a writer fills checked to be a real folder (no link out of the data root). The
+run layer asks it for a stage's folder, a checkpoint's folder, which stages of an interrupted iteration finished,
+and to discard the rest. Stage names are the constants of :class:`Stage`. File names are deterministic (run,
+iteration, stage, part), so a redone stage overwrites instead of adding rows. Every file is written under a
+temporary name and renamed into place, so readers never see a partial file. Readers bring files of an older
+``schema_version`` to the current schema (:mod:`schemas.versions`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ragen_core.storage import layout
 from ragen_core.storage.files import (
     TRASH_PREFIX,
     VANISHED_ATTEMPTS,
@@ -46,7 +28,6 @@ from ragen_core.storage.files import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_parquet,
-    check_name,
     discard,
     read_json,
     read_parquet,
@@ -54,35 +35,33 @@ from ragen_core.storage.files import (
 )
 from ragen_core.storage.layout import (
     ITERATION_FOLDER,
+    published_by_stage,
+    published_name_of,
+    staged_part_name,
+)
+from ragen_core.storage.names import is_valid_run_id, validate_run_id
+from ragen_core.storage.parts import check_not_superseded, visible_parts
+from ragen_core.storage.rows import Rows, check_partition, rows_table
+from ragen_core.storage.runs import manifest_row, runs_table
+from ragen_core.storage.trust import (
+    by_partition,
     check_manifest,
     check_real_folder,
     check_real_folders,
     check_regular_file,
     check_rows,
-    iteration_folder_name,
     iteration_folders,
     list_parts,
     part_files,
     partition_of,
-    published_by_stage,
-    published_name_of,
-    run_folder_name,
-    staged_part_name,
 )
-from ragen_core.storage.names import is_valid_run_id, validate_run_id
-from ragen_core.storage.parts import check_not_superseded, visible_parts
-from ragen_core.storage.runs import manifest_row, runs_table
 from ragen_core.storage.versioning import check_publishable, layout_version
 from schemas.tables import TABLES, TableSpec
 from schemas.versions import UPGRADES, UpgradeRegistry
 
-__all__ = ["CHECKPOINT_INFO", "DataLake", "LakeError", "Stage", "atomic_write_json", "atomic_write_parquet",
+__all__ = ["DataLake", "LakeError", "Stage", "atomic_write_json", "atomic_write_parquet",
            "read_parquet"]  # fmt: skip
 
-Rows = pa.Table | Sequence[Mapping[str, Any]]
-CHECKPOINT_INFO = "checkpoint.json"  # written last into a checkpoint folder: its presence marks the folder complete
-_DONE = "_DONE.json"
-_CHECKPOINT_NAME = re.compile(r"^iteration=(\d+)$")
 
 
 class Stage:
@@ -123,80 +102,93 @@ class DataLake:
             raise LakeError(f"table {table!r} is derived from the run manifests; write the manifest instead")
         return spec
 
-    # -- paths (every path built from a run id passes the run-id validator: a backstop behind the entry points) ---
+    # -- paths (:mod:`ragen_core.storage.layout`'s; every run id passes the run-id validator there) ---------------
     def table_dir(self, table: str) -> Path:
-        return self.root / table
+        return layout.table_dir(self.root, table)
 
     def run_partition_dir(self, table: str, run_id: str) -> Path:
         """The folder of a run's rows in ``table`` (one folder per iteration in it)."""
-        return self.root / table / run_folder_name(validate_run_id(run_id))
+        return layout.partition_dir(self.table_dir(table), run_id)
 
     def partition_dir(self, table: str, run_id: str, iteration: int) -> Path:
-        return self.run_partition_dir(table, run_id) / iteration_folder_name(iteration)
+        return layout.partition_dir(self.table_dir(table), run_id, iteration)
 
     # the folders a run's writers fill and clear are checked to be real folders (no link out of the data root) each
     # time their path is built: a planted link would take the writes, or a redo's deletions, elsewhere
     def stage_dir(self, run_id: str, iteration: int, stage: str) -> Path:
-        path = self._staging(run_id) / str(int(iteration)) / check_name("stage", stage)
-        return check_real_folders(self.root, path, "staging folder")
+        return self._real(layout.stage_dir(self.root, run_id, iteration, stage), "staging folder")
 
-    def _staging(self, run_id: str) -> Path:
-        return check_real_folders(self.root, self.root / "_staging" / validate_run_id(run_id), "staging folder")
+    def _staging(self, run_id: str, iteration: int | None = None) -> Path:
+        return self._real(layout.staging_dir(self.root, run_id, iteration), "staging folder")
+
+    def _real(self, path: Path, what: str) -> Path:
+        return check_real_folders(self.root, path, what)
 
     def quarantine_dir(self, run_id: str, iteration: int, stage: str) -> Path:
-        path = self.root / "quarantine" / f"run_id={validate_run_id(run_id)}" / f"iteration={int(iteration)}"
-        return check_real_folders(self.root, path / check_name("stage", stage), "quarantine folder")
+        return self._real(layout.quarantine_dir(self.root, run_id, iteration, stage), "quarantine folder")
 
     def commit_marker(self, run_id: str, iteration: int) -> Path:
-        folder = check_real_folders(self.root, self.root / "_commits" / validate_run_id(run_id), "commits folder")
-        return folder / f"iteration={int(iteration)}.json"
+        folder = self._real(layout.commits_dir(self.root, run_id), "commits folder")
+        return folder / layout.commit_marker_name(iteration)
 
     def run_dir(self, run_id: str) -> Path:
-        return check_real_folders(self.root, self.root / "runs" / validate_run_id(run_id), "run folder")
+        return self._real(layout.run_dir(self.root, run_id), "run folder")
 
     def models_dir(self) -> Path:
-        return self.root / "models"
+        return layout.models_dir(self.root)
+
+    def bootstrap_model_dir(self, key: str) -> Path:
+        """The folder of the model a bootstrap with settings ``key`` builds (its run id names it too)."""
+        return layout.model_dir(self.root, layout.bootstrap_name(key))
 
     def sweep_file(self, sweep_id: str) -> Path:
         """The stored plan of a sweep (``sweep_id``: checked by the sweep module, a name like a run id)."""
-        return self.root / "sweeps" / f"{check_name('sweep id', sweep_id)}.json"
+        return layout.sweep_file(self.root, sweep_id)
 
     def prefect_home(self, name: str) -> Path:
         """A folder for the Prefect home (and its local server's database) of one command attempt named ``name``."""
-        return self.root / "_prefect" / check_name("Prefect home", name)
+        return layout.prefect_home(self.root, name)
 
     def update_group_dir(self, run_id: str) -> Path:
         """A launched update group's logs, control files and the policy export it hands to the rollout side."""
-        return check_real_folders(self.root, self.run_dir(run_id) / "update_group", "update group folder")
+        return self._run_subdir(run_id, layout.UPDATE_GROUP, "update group folder")
+
+    def _run_subdir(self, run_id: str, name: str, what: str) -> Path:
+        return self._real(layout.run_subdir(self.root, run_id, name), what)
 
     def policy_export_dir(self, run_id: str) -> Path:
         """The Hugging Face export through which the training side hands new weights to the rollout side."""
-        return self.update_group_dir(run_id) / "policy"
+        return layout.policy_export_dir(self.update_group_dir(run_id))
 
     def vllm_server_dir(self, run_id: str) -> Path:
         """The run's vLLM rollout server: its log (``rollout.backend=vllm``)."""
-        return check_real_folders(self.root, self.run_dir(run_id) / "vllm_server", "vLLM server folder")
+        return self._run_subdir(run_id, layout.VLLM_SERVER, "vLLM server folder")
+
+    def tensorboard_dir(self, run_id: str) -> Path:
+        """The run's TensorBoard folder (``tensorboard --logdir`` it, or the ``runs`` folder for several runs)."""
+        self.run_dir(run_id)
+        return layout.run_subdir(self.root, run_id, layout.TENSORBOARD)
 
     # -- checkpoint folders (their contents are ragen_core.training.checkpoint's) ----------------------------------
     def checkpoints_dir(self, run_id: str) -> Path:
         """The folder holding every checkpoint of the run (inside the run's folder: removing the run removes them)."""
-        return check_real_folders(self.root, self.run_dir(run_id) / "checkpoints", "checkpoint folder")
+        return self._run_subdir(run_id, layout.CHECKPOINTS, "checkpoint folder")
 
     def checkpoint_dir(self, run_id: str, updates: int) -> Path:
         """The folder of the checkpoint taken after ``updates`` updates."""
         if int(updates) < 0:
             raise ValueError(f"a checkpoint holds a number of updates >= 0, got {updates}")
-        return self.checkpoints_dir(run_id) / f"iteration={int(updates)}"
+        return self.checkpoints_dir(run_id) / layout.checkpoint_folder_name(updates)
 
     def list_checkpoints(self, run_id: str) -> list[tuple[int, Path]]:
         """``(updates, folder)`` of the run's complete checkpoints (with their info file), oldest first."""
         folder = self.checkpoints_dir(run_id)
         found = []
         for path in folder.iterdir() if folder.is_dir() else []:
-            match = _CHECKPOINT_NAME.match(path.name)
+            match = layout.CHECKPOINT_NAME.match(path.name)
             if match:
                 check_real_folder(path, "checkpoint folder")  # never loaded from, nor pruned through, a link
-            if match and path.is_dir() and (path / CHECKPOINT_INFO).is_file():
+            if match and path.is_dir() and layout.checkpoint_file(path, layout.CHECKPOINT_INFO).is_file():
                 found.append((int(match.group(1)), path))
         return sorted(found)
 
@@ -218,12 +210,12 @@ class DataLake:
         """(run, updates) when ``folder`` is a checkpoint of this data root (or its ``hf/`` export), else
         (None, None)."""
         try:
-            parts = Path(folder).resolve().relative_to(self.root / "runs").parts
+            parts = Path(folder).resolve().relative_to(layout.run_dir(self.root)).parts
         except ValueError:
             return None, None
-        if len(parts) < 3 or parts[1] != "checkpoints" or not is_valid_run_id(parts[0]):
+        if len(parts) < 3 or parts[1] != layout.CHECKPOINTS or not is_valid_run_id(parts[0]):
             return None, None
-        match = _CHECKPOINT_NAME.match(parts[2])
+        match = layout.CHECKPOINT_NAME.match(parts[2])
         return (parts[0], int(match.group(1))) if match else (None, None)
 
     # -- staging -----------------------------------------------------------------------------------------------
@@ -264,18 +256,18 @@ class DataLake:
 
     def mark_stage_done(self, run_id: str, iteration: int, stage: str, payload: dict[str, Any] | None = None) -> None:
         """Record that a stage finished (after its publish) with its result payload: a resume reuses it."""
-        atomic_write_json(self.stage_dir(run_id, iteration, stage) / _DONE, payload or {})
+        atomic_write_json(layout.done_marker(self.stage_dir(run_id, iteration, stage)), payload or {})
 
     def stage_result(self, run_id: str, iteration: int, stage: str) -> dict[str, Any] | None:
         """The payload of a finished stage, or None if the stage has not finished."""
-        marker = self.stage_dir(run_id, iteration, stage) / _DONE
+        marker = layout.done_marker(self.stage_dir(run_id, iteration, stage))
         return read_json(marker) if marker.is_file() else None
 
     def finished_stages(self, run_id: str, iteration: int) -> list[str]:
         """The stages of an uncommitted ``iteration`` that finished (published, marked done), sorted."""
-        folder = check_real_folders(self.root, self._staging(run_id) / str(int(iteration)), "staging folder")
+        folder = self._staging(run_id, iteration)
         stages = folder.iterdir() if folder.is_dir() else []
-        return sorted(s.name for s in stages if not s.name.startswith(".") and (s / _DONE).is_file())
+        return sorted(s.name for s in stages if not s.name.startswith(".") and layout.done_marker(s).is_file())
 
     def discard_uncommitted(self, run_id: str, from_iteration: int) -> list[str]:
         """Clear iterations ``>= from_iteration`` (none may be committed) for a redo; return the reused stages.
@@ -296,7 +288,7 @@ class DataLake:
                 if keep:
                     check_real_folder(stage, "staging folder")
                 for item in sorted(stage.iterdir()) if keep else [stage]:
-                    if item.name != _DONE:
+                    if item.name != layout.DONE_MARKER:
                         discard(item)
         for table in sorted(name for name, spec in self.tables.items() if spec.source == "parquet"):
             run_folder = self.run_partition_dir(table, run_id)
@@ -340,7 +332,7 @@ class DataLake:
         source = self.stage_dir(run_id, iteration, stage)
         if source.is_dir():
             os.replace(source, target)
-        atomic_write_bytes(target / "report.json", report_json.encode())
+        atomic_write_bytes(layout.quarantine_report(target), report_json.encode())
         return target
 
     # -- writing rows of the small tables ----------------------------------------------------------------------
@@ -357,9 +349,9 @@ class DataLake:
         from schemas.contracts import validate_rows
 
         spec = self._parquet_spec(table)
-        data = _as_table(spec, rows)
+        data = rows_table(spec, rows)
         report = validate_rows(spec, data)
-        _check_partition(data, run_id, iteration, table, report)
+        check_partition(data, run_id, iteration, table, report)
         if not report.ok:
             self.stage_table(run_id, iteration, stage, table, data, part, strict=False)
             context = {"table": table, "run_id": run_id, "iteration": iteration, "stage": stage}
@@ -448,9 +440,9 @@ class DataLake:
     def read_runs(self, run_id: str | None = None) -> pa.Table:
         """The ``runs`` table: one row per manifest under ``runs/`` (see :mod:`ragen_core.storage.runs`)."""
         if run_id is None:
-            paths = sorted((self.root / "runs").glob("*/manifest.json"))
+            paths = sorted(layout.run_dir(self.root).glob(f"*/{layout.MANIFEST}"))
         else:  # exactly that run's manifest, never a pattern
-            paths = [p for p in [self.run_dir(run_id) / "manifest.json"] if p.is_file()]
+            paths = [p for p in [layout.manifest_file(self.run_dir(run_id))] if p.is_file()]
         rows = []
         for path in paths:
             manifest = check_manifest(path, read_json(path))
@@ -464,8 +456,7 @@ class DataLake:
     def commit_iteration(self, run_id: str, iteration: int, payload: dict[str, Any]) -> None:
         """Mark the iteration committed, then drop its staging folder."""
         atomic_write_json(self.commit_marker(run_id, iteration), payload)
-        folder = check_real_folders(self.root, self._staging(run_id) / str(int(iteration)), "staging folder")
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(self._staging(run_id, iteration), ignore_errors=True)
 
     def commit_payload(self, run_id: str, iteration: int) -> dict[str, Any]:
         """The payload of a committed iteration's marker (e.g. ``skipped``); a :class:`LakeError` if uncommitted."""
@@ -476,9 +467,9 @@ class DataLake:
 
     def committed_iterations(self, run_id: str) -> list[int]:
         """The run's committed iterations (its commit markers ``_commits/<id>/iteration=<n>.json``), sorted."""
-        folder = self.root / "_commits" / validate_run_id(run_id)
+        folder = layout.commits_dir(self.root, run_id)
         found = []
-        for path in folder.glob("iteration=*.json") if folder.is_dir() else []:
+        for path in folder.glob(f"{layout.KEYED_ITERATION}*.json") if folder.is_dir() else []:
             match = ITERATION_FOLDER.fullmatch(path.stem)
             if match is None:
                 raise LakeError(f"commit marker {str(path)!r} is not iteration=<n>.json; it was changed by hand or "
@@ -487,47 +478,12 @@ class DataLake:
         return sorted(found)
 
     def write_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
-        atomic_write_json(self.run_dir(run_id) / "manifest.json", manifest)
+        atomic_write_json(layout.manifest_file(self.run_dir(run_id)), manifest)
 
     def read_manifest(self, run_id: str) -> dict[str, Any] | None:
         """The run's manifest, or None when it has none; one that is not a JSON object naming this run (or is a
         link) raises a :class:`LakeError` naming the file (:func:`ragen_core.storage.layout.check_manifest`)."""
-        path = self.run_dir(run_id) / "manifest.json"
+        path = layout.manifest_file(self.run_dir(run_id))
         if not check_regular_file(path, "manifest"):  # a link, folder or FIFO in its place raises
             return None
         return check_manifest(path, read_json(path))
-
-
-def by_partition(files: list[Path]) -> list[list[Path]]:
-    """A listing of part files as the listings of their partition folders (in the order of their first file; a
-    sorted listing keeps its order)."""
-    groups: dict[Path, list[Path]] = {}
-    for path in files:
-        groups.setdefault(path.parent, []).append(path)
-    return list(groups.values())
-
-
-def _as_table(spec: TableSpec, rows: Rows) -> pa.Table:
-    if isinstance(rows, pa.Table):
-        return rows
-    try:
-        return pa.Table.from_pylist(list(rows), schema=spec.arrow_schema)
-    except (pa.ArrowException, TypeError, ValueError, KeyError) as exc:
-        raise LakeError(f"rows do not fit table {spec.name!r} ({', '.join(spec.column_names)}): {exc}") from exc
-
-
-def _check_partition(data: pa.Table, run_id: str, iteration: int, table: str, report: Any) -> None:
-    """Every row must belong to the partition it is written to (the files are self-describing)."""
-    import pyarrow.compute as pc
-
-    for column, expected in (("run_id", run_id), ("iteration", iteration)):
-        if column not in data.column_names:
-            continue
-        values = data[column]
-        try:
-            wrong = pc.invert(pc.fill_null(pc.equal(values, pa.scalar(expected, values.type)), False))
-        except (pa.ArrowException, TypeError):
-            continue  # a wrongly typed column: the structure checks report it
-        if pc.any(wrong).as_py():
-            rows = [{"row": i} for i, bad in enumerate(wrong.to_pylist()) if bad]
-            report.add("lake", f"{table}:partition", column, rows, f"rows outside partition {run_id}/{iteration}")

@@ -1,50 +1,34 @@
-"""The lake trusts no name it reads: every name or path taken from the data root is checked against the layout
-before it is used to read or delete anything.
+"""Where everything lies under the data root: this module spells every folder and file name of the lake, and builds
+every path from them. Nothing else joins a lake name onto a path (``tests/test_architecture.py`` checks it); the
+lake (:class:`~ragen_core.storage.lake.DataLake`) hands these paths out, checked to be real folders
+(:mod:`ragen_core.storage.trust`, which also holds every name it reads back to these rules).
 
-The lake's own files name other files: a folder listing names partitions and part files, a compaction marker names
-the files it replaces, a manifest names its run, a ``checkpoints`` row names a checkpoint folder. Any of them can be
-damaged, planted or edited by hand, so each is held to the layout it must follow; a violation raises a
-:class:`~ragen_core.storage.files.LakeError` naming the offending file, and the caller reads and deletes nothing on
-its account. The rules:
+Layout 2 under the data root::
 
-- **Folders and part files** (layout version :data:`LAYOUT_VERSION`; this module spells every name). Under a
-  table folder only ``run-<run id>`` (a valid run id, :mod:`ragen_core.storage.names`) holding ``iteration-<n>`` (a
-  plain decimal, no sign, no leading zero) holding ``part-<name>.parquet`` files (letters, digits, ``.``, ``_``,
-  ``-``). Hidden entries (a leading ``.``: temporary files, folders being deleted, the compaction marker) and
-  entries of another form (notes) are not parts and are never read. No table folder, partition folder or part file
-  may be a symbolic link: a link could make readers count rows from outside the data root, and housekeeping write
-  or delete there. The names are chosen for the other tools that read the folders (docs/lake.md, "Reading the lake
-  with other tools"): no ``key=value`` folder, so pandas, pyarrow and polars infer no partition column that clashes
-  with the files' own ``run_id`` and ``iteration`` columns; no split word of Hugging Face ``datasets``
-  (train, test, eval, val, dev, ...) in a part name (a published part is ``part-<digest of its stage>-<k>``), so
-  ``load_dataset`` takes no file for a split; only ``.parquet`` files, the marker hidden. Layout 1 (``run_id=<id>/
-  iteration=<n>/part-<stage>-<k>.parquet``, ``_COMPACTION.json``) is refused, naming the upgrade
-  (:mod:`ragen_core.storage.upgrade`).
-- **Rows belong to their folder.** A part file under ``run_id=A/iteration=n/`` holds rows of run A and iteration n
-  only, and every column the table declares NOT NULL (for the file's schema version) is present and has no nulls
-  (:func:`check_footer`, :func:`check_rows`): a file that says otherwise fails every read of its table, naming it.
-- **Compaction markers** (:mod:`ragen_core.storage.parts`): ``merged`` is ``part-compacted-<16 hex>.parquet``, the
-  name derived from ``replaces``; ``replaces`` lists distinct plain part-file names of the same folder, never the
-  merged file; ``rows`` is the merged file's row count. A marker hides files only when its merged file is there and
-  holds that many rows, and the replaced files still present hold no more rows than it (all of them present: exactly
-  as many). A forged marker therefore cannot hide rows: to hide them it needs a merged file holding at least as many
-  rows, and a marker that breaks a rule fails every read of the table instead of hiding anything.
-- **Files that vanish** between a listing and the reading of a footer were removed by a writer's atomic step (a
-  compaction deleting what its merged file replaced, a redo discarding a stage): never damage. A replaced file then
-  counts as absent (it hides nothing); any other raises :class:`~ragen_core.storage.files.VanishedFileError`, and
-  the reader lists that partition again and checks it whole, so it sees the partition whole or not at all.
-- **A run's working folders** (``runs/<id>/``, its ``checkpoints/``, ``_staging/<id>/`` and its iteration and stage
-  folders, ``_commits/<id>/``, ``quarantine/``) and **lock files** (``runs/<id>/writer.lock``, ``_locks/<id>.lock``)
-  are no links either (:func:`check_real_folders`): writers fill and clear them, and a lock's holder record truncates
-  its file, so a link would take writes or deletions out of the data root.
-- **JSON files** of the lake are regular files of at most 64 MB, parsed with a bounded nesting
-  (:func:`ragen_core.storage.files.read_json`). Before compaction deletes the files a marker replaces, the merged
-  file must hold their very rows, not just as many (:mod:`ragen_core.storage.compaction`).
-- **Manifests** (``runs/<id>/manifest.json``): a regular file in a folder named by a valid run id, a JSON object
-  whose ``run_id`` is that folder's name, and whose fields the tools read have their types (:data:`MANIFEST_TYPES`).
-- **Checkpoint rows**: a row of run R names ``runs/R/checkpoints/iteration=<n>`` or its ``hf/`` export. Under this
-  data root, exactly that folder (no link on the way); elsewhere (a data root that was moved or copied), a path
-  that ends so, and the lake never touches it.
+    <table>/run-<id>/iteration-<n>/part-<token>-<k>.parquet        published rows (what readers see; <token>: of the
+                                                                   stage, :func:`stage_token`)
+    <table>/run-<id>/iteration-<n>/.compaction.json                marker of a compaction (``parts``, ``compaction``)
+    _layout.json                                                   the layout version (``versioning``, ``upgrade``)
+    _staging/<run_id>/<iteration>/<stage>/<table>/...              a stage's output (part-<stage>-<k>), unpublished
+    _staging/<run_id>/<iteration>/<stage>/_DONE.json               the stage finished (its result payload)
+    _commits/<run_id>/iteration=<n>.json                           the iteration is committed
+    quarantine/run_id=<id>/iteration=<n>/<stage>/report.json       batches that failed validation, with the report
+    runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
+    runs/<run_id>/writer.lock                                      held by the run's one writer (``locks``)
+    runs/<run_id>/checkpoints/iteration=<n>/                       a checkpoint after n updates: checkpoint.json,
+                                                                   actor/, critic/, hf/ (``training.checkpoint``)
+    runs/<run_id>/update_group/policy/                             a launched update group's logs and policy export
+    runs/<run_id>/vllm_server/                                     the run's vLLM rollout server's log
+    runs/<run_id>/tensorboard/                                     the metrics as TensorBoard event files
+    _locks/<run_id>.lock                                           held while a run is compacted or removed
+    models/bootstrap-<key>/, models/<tiny model key>/              models built from the settings (cached)
+    sweeps/<sweep_id>.json                                         a sweep's plan
+    _prefect/<run or sweep>/<attempt>/                             a command's own Prefect home and local server
+
+Layout 1 (``run_id=<id>/iteration=<n>/part-<stage>-<k>.parquet``, ``_COMPACTION.json``) is read only by the
+upgrade (:mod:`ragen_core.storage.upgrade`). The names are chosen for the other tools that read the folders
+(docs/lake.md, "Reading the lake with other tools"): no ``key=value`` table folder, no split word of Hugging Face
+``datasets`` in a part name, only ``.parquet`` files, the marker hidden.
 """
 
 from __future__ import annotations
@@ -52,25 +36,16 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
-from ragen_core.storage.files import LakeError, VanishedFileError
-from ragen_core.storage.names import is_valid_run_id
-from schemas.tables import TableSpec
-from schemas.versions import stored_version
+from ragen_core.storage.files import LakeError, check_name
+from ragen_core.storage.names import validate_run_id
 
 PART_NAME = re.compile(r"part-[A-Za-z0-9_][A-Za-z0-9._-]{0,200}\.parquet")
 MERGED_NAME = re.compile(r"part-compacted-[0-9a-f]{16}\.parquet")
 ITERATION_FOLDER = re.compile(r"iteration=(0|[1-9][0-9]{0,17})")  # checkpoint folders and commit markers
-HF_EXPORT = "hf"
-_HOW_TO_FIX = "it was changed by hand or planted; move it out of the data root, then try again"
+CHECKPOINT_NAME = re.compile(r"^iteration=(\d+)$")  # what lists as a checkpoint folder
 
 # -- the names of table folders and part files (layout 2) -----------------------------------------------------------
 LAYOUT_VERSION = 2
@@ -84,6 +59,36 @@ MERGED_PREFIX = "part-compacted-"
 OLD_RUN_FOLDER_PREFIX = "run_id="
 OLD_COMPACTION_MARKER = "_COMPACTION.json"
 UPGRADE_HINT = "upgrade it once with `ragen upgrade-lake --data-root {root}` (safe to interrupt and run again)"
+
+# -- the folders and files beside the tables ------------------------------------------------------------------------
+RUNS = "runs"
+STAGING = "_staging"
+COMMITS = "_commits"
+QUARANTINE = "quarantine"
+LOCKS = "_locks"
+MODELS = "models"
+SWEEPS = "sweeps"
+PREFECT = "_prefect"
+KEYED_ITERATION = "iteration="  # commit markers, quarantine and checkpoint folders
+QUARANTINE_RUN_PREFIX = "run_id="
+DONE_MARKER = "_DONE.json"  # a stage finished: its result payload
+QUARANTINE_REPORT = "report.json"
+MANIFEST = "manifest.json"
+WRITER_LOCK = "writer.lock"
+CHECKPOINTS = "checkpoints"
+UPDATE_GROUP = "update_group"
+POLICY_EXPORT = "policy"
+VLLM_SERVER = "vllm_server"
+TENSORBOARD = "tensorboard"
+BOOTSTRAP_PREFIX = "bootstrap-"
+DELETING_PREFIX = ".deleting-"  # a run's table folder being removed (hidden: readers skip it)
+# inside a checkpoint folder (ragen_core.training.checkpoint writes them)
+CHECKPOINT_INFO = "checkpoint.json"  # written last into a checkpoint folder: its presence marks the folder complete
+CHECKPOINT_HF = "hf"  # the Hugging Face export of the policy
+CHECKPOINT_ACTOR = "actor"  # DeepSpeed engine states
+CHECKPOINT_CRITIC = "critic"
+CHECKPOINT_ENGINE_STATE = "state"  # DeepSpeed's tag: the sub-folder of actor/ and critic/ it writes
+HF_EXPORT = CHECKPOINT_HF
 
 
 def run_folder_name(run_id: str) -> str:
@@ -127,353 +132,170 @@ def published_by_stage(name: str, stages: Iterable[str]) -> bool:
 
 def old_layout_error(root: Path, found: Path) -> LakeError:
     """The error for a folder of layout 1 found where layout 2 is read or written."""
-    return LakeError(f"data root {_show(root)} has tables in the old lake layout 1 ({_show(found)}); "
-                     + UPGRADE_HINT.format(root=root))
+    return LakeError(f"data root {str(root)!r} has tables in the old lake layout 1 ({str(found)!r}); "
+                     + UPGRADE_HINT.format(root=root))  # fmt: skip
 
 
-def _show(path: Path | str) -> str:
-    return repr(str(path))
+# -- paths under the data root (run ids checked: a backstop behind the entry points) ---------------------------------
+def top_folders(root: Path) -> list[Path]:
+    """The folders beside the tables that hold runs' files (a run's removal checks them for links)."""
+    return [root / name for name in (STAGING, COMMITS, QUARANTINE, PREFECT, RUNS, MODELS)]
 
 
-def _mode_unless_link(path: Path, what: str) -> int | None:
-    """``path``'s mode without following it (None when absent); a :class:`LakeError` when it is a symbolic link."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise LakeError(f"cannot inspect {what} {_show(path)}: {exc.strerror or exc}") from exc
-    if stat.S_ISLNK(mode):
-        raise LakeError(
-            f"{what} {_show(path)} is a symbolic link (to {os.readlink(path)!r}); the lake never follows links: "
-            f"{_HOW_TO_FIX}"
-        )
-    return mode
+def deleting(folder: Path) -> Path:
+    """The hidden name a folder is renamed to before it is deleted whole."""
+    return folder.with_name(f"{DELETING_PREFIX}{folder.name}")
 
 
-def check_real_folder(path: Path, what: str) -> None:
-    """``path`` is a folder and not a symbolic link (a link would lead readers or deletions out of the layout)."""
-    mode = _mode_unless_link(path, what)
-    if mode is not None and not stat.S_ISDIR(mode):
-        raise LakeError(f"{what} {_show(path)} is not a folder; {_HOW_TO_FIX}")
+def layout_file(root: Path) -> Path:
+    """The data root's layout version file."""
+    return root / LAYOUT_FILE
 
 
-def check_real_folders(root: Path, path: Path, what: str) -> Path:
-    """``path`` (under the data root ``root``) with every folder from ``root`` down to it checked by
-    :func:`check_real_folder` (absent ones are fine: they are created as real folders). A lake folder that a writer
-    fills or clears (a run's staging, commits, quarantine, checkpoints) must not lead out of the data root."""
-    for depth in range(1, len(path.relative_to(root).parts) + 1):
-        check_real_folder(Path(root, *path.relative_to(root).parts[:depth]), what)
-    return path
+def table_dir(root: Path, table: str) -> Path:
+    """A table's folder."""
+    return root / table
 
 
-def check_regular_file(path: Path, what: str) -> bool:
-    """Whether ``path`` exists; a :class:`LakeError` when it is a symbolic link or not a regular file."""
-    mode = _mode_unless_link(path, what)
-    if mode is None:
-        return False
-    if not stat.S_ISREG(mode):
-        raise LakeError(f"{what} {_show(path)} is not a regular file; {_HOW_TO_FIX}")
-    return True
+def partition_dir(table_folder: Path, run_id: str, iteration: int | None = None) -> Path:
+    """A run's folder of a table (``iteration`` None), or one iteration's folder in it."""
+    folder = table_folder / run_folder_name(validate_run_id(run_id))
+    return folder if iteration is None else folder / iteration_folder_name(iteration)
 
 
-def _entries(folder: Path) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as listing:
-            return sorted(listing, key=lambda e: e.name)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise LakeError(f"cannot list {_show(folder)}: {exc.strerror or exc}") from exc
+def old_partition_dir(table_folder: Path, run_id: str) -> Path:
+    """A run's folder of a table in layout 1 (read by the upgrade only)."""
+    return table_folder / f"{OLD_RUN_FOLDER_PREFIX}{run_id}"
 
 
-def _checked_folder(entry: os.DirEntry, what: str) -> bool:
-    """Whether a listed entry is a folder to descend into (a link or a file in its place raises)."""
-    if entry.is_symlink():
-        check_real_folder(Path(entry.path), what)  # raises, naming the link and its target
-    if not entry.is_dir(follow_symlinks=False):
-        raise LakeError(f"{what} {_show(entry.path)} is not a folder; {_HOW_TO_FIX}")
-    return True
+def compaction_marker(folder: Path, old: bool = False) -> Path:
+    """A partition folder's compaction marker (``old``: its layout 1 name)."""
+    return folder / (OLD_COMPACTION_MARKER if old else COMPACTION_MARKER)
 
 
-def run_folders(table_dir: Path) -> Iterator[tuple[str, Path]]:
-    """``(run id, folder)`` of every ``run-<id>`` partition of a table folder (hidden entries skipped); a folder of
-    layout 1 (``run_id=<id>``) raises, naming the upgrade."""
-    check_real_folder(table_dir, "table folder")
-    for entry in _entries(table_dir):
-        if entry.name.startswith(OLD_RUN_FOLDER_PREFIX):
-            raise old_layout_error(table_dir.parent, Path(entry.path))
-        if not entry.name.startswith(RUN_FOLDER_PREFIX):
-            continue
-        run_id = entry.name[len(RUN_FOLDER_PREFIX):]
-        if not is_valid_run_id(run_id):
-            raise LakeError(f"partition folder {_show(entry.path)} does not name a valid run id; {_HOW_TO_FIX}")
-        _checked_folder(entry, "partition folder")
-        yield run_id, Path(entry.path)
+def staging_dir(root: Path, run_id: str | None = None, iteration: int | None = None) -> Path:
+    """The staging folder of every run, of one run, or of one iteration of it."""
+    folder = root / STAGING
+    if run_id is not None:
+        folder = folder / validate_run_id(run_id)
+    return folder if iteration is None else folder / str(int(iteration))
 
 
-def iteration_folders(run_folder: Path) -> Iterator[tuple[int, Path]]:
-    """``(iteration, folder)`` of every ``iteration-<n>`` folder of a run's partition, in increasing order."""
-    check_real_folder(run_folder, "partition folder")
-    found = []
-    for entry in _entries(run_folder):
-        if not entry.name.startswith(ITERATION_PREFIX):
-            continue
-        match = PARTITION_ITERATION.fullmatch(entry.name)
-        if match is None:
-            raise LakeError(f"partition folder {_show(entry.path)} is not {ITERATION_PREFIX}<n>; {_HOW_TO_FIX}")
-        _checked_folder(entry, "partition folder")
-        found.append((int(match.group(1)), Path(entry.path)))
-    yield from sorted(found)
+def stage_dir(root: Path, run_id: str, iteration: int, stage: str) -> Path:
+    """A stage's staging folder (one folder per table in it)."""
+    return staging_dir(root, run_id, iteration) / check_name("stage", stage)
 
 
-def part_files(folder: Path) -> list[Path]:
-    """The ``part-*.parquet`` files of one partition folder (sorted); a part name of another form, a link or
-    anything but a regular file there raises."""
-    files = []
-    for entry in _entries(folder):
-        if not (entry.name.startswith("part-") and entry.name.endswith(".parquet")):
-            continue
-        if PART_NAME.fullmatch(entry.name) is None:
-            raise LakeError(f"part file {_show(entry.path)} has a name of no form the lake writes; {_HOW_TO_FIX}")
-        if check_regular_file(Path(entry.path), "part file"):  # False: removed since the folder was listed
-            files.append(Path(entry.path))
-    return files
+def done_marker(stage_folder: Path) -> Path:
+    """The marker of a finished stage in its staging folder."""
+    return stage_folder / DONE_MARKER
 
 
-def list_parts(table_dir: Path, run_id: str | None = None, iteration: int | None = None) -> list[Path]:
-    """Every part file of a table (of one run, of one iteration), by the folder rules above: a listing walked
-    entry by entry, never a pattern, never through a link."""
+def commits_dir(root: Path, run_id: str | None = None) -> Path:
+    """The commit markers' folder of every run, or of one run."""
+    return root / COMMITS if run_id is None else root / COMMITS / validate_run_id(run_id)
+
+
+def commit_marker_name(iteration: int) -> str:
+    """A commit marker's file name (its stem matches :data:`ITERATION_FOLDER`)."""
+    return f"{KEYED_ITERATION}{int(iteration)}.json"
+
+
+def quarantine_dir(root: Path, run_id: str | None = None, iteration: int | None = None, stage: str = "") -> Path:
+    """The quarantine folder of every run, of one run, or of one stage of one iteration."""
     if run_id is None:
-        runs = list(run_folders(table_dir)) if table_dir.exists() or table_dir.is_symlink() else []
-    else:
-        check_real_folder(table_dir, "table folder")
-        runs = [(run_id, table_dir / run_folder_name(run_id))]
-    files: list[Path] = []
-    for _, run_folder in runs:
-        for number, folder in iteration_folders(run_folder):
-            if iteration is None or number == int(iteration):
-                files += part_files(folder)
-    return files
+        return root / QUARANTINE
+    folder = root / QUARANTINE / f"{QUARANTINE_RUN_PREFIX}{validate_run_id(run_id)}"
+    if iteration is None:
+        return folder
+    return folder / f"{KEYED_ITERATION}{int(iteration)}" / check_name("stage", stage)
 
 
-def partition_of(path: Path) -> tuple[str, int]:
-    """``(run id, iteration)`` of the partition folder a part file sits in."""
-    run_name, iteration_name = path.parent.parent.name, path.parent.name
-    match = PARTITION_ITERATION.fullmatch(iteration_name)
-    run_id = run_name[len(RUN_FOLDER_PREFIX):] if run_name.startswith(RUN_FOLDER_PREFIX) else ""
-    if match is None or not is_valid_run_id(run_id):
-        raise LakeError(f"{_show(path)} does not lie in a <table>/{RUN_FOLDER_PREFIX}<id>/{ITERATION_PREFIX}<n>/ "
-                        "folder")
-    return run_id, int(match.group(1))
+def quarantine_report(folder: Path) -> Path:
+    """The report of a quarantined batch."""
+    return folder / QUARANTINE_REPORT
 
 
-# -- rows belong to their folder -----------------------------------------------------------------------------------
-def _required(spec: TableSpec, version: int) -> list[str]:
-    """The NOT NULL columns a file of ``version`` must hold."""
-    return [c.name for c in spec.columns_at(min(version, spec.version)) if not c.nullable]
+def quarantined_run(name: str) -> str | None:
+    """The run id a folder under ``quarantine/`` names (unchecked), None when it names none."""
+    return name.removeprefix(QUARANTINE_RUN_PREFIX) if name.startswith(QUARANTINE_RUN_PREFIX) else None
 
 
-def check_footer(path: Path, spec: TableSpec, metadata: pq.FileMetaData, renamed: bool = False) -> None:
-    """From a part file's footer: its NOT NULL columns are present (and null-free where the statistics say), and
-    its ``run_id`` / ``iteration`` columns hold only its folder's values (statistics; the columns themselves are
-    read when a file has none). ``renamed``: an upgrade function changes this file's columns (their old names are
-    not the table's), so the Python reader, which fails on a missing column, checks presence instead."""
-    run_id, iteration = partition_of(path)
-    schema = metadata.schema.to_arrow_schema()
-    required = [] if renamed else _required(spec, stored_version(schema))
-    missing = [name for name in required if name not in schema.names]
-    if missing:
-        raise LakeError(f"part file {_show(path)} lacks the NOT NULL column(s) {missing} of table {spec.name!r}; "
-                        f"{_HOW_TO_FIX}")  # fmt: skip
-    columns = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
-    expected = {"run_id": run_id, "iteration": iteration}
-    unproven = []
-    for name in [*required, *(n for n in ("run_id", "iteration") if n not in required)]:
-        if name not in columns:  # a nested column: its leaves are named otherwise; presence was checked above
-            continue
-        for group in range(metadata.num_row_groups):
-            stats = metadata.row_group(group).column(columns[name]).statistics
-            if stats is not None and stats.has_null_count and stats.null_count > 0:
-                raise LakeError(f"part file {_show(path)} has nulls in the NOT NULL column {name!r}; {_HOW_TO_FIX}")
-            if name not in expected:
-                continue
-            if stats is None or not stats.has_min_max:
-                unproven.append(name)
-            elif stats.min != expected[name] or stats.max != expected[name]:
-                _wrong_partition(path, name, stats.min if stats.min != expected[name] else stats.max, expected)
-    if unproven and metadata.num_rows:
-        check_rows(path, _read_columns(path, sorted(set(unproven))), spec)
+def run_dir(root: Path, run_id: str | None = None) -> Path:
+    """The folder of every run's own files, or of one run's."""
+    return root / RUNS if run_id is None else root / RUNS / validate_run_id(run_id)
 
 
-def check_rows(path: Path, table: pa.Table, spec: TableSpec) -> None:
-    """The rows read from a part file belong to its folder's run and iteration, and the NOT NULL columns have no
-    nulls (the Python reader's check, on the columns it read)."""
-    run_id, iteration = partition_of(path)
-    for name, value in (("run_id", run_id), ("iteration", iteration)):
-        if name not in table.column_names:
-            continue
-        column = table[name]
-        wrong = pc.invert(pc.fill_null(pc.equal(column, pa.scalar(value, column.type)), False))
-        if pc.any(wrong).as_py():
-            index = pc.index(wrong, True).as_py()
-            _wrong_partition(path, name, column[index].as_py(), {"run_id": run_id, "iteration": iteration})
-    nullable = {c.name: c.nullable for c in spec.columns}
-    for name in table.column_names:
-        if nullable.get(name) is False and table[name].null_count:
-            raise LakeError(f"part file {_show(path)} has nulls in the NOT NULL column {name!r}; {_HOW_TO_FIX}")
+def manifest_file(run_folder: Path) -> Path:
+    """A run's manifest in its run folder."""
+    return run_folder / MANIFEST
 
 
-def _wrong_partition(path: Path, column: str, found: Any, expected: Mapping[str, Any]) -> None:
-    raise LakeError(
-        f"part file {_show(path)} lies in partition {run_folder_name(expected['run_id'])}/"
-        f"{iteration_folder_name(expected['iteration'])} "
-        f"but holds rows with {column} = {found!r}; rows belong to the run and iteration of their folder: "
-        f"{_HOW_TO_FIX}"
-    )
+def writer_lock_file(root: Path, run_id: str) -> Path:
+    """The writer lock of a run (:mod:`ragen_core.storage.locks`)."""
+    return run_dir(root, run_id) / WRITER_LOCK
 
 
-def footer(path: Path) -> pq.FileMetaData:
-    """A part file's footer; a damaged file raises naming it, a file removed since it was listed raises
-    :class:`~ragen_core.storage.files.VanishedFileError` (the caller lists again)."""
-    try:
-        return pq.read_metadata(path)
-    except FileNotFoundError as exc:
-        raise VanishedFileError(path) from exc
-    except (pa.ArrowException, OSError) as exc:
-        raise LakeError(f"cannot read Parquet file {_show(path)} (damaged or truncated?): {exc}") from exc
+def housekeeping_lock_file(root: Path, run_id: str) -> Path:
+    """The lock a run's compaction and removal hold."""
+    return root / LOCKS / f"{validate_run_id(run_id)}.lock"
 
 
-def _read_columns(path: Path, columns: list[str]) -> pa.Table:
-    """Some columns of a part file, failing as :func:`footer` does."""
-    try:
-        return pq.read_table(path, columns=columns)
-    except FileNotFoundError as exc:
-        raise VanishedFileError(path) from exc
-    except (pa.ArrowException, OSError) as exc:
-        raise LakeError(f"cannot read Parquet file {_show(path)} (damaged or truncated?): {exc}") from exc
+def run_subdir(root: Path, run_id: str, name: str) -> Path:
+    """One of a run's folders: :data:`CHECKPOINTS`, :data:`UPDATE_GROUP`, :data:`VLLM_SERVER`, :data:`TENSORBOARD`."""
+    if name not in (CHECKPOINTS, UPDATE_GROUP, VLLM_SERVER, TENSORBOARD):
+        raise ValueError(f"{name!r} is no folder of a run")
+    return run_dir(root, run_id) / name
 
 
-# -- compaction markers --------------------------------------------------------------------------------------------
-def check_marker(path: Path, payload: Any, merged_name_of: Any) -> dict[str, Any]:
-    """A compaction marker's payload, held to the marker rules (module docstring; ``merged_name_of`` maps the
-    replaced names to the merged file's name)."""
-
-    def bad(problem: str) -> LakeError:
-        return LakeError(f"compaction marker {_show(path)} {problem}; {_HOW_TO_FIX}")
-
-    if not isinstance(payload, dict):
-        raise bad("is not a JSON object")
-    merged, replaces, rows = payload.get("merged"), payload.get("replaces"), payload.get("rows")
-    if not isinstance(merged, str) or MERGED_NAME.fullmatch(merged) is None:
-        raise bad(f"names {merged!r} as its merged file, not part-compacted-<16 hex digits>.parquet")
-    if not isinstance(replaces, list) or not replaces:
-        raise bad("has no list of replaced files")
-    for name in replaces:
-        if not isinstance(name, str) or PART_NAME.fullmatch(name) is None:
-            raise bad(f"names {name!r} among the files it replaces, not a part file of its own folder")
-    if len(set(replaces)) != len(replaces) or merged in replaces:
-        raise bad("lists a file twice, or its merged file among the files it replaces")
-    if merged != merged_name_of(replaces):
-        raise bad(f"names {merged!r} as its merged file, not the name derived from the files it replaces")
-    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
-        raise bad(f"gives {rows!r} as the merged file's row count")
-    return payload
+def policy_export_dir(update_group_folder: Path) -> Path:
+    """The policy export a launched update group hands to the rollout side."""
+    return update_group_folder / POLICY_EXPORT
 
 
-def check_replaced_rows(marker_path: Path, marker: Mapping[str, Any], present: Iterable[Path]) -> None:
-    """The merged file holds the marker's row count, and the replaced files still present hold no more rows than it
-    (exactly as many when all of them are present): else the marker would hide rows, and it raises instead.
-
-    A replaced file listed in ``present`` that is gone by the time its footer is read was deleted by the
-    compaction's last step (the merged file was already there: it is in the listing): it hides nothing, so it counts
-    as absent, never as an error. A merged file that is gone raises
-    :class:`~ragen_core.storage.files.VanishedFileError`: the listing is stale and the caller lists again."""
-    folder = marker_path.parent
-    merged_rows = footer(folder / marker["merged"]).num_rows
-    present, replaced_rows = _rows_of_present(present)
-    complete = len(present) == len(marker["replaces"])
-    if merged_rows != marker["rows"] or replaced_rows > merged_rows or (complete and replaced_rows != merged_rows):
-        raise LakeError(
-            f"compaction marker {_show(marker_path)} would hide {replaced_rows} row(s) of {len(present)} file(s) "
-            f"behind {marker['merged']!r}, which holds {merged_rows} (the marker says {marker['rows']}); "
-            f"{_HOW_TO_FIX}"
-        )
+def checkpoint_folder_name(updates: int) -> str:
+    """A checkpoint folder's name (after ``updates`` updates; it matches :data:`ITERATION_FOLDER`)."""
+    return f"{KEYED_ITERATION}{int(updates)}"
 
 
-def _rows_of_present(listed: Iterable[Path]) -> tuple[list[Path], int]:
-    """The files of ``listed`` still there when their footers are read, and their rows."""
-    present, rows = [], 0
-    for path in listed:
-        try:
-            rows += footer(path).num_rows
-        except VanishedFileError:
-            continue
-        present.append(path)
-    return present, rows
+def checkpoint_file(folder: Path, name: str) -> Path:
+    """A part of a checkpoint folder (or of its temporary sibling): :data:`CHECKPOINT_INFO`, :data:`CHECKPOINT_HF`,
+    :data:`CHECKPOINT_ACTOR`, :data:`CHECKPOINT_CRITIC`."""
+    if name not in (CHECKPOINT_INFO, CHECKPOINT_HF, CHECKPOINT_ACTOR, CHECKPOINT_CRITIC):
+        raise ValueError(f"{name!r} is no part of a checkpoint")
+    return Path(folder) / name
 
 
-# -- manifests and checkpoint rows ----------------------------------------------------------------------------------
-def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
-    """A manifest read from ``runs/<id>/manifest.json``: a JSON object naming the run of its folder."""
-    folder = path.parent.name
-    check_real_folder(path.parent, "run folder")  # a linked run folder would be a manifest from elsewhere
-    if not is_valid_run_id(folder):
-        raise LakeError(f"manifest {_show(path)} lies in a folder that is not a valid run id; {_HOW_TO_FIX}")
-    if not isinstance(manifest, dict):
-        raise LakeError(f"manifest {_show(path)} is not a JSON object; {_HOW_TO_FIX}")
-    if manifest.get("run_id") != folder:
-        raise LakeError(
-            f"manifest {_show(path)} says run_id {manifest.get('run_id')!r}, but it lies in the folder of run "
-            f"{folder!r}; a manifest describes the run of its folder: {_HOW_TO_FIX}"
-        )
-    for key, kinds in MANIFEST_TYPES.items():
-        value = manifest.get(key)
-        if value is not None and (isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds)):
-            expected = " or ".join(_TYPE_NAMES[k] for k in kinds)
-            raise LakeError(f"manifest {_show(path)} has {key} = {_short(value)}, not {expected}; {_HOW_TO_FIX}")
-    return manifest
+def engine_state_dir(folder: Path, role: str) -> Path:
+    """The DeepSpeed state of the engine ``role`` (:data:`CHECKPOINT_ACTOR` or :data:`CHECKPOINT_CRITIC`)."""
+    return checkpoint_file(folder, role) / CHECKPOINT_ENGINE_STATE
 
 
-# what the tools read from a manifest, by type (None, or absent, is always allowed)
-MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
-    **dict.fromkeys(("kind", "status", "model_dir", "config_hash", "tokenizer_fingerprint", "created_at",
-                     "started_at", "updated_at", "git_commit", "error", "base_model", "host"), (str,)),
-    **dict.fromkeys(("config", "bootstrap", "sweep", "lineage", "versions", "summary"), (dict,)),
-    **dict.fromkeys(("last_committed_iteration", "interrupted_iteration", "seed", "pid"), (int,)),
-    "resumes": (list,),
-}  # fmt: skip
-_TYPE_NAMES = {str: "a text", dict: "a mapping", int: "an integer", list: "a list"}
+def models_dir(root: Path) -> Path:
+    """The folder of the models built from settings (bootstrapped and tiny models)."""
+    return root / MODELS
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:50] + "..."
+def model_dir(root: Path, name: str) -> Path:
+    """The folder of one built model under ``models/`` (``name``: a bootstrap's, :func:`bootstrap_name`)."""
+    return models_dir(root) / check_name("model", name)
 
 
-def checkpoint_folder(root: Path, run_id: str, stored: Any, source: Path) -> Path | None:
-    """The checkpoint folder a ``checkpoints`` row of ``run_id`` names (read from ``source``): under this data root
-    exactly ``runs/<run_id>/checkpoints/iteration=<n>``; None for a path of another (moved) data root. Anything
-    else raises."""
+def building(folder: Path) -> Path:
+    """The hidden sibling a model folder is built in by this process, then renamed to ``folder``."""
+    return folder.with_name(f".{folder.name}.building-{os.getpid()}")
 
-    def bad(problem: str) -> LakeError:
-        return LakeError(
-            f"checkpoints file {_show(source)} gives run {run_id!r} the checkpoint path {stored!r}, {problem}; a "
-            f"run's checkpoints lie in runs/{run_id}/checkpoints/iteration=<n>/: {_HOW_TO_FIX}"
-        )
 
-    if not isinstance(stored, str) or not stored or "\x00" in stored:
-        raise bad("not a path")
-    path = Path(stored)
-    parts = path.parts[:-1] if path.name == HF_EXPORT else path.parts
-    if not path.is_absolute() or ".." in path.parts or len(parts) < 5:
-        raise bad("not an absolute path of a checkpoint folder")
-    tail = parts[-4:]
-    if tail[:3] != ("runs", run_id, "checkpoints") or ITERATION_FOLDER.fullmatch(tail[3]) is None:
-        raise bad("not one of that run's checkpoint folders")
-    folder = Path(*parts)
-    if folder.parent.parent.parent.parent != root:
-        return None  # written under another data root (this one was moved or copied): never touched from here
-    for step in (root / "runs", root / "runs" / run_id, folder.parent, folder):
-        check_real_folder(step, "checkpoint folder")
-    return folder
+def bootstrap_name(key: str) -> str:
+    """The run id of a bootstrap, and its model's folder name under ``models/``."""
+    return f"{BOOTSTRAP_PREFIX}{key}"
+
+
+def sweep_file(root: Path, sweep_id: str) -> Path:
+    """The stored plan of a sweep."""
+    return root / SWEEPS / f"{check_name('sweep id', sweep_id)}.json"
+
+
+def prefect_home(root: Path, name: str | None = None) -> Path:
+    """The folder of every command's Prefect home, or of one command attempt's."""
+    return root / PREFECT if name is None else root / PREFECT / check_name("Prefect home", name)

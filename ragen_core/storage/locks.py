@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.storage.files import LakeError
-from ragen_core.storage.layout import check_real_folders, check_regular_file
-from ragen_core.storage.names import validate_run_id
+from ragen_core.storage.layout import manifest_file, writer_lock_file
+from ragen_core.storage.trust import check_real_folders, check_regular_file
 
-LOCK_NAME = "writer.lock"
 LOCK_ATTEMPTS = 20
 HOLDER_BYTES = 64 * 1024
 
@@ -60,7 +59,7 @@ _held_guard = threading.Lock()
 
 def lock_path(root: Path, run_id: str) -> Path:
     """The writer lock file of ``run_id`` under the data root ``root``."""
-    return Path(root) / "runs" / validate_run_id(run_id) / LOCK_NAME
+    return writer_lock_file(Path(root), run_id)
 
 
 def read_holder(path: Path) -> dict[str, Any] | None:
@@ -226,7 +225,7 @@ def release(lock: RunLock) -> None:
         _held.pop(lock.path, None)
         try:
             os.ftruncate(lock.descriptor, 0)  # cleared first: a record under a free lock means a dead holder
-            if not (lock.path.parent / "manifest.json").exists():  # removed while still locked (see _open_locked)
+            if not manifest_file(lock.path.parent).exists():  # removed while still locked (see _open_locked)
                 lock.path.unlink(missing_ok=True)
                 with contextlib.suppress(OSError):
                     lock.path.parent.rmdir()  # only when empty

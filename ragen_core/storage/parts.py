@@ -26,13 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.storage.files import LakeError, read_json
-from ragen_core.storage.layout import (
-    COMPACTION_MARKER,
-    MERGED_PREFIX,
-    check_marker,
-    check_regular_file,
-    check_replaced_rows,
-)
+from ragen_core.storage.layout import COMPACTION_MARKER, MERGED_PREFIX, compaction_marker
+from ragen_core.storage.trust import check_marker, check_regular_file, check_replaced_rows
 
 __all__ = ["COMPACTION_MARKER", "MERGED_PREFIX", "check_not_superseded", "merged_name", "read_marker", "superseded",
            "visible_parts"]  # fmt: skip
@@ -46,7 +41,7 @@ def merged_name(names: list[str]) -> str:
 
 def read_marker(folder: Path) -> dict[str, Any] | None:
     """The compaction marker of a partition folder (held to the marker rules), or None when it has none."""
-    path = Path(folder) / COMPACTION_MARKER
+    path = compaction_marker(Path(folder))
     if not check_regular_file(path, "compaction marker"):
         return None
     try:
@@ -66,7 +61,7 @@ def superseded(folder: Path, listed: Iterable[str]) -> set[str]:
     if marker is None or marker["merged"] not in names:
         return set()
     hidden = set(marker["replaces"]) & names
-    check_replaced_rows(Path(folder) / COMPACTION_MARKER, marker, [Path(folder) / n for n in sorted(hidden)])
+    check_replaced_rows(compaction_marker(Path(folder)), marker, [Path(folder) / n for n in sorted(hidden)])
     return hidden
 
 

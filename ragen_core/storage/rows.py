@@ -1,14 +1,20 @@
-"""Rows of the small tables (``evaluations``, ``checkpoints``, ``events``), ready for :meth:`DataLake.write_rows`."""
+"""Rows of the small tables (``evaluations``, ``checkpoints``, ``events``), ready for :meth:`DataLake.write_rows`,
+and what it does with rows it is given: an Arrow table of the table's schema, every row in its partition."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from schemas.tables import EVALUATIONS
+from ragen_core.storage.files import LakeError
+from schemas.tables import EVALUATIONS, TableSpec
+
+Rows = pa.Table | Sequence[Mapping[str, Any]]
 
 
 def utc_timestamp() -> datetime:
@@ -85,3 +91,29 @@ def event_row(
         "message": message,
         "created_at": created_at or utc_timestamp(),
     }
+
+
+def rows_table(spec: TableSpec, rows: Rows) -> pa.Table:
+    """``rows`` as an Arrow table of ``spec``'s schema (a table is taken as it is); a :class:`LakeError` when they
+    do not fit."""
+    if isinstance(rows, pa.Table):
+        return rows
+    try:
+        return pa.Table.from_pylist(list(rows), schema=spec.arrow_schema)
+    except (pa.ArrowException, TypeError, ValueError, KeyError) as exc:
+        raise LakeError(f"rows do not fit table {spec.name!r} ({', '.join(spec.column_names)}): {exc}") from exc
+
+
+def check_partition(data: pa.Table, run_id: str, iteration: int, table: str, report: Any) -> None:
+    """Every row must belong to the partition it is written to (the files are self-describing)."""
+    for column, expected in (("run_id", run_id), ("iteration", iteration)):
+        if column not in data.column_names:
+            continue
+        values = data[column]
+        try:
+            wrong = pc.invert(pc.fill_null(pc.equal(values, pa.scalar(expected, values.type)), False))
+        except (pa.ArrowException, TypeError):
+            continue  # a wrongly typed column: the structure checks report it
+        if pc.any(wrong).as_py():
+            rows = [{"row": i} for i, bad in enumerate(wrong.to_pylist()) if bad]
+            report.add("lake", f"{table}:partition", column, rows, f"rows outside partition {run_id}/{iteration}")

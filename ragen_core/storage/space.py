@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ragen_core.storage.files import LakeError, read_json
+from ragen_core.storage.layout import manifest_file, prefect_home, run_dir, staging_dir
 
 SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # the texts libraries put in place of the errno; "unexpected pos" is torch's writer finding a write came up short
@@ -115,14 +116,14 @@ def space_failure(root: Path, run_id: str, exc: BaseException, recorded_since: s
     recorded = None
     if recorded_since is not None:
         try:
-            recorded = read_json(root / "runs" / run_id / "manifest.json", missing_ok=True)
+            recorded = read_json(manifest_file(run_dir(root, run_id)), missing_ok=True)
         except LakeError:
             recorded = None
     error = recorded.get("error") if isinstance(recorded, dict) else None
     fresh = isinstance(recorded, dict) and str(recorded.get("updated_at", "")) >= str(recorded_since)
     if isinstance(error, str) and error.startswith(SPACE_PREFIX) and fresh:
         return error
-    folders = [root / "_prefect" / run_id, root / "runs" / run_id, root / "_staging" / run_id]
+    folders = [prefect_home(root, run_id), run_dir(root, run_id), staging_dir(root, run_id)]
     if out_of_space(exc) or space_exhausted(root, folders):
         return space_message(run_id, written_what(exc, None))
     return None

@@ -36,20 +36,19 @@ from ragen_core.storage.files import LakeError, atomic_write_json, fsync_dir, re
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import (
     ITERATION_FOLDER,
-    LAYOUT_FILE,
     LAYOUT_VERSION,
     OLD_COMPACTION_MARKER,
     OLD_RUN_FOLDER_PREFIX,
     PART_NAME,
-    check_marker,
-    check_real_folder,
-    check_regular_file,
+    compaction_marker,
     iteration_folder_name,
+    layout_file,
     published_part_name,
 )
 from ragen_core.storage.locks import run_writer
 from ragen_core.storage.names import is_valid_run_id
-from ragen_core.storage.parts import COMPACTION_MARKER, merged_name
+from ragen_core.storage.parts import merged_name
+from ragen_core.storage.trust import check_marker, check_real_folder, check_regular_file
 from ragen_core.storage.versioning import layout_version, record_layout
 
 UPGRADING_PREFIX = ".upgrading-"
@@ -104,7 +103,7 @@ def upgrade_layout(lake: DataLake) -> LayoutUpgrade:
     try:
         record_layout(lake.root)
     except OSError as exc:
-        raise LakeError(f"cannot write {str(lake.root / LAYOUT_FILE)!r}: {exc.strerror or exc}") from exc
+        raise LakeError(f"cannot write {str(layout_file(lake.root))!r}: {exc.strerror or exc}") from exc
     return report
 
 
@@ -190,7 +189,7 @@ def new_part_name(old_name: str) -> str:
 
 
 def _old_marker(old: Path) -> dict | None:
-    path = old / OLD_COMPACTION_MARKER
+    path = compaction_marker(old, old=True)
     if not check_regular_file(path, "compaction marker"):
         return None
     return check_marker(path, read_json(path), merged_name)
@@ -203,7 +202,7 @@ def _write_marker(old: Path, staging: Path, names: dict[str, str]) -> None:
         return
     replaces = [new_part_name(n) for n in marker["replaces"]]
     payload = {"merged": merged_name(replaces), "replaces": replaces, "rows": marker["rows"]}
-    atomic_write_json(staging / COMPACTION_MARKER, payload)
+    atomic_write_json(compaction_marker(staging), payload)
 
 
 def _second_name(source: Path, target: Path) -> None:

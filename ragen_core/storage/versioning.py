@@ -12,19 +12,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ragen_core.storage.files import LakeError, atomic_write_json, read_json
-from ragen_core.storage.layout import (
-    LAYOUT_FILE,
-    LAYOUT_VERSION,
-    OLD_RUN_FOLDER_PREFIX,
-    check_regular_file,
-    old_layout_error,
-)
+from ragen_core.storage.layout import LAYOUT_VERSION, layout_file, old_layout_error, old_partition_dir
+from ragen_core.storage.trust import check_regular_file
 
 
 def layout_version(root: Path) -> int | None:
     """The layout version recorded in the data root (None when it has no ``_layout.json`` yet); a version newer
     than this code raises."""
-    path = root / LAYOUT_FILE
+    path = layout_file(root)
     if not check_regular_file(path, "layout file"):
         return None
     payload = read_json(path)
@@ -44,7 +39,7 @@ def layout_version(root: Path) -> int | None:
 
 def record_layout(root: Path) -> None:
     """Write ``_layout.json`` with the current version (atomically)."""
-    atomic_write_json(root / LAYOUT_FILE, {"layout_version": LAYOUT_VERSION})
+    atomic_write_json(layout_file(root), {"layout_version": LAYOUT_VERSION})
 
 
 def check_publishable(root: Path, table_dirs: Iterable[Path], run_id: str) -> None:
@@ -53,6 +48,6 @@ def check_publishable(root: Path, table_dirs: Iterable[Path], run_id: str) -> No
     if layout_version(root) is None:
         record_layout(root)
     for table_dir in table_dirs:
-        old = table_dir / f"{OLD_RUN_FOLDER_PREFIX}{run_id}"
+        old = old_partition_dir(table_dir, run_id)
         if os.path.lexists(old):
             raise old_layout_error(root, old)

@@ -47,14 +47,22 @@ from ragen_core.agent.templates import export_chat_template
 from ragen_core.faults import maybe_fail
 from ragen_core.policy.loading import follow_umask
 from ragen_core.storage.files import TRASH_PREFIX, fsync_dir
-from ragen_core.storage.lake import CHECKPOINT_INFO, DataLake
+from ragen_core.storage.lake import DataLake
+from ragen_core.storage.layout import (
+    CHECKPOINT_ACTOR,
+    CHECKPOINT_CRITIC,
+    CHECKPOINT_ENGINE_STATE,
+    CHECKPOINT_HF,
+    CHECKPOINT_INFO,
+    checkpoint_file,
+    engine_state_dir,
+)
 from ragen_core.training.actor import ActorEngine
 from ragen_core.training.checkpoint_files import CheckpointError, safe_engine_loading, tree_digests, verify_digests
 from ragen_core.training.critic import CriticEngine
 
-HF_EXPORT = "hf"  # the checkpoint's Hugging Face export of the policy
 INFO_FILE = CHECKPOINT_INFO  # the lake lists a checkpoint folder as complete once this file is in it
-ENGINE_TAG = "state"  # DeepSpeed's sub-folder name inside actor/ and critic/
+ENGINE_TAG = CHECKPOINT_ENGINE_STATE  # DeepSpeed's tag: its sub-folder name inside actor/ and critic/
 FORMAT_VERSION = 2  # 2: checkpoint.json records the sha256 of every file ("files")
 _TEMP_PREFIX = ".tmp-"
 
@@ -63,7 +71,7 @@ LOG = logging.getLogger(__name__)
 
 def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
     """The ``checkpoint.json`` of a checkpoint folder; a :class:`CheckpointError` if it is missing or damaged."""
-    info_path = Path(path) / INFO_FILE
+    info_path = checkpoint_file(Path(path), INFO_FILE)
     if not info_path.is_file():
         raise CheckpointError(
             f"{str(path)!r} is not a complete checkpoint (no {INFO_FILE}); a save into it may have been cut off: "
@@ -101,19 +109,20 @@ def save_checkpoint(
         _clean_leftovers(final.parent)
         temp.mkdir(parents=True)
     _barrier()
-    actor.engine.save_checkpoint(str(temp / "actor"), tag=ENGINE_TAG, save_latest=False)
+    actor.engine.save_checkpoint(str(checkpoint_file(temp, CHECKPOINT_ACTOR)), tag=ENGINE_TAG, save_latest=False)
     if critic is not None:
-        critic.engine.save_checkpoint(str(temp / "critic"), tag=ENGINE_TAG, save_latest=False)
+        critic.engine.save_checkpoint(str(checkpoint_file(temp, CHECKPOINT_CRITIC)), tag=ENGINE_TAG, save_latest=False)
     maybe_fail("checkpoint", "mid_save", iteration)
     state_dict = _full_state_dict(actor)  # every rank (a collective under ZeRO-3)
     _barrier()  # every rank's shard is written before rank 0 takes the digests
     if _rank() == 0:
-        actor.module.save_pretrained(str(temp / HF_EXPORT), state_dict=state_dict)
-        save_tokenizer(tokenizer, temp / HF_EXPORT, reply_prefix)
-        follow_umask(temp / HF_EXPORT)  # transformers writes the weights 0600
+        export = checkpoint_file(temp, CHECKPOINT_HF)
+        actor.module.save_pretrained(str(export), state_dict=state_dict)
+        save_tokenizer(tokenizer, export, reply_prefix)
+        follow_umask(export)  # transformers writes the weights 0600
         info["files"] = tree_digests(temp, skip=(INFO_FILE,))  # what a load checks before reading anything
         text = json.dumps(info, indent=2, sort_keys=True, default=_json_value)
-        (temp / INFO_FILE).write_text(text)  # last: its presence marks the folder complete
+        checkpoint_file(temp, INFO_FILE).write_text(text)  # last: its presence marks the folder complete
         _fsync_tree(temp)
         _replace_dir(temp, final)
     _barrier()
@@ -258,23 +267,23 @@ def load_checkpoint(path: str | Path, actor: ActorEngine, critic: CriticEngine |
     """
     path = Path(path)
     info = read_checkpoint_info(path)
-    engines: dict[str, ActorEngine | CriticEngine] = {"actor": actor}
+    engines: dict[str, ActorEngine | CriticEngine] = {CHECKPOINT_ACTOR: actor}
     if critic is not None:
-        if not info.get("has_critic") or not (path / "critic").is_dir():
+        if not info.get("has_critic") or not checkpoint_file(path, CHECKPOINT_CRITIC).is_dir():
             raise CheckpointError(
                 f"checkpoint {str(path)!r} has no critic state but a critic was given; it was saved by a run "
                 "without a critic (e.g. GRPO): resume with the same algorithm settings, or pass critic=None"
             )
-        engines["critic"] = critic
+        engines[CHECKPOINT_CRITIC] = critic
     for role in engines:
-        if not any((path / role / ENGINE_TAG).glob("*model_states.pt")):
+        if not any(engine_state_dir(path, role).glob("*model_states.pt")):
             raise CheckpointError(
                 f"checkpoint is incomplete: no {role} model state (*model_states.pt) in "
-                f"{str(path / role / ENGINE_TAG)!r}"
+                f"{str(engine_state_dir(path, role))!r}"
             )
     _verify_files(path, info, tuple(engines))
     for role, owner in engines.items():
-        _load_engine(owner, path / role, role)
+        _load_engine(owner, path, role)
     return info
 
 
@@ -283,7 +292,8 @@ def _verify_files(path: Path, info: dict[str, Any], roles: tuple[str, ...]) -> N
     if "files" in info:
         verify_digests(path, info["files"], roles)
     elif info.get("format_version", 1) != 1:  # the entry was removed: treat as tampering, not as an old save
-        raise CheckpointError(f"{str(path / INFO_FILE)!r} is damaged: it lacks the 'files' digests of its version")
+        info_file = checkpoint_file(path, INFO_FILE)
+        raise CheckpointError(f"{str(info_file)!r} is damaged: it lacks the 'files' digests of its version")
     else:
         LOG.warning(
             "checkpoint %s predates file digests (format_version 1): its files are loaded without running code "
@@ -292,10 +302,10 @@ def _verify_files(path: Path, info: dict[str, Any], roles: tuple[str, ...]) -> N
         )
 
 
-def _load_engine(owner: ActorEngine | CriticEngine, folder: Path, role: str) -> None:
-    """Load one engine's DeepSpeed state from ``folder`` (explicit tag, never the ``latest`` file), reading the
-    state files without running code from them."""
-    state = folder / ENGINE_TAG
+def _load_engine(owner: ActorEngine | CriticEngine, path: Path, role: str) -> None:
+    """Load one engine's DeepSpeed state from the checkpoint folder ``path`` (explicit tag, never the ``latest``
+    file), reading the state files without running code from them."""
+    folder, state = checkpoint_file(path, role), engine_state_dir(path, role)
     with safe_engine_loading(owner.engine):
         load_path, _ = owner.engine.load_checkpoint(
             str(folder), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True

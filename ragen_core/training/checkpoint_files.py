@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ragen_core.storage.lake import CHECKPOINT_INFO
+from ragen_core.storage.layout import CHECKPOINT_INFO, checkpoint_file
 
 DIGEST_CHUNK = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -150,7 +150,7 @@ def verify_digests(folder: Path, recorded: Any, under: tuple[str, ...]) -> None:
 def _checked_listing(folder: Path, recorded: Any) -> dict[str, str]:
     """``recorded`` when it is a ``{relative path inside the folder: hex sha256}`` mapping; a damaged or edited
     listing (a path leaving the folder, a digest that is none) is a :class:`CheckpointError`."""
-    info = str(folder / CHECKPOINT_INFO)
+    info = str(checkpoint_file(folder, CHECKPOINT_INFO))
     if not isinstance(recorded, dict):
         raise CheckpointError(f"{info!r} is damaged: its 'files' entry is not a mapping of file names to sha256")
     for name, digest in recorded.items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ragen_core.storage import DataLake
-from ragen_core.tensorboard_sink import event_file_name, tensorboard_dir
+from ragen_core.tensorboard_sink import event_file_name
 from tests.test_tensorboard_sink import duckdb_metrics, read_events
 
 
@@ -31,7 +31,7 @@ def test_train_flow_writes_one_event_file_per_committed_iteration(prefect_harnes
     lake = DataLake(root)
     committed = lake.committed_iterations("tb-on")
     assert committed == [0, 1, 2]  # two updates, then the final validation
-    folder = tensorboard_dir(lake, "tb-on")
+    folder = lake.tensorboard_dir("tb-on")
     assert sorted(p.name for p in folder.iterdir()) == [event_file_name(i) for i in committed]
     events = read_events(folder)
     assert events == duckdb_metrics(root, "tb-on")  # every tag, every step, float32-equal to the table
@@ -40,4 +40,4 @@ def test_train_flow_writes_one_event_file_per_committed_iteration(prefect_harnes
     assert [step for step, _ in events["actor/entropy"]] == [0, 1]  # updates only
     assert all(np.isfinite(value) for _, value in events["time/update"])
     assert lake.committed_iterations("tb-off") == [0, 1]
-    assert not tensorboard_dir(lake, "tb-off").exists()
+    assert not lake.tensorboard_dir("tb-off").exists()

@@ -7,7 +7,7 @@ import pytest
 
 from ragen_core.storage import DataLake, LakeError, compact_run, query
 from ragen_core.storage import compaction as compaction_module
-from ragen_core.storage import layout as layout_module
+from ragen_core.storage import trust as layout_module
 from ragen_core.storage.compaction import merged_name, run_lock
 from ragen_core.storage.parts import COMPACTION_MARKER
 from schemas.tables import TRAJECTORIES
