@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -30,6 +31,9 @@ from flows.cli_launch import print_step, start_flow_command, user_facing_errors,
 from flows.cli_reproduce import reproduce
 from flows.cli_runs import runs_app
 from flows.cli_server import server_app
+
+if TYPE_CHECKING:
+    from ragen_core.storage import DataLake
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.")
 app.add_typer(server_app, name="server")
@@ -57,12 +61,13 @@ def train(
 ) -> None:
     """Train with StarPO / StarPO-S. Extra arguments are key.sub=value overrides, e.g. trainer.iterations=5."""
     from ragen_core.run.record import default_run_id
+    from ragen_core.storage import DataLake
 
     checked_run_id(run_id)
     run_config = load_config_or_fail(config, ctx.args)
-    root, run_id = writable_root(data_root), checked_run_id(run_id or default_run_id(run_config))
-    ctx.with_resource(writer(root, run_id))
-    _run(run_config, root, run_id, verbose, [], False)
+    lake, run_id = DataLake(writable_root(data_root)), checked_run_id(run_id or default_run_id(run_config))
+    ctx.with_resource(writer(lake, run_id))
+    _run(run_config, lake, run_id, verbose, [], False)
 
 
 @app.command(context_settings=OVERRIDES)
@@ -88,8 +93,9 @@ def resume(
 
     checked_run_id(run_id)
     root = writable_root(data_root, create=False)
+    lake = DataLake(root)
     try:  # a manifest of the wrong shape (types, another run's id) is named, never a traceback
-        manifest = DataLake(root).read_manifest(run_id) if root.is_dir() else None
+        manifest = lake.read_manifest(run_id) if root.is_dir() else None
     except LakeError as exc:
         fail(str(exc))
     if manifest is None:
@@ -101,8 +107,8 @@ def resume(
     except ConfigError as exc:
         fail(str(exc))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
-    ctx.with_resource(writer(root, run_id))
-    _run(run_config, root, run_id, verbose, allowed, skip_iteration)
+    ctx.with_resource(writer(lake, run_id))
+    _run(run_config, lake, run_id, verbose, allowed, skip_iteration)
 
 
 @app.command(context_settings=OVERRIDES)
@@ -144,12 +150,13 @@ def retrain(
     from ragen_core.run.record import RunExistsError
     from ragen_core.storage import DataLake
 
+    lake = DataLake(root)
     try:  # every refusal before anything is created: no lock, no Prefect home, no manifest, no rows
-        preflight(DataLake(root), run_id, sql, init)
+        preflight(lake, run_id, sql, init)
     except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
         fail(str(exc))
-    ctx.with_resource(writer(root, run_id))
-    start_flow_command(root, run_id, verbose)
+    ctx.with_resource(writer(lake, run_id))
+    start_flow_command(lake, run_id, verbose)
     from flows.retrain import retrain_offline
 
     console.print(f"offline {mode} run [bold]{run_id}[/] from {init} · data root {root}")
@@ -159,7 +166,7 @@ def retrain(
     except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
         fail(str(exc))
     console.print(f"trained on {result['trajectories']} stored trajectories")
-    _print_run_summary(root, result["run_id"], None, phases=f"before -> after offline {mode.upper()}")
+    _print_run_summary(lake, result["run_id"], None, phases=f"before -> after offline {mode.upper()}")
 
 
 def _check_init(init: str) -> None:
@@ -202,6 +209,7 @@ def sweep(
     """A sweep: every grid combination x random draw x seed is its own run (manifest: sweep id, point, overrides),
     then a comparison table. The same command again resumes it (completed points are skipped). Extra key.sub=value
     arguments override the base config of every point."""
+    from ragen_core.storage import DataLake
     from ragen_core.sweep import DEFAULT_MAX_POINTS, SweepError, plan_sweep
 
     checked_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids
@@ -212,12 +220,10 @@ def sweep(
     except SweepError as exc:
         fail(str(exc))
     if deployment and "PREFECT_API_URL" not in os.environ:
-        fail(
-            "--deployment needs a Prefect server and a worker: run `make server` (or `ragen server start`) and "
-            "export PREFECT_API_URL=http://127.0.0.1:4200/api"
-        )
+        fail("--deployment needs a Prefect server and a worker: run `make server` (or `ragen server start`) and "
+             "export PREFECT_API_URL=http://127.0.0.1:4200/api")  # fmt: skip
     root = writable_root(data_root)
-    start_flow_command(root, plan.sweep_id, verbose)
+    start_flow_command(DataLake(root), plan.sweep_id, verbose)
     from flows.sweep import sweep as sweep_flow
 
     chosen = [p for p in plan.points if not point or p.index in set(point)]
@@ -270,15 +276,15 @@ def eval_command(
     if n is not None and n < 1:
         fail(f"--n must be at least 1, not {n}")
     root = writable_root(data_root, create=False)
-    lake = DataLake(root) if root.is_dir() else None
+    lake = DataLake(root)
     try:
-        _, base, which = resolve_target(target, lake)
+        _, base, which = resolve_target(target, lake if root.is_dir() else None)
         run_id = run_id or evaluation_run_id(which, evaluation_config(base, env, n, config, list(ctx.args)))
     except (ConfigError, EvaluationError) as exc:
         fail(str(exc))
     root.mkdir(parents=True, exist_ok=True)
-    ctx.with_resource(writer(root, checked_run_id(run_id)))
-    start_flow_command(root, "eval", verbose)
+    ctx.with_resource(writer(lake, checked_run_id(run_id)))
+    start_flow_command(lake, "eval", verbose)
     from flows.evaluate import evaluate
 
     console.print(f"evaluating [bold]{which}[/] · data root {root}")
@@ -297,7 +303,7 @@ def eval_command(
     print_table(pa.Table.from_pylist(result["evaluations"]))
 
 
-def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:
+def _run(run_config, lake: DataLake, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:
     """Run (or resume) the train flow with a progress bar, then print the run's summary."""
     from ragen_core.training.precision import PrecisionError, resolve_precision
 
@@ -306,13 +312,13 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
         resolve_precision(run_config.trainer.precision)  # this machine can run it: checked before anything starts
     except PrecisionError as exc:
         fail(str(exc))
-    if _already_completed(run_config, root, run_id, allowed):  # answered before any Prefect server starts
+    if _already_completed(run_config, lake, run_id, allowed):  # answered before any Prefect server starts
         console.print(f"run {run_id} is already completed; nothing to do")
         result = {"run_id": run_id, "bootstrap": None}
     else:
-        start_flow_command(root, run_id, verbose)
-        console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {root}")
-        result = _train_with_progress(run_config, root, run_id, allowed, skip_iteration)
+        start_flow_command(lake, run_id, verbose)
+        console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {lake.root}")
+        result = _train_with_progress(run_config, lake, run_id, allowed, skip_iteration)
     if result.get("completed"):
         console.print(f"run {run_id} is already completed; nothing to do")
     elif result.get("resumed"):
@@ -324,26 +330,25 @@ def _run(run_config, root: Path, run_id: str, verbose: bool, allowed: list[str],
     from ragen_core.storage import LakeError
 
     try:
-        _print_run_summary(root, result["run_id"], result.get("bootstrap"))
+        _print_run_summary(lake, result["run_id"], result.get("bootstrap"))
     except LakeError as exc:  # a damaged file the run's summary reads: say so, never a traceback or a silent 0
         fail(f"the run's summary cannot be read: {exc}")
 
 
-def _already_completed(run_config, root: Path, run_id: str, allowed: list[str]) -> bool:
+def _already_completed(run_config, lake: DataLake, run_id: str, allowed: list[str]) -> bool:
     """The start decision the flow would make, taken here first (it reads the manifest and the commit markers, no
     engine, no Prefect): a refused config or a run that cannot be shortened is one line, a done run is True."""
     from ragen_core.run.decisions import ResumeError, Start
     from ragen_core.run.resume import decide_run_start
-    from ragen_core.storage import DataLake, LakeError
+    from ragen_core.storage import LakeError
 
-    lake = DataLake(root)
     try:
         return decide_run_start(lake, lake.read_manifest(run_id), run_config, run_id, allowed) is Start.DONE
     except (ResumeError, LakeError) as exc:
         fail(str(exc))
 
 
-def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str], skip_iteration: bool) -> dict:
+def _train_with_progress(run_config, lake: DataLake, run_id: str, allowed: list[str], skip_iteration: bool) -> dict:
     """The train flow under a progress bar; a user's error is one line, a Ctrl-C a one-line report (exit 130)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -364,9 +369,8 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
 
         try:
             with watch_run(on_iteration, lambda text: print_step(text, progress.console)):
-                return train_flow(
-                    run_config, data_root=str(root), run_id=run_id, force_config=allowed, skip_iteration=skip_iteration
-                )
+                return train_flow(run_config, data_root=str(lake.root), run_id=run_id, force_config=allowed,
+                                  skip_iteration=skip_iteration)  # fmt: skip
         except (ResumeError, *user_facing_errors()) as exc:  # the manifest recorded it; one line, no traceback
             progress.stop()
             fail(str(exc))
@@ -377,7 +381,7 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
             if not (interrupted(exc) or requested()):  # an error that a Ctrl-C did not cause: not ours to handle
                 from ragen_core.storage.space import space_failure
 
-                message = space_failure(root, run_id, exc, started)  # a full disk or a file-size limit: one line
+                message = space_failure(lake.root, run_id, exc, started)  # a full disk or a file-size limit: one line
                 if message is None:
                     raise
                 progress.stop()
@@ -387,7 +391,7 @@ def _train_with_progress(run_config, root: Path, run_id: str, allowed: list[str]
                 fail(message)
             progress.stop()
             note_stop(exc)  # a SIGTERM that Prefect caught first is still a SIGTERM (exit status 143)
-            report_interrupted(root, run_id)
+            report_interrupted(lake, run_id)
             raise KeyboardInterrupt from None  # also for a library's error raised while it handled the Ctrl-C
 
 
@@ -413,7 +417,9 @@ def bootstrap_line(bootstrap: dict) -> str:
     return ", ".join(parts)
 
 
-def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None, phases: str = "before RL -> after RL") -> None:
+def _print_run_summary(
+    lake: DataLake, run_id: str, bootstrap: dict | None, phases: str = "before RL -> after RL"
+) -> None:
     """Validation success at the run's first and last validation (``phases`` names the two), its bootstrap and the
     SQL summary per environment and split."""
     from rich.markup import escape
@@ -421,7 +427,7 @@ def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None, phases: 
     from ragen_core.storage import query
 
     success = query(
-        root,
+        lake,
         "SELECT iteration, name, value FROM metrics WHERE run_id = ? AND name LIKE 'val/%/success' "
         "ORDER BY iteration, name",
         params=[run_id],
@@ -439,7 +445,7 @@ def _print_run_summary(root: Path, run_id: str, bootstrap: dict | None, phases: 
         console.print(bootstrap_line(bootstrap), highlight=False)
     shown = SUMMARY_SQL.replace("$run_id", "'" + run_id.replace("'", "''") + "'")  # to copy; runs with a parameter
     console.print("\n[bold]SQL summary[/]: " + escape(shown), highlight=False)
-    print_table(query(root, SUMMARY_SQL, params={"run_id": run_id}))
+    print_table(query(lake, SUMMARY_SQL, params={"run_id": run_id}))
 
 
 @app.command()

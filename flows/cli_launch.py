@@ -8,22 +8,25 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
 
 from flows.cli_common import console, fail, printable
 
+if TYPE_CHECKING:
+    from ragen_core.storage import DataLake
+
 _SERVER = {"configured": False}  # whether the user pointed the command at a Prefect server (PREFECT_API_URL)
 
 
-def start_flow_command(root: Path, name: str, verbose: bool) -> None:
-    """Prefect's environment (its own home and server under ``root`` for ``name``), then, unless ``verbose``, the
+def start_flow_command(lake: DataLake, name: str, verbose: bool) -> None:
+    """Prefect's environment (its own home and server in ``lake`` for ``name``), then, unless ``verbose``, the
     libraries quieted and Prefect's run logs kept off the terminal (the command reports progress and errors itself)
     while they still reach the server."""
     _SERVER["configured"] = "PREFECT_API_URL" in os.environ
-    _prepare_prefect(root, name, verbose)
+    _prepare_prefect(lake, name, verbose)
     if not verbose:
         _quiet_libraries()
         import prefect.main  # noqa: F401  (importing it sets up Prefect's logging: the handlers the filter goes on)
@@ -74,7 +77,7 @@ def _print_address(url: str) -> None:
     console.print(Text.assemble("Prefect UI: ", printable(url)), highlight=False, soft_wrap=True)
 
 
-def _prepare_prefect(data_root: Path, run_id: str, verbose: bool) -> None:
+def _prepare_prefect(lake: DataLake, run_id: str, verbose: bool) -> None:
     """Environment for Prefect, set before it is imported: no telemetry, a patient local server, and a Prefect home
     of the run's own attempt when no server is configured (two runs, or a resume and the server a killed attempt may
     have left behind, never share one SQLite file)."""
@@ -84,9 +87,7 @@ def _prepare_prefect(data_root: Path, run_id: str, verbose: bool) -> None:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     if "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        from ragen_core.storage import DataLake
-
-        home = DataLake(data_root).prefect_home(run_id) / f"{stamp}-{os.getpid()}"
+        home = lake.prefect_home(run_id) / f"{stamp}-{os.getpid()}"
         home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level itself
         os.environ["PREFECT_HOME"] = str(home)
         from flows.interrupts import start_command_server
@@ -95,14 +96,14 @@ def _prepare_prefect(data_root: Path, run_id: str, verbose: bool) -> None:
 
 
 @contextmanager
-def writer(root: Path, run_id: str) -> Iterator[None]:
+def writer(lake: DataLake, run_id: str) -> Iterator[None]:
     """Hold the run's writer lock for the whole command, taken before anything is written or started: one writer
     per run (the flow takes the same lock again, sharing this hold)."""
     from ragen_core.storage import LakeError
     from ragen_core.storage.locks import acquire, release, takeover_note
 
     try:
-        lock = acquire(root, run_id)
+        lock = acquire(lake.root, run_id)
     except LakeError as exc:
         fail(str(exc))
     note = takeover_note(lock)
@@ -185,10 +186,13 @@ class _NoRunRecords(logging.Filter):
 def _hide_run_logs() -> None:
     """Prefect's run loggers at INFO (the quiet PREFECT_LOGGING_LEVEL=WARNING would keep their lines from the
     server's logs too), and :class:`_NoRunRecords` on every handler that writes to the terminal (Prefect set them up
-    when it was imported)."""
+    when it was imported). A log line the server fails to store (its disk full, say) is not the run's failure: the
+    log sender's "--- Error logging to API ---" stays off the terminal (Python's production setting,
+    ``logging.raiseExceptions = False``); the command reports the run's own errors, and --verbose shows those too."""
     from flows.interrupts import terminal_handlers
 
     for name in RUN_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
     for handler in terminal_handlers([logging.getLogger()]):
         handler.addFilter(_NoRunRecords())
+    logging.raiseExceptions = False

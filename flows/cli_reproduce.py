@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
 
 from flows.cli_common import DataRoot, Verbose, console, data_root_path, fail, writable_root
+
+if TYPE_CHECKING:
+    from ragen_core.storage import DataLake
 
 QUICK_HELP = "A tiny version (a few iterations) for tests and smoke runs; its runs and picture are kept apart."
 
@@ -27,6 +30,7 @@ def reproduce(
     """Reproduce one of the paper's findings at tiny scale: its runs (resumed when already there), its numbers
     (printed, and written to <out>.json) and its picture (<out>)."""
     from ragen_core.findings import FindingError, claims, load_finding, plan_finding, run_spec
+    from ragen_core.storage import DataLake
 
     if list_findings:
         for known, claim in claims().items():
@@ -41,10 +45,10 @@ def reproduce(
         fail(str(exc))
     default = Path("docs/findings") / f"{name}{'-quick' if quick else ''}.png"
     out = _checked_out(out or default, data_root_path(data_root))
-    root = writable_root(data_root)
+    lake = DataLake(writable_root(data_root))
     started = time.monotonic()
-    _run_sweeps(plans, root, f"reproduce-{name}", verbose)
-    result = _analyse(spec, plans, root, quick)
+    _run_sweeps(plans, lake, f"reproduce-{name}", verbose)
+    result = _analyse(spec, plans, lake, quick)
     result["wall_seconds"] = round(time.monotonic() - started, 1)
     _write(result, out)
     _print_numbers(result["numbers"])
@@ -62,20 +66,20 @@ def _checked_out(out: Path, root: Path) -> Path:
         fail(str(exc))
 
 
-def _run_sweeps(plans: list, root: Path, name: str, verbose: bool) -> None:
+def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
     """Every variant's sweep as local subflows; completed points are skipped, failed ones resumed."""
     from flows.cli_launch import start_flow_command, watch_points
 
-    start_flow_command(root, name, verbose)
+    start_flow_command(lake, name, verbose)
     from flows.sweep import sweep as sweep_flow
 
     failed = []
     for item in plans:
         plan = item.plan
-        console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(plan.points)} point(s) · {escape(str(root))}")
+        console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(plan.points)} point(s) · {escape(str(lake.root))}")
         with watch_points():
             grid = [f"{k}={json.dumps(v)}" for k, v in plan.spec["grid"]]
-            result = sweep_flow(item.base, grid=grid, seeds=plan.spec["seeds"] or None, data_root=str(root),
+            result = sweep_flow(item.base, grid=grid, seeds=plan.spec["seeds"] or None, data_root=str(lake.root),
                                 sweep_id=plan.sweep_id)  # fmt: skip
         failed += [row["run_id"] for row in result["points"] if row["status"] != "completed"]
     if failed:
@@ -83,12 +87,11 @@ def _run_sweeps(plans: list, root: Path, name: str, verbose: bool) -> None:
         raise typer.Exit(code=1)
 
 
-def _analyse(spec, plans: list, root: Path, quick: bool) -> dict[str, Any]:
+def _analyse(spec, plans: list, lake: DataLake, quick: bool) -> dict[str, Any]:
     from ragen_core.findings import ANALYSES, load_context
     from ragen_core.findings.spec import spec_digest
-    from ragen_core.storage import DataLake
 
-    context = load_context(DataLake(root), spec, plans)
+    context = load_context(lake, spec, plans)
     return {
         "finding": spec.name, "claim": spec.claim, "analysis": spec.analysis, "quick": quick,
         "command": f"ragen reproduce {spec.name}{' --quick' if quick else ''}", "spec_digest": spec_digest(spec),

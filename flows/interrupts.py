@@ -19,6 +19,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ragen_core.storage import DataLake
 
 _state: dict[str, bool | int] = {"requested": False, "reported": False, "signal": signal.SIGINT}
 _last_resort: list[Callable[[], None]] = []
@@ -151,12 +155,12 @@ def start_command_server(home: Path) -> None:
     on_forced_stop(lambda: server.stop(grace=1))
 
 
-def report_interrupted(root: Path, run_id: str) -> None:
+def report_interrupted(lake: DataLake, run_id: str) -> None:
     """The one line of a Ctrl-C'd run: where it stopped (from its manifest) and how to continue it."""
-    from ragen_core.storage import DataLake, LakeError
+    from ragen_core.storage import LakeError
 
     try:
-        manifest = DataLake(root).read_manifest(run_id) or {}
+        manifest = lake.read_manifest(run_id) or {}
     except (LakeError, OSError, ValueError):
         manifest = {}
     iteration, last = manifest.get("interrupted_iteration"), manifest.get("last_committed_iteration")
@@ -165,4 +169,4 @@ def report_interrupted(root: Path, run_id: str) -> None:
         where = f" in iteration {iteration} ({manifest.get('interrupted_stage')})"
     committed = f"last committed iteration: {last}" if last is not None else "no iteration committed yet"
     report(f"interrupted: run {run_id} stopped{where}; {committed}. Continue it with: ragen resume {run_id} "
-           f"--data-root {root}")  # fmt: skip
+           f"--data-root {lake.root}")  # fmt: skip

@@ -105,7 +105,7 @@ def test_runs_fails_on_a_damaged_table_it_reads(lake):
 def test_the_end_of_run_summary_fails_naming_the_file(lake):
     path = _damage(lake, "garbage")
     with pytest.raises(LakeError, match=re.escape(str(path))):
-        _print_run_summary(lake.root, "run-a", None)
+        _print_run_summary(lake, "run-a", None)
 
 
 def test_one_broken_manifest_is_listed_as_broken_without_hiding_the_others(lake):

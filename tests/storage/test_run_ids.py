@@ -249,8 +249,8 @@ def test_queries_take_run_ids_as_parameters_even_when_validation_is_bypassed(lak
     with pytest.raises(OfflineError, match="returned no trajectories"):
         select_trajectories(lake, "SELECT * FROM trajectories WHERE run_id = ?", params=[hostile])
     assert compare_sweep(lake, SweepPlan(hostile, {}, [])).num_rows == 0
-    _print_run_summary(lake.root, hostile, None)  # the end-of-run summary: no rows, no error
-    _print_run_summary(lake.root, "ab", None)
+    _print_run_summary(lake, hostile, None)  # the end-of-run summary: no rows, no error
+    _print_run_summary(lake, "ab", None)
     assert "WHERE run_id = 'ab'" in capsys.readouterr().out  # shown to copy; run with the id as a parameter
     train = [t for t in make_run(1, "ab", "bandit", 1, groups=1, group_size=2).trajectories if t.split == "train"]
     rows = query(lake, SUMMARY_SQL, params={"run_id": "ab"}).to_pylist()
