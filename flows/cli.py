@@ -171,14 +171,14 @@ def retrain(
 
 def _check_init(init: str) -> None:
     """The run named by ``--init run:<id>[@<updates>]`` is a name too: refused (the whole text) unless well formed."""
-    if not init.startswith("run:"):
-        return
-    from ragen_core.storage.names import is_valid_run_id
+    from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, parse_run_ref
 
-    spec = init.removeprefix("run:")
-    run_part, at, updates = spec.partition("@")
-    well_formed = is_valid_run_id(run_part) and (not at or (updates.isascii() and updates.isdigit()))
-    checked_run_id(run_part if well_formed else spec, "--init run id")
+    if not init.startswith(RUN_REF_PREFIX):
+        return
+    try:
+        parse_run_ref(init)
+    except RunRefError:  # the whole text is then no run id: refused as one, with the rule
+        checked_run_id(init.removeprefix(RUN_REF_PREFIX), "--init run id")
 
 
 @app.command(context_settings=OVERRIDES)

@@ -1,7 +1,8 @@
 """Arrow schemas of every table in the trajectory lake. Every table and every column carries a description.
 
-Parquet tables are stored table-first and hive-partitioned:
-``<root>/<table>/run_id=<id>/iteration=<n>/part-*.parquet``; files also hold ``run_id`` and ``iteration`` as
+Parquet tables are stored table-first, partitioned by run and iteration (not in hive key=value form, so no tool
+infers a partition column):
+``<root>/<table>/run-<id>/iteration-<n>/part-*.parquet``; files also hold ``run_id`` and ``iteration`` as
 ordinary columns, so each file is self-describing. The ``runs`` table is the exception: it is derived from the run
 manifests (``runs/<run_id>/manifest.json``), which change while a run is alive (status, timestamps), so no Parquet
 copy of them can go stale.

@@ -17,7 +17,7 @@ from ragen_core.config import RunConfig, build_config, load_config, stored_confi
 from ragen_core.envs import registered_envs
 from ragen_core.run.offline import OfflineError, resolve_init
 from ragen_core.storage import DataLake
-from ragen_core.storage.names import is_valid_run_id
+from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, is_valid_run_id, parse_run_ref, split_run_ref
 
 
 class EvaluationError(ValueError):
@@ -30,13 +30,15 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, dict[str, 
     A run id resolves to its newest checkpoint's ``hf/`` export (``RUN_ID@N``: the checkpoint after N updates), and
     its config becomes the evaluation's base (same prompt format and limits). Anything else must be a folder.
     """
-    run_id, _, updates = target.removeprefix("run:").partition("@")
+    run_id, updates = split_run_ref(target)
     known = lake is not None and is_valid_run_id(run_id)  # else: a folder
     manifest = lake.read_manifest(run_id) if known else None
     if manifest is not None:
         if updates:
-            if not (updates.isascii() and updates.isdigit()):
-                raise EvaluationError(f"{target!r}: after '@' give the number of updates, e.g. {run_id}@10")
+            try:
+                parse_run_ref(target)
+            except RunRefError as exc:
+                raise EvaluationError(f"{target!r}: {exc}") from None
             folder = lake.checkpoint_dir(run_id, int(updates))
             if not folder.is_dir():
                 raise EvaluationError(f"run {run_id!r} has no checkpoint after {updates} updates ({folder})")
@@ -51,7 +53,7 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, dict[str, 
             folder, which = newest[1], f"{run_id}@{newest[0]}"
         config = manifest.get("config")
         return resolve_init(folder), stored_config(config) if isinstance(config, dict) else None, which
-    if target.startswith("run:") or updates:
+    if target.startswith(RUN_REF_PREFIX) or updates:
         where = lake.root if lake else "the data root"
         raise EvaluationError(f"no run {run_id!r} in {where}; `ragen runs` lists them")
     try:

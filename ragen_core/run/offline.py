@@ -20,7 +20,7 @@ from ragen_core.policy import tokenizer_fingerprint
 from ragen_core.seeding import derive_seed
 from ragen_core.storage import DataLake, query
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
-from ragen_core.storage.names import is_valid_run_id
+from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, is_valid_run_id, parse_run_ref
 from ragen_core.training import collate
 from ragen_core.training.starpo import UpdateInputs, compute_advantages, token_rewards_for
 from schemas.tables import TRAJECTORY_KEY
@@ -180,22 +180,21 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
     """A model folder to start from: a Hugging Face model dir, one of our checkpoints (its ``hf/`` export), or
     ``run:<run_id>`` (the model that run started from) / ``run:<run_id>@<updates>`` (that run's checkpoint)."""
     text = str(path)
-    if text.startswith("run:"):
+    if text.startswith(RUN_REF_PREFIX):
         if lake is None:
             raise OfflineError("--init run:<id> needs the data root of that run")
-        run_id, at, updates = text.removeprefix("run:").partition("@")
-        if not is_valid_run_id(run_id):
-            raise OfflineError(f"--init {text}: {run_id!r} is not a run id (letters, digits, '.', '_', '-')")
-        if at and not (updates.isascii() and updates.isdigit()):
-            raise OfflineError(f"--init {text}: after '@' give the number of updates, e.g. run:{run_id}@10")
-        manifest = lake.read_manifest(run_id)
+        try:
+            ref = parse_run_ref(text)
+        except RunRefError as exc:
+            raise OfflineError(f"--init {text}: {exc}") from None
+        manifest = lake.read_manifest(ref.run_id)
         if manifest is None:
-            raise OfflineError(f"--init {text}: no run {run_id!r} in {lake.root}")
-        if not updates:
+            raise OfflineError(f"--init {text}: no run {ref.run_id!r} in {lake.root}")
+        if ref.updates is None:
             if not manifest.get("model_dir"):  # its manifest is written before the bootstrap picks the model
-                raise OfflineError(f"--init {text}: run {run_id!r} stopped before choosing its start model")
+                raise OfflineError(f"--init {text}: run {ref.run_id!r} stopped before choosing its start model")
             return resolve_init(manifest["model_dir"])
-        path = lake.checkpoint_dir(run_id, int(updates))
+        path = lake.checkpoint_dir(ref.run_id, ref.updates)
     if "\x00" in str(path):  # no file name holds one (resolve() would raise ValueError)
         raise OfflineError(f"--init {str(path)!r} is not a folder name: it contains a NUL character")
     path = Path(path).expanduser().resolve()

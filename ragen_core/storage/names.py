@@ -1,6 +1,6 @@
 """Run ids are names: never patterns, paths or SQL text.
 
-A run id names folders under the data root (``runs/<id>/``, ``<table>/run_id=<id>/``, ``_commits/<id>/`` ...) and
+A run id names folders under the data root (``runs/<id>/``, ``<table>/run-<id>/``, ``_commits/<id>/`` ...) and
 the rows of the run in every table, so one validator decides what a run id may be, and every entry point (the CLI
 commands, the flows' parameters, the lake's path helpers as a backstop) applies it before anything is created:
 
@@ -16,6 +16,7 @@ from it matches that run only and it never leaves the data root; SQL still takes
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from ragen_core.storage.files import LakeError
 
@@ -58,3 +59,40 @@ def validate_run_id(run_id: object, what: str = "run id") -> str:
         shown = repr(run_id) if len(run_id) <= 80 else repr(run_id[:60]) + "..."
         raise InvalidRunIdError(f"{what} {shown} {_problem(run_id)}; {RUN_ID_RULE}")
     return run_id
+
+
+RUN_REF_PREFIX = "run:"
+
+
+class RunRefError(ValueError):
+    """A ``[run:]<run id>[@<updates>]`` reference that is not well formed; the message says what to write."""
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run named by ``[run:]<run id>[@<updates>]``: the run, and its checkpoint after ``updates`` updates (None:
+    no ``@``); ``prefixed`` when it was written with ``run:``."""
+
+    run_id: str
+    updates: int | None
+    prefixed: bool
+
+
+def split_run_ref(text: str) -> tuple[str, str | None]:
+    """``(run id part, updates part or None)`` of ``[run:]<run id>[@<updates>]``, unchecked: the one place that
+    splits such a reference (:func:`parse_run_ref` checks both parts)."""
+    run_id, at, updates = text.removeprefix(RUN_REF_PREFIX).partition("@")
+    return run_id, updates if at else None
+
+
+def parse_run_ref(text: str) -> RunRef:
+    """The :class:`RunRef` written as ``text``; :class:`RunRefError` when the run id is not a valid one or what
+    follows ``@`` is not a plain number of updates."""
+    run_id, updates = split_run_ref(text)
+    prefixed = text.startswith(RUN_REF_PREFIX)
+    if not is_valid_run_id(run_id):
+        raise RunRefError(f"{run_id!r} is not a run id (letters, digits, '.', '_', '-')")
+    if updates is not None and not (updates.isascii() and updates.isdigit()):
+        example = f"{RUN_REF_PREFIX if prefixed else ''}{run_id}@10"
+        raise RunRefError(f"after '@' give the number of updates, e.g. {example}")
+    return RunRef(run_id, int(updates) if updates is not None else None, prefixed)
