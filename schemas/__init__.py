@@ -15,7 +15,14 @@ from schemas.tables import (
     ColumnSpec,
     TableSpec,
 )
-from schemas.versions import UPGRADES, NewerSchemaError, SchemaVersionError, UpgradeRegistry
+from schemas.versions import (
+    UPGRADES,
+    NewerSchemaError,
+    SchemaVersionError,
+    UpgradeRegistry,
+    needs_function,
+    upgrade_registry,
+)
 
 __all__ = [
     "CHECKPOINTS",
@@ -34,4 +41,6 @@ __all__ = [
     "SchemaVersionError",
     "TableSpec",
     "UpgradeRegistry",
+    "needs_function",
+    "upgrade_registry",
 ]

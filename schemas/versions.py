@@ -33,21 +33,23 @@ class NewerSchemaError(SchemaVersionError):
     """A stored table was written by a newer ragen-flows than the one reading it."""
 
 
-class UpgradeRegistry(Registry[UpgradeFn]):
-    """The project's :class:`~ragen_core.registry.Registry` of upgrade functions, named ``(table, from_version)``:
-    ``@UPGRADES.register(("trajectories", 1))`` turns a version-1 trajectories table into a version-2 one. It adds
-    one question to the registry's (the lake's catalog asks it)."""
-
-    def __init__(self) -> None:
-        super().__init__("schema upgrade")
-
-    def has_function(self, table: str, from_version: int, to_version: int) -> bool:
-        """Whether any step between the two versions needs a registered function (not only added columns)."""
-        return any((table, step) in self for step in range(from_version, to_version))
+UpgradeRegistry = Registry[UpgradeFn]
+"""A :class:`~ragen_core.registry.Registry` of upgrade functions, named ``(table, from_version)``:
+``@UPGRADES.register(("trajectories", 1))`` turns a version-1 trajectories table into a version-2 one."""
 
 
-UPGRADES = UpgradeRegistry()
+def upgrade_registry() -> UpgradeRegistry:
+    """An empty registry of upgrade functions (the project's own is :data:`UPGRADES`; tests make their own)."""
+    return Registry("schema upgrade")
+
+
+UPGRADES = upgrade_registry()
 """The project's upgrade functions; register new ones next to the version bump in :mod:`schemas.tables`."""
+
+
+def needs_function(registry: UpgradeRegistry, table: str, from_version: int, to_version: int) -> bool:
+    """Whether any step between the two versions of ``table`` needs a registered function (not only added columns)."""
+    return any((table, step) in registry for step in range(from_version, to_version))
 
 
 def stored_version(schema: pa.Schema) -> int:

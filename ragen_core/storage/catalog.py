@@ -41,7 +41,7 @@ from ragen_core.storage.runs import manifest_row, runs_table
 from ragen_core.storage.statements import QueryRefused, check_read_only
 from ragen_core.storage.trust import by_partition, check_footer, check_manifest, check_regular_file, footer
 from schemas.tables import ColumnSpec, TableSpec
-from schemas.versions import SchemaVersionError, check_readable, stored_version
+from schemas.versions import SchemaVersionError, check_readable, needs_function, stored_version
 
 ERROR_PREFIX = "ragen lake: "
 INTERRUPT_GRACE = 5.0  # seconds an interrupted query is given to stop before the stop goes on without it
@@ -102,7 +102,7 @@ def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[in
             check_readable(spec, version)
         except SchemaVersionError as exc:  # a newer file, or a version that is no number
             raise LakeError(f"cannot read {str(path)!r}: {exc}") from exc
-        check_footer(path, spec, metadata, lake.upgrades.has_function(spec.name, version, spec.version))
+        check_footer(path, spec, metadata, needs_function(lake.upgrades, spec.name, version, spec.version))
         versions.add(version)
     return versions
 
@@ -130,7 +130,7 @@ def _checked_files(lake: DataLake, spec: TableSpec, files: list[Path]) -> tuple[
 
 def _needs_python_upgrade(lake: DataLake, spec: TableSpec, versions: set[int]) -> bool:
     oldest = min(versions)
-    if any(lake.upgrades.has_function(spec.name, v, spec.version) for v in versions):
+    if any(needs_function(lake.upgrades, spec.name, v, spec.version) for v in versions):
         return True
     return any(c.added_in > oldest and c.default is not None and _sql_literal(c.default) is None for c in spec.columns)
 

@@ -2,7 +2,14 @@ import pyarrow as pa
 import pytest
 
 from schemas.tables import METRICS, TABLES, ColumnSpec, TableSpec
-from schemas.versions import NewerSchemaError, SchemaVersionError, UpgradeRegistry, stored_version, upgrade
+from schemas.versions import (
+    NewerSchemaError,
+    SchemaVersionError,
+    needs_function,
+    stored_version,
+    upgrade,
+    upgrade_registry,
+)
 
 EXPECTED_TABLES = {"trajectories", "turns", "metrics", "evaluations", "runs", "checkpoints", "events"}
 
@@ -61,14 +68,14 @@ def test_upgrade_fills_added_columns_with_null_or_default():
 
 
 def test_registered_functions_run_before_the_added_columns():
-    registry = UpgradeRegistry()
+    registry = upgrade_registry()
 
     @registry.register(("metrics", 1))
     def scale(table: pa.Table) -> pa.Table:
         return table.set_column(3, "value", pa.array([v * 100 for v in table["value"].to_pylist()]))
 
     assert upgrade(_v1_metrics(), _metrics_v2(), registry)["value"].to_pylist() == [100.0]
-    assert registry.has_function("metrics", 1, 2) and not registry.has_function("metrics", 2, 2)
+    assert needs_function(registry, "metrics", 1, 2) and not needs_function(registry, "metrics", 2, 2)
     with pytest.raises(ValueError, match=r"schema upgrade \('metrics', 1\) is registered twice"):
         registry.register(("metrics", 1))(scale)
 

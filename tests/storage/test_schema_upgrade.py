@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ragen_core.storage import DataLake, LakeError, connect, query
-from schemas import METRICS, TABLES, ColumnSpec, TableSpec, UpgradeRegistry
+from schemas import METRICS, TABLES, ColumnSpec, TableSpec, upgrade_registry
 
 UNIT = ColumnSpec("unit", pa.string(), "Unit of the value.", nullable=True, added_in=2)
 STEP = ColumnSpec("step", pa.int64(), "Optimizer step.", added_in=2, default=0)
@@ -56,7 +56,7 @@ def test_a_registered_upgrade_function_is_applied_by_the_reader_and_the_views(ol
     old, _ = old_and_new
     renamed = tuple(ColumnSpec("metric", c.type, c.description) if c.name == "name" else c for c in METRICS_V2.columns)
     metrics_v3 = TableSpec("metrics", renamed, key=("run_id", "iteration", "metric"), version=3)
-    registry = UpgradeRegistry()
+    registry = upgrade_registry()
     registry.register(("metrics", 2))(lambda table: table.rename_columns(["metric" if n == "name" else n
                                                                           for n in table.column_names]))  # fmt: skip
     v3 = DataLake(old.root, tables={**TABLES, "metrics": metrics_v3}, upgrades=registry)
