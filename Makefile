@@ -75,7 +75,7 @@ bench: $(BENCH_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check ragen_core schemas tasks flows tests
+	$(BIN)/ruff check ragen_core schemas tasks flows ragen_cli tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -61,8 +61,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - x
 
 @pytest.fixture(scope="session", autouse=True)
 def ragen_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The test run's own cache folder (the ready Prefect database of flows/prefect_template.py): the first server of
-    the run migrates a fresh database, the later ones start from its copy; the user's cache is left alone. Under
+    """The test run's own cache folder (the ready Prefect database of ragen_cli/prefect_template.py): the first server
+    of the run migrates a fresh database, the later ones start from its copy; the user's cache is left alone. Under
     xdist the workers share one folder (beside their own temporary folders; the template is written atomically)."""
     base = tmp_path_factory.getbasetemp()
     folder = base.parent / "ragen-cache" if os.environ.get("PYTEST_XDIST_WORKER") else base / "ragen-cache"
@@ -103,7 +103,7 @@ def prefect_server(tmp_path_factory):
     started like users start it (`ragen server start`); stopped by PID at the end of the session.
 
     Yields (state, env, state_dir): ``env`` is the environment for commands that talk to it."""
-    from flows.local_server import alive, base_env, start, stop
+    from ragen_cli.local_server import alive, base_env, start, stop
 
     state_dir = tmp_path_factory.mktemp("prefect-local")
     state = start(port=0, state_dir=state_dir, timeout=300)

@@ -198,7 +198,7 @@ def test_every_shipped_config_stays_within_the_bounds():
 def test_train_refuses_an_unbounded_config_before_creating_anything(tmp_path):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from ragen_cli.main import app
 
     root = tmp_path / "never-made"
     result = CliRunner().invoke(app, ["train", "--config", "configs/bandit.yaml", "--data-root", str(root),

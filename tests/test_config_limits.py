@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.config import YAML_MAX_DEPTH, YAML_MAX_NODES, ConfigError, load_config, load_yaml
 from ragen_core.sweep import DEFAULT_MAX_POINTS, SweepError, plan_sweep
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 import torch
 
-from flows.local_server import POOL, PROJECT_DIR, alive, base_env, read_state, stop
+from ragen_cli.local_server import POOL, PROJECT_DIR, alive, base_env, read_state, stop
 from ragen_core.storage import DataLake
 from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _ragen, _rows, _weights
 
@@ -221,7 +221,7 @@ def test_a_sigterm_prefect_caught_first_still_exits_143(monkeypatch):
     command still reports SIGTERM and exits 143; a Ctrl-C noted first is left as it was."""
     from prefect.exceptions import TerminationSignal
 
-    from flows import interrupts
+    from ragen_cli import interrupts
 
     monkeypatch.setattr(interrupts, "_state", {"requested": False, "reported": False, "signal": signal.SIGINT})
     try:

@@ -168,7 +168,7 @@ KEYS = "SELECT 'src' AS run_id, 99 AS iteration, 'train' AS split, 'bandit' AS e
 def test_a_refused_retrain_creates_nothing(lake_root, tiny_model_dir, sql, message):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from ragen_cli.main import app
 
     if sql == "UNION ALL":  # every stored key of src plus one made up: one unmatched key is refused too
         sql = f"SELECT {', '.join(TRAJECTORY_KEY)} FROM trajectories WHERE run_id = 'src' UNION ALL {KEYS}"
@@ -185,7 +185,7 @@ def test_a_refused_retrain_creates_nothing(lake_root, tiny_model_dir, sql, messa
 def test_a_retrain_over_an_existing_run_or_with_a_foreign_tokenizer_creates_nothing(lake_root, tiny_model_dir):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from ragen_cli.main import app
 
     def retrain(run_id: str):
         return CliRunner().invoke(app, ["retrain", "--from", "SELECT * FROM trajectories WHERE run_id = 'demo'",
@@ -211,7 +211,7 @@ def test_the_cli_names_an_offline_run_s_phases(lake_root, tiny_model_dir, tmp_pa
     import yaml
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from ragen_cli.main import app
 
     config = tmp_path / "offline.yaml"
     config.write_text(yaml.safe_dump(_tree(tiny_model_dir)))

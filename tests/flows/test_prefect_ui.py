@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flows.local_server import PROJECT_DIR, alive, start_worker, stop_process
+from ragen_cli.local_server import PROJECT_DIR, alive, start_worker, stop_process
 from ragen_core.storage import DataLake, query
 
 pytestmark = pytest.mark.server

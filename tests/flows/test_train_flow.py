@@ -3,7 +3,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.config import load_config
 from ragen_core.envs import base as env_base
 from ragen_core.envs import register_env

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.policy import PolicyLoadError, load_policy, load_tokenizer
 from ragen_core.training.critic import ValueModel
 

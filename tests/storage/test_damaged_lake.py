@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import _print_run_summary, app
+from ragen_cli.main import app
+from ragen_cli.summary import print_run_summary
 from ragen_core.storage import DataLake, LakeError
 from tests.storage.synthetic import make_run, write_run
 
@@ -105,7 +106,7 @@ def test_runs_fails_on_a_damaged_table_it_reads(lake):
 def test_the_end_of_run_summary_fails_naming_the_file(lake):
     path = _damage(lake, "garbage")
     with pytest.raises(LakeError, match=re.escape(str(path))):
-        _print_run_summary(lake, "run-a", None)
+        print_run_summary(lake, "run-a", None)
 
 
 def test_one_broken_manifest_is_listed_as_broken_without_hiding_the_others(lake):

@@ -155,7 +155,7 @@ def test_runs_rm_never_removes_a_run_whose_writer_is_alive(tmp_path):
 
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from ragen_cli.main import app
     from ragen_core.storage.locks import lock_path, read_holder
 
     lake = DataLake(tmp_path / "lake")

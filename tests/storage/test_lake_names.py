@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.storage import DataLake, LakeError, checkpoint_row, query
 from ragen_core.storage.parts import COMPACTION_MARKER, merged_name
 from tests.storage.synthetic import make_run, write_run
@@ -286,7 +286,7 @@ def test_a_symlinked_partition_folder_is_refused_by_compact_and_rm_without_a_stu
 def _on_read_only_root(root: Path, args: list[str]) -> subprocess.CompletedProcess:
     """The real ``ragen`` in a subprocess that sees ``root`` read-only: a read-only bind mount in a private mount
     namespace as root (root ignores folder permissions), folder permissions otherwise."""
-    command = [sys.executable, "-m", "flows.cli", *args]
+    command = [sys.executable, "-m", "ragen_cli.main", *args]
     env = {**os.environ, "PYTHONPATH": str(PROJECT)}
     if os.geteuid() != 0:
         for path in [root, *root.rglob("*")]:

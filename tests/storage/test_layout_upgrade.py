@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.storage import DataLake, LakeError, Stage, compact_run, query
 from ragen_core.storage import upgrade as upgrade_module
 from ragen_core.storage.layout import stage_token

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.storage import DataLake, LakeError, checkpoint_row, query
 from ragen_core.storage.names import RUN_ID_MAX_LENGTH, InvalidRunIdError, is_valid_run_id, validate_run_id
 from tests.storage.synthetic import make_run, write_run
@@ -238,7 +238,7 @@ def test_flows_refuse_hostile_ids_in_their_parameters(lake, tmp_path):
 def test_queries_take_run_ids_as_parameters_even_when_validation_is_bypassed(lake, capsys):
     """Code paths that put a run id into SQL bind it: an id with a quote (refused by the validator, here passed
     straight to the query functions) finds nothing instead of breaking or changing the query."""
-    from flows.cli import SUMMARY_SQL, _print_run_summary
+    from ragen_cli.summary import SUMMARY_SQL, print_run_summary
     from ragen_core.run.offline import OfflineError, select_trajectories
     from ragen_core.sweep import SweepPlan, compare_sweep
 
@@ -249,8 +249,8 @@ def test_queries_take_run_ids_as_parameters_even_when_validation_is_bypassed(lak
     with pytest.raises(OfflineError, match="returned no trajectories"):
         select_trajectories(lake, "SELECT * FROM trajectories WHERE run_id = ?", params=[hostile])
     assert compare_sweep(lake, SweepPlan(hostile, {}, [])).num_rows == 0
-    _print_run_summary(lake, hostile, None)  # the end-of-run summary: no rows, no error
-    _print_run_summary(lake, "ab", None)
+    print_run_summary(lake, hostile, None)  # the end-of-run summary: no rows, no error
+    print_run_summary(lake, "ab", None)
     assert "WHERE run_id = 'ab'" in capsys.readouterr().out  # shown to copy; run with the id as a parameter
     train = [t for t in make_run(1, "ab", "bandit", 1, groups=1, group_size=2).trajectories if t.split == "train"]
     rows = query(lake, SUMMARY_SQL, params={"run_id": "ab"}).to_pylist()

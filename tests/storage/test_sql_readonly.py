@@ -8,7 +8,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.storage import DataLake, QueryRefused, check_read_only, connect
 from tests.storage.synthetic import make_run, write_run
 

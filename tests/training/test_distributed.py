@@ -89,7 +89,7 @@ def test_scale_out_config_is_checked_at_load_time():
         with pytest.raises(ConfigError, match=needle):
             build_config({}, overrides)
     # a config is valid or not wherever it is read: bf16 is planned on a CPU head node too (the machine is checked
-    # when a command starts, see tests/flows/test_cli.py)
+    # when a command starts, see tests/cli/test_cli.py)
     assert build_config({}, ["trainer.precision=bf16"]).trainer.precision == "bf16"
 
 

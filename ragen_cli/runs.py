@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from flows.cli_common import (
+from ragen_cli.common import (
     DATA_ROOT_HELP,
     OUTPUT_FORMATS,
     check_output,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
-from flows.cli_common import console, fail, printable
+from ragen_cli.common import console, fail, printable
 
 if TYPE_CHECKING:
     from ragen_core.storage import DataLake
@@ -90,7 +90,7 @@ def _prepare_prefect(lake: DataLake, run_id: str, verbose: bool) -> None:
         home = lake.prefect_home(run_id) / f"{stamp}-{os.getpid()}"
         home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level itself
         os.environ["PREFECT_HOME"] = str(home)
-        from flows.interrupts import start_command_server
+        from ragen_cli.interrupts import start_command_server
 
         start_command_server(home)  # its own server: out of reach of the terminal's Ctrl-C, dead with this process
 
@@ -189,7 +189,7 @@ def _hide_run_logs() -> None:
     when it was imported). A log line the server fails to store (its disk full, say) is not the run's failure: the
     log sender's "--- Error logging to API ---" stays off the terminal (Python's production setting,
     ``logging.raiseExceptions = False``); the command reports the run's own errors, and --verbose shows those too."""
-    from flows.interrupts import terminal_handlers
+    from ragen_cli.interrupts import terminal_handlers
 
     for name in RUN_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)

@@ -1,5 +1,5 @@
 """``ragen export`` (chosen runs' rows as a Hugging Face ``datasets`` folder) and ``ragen upgrade-lake`` (a data
-root of an older lake layout brought to the current one); both registered in :mod:`flows.cli`."""
+root of an older lake layout brought to the current one); both registered in :mod:`ragen_cli.main`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from flows.cli_common import DATA_ROOT_HELP, checked_run_id, console, existing_root, fail
+from ragen_cli.common import DATA_ROOT_HELP, checked_run_id, console, existing_root, fail
 
 
 def export(

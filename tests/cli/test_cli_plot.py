@@ -6,7 +6,7 @@ import pytest
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.storage import DataLake
 from tests.test_plots import RUN_A_METRICS, RUN_B_METRICS, write_metrics_run
 

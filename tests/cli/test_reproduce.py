@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.findings import load_finding, plan_finding
 from ragen_core.findings.analysis import Context, replay_warnings
 from ragen_core.storage import DataLake, query

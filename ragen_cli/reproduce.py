@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
-from flows.cli_common import DataRoot, Verbose, console, data_root_path, fail, writable_root
+from ragen_cli.common import DataRoot, Verbose, console, data_root_path, fail, writable_root
 
 if TYPE_CHECKING:
     from ragen_core.storage import DataLake
@@ -68,7 +68,7 @@ def _checked_out(out: Path, root: Path) -> Path:
 
 def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
     """Every variant's sweep as local subflows; completed points are skipped, failed ones resumed."""
-    from flows.cli_launch import start_flow_command, watch_points
+    from ragen_cli.launch import start_flow_command, watch_points
 
     start_flow_command(lake, name, verbose)
     from flows.sweep import sweep as sweep_flow

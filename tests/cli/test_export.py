@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from tests.storage.real_lake import RUNS, counts_of, expected_counts, make_real_lake
 
 datasets = pytest.importorskip("datasets")

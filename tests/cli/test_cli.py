@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.storage import DataLake, query
 from tests.storage.synthetic import make_run, write_run
 

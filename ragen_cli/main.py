@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from flows.cli_common import (
+from ragen_cli.common import (
     OUTPUT_FORMATS,
     OVERRIDES,
     DataRoot,
@@ -26,11 +26,12 @@ from flows.cli_common import (
     writable_root,
     write_result,
 )
-from flows.cli_export import export, upgrade_lake
-from flows.cli_launch import print_step, start_flow_command, user_facing_errors, watch_points, watch_run, writer
-from flows.cli_reproduce import reproduce
-from flows.cli_runs import runs_app
-from flows.cli_server import server_app
+from ragen_cli.export import export, upgrade_lake
+from ragen_cli.launch import print_step, start_flow_command, user_facing_errors, watch_points, watch_run, writer
+from ragen_cli.reproduce import reproduce
+from ragen_cli.runs import runs_app
+from ragen_cli.server import server_app
+from ragen_cli.summary import metrics_line, print_run_summary, print_sweep
 
 if TYPE_CHECKING:
     from ragen_core.storage import DataLake
@@ -41,13 +42,6 @@ app.add_typer(runs_app, name="runs")
 app.command()(reproduce)
 app.command()(export)
 app.command("upgrade-lake")(upgrade_lake)
-
-SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQL; one row per env and split
-    "SELECT iteration, split, env, count(*) AS trajectories, round(avg(total_reward), 4) AS reward, "
-    "round(avg(success::int), 4) AS success FROM trajectories WHERE run_id = $run_id "
-    "GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
-)
-
 
 @app.command(context_settings=OVERRIDES)
 def train(
@@ -161,12 +155,12 @@ def retrain(
 
     console.print(f"offline {mode} run [bold]{run_id}[/] from {init} · data root {root}")
     try:
-        with watch_run(lambda i, m: console.print(_metrics_line(i, m))):
+        with watch_run(lambda i, m: console.print(metrics_line(i, m))):
             result = retrain_offline(run_config, sql, mode, init, data_root=str(root), run_id=run_id)
     except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
         fail(str(exc))
     console.print(f"trained on {result['trajectories']} stored trajectories")
-    _print_run_summary(lake, result["run_id"], None, phases=f"before -> after offline {mode.upper()}")
+    print_run_summary(lake, result["run_id"], None, phases=f"before -> after offline {mode.upper()}")
 
 
 def _check_init(init: str) -> None:
@@ -240,19 +234,7 @@ def sweep(
             )  # fmt: skip
     except SweepError as exc:
         fail(str(exc))
-    _print_sweep(result)
-
-
-def _print_sweep(result: dict) -> None:
-    """The sweep's comparison table; exit status 1 when some point did not complete."""
-    import pyarrow as pa
-
-    console.print("\n[bold]sweep comparison[/] (val_success: mean over validation envs at the last iteration)")
-    print_table(pa.Table.from_pylist(result["points"]))
-    failed = [row["run_id"] for row in result["points"] if row["status"] != "completed"]
-    if failed:
-        console.print(f"[yellow]not completed:[/] {', '.join(failed)}; run the same command again to resume them")
-        raise typer.Exit(code=1)
+    print_sweep(result)
 
 
 @app.command("eval", context_settings=OVERRIDES)
@@ -330,7 +312,7 @@ def _run(run_config, lake: DataLake, run_id: str, verbose: bool, allowed: list[s
     from ragen_core.storage import LakeError
 
     try:
-        _print_run_summary(lake, result["run_id"], result.get("bootstrap"))
+        print_run_summary(lake, result["run_id"], result.get("bootstrap"))
     except LakeError as exc:  # a damaged file the run's summary reads: say so, never a traceback or a silent 0
         fail(f"the run's summary cannot be read: {exc}")
 
@@ -364,7 +346,7 @@ def _train_with_progress(run_config, lake: DataLake, run_id: str, allowed: list[
         bar = progress.add_task("training", total=run_config.trainer.iterations + 1)
 
         def on_iteration(iteration: int, metrics: dict[str, float]) -> None:
-            progress.console.print(_metrics_line(iteration, metrics))
+            progress.console.print(metrics_line(iteration, metrics))
             progress.update(bar, completed=iteration + 1)
 
         try:
@@ -375,7 +357,7 @@ def _train_with_progress(run_config, lake: DataLake, run_id: str, allowed: list[
             progress.stop()
             fail(str(exc))
         except BaseException as exc:  # Ctrl-C: the flow recorded where it stopped; one line, then exit status 130
-            from flows.interrupts import note_stop, report_interrupted, requested
+            from ragen_cli.interrupts import note_stop, report_interrupted, requested
             from ragen_core.run.record import interrupted
 
             if not (interrupted(exc) or requested()):  # an error that a Ctrl-C did not cause: not ours to handle
@@ -393,59 +375,6 @@ def _train_with_progress(run_config, lake: DataLake, run_id: str, allowed: list[
             note_stop(exc)  # a SIGTERM that Prefect caught first is still a SIGTERM (exit status 143)
             report_interrupted(lake, run_id)
             raise KeyboardInterrupt from None  # also for a library's error raised while it handled the Ctrl-C
-
-
-def _metrics_line(iteration: int, metrics: dict[str, float]) -> str:
-    """The iteration's summary line (the same line goes to the run's logs in Prefect's UI)."""
-    from ragen_core.reports import iteration_line
-
-    return iteration_line(iteration, metrics)
-
-
-def bootstrap_line(bootstrap: dict) -> str:
-    """One readable line about the run's bootstrap (its model run, reused or built, and the SFT loss)."""
-    from rich.markup import escape
-
-    name = escape(str(bootstrap.get("run_id", "?")))
-    if bootstrap.get("cached"):
-        return f"bootstrap: {name} (reused)"
-    parts = [f"bootstrap: {name}"]
-    if "demonstrations" in bootstrap:
-        parts.append(f"{bootstrap['demonstrations']} demonstrations")
-    if "sft_loss_first" in bootstrap and "sft_loss_last" in bootstrap:
-        parts.append(f"SFT loss {bootstrap['sft_loss_first']:.3f} -> {bootstrap['sft_loss_last']:.3f}")
-    return ", ".join(parts)
-
-
-def _print_run_summary(
-    lake: DataLake, run_id: str, bootstrap: dict | None, phases: str = "before RL -> after RL"
-) -> None:
-    """Validation success at the run's first and last validation (``phases`` names the two), its bootstrap and the
-    SQL summary per environment and split."""
-    from rich.markup import escape
-
-    from ragen_core.storage import query
-
-    success = query(
-        lake,
-        "SELECT iteration, name, value FROM metrics WHERE run_id = ? AND name LIKE 'val/%/success' "
-        "ORDER BY iteration, name",
-        params=[run_id],
-    ).to_pylist()
-    if success:
-        first, last = success[0]["iteration"], success[-1]["iteration"]
-        console.print(f"\n[bold]validation success[/] ({phases})")
-        for name in sorted({row["name"] for row in success}):
-            before = next(r["value"] for r in success if r["name"] == name and r["iteration"] == first)
-            after = next(r["value"] for r in success if r["name"] == name and r["iteration"] == last)
-            console.print(
-                f"  {name.split('/')[1]:<16} iteration {first}: {before:.3f} -> iteration {last}: {after:.3f}"
-            )
-    if bootstrap:
-        console.print(bootstrap_line(bootstrap), highlight=False)
-    shown = SUMMARY_SQL.replace("$run_id", "'" + run_id.replace("'", "''") + "'")  # to copy; runs with a parameter
-    console.print("\n[bold]SQL summary[/]: " + escape(shown), highlight=False)
-    print_table(query(lake, SUMMARY_SQL, params={"run_id": run_id}))
 
 
 @app.command()
@@ -505,7 +434,7 @@ def plot(
 
 def main() -> None:
     """The ``ragen`` entry point: the first Ctrl-C stops the command cleanly (exit status 130), a second forces it."""
-    from flows import interrupts
+    from ragen_cli import interrupts
 
     interrupts.install()
     try:

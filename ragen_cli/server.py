@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from flows.cli_common import console, fail
+from ragen_cli.common import console, fail
 
 server_app = typer.Typer(
     help="A local Prefect server (127.0.0.1) + process worker for the deployments in prefect.yaml.",
@@ -23,7 +23,7 @@ def server_start(
     deploy: bool = typer.Option(True, "--deploy/--no-deploy", help="Deploy prefect.yaml's deployments."),
 ) -> None:
     """Start the server, create the `local-process` pool, deploy prefect.yaml and start a worker (all by PID)."""
-    from flows.local_server import DEFAULT_STATE_DIR, ServerError, start
+    from ragen_cli.local_server import DEFAULT_STATE_DIR, ServerError, start
 
     try:
         state = start(port, state_dir or DEFAULT_STATE_DIR, worker=worker, deploy=deploy)
@@ -36,7 +36,7 @@ def server_start(
 @server_app.command("stop")
 def server_stop(state_dir: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP)) -> None:
     """Stop the worker (SIGINT) and the server (SIGTERM) that `ragen server start` recorded."""
-    from flows.local_server import DEFAULT_STATE_DIR, stop
+    from ragen_cli.local_server import DEFAULT_STATE_DIR, stop
 
     console.print("stopped" if stop(state_dir or DEFAULT_STATE_DIR) else "no server recorded; nothing to stop")
 
@@ -44,7 +44,7 @@ def server_stop(state_dir: Path | None = typer.Option(None, "--state-dir", help=
 @server_app.command("status")
 def server_status(state_dir: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP)) -> None:
     """Say whether the recorded server and worker are alive."""
-    from flows.local_server import DEFAULT_STATE_DIR, alive, read_state
+    from ragen_cli.local_server import DEFAULT_STATE_DIR, alive, read_state
 
     state = read_state(state_dir or DEFAULT_STATE_DIR)
     if state is None:

@@ -5,7 +5,7 @@ import socket
 
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 
 
 def _start(port, state_dir):

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 from ragen_core.storage import DataLake
 from tests.storage.synthetic import make_run, write_run
 
@@ -239,7 +239,7 @@ def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, ti
 
 
 def test_the_bootstrap_is_one_readable_line():
-    from flows.cli import bootstrap_line
+    from ragen_cli.summary import bootstrap_line
 
     built = {"run_id": "bootstrap-ab12", "cached": False, "demonstrations": 512, "sft_loss_first": 4.4467189,
              "sft_loss_last": 0.1081778}  # fmt: skip
@@ -252,7 +252,7 @@ def test_a_table_narrower_than_its_cells_shows_every_character():
     import pyarrow as pa
     from rich.console import Console
 
-    from flows.cli_common import print_table
+    from ragen_cli.common import print_table
 
     rows = [{"run_id": f"sweep-0123456789abcdef-p{i:03d}", "overrides": f"algorithm.filter_ratio=0.{i}5 seed={i}",
              "status": "completed", "val_success": 0.5} for i in range(3)]  # fmt: skip

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flows import prefect_template
+from ragen_cli import prefect_template
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_STATE_DIR = PROJECT_DIR / ".prefect-local"
@@ -295,7 +295,7 @@ def start_temporary(home: Path, timeout: float, attempts: int = 3) -> TemporaryS
     env = base_env(home)
     env.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
     log = home / "server.log"
-    seeded = prefect_template.seed(home)  # a ready database: about half the start-up (flows/prefect_template.py)
+    seeded = prefect_template.seed(home)  # a ready database: about half the start-up (ragen_cli/prefect_template.py)
     for attempt in range(attempts):
         port = free_port()
         command = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",

@@ -7,7 +7,7 @@ while the server runs), once per Prefect version, into the user's cache folder (
 ``$XDG_CACHE_HOME/ragen``, else ``~/.cache/ragen``). It holds only what every fresh server creates for itself:
 never a flow run. Every step is best effort: a cache that cannot be read or written only costs the slower start,
 and a server that fails to start from a seeded home is retried on an empty one (the template is then dropped).
-Like the rest of :mod:`flows.local_server`, this module imports nothing of Prefect.
+Like the rest of :mod:`ragen_cli.local_server`, this module imports nothing of Prefect.
 """
 
 from __future__ import annotations

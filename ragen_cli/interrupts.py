@@ -91,7 +91,7 @@ def report(message: str) -> None:
     if _state["reported"]:
         return
     _state["reported"] = True
-    from flows.cli_common import err_console
+    from ragen_cli.common import err_console
 
     err_console.print(message, markup=False, highlight=False, soft_wrap=True)
 
@@ -134,13 +134,13 @@ def mute_console_logs() -> None:
 
 
 def start_command_server(home: Path) -> None:
-    """Start the command's own temporary Prefect server (:func:`flows.local_server.start_temporary`: out of reach of
-    the terminal's Ctrl-C, dead with this process) and point Prefect at it; it is stopped when the command exits,
+    """Start the command's own temporary Prefect server (:func:`ragen_cli.local_server.start_temporary`: out of reach
+    of the terminal's Ctrl-C, dead with this process) and point Prefect at it; it is stopped when the command exits,
     after Prefect's own exit handlers (registered later, so run earlier) have reported to it."""
     import atexit
 
-    from flows.cli_common import fail
-    from flows.local_server import ServerError, start_temporary
+    from ragen_cli.common import fail
+    from ragen_cli.local_server import ServerError, start_temporary
 
     try:
         timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from flows.cli import app
+from ragen_cli.main import app
 
 
 def _invoke(*args: str, env: dict[str, str] | None = None):
@@ -46,7 +46,7 @@ def test_server_status_and_stop_without_a_server(tmp_path):
 
 
 def test_the_worker_environment_drops_a_launchers_rendezvous(monkeypatch, tmp_path):
-    from flows.local_server import base_env
+    from ragen_cli.local_server import base_env
 
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "50037", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(name, value)

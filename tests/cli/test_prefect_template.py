@@ -1,4 +1,4 @@
-"""The ready Prefect database (flows/prefect_template.py): taken from the first temporary server on an empty home,
+"""The ready Prefect database (ragen_cli/prefect_template.py): taken from the first temporary server on an empty home,
 copied into the next new home; a damaged template costs nothing but the slower start."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import prefect_template
-from flows.local_server import start_temporary
+from ragen_cli import prefect_template
+from ragen_cli.local_server import start_temporary
 
 
 def _schema(database: Path) -> tuple[list, list, list]:

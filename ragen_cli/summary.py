@@ -1,0 +1,84 @@
+"""What a command prints after a run or a sweep: the iteration line, the bootstrap line, the run's summary (validation
+success before and after, the SQL summary per environment and split) and the sweep's comparison table."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+from ragen_cli.common import console, print_table
+
+if TYPE_CHECKING:
+    from ragen_core.storage import DataLake
+
+SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQL; one row per env and split
+    "SELECT iteration, split, env, count(*) AS trajectories, round(avg(total_reward), 4) AS reward, "
+    "round(avg(success::int), 4) AS success FROM trajectories WHERE run_id = $run_id "
+    "GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+)
+
+
+def metrics_line(iteration: int, metrics: dict[str, float]) -> str:
+    """The iteration's summary line (the same line goes to the run's logs in Prefect's UI)."""
+    from ragen_core.reports import iteration_line
+
+    return iteration_line(iteration, metrics)
+
+
+def bootstrap_line(bootstrap: dict) -> str:
+    """One readable line about the run's bootstrap (its model run, reused or built, and the SFT loss)."""
+    from rich.markup import escape
+
+    name = escape(str(bootstrap.get("run_id", "?")))
+    if bootstrap.get("cached"):
+        return f"bootstrap: {name} (reused)"
+    parts = [f"bootstrap: {name}"]
+    if "demonstrations" in bootstrap:
+        parts.append(f"{bootstrap['demonstrations']} demonstrations")
+    if "sft_loss_first" in bootstrap and "sft_loss_last" in bootstrap:
+        parts.append(f"SFT loss {bootstrap['sft_loss_first']:.3f} -> {bootstrap['sft_loss_last']:.3f}")
+    return ", ".join(parts)
+
+
+def print_run_summary(
+    lake: DataLake, run_id: str, bootstrap: dict | None, phases: str = "before RL -> after RL"
+) -> None:
+    """Validation success at the run's first and last validation (``phases`` names the two), its bootstrap and the
+    SQL summary per environment and split."""
+    from rich.markup import escape
+
+    from ragen_core.storage import query
+
+    success = query(
+        lake,
+        "SELECT iteration, name, value FROM metrics WHERE run_id = ? AND name LIKE 'val/%/success' "
+        "ORDER BY iteration, name",
+        params=[run_id],
+    ).to_pylist()
+    if success:
+        first, last = success[0]["iteration"], success[-1]["iteration"]
+        console.print(f"\n[bold]validation success[/] ({phases})")
+        for name in sorted({row["name"] for row in success}):
+            before = next(r["value"] for r in success if r["name"] == name and r["iteration"] == first)
+            after = next(r["value"] for r in success if r["name"] == name and r["iteration"] == last)
+            console.print(
+                f"  {name.split('/')[1]:<16} iteration {first}: {before:.3f} -> iteration {last}: {after:.3f}"
+            )
+    if bootstrap:
+        console.print(bootstrap_line(bootstrap), highlight=False)
+    shown = SUMMARY_SQL.replace("$run_id", "'" + run_id.replace("'", "''") + "'")  # to copy; runs with a parameter
+    console.print("\n[bold]SQL summary[/]: " + escape(shown), highlight=False)
+    print_table(query(lake, SUMMARY_SQL, params={"run_id": run_id}))
+
+
+def print_sweep(result: dict) -> None:
+    """The sweep's comparison table; exit status 1 when some point did not complete."""
+    import pyarrow as pa
+
+    console.print("\n[bold]sweep comparison[/] (val_success: mean over validation envs at the last iteration)")
+    print_table(pa.Table.from_pylist(result["points"]))
+    failed = [row["run_id"] for row in result["points"] if row["status"] != "completed"]
+    if failed:
+        console.print(f"[yellow]not completed:[/] {', '.join(failed)}; run the same command again to resume them")
+        raise typer.Exit(code=1)
