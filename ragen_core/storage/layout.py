@@ -29,6 +29,11 @@ Layout 1 (``run_id=<id>/iteration=<n>/part-<stage>-<k>.parquet``, ``_COMPACTION.
 upgrade (:mod:`ragen_core.storage.upgrade`). The names are chosen for the other tools that read the folders
 (docs/lake.md, "Reading the lake with other tools"): no ``key=value`` table folder, no split word of Hugging Face
 ``datasets`` in a part name, only ``.parquet`` files, the marker hidden.
+
+Two folders are handed whole to the component that works in them: ``update_group/`` to the launched update group
+(:mod:`ragen_core.training.group`: its control file, ``group-<pid>.log``; the policy export inside it is the
+layout's) and ``vllm_server/`` to the rollout server (:mod:`ragen_core.rollout.vllm_backend`: ``server.log``, its
+ready file). Those files are the components' scratch, which nothing reads back from the lake, so they name them.
 """
 
 from __future__ import annotations
