@@ -249,16 +249,18 @@ NOT_REGISTRIES = {
 
 
 def _registry_offences(tree: ast.Module) -> list[str]:
-    """What looks like a registry of its own in one module: a class other than ``Registry`` (or one derived from
-    it) with a ``register`` method, a module-level dict holding the module's functions or classes, or a function
-    that stores into a module-level dict by subscript (the decorator pattern)."""
+    """What looks like a registry of its own in one module: a class other than ``Registry`` with a ``register``
+    method, a subclass of ``Registry`` (a question the registry lacks is a function over it), a module-level dict
+    holding the module's functions or classes, or a function that stores into a module-level dict by subscript (the decorator pattern)."""
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     found = []
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name != "Registry":
             bases = {ast.unparse(b).split("[")[0].split(".")[-1] for b in node.bases}
             methods = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-            if "register" in methods and "Registry" not in bases:
+            if "Registry" in bases:
+                found.append(f"class {node.name} subclasses Registry")
+            elif "register" in methods:
                 found.append(f"class {node.name} registers things by itself")
         value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
         if isinstance(value, ast.Dict) and any(isinstance(v, ast.Name) and v.id in defined for v in value.values):
@@ -295,7 +297,7 @@ def test_every_registry_is_the_one_registry_class():
 
 def test_the_registry_check_sees_a_registry_of_its_own():
     """The check above catches the three shapes a hand-made registry takes (a check that cannot fail proves
-    nothing), and lets a Registry and its subclasses pass."""
+    nothing) and a subclass of Registry, and lets a Registry pass."""
     planted = ast.parse(
         "class WidgetRegistry:\n    def register(self, name): ...\n"
         "class Upgrades(Registry[int]):\n    def register(self, name): ...\n"
@@ -303,9 +305,11 @@ def test_the_registry_check_sees_a_registry_of_its_own():
         "_TABLE: dict = {}\ndef register(name):\n    def add(fn):\n        _TABLE[name] = fn\n        return fn\n"
         "    return add\n"
         "TITLES = {'a': 'A'}\n"
+        "ESTIMATORS = Registry('estimator')\n"
     )
     assert _registry_offences(planted) == [
         "class WidgetRegistry registers things by itself",
+        "class Upgrades subclasses Registry",
         "line 6: a dict of the module's functions or classes",
         "add stores into the module's table _TABLE",
     ]
