@@ -1,18 +1,15 @@
-"""Text environments and their registry. Importing this package registers every built-in environment:
-``bandit``, ``bandit_test``, ``bandit_reversed``, ``sokoban``, ``sokoban_large``, ``sokoban_new_vocab``,
-``sokoban_coord``, ``frozen_lake``, ``countdown``, ``sudoku``, ``sudoku_pr147_4x4``, ``sudoku_pr147_9x9``,
-``game_2048`` and ``rubikscube``."""
+"""Text environments and their registry. Importing this package imports every module in it, which registers the
+environments each defines (``@register_env``): a new environment is one new module here, nothing else to edit.
+The built-in ones: ``bandit``, ``bandit_test``, ``bandit_reversed``, ``sokoban``, ``sokoban_large``,
+``sokoban_new_vocab``, ``sokoban_coord``, ``frozen_lake``, ``countdown``, ``sudoku``, ``sudoku_pr147_4x4``,
+``sudoku_pr147_9x9``, ``game_2048`` and ``rubikscube``."""
 
-from ragen_core.envs import (  # noqa: F401  (register the environments)
-    bandit,
-    countdown,
-    frozen_lake,
-    game_2048,
-    rubikscube,
-    sokoban,
-    sudoku,
-    sudoku_pr147,
-)
+import importlib
+import pkgutil
+
 from ragen_core.envs.base import TextEnv, make_env, register_env, registered_envs
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")  # registers its environments
 
 __all__ = ["TextEnv", "make_env", "register_env", "registered_envs"]
