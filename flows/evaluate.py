@@ -10,10 +10,9 @@ from prefect import flow
 from flows import ui
 from ragen_core.config import RunConfig
 from ragen_core.run import evaluation as e
+from ragen_core.run.entry import check_run_id, open_run, run_lake
 from ragen_core.run.record import run_status
 from ragen_core.storage import DataLake
-from ragen_core.storage.locks import run_writer
-from ragen_core.storage.names import validate_run_id
 from tasks import reporting as r
 from tasks import stages as t
 
@@ -35,14 +34,13 @@ def evaluate(
     run's (or ``config``, a YAML path). The same evaluation again returns the stored result; an interrupted one is
     finished, reusing the envs it had completed.
     """
-    if run_id is not None:
-        validate_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
-    lake = DataLake(data_root)
+    check_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
+    lake = run_lake(data_root)
     model_dir, base, which = e.resolve_target(target, lake)
     run_config = e.evaluation_config(base, envs, n, config, overrides)
-    run_id = validate_run_id(run_id or e.evaluation_run_id(which, run_config))
+    run_id = check_run_id(run_id or e.evaluation_run_id(which, run_config))
     tags = [*ui.run_tags(run_config.env.name, run_config.algorithm.preset), "evaluation"]
-    with ui.showing(run_id, tags), run_writer(lake.root, run_id):  # one writer per run: never the same one twice
+    with ui.showing(run_id, tags), open_run(lake, run_id):  # one writer per run: never the same one twice
         return _evaluate(lake, run_config, run_id, target, which, model_dir)
 
 

@@ -9,10 +9,9 @@ from prefect import flow
 from flows import ui
 from flows.train import final_evaluation, resolve_config
 from ragen_core.config import RunConfig
+from ragen_core.run.entry import check_run_id, open_run, run_lake
 from ragen_core.run.record import check_run_id_free, run_status
 from ragen_core.storage import DataLake
-from ragen_core.storage.locks import run_writer
-from ragen_core.storage.names import validate_run_id
 from tasks import offline as o
 from tasks import stages as t
 
@@ -33,16 +32,15 @@ def retrain_offline(
     first epoch and after the last, so the run compares with its sources in the same tables. Progress goes to the
     caller through :func:`flows.ui.watching`.
     """
-    if run_id is not None:
-        validate_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
+    check_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(config, overrides)  # a tree, or a YAML path (deployments), plus key=value overrides
     epochs = run_config.offline.epochs  # each epoch is committed as an iteration: the run has `epochs` iterations
     trainer = run_config.trainer.model_copy(update={"iterations": epochs})  # both validated positive integers
     run_config = run_config.model_copy(update={"trainer": trainer})
-    lake = DataLake(data_root)
-    run_id = validate_run_id(run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}")
+    lake = run_lake(data_root)
+    run_id = check_run_id(run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}")
     tags = [*ui.run_tags(run_config.env.name, run_config.algorithm.preset), f"offline:{mode}"]
-    with ui.showing(run_id, tags), run_writer(lake.root, run_id):  # one writer per run (a second one is refused)
+    with ui.showing(run_id, tags), open_run(lake, run_id):  # one writer per run (a second one is refused)
         return _retrain(run_config, lake, run_id, sql, mode, init)
 
 

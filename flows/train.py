@@ -16,13 +16,12 @@ from flows import ui
 from ragen_core.config import RunConfig, build_config, load_config
 from ragen_core.faults import set_iteration
 from ragen_core.run.decisions import ResumePlan, Start
+from ragen_core.run.entry import check_run_id, open_run, run_lake
 from ragen_core.run.record import RunRecord, default_run_id, new_manifest, run_status
 from ragen_core.run.resume import decide_run_start
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import filter_entropy, stop_early, training_batch
 from ragen_core.storage import DataLake, Stage
-from ragen_core.storage.locks import run_writer, takeover_note
-from ragen_core.storage.names import validate_run_id
 from tasks import reporting as r
 from tasks import stages as t
 
@@ -207,14 +206,13 @@ def train(
     iteration whose batch was quarantined). ``sweep`` (``{id, point, overrides}``) is recorded in the manifest of a
     sweep's point. Progress goes to the caller through :func:`flows.ui.watching`, not a parameter.
     """
-    if run_id is not None:
-        validate_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
+    check_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(config, overrides)
-    lake = DataLake(data_root)
-    run_id = validate_run_id(run_id or default_run_id(run_config))
+    lake = run_lake(data_root)
+    run_id = check_run_id(run_id or default_run_id(run_config))
     tags = ui.run_tags(run_config.env.name, run_config.algorithm.preset, (sweep or {}).get("id"))
-    with ui.showing(run_id, tags), run_writer(lake.root, run_id) as lock:  # one writer per run (the head's lock)
-        note = takeover_note(lock)
+    with ui.showing(run_id, tags), open_run(lake, run_id) as run:  # one writer per run (the CLI's hold, joined)
+        note = run.takeover_note
         if note:
             logging.getLogger(__name__).warning(note)
         return _train(run_config, lake, run_id, list(force_config or []), skip_iteration, sweep)

@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -97,22 +97,21 @@ def _prepare_prefect(lake: DataLake, run_id: str, verbose: bool) -> None:
 
 @contextmanager
 def writer(lake: DataLake, run_id: str) -> Iterator[None]:
-    """Hold the run's writer lock for the whole command, taken before anything is written or started: one writer
-    per run (the flow takes the same lock again, sharing this hold)."""
+    """The run opened for the whole command (:func:`ragen_core.run.entry.open_run`: its writer lock taken before
+    anything is written or started); the flow the command calls opens it again, joining this hold. A refusal (another
+    process writes the run, a malformed id) is a user error."""
+    from ragen_core.run.entry import open_run
     from ragen_core.storage import LakeError
-    from ragen_core.storage.locks import acquire, release, takeover_note
 
-    try:
-        lock = acquire(lake.root, run_id)
-    except LakeError as exc:
-        fail(str(exc))
-    note = takeover_note(lock)
-    if note:
-        console.print(f"[yellow]note:[/] {note}")
-    try:
+    with ExitStack() as stack:
+        try:
+            run = stack.enter_context(open_run(lake, run_id))
+        except LakeError as exc:
+            fail(str(exc))
+        note = run.takeover_note
+        if note:
+            console.print(f"[yellow]note:[/] {note}")
         yield
-    finally:
-        release(lock)
 
 
 def _quiet_libraries() -> None:

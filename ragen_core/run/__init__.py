@@ -3,6 +3,8 @@
 Rooms (each a module; lower packages -- training, storage, rollout, envs, algos, agent, policy -- never import
 this one):
 
+- :mod:`~ragen_core.run.entry`: one entry for a run (its id checked, its lake, its writer lock taken once), used by
+  train, retrain, evaluate and the CLI;
 - :mod:`~ragen_core.run.decisions`: fresh / over / resume / done and the resume plan, pure functions of what is
   stored;
 - :mod:`~ragen_core.run.record`: the manifest and the run's status (running -> completed / failed / interrupted);

@@ -1,5 +1,4 @@
-"""Rollout records -> Arrow tables of the ``trajectories`` and ``turns`` schemas (rollout owns its records' rows:
-storage, below it, stores tables and never imports rollout)."""
+"""Rollout records -> Arrow tables of the ``trajectories`` and ``turns`` schemas."""
 
 from __future__ import annotations
 

@@ -1,0 +1,60 @@
+"""One entry for a run: how every command that writes a run (train and resume, offline re-training, evaluation)
+begins, whoever starts it (the ``ragen`` command, then the flow it calls in its process; or a deployment's flow run
+on a worker, without the command).
+
+The run id is checked by the one checker (:func:`ragen_core.storage.names.validate_run_id`) before anything is read
+or created, the data root's :class:`~ragen_core.storage.DataLake` is made once (or the caller's is used) and the
+run's writer lock is taken once per process: :func:`open_run` inside another :func:`open_run` of the same run (the
+flow inside the command that opened it) joins that hold instead of taking the lock again, and only the outer one
+reports a lock it took over from a dead holder. A second process is refused, naming the holder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragen_core.storage import DataLake
+from ragen_core.storage.locks import RunLock, acquire, release, takeover_note
+from ragen_core.storage.names import validate_run_id
+
+
+def check_run_id(run_id: str | None, what: str = "run id") -> str | None:
+    """``run_id`` (None stays None) when it is a plain name, never a pattern or a path; else
+    :class:`~ragen_core.storage.names.InvalidRunIdError` with the rule. For the id a caller gives, checked before
+    anything is read or created, and for the default id a command derives."""
+    return None if run_id is None else validate_run_id(run_id, what)
+
+
+def run_lake(data_root: str | Path | DataLake) -> DataLake:
+    """The lake of ``data_root`` (a path), or ``data_root`` itself when it is one already: made once per entry."""
+    return data_root if isinstance(data_root, DataLake) else DataLake(data_root)
+
+
+@dataclass(frozen=True)
+class OpenRun:
+    """A run opened for writing: its lake, its (checked) id and this process's hold of its writer lock."""
+
+    lake: DataLake
+    run_id: str
+    lock: RunLock
+    joined: bool  # an outer open_run of this process (the command) held the lock already: no second take
+    takeover_note: str | None  # a line about a lock a dead holder left, which this entry took over (None when joined)
+
+
+@contextmanager
+def open_run(data_root: str | Path | DataLake, run_id: str, command: list[str] | None = None) -> Iterator[OpenRun]:
+    """Open ``run_id`` of ``data_root`` for writing for the ``with`` block: its id checked, its lake, its writer lock
+    (taken, or joined when this process holds it already; released, or left to the outer holder, at the end).
+    Raises :class:`~ragen_core.storage.names.InvalidRunIdError` or
+    :class:`~ragen_core.storage.locks.RunLockedError` (another live process writes the run: the message names it and
+    says what to do), both :class:`~ragen_core.storage.LakeError`."""
+    run_id = validate_run_id(run_id)
+    lake = run_lake(data_root)
+    lock = acquire(lake.root, run_id, command)
+    try:
+        yield OpenRun(lake, run_id, lock, joined=lock.depth > 1, takeover_note=takeover_note(lock))
+    finally:
+        release(lock)
