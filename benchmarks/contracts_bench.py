@@ -44,9 +44,9 @@ def staged_batch(case: ContractsCase, folder: Path) -> tuple[Any, Any, Any]:
     from ragen_core.config import load_config
     from ragen_core.rollout import run_rollouts
     from ragen_core.rollout.hf_backend import HFBackend
+    from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_table
     from ragen_core.run.batches import BatchRules
     from ragen_core.run.stages import rollout_spec
-    from ragen_core.storage import BatchMeta, trajectories_table, turns_table
 
     config = load_config(ROOT / "configs" / f"{case.env}.yaml", [])
     model, tokenizer = load("tiny")

@@ -27,7 +27,8 @@ from ragen_core.envs import make_env
 from ragen_core.faults import maybe_fail
 from ragen_core.metrics import filter_metrics, rollout_metrics
 from ragen_core.rollout import TrajectoryRecord
-from ragen_core.storage import BatchMeta, DataLake, LakeError, trajectories_table, turns_table
+from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_table
+from ragen_core.storage import DataLake, LakeError
 from schemas.contracts import ContractReport, validate_trajectory_batch
 
 LOGGER = logging.getLogger("ragen.monitor")

@@ -26,6 +26,7 @@ from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.policy import load_policy, save_policy, tokenizer_fingerprint
 from ragen_core.rollout import ScriptedBackend, get_scripted_policy, run_rollouts
+from ragen_core.rollout.records import BatchMeta
 from ragen_core.rollout.scripted import play_scripted
 from ragen_core.run.batches import BatchPipeline, BatchRules
 from ragen_core.run.offline import check_tokenizer, select_trajectories, sft_update
@@ -33,7 +34,7 @@ from ragen_core.run.record import library_versions, utc_now
 from ragen_core.run.session import chat_formatter, scripted_options
 from ragen_core.run.stages import rollout_spec
 from ragen_core.seeding import derive_seed, derive_seeds
-from ragen_core.storage import BatchMeta, DataLake, Stage
+from ragen_core.storage import DataLake, Stage
 from ragen_core.storage.layout import bootstrap_name, building
 from ragen_core.storage.locks import run_writer
 from ragen_core.training import ActorEngine, OptimConfig

@@ -38,11 +38,12 @@ from ragen_core.metrics import (
     validation_metrics,
 )
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
+from ragen_core.rollout.records import BatchMeta
 from ragen_core.run.batches import BatchPipeline, BatchRules, TrajectoryEntropy
 from ragen_core.run.decisions import stops_early
 from ragen_core.run.session import RunSession
 from ragen_core.seeding import derive_seed, derive_seeds
-from ragen_core.storage import BatchMeta, Stage, checkpoint_row, evaluation_rows, event_row
+from ragen_core.storage import Stage, checkpoint_row, evaluation_rows, event_row
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
 from ragen_core.tensorboard_sink import record_iteration
 from ragen_core.training.entropy import trajectory_entropy

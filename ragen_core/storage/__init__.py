@@ -1,4 +1,4 @@
-"""Storage: the Parquet lake (commit protocol), record conversion, row builders, DuckDB catalog, compaction and
+"""Storage: the Parquet lake (commit protocol), row builders, DuckDB catalog, compaction and
 housekeeping of whole runs."""
 
 from ragen_core.storage.catalog import QueryRefused, check_read_only, connect, query
@@ -13,11 +13,9 @@ from ragen_core.storage.housekeeping import (
     runs_overview,
 )
 from ragen_core.storage.lake import DataLake, Stage
-from ragen_core.storage.records import BatchMeta, trajectories_table, turns_table
 from ragen_core.storage.rows import checkpoint_row, evaluation_rows, event_row
 
 __all__ = [
-    "BatchMeta",
     "CompactionReport",
     "DataLake",
     "LakeError",
@@ -36,6 +34,4 @@ __all__ = [
     "query",
     "remove_run",
     "runs_overview",
-    "trajectories_table",
-    "turns_table",
 ]

@@ -9,8 +9,9 @@ import pytest
 from ragen_core.agent import ChatFormatter
 from ragen_core.algos import FilterSpec
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
+from ragen_core.rollout.records import BatchMeta
 from ragen_core.run.batches import BatchPipeline, BatchRejected, BatchRules
-from ragen_core.storage import BatchMeta, DataLake, Stage
+from ragen_core.storage import DataLake, Stage
 
 RUN, GROUP_SIZE = "batches", 3
 

@@ -11,10 +11,11 @@ import pytest
 from ragen_core.agent import ChatFormatter
 from ragen_core.config import build_config
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
+from ragen_core.rollout.records import BatchMeta
 from ragen_core.run.batches import BatchPipeline, BatchRules
 from ragen_core.run.decisions import ResumeError, Start
 from ragen_core.run.resume import decide_run_start, metric_history, prepare_extension, prepare_resume
-from ragen_core.storage import BatchMeta, DataLake, LakeError, Stage
+from ragen_core.storage import DataLake, LakeError, Stage
 from ragen_core.storage.layout import CHECKPOINT_INFO, checkpoint_file, compaction_marker
 
 RUN, GROUP_SIZE = "crash", 2

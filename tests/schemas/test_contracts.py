@@ -8,7 +8,7 @@ import pytest
 from ragen_core.agent import ChatFormatter
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
-from ragen_core.storage import BatchMeta, trajectories_table, turns_table
+from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_table
 from schemas.contracts import validate_rows, validate_trajectory_batch
 from schemas.suites import SEMANTIC_CHECKS
 

@@ -9,7 +9,7 @@ import pytest
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
-from ragen_core.storage import BatchMeta, trajectories_table, turns_table
+from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_table
 from schemas.contracts import ContractReport, validate_rows, validate_trajectory_batch
 from schemas.tables import EVALUATIONS, METRICS
 from schemas.vectorised import group_codes, list_stats

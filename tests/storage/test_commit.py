@@ -5,11 +5,12 @@ import pytest
 from ragen_core.agent import ChatFormatter
 from ragen_core.config import build_config
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
+from ragen_core.rollout.records import BatchMeta
 from ragen_core.run.batches import BatchPipeline, BatchRules
 from ragen_core.run.record import RunRecord
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import commit_iteration
-from ragen_core.storage import BatchMeta, DataLake, query
+from ragen_core.storage import DataLake, query
 
 
 def test_commit_writes_metrics_evaluations_marker_and_manifest(tmp_path, tiny_policy):

@@ -7,7 +7,8 @@ import pytest
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
-from ragen_core.storage import BatchMeta, DataLake, LakeError, connect, query, trajectories_table
+from ragen_core.rollout.records import BatchMeta, trajectories_table
+from ragen_core.storage import DataLake, LakeError, connect, query
 from ragen_core.storage.catalog import _read_failure
 
 

@@ -7,18 +7,8 @@ import pytest
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
-from ragen_core.storage import (
-    BatchMeta,
-    DataLake,
-    LakeError,
-    checkpoint_row,
-    connect,
-    evaluation_rows,
-    event_row,
-    query,
-    trajectories_table,
-    turns_table,
-)
+from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_table
+from ragen_core.storage import DataLake, LakeError, checkpoint_row, connect, evaluation_rows, event_row, query
 from ragen_core.storage.layout import published_part_name
 from schemas import TABLES
 

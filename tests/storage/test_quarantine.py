@@ -10,8 +10,9 @@ import pytest
 from ragen_core.agent import ChatFormatter
 from ragen_core.rollout import RolloutSpec, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
+from ragen_core.rollout.records import BatchMeta
 from ragen_core.run.batches import BatchPipeline, BatchRejected, BatchRules
-from ragen_core.storage import BatchMeta, DataLake, query
+from ragen_core.storage import DataLake, query
 
 RUN, GROUP_SIZE, BOUNDS = "run-q", 4, (-0.1, 1.0)
 

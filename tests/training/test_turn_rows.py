@@ -19,8 +19,7 @@ from ragen_core.algos.reweighting import soft_advantage_weights
 from ragen_core.config import ConfigError, build_config
 from ragen_core.rollout import RolloutSpec, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
-from ragen_core.storage import BatchMeta
-from ragen_core.storage.records import trajectories_table
+from ragen_core.rollout.records import BatchMeta, trajectories_table
 from ragen_core.training.batch import collate, token_logprobs
 from ragen_core.training.inputs import turn_update_inputs
 from ragen_core.training.turn_rows import padded_logprobs, split_turn_rows, turn_entropy

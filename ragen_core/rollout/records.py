@@ -1,4 +1,5 @@
-"""Rollout records -> Arrow tables of the ``trajectories`` and ``turns`` schemas."""
+"""Rollout records -> Arrow tables of the ``trajectories`` and ``turns`` schemas (rollout owns its records' rows:
+storage, below it, stores tables and never imports rollout)."""
 
 from __future__ import annotations
 
