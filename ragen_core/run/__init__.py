@@ -13,6 +13,8 @@ this one):
   publish);
 - :mod:`~ragen_core.run.stages`: the stages of one iteration; :mod:`~ragen_core.run.resume`: restoring a session;
 - :mod:`~ragen_core.run.bootstrap`, :mod:`~ragen_core.run.evaluation`, :mod:`~ragen_core.run.offline`: the bootstrap,
-  stand-alone evaluation and offline re-training;
-- :mod:`~ragen_core.run.worker`: the entry point of a launched update group's processes.
+  stand-alone evaluation and offline re-training.
+
+The entry point of a launched update group's processes is :mod:`ragen_core.training.worker` (it imports only config,
+storage and training).
 """

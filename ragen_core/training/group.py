@@ -2,7 +2,7 @@
 
 The run's process (the Prefect flow) keeps the rollout side; the update stage is handed to a long-lived group of
 ``trainer.nproc`` processes per node, started once per session by ``torchrun`` or the ``deepspeed`` launcher running
-:mod:`ragen_core.run.worker`. The stage boundary is the lake: a command names the iteration (the
+:mod:`ragen_core.training.worker`. The stage boundary is the lake: a command names the iteration (the
 group reads that iteration's published, kept batch from the lake) and, on a restore, the checkpoint to start from;
 the group answers with the metrics, writes checkpoints exactly as :mod:`ragen_core.training.checkpoint` lays them
 out, and after every update a Hugging Face export of the policy that the rollout side loads.
@@ -28,9 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragen_core.training import worker as worker_entry
+
 START_TIMEOUT_S = 900.0  # a first DeepSpeed start may compile its CPU ops (about a minute each on 2 cores)
 STOP_TIMEOUT_S = 60.0
-WORKER_MODULE = "ragen_core.run.worker"
+WORKER_MODULE = worker_entry.__name__  # the group's processes run it (an import the layer checks see)
 # Variables of this process's own one-process DeepSpeed world, or of a fault injection meant for this process; the
 # launcher sets the group's own rank variables.
 _NOT_INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RAGEN_FAULT",

@@ -31,7 +31,7 @@ def test_launch_commands(tmp_path):
     assert torchrun[1:3] == ["-m", "torch.distributed.run"]
     assert torchrun[torchrun.index("--nproc_per_node") + 1] == "2"
     assert torchrun[torchrun.index("--master_addr") + 1] == "127.0.0.1"  # the group listens on loopback only
-    assert torchrun[-4:] == ["-m", "ragen_core.run.worker", "--control-file", str(control)]
+    assert torchrun[-4:] == ["-m", "ragen_core.training.worker", "--control-file", str(control)]
     hosts = tmp_path / "hostfile"
     deepspeed = launch_command("deepspeed", 4, 29500, control, str(hosts))
     assert deepspeed[1:3] == ["-m", "deepspeed.launcher.runner"]
@@ -147,7 +147,7 @@ def test_a_worker_exits_when_the_run_process_dies_even_while_busy():
     sleeping 120 s, as in a long update); the worker exits with code 3 within seconds."""
     parent = subprocess.Popen(["sleep", "3"])
     watched = {"host": socket.gethostname(), "pid": parent.pid, "start": process_start_time(parent.pid)}
-    code = f"import time; from ragen_core.run.worker import _watch_parent; _watch_parent({watched!r}); " \
+    code = f"import time; from ragen_core.training.worker import _watch_parent; _watch_parent({watched!r}); " \
            "time.sleep(120)"  # fmt: skip
     worker = subprocess.Popen([sys.executable, "-c", code])
     try:

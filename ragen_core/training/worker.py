@@ -1,4 +1,4 @@
-"""A process of the launched update group: ``python -m ragen_core.run.worker --control-file FILE``.
+"""A process of the launched update group: ``python -m ragen_core.training.worker --control-file FILE``.
 
 Started by ``torchrun`` or the ``deepspeed`` launcher (see :mod:`ragen_core.training.group`), never by hand. Rank 0
 connects to the run's process, every rank builds the engines on ``init``, then each command (``restore``,
