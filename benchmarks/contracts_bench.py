@@ -41,11 +41,11 @@ def staged_batch(case: ContractsCase, folder: Path) -> tuple[Any, Any, Any]:
 
     from benchmarks.models import load
     from ragen_core.agent import ChatFormatter
-    from ragen_core.config import load_config
     from ragen_core.rollout import run_rollouts
     from ragen_core.rollout.hf_backend import HFBackend
     from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_table
     from ragen_core.run.batches import BatchRules
+    from ragen_core.run.checks import load_run_config as load_config
     from ragen_core.run.stages import rollout_spec
 
     config = load_config(ROOT / "configs" / f"{case.env}.yaml", [])

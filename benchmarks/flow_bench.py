@@ -86,7 +86,7 @@ def run_flow(
     import ragen_core.run.stages as stages
     import ragen_core.storage.lake as lake_module
     from flows.ui import watching
-    from ragen_core.config import load_config
+    from ragen_core.run.checks import load_run_config as load_config
 
     config = load_config(ROOT / "configs" / "bandit.yaml", list(case.overrides))
     clock, parquet = CoreClock(), CoreClock()

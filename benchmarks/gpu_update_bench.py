@@ -130,8 +130,8 @@ def main() -> None:
     quiet_libraries(device)
     from benchmarks.models import model_dir, parameter_count
     from flows.train import train
-    from ragen_core.config import load_config
     from ragen_core.policy import load_policy
+    from ragen_core.run.checks import load_run_config as load_config
 
     folder = model_dir(args.shape)
     parameters = parameter_count(load_policy(folder)[0])

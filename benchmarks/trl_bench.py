@@ -226,8 +226,8 @@ def validation_success(model: Any, tokenizer: Any, config: Any, updates: int, en
 def measure(case: PeerCase, device: str = "cpu") -> dict[str, Any]:
     """Run both side by side; per-iteration wall times, validation curves and success gained per minute."""
     from benchmarks.flow_bench import FlowCase, run_flow
-    from ragen_core.config import load_config
     from ragen_core.run.bootstrap import bootstrap_model
+    from ragen_core.run.checks import load_run_config as load_config
     from ragen_core.run.session import base_model_dir
     from ragen_core.storage import DataLake
 

@@ -31,9 +31,9 @@ import torch
 
 from benchmarks.common import ROOT, StopWatch, interleave, profile_top, ratio_of_rates, spread
 from benchmarks.models import parameter_count
-from ragen_core.config import RunConfig, build_config, load_config
+from ragen_core.config import RunConfig
 from ragen_core.run import stages
-from ragen_core.run.batches import filter_and_publish
+from ragen_core.run.checks import build_run_config, load_run_config
 from ragen_core.run.session import RunSession, open_session
 from ragen_core.seeding import derive_seed
 from ragen_core.storage import DataLake
@@ -57,7 +57,7 @@ def bench_config(case: UpdateCase) -> RunConfig:
     overrides = [f"model.path={case.model_dir}", "bootstrap.enabled=false", f"trainer.num_threads={case.threads}"]
     if case.device == "cuda":
         overrides.append("trainer.precision=bf16")
-    return load_config(ROOT / "configs" / "bandit.yaml", overrides)
+    return load_run_config(ROOT / "configs" / "bandit.yaml", overrides)
 
 
 def policy_of(session: RunSession) -> torch.nn.Module:
@@ -67,12 +67,11 @@ def policy_of(session: RunSession) -> torch.nn.Module:
 
 def make_batch(session: RunSession, iteration: int) -> None:
     """Generate, persist, validate and filter (publish) one real training batch, as the flow's stages do."""
-    config = session.config
     records = stages.generate_rollouts(session, iteration)
     batch = stages.training_batch(session, iteration)
     batch.persist(records)
     batch.validate()
-    filter_and_publish(batch, config.algorithm.filter_spec)
+    stages.filter_and_publish(session, batch)
 
 
 class BareUpdate:
@@ -138,7 +137,7 @@ class BareUpdate:
 def rescoring_update(session: RunSession, iteration: int) -> Callable[[], int]:
     """Our update with ``actor.reuse_behavior_logprobs=never`` (the old log-probs re-scored by a forward pass)."""
     updater = session.updater
-    never = build_config(updater.config.to_dict(), ["actor.reuse_behavior_logprobs=never"])
+    never = build_run_config(updater.config.to_dict(), ["actor.reuse_behavior_logprobs=never"])
 
     def run() -> int:
         own = updater.config

@@ -13,14 +13,15 @@ from prefect import flow
 from prefect.utilities.annotations import quote
 
 from flows import ui
-from ragen_core.config import RunConfig, build_config, load_config
+from ragen_core.config import RunConfig
 from ragen_core.faults import set_iteration
+from ragen_core.run.checks import build_run_config, load_run_config
 from ragen_core.run.decisions import ResumePlan, Start
 from ragen_core.run.entry import check_run_id, open_run, run_lake
 from ragen_core.run.record import RunRecord, default_run_id, new_manifest, run_status
 from ragen_core.run.resume import decide_run_start
 from ragen_core.run.session import RunSession
-from ragen_core.run.stages import filter_entropy, stop_early, training_batch
+from ragen_core.run.stages import stop_early, training_batch
 from ragen_core.storage import DataLake, Stage
 from tasks import reporting as r
 from tasks import stages as t
@@ -34,8 +35,8 @@ def resolve_config(config: RunConfig | dict[str, Any] | str | None, overrides: l
     if isinstance(config, RunConfig):
         config = config.to_dict()
     if config is None or isinstance(config, str):
-        return load_config(config, list(overrides or []))
-    return build_config(config, list(overrides or []))
+        return load_run_config(config, list(overrides or []))
+    return build_run_config(config, list(overrides or []))
 
 
 def eval_due(config: RunConfig, iteration: int) -> bool:
@@ -81,7 +82,7 @@ def starpo_iteration(
     with stage("validate"):
         t.validate(batch)
     with stage("filter"):
-        metrics.update(t.filter_and_publish(batch, config.algorithm.filter_spec, filter_entropy(session)))
+        metrics.update(t.filter_and_publish(session, batch))
     if config.trainer.mi_diagnostic:  # scored by the policy that sampled the batch, so before the update
         with stage("diagnose"):
             metrics.update(t.diagnose_reasoning(session, iteration))

@@ -212,9 +212,10 @@ def run_id_option(help_text: str) -> Any:
 def load_config_or_fail(config: Path | None, overrides: list[str]) -> Any:
     """The validated config of a YAML file (or the defaults) plus ``key.sub=value`` overrides; a bad one is a user
     error (one line, exit status 2), before anything starts."""
-    from ragen_core.config import ConfigError, load_config
+    from ragen_core.config import ConfigError
+    from ragen_core.run.checks import load_run_config
 
     try:
-        return load_config(config, list(overrides))
+        return load_run_config(config, list(overrides))
     except ConfigError as exc:
         fail(str(exc))

@@ -26,7 +26,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ragen_core.config import ConfigError, RunConfig, build_config, load_yaml, parse_override
+from ragen_core.config import ConfigError, RunConfig, load_yaml, parse_override
+from ragen_core.run.checks import build_run_config
 from ragen_core.seeding import derive_rng
 from ragen_core.storage import DataLake, query
 from ragen_core.storage.files import atomic_write_bytes
@@ -255,7 +256,7 @@ def _split(text: str, flag: str, example: str) -> tuple[list[str], Any]:
 
 def _validated(tree: dict[str, Any], overrides: list[str], what: str) -> RunConfig:
     try:
-        return build_config(tree, overrides)
+        return build_run_config(tree, overrides)
     except ConfigError as exc:
         raise SweepError(f"{what} is not a valid config: {exc}") from None
 

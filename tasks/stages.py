@@ -14,10 +14,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ragen_core.algos import FilterSpec
 from ragen_core.config import RunConfig
 from ragen_core.rollout import TrajectoryRecord
-from ragen_core.run import batches, bootstrap, resume, session, stages
+from ragen_core.run import bootstrap, resume, session, stages
 from ragen_core.run.batches import BatchPipeline
 from ragen_core.run.decisions import ResumePlan
 from ragen_core.run.session import RunSession
@@ -110,11 +109,9 @@ def validate(pipeline: BatchPipeline) -> dict:
 
 
 @task(name="filter_and_publish", task_run_name=batch_run_name("filter"), cache_policy=NO_CACHE)
-def filter_and_publish(
-    pipeline: BatchPipeline, spec: FilterSpec, entropy: batches.TrajectoryEntropy | None = None
-) -> dict[str, float]:
-    """Stage 4: group filter (``entropy``: the full-distribution entropy, when configured), then publish the batch."""
-    return batches.filter_and_publish(pipeline, spec, entropy)
+def filter_and_publish(session: RunSession, pipeline: BatchPipeline) -> dict[str, float]:
+    """Stage 4: the group filter the session's config sets, then publish the batch."""
+    return stages.filter_and_publish(session, pipeline)
 
 
 @task(name="diagnose_reasoning", task_run_name="diagnose-i{iteration}", cache_policy=NO_CACHE)

@@ -1,7 +1,10 @@
 import pytest
 from pydantic import ValidationError
 
-from ragen_core.config import PRESETS, ConfigError, build_config, load_config, parse_override
+from ragen_core.algos import needs_critic
+from ragen_core.config import PRESETS, ConfigError, parse_override
+from ragen_core.run.checks import build_run_config as build_config
+from ragen_core.run.checks import load_run_config as load_config
 
 
 def test_defaults_follow_the_starpo_s_preset():
@@ -28,9 +31,9 @@ def test_switching_the_preset_changes_exactly_its_keys(estimator):
 
 
 def test_critic_only_for_value_estimators():
-    assert build_config(overrides=["algorithm.adv_estimator=gae"]).algorithm.needs_critic
-    assert build_config(overrides=["algorithm.adv_estimator=bi_level_gae"]).algorithm.needs_critic
-    assert not build_config(overrides=["algorithm.adv_estimator=rloo"]).algorithm.needs_critic
+    assert needs_critic(build_config(overrides=["algorithm.adv_estimator=gae"]).algorithm.adv_estimator)
+    assert needs_critic(build_config(overrides=["algorithm.adv_estimator=bi_level_gae"]).algorithm.adv_estimator)
+    assert not needs_critic(build_config(overrides=["algorithm.adv_estimator=rloo"]).algorithm.adv_estimator)
     with pytest.raises(ConfigError, match="critic.mini_batch_size"):
         build_config(
             overrides=["algorithm.adv_estimator=gae", "critic.mini_batch_size=6", "critic.micro_batch_size=4"]

@@ -19,10 +19,16 @@ import torch
 
 from ragen_core.algos.masked import masked_whiten
 from ragen_core.algos.turns import turn_ends, turn_index, turn_sums
-from ragen_core.registry import Registry
+from ragen_core.registry import Registry, keyword_parameters
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 register_advantage = ADVANTAGES.register
+
+
+def needs_critic(estimator: str) -> bool:
+    """Whether the advantage estimator ``estimator`` (``algorithm.adv_estimator``) needs a value model: it takes the
+    critic's ``values`` (an unknown estimator is refused when the config is loaded, naming the registered ones)."""
+    return estimator in ADVANTAGES and "values" in keyword_parameters(ADVANTAGES.get(estimator))
 
 
 def _group_sums(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

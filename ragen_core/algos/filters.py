@@ -1,11 +1,11 @@
 """Group filters, as RAGEN-2 selects rollout groups: a strategy over one value per group.
 
-Each group (the members that share an initial state) gets one value of ``FilterSpec.metric``: the in-group std of
+Each group (the members that share an initial state) gets one value of ``algorithm.filter_metric``: the in-group std of
 the trajectory scores (``reward_std``), their mean (``reward``) or sum (``reward_sum``), the mean or the in-group
 std of the per-trajectory entropy (``entropy``, ``entropy_variance``: a trajectory's entropy is the mean over its
 sampled tokens of either the sampled token's negative behaviour log-prob or the full distribution's entropy, see
 ``algorithm.filter_entropy``) or the mean number of sampled tokens (``length``). A strategy then keeps some groups,
-ranked by that value (largest first unless ``largest=False``):
+ranked by that value (largest first unless ``largest=False``); ``value`` is ``algorithm.filter_ratio``:
 
 - ``top_k``: the first ``int(value * groups)`` groups, at least one;
 - ``top_k_abs``: the first ``int(value)`` groups, at least one;
@@ -15,6 +15,10 @@ ranked by that value (largest first unless ``largest=False``):
 - ``top_p``, ``softmax`` mode: the shortest prefix whose softmax probabilities (of the values, or of their
   negatives when ``largest=False``) sum to at least ``value``;
 - ``min_p``: every group with value >= ``value * max`` (``largest``) or <= ``min / value`` (``largest=False``).
+
+A strategy is registered in :data:`STRATEGIES` with the ``algorithm`` fields it reads declared as its options
+(``options={"ratio": "filter_ratio"}``); :func:`select_groups` calls it through the registry with the config's
+section, so a filter setting is said at the strategy and at the config field only.
 
 ``value >= 1`` keeps every candidate under ``top_p``. With ``include_zero=False`` the groups whose value is zero
 (``|value| <= 1e-10``: for ``reward_std`` the groups whose rewards do not vary) are no candidates at all, as in
@@ -28,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -41,19 +46,6 @@ ENTROPY_METRICS = ("entropy", "entropy_variance")  # need a per-trajectory entro
 TOP_P_MODES = ("linear", "softmax")
 
 
-@dataclass(frozen=True)
-class FilterSpec:
-    """One filter: strategy, its value (``algorithm.filter_ratio``), the metric and the selection options."""
-
-    strategy: str = "top_k"
-    value: float = 1.0
-    metric: str = "reward_std"
-    largest: bool = True
-    include_zero: bool = True
-    top_p_mode: str = "linear"
-    eps: float = 0.01
-
-
 # alias -> what it fixes: the strategy, the direction and the top-p mode (the metric is always reward_std)
 FILTER_ALIASES: dict[str, dict[str, object]] = {
     "std": {"strategy": "top_k", "largest": True},
@@ -61,9 +53,20 @@ FILTER_ALIASES: dict[str, dict[str, object]] = {
     "std_top_p": {"strategy": "top_p", "largest": True, "top_p_mode": "linear"},
 }
 
-Strategy = Callable[[dict[int, float], FilterSpec, int], list[int]]
+# (candidates {group: value}, largest, number of groups, **options) -> kept groups
+Strategy = Callable[..., list[int]]
 STRATEGIES: Registry[Strategy] = Registry("filter strategy")
 register_strategy = STRATEGIES.register
+
+
+class FilterSettings(Protocol):
+    """What the filter reads of the ``algorithm`` config section (:class:`ragen_core.config.AlgorithmConfig`); the
+    strategies read their declared options from it too."""
+
+    filter: str
+    filter_metric: str
+    filter_largest: bool | None
+    filter_include_zero: bool
 
 
 def filter_names() -> list[str]:
@@ -71,12 +74,23 @@ def filter_names() -> list[str]:
     return sorted([*STRATEGIES.names(), *FILTER_ALIASES])
 
 
-def resolve_filter(name: str, **options: object) -> FilterSpec:
-    """The :class:`FilterSpec` of ``algorithm.filter=name`` with the other filter keys in ``options``."""
-    if name in FILTER_ALIASES:
-        return FilterSpec(**{**options, "metric": "reward_std", **FILTER_ALIASES[name]})  # type: ignore[arg-type]
-    STRATEGIES.get(name)  # raises for an unknown name, listing the strategies
-    return FilterSpec(strategy=name, **options)  # type: ignore[arg-type]
+def filter_strategy(name: str) -> str:
+    """The registered strategy ``algorithm.filter=name`` runs (an alias's, or the name itself)."""
+    alias = FILTER_ALIASES.get(name)
+    return str(alias["strategy"]) if alias is not None else name
+
+
+def filter_metric(algorithm: FilterSettings) -> str:
+    """The metric the filter ranks: ``algorithm.filter_metric`` (an alias ranks ``reward_std``)."""
+    return "reward_std" if algorithm.filter in FILTER_ALIASES else algorithm.filter_metric
+
+
+def keeps_largest(algorithm: FilterSettings) -> bool:
+    """Whether the filter keeps the largest values: ``algorithm.filter_largest``, or when unset the alias's direction
+    (``std_rev``: smallest), else largest."""
+    if algorithm.filter_largest is not None:
+        return algorithm.filter_largest
+    return bool(FILTER_ALIASES.get(algorithm.filter, {}).get("largest", True))
 
 
 def check_filter_options(name: str, value: float, metric: str, largest: bool | None, top_p_mode: str) -> None:
@@ -84,7 +98,7 @@ def check_filter_options(name: str, value: float, metric: str, largest: bool | N
     if name not in filter_names():
         raise ValueError(f"algorithm.filter={name!r} is not a filter; use one of {', '.join(filter_names())}")
     alias = FILTER_ALIASES.get(name)
-    strategy = str(alias["strategy"]) if alias is not None else name
+    strategy = filter_strategy(name)
     if alias is not None:
         if metric != "reward_std":
             raise ValueError(
@@ -125,29 +139,29 @@ def groups_to_keep(ratio: float, num_groups: int) -> int:
     return max(1, min(num_groups, int(math.floor(ratio * num_groups + 1e-9))))
 
 
-@register_strategy("top_k")
-def top_k(values: dict[int, float], spec: FilterSpec, num_groups: int) -> list[int]:
-    """The first ``int(value * num_groups)`` candidates (counted over all groups), at least one."""
-    return ranked(values, spec.largest)[: groups_to_keep(spec.value, num_groups)]
+@register_strategy("top_k", options={"share": "filter_ratio"})
+def top_k(values: dict[int, float], largest: bool, num_groups: int, share: float) -> list[int]:
+    """The first ``int(share * num_groups)`` candidates (counted over all groups), at least one."""
+    return ranked(values, largest)[: groups_to_keep(share, num_groups)]
 
 
-@register_strategy("top_k_abs")
-def top_k_abs(values: dict[int, float], spec: FilterSpec, num_groups: int) -> list[int]:
-    """The first ``int(value)`` candidates, at least one."""
-    return ranked(values, spec.largest)[: max(1, int(spec.value))]
+@register_strategy("top_k_abs", options={"count": "filter_ratio"})
+def top_k_abs(values: dict[int, float], largest: bool, num_groups: int, count: float) -> list[int]:
+    """The first ``int(count)`` candidates, at least one."""
+    return ranked(values, largest)[: max(1, int(count))]
 
 
-@register_strategy("top_p")
-def top_p(values: dict[int, float], spec: FilterSpec, num_groups: int) -> list[int]:
+@register_strategy("top_p", options={"p": "filter_ratio", "mode": "filter_top_p_mode", "eps": "filter_eps"})
+def top_p(values: dict[int, float], largest: bool, num_groups: int, p: float, mode: str, eps: float) -> list[int]:
     """Nucleus-style selection over the values (linear mass) or their softmax probabilities."""
-    order = ranked(values, spec.largest)
-    if spec.value >= 1.0:
+    order = ranked(values, largest)
+    if p >= 1.0:
         return order
-    if spec.top_p_mode == "softmax":
-        return order[: softmax_prefix([values[g] for g in order], spec.value, spec.largest)]
-    if spec.top_p_mode == "linear":
-        return order[: linear_prefix([values[g] for g in order], spec.value, spec.eps)]
-    raise ValueError(f"unknown top_p mode {spec.top_p_mode!r}; use one of {', '.join(TOP_P_MODES)}")
+    if mode == "softmax":
+        return order[: softmax_prefix([values[g] for g in order], p, largest)]
+    if mode == "linear":
+        return order[: linear_prefix([values[g] for g in order], p, eps)]
+    raise ValueError(f"unknown top_p mode {mode!r}; use one of {', '.join(TOP_P_MODES)}")
 
 
 def softmax_prefix(ordered: list[float], p: float, largest: bool) -> int:
@@ -173,31 +187,33 @@ def linear_prefix(ordered: list[float], p: float, eps: float) -> int:
     return count if covered >= threshold else 0
 
 
-@register_strategy("min_p")
-def min_p(values: dict[int, float], spec: FilterSpec, num_groups: int) -> list[int]:
-    """Groups within a factor ``value`` of the best: ``v >= value * max - tol`` (largest) or
-    ``v <= min / (value + tol) + tol``, in float32 as RAGEN-2 computes it: there the slack ``tol`` (1e-10) rounds
+@register_strategy("min_p", options={"factor": "filter_ratio"})
+def min_p(values: dict[int, float], largest: bool, num_groups: int, factor: float) -> list[int]:
+    """Groups within a ``factor`` of the best: ``v >= factor * max - tol`` (largest) or
+    ``v <= min / (factor + tol) + tol``, in float32 as RAGEN-2 computes it: there the slack ``tol`` (1e-10) rounds
     away next to values far from 0, so the group at the minimum is always kept (in float64 the division by
     ``1 + 1e-10`` moved the threshold just below a minimum above 1, and nothing was kept)."""
-    order = ranked(values, spec.largest)
+    order = ranked(values, largest)
     scores = torch.tensor([values[g] for g in order], dtype=torch.float32)
-    if spec.largest:
-        mask = scores >= scores.max() * spec.value - MIN_P_TOL
+    if largest:
+        mask = scores >= scores.max() * factor - MIN_P_TOL
     else:
-        mask = scores <= scores.min() / (spec.value + MIN_P_TOL) + MIN_P_TOL
+        mask = scores <= scores.min() / (factor + MIN_P_TOL) + MIN_P_TOL
     return [g for g, keep in zip(order, mask.tolist(), strict=True) if keep]
 
 
-def select_groups(values: dict[int, float], spec: FilterSpec) -> set[int]:
-    """The kept group ids, ``values`` being each group's metric value. With ``include_zero=False`` the groups whose
-    value is zero (``|value| <= 1e-10`` in float32, RAGEN-2's test on the selection score) are no candidates."""
+def select_groups(values: dict[int, float], algorithm: FilterSettings) -> set[int]:
+    """The kept group ids, ``values`` being each group's metric value, by the strategy ``algorithm.filter`` names
+    (its options read from ``algorithm``). With ``filter_include_zero=False`` the groups whose value is zero
+    (``|value| <= 1e-10`` in float32, RAGEN-2's test on the selection score) are no candidates."""
     candidates = values
-    if not spec.include_zero:
+    if not algorithm.filter_include_zero:
         magnitude = torch.tensor(list(values.values()), dtype=torch.float32).abs().tolist()
         candidates = {g: v for (g, v), m in zip(values.items(), magnitude, strict=True) if m > ZERO_SCORE}
     if not candidates:
         return set()
-    return set(STRATEGIES.get(spec.strategy)(candidates, spec, len(values)))
+    strategy = filter_strategy(algorithm.filter)
+    return set(STRATEGIES.call(strategy, algorithm, candidates, keeps_largest(algorithm), len(values)))
 
 
 def in_group_std(scores: torch.Tensor, group_index: torch.Tensor) -> dict[int, float]:
@@ -229,16 +245,17 @@ class FilterDecision:
 
 
 def apply_filter(
-    spec: FilterSpec,
+    algorithm: FilterSettings,
     group_index: torch.Tensor,
     scores: torch.Tensor,
     entropy: torch.Tensor | None = None,
     length: torch.Tensor | None = None,
 ) -> FilterDecision:
-    """Filter one batch: per-trajectory ``scores`` (and ``entropy`` / ``length`` for those metrics) -> decisions."""
+    """Filter one batch by the ``algorithm`` section's filter: per-trajectory ``scores`` (and ``entropy`` / ``length``
+    for those metrics) -> decisions."""
     stds = in_group_std(scores.double(), group_index)
-    values = group_metric(spec.metric, group_index, scores, stds, entropy, length)
-    kept_groups = select_groups(values, spec)
+    values = group_metric(filter_metric(algorithm), group_index, scores, stds, entropy, length)
+    kept_groups = select_groups(values, algorithm)
     rows = [int(g) for g in group_index.tolist()]
     return FilterDecision(
         kept=torch.tensor([g in kept_groups for g in rows], dtype=torch.bool),

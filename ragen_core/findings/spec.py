@@ -33,7 +33,8 @@ from typing import Any
 
 import yaml
 
-from ragen_core.config import ConfigError, apply_overrides, build_config
+from ragen_core.config import ConfigError, apply_overrides
+from ragen_core.run.checks import build_run_config
 from ragen_core.sweep import SweepError, SweepPlan, plan_sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +168,7 @@ def plan_finding(spec: FindingSpec, quick: bool = False) -> list[VariantPlan]:
             tree = apply_overrides(tree, variant.overrides)
             if quick:
                 tree = apply_overrides(tree, spec.quick_overrides)
-            resolved = build_config(tree).to_dict()
+            resolved = build_run_config(tree).to_dict()
             seeds = spec.quick_seeds if quick else spec.seeds
             draft = plan_sweep(resolved, spec.grid, seeds=seeds)
             prefix = f"{spec.name}{'-quick' if quick else ''}-{variant.name}".replace("_", "-")

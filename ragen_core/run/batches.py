@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from ragen_core.algos import FilterSpec, apply_filter
+from ragen_core.algos import FilterSettings, apply_filter, filter_metric
 from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
 from ragen_core.envs import make_env
@@ -119,12 +119,13 @@ class BatchPipeline:
         self._checked = (trajectories, turns)
         return {"rows": trajectories.num_rows, "checks": "passed"}
 
-    def filter(self, spec: FilterSpec, entropy: TrajectoryEntropy | None = None) -> None:
-        """The group filter (``spec``) writes ``group_reward_std``, ``filter_metric_value`` and ``kept`` into the
-        staged trajectories; ``entropy`` (the entropy metrics with ``algorithm.filter_entropy=full``) gives each
-        trajectory's entropy instead of the stored log-probs' estimate."""
+    def filter(self, algorithm: FilterSettings, entropy: TrajectoryEntropy | None = None) -> None:
+        """The group filter of the ``algorithm`` config section (``filter`` and its options) writes
+        ``group_reward_std``, ``filter_metric_value`` and ``kept`` into the staged trajectories; ``entropy`` (the
+        entropy metrics with ``algorithm.filter_entropy=full``) gives each trajectory's entropy instead of the stored
+        log-probs' estimate."""
         trajectories, turns = self.checked()
-        decision = apply_filter(spec, *filter_inputs(trajectories, spec.metric, entropy))
+        decision = apply_filter(algorithm, *filter_inputs(trajectories, filter_metric(algorithm), entropy))
         for name, values, kind in (
             ("group_reward_std", decision.group_reward_std.numpy(), pa.float64()),
             ("filter_metric_value", decision.metric_value.numpy(), pa.float64()),
@@ -163,11 +164,11 @@ class BatchPipeline:
 
 
 def filter_and_publish(
-    pipeline: BatchPipeline, spec: FilterSpec, entropy: TrajectoryEntropy | None = None
+    pipeline: BatchPipeline, algorithm: FilterSettings, entropy: TrajectoryEntropy | None = None
 ) -> dict[str, float]:
-    """A training batch's last steps: the group filter (``entropy``: see :meth:`BatchPipeline.filter`), then the
-    publish; returns rollout and filter metrics."""
-    pipeline.filter(spec, entropy)
+    """A training batch's last steps: the group filter of the ``algorithm`` config section (``entropy``: see
+    :meth:`BatchPipeline.filter`), then the publish; returns rollout and filter metrics."""
+    pipeline.filter(algorithm, entropy)
     metrics = pipeline.publish(lambda trajectories, turns: {**rollout_metrics(trajectories, turns),
                                                             **filter_metrics(trajectories)})  # fmt: skip
     maybe_fail("publish", "after", pipeline.meta.iteration)  # published, not yet trained on or committed

@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ragen_core.config import RunConfig, build_config, load_config, stored_config
+from ragen_core.config import RunConfig, stored_config
 from ragen_core.envs import registered_envs
+from ragen_core.run.checks import build_run_config, load_run_config
 from ragen_core.run.offline import OfflineError, resolve_init
 from ragen_core.storage import DataLake
 from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, is_valid_run_id, parse_run_ref, split_run_ref
@@ -83,8 +84,8 @@ def evaluation_config(
     if instances is not None:
         extra.append(f"eval.instances={int(instances)}")
     if base is not None and config_path is None:
-        return build_config(base, extra)
-    return load_config(config_path, extra)
+        return build_run_config(base, extra)
+    return load_run_config(config_path, extra)
 
 
 def evaluation_run_id(which: str, config: RunConfig) -> str:

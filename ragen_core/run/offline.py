@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from ragen_core.algos import needs_critic
 from ragen_core.config import RunConfig
 from ragen_core.policy import tokenizer_fingerprint
 from ragen_core.seeding import derive_seed
@@ -134,7 +135,7 @@ def pg_update(config: RunConfig, actor: Any, table: pa.Table, pad_token_id: int,
     mask = inputs.batch.loss_mask
     old = behavior_logprobs(table, mask.shape[1])
     token_rewards = token_rewards_for(inputs, "trajectory")
-    if config.algorithm.needs_critic:
+    if needs_critic(config.algorithm.adv_estimator):
         raise OfflineError("offline pg uses critic-free estimators (grpo, rloo, reinforce_plus_plus...), not gae")
     advantages, _ = compute_advantages(config.algorithm, token_rewards, mask, inputs.group_index, None)
     algorithm = config.algorithm

@@ -39,6 +39,7 @@ from ragen_core.metrics import (
 )
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
 from ragen_core.rollout.records import BatchMeta
+from ragen_core.run import batches
 from ragen_core.run.batches import BatchPipeline, BatchRules, TrajectoryEntropy
 from ragen_core.run.decisions import stops_early
 from ragen_core.run.session import RunSession
@@ -87,6 +88,12 @@ def training_batch(session: RunSession, iteration: int) -> BatchPipeline:
     meta = BatchMeta.training(session.run_id, iteration, config.rollout.temperature, session.config_hash)
     rules = BatchRules.of(config, config.env.name, config.rollout.group_size)
     return BatchPipeline(session.lake, meta, Stage.ROLLOUT, rules)
+
+
+def filter_and_publish(session: RunSession, pipeline: BatchPipeline) -> dict[str, float]:
+    """The filter stage of a training batch: the group filter the session's config sets (``algorithm.filter`` and
+    its options, the entropy of :func:`filter_entropy`), then the publish; returns rollout and filter metrics."""
+    return batches.filter_and_publish(pipeline, session.config.algorithm, filter_entropy(session))
 
 
 def filter_entropy(session: RunSession) -> TrajectoryEntropy | None:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ragen_core.algos import needs_critic
 from ragen_core.config import RunConfig
 from ragen_core.training.actor import ActorEngine, OptimConfig
 from ragen_core.training.critic import CriticEngine, ValueModel
@@ -72,6 +73,6 @@ def start_engines(
     keep_reference = training and config.algorithm.kl_coef > 0
     actor = ActorEngine(model, actor_optim(config, precision), keep_reference=keep_reference)
     critic = None
-    if training and config.algorithm.needs_critic:
+    if training and needs_critic(config.algorithm.adv_estimator):
         critic = build_critic_engine(config, start_model_dir, precision)
     return actor, critic, tokenizer

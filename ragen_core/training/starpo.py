@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ragen_core.algos import ADVANTAGES, apply_kl_penalty, place_turn_rewards, value_metrics
+from ragen_core.algos import ADVANTAGES, apply_kl_penalty, needs_critic, place_turn_rewards, value_metrics
 from ragen_core.algos.masked import masked_mean
 from ragen_core.algos.reweighting import filter_loss_scale, soft_advantage_weights
 from ragen_core.config import AlgorithmConfig, CriticConfig, RunConfig
@@ -155,9 +155,10 @@ def starpo_update(
             token_rewards, old_logprobs, ref_logprobs, mask, algorithm.kl_coef, algorithm.kl_estimator
         )
         metrics["actor/reward_kl"] = float(mean_kl)
-    if algorithm.needs_critic and critic is None:
+    critic_needed = needs_critic(algorithm.adv_estimator)
+    if critic_needed and critic is None:
         raise ValueError(f"adv_estimator {algorithm.adv_estimator!r} needs a critic; the session has none")
-    values = critic.values(batch) if algorithm.needs_critic else None
+    values = critic.values(batch) if critic_needed else None
     advantages, returns = compute_advantages(
         algorithm, token_rewards, mask, inputs.group_index, values, inputs.episode_index
     )

@@ -10,6 +10,7 @@ from ragen_core.algos import (
     bi_level_gae_advantage,
     gae_advantage,
     grpo_advantage,
+    needs_critic,
     place_turn_rewards,
     ppo_clip_loss,
     reinforce_plus_plus_advantage,
@@ -263,7 +264,7 @@ def test_the_registry_passes_each_estimator_its_own_options():
 
 def test_an_estimator_that_takes_values_needs_a_critic():
     configs = {name: build_config(overrides=[f"algorithm.adv_estimator={name}"]) for name in ADVANTAGES.names()}
-    critics = {name for name, config in configs.items() if config.algorithm.needs_critic}
+    critics = {name for name, config in configs.items() if needs_critic(config.algorithm.adv_estimator)}
     assert critics == {"gae", "bi_level_gae"}
 
 

@@ -9,13 +9,14 @@ from ragen_core.algos import (
     groups_to_keep,
     grpo_advantage,
     ppo_clip_loss,
-    resolve_filter,
+    select_groups,
 )
+from tests.algos.filter_config import filter_section
 
 
 def _alias_filter(name, scores, groups, ratio):
     """``algorithm.filter=name`` at ``ratio`` through the filter registry: (kept, group reward std) per row."""
-    decision = apply_filter(resolve_filter(name, value=ratio), groups, scores)
+    decision = apply_filter(filter_section(name, ratio), groups, scores)
     return decision.kept, decision.group_reward_std
 
 
@@ -123,4 +124,4 @@ def test_groups_to_keep_rule():
 
 def test_unknown_names_list_the_registered_ones():
     with pytest.raises(ValueError, match="registered: min_p, top_k, top_k_abs, top_p"):
-        resolve_filter("median")
+        select_groups({0: 1.0}, filter_section("median"))

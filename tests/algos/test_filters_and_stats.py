@@ -5,26 +5,25 @@ import pytest
 import torch
 
 from ragen_core.algos import (
-    FilterSpec,
     apply_filter,
     explained_variance,
     masked_mean,
     masked_var,
     masked_whiten,
     place_turn_rewards,
-    resolve_filter,
     turn_ends,
     turn_index,
     turn_starts,
     turn_sums,
     value_metrics,
 )
+from tests.algos.filter_config import filter_section
 from tests.algos.loop_twins import runs, whiten
 
 
 def _alias_filter(name, scores, groups, ratio):
     """``algorithm.filter=name`` at ``ratio`` through the filter registry: (kept, group reward std) per row."""
-    decision = apply_filter(resolve_filter(name, value=ratio), groups, scores)
+    decision = apply_filter(filter_section(name, ratio), groups, scores)
     return decision.kept, decision.group_reward_std
 
 
@@ -111,9 +110,9 @@ def test_std_strategies_match_loop_twins(seed, p):
     scores = torch.randn(30, generator=generator, dtype=torch.float64)
     stds = _stds(scores.tolist(), groups.tolist())
     for spec, expected in (
-        (FilterSpec("top_p", p), _linear_loop(stds, p)),
-        (FilterSpec("top_p", p, top_p_mode="softmax"), _softmax_loop(stds, p)),
-        (FilterSpec("min_p", p), _min_p_loop(stds, p)),
+        (filter_section("top_p", p), _linear_loop(stds, p)),
+        (filter_section("top_p", p, top_p_mode="softmax"), _softmax_loop(stds, p)),
+        (filter_section("min_p", p), _min_p_loop(stds, p)),
     ):
         kept = apply_filter(spec, groups, scores).kept
         assert set(_kept_groups(kept, groups)) == expected, spec

@@ -8,14 +8,23 @@ import pyarrow as pa
 import pytest
 import torch
 
-from ragen_core.algos import FilterSpec, apply_filter, resolve_filter, select_groups
-from ragen_core.config import ConfigError, build_config
+from ragen_core.algos import (
+    FILTER_ALIASES,
+    apply_filter,
+    filter_metric,
+    filter_strategy,
+    keeps_largest,
+    select_groups,
+)
+from ragen_core.config import ConfigError
 from ragen_core.run.batches import filter_inputs
+from ragen_core.run.checks import build_run_config as build_config
+from tests.algos.filter_config import filter_section
 
 
 def _alias_filter(name, scores, groups, ratio):
     """``algorithm.filter=name`` at ``ratio`` through the filter registry: (kept, group reward std) per row."""
-    decision = apply_filter(resolve_filter(name, value=ratio), groups, scores)
+    decision = apply_filter(filter_section(name, ratio), groups, scores)
     return decision.kept, decision.group_reward_std
 
 
@@ -25,7 +34,7 @@ VARYING = {g: 1.0 for g in VALUES}  # reward std of each group: all vary
 
 
 def _select(values, strategy, value, **options):
-    return sorted(select_groups(values, FilterSpec(strategy=strategy, value=value, **options)))
+    return sorted(select_groups(values, filter_section(strategy=strategy, value=value, **options)))
 
 
 @pytest.mark.parametrize(
@@ -185,7 +194,7 @@ def test_every_strategy_selects_as_ragen2_on_random_cases(strategy):
         value = float(rng.integers(1, groups + 1)) if strategy == "top_k_abs" else float(rng.choice(shares))
         largest, include_zero = bool(rng.random() < 0.7), bool(rng.random() < 0.5)
         mode = "softmax" if strategy == "top_p" and rng.random() < 0.3 else "linear"
-        spec = FilterSpec(strategy, value, largest=largest, include_zero=include_zero, top_p_mode=mode)
+        spec = filter_section(strategy, value, largest=largest, include_zero=include_zero, top_p_mode=mode)
         ours = sorted(select_groups(dict(enumerate(scores)), spec))
         assert ours == _ragen2_select(scores, strategy, value, largest, include_zero, mode, 0.01), (scores, spec)
         compared += 1
@@ -212,7 +221,7 @@ def _batch():
 )
 def test_each_metric_is_ranked_per_group(metric, largest, group_values, kept_groups):
     groups, scores, entropy, length = _batch()
-    spec = FilterSpec("top_k_abs", 1, metric=metric, largest=largest)
+    spec = filter_section("top_k_abs", 1, metric=metric, largest=largest)
     decision = apply_filter(spec, groups, scores, entropy, length)
     assert decision.metric_value.tolist() == pytest.approx([v for v in group_values for _ in range(2)])
     assert decision.group_reward_std.tolist() == pytest.approx([math.sqrt(0.5)] * 2 + [0.0] * 2 + [math.sqrt(0.5)] * 2)
@@ -222,13 +231,17 @@ def test_each_metric_is_ranked_per_group(metric, largest, group_values, kept_gro
 def test_a_metric_without_its_inputs_is_refused():
     groups, scores, _, _ = _batch()
     with pytest.raises(ValueError, match="needs the per-trajectory entropy"):
-        apply_filter(FilterSpec(metric="entropy"), groups, scores)
+        apply_filter(filter_section(metric="entropy"), groups, scores)
 
 
 def test_aliases_resolve_to_their_strategy_and_filter_as_before():
-    assert resolve_filter("std", value=0.25) == FilterSpec("top_k", 0.25)
-    assert resolve_filter("std_rev", value=0.25) == FilterSpec("top_k", 0.25, largest=False)
-    assert resolve_filter("std_top_p", value=0.5, top_p_mode="linear") == FilterSpec("top_p", 0.5)
+    resolved = {name: (filter_strategy(name), keeps_largest(filter_section(name))) for name in FILTER_ALIASES}
+    assert resolved == {"std": ("top_k", True), "std_rev": ("top_k", False), "std_top_p": ("top_p", True)}
+    assert {filter_metric(filter_section(name, metric="length")) for name in FILTER_ALIASES} == {"reward_std"}
+    values = dict(enumerate([0.4, 0.1, 0.3, 0.2]))
+    for name, (strategy, largest) in resolved.items():
+        as_alias = select_groups(values, filter_section(name, 0.5))
+        assert as_alias == select_groups(values, filter_section(strategy, 0.5, largest=largest)), name
     scores = torch.tensor([0.0, 0.4, 0.0, 0.1, 0.0, 0.3, 0.0, 0.2], dtype=torch.float64)
     groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
     # stds .4, .1, .3, .2 over sqrt(2) (total 1 / sqrt(2) = .7071); at 0.41 the target is .2899 - eps = .2799, which
@@ -290,15 +303,17 @@ def test_bad_filter_combinations_are_refused_at_load_time(overrides, message):
         build_config(overrides=overrides)
 
 
-def test_the_filter_spec_of_a_config():
-    spec = build_config(
+def test_the_filter_of_a_config():
+    algorithm = build_config(
         overrides=[
             "algorithm.filter=top_p", "algorithm.filter_top_p_mode=softmax", "algorithm.filter_ratio=0.9",
             "algorithm.filter_largest=false", "algorithm.filter_include_zero=false", "algorithm.filter_metric=reward",
         ]
-    ).algorithm.filter_spec  # fmt: skip
-    assert spec == FilterSpec("top_p", 0.9, "reward", largest=False, include_zero=False, top_p_mode="softmax")
-    assert build_config(overrides=["algorithm.filter=std_rev"]).algorithm.filter_spec.largest is False
-    assert build_config(
-        overrides=["algorithm.filter=top_k_abs", "algorithm.filter_ratio=3"]
-    ).algorithm.filter_spec == (FilterSpec("top_k_abs", 3.0))
+    ).algorithm  # fmt: skip
+    resolved = (filter_strategy(algorithm.filter), algorithm.filter_ratio, filter_metric(algorithm))
+    assert resolved + (keeps_largest(algorithm), algorithm.filter_include_zero, algorithm.filter_top_p_mode) == (
+        "top_p", 0.9, "reward", False, False, "softmax"
+    )  # fmt: skip
+    assert keeps_largest(build_config(overrides=["algorithm.filter=std_rev"]).algorithm) is False
+    counted = build_config(overrides=["algorithm.filter=top_k_abs", "algorithm.filter_ratio=3"]).algorithm
+    assert (filter_strategy(counted.filter), counted.filter_ratio, keeps_largest(counted)) == ("top_k_abs", 3.0, True)

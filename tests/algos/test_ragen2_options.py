@@ -11,12 +11,14 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ragen_core.algos import FilterSpec, apply_filter
+from ragen_core.algos import apply_filter, filter_metric, filter_strategy, keeps_largest
 from ragen_core.algos.reweighting import filter_loss_scale, soft_advantage_weights
-from ragen_core.config import PRESETS, ConfigError, build_config
+from ragen_core.config import PRESETS, ConfigError
 from ragen_core.run.batches import filter_inputs
+from ragen_core.run.checks import build_run_config as build_config
 from ragen_core.training.entropy import trajectory_entropy
 from ragen_core.training.starpo import UpdateInputs, scaled_advantages
+from tests.algos.filter_config import filter_section
 
 # ---- a port of RAGEN-2's rollout_filter.py (its _select_top_groups for top_p / top_k, and the group scores of its
 # RewardRolloutFilter and EntropyRolloutFilter): groups are consecutive rows of the (num_groups, group_size) view
@@ -65,7 +67,9 @@ def test_new_metrics_select_as_ragen2(metric, strategy, value, largest):
         entropy = torch.tensor(rng.uniform(0.1, 3.0, size=groups * size), dtype=torch.float64)
         include_zero = bool(rng.integers(0, 2))
         group_index = torch.arange(groups).repeat_interleave(size)
-        spec = FilterSpec(strategy=strategy, value=value, metric=metric, largest=largest, include_zero=include_zero)
+        spec = filter_section(
+            strategy=strategy, value=value, metric=metric, largest=largest, include_zero=include_zero
+        )
         decision = apply_filter(spec, group_index, rewards, entropy=entropy)
         kept = sorted({int(g) for g, k in zip(group_index, decision.kept, strict=True) if k})
         expected_scores = _ragen2_group_scores(metric, rewards, entropy, groups)
@@ -81,13 +85,13 @@ def test_reward_sum_and_entropy_variance_by_hand():
     group_index = torch.tensor([0, 0, 0, 1, 1, 1])
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.5, -0.1], dtype=torch.float64)
     entropy = torch.tensor([1.0, 2.0, 3.0, 2.0, 2.0, 2.0], dtype=torch.float64)
-    summed = apply_filter(FilterSpec(metric="reward_sum", value=0.5), group_index, rewards)
+    summed = apply_filter(filter_section(metric="reward_sum", value=0.5), group_index, rewards)
     assert summed.metric_value.tolist() == pytest.approx([2.0] * 3 + [0.9] * 3)
     assert summed.kept.tolist() == [True] * 3 + [False] * 3
-    spread = apply_filter(FilterSpec(metric="entropy_variance", value=0.5), group_index, rewards, entropy=entropy)
+    spread = apply_filter(filter_section(metric="entropy_variance", value=0.5), group_index, rewards, entropy=entropy)
     assert spread.metric_value.tolist() == pytest.approx([1.0] * 3 + [0.0] * 3)  # std of 1, 2, 3 is 1
     with pytest.raises(ValueError, match="needs the per-trajectory entropy"):
-        apply_filter(FilterSpec(metric="entropy_variance"), group_index, rewards)
+        apply_filter(filter_section(metric="entropy_variance"), group_index, rewards)
 
 
 def test_filter_inputs_take_the_full_entropy_when_given():
@@ -162,10 +166,14 @@ def test_scaled_advantages_applies_both_in_ragen2s_order():
 
 def test_ragen2_preset_is_its_recommended_filter():
     algorithm = build_config(overrides=["algorithm.preset=ragen2"]).algorithm
-    spec = algorithm.filter_spec
-    assert (spec.strategy, spec.value, spec.metric, spec.top_p_mode, spec.include_zero, spec.largest) == (
-        "top_p", 0.9, "reward_std", "linear", False, True
-    )
+    assert (
+        filter_strategy(algorithm.filter),
+        algorithm.filter_ratio,
+        filter_metric(algorithm),
+        algorithm.filter_top_p_mode,
+        algorithm.filter_include_zero,
+        keeps_largest(algorithm),
+    ) == ("top_p", 0.9, "reward_std", "linear", False, True)
     assert (algorithm.clip_low, algorithm.clip_high, algorithm.kl_coef) == (0.2, 0.28, 0.0)
     assert {k: getattr(algorithm, k) for k in PRESETS["ragen2"]} == PRESETS["ragen2"]
     overridden = build_config(overrides=["algorithm.preset=ragen2", "algorithm.filter_ratio=0.95"]).algorithm
@@ -193,4 +201,4 @@ def test_bad_combinations_are_refused_at_load(overrides, message):
 def test_full_entropy_with_scripted_rows_is_allowed():
     config = build_config(overrides=["algorithm.filter=top_k", "algorithm.filter_metric=entropy_variance",
                                      "algorithm.filter_entropy=full", "rollout.backend=scripted"])  # fmt: skip
-    assert config.algorithm.filter_spec.metric == "entropy_variance"
+    assert filter_metric(config.algorithm) == "entropy_variance"

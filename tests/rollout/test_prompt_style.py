@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 
 from ragen_core.agent import ChatFormatter
-from ragen_core.config import load_config
 from ragen_core.envs import make_env
 from ragen_core.registry import Registry
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts, scripted
 from ragen_core.run.bootstrap import bootstrap_key
+from ragen_core.run.checks import load_run_config as load_config
 from tests.envs.test_frozen_lake import _goal_from_render
 
 HEADER = "<|im_start|>user\n"

@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 
 from ragen_core.agent import ChatFormatter
-from ragen_core.config import load_config
 from ragen_core.envs import make_env
 from ragen_core.metrics import teacher_agreement
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
+from ragen_core.run.checks import load_run_config as load_config
 
 
 def _replay(record, env_name, options):

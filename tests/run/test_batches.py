@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ragen_core.agent import ChatFormatter
-from ragen_core.algos import FilterSpec
+from ragen_core.config import AlgorithmConfig
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.rollout.records import BatchMeta
 from ragen_core.run.batches import BatchPipeline, BatchRejected, BatchRules
@@ -60,7 +60,7 @@ def test_nothing_is_filtered_or_measured_and_published_before_validation(tmp_pat
     with pytest.raises(RuntimeError, match=r"BatchPipeline\(batches/0/rollout\) has not been validated"):
         pipeline.publish(lambda trajectories, turns: {})
     with pytest.raises(RuntimeError, match="has not been validated"):
-        pipeline.filter(FilterSpec())
+        pipeline.filter(AlgorithmConfig())
     assert lake.finished_stages(RUN, 0) == [] and lake.read_table("trajectories", RUN, 0).num_rows == 0
 
 

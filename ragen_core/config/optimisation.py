@@ -1,0 +1,160 @@
+"""The sections of how a run learns: the actor, the critic, offline re-training, the iteration loop, the
+bootstrap."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeFloat, model_validator
+
+from ragen_core.config.base import PositiveInt, Section
+
+
+class ActorConfig(Section):
+    """Optimisation of the policy (DeepSpeed engine)."""
+
+    lr: float = Field(1e-3, gt=0, description="Learning rate (paper, 0.5B pretrained: 1e-6; tiny model needs more).")
+    weight_decay: NonNegativeFloat = Field(0.01, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    mini_batch_size: PositiveInt = Field(32, description="Trajectories per optimizer step (RAGEN: 32).")
+    micro_batch_size: PositiveInt = Field(16, description="Trajectories per forward/backward pass.")
+    ppo_epochs: PositiveInt = Field(1, description="Passes over the kept batch per iteration.")
+    online_k: PositiveInt | None = Field(
+        None,
+        description="Online-k: exactly k optimizer steps of mini_batch_size trajectories per rollout batch (cycling "
+        "through reshuffled passes over the kept batch). None: ppo_epochs full passes.",
+    )
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        0,
+        description="DeepSpeed ZeRO stage: 0 (plain data parallelism), 1 (optimizer states sharded), 2 (+ gradients) "
+        "or 3 (+ weights; launched groups only). A group of several processes needs 1-3.",
+    )
+    reuse_behavior_logprobs: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="PPO's old log-probs: 'auto' takes the sampler's stored behaviour log-probs when they are exactly "
+        "the policy's (rollout.backend=hf, temperature 1, no top-k/top-p, fp32, only policy rows) and re-scores "
+        "otherwise; 'always' takes them whenever the rows have them; 'never' re-scores the batch (one more forward).",
+    )
+
+
+class CriticConfig(Section):
+    """The value model, used when the advantage estimator needs one (gae, bi_level_gae)."""
+
+    lr: float = Field(
+        1e-3, gt=0, description="Learning rate (paper, 0.5B pretrained: 1e-5; the tiny random model needs more)."
+    )
+    weight_decay: NonNegativeFloat = Field(0.01, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    cliprange_value: float = Field(0.5, gt=0, description="Clip of the value update around the old values.")
+    path: str | None = Field(None, description="Model dir of the critic's backbone; None: the policy's start model.")
+    mini_batch_size: PositiveInt | None = Field(None, description="None: actor.mini_batch_size.")
+    micro_batch_size: PositiveInt | None = Field(None, description="None: actor.micro_batch_size.")
+    ppo_epochs: PositiveInt | None = Field(None, description="None: actor.ppo_epochs.")
+
+
+class OfflineConfig(Section):
+    """Offline re-training from stored trajectories (``ragen retrain``)."""
+
+    epochs: PositiveInt = Field(1, description="Passes over the selected trajectories.")
+    batch_size: PositiveInt = Field(
+        32, description="SFT: trajectories per optimizer step (pg: actor.mini_batch_size)."
+    )
+    is_bound: float | None = Field(
+        3.0,
+        gt=1,
+        description="pg: bound on the importance weight pi/mu for negative advantages (dual clip); positive ones are "
+        "bounded by clip_high. None: plain PPO clipping.",
+    )
+
+
+class TrainerConfig(Section):
+    """The iteration loop."""
+
+    iterations: PositiveInt = Field(20, description="Number of StarPO iterations (policy updates).")
+    num_threads: PositiveInt | None = Field(None, description="torch intra-op threads; None: torch's default.")
+    checkpoint_every: PositiveInt = Field(
+        1, description="Save the engines (and a Hugging Face export) every N updates, and after the last one."
+    )
+    keep_last: PositiveInt = Field(2, description="Checkpoints kept per run (older ones are deleted).")
+    launcher: Literal["inprocess", "torchrun", "deepspeed"] = Field(
+        "inprocess",
+        description="Where the update stage runs: 'inprocess' (the run's own process, the default), or a long-lived "
+        "group of processes started once per run by 'torchrun' or the 'deepspeed' launcher (data-parallel over "
+        "trainer.nproc processes per node, ZeRO from actor.zero_stage); the run's process keeps the rollouts.",
+    )
+    nproc: PositiveInt = Field(
+        1, description="Processes of the launched update group per node (one per GPU); needs a launcher if > 1."
+    )
+    hostfile: str | None = Field(
+        None,
+        description="DeepSpeed hostfile ('host slots=N' lines) to span several nodes (launcher=deepspeed only); start "
+        "the run on the first host, with the data root on a filesystem every host mounts at the same path.",
+    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="Engine and rollout precision: 'auto' = bf16 on a bf16-capable CUDA GPU, else fp32; bf16 and "
+        "fp16 (dynamic loss scaling) need CUDA. The resolved precision is recorded in the run manifest.",
+    )
+    mi_diagnostic: bool = Field(
+        False,
+        description="Template-collapse diagnostic: before each update, score every training trajectory's first-turn "
+        "reasoning under its own prompt and under trainer.mi_prompts - 1 other prompts of the batch with the current "
+        "policy, and store the mutual-information estimates diag/reasoning_mi_per_token (RAGEN-2's headline) and "
+        "diag/reasoning_mi (summed) (cost: N x mi_prompts forward sequences; docs/algorithms.md).",
+    )
+    mi_prompts: int = Field(
+        8, ge=2, description="Prompts each reasoning is scored under (its own + mi_prompts - 1 others), at most."
+    )
+    mi_reasoning: Literal["content", "block"] = Field(
+        "content",
+        description="The reasoning Z: 'content' (RAGEN-2's) is the text inside <think>...</think> only, and replies "
+        "without a closed think block are left out (with rollout.enable_think=false there is none); 'block' is the "
+        "block through </think>, or the whole reply when it has no </think> (this project's earlier span).",
+    )
+    mi_multi_turn: bool = Field(
+        False,
+        description="Also estimate RAGEN-2's multi-turn sampled variant (diag/reasoning_mt_*): (prompt, reasoning) "
+        "pairs of every turn, drawn uniformly over trajectories then over their turns, each draw its own prompt "
+        "(needs rollout.context_window_mode=full, as RAGEN-2).",
+    )
+    mi_samples: PositiveInt | None = Field(
+        None,
+        description="Multi-turn variant: draws (RAGEN-2's collapse_detection.num_samples); None: as many as the "
+        "batch's turns with a reasoning. Each is scored under min(mi_prompts, draws) prompts.",
+    )
+
+    @model_validator(mode="after")
+    def _check_launcher(self) -> TrainerConfig:
+        if self.nproc > 1 and self.launcher == "inprocess":
+            raise ValueError(
+                f"trainer.nproc={self.nproc} needs a launched group: set trainer.launcher=torchrun or deepspeed"
+            )
+        if self.hostfile is not None and self.launcher != "deepspeed":
+            raise ValueError("trainer.hostfile needs the DeepSpeed launcher: set trainer.launcher=deepspeed")
+        # whether the machine can run the precision is not the config's business (a CPU head node plans bf16 runs):
+        # the commands check it before they start (ragen_core.training.precision.resolve_precision)
+        return self
+
+
+class BootstrapConfig(Section):
+    """Supervised warm-start on scripted demonstrations before RL (teaches the tiny model the reply format)."""
+
+    enabled: bool = Field(False, description="Run the bootstrap before the first iteration.")
+    policy: str = Field("random", description="Scripted policy that writes the demonstrations.")
+    num_groups: PositiveInt = Field(64, description="Demonstration env instances.")
+    group_size: PositiveInt = Field(8, description="Demonstrations per instance.")
+    epochs: PositiveInt = Field(3, description="Passes over the demonstrations.")
+    lr: float = Field(3e-3, gt=0, description="Supervised learning rate.")
+    batch_size: PositiveInt = Field(32, description="Demonstrations per optimizer step.")
+    teacher_prob: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="The teacher_mix policy's probability of the teacher's move (else a random valid move), for the "
+        "bootstrap and for rollout.scripted_policy=teacher_mix: the strength of the weak prior it teaches.",
+    )
+    seed: int | None = Field(
+        None,
+        description="Seed of the demonstrations and their SFT; None: the run's seed. Set it to start runs of "
+        "different seeds from one bootstrapped model (built once, cached), as RL seeds of one base model.",
+    )

@@ -1,0 +1,109 @@
+"""The whole run's config: :class:`RunConfig`, its sections, and the checks across sections that need no registry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from ragen_core.config.algorithm import AlgorithmConfig
+from ragen_core.config.base import Section
+from ragen_core.config.generation import EnvConfig, ModelConfig, RolloutConfig
+from ragen_core.config.monitoring import EvalConfig, MonitorConfig
+from ragen_core.config.optimisation import ActorConfig, BootstrapConfig, CriticConfig, OfflineConfig, TrainerConfig
+
+
+class RunConfig(Section):
+    """The whole run."""
+
+    seed: int = Field(0, description="Run seed; everything random derives from it.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    offline: OfflineConfig = Field(default_factory=OfflineConfig)
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> RunConfig:
+        # names checked against the registries (and the critic's batches, as the estimator needs one) are checked
+        # by the loader once this tree is valid: ragen_core.run.checks
+        if self.actor.mini_batch_size % self.actor.micro_batch_size:
+            raise ValueError(
+                f"actor.mini_batch_size={self.actor.mini_batch_size} must be a multiple of "
+                f"actor.micro_batch_size={self.actor.micro_batch_size}"
+            )
+        _check_scale_out(self)
+        algorithm = self.algorithm
+        entropy_metric = algorithm.filter_metric in ("entropy", "entropy_variance")
+        sampled_entropy = entropy_metric and algorithm.filter_entropy == "sampled"
+        if sampled_entropy and self.rollout.backend == "scripted":
+            raise ValueError(
+                f"algorithm.filter_metric={algorithm.filter_metric} with filter_entropy=sampled needs behaviour "
+                "log-probs, which scripted rollouts (rollout.backend=scripted) do not have: set "
+                "algorithm.filter_entropy=full (the policy scores the rows) or choose a reward or length metric"
+            )
+        if self.actor.reuse_behavior_logprobs == "always" and self.rollout.backend == "scripted":
+            raise ValueError(
+                "actor.reuse_behavior_logprobs=always needs behaviour log-probs, which scripted rollouts "
+                "(rollout.backend=scripted) do not have: use auto or never"
+            )
+        _check_mi(self)
+        if self.rollout.training_rows == "turn" and algorithm.reward_level == "turn":
+            raise ValueError(
+                "rollout.training_rows=turn gives every turn row its trajectory's score (RAGEN-2); "
+                "algorithm.reward_level=turn would need each turn's own reward: use reward_level=trajectory with "
+                "turn rows, or training_rows=trajectory"
+            )
+        if self.env.max_actions_per_turn > self.env.max_actions_per_traj:
+            raise ValueError(
+                f"env.max_actions_per_turn={self.env.max_actions_per_turn} exceeds env.max_actions_per_traj="
+                f"{self.env.max_actions_per_traj}; set it at most the trajectory budget"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved tree as plain JSON-compatible values."""
+        return self.model_dump(mode="json")
+
+    def config_hash(self) -> str:
+        """Stable 16-hex-digit digest of the resolved config (sorted-key JSON)."""
+        payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _check_mi(config: RunConfig) -> None:
+    """The MI diagnostic's keys must fit together (checked at load time)."""
+    trainer = config.trainer
+    if trainer.mi_multi_turn and not trainer.mi_diagnostic:
+        raise ValueError("trainer.mi_multi_turn is part of the MI diagnostic: set trainer.mi_diagnostic=true too")
+    if trainer.mi_samples is not None and not trainer.mi_multi_turn:
+        raise ValueError("trainer.mi_samples sets the multi-turn sample's draws: set trainer.mi_multi_turn=true")
+    if trainer.mi_multi_turn and config.rollout.context_window_mode != "full":
+        raise ValueError(
+            "trainer.mi_multi_turn scores each turn under the chat before it, which windowed rollouts "
+            f"(rollout.context_window_mode={config.rollout.context_window_mode}) do not keep: use full (RAGEN-2 "
+            "computes no collapse metric outside full)"
+        )
+
+
+def _check_scale_out(config: RunConfig) -> None:
+    """Launcher, processes and ZeRO stage must fit together (checked at load time)."""
+    trainer, stage = config.trainer, config.actor.zero_stage
+    if stage == 3 and trainer.launcher == "inprocess":
+        raise ValueError(
+            "actor.zero_stage=3 shards the weights over the processes of a launched group (and would slow every "
+            "in-process generation): set trainer.launcher=torchrun or deepspeed, or use actor.zero_stage 0-2"
+        )
+    if (trainer.nproc > 1 or trainer.hostfile) and stage == 0:
+        raise ValueError(
+            "a data-parallel update over several processes needs actor.zero_stage 1, 2 or 3 (ZeRO-0 would log only "
+            "one rank's gradient norm)"
+        )
