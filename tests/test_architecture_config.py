@@ -1,0 +1,137 @@
+"""The config is plain data, checked on the source itself (parsed, never imported).
+
+- no module of ``ragen_core/config`` imports the packages that hold the registries or use the config (algos, envs,
+  rollout, policy, training, storage, run), at its top or inside a function;
+- no pydantic validator of the config imports anything or calls what the module took from another package of the
+  project: the names a config gives of registered things are checked by the loader (``ragen_core.run.checks``)
+  after pydantic has validated the tree.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "ragen_core" / "config"
+ABOVE_THE_CONFIG = ("algos", "envs", "rollout", "policy", "training", "storage", "run")
+VALIDATORS = {"field_validator", "model_validator"}
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def config_imports_above(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, module)`` of every import (anywhere in the module) of a package the config may not import."""
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "ragen_core" and len(parts) > 1 and parts[1] in ABOVE_THE_CONFIG:
+                found.append((node.lineno, name))
+                break
+    return found
+
+
+def _foreign_names(tree: ast.Module) -> set[str]:
+    """Names the module binds to something of the project outside the config package (``ragen_core.registry``
+    included)."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ragen_core"):
+            if not (node.module or "").startswith("ragen_core.config"):
+                names |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {
+                (alias.asname or alias.name).split(".")[0]
+                for alias in node.names
+                if alias.name.startswith("ragen_core")
+            }
+    return names
+
+
+def _is_validator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    for decorator in function.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+        if name in VALIDATORS:
+            return True
+    return False
+
+
+def validators_reaching_out(tree: ast.Module) -> list[str]:
+    """What a pydantic validator of the module does that a plain-data check does not: an import inside it, or a use
+    of a name the module took from another package of the project (a registry, a make_env, ...)."""
+    foreign, found = _foreign_names(tree), []
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _is_validator(function):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.append(f"{function.name} imports at line {node.lineno}")
+            elif isinstance(node, ast.Name) and node.id in foreign:
+                found.append(f"{function.name} uses {node.id} at line {node.lineno}")
+    return found
+
+
+def test_no_config_module_imports_the_packages_above_it():
+    offenders = [
+        (str(path.relative_to(ROOT)), line, name)
+        for path in sorted(CONFIG.rglob("*.py"))
+        for line, name in config_imports_above(_tree(path))
+    ]
+    assert offenders == []
+
+
+def test_no_config_validator_calls_a_registry():
+    offenders = [
+        (str(path.relative_to(ROOT)), offence)
+        for path in sorted(CONFIG.rglob("*.py"))
+        for offence in validators_reaching_out(_tree(path))
+    ]
+    assert offenders == []
+
+
+PLANTED = """
+from pydantic import model_validator
+from ragen_core.algos import ADVANTAGES
+from ragen_core.config.base import Section
+from ragen_core.registry import keyword_parameters
+import ragen_core.storage.layout
+
+class Algorithm(Section):
+    @model_validator(mode="after")
+    def _check(self):
+        from ragen_core.envs import registered_envs
+        if self.adv_estimator not in ADVANTAGES:
+            raise ValueError("unknown")
+        return self
+
+    @property
+    def needs_critic(self):
+        return "values" in keyword_parameters(ADVANTAGES.get(self.adv_estimator))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain(cls, data):
+        return Section.model_fields and data
+"""
+
+
+def test_the_config_checks_see_a_registry_reached_for():
+    """Each rule catches a planted violation (a check that cannot fail proves nothing): imports of algos, envs and
+    storage (at the top and inside a validator), a validator's lazy import and its use of an imported registry; a
+    property outside any validator and a validator using only the config's own names pass the second rule."""
+    tree = ast.parse(PLANTED)
+    assert config_imports_above(tree) == [
+        (3, "ragen_core.algos"),
+        (6, "ragen_core.storage.layout"),
+        (11, "ragen_core.envs"),
+    ]
+    assert validators_reaching_out(tree) == ["_check imports at line 11", "_check uses ADVANTAGES at line 12"]
