@@ -36,7 +36,7 @@ def config_imports_above(tree: ast.Module) -> list[tuple[int, str]]:
             if parts[0] == "ragen_core" and len(parts) > 1 and parts[1] in ABOVE_THE_CONFIG:
                 found.append((node.lineno, name))
                 break
-    return found
+    return sorted(found)
 
 
 def _foreign_names(tree: ast.Module) -> set[str]:
@@ -65,18 +65,36 @@ def _is_validator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return False
 
 
+def _reaches_out(function: ast.AST, foreign: set[str]) -> list[str]:
+    """An import inside ``function``, or a use of a name the module took from another package of the project."""
+    found = []
+    for node in ast.walk(function):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(f"imports at line {node.lineno}")
+        elif isinstance(node, ast.Name) and node.id in foreign:
+            found.append(f"uses {node.id} at line {node.lineno}")
+    return found
+
+
 def validators_reaching_out(tree: ast.Module) -> list[str]:
-    """What a pydantic validator of the module does that a plain-data check does not: an import inside it, or a use
-    of a name the module took from another package of the project (a registry, a make_env, ...)."""
-    foreign, found = _foreign_names(tree), []
-    for function in ast.walk(tree):
-        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _is_validator(function):
-            continue
-        for node in ast.walk(function):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                found.append(f"{function.name} imports at line {node.lineno}")
-            elif isinstance(node, ast.Name) and node.id in foreign:
-                found.append(f"{function.name} uses {node.id} at line {node.lineno}")
+    """What a pydantic validator of the module does that a plain-data check does not: an import inside it, a use
+    of a name the module took from another package of the project (a registry, a make_env, ...), or a call of a
+    function of the module that does either (at any depth)."""
+    foreign = _foreign_names(tree)
+    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    reaching = {name for name, function in functions.items() if _reaches_out(function, foreign)}
+    while True:  # a function calling one that reaches out reaches out too
+        calls = {name: {getattr(c.func, "id", None) for c in ast.walk(f) if isinstance(c, ast.Call)}
+                 for name, f in functions.items()}  # fmt: skip
+        more = {name for name, called in calls.items() if called & reaching} - reaching
+        if not more:
+            break
+        reaching |= more
+    found = []
+    for name, function in functions.items():
+        if _is_validator(function):
+            found += [f"{name} {what}" for what in _reaches_out(function, foreign)]
+            found += [f"{name} calls {callee}" for callee in sorted(calls[name] & reaching - {name})]
     return found
 
 
@@ -121,17 +139,36 @@ class Algorithm(Section):
     @classmethod
     def _plain(cls, data):
         return Section.model_fields and data
+
+class Run(Section):
+    @model_validator(mode="after")
+    def _check_cross_fields(self):
+        _check_names(self)
+        return self
+
+def _check_names(config):
+    _check_envs(config)
+
+def _check_envs(config):
+    from ragen_core.envs import make_env
+    make_env(config.env.name)
 """
 
 
 def test_the_config_checks_see_a_registry_reached_for():
     """Each rule catches a planted violation (a check that cannot fail proves nothing): imports of algos, envs and
-    storage (at the top and inside a validator), a validator's lazy import and its use of an imported registry; a
-    property outside any validator and a validator using only the config's own names pass the second rule."""
+    storage (at the top and inside functions), a validator's lazy import and its use of an imported registry, a
+    validator calling a function that calls one that imports; a property outside any validator and a validator using
+    only the config's own names pass the second rule."""
     tree = ast.parse(PLANTED)
     assert config_imports_above(tree) == [
         (3, "ragen_core.algos"),
         (6, "ragen_core.storage.layout"),
         (11, "ragen_core.envs"),
+        (35, "ragen_core.envs"),
     ]
-    assert validators_reaching_out(tree) == ["_check imports at line 11", "_check uses ADVANTAGES at line 12"]
+    assert validators_reaching_out(tree) == [
+        "_check imports at line 11",
+        "_check uses ADVANTAGES at line 12",
+        "_check_cross_fields calls _check_names",
+    ]
