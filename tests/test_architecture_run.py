@@ -2,8 +2,8 @@
 
 - it is tested without Prefect: no module under tests/run imports Prefect, the flows or the tasks;
 - one entry for a run: outside storage, only ``ragen_core/run/entry.py`` (``open_run``) takes a run's writer lock
-  (``acquire`` / ``run_writer`` of ``ragen_core.storage.locks``), and the bootstrap, which waits for another run
-  building the same bootstrap model; train, retrain, evaluate and the CLI open their run through ``open_run``.
+  (``acquire`` / ``run_writer`` of ``ragen_core.storage.locks``); train, retrain, evaluate, the CLI and the bootstrap
+  open their run through ``open_run``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ RUN_TESTS = ROOT / "tests" / "run"
 FORBIDDEN = ("prefect", "flows", "tasks")
 LOCKS = "ragen_core.storage.locks"
 LOCK_TAKERS = ("acquire", "run_writer")
-ENTRY = {"ragen_core/run/entry.py", "ragen_core/run/bootstrap.py"}  # the entry; the bootstrap's shared build
+ENTRY = {"ragen_core/run/entry.py"}
 
 
 def orchestration_imports(tree: ast.Module) -> list[tuple[int, str]]:

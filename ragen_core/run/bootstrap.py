@@ -29,6 +29,7 @@ from ragen_core.rollout import ScriptedBackend, get_scripted_policy, run_rollout
 from ragen_core.rollout.records import BatchMeta
 from ragen_core.rollout.scripted import play_scripted
 from ragen_core.run.batches import BatchPipeline, BatchRules
+from ragen_core.run.entry import open_run
 from ragen_core.run.offline import check_tokenizer, select_trajectories, sft_update
 from ragen_core.run.record import library_versions, utc_now
 from ragen_core.run.session import chat_formatter, scripted_options
@@ -36,7 +37,6 @@ from ragen_core.run.stages import rollout_spec
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import DataLake, Stage
 from ragen_core.storage.layout import bootstrap_name, building
-from ragen_core.storage.locks import run_writer
 from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.engines import set_determinism
 
@@ -111,7 +111,7 @@ def bootstrap_model(
     target, run_id = lake.bootstrap_model_dir(key), bootstrap_name(key)
     if (target / "config.json").is_file():
         return target, {"run_id": run_id, "cached": True}
-    with run_writer(lake.root, run_id, wait=True):  # another run building the same bootstrap: wait for it
+    with open_run(lake, run_id, wait=True):  # another run building the same bootstrap: wait for it
         if (target / "config.json").is_file():
             return target, {"run_id": run_id, "cached": True}
         set_determinism(config)  # the run's thread count (it is set before the session's engines otherwise)

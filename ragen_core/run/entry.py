@@ -1,6 +1,6 @@
 """One entry for a run: how every command that writes a run (train and resume, offline re-training, evaluation)
 begins, whoever starts it (the ``ragen`` command, then the flow it calls in its process; or a deployment's flow run
-on a worker, without the command).
+on a worker, without the command), and a bootstrap model's build, which waits for another run building it.
 
 The run id is checked by the one checker (:func:`ragen_core.storage.names.validate_run_id`) before anything is read
 or created, the data root's :class:`~ragen_core.storage.DataLake` is made once (or the caller's is used) and the
@@ -45,15 +45,18 @@ class OpenRun:
 
 
 @contextmanager
-def open_run(data_root: str | Path | DataLake, run_id: str, command: list[str] | None = None) -> Iterator[OpenRun]:
+def open_run(
+    data_root: str | Path | DataLake, run_id: str, command: list[str] | None = None, wait: bool = False
+) -> Iterator[OpenRun]:
     """Open ``run_id`` of ``data_root`` for writing for the ``with`` block: its id checked, its lake, its writer lock
     (taken, or joined when this process holds it already; released, or left to the outer holder, at the end).
-    Raises :class:`~ragen_core.storage.names.InvalidRunIdError` or
+    ``wait``: block until another process's hold ends instead of refusing (a bootstrap run, which another run may be
+    building). Raises :class:`~ragen_core.storage.names.InvalidRunIdError` or
     :class:`~ragen_core.storage.locks.RunLockedError` (another live process writes the run: the message names it and
     says what to do), both :class:`~ragen_core.storage.LakeError`."""
     run_id = validate_run_id(run_id)
     lake = run_lake(data_root)
-    lock = acquire(lake.root, run_id, command)
+    lock = acquire(lake.root, run_id, command, wait)
     try:
         yield OpenRun(lake, run_id, lock, joined=lock.depth > 1, takeover_note=takeover_note(lock))
     finally:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,25 @@ def test_a_run_opened_and_closed_without_a_manifest_leaves_no_trace(tmp_path):
     with open_run(lake, "new"):
         assert lock_path(lake.root, "new").is_file()
     assert not lake.run_dir("new").exists()
+
+
+HOLD = (
+    "import sys, time\nfrom ragen_core.run.entry import open_run\n"
+    "with open_run(sys.argv[1], sys.argv[2]):\n    print('opened', flush=True)\n    time.sleep(1.5)"
+)
+
+
+def test_a_waiting_entry_opens_the_run_once_the_other_process_is_done(tmp_path):
+    """A bootstrap's build: a second run building the same bootstrap model waits for the first instead of failing."""
+    project = Path(__file__).resolve().parents[2]
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "b"], stdout=subprocess.PIPE, text=True,
+                              cwd=project)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "opened"
+        started = time.monotonic()
+        with open_run(tmp_path, "b", wait=True) as run:
+            assert time.monotonic() - started > 0.5  # it waited for the holder's 1.5 s hold to end
+            assert read_holder(lock_path(run.lake.root, "b"))["pid"] == os.getpid()
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
