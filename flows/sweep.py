@@ -10,7 +10,7 @@ from prefect import flow, get_run_logger
 
 from flows import ui
 from flows.train import resolve_config, train
-from ragen_core.reports import artifact_key
+from ragen_core.monitor.reports import artifact_key
 from ragen_core.storage import DataLake
 from ragen_core.storage.names import validate_run_id
 from ragen_core.sweep import DEFAULT_MAX_POINTS, SweepPlan, SweepPoint

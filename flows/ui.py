@@ -27,7 +27,7 @@ from typing import Any
 
 from prefect.logging.handlers import APILogHandler
 
-from ragen_core.reports import iteration_line
+from ragen_core.monitor.reports import iteration_line
 
 ProgressCallback = Callable[[int, dict[str, float]], None]
 RUN_LOGGER = "ragen.run"  # the summary lines: the server only

@@ -56,7 +56,7 @@ def watch_points() -> Iterator[None]:
     running point's last iteration (on a terminal; it leaves nothing behind)."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ragen_core.reports import iteration_line
+    from ragen_core.monitor.reports import iteration_line
 
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as live:

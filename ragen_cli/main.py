@@ -43,6 +43,7 @@ app.command()(reproduce)
 app.command()(export)
 app.command("upgrade-lake")(upgrade_lake)
 
+
 @app.command(context_settings=OVERRIDES)
 def train(
     ctx: typer.Context,
@@ -417,7 +418,7 @@ def plot(
 ) -> None:
     """Plot the runs' collapse indicators from the metrics table into one PNG: validation success per env, reward
     mean and std, in-group reward std, entropy, gradient norm and response length against the iteration."""
-    from ragen_core.plots import PlotError, plot_runs
+    from ragen_core.monitor.plots import PlotError, plot_runs
     from ragen_core.storage import LakeError
 
     for run_id in run_ids:

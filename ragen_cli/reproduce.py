@@ -58,7 +58,7 @@ def reproduce(
 
 def _checked_out(out: Path, root: Path) -> Path:
     """The picture's path: a .png outside the data root, not a folder (checked before any compute)."""
-    from ragen_core.plots import PlotError, check_png_output
+    from ragen_core.monitor.plots import PlotError, check_png_output
 
     try:
         return check_png_output(out, root)

@@ -21,7 +21,7 @@ SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQ
 
 def metrics_line(iteration: int, metrics: dict[str, float]) -> str:
     """The iteration's summary line (the same line goes to the run's logs in Prefect's UI)."""
-    from ragen_core.reports import iteration_line
+    from ragen_core.monitor.reports import iteration_line
 
     return iteration_line(iteration, metrics)
 

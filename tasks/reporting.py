@@ -8,7 +8,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from ragen_core.reports import artifact_key, iteration_markdown
+from ragen_core.monitor.reports import artifact_key, iteration_markdown
 
 
 @task(name="publish_iteration_artifact", task_run_name="artifact-i{iteration}", cache_policy=NO_CACHE)

@@ -26,7 +26,7 @@ import pandas as pd
 
 from ragen_core.config import stored_config
 from ragen_core.findings.spec import FindingSpec, VariantPlan
-from ragen_core.metrics import collapse_warnings
+from ragen_core.monitor.metrics import collapse_warnings
 from ragen_core.registry import Registry
 from ragen_core.storage import DataLake, query
 

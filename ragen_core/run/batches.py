@@ -25,7 +25,7 @@ from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
 from ragen_core.envs import make_env
 from ragen_core.faults import maybe_fail
-from ragen_core.metrics import filter_metrics, rollout_metrics
+from ragen_core.monitor.metrics import filter_metrics, rollout_metrics
 from ragen_core.rollout import TrajectoryRecord
 from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_table
 from ragen_core.storage import DataLake, LakeError

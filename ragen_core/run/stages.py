@@ -20,7 +20,8 @@ import torch
 
 from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
-from ragen_core.diagnostics import (
+from ragen_core.faults import maybe_fail
+from ragen_core.monitor.diagnostics import (
     Scorer,
     TokenIds,
     every_turn_reasoning,
@@ -29,14 +30,14 @@ from ragen_core.diagnostics import (
     reasoning_mi,
     sampled_turns,
 )
-from ragen_core.faults import maybe_fail
-from ragen_core.metrics import (
+from ragen_core.monitor.metrics import (
     MI_KEYS,
     collapse_warnings,
     template_collapse_warnings,
     throughput_metrics,
     validation_metrics,
 )
+from ragen_core.monitor.tensorboard_sink import record_iteration
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
 from ragen_core.rollout.records import BatchMeta
 from ragen_core.run import batches
@@ -46,7 +47,6 @@ from ragen_core.run.session import RunSession
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import Stage, checkpoint_row, evaluation_rows, event_row
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
-from ragen_core.tensorboard_sink import record_iteration
 from ragen_core.training.entropy import trajectory_entropy
 from ragen_core.training.turn_rows import turn_entropy
 from ragen_core.training.updater import SKIPPED
@@ -123,7 +123,7 @@ def filter_entropy(session: RunSession) -> TrajectoryEntropy | None:
 def diagnose_reasoning(session: RunSession, iteration: int) -> dict[str, float]:
     """Stage 4b (``trainer.mi_diagnostic``): the input-reasoning mutual information of the iteration's published
     training trajectories under the policy that sampled them (before the update), as ``diag/reasoning_*`` metrics
-    (:mod:`ragen_core.diagnostics`), and with ``trainer.mi_multi_turn`` RAGEN-2's multi-turn sample as
+    (:mod:`ragen_core.monitor.diagnostics`), and with ``trainer.mi_multi_turn`` RAGEN-2's multi-turn sample as
     ``diag/reasoning_mt_*``. The reasoning follows ``trainer.mi_reasoning``; candidates and draws come from (seed,
     iteration). Fewer than two distinct prompts: only the prompt count."""
     config, trainer = session.config, session.config.trainer

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from ragen_cli.main import app
 from ragen_core.storage import DataLake
-from tests.test_plots import RUN_A_METRICS, RUN_B_METRICS, write_metrics_run
+from tests.monitor.test_plots import RUN_A_METRICS, RUN_B_METRICS, write_metrics_run
 
 
 @pytest.fixture()

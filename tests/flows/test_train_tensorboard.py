@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ragen_core.monitor.tensorboard_sink import event_file_name
 from ragen_core.storage import DataLake
-from ragen_core.tensorboard_sink import event_file_name
-from tests.test_tensorboard_sink import duckdb_metrics, read_events
+from tests.monitor.test_tensorboard_sink import duckdb_metrics, read_events
 
 
 def _config(model_dir, iterations: int, tensorboard: bool) -> dict:

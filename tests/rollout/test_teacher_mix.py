@@ -8,7 +8,7 @@ import pytest
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.envs import make_env
-from ragen_core.metrics import teacher_agreement
+from ragen_core.monitor.metrics import teacher_agreement
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.run.checks import load_run_config as load_config
 

@@ -6,7 +6,7 @@ the reward does, and gradient-norm spikes mark an irreversible collapse. :func:`
 latest iteration against the run's history; the run logs each warning, records it as an ``events`` row and goes on.
 RAGEN-2's template collapse (reasoning that no longer depends on the input) is watched the same way through
 ``diag/reasoning_mi_per_token`` or ``diag/reasoning_mi`` (:func:`template_collapse_warning`; the estimate itself:
-:mod:`ragen_core.diagnostics`).
+:mod:`ragen_core.monitor.diagnostics`).
 """
 
 from __future__ import annotations

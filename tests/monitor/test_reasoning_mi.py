@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ragen_core.config import build_config
-from ragen_core.diagnostics import (
+from ragen_core.monitor.diagnostics import (
     candidate_prompts,
     first_reply,
     first_turn_reasoning,
@@ -21,7 +21,7 @@ from ragen_core.diagnostics import (
     reasoning_mi,
     reasoning_tokens,
 )
-from ragen_core.metrics import template_collapse_warning
+from ragen_core.monitor.metrics import template_collapse_warning
 from ragen_core.run.record import RunRecord
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import commit_iteration

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ragen_core.storage import DataLake, LakeError
-from ragen_core.tensorboard_sink import (
+from ragen_core.monitor.tensorboard_sink import (
     event_file_name,
     rebuild_tensorboard,
     record_iteration,
     write_scalars,
 )
+from ragen_core.storage import DataLake, LakeError
 
 NAMES = ("rollout/reward_mean", "actor/entropy", "val/bandit/success", "time/update")
 

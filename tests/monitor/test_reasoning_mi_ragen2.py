@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ragen_core.config import ConfigError, build_config, stored_config
-from ragen_core.diagnostics import (
+from ragen_core.monitor.diagnostics import (
     every_turn_reasoning,
     first_turn_reasoning,
     reasoning_mi,

@@ -1,7 +1,7 @@
 import pyarrow as pa
 import pytest
 
-from ragen_core.metrics import collapse_warnings, think_diversity, throughput_metrics
+from ragen_core.monitor.metrics import collapse_warnings, think_diversity, throughput_metrics
 
 MONITOR = {"warmup": 2, "reward_std_drop": 0.5, "entropy_drop": 0.5, "grad_norm_spike": 5.0}
 
@@ -62,7 +62,7 @@ def test_a_converged_policy_is_quiet_while_a_collapsing_one_warns():
 
 
 def test_the_template_collapse_warning_fires_once_per_episode():
-    from ragen_core.metrics import template_collapse_warnings
+    from ragen_core.monitor.metrics import template_collapse_warnings
 
     mis = [1.0, 1.1, 0.5, 0.4, 0.3, 1.0, 0.2, 0.2]  # low (< 0.55) from 2 to 4, back at 5, low again from 6
     series = [{"diag/reasoning_mi": v} for v in mis]

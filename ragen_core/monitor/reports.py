@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ragen_core.metrics import throughput_metrics
+from ragen_core.monitor.metrics import throughput_metrics
 
 HEADLINE = (
     ("rollout/success_rate", "train success"),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from ragen_core.plots import NO_DATA, PANELS, PlotError, plot_runs
+from ragen_core.monitor.plots import NO_DATA, PANELS, PlotError, plot_runs
 from ragen_core.storage import DataLake
 
 ITERATIONS = 4
@@ -16,7 +16,7 @@ RUN_A_METRICS = ("rollout/reward_mean", "rollout/reward_std", "rollout/in_group_
                  "actor/grad_norm", "actor/pg_loss", "val/bandit/pass@k", "diag/reasoning_mi_per_token",
                  "val/bandit/teacher_agreement", "val/bandit/teacher_chance")  # fmt: skip
 RUN_B_METRICS = ("rollout/reward_mean", "rollout/reward_std", "rollout/in_group_reward_std", "actor/entropy")
-PANEL_SQL = {  # which metric names each panel shows, said in SQL (independent of ragen_core.plots' matching)
+PANEL_SQL = {  # which metric names each panel shows, said in SQL (independent of ragen_core.monitor.plots' matching)
     "val/*/success": "regexp_matches(name, '^val/[^/]+/success$')",
     "val/*/teacher_*": "regexp_matches(name, '^val/[^/]+/teacher_(agreement|chance)$')",
     **{p.key: f"name = '{p.key}'" for p in PANELS if not p.key.startswith("val/*/")},
