@@ -30,7 +30,7 @@ from ragen_core.rollout.records import BatchMeta
 from ragen_core.rollout.scripted import play_scripted
 from ragen_core.run.batches import BatchPipeline, BatchRules
 from ragen_core.run.entry import open_run
-from ragen_core.run.offline import check_tokenizer, select_trajectories, sft_update
+from ragen_core.run.offline import check_tokenizer, select_trajectories
 from ragen_core.run.record import library_versions, utc_now
 from ragen_core.run.session import chat_formatter, scripted_options
 from ragen_core.run.stages import rollout_spec
@@ -39,6 +39,7 @@ from ragen_core.storage import DataLake, Stage
 from ragen_core.storage.layout import bootstrap_name, building
 from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.engines import set_determinism
+from ragen_core.training.offline import sft_update
 
 
 def bootstrap_seed(config: RunConfig) -> int:

@@ -1,10 +1,11 @@
 """Offline re-training from stored rollouts: trajectories selected by SQL, trained on exactly as stored.
 
-``sft``: cross-entropy on the loss-masked tokens. ``pg``: the StarPO policy loss with the stored behaviour
-log-probs as the old policy, so the ratio ``pi / mu`` is the importance weight, bounded by PPO's clip for positive
-advantages and by the dual-clip bound (``offline.is_bound``) for negative ones; advantages are recomputed from the
-stored rewards with the configured estimator. The token ids are never re-tokenised, so the model's tokenizer must be
-the one that produced them: each run manifest records its tokenizer's fingerprint and re-training checks it.
+This module decides about the run: which rows (the SQL selection), checked against what (the tokenizer that produced
+them), starting from which model (``--init``: a folder, a checkpoint, ``run:<id>[@<updates>]``), recorded how (the
+lineage), one epoch at a time in the run's session. The update math itself (``sft``: cross-entropy on the
+loss-masked tokens; ``pg``: the StarPO loss with the stored behaviour log-probs as the old policy) is
+:mod:`ragen_core.training.offline`. The token ids are never re-tokenised, so the model's tokenizer must be the one
+that produced them: each run manifest records its tokenizer's fingerprint and re-training checks it.
 """
 
 from __future__ import annotations
@@ -13,22 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import torch
 
-from ragen_core.algos import needs_critic
-from ragen_core.config import RunConfig
 from ragen_core.policy import tokenizer_fingerprint
 from ragen_core.seeding import derive_seed
 from ragen_core.storage import DataLake, query
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
 from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, is_valid_run_id, parse_run_ref
-from ragen_core.training import collate
-from ragen_core.training.starpo import UpdateInputs, compute_advantages, token_rewards_for
+from ragen_core.training.offline import OfflineError, pg_update, sft_update
 from schemas.tables import TRAJECTORY_KEY
-
-
-class OfflineError(ValueError):
-    """The selection cannot be re-trained on as asked; the message says why and how to fix it."""
 
 
 def select_trajectories(lake: DataLake, sql: str, params: list | dict | None = None) -> pa.Table:
@@ -97,64 +90,6 @@ def check_tokenizer(lake: DataLake, runs: list[str], tokenizer: Any) -> str:
                 "runs made with this tokenizer"
             )
     return ours
-
-
-def offline_inputs(table: pa.Table, pad_token_id: int) -> UpdateInputs:
-    """Token batch, scores and groups of the selected rows; groups are (run, iteration, split, env, group)."""
-    batch = collate(
-        table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(), pad_token_id,
-        table["segment_lengths"].to_pylist(),
-    )  # fmt: skip
-    group_keys = list(zip(*(table[k].to_pylist() for k in TRAJECTORY_KEY[:-1]), strict=True))
-    ids = {key: i for i, key in enumerate(dict.fromkeys(group_keys))}
-    return UpdateInputs(
-        batch=batch,
-        scores=torch.tensor(table["total_reward"].to_numpy(), dtype=torch.float32),
-        group_index=torch.tensor([ids[key] for key in group_keys], dtype=torch.long),
-    )
-
-
-def behavior_logprobs(table: pa.Table, width: int) -> torch.Tensor:
-    """(B, T) stored behaviour log-probs; refuses scripted rows, which have none."""
-    sources = set(table["behavior_source"].to_pylist())
-    if sources != {"policy"}:
-        raise OfflineError(
-            "pg mode needs the behaviour log-probs of the policy that generated each trajectory; the selection "
-            f"holds rows with behavior_source {sorted(sources - {'policy'})} (scripted demonstrations have none). "
-            "Use --mode sft for them, or select only policy rows (WHERE behavior_source = 'policy')"
-        )
-    out = torch.zeros(table.num_rows, width)
-    for row, values in enumerate(table["behavior_logprobs"].to_pylist()):
-        out[row, : len(values)] = torch.tensor(values)
-    return out
-
-
-def pg_update(config: RunConfig, actor: Any, table: pa.Table, pad_token_id: int, seed: int) -> dict[str, float]:
-    """One offline policy-gradient pass: StarPO's loss with the stored behaviour log-probs as the old policy."""
-    inputs = offline_inputs(table, pad_token_id)
-    mask = inputs.batch.loss_mask
-    old = behavior_logprobs(table, mask.shape[1])
-    token_rewards = token_rewards_for(inputs, "trajectory")
-    if needs_critic(config.algorithm.adv_estimator):
-        raise OfflineError("offline pg uses critic-free estimators (grpo, rloo, reinforce_plus_plus...), not gae")
-    advantages, _ = compute_advantages(config.algorithm, token_rewards, mask, inputs.group_index, None)
-    algorithm = config.algorithm
-    if config.offline.is_bound is not None:  # the importance weight of a negative advantage bounded by dual clip
-        algorithm = algorithm.model_copy(update={"policy_loss": "dual_clip", "clip_ratio_c": config.offline.is_bound})
-    metrics = actor.policy_update(inputs.batch, advantages, old, algorithm, config.actor, seed)
-    metrics["offline/trajectories"] = float(table.num_rows)
-    return metrics
-
-
-def sft_update(actor: Any, table: pa.Table, pad_token_id: int, batch_size: int, seed: int) -> dict[str, float]:
-    """One supervised epoch on the selected rows' loss-masked tokens."""
-    batch = collate(
-        table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(), pad_token_id,
-        table["segment_lengths"].to_pylist(),
-    )  # fmt: skip
-    metrics = actor.sft_update(batch, batch_size, seed)
-    metrics["offline/trajectories"] = float(table.num_rows)
-    return metrics
 
 
 def lineage(sql: str, table: pa.Table, mode: str, init: Path, lake: DataLake | None = None) -> dict[str, Any]:
