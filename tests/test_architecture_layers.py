@@ -1,5 +1,8 @@
 """The layers of the project, checked on the source itself (parsed, never imported): no import runs back up.
 
+- every package of the project (a folder of ``ragen_core``, a top-level module of it, or one of ``schemas``,
+  ``tasks``, ``flows``, ``ragen_cli``) stands on one floor of :data:`FLOORS` and imports only what stands on lower
+  floors (or itself): storage stores tables and never imports rollout, training never imports the run layer, ...;
 - ``ragen_cli`` (the ``ragen`` command line) sits above the Prefect flows: ``flows``, ``tasks``, ``schemas`` and
   ``ragen_core`` never import it.
 """
@@ -11,6 +14,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BELOW_THE_CLI = ("ragen_core", "schemas", "tasks", "flows")
+# lowest first; a unit imports only units of lower floors (docs/architecture.md draws them)
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("ragen_core.registry", "ragen_core.seeding", "ragen_core.faults", "ragen_core.native_ops"),
+    ("schemas", "ragen_core.config"),
+    ("ragen_core.agent", "ragen_core.envs", "ragen_core.algos"),
+    ("ragen_core.policy", "ragen_core.storage"),
+    ("ragen_core.rollout", "ragen_core.training"),
+    ("ragen_core.monitor",),
+    ("ragen_core.run",),
+    ("ragen_core.sweep",),
+    ("ragen_core.findings",),
+    ("tasks",),
+    ("flows",),
+    ("ragen_cli",),
+)
+FLOOR = {unit: floor for floor, units in enumerate(FLOORS) for unit in units}
 
 
 def _imports(tree: ast.Module) -> set[str]:
@@ -23,6 +42,82 @@ def _imports(tree: ast.Module) -> set[str]:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
+
+
+def unit(module: str) -> str | None:
+    """The unit of a dotted module name: ``ragen_core.<package or module>``, or its top-level package; None when
+    it is not the project's (or is ``ragen_core`` itself, which holds nothing of its own)."""
+    parts = module.split(".")
+    if parts[0] == "ragen_core":
+        return f"ragen_core.{parts[1]}" if len(parts) > 1 else None
+    return parts[0] if parts[0] in FLOOR else None
+
+
+def upward_imports(module: str, tree: ast.Module) -> list[str]:
+    """The imports of ``module`` (a dotted name) that name a unit on its own floor or above, other than its own
+    unit; an import of a unit missing from :data:`FLOORS` is one too (every unit has a floor)."""
+    own = unit(module)
+    found = []
+    for name in sorted(_imports(tree)):
+        other = unit(name)
+        if other is None or other == own:
+            continue
+        if other not in FLOOR:
+            found.append(f"{name} (no floor: add it to FLOORS)")
+        elif FLOOR[other] >= FLOOR[own]:
+            found.append(name)
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_every_unit_has_a_floor():
+    """A new package or top-level module of ragen_core gets its floor in FLOORS (the import check needs it)."""
+    found = {unit(_module_name(p)) or _module_name(p) for p in sorted((ROOT / "ragen_core").glob("*"))
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}  # fmt: skip
+    assert sorted(found - set(FLOOR)) == []
+
+
+def test_no_import_runs_back_up():
+    """Every module imports only what stands below its own unit (or inside it)."""
+    offenders = [
+        (str(path.relative_to(ROOT)), name)
+        for package in ("ragen_core", "schemas", "tasks", "flows", "ragen_cli")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if unit(_module_name(path)) is not None
+        for name in upward_imports(_module_name(path), ast.parse(path.read_text(), filename=str(path)))
+    ]
+    assert offenders == []
+
+
+def test_the_floor_check_sees_an_import_running_back_up():
+    """The check above catches a planted violation (a check that cannot fail proves nothing): storage importing
+    rollout, training importing the run layer, a flow importing the CLI, a unit without a floor; it lets imports
+    of lower floors and of the unit itself pass."""
+    planted = ast.parse(
+        "from ragen_core.rollout.types import TrajectoryRecord\n"
+        "def f():\n    import ragen_core.run.session\n"
+        "from ragen_core.storage import layout\nfrom schemas import TURNS\nimport ragen_core.faults\n"
+        "from ragen_core.newthing import x\n"
+    )
+    assert upward_imports("ragen_core.storage.lake", planted) == [
+        "ragen_core.newthing (no floor: add it to FLOORS)",
+        "ragen_core.newthing.x (no floor: add it to FLOORS)",
+        "ragen_core.rollout.types",
+        "ragen_core.rollout.types.TrajectoryRecord",
+        "ragen_core.run.session",
+    ]
+    assert upward_imports("ragen_core.training.group", ast.parse("from ragen_core.run import worker\n")) == [
+        "ragen_core.run",
+        "ragen_core.run.worker",
+    ]
+    assert upward_imports("flows.train", ast.parse("from ragen_cli.common import fail\n")) == [
+        "ragen_cli.common",
+        "ragen_cli.common.fail",
+    ]
 
 
 def cli_imports(tree: ast.Module) -> list[str]:
