@@ -10,6 +10,7 @@ from prefect import flow, get_run_logger
 
 from flows import ui
 from flows.train import resolve_config, train
+from ragen_core.config import RunConfig
 from ragen_core.monitor.reports import artifact_key
 from ragen_core.storage import DataLake
 from ragen_core.storage.names import validate_run_id
@@ -22,7 +23,7 @@ FINAL_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
 @flow(name="sweep", flow_run_name=ui.named_after("sweep_id"), validate_parameters=False)
 def sweep(
-    config: dict[str, Any] | str | None = None,
+    config: RunConfig | dict[str, Any] | str | None = None,
     grid: list[str] | None = None,
     random: list[str] | None = None,
     samples: int = 0,
@@ -35,6 +36,7 @@ def sweep(
     search_seed: int = 0,
     poll_seconds: float = 2.0,
     max_points: int = DEFAULT_MAX_POINTS,
+    plan: SweepPlan | None = None,
 ) -> dict[str, Any]:
     """plan (validate all points) -> run each point (``deployment`` runs, else local subflows) -> compare.
 
@@ -43,13 +45,20 @@ def sweep(
     restricts the run to those indices (e.g. one failed point). ``deployment`` (e.g. ``train/train``) submits each
     point as a flow run of that deployment, so any worker of its pool can take it; the data root must then be
     reachable by the workers (pass an absolute path). A search of more than ``max_points`` points is refused.
+
+    A config is validated once: ``config`` as a tree (a deployment's parameter) here, a :class:`RunConfig` (what the
+    CLI passes) not again; ``plan``, a plan the caller already made of ``config`` (the CLI, ``ragen reproduce``), is
+    recorded and run as it is (the search parameters then only name the flow run), its points' configs handed on.
     """
     if sweep_id is not None:
         validate_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids: a name, never a pattern or a path
     base = resolve_config(config, overrides)
     lake = DataLake(data_root)
-    plan = sw.plan_sweep(lake, base.to_dict(), list(grid or []), list(random or []), samples, seeds, sweep_id,
-                         search_seed, max_points)  # fmt: skip
+    if plan is None:
+        plan = sw.plan_sweep(lake, base, list(grid or []), list(random or []), samples, seeds, sweep_id, search_seed,
+                             max_points)  # fmt: skip
+    else:
+        sw.record_sweep(lake, plan)
     chosen = [p for p in plan.points if points is None or p.index in set(points)]
     root = str(Path(data_root).resolve())
     with ui.showing(plan.sweep_id, ui.run_tags(base.env.name, base.algorithm.preset, plan.sweep_id)):
@@ -91,7 +100,7 @@ def _run_deployments(
         flow_run = run_deployment(
             deployment,
             parameters={
-                "config": point.config,
+                "config": point.config.to_dict(),  # a deployment's parameters are plain data
                 "data_root": root,
                 "run_id": point.run_id,
                 "sweep": point.manifest_entry(plan.sweep_id),

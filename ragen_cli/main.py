@@ -212,7 +212,7 @@ def sweep(
     base = load_config_or_fail(config, ctx.args)
     max_points = DEFAULT_MAX_POINTS if max_points is None else max_points
     try:
-        plan = plan_sweep(base.to_dict(), grid or [], random or [], samples, seeds, sweep_id, search_seed, max_points)
+        plan = plan_sweep(base, grid or [], random or [], samples, seeds, sweep_id, search_seed, max_points)
     except SweepError as exc:
         fail(str(exc))
     if deployment and "PREFECT_API_URL" not in os.environ:
@@ -230,9 +230,9 @@ def sweep(
     try:
         with watch_points():
             result = sweep_flow(
-                base.to_dict(), grid=grid or [], random=random or [], samples=samples, seeds=seeds,
+                base, grid=grid or [], random=random or [], samples=samples, seeds=seeds,
                 data_root=str(root), sweep_id=plan.sweep_id, deployment=deployment_name if deployment else None,
-                points=point or None, search_seed=search_seed, max_points=max_points,
+                points=point or None, search_seed=search_seed, max_points=max_points, plan=plan,
             )  # fmt: skip
     except SweepError as exc:
         fail(str(exc))

@@ -80,7 +80,7 @@ def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
         with watch_points():
             grid = [f"{k}={json.dumps(v)}" for k, v in plan.spec["grid"]]
             result = sweep_flow(item.base, grid=grid, seeds=plan.spec["seeds"] or None, data_root=str(lake.root),
-                                sweep_id=plan.sweep_id)  # fmt: skip
+                                sweep_id=plan.sweep_id, plan=plan)  # fmt: skip
         failed += [row["run_id"] for row in result["points"] if row["status"] != "completed"]
     if failed:
         console.print(f"[yellow]not completed:[/] {', '.join(failed)}; run the same command again to resume them")

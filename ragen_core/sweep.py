@@ -20,13 +20,13 @@ import itertools
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from ragen_core.config import ConfigError, RunConfig, load_yaml, parse_override
+from ragen_core.config import ConfigError, RunConfig, build_config, load_yaml, parse_override
 from ragen_core.run.checks import build_run_config
 from ragen_core.seeding import derive_rng
 from ragen_core.storage import DataLake, query
@@ -63,12 +63,17 @@ class RandomSpec:
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One run of a sweep."""
+    """One run of a sweep: its config validated once, when the sweep was planned, and handed on as it is."""
 
     index: int
     run_id: str
     overrides: list[str]
-    config: dict[str, Any]
+    config: RunConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        """The point as the stored plan holds it (its config as plain values)."""
+        return {"index": self.index, "run_id": self.run_id, "overrides": list(self.overrides),
+                "config": self.config.to_dict()}  # fmt: skip
 
     def manifest_entry(self, sweep_id: str) -> dict[str, Any]:
         """What the run's manifest records under ``sweep``."""
@@ -84,7 +89,8 @@ class SweepPlan:
     points: list[SweepPoint] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sweep_id": self.sweep_id, "spec": self.spec, "points": [asdict(p) for p in self.points]}
+        """The plan as it is stored under the data root."""
+        return {"sweep_id": self.sweep_id, "spec": self.spec, "points": [p.to_dict() for p in self.points]}
 
 
 def _numeric(value: Any) -> Any:
@@ -159,7 +165,7 @@ def parse_seeds(value: int | str | list[int] | None) -> list[int]:
 
 
 def plan_sweep(
-    base: dict[str, Any],
+    base: RunConfig | dict[str, Any],
     grid: list[str] | None = None,
     random: list[str] | None = None,
     samples: int = 0,
@@ -170,7 +176,9 @@ def plan_sweep(
 ) -> SweepPlan:
     """Expand grid x random samples x seeds into points, each validated as a full config before anything runs.
 
-    ``base`` is a config tree (it may already carry the user's fixed overrides). The sweep id defaults to
+    ``base`` is a config (used as it is) or a config tree (validated here; it may already carry the user's fixed
+    overrides); each point's config is validated once, the base's own point (no overrides) not again. The sweep id
+    defaults to
     ``sweep-<hash of the spec>``, so the same command names the same runs. A search of more than ``max_points``
     points is refused from its size alone, before anything is expanded.
     """
@@ -191,7 +199,7 @@ def plan_sweep(
             "command), sweep the keys a preset sets (algorithm.clip_high, algorithm.kl_coef, algorithm.filter_ratio), "
             "or use `ragen reproduce echo_trap` (StarPO against StarPO-S)"
         )
-    base_config = _validated(base, [], "the base config")
+    base_config = base if isinstance(base, RunConfig) else _validated(base, [], "the base config")
     spec = {
         "base_config_hash": base_config.config_hash(),
         "grid": [[k, v] for k, v in grid_axes],
@@ -206,9 +214,18 @@ def plan_sweep(
     for overrides in _combinations(grid_axes, random_axes, samples, spec["seeds"], search_seed):
         index = len(points)
         run_id = validate_run_id(f"{sweep_id}-p{index:03d}")
-        config = _validated(base_config.to_dict(), overrides, f"point {index} ({' '.join(overrides)})")
-        points.append(SweepPoint(index, run_id, overrides, config.to_dict()))
+        what = f"point {index} ({' '.join(overrides)})"
+        config = _validated(base_config.to_dict(), overrides, what) if overrides else base_config
+        points.append(SweepPoint(index, run_id, overrides, config))
     return SweepPlan(sweep_id, spec, points)
+
+
+def with_sweep_id(plan: SweepPlan, sweep_id: str) -> SweepPlan:
+    """``plan`` under another sweep id, its points renamed ``<sweep id>-p<NNN>`` (as :func:`plan_sweep` with that
+    ``sweep_id`` names them); no config is validated again."""
+    _check_id(sweep_id)
+    points = [replace(p, run_id=validate_run_id(f"{sweep_id}-p{p.index:03d}")) for p in plan.points]
+    return replace(plan, sweep_id=sweep_id, points=points)
 
 
 def check_size(grid_axes: list[tuple[str, list[Any]]], samples: int, seeds: list[int], max_points: int) -> int:
@@ -309,7 +326,7 @@ def read_sweep(lake: DataLake, sweep_id: str) -> SweepPlan:
     if not path.is_file():
         raise SweepError(f"no sweep {sweep_id!r} in {lake.root} (looked for {path})")
     stored = json.loads(path.read_text())
-    points = [SweepPoint(**p) for p in stored["points"]]
+    points = [SweepPoint(p["index"], p["run_id"], p["overrides"], build_config(p["config"])) for p in stored["points"]]
     return SweepPlan(stored["sweep_id"], stored["spec"], points)
 
 

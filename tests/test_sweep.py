@@ -85,12 +85,12 @@ def test_grid_times_seeds_gives_every_combination_as_its_own_validated_run():
     assert [p.run_id for p in plan.points] == [f"{plan.sweep_id}-p{i:03d}" for i in range(12)]
     assert plan.points[0].overrides == ['algorithm.filter_ratio=0.25', 'algorithm.filter="std"', "seed=0"]
     assert plan.points[11].overrides == ['algorithm.filter_ratio=1.0', 'algorithm.filter="std_rev"', "seed=1"]
-    combos = {(p.config["algorithm"]["filter_ratio"], p.config["algorithm"]["filter"], p.config["seed"])
+    combos = {(p.config.algorithm.filter_ratio, p.config.algorithm.filter, p.config.seed)
               for p in plan.points}  # fmt: skip
     assert combos == {(r, f, s) for r in (0.25, 0.5, 1.0) for f in ("std", "std_rev") for s in (0, 1)}
     for point in plan.points:  # every point is a complete, valid config equal to base + its overrides
-        assert build_config(point.config) == build_config(BASE, point.overrides)
-        assert point.config["trainer"]["iterations"] == 3
+        assert point.config == build_config(BASE, point.overrides)
+        assert point.config.trainer.iterations == 3
 
 
 def test_the_sweep_id_follows_the_spec():
@@ -108,16 +108,16 @@ def test_the_sweep_id_follows_the_spec():
 def test_random_search_draws_per_grid_combination_reproducibly():
     plan = plan_sweep(BASE, ["algorithm.filter_ratio=[0.5,1.0]"], ["actor.lr=loguniform(1e-4,1e-2)"], samples=3)
     assert len(plan.points) == 6
-    lrs = [p.config["actor"]["lr"] for p in plan.points]
+    lrs = [p.config.actor.lr for p in plan.points]
     assert len(set(lrs)) == 6 and all(1e-4 <= lr <= 1e-2 for lr in lrs)
     again = plan_sweep(BASE, ["algorithm.filter_ratio=[0.5,1.0]"], ["actor.lr=loguniform(1e-4,1e-2)"], samples=3)
-    assert [p.config["actor"]["lr"] for p in again.points] == lrs
+    assert [p.config.actor.lr for p in again.points] == lrs
     other = plan_sweep(BASE, ["algorithm.filter_ratio=[0.5,1.0]"], ["actor.lr=loguniform(1e-4,1e-2)"], samples=3,
                        search_seed=1)  # fmt: skip
-    assert [p.config["actor"]["lr"] for p in other.points] != lrs
+    assert [p.config.actor.lr for p in other.points] != lrs
     assert other.sweep_id != plan.sweep_id
     for point in plan.points:  # the override text reads back as exactly the drawn float
-        assert float(point.overrides[1].split("=", 1)[1]) == point.config["actor"]["lr"]
+        assert float(point.overrides[1].split("=", 1)[1]) == point.config.actor.lr
 
 
 def test_a_bad_point_is_refused_before_anything_runs():
@@ -134,7 +134,7 @@ def test_a_bad_point_is_refused_before_anything_runs():
 
 def test_a_preset_axis_is_refused_because_it_would_change_nothing():
     # what the axis would have produced: the base config (starpo_s) resolved, then preset=starpo laid on top
-    resolved = plan_sweep(BASE).points[0].config
+    resolved = plan_sweep(BASE).points[0].config.to_dict()
     assert resolved["algorithm"]["preset"] == "starpo_s" and resolved["algorithm"]["kl_coef"] == 0.0
     with pytest.raises(SweepError, match="algorithm.preset cannot be a sweep axis"):
         plan_sweep(BASE, ["algorithm.preset=[starpo,starpo_s]"])
@@ -157,7 +157,7 @@ def test_comparison_table_matches_the_numbers_computed_from_the_runs(tmp_path):
     plan = plan_sweep(BASE, ["algorithm.filter_ratio=[0.5,1.0]"], seeds=2, sweep_id="cmp")
     runs = {}
     for point in plan.points[:3]:  # point 3 never started
-        ratio = point.config["algorithm"]["filter_ratio"]
+        ratio = point.config.algorithm.filter_ratio
         run = make_run(100 + point.index, point.run_id, "bandit", 3, filter_ratio=ratio)
         write_run(lake, run, status="failed" if point.index == 2 else "completed")
         manifest = lake.read_manifest(point.run_id)

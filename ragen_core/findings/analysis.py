@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ragen_core.config import stored_config
+from ragen_core.config import RunConfig, stored_config
 from ragen_core.findings.spec import FindingSpec, VariantPlan
 from ragen_core.monitor.metrics import collapse_warnings
 from ragen_core.registry import Registry
@@ -43,7 +43,7 @@ class Arm:
     variant: str
     overrides: list[str]
     run_ids: list[str]
-    config: dict[str, Any] | None = None  # the resolved config of its first point (its env, eval settings)
+    config: RunConfig | None = None  # the resolved config of its first point (its env, eval settings)
 
 
 @dataclass
@@ -94,7 +94,7 @@ def load_context(lake: DataLake, spec: FindingSpec, plans: list[VariantPlan]) ->
     run_ids = [run for arm in arms for run in arm.run_ids]
     frame = query(lake, "SELECT run_id, iteration, name, value FROM metrics WHERE list_contains($runs, run_id) "
                   "ORDER BY run_id, iteration, name", params={"runs": run_ids}).to_pandas()  # fmt: skip
-    config = plans[0].plan.points[0].config
+    config = plans[0].plan.points[0].config.to_dict()
     val_env = str(spec.params.get("val_env", config["env"]["name"]))
     return Context(lake, arms, frame, dict(spec.params), val_env, config)
 

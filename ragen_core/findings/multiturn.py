@@ -60,7 +60,9 @@ def lift(first: float | None, final: float | None, episodes: int, min_lift: floa
 
 
 def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any]:
-    config = RunConfig.model_validate(arm.config)
+    config = arm.config
+    if config is None:
+        raise ValueError(f"arm {arm.label!r} has no config: arms come from a finding's sweep plans (arms_of)")
     env_name = config.env.name
     key = f"val/{env_name}/success"
     episodes = config.eval.instances * config.eval.k

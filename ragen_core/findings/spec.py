@@ -33,9 +33,9 @@ from typing import Any
 
 import yaml
 
-from ragen_core.config import ConfigError, apply_overrides
+from ragen_core.config import ConfigError, RunConfig, apply_overrides
 from ragen_core.run.checks import build_run_config
-from ragen_core.sweep import SweepError, SweepPlan, plan_sweep
+from ragen_core.sweep import SweepError, SweepPlan, plan_sweep, with_sweep_id
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FINDINGS_DIR = REPO_ROOT / "configs" / "findings"
@@ -78,7 +78,7 @@ class VariantPlan:
     """A variant, the resolved base config of its sweep and the sweep's plan."""
 
     variant: Variant
-    base: dict[str, Any]
+    base: RunConfig
     plan: SweepPlan
 
 
@@ -168,12 +168,11 @@ def plan_finding(spec: FindingSpec, quick: bool = False) -> list[VariantPlan]:
             tree = apply_overrides(tree, variant.overrides)
             if quick:
                 tree = apply_overrides(tree, spec.quick_overrides)
-            resolved = build_run_config(tree).to_dict()
+            resolved = build_run_config(tree)  # validated once: the sweep's points are validated from it, once each
             seeds = spec.quick_seeds if quick else spec.seeds
             draft = plan_sweep(resolved, spec.grid, seeds=seeds)
             prefix = f"{spec.name}{'-quick' if quick else ''}-{variant.name}".replace("_", "-")
-            sweep_id = f"{prefix}-{draft.sweep_id.removeprefix('sweep-')}"
-            plan = plan_sweep(resolved, spec.grid, seeds=seeds, sweep_id=sweep_id)
+            plan = with_sweep_id(draft, f"{prefix}-{draft.sweep_id.removeprefix('sweep-')}")
             plans.append(VariantPlan(variant, resolved, plan))
         except (ConfigError, SweepError) as exc:
             raise FindingError(f"finding {spec.name!r}, variant {variant.name!r}: {exc}") from None

@@ -86,7 +86,7 @@ def test_the_replayed_detector_gives_exactly_the_recorded_events(reproduced):
     assert sorted(numbers["collapse_iteration"]) == sorted(runs)
     frame = query(root, "SELECT run_id, iteration, name, value FROM metrics WHERE list_contains($runs, run_id)",
                   params={"runs": runs}).to_pandas()  # fmt: skip
-    config = plan_finding(load_finding("echo_trap"), quick=True)[0].plan.points[0].config
+    config = plan_finding(load_finding("echo_trap"), quick=True)[0].plan.points[0].config.to_dict()
     context = Context(DataLake(root), [], frame, {}, "bandit", config)
     monitor = config["monitor"]
     assert monitor["reward_std_drop"] == monitor["entropy_drop"]  # the replay takes one drop for both

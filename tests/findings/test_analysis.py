@@ -64,7 +64,7 @@ def test_the_registry_lists_the_specs_and_refuses_other_names():
 
 def test_variants_switch_the_preset_before_the_config_is_resolved():
     plans = plan_finding(load_finding("echo_trap"))
-    algorithms = {item.variant.name: item.plan.points[0].config["algorithm"] for item in plans}
+    algorithms = {item.variant.name: item.plan.points[0].config.to_dict()["algorithm"] for item in plans}
     assert algorithms["starpo"]["filter_ratio"] == 1.0 and algorithms["starpo"]["kl_coef"] == 0.001
     assert algorithms["starpo_s"]["filter_ratio"] == 0.25 and algorithms["starpo_s"]["clip_high"] == 0.28
     assert [[p.overrides for p in item.plan.points] for item in plans] == [[["seed=0"], ["seed=1"], ["seed=2"]]] * 2
@@ -72,7 +72,7 @@ def test_variants_switch_the_preset_before_the_config_is_resolved():
     assert [item.plan.sweep_id for item in again] == [item.plan.sweep_id for item in plans]  # same runs: resumable
     quick = plan_finding(load_finding("echo_trap"), quick=True)
     assert all(item.plan.sweep_id.startswith("echo-trap-quick-") for item in quick)
-    assert quick[0].plan.points[0].config["trainer"]["iterations"] == 3
+    assert quick[0].plan.points[0].config.trainer.iterations == 3
 
 
 def test_a_spec_with_a_bad_key_or_analysis_is_refused(tmp_path):
