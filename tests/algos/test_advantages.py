@@ -7,6 +7,7 @@ import torch
 from ragen_core.algos import (
     ADVANTAGES,
     POLICY_LOSSES,
+    STRATEGIES,
     bi_level_gae_advantage,
     gae_advantage,
     grpo_advantage,
@@ -270,7 +271,7 @@ def test_an_estimator_that_takes_values_needs_a_critic():
 
 def test_every_declared_option_is_an_algorithm_field():
     fields = set(AlgorithmConfig.model_fields)
-    for registry in (ADVANTAGES, POLICY_LOSSES):
+    for registry in (ADVANTAGES, POLICY_LOSSES, STRATEGIES):
         for name in registry.names():
             assert set(registry.options(name).values()) <= fields, (registry.kind, name)
 
