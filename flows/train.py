@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +11,8 @@ from prefect.utilities.annotations import quote
 
 from flows import ui
 from ragen_core.config import RunConfig
-from ragen_core.faults import set_iteration
 from ragen_core.run.checks import build_run_config, load_run_config
+from ragen_core.run.clock import IterationStage, StageClock
 from ragen_core.run.decisions import ResumePlan, Start
 from ragen_core.run.entry import check_run_id, open_run, run_lake
 from ragen_core.run.record import RunRecord, default_run_id, new_manifest, run_status
@@ -44,21 +41,6 @@ def eval_due(config: RunConfig, iteration: int) -> bool:
     return iteration % config.eval.every == 0 or iteration == config.trainer.iterations
 
 
-class _Clock:
-    """Records where the run is (for the manifest, if it fails) and how long each stage took (``time/<stage>``)."""
-
-    def __init__(self, session: RunSession, iteration: int, metrics: dict[str, float]) -> None:
-        self.record, self.iteration, self.metrics = session.record, iteration, metrics
-        set_iteration(iteration)
-
-    @contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        self.record.position = {"iteration": self.iteration, "stage": stage}
-        start = time.perf_counter()
-        yield
-        self.metrics[f"time/{stage}"] = time.perf_counter() - start
-
-
 def starpo_iteration(
     session: RunSession, iteration: int, artifacts: r.IterationArtifacts | None = None
 ) -> dict[str, float]:
@@ -70,25 +52,25 @@ def starpo_iteration(
     3). The records reach the persist task ``quote``-d, so Prefect passes them through untouched."""
     config = session.config
     metrics: dict[str, float] = {}
-    stage = _Clock(session, iteration, metrics)
+    stage = StageClock(session.record, iteration, metrics)
     if eval_due(config, iteration) or _evaluated(session, iteration):
-        with stage("evaluate"):
+        with stage(IterationStage.EVALUATE):
             metrics.update(t.evaluate(session, iteration))
-    with stage("generate"):
+    with stage(IterationStage.GENERATE):
         records = t.generate_rollouts(session, iteration)
     batch = training_batch(session, iteration)
-    with stage("persist"):
+    with stage(IterationStage.PERSIST):
         t.persist(batch, quote(records))
-    with stage("validate"):
+    with stage(IterationStage.VALIDATE):
         t.validate(batch)
-    with stage("filter"):
+    with stage(IterationStage.FILTER):
         metrics.update(t.filter_and_publish(session, batch))
     if config.trainer.mi_diagnostic:  # scored by the policy that sampled the batch, so before the update
-        with stage("diagnose"):
+        with stage(IterationStage.DIAGNOSE):
             metrics.update(t.diagnose_reasoning(session, iteration))
-    with stage("update"):
+    with stage(IterationStage.UPDATE):
         metrics.update(t.update_policy(session, iteration))
-    with stage("commit"):
+    with stage(IterationStage.COMMIT):
         t.commit_iteration(session, iteration, metrics, updated=True)
     _publish(artifacts, session.run_id, iteration, metrics)
     return metrics
@@ -111,10 +93,10 @@ def _publish(artifacts: r.IterationArtifacts | None, run_id: str, iteration: int
 def final_evaluation(session: RunSession, iteration: int) -> dict[str, float]:
     """Validation of the final policy, committed as its own iteration (``iteration`` = number of updates)."""
     metrics: dict[str, float] = {}
-    stage = _Clock(session, iteration, metrics)
-    with stage("evaluate"):
+    stage = StageClock(session.record, iteration, metrics)
+    with stage(IterationStage.EVALUATE):
         metrics.update(t.evaluate(session, iteration))
-    with stage("commit"):
+    with stage(IterationStage.COMMIT):
         t.commit_iteration(session, iteration, metrics, updated=False)
     r.publish_iteration_artifact(session.run_id, iteration, metrics)
     return metrics

@@ -2,7 +2,7 @@
 
 - **Names**: a flow run is named after its run id (a sweep after its sweep id, a sweep point after its point's run
   id): at creation when the id is a parameter (``flow_run_name=named_after("run_id")``), else by :func:`showing`
-  once the flow has derived it. Task runs carry their iteration (``rollout-i3``: tasks/stages.py).
+  once the flow has derived it. Task runs carry their stage and iteration (``generate-i3``: tasks/stages.py).
 - **Tags**: ``env:<env>``, ``preset:<preset>`` and, for a sweep and its points, ``sweep:<sweep id>``, set by
   :func:`showing` on every flow run, whoever started it (the command line, a deployment, Python).
 - **Logs**: while a flow runs, the records of our own loggers (``ragen.*``: the collapse early warnings,

@@ -1,8 +1,9 @@
 """The stages of a run as Prefect tasks: thin wrappers, each named as the core function it calls.
 
 They share the in-memory run session, so they opt out of Prefect's input-hash caching (the lake's commit markers
-are the source of truth for what is done). Their runs carry their iteration in their names, as Prefect's UI shows
-them: ``rollout-i3``, ``persist-i3``, ..., ``commit-i3``.
+are the source of truth for what is done). An iteration's task runs are named after their stage and iteration, as
+Prefect's UI shows them: ``generate-i3``, ``persist-i3``, ..., ``commit-i3`` (the stage names are
+:class:`~ragen_core.run.clock.IterationStage`'s, said once there).
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from ragen_core.config import RunConfig
 from ragen_core.rollout import TrajectoryRecord
 from ragen_core.run import bootstrap, resume, session, stages
 from ragen_core.run.batches import BatchPipeline
+from ragen_core.run.clock import IterationStage
 from ragen_core.run.decisions import ResumePlan
 from ragen_core.run.session import RunSession
 from ragen_core.storage import DataLake
 
 
-def batch_run_name(stage: str) -> Callable[..., str]:
+def batch_run_name(stage: IterationStage) -> Callable[..., str]:
     """A ``task_run_name`` for the stages that take a training batch: ``<stage>-i<iteration>`` (``persist-i3``), as
-    the iteration's other task runs are named (``rollout-i3``, ``update-i3``, ...)."""
+    the iteration's other task runs are named (``generate-i3``, ``update-i3``, ...)."""
 
     def name(parameters: dict[str, Any]) -> str:
         return f"{stage}-i{parameters['pipeline'].meta.iteration}"
@@ -84,55 +86,55 @@ def restore_session(run: RunSession, plan: ResumePlan) -> dict[str, Any]:
     return resume.restore_session(run, plan)
 
 
-@task(name="skip_iteration", task_run_name="skip-i{iteration}", cache_policy=NO_CACHE)
+@task(name="skip_iteration", task_run_name=IterationStage.SKIP.run_name, cache_policy=NO_CACHE)
 def skip_iteration(run: RunSession, iteration: int, quarantined: str) -> None:
     """Record a quarantined iteration as skipped."""
     resume.skip_iteration(run, iteration, quarantined)
 
 
-@task(name="generate_rollouts", task_run_name="rollout-i{iteration}", cache_policy=NO_CACHE)
+@task(name="generate_rollouts", task_run_name=IterationStage.GENERATE.run_name, cache_policy=NO_CACHE)
 def generate_rollouts(run: RunSession, iteration: int) -> list[TrajectoryRecord]:
-    """Stage 1: training rollouts."""
+    """The training rollouts of the iteration."""
     return stages.generate_rollouts(run, iteration)
 
 
-@task(name="persist", task_run_name=batch_run_name("persist"), cache_policy=NO_CACHE)
+@task(name="persist", task_run_name=batch_run_name(IterationStage.PERSIST), cache_policy=NO_CACHE)
 def persist(pipeline: BatchPipeline, records: list[TrajectoryRecord]) -> dict:
-    """Stage 2: stage the batch as Parquet."""
+    """Stage the batch as Parquet (invisible to readers until the filter publishes it)."""
     return pipeline.persist(records)
 
 
-@task(name="validate", task_run_name=batch_run_name("validate"), cache_policy=NO_CACHE)
+@task(name="validate", task_run_name=batch_run_name(IterationStage.VALIDATE), cache_policy=NO_CACHE)
 def validate(pipeline: BatchPipeline) -> dict:
-    """Stage 3: data contracts; a failing batch is quarantined and the task fails."""
+    """The data contracts; a failing batch is quarantined and the task fails."""
     return pipeline.validate()
 
 
-@task(name="filter_and_publish", task_run_name=batch_run_name("filter"), cache_policy=NO_CACHE)
+@task(name="filter_and_publish", task_run_name=batch_run_name(IterationStage.FILTER), cache_policy=NO_CACHE)
 def filter_and_publish(session: RunSession, pipeline: BatchPipeline) -> dict[str, float]:
-    """Stage 4: the group filter the session's config sets, then publish the batch."""
+    """The group filter the session's config sets, then publish the batch."""
     return stages.filter_and_publish(session, pipeline)
 
 
-@task(name="diagnose_reasoning", task_run_name="diagnose-i{iteration}", cache_policy=NO_CACHE)
+@task(name="diagnose_reasoning", task_run_name=IterationStage.DIAGNOSE.run_name, cache_policy=NO_CACHE)
 def diagnose_reasoning(run: RunSession, iteration: int) -> dict[str, float]:
-    """Stage 4b: input-reasoning mutual information (template-collapse diagnostic), before the update."""
+    """Input-reasoning mutual information (template-collapse diagnostic), before the update."""
     return stages.diagnose_reasoning(run, iteration)
 
 
-@task(name="update_policy", task_run_name="update-i{iteration}", cache_policy=NO_CACHE)
+@task(name="update_policy", task_run_name=IterationStage.UPDATE.run_name, cache_policy=NO_CACHE)
 def update_policy(run: RunSession, iteration: int) -> dict[str, float]:
-    """Stage 5: StarPO update on the kept trajectories."""
+    """StarPO update on the kept trajectories."""
     return stages.update_policy(run, iteration)
 
 
-@task(name="evaluate", task_run_name="evaluate-i{iteration}", cache_policy=NO_CACHE)
+@task(name="evaluate", task_run_name=IterationStage.EVALUATE.run_name, cache_policy=NO_CACHE)
 def evaluate(run: RunSession, iteration: int) -> dict[str, float]:
-    """Stage 6: validation rollouts on fixed instances."""
+    """Validation rollouts on the fixed instances (before the iteration's other stages, when due)."""
     return stages.evaluate(run, iteration)
 
 
-@task(name="commit_iteration", task_run_name="commit-i{iteration}", cache_policy=NO_CACHE)
+@task(name="commit_iteration", task_run_name=IterationStage.COMMIT.run_name, cache_policy=NO_CACHE)
 def commit_iteration(run: RunSession, iteration: int, metrics: dict[str, float], updated: bool) -> dict:
-    """Stage 7: checkpoint when due, metrics rows and the commit marker."""
+    """Checkpoint when due, metrics rows and the commit marker."""
     return stages.commit_iteration(run, iteration, metrics, updated)
