@@ -26,18 +26,21 @@ def evaluate(
     config: str | None = None,
     overrides: list[str] | None = None,
     run_id: str | None = None,
+    run_config: RunConfig | None = None,
 ) -> dict[str, Any]:
     """resolve the target -> session (no optimizer state, no critic) -> validation of every env -> commit.
 
     ``target``: a run id (newest checkpoint; ``RUN_ID@N`` for the one after N updates), a checkpoint folder or a
     Hugging Face model folder. ``envs``/``n`` set the validation envs and instances; the base config is the source
     run's (or ``config``, a YAML path). The same evaluation again returns the stored result; an interrupted one is
-    finished, reusing the envs it had completed.
+    finished, reusing the envs it had completed. ``run_config``: the evaluation's config as the caller resolved it from
+    the same arguments (the CLI, having validated it: a config is validated once), used as it is.
     """
     check_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     lake = run_lake(data_root)
     model_dir, base, which = e.resolve_target(target, lake)
-    run_config = e.evaluation_config(base, envs, n, config, overrides)
+    if run_config is None:
+        run_config = e.evaluation_config(base, envs, n, config, overrides)
     run_id = check_run_id(run_id or e.evaluation_run_id(which, run_config))
     tags = [*ui.run_tags(run_config.env.name, run_config.algorithm.preset), "evaluation"]
     with ui.showing(run_id, tags), open_run(lake, run_id):  # one writer per run: never the same one twice

@@ -263,7 +263,8 @@ def eval_command(
     lake = DataLake(root)
     try:
         _, base, which = resolve_target(target, lake if root.is_dir() else None)
-        run_id = run_id or evaluation_run_id(which, evaluation_config(base, env, n, config, list(ctx.args)))
+        run_config = evaluation_config(base, env, n, config, list(ctx.args))
+        run_id = run_id or evaluation_run_id(which, run_config)
     except (ConfigError, EvaluationError) as exc:
         fail(str(exc))
     root.mkdir(parents=True, exist_ok=True)
@@ -276,7 +277,7 @@ def eval_command(
         with watch_run():
             result = evaluate(
                 target, envs=env or None, n=n, data_root=str(root), config=str(config) if config else None,
-                overrides=list(ctx.args), run_id=run_id,
+                overrides=list(ctx.args), run_id=run_id, run_config=run_config,
             )  # fmt: skip
     except (EvaluationError, *user_facing_errors()) as exc:
         fail(str(exc))
