@@ -4,7 +4,9 @@
   rollout, policy, training, storage, run), at its top or inside a function;
 - no pydantic validator of the config imports anything or calls what the module took from another package of the
   project: the names a config gives of registered things are checked by the loader (``ragen_core.run.checks``)
-  after pydantic has validated the tree.
+  after pydantic has validated the tree;
+- outside the config package and that loader, no code builds a config without the checks (``build_config``,
+  ``load_config``, ``RunConfig.model_validate``), but for the few places listed with their reason.
 """
 
 from __future__ import annotations
@@ -172,3 +174,50 @@ def test_the_config_checks_see_a_registry_reached_for():
         "_check uses ADVANTAGES at line 12",
         "_check_cross_fields calls _check_names",
     ]
+
+
+LOADER = ROOT / "ragen_core" / "run" / "checks.py"
+UNCHECKED_BUILDERS = ("build_config", "load_config", "model_validate")
+BUILDS_UNCHECKED = {
+    "ragen_core/training/worker.py": "a launched update group's process: its config is the run's, checked by the "
+    "process that launched it",
+    "ragen_core/sweep.py": "read_sweep reads a stored plan back (its points were checked when it was planned)",
+}
+
+
+def unchecked_builds(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, name)`` of every call of a config builder that skips the registry checks."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            owner = getattr(node.func, "value", None)
+            if name == "model_validate" and getattr(owner, "id", None) != "RunConfig":
+                continue  # another model's validation
+            if name in UNCHECKED_BUILDERS:
+                found.append((node.lineno, name))
+    return sorted(found)
+
+
+def test_every_config_for_a_run_is_built_through_the_checks():
+    offenders = [
+        (str(path.relative_to(ROOT)), line, name)
+        for package in ("ragen_core", "flows", "tasks", "ragen_cli")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if not path.is_relative_to(CONFIG) and path != LOADER
+        and str(path.relative_to(ROOT)) not in BUILDS_UNCHECKED
+        for line, name in unchecked_builds(_tree(path))
+    ]  # fmt: skip
+    assert offenders == []
+
+
+def test_the_loader_check_sees_a_config_built_without_the_checks():
+    """The check above catches a planted violation of each builder, and lets the checked ones (and another model's
+    validation) pass."""
+    planted = ast.parse(
+        "from ragen_core import config\n"
+        "a = config.build_config(tree)\nb = load_config(path)\nc = RunConfig.model_validate(tree)\n"
+        "d = build_run_config(tree)\ne = load_run_config(path)\nf = Manifest.model_validate(tree)\n"
+    )
+    assert unchecked_builds(planted) == [(2, "build_config"), (3, "load_config"), (4, "model_validate")]
+    assert unchecked_builds(_tree(LOADER)) != []  # the loader builds them itself: the one module allowed to
