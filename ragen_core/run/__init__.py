@@ -5,6 +5,8 @@ this one):
 
 - :mod:`~ragen_core.run.entry`: one entry for a run (its id checked, its lake, its writer lock taken once), used by
   train, retrain, evaluate and the CLI;
+- :mod:`~ragen_core.run.checks`: a run's config checked against the registries after the config package validated
+  its plain data (``build_run_config`` / ``load_run_config``, what every entry loads a config with);
 - :mod:`~ragen_core.run.decisions`: fresh / over / resume / done and the resume plan, pure functions of what is
   stored;
 - :mod:`~ragen_core.run.record`: the manifest and the run's status (running -> completed / failed / interrupted);
