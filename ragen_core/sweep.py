@@ -178,9 +178,8 @@ def plan_sweep(
 
     ``base`` is a config (used as it is) or a config tree (validated here; it may already carry the user's fixed
     overrides); each point's config is validated once, the base's own point (no overrides) not again. The sweep id
-    defaults to
-    ``sweep-<hash of the spec>``, so the same command names the same runs. A search of more than ``max_points``
-    points is refused from its size alone, before anything is expanded.
+    defaults to ``sweep-<hash of the spec>``, so the same command names the same runs. A search of more than
+    ``max_points`` points is refused from its size alone, before anything is expanded.
     """
     grid_axes = [parse_grid(text) for text in grid or []]
     random_axes = [parse_random(text) for text in random or []]

@@ -12,16 +12,12 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.test_architecture import ROOT, _tree
+
 CONFIG = ROOT / "ragen_core" / "config"
 ABOVE_THE_CONFIG = ("algos", "envs", "rollout", "policy", "training", "storage", "run")
 VALIDATORS = {"field_validator", "model_validator"}
-
-
-def _tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(), filename=str(path))
 
 
 def config_imports_above(tree: ast.Module) -> list[tuple[int, str]]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.test_architecture import ROOT, _imports
+
 BELOW_THE_CLI = ("ragen_core", "schemas", "tasks", "flows")
 # lowest first; a unit imports only units of lower floors (docs/architecture.md draws them)
 FLOORS: tuple[tuple[str, ...], ...] = (
@@ -30,18 +31,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("ragen_cli",),
 )
 FLOOR = {unit: floor for floor, units in enumerate(FLOORS) for unit in units}
-
-
-def _imports(tree: ast.Module) -> set[str]:
-    """Every module name an import statement of the tree names (``from a import b`` gives ``a`` and ``a.b``)."""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
 
 
 def unit(module: str) -> str | None:

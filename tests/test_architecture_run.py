@@ -9,9 +9,9 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.test_architecture import ROOT
+
 RUN_TESTS = ROOT / "tests" / "run"
 FORBIDDEN = ("prefect", "flows", "tasks")
 LOCKS = "ragen_core.storage.locks"

@@ -8,6 +8,8 @@ import os
 import re
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,14 +148,23 @@ def read_json(path: Path, missing_ok: bool = False) -> Any:
             raise LakeError(f"cannot read JSON file {str(path)!r} (damaged or truncated?): {exc}") from exc
 
 
-def read_parquet(path: Path) -> pa.Table:
-    """Read one Parquet file as stored; a damaged file raises :class:`LakeError` naming it."""
+@contextmanager
+def parquet_errors(path: Path) -> Iterator[None]:
+    """Around a read of the Parquet file ``path``: a file removed since it was listed raises
+    :class:`VanishedFileError` (the caller lists again), a damaged one :class:`LakeError` naming it."""
     try:
-        return pq.read_table(path)
+        yield
     except FileNotFoundError as exc:
         raise VanishedFileError(path) from exc
     except (pa.ArrowException, OSError) as exc:
         raise LakeError(f"cannot read Parquet file {str(path)!r} (damaged or truncated?): {exc}") from exc
+
+
+def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """Read one Parquet file as stored (``columns``: only those); a damaged file raises :class:`LakeError` naming
+    it (:func:`parquet_errors`)."""
+    with parquet_errors(path):
+        return pq.read_table(path, columns=columns)
 
 
 def read_table_file(path: Path, spec: TableSpec, upgrades: UpgradeRegistry = UPGRADES) -> pa.Table:

@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ragen_core.storage.files import LakeError, VanishedFileError
+from ragen_core.storage.files import LakeError, VanishedFileError, parquet_errors, read_parquet
 from ragen_core.storage.layout import (
     CHECKPOINT_HF,
     CHECKPOINTS,
@@ -265,7 +265,7 @@ def check_footer(path: Path, spec: TableSpec, metadata: pq.FileMetaData, renamed
             elif stats.min != expected[name] or stats.max != expected[name]:
                 _wrong_partition(path, name, stats.min if stats.min != expected[name] else stats.max, expected)
     if unproven and metadata.num_rows:
-        check_rows(path, _read_columns(path, sorted(set(unproven))), spec)
+        check_rows(path, read_parquet(path, sorted(set(unproven))), spec)
 
 
 def check_rows(path: Path, table: pa.Table, spec: TableSpec) -> None:
@@ -298,22 +298,8 @@ def _wrong_partition(path: Path, column: str, found: Any, expected: Mapping[str,
 def footer(path: Path) -> pq.FileMetaData:
     """A part file's footer; a damaged file raises naming it, a file removed since it was listed raises
     :class:`~ragen_core.storage.files.VanishedFileError` (the caller lists again)."""
-    try:
+    with parquet_errors(path):
         return pq.read_metadata(path)
-    except FileNotFoundError as exc:
-        raise VanishedFileError(path) from exc
-    except (pa.ArrowException, OSError) as exc:
-        raise LakeError(f"cannot read Parquet file {_show(path)} (damaged or truncated?): {exc}") from exc
-
-
-def _read_columns(path: Path, columns: list[str]) -> pa.Table:
-    """Some columns of a part file, failing as :func:`footer` does."""
-    try:
-        return pq.read_table(path, columns=columns)
-    except FileNotFoundError as exc:
-        raise VanishedFileError(path) from exc
-    except (pa.ArrowException, OSError) as exc:
-        raise LakeError(f"cannot read Parquet file {_show(path)} (damaged or truncated?): {exc}") from exc
 
 
 # -- compaction markers --------------------------------------------------------------------------------------------
