@@ -150,7 +150,10 @@ def bandit_reward(config: Any) -> Any:
             env = make_env(config.env.name, **config.env.options)
             env.reset(int(seed))
             # the prompt ends with the reply prefix (e.g. "<think>"): the reply is the prefix and the completion
-            parsed = parse_response(prefix + text, env.parse_action, budget, config.rollout.enable_think)
+            # TRL does not tell a reward function whether a completion was cut: read as finished
+            parsed = parse_response(
+                prefix + text, env.parse_action, budget, config.rollout.enable_think, config.rollout.reply_format
+            )
             total = 0.0
             for action in parsed.actions:
                 _, step_reward, terminated, truncated, _ = env.step(action)

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQL; one row per env and split
     "SELECT iteration, split, env, count(*) AS trajectories, round(avg(total_reward), 4) AS reward, "
-    "round(avg(success::int), 4) AS success FROM trajectories WHERE run_id = $run_id "
+    "round(avg(success::int), 4) AS success, round(avg(truncated::int), 4) AS truncated FROM trajectories "
+    "WHERE run_id = $run_id "
     "GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
 )
 
@@ -65,11 +66,39 @@ def print_run_summary(
             console.print(
                 f"  {name.split('/')[1]:<16} iteration {first}: {before:.3f} -> iteration {last}: {after:.3f}"
             )
+    _print_truncated(lake, run_id)
     if bootstrap:
         console.print(bootstrap_line(bootstrap), highlight=False)
     shown = SUMMARY_SQL.replace("$run_id", "'" + run_id.replace("'", "''") + "'")  # to copy; runs with a parameter
     console.print("\n[bold]SQL summary[/]: " + escape(shown), highlight=False)
     print_table(query(lake, SUMMARY_SQL, params={"run_id": run_id}))
+
+
+TRUNCATED_NOTE = 0.05  # a final validation with more replies cut than this gets a warning line
+
+
+def _print_truncated(lake: DataLake, run_id: str) -> None:
+    """The share of the last validation's replies cut at the token limit, per env; a warning line where it exceeds
+    :data:`TRUNCATED_NOTE` (a policy that no longer ends its replies is not usable, whatever its success)."""
+    from ragen_core.storage import query
+
+    rows = query(
+        lake,
+        "SELECT name, value FROM metrics WHERE run_id = ? AND name LIKE 'val/%/truncated_rate' AND iteration = "
+        "(SELECT max(iteration) FROM metrics WHERE run_id = ? AND name LIKE 'val/%/truncated_rate') ORDER BY name",
+        params=[run_id, run_id],
+    ).to_pylist()
+    if not rows:
+        return
+    shares = ", ".join(f"{row['name'].split('/')[1]} {row['value']:.3f}" for row in rows)
+    console.print(f"  replies cut at the token limit (last validation): {shares}", highlight=False)
+    worst = max(rows, key=lambda row: row["value"])
+    if worst["value"] > TRUNCATED_NOTE:
+        console.print(
+            f"[yellow]warning:[/] {worst['value']:.0%} of the last validation's {worst['name'].split('/')[1]} replies "
+            "never ended (cut at rollout.max_new_tokens): the trained policy runs on past its answer",
+            highlight=False,
+        )
 
 
 def print_sweep(result: dict) -> None:

@@ -1,6 +1,21 @@
 """Parsing model replies into actions, and the format penalty.
 
-RAGEN's reply format: ``<think>...</think><answer>...</answer>``."""
+RAGEN's reply format: ``<think>...</think><answer>...</answer>``.
+
+Two readings of a reply (``rollout.reply_format``):
+
+- ``strict`` (the default): the reply must *be* the format, anchored at both ends (only whitespace around it), and it
+  must have ended: a reply cut at the token limit (``finished=False``) is a format error whatever it holds. RAGEN
+  finds the tags anywhere (``re.search``) but then trains on a rewritten reply,
+  ``<think>..</think><answer>..</answer>`` closed by the chat template's end token, so what follows ``</answer>`` is
+  never learned. This project trains on
+  the tokens it sampled (token-exact, with the sampler's log-probs), so a tolerated tail *would* be learned: a reply
+  that answers and then runs on to the limit earned full reward, and the policy unlearned its end token (the demo's
+  replies were 99% truncated by iteration 25). Refusing the tail gives such replies a lower reward than the ones that
+  end, which is the incentive RAGEN's rewrite gives.
+- ``lenient``: RAGEN's search, text around the tags tolerated, truncation ignored (runs stored before the strict
+  reading behaved so).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +26,7 @@ from dataclasses import dataclass, field
 ACTION_SEPARATOR = "||"
 _THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER_ONLY = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+REPLY_FORMATS = ("strict", "lenient")
 
 
 @dataclass(frozen=True)
@@ -38,19 +54,28 @@ def parse_response(
     actions: list[str] | Callable[[str], str | None],
     max_actions: int,
     enable_think: bool = True,
+    reply_format: str = "strict",
+    finished: bool = True,
 ) -> ParsedResponse:
     """Parse ``<think>..</think><answer>..</answer>`` (only ``<answer>`` when thinking is disabled).
 
-    Text around the tags is tolerated (as in RAGEN's ``re.search``). Answer items are split on ``||``, stripped,
+    ``reply_format='strict'``: the tags must span the whole reply (whitespace aside) and the reply must have ended
+    (``finished``: the sampler emitted a stop token before the length limit); otherwise the reply is a format error
+    (its think and answer are still returned, for the diagnostics, but no action). ``'lenient'``: text around the tags
+    is tolerated and ``finished`` ignored (RAGEN's ``re.search``). Answer items are split on ``||``, stripped,
     truncated to ``max_actions`` and matched to the env's actions: ``actions`` is either the list of action names
     (matched case-insensitively) or the env's ``parse_action`` (item -> canonical action or None).
     """
+    if reply_format not in REPLY_FORMATS:
+        raise ValueError(f"unknown reply format {reply_format!r}; use one of {', '.join(REPLY_FORMATS)}")
     match = (_THINK_ANSWER if enable_think else _ANSWER_ONLY).search(text)
     if match is None:
         return ParsedResponse(think="", answer="", format_ok=False)
     think = match.group(1).strip() if enable_think else ""
     answer = match.group(2 if enable_think else 1).strip()
     if "<think>" in think or "<answer>" in answer or "<think>" in answer:
+        return ParsedResponse(think=think, answer=answer, format_ok=False)
+    if reply_format == "strict" and (not finished or text[: match.start()].strip() or text[match.end() :].strip()):
         return ParsedResponse(think=think, answer=answer, format_ok=False)
     items = [item.strip() for item in answer.split(ACTION_SEPARATOR) if item.strip()][:max_actions]
     if callable(actions):

@@ -137,6 +137,14 @@ class RolloutConfig(Section):
         "quarter of the text; what a small randomly initialised model can learn to read, docs/findings.md).",
     )
     format_penalty: float = Field(-0.1, le=0, description="Added once per turn whose reply breaks the format.")
+    reply_format: Literal["strict", "lenient"] = Field(
+        "strict",
+        description="How a reply is read. 'strict': the <think>/<answer> tags must span the whole reply (whitespace "
+        "aside) and the reply must end (a stop token before max_new_tokens); anything else is a format error, no "
+        "action. 'lenient': RAGEN's search, text around the tags and truncation tolerated. RAGEN rewrites each reply "
+        "to its tags before training; this project trains on the sampled tokens, so a tolerated tail is learned "
+        "(docs/algorithms.md, 'Replies that do not end').",
+    )
     context_window_mode: Literal["full", "limited_multi_turn", "single_turn"] = Field(
         "full",
         description="What the model sees at each turn (RAGEN-2's context_window_mode). 'full': the whole chat so far "

@@ -62,7 +62,9 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 # Old runs re-scored their old log-probs (actor.reuse_behavior_logprobs came later): replaying them so keeps their
 # updates bit for bit.
 # Runs stored before RAGEN-2's MI span and headline took the think block (or the whole reply) and warned on the summed
-# estimate. Runs stored before algorithm.filter_empty_stop_steps never stopped early.
+# estimate. Runs stored before algorithm.filter_empty_stop_steps never stopped early. Runs stored before
+# rollout.reply_format read replies leniently (tags found anywhere, truncation ignored) and were not warned of
+# truncated replies.
 STORED_CONFIG_FALLBACKS: dict[str, Any] = {
     "rollout.think_prefix": False,
     "actor.reuse_behavior_logprobs": "never",
@@ -70,6 +72,8 @@ STORED_CONFIG_FALLBACKS: dict[str, Any] = {
     "monitor.mi_metric": "sequence",
     "monitor.success_slip": None,
     "algorithm.filter_empty_stop_steps": 0,
+    "rollout.reply_format": "lenient",
+    "monitor.truncated_share": None,
 }
 
 

@@ -48,6 +48,15 @@ class MonitorConfig(Section):
         "the last 3 iterations for a spike). A healthy run's spread falls too as it converges; this tells them apart "
         "(calibrated on the echo_trap finding's runs: docs/findings.md). None: warn on the signals alone.",
     )
+    truncated_share: float | None = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="Warn when this share of an iteration's training replies (or more) was cut at "
+        "rollout.max_new_tokens without ending (rollout/truncated_rate): a policy that stops ending its replies "
+        "collapses silently while its answers still score (the Bandit demo's went 0.01 -> 0.10 -> 0.36 -> 0.89 in "
+        "three iterations; healthy strict-format runs stayed below 0.14). None: no such warning.",
+    )
     tensorboard: bool = Field(
         True,
         description="Also write each committed iteration's metrics as TensorBoard scalars (step = iteration) under "

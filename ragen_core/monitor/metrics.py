@@ -232,6 +232,34 @@ def _crossings(
     return warnings
 
 
+TRUNCATED = "rollout/truncated_rate"
+
+
+def truncation_warnings(
+    history: list[dict[str, float]], current: dict[str, float], share: float, max_new_tokens: int
+) -> list[CollapseWarning]:
+    """The share of training replies cut at ``max_new_tokens`` without a stop token (``rollout/truncated_rate``) at
+    or above ``share``: once per episode (:func:`episode_starts`). A policy that stops ending its replies collapses
+    silently (its answers may still score while every reply runs on to the limit: TRL logs
+    ``completions/clipped_ratio`` for this reason); from the start, the limit is too small for the task."""
+
+    def check(past: list[dict[str, float]], now: dict[str, float]) -> list[CollapseWarning]:
+        value = now.get(TRUNCATED, float("nan"))
+        if not value >= share:
+            return []
+        earlier = [(h[TRUNCATED], i) for i, h in enumerate(past) if np.isfinite(h.get(TRUNCATED, np.nan))]
+        if earlier:
+            low, at = min(earlier)
+            since = f"up from {low:.2f} at iteration {at}: a policy that stops ending its replies collapses this way"
+        else:
+            since = "from the first iteration: rollout.max_new_tokens may be too small for the task"
+        message = (f"{value:.0%} of the training replies were cut at rollout.max_new_tokens={max_new_tokens} without "
+                   f"ending ({since}; threshold monitor.truncated_share={share:g})")  # fmt: skip
+        return [CollapseWarning(TRUNCATED, value, share, message)]
+
+    return episode_starts(check, history, current)
+
+
 MI_KEY = "diag/reasoning_mi"  # the summed estimate (RAGEN-2's mi_seq_estimate)
 # monitor.mi_metric -> the metric the template-collapse warning watches; per_token is RAGEN-2's collapse/mi_estimate
 MI_KEYS = {"per_token": "diag/reasoning_mi_per_token", "sequence": MI_KEY}
@@ -309,7 +337,8 @@ def filter_metrics(trajectories: pa.Table) -> dict[str, float]:
 
 
 def validation_metrics(trajectories: pa.Table, turns: pa.Table, env: str) -> dict[str, float]:
-    """Success, pass@k (an instance counts when any of its k samples succeeds), reward and length for ``env``."""
+    """Success, pass@k (an instance counts when any of its k samples succeeds), reward, length, the format rate and
+    the share of trajectories with a reply cut at the token limit for ``env``."""
     frame = trajectories.select(["group_id", "success", "total_reward", "response_length"]).to_pandas()
     pass_at_k = frame.groupby("group_id")["success"].any().mean() if len(frame) else float("nan")
     return {
@@ -318,5 +347,6 @@ def validation_metrics(trajectories: pa.Table, turns: pa.Table, env: str) -> dic
         f"val/{env}/reward_mean": float(frame["total_reward"].mean()),
         f"val/{env}/response_length": float(frame["response_length"].mean()),
         f"val/{env}/format_ok_rate": _mean(turns["format_ok"].to_numpy(zero_copy_only=False).astype(float)),
+        f"val/{env}/truncated_rate": _mean(trajectories["truncated"].to_numpy(zero_copy_only=False).astype(float)),
         **teacher_agreement(turns, f"val/{env}"),
     }

@@ -13,6 +13,7 @@ HEADLINE = (
     ("actor/entropy", "entropy"),
     ("actor/grad_norm", "grad norm"),
     ("rollout/response_length", "response length"),
+    ("rollout/truncated_rate", "replies cut at the token limit"),
 )
 
 
@@ -54,6 +55,7 @@ SUMMARY = (
     ("actor/pg_loss", "pg_loss"),
     ("actor/entropy", "entropy"),
     ("actor/grad_norm", "grad"),
+    ("rollout/truncated_rate", "trunc"),
 )
 
 

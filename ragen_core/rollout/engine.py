@@ -49,6 +49,7 @@ class RolloutSpec:
     max_actions_per_traj: int
     enable_think: bool = True
     format_penalty: float = -0.1
+    reply_format: str = "strict"  # rollout.reply_format (ragen_core.agent.parsing)
     env_options: dict[str, Any] | None = None
     context_window_mode: str = "full"
     max_context_window: int | None = None  # turns in the window (windowed modes only)
@@ -207,7 +208,9 @@ def _apply_reply(
 
     budget = min(spec.max_actions_per_turn, slot.actions_left)
     reply = prefix + generation.text
-    parsed = parse_response(reply, slot.env.parse_action, budget, spec.enable_think)
+    parsed = parse_response(
+        reply, slot.env.parse_action, budget, spec.enable_think, spec.reply_format, not generation.truncated
+    )
     teacher = _teacher_agreement(slot.env, slot.actions_left, parsed.actions)  # before the env steps
     reward, terminated, executed, infos = 0.0, False, [], []
     for action in parsed.actions:

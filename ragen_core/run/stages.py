@@ -35,6 +35,7 @@ from ragen_core.monitor.metrics import (
     collapse_warnings,
     template_collapse_warnings,
     throughput_metrics,
+    truncation_warnings,
     validation_metrics,
 )
 from ragen_core.monitor.tensorboard_sink import record_iteration
@@ -65,6 +66,7 @@ def rollout_spec(config: RunConfig, env_name: str, group_seeds: list[int], group
         max_actions_per_traj=config.env.max_actions_per_traj,
         enable_think=config.rollout.enable_think,
         format_penalty=config.rollout.format_penalty,
+        reply_format=config.rollout.reply_format,
         env_options=dict(config.env.options),
         context_window_mode=config.rollout.context_window_mode,
         max_context_window=config.rollout.max_context_window,
@@ -197,8 +199,8 @@ def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
 
 
 def record_warnings(session: RunSession, iteration: int, metrics: dict[str, float]) -> list[dict[str, Any]]:
-    """Echo-Trap early warnings for this iteration (against the run's earlier metrics): logged, and returned as
-    ``events`` rows. The run goes on."""
+    """Echo-Trap early warnings for this iteration (against the run's earlier metrics), and replies that stop ending
+    (``monitor.truncated_share``): logged, and returned as ``events`` rows. The run goes on."""
     monitor, history = session.config.monitor, session.record.metric_history
     warnings = collapse_warnings(
         history, metrics, monitor.warmup, monitor.reward_std_drop, monitor.entropy_drop, monitor.grad_norm_spike,
@@ -207,6 +209,9 @@ def record_warnings(session: RunSession, iteration: int, metrics: dict[str, floa
     warnings += template_collapse_warnings(
         history, metrics, monitor.warmup, monitor.mi_drop, monitor.mi_patience, MI_KEYS[monitor.mi_metric]
     )
+    if monitor.truncated_share is not None:
+        limit = session.config.rollout.max_new_tokens
+        warnings += truncation_warnings(history, metrics, monitor.truncated_share, limit)
     rows = []
     for warning in warnings:
         LOGGER.warning("run %s iteration %d: %s", session.run_id, iteration, warning.message)

@@ -37,9 +37,41 @@ def test_malformed_replies_fail_the_format(text):
     assert turn_penalty(parsed, -0.1) == -0.1
 
 
-def test_extra_text_around_the_tags_is_tolerated():
-    parsed = parse_response("Sure! <think>hmm</think>\n<answer>Right</answer> done", ACTIONS, 1)
+def test_lenient_tolerates_text_around_the_tags_and_truncation():
+    text = "Sure! <think>hmm</think>\n<answer>Right</answer> done"
+    parsed = parse_response(text, ACTIONS, 1, reply_format="lenient", finished=False)
     assert parsed.actions == ["Right"] and parsed.valid and turn_penalty(parsed, -0.1) == 0.0
+
+
+# The demo's collapsed replies: a right answer, then the same text again until the token limit.
+RUN_ON = "<think>I will take Up.</think><answer>Up</answer>I will take Up.</think><answer>Up</answer>I will"
+
+
+@pytest.mark.parametrize(
+    ("text", "finished"),
+    [
+        ("Sure! <think>hmm</think><answer>Right</answer>", True),  # text before the tags
+        ("<think>hmm</think><answer>Right</answer> done", True),  # text after them
+        (RUN_ON, True),
+        (RUN_ON, False),
+        ("<think>hmm</think><answer>Right</answer>", False),  # well formed, but cut at the limit: no end token
+    ],
+)
+def test_strict_needs_the_whole_reply_in_the_format_and_an_end(text, finished):
+    parsed = parse_response(text, ACTIONS, 1, finished=finished)  # strict is the default
+    assert not parsed.format_ok and not parsed.valid and parsed.actions == []
+    assert turn_penalty(parsed, -0.1) == -0.1
+    assert parsed.answer in ("Right", "Up")  # still read, for the diagnostics
+
+
+def test_strict_allows_whitespace_around_a_finished_reply():
+    parsed = parse_response(" \n<think>hmm</think>\n<answer>Right</answer>\n ", ACTIONS, 1, finished=True)
+    assert parsed.actions == ["Right"] and parsed.valid
+
+
+def test_an_unknown_reply_format_is_refused():
+    with pytest.raises(ValueError, match="strict, lenient"):
+        parse_response("<think>x</think><answer>Up</answer>", ACTIONS, 1, reply_format="loose")
 
 
 def test_invalid_action_is_reported_and_penalised():

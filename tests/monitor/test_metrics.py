@@ -1,7 +1,14 @@
 import pyarrow as pa
 import pytest
 
-from ragen_core.monitor.metrics import collapse_warnings, think_diversity, throughput_metrics
+from ragen_core.monitor.metrics import (
+    TRUNCATED,
+    collapse_warnings,
+    think_diversity,
+    throughput_metrics,
+    truncation_warnings,
+)
+from ragen_core.monitor.reports import iteration_line
 
 MONITOR = {"warmup": 2, "reward_std_drop": 0.5, "entropy_drop": 0.5, "grad_norm_spike": 5.0}
 
@@ -148,3 +155,45 @@ def test_a_slip_gated_warning_names_the_slip():
         "in-group reward std 0.15 fell more than 50% below its peak 0.4, while training success fell 0.5 -> 0.433 "
         "in 3 iterations: an early sign of the Echo Trap (collapse into repeated templates)"
     )
+
+
+# The demo's training batches before the strict reply format: the truncated share of iterations 17-25 (from its lake).
+DEMO_TRUNCATED = [0.0, 0.008, 0.102, 0.359, 0.891, 1.0, 0.992, 0.984, 0.992]
+
+
+def _truncation_events(series: list[float], share: float = 0.2) -> list[tuple[int, str]]:
+    history: list[dict[str, float]] = []
+    events = []
+    for iteration, value in enumerate(series):
+        current = {TRUNCATED: value}
+        events += [(iteration, w.message) for w in truncation_warnings(history, current, share, 32)]
+        history.append(current)
+    return events
+
+
+def test_a_rising_truncated_share_is_warned_once_with_its_numbers():
+    events = _truncation_events(DEMO_TRUNCATED)
+    assert [iteration for iteration, _ in events] == [3]  # 0.359 >= 0.2, then the same episode: not again
+    message = events[0][1]
+    assert message.startswith("36% of the training replies were cut at rollout.max_new_tokens=32 without ending")
+    assert "up from 0.00 at iteration 0" in message and "stops ending its replies" in message
+    assert [i for i, _ in _truncation_events(DEMO_TRUNCATED, share=0.1)] == [2]  # a lower threshold: one earlier
+
+
+def test_a_truncated_share_that_recovers_and_climbs_again_is_a_second_episode():
+    assert [i for i, _ in _truncation_events([0.0, 0.3, 0.02, 0.0, 0.5])] == [1, 4]
+
+
+def test_a_high_share_from_the_start_names_the_token_limit():
+    (event,) = _truncation_events([0.6, 0.7])
+    assert event[0] == 0 and "max_new_tokens may be too small" in event[1]
+
+
+def test_a_low_or_missing_truncated_share_is_quiet():
+    assert _truncation_events([0.0, 0.05, 0.133, 0.199, 0.0]) == []  # a healthy strict-format run's peak: 0.133
+    assert truncation_warnings([], {"rollout/success_rate": 1.0}, 0.1, 32) == []
+
+
+def test_the_iteration_line_shows_the_truncated_share():
+    line = iteration_line(21, {"rollout/success_rate": 0.945, TRUNCATED: 0.891, "val/bandit/success": 1.0})
+    assert line == "iter  21 · success 0.945 · trunc 0.891 · bandit/success 1.000"

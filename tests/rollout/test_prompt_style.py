@@ -90,21 +90,34 @@ def test_describe_random_thinks_the_goal_direction_and_acts_at_random(tiny_polic
     assert abs(toward / total - 0.38) < 0.08
 
 
+def _frozenlake(*overrides: str):
+    """configs/frozenlake.yaml with RAGEN's full prompt, the whole chat and a random bootstrap of the run's own seed
+    (the shipped config's compact prompt, window, teacher_mix bootstrap and shared bootstrap seed are what the
+    overrides below change)."""
+    import yaml
+
+    from ragen_core.config import build_config
+
+    tree = yaml.safe_load(Path("configs/frozenlake.yaml").read_text())
+    tree["rollout"].update(prompt_style="full", context_window_mode="full", max_context_window=None)
+    tree["bootstrap"]["policy"] = "random"
+    del tree["bootstrap"]["seed"]
+    return build_config(tree, list(overrides))
+
+
 def test_bootstrap_key_covers_the_prompts_and_the_shared_seed(tmp_path: Path):
-    base = load_config("configs/frozenlake.yaml")
+    base = _frozenlake()
     key = bootstrap_key(base, tmp_path)
-    assert bootstrap_key(load_config("configs/frozenlake.yaml", ["rollout.prompt_style=compact"]), tmp_path) != key
+    assert bootstrap_key(_frozenlake("rollout.prompt_style=compact"), tmp_path) != key
     windowed = ["rollout.context_window_mode=single_turn", "rollout.max_context_window=1"]
-    assert bootstrap_key(load_config("configs/frozenlake.yaml", windowed), tmp_path) != key
-    assert bootstrap_key(load_config("configs/frozenlake.yaml", ["seed=1"]), tmp_path) != key
-    shared = [bootstrap_key(load_config("configs/frozenlake.yaml", [f"seed={s}", "bootstrap.seed=0"]), tmp_path)
-              for s in (0, 1, 2)]  # fmt: skip
+    assert bootstrap_key(_frozenlake(*windowed), tmp_path) != key
+    assert bootstrap_key(_frozenlake("seed=1"), tmp_path) != key
+    shared = [bootstrap_key(_frozenlake(f"seed={s}", "bootstrap.seed=0"), tmp_path) for s in (0, 1, 2)]
     assert set(shared) == {key}  # one bootstrap (seed 0's) for three RL seeds
     assert bootstrap_key(base, tmp_path) == key  # deterministic
     # teacher_prob is an option of teacher_mix only: the random policy's key ignores it
-    assert bootstrap_key(load_config("configs/frozenlake.yaml", ["bootstrap.teacher_prob=0.9"]), tmp_path) == key
-    mixes = [load_config("configs/frozenlake.yaml", ["bootstrap.policy=teacher_mix", f"bootstrap.teacher_prob={p}"])
-             for p in (0.5, 0.51)]  # fmt: skip
+    assert bootstrap_key(_frozenlake("bootstrap.teacher_prob=0.9"), tmp_path) == key
+    mixes = [_frozenlake("bootstrap.policy=teacher_mix", f"bootstrap.teacher_prob={p}") for p in (0.5, 0.51)]
     assert len({key, *(bootstrap_key(c, tmp_path) for c in mixes)}) == 3
 
 
