@@ -10,7 +10,7 @@ PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP := $(VENV)/.installed
 DATA_ROOT ?= data
 
-.PHONY: install install-vllm demo test test-all lint clean server server-stop bench
+.PHONY: install install-vllm demo test test-busy test-all lint clean server server-stop bench
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,12 @@ test: $(STAMP)
 	@test -f $(VLLM_STAMP) || echo "note: no vLLM environment, so the vLLM tests are skipped; 'make install-vllm' builds it"
 	$(if $(wildcard $(VLLM_STAMP)),RAGEN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python) \
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
+
+# The suite on a busy machine: `make test` beside $(HOGS) processes that spin on the CPU (a machine shared with other
+# jobs); the project's processes must keep their results and their time limits there too.
+HOGS ?= 4
+test-busy: $(STAMP)
+	.ci/with-cpu-hog $(HOGS) -- $(MAKE) test
 
 # A local Prefect server on 127.0.0.1:$(PORT), the local-process pool, prefect.yaml deployed, and a worker.
 PORT ?= 4200

@@ -26,7 +26,14 @@ DEFAULT_DATA_ROOT = "data"
 
 
 def fail(message: str) -> None:
-    """Print ``error: message`` (literally) on stderr and exit with status 2: a user's mistake, no traceback."""
+    """Print ``error: message`` (literally) on stderr and exit with status 2: a user's mistake, no traceback. After a
+    stop signal the failure is the stop's doing (a library that was interrupted wraps the KeyboardInterrupt in its own
+    error, as DuckDB does): the command then says only that it was interrupted, with the signal's exit status."""
+    from ragen_cli import interrupts
+
+    if interrupts.requested():
+        interrupts.report(f"interrupted ({interrupts.signal_name()})")
+        raise typer.Exit(code=interrupts.exit_code())
     err_console.print(Text.assemble(("error:", "bold red"), " ", printable(message)), highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 

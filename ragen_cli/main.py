@@ -442,8 +442,8 @@ def main() -> None:
     interrupts.install()
     try:
         app()
-    except SystemExit:
-        if interrupts.requested():  # a command without its own message about the stop
+    except BaseException:  # SystemExit, or an error a library raised from the interrupt it was handed
+        if interrupts.requested():  # a command without its own message about the stop: one line, never a traceback
             interrupts.report(f"interrupted ({interrupts.signal_name()})")
             raise SystemExit(interrupts.exit_code()) from None
         raise
