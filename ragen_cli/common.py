@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,14 +27,37 @@ DEFAULT_DATA_ROOT = "data"
 
 
 def fail(message: str) -> None:
-    """Print ``error: message`` (literally) on stderr and exit with status 2: a user's mistake, no traceback."""
-    err_console.print(Text.assemble(("error:", "bold red"), " ", printable(message)), highlight=False, soft_wrap=True)
+    """Print ``error: message`` (literally, in one line: :func:`one_line`) on stderr and exit with status 2: a user's
+    mistake, no traceback."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", one_line(message)), highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
 def warn(message: str) -> None:
-    """Print ``warning: message`` (literally) on stderr."""
-    err_console.print(Text.assemble(("warning:", "yellow"), " ", printable(message)), highlight=False, soft_wrap=True)
+    """Print ``warning: message`` (literally, in one line) on stderr."""
+    err_console.print(Text.assemble(("warning:", "yellow"), " ", one_line(message)), highlight=False, soft_wrap=True)
+
+
+_SOURCE_LINE = re.compile(r"^LINE (\d+): ")  # DuckDB's quote of the query, above a caret line pointing into it
+
+
+def one_line(message: str) -> str:
+    """``message`` as one terminal-safe line: its non-empty lines joined (``; ``, or a space after a line ending in
+    ``:``, as ``invalid config:`` and its keys), a quoted source line with a caret under it (DuckDB's syntax errors)
+    said as ``(at line L, column C)``, every control character written as an escape (:func:`printable`)."""
+    raw = [line for line in message.splitlines() if line.strip()]
+    lines: list[str] = []
+    for index, line in enumerate(raw):
+        quoted = _SOURCE_LINE.match(raw[index - 1]) if index else None
+        if quoted and set(line.strip()) == {"^"} and lines:
+            lines[-1] = f"(at line {quoted.group(1)}, column {line.index('^') - quoted.end() + 1})"
+        else:
+            lines.append(line.strip())
+    joined = "".join(
+        line if not index else (" " if lines[index - 1].endswith(":") or line.startswith("(at line ") else "; ") + line
+        for index, line in enumerate(lines)
+    )
+    return printable(joined)
 
 
 def data_root_path(value: Path | None) -> Path:

@@ -83,8 +83,8 @@ def resume(
 ) -> None:
     """Continue a run from its last committed iteration, with the run's own config. Extra key.sub=value
     overrides change it (only the keys listed in --force-config), e.g. trainer.iterations=50."""
-    from ragen_core.config import ConfigError, stored_config
-    from ragen_core.run.checks import build_run_config
+    from ragen_core.config import ConfigError
+    from ragen_core.run.checks import build_stored_run_config, manifest_config
     from ragen_core.storage import DataLake, LakeError
 
     checked_run_id(run_id)
@@ -99,7 +99,8 @@ def resume(
     if not manifest.get("config"):
         fail(f"the manifest of run {run_id!r} holds no config to resume with; start the run again with ragen train")
     try:
-        run_config = build_run_config(stored_config(manifest["config"]), list(ctx.args))
+        stored = manifest_config(lake, run_id, manifest["config"])  # a program it names, not named again: refused
+        run_config = build_stored_run_config(stored, list(ctx.args))
     except ConfigError as exc:
         fail(str(exc))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]

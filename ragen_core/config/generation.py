@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from ragen_core.config.base import MAX_NEW_TOKENS, PositiveInt, Section
+from ragen_core.config.trust import trusted_only
 
 
 class TinyModelConfig(Section):
@@ -39,7 +40,9 @@ class ModelConfig(Section):
     """Which policy model to start from."""
 
     path: str | None = Field(
-        None, description="Local Hugging Face causal-LM directory. None: the tiny default, built under the data root."
+        None,
+        description="Local Hugging Face causal-LM directory. None: the tiny default, built under the data root.",
+        json_schema_extra=trusted_only("path"),
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny default model.")
 
@@ -67,6 +70,7 @@ class VLLMConfig(Section):
         None,
         description="Python of the vLLM environment; None: $RAGEN_VLLM_PYTHON, else .venv-vllm beside this "
         "project's environment (where `make install-vllm` builds it).",
+        json_schema_extra=trusted_only("program", env="RAGEN_VLLM_PYTHON"),
     )
     tensor_parallel_size: PositiveInt = Field(1, description="GPUs the server shards the policy over.")
     gpu_memory_utilization: float = Field(

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeFloat, model_validator
 
 from ragen_core.config.base import PositiveInt, Section
+from ragen_core.config.trust import trusted_only
 
 
 class ActorConfig(Section):
@@ -46,7 +47,11 @@ class CriticConfig(Section):
     weight_decay: NonNegativeFloat = Field(0.01, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
     cliprange_value: float = Field(0.5, gt=0, description="Clip of the value update around the old values.")
-    path: str | None = Field(None, description="Model dir of the critic's backbone; None: the policy's start model.")
+    path: str | None = Field(
+        None,
+        description="Model dir of the critic's backbone; None: the policy's start model.",
+        json_schema_extra=trusted_only("path"),
+    )
     mini_batch_size: PositiveInt | None = Field(None, description="None: actor.mini_batch_size.")
     micro_batch_size: PositiveInt | None = Field(None, description="None: actor.micro_batch_size.")
     ppo_epochs: PositiveInt | None = Field(None, description="None: actor.ppo_epochs.")
@@ -81,6 +86,7 @@ class TrainerConfig(Section):
         description="Where the update stage runs: 'inprocess' (the run's own process, the default), or a long-lived "
         "group of processes started once per run by 'torchrun' or the 'deepspeed' launcher (data-parallel over "
         "trainer.nproc processes per node, ZeRO from actor.zero_stage); the run's process keeps the rollouts.",
+        json_schema_extra=trusted_only("launcher"),
     )
     nproc: PositiveInt = Field(
         1, description="Processes of the launched update group per node (one per GPU); needs a launcher if > 1."
@@ -89,6 +95,7 @@ class TrainerConfig(Section):
         None,
         description="DeepSpeed hostfile ('host slots=N' lines) to span several nodes (launcher=deepspeed only); start "
         "the run on the first host, with the data root on a filesystem every host mounts at the same path.",
+        json_schema_extra=trusted_only("hostfile"),
     )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",
