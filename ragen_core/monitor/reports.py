@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from ragen_core.monitor.metrics import throughput_metrics
@@ -17,9 +18,15 @@ HEADLINE = (
 
 
 def artifact_key(run_id: str, suffix: str = "metrics") -> str:
-    """A Prefect artifact key for a run: lowercase letters, digits and dashes only (Prefect's rule)."""
+    """A Prefect artifact key for a run: lowercase letters, digits and dashes only (Prefect's rule), one key per run.
+
+    A run id made of those already is its own stem; any other (``A.b``, ``a_b``, ``a--b``) is lowered to one and
+    marked ``--`` plus 12 hex digits of its sha256, so ``A.b``, ``a_b`` and ``a-b`` never share a key (a plain stem
+    never holds ``--``: the slug joins every run of other characters into one dash)."""
     stem = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-") or "run"
-    return f"ragen-{stem}-{suffix}"[:240]
+    if stem != run_id:
+        stem = f"{stem}--{hashlib.sha256(run_id.encode()).hexdigest()[:12]}"
+    return f"ragen-{stem}-{suffix}"
 
 
 def _format(value: float) -> str:
