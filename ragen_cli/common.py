@@ -87,14 +87,23 @@ def writable_root(value: Path | None, create: bool = True) -> Path:
     return root
 
 
-# C0 and C1 control characters and DEL, but tab and newline (a cell may hold lines): shown as escapes, never sent to
-# the terminal, so stored or generated text (chr(27) || '[2J') cannot clear the screen or move the cursor
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)] if chr(c) not in "\t\n"}
-
-
 def printable(text: str) -> str:
-    """``text`` with every terminal control character (ESC, BEL, CR, ...) written as a ``\\xNN`` escape."""
-    return text.translate(_CONTROL)
+    """``text`` with every terminal control character (ESC, BEL, CR, ...) but tab and newline (a table cell may hold
+    lines) written as a ``\\xNN`` escape, so stored or generated text (chr(27) || '[2J') cannot clear the screen or
+    move the cursor."""
+    from ragen_core.monitor.reports import escape_controls
+
+    return escape_controls(text, keep="\t\n")
+
+
+def shown(value: object) -> str:
+    """``value`` as text to put into a rich markup line: one line (every control character, newline included,
+    escaped) whose ``[...]`` is shown, never read as markup (a path, a model folder, a lock holder's command)."""
+    from rich.markup import escape
+
+    from ragen_core.monitor.reports import escape_controls
+
+    return escape(escape_controls(str(value)))
 
 
 def _cell(value) -> Text:

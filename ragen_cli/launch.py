@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
-from ragen_cli.common import console, fail, printable
+from ragen_cli.common import console, fail, printable, shown
 
 if TYPE_CHECKING:
     from ragen_core.storage import DataLake
@@ -110,7 +110,7 @@ def writer(lake: DataLake, run_id: str) -> Iterator[None]:
             fail(str(exc))
         note = run.takeover_note
         if note:
-            console.print(f"[yellow]note:[/] {note}")
+            console.print(f"[yellow]note:[/] {shown(note)}")
         yield
 
 

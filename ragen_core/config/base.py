@@ -51,7 +51,6 @@ class Section(BaseModel):
             raise ValueError(f"must be true or false, not {value!r}")
         return value
 
-
     @field_validator("*", mode="before")
     @classmethod
     def _text_is_one_printable_line(cls, value: Any) -> Any:

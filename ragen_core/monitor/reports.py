@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -15,6 +16,22 @@ HEADLINE = (
     ("actor/grad_norm", "grad norm"),
     ("rollout/response_length", "response length"),
 )
+
+
+# C0 and C1 control characters and DEL: a newline, an escape sequence (ESC [2J), a bell in a stored or free-form text
+# would reach a terminal, a log line or Prefect's UI as another line or a screen command; written as \xNN instead
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
+
+
+def escape_controls(text: str, keep: str = "") -> str:
+    """``text`` with every control character (newline, ESC, BEL, CR, ...; but those in ``keep``) written as a
+    ``\\xNN`` escape: what a log line, an artifact cell or a terminal shows of text it did not write itself."""
+    return text.translate(_table(keep))
+
+
+@functools.cache
+def _table(keep: str) -> dict[int, str]:
+    return {c: escaped for c, escaped in _CONTROLS.items() if chr(c) not in keep}
 
 
 def artifact_key(run_id: str, suffix: str = "metrics") -> str:
