@@ -149,6 +149,19 @@ def test_the_environment_or_a_trusted_folder_allows_a_stored_value_only_when_it_
     assert not world["marker"].exists()
 
 
+def test_a_resume_reads_no_outside_start_model_from_a_manifest(world):
+    """The manifest's ``model_dir`` (where a resume's engines start from) is data-root text too: planted outside the
+    root, it is refused before anything starts, even with the config untouched."""
+    root = world["root"]
+    path = root / "runs" / RUN / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["model_dir"] = str(world["outside"])
+    path.write_text(json.dumps(manifest))
+    result = _cli("resume", RUN, "trainer.iterations=4", "--force-config", "trainer.iterations", "--data-root", root)
+    line = _one_line_refusal(result, f"runs/{RUN}/manifest.json names the start model", str(world["outside"]))
+    assert TRUSTED_PATHS_VARIABLE in line and json.loads(path.read_text()) == manifest
+
+
 def test_retrain_init_run_reads_no_outside_start_model_from_a_manifest(world, tiny_model_dir, monkeypatch):
     monkeypatch.delenv(TRUSTED_PATHS_VARIABLE)
     root = world["root"]
@@ -187,7 +200,7 @@ def test_a_benign_stored_config_and_a_value_named_again_still_run(world, tiny_mo
     assert rc == 2 and "model.path" in output and "pass model.path=" in output, output[-3000:]
     rc, output = _ragen([*extend, f"model.path={tiny_model_dir}"], root, None, api_url)
     assert rc == 0 and "resumed at iteration 3" in output, output[-3000:]
-    assert max(DataLake(root).committed_iterations(RUN)) == 3  # iterations 0-2 stored, 3 added
+    assert max(DataLake(root).committed_iterations(RUN)) == 4  # 0-2 trained, 3 (was the final validation) trained, 4 validated
 
 
 def test_retrain_and_a_resumed_sweep_never_use_a_planted_program(world, tiny_model_dir, prefect_server):
