@@ -60,10 +60,11 @@ class VLLMServerError(RuntimeError):
     """The vLLM server failed a request or died; the message names its log."""
 
 
-def vllm_python(setting: str | None = None) -> Path:
+def vllm_python(setting: str | None = None, data_root: Path | None = None) -> Path:
     """The Python of the vLLM environment: ``setting`` (``rollout.vllm.python``), else ``$RAGEN_VLLM_PYTHON``, else
-    ``.venv-vllm/bin/python`` beside the environment running this code. Raises :class:`BackendUnavailable` saying how
-    to build it when there is none."""
+    ``.venv-vllm/bin/python`` beside the environment running this code (or in the working folder, unless that lies
+    in ``data_root``: a file planted in a shared data root never becomes the program run). Raises
+    :class:`BackendUnavailable` saying how to build it when there is none."""
     chosen = setting or os.environ.get(VLLM_ENV_VARIABLE)
     if chosen:
         path = Path(chosen).expanduser()
@@ -73,7 +74,10 @@ def vllm_python(setting: str | None = None) -> Path:
         return path
     candidates = [Path(sys.prefix).parent / VLLM_ENV_FOLDER / "bin" / "python", Path.cwd() / VLLM_ENV_FOLDER / "bin"
                   / "python"]  # fmt: skip
+    shared = Path(data_root).resolve() if data_root is not None else None
     for candidate in candidates:
+        if shared is not None and candidate.parent.parent.resolve().is_relative_to(shared):
+            continue
         if candidate.is_file() and (candidate.parent.parent / ".installed").is_file():
             return candidate
     raise BackendUnavailable(f"rollout.backend=vllm needs the vLLM environment, which is not built: {INSTALL_HINT}")
