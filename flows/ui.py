@@ -27,7 +27,7 @@ from typing import Any
 
 from prefect.logging.handlers import APILogHandler
 
-from ragen_core.monitor.reports import iteration_line
+from ragen_core.monitor.reports import escape_controls, iteration_line
 
 ProgressCallback = Callable[[int, dict[str, float]], None]
 RUN_LOGGER = "ragen.run"  # the summary lines: the server only
@@ -91,8 +91,22 @@ class _InRun(logging.Filter):
         return bool(getattr(record, "flow_run_id", None) or FlowRunContext.get() or TaskRunContext.get())
 
 
+class _OneLine(logging.Filter):
+    """Writes a record's message as one line, its control characters escaped (a path, a lock holder's command or a
+    stored name holding a newline or an escape sequence reaches the flow run's logs, and the terminal, written out)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError, KeyError):  # a malformed record: logging reports it itself
+            return True
+        record.msg, record.args = escape_controls(message), None
+        return True
+
+
 _API = APILogHandler()
 _API.addFilter(_InRun())
+_API.addFilter(_OneLine())
 _SUMMARY = logging.getLogger(RUN_LOGGER)
 _SUMMARY.propagate = False  # never the terminal: the command line prints its own line
 _SUMMARY.setLevel(logging.INFO)
@@ -152,7 +166,9 @@ def report(iteration: int, metrics: dict[str, float]) -> None:
 
 
 def step(text: str) -> None:
-    """A line about a long step that is not an iteration: to the flow run's logs and the watcher's ``step``."""
+    """A line about a long step that is not an iteration (control characters escaped: it may quote a user's text): to
+    the flow run's logs and the watcher's ``step``."""
+    text = escape_controls(text)
     _SUMMARY.info(text)
     to_caller = (_WATCHER.get() or _UNWATCHED).step
     if to_caller is not None:

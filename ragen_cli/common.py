@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,21 +27,44 @@ DEFAULT_DATA_ROOT = "data"
 
 
 def fail(message: str) -> None:
-    """Print ``error: message`` (literally) on stderr and exit with status 2: a user's mistake, no traceback. After a
-    stop signal the failure is the stop's doing (a library that was interrupted wraps the KeyboardInterrupt in its own
-    error, as DuckDB does): the command then says only that it was interrupted, with the signal's exit status."""
+    """Print ``error: message`` (literally, in one line: :func:`one_line`) on stderr and exit with status 2: a user's
+    mistake, no traceback. After a stop signal the failure is the stop's doing (a library that was interrupted wraps
+    the KeyboardInterrupt in its own error, as DuckDB does): the command then says only that it was interrupted, with
+    the signal's exit status."""
     from ragen_cli import interrupts
 
     if interrupts.requested():
         interrupts.report(f"interrupted ({interrupts.signal_name()})")
         raise typer.Exit(code=interrupts.exit_code())
-    err_console.print(Text.assemble(("error:", "bold red"), " ", printable(message)), highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), " ", one_line(message)), highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
 def warn(message: str) -> None:
-    """Print ``warning: message`` (literally) on stderr."""
-    err_console.print(Text.assemble(("warning:", "yellow"), " ", printable(message)), highlight=False, soft_wrap=True)
+    """Print ``warning: message`` (literally, in one line) on stderr."""
+    err_console.print(Text.assemble(("warning:", "yellow"), " ", one_line(message)), highlight=False, soft_wrap=True)
+
+
+_SOURCE_LINE = re.compile(r"^LINE (\d+): ")  # DuckDB's quote of the query, above a caret line pointing into it
+
+
+def one_line(message: str) -> str:
+    """``message`` as one terminal-safe line: its non-empty lines joined (``; ``, or a space after a line ending in
+    ``:``, as ``invalid config:`` and its keys), a quoted source line with a caret under it (DuckDB's syntax errors)
+    said as ``(at line L, column C)``, every control character written as an escape (:func:`printable`)."""
+    raw = [line for line in message.splitlines() if line.strip()]
+    lines: list[str] = []
+    for index, line in enumerate(raw):
+        quoted = _SOURCE_LINE.match(raw[index - 1]) if index else None
+        if quoted and set(line.strip()) == {"^"} and lines:
+            lines[-1] = f"(at line {quoted.group(1)}, column {line.index('^') - quoted.end() + 1})"
+        else:
+            lines.append(line.strip())
+    joined = "".join(
+        line if not index else (" " if lines[index - 1].endswith(":") or line.startswith("(at line ") else "; ") + line
+        for index, line in enumerate(lines)
+    )
+    return printable(joined)
 
 
 def data_root_path(value: Path | None) -> Path:
@@ -70,14 +94,23 @@ def writable_root(value: Path | None, create: bool = True) -> Path:
     return root
 
 
-# C0 and C1 control characters and DEL, but tab and newline (a cell may hold lines): shown as escapes, never sent to
-# the terminal, so stored or generated text (chr(27) || '[2J') cannot clear the screen or move the cursor
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)] if chr(c) not in "\t\n"}
-
-
 def printable(text: str) -> str:
-    """``text`` with every terminal control character (ESC, BEL, CR, ...) written as a ``\\xNN`` escape."""
-    return text.translate(_CONTROL)
+    """``text`` with every terminal control character (ESC, BEL, CR, ...) but tab and newline (a table cell may hold
+    lines) written as a ``\\xNN`` escape, so stored or generated text (chr(27) || '[2J') cannot clear the screen or
+    move the cursor."""
+    from ragen_core.monitor.reports import escape_controls
+
+    return escape_controls(text, keep="\t\n")
+
+
+def shown(value: object) -> str:
+    """``value`` as text to put into a rich markup line: one line (every control character, newline included,
+    escaped) whose ``[...]`` is shown, never read as markup (a path, a model folder, a lock holder's command)."""
+    from rich.markup import escape
+
+    from ragen_core.monitor.reports import escape_controls
+
+    return escape(escape_controls(str(value)))
 
 
 def _cell(value) -> Text:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
-from ragen_cli.common import console, fail, printable
+from ragen_cli.common import console, fail, printable, shown
 
 if TYPE_CHECKING:
     from ragen_core.storage import DataLake
@@ -110,7 +110,7 @@ def writer(lake: DataLake, run_id: str) -> Iterator[None]:
             fail(str(exc))
         note = run.takeover_note
         if note:
-            console.print(f"[yellow]note:[/] {note}")
+            console.print(f"[yellow]note:[/] {shown(note)}")
         yield
 
 
@@ -160,13 +160,15 @@ def _quiet_deepspeed() -> None:
 
 
 def user_facing_errors() -> tuple[type[BaseException], ...]:
-    """Errors about the user's data or setup (a damaged lake or checkpoint, a missing model): their message says
-    what is wrong and what to do, so the command prints it alone. Anything else is a bug and keeps its traceback."""
+    """Errors about the user's data or setup (a damaged lake or checkpoint, a missing model, a vLLM server that cannot
+    start or died: its message names its log): their message says what is wrong and what to do, so the command prints
+    it alone. Anything else is a bug and keeps its traceback."""
     from ragen_core.policy.loading import PolicyLoadError
+    from ragen_core.rollout.vllm_backend import BackendUnavailable, VLLMServerError
     from ragen_core.storage import LakeError
     from ragen_core.training.checkpoint import CheckpointError
 
-    return LakeError, PolicyLoadError, CheckpointError
+    return LakeError, PolicyLoadError, CheckpointError, BackendUnavailable, VLLMServerError
 
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")

@@ -23,6 +23,7 @@ from ragen_cli.common import (
     load_config_or_fail,
     print_table,
     run_id_option,
+    shown,
     writable_root,
     write_result,
 )
@@ -83,8 +84,8 @@ def resume(
 ) -> None:
     """Continue a run from its last committed iteration, with the run's own config. Extra key.sub=value
     overrides change it (only the keys listed in --force-config), e.g. trainer.iterations=50."""
-    from ragen_core.config import ConfigError, stored_config
-    from ragen_core.run.checks import build_run_config
+    from ragen_core.config import ConfigError
+    from ragen_core.run.checks import build_stored_run_config, manifest_config
     from ragen_core.storage import DataLake, LakeError
 
     checked_run_id(run_id)
@@ -99,7 +100,8 @@ def resume(
     if not manifest.get("config"):
         fail(f"the manifest of run {run_id!r} holds no config to resume with; start the run again with ragen train")
     try:
-        run_config = build_run_config(stored_config(manifest["config"]), list(ctx.args))
+        stored = manifest_config(lake, run_id, manifest["config"])  # a program it names, not named again: refused
+        run_config = build_stored_run_config(stored, list(ctx.args))
     except ConfigError as exc:
         fail(str(exc))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
@@ -155,7 +157,7 @@ def retrain(
     start_flow_command(lake, run_id, verbose)
     from flows.retrain import retrain_offline
 
-    console.print(f"offline {mode} run [bold]{run_id}[/] from {init} · data root {root}")
+    console.print(f"offline {mode} run [bold]{run_id}[/] from {shown(init)} · data root {shown(root)}")
     try:
         with watch_run(lambda i, m: console.print(metrics_line(i, m))):
             result = retrain_offline(run_config, sql, mode, init, data_root=str(root), run_id=run_id)
@@ -224,9 +226,10 @@ def sweep(
 
     chosen = [p for p in plan.points if not point or p.index in set(point)]
     where = f"deployment {deployment_name}" if deployment else "local subflows"
-    console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(chosen)} of {len(plan.points)} point(s) · {where} · {root}")
+    console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(chosen)} of {len(plan.points)} point(s) · {where} · "
+                  f"{shown(root)}")  # fmt: skip
     for item in chosen:
-        console.print(f"  {item.run_id}: {' '.join(item.overrides) or '(base config)'}")
+        console.print(f"  {item.run_id}: {shown(' '.join(item.overrides) or '(base config)')}")
     try:
         with watch_points():
             result = sweep_flow(
@@ -272,7 +275,7 @@ def eval_command(
     start_flow_command(lake, "eval", verbose)
     from flows.evaluate import evaluate
 
-    console.print(f"evaluating [bold]{which}[/] · data root {root}")
+    console.print(f"evaluating [bold]{shown(which)}[/] · data root {shown(root)}")
     try:
         with watch_run():
             result = evaluate(
@@ -302,7 +305,7 @@ def _run(run_config, lake: DataLake, run_id: str, verbose: bool, allowed: list[s
         result = {"run_id": run_id, "bootstrap": None}
     else:
         start_flow_command(lake, run_id, verbose)
-        console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {lake.root}")
+        console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {shown(lake.root)}")
         result = _train_with_progress(run_config, lake, run_id, allowed, skip_iteration)
     if result.get("completed"):
         console.print(f"run {run_id} is already completed; nothing to do")
@@ -432,7 +435,7 @@ def plot(
     except OSError as exc:  # the PNG cannot be written there: a user's mistake, not a traceback
         fail(f"cannot write --out {str(out)!r}: {exc.strerror or exc}")
     empty = [key for key, series in result.data.items() if not series]
-    console.print(f"wrote {result.path} ({len(result.data)} panels; no data: {', '.join(empty) or 'none'})")
+    console.print(f"wrote {shown(result.path)} ({len(result.data)} panels; no data: {', '.join(empty) or 'none'})")
 
 
 def main() -> None:

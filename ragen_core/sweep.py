@@ -26,8 +26,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ragen_core.config import ConfigError, RunConfig, build_config, load_yaml, parse_override
-from ragen_core.run.checks import build_run_config
+from ragen_core.config import ConfigError, RunConfig, load_yaml, parse_override
+from ragen_core.run.checks import StoredConfig, build_run_config, build_stored_run_config
 from ragen_core.seeding import derive_rng
 from ragen_core.storage import DataLake, query
 from ragen_core.storage.files import atomic_write_bytes
@@ -320,12 +320,20 @@ def record_sweep(lake: DataLake, plan: SweepPlan) -> Path:
 
 
 def read_sweep(lake: DataLake, sweep_id: str) -> SweepPlan:
-    """The stored plan of ``sweep_id``."""
+    """The stored plan of ``sweep_id``, its points' configs built as configs read from the data root are: a program or
+    outside folder one names is refused (:func:`ragen_core.run.checks.build_stored_run_config`), as
+    :class:`SweepError`."""
     path = sweep_file(lake, sweep_id)
     if not path.is_file():
         raise SweepError(f"no sweep {sweep_id!r} in {lake.root} (looked for {path})")
     stored = json.loads(path.read_text())
-    points = [SweepPoint(p["index"], p["run_id"], p["overrides"], build_config(p["config"])) for p in stored["points"]]
+    source = str(path.relative_to(lake.root))
+    try:
+        points = [SweepPoint(p["index"], p["run_id"], p["overrides"],
+                             build_stored_run_config(StoredConfig(p["config"], source, lake.root)))
+                  for p in stored["points"]]  # fmt: skip
+    except ConfigError as exc:
+        raise SweepError(str(exc)) from None
     return SweepPlan(stored["sweep_id"], stored["spec"], points)
 
 

@@ -8,7 +8,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from ragen_core.monitor.reports import artifact_key, iteration_markdown
+from ragen_core.monitor.reports import artifact_key, escape_controls, iteration_markdown
 from ragen_core.run.clock import IterationStage
 
 
@@ -49,8 +49,9 @@ class IterationArtifacts:
 
 @task(name="publish_table_artifact", cache_policy=NO_CACHE)
 def publish_table_artifact(key: str, rows: list[dict], description: str) -> str:
-    """A table artifact (e.g. a sweep's comparison)."""
+    """A table artifact (e.g. a sweep's comparison); its text cells' control characters escaped."""
     from prefect.artifacts import create_table_artifact
 
-    create_table_artifact(table=rows, key=key, description=description)
+    rows = [{k: escape_controls(v) if isinstance(v, str) else v for k, v in row.items()} for row in rows]
+    create_table_artifact(table=rows, key=key, description=escape_controls(description))
     return key

@@ -71,6 +71,19 @@ def ragen_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def trusted_test_folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's temporary folders, where its tests build models beside their data roots, are folders the user
+    trusts (``RAGEN_TRUSTED_PATHS``): a run trained with ``model.path=<tiny model>`` resumes and is evaluated as a
+    user's run from their own model store does. tests/flows/test_config_trust.py clears it to check the refusals."""
+    from ragen_core.config.trust import TRUSTED_PATHS_VARIABLE
+
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    os.environ[TRUSTED_PATHS_VARIABLE] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default tiny model, built once for the whole session."""

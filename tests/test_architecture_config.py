@@ -6,7 +6,10 @@
   project: the names a config gives of registered things are checked by the loader (``ragen_core.run.checks``)
   after pydantic has validated the tree;
 - outside the config package and that loader, no code builds a config without the checks (``build_config``,
-  ``load_config``, ``RunConfig.model_validate``), but for the few places listed with their reason.
+  ``load_config``, ``RunConfig.model_validate``), but for the few places listed with their reason;
+- a config read back from the data root (``stored_config``) is built into a run's config only by the loader's
+  ``build_stored_run_config`` (which refuses the programs and outside folders it names): elsewhere it is only read
+  (the places listed with their reason).
 """
 
 from __future__ import annotations
@@ -177,7 +180,6 @@ UNCHECKED_BUILDERS = ("build_config", "load_config", "model_validate")
 BUILDS_UNCHECKED = {
     "ragen_core/training/worker.py": "a launched update group's process: its config is the run's, checked by the "
     "process that launched it",
-    "ragen_core/sweep.py": "read_sweep reads a stored plan back (its points were checked when it was planned)",
 }
 
 
@@ -217,3 +219,32 @@ def test_the_loader_check_sees_a_config_built_without_the_checks():
     )
     assert unchecked_builds(planted) == [(2, "build_config"), (3, "load_config"), (4, "model_validate")]
     assert unchecked_builds(_tree(LOADER)) != []  # the loader builds them itself: the one module allowed to
+
+
+STORED_READERS = {
+    "ragen_core/run/decisions.py": "compares a run's stored config with the new one, key by key (builds nothing)",
+    "ragen_core/findings/analysis.py": "reads the monitor settings a run was stored with (builds nothing)",
+    "ragen_core/findings/studies.py": "reads the monitor settings a run was stored with (builds nothing)",
+}
+
+
+def stored_config_calls(tree: ast.Module) -> list[int]:
+    """Lines of every call of ``stored_config`` (a config tree read back from the data root, filled in)."""
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    names = [(n.lineno, getattr(n.func, "attr", None) or getattr(n.func, "id", None)) for n in calls]
+    return sorted(line for line, name in names if name == "stored_config")
+
+
+def test_a_stored_config_is_built_only_through_the_trust_check():
+    offenders = [
+        (str(path.relative_to(ROOT)), line)
+        for package in ("ragen_core", "flows", "tasks", "ragen_cli")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if not path.is_relative_to(CONFIG) and path != LOADER
+        and str(path.relative_to(ROOT)) not in STORED_READERS
+        for line in stored_config_calls(_tree(path))
+    ]  # fmt: skip
+    assert offenders == []
+    planted = ast.parse("from ragen_core import config\nc = build_run_config(config.stored_config(tree))\n")
+    assert stored_config_calls(planted) == [2]
+    assert stored_config_calls(_tree(LOADER)) != []  # the loader fills a stored tree in itself

@@ -5,6 +5,7 @@ data root is created; a search's size is computed from its axes, never by expand
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,85 @@ def test_max_points_default_and_raising_it(tmp_path):
     assert len(plan.points) == math.prod([4, 2])
     with pytest.raises(SweepError, match="--seeds"):
         plan_sweep(base, seeds=10**9, max_points=10**12)  # a count is bounded before it becomes a list
+
+
+# -- absurd numbers and text that is not one printable line (issue 39) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("seed=100000000000000000000000000000", "seed: Input should be less than or equal to 4294967295"),
+        ("seed=1.0e+29", "seed: "),
+        ("seed=-1", "seed: Input should be greater than or equal to 0"),  # abs() made it the run of seed 1
+        ("eval.seed=4294967296", "eval.seed: Input should be less than or equal to 4294967295"),
+        ("bootstrap.seed=-7", "bootstrap.seed: Input should be greater than or equal to 0"),
+        ("model.tiny.seed=18446744073709551616", "model.tiny.seed: Input should be less than or equal to"),
+        ("actor.lr=1e308", "actor.lr: Input should be less than or equal to 10"),
+        ("actor.lr=.nan", "actor.lr: Input should be a finite number"),
+        ("critic.lr=-0.1", "critic.lr: Input should be greater than 0"),
+        ("rollout.group_size=-3", "rollout.group_size: Input should be greater than 0"),
+        ("rollout.top_k=100000000000000000000", "rollout.top_k: Input should be less than or equal to 1000000"),
+        ("trainer.mi_prompts=100000000000000", "trainer.mi_prompts: Input should be less than or equal to 1000000"),
+        ("algorithm.clip_low=1.5", "algorithm.clip_low: Input should be less than or equal to 1"),
+        ("algorithm.kl_coef=1.0e+300", "algorithm.kl_coef: Input should be less than or equal to 1000000"),
+        ("rollout.format_penalty=-1.0e+300", "rollout.format_penalty: Input should be greater than or equal to"),
+        ("rollout.temperature=.inf", "rollout.temperature: Input should be a finite number"),
+    ],
+)
+def test_an_absurd_number_is_refused_in_one_line_when_the_config_loads(tmp_path, override, expected):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config(BANDIT, [override])
+    error = _refused_before_anything(tmp_path, "train", "--config", BANDIT, override)
+    assert expected in error and error.startswith("error: invalid config: ")
+
+
+def test_the_largest_sensible_numbers_still_load():
+    config = load_config(BANDIT, ["seed=4294967295", "actor.lr=10", "rollout.top_k=1000000", "algorithm.clip_low=1"])
+    assert (config.seed, config.actor.lr, config.rollout.top_k, config.algorithm.clip_low) == (2**32 - 1, 10, 10**6, 1)
+
+
+def _numeric_fields(model, prefix=""):
+    """(dotted key, field) of every number-valued key of the config tree (Literal choices aside)."""
+    from pydantic import BaseModel
+
+    from ragen_core.config.base import leaf_types
+
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            yield from _numeric_fields(field.annotation, f"{prefix}{name}.")
+        elif (leaf_types(field.annotation) - {type(None)}) <= {int, float} and "Literal" not in str(field.annotation):
+            yield prefix + name, field
+
+
+def test_every_number_of_the_config_is_bounded_on_both_sides():
+    """No key takes any number: a new key without bounds fails here (probed with +-1e300 and an integer of 40 digits,
+    each refused by that key's own check)."""
+    from ragen_core.config import RunConfig
+    from ragen_core.config.loading import build_config
+
+    keys = [key for key, _ in _numeric_fields(RunConfig)]
+    assert "seed" in keys and "actor.lr" in keys and len(keys) > 40
+    for key in keys:
+        for value in ("1.0e+300", "-1.0e+300", "1" + "0" * 40, "-" + "1" + "0" * 40):
+            with pytest.raises(ConfigError, match=re.escape(key)):
+                build_config({}, [f"{key}={value}"])
+
+
+@pytest.mark.parametrize(
+    ("override", "shown"),
+    [
+        (r'model.path="/models/a\nb"', r"'/models/a\nb' holds the control character '\n'"),
+        (r'model.path="/models/\e[2Jx"', r"'/models/\x1b[2Jx' holds the control character '\x1b'"),
+        (r'critic.path="/m\rx"', r"'/m\rx' holds the control character '\r'"),
+        (r'rollout.vllm.python="/bin/\u0085py"', r"holds the control character '\x85'"),
+        (r'env.val_envs=["bandit", "band\u0007it"]', r"holds the control character '\x07'"),
+        (r'rollout.scripted_policy="ran\u009bdom"', r"holds the control character '\x9b'"),
+    ],
+)
+def test_text_with_a_newline_or_an_escape_sequence_is_refused_in_one_line(tmp_path, override, shown):
+    """A path or a name that would reach the logs, Prefect's UI or a terminal as another line or a screen command is
+    refused when the config loads; the message shows it escaped (no raw control character reaches the terminal)."""
+    error = _refused_before_anything(tmp_path, "train", "--config", BANDIT, override)
+    assert shown in error and "one line of printable characters" in error
+    assert all(c == "\n" or (" " <= c and not 0x7F <= ord(c) < 0xA0) for c in error), repr(error)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, model_validator
+from pydantic import Field, NonNegativeInt, model_validator
 from pydantic_core import PydanticUndefined
 
-from ragen_core.config.base import Section
+from ragen_core.config.base import MAX_COUNT, MAX_SCALE, Scale, Section
 
 Preset = Literal["starpo", "starpo_s", "ragen2"]
 PRESET_NAMES: tuple[str, ...] = get_args(Preset)
@@ -68,17 +68,19 @@ class AlgorithmConfig(Section):
         description="Registered policy loss: dual_clip (PPO with decoupled clip, negative advantages further bounded "
         "by clip_ratio_c, as RAGEN/veRL always apply it) or ppo (decoupled clip only).",
     )
-    clip_low: NonNegativeFloat = preset_field(
-        starpo=0.2, starpo_s=0.2, ragen2=0.2, description="PPO clip below 1 (ratio >= 1 - clip_low)."
+    clip_low: float = preset_field(
+        starpo=0.2, starpo_s=0.2, ragen2=0.2, ge=0, le=1, description="PPO clip below 1 (ratio >= 1 - clip_low)."
     )
-    clip_high: NonNegativeFloat = preset_field(
+    clip_high: Scale = preset_field(
         starpo=0.2,
         starpo_s=0.28,
         ragen2=0.28,
         description="PPO clip above 1 (ratio <= 1 + clip_high); StarPO-S: 0.28.",
     )
-    clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages (dual_clip loss).")
-    kl_coef: NonNegativeFloat = preset_field(
+    clip_ratio_c: float = Field(
+        3.0, gt=1, le=MAX_SCALE, description="Dual-clip bound for negative advantages (dual_clip loss)."
+    )
+    kl_coef: Scale = preset_field(
         starpo=0.001,
         starpo_s=0.0,
         ragen2=0.0,
@@ -90,7 +92,7 @@ class AlgorithmConfig(Section):
     kl_estimator: Literal["k1", "k2", "k3", "kl", "mse", "low_var_kl", "abs"] = Field(
         "k1", description="KL estimator: k1 (kl, RAGEN's), k2 (mse), k3 (low_var_kl) or abs."
     )
-    entropy_coef: NonNegativeFloat = Field(0.001, description="Entropy bonus coefficient.")
+    entropy_coef: Scale = Field(0.001, description="Entropy bonus coefficient.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
         "seq-mean-token-mean",
         description="Loss reduction: seq-mean-token-mean (each trajectory's token mean, averaged over trajectories: "
@@ -110,6 +112,7 @@ class AlgorithmConfig(Section):
         starpo_s=0.25,
         ragen2=0.9,
         gt=0,
+        le=MAX_COUNT,
         description="The strategy's value: top_k share of groups kept, top_p mass, min_p factor (all in (0, 1]; "
         "1.0 keeps everything under top_k and top_p); top_k_abs: number of groups kept (a whole number >= 1).",
     )
@@ -142,7 +145,7 @@ class AlgorithmConfig(Section):
         description="top_p: 'linear' keeps the shortest prefix whose metric sum reaches filter_ratio of the total "
         "minus filter_eps (nothing if it cannot); 'softmax' the shortest prefix whose softmax mass reaches it.",
     )
-    filter_eps: NonNegativeFloat = Field(
+    filter_eps: Scale = Field(
         0.01, description="top_p linear: slack subtracted from the target sum (RAGEN's selection epsilon)."
     )
     filter_loss_scaling: Literal["none", "linear", "sqrt"] = Field(
@@ -152,6 +155,7 @@ class AlgorithmConfig(Section):
     )
     filter_empty_stop_steps: NonNegativeInt = Field(
         5,
+        le=MAX_COUNT,
         description="RAGEN-2's rollout_filter_empty_stop_steps: stop training after this many consecutive training "
         "iterations whose filter kept no group (then the final validation runs); 0: never stop.",
     )

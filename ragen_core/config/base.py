@@ -12,6 +12,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 MAX_COUNT = 1_000_000
 PositiveInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
 MAX_NEW_TOKENS = 131_072  # longer than any model's context here: a larger reply limit is a mistake
+# Seeds are 32-bit (numpy's legacy range, torch's and vLLM's seeds hold them): seed=1e29 or a negative seed (which
+# abs() would make the same run as its positive twin) is a mistake, refused when the config loads.
+MAX_SEED = 2**32 - 1
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+# No learning rate of AdamW is above 10, and no coefficient, clip, bound or multiplier of the config above a million:
+# a larger value is a typo (1e308) that would pass and then overflow or wreck the run after it was created.
+MAX_LR = 10.0
+MAX_SCALE = 1e6
+LearningRate = Annotated[float, Field(gt=0, le=MAX_LR)]
+Scale = Annotated[float, Field(ge=0, le=MAX_SCALE)]
 
 
 class Section(BaseModel):
@@ -39,6 +49,21 @@ class Section(BaseModel):
             )
         if takes_bool and leaves - {type(None)} == {bool} and not isinstance(value, bool):
             raise ValueError(f"must be true or false, not {value!r}")
+        return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text_is_one_printable_line(cls, value: Any) -> Any:
+        """A text value (a path, a name) is one line of printable text: a newline, an escape sequence or another
+        control character in one would reach logs, Prefect's UI and terminals as something else than it says."""
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                bad = next((c for c in text if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
+                if bad is not None:
+                    raise ValueError(
+                        f"{text!r} holds the control character {bad!r} (at {text.index(bad)}): a text value of the "
+                        "config is one line of printable characters"
+                    )
         return value
 
 

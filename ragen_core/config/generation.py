@@ -6,7 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from ragen_core.config.base import MAX_NEW_TOKENS, PositiveInt, Section
+from ragen_core.config.base import MAX_COUNT, MAX_NEW_TOKENS, MAX_SCALE, PositiveInt, Section, Seed
+from ragen_core.config.trust import trusted_only
 
 
 class TinyModelConfig(Section):
@@ -24,7 +25,7 @@ class TinyModelConfig(Section):
     )
     intermediate_size: PositiveInt = Field(256, description="MLP width.")
     vocab_size: PositiveInt = Field(1024, description="Target BPE vocabulary size of the locally trained tokenizer.")
-    seed: int = Field(0, description="Seed of the weight initialisation.")
+    seed: Seed = Field(0, description="Seed of the weight initialisation (0 to 2**32 - 1).")
 
     @model_validator(mode="after")
     def _check_heads(self) -> TinyModelConfig:
@@ -39,7 +40,9 @@ class ModelConfig(Section):
     """Which policy model to start from."""
 
     path: str | None = Field(
-        None, description="Local Hugging Face causal-LM directory. None: the tiny default, built under the data root."
+        None,
+        description="Local Hugging Face causal-LM directory. None: the tiny default, built under the data root.",
+        json_schema_extra=trusted_only("path"),
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny default model.")
 
@@ -67,6 +70,7 @@ class VLLMConfig(Section):
         None,
         description="Python of the vLLM environment; None: $RAGEN_VLLM_PYTHON, else .venv-vllm beside this "
         "project's environment (where `make install-vllm` builds it).",
+        json_schema_extra=trusted_only("program", env="RAGEN_VLLM_PYTHON"),
     )
     tensor_parallel_size: PositiveInt = Field(1, description="GPUs the server shards the policy over.")
     gpu_memory_utilization: float = Field(
@@ -101,6 +105,7 @@ class VLLMConfig(Section):
     check_tolerance: float | None = Field(
         None,
         gt=0,
+        le=100,
         description="After every weight push the server scores a probe sequence; the largest log-prob difference "
         "from the trainer's model must stay within this. None: 1e-4 in float32, 0.1 in bf16/fp16.",
     )
@@ -118,9 +123,9 @@ class RolloutConfig(Section):
     )
     vllm: VLLMConfig = Field(default_factory=lambda: VLLMConfig(), description="The vLLM server (backend='vllm').")
     scripted_policy: str = Field("random", description="Scripted policy name when backend='scripted'.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts.")
+    temperature: float = Field(1.0, gt=0, le=100, description="Sampling temperature of training rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1.0 keeps the sampler's log-probs exact.")
-    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
+    top_k: int = Field(0, ge=0, le=MAX_COUNT, description="Top-k sampling; 0 disables it.")
     max_new_tokens: Annotated[int, Field(gt=0, le=MAX_NEW_TOKENS)] = Field(
         48, description="Maximum tokens of one reply (paper scale: 400)."
     )
@@ -136,7 +141,9 @@ class RolloutConfig(Section):
         "'compact': no system message, the env's one-line rule, the actions, the state and the budget (about a "
         "quarter of the text; what a small randomly initialised model can learn to read, docs/findings.md).",
     )
-    format_penalty: float = Field(-0.1, le=0, description="Added once per turn whose reply breaks the format.")
+    format_penalty: float = Field(
+        -0.1, ge=-MAX_SCALE, le=0, description="Added once per turn whose reply breaks the format."
+    )
     reply_format: Literal["strict", "lenient"] = Field(
         "strict",
         description="How a reply is read. 'strict': the <think>/<answer> tags must span the whole reply (whitespace "

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt
 
-from ragen_core.config.base import PositiveInt, Section
+from ragen_core.config.base import MAX_COUNT, MAX_SCALE, PositiveInt, Section, Seed
 
 
 class EvalConfig(Section):
@@ -15,14 +15,14 @@ class EvalConfig(Section):
     every: PositiveInt = Field(5, description="Validate every N iterations; iteration 0 = before any update.")
     instances: PositiveInt = Field(256, description="Fixed validation instances per environment.")
     k: PositiveInt = Field(1, description="Samples per instance; pass@k counts an instance solved if any succeeds.")
-    temperature: float = Field(0.5, gt=0, description="Validation sampling temperature.")
-    seed: int = Field(123, description="Seed of the fixed validation instances (shared by all runs).")
+    temperature: float = Field(0.5, gt=0, le=100, description="Validation sampling temperature.")
+    seed: Seed = Field(123, description="Seed of the fixed validation instances (shared by all runs; 0 to 2**32 - 1).")
 
 
 class MonitorConfig(Section):
     """Echo-Trap early warnings: events recorded (and logged) while the run goes on."""
 
-    warmup: NonNegativeInt = Field(2, description="Iterations observed before any warning.")
+    warmup: NonNegativeInt = Field(2, le=MAX_COUNT, description="Iterations observed before any warning.")
     reward_std_drop: float = Field(
         0.5, gt=0, le=1, description="Warn when in-group reward std falls this fraction below its running peak."
     )
@@ -30,7 +30,7 @@ class MonitorConfig(Section):
         0.5, gt=0, le=1, description="Warn when token entropy falls this fraction below its running peak."
     )
     grad_norm_spike: float = Field(
-        5.0, gt=1, description="Warn when the gradient norm exceeds this multiple of its running median."
+        5.0, gt=1, le=MAX_SCALE, description="Warn when the gradient norm exceeds this multiple of its running median."
     )
     converged_success: float = Field(
         0.9,

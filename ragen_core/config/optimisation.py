@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, model_validator
+from pydantic import Field, model_validator
 
-from ragen_core.config.base import PositiveInt, Section
+from ragen_core.config.base import MAX_COUNT, MAX_SCALE, LearningRate, PositiveInt, Scale, Section, Seed
+from ragen_core.config.trust import trusted_only
 
 
 class ActorConfig(Section):
     """Optimisation of the policy (DeepSpeed engine)."""
 
-    lr: float = Field(1e-3, gt=0, description="Learning rate (paper, 0.5B pretrained: 1e-6; tiny model needs more).")
-    weight_decay: NonNegativeFloat = Field(0.01, description="AdamW weight decay.")
-    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    lr: LearningRate = Field(1e-3, description="Learning rate (paper, 0.5B pretrained: 1e-6; tiny model needs more).")
+    weight_decay: Scale = Field(0.01, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, le=MAX_SCALE, description="Global gradient-norm clip.")
     mini_batch_size: PositiveInt = Field(32, description="Trajectories per optimizer step (RAGEN: 32).")
     micro_batch_size: PositiveInt = Field(16, description="Trajectories per forward/backward pass.")
     ppo_epochs: PositiveInt = Field(1, description="Passes over the kept batch per iteration.")
@@ -40,13 +41,19 @@ class ActorConfig(Section):
 class CriticConfig(Section):
     """The value model, used when the advantage estimator needs one (gae, bi_level_gae)."""
 
-    lr: float = Field(
-        1e-3, gt=0, description="Learning rate (paper, 0.5B pretrained: 1e-5; the tiny random model needs more)."
+    lr: LearningRate = Field(
+        1e-3, description="Learning rate (paper, 0.5B pretrained: 1e-5; the tiny random model needs more)."
     )
-    weight_decay: NonNegativeFloat = Field(0.01, description="AdamW weight decay.")
-    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
-    cliprange_value: float = Field(0.5, gt=0, description="Clip of the value update around the old values.")
-    path: str | None = Field(None, description="Model dir of the critic's backbone; None: the policy's start model.")
+    weight_decay: Scale = Field(0.01, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, le=MAX_SCALE, description="Global gradient-norm clip.")
+    cliprange_value: float = Field(
+        0.5, gt=0, le=MAX_SCALE, description="Clip of the value update around the old values."
+    )
+    path: str | None = Field(
+        None,
+        description="Model dir of the critic's backbone; None: the policy's start model.",
+        json_schema_extra=trusted_only("path"),
+    )
     mini_batch_size: PositiveInt | None = Field(None, description="None: actor.mini_batch_size.")
     micro_batch_size: PositiveInt | None = Field(None, description="None: actor.micro_batch_size.")
     ppo_epochs: PositiveInt | None = Field(None, description="None: actor.ppo_epochs.")
@@ -62,6 +69,7 @@ class OfflineConfig(Section):
     is_bound: float | None = Field(
         3.0,
         gt=1,
+        le=MAX_SCALE,
         description="pg: bound on the importance weight pi/mu for negative advantages (dual clip); positive ones are "
         "bounded by clip_high. None: plain PPO clipping.",
     )
@@ -81,6 +89,7 @@ class TrainerConfig(Section):
         description="Where the update stage runs: 'inprocess' (the run's own process, the default), or a long-lived "
         "group of processes started once per run by 'torchrun' or the 'deepspeed' launcher (data-parallel over "
         "trainer.nproc processes per node, ZeRO from actor.zero_stage); the run's process keeps the rollouts.",
+        json_schema_extra=trusted_only("launcher"),
     )
     nproc: PositiveInt = Field(
         1, description="Processes of the launched update group per node (one per GPU); needs a launcher if > 1."
@@ -89,6 +98,7 @@ class TrainerConfig(Section):
         None,
         description="DeepSpeed hostfile ('host slots=N' lines) to span several nodes (launcher=deepspeed only); start "
         "the run on the first host, with the data root on a filesystem every host mounts at the same path.",
+        json_schema_extra=trusted_only("hostfile"),
     )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",
@@ -103,7 +113,10 @@ class TrainerConfig(Section):
         "diag/reasoning_mi (summed) (cost: N x mi_prompts forward sequences; docs/algorithms.md).",
     )
     mi_prompts: int = Field(
-        8, ge=2, description="Prompts each reasoning is scored under (its own + mi_prompts - 1 others), at most."
+        8,
+        ge=2,
+        le=MAX_COUNT,
+        description="Prompts each reasoning is scored under (its own + mi_prompts - 1 others), at most.",
     )
     mi_reasoning: Literal["content", "block"] = Field(
         "content",
@@ -144,7 +157,7 @@ class BootstrapConfig(Section):
     num_groups: PositiveInt = Field(64, description="Demonstration env instances.")
     group_size: PositiveInt = Field(8, description="Demonstrations per instance.")
     epochs: PositiveInt = Field(3, description="Passes over the demonstrations.")
-    lr: float = Field(3e-3, gt=0, description="Supervised learning rate.")
+    lr: LearningRate = Field(3e-3, description="Supervised learning rate.")
     batch_size: PositiveInt = Field(32, description="Demonstrations per optimizer step.")
     teacher_prob: float = Field(
         0.5,
@@ -153,7 +166,7 @@ class BootstrapConfig(Section):
         description="The teacher_mix policy's probability of the teacher's move (else a random valid move), for the "
         "bootstrap and for rollout.scripted_policy=teacher_mix: the strength of the weak prior it teaches.",
     )
-    seed: int | None = Field(
+    seed: Seed | None = Field(
         None,
         description="Seed of the demonstrations and their SFT; None: the run's seed. Set it to start runs of "
         "different seeds from one bootstrapped model (built once, cached), as RL seeds of one base model.",

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from ragen_core.config.algorithm import AlgorithmConfig
-from ragen_core.config.base import Section
+from ragen_core.config.base import Section, Seed
 from ragen_core.config.generation import EnvConfig, ModelConfig, RolloutConfig
 from ragen_core.config.monitoring import EvalConfig, MonitorConfig
 from ragen_core.config.optimisation import ActorConfig, BootstrapConfig, CriticConfig, OfflineConfig, TrainerConfig
@@ -18,7 +18,7 @@ from ragen_core.config.optimisation import ActorConfig, BootstrapConfig, CriticC
 class RunConfig(Section):
     """The whole run."""
 
-    seed: int = Field(0, description="Run seed; everything random derives from it.")
+    seed: Seed = Field(0, description="Run seed (0 to 2**32 - 1); everything random derives from it.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)

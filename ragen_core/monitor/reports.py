@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 
 from ragen_core.monitor.metrics import throughput_metrics
@@ -17,10 +19,32 @@ HEADLINE = (
 )
 
 
+# C0 and C1 control characters and DEL: a newline, an escape sequence (ESC [2J), a bell in a stored or free-form text
+# would reach a terminal, a log line or Prefect's UI as another line or a screen command; written as \xNN instead
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
+
+
+def escape_controls(text: str, keep: str = "") -> str:
+    """``text`` with every control character (newline, ESC, BEL, CR, ...; but those in ``keep``) written as a
+    ``\\xNN`` escape: what a log line, an artifact cell or a terminal shows of text it did not write itself."""
+    return text.translate(_table(keep))
+
+
+@functools.cache
+def _table(keep: str) -> dict[int, str]:
+    return {c: escaped for c, escaped in _CONTROLS.items() if chr(c) not in keep}
+
+
 def artifact_key(run_id: str, suffix: str = "metrics") -> str:
-    """A Prefect artifact key for a run: lowercase letters, digits and dashes only (Prefect's rule)."""
+    """A Prefect artifact key for a run: lowercase letters, digits and dashes only (Prefect's rule), one key per run.
+
+    A run id made of those already is its own stem; any other (``A.b``, ``a_b``, ``a--b``) is lowered to one and
+    marked ``--`` plus 12 hex digits of its sha256, so ``A.b``, ``a_b`` and ``a-b`` never share a key (a plain stem
+    never holds ``--``: the slug joins every run of other characters into one dash)."""
     stem = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-") or "run"
-    return f"ragen-{stem}-{suffix}"[:240]
+    if stem != run_id:
+        stem = f"{stem}--{hashlib.sha256(run_id.encode()).hexdigest()[:12]}"
+    return f"ragen-{stem}-{suffix}"
 
 
 def _format(value: float) -> str:

@@ -60,10 +60,11 @@ class VLLMServerError(RuntimeError):
     """The vLLM server failed a request or died; the message names its log."""
 
 
-def vllm_python(setting: str | None = None) -> Path:
+def vllm_python(setting: str | None = None, data_root: Path | None = None) -> Path:
     """The Python of the vLLM environment: ``setting`` (``rollout.vllm.python``), else ``$RAGEN_VLLM_PYTHON``, else
-    ``.venv-vllm/bin/python`` beside the environment running this code. Raises :class:`BackendUnavailable` saying how
-    to build it when there is none."""
+    ``.venv-vllm/bin/python`` beside the environment running this code (or in the working folder, unless that lies
+    in ``data_root``: a file planted in a shared data root never becomes the program run). Raises
+    :class:`BackendUnavailable` saying how to build it when there is none."""
     chosen = setting or os.environ.get(VLLM_ENV_VARIABLE)
     if chosen:
         path = Path(chosen).expanduser()
@@ -73,7 +74,10 @@ def vllm_python(setting: str | None = None) -> Path:
         return path
     candidates = [Path(sys.prefix).parent / VLLM_ENV_FOLDER / "bin" / "python", Path.cwd() / VLLM_ENV_FOLDER / "bin"
                   / "python"]  # fmt: skip
+    shared = Path(data_root).resolve() if data_root is not None else None
     for candidate in candidates:
+        if shared is not None and candidate.parent.parent.resolve().is_relative_to(shared):
+            continue
         if candidate.is_file() and (candidate.parent.parent / ".installed").is_file():
             return candidate
     raise BackendUnavailable(f"rollout.backend=vllm needs the vLLM environment, which is not built: {INSTALL_HINT}")
@@ -170,7 +174,7 @@ class VLLMServer:
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as exc:
             state = "died" if self.process.poll() is not None else "did not answer"
             raise VLLMServerError(
-                f"the vLLM server {state} on {path} ({exc}); see its log {self.log_path}:\n{_tail(self.log_path)}"
+                f"the vLLM server {state} on {path} ({exc}); see its log {self.log_path}{_last_line(self.log_path)}"
             ) from None
 
     def _wait_until_ready(self, deadline: float) -> None:
@@ -178,8 +182,8 @@ class VLLMServer:
         while True:
             if self.process.poll() is not None:
                 raise BackendUnavailable(
-                    f"the vLLM server exited with status {self.process.returncode} while starting; its log "
-                    f"{self.log_path} ends with:\n{_tail(self.log_path)}"
+                    f"the vLLM server exited with status {self.process.returncode} while starting; see its log "
+                    f"{self.log_path}{_last_line(self.log_path)}"
                 )
             try:
                 health = self._request("/health", timeout=10)
@@ -197,7 +201,7 @@ class VLLMServer:
             if time.monotonic() > deadline:
                 raise BackendUnavailable(
                     f"the vLLM server was not ready within the start-up timeout (rollout.vllm.startup_timeout); "
-                    f"its log {self.log_path} ends with:\n{_tail(self.log_path)}"
+                    f"see its log {self.log_path}{_last_line(self.log_path)}"
                 )
             time.sleep(0.5)
 
@@ -294,8 +298,8 @@ def _wait_for_port(process: subprocess.Popen, ready_file: Path, log_path: Path, 
     while not ready_file.is_file():
         if process.poll() is not None:
             raise BackendUnavailable(
-                f"the vLLM server exited with status {process.returncode} before listening; its log {log_path} ends "
-                f"with:\n{_tail(log_path)}"
+                f"the vLLM server exited with status {process.returncode} before listening; see its log "
+                f"{log_path}{_last_line(log_path)}"
             )
         if time.monotonic() > deadline:
             raise BackendUnavailable(f"the vLLM server did not start listening in {timeout:g} s (log: {log_path})")
@@ -324,11 +328,19 @@ def _kill_group(process: subprocess.Popen) -> None:
         pass
 
 
-def _tail(path: Path, lines: int = 25) -> str:
+def _last_line(path: Path) -> str:
+    """`` (its last line: ...)``: the log's last non-empty line, control characters escaped and cut to 200
+    characters, for a one-line error (the whole log is in the file); empty when there is none."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 65536))
+            lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
     except OSError:
-        return "(no log)"
+        return ""
+    if not lines:
+        return ""
+    last = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in lines[-1])
+    return f" (its last line: {last[:200]}{'...' if len(last) > 200 else ''})"
 
 
 def probe_sequence(model: Any, length: int = PROBE_LENGTH) -> list[int]:

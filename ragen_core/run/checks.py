@@ -6,6 +6,10 @@ rules that hang on what they are (a critic's batches for an estimator that takes
 are checked here, after pydantic has validated the tree, by :func:`check_registered`. :func:`build_run_config` and
 :func:`load_run_config` do both; every entry that builds a config for a run (the CLI, the flows, sweeps, findings)
 goes through them, so a bad name fails at load time with the same one-line message, before any compute.
+
+A config read back from the data root (a run's manifest, a stored sweep plan) is built by
+:func:`build_stored_run_config`, which also refuses a stored value of a key that names a program, a module, hosts or
+a folder outside the data root unless the user names it again (:mod:`ragen_core.config.trust`).
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ from typing import Any
 
 from ragen_core.algos import ADVANTAGES, POLICY_LOSSES, needs_critic
 from ragen_core.algos.filters import check_filter_options
-from ragen_core.config import ConfigError, RunConfig, build_config, load_config
+from ragen_core.config import ConfigError, RunConfig, build_config, load_config, stored_config
 from ragen_core.config.errors import config_error
+from ragen_core.config.trust import StoredConfig, UntrustedConfigError, check_stored_trust, named_keys
 from ragen_core.envs import TextEnv, make_env, registered_envs
 from ragen_core.rollout.scripted import has_teacher, registered_scripted_policies
+from ragen_core.storage import DataLake
+from ragen_core.storage.layout import manifest_file
 
 
 def build_run_config(tree: dict[str, Any] | None = None, overrides: list[str] | None = None) -> RunConfig:
@@ -32,6 +39,23 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     """:func:`ragen_core.config.load_config` (a YAML file, or the defaults, plus overrides), then
     :func:`check_registered`; raise :class:`ConfigError`."""
     return check_registered(load_config(path, overrides))
+
+
+def build_stored_run_config(stored: StoredConfig, overrides: list[str] | None = None) -> RunConfig:
+    """The config of a tree read from the data root (``stored``, with the keys it predates filled in as the run
+    behaved: :func:`ragen_core.config.stored_config`) plus the user's ``key.sub=value`` overrides, as
+    :func:`build_run_config`; then :func:`ragen_core.config.trust.check_stored_trust`: a program, module, host or
+    outside folder the file names and the user did not is refused (:class:`UntrustedConfigError`)."""
+    overrides = list(overrides or [])
+    config = build_run_config(stored_config(stored.tree), overrides)
+    check_stored_trust(config, stored, named_keys(overrides))
+    return config
+
+
+def manifest_config(lake: DataLake, run_id: str, tree: dict[str, Any]) -> StoredConfig:
+    """Run ``run_id``'s config ``tree`` as its manifest holds it: a config read from the data root, named by the
+    manifest's path under the root (for :func:`build_stored_run_config`)."""
+    return StoredConfig(tree, str(manifest_file(lake.run_dir(run_id)).relative_to(lake.root)), lake.root)
 
 
 def check_registered(config: RunConfig) -> RunConfig:
@@ -119,4 +143,13 @@ def _check_describing_policy(config: RunConfig, key: str) -> None:
         raise ValueError(f"{key}: describe_random writes its descriptions as thinking: set rollout.enable_think=true")
 
 
-__all__ = ["ConfigError", "build_run_config", "check_registered", "load_run_config"]
+__all__ = [
+    "ConfigError",
+    "StoredConfig",
+    "UntrustedConfigError",
+    "build_run_config",
+    "build_stored_run_config",
+    "check_registered",
+    "load_run_config",
+    "manifest_config",
+]

@@ -13,9 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ragen_core.config import RunConfig, stored_config
+from ragen_core.config import RunConfig
 from ragen_core.envs import registered_envs
-from ragen_core.run.checks import build_run_config, load_run_config
+from ragen_core.run.checks import (
+    StoredConfig,
+    build_run_config,
+    build_stored_run_config,
+    load_run_config,
+    manifest_config,
+)
 from ragen_core.run.offline import OfflineError, resolve_init
 from ragen_core.storage import DataLake
 from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, is_valid_run_id, parse_run_ref, split_run_ref
@@ -25,11 +31,13 @@ class EvaluationError(ValueError):
     """An evaluation target or request that cannot run (unknown run, no checkpoint, unknown env)."""
 
 
-def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, dict[str, Any] | None, str]:
-    """(model folder, the source run's config tree or None, a description) of ``target``.
+def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, StoredConfig | None, str]:
+    """(model folder, the source run's stored config or None, a description) of ``target``.
 
     A run id resolves to its newest checkpoint's ``hf/`` export (``RUN_ID@N``: the checkpoint after N updates), and
-    its config becomes the evaluation's base (same prompt format and limits). Anything else must be a folder.
+    its config becomes the evaluation's base (same prompt format and limits), read from its manifest: a program or
+    outside folder it names is used only when the user names it again (:func:`evaluation_config`). Anything else
+    must be a folder.
     """
     run_id, updates = split_run_ref(target)
     known = lake is not None and is_valid_run_id(run_id)  # else: a folder
@@ -53,7 +61,8 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, dict[str, 
                 )
             folder, which = newest[1], f"{run_id}@{newest[0]}"
         config = manifest.get("config")
-        return resolve_init(folder), stored_config(config) if isinstance(config, dict) else None, which
+        stored = manifest_config(lake, run_id, config) if isinstance(config, dict) else None
+        return resolve_init(folder), stored, which
     if target.startswith(RUN_REF_PREFIX) or updates:
         where = lake.root if lake else "the data root"
         raise EvaluationError(f"no run {run_id!r} in {where}; `ragen runs` lists them")
@@ -67,14 +76,17 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, dict[str, 
 
 
 def evaluation_config(
-    base: dict[str, Any] | None,
+    base: StoredConfig | dict[str, Any] | None,
     envs: list[str] | None,
     instances: int | None,
     config_path: str | Path | None = None,
     overrides: list[str] | None = None,
 ) -> RunConfig:
-    """The evaluation's config: the source run's (or the YAML file's, or the defaults), with the validation envs
-    (``env.val_envs``), the instance count (``eval.instances``) and any ``key=value`` overrides set."""
+    """The evaluation's config: the source run's (``base``: as :func:`resolve_target` read it from the data root, or
+    a tree of the caller's), else the YAML file's, else the defaults, with the validation envs (``env.val_envs``),
+    the instance count (``eval.instances``) and any ``key=value`` overrides set. A stored base naming a program or an
+    outside folder the overrides do not name again is refused
+    (:class:`~ragen_core.config.trust.UntrustedConfigError`)."""
     unknown = sorted(set(envs or []) - set(registered_envs()))
     if unknown:
         raise EvaluationError(f"unknown env(s) {unknown}; registered: {', '.join(sorted(registered_envs()))}")
@@ -83,6 +95,8 @@ def evaluation_config(
         extra.append(f"env.val_envs={json.dumps(list(envs))}")
     if instances is not None:
         extra.append(f"eval.instances={int(instances)}")
+    if isinstance(base, StoredConfig) and config_path is None:
+        return build_stored_run_config(base, extra)
     if base is not None and config_path is None:
         return build_run_config(base, extra)
     return load_run_config(config_path, extra)

@@ -10,15 +10,17 @@ that produced them: each run manifest records its tokenizer's fingerprint and re
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from ragen_core.config.trust import TRUSTED_PATHS_VARIABLE, trusted_path
 from ragen_core.policy import tokenizer_fingerprint
 from ragen_core.seeding import derive_seed
 from ragen_core.storage import DataLake, query
-from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
+from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file, manifest_file
 from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, is_valid_run_id, parse_run_ref
 from ragen_core.training.offline import OfflineError, pg_update, sft_update
 from schemas.tables import TRAJECTORY_KEY
@@ -129,7 +131,7 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
         if ref.updates is None:
             if not manifest.get("model_dir"):  # its manifest is written before the bootstrap picks the model
                 raise OfflineError(f"--init {text}: run {ref.run_id!r} stopped before choosing its start model")
-            return resolve_init(manifest["model_dir"])
+            return resolve_init(_stored_start_model(lake, ref.run_id, str(manifest["model_dir"]), text))
         path = lake.checkpoint_dir(ref.run_id, ref.updates)
     if "\x00" in str(path):  # no file name holds one (resolve() would raise ValueError)
         raise OfflineError(f"--init {str(path)!r} is not a folder name: it contains a NUL character")
@@ -139,6 +141,20 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
     if (path / "config.json").is_file():
         return path
     raise OfflineError(f"--init {str(path)!r} is neither a Hugging Face model folder nor a ragen-flows checkpoint")
+
+
+def _stored_start_model(lake: DataLake, run_id: str, model_dir: str, init: str) -> str:
+    """The start model a manifest names, when it lies inside the data root (or a folder the user trusts,
+    :data:`~ragen_core.config.trust.TRUSTED_PATHS_VARIABLE`): a folder outside it is read only when the user names it
+    (``--init FOLDER``), never on a manifest's word (:mod:`ragen_core.config.trust`)."""
+    if trusted_path(model_dir, lake.root):
+        return model_dir
+    source = manifest_file(lake.run_dir(run_id)).relative_to(lake.root)
+    raise OfflineError(
+        f"--init {init}: {source} names the start model {model_dir!r}, outside the data root; a manifest does not "
+        f"name folders outside it: pass --init {shlex.quote(model_dir)} to use it (or list its folder in "
+        f"{TRUSTED_PATHS_VARIABLE})"
+    )
 
 
 def offline_epoch(session: Any, table: pa.Table, mode: str, epoch: int) -> dict[str, float]:

@@ -20,9 +20,12 @@ changed before the session is open and restored (:func:`prepare_extension`, then
 from __future__ import annotations
 
 import dataclasses
+import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ragen_core.config import RunConfig
+from ragen_core.config.trust import TRUSTED_PATHS_VARIABLE, trusted_path
 from ragen_core.run.decisions import (
     ResumeError,
     ResumePlan,
@@ -34,7 +37,7 @@ from ragen_core.run.decisions import (
 )
 from ragen_core.storage import DataLake, Stage, event_row
 from ragen_core.storage.compaction import run_lock
-from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file, compaction_marker
+from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file, compaction_marker, manifest_file
 
 if TYPE_CHECKING:  # the session (torch, the engines) is not imported by the CLI's quick answers, which use this module
     from ragen_core.run.session import RunSession
@@ -47,9 +50,29 @@ def decide_run_start(
     committed = lake.committed_iterations(run_id)
     last_payload = lake.commit_payload(run_id, committed[-1]) if committed else None
     start = decide_start(manifest, config, committed, allowed_changes, last_payload)
+    if start in (Start.RESUME, Start.EXTEND) and manifest is not None:
+        check_stored_start_model(lake, run_id, manifest, config)
     if start == Start.EXTEND:
         refuse_compacted_final(lake, run_id, committed[-1])
     return start
+
+
+def check_stored_start_model(lake: DataLake, run_id: str, manifest: dict[str, Any], config: RunConfig) -> None:
+    """A resume starts its engines from the model the manifest names (``model_dir``): read only when it lies inside
+    the data root or a folder the user trusts (:func:`ragen_core.config.trust.trusted_path`), or is the config's own
+    ``model.path`` (which the user named, or a trusted folder holds); else :class:`ResumeError` saying how to allow
+    it. A planted manifest cannot make a resume read (and checkpoint into the shared root) a model from elsewhere."""
+    model_dir = str(manifest.get("model_dir") or "")
+    if not model_dir or trusted_path(model_dir, lake.root):
+        return
+    if config.model.path and Path(config.model.path).expanduser().resolve() == Path(model_dir).expanduser().resolve():
+        return
+    source = manifest_file(lake.run_dir(run_id)).relative_to(lake.root)
+    raise ResumeError(
+        f"{source} names the start model {model_dir!r}, outside the data root and not the config's model.path; a "
+        f"manifest does not name folders outside the data root: pass {shlex.quote('model.path=' + model_dir)} again "
+        f"to use it (or list its folder in {TRUSTED_PATHS_VARIABLE})"
+    )
 
 
 def refuse_compacted_final(lake: DataLake, run_id: str, iteration: int) -> None:

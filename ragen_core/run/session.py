@@ -116,7 +116,7 @@ def open_session(
     if config.rollout.backend == "vllm":  # fail before loading anything when the vLLM environment is missing
         from ragen_core.rollout.vllm_backend import vllm_python
 
-        vllm_python(config.rollout.vllm.python)
+        vllm_python(config.rollout.vllm.python, lake.root)
     set_determinism(config)
     precision = resolve_precision(config.trainer.precision)
     updater = start_updater(config, lake, run_id, start_model_dir, precision, training)
@@ -175,7 +175,7 @@ def _rollout_policy(
     policy = RolloutPolicy(model_dir, tokenizer, chat_formatter(config, tokenizer), model)
     policy.scripted_options = scripted_options(config)
     if config.rollout.backend == "vllm":
-        policy.engine = start_vllm_server(config, lake.vllm_server_dir(run_id), model_dir, precision)
+        policy.engine = start_vllm_server(config, lake.vllm_server_dir(run_id), model_dir, precision, lake.root)
         try:
             policy.engine.check_weights(model)  # the server computes what the trainer's model computes
         except BaseException:
@@ -184,13 +184,16 @@ def _rollout_policy(
     return policy
 
 
-def start_vllm_server(config: RunConfig, folder: Path, model_dir: Path, precision: str) -> Any:
-    """The run's vLLM rollout server on ``model_dir`` (``rollout.vllm``; its log in ``folder``)."""
+def start_vllm_server(
+    config: RunConfig, folder: Path, model_dir: Path, precision: str, data_root: Path | None = None
+) -> Any:
+    """The run's vLLM rollout server on ``model_dir`` (``rollout.vllm``; its log in ``folder``; no vLLM environment
+    found inside ``data_root`` is taken for the default one)."""
     from ragen_core.rollout.vllm_backend import VLLMServer, vllm_python
 
     settings = config.rollout.vllm
     return VLLMServer.start(
-        vllm_python(settings.python),
+        vllm_python(settings.python, data_root),
         model_dir,
         folder,
         dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision],

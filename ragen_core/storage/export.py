@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,24 +87,50 @@ def export_dataset(lake: DataLake, out: Path, run_ids: list[str], tables: list[s
     """Write the dataset folder (module docstring) of ``run_ids``' rows of ``tables`` at ``out``."""
     check_export(lake, out, run_ids, tables)
     out = out.resolve()
-    staging = out.parent / f"{EXPORT_TMP_PREFIX}{out.name}-{os.getpid()}"
     report = ExportReport(out, list(run_ids))
+    staging: Path | None = None
+    identity: tuple[int, int] | None = None
     try:
-        shutil.rmtree(staging, ignore_errors=True)
+        # created exclusively under a name nobody can predict, readable by this user only while it fills: a link or
+        # folder planted beside --out is never written through, nor taken for ours
+        staging = Path(tempfile.mkdtemp(prefix=f"{EXPORT_TMP_PREFIX}{out.name}-", dir=out.parent))
+        identity = _identity(staging)
         for table in tables:
             folder = staging / table if len(tables) > 1 else staging
             report.rows[table] = _write_table(lake, table, run_ids, folder)
             report.folders[table] = out / table if len(tables) > 1 else out
         atomic_write_bytes(staging / "README.md", _card(lake, report).encode())
+        if _identity(staging) != identity:
+            raise ExportError(f"the export's staging folder {str(staging)!r} was replaced while it was written (by a "
+                              "link or another folder); nothing was exported: export again")  # fmt: skip
+        os.chmod(staging, 0o777 & ~_umask())  # the finished folder as any folder this user makes
         if out.exists():
             out.rmdir()  # empty (checked): replaced by the finished export
         os.replace(staging, out)
+        staging = None
     except OSError as exc:
         raise ExportError(f"cannot write the export to {str(out)!r}: {exc.strerror or exc}; nothing was written "
                           "there") from exc  # fmt: skip
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None and _identity(staging) == identity:  # still the folder made here (never a link)
+            shutil.rmtree(staging, ignore_errors=True)
     return report
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``folder`` itself when it is a real folder (not a link); None otherwise."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
+
+
+def _umask() -> int:
+    """This process's file-mode creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _write_table(lake: DataLake, table: str, run_ids: list[str], folder: Path) -> dict[str, int]:

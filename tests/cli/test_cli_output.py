@@ -63,6 +63,33 @@ def test_errors_go_to_stderr_and_never_into_the_result(root, tmp_path):
     assert refused.exit_code == 2 and refused.stdout == "" and "query refused" in refused.stderr
 
 
+@pytest.mark.parametrize(
+    ("statement", "expected"),
+    [
+        ("SELEC 1", 'query failed: Parser Error: syntax error at or near "SELEC" (at line 1, column 1)'),
+        ("SELECT 1\nFROM runs WHERE ((", 'query failed: Parser Error: syntax error at or near "(" (at line 2, column'),
+        ("SELECT nope FROM runs", 'query failed: Binder Error: Referenced column "nope" not found in FROM clause!'),
+    ],
+)
+def test_a_failed_query_is_one_line_with_where_it_failed(root, statement, expected):
+    """Issue 39 item 6: DuckDB's caret block (the message, a blank line, the quoted line, a caret line) is said in one
+    line, the caret as its line and column."""
+    result = _invoke("sql", statement, "--data-root", root)
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {expected}"), result.stderr
+    _no_traceback(result)
+
+
+def test_an_error_of_several_lines_is_said_in_one():
+    from ragen_cli.common import one_line
+
+    assert one_line("invalid config:\n  a.b: bad\n  c: worse\n") == "invalid config: a.b: bad; c: worse"
+    assert one_line("first\n\n  second\r\nthird\x1b[2J") == "first; second; third\\x1b[2J"
+    caret = "Parser Error: x\n\nLINE 3: SELECT ((\n                ^"
+    assert one_line(caret) == "Parser Error: x (at line 3, column 9)"
+
+
 def test_error_messages_are_literal(root):
     result = _invoke("sql", "SELECT * FROM \"[red]gone[/red]\"", "--data-root", root)
     assert result.exit_code == 2 and "[red]gone[/red]" in result.stderr

@@ -109,3 +109,40 @@ def test_a_bad_export_is_one_line_and_writes_nothing(lake_root, tmp_path, case, 
     assert expected in " ".join(result.stderr.split()) and "Traceback" not in result.output
     assert result.stdout == ""
     assert _snapshot(lake_root) == before and sorted(tmp_path.rglob("*")) == outside  # nothing written
+
+
+@pytest.mark.parametrize("planted", ["link", "folder"])
+def test_an_export_never_writes_through_what_is_planted_at_a_predictable_staging_name(lake_root, tmp_path, planted):
+    """Issue 39 item 4: the staging folder was ``<parent>/.ragen-export-<name>-<pid>``, so a link planted there sent
+    the export elsewhere. Every name one can predict (this process's pid, the pids around it, the old pattern with
+    no pid) is planted with a link to a victim folder (or a folder of someone else's): the export succeeds, writes
+    nothing into the victim, leaves what was planted as it was, and leaves no staging folder behind."""
+    parent = tmp_path / "exports"
+    parent.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    names = [f".ragen-export-out-{pid}" for pid in range(max(os.getpid() - 50, 1), os.getpid() + 50)]
+    names += [".ragen-export-out", ".ragen-export-out-"]
+    for name in names:
+        if planted == "link":
+            (parent / name).symlink_to(victim, target_is_directory=True)
+        else:
+            (parent / name).mkdir()
+            (parent / name / "theirs.txt").write_text("keep")
+    result = _cli("export", RUNS[0], "--out", parent / "out", "--data-root", lake_root)
+    assert result.exit_code == 0, result.output
+    assert list(victim.iterdir()) == []
+    left = sorted(p.name for p in parent.iterdir())
+    assert left == sorted([*names, "out"])  # what was planted is still there; no staging folder of ours is left
+    for name in names:
+        path = parent / name
+        assert path.is_symlink() if planted == "link" else (path / "theirs.txt").read_text() == "keep"
+    exported = parent / "out"
+    assert not exported.is_symlink() and (exported / "README.md").is_file() and any((exported / "train").iterdir())
+    assert exported.stat().st_mode & 0o777 == 0o777 & ~_umask()  # the finished folder: as any folder the user makes
+
+
+def _umask() -> int:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask

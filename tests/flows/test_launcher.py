@@ -100,7 +100,8 @@ def runs(tmp_path_factory, tiny_model_dir, tiny_policy, prefect_server):
     rc, output, survivors = _ragen([*train, *LAUNCHED], launched, api_url, fault="update:inside@3")
     assert rc == -signal.SIGKILL, output[-3000:]
     manifest = DataLake(launched).read_manifest(RUN)
-    rc, resumed, _ = _ragen(["resume", RUN], launched, api_url)
+    # the manifest's launcher is used only when the user names it again (a stored config never starts processes)
+    rc, resumed, _ = _ragen(["resume", RUN, "trainer.launcher=torchrun"], launched, api_url)
     assert rc == 0, resumed[-3000:]
     return inprocess, launched, survivors, manifest
 

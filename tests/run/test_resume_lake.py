@@ -125,18 +125,34 @@ def _manifest(config, model_dir: str | None = "/m") -> dict:
 
 def test_the_start_is_decided_from_what_the_lake_holds(tmp_path):
     lake = DataLake(tmp_path)
+    start = str(lake.models_dir() / "m")  # the model the run started from, inside the data root
     assert decide_run_start(lake, None, THREE, RUN, []) is Start.FRESH
     assert decide_run_start(lake, _manifest(THREE, None), THREE, RUN, []) is Start.OVER
     _commit(lake, range(3))
-    assert decide_run_start(lake, _manifest(THREE), THREE, RUN, []) is Start.RESUME  # the final validation is missing
+    assert decide_run_start(lake, _manifest(THREE, start), THREE, RUN, []) is Start.RESUME  # no final validation yet
     lake.commit_iteration(RUN, 3, {"updated": False})
-    assert decide_run_start(lake, _manifest(THREE), THREE, RUN, []) is Start.DONE
-    assert decide_run_start(lake, _manifest(THREE), FIVE, RUN, ["trainer.iterations"]) is Start.EXTEND
+    assert decide_run_start(lake, _manifest(THREE, start), THREE, RUN, []) is Start.DONE
+    assert decide_run_start(lake, _manifest(THREE, start), FIVE, RUN, ["trainer.iterations"]) is Start.EXTEND
     compaction_marker(lake.partition_dir("metrics", RUN, 3)).parent.mkdir(parents=True)
     compaction_marker(lake.partition_dir("metrics", RUN, 3)).write_text("{}")  # `ragen runs compact` ran on it
     with pytest.raises(ResumeError, match=r"cannot be extended: its final iteration 3 was compacted .*tables metrics"):
-        decide_run_start(lake, _manifest(THREE), FIVE, RUN, ["trainer.iterations"])
-    assert decide_run_start(lake, _manifest(THREE), THREE, RUN, []) is Start.DONE  # done needs no reopening
+        decide_run_start(lake, _manifest(THREE, start), FIVE, RUN, ["trainer.iterations"])
+    assert decide_run_start(lake, _manifest(THREE, start), THREE, RUN, []) is Start.DONE  # done needs no reopening
+
+
+def test_a_resume_from_a_start_model_outside_the_data_root_is_refused_unless_it_is_the_configs(tmp_path):
+    """The manifest's model_dir is read by a resume only inside the data root, in a trusted folder, or as the config's
+    own model.path (issue 39 item 1); a done run reads no model, so it is not asked."""
+    lake = DataLake(tmp_path / "root")
+    _commit(lake, range(3))
+    with pytest.raises(ResumeError, match=r"^runs/crash/manifest\.json names the start model '/m', outside the data "):
+        decide_run_start(lake, _manifest(THREE, "/m"), THREE, RUN, [])
+    from_m = build_config(THREE.to_dict(), ["model.path=/m"])
+    assert decide_run_start(lake, _manifest(from_m, "/m"), from_m, RUN, []) is Start.RESUME
+    lake.commit_iteration(RUN, 3, {"updated": False})
+    assert decide_run_start(lake, _manifest(THREE, "/m"), THREE, RUN, []) is Start.DONE
+    with pytest.raises(ResumeError, match="names the start model '/m'"):
+        decide_run_start(lake, _manifest(THREE, "/m"), FIVE, RUN, ["trainer.iterations"])
 
 
 def test_an_extension_resumes_at_the_final_validation_and_reuses_its_evaluations(tmp_path, records):

@@ -43,7 +43,7 @@ def test_a_run_resolves_to_its_newest_checkpoint_or_the_one_named_with_its_confi
     four = checkpoint_file(lake.checkpoint_dir("r", 4), CHECKPOINT_HF)
     model_dir, base, which = resolve_target("r", lake)
     assert (model_dir, which) == (four, "r@4")
-    assert base["trainer"]["iterations"] == 4
+    assert base.tree["trainer"]["iterations"] == 4 and base.source == "runs/r/manifest.json"
     assert resolve_target("r@2", lake)[::2] == (checkpoint_file(lake.checkpoint_dir("r", 2), CHECKPOINT_HF), "r@2")
     assert resolve_target("run:r@2", lake)[2] == "r@2"
 

@@ -1,0 +1,159 @@
+"""Keys that name what runs or what is read from outside the data root: trusted only when the user names them.
+
+A data root is shared: anyone who can write one of its files (a run's manifest, a stored sweep plan) can write any
+config into it. A config read back from the data root (``ragen resume``, ``ragen eval RUN``, a stored sweep plan)
+is therefore never allowed to choose a program to run, a module to import, hosts to reach or a folder outside the
+data root to read: such a key is declared once, on its field, with :func:`trusted_only`, and
+:func:`check_stored_trust` refuses a stored config whose value of one is not harmless unless the user names the key
+again on the command line (or, for a key with an environment variable, sets that variable to the same value).
+
+What "harmless" means is the key's kind (:data:`KINDS`): a program, a hostfile or a launcher only at its default
+(none, in-process); a path inside the data root or inside a folder the user listed in :data:`TRUSTED_PATHS_VARIABLE`;
+a module only as a registered name (no ``pkg.module:Class``). A new key plugs in by its declaration, e.g.
+``name: str = Field("bandit", json_schema_extra=trusted_only("module"))``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from ragen_core.config.errors import ConfigError
+
+TRUST_MARK = "trusted_only"  # the key of a field's json_schema_extra that declares it
+# Folders (separated by os.pathsep) whose models a stored config may name, e.g. a cluster's shared model store.
+TRUSTED_PATHS_VARIABLE = "RAGEN_TRUSTED_PATHS"
+
+
+def _at_default(value: Any, default: Any, root: Path) -> bool:
+    return value == default
+
+
+def _inside_trusted_folder(value: Any, default: Any, root: Path) -> bool:
+    return value is None or value == default or trusted_path(str(value), root)
+
+
+def _registered_name(value: Any, default: Any, root: Path) -> bool:
+    return isinstance(value, str) and ":" not in value and "/" not in value
+
+
+@dataclass(frozen=True)
+class TrustKind:
+    """What a kind of key names (for the message) and when a stored value of it is harmless."""
+
+    names: str
+    harmless: Callable[[Any, Any, Path], bool]
+
+
+KINDS: dict[str, TrustKind] = {
+    "program": TrustKind("a program to run", _at_default),
+    "launcher": TrustKind("a launcher that starts processes", _at_default),
+    "hostfile": TrustKind("hosts to start processes on", _at_default),
+    "path": TrustKind("a folder outside the data root", _inside_trusted_folder),
+    "module": TrustKind("a module to import", _registered_name),
+}
+
+
+def trusted_only(kind: str, env: str | None = None) -> dict[str, Any]:
+    """The ``json_schema_extra`` of a field that names :data:`KINDS` ``kind`` (a program, a path, ...): a stored
+    config's value of it is used only when the user names it again (``env``: an environment variable that names it
+    too, such as ``RAGEN_VLLM_PYTHON``)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown trust kind {kind!r}; known: {', '.join(KINDS)}")
+    return {TRUST_MARK: {"kind": kind, "env": env}}
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """A declared key: its dotted name, kind, environment variable (or None) and default."""
+
+    key: str
+    kind: str
+    env: str | None
+    default: Any
+
+
+def trusted_keys(model: type[BaseModel]) -> list[TrustedKey]:
+    """Every key of ``model`` (a config tree, sections nested) declared with :func:`trusted_only`, dotted."""
+    return list(_walk(model, ""))
+
+
+def _walk(model: type[BaseModel], prefix: str) -> Iterator[TrustedKey]:
+    for name, field in model.model_fields.items():
+        extra = field.json_schema_extra
+        mark = extra.get(TRUST_MARK) if isinstance(extra, dict) else None
+        if isinstance(mark, dict):
+            default = None if field.default_factory is not None else field.default
+            yield TrustedKey(prefix + name, str(mark["kind"]), mark.get("env"), default)  # type: ignore[arg-type]
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from _walk(annotation, f"{prefix}{name}.")
+
+
+def trusted_folders() -> list[Path]:
+    """The folders :data:`TRUSTED_PATHS_VARIABLE` lists (resolved; empty entries skipped)."""
+    listed = os.environ.get(TRUSTED_PATHS_VARIABLE, "")
+    return [Path(part).expanduser().resolve() for part in listed.split(os.pathsep) if part.strip()]
+
+
+def trusted_path(path: str, root: Path) -> bool:
+    """Whether ``path`` (a folder a stored config or manifest names) lies inside the data root ``root`` or inside a
+    folder of :data:`TRUSTED_PATHS_VARIABLE`, links resolved (a link in the root pointing out is outside)."""
+    if "\x00" in path:
+        return False
+    resolved = Path(path).expanduser().resolve()
+    return any(resolved.is_relative_to(folder) for folder in [Path(root).resolve(), *trusted_folders()])
+
+
+class UntrustedConfigError(ConfigError):
+    """A config read from the data root names a program, module, host or outside folder the user did not name."""
+
+
+@dataclass(frozen=True)
+class StoredConfig:
+    """A config tree read from a file of the data root: ``source`` names the file (relative to ``root``)."""
+
+    tree: dict[str, Any]
+    source: str
+    root: Path
+
+
+def named_keys(overrides: list[str]) -> set[str]:
+    """The dotted keys ``key.sub=value`` overrides set (a section's key covers every key below it)."""
+    keys = (text.split("=", 1)[0] for text in overrides if "=" in text)
+    return {".".join(part for part in key.strip().split(".") if part) for key in keys}  # as parse_override reads it
+
+
+def _value_at(config: BaseModel, key: str) -> Any:
+    value: Any = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def check_stored_trust(config: BaseModel, stored: StoredConfig, named: set[str]) -> None:
+    """Refuse (:class:`UntrustedConfigError`, one line naming the file, the key and how to allow it) a config built
+    from ``stored`` whose value of a :func:`trusted_only` key is not harmless and came from the file: the user named
+    neither the key nor a section above it (``named``), nor set the key's environment variable to the same value."""
+    for declared in trusted_keys(type(config)):
+        value = _value_at(config, declared.key)
+        if KINDS[declared.kind].harmless(value, declared.default, stored.root):
+            continue
+        parts = declared.key.split(".")
+        if any(".".join(parts[:end]) in named for end in range(1, len(parts) + 1)):
+            continue  # the user's own value (the same or another): nothing of the file is used
+        if declared.env and os.environ.get(declared.env) == str(value):
+            continue
+        again = shlex.quote(f"{declared.key}={value}")
+        env = f" (or set {declared.env} to it)" if declared.env else ""
+        folders = f" (or list its folder in {TRUSTED_PATHS_VARIABLE})" if declared.kind == "path" else ""
+        raise UntrustedConfigError(
+            f"{stored.source} sets {declared.key}={value!r}; a config stored in the data root does not name "
+            f"{KINDS[declared.kind].names}: pass {again} again to use it{env}{folders}"
+        )
