@@ -12,6 +12,9 @@ Layout 2 under the data root::
     _staging/<run_id>/<iteration>/<stage>/<table>/...              a stage's output (part-<stage>-<k>), unpublished
     _staging/<run_id>/<iteration>/<stage>/_DONE.json               the stage finished (its result payload)
     _commits/<run_id>/iteration=<n>.json                           the iteration is committed
+    _commits/<run_id>/parts/<table>/iteration=<n>.json             the part files the lake published into a partition,
+                                                                   with their sizes (``parts``: readers take only
+                                                                   those)
     quarantine/run_id=<id>/iteration=<n>/<stage>/report.json       batches that failed validation, with the report
     runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
     runs/<run_id>/writer.lock                                      held by the run's one writer (``locks``)
@@ -75,6 +78,7 @@ MODELS = "models"
 SWEEPS = "sweeps"
 PREFECT = "_prefect"
 KEYED_ITERATION = "iteration="  # commit markers, quarantine and checkpoint folders
+PARTS_RECORDS = "parts"  # _commits/<run_id>/parts/<table>/iteration=<n>.json: what the lake published there
 QUARANTINE_RUN_PREFIX = "run_id="
 DONE_MARKER = "_DONE.json"  # a stage finished: its result payload
 QUARANTINE_REPORT = "report.json"
@@ -204,6 +208,22 @@ def commits_dir(root: Path, run_id: str | None = None) -> Path:
 def commit_marker_name(iteration: int) -> str:
     """A commit marker's file name (its stem matches :data:`ITERATION_FOLDER`)."""
     return f"{KEYED_ITERATION}{int(iteration)}.json"
+
+
+def parts_record(root: Path, table: str, run_id: str, iteration: int) -> Path:
+    """The record of the part files the lake published into one partition (:mod:`ragen_core.storage.parts`)."""
+    return commits_dir(root, run_id) / PARTS_RECORDS / check_name("table", table) / commit_marker_name(iteration)
+
+
+def parts_record_of(partition: Path) -> Path:
+    """The record of the partition folder ``<root>/<table>/run-<id>/iteration-<n>``; a folder of another form
+    raises."""
+    folder = Path(partition)
+    run_name, match = folder.parent.name, PARTITION_ITERATION.fullmatch(folder.name)
+    if match is None or not run_name.startswith(RUN_FOLDER_PREFIX):
+        raise LakeError(f"{str(folder)!r} is not a <table>/{RUN_FOLDER_PREFIX}<id>/{ITERATION_PREFIX}<n> folder")
+    table_folder = folder.parent.parent
+    return parts_record(table_folder.parent, table_folder.name, run_name[len(RUN_FOLDER_PREFIX):], int(match[1]))
 
 
 def quarantine_dir(root: Path, run_id: str | None = None, iteration: int | None = None, stage: str = "") -> Path:

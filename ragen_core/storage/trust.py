@@ -271,6 +271,15 @@ def check_footer(path: Path, spec: TableSpec, metadata: pq.FileMetaData, renamed
 def check_rows(path: Path, table: pa.Table, spec: TableSpec) -> None:
     """The rows read from a part file belong to its folder's run and iteration, and the NOT NULL columns have no
     nulls (the Python reader's check, on the columns it read)."""
+    _check_owned(path, table)
+    nullable = {c.name: c.nullable for c in spec.columns}
+    for name in table.column_names:
+        if nullable.get(name) is False and table[name].null_count:
+            raise LakeError(f"part file {_show(path)} has nulls in the NOT NULL column {name!r}; {_HOW_TO_FIX}")
+
+
+def _check_owned(path: Path, table: pa.Table) -> None:
+    """The ``run_id`` / ``iteration`` columns of ``table`` (read from ``path``) hold only its folder's values."""
     run_id, iteration = partition_of(path)
     for name, value in (("run_id", run_id), ("iteration", iteration)):
         if name not in table.column_names:
@@ -280,10 +289,6 @@ def check_rows(path: Path, table: pa.Table, spec: TableSpec) -> None:
         if pc.any(wrong).as_py():
             index = pc.index(wrong, True).as_py()
             _wrong_partition(path, name, column[index].as_py(), {"run_id": run_id, "iteration": iteration})
-    nullable = {c.name: c.nullable for c in spec.columns}
-    for name in table.column_names:
-        if nullable.get(name) is False and table[name].null_count:
-            raise LakeError(f"part file {_show(path)} has nulls in the NOT NULL column {name!r}; {_HOW_TO_FIX}")
 
 
 def _wrong_partition(path: Path, column: str, found: Any, expected: Mapping[str, Any]) -> None:
