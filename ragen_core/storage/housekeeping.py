@@ -129,6 +129,15 @@ def _row_count(files: list[Path]) -> int | None:
         return None
 
 
+def _rows_of(lake: DataLake, table: str, run_id: str) -> int | None:
+    """The run's rows in ``table``; None when its files cannot be counted (damaged, or a part file the lake did not
+    publish: removed all the same, with the whole partition)."""
+    try:
+        return _row_count(lake.partition_files(table, run_id))
+    except LakeError:
+        return None
+
+
 def _checkpoint_paths(lake: DataLake, run_id: str) -> tuple[list[Path], list[str]]:
     """Checkpoint folders under the data root that the run's ``checkpoints`` rows name (and warnings). Each path is
     held to the layout first (:func:`ragen_core.storage.layout.checkpoint_folder`): a row naming anything but one of
@@ -183,7 +192,7 @@ def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPla
             continue
         folder = lake.run_partition_dir(spec.name, run_id)
         if folder.is_dir():
-            plan.rows[spec.name] = _row_count(lake.partition_files(spec.name, run_id))
+            plan.rows[spec.name] = _rows_of(lake, spec.name, run_id)
             plan.table_dirs.append(folder)
     models, model_warnings = _owned_models(lake, run_id, manifest)
     checkpoints, checkpoint_warnings = _checkpoint_paths(lake, run_id)

@@ -190,8 +190,10 @@ def _refuse(file: Path, spec: TableSpec, record_path: Path, record: Mapping[str,
         return  # damaged: every reader fails on it, naming it as damaged
     check_footer(file, spec, metadata)
     if record is None:
-        raise LakeError(f"part file {str(file)!r} lies in a partition without a record of the parts the lake "
-                        f"published there ({str(record_path)!r} is missing); {_STRAY}")  # fmt: skip
+        raise LakeError(f"partition {str(file.parent)!r} holds part files ({file.name!r}, ...) without a record of "
+                        f"the parts the lake published there ({str(record_path)!r} is missing): none of them can be "
+                        "told from a copy; move the partition's copies out of the data root, then run "
+                        "`ragen upgrade-lake` to record the rest")  # fmt: skip
     if file.name in record:
         raise LakeError(f"part file {str(file)!r} holds {size} bytes, but the lake published {record[file.name]} "
                         f"under that name ({str(record_path)!r}): it was replaced; {_STRAY}")  # fmt: skip
