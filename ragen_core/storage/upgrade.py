@@ -9,7 +9,15 @@ layout-1 folders, naming this upgrade. Layout 1 to 2 (:mod:`ragen_core.storage.l
 - a part file ``part-<stage>-<k>.parquet`` becomes ``part-<stage token>-<k>.parquet`` (any other part name: the
   token of its whole stem, part 0); a merged file named by a compaction marker takes the name derived from the new
   names of the files it replaces, and the marker ``_COMPACTION.json`` becomes ``.compaction.json`` naming them;
-- other regular files of a partition (notes) keep their name; hidden leftovers of an interrupted write are dropped.
+- other regular files of a partition (notes) keep their name; hidden leftovers of an interrupted write are dropped;
+- every new partition gets its record of published parts (:mod:`ragen_core.storage.parts`), written before the
+  partition appears; so does every layout-2 partition without one (written before the records were kept), and
+  ``_layout.json`` then says ``part_records``.
+
+Every name is checked before the first change: an entry of a layout-1 run or partition folder that the upgrade
+cannot carry over (a folder, hidden or not, a link, a device, a part file of no name the lake writes such as
+``part-a b.parquet``, two files taking one new name) and a layout-2 partition without a record where one file has
+two names raise a :class:`LakeError` naming it, with nothing changed (``ragen upgrade-lake``: one line, exit 2).
 
 The files themselves are not rewritten: each gets a second name (a hard link; a copy where the file system has
 none). One partition at a time, under the run's housekeeping and writer locks:
