@@ -22,7 +22,7 @@ def export(
     """Write runs' rows as a dataset folder with train and validation splits: load_dataset("parquet",
     data_dir=OUT) loads it (several --table: data_dir=OUT/<table>). Reads the lake only."""
     from ragen_core.storage import DataLake, LakeError
-    from ragen_core.storage.export import export_dataset, load_line
+    from ragen_core.storage.export import export_dataset, left_out_line, load_line
 
     for run_id in run_ids:
         checked_run_id(run_id)
@@ -34,6 +34,8 @@ def export(
     for name, rows in report.rows.items():
         counts = ", ".join(f"{split} {n}" for split, n in rows.items())
         console.print(f"{escape(name)}: {counts} rows -> {escape(load_line(report.folders[name]))}", highlight=False)
+    if line := left_out_line(report):
+        console.print(escape(line), highlight=False)
 
 
 def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP)) -> None:
