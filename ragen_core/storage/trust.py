@@ -20,6 +20,9 @@ its account. The rules:
   ``load_dataset`` takes no file for a split; only ``.parquet`` files, the marker hidden. Layout 1 (``run_id=<id>/
   iteration=<n>/part-<stage>-<k>.parquet``, ``_COMPACTION.json``) is refused, naming the upgrade
   (:mod:`ragen_core.storage.upgrade`).
+- **Only published parts** (:mod:`ragen_core.storage.parts`): a partition's record names the part files the lake
+  published there, with their sizes; any other file (a copy, a second name, a replaced file) fails every read of its
+  table, naming it.
 - **Rows belong to their folder.** A part file under ``run_id=A/iteration=n/`` holds rows of run A and iteration n
   only, and every column the table declares NOT NULL (for the file's schema version) is present and has no nulls
   (:func:`check_footer`, :func:`check_rows`): a file that says otherwise fails every read of its table, naming it.
