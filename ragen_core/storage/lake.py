@@ -136,6 +136,10 @@ class DataLake:
     def run_dir(self, run_id: str) -> Path:
         return self._real(layout.run_dir(self.root, run_id), "run folder")
 
+    def space_reserve_file(self, run_id: str) -> Path:
+        """The disk space the run holds back while it runs (:mod:`ragen_core.storage.space`)."""
+        return layout.space_reserve_file(self.run_dir(run_id))
+
     def models_dir(self) -> Path:
         return layout.models_dir(self.root)
 

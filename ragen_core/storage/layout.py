@@ -18,6 +18,9 @@ Layout 2 under the data root::
     quarantine/run_id=<id>/iteration=<n>/<stage>/report.json       batches that failed validation, with the report
     runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
     runs/<run_id>/writer.lock                                      held by the run's one writer (``locks``)
+    runs/<run_id>/.space-reserve                                   disk space a running run holds back, released
+                                                                   to record its failure when the disk fills
+                                                                   (``space``)
     runs/<run_id>/checkpoints/iteration=<n>/                       a checkpoint after n updates: checkpoint.json,
                                                                    actor/, critic/, hf/ (``training.checkpoint``)
     runs/<run_id>/update_group/policy/                             a launched update group's logs and policy export
@@ -84,6 +87,7 @@ DONE_MARKER = "_DONE.json"  # a stage finished: its result payload
 QUARANTINE_REPORT = "report.json"
 MANIFEST = "manifest.json"
 WRITER_LOCK = "writer.lock"
+SPACE_RESERVE = ".space-reserve"  # hidden: no reader lists it
 CHECKPOINTS = "checkpoints"
 UPDATE_GROUP = "update_group"
 POLICY_EXPORT = "policy"
@@ -254,6 +258,11 @@ def run_dir(root: Path, run_id: str | None = None) -> Path:
 def manifest_file(run_folder: Path) -> Path:
     """A run's manifest in its run folder."""
     return run_folder / MANIFEST
+
+
+def space_reserve_file(run_folder: Path) -> Path:
+    """The disk space a running run holds back in its run folder (:mod:`ragen_core.storage.space`)."""
+    return run_folder / SPACE_RESERVE
 
 
 def writer_lock_file(root: Path, run_id: str) -> Path:

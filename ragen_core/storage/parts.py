@@ -101,9 +101,10 @@ def visible_parts(files: Iterable[Path], spec: TableSpec, records_required: bool
     for path in files:
         by_folder.setdefault(path.parent, []).append(path)
     visible: list[Path] = []
+    checked: set[Path] = set()  # the records' folders found real (one per table of a run: checked once)
     for folder, listed in by_folder.items():
         hidden = superseded(folder, [p.name for p in listed])  # a forged marker raises first, naming it
-        check_published(folder, listed, spec, records_required)
+        check_published(folder, listed, spec, records_required, checked)
         visible += [p for p in listed if p.name not in hidden]
     return sorted(visible)
 
@@ -126,9 +127,8 @@ _STRAY = ("readers would count its rows besides the published ones (a copy, a se
 
 
 def read_record(path: Path) -> dict[str, int] | None:
-    """A partition's record of published parts (``{name: bytes}``), held to its form; None when there is none."""
-    if not check_regular_file(path, "record of published parts"):
-        return None
+    """A partition's record of published parts (``{name: bytes}``), held to its form; None when there is none (a
+    link, or anything but a regular file, in its place raises: :func:`ragen_core.storage.files.read_json`)."""
     payload = read_json(path, missing_ok=True)
     if payload is None:
         return None
@@ -142,11 +142,14 @@ def read_record(path: Path) -> dict[str, int] | None:
     return parts
 
 
-def _record_path(folder: Path) -> Path:
-    """The record of a partition folder, every folder on the way to it a real one (no link out of the data root)."""
+def _record_path(folder: Path, checked: set[Path] | None = None) -> Path:
+    """The record of a partition folder, every folder on the way to it a real one (no link out of the data root;
+    ``checked``: folders found real before, by this caller)."""
     path = parts_record_of(folder)
-    root = Path(folder).parent.parent.parent
-    check_real_folders(root, path.parent, "folder of the records of published parts")
+    if checked is None or path.parent not in checked:
+        check_real_folders(Path(folder).parent.parent.parent, path.parent, "folder of the records of published parts")
+        if checked is not None:
+            checked.add(path.parent)
     return path
 
 
@@ -157,12 +160,14 @@ def _size(path: Path) -> int | None:
         return None
 
 
-def check_published(folder: Path, listed: list[Path], spec: TableSpec, records_required: bool) -> None:
+def check_published(
+    folder: Path, listed: list[Path], spec: TableSpec, records_required: bool, checked: set[Path] | None = None
+) -> None:
     """Every file of ``listed`` (a listing of the partition ``folder`` taken before this call) is one the lake
     published there: named in the partition's record, with its size (module docstring). A file that is not raises a
     :class:`LakeError` naming it, unless the readers refuse it anyway (damaged, rows of another partition: they say
-    so); a partition without a record raises when ``records_required``."""
-    path = _record_path(folder)
+    so); a partition without a record raises when ``records_required`` (``checked``: :func:`_record_path`)."""
+    path = _record_path(folder, checked)
     record = read_record(path)
     if record is None and not records_required:
         return  # written before the records were kept: read whole (``ragen upgrade-lake`` records it)
