@@ -52,6 +52,9 @@ def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help
     except OSError as exc:
         fail(f"cannot upgrade {str(root)!r}: {exc.strerror or exc} ({exc.filename}); make it writable, then run "
              "`ragen upgrade-lake` again (it goes on where it stopped)")  # fmt: skip
+    if report.recorded:
+        console.print(f"recorded the published parts of {report.recorded} partition(s) written before such records "
+                      "were kept", highlight=False)  # fmt: skip
     if not report.partitions:
         console.print(f"{escape(str(root))} already has lake layout {report.layout}", highlight=False)
         return

@@ -224,10 +224,10 @@ def _upgrade_partition(old: Path, target_run: Path, iteration: int) -> int:
     names = _new_names(old)
     new = target_run / iteration_folder_name(iteration)
     parts = {name: (old / source).stat().st_size for source, name in names.items() if PART_NAME.fullmatch(name)}
-    record_parts(new, parts)  # before the partition appears (a record may name more, never fewer)
     if os.path.lexists(new):  # committed by an earlier, interrupted upgrade: check it, then finish
         check_real_folder(new, "partition folder")
         _check_moved(old, new, names)
+        record_parts(new, parts)
     else:
         staging = target_run / f"{UPGRADING_PREFIX}{new.name}"
         if os.path.lexists(staging):
@@ -238,6 +238,7 @@ def _upgrade_partition(old: Path, target_run: Path, iteration: int) -> int:
             _second_name(old / source, staging / name)
         _write_marker(old, staging, names)
         fsync_dir(staging)
+        record_parts(new, parts)  # before the partition appears (a record may name more, never fewer)
         _commit_partition(staging, new)
     _remove_old_partition(old)
     return len(names)

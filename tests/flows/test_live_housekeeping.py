@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -110,6 +111,33 @@ def test_export_during_training_takes_the_committed_iterations_and_says_what_it_
     # the training itself lost nothing: every configured row, once
     expected = ITERATIONS * GROUPS * GROUP_SIZE + (ITERATIONS + 1) * VAL
     assert lake.read_table("trajectories", run_id).num_rows == expected
+
+
+def test_an_export_of_a_run_killed_mid_iteration_leaves_out_its_uncommitted_rows_and_says_so(
+    tmp_path, tiny_model_dir, prefect_server
+):
+    """Killed right after iteration 2's rollouts were published (not committed): those rows are not final (a resume
+    discards and redoes them), so the export leaves them out and names the iteration."""
+    from tests.flows.test_resume import RUN, _ragen
+
+    root = tmp_path / "lake"
+    root.mkdir()
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
+    rc, output = _ragen(train, root, "publish:after@2", prefect_server[0].api_url)
+    assert rc == -signal.SIGKILL, output[-3000:]
+    lake = DataLake(root)
+    assert lake.committed_iterations(RUN) == [0, 1]
+    stored = lake.read_table("trajectories", RUN)
+    assert 2 in stored["iteration"].to_pylist()  # the premise: rows of the uncommitted iteration are published
+    result = _cli("export", RUN, "--out", tmp_path / "out", "--data-root", root)
+    assert result.exit_code == 0, result.output
+    assert f"left out, not committed yet (a run still training or stopped mid-iteration): {RUN} iteration(s) 2" in (
+        " ".join(result.output.split()))  # fmt: skip
+    exported = pq.read_table(sorted((tmp_path / "out").rglob("*.parquet")))
+    committed = stored.filter(pc.is_in(stored["iteration"], pa.array([0, 1], stored["iteration"].type)))
+    assert _rows(exported) == _rows(committed) and exported.num_rows == 2 * GROUPS * GROUP_SIZE + 2 * VAL
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "committed iterations 0-1 (left out, not committed then: 2)" in readme
 
 
 def test_an_export_of_a_run_without_a_committed_iteration_is_refused(tmp_path):

@@ -185,8 +185,10 @@ def _as_written_before_records(root: Path) -> None:
 def test_a_data_root_written_before_the_records_reads_whole_until_the_upgrade_records_it(lake):
     _as_written_before_records(lake.root)
     assert _count(lake.root) == _configured()  # read as before
+    partitions = {p.parent for p in lake.root.glob("*/run-*/iteration-*/part-*.parquet")}
     result = _cli("upgrade-lake", "--data-root", lake.root)
     assert result.exit_code == 0, result.output
+    assert f"recorded the published parts of {len(partitions)} partition(s)" in " ".join(result.output.split())
     assert json.loads((lake.root / "_layout.json").read_text()) == {"layout_version": 2, "part_records": True}
     assert _count(lake.root) == _configured()
     stray, why = _copy(lake)  # from now on a copy is refused there too
