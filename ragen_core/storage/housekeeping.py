@@ -35,6 +35,7 @@ from ragen_core.storage.files import LakeError, read_parquet
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.locks import run_writer
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
+from ragen_core.storage.parts import StrayPartError
 from ragen_core.storage.trust import check_real_folder, checkpoint_folder
 
 RUNS_OVERVIEW_SQL = """
@@ -131,10 +132,11 @@ def _row_count(files: list[Path]) -> int | None:
 
 def _rows_of(lake: DataLake, table: str, run_id: str) -> int | None:
     """The run's rows in ``table``; None when its files cannot be counted (damaged, or a part file the lake did not
-    publish: removed all the same, with the whole partition)."""
+    publish there: removed all the same, with the whole partition). A link or a name against the layout still
+    refuses the removal (it could lead the deletion out of the data root)."""
     try:
         return _row_count(lake.partition_files(table, run_id))
-    except LakeError:
+    except StrayPartError:
         return None
 
 

@@ -57,8 +57,8 @@ from ragen_core.storage.trust import (
 )
 from schemas.tables import TableSpec
 
-__all__ = ["COMPACTION_MARKER", "MERGED_PREFIX", "check_not_superseded", "check_published", "merged_name",
-           "read_marker", "read_record", "record_parts", "superseded", "visible_parts"]  # fmt: skip
+__all__ = ["COMPACTION_MARKER", "MERGED_PREFIX", "StrayPartError", "check_not_superseded", "check_published",
+           "merged_name", "read_marker", "read_record", "record_parts", "superseded", "visible_parts"]  # fmt: skip
 
 
 def merged_name(names: list[str]) -> str:
@@ -122,6 +122,10 @@ def check_not_superseded(folder: Path, name: str) -> None:
 
 
 # -- the record of published parts ---------------------------------------------------------------------------------
+class StrayPartError(LakeError):
+    """A part file that the lake did not publish where it lies (:func:`check_published`)."""
+
+
 _STRAY = ("readers would count its rows besides the published ones (a copy, a second name of a file, a planted "
           "file); move it out of the data root, then try again")  # fmt: skip
 
@@ -193,17 +197,23 @@ def _refuse(file: Path, spec: TableSpec, record_path: Path, record: Mapping[str,
         raise
     except LakeError:
         return  # damaged: every reader fails on it, naming it as damaged
-    check_footer(file, spec, metadata)
+    try:
+        check_footer(file, spec, metadata)
+    except VanishedFileError:
+        raise
+    except LakeError as exc:
+        raise StrayPartError(str(exc)) from exc
     if record is None:
-        raise LakeError(f"partition {str(file.parent)!r} holds part files ({file.name!r}, ...) without a record of "
-                        f"the parts the lake published there ({str(record_path)!r} is missing): none of them can be "
-                        "told from a copy; move the partition's copies out of the data root, then run "
-                        "`ragen upgrade-lake` to record the rest")  # fmt: skip
+        problem = (f"lies in a partition without a record of the parts the lake published there "
+                   f"({str(record_path)!r} is missing), so none of its files can be told from a copy; move the "
+                   "copies out of the data root, then run `ragen upgrade-lake` to record the rest")  # fmt: skip
+        raise StrayPartError(f"part file {str(file)!r} {problem}")
     if file.name in record:
-        raise LakeError(f"part file {str(file)!r} holds {size} bytes, but the lake published {record[file.name]} "
-                        f"under that name ({str(record_path)!r}): it was replaced; {_STRAY}")  # fmt: skip
-    raise LakeError(f"part file {str(file)!r} is not among the parts the lake published in its partition (recorded "
-                    f"in {str(record_path)!r}); {_STRAY}")  # fmt: skip
+        problem = (f"holds {size} bytes, but the lake published {record[file.name]} under that name "
+                   f"({str(record_path)!r}): it was replaced; {_STRAY}")  # fmt: skip
+        raise StrayPartError(f"part file {str(file)!r} {problem}")
+    problem = f"is not among the parts the lake published in its partition (recorded in {str(record_path)!r})"
+    raise StrayPartError(f"part file {str(file)!r} {problem}; {_STRAY}")
 
 
 def record_parts(folder: Path, added: Mapping[str, int], removed: Iterable[str] = ()) -> None:
