@@ -69,9 +69,14 @@ def sweep(
         rows = sw.compare_sweep(lake, plan)
     for row in rows:
         row["outcome"] = outcomes.get(row["run_id"], "not run")
+        if row["status"] == "pending" and row["outcome"] != "not run":
+            row["status"] = REMOVED  # it ran here, but its run is gone: removed (`ragen runs rm`) since
     description = f"Sweep {plan.sweep_id}: validation success (before RL, last), final reward, collapse events"
     r.publish_table_artifact(artifact_key(plan.sweep_id, "comparison"), rows, description)
     return {"sweep_id": plan.sweep_id, "data_root": root, "points": rows}
+
+
+REMOVED = "removed"  # a point's status when it ran in this sweep but its run is gone from the data root
 
 
 def _run_local(plan: SweepPlan, point: SweepPoint, root: str, count: str) -> str:

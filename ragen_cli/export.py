@@ -22,7 +22,7 @@ def export(
     """Write runs' rows as a dataset folder with train and validation splits: load_dataset("parquet",
     data_dir=OUT) loads it (several --table: data_dir=OUT/<table>). Reads the lake only."""
     from ragen_core.storage import DataLake, LakeError
-    from ragen_core.storage.export import export_dataset, load_line
+    from ragen_core.storage.export import export_dataset, left_out_line, load_line
 
     for run_id in run_ids:
         checked_run_id(run_id)
@@ -34,6 +34,8 @@ def export(
     for name, rows in report.rows.items():
         counts = ", ".join(f"{split} {n}" for split, n in rows.items())
         console.print(f"{escape(name)}: {counts} rows -> {escape(load_line(report.folders[name]))}", highlight=False)
+    if line := left_out_line(report):
+        console.print(escape(line), highlight=False)
 
 
 def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP)) -> None:
@@ -50,6 +52,9 @@ def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help
     except OSError as exc:
         fail(f"cannot upgrade {str(root)!r}: {exc.strerror or exc} ({exc.filename}); make it writable, then run "
              "`ragen upgrade-lake` again (it goes on where it stopped)")  # fmt: skip
+    if report.recorded:
+        console.print(f"recorded the published parts of {report.recorded} partition(s) written before such records "
+                      "were kept", highlight=False)  # fmt: skip
     if not report.partitions:
         console.print(f"{escape(str(root))} already has lake layout {report.layout}", highlight=False)
         return

@@ -107,7 +107,12 @@ def print_sweep(result: dict) -> None:
 
     console.print("\n[bold]sweep comparison[/] (val_success: mean over validation envs at the last iteration)")
     print_table(pa.Table.from_pylist(result["points"]))
-    failed = [row["run_id"] for row in result["points"] if row["status"] != "completed"]
+    removed = [row["run_id"] for row in result["points"] if row["status"] == "removed"]
+    failed = [row["run_id"] for row in result["points"] if row["status"] not in ("completed", "removed")]
+    if removed:
+        console.print(f"[yellow]removed while the sweep ran:[/] {', '.join(removed)}; their runs are gone from the "
+                      "data root (the same command again trains them anew)")  # fmt: skip
     if failed:
         console.print(f"[yellow]not completed:[/] {', '.join(failed)}; run the same command again to resume them")
+    if removed or failed:
         raise typer.Exit(code=1)

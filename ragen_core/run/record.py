@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from ragen_core.config import RunConfig
 from ragen_core.storage import DataLake
-from ragen_core.storage.space import SPACE_PREFIX, space_failure, space_message, written_what
+from ragen_core.storage.space import (
+    SPACE_PREFIX,
+    hold_reserve,
+    release_reserve,
+    space_failure,
+    space_message,
+    written_what,
+)
 
 if TYPE_CHECKING:
     from ragen_core.run.session import RunSession
@@ -57,13 +64,20 @@ class RunRecord:
         self.manifest.update(changes, updated_at=utc_now())
         self.lake.write_manifest(self.run_id, self.manifest)
 
+    def hold_reserve(self) -> None:
+        """Hold back a little disk space while the run runs (:func:`ragen_core.storage.space.hold_reserve`): when a
+        write finds the disk full, :meth:`stopped` gives it back to record the failure."""
+        hold_reserve(self.lake.space_reserve_file(self.run_id))
+
     def stopped(self, exc: BaseException) -> None:
         """Record that ``exc`` stopped the run (see :func:`stop_record`); a write that found no space is recorded
-        as that, in the line the command prints. With the disk full the manifest may not be writable either: the
-        error then goes on unrecorded (the manifest keeps its last state) rather than be replaced by that one."""
+        as that, in the line the command prints. With the disk full, the space the run held back
+        (:meth:`hold_reserve`) is given back so the manifest can still be written; should even that fail, the error
+        goes on unrecorded (the manifest keeps its last state) rather than be replaced by that one."""
         record = stop_record(exc, self.position, self.lake.committed_iterations(self.run_id))
         if record["status"] == "failed" and space_failure(self.lake.root, self.run_id, exc) is not None:
             record["error"] = space_message(self.run_id, written_what(exc, self.position))
+            release_reserve(self.lake.space_reserve_file(self.run_id))  # room for the manifest's new copy
         try:
             self.update(**record)
         except OSError:
@@ -76,6 +90,7 @@ class RunRecord:
 def run_status(session: RunSession) -> Iterator[RunSession]:
     """The body of a run: ``completed`` when it returns, ``failed`` / ``interrupted`` (where, and the last committed
     iteration) when it raises; the session's updater and rollout engine are closed either way."""
+    session.record.hold_reserve()
     try:
         yield session
     except BaseException as exc:
@@ -83,6 +98,7 @@ def run_status(session: RunSession) -> Iterator[RunSession]:
         raise
     finally:
         session.close()
+        release_reserve(session.lake.space_reserve_file(session.run_id))  # held only while the run runs
     session.record.update(status="completed")
 
 

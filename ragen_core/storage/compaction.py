@@ -7,8 +7,9 @@ a partition while it is merged. One partition, in this order (:func:`compact_par
 2. write the marker ``.compaction.json`` = ``{"merged": "part-compacted-<digest>.parquet", "replaces": [...],
    "rows": <n>}`` (atomic); the digest is of the replaced names, so a redo picks the same name;
 3. write the merged file: rows of the replaced files in reader order, in the current schema, under a hidden
-   temporary name, fsync, then one rename to its final name. **This rename is the commit point**;
-4. delete the replaced files.
+   temporary name, fsync, record its name and size among the partition's published parts
+   (:mod:`ragen_core.storage.parts`), then one rename to its final name. **This rename is the commit point**;
+4. delete the replaced files, then take them out of the record.
 
 Readers list the part files, then read the marker, and skip what the marker replaces only when the listing holds
 the merged file (:mod:`ragen_core.storage.parts`). So a crash
@@ -55,6 +56,7 @@ from ragen_core.storage.parts import (
     MERGED_PREFIX,
     merged_name,
     read_marker,
+    record_parts,
     superseded,
     visible_parts,
 )
@@ -66,6 +68,7 @@ from ragen_core.storage.trust import (
     part_files,
     partition_of,
 )
+from ragen_core.storage.versioning import layout_state
 from schemas.tables import TableSpec
 
 
@@ -158,17 +161,20 @@ def _same_rows(left: pa.Table, right: pa.Table) -> bool:
 
 
 def delete_replaced(folder: Path, names: list[str]) -> None:
-    """Step 4: delete the files the merged file replaced (absent ones are fine: a redo after a crash)."""
+    """Step 4: delete the files the merged file replaced (absent ones are fine: a redo after a crash), then take
+    them out of the partition's record of published parts."""
     for name in names:
         (folder / name).unlink(missing_ok=True)
     fsync_dir(folder)
+    if names:
+        record_parts(folder, {}, names)
 
 
 def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> PartitionCompaction | None:
     """Merge the visible part files of one partition folder into one (steps 1-4 above); None when there is at most
     one file."""
     recover_partition(lake, spec, folder)
-    files = visible_parts(part_files(folder))
+    files = visible_parts(part_files(folder), spec, layout_state(lake.root)[1])
     if len(files) < 2:
         return None
     merged = pa.concat_tables([_read_part(lake, spec, f) for f in files])
@@ -178,7 +184,8 @@ def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> Partitio
     name = merged_name(names)
     atomic_write_json(compaction_marker(folder), {"merged": name, "replaces": names, "rows": merged.num_rows})
     fsync_dir(folder)
-    atomic_write_parquet(folder / name, merged)  # the commit point: one rename
+    # the commit point: one rename, the merged file recorded as published just before it
+    atomic_write_parquet(folder / name, merged, lambda size: record_parts(folder, {name: size}))
     fsync_dir(folder)
     delete_replaced(folder, names)
     return PartitionCompaction(spec.name, _iteration_of(folder), len(files), merged.num_rows, name)

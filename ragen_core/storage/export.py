@@ -10,8 +10,12 @@ Several tables give one such folder per table (``OUT/<table>/``: ``data_dir=OUT/
 one schema. The names hold no split word besides the split folders (``datasets`` picks splits by the words in
 folder and file names). A run without rows of a split has no file in it (``datasets`` cannot load a 0-row Parquet
 file), so a split no run has rows of is left out, and the report says so (0 rows). Rows are the lake's readers'
-(:meth:`DataLake.read_table`: the current schema, compacted partitions once). Everything is written into a hidden
-folder beside ``OUT``, which is renamed to ``OUT`` last: a failed export leaves nothing.
+(:meth:`DataLake.read_table`: the current schema, compacted partitions once, only the parts the lake published), of
+the iterations each run had committed when the export began: a run still training (or stopped mid-iteration) has
+published rows of an iteration it has not committed, which a resume discards and redoes, so they are left out and
+the report names them (:attr:`ExportReport.left_out`); a run without a committed iteration is refused.
+Everything is written into a hidden folder beside ``OUT``, which is renamed to ``OUT`` last: a failed export leaves
+nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class ExportReport:
     runs: list[str]
     rows: dict[str, dict[str, int]] = field(default_factory=dict)
     folders: dict[str, Path] = field(default_factory=dict)
+    committed: dict[str, list[int]] = field(default_factory=dict)  # the iterations exported, per run
+    left_out: dict[str, list[int]] = field(default_factory=dict)  # iterations with rows but not committed, per run
 
 
 def splittable_tables(lake: DataLake) -> list[str]:
@@ -87,7 +93,7 @@ def export_dataset(lake: DataLake, out: Path, run_ids: list[str], tables: list[s
     """Write the dataset folder (module docstring) of ``run_ids``' rows of ``tables`` at ``out``."""
     check_export(lake, out, run_ids, tables)
     out = out.resolve()
-    report = ExportReport(out, list(run_ids))
+    report = ExportReport(out, list(run_ids), committed=committed_iterations(lake, run_ids))
     staging: Path | None = None
     identity: tuple[int, int] | None = None
     try:
@@ -97,7 +103,7 @@ def export_dataset(lake: DataLake, out: Path, run_ids: list[str], tables: list[s
         identity = _identity(staging)
         for table in tables:
             folder = staging / table if len(tables) > 1 else staging
-            report.rows[table] = _write_table(lake, table, run_ids, folder)
+            report.rows[table] = _write_table(lake, table, report, folder)
             report.folders[table] = out / table if len(tables) > 1 else out
         atomic_write_bytes(staging / "README.md", _card(lake, report).encode())
         if _identity(staging) != identity:
@@ -133,11 +139,26 @@ def _umask() -> int:
     return mask
 
 
-def _write_table(lake: DataLake, table: str, run_ids: list[str], folder: Path) -> dict[str, int]:
-    """One table's splits, one file per run and split; the rows written per split."""
+def committed_iterations(lake: DataLake, run_ids: list[str]) -> dict[str, list[int]]:
+    """The iterations each run has committed now (what an export takes); a run without one is refused."""
+    committed = {run_id: lake.committed_iterations(run_id) for run_id in run_ids}
+    for run_id, iterations in committed.items():
+        if not iterations:
+            raise ExportError(f"run {run_id!r} has no committed iteration yet (it is in its first one, or stopped "
+                              "there): nothing of it is final; export it once it has committed one")  # fmt: skip
+    return committed
+
+
+def _write_table(lake: DataLake, table: str, report: ExportReport, folder: Path) -> dict[str, int]:
+    """One table's splits, one file per run and split, of the run's committed iterations; the rows written per
+    split (the iterations left out are added to ``report.left_out``)."""
     rows = dict.fromkeys(SPLITS, 0)
-    for index, run_id in enumerate(run_ids):
+    for index, run_id in enumerate(report.runs):
         data = lake.read_table(table, run_id)
+        committed = pc.is_in(data["iteration"], pa.array(report.committed[run_id], data["iteration"].type))
+        left_out = set(pc.unique(data.filter(pc.invert(committed))["iteration"]).to_pylist())
+        report.left_out[run_id] = sorted(left_out | set(report.left_out.get(run_id, [])))
+        data = data.filter(committed)
         for split, value in SPLITS.items():
             part = data.filter(pc.equal(data["split"], pa.scalar(value)))
             if part.num_rows:
@@ -154,6 +175,11 @@ def load_line(folder: Path) -> str:
 def _card(lake: DataLake, report: ExportReport) -> str:
     """README.md of the export: where it came from and how to load it."""
     lines = ["# RAGEN-Flows export", "", f"From data root `{lake.root}`, runs: {', '.join(report.runs)}.", ""]
+    for run_id in report.runs:
+        lines += [f"- `{run_id}`: committed iterations {_spans(report.committed[run_id])}"
+                  + (f" (left out, not committed then: {_spans(report.left_out[run_id])})"
+                     if report.left_out.get(run_id) else "")]  # fmt: skip
+    lines += [""]
     for table, counts in report.rows.items():
         shown = ", ".join(f"{split} {n}" for split, n in counts.items())
         lines += [f"- `{table}` ({shown} rows): `{load_line(report.folders[table])}`"]
@@ -164,3 +190,22 @@ def _card(lake: DataLake, report: ExportReport) -> str:
 def _part_name(index: int) -> str:
     """An exported part file's name (a file of the export's folder, outside the data root)."""
     return f"part-{index:05d}.parquet"
+
+
+def _spans(iterations: list[int]) -> str:
+    """``0-3, 5`` for [0, 1, 2, 3, 5]."""
+    spans: list[list[int]] = []
+    for i in iterations:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def left_out_line(report: ExportReport) -> str | None:
+    """A line naming the iterations left out (rows not committed when the export began), or None."""
+    parts = [f"{run_id} iteration(s) {_spans(its)}" for run_id, its in report.left_out.items() if its]
+    if not parts:
+        return None
+    return f"left out, not committed yet (a run still training or stopped mid-iteration): {'; '.join(parts)}"

@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -84,8 +84,9 @@ def atomic_write_json(path: Path, payload: Any) -> None:
     atomic_write_bytes(Path(path), json.dumps(payload, indent=2, sort_keys=True, default=str).encode())
 
 
-def atomic_write_parquet(path: Path, table: pa.Table) -> None:
-    """Write ``table`` to ``path`` atomically (temporary name, fsync, rename)."""
+def atomic_write_parquet(path: Path, table: pa.Table, before_rename: Callable[[int], None] | None = None) -> None:
+    """Write ``table`` to ``path`` atomically (temporary name, fsync, rename); ``before_rename`` is called with the
+    file's size just before the rename (a compaction records its merged file there)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
@@ -93,6 +94,8 @@ def atomic_write_parquet(path: Path, table: pa.Table) -> None:
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     maybe_fail("persist", "mid_write")  # a crash here leaves only the temporary file, which readers never list
+    if before_rename is not None:
+        before_rename(os.stat(tmp).st_size)
     os.replace(tmp, path)
 
 

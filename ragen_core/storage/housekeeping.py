@@ -35,6 +35,7 @@ from ragen_core.storage.files import LakeError, read_parquet
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.locks import run_writer
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
+from ragen_core.storage.parts import StrayPartError
 from ragen_core.storage.trust import check_real_folder, checkpoint_folder
 
 RUNS_OVERVIEW_SQL = """
@@ -129,6 +130,16 @@ def _row_count(files: list[Path]) -> int | None:
         return None
 
 
+def _rows_of(lake: DataLake, table: str, run_id: str) -> int | None:
+    """The run's rows in ``table``; None when its files cannot be counted (damaged, or a part file the lake did not
+    publish there: removed all the same, with the whole partition). A link or a name against the layout still
+    refuses the removal (it could lead the deletion out of the data root)."""
+    try:
+        return _row_count(lake.partition_files(table, run_id))
+    except StrayPartError:
+        return None
+
+
 def _checkpoint_paths(lake: DataLake, run_id: str) -> tuple[list[Path], list[str]]:
     """Checkpoint folders under the data root that the run's ``checkpoints`` rows name (and warnings). Each path is
     held to the layout first (:func:`ragen_core.storage.layout.checkpoint_folder`): a row naming anything but one of
@@ -183,7 +194,7 @@ def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPla
             continue
         folder = lake.run_partition_dir(spec.name, run_id)
         if folder.is_dir():
-            plan.rows[spec.name] = _row_count(lake.partition_files(spec.name, run_id))
+            plan.rows[spec.name] = _rows_of(lake, spec.name, run_id)
             plan.table_dirs.append(folder)
     models, model_warnings = _owned_models(lake, run_id, manifest)
     checkpoints, checkpoint_warnings = _checkpoint_paths(lake, run_id)

@@ -40,7 +40,7 @@ from ragen_core.storage.layout import (
     staged_part_name,
 )
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
-from ragen_core.storage.parts import check_not_superseded, visible_parts
+from ragen_core.storage.parts import check_not_superseded, record_parts, visible_parts
 from ragen_core.storage.rows import Rows, check_partition, rows_table
 from ragen_core.storage.runs import manifest_row, runs_table
 from ragen_core.storage.trust import (
@@ -55,7 +55,7 @@ from ragen_core.storage.trust import (
     part_files,
     partition_of,
 )
-from ragen_core.storage.versioning import check_publishable, layout_version
+from ragen_core.storage.versioning import check_publishable, layout_state
 from schemas.tables import TABLES, TableSpec
 from schemas.versions import UPGRADES, UpgradeRegistry
 
@@ -135,6 +135,10 @@ class DataLake:
 
     def run_dir(self, run_id: str) -> Path:
         return self._real(layout.run_dir(self.root, run_id), "run folder")
+
+    def space_reserve_file(self, run_id: str) -> Path:
+        """The disk space the run holds back while it runs (:mod:`ragen_core.storage.space`)."""
+        return layout.space_reserve_file(self.run_dir(run_id))
 
     def models_dir(self) -> Path:
         return layout.models_dir(self.root)
@@ -295,9 +299,13 @@ class DataLake:
         for table in sorted(name for name, spec in self.tables.items() if spec.source == "parquet"):
             run_folder = self.run_partition_dir(table, run_id)
             for iteration, folder in list(iteration_folders(run_folder)):  # every part, compacted or not
+                gone = []
                 for file in part_files(folder) if iteration >= from_iteration else []:
                     if iteration > from_iteration or not published_by_stage(file.name, reused):
                         discard(file)
+                        gone.append(file.name)
+                if gone:
+                    record_parts(folder, {}, gone)  # after the files: a record may name more, never fewer
         return reused
 
     def publish(self, run_id: str, iteration: int, stage: str, tables: Sequence[str] | None = None) -> list[Path]:
@@ -314,9 +322,13 @@ class DataLake:
             target_dir.mkdir(parents=True, exist_ok=True)
             for folder in (target_dir.parent.parent, target_dir.parent, target_dir):  # never publish through a link
                 check_real_folder(folder, "partition folder")
-            for file in sorted(table_dir.glob("part-*.parquet")):
-                name = published_name_of(stage, file.name)
+            files = {published_name_of(stage, f.name): f for f in sorted(table_dir.glob("part-*.parquet"))}
+            for name in files:
                 check_not_superseded(target_dir, name)
+            # recorded before they appear: every listing that holds one of them finds it in the record after
+            if files:
+                record_parts(target_dir, {name: file.stat().st_size for name, file in files.items()})
+            for name, file in files.items():
                 os.replace(file, target_dir / name)
                 published.append(target_dir / name)
         return published
@@ -372,16 +384,17 @@ class DataLake:
     # -- reading published rows --------------------------------------------------------------------------------
     def partition_files(self, table: str, run_id: str | None = None, iteration: int | None = None) -> list[Path]:
         """The published part files readers see (sorted): a listing held to the layout
-        (:mod:`ragen_core.storage.layout`: plain names, no links), then the compaction rule of
-        :mod:`ragen_core.storage.parts` (a compacted partition shows its merged file, never it and its sources).
+        (:mod:`ragen_core.storage.layout`: plain names, no links), only the files the lake published there (their
+        record; any other refused, naming it) and the compaction rule (a compacted partition shows its merged file,
+        never it and its sources; both rules: :mod:`ragen_core.storage.parts`).
         A run id is never part of a pattern: one run's files are listed from its own folder. A file that vanishes
         while the listing is checked (a compaction's merged file, by a run's removal) makes it list again."""
         if run_id is not None:
             validate_run_id(run_id)
-        layout_version(self.root)  # a newer layout raises; a folder of layout 1 raises in the listing
+        records = layout_state(self.root)[1]  # a newer layout raises; a folder of layout 1 raises in the listing
         for attempt in range(VANISHED_ATTEMPTS):
             try:
-                return visible_parts(list_parts(self.table_dir(table), run_id, iteration))
+                return visible_parts(list_parts(self.table_dir(table), run_id, iteration), self.spec(table), records)
             except VanishedFileError:
                 if attempt + 1 == VANISHED_ATTEMPTS:
                     raise

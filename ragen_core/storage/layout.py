@@ -12,9 +12,15 @@ Layout 2 under the data root::
     _staging/<run_id>/<iteration>/<stage>/<table>/...              a stage's output (part-<stage>-<k>), unpublished
     _staging/<run_id>/<iteration>/<stage>/_DONE.json               the stage finished (its result payload)
     _commits/<run_id>/iteration=<n>.json                           the iteration is committed
+    _commits/<run_id>/parts/<table>/iteration=<n>.json             the part files the lake published into a partition,
+                                                                   with their sizes (``parts``: readers take only
+                                                                   those)
     quarantine/run_id=<id>/iteration=<n>/<stage>/report.json       batches that failed validation, with the report
     runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
     runs/<run_id>/writer.lock                                      held by the run's one writer (``locks``)
+    runs/<run_id>/.space-reserve                                   disk space a running run holds back, released
+                                                                   to record its failure when the disk fills
+                                                                   (``space``)
     runs/<run_id>/checkpoints/iteration=<n>/                       a checkpoint after n updates: checkpoint.json,
                                                                    actor/, critic/, hf/ (``training.checkpoint``)
     runs/<run_id>/update_group/policy/                             a launched update group's logs and policy export
@@ -75,11 +81,13 @@ MODELS = "models"
 SWEEPS = "sweeps"
 PREFECT = "_prefect"
 KEYED_ITERATION = "iteration="  # commit markers, quarantine and checkpoint folders
+PARTS_RECORDS = "parts"  # _commits/<run_id>/parts/<table>/iteration=<n>.json: what the lake published there
 QUARANTINE_RUN_PREFIX = "run_id="
 DONE_MARKER = "_DONE.json"  # a stage finished: its result payload
 QUARANTINE_REPORT = "report.json"
 MANIFEST = "manifest.json"
 WRITER_LOCK = "writer.lock"
+SPACE_RESERVE = ".space-reserve"  # hidden: no reader lists it
 CHECKPOINTS = "checkpoints"
 UPDATE_GROUP = "update_group"
 POLICY_EXPORT = "policy"
@@ -206,6 +214,22 @@ def commit_marker_name(iteration: int) -> str:
     return f"{KEYED_ITERATION}{int(iteration)}.json"
 
 
+def parts_record(root: Path, table: str, run_id: str, iteration: int) -> Path:
+    """The record of the part files the lake published into one partition (:mod:`ragen_core.storage.parts`)."""
+    return commits_dir(root, run_id) / PARTS_RECORDS / check_name("table", table) / commit_marker_name(iteration)
+
+
+def parts_record_of(partition: Path) -> Path:
+    """The record of the partition folder ``<root>/<table>/run-<id>/iteration-<n>``; a folder of another form
+    raises."""
+    folder = Path(partition)
+    run_name, match = folder.parent.name, PARTITION_ITERATION.fullmatch(folder.name)
+    if match is None or not run_name.startswith(RUN_FOLDER_PREFIX):
+        raise LakeError(f"{str(folder)!r} is not a <table>/{RUN_FOLDER_PREFIX}<id>/{ITERATION_PREFIX}<n> folder")
+    table_folder = folder.parent.parent
+    return parts_record(table_folder.parent, table_folder.name, run_name[len(RUN_FOLDER_PREFIX):], int(match[1]))
+
+
 def quarantine_dir(root: Path, run_id: str | None = None, iteration: int | None = None, stage: str = "") -> Path:
     """The quarantine folder of every run, of one run, or of one stage of one iteration."""
     if run_id is None:
@@ -234,6 +258,11 @@ def run_dir(root: Path, run_id: str | None = None) -> Path:
 def manifest_file(run_folder: Path) -> Path:
     """A run's manifest in its run folder."""
     return run_folder / MANIFEST
+
+
+def space_reserve_file(run_folder: Path) -> Path:
+    """The disk space a running run holds back in its run folder (:mod:`ragen_core.storage.space`)."""
+    return run_folder / SPACE_RESERVE
 
 
 def writer_lock_file(root: Path, run_id: str) -> Path:

@@ -70,6 +70,37 @@ def space_exhausted(root: Path, folders: Iterable[Path]) -> bool:
 
 
 SPACE_PREFIX = "the disk is full or a file-size limit was hit"
+# what a running run holds back (written, so a file system that allocates on write counts it): released when a write
+# finds no space, so that the manifest can still record the failure (its atomic write needs a new file)
+RESERVE_BYTES = 1 << 20
+
+
+def hold_reserve(path: Path) -> bool:
+    """Hold :data:`RESERVE_BYTES` of the disk in the file ``path`` (never through a link); whether it is held. With
+    no space left for it, nothing is held (a run starting on a full disk fails on its own writes, as it would)."""
+    try:
+        if os.lstat(path).st_size == RESERVE_BYTES:
+            return True
+    except FileNotFoundError:
+        pass
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(bytes(RESERVE_BYTES))
+            handle.flush()
+            os.fsync(handle.fileno())
+        return True
+    except OSError:
+        release_reserve(path)
+        return False
+
+
+def release_reserve(path: Path) -> None:
+    """Give the held space back (for the failure record); nothing when none is held."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def space_message(run_id: str | None, what: str) -> str:

@@ -20,6 +20,9 @@ its account. The rules:
   ``load_dataset`` takes no file for a split; only ``.parquet`` files, the marker hidden. Layout 1 (``run_id=<id>/
   iteration=<n>/part-<stage>-<k>.parquet``, ``_COMPACTION.json``) is refused, naming the upgrade
   (:mod:`ragen_core.storage.upgrade`).
+- **Only published parts** (:mod:`ragen_core.storage.parts`): a partition's record names the part files the lake
+  published there, with their sizes; any other file (a copy, a second name, a replaced file) fails every read of its
+  table, naming it.
 - **Rows belong to their folder.** A part file under ``run_id=A/iteration=n/`` holds rows of run A and iteration n
   only, and every column the table declares NOT NULL (for the file's schema version) is present and has no nulls
   (:func:`check_footer`, :func:`check_rows`): a file that says otherwise fails every read of its table, naming it.
@@ -271,6 +274,15 @@ def check_footer(path: Path, spec: TableSpec, metadata: pq.FileMetaData, renamed
 def check_rows(path: Path, table: pa.Table, spec: TableSpec) -> None:
     """The rows read from a part file belong to its folder's run and iteration, and the NOT NULL columns have no
     nulls (the Python reader's check, on the columns it read)."""
+    _check_owned(path, table)
+    nullable = {c.name: c.nullable for c in spec.columns}
+    for name in table.column_names:
+        if nullable.get(name) is False and table[name].null_count:
+            raise LakeError(f"part file {_show(path)} has nulls in the NOT NULL column {name!r}; {_HOW_TO_FIX}")
+
+
+def _check_owned(path: Path, table: pa.Table) -> None:
+    """The ``run_id`` / ``iteration`` columns of ``table`` (read from ``path``) hold only its folder's values."""
     run_id, iteration = partition_of(path)
     for name, value in (("run_id", run_id), ("iteration", iteration)):
         if name not in table.column_names:
@@ -280,10 +292,6 @@ def check_rows(path: Path, table: pa.Table, spec: TableSpec) -> None:
         if pc.any(wrong).as_py():
             index = pc.index(wrong, True).as_py()
             _wrong_partition(path, name, column[index].as_py(), {"run_id": run_id, "iteration": iteration})
-    nullable = {c.name: c.nullable for c in spec.columns}
-    for name in table.column_names:
-        if nullable.get(name) is False and table[name].null_count:
-            raise LakeError(f"part file {_show(path)} has nulls in the NOT NULL column {name!r}; {_HOW_TO_FIX}")
 
 
 def _wrong_partition(path: Path, column: str, found: Any, expected: Mapping[str, Any]) -> None:

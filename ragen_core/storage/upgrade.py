@@ -9,7 +9,15 @@ layout-1 folders, naming this upgrade. Layout 1 to 2 (:mod:`ragen_core.storage.l
 - a part file ``part-<stage>-<k>.parquet`` becomes ``part-<stage token>-<k>.parquet`` (any other part name: the
   token of its whole stem, part 0); a merged file named by a compaction marker takes the name derived from the new
   names of the files it replaces, and the marker ``_COMPACTION.json`` becomes ``.compaction.json`` naming them;
-- other regular files of a partition (notes) keep their name; hidden leftovers of an interrupted write are dropped.
+- other regular files of a partition (notes) keep their name; hidden leftovers of an interrupted write are dropped;
+- every new partition gets its record of published parts (:mod:`ragen_core.storage.parts`), written before the
+  partition appears; so does every layout-2 partition without one (written before the records were kept), and
+  ``_layout.json`` then says ``part_records``.
+
+Every name is checked before the first change: an entry of a layout-1 run or partition folder that the upgrade
+cannot carry over (a folder, hidden or not, a link, a device, a part file of no name the lake writes such as
+``part-a b.parquet``, two files taking one new name) and a layout-2 partition without a record where one file has
+two names raise a :class:`LakeError` naming it, with nothing changed (``ragen upgrade-lake``: one line, exit 2).
 
 The files themselves are not rewritten: each gets a second name (a hard link; a copy where the file system has
 none). One partition at a time, under the run's housekeeping and writer locks:
@@ -40,15 +48,23 @@ from ragen_core.storage.layout import (
     OLD_COMPACTION_MARKER,
     OLD_RUN_FOLDER_PREFIX,
     PART_NAME,
+    RUN_FOLDER_PREFIX,
     compaction_marker,
     iteration_folder_name,
     layout_file,
+    parts_record_of,
     published_part_name,
 )
 from ragen_core.storage.locks import run_writer
 from ragen_core.storage.names import is_valid_run_id
-from ragen_core.storage.parts import merged_name
-from ragen_core.storage.trust import check_marker, check_real_folder, check_regular_file
+from ragen_core.storage.parts import merged_name, read_record, record_parts
+from ragen_core.storage.trust import (
+    check_marker,
+    check_real_folder,
+    check_regular_file,
+    iteration_folders,
+    part_files,
+)
 from ragen_core.storage.versioning import layout_version, record_layout
 
 UPGRADING_PREFIX = ".upgrading-"
@@ -62,6 +78,7 @@ class LayoutUpgrade:
     partitions: list[tuple[str, str, int]] = field(default_factory=list)
     files: int = 0
     layout: int = LAYOUT_VERSION
+    recorded: int = 0  # layout-2 partitions whose record of published parts was written
 
     @property
     def runs(self) -> list[str]:
@@ -89,17 +106,27 @@ def old_run_folders(lake: DataLake) -> list[tuple[str, str, Path]]:
 
 
 def upgrade_layout(lake: DataLake) -> LayoutUpgrade:
-    """Bring the data root to the current layout (module docstring); a data root already there is left as it is
-    (only ``_layout.json`` is written when missing). Safe to interrupt and run again."""
+    """Bring the data root to the current layout (module docstring); a data root already there keeps its files
+    (only the records of published parts and ``_layout.json`` are written where missing). Every name is checked
+    before the first change: a file or folder the upgrade could not carry over raises, naming it, with nothing
+    changed. Safe to interrupt and run again."""
     layout_version(lake.root)  # a newer layout raises
     report = LayoutUpgrade(lake.root)
     by_run: dict[str, list[tuple[str, Path]]] = {}
     for table, run_id, folder in old_run_folders(lake):
         by_run.setdefault(run_id, []).append((table, folder))
+    for folders in by_run.values():
+        for _, folder in folders:
+            check_old_run_folder(folder)
+    unrecorded = _unrecorded_partitions(lake)
     for run_id, folders in sorted(by_run.items()):
         with run_writer(lake.root, run_id, ["ragen", "upgrade-lake"]), run_lock(lake, run_id):
             for table, folder in folders:
                 _upgrade_run_folder(lake, table, run_id, folder, report)
+    for run_id, partitions in sorted(unrecorded.items()):
+        with run_writer(lake.root, run_id, ["ragen", "upgrade-lake"]), run_lock(lake, run_id):
+            for folder in partitions:
+                report.recorded += _record_partition(folder)
     try:
         record_layout(lake.root)
     except OSError as exc:
@@ -107,18 +134,85 @@ def upgrade_layout(lake: DataLake) -> LayoutUpgrade:
     return report
 
 
+_MOVE_OUT = "move it out of the data root, then upgrade again (nothing was changed)"
+
+
+def check_old_run_folder(folder: Path) -> None:
+    """Before the first change: every entry of a layout-1 run folder is an ``iteration=<n>`` folder whose entries the
+    upgrade can carry over (:func:`check_old_partition`); anything else raises, naming it."""
+    for entry in sorted(folder.iterdir()):
+        if ITERATION_FOLDER.fullmatch(entry.name) is None:
+            raise LakeError(f"{str(entry)!r} is not a layout-1 iteration=<n> folder; {_MOVE_OUT}")
+        check_real_folder(entry, "partition folder")
+        check_old_partition(entry)
+
+
+def check_old_partition(old: Path) -> None:
+    """Every entry of a layout-1 partition is a regular file (no folder, link or device, hidden or not), every part
+    file has a name the lake writes (``part-<name>.parquet``: the new layout's readers refuse any other), the marker
+    is one (:func:`_old_marker`) and no two files take the same new name (:func:`_new_names`)."""
+    for entry in sorted(old.iterdir()):
+        try:
+            regular = check_regular_file(entry, "file")
+        except LakeError:
+            regular = False
+        if not regular:
+            raise LakeError(f"{str(entry)!r} in the layout-1 partition {str(old)!r} is not a regular file (a folder, "
+                            f"a link or a device); {_MOVE_OUT}")  # fmt: skip
+        part_like = entry.name.startswith("part-") or entry.name.endswith(".parquet")
+        if part_like and not entry.name.startswith(".") and PART_NAME.fullmatch(entry.name) is None:
+            raise LakeError(f"part file {str(entry)!r} has a name of no form the lake writes (part-<letters, digits, "
+                            f"'.', '_', '-'>.parquet); rename it or {_MOVE_OUT}")  # fmt: skip
+    _new_names(old)
+
+
+def _unrecorded_partitions(lake: DataLake) -> dict[str, list[Path]]:
+    """The layout-2 partitions holding part files but no record of published parts, by run (checked to the layout
+    first: names, no links)."""
+    found: dict[str, list[Path]] = {}
+    for name, spec in sorted(lake.tables.items()):
+        table_dir = lake.table_dir(name)
+        if spec.source != "parquet" or not table_dir.is_dir():
+            continue
+        for entry in sorted(table_dir.iterdir()):
+            run_id = entry.name.removeprefix(RUN_FOLDER_PREFIX)
+            if not entry.name.startswith(RUN_FOLDER_PREFIX) or not is_valid_run_id(run_id):
+                continue  # layout 1 (moved with its records), or no run's (the readers refuse it)
+            for _, folder in iteration_folders(entry):
+                if part_files(folder) and read_record(parts_record_of(folder)) is None:
+                    _check_one_name_each(folder)
+                    found.setdefault(run_id, []).append(folder)
+    return found
+
+
+def _check_one_name_each(folder: Path) -> None:
+    """No file of a partition without a record has two names there (a hard link would be recorded twice)."""
+    seen: dict[tuple[int, int], Path] = {}
+    for path in part_files(folder):
+        found = os.lstat(path)
+        first = seen.setdefault((found.st_dev, found.st_ino), path)
+        if first != path:
+            raise LakeError(f"part file {str(path)!r} is a second name (hard link) of {str(first)!r}: readers would "
+                            f"count its rows twice; {_MOVE_OUT}")  # fmt: skip
+
+
+def _record_partition(folder: Path) -> int:
+    """Record the part files a partition of a data root written before the records holds; returns 1 (0 when a
+    record appeared meanwhile)."""
+    if read_record(parts_record_of(folder)) is not None:
+        return 0
+    record_parts(folder, {path.name: path.stat().st_size for path in part_files(folder)})
+    return 1
+
+
 def _upgrade_run_folder(lake: DataLake, table: str, run_id: str, folder: Path, report: LayoutUpgrade) -> None:
     """Move every ``iteration=<n>`` partition of one layout-1 run folder, then remove the folder (once empty)."""
     target_run = lake.run_partition_dir(table, run_id)
     target_run.mkdir(parents=True, exist_ok=True)
     check_real_folder(target_run, "partition folder")
+    check_old_run_folder(folder)
     for entry in sorted(folder.iterdir()):
-        match = ITERATION_FOLDER.fullmatch(entry.name)
-        if match is None:
-            raise LakeError(f"{str(entry)!r} is not a layout-1 iteration=<n> folder; move it out of the data root, "
-                            "then upgrade again")  # fmt: skip
-        check_real_folder(entry, "partition folder")
-        iteration = int(match.group(1))
+        iteration = int(ITERATION_FOLDER.fullmatch(entry.name).group(1))
         report.files += _upgrade_partition(entry, target_run, iteration)
         report.partitions.append((table, run_id, iteration))
     folder.rmdir()
@@ -129,9 +223,11 @@ def _upgrade_partition(old: Path, target_run: Path, iteration: int) -> int:
     """Steps 1-3 of one partition; returns the number of files moved."""
     names = _new_names(old)
     new = target_run / iteration_folder_name(iteration)
+    parts = {name: (old / source).stat().st_size for source, name in names.items() if PART_NAME.fullmatch(name)}
     if os.path.lexists(new):  # committed by an earlier, interrupted upgrade: check it, then finish
         check_real_folder(new, "partition folder")
         _check_moved(old, new, names)
+        record_parts(new, parts)
     else:
         staging = target_run / f"{UPGRADING_PREFIX}{new.name}"
         if os.path.lexists(staging):
@@ -142,6 +238,7 @@ def _upgrade_partition(old: Path, target_run: Path, iteration: int) -> int:
             _second_name(old / source, staging / name)
         _write_marker(old, staging, names)
         fsync_dir(staging)
+        record_parts(new, parts)  # before the partition appears (a record may name more, never fewer)
         _commit_partition(staging, new)
     _remove_old_partition(old)
     return len(names)

@@ -77,7 +77,7 @@ def test_crash_before_the_merged_file_appears_leaves_the_old_parts_visible(lake,
     folder = lake.partition_dir("trajectories", RUN, 0)
     old = sorted(p.name for p in folder.glob("part-*.parquet"))
 
-    def crash(path, table):  # dies while writing the merged file: only a hidden temporary exists
+    def crash(path, table, *_):  # dies while writing the merged file: only a hidden temporary exists
         (path.parent / f".{path.name}.tmp-999").write_bytes(b"partial")
         raise KeyboardInterrupt("killed")
 

@@ -18,7 +18,7 @@ import pytest
 from ragen_core.storage import DataLake, LakeError, Stage
 from ragen_core.storage.files import MAX_JSON_BYTES
 from ragen_core.storage.layout import published_part_name
-from ragen_core.storage.parts import COMPACTION_MARKER, merged_name
+from ragen_core.storage.parts import COMPACTION_MARKER, merged_name, record_parts
 from tests.flows.test_concurrency import _train
 from tests.storage import test_lake_names as lake_names
 from tests.storage.test_lake_names import _cli, _files, _one_line_error, _sql_count
@@ -157,7 +157,12 @@ def test_a_forged_merged_file_of_the_right_size_never_lets_compaction_delete_row
     marker = {"merged": merged, "replaces": [p.name for p in parts], "rows": rows}
     (folder / COMPACTION_MARKER).write_text(json.dumps(marker))
     contents = {p: p.read_bytes() for p in parts}
-
+    # the forged file is no part the lake published: refused as such, naming it
+    _one_line_error(_cli("runs", "compact", "runC", "--data-root", lake.root), str(folder / merged),
+                    "is not among the parts the lake published")  # fmt: skip
+    assert {p: p.read_bytes() for p in parts if p.exists()} == contents
+    # a forger who also writes it into the record of published parts still deletes nothing
+    record_parts(folder, {merged: (folder / merged).stat().st_size})
     _one_line_error(_cli("runs", "compact", "runC", "--data-root", lake.root), str(folder / COMPACTION_MARKER),
                     "does not hold their rows")  # fmt: skip
     assert {p: p.read_bytes() for p in parts if p.exists()} == contents  # nothing deleted
@@ -176,7 +181,8 @@ def test_a_compaction_stopped_before_its_deletions_is_still_finished(lake):
     kept = {p: p.read_bytes() for p in lake.partition_files("trajectories", "runC", 0)}
     assert _cli("runs", "compact", "runC", "--data-root", lake.root).exit_code == 0
     for path, content in kept.items():  # as if killed between the merged file's rename and the deletions
-        path.write_bytes(content)
+        path.write_bytes(content)  # (which the record of published parts still names then)
+    record_parts(folder, {path.name: len(content) for path, content in kept.items()})
     result = _cli("runs", "compact", "runC", "--data-root", lake.root)
     assert result.exit_code == 0, result.output
     assert [p.name.startswith("part-compacted-") for p in folder.glob("part-*")] == [True]

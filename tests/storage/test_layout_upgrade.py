@@ -26,6 +26,7 @@ from schemas.tables import TABLES
 from tests.storage.real_lake import RUNS, VAL_ENVS, expected_counts, make_real_lake
 
 PARQUET_TABLES = sorted(name for name, spec in TABLES.items() if spec.source == "parquet")
+LAYOUT_2 = {"layout_version": 2, "part_records": True}
 STAGES = [Stage.ROLLOUT, Stage.COMMIT, Stage.DEMOS, Stage.SKIP, *(Stage.evaluation(env) for env in VAL_ENVS)]
 
 
@@ -55,6 +56,8 @@ def _old_part_name(name: str) -> str:
 def to_layout_1(root: Path) -> Path:
     """Rename a layout-2 data root's table folders, part files and compaction markers as layout 1 had them."""
     (root / "_layout.json").unlink()
+    for records in root.glob("_commits/*/parts"):  # layout 1 kept no record of published parts
+        shutil.rmtree(records)
     for table in PARQUET_TABLES:
         for run_folder in sorted((root / table).glob("run-*")):
             for folder in sorted(run_folder.glob("iteration-*")):
@@ -88,7 +91,7 @@ def _assert_same_rows(root: Path, original: dict[str, list[str]], new_lake: Path
         assert _rows(root, table) == original[table], table
     assert expected_counts(root, "trajectories") == expected_counts(new_lake, "trajectories")
     assert not list(root.glob("*/run_id=*")) and not list(root.glob("*/*/.upgrading-*"))
-    assert json.loads((root / "_layout.json").read_text()) == {"layout_version": 2}
+    assert json.loads((root / "_layout.json").read_text()) == LAYOUT_2
 
 
 def test_the_old_layout_is_written_as_the_old_code_wrote_it(old_lake):
@@ -203,7 +206,7 @@ def test_a_new_data_root_records_its_layout_and_a_newer_one_is_refused(tmp_path)
     lake = DataLake(tmp_path)
     assert not (tmp_path / "_layout.json").exists()
     lake.write_rows("metrics", "a", 0, _metrics("a", 0), stage="commit")
-    assert json.loads((tmp_path / "_layout.json").read_text()) == {"layout_version": 2}
+    assert json.loads((tmp_path / "_layout.json").read_text()) == LAYOUT_2
     (tmp_path / "_layout.json").write_text(json.dumps({"layout_version": 3}))
     for call in (lambda: lake.read_table("metrics"), lambda: upgrade_layout(lake),
                  lambda: lake.write_rows("metrics", "a", 1, _metrics("a", 1), stage="commit")):  # fmt: skip
@@ -221,3 +224,54 @@ def test_a_run_with_layout_1_folders_is_not_published_into(tmp_path):
         lake.write_rows("metrics", "a", 1, _metrics("a", 1), stage="commit")
     assert [p.parent.name for p in lake.partition_files("metrics")] == ["iteration-0"]  # nothing published
     lake.write_rows("metrics", "b", 0, _metrics("b", 0), stage="commit")  # another run is written as usual
+
+
+# -- every name is checked before the first change (issue 39, item 5) ------------------------------------------------
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.name != "_locks" and not p.name.endswith(".lock")}  # fmt: skip
+
+
+def _hidden_folder(partition: Path) -> Path:
+    (partition / ".notes").mkdir()
+    (partition / ".notes" / "todo.txt").write_text("look at this run again")
+    return partition / ".notes"
+
+
+def _odd_part_name(partition: Path) -> Path:
+    source = next(partition.glob("part-*.parquet"))
+    shutil.copy(source, partition / "part-a b.parquet")
+    return partition / "part-a b.parquet"
+
+
+def _plain_folder(partition: Path) -> Path:
+    (partition / "extra").mkdir()
+    return partition / "extra"
+
+
+def _link(partition: Path) -> Path:
+    (partition / "part-linked-00000.parquet").symlink_to(next(partition.glob("part-*.parquet")))
+    return partition / "part-linked-00000.parquet"
+
+
+@pytest.mark.parametrize("plant", [_hidden_folder, _odd_part_name, _plain_folder, _link],
+                         ids=["hidden folder", "odd part name", "folder", "link"])  # fmt: skip
+def test_an_entry_the_upgrade_cannot_carry_over_is_refused_before_anything_changes(
+    old_lake, original, new_lake, tmp_path, plant
+):
+    # in the last partition the upgrade reaches: without the check up front, every other one would be moved first
+    partition = old_lake / "turns" / f"run_id={RUNS[1]}" / "iteration=2"
+    planted = plant(partition)
+    before = _tree(old_lake)
+    for _ in range(2):  # refused the same way when run again: never stuck half-way
+        result = CliRunner().invoke(app, ["upgrade-lake", "--data-root", str(old_lake)])
+        assert result.exit_code == 2, result.output
+        assert result.stdout == "" and "Traceback" not in result.output
+        assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert str(planted) in " ".join(result.stderr.split()) and "nothing was changed" in result.stderr
+        assert _tree(old_lake) == before
+    # moved out of the data root, the upgrade goes through with every row once
+    shutil.move(planted, tmp_path / "moved")
+    result = CliRunner().invoke(app, ["upgrade-lake", "--data-root", str(old_lake)])
+    assert result.exit_code == 0, result.output
+    _assert_same_rows(old_lake, original, new_lake)
