@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -35,7 +36,7 @@ from ragen_core.run.record import library_versions, utc_now
 from ragen_core.run.session import chat_formatter, scripted_options
 from ragen_core.run.stages import rollout_spec
 from ragen_core.seeding import derive_seed, derive_seeds
-from ragen_core.storage import DataLake, Stage
+from ragen_core.storage import DataLake, Stage, query
 from ragen_core.storage.layout import bootstrap_name, building
 from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.engines import set_determinism
@@ -97,6 +98,7 @@ def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
 
 
 Report = Callable[[str], None]
+LOGGER = logging.getLogger("ragen.bootstrap")
 
 
 def _quiet(text: str) -> None:
@@ -110,13 +112,35 @@ def bootstrap_model(
     line per step of a build (the demonstrations, each SFT epoch)."""
     key = bootstrap_key(config, base_dir)
     target, run_id = lake.bootstrap_model_dir(key), bootstrap_name(key)
-    if (target / "config.json").is_file():
-        return target, {"run_id": run_id, "cached": True}
-    with open_run(lake, run_id, wait=True):  # another run building the same bootstrap: wait for it
-        if (target / "config.json").is_file():
-            return target, {"run_id": run_id, "cached": True}
-        set_determinism(config)  # the run's thread count (it is set before the session's engines otherwise)
-        return _build(config, lake, base_dir, target, run_id, report)
+    if not (target / "config.json").is_file():
+        with open_run(lake, run_id, wait=True):  # another run building the same bootstrap: wait for it
+            if not (target / "config.json").is_file():
+                set_determinism(config)  # the run's thread count (it is set before the session's engines otherwise)
+                target, summary = _build(config, lake, base_dir, target, run_id, report)
+                check_reply_length(config, lake, run_id)
+                return target, summary
+    check_reply_length(config, lake, run_id)  # a cached model too: its key leaves the token limit out
+    return target, {"run_id": run_id, "cached": True}
+
+
+def check_reply_length(config: RunConfig, lake: DataLake, run_id: str) -> float:
+    """The share of the bootstrap's demonstrated replies longer than ``rollout.max_new_tokens`` (their tokens, the
+    end token included), warned of (logged) when there is any: the model learns replies it can never finish within
+    the limit, and with the strict reply format every one of them is a format error."""
+    limit = config.rollout.max_new_tokens
+    (row,) = query(
+        lake,
+        "SELECT max(response_tokens) AS longest, avg((response_tokens > $limit)::int) AS over FROM turns "
+        "WHERE run_id = $run",
+        params={"limit": limit, "run": run_id},
+    ).to_pylist()
+    over = float(row["over"] or 0.0)
+    if over > 0:
+        message = (f"bootstrap: {over:.0%} of the demonstrated replies are longer than rollout.max_new_tokens={limit} "
+                   f"(the longest {row['longest']} tokens, the end token included): the policy learns replies it "
+                   f"cannot finish; set rollout.max_new_tokens={row['longest']} or more")  # fmt: skip
+        LOGGER.warning(message)
+    return over
 
 
 def _build(

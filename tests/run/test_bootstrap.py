@@ -54,3 +54,30 @@ def test_a_bootstrap_on_clean_teacher_replies_answers_in_format(tiny_model_dir: 
             start += length
     assert len(ends) > 60
     assert max(ends) < 0.01 and min(firsts) > 0.9  # the model learned what follows <think>: its description
+
+
+def test_demonstrations_longer_than_the_token_limit_are_warned_of(tiny_model_dir: Path, tmp_path: Path, caplog):
+    """Sudoku's random demonstrations place up to 5 cells a turn (replies of 24-84 tokens): under a 64-token limit
+    the model would learn replies it cannot finish. Built and cached bootstraps both warn, with the share counted
+    here from the stored turns."""
+    import logging
+
+    overrides = [f"model.path={tiny_model_dir}", "bootstrap.num_groups=16", "bootstrap.group_size=2",
+                 "bootstrap.epochs=1", "trainer.num_threads=1"]  # fmt: skip
+    lake = DataLake(tmp_path / "lake")
+    config = load_config("configs/sudoku.yaml", [*overrides, "rollout.max_new_tokens=64"])
+    with caplog.at_level(logging.WARNING, logger="ragen.bootstrap"):
+        _, summary = bootstrap_model(config, lake, tiny_model_dir)
+    lengths = [row["response_tokens"] for row in query(
+        lake, "SELECT response_tokens FROM turns WHERE run_id = $run", params={"run": summary["run_id"]}).to_pylist()]
+    over = sum(n > 64 for n in lengths) / len(lengths)
+    assert 0 < over < 1 and max(lengths) > 64
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "ragen.bootstrap"]
+    assert warning.startswith(f"bootstrap: {over:.0%} of the demonstrated replies are longer than "
+                              f"rollout.max_new_tokens=64 (the longest {max(lengths)} tokens")  # fmt: skip
+    caplog.clear()
+    roomy = load_config("configs/sudoku.yaml", [*overrides, f"rollout.max_new_tokens={max(lengths)}"])
+    with caplog.at_level(logging.WARNING, logger="ragen.bootstrap"):
+        _, cached = bootstrap_model(roomy, lake, tiny_model_dir)  # the same bootstrap (the limit is not in its key)
+    assert cached == {"run_id": summary["run_id"], "cached": True}
+    assert [r for r in caplog.records if r.name == "ragen.bootstrap"] == []
