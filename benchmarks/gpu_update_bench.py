@@ -61,11 +61,11 @@ def case_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def overrides(args: argparse.Namespace, model_dir: Path) -> list[str]:
-    """The run: the paper's batch (8 groups x 16 rollouts, StarPO-S keeps 25%), one turn of up to 128 tokens."""
+    """The run: the paper's batch (8 groups x 16 rollouts, StarPO-S keeps 25%) of ``--case``'s environment."""
     zero = args.zero_stage if args.zero_stage is not None else (2 if args.nproc > 1 else 0)
     return [
-        f"model.path={model_dir}", "env.name=bandit", "env.val_envs=[bandit]", "rollout.env_groups=8",
-        "rollout.group_size=16", "rollout.max_new_tokens=128", "actor.lr=1e-6", "actor.mini_batch_size=32",
+        f"model.path={model_dir}", "rollout.env_groups=8", "rollout.group_size=16", "actor.lr=1e-6",
+        "actor.mini_batch_size=32",
         f"actor.micro_batch_size={args.micro_batch_size}", f"actor.zero_stage={zero}",
         f"trainer.iterations={args.iterations}", f"trainer.launcher={args.launcher}", f"trainer.nproc={args.nproc}",
         f"trainer.precision={args.precision}", "trainer.checkpoint_every=1000", "eval.every=1000", "eval.instances=16",

@@ -97,17 +97,24 @@ class SharedWeights:
 
     @classmethod
     def create(cls, layout: WeightLayout, folder: Path | None = None) -> SharedWeights:
-        """A new, zeroed shared file for ``layout`` (mode 0600) in ``folder`` (default: /dev/shm, else the
-        temporary folder), mapped."""
-        folder = folder or (SHM_FOLDER if SHM_FOLDER.is_dir() and os.access(SHM_FOLDER, os.W_OK) else None)
-        folder = Path(folder or tempfile.gettempdir())
-        path = folder / f"ragen-weights-{os.getpid()}-{secrets.token_hex(8)}"
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(descriptor, max(layout.nbytes, 1))
-        finally:
-            os.close(descriptor)
-        return cls(path, layout, _map(path, layout.nbytes))
+        """A new, zeroed shared file for ``layout`` (mode 0600), mapped: in ``folder``, or in /dev/shm, else (when
+        /dev/shm is missing or too small, as a container's default 64 MB) in the temporary folder. The space is
+        reserved up front, so a full file system is an ``OSError`` here rather than a SIGBUS at the first write."""
+        folders = [folder] if folder else [SHM_FOLDER, Path(tempfile.gettempdir())]
+        error: OSError | None = None
+        for candidate in folders:
+            if not candidate.is_dir() or not os.access(candidate, os.W_OK):
+                continue
+            path = candidate / f"ragen-weights-{os.getpid()}-{secrets.token_hex(8)}"
+            try:
+                _reserve(path, max(layout.nbytes, 1))
+            except OSError as exc:
+                path.unlink(missing_ok=True)
+                error = exc
+                continue
+            return cls(path, layout, _map(path, layout.nbytes))
+        places = ", ".join(map(str, folders))
+        raise OSError(f"no room for {layout.nbytes} bytes of shared weights in {places}: {error or 'not writable'}")
 
     @classmethod
     def attach(cls, path: str | Path, layout: WeightLayout) -> SharedWeights:
@@ -150,6 +157,18 @@ def full_parameters(actor: Any) -> dict[str, torch.Tensor] | None:
         state = actor.engine._zero3_consolidated_16bit_state_dict()  # DeepSpeed's gather, complete on rank 0
         return dict(state) if rank == 0 else None
     return dict(actor.module.named_parameters()) if rank == 0 else None
+
+
+def _reserve(path: Path, nbytes: int) -> None:
+    """Create ``path`` (mode 0600, not there before) with ``nbytes`` allocated."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(descriptor, 0, nbytes)
+        else:  # no fallocate (macOS): a sparse file
+            os.ftruncate(descriptor, nbytes)
+    finally:
+        os.close(descriptor)
 
 
 def _map(path: Path, nbytes: int) -> torch.Tensor:

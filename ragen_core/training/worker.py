@@ -87,9 +87,13 @@ def _init(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
     reply: dict[str, Any] = {"device": str(worker.updater.actor.device), "threads": thread_settings(torch)}
     worker.hands_off = bool(command.get("shared_weights"))
     if worker.hands_off and worker.rank == 0:
-        worker.shared = SharedWeights.create(WeightLayout.of_module(worker.updater.actor.module))
-        _SHARED_FILES.append(worker.shared.path)
-        reply["shared_weights"] = {"path": str(worker.shared.path), "layout": worker.shared.layout.to_json()}
+        try:
+            worker.shared = SharedWeights.create(WeightLayout.of_module(worker.updater.actor.module))
+        except OSError as exc:  # no room: the run's process then asks for an export after every update
+            print(f"no shared-memory weight hand-off ({exc}); exporting after every update", file=sys.stderr)
+        else:
+            _SHARED_FILES.append(worker.shared.path)
+            reply["shared_weights"] = {"path": str(worker.shared.path), "layout": worker.shared.layout.to_json()}
     return reply
 
 

@@ -52,3 +52,5 @@ def test_a_buffer_of_another_model_is_refused(tmp_path, tiny_policy):
     with pytest.raises(ValueError, match="holds"):
         SharedWeights.attach(shared.path, WeightLayout(layout.entries, layout.nbytes * 2))
     shared.unlink()
+    with pytest.raises(OSError, match="no room"):  # the worker then falls back to an export per update
+        SharedWeights.create(layout, tmp_path / "missing")
