@@ -2,8 +2,13 @@
 GPUs: ``--iterations`` (default 3) iterations with the Hugging Face rollout backend through the normal ``train``
 flow; update throughput and model FLOPs utilisation (MFU) read from the run's own metrics.
 
-    python -m benchmarks.gpu_update_bench [--shape 0.5b] [--iterations 3] [--launcher inprocess|torchrun|deepspeed]
-                                          [--nproc N] [--zero-stage S] [--peak-tflops T] [--no-report]
+    python -m benchmarks.gpu_update_bench [--shape 0.5b] [--case bandit|sokoban] [--iterations 3]
+                                          [--launcher inprocess|torchrun|deepspeed] [--nproc N] [--zero-stage S]
+                                          [--micro-batch-tokens N] [--gradient-checkpointing] [--peak-tflops T]
+                                          [--no-report]
+
+Cases: ``bandit`` (the paper's batch, one turn of up to 128 tokens: ~280 tokens per trajectory) and ``sokoban``
+(RAGEN's multi-turn Sokoban: 5 turns of up to 200 new tokens, 1-2k tokens per trajectory), see :func:`case_overrides`.
 
 Writes the "GPU update" section of ``benchmarks/RESULTS.md`` (naming the GPU) and ``benchmarks/results/gpu.json``.
 ``--shape tiny --no-report`` runs the same path on a CPU in about a minute (fp32; MFU needs ``--peak-tflops``).
@@ -40,16 +45,31 @@ def peak_tflops(gpu: str | None, given: float | None) -> float | None:
     return None
 
 
+CASES = {
+    "bandit": ["env.name=bandit", "env.val_envs=[bandit]", "rollout.max_new_tokens=128"],
+    # RAGEN's Sokoban: 5 turns, up to 5 actions per turn and 10 per trajectory; replies of up to 200 tokens make a
+    # trajectory of 1-2k tokens (prompt, observations and replies)
+    "sokoban": ["env.name=sokoban", "env.val_envs=[sokoban]", "env.max_turns=5", "env.max_actions_per_turn=5",
+                "env.max_actions_per_traj=10", "rollout.max_new_tokens=200"],
+}  # fmt: skip
+
+
+def case_overrides(args: argparse.Namespace) -> list[str]:
+    """The environment of ``--case`` and the update's micro-batching (token budget, gradient checkpointing)."""
+    tokens = f"actor.micro_batch_tokens={args.micro_batch_tokens or 'null'}"
+    return [*CASES[args.case], tokens, f"actor.gradient_checkpointing={str(args.gradient_checkpointing).lower()}"]
+
+
 def overrides(args: argparse.Namespace, model_dir: Path) -> list[str]:
-    """The run: the paper's batch (8 groups x 16 rollouts, StarPO-S keeps 25%), one turn of up to 128 tokens."""
+    """The run: the paper's batch (8 groups x 16 rollouts, StarPO-S keeps 25%) of ``--case``'s environment."""
     zero = args.zero_stage if args.zero_stage is not None else (2 if args.nproc > 1 else 0)
     return [
-        f"model.path={model_dir}", "env.name=bandit", "env.val_envs=[bandit]", "rollout.env_groups=8",
-        "rollout.group_size=16", "rollout.max_new_tokens=128", "actor.lr=1e-6", "actor.mini_batch_size=32",
+        f"model.path={model_dir}", "rollout.env_groups=8", "rollout.group_size=16", "actor.lr=1e-6",
+        "actor.mini_batch_size=32",
         f"actor.micro_batch_size={args.micro_batch_size}", f"actor.zero_stage={zero}",
         f"trainer.iterations={args.iterations}", f"trainer.launcher={args.launcher}", f"trainer.nproc={args.nproc}",
         f"trainer.precision={args.precision}", "trainer.checkpoint_every=1000", "eval.every=1000", "eval.instances=16",
-        "bootstrap.enabled=false",
+        "bootstrap.enabled=false", *case_overrides(args),
     ]  # fmt: skip
 
 
@@ -90,7 +110,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"{result['parameters'] / 1e6:,.1f}M-parameter Qwen2-architecture model (random weights), "
         f"{result['run']['precision']}, launcher `{result['launcher']}` x {result['world']} process(es), "
-        f"{result['iterations']} iterations with the Hugging Face rollout backend; GPU: **{where['gpu']}** "
+        f"{result['iterations']} iterations of the {result.get('case', 'bandit')} batch with the Hugging Face rollout "
+        "backend; GPU: **{where['gpu']}** "
         f"(peak {result['peak_tflops']} TFLOP/s bf16 dense per GPU), torch {where['versions']['torch']}, "
         f"DeepSpeed {where['versions']['deepspeed']}.",
         "",
@@ -117,7 +138,11 @@ def main() -> None:
     parser.add_argument("--launcher", default="inprocess", choices=["inprocess", "torchrun", "deepspeed"])
     parser.add_argument("--nproc", type=int, default=1, help="Processes (GPUs) of the launched update group.")
     parser.add_argument("--zero-stage", type=int, help="Default: 0 in one process, 2 in a group.")
-    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--case", default="bandit", choices=sorted(CASES), help="The batch: see the docstring.")
+    parser.add_argument("--micro-batch-size", type=int, default=32, help="Rows per pass at most (the mini-batch).")
+    parser.add_argument("--micro-batch-tokens", type=int, default=16384,
+                        help="Token budget per pass (actor.micro_batch_tokens); 0: passes of --micro-batch-size rows.")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="actor.gradient_checkpointing=true")
     parser.add_argument("--precision", default="auto", help="auto (bf16 on a capable GPU), bf16, fp16 or fp32.")
     parser.add_argument("--peak-tflops", type=float, help="Per-GPU peak for the MFU (default: from the GPU's name).")
     parser.add_argument("--root", help="Data root (default: a temporary folder, deleted afterwards).")
@@ -143,8 +168,9 @@ def main() -> None:
         root = Path(args.root or scratch)
         train(config, data_root=str(root), run_id="gpu-bench")
         run = measure(root, "gpu-bench", parameters, world, peak)
-    result = {"machine": info, "shape": args.shape, "parameters": parameters, "launcher": args.launcher,
-              "world": world, "iterations": args.iterations, "peak_tflops": peak, "run": run}  # fmt: skip
+    result = {"machine": info, "shape": args.shape, "case": args.case, "parameters": parameters,
+              "launcher": args.launcher, "world": world, "iterations": args.iterations, "peak_tflops": peak,
+              "run": run}  # fmt: skip
     section = markdown(result)
     print(section)
     if not args.no_report:

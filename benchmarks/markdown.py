@@ -82,7 +82,60 @@ def summary(details: dict[str, Any]) -> list[str]:
                 f"| ours >= TRL | {per_minute_verdict(pairing)} |"
             )
     lines += _vllm_summary(details.get("vllm"), flat)
+    lines += _group_summary(details, flat)
     return lines
+
+
+def _group_summary(details: dict[str, Any], flat: dict[str, Any]) -> list[str]:
+    """The summary rows of the launched group's ratio and the update's share of the matmul peak."""
+    lines = []
+    group = details.get("group", {}).get("cases", [])
+    if group:
+        largest = max(group, key=lambda c: c["parameters"])
+        value = flat["launched_group_update_ratio"]
+        lines.append(
+            f"| launched update group / in-process update time ({largest['shape']}) | {fmt_spread(largest['ratio'])} "
+            f"| <= {TARGETS['launched_group_update_ratio']} | {verdict('launched_group_update_ratio', value)} |"
+        )
+    if flat.get("update_peak_share") is not None:
+        lines.append(
+            f"| update's FLOP/s / measured matmul peak (largest model) | {flat['update_peak_share']:.1%} "
+            f"(peak {flat['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s) | - | - |"
+        )
+    return lines
+
+
+def group_section(section: dict[str, Any] | None) -> list[str]:
+    """The launched update group against the in-process update (benchmarks/group_bench.py)."""
+    lines = ["## 2b. Launched update group", ""]
+    if not section:
+        return lines + ["Not run.", ""]
+    lines += [
+        f"Machine: {_machine_line(section)}.",
+        "",
+        "The same update (`update_policy` on one stored batch of configs/bandit.yaml) with the engines in this "
+        "process, and in a group started by `torchrun` (one process), whose new weights reach this process's rollout "
+        "copy through the shared-memory buffer (`group`) or, as before, a Hugging Face export written by the group "
+        "and loaded here (`export`); interleaved, same threads. Ratios are per repeat, time over the in-process "
+        "time. The group's own breakdown: the update on the rank, the weights into the buffer (hand-off), the copy "
+        "into the rollout model (sync), and the command's round trip.",
+        "",
+        "| model (parameters) | in-process s | group s | group / in-process | export / in-process | group: update s "
+        "| hand-off s | sync s | round trip s | threads (in-process; group) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case in section["cases"]:
+        parts = case["group_breakdown_s"]
+        cell = [f"{parts[name]['median']:.4f}" for name in ("update_s", "handoff_s", "sync_s", "round_trip_s")]
+        threads = case["threads"]["group"] or {}
+        lines.append(
+            f"| {case['shape']} ({case['parameters'] / 1e6:.1f}M) | {fmt_spread(case['seconds']['inprocess'])} "
+            f"| {fmt_spread(case['seconds']['group'])} | {fmt_spread(case['ratio'])} "
+            f"| {fmt_spread(case['export_ratio'])} | {' | '.join(cell)} "
+            f"| {case['threads']['inprocess']}; {threads.get('intra_op')} (OMP_WAIT_POLICY "
+            f"{threads.get('OMP_WAIT_POLICY')}) |"
+        )
+    return lines + [""]
 
 
 def _vllm_summary(section: dict[str, Any] | None, flat: dict[str, Any]) -> list[str]:
@@ -182,7 +235,8 @@ def update_section(section: dict[str, Any] | None, title: str) -> list[str]:
         f"Machine: {_machine_line(section)}.",
         "",
         "Ours: the update stage's core call `ragen_core.run.stages.update_policy` on a real batch "
-        "(configs/bandit.yaml: 128 rollouts, 25% of the groups kept, mini/micro-batches of 16). Bare: a copy of the "
+        "(configs/bandit.yaml: 128 rollouts, 25% of the groups kept, mini/micro-batches of 16 rows, micro-batches "
+        "also under `actor.micro_batch_tokens`). Bare: a copy of the "
         "same model, the same "
         "padded tokens and mini-batches, forward + clipped surrogate against the stored log-probs + backward + "
         "grad clip + `torch.optim.AdamW`, no DeepSpeed. Trained (loss-masked) tokens per second.",
@@ -216,6 +270,17 @@ def update_section(section: dict[str, Any] | None, title: str) -> list[str]:
                 f"| {case['shape']} | {fmt_spread(case['ratio_vs_bare_kept'])} | {fmt_spread(case['rescore_ratio'])} "
                 f"| {fmt_spread(case['reuse_speedup'])} | {case['behavior_logprob_gap']:.2g} |"
             )
+    peaks = [case for case in section["cases"] if "peak_share" in case]
+    if peaks:
+        lines += ["", "The update's model FLOP/s (6 x parameters x the batch's tokens per training pass, over the "
+                  "median time of ours) as a share of this machine's matmul peak, measured in the same run (the best "
+                  "`torch.mm` burst before and after the cases: "
+                  f"{', '.join(f'{p * 1e3:.0f}' for p in section.get('matmul_peak_tflops', []))} GFLOP/s):", "",
+                  "| model | achieved GFLOP/s | peak GFLOP/s | share |", "|---|---|---|---|"]  # fmt: skip
+        for case in peaks:
+            share = case["peak_share"]
+            lines.append(f"| {case['shape']} | {share['achieved_tflops'] * 1e3:.1f} "
+                         f"| {share['peak_tflops'] * 1e3:.1f} | {share['share']:.1%} |")  # fmt: skip
     for case in section["cases"]:
         if case["ratio"]["median"] < TARGETS["update_efficiency"]:
             lines += ["", f"{case['shape']}: {verdict('update_efficiency', case['ratio']['median'])}; profile of ours "
@@ -447,6 +512,7 @@ def render(details: dict[str, Any]) -> str:
         "",
         *rollout_section(details.get("rollout"), "1. Rollout efficiency"),
         *update_section(details.get("update"), "2. Update efficiency"),
+        *group_section(details.get("group")),
         *flow_section(flow),
         *storage_section(details.get("lake"), flow),
         *peer_section(details.get("peer")),

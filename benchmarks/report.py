@@ -40,12 +40,35 @@ def flatten(details: dict[str, Any]) -> dict[str, Any]:
         flat[f"{prefix}.bare_tokens_per_s"] = case["bare_tokens_per_s"]["median"]
     if update:
         flat["update_efficiency"] = min(c["ratio"]["median"] for c in update)
+    _flatten_peak_and_group(details, flat)
     _flatten_flow(details.get("flow"), flat)
     _flatten_peer(details.get("peer"), flat)
     _flatten_lake(details.get("lake"), flat)
     _flatten_gpu(details.get("gpu"), flat)
     _flatten_vllm(details.get("vllm"), flat)
     return flat
+
+
+def _flatten_peak_and_group(details: dict[str, Any], flat: dict[str, Any]) -> None:
+    """``update_peak_share`` (the largest model's update over the measured matmul peak) and
+    ``launched_group_update_ratio`` (the largest model's group / in-process update time), per shape too."""
+    flat.setdefault("update_peak_share", None)
+    shared = [c for c in _cases(details, "update") if "peak_share" in c]
+    for case in shared:
+        flat[f"update_peak_share.{case['shape']}"] = case["peak_share"]["share"]
+        flat[f"update_achieved_tflops.{case['shape']}"] = case["peak_share"]["achieved_tflops"]
+    if shared:
+        largest = max(shared, key=lambda c: c["parameters"])
+        flat["update_peak_share"] = largest["peak_share"]["share"]
+        flat["matmul_peak_tflops"] = largest["peak_share"]["peak_tflops"]
+    group = _cases(details, "group")
+    for case in group:
+        prefix = f"launched_group_update_ratio.{case['shape']}"
+        flat[prefix] = case["ratio"]["median"]
+        flat[f"{prefix}.min"], flat[f"{prefix}.max"] = case["ratio"]["min"], case["ratio"]["max"]
+        flat[f"{prefix}.export_handoff"] = case["export_ratio"]["median"]
+    if group:
+        flat["launched_group_update_ratio"] = max(group, key=lambda c: c["parameters"])["ratio"]["median"]
 
 
 def _flatten_vllm(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ TARGETS = {
     "peak_rss_growth": 0.1,  # at most
     "vllm_speedup_multiturn": 8.0,  # at least: vLLM backend / HF backend tokens per second, multi-turn Sokoban, 20m
     "weight_push_share": 0.10,  # at most: a vLLM weight push's share of its iteration at the demo's size
+    "launched_group_update_ratio": 1.2,  # at most: the launched group's update time / the in-process one, 20m
 }
 
 
@@ -41,6 +42,7 @@ class Sizes:
     vllm_cases: tuple[tuple[str, str, int, int, int], ...] = ()  # (shape, case, groups, group_size, repeats)
     vllm_push_overrides: tuple[str, ...] = ()  # the demo run whose weight pushes are timed
     repeats_override: int | None = None  # --repeats: every ratio
+    group_shapes: tuple[tuple[str, int], ...] = ()  # (shape, repeats): launched group vs in-process update
 
 
 FULL = Sizes(
@@ -68,6 +70,7 @@ FULL = Sizes(
         ("20m", "sokoban", 4, 8, 3),  # the target's case
     ),
     vllm_push_overrides=("trainer.iterations=8", "eval.every=4", "eval.instances=64"),
+    group_shapes=(("20m", 3),),  # ~3 x 3 updates of ~10-20 s on 2 cores
 )
 QUICK = Sizes(
     rollout_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
@@ -84,9 +87,10 @@ QUICK = Sizes(
     lake_iterations=10,
     vllm_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
     vllm_push_overrides=("trainer.iterations=3", "eval.every=3", "eval.instances=16"),
+    group_shapes=(("tiny", 3),),
 )
 GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
-SECTIONS = ("flow", "peer", "rollout", "update", "lake", "vllm")
+SECTIONS = ("flow", "peer", "rollout", "update", "group", "lake", "vllm")
 
 
 def _stamp(device: str) -> dict[str, Any]:
@@ -167,18 +171,34 @@ def run_rollout_section(sizes: Sizes, device: str, threads: int) -> dict[str, An
 def run_update_section(sizes: Sizes, device: str, threads: int, peak_tflops: float | None) -> dict[str, Any]:
     """Item 2 (CPU) or 7 (cuda, with the update's model FLOPs utilisation)."""
     from benchmarks.models import model_dir
+    from benchmarks.peak import matmul_peak_tflops, update_peak_share
     from benchmarks.update_bench import UpdateCase, measure
 
     started = time.perf_counter()
     shapes = (("0.5b", 5),) if device == "cuda" else sizes.update_shapes
+    peaks = [matmul_peak_tflops(device)]  # before and after the cases: the best of both is the peak
     results = [
         measure(UpdateCase(shape, model_dir(shape), sizes.repeats_override or repeats, threads, device))
         for shape, repeats in shapes
     ]
-    if device == "cuda":
-        for result in results:
+    peaks.append(matmul_peak_tflops(device))
+    for result in results:
+        result["peak_share"] = update_peak_share(result, max(peaks))
+        if device == "cuda":
             result["mfu"] = update_mfu(result, peak_tflops)
-    return {**_stamp(device), "threads": threads, "cases": results, "seconds": time.perf_counter() - started}
+    return {**_stamp(device), "threads": threads, "cases": results, "matmul_peak_tflops": peaks,
+            "seconds": time.perf_counter() - started}  # fmt: skip
+
+
+def run_group_section(sizes: Sizes, threads: int) -> dict[str, Any]:
+    """Item 3 of issue 41: the launched update group (torchrun, one process) against the in-process update, same
+    batch, same threads, interleaved; and the group with the export hand-off it used before."""
+    from benchmarks.group_bench import GroupCase, measure
+
+    started = time.perf_counter()
+    cases = [measure(GroupCase(shape, sizes.repeats_override or repeats, threads))
+             for shape, repeats in sizes.group_shapes]  # fmt: skip
+    return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
 
 
 # Dense bf16 peak of common GPUs (TFLOP/s, no sparsity), from the vendors' data sheets.

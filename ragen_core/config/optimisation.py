@@ -18,7 +18,28 @@ class ActorConfig(Section):
     weight_decay: Scale = Field(0.01, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, le=MAX_SCALE, description="Global gradient-norm clip.")
     mini_batch_size: PositiveInt = Field(32, description="Trajectories per optimizer step (RAGEN: 32).")
-    micro_batch_size: PositiveInt = Field(16, description="Trajectories per forward/backward pass.")
+    micro_batch_size: PositiveInt = Field(
+        16,
+        description="Trajectories per forward/backward pass; with micro_batch_tokens, the most a pass takes (set it "
+        "to mini_batch_size to let the token budget alone decide).",
+    )
+    micro_batch_tokens: PositiveInt | None = Field(
+        8192,
+        description="Token budget of one forward/backward pass (as verl's ppo_max_token_len_per_gpu): each "
+        "mini-batch's rows are sorted by length and cut into passes of at most this many padded tokens (rows x "
+        "longest row; a longer row is a pass alone) and at most micro_batch_size rows, so rows of like length share "
+        "a pass and little of it is padding. Loss normalisers stay the whole mini-batch's. None: passes of "
+        "micro_batch_size rows in schedule order.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory for long sequences, ~1/3 more "
+        "compute (transformers' non-reentrant checkpointing)."
+    )
+    attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
+        "auto",
+        description="Attention kernel of the engines' models: 'auto' = flash_attention_2 on CUDA when the flash-attn "
+        "package is installed, else sdpa (torch's fused scaled-dot-product attention); 'eager' is the plain one.",
+    )
     ppo_epochs: PositiveInt = Field(1, description="Passes over the kept batch per iteration.")
     online_k: PositiveInt | None = Field(
         None,

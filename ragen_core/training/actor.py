@@ -48,6 +48,9 @@ class OptimConfig:
     zero_stage: int = 0
     optimizer: str = "adamw"
     precision: str = "fp32"  # a resolved precision: fp32, bf16 or fp16 (see ragen_core.training.precision)
+    micro_batch_tokens: int | None = None  # token budget per micro-batch (rows bucketed by length); None: row count
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (memory for compute)
+    attn_implementation: str | None = None  # transformers' attention kernel (sdpa, flash_attention_2, eager)
 
 
 def update_schedule(
@@ -123,6 +126,28 @@ def optimizer_step(engine: Any) -> float:
     return float(norm) if norm is not None else float("nan")
 
 
+def micro_batch_passes(rows: list[int], batch: TokenBatch, optim: OptimConfig, lockstep: bool) -> list[MicroBatchPlan]:
+    """This rank's micro-batch passes over ``rows`` of ``batch`` (:func:`shard_micro_batches`): at most
+    ``micro_batch_size`` rows each and, with a token budget ``micro_batch_tokens``, rows of like length together
+    under it. Without ``lockstep`` the zero-weight padding passes are left out."""
+    rank, world = data_parallel_world()
+    lengths = batch.attention_mask[rows].sum(dim=1).tolist() if optim.micro_batch_tokens else None
+    passes = shard_micro_batches(rows, optim.micro_batch_size, rank, world, lengths, optim.micro_batch_tokens)
+    return passes if lockstep else [p for p in passes if p.weight > 0]
+
+
+def prepare_model(model: torch.nn.Module, optim: OptimConfig) -> None:
+    """Before the engine wraps ``model``: the attention kernel transformers should use, and gradient checkpointing
+    (non-reentrant, so it works with frozen inputs and DeepSpeed's hooks)."""
+    if optim.attn_implementation and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(optim.attn_implementation)
+    if optim.gradient_checkpointing:
+        if not hasattr(model, "gradient_checkpointing_enable"):
+            raise ValueError(f"{type(model).__name__} has no gradient checkpointing; set actor.gradient_checkpointing "
+                             "to false")  # fmt: skip
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def check_data_parallel(optim: OptimConfig) -> None:
     """Refuse ZeRO-0 in a group of several processes: its gradient norm (a logged metric and the Echo-Trap
     monitor's input) would only be the local one."""
@@ -141,6 +166,7 @@ class ActorEngine:
         import deepspeed
 
         self.optim = optim
+        prepare_model(model, optim)
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if keep_reference else None
         optimizer = build_optimizer(model, optim)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(optim))
@@ -156,12 +182,11 @@ class ActorEngine:
         """The policy model (for generation and export)."""
         return self.engine.module
 
-    def _passes(self, rows: list[int], lockstep: bool = True) -> list[MicroBatchPlan]:
-        """This rank's micro-batch passes over ``rows``; without ``lockstep`` the zero-weight padding passes are
-        left out (forward-only work needs them only when ZeRO-3 gathers weights inside the forward)."""
-        rank, world = data_parallel_world()
-        passes = shard_micro_batches(rows, self.optim.micro_batch_size, rank, world)
-        return passes if lockstep else [p for p in passes if p.weight > 0]
+    def _passes(self, rows: list[int], batch: TokenBatch, lockstep: bool = True) -> list[MicroBatchPlan]:
+        """This rank's micro-batch passes over ``rows`` of ``batch`` (under ``micro_batch_tokens``, bucketed by the
+        rows' lengths); without ``lockstep`` the zero-weight padding passes are left out (forward-only work needs
+        them only when ZeRO-3 gathers weights inside the forward)."""
+        return micro_batch_passes(rows, batch, self.optim, lockstep)
 
     @torch.no_grad()
     def score(self, batch: TokenBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
@@ -175,7 +200,7 @@ class ActorEngine:
         model.eval()
         out = torch.zeros_like(batch.loss_mask)
         lockstep = model is self.module and self.engine.zero_optimization_partition_weights()
-        for plan in self._passes(list(range(len(batch))), lockstep):
+        for plan in self._passes(list(range(len(batch))), batch, lockstep):
             logprobs, _ = token_logprobs(model, batch.select(plan.rows).to(self.device))
             if plan.weight > 0:
                 out[plan.rows, : logprobs.shape[1]] = logprobs.to(out.device)
@@ -202,8 +227,8 @@ class ActorEngine:
         ``ppo_epochs``, ``online_k``. ``ref_logprobs`` adds the KL loss term (``kl_coef``). With ``watch_old_gap``
         the first optimizer step, whose forward runs on the weights before any change, also records
         ``actor/behavior_logprob_gap``: the largest |current - old| log-prob over that mini-batch's trained tokens
-        (0 up to float summation order when the old log-probs are the policy's; no extra compute). Returns metrics averaged over the optimizer steps, plus
-        ``actor/optimizer_steps``.
+        (0 up to float summation order when the old log-probs are the policy's; no extra compute). Returns metrics
+        averaged over the optimizer steps, plus ``actor/optimizer_steps``.
         """
         loss_fn = POLICY_LOSSES.bind(algorithm.policy_loss, algorithm)
         rng = np.random.default_rng(shuffle_seed)
@@ -236,7 +261,7 @@ class ActorEngine:
         _, world = data_parallel_world()
         sums: dict[str, torch.Tensor] = {}
         gap = torch.zeros((), device=self.device) if watch_gap else None
-        for plan in self._passes(rows):
+        for plan in self._passes(rows, inputs.batch):
             # seq-mean: this micro-batch's share of the mini-batch's trained sequences (rows without tokens count 0)
             weight = trained_sequences(mask[plan.rows]) / sequences
             micro_tokens = float(mask[plan.rows].sum()) / max(token_count, 1.0)
@@ -312,7 +337,7 @@ class ActorEngine:
             rows = order[start : start + batch_size]
             token_count = float(batch.loss_mask[rows].sum())
             total = 0.0
-            for plan in self._passes(rows):
+            for plan in self._passes(rows, batch):
                 host = batch.select(plan.rows)
                 micro = host.to(self.device)
                 # only the columns with trained tokens get logits (the replies: a fifth of a windowed demonstration)

@@ -21,17 +21,12 @@ from ragen_core.training.actor import (
     build_optimizer,
     check_data_parallel,
     deepspeed_config,
+    micro_batch_passes,
     optimizer_step,
 )
 from ragen_core.training.batch import TokenBatch, per_token_outputs
 from ragen_core.training.distributed import ensure_single_process_env
-from ragen_core.training.parallel import (
-    MicroBatchPlan,
-    all_reduce_sum,
-    all_reduce_sums,
-    data_parallel_world,
-    shard_micro_batches,
-)
+from ragen_core.training.parallel import MicroBatchPlan, all_reduce_sum, all_reduce_sums, data_parallel_world
 
 if TYPE_CHECKING:
     from ragen_core.config import AlgorithmConfig, CriticConfig
@@ -103,11 +98,9 @@ class CriticEngine:
         """The value model."""
         return self.engine.module
 
-    def _passes(self, rows: list[int], lockstep: bool = True) -> list[MicroBatchPlan]:
+    def _passes(self, rows: list[int], batch: TokenBatch, lockstep: bool = True) -> list[MicroBatchPlan]:
         """This rank's micro-batch passes (see :meth:`ragen_core.training.actor.ActorEngine._passes`)."""
-        rank, world = data_parallel_world()
-        passes = shard_micro_batches(rows, self.optim.micro_batch_size, rank, world)
-        return passes if lockstep else [p for p in passes if p.weight > 0]
+        return micro_batch_passes(rows, batch, self.optim, lockstep)
 
     @torch.no_grad()
     def values(self, batch: TokenBatch) -> torch.Tensor:
@@ -116,7 +109,7 @@ class CriticEngine:
         was_training = self.module.training
         self.module.eval()
         out = torch.zeros_like(batch.loss_mask)
-        for plan in self._passes(list(range(len(batch))), self.engine.zero_optimization_partition_weights()):
+        for plan in self._passes(list(range(len(batch))), batch, self.engine.zero_optimization_partition_weights()):
             micro = batch.select(plan.rows).to(self.device)
             values = per_token_outputs(self.module, micro)
             if plan.weight > 0:
@@ -161,7 +154,7 @@ class CriticEngine:
         token_count = float(mask[rows].sum())
         _, world = data_parallel_world()
         sums = {"critic/vf_loss": 0.0, "critic/vf_clipfrac": 0.0, "critic/vpred_mean": 0.0}
-        for plan in self._passes(rows):
+        for plan in self._passes(rows, batch):
             micro = batch.select(plan.rows).to(self.device)
             width = micro.input_ids.shape[1]
             micro_mask = mask[plan.rows, :width].to(self.device)

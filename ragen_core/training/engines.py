@@ -30,6 +30,20 @@ def set_determinism(config: RunConfig) -> None:
     torch.utils.deterministic.fill_uninitialized_memory = False
 
 
+def attention_kernel(requested: str) -> str:
+    """The attention implementation for transformers: ``auto`` is flash_attention_2 on CUDA with the flash-attn
+    package installed, else sdpa."""
+    if requested != "auto":
+        return requested
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
 def actor_optim(config: RunConfig, precision: str) -> OptimConfig:
     """The actor's optimisation settings (``precision`` resolved, see :mod:`ragen_core.training.precision`)."""
     return OptimConfig(
@@ -39,6 +53,9 @@ def actor_optim(config: RunConfig, precision: str) -> OptimConfig:
         micro_batch_size=config.actor.micro_batch_size,
         zero_stage=config.actor.zero_stage,
         precision=precision,
+        micro_batch_tokens=config.actor.micro_batch_tokens,
+        gradient_checkpointing=config.actor.gradient_checkpointing,
+        attn_implementation=attention_kernel(config.actor.attn_implementation),
     )
 
 
@@ -52,6 +69,7 @@ def critic_optim(config: RunConfig, precision: str) -> OptimConfig:
         micro_batch_size=critic.micro_batch_size or config.actor.micro_batch_size,
         zero_stage=config.actor.zero_stage,
         precision=precision,
+        micro_batch_tokens=config.actor.micro_batch_tokens,
     )
 
 

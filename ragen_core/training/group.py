@@ -5,7 +5,8 @@ The run's process (the Prefect flow) keeps the rollout side; the update stage is
 :mod:`ragen_core.training.worker`. The stage boundary is the lake: a command names the iteration (the
 group reads that iteration's published, kept batch from the lake) and, on a restore, the checkpoint to start from;
 the group answers with the metrics, writes checkpoints exactly as :mod:`ragen_core.training.checkpoint` lays them
-out, and after every update a Hugging Face export of the policy that the rollout side loads.
+out, and after every update hands the new weights to the rollout side in a shared-memory buffer
+(:mod:`ragen_core.training.handoff`; a Hugging Face export only on a restore, at checkpoints, or when asked).
 
 Control channel: this process listens on 127.0.0.1 (an OS-chosen port); rank 0 connects, proves it knows a random
 token (handed over in a 0600 file under the run folder, never on a command line), then reads one JSON command per
@@ -100,6 +101,8 @@ class UpdateGroup:
         self.hosts = list(hello["hosts"])
         self._buffer = b""
         self._stopped = False
+        self.ready: dict[str, Any] = {}  # rank 0's reply to ``init`` (device, threads, shared weights)
+        self.last_timing: dict[str, float] = {}  # the group's own times of the last update (update, hand-off)
         atexit.register(self.stop)
 
     # -- start ---------------------------------------------------------------------------------------------------
@@ -141,7 +144,7 @@ class UpdateGroup:
             control.unlink(missing_ok=True)
         group = cls(process, connection, log, hello)
         try:
-            group.call({"op": "init", **init})
+            group.ready = group.call({"op": "init", **init})
         except BaseException:
             group.stop()
             raise
@@ -183,11 +186,14 @@ class UpdateGroup:
             raise GroupError(f"the update group failed {op!r}:\n{reply.get('error')}\n(log: {self.log})")
         return reply
 
-    def update(self, iteration: int) -> tuple[dict[str, float], Path]:
-        """Stage 5 in the group: the StarPO update on iteration ``iteration``'s kept rows. Returns the metrics and the
-        folder of the exported new policy."""
-        reply = self.call({"op": "update", "iteration": iteration})
-        return {k: float(v) for k, v in reply["metrics"].items()}, Path(reply["weights"])
+    def update(self, iteration: int, export: bool = True) -> tuple[dict[str, float], Path | None]:
+        """Stage 5 in the group: the StarPO update on iteration ``iteration``'s kept rows. Returns the metrics and,
+        with ``export``, the folder of the exported new policy (None without: the new weights are in the shared
+        buffer when the group was started with ``shared_weights``)."""
+        reply = self.call({"op": "update", "iteration": iteration, "export": export})
+        self.last_timing = {k: float(v) for k, v in reply.get("timing", {}).items()}
+        weights = Path(reply["weights"]) if reply["weights"] else None
+        return {k: float(v) for k, v in reply["metrics"].items()}, weights
 
     def restore(self, checkpoint: Path | None, replay: list[int]) -> Path:
         """Load ``checkpoint`` (None: keep the start weights) and replay the committed updates of ``replay``; returns
@@ -210,6 +216,7 @@ class UpdateGroup:
             "launcher_pid": self.process.pid,
             "worker_pids": self.worker_pids,
             "hosts": self.hosts,
+            "threads": self.ready.get("threads"),
             "log": str(self.log),
         }
 

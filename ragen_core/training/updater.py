@@ -6,7 +6,8 @@ A run updates its policy through an :class:`Updater` and never asks where the en
   own module, so there is nothing to copy after an update;
 - :class:`LaunchedUpdater`: the engines in a group of processes started by ``torchrun`` or the ``deepspeed``
   launcher (:mod:`ragen_core.training.group`); every rank runs an :class:`InProcessUpdater`, and this process keeps a
-  copy of the policy for the rollouts that loads the group's export after every update.
+  copy of the policy for the rollouts that takes the group's new weights from shared memory after every update
+  (:mod:`ragen_core.training.handoff`).
 
 Both read an iteration's kept rows from the lake (:mod:`ragen_core.training.inputs`), save checkpoints laid out as
 :mod:`ragen_core.training.checkpoint` does, restore from one (replaying later committed updates from their stored
@@ -29,6 +30,7 @@ from ragen_core.training.actor import ActorEngine
 from ragen_core.training.checkpoint import export_policy, load_checkpoint, load_exported_weights, save_checkpoint
 from ragen_core.training.critic import CriticEngine
 from ragen_core.training.engines import start_engines
+from ragen_core.training.handoff import SharedWeights, WeightLayout
 from ragen_core.training.inputs import update_inputs
 from ragen_core.training.starpo import starpo_update
 
@@ -141,11 +143,21 @@ class InProcessUpdater:
 
 
 class LaunchedUpdater:
-    """The engines in a launched group of processes; this process sends commands and holds the newest export."""
+    """The engines in a launched group of processes; this process sends commands and brings its rollout copy to the
+    group's newest weights: from the shared-memory buffer rank 0 writes after every update
+    (:mod:`ragen_core.training.handoff`), or from the export a restore writes. A vLLM rollout side also gets an
+    export after every update (its server reloads a folder)."""
 
-    def __init__(self, group: Any, launcher: str, nproc: int) -> None:
+    def __init__(self, group: Any, launcher: str, nproc: int, exports: bool = False) -> None:
         self.group, self.launcher, self.nproc = group, launcher, nproc
+        self.exports = exports  # a Hugging Face export after every update (the rollout side needs a folder)
         self.weights: Path | None = None  # the group's newest export, not yet synced
+        self.shared: SharedWeights | None = None  # the group's weights buffer, mapped here
+        self.shared_fresh = False  # the buffer holds weights the rollout side has not taken yet
+        ready = group.ready.get("shared_weights")
+        if ready:
+            self.shared = SharedWeights.attach(ready["path"], WeightLayout.from_json(ready["layout"]))
+            self.shared.unlink()  # both processes map it: the memory lives while either does, no file is left
 
     @classmethod
     def start(cls, config: RunConfig, lake: DataLake, run_id: str, model_dir: Path, precision: str) -> LaunchedUpdater:
@@ -154,13 +166,18 @@ class LaunchedUpdater:
 
         trainer = config.trainer
         init = {"config": config.to_dict(), "data_root": str(lake.root), "run_id": run_id,
-                "model_dir": str(model_dir), "precision": precision}  # fmt: skip
+                "model_dir": str(model_dir), "precision": precision, "shared_weights": True}  # fmt: skip
         folder = lake.update_group_dir(run_id)
         group = UpdateGroup.start(trainer.launcher, trainer.nproc, trainer.hostfile, folder, init)
-        return cls(group, trainer.launcher, trainer.nproc)
+        try:
+            return cls(group, trainer.launcher, trainer.nproc, exports=config.rollout.backend == "vllm")
+        except BaseException:
+            group.stop()
+            raise
 
     def update(self, iteration: int) -> dict[str, float]:
-        metrics, self.weights = self.group.update(iteration)
+        metrics, weights = self.group.update(iteration, export=self.exports or self.shared is None)
+        self.weights, self.shared_fresh = weights, self.shared is not None
         maybe_fail("update", "inside", iteration)  # the group has stepped; nothing is saved or committed
         return metrics
 
@@ -168,15 +185,18 @@ class LaunchedUpdater:
         return self.group.save(updates, extra, lambda: maybe_fail("checkpoint", "mid_save", updates))
 
     def restore(self, checkpoint: Path | None, replay: list[int]) -> None:
-        self.weights = self.group.restore(checkpoint, replay)
+        self.weights, self.shared_fresh = self.group.restore(checkpoint, replay), False
 
     def sync(self, rollout: RolloutSide) -> None:
-        if self.weights is None:
+        if self.shared_fresh and self.shared is not None:
+            self.shared.read_into(rollout.model)
+        elif self.weights is not None:
+            load_exported_weights(rollout.model, self.weights)
+        else:
             return
-        load_exported_weights(rollout.model, self.weights)
         if rollout.engine is not None:
             rollout.engine.load_weights(self.weights, reference=rollout.model)
-        self.weights = None
+        self.weights, self.shared_fresh = None, False
 
     def rollout_policy(self, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
         from ragen_core.policy import load_policy

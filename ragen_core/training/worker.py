@@ -4,8 +4,9 @@ Started by ``torchrun`` or the ``deepspeed`` launcher (see :mod:`ragen_core.trai
 connects to the run's process, every rank builds the engines on ``init``, then each command (``restore``,
 ``update``, ``save``, ``stop``) read by rank 0 is broadcast and executed by all ranks in lockstep:
 
-- ``update``: the StarPO update on the iteration's published, kept rows read from the lake, then a Hugging Face
-  export of the policy for the rollout side;
+- ``update``: the StarPO update on the iteration's published, kept rows read from the lake, then the new weights for
+  the rollout side: copied into the shared-memory buffer rank 0 keeps (:mod:`ragen_core.training.handoff`), and
+  written as a Hugging Face export only when the command asks (a vLLM rollout server reloads a folder);
 - ``restore``: load a checkpoint and replay committed updates from their stored batches, then the export;
 - ``save``: a checkpoint, laid out exactly as in one process.
 
@@ -34,9 +35,16 @@ WATCH_INTERVAL_S = 0.5
 
 @dataclass
 class _Worker:
-    """One rank's state: its engines, behind the same updater a one-process run uses."""
+    """One rank's state: its engines, behind the same updater a one-process run uses, and (rank 0) the shared
+    buffer the new weights are handed over in."""
 
+    rank: int = 0
     updater: Any = None  # ragen_core.training.updater.InProcessUpdater
+    hands_off: bool = False  # every rank: whether updates end with a hand-off (a collective under ZeRO-3)
+    shared: Any = None  # rank 0: ragen_core.training.handoff.SharedWeights
+
+
+_SHARED_FILES: list[Path] = []  # removed if this process must exit because the run's process is gone
 
 
 def _watch_parent(parent: dict[str, Any]) -> None:
@@ -51,16 +59,23 @@ def _watch_parent(parent: dict[str, Any]) -> None:
     def watch() -> None:
         while process_alive(pid, start):
             time.sleep(WATCH_INTERVAL_S)
+        for path in _SHARED_FILES:  # normally unlinked by the run's process already
+            path.unlink(missing_ok=True)
         os._exit(3)  # no clean-up: the run that owned this group is gone
 
     threading.Thread(target=watch, name="ragen-parent-watch", daemon=True).start()
 
 
 def _init(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
-    """Build this rank's engines (as a one-process run does)."""
+    """Build this rank's engines (as a one-process run does); with ``shared_weights``, rank 0 also creates the
+    shared buffer of the policy's weights (its file and layout go back in the reply). The reply says the threads
+    this rank computes with."""
+    import torch
+
     from ragen_core.config import build_config
     from ragen_core.storage import DataLake
     from ragen_core.training.engines import set_determinism
+    from ragen_core.training.handoff import SharedWeights, WeightLayout
     from ragen_core.training.updater import InProcessUpdater
 
     config = build_config(command["config"])
@@ -69,18 +84,52 @@ def _init(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
     worker.updater = InProcessUpdater.start(
         config, lake, command["run_id"], Path(command["model_dir"]), command["precision"]
     )
-    return {"device": str(worker.updater.actor.device)}
+    reply: dict[str, Any] = {"device": str(worker.updater.actor.device), "threads": thread_settings(torch)}
+    worker.hands_off = bool(command.get("shared_weights"))
+    if worker.hands_off and worker.rank == 0:
+        try:
+            worker.shared = SharedWeights.create(WeightLayout.of_module(worker.updater.actor.module))
+        except OSError as exc:  # no room: the run's process then asks for an export after every update
+            print(f"no shared-memory weight hand-off ({exc}); exporting after every update", file=sys.stderr)
+        else:
+            _SHARED_FILES.append(worker.shared.path)
+            reply["shared_weights"] = {"path": str(worker.shared.path), "layout": worker.shared.layout.to_json()}
+    return reply
+
+
+def thread_settings(torch: Any) -> dict[str, Any]:
+    """What this process computes with on the CPU: torch's intra- and inter-op threads and the OpenMP variables."""
+    names = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS")
+    return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
+            **{name: os.environ.get(name) for name in names}}  # fmt: skip
+
+
+def _update(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
+    """The update, then the new weights into the shared buffer (every rank takes part: ZeRO-3 gathers them) and,
+    when asked, a Hugging Face export. The reply carries the two times (``timing``) for the benchmarks."""
+    from ragen_core.training.handoff import full_parameters
+
+    started = time.perf_counter()
+    metrics = worker.updater.update(int(command["iteration"]))
+    updated = time.perf_counter()
+    if worker.hands_off:
+        parameters = full_parameters(worker.updater.actor)
+        if worker.shared is not None and parameters is not None:
+            worker.shared.write(parameters)
+    weights = str(worker.updater.export()) if command["export"] else None
+    timing = {"update_s": updated - started, "handoff_s": time.perf_counter() - updated}
+    return {"metrics": metrics, "weights": weights, "shared": worker.hands_off, "timing": timing}
 
 
 def _execute(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
-    """Run one command on this rank; the reply rank 0 sends back. ``update`` and ``restore`` end with a Hugging Face
-    export of the policy, which the run's process loads into its rollout copy."""
+    """Run one command on this rank; the reply rank 0 sends back. ``update`` hands the new weights over in shared
+    memory (and, when asked, a Hugging Face export); ``restore`` ends with an export, which the run's process loads
+    into its rollout copy."""
     op, updater = command["op"], worker.updater
     if op == "init":
         return _init(worker, command)
     if op == "update":
-        metrics = updater.update(int(command["iteration"]))
-        return {"metrics": metrics, "weights": str(updater.export())}
+        return _update(worker, command)
     if op == "restore":
         checkpoint = Path(command["checkpoint"]) if command["checkpoint"] else None
         updater.restore(checkpoint, [int(i) for i in command["replay"]])
@@ -129,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         hello = {"token": control["token"], "world_size": world, "pids": [i[0] for i in identity],
                  "hosts": [i[1] for i in identity]}  # fmt: skip
         channel = _Channel(control["address"], hello)
-    worker = _Worker()
+    worker = _Worker(rank=rank)
     while True:
         box = [channel.receive() if channel else None]
         dist.broadcast_object_list(box, src=0)
@@ -146,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(1)
         if channel:
             channel.send(reply)
+    for path in _SHARED_FILES:
+        path.unlink(missing_ok=True)
     dist.destroy_process_group()
     return 0
 
