@@ -208,3 +208,13 @@ def test_train_refuses_an_unbounded_config_before_creating_anything(tmp_path):
                                       "trainer.iterations=1000000000000"])  # fmt: skip
     assert result.exit_code == 2 and "trainer.iterations" in result.output and "Traceback" not in result.output
     assert not root.exists()
+
+
+def test_a_run_stored_before_the_reply_format_micro_batch_budget_and_truncation_warning_replays_as_it_ran():
+    from ragen_core.config import build_config, stored_config
+
+    def keys(config):
+        return config.rollout.reply_format, config.monitor.truncated_share, config.actor.micro_batch_tokens
+
+    assert keys(build_config(stored_config({}))) == ("lenient", None, None)  # a manifest from before these keys
+    assert keys(build_config({})) == ("strict", 0.2, 8192)

@@ -64,7 +64,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 # Runs stored before RAGEN-2's MI span and headline took the think block (or the whole reply) and warned on the summed
 # estimate. Runs stored before algorithm.filter_empty_stop_steps never stopped early. Runs stored before
 # rollout.reply_format read replies leniently (tags found anywhere, truncation ignored) and were not warned of
-# truncated replies.
+# truncated replies. Runs stored before actor.micro_batch_tokens cut fixed-row micro-batches in schedule order.
 STORED_CONFIG_FALLBACKS: dict[str, Any] = {
     "rollout.think_prefix": False,
     "actor.reuse_behavior_logprobs": "never",
@@ -74,6 +74,7 @@ STORED_CONFIG_FALLBACKS: dict[str, Any] = {
     "algorithm.filter_empty_stop_steps": 0,
     "rollout.reply_format": "lenient",
     "monitor.truncated_share": None,
+    "actor.micro_batch_tokens": None,
 }
 
 
