@@ -9,7 +9,8 @@
   (``DS_BUILD_OPS=0``, by ``--build-python``, which must have torch: DeepSpeed's build imports it); Prefect's wheel
   repacked without its web UI's static files (nothing here serves the UI);
 - ``whl-fallback/``: the wheels of ``device/pins-fallback.txt``, installed there only where needed;
-- ``proj/``: the project at the committed ``HEAD`` (``git archive``; uncommitted changes do not travel);
+- ``proj/``: the project at the committed ``HEAD`` (``git archive``; uncommitted changes do not travel), without
+  ``docs/`` (nothing the device check runs reads it; its figures are most of the source's size);
 - ``run.sh``, ``depcheck.py``, ``report.py`` from ``device/``, and ``BUNDLE.txt`` (commit, date, sizes).
 
 The whole folder must stay within ``--limit-mib`` (what the device tool carries, with room to spare); a larger bundle
@@ -37,6 +38,7 @@ PLATFORM_FLAGS = ["--only-binary=:all:", "--python-version", "3.12", "--implemen
                   "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
                   "--platform", "manylinux2014_x86_64", "--platform", "any"]  # fmt: skip
 BUILT_FROM_SOURCE = {"deepspeed"}  # an sdist only: built here (see build_deepspeed)
+LEFT_AT_HOME = ("docs/",)  # parts of the source that do not travel
 UI_PREFIXES = ("prefect/server/ui/", "prefect/server/ui-v2/", "prefect/server/ui_build/")
 CARRIED_SCRIPTS = ("run.sh", "depcheck.py", "report.py")
 
@@ -124,8 +126,8 @@ def without_ui(wheel: Path, target: Path) -> Path:
 
 
 def project_source(out: Path) -> str:
-    """The committed ``HEAD`` of this repository, unpacked at ``out``; returns the commit (with a warning on stderr
-    when the work tree has uncommitted changes, which do not travel)."""
+    """The committed ``HEAD`` of this repository but :data:`LEFT_AT_HOME`, unpacked at ``out``; returns the commit
+    (with a warning on stderr when the work tree has uncommitted changes, which do not travel)."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                            text=True, check=True).stdout.strip()  # fmt: skip
@@ -133,7 +135,8 @@ def project_source(out: Path) -> str:
         print("device-bundle: warning: uncommitted changes are not in the bundle (git archive HEAD)", file=sys.stderr)
     archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=REPO, capture_output=True, check=True)
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(out, filter="data")
+        members = [m for m in tar.getmembers() if not m.name.startswith(LEFT_AT_HOME)]
+        tar.extractall(out, members=members, filter="data")
     return commit.stdout.strip()
 
 
