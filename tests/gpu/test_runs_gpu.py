@@ -7,8 +7,8 @@ Resume, which equality: every run asks torch for deterministic algorithms (warn-
 (as tests/flows/test_resume.py does). On CUDA some kernels have no deterministic version (the memory-efficient
 attention backward accumulates with atomics), so there the test asserts: the same rows by key (nothing lost or
 duplicated), bitwise the same iteration-0 rollouts (sampled before any update), every weight within bf16's tolerance
-(2**-7 of the tensor's norm: storage rounding plus run-to-run noise of the updates), and prints whether the rows and
-weights were bitwise equal anyway.
+(2**-7 of the tensor's norm: storage rounding plus run-to-run noise of the updates; the key projection's bias, whose
+true gradient is 0, excepted), and prints whether the rows and weights were bitwise equal anyway.
 """
 
 from __future__ import annotations
@@ -100,6 +100,8 @@ def test_a_run_killed_on_the_device_resumes_to_the_same_rows_and_weights(device,
     first = "SELECT group_id, traj_index, input_ids, reward FROM trajectories WHERE iteration = 0 AND split = 'train'"
     assert sorted(map(repr, query(whole, first).to_pylist())) == sorted(map(repr, query(killed, first).to_pylist()))
     for name, want in expected.items():
+        if name.endswith("k_proj.bias"):
+            continue  # its true gradient is 0 (softmax ignores a shift shared by all keys): AdamW steps noise by ~lr
         error = (actual[name].float() - want.float()).norm()
         assert error <= 2.0**-7 * want.float().norm(), f"{name}: {error:.3g} off the whole run's weights"
 
