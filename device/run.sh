@@ -18,7 +18,7 @@
 # Knobs (environment): DEVRUN_DEVICE (cuda | cpu), DEVRUN_BUDGET_S (470), DEVRUN_TIME_SCALE (1; multiplies every
 # limit, e.g. 6 on a 2-core CPU), DEVRUN_PYTHON (python3), DEVRUN_TMP (/tmp), DEVRUN_SKIP (steps to skip, e.g.
 # "launched train"), DEVRUN_BENCH_ARGS (--iterations 3; on cpu --shape tiny --iterations 2 --peak-tflops 1),
-# DEVRUN_TRAIN_ITERS (5).
+# DEVRUN_TRAIN_ITERS (5), DEVRUN_TRAIN_EXTRA (more overrides for the train step; on cpu a smaller validation).
 set -u
 set +o pipefail
 
@@ -42,8 +42,10 @@ SKIP=" ${DEVRUN_SKIP:-} "
 TRAIN_ITERS="${DEVRUN_TRAIN_ITERS:-5}"
 if [[ "$DEVICE" == cpu ]]; then
   BENCH_ARGS="${DEVRUN_BENCH_ARGS:---shape tiny --iterations 2 --peak-tflops 1}"
+  TRAIN_EXTRA="${DEVRUN_TRAIN_EXTRA:-eval.instances=64 env.val_envs=[bandit]}"
 else
   BENCH_ARGS="${DEVRUN_BENCH_ARGS:---iterations 3}"
+  TRAIN_EXTRA="${DEVRUN_TRAIN_EXTRA:-}"
 fi
 
 # -- the environment: nothing under the user's home, no network, no telemetry -------------------------------------
@@ -172,7 +174,7 @@ bench launched "$(limit 130 70)" bench-torchrun.json "--launcher torchrun --npro
 step train "$(limit 120 20)" "
   t0=\$(date +%s)
   $PY -m ragen_cli.main train --config configs/bandit.yaml --data-root '$TMPD/train' --run-id devrun \
-    trainer.iterations=$TRAIN_ITERS 2>&1 | tail -n 30
+    trainer.iterations=$TRAIN_ITERS $TRAIN_EXTRA 2>&1 | tail -n 30
   rc=\${PIPESTATUS[0]}
   $PY '$DEVRUN/report.py' train '$TMPD/train' devrun \$((\$(date +%s) - t0)) '$OUT/train.json'
   exit \$rc
