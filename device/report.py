@@ -50,6 +50,21 @@ def _bench_lines(path: Path, title: str) -> list[str]:
     return [summary, "", text]
 
 
+def steady_update_s(path: Path) -> float | None:
+    """Mean update seconds of a bench result's iterations after the first (the first one if there is no other)."""
+    if not path.is_file():
+        return None
+    rows = json.loads(path.read_text())["run"]["iterations"]
+    steady = [row for row in rows if row["iteration"] > 0] or rows
+    return sum(row["update_s"] for row in steady) / len(steady) if steady else None
+
+
+def launched_ratio(inprocess: Path, launched: Path) -> float | None:
+    """The launched group's steady update time over the in-process one (None unless both ran)."""
+    ours, theirs = steady_update_s(launched), steady_update_s(inprocess)
+    return ours / theirs if ours is not None and theirs else None
+
+
 def section(out: Path) -> str:
     """The "GPU device check" section from what ``out`` holds."""
     summary = (out / "summary.txt").read_text() if (out / "summary.txt").is_file() else ""
@@ -63,6 +78,9 @@ def section(out: Path) -> str:
              f"- `pytest -m gpu tests/gpu`: {tests or 'no summary (see log.txt)'}", ""]  # fmt: skip
     lines += _bench_lines(out / "bench-inprocess.json", "gpu_update_bench, in-process")
     lines += _bench_lines(out / "bench-torchrun.json", "gpu_update_bench, `--launcher torchrun --nproc 1`")
+    ratio = launched_ratio(out / "bench-inprocess.json", out / "bench-torchrun.json")
+    if ratio is not None:
+        lines += [f"**Launched / in-process steady update time**: {ratio:.2f} (the same work; target <= 1.2).", ""]
     train = out / "train.json"
     if train.is_file():
         figures = json.loads(train.read_text())

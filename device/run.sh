@@ -149,7 +149,7 @@ EOF
 step tests "$(limit 240 200)" "
   $PY -m pytest -m gpu tests/gpu -p no:cacheprovider -q -s -rA --durations=0 2>&1 | tee '$TMPD/tests.txt'
   rc=\${PIPESTATUS[0]}
-  grep -E '^(PASSED|FAILED|SKIPPED|ERROR)|^on |^(fp32|bf16|sgd|adamw)|passed|failed' '$TMPD/tests.txt' >'$OUT/gpu-tests.txt'
+  grep -E '^(PASSED|FAILED|SKIPPED|ERROR)|on (cuda|cpu): |passed|failed' '$TMPD/tests.txt' >'$OUT/gpu-tests.txt'
   tail -n 1 '$TMPD/tests.txt' | sed 's/=//g; s/^ *//' >'$OUT/gpu-tests-summary.txt'
   exit \$rc
 "
