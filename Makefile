@@ -10,7 +10,7 @@ PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP := $(VENV)/.installed
 DATA_ROOT ?= data
 
-.PHONY: install install-vllm demo test test-busy test-all lint clean server server-stop bench
+.PHONY: install install-vllm demo test test-busy test-all lint clean server server-stop bench device-bundle test-gpu
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -80,8 +80,21 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
+# The device check (docs/gpu.md): `make device-bundle` builds .devrun/ (the wheels of device/pins.txt for the GPU
+# image's CPython 3.12, DeepSpeed built as a pure wheel by DEVICE_BUILD_PYTHON, which needs torch; the committed
+# HEAD; device/run.sh), at most 60 MiB; the lent machine runs `bash .devrun/run.sh`. Downloads are kept in
+# .devrun-cache/. `make test-gpu` runs the tests marked gpu here (skipped without CUDA; GPU_TESTS_DEVICE=cpu runs
+# their bodies on the CPU).
+DEVICE_BUILD_PYTHON ?= $(BIN)/python
+GPU_TESTS_DEVICE ?= cuda
+device-bundle: $(STAMP)
+	$(BIN)/python device/bundle.py --build-python $(DEVICE_BUILD_PYTHON)
+
+test-gpu: $(STAMP)
+	RAGEN_GPU_TESTS_DEVICE=$(GPU_TESTS_DEVICE) $(BIN)/python -m pytest -m gpu -q -s tests/gpu
+
 lint: $(STAMP)
-	$(BIN)/ruff check ragen_core schemas tasks flows ragen_cli tests
+	$(BIN)/ruff check ragen_core schemas tasks flows ragen_cli tests device
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -27,6 +27,7 @@ SERVER_FIXTURES = ("prefect_server", "whole_bandit_run")  # the session's `ragen
 SERVER_SCOPE = "prefect-server"
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist (a lent GPU machine's image) pytest skips it
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's scheduler type
     """``make test`` (``-n 2 --dist loadfile``): whole files per worker, except that every file using the session's
     `ragen server` runs in one worker, which then starts that server (and its reference run) once instead of each

@@ -115,7 +115,7 @@ def test_quick_rollout_and_update_write_the_results(tmp_path, monkeypatch):
     worst = min(c["ratio"]["median"] for c in details["rollout"]["cases"])
     assert flat["rollout_efficiency"] == pytest.approx(worst)
     report = (tmp_path / "RESULTS.md").read_text()
-    assert "## 1. Rollout efficiency" in report and "Not run here: this machine has no GPU" in report
+    assert "## 1. Rollout efficiency" in report and "Not run by `make bench`: this machine has no GPU" in report
 
 
 def test_regenerating_the_report_keeps_other_benchmarks_sections():
