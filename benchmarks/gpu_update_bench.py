@@ -111,7 +111,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['parameters'] / 1e6:,.1f}M-parameter Qwen2-architecture model (random weights), "
         f"{result['run']['precision']}, launcher `{result['launcher']}` x {result['world']} process(es), "
         f"{result['iterations']} iterations of the {result.get('case', 'bandit')} batch with the Hugging Face rollout "
-        "backend; GPU: **{where['gpu']}** "
+        f"backend; GPU: **{where['gpu']}** "
         f"(peak {result['peak_tflops']} TFLOP/s bf16 dense per GPU), torch {where['versions']['torch']}, "
         f"DeepSpeed {where['versions']['deepspeed']}.",
         "",

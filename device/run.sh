@@ -150,7 +150,7 @@ step tests "$(limit 240 200)" "
   $PY -m pytest -m gpu tests/gpu -p no:cacheprovider -q -s -rA --durations=0 2>&1 | tee '$TMPD/tests.txt'
   rc=\${PIPESTATUS[0]}
   grep -E '^(PASSED|FAILED|SKIPPED|ERROR)|on (cuda|cpu): |passed|failed' '$TMPD/tests.txt' >'$OUT/gpu-tests.txt'
-  tail -n 1 '$TMPD/tests.txt' | sed 's/=//g; s/^ *//' >'$OUT/gpu-tests-summary.txt'
+  grep -E '^=+ .*(passed|failed|error|skipped).* in [0-9.]+s' '$TMPD/tests.txt' | tail -n 1 | sed 's/=//g; s/^ *//' >'$OUT/gpu-tests-summary.txt'
   exit \$rc
 "
 

@@ -97,7 +97,8 @@ def test_a_run_killed_on_the_device_resumes_to_the_same_rows_and_weights(device,
     for table in ("trajectories", "turns"):
         keys = _keys(killed, table)
         assert keys == _keys(whole, table) and len(set(keys)) == len(keys), table  # nothing lost, nothing twice
-    first = "SELECT group_id, traj_index, input_ids, reward FROM trajectories WHERE iteration = 0 AND split = 'train'"
+    first = ("SELECT group_id, traj_index, input_ids, total_reward FROM trajectories "
+             "WHERE iteration = 0 AND split = 'train'")
     assert sorted(map(repr, query(whole, first).to_pylist())) == sorted(map(repr, query(killed, first).to_pylist()))
     for name, want in expected.items():
         if name.endswith("k_proj.bias"):
