@@ -160,11 +160,16 @@ cp "$PROJ/benchmarks/RESULTS.md" "$TMPD/RESULTS.orig.md"
 bench() {  # bench NAME LIMIT OUTFILE EXTRA-ARGS
   rm -f "$PROJ/benchmarks/results/gpu.json"
   step "$1" "$2" "
-    $PY -m benchmarks.gpu_update_bench $BENCH_ARGS $4 --root '$TMPD/$1' 2>&1 | tail -n 40
-    rc=\${PIPESTATUS[0]}
+    $PY -m benchmarks.gpu_update_bench $BENCH_ARGS $4 --root '$TMPD/$1' >'$TMPD/$1.out' 2>&1
+    rc=\$?
+    tail -n 40 '$TMPD/$1.out'  # (into the log; a timed-out step leaves its file, shown below)
     ((rc)) && find '$TMPD/$1' -name 'group-*.log' -exec tail -n 80 {} + 2>/dev/null
     exit \$rc
   "
+  if grep -q "\[$1\] TIMED OUT" "$LOG"; then  # what it had done by then: its last lines and the group's log
+    { echo "--- [$1] its last output:"; tail -n 40 "$TMPD/$1.out" 2>/dev/null
+      find "$TMPD/$1" -name 'group-*.log' -exec tail -n 40 {} + 2>/dev/null; } >>"$LOG"
+  fi
   cp "$PROJ/benchmarks/results/gpu.json" "$OUT/$3" 2>/dev/null
   cp "$TMPD/RESULTS.orig.md" "$PROJ/benchmarks/RESULTS.md"
   rm -rf "${TMPD:?}/$1"
