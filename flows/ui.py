@@ -77,8 +77,9 @@ def named_after(parameter: str) -> Callable[[], str]:
 
 
 def run_tags(env: str, preset: str, sweep_id: str | None = None) -> list[str]:
-    """The tags of a run's flow run: ``env:<env>``, ``preset:<preset>`` (dashes: ``starpo-s``), ``sweep:<id>``."""
-    tags = [f"env:{env}", f"preset:{preset.replace('_', '-')}"]
+    """The tags of a run's flow run: ``env:<env>``, ``preset:<preset>`` (spelled as the config spells it:
+    ``starpo_s``), ``sweep:<id>``."""
+    tags = [f"env:{env}", f"preset:{preset}"]
     return tags + ([f"sweep:{sweep_id}"] if sweep_id else [])
 
 

@@ -1,5 +1,5 @@
 """The ``ragen`` command line: train, resume, retrain, sweep, eval, sql, plot, reproduce, runs (list, rm, compact),
-server, export, upgrade-lake."""
+server, export, upgrade-lake, config show."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from ragen_cli.common import (
     writable_root,
     write_result,
 )
+from ragen_cli.config import config_app
 from ragen_cli.export import export, upgrade_lake
 from ragen_cli.launch import print_step, start_flow_command, user_facing_errors, watch_points, watch_run, writer
 from ragen_cli.reproduce import reproduce
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.")
 app.add_typer(server_app, name="server")
 app.add_typer(runs_app, name="runs")
+app.add_typer(config_app, name="config")
 app.command()(reproduce)
 app.command()(export)
 app.command("upgrade-lake")(upgrade_lake)

@@ -22,7 +22,7 @@ def format_validation_error(error: ValidationError) -> str:
         key = ".".join(str(part) for part in item["loc"]) or "<root>"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling; see README 'Configs' for the keys)"
+            message = "unknown key (check the spelling; `ragen config show` lists every key)"
         elif item["type"] == "missing":
             message = "required"
         lines.append(f"  {key}: {message}")

@@ -101,7 +101,7 @@ def test_a_command_line_run_is_named_tagged_and_logged_and_prints_its_address(se
     done = _ragen(server, ["train", "--config", "configs/bandit.yaml", "--run-id", "ui-run", server.model, *TINY])
     seen = _seen(server, "ui-run")
     assert seen["state"] == "COMPLETED"
-    assert seen["tags"] == {"env:bandit", "preset:starpo-s"}
+    assert seen["tags"] == {"env:bandit", "preset:starpo_s"}
     stages = {"generate", "persist", "validate", "filter", "update", "evaluate", "commit", "artifact"}
     assert {f"{stage}-i0" for stage in stages} | {"evaluate-i1", "commit-i1", "artifact-i1"} <= seen["tasks"]
     # the summary lines, as the terminal shows them, and the early warning, from inside the filter's task run
@@ -123,7 +123,7 @@ def test_an_evaluation_is_named_after_its_run_id(server):
         pytest.skip("needs the run of the previous test")
     done = _ragen(server, ["eval", "ui-run", "--run-id", "ui-eval", "--n", "2"])
     seen = _seen(server, "ui-eval")
-    assert seen["state"] == "COMPLETED" and seen["tags"] == {"env:bandit", "preset:starpo-s", "evaluation"}
+    assert seen["state"] == "COMPLETED" and seen["tags"] == {"env:bandit", "preset:starpo_s", "evaluation"}
     assert "evaluate-i0" in seen["tasks"] and "commit-i0" in seen["tasks"]
     assert [m.split(" · ")[0] for name, _, m in seen["logs"] if name == "ragen.run"] == ["iter   0"]
     assert "Prefect UI: " in done.stdout
@@ -139,7 +139,7 @@ def test_a_sweep_and_its_points_are_named_after_their_ids_and_tagged_with_the_sw
     assert "point 1 of 1: ui-sweep-p000 · seed=5\n" in done.stdout
     assert re.search(r"point 1 of 1: ui-sweep-p000 completed in \d+ s\n", done.stdout), done.stdout
     sweep, point = _seen(server, "ui-sweep"), _seen(server, "ui-sweep-p000")
-    assert sweep["tags"] == point["tags"] == {"env:bandit", "preset:starpo-s", "sweep:ui-sweep"}
+    assert sweep["tags"] == point["tags"] == {"env:bandit", "preset:starpo_s", "sweep:ui-sweep"}
     assert sweep["parent"] is None and point["parent"] is not None  # the point ran as a subflow of the sweep
     assert "generate-i0" in point["tasks"] and point["state"] == sweep["state"] == "COMPLETED"
     steps = [m for name, _, m in sweep["logs"] if name == "ragen.run"]
@@ -180,7 +180,7 @@ def test_a_deployment_run_without_a_run_id_is_renamed_to_the_id_it_derives_and_t
         time.sleep(1)
         seen = _seen(server, run_id)
     assert seen["id"] == str(flow_run.id) and seen["state"] == "COMPLETED"
-    assert seen["tags"] == {"ragen", "env:bandit", "preset:starpo-s"}
+    assert seen["tags"] == {"ragen", "env:bandit", "preset:starpo_s"}
     assert {"generate-i0", "update-i0", "commit-i1"} <= seen["tasks"]
     assert [m.split(" · ")[0] for name, _, m in seen["logs"] if name == "ragen.run"] == ["iter   0", "iter   1"]
     assert DataLake(tmp_path).read_manifest(run_id)["pid"] != os.getpid()  # run by the worker, not here
