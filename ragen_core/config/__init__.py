@@ -11,7 +11,8 @@ are checked by ``ragen_core.run.checks``, whose ``build_run_config`` / ``load_ru
 Modules: :mod:`.base` (what every section shares), :mod:`.generation` (model, env, rollout), :mod:`.algorithm` (the
 algorithm section and its presets), :mod:`.optimisation` (actor, critic, offline, trainer, bootstrap),
 :mod:`.monitoring` (eval, monitor), :mod:`.tree` (:class:`RunConfig`), :mod:`.yaml_text` (reading YAML),
-:mod:`.loading` (overrides, stored configs, :func:`build_config`, :func:`load_config`), :mod:`.errors`.
+:mod:`.loading` (overrides, stored configs, :func:`build_config`, :func:`load_config`), :mod:`.errors`,
+:mod:`.describe` (every key with its value, default and description: ``ragen config show``).
 """
 
 from ragen_core.config.algorithm import PRESET_NAMES, PRESETS, AlgorithmConfig, preset_field
