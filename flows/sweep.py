@@ -99,9 +99,14 @@ def _run_deployments(
     """Submit every point as a run of ``deployment`` (linked to this flow run), then wait for all of them."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
+    from prefect.runtime import flow_run as this_run
 
     submitted = {}
     for point in chosen:
+        # Prefect's client retries a request whose answer timed out (a busy server): without a key, a retried create
+        # whose first attempt did land makes a second flow run of the point. One key per point and sweep flow run: a
+        # retry gets the same flow run back, a later run of the sweep (a resume) submits anew.
+        key = f"{this_run.id}:{point.run_id}"
         flow_run = run_deployment(
             deployment,
             parameters={
@@ -112,6 +117,7 @@ def _run_deployments(
             },
             flow_run_name=point.run_id,
             tags=[f"sweep:{plan.sweep_id}"],
+            idempotency_key=key,
             timeout=0,
         )
         submitted[point.run_id] = flow_run.id
