@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 
 from ragen_core.storage import DataLake
 from ragen_core.storage.space import SPACE_PREFIX
-from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _rows, _weights
+from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _rows, _wait_then_reap, _weights
 
 TABLES = ["trajectories", "turns", "metrics", "evaluations"]
 
@@ -51,13 +50,7 @@ def _ragen(args: list[str], root: Path, log: Path, api_url: str) -> tuple[int, s
     with open(log, "w") as out, open(log.with_suffix(".err"), "w") as err:
         process = subprocess.Popen([str(Path(sys.executable).with_name("ragen")), *args, "--data-root", str(root)],
                                    stdout=out, stderr=err, env=env, start_new_session=True)  # fmt: skip
-        try:
-            process.wait(timeout=400)
-        finally:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _wait_then_reap(process, 400)
     return process.returncode, log.read_text(), log.with_suffix(".err").read_text()
 
 

@@ -62,14 +62,20 @@ def _ragen(args, root, fault=None, api_url=None):
             env=env,
             start_new_session=True,
         )
-        try:
-            process.wait(timeout=400)
-        finally:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _wait_then_reap(process, 400)
     return process.returncode, log.read_text()
+
+
+def _wait_then_reap(process: subprocess.Popen, timeout: float) -> None:
+    """Wait for a command started in its own session, then kill whatever it left in its process group (a killed
+    run's Prefect server), however the wait ended."""
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from ragen_core.storage import DataLake, query
-from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _rows, _weights
+from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _rows, _wait_then_reap, _weights
 
 pytestmark = pytest.mark.gpu
 
@@ -52,13 +52,7 @@ def _start(args: list[str], root: Path, fault: str | None = None) -> tuple[subpr
 
 def _finish(process: subprocess.Popen, log: Path, device: str) -> tuple[int, str]:
     """Wait for the command, then end whatever it left in its process group (a killed run's Prefect server)."""
-    try:
-        process.wait(timeout=TIMEOUT_S[device])
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    _wait_then_reap(process, TIMEOUT_S[device])
     return process.returncode, log.read_text()
 
 
