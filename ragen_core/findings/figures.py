@@ -134,11 +134,11 @@ def _draw_multiturn(figure, numbers: dict[str, Any]) -> None:
             left.axhline(level, color="grey", linestyle=("--", ":", "-.")[index % 3], label=f"{ref} {level:.2f}")
         left.set_title(f"{label}: validation success ({arm['verdict']})", fontsize="small")
         left.set_ylim(-0.02, 1.02)
-        for ax, key in ((right, "teacher_agreement"), (right, "teacher_chance")):
+        for key, colour, style in (("teacher_agreement", "C1", "-"), ("teacher_chance", "C1", ":"),
+                                   ("think_right", "C2", "--")):  # fmt: skip
             name = arm["val_key"].replace("/success", f"/{key}")
-            style = "-" if key == "teacher_agreement" else ":"
-            _series_panel(ax, curves.get(name, []), key.replace("_", " "), "C1", f"{label}|{name}", style)
-        right.set_title(f"{label}: agreement with the teacher's move", fontsize="small")
+            _series_panel(right, curves.get(name, []), key.replace("_", " "), colour, f"{label}|{name}", style)
+        right.set_title(f"{label}: agreement with the teacher's move, perception", fontsize="small")
         for ax in (left, right):
             ax.set_xlabel("iteration")
             ax.grid(True, alpha=0.3)

@@ -5,9 +5,11 @@ Per arm (one env each): validation success at iteration 0 (the bootstrapped mode
 validation; a run's lift counts when it is at least ``params.min_lift`` (0.08) and beyond two standard errors of the
 difference of the two estimates (``sqrt(p0 (1 - p0) / n + p1 (1 - p1) / n)``, n = validation episodes). The verdict is
 "reproduced" when every run of the arm lifts, "partly" when some do, "not reproduced" when none does. The prior is
-shown by the teacher-agreement diagnostic (``val/<env>/teacher_agreement`` against ``teacher_chance``). Reference
-levels are measured here, not typed in: scripted policies (random moves, the bootstrap's own teacher mix, the teacher)
-played on the same validation instances under the same limits, ``params.reference_repeats`` times each.
+shown by the teacher-agreement diagnostic (``val/<env>/teacher_agreement`` against ``teacher_chance``), the
+perception by ``val/<env>/think_right`` (the share of validation replies whose thinking is the state's
+description). Reference levels are measured here, not typed in: scripted policies (random moves, the bootstrap's
+own teacher mix, the teacher) played on the same validation instances under the same limits,
+``params.reference_repeats`` times each.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ragen_core.findings.analysis import Arm, Context, curve, first_value, last_
 from ragen_core.rollout.scripted import get_scripted_policy, has_teacher, play_scripted
 from ragen_core.seeding import derive_seed, derive_seeds
 
-AGREEMENT, CHANCE = "teacher_agreement", "teacher_chance"
+AGREEMENT, CHANCE, PERCEPTION = "teacher_agreement", "teacher_chance", "think_right"
 
 
 def reference_levels(config: RunConfig, env_name: str, repeats: int) -> dict[str, float]:
@@ -70,7 +72,7 @@ def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any
             for run in arm.run_ids}  # fmt: skip
     lifted = sum(r["lifted"] for r in runs.values())
     verdict = "reproduced" if lifted == len(runs) and runs else "partly" if lifted else "not reproduced"
-    names = (key, f"val/{env_name}/{AGREEMENT}", f"val/{env_name}/{CHANCE}")
+    names = (key, f"val/{env_name}/{AGREEMENT}", f"val/{env_name}/{CHANCE}", f"val/{env_name}/{PERCEPTION}")
     return {
         "env": env_name,
         "env_options": dict(config.env.options),
@@ -85,6 +87,8 @@ def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any
         "agreement_first": spread([first_value(ctx, run, names[1]) for run in arm.run_ids]),
         "agreement_final": spread([last_value(ctx, run, names[1]) for run in arm.run_ids]),
         "chance": spread([first_value(ctx, run, names[2]) for run in arm.run_ids]),
+        "think_right_first": spread([first_value(ctx, run, names[3]) for run in arm.run_ids]),
+        "think_right_final": spread([last_value(ctx, run, names[3]) for run in arm.run_ids]),
         "references": reference_levels(config, env_name, repeats),
         "curves": {name: curve(ctx, arm, name) for name in names},
     }

@@ -46,7 +46,21 @@ def rollout_metrics(trajectories: pa.Table, turns: pa.Table, prefix: str = "roll
     }
     metrics.update(think_diversity(turns, prefix))
     metrics.update(teacher_agreement(turns, prefix))
+    metrics.update(perception(turns, prefix))
     return metrics
+
+
+def perception(turns: pa.Table, prefix: str) -> dict[str, float]:
+    """The share of turns whose thinking is exactly the env's description of the state it saw
+    (``prefix/think_right``, over the turns of envs that describe their state); none for envs without one."""
+    if "info" not in turns.column_names:
+        return {}
+    right = [float(info["think_right"]) for info in map(_info, turns["info"].to_pylist()) if "think_right" in info]
+    return {f"{prefix}/think_right": _mean(np.array(right))} if right else {}
+
+
+def _info(text: str | None) -> dict:
+    return json.loads(text) if text else {}
 
 
 def teacher_agreement(turns: pa.Table, prefix: str) -> dict[str, float]:

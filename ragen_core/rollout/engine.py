@@ -212,6 +212,7 @@ def _apply_reply(
         reply, slot.env.parse_action, budget, spec.enable_think, spec.reply_format, not generation.truncated
     )
     teacher = _teacher_agreement(slot.env, slot.actions_left, parsed.actions)  # before the env steps
+    teacher.update(_perception(slot.env, parsed.think, spec.enable_think))
     reward, terminated, executed, infos = 0.0, False, [], []
     for action in parsed.actions:
         slot.state, step_reward, terminated, truncated, info = slot.env.step(action)
@@ -247,6 +248,14 @@ def _apply_reply(
             info={"action_is_effective": [bool(i.get("action_is_effective", True)) for i in infos], **teacher},
         )
     )
+
+
+def _perception(env: Any, think: str, enable_think: bool) -> dict[str, Any]:
+    """The perception diagnostic of one turn, for envs that describe their state (``TextEnv.describe``): whether
+    the reply's thinking is exactly the description of the state the turn saw (``think_right``; a reply without a
+    think block is wrong). Empty where the env has no description or thinking is off."""
+    description = env.describe() if enable_think else None
+    return {} if description is None else {"think_right": think == description}
 
 
 def _teacher_agreement(env: Any, actions_left: int, actions: list[str]) -> dict[str, Any]:

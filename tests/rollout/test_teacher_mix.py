@@ -8,7 +8,7 @@ import pytest
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.envs import make_env
-from ragen_core.monitor.metrics import teacher_agreement
+from ragen_core.monitor.metrics import perception, teacher_agreement
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.run.checks import load_run_config as load_config
 
@@ -37,6 +37,7 @@ def test_teacher_mix_takes_the_teacher_move_at_its_rate_and_thinks_the_state(tin
     for record in records:
         for turn, (teacher, description) in zip(record.turns, _replay(record, env_name, options), strict=True):
             assert turn.think == description and turn.valid and len(turn.actions) == 1
+            assert turn.info["think_right"] is True  # the engine's perception diagnostic at the same state
             if teacher and len(teacher) < 4:
                 total += 1
                 agree += turn.actions[0] in teacher
@@ -65,6 +66,26 @@ def test_agreement_metric_against_a_hand_count():
         "val/frozen_lake/teacher_chance": pytest.approx((0.25 + 0.5 + 0.25) / 3),
     }
     assert teacher_agreement(pa.table({"info": [json.dumps({})]}), "rollout") == {}
+
+
+def test_perception_metric_against_a_hand_count():
+    infos = [{"think_right": True}, {"think_right": False}, {}, {"think_right": True, "teacher_agree": False}, None]
+    turns = pa.table({"info": [json.dumps(i) if i is not None else None for i in infos]})
+    assert perception(turns, "val/sokoban") == {"val/sokoban/think_right": pytest.approx(2 / 3)}
+    assert perception(pa.table({"info": [json.dumps({})]}), "rollout") == {}
+
+
+def test_a_wrong_description_is_not_right(tiny_policy):
+    _, tokenizer = tiny_policy
+    spec = RolloutSpec("frozen_lake", list(range(8)), 1, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=3,
+                       env_options={"is_slippery": False})  # fmt: skip
+    backend = ScriptedBackend("random", tokenizer, {})
+    records = run_rollouts(spec, backend, ChatFormatter(tokenizer, reply_prefix="<think>"), seed=0)
+    for record in records:
+        for turn, (_, description) in zip(record.turns, _replay(record, "frozen_lake", {"is_slippery": False}),
+                                           strict=True):  # fmt: skip
+            assert turn.info["think_right"] == (turn.think == description)
+            assert turn.think != description  # the random policy thinks no description
 
 
 def test_teacher_mix_needs_an_env_with_a_teacher():
