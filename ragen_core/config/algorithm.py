@@ -92,6 +92,11 @@ class AlgorithmConfig(Section):
     kl_estimator: Literal["k1", "k2", "k3", "kl", "mse", "low_var_kl", "abs"] = Field(
         "k1", description="KL estimator: k1 (kl, RAGEN's), k2 (mse), k3 (low_var_kl) or abs."
     )
+    kl_span: Literal["reply", "think"] = Field(
+        "reply",
+        description="The tokens the KL term covers: 'reply' every trained token (RAGEN's), 'think' only each reply's "
+        "thinking (up to and including </think>): an anchor on what the model perceives that leaves its answer free.",
+    )
     entropy_coef: Scale = Field(0.001, description="Entropy bonus coefficient.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
         "seq-mean-token-mean",

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ragen_core.agent.spans import THINK_END, reasoning_tokens
 from ragen_core.training.batch import collate, token_logprobs
 
 TokenIds = tuple[int, ...]
 Scorer = Callable[[Sequence[tuple[TokenIds, TokenIds]]], np.ndarray]  # (x, z) pairs -> summed log p(z | x)
-THINK_END = "</think>"
 
 
 def first_reply(input_ids: Sequence[int], loss_mask: Sequence[int]) -> tuple[TokenIds, TokenIds]:
@@ -53,23 +53,6 @@ def first_reply(input_ids: Sequence[int], loss_mask: Sequence[int]) -> tuple[Tok
     gaps = np.flatnonzero(~mask[start:])
     end = start + int(gaps[0]) if len(gaps) else len(mask)
     return tuple(int(t) for t in input_ids[:start]), tuple(int(t) for t in input_ids[start:end])
-
-
-def reasoning_tokens(reply: TokenIds, decode: Callable[[list[int]], str] | None) -> TokenIds:
-    """The reasoning part of a first reply: its shortest prefix whose text contains ``</think>`` (the ``<think>``
-    block, tags included; the token that completes the tag may carry a character or two after it; what follows is
-    the answer), or the whole reply when it has no ``</think>`` (thinking off, or a reply without the tag) or
-    ``decode`` is None. Decoded text grows with the prefix, so a binary search finds the cut in log2(len) decodes."""
-    if decode is None or THINK_END not in decode(list(reply)):
-        return reply
-    low, high = 1, len(reply)  # invariant: the prefix of length ``high`` contains the tag
-    while low < high:
-        middle = (low + high) // 2
-        if THINK_END in decode(list(reply[:middle])):
-            high = middle
-        else:
-            low = middle + 1
-    return reply[:high]
 
 
 THINK_START = "<think>"

@@ -217,6 +217,7 @@ class ActorEngine:
         shuffle_seed: int,
         ref_logprobs: torch.Tensor | None = None,
         watch_old_gap: bool = False,
+        kl_mask: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """PPO-style optimizer steps on ``batch`` (the kept trajectories) with precomputed ``advantages`` (B, T).
 
@@ -224,7 +225,8 @@ class ActorEngine:
         sampler's stored ones when they are the same (see :func:`ragen_core.training.starpo.reuses_behavior_logprobs`).
         ``algorithm`` says the loss (``policy_loss``, which reads the options it declares from it), the entropy and KL
         terms and the aggregation; ``schedule`` (the actor section) the optimizer steps: ``mini_batch_size``,
-        ``ppo_epochs``, ``online_k``. ``ref_logprobs`` adds the KL loss term (``kl_coef``). With ``watch_old_gap``
+        ``ppo_epochs``, ``online_k``. ``ref_logprobs`` adds the KL loss term (``kl_coef``), over the trained tokens
+        that ``kl_mask`` (B, T) keeps (all of them when None). With ``watch_old_gap``
         the first optimizer step, whose forward runs on the weights before any change, also records
         ``actor/behavior_logprob_gap``: the largest |current - old| log-prob over that mini-batch's trained tokens
         (0 up to float summation order when the old log-probs are the policy's; no extra compute). Returns metrics
@@ -233,7 +235,7 @@ class ActorEngine:
         loss_fn = POLICY_LOSSES.bind(algorithm.policy_loss, algorithm)
         rng = np.random.default_rng(shuffle_seed)
         steps = update_schedule(len(batch), schedule.mini_batch_size, schedule.ppo_epochs, schedule.online_k, rng)
-        step_inputs = _StepInputs(batch, old_logprobs, ref_logprobs, advantages, loss_fn, algorithm)
+        step_inputs = _StepInputs(batch, old_logprobs, ref_logprobs, advantages, loss_fn, algorithm, kl_mask)
         history: dict[str, list[float]] = {}
         gap = None
         self.engine.train()
@@ -312,7 +314,10 @@ class ActorEngine:
         values: dict[str, torch.Tensor] = {}
         if inputs.ref_logprobs is not None:
             reference = inputs.ref_logprobs[rows, :width].to(self.device, non_blocking=True)
-            kl = aggregate_loss(kl_penalty(logprobs, reference, algorithm.kl_estimator), micro.loss_mask, mode, count)
+            kl_tokens = micro.loss_mask
+            if inputs.kl_mask is not None:
+                kl_tokens = kl_tokens * inputs.kl_mask[rows, :width].to(self.device, non_blocking=True)
+            kl = aggregate_loss(kl_penalty(logprobs, reference, algorithm.kl_estimator), kl_tokens, mode, count)
             loss = loss + algorithm.kl_coef * kl
             values["actor/kl_loss"] = kl.detach() * share
         if mode != "token-mean":
@@ -367,6 +372,7 @@ class _StepInputs:
     advantages: torch.Tensor
     loss_fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]  # the policy loss, its options bound
     algorithm: AlgorithmConfig
+    kl_mask: torch.Tensor | None = None  # the tokens the KL term covers (None: every trained token)
 
 
 def _to_host(sums: dict[str, torch.Tensor], device: torch.device) -> dict[str, float]:

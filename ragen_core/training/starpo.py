@@ -35,6 +35,7 @@ class UpdateInputs:
     behavior_logprobs: torch.Tensor | None = None  # (B, T) the sampler's stored log-probs; None: some row has none
     kept_group_share: float = 1.0  # groups the filter kept / groups of the iteration (filter_loss_scaling)
     episode_index: torch.Tensor | None = None  # (B,) turn rows: each row's trajectory; None: rows are trajectories
+    kl_mask: torch.Tensor | None = None  # (B, T) the tokens the KL term covers (algorithm.kl_span); None: all trained
 
 
 def trajectory_token_rewards(loss_mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -151,8 +152,9 @@ def starpo_update(
     token_rewards = token_rewards_for(inputs, algorithm.reward_level)
     metrics: dict[str, float] = {}
     if algorithm.kl_mode == "reward" and ref_logprobs is not None:
+        kl_mask = mask if inputs.kl_mask is None else mask * inputs.kl_mask
         token_rewards, mean_kl = apply_kl_penalty(
-            token_rewards, old_logprobs, ref_logprobs, mask, algorithm.kl_coef, algorithm.kl_estimator
+            token_rewards, old_logprobs, ref_logprobs, kl_mask, algorithm.kl_coef, algorithm.kl_estimator
         )
         metrics["actor/reward_kl"] = float(mean_kl)
     critic_needed = needs_critic(algorithm.adv_estimator)
@@ -176,6 +178,7 @@ def starpo_update(
             seed,
             ref_logprobs if algorithm.kl_mode == "loss" else None,
             watch_old_gap=reuse,
+            kl_mask=inputs.kl_mask,
         )
     )
     maybe_fail("update", "inside", iteration)  # the actor has stepped in memory; nothing is saved or committed

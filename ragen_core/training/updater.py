@@ -17,12 +17,14 @@ checked against the trainer's model).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from ragen_core.agent.prompts import reply_prefix as prompt_reply_prefix
+from ragen_core.agent.spans import think_mask
 from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.storage import DataLake
@@ -104,6 +106,11 @@ class InProcessUpdater:
         inputs = update_inputs(self.lake, self.run_id, iteration, self.config, self.tokenizer.pad_token_id)
         if inputs is None:
             return dict(SKIPPED)
+        algorithm = self.config.algorithm
+        if algorithm.kl_coef > 0 and algorithm.kl_span == "think":
+            batch = inputs.batch
+            mask = think_mask(batch.input_ids.tolist(), batch.loss_mask.tolist(), self.tokenizer.decode)
+            inputs = dataclasses.replace(inputs, kl_mask=torch.from_numpy(mask))
         return starpo_update(self.config, self.actor, self.critic, inputs, iteration)
 
     def save(self, updates: int, extra: dict[str, Any]) -> Path:

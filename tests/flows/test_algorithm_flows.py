@@ -27,6 +27,7 @@ VARIANTS = {
     "kl_reward": {
         "algorithm": {"adv_estimator": "rloo", "kl_coef": 0.01, "kl_mode": "reward", "policy_loss": "dual_clip"}
     },
+    "kl_think": {"algorithm": {"kl_coef": 0.01, "kl_span": "think"}},  # the anchor on the thinking only
     "online3": {"algorithm": {"adv_estimator": "reinforce_plus_plus"}, "actor": {"online_k": 3}},
     "std_half": {"algorithm": {"filter": "std", "filter_ratio": 0.5, "adv_estimator": "reinforce_plus_plus_baseline"}},
     "top_p": {"algorithm": {"filter": "std_top_p", "filter_ratio": 0.6}},
@@ -83,6 +84,7 @@ def test_kl_as_loss_and_as_reward(lake_root):
     kl_reward = _metrics(lake_root, "kl_reward")
     assert "actor/reward_kl" in kl_reward and "actor/kl_loss" not in kl_reward
     assert "actor/clipfrac_dual" in kl_reward
+    assert np.isfinite(_metrics(lake_root, "kl_think")["actor/kl_loss"])  # kl_span=think through the updater
 
 
 def test_online_k_steps(lake_root):
