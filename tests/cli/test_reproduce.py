@@ -217,11 +217,12 @@ def test_multiturn_learning_bootstraps_a_weak_prior_and_reads_lift_and_agreement
 
     root, _, results = reproduced
     numbers = results["multiturn_learning"][0]["numbers"]
-    assert sorted(numbers["arms"]) == ["frozen_lake", "sokoban"]
+    assert sorted(numbers["arms"]) == ["frozen_lake", "frozen_lake_history", "sokoban", "sokoban_history"]
     describe = {"frozen_lake": _goal_from_render, "sokoban": _sokoban_description}
-    for env, arm in numbers["arms"].items():
-        (run,) = _runs("multiturn_learning", env)
-        assert arm["env"] == env and list(arm["runs"]) == [run]
+    for label, arm in numbers["arms"].items():
+        env = arm["env"]
+        (run,) = _runs("multiturn_learning", label)
+        assert label.removesuffix("_history") == env and list(arm["runs"]) == [run]
         evals = query(root, "SELECT iteration, success_rate AS s FROM evaluations WHERE env = $env AND "
                       "run_id = $run ORDER BY iteration", params={"env": env, "run": run}).to_pylist()  # fmt: skip
         first, final = evals[0]["s"], evals[-1]["s"]
@@ -229,24 +230,26 @@ def test_multiturn_learning_bootstraps_a_weak_prior_and_reads_lift_and_agreement
         assert arm["runs"][run]["lift"] == pytest.approx(final - first)
         assert arm["val_success_final"]["mean"] == pytest.approx(final)
         # the agreement diagnostic is the share of the validation turns, where the teacher prefers some moves, whose
-        # first action is one of the teacher's
-        agreement = query(root, """
-            SELECT avg(json_extract(info, '$.teacher_agree')::BOOLEAN::INT) AS a FROM turns
+        # first action is one of the teacher's; the perception one the share whose thinking is the state's description
+        agreement, right = query(root, """
+            SELECT avg(json_extract(info, '$.teacher_agree')::BOOLEAN::INT) AS a,
+                   avg(json_extract(info, '$.think_right')::BOOLEAN::INT) AS r FROM turns
             WHERE run_id = $run AND split = 'val' AND iteration = 0
-              AND json_extract(info, '$.teacher_agree') IS NOT NULL
-            """, params={"run": run}).to_pylist()[0]["a"]  # fmt: skip
+            """, params={"run": run}).to_pylist()[0].values()  # fmt: skip
+        assert arm["think_right_first"]["mean"] == pytest.approx(right)
         assert arm["agreement_first"]["mean"] == pytest.approx(agreement)
         assert list(arm["references"]) == ["random", "teacher mix p=0.3", "teacher"]
         assert arm["references"]["random"] < arm["references"]["teacher mix p=0.3"] < arm["references"]["teacher"]
         assert arm["verdict"] in ("reproduced", "partly", "not reproduced")
         # the demonstrations think what the state shows, in the compact prompt
-        (bootstrap,) = query(root, "SELECT DISTINCT run_id FROM trajectories WHERE run_id LIKE 'bootstrap-%' "
-                             "AND env = $env", params={"env": env}).to_pylist()  # fmt: skip
+        bootstraps = query(root, "SELECT DISTINCT run_id FROM trajectories WHERE run_id LIKE 'bootstrap-%' "
+                           "AND env = $env", params={"env": env}).to_pylist()  # fmt: skip
+        assert len(bootstraps) == 2  # one per context mode: the single-turn arm's and the history arm's
         turns = _sql(root, "SELECT observation, think FROM turns WHERE list_contains($runs, run_id)",
-                     [bootstrap["run_id"]])  # fmt: skip
-        assert len(turns) >= 8
+                     [b["run_id"] for b in bootstraps])  # fmt: skip
+        assert len(turns) >= 16
         for row in turns:
-            assert "\nState:\n" in row["observation"] and "system" not in row["observation"]
+            assert "State:\n" in row["observation"] and "system" not in row["observation"]
             grid = row["observation"].split("State:\n", 1)[1].rsplit("\n", 1)[0]
             assert row["think"] == describe[env](grid)
 
