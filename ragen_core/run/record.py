@@ -89,15 +89,21 @@ class RunRecord:
 @contextmanager
 def run_status(session: RunSession) -> Iterator[RunSession]:
     """The body of a run: ``completed`` when it returns, ``failed`` / ``interrupted`` (where, and the last committed
-    iteration) when it raises; the session's updater and rollout engine are closed either way."""
+    iteration) when it raises; the session's updater and rollout engine are closed either way, then its trackers
+    end their runs with that status (and the run's plot)."""
     session.record.hold_reserve()
+    status = "completed"
     try:
         yield session
     except BaseException as exc:
         session.record.stopped(exc)
+        status = session.record.manifest.get("status", "failed")
         raise
     finally:
-        session.close()
+        try:
+            session.close()
+        finally:
+            session.trackers.finish(status if status in ("failed", "interrupted") else "completed")
         release_reserve(session.lake.space_reserve_file(session.run_id))  # held only while the run runs
     session.record.update(status="completed")
 
