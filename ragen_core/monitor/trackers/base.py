@@ -106,8 +106,17 @@ def run_tags(config: RunConfig, run_id: str, sweep_id: str | None) -> dict[str, 
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    """``Type: first line of the message``, shortened: what a warning says of a tracker's error (a database error's
-    text runs over many lines, with its SQL)."""
-    lines = str(exc).strip().splitlines()
-    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    """``Type: first line of the message`` of ``exc`` and, when it wraps another error, of the innermost one (a store
+    error's own text is often a wrapper's: "raised as a result of Query-invoked autoflush ..."), shortened: what a
+    warning says of a tracker's error (a database error's text runs over many lines, with its SQL)."""
+    root, seen = exc, {id(exc)}
+    while (root.__cause__ or root.__context__) is not None and id(root.__cause__ or root.__context__) not in seen:
+        root = root.__cause__ or root.__context__  # type: ignore[assignment]
+        seen.add(id(root))
+    text = _first_line(exc) + (f" (from {_first_line(root)})" if root is not exc else "")
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
