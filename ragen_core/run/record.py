@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ragen_core.config import RunConfig
+from ragen_core.monitor.trackers.base import RunEnd
 from ragen_core.storage import DataLake
 from ragen_core.storage.space import (
     SPACE_PREFIX,
@@ -92,18 +93,18 @@ def run_status(session: RunSession) -> Iterator[RunSession]:
     iteration) when it raises; the session's updater and rollout engine are closed either way, then its trackers
     end their runs with that status (and the run's plot)."""
     session.record.hold_reserve()
-    status = "completed"
+    status: RunEnd = "completed"
     try:
         yield session
     except BaseException as exc:
+        status = "interrupted" if interrupted(exc) else "failed"  # what stopped() records, even if it cannot
         session.record.stopped(exc)
-        status = session.record.manifest.get("status", "failed")
         raise
     finally:
         try:
             session.close()
         finally:
-            session.trackers.finish(status if status in ("failed", "interrupted") else "completed")
+            session.trackers.finish(status)
         release_reserve(session.lake.space_reserve_file(session.run_id))  # held only while the run runs
     session.record.update(status="completed")
 

@@ -131,3 +131,18 @@ def test_params_are_the_config_flattened_and_errors_one_line():
     except RuntimeError as exc:
         assert one_line(exc) == "RuntimeError: (raised as a result of autoflush) (from OSError: disk full)"
     assert one_line(ValueError("x" * 400)) == ("ValueError: " + "x" * 400)[:297] + "..."
+
+
+def test_a_link_planted_as_a_trackers_folder_is_refused_and_nothing_is_written_through_it(tmp_path, warnings_seen):
+    lake, written = _lake_with_metrics(tmp_path, "run-a", 1)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    lake.trackers_dir("run-a").mkdir(parents=True)
+    (lake.trackers_dir("run-a") / "mlflow").symlink_to(outside)
+    trackers = _trackers(lake, "run-a", ["mlflow", "tensorboard"])
+    trackers.log(0, written[0])
+    trackers.finish("completed")
+    assert list(outside.iterdir()) == []
+    assert [line.split(" (")[0] for line in warnings_seen] == ["run run-a: tracker mlflow failed"]
+    assert "symbolic link" in warnings_seen[0] or "link" in warnings_seen[0]
+    assert [p.name for p in lake.tensorboard_dir("run-a").iterdir()] == [event_file_name(0)]

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 from ragen_core.config import MonitorConfig, RunConfig
 from ragen_core.registry import Registry
 from ragen_core.storage import DataLake
+from ragen_core.storage.trust import check_real_folders
 
 RunEnd = Literal["completed", "failed", "interrupted"]  # the manifest's status at the end of an attempt
 INSTALL_HINT = "pip install 'ragen-flows[{extra}]' (or `make install-trackers`)"
@@ -35,6 +36,11 @@ class TrackerRun:
     settings: MonitorConfig
     stored: dict[str, Any]  # what this tracker's state() was at the end of the run's earlier attempt ({}: none)
     lake: DataLake
+
+    def subfolder(self, name: str) -> Path:
+        """The tracker's own folder ``folder/name``, checked to be a real folder when it exists (a link planted
+        there would lead the tracker's writes out of the data root)."""
+        return check_real_folders(self.lake.root, self.folder / name, "tracker folder")
 
 
 class Tracker(Protocol):

@@ -72,7 +72,7 @@ def open_mlflow(run: TrackerRun) -> MlflowTracker:
 
     settings = run.settings.mlflow
     uri = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
-    folder = run.folder / "mlflow"
+    folder = run.subfolder("mlflow")
     if uri is None:
         folder.mkdir(parents=True, exist_ok=True)
         uri = f"sqlite:///{folder.resolve() / 'mlflow.db'}"

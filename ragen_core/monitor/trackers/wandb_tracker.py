@@ -56,6 +56,7 @@ def open_wandb(run: TrackerRun) -> WandbTracker:
 
     settings = run.settings.wandb
     project = settings.project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+    run.subfolder("wandb")  # W&B's own folder in ours: no link planted there
     run.folder.mkdir(parents=True, exist_ok=True)
     stored_id = run.stored.get("id") if run.stored.get("project") == project else None
     opened = wandb.init(
