@@ -10,7 +10,7 @@ PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP := $(VENV)/.installed
 DATA_ROOT ?= data
 
-.PHONY: install install-vllm demo test test-busy test-all lint clean server server-stop bench device-bundle test-gpu
+.PHONY: install install-vllm install-trackers demo test test-busy test-all lint clean server server-stop bench device-bundle test-gpu
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,15 @@ $(VLLM_STAMP): Makefile $(CONSTRAINTS)
 
 install-vllm: $(VLLM_STAMP)
 
+# The experiment trackers MLflow and W&B (`monitor.trackers`; TensorBoard comes with `make install`): the extras
+# `mlflow` and `wandb` of pyproject.toml. `make test` installs them first: their tests read runs back through them.
+TRACKERS_STAMP := $(VENV)/.installed-trackers
+$(TRACKERS_STAMP): $(STAMP)
+	$(PIP) install -q $(PIP_C) -e ".[trackers]"
+	touch $(TRACKERS_STAMP)
+
+install-trackers: $(TRACKERS_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/ragen train --config configs/bandit.yaml --data-root $(DATA_ROOT)
 
@@ -50,7 +59,7 @@ demo: $(STAMP)
 # processes and servers often enough that a second worker fills the gaps on two cores. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 # The vLLM tests (a real vLLM server) run when the vLLM environment exists and are skipped, with a note, when not.
-test: $(STAMP)
+test: $(STAMP) $(TRACKERS_STAMP)
 	@test -f $(VLLM_STAMP) || echo "note: no vLLM environment, so the vLLM tests are skipped; 'make install-vllm' builds it"
 	$(if $(wildcard $(VLLM_STAMP)),RAGEN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python) \
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ragen_core.config.errors import ConfigError, format_validation_error
+from ragen_core.config.monitoring import trackers_for_tensorboard
 from ragen_core.config.tree import RunConfig
 from ragen_core.config.yaml_text import load_yaml, read_yaml_file
 
@@ -80,8 +81,12 @@ STORED_CONFIG_FALLBACKS: dict[str, Any] = {
 
 def stored_config(tree: dict[str, Any]) -> dict[str, Any]:
     """A run's stored config tree (its manifest's ``config``) with the keys it predates filled in as the run behaved
-    (:data:`STORED_CONFIG_FALLBACKS`); use it wherever a run's own config is read back (resume, evaluation)."""
+    (:data:`STORED_CONFIG_FALLBACKS`) and its retired keys spelled as now (``monitor.tensorboard: true`` is
+    ``monitor.trackers: [tensorboard]``); use it wherever a run's own config is read back (resume, evaluation)."""
     filled = copy.deepcopy(tree)
+    monitor = filled.get("monitor")
+    if isinstance(monitor, dict) and isinstance(monitor.get("tensorboard"), bool) and "trackers" not in monitor:
+        monitor["trackers"] = trackers_for_tensorboard(monitor.pop("tensorboard"))
     for dotted, value in STORED_CONFIG_FALLBACKS.items():
         section, key = dotted.split(".")
         part = filled.setdefault(section, {})

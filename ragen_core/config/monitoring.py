@@ -1,12 +1,21 @@
-"""The sections that watch a run: validation on fixed instances and the early warnings."""
+"""The sections that watch a run: validation on fixed instances, the early warnings and the experiment trackers."""
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt
+from pydantic import Field, NonNegativeInt, field_validator, model_validator
 
 from ragen_core.config.base import MAX_COUNT, MAX_SCALE, PositiveInt, Section, Seed
+from ragen_core.config.trust import trusted_only
+
+TRACKER_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+
+def trackers_for_tensorboard(flag: bool) -> list[str]:
+    """``monitor.trackers`` as the retired ``monitor.tensorboard`` flag said it: TensorBoard, or nothing."""
+    return ["tensorboard"] if flag else []
 
 
 class EvalConfig(Section):
@@ -19,8 +28,43 @@ class EvalConfig(Section):
     seed: Seed = Field(123, description="Seed of the fixed validation instances (shared by all runs; 0 to 2**32 - 1).")
 
 
+class MlflowConfig(Section):
+    """Where the ``mlflow`` tracker logs (``monitor.trackers``)."""
+
+    tracking_uri: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2000,
+        description="MLflow tracking URI (a server, sqlite:///..., databricks, ...). None: MLFLOW_TRACKING_URI when "
+        "set, else a SQLite store in the run's folder (<data root>/runs/<run id>/trackers/mlflow/mlflow.db, "
+        "artifacts beside it). A stored run's URI that names a host or a file outside the data root is used only "
+        "when named again (docs/security.md).",
+        json_schema_extra=trusted_only("tracker", env="MLFLOW_TRACKING_URI"),
+    )
+    experiment: str | None = Field(
+        None, min_length=1, max_length=500,
+        description="MLflow experiment of the run. None: MLFLOW_EXPERIMENT_NAME when set, else 'ragen'.",
+    )  # fmt: skip
+
+
+class WandbConfig(Section):
+    """Where the ``wandb`` tracker logs (``monitor.trackers``). Its mode is W&B's own WANDB_MODE (offline unless set):
+    a config never sends metrics to a server by itself."""
+
+    project: str | None = Field(
+        None, min_length=1, max_length=128,
+        description="W&B project. None: WANDB_PROJECT when set, else 'ragen'.",
+        json_schema_extra=trusted_only("account", env="WANDB_PROJECT"),
+    )  # fmt: skip
+    entity: str | None = Field(
+        None, min_length=1, max_length=128,
+        description="W&B entity (user or team). None: WANDB_ENTITY when set, else the account's default.",
+        json_schema_extra=trusted_only("account", env="WANDB_ENTITY"),
+    )  # fmt: skip
+
+
 class MonitorConfig(Section):
-    """Echo-Trap early warnings: events recorded (and logged) while the run goes on."""
+    """Echo-Trap early warnings: events recorded (and logged) while the run goes on; the trackers that show them."""
 
     warmup: NonNegativeInt = Field(2, le=MAX_COUNT, description="Iterations observed before any warning.")
     reward_std_drop: float = Field(
@@ -57,11 +101,18 @@ class MonitorConfig(Section):
         "collapses silently while its answers still score (the Bandit demo's went 0.01 -> 0.10 -> 0.36 -> 0.89 in "
         "three iterations; healthy strict-format runs stayed below 0.14). None: no such warning.",
     )
-    tensorboard: bool = Field(
-        True,
-        description="Also write each committed iteration's metrics as TensorBoard scalars (step = iteration) under "
-        "<data root>/runs/<run id>/tensorboard; the metrics table stays the source of truth.",
+    trackers: list[str] = Field(
+        default_factory=lambda: ["tensorboard"],
+        max_length=8,
+        description="Experiment trackers that get each committed iteration's metrics (step = iteration), the "
+        "resolved config as params, the run id and tags, and the run's plot at the end: 'tensorboard' (event files "
+        "under <data root>/runs/<run id>/tensorboard), 'mlflow' (monitor.mlflow; pip install ragen-flows[mlflow]), "
+        "'wandb' (monitor.wandb, offline unless WANDB_MODE says otherwise; ragen-flows[wandb]). [] for none. The "
+        "metrics table stays the source of truth: a tracker that fails warns once and the run goes on. Replaces "
+        "monitor.tensorboard (true/false is still read as [tensorboard] / []).",
     )
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
     mi_drop: float = Field(
         0.5,
         gt=0,
@@ -78,3 +129,34 @@ class MonitorConfig(Section):
         "(diag/reasoning_mi_per_token, RAGEN-2's headline collapse/mi_estimate) or 'sequence' (diag/reasoning_mi, "
         "summed log-probs: RAGEN-2's mi_seq_estimate).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_flag(cls, data: Any) -> Any:
+        """The retired ``monitor.tensorboard`` (a stored run's config, an old file) read as ``monitor.trackers``."""
+        if not isinstance(data, dict) or "tensorboard" not in data:
+            return data
+        data = dict(data)
+        flag = data.pop("tensorboard")
+        if not isinstance(flag, bool):
+            raise ValueError(f"monitor.tensorboard must be true or false, not {flag!r}; better: use monitor.trackers")
+        if "trackers" not in data:
+            return {**data, "trackers": trackers_for_tensorboard(flag)}
+        trackers = data["trackers"]
+        if isinstance(trackers, list) and ("tensorboard" in trackers) != flag:
+            raise ValueError(
+                f"monitor.tensorboard={str(flag).lower()} contradicts monitor.trackers={trackers}; "
+                "give monitor.trackers only (monitor.tensorboard is its old spelling)"
+            )
+        return data
+
+    @field_validator("trackers")
+    @classmethod
+    def _tracker_names(cls, trackers: list[str]) -> list[str]:
+        bad = [name for name in trackers if not TRACKER_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"tracker names are lowercase words (tensorboard, mlflow, wandb), not {bad}")
+        twice = sorted({name for name in trackers if trackers.count(name) > 1})
+        if twice:
+            raise ValueError(f"tracker(s) {', '.join(twice)} listed twice; list each once")
+        return trackers

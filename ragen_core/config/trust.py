@@ -9,18 +9,22 @@ again on the command line (or, for a key with an environment variable, sets that
 
 What "harmless" means is the key's kind (:data:`KINDS`): a program, a hostfile or a launcher only at its default
 (none, in-process); a path inside the data root or inside a folder the user listed in :data:`TRUSTED_PATHS_VARIABLE`;
-a module only as a registered name (no ``pkg.module:Class``). A new key plugs in by its declaration, e.g.
+a module only as a registered name (no ``pkg.module:Class``); a tracking URI only as a store inside those folders
+(a server, a database host, a service is named by the user); a tracker's account or project only at its default.
+A new key plugs in by its declaration, e.g.
 ``name: str = Field("bandit", json_schema_extra=trusted_only("module"))``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from pydantic import BaseModel
 
@@ -43,6 +47,26 @@ def _registered_name(value: Any, default: Any, root: Path) -> bool:
     return isinstance(value, str) and ":" not in value and "/" not in value
 
 
+def local_store_path(uri: str) -> str | None:
+    """The file or folder a tracking URI names on this machine (a plain path, ``file:``, ``sqlite:///``), or None
+    for a URI that names a host or a service (``http(s)://``, ``databricks``, ``postgresql://``, ...)."""
+    if uri.startswith("sqlite:///"):
+        return uri.removeprefix("sqlite:///").split("?", 1)[0] or None  # four slashes: an absolute path
+    if uri.startswith("file:"):
+        parsed = urlparse(uri)  # file:///a and file:a name a path here, file://host/a another machine's
+        return parsed.path or None if parsed.netloc in ("", "localhost") else None
+    if uri in ("databricks", "databricks-uc", "uc") or re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", uri):
+        return None  # MLflow's names of services, and every other scheme
+    return uri
+
+
+def _local_tracking_store(value: Any, default: Any, root: Path) -> bool:
+    if value is None or value == default:
+        return True
+    path = local_store_path(str(value))
+    return path is not None and trusted_path(path, root)
+
+
 @dataclass(frozen=True)
 class TrustKind:
     """What a kind of key names (for the message) and when a stored value of it is harmless."""
@@ -57,6 +81,8 @@ KINDS: dict[str, TrustKind] = {
     "hostfile": TrustKind("hosts to start processes on", _at_default),
     "path": TrustKind("a folder outside the data root", _inside_trusted_folder),
     "module": TrustKind("a module to import", _registered_name),
+    "tracker": TrustKind("a tracking server or a store outside the data root", _local_tracking_store),
+    "account": TrustKind("an account or project of a tracking service to log metrics under", _at_default),
 }
 
 

@@ -72,10 +72,9 @@ def write_scalars(folder: Path, step: int, scalars: Mapping[str, float], wall_ti
 
 
 def record_iteration(lake: DataLake, run_id: str, iteration: int, metrics: Mapping[str, float]) -> Path | None:
-    """The sink called after an iteration's commit: write its metrics to the run's TensorBoard folder.
-
-    The view must never fail a committed iteration: an OS error (disk full, permissions) is logged as a warning and
-    ``None`` returned; :func:`rebuild_tensorboard` can regenerate the files from the lake later.
+    """Write a committed iteration's metrics to the run's TensorBoard folder, never failing: an OS error (disk full,
+    permissions) is logged as a warning and ``None`` returned; :func:`rebuild_tensorboard` can regenerate the files
+    from the lake later. (A run writes them through its ``tensorboard`` tracker: :mod:`ragen_core.monitor.trackers`.)
     """
     try:
         return write_scalars(lake.tensorboard_dir(run_id), iteration, metrics)
@@ -87,7 +86,8 @@ def record_iteration(lake: DataLake, run_id: str, iteration: int, metrics: Mappi
 
 def rebuild_tensorboard(lake: DataLake, run_id: str) -> list[Path]:
     """(Re)write the TensorBoard files of every committed iteration of ``run_id`` from its ``metrics`` rows, e.g.
-    for a run trained with ``monitor.tensorboard=false``. Returns the files written, in iteration order."""
+    for a run trained without the ``tensorboard`` tracker (``monitor.trackers``). Returns the files written, in
+    iteration order."""
     committed = set(lake.committed_iterations(run_id))
     if not committed:
         raise LakeError(f"run {run_id!r} has no committed iterations in {lake.root}; list the runs with `ragen runs`")

@@ -1,11 +1,12 @@
 """A run's config, checked against the registries: the one way a config for a run is built.
 
 ``ragen_core.config`` validates plain data and imports none of the registries. The names a config gives of
-registered things (environments, advantage estimators, policy losses, group filters, scripted policies) and the
-rules that hang on what they are (a critic's batches for an estimator that takes values, a teacher for teacher_mix)
-are checked here, after pydantic has validated the tree, by :func:`check_registered`. :func:`build_run_config` and
-:func:`load_run_config` do both; every entry that builds a config for a run (the CLI, the flows, sweeps, findings)
-goes through them, so a bad name fails at load time with the same one-line message, before any compute.
+registered things (environments, advantage estimators, policy losses, group filters, scripted policies, trackers and
+their packages) and the rules that hang on what they are (a critic's batches for an estimator that takes values, a
+teacher for teacher_mix) are checked here, after pydantic has validated the tree, by :func:`check_registered`.
+:func:`build_run_config` and :func:`load_run_config` do both; every entry that builds a config for a run (the CLI,
+the flows, sweeps, findings) goes through them, so a bad name fails at load time with the same one-line message,
+before any compute.
 
 A config read back from the data root (a run's manifest, a stored sweep plan) is built by
 :func:`build_stored_run_config`, which also refuses a stored value of a key that names a program, a module, hosts or
@@ -24,6 +25,7 @@ from ragen_core.config import ConfigError, RunConfig, build_config, load_config,
 from ragen_core.config.errors import config_error
 from ragen_core.config.trust import StoredConfig, UntrustedConfigError, check_stored_trust, named_keys
 from ragen_core.envs import TextEnv, make_env, registered_envs
+from ragen_core.monitor.trackers import check_trackers
 from ragen_core.rollout.scripted import has_teacher, registered_scripted_policies
 from ragen_core.storage import DataLake
 from ragen_core.storage.layout import manifest_file
@@ -97,7 +99,8 @@ def _check_critic_batches(config: RunConfig) -> None:
 
 
 def _check_registered_names(config: RunConfig) -> None:
-    """Names that refer to registries must exist there."""
+    """Names that refer to registries must exist there (a tracker's package too)."""
+    check_trackers(config.monitor.trackers)
     envs = registered_envs()
     for key, name in [("env.name", config.env.name)] + [("env.val_envs", n) for n in config.env.val_envs or []]:
         if name not in envs:

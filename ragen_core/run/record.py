@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ragen_core.config import RunConfig
+from ragen_core.monitor.trackers.base import RunEnd
 from ragen_core.storage import DataLake
 from ragen_core.storage.space import (
     SPACE_PREFIX,
@@ -89,15 +90,21 @@ class RunRecord:
 @contextmanager
 def run_status(session: RunSession) -> Iterator[RunSession]:
     """The body of a run: ``completed`` when it returns, ``failed`` / ``interrupted`` (where, and the last committed
-    iteration) when it raises; the session's updater and rollout engine are closed either way."""
+    iteration) when it raises; the session's updater and rollout engine are closed either way, then its trackers
+    end their runs with that status (and the run's plot)."""
     session.record.hold_reserve()
+    status: RunEnd = "completed"
     try:
         yield session
     except BaseException as exc:
+        status = "interrupted" if interrupted(exc) else "failed"  # what stopped() records, even if it cannot
         session.record.stopped(exc)
         raise
     finally:
-        session.close()
+        try:
+            session.close()
+        finally:
+            session.trackers.finish(status)
         release_reserve(session.lake.space_reserve_file(session.run_id))  # held only while the run runs
     session.record.update(status="completed")
 

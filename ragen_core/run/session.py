@@ -1,8 +1,9 @@
 """A run session: what one run is while it runs.
 
 Its config, the lake, its id, the policy the rollouts sample from (:class:`RolloutPolicy`), the updater that trains
-that policy (:mod:`ragen_core.training.updater`: engines in this process or in a launched group) and its record
-(:class:`ragen_core.run.record.RunRecord`: the manifest). The policy stays in memory across stages and iterations;
+that policy (:mod:`ragen_core.training.updater`: engines in this process or in a launched group), its record
+(:class:`ragen_core.run.record.RunRecord`: the manifest) and its experiment trackers
+(:class:`ragen_core.monitor.trackers.RunTrackers`). The policy stays in memory across stages and iterations;
 stages read their inputs from the lake or their arguments, never from a global.
 """
 
@@ -16,6 +17,7 @@ import torch
 
 from ragen_core.agent import ChatFormatter, reply_prefix
 from ragen_core.config import RolloutConfig, RunConfig
+from ragen_core.monitor.trackers import RunTrackers
 from ragen_core.policy import ensure_tiny_model, tokenizer_fingerprint
 from ragen_core.rollout import ScriptedBackend
 from ragen_core.rollout.hf_backend import HFBackend
@@ -72,6 +74,8 @@ class RunSession:
     ) -> None:  # fmt: skip
         self.config, self.lake, self.run_id = config, lake, run_id
         self.policy, self.updater, self.record = policy, updater, record
+        # started at the first commit, when a sweep's point is recorded in the manifest
+        self.trackers = RunTrackers(config, lake, run_id, lambda: (record.manifest.get("sweep") or {}).get("id"))
 
     def __repr__(self) -> str:
         return f"RunSession({self.run_id!r})"

@@ -38,7 +38,6 @@ from ragen_core.monitor.metrics import (
     truncation_warnings,
     validation_metrics,
 )
-from ragen_core.monitor.tensorboard_sink import record_iteration
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
 from ragen_core.rollout.records import BatchMeta
 from ragen_core.run import batches
@@ -290,8 +289,8 @@ def commit_iteration(
     if checkpoint is not None:
         summary["checkpoint"] = str(checkpoint)
     lake.commit_iteration(run_id, iteration, summary)
-    if session.config.monitor.tensorboard:  # a view of the committed rows, so written after the marker
-        record_iteration(lake, run_id, iteration, {row["name"]: row["value"] for row in rows})
+    # the trackers (TensorBoard, MLflow, W&B) are views of the committed rows, so they get them after the marker
+    session.trackers.log(iteration, {row["name"]: row["value"] for row in rows})
     session.record.metric_history.append(metrics)
     session.record.update(last_committed_iteration=iteration)
     return {"iteration": iteration, **summary}

@@ -175,6 +175,10 @@ class DataLake:
         self.run_dir(run_id)
         return layout.run_subdir(self.root, run_id, layout.TENSORBOARD)
 
+    def trackers_dir(self, run_id: str) -> Path:
+        """The run's experiment-tracker folder (``monitor.trackers``: MLflow's local store, W&B's offline runs)."""
+        return self._run_subdir(run_id, layout.TRACKERS, "trackers folder")
+
     # -- checkpoint folders (their contents are ragen_core.training.checkpoint's) ----------------------------------
     def checkpoints_dir(self, run_id: str) -> Path:
         """The folder holding every checkpoint of the run (inside the run's folder: removing the run removes them)."""

@@ -26,6 +26,9 @@ Layout 2 under the data root::
     runs/<run_id>/update_group/policy/                             a launched update group's logs and policy export
     runs/<run_id>/vllm_server/                                     the run's vLLM rollout server's log
     runs/<run_id>/tensorboard/                                     the metrics as TensorBoard event files
+    runs/<run_id>/trackers/                                        the experiment trackers' local stores (MLflow's
+                                                                   SQLite store, W&B's offline runs) and their run
+                                                                   ids (``monitor.trackers``)
     _locks/<run_id>.lock                                           held while a run is compacted or removed
     models/bootstrap-<key>/, models/<tiny model key>/              models built from the settings (cached)
     sweeps/<sweep_id>.json                                         a sweep's plan
@@ -36,10 +39,12 @@ upgrade (:mod:`ragen_core.storage.upgrade`). The names are chosen for the other 
 (docs/lake.md, "Reading the lake with other tools"): no ``key=value`` table folder, no split word of Hugging Face
 ``datasets`` in a part name, only ``.parquet`` files, the marker hidden.
 
-Two folders are handed whole to the component that works in them: ``update_group/`` to the launched update group
+Three folders are handed whole to the component that works in them: ``update_group/`` to the launched update group
 (:mod:`ragen_core.training.group`: its control file, ``group-<pid>.log``; the policy export inside it is the
-layout's) and ``vllm_server/`` to the rollout server (:mod:`ragen_core.rollout.vllm_backend`: ``server.log``, its
-ready file). Those files are the components' scratch, which nothing reads back from the lake, so they name them.
+layout's), ``vllm_server/`` to the rollout server (:mod:`ragen_core.rollout.vllm_backend`: ``server.log``, its
+ready file) and ``trackers/`` to the experiment trackers (:mod:`ragen_core.monitor.trackers`: their stores and the
+file of their run ids). Those files are the components' own, which nothing of the lake reads back, so they name
+them.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ UPDATE_GROUP = "update_group"
 POLICY_EXPORT = "policy"
 VLLM_SERVER = "vllm_server"
 TENSORBOARD = "tensorboard"
+TRACKERS = "trackers"
 BOOTSTRAP_PREFIX = "bootstrap-"
 DELETING_PREFIX = ".deleting-"  # a run's table folder being removed (hidden: readers skip it)
 # inside a checkpoint folder (ragen_core.training.checkpoint writes them)
@@ -276,8 +282,9 @@ def housekeeping_lock_file(root: Path, run_id: str) -> Path:
 
 
 def run_subdir(root: Path, run_id: str, name: str) -> Path:
-    """One of a run's folders: :data:`CHECKPOINTS`, :data:`UPDATE_GROUP`, :data:`VLLM_SERVER`, :data:`TENSORBOARD`."""
-    if name not in (CHECKPOINTS, UPDATE_GROUP, VLLM_SERVER, TENSORBOARD):
+    """One of a run's folders: :data:`CHECKPOINTS`, :data:`UPDATE_GROUP`, :data:`VLLM_SERVER`, :data:`TENSORBOARD`,
+    :data:`TRACKERS`."""
+    if name not in (CHECKPOINTS, UPDATE_GROUP, VLLM_SERVER, TENSORBOARD, TRACKERS):
         raise ValueError(f"{name!r} is no folder of a run")
     return run_dir(root, run_id) / name
 

@@ -1,7 +1,8 @@
 """A config stored in the data root never names a program to run (issue 39 item 1), on copies of a real data root
 (tests/flows/conftest.py's run ``r``: 3 iterations, checkpoints after 2 and 3 updates, started from the tiny model).
 
-Every key declared ``trusted_only`` (a program, a launcher, a hostfile, a folder outside the data root) is planted in
+Every key declared ``trusted_only`` (a program, a launcher, a hostfile, a folder outside the data root, a tracking
+server, a tracker's project or entity) is planted in
 the run's manifest and refused by ``ragen eval``, ``ragen resume`` and an extension (``resume`` with
 ``--force-config``) before anything starts, in one line naming the file, the key and how to allow it; a stored sweep
 plan naming one is refused when read back, and a sweep resumed over it, and ``ragen retrain --init run:r`` beside it,
@@ -28,7 +29,8 @@ from ragen_core.storage import DataLake
 from ragen_core.sweep import SweepError, read_sweep
 from tests.flows.test_resume import RUN, _overrides, _ragen
 
-PLANTED_KEYS = ["model.path", "rollout.vllm.python", "trainer.launcher", "trainer.hostfile", "critic.path"]
+PLANTED_KEYS = ["model.path", "rollout.vllm.python", "trainer.launcher", "trainer.hostfile", "critic.path",
+                "monitor.mlflow.tracking_uri", "monitor.wandb.project", "monitor.wandb.entity"]  # fmt: skip
 SMALL = ["eval.instances=2", "rollout.env_groups=2", "rollout.group_size=4", "rollout.max_new_tokens=8",
          "actor.mini_batch_size=4", "actor.micro_batch_size=4", "trainer.num_threads=1", "bootstrap.enabled=false",
          "env.val_envs=[bandit]"]  # fmt: skip
@@ -55,13 +57,17 @@ def world(whole_bandit_run, tiny_model_dir, tmp_path, monkeypatch):
     outside = tmp_path / "elsewhere" / "model"
     outside.mkdir(parents=True)
     monkeypatch.setenv(TRUSTED_PATHS_VARIABLE, str(tiny_model_dir))
-    monkeypatch.delenv("RAGEN_VLLM_PYTHON", raising=False)
+    for name in ("RAGEN_VLLM_PYTHON", "MLFLOW_TRACKING_URI", "WANDB_PROJECT", "WANDB_ENTITY"):
+        monkeypatch.delenv(name, raising=False)
     plants = {
         "model.path": {"model.path": str(outside)},
         "rollout.vllm.python": {"rollout.backend": "vllm", "rollout.vllm.python": str(evil)},
         "trainer.launcher": {"trainer.launcher": "torchrun"},
         "trainer.hostfile": {"trainer.launcher": "deepspeed", "trainer.hostfile": str(hosts), "actor.zero_stage": 1},
         "critic.path": {"critic.path": str(outside)},
+        "monitor.mlflow.tracking_uri": {"monitor.mlflow.tracking_uri": "http://evil.example:5000"},
+        "monitor.wandb.project": {"monitor.wandb.project": "evil-project"},
+        "monitor.wandb.entity": {"monitor.wandb.entity": "evil-team"},
     }
     return {"root": root, "marker": marker, "evil": evil, "plants": plants, "outside": outside}
 

@@ -21,11 +21,11 @@ from ragen_core.run.decisions import (
 def test_a_key_the_old_run_lacks_is_unchanged_at_its_default_and_changed_otherwise():
     new = build_config({}).to_dict()
     old = copy.deepcopy(new)
-    del old["monitor"]["tensorboard"]  # a run from before the key existed
+    del old["monitor"]["trackers"]  # a run from before the key existed
     assert config_changes(old, new) == []
-    off = build_config({}, ["monitor.tensorboard=false"]).to_dict()
-    assert config_changes(old, off) == ["monitor.tensorboard"]
-    assert config_changes(new, off) == ["monitor.tensorboard"]
+    off = build_config({}, ["monitor.trackers=[]"]).to_dict()
+    assert config_changes(old, off) == ["monitor.trackers"]
+    assert config_changes(new, off) == ["monitor.trackers"]
     assert config_changes(new, build_config({}, ["trainer.iterations=3"]).to_dict()) == ["trainer.iterations"]
     # a key the new config dropped is always a change
     extra = copy.deepcopy(new)
