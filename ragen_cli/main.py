@@ -299,10 +299,12 @@ def eval_command(
 
 def with_recorded_code(message: str, manifest: dict | None) -> str:
     """``message``, and where the run's manifest says its env code came from when the message is about a module
-    that cannot be imported (``ragen_core.run.record.recorded_code``)."""
+    that cannot be imported or an env name no installed distribution registers any more
+    (``ragen_core.run.record.recorded_code``)."""
     from ragen_core.run.record import recorded_code
 
-    recorded = recorded_code(manifest or {}) if "cannot import module" in message else ""
+    missing = "cannot import module" in message or "unknown environment" in message
+    recorded = recorded_code(manifest or {}) if missing else ""
     return f"{message}; {recorded}" if recorded else message
 
 
