@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragen_core.envs import make_env, registered_envs
+from ragen_core.envs.dataset import DATASET_ENV
 
 # Action budget per trajectory for envs without their own step limit (RAGEN-2 gives 2048 700 actions).
 BUDGETS = {"game_2048": 700}
@@ -132,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         parser.error("--seeds and --jobs must be at least 1")
-    names = [n.strip() for n in args.envs.split(",") if n.strip()] or registered_envs()
+    # by default every env that builds without options (the dataset env needs a file of prompts: --options)
+    names = [n.strip() for n in args.envs.split(",") if n.strip()] or [
+        n for n in registered_envs() if n != DATASET_ENV]  # fmt: skip
     unknown = sorted(set(names) - set(registered_envs()))
     if unknown:
         parser.error(f"unknown env(s) {', '.join(unknown)}; choose among {', '.join(registered_envs())}")

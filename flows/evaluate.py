@@ -27,6 +27,7 @@ def evaluate(
     overrides: list[str] | None = None,
     run_id: str | None = None,
     run_config: RunConfig | None = None,
+    trust_env_module: bool = False,
 ) -> dict[str, Any]:
     """resolve the target -> session (no optimizer state, no critic) -> validation of every env -> commit.
 
@@ -35,12 +36,15 @@ def evaluate(
     run's (or ``config``, a YAML path). The same evaluation again returns the stored result; an interrupted one is
     finished, reusing the envs it had completed. ``run_config``: the evaluation's config as the caller resolved it from
     the same arguments (the CLI, having validated it: a config is validated once), used as it is.
+    ``trust_env_module``: the source run's stored config may name modules to import (its envs as
+    ``package.module:Class``, a reward function) without the overrides naming them again.
     """
     check_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     lake = run_lake(data_root)
     model_dir, base, which = e.resolve_target(target, lake)
     if run_config is None:
-        run_config = e.evaluation_config(base, envs, n, config, overrides)
+        kinds = frozenset({"module"}) if trust_env_module else frozenset()
+        run_config = e.evaluation_config(base, envs, n, config, overrides, kinds)
     run_id = check_run_id(run_id or e.evaluation_run_id(which, run_config))
     tags = [*ui.run_tags(run_config.env.name, run_config.algorithm.preset), "evaluation"]
     with ui.showing(run_id, tags), open_run(lake, run_id):  # one writer per run: never the same one twice

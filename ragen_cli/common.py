@@ -249,6 +249,21 @@ def run_id_option(help_text: str) -> Any:
     return typer.Option(None, "--run-id", help=help_text)
 
 
+TrustEnvModule = Annotated[
+    bool,
+    typer.Option(
+        "--trust-env-module",
+        help="Import the modules the stored config names (env.name / env.val_envs as package.module:Class, "
+        "env.options.reward_fn) without naming them again (docs/security.md).",
+    ),
+]
+
+
+def trusted_kinds(trust_env_module: bool) -> frozenset[str]:
+    """The kinds of stored keys the user allows by flag: ``{"module"}`` with ``--trust-env-module``."""
+    return frozenset({"module"}) if trust_env_module else frozenset()
+
+
 def load_config_or_fail(config: Path | None, overrides: list[str]) -> Any:
     """The validated config of a YAML file (or the defaults) plus ``key.sub=value`` overrides; a bad one is a user
     error (one line, exit status 2), before anything starts."""

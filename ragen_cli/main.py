@@ -13,6 +13,7 @@ from ragen_cli.common import (
     OUTPUT_FORMATS,
     OVERRIDES,
     DataRoot,
+    TrustEnvModule,
     Verbose,
     check_output,
     checked_run_id,
@@ -24,6 +25,7 @@ from ragen_cli.common import (
     print_table,
     run_id_option,
     shown,
+    trusted_kinds,
     writable_root,
     write_result,
 )
@@ -82,6 +84,7 @@ def resume(
     skip_iteration: bool = typer.Option(
         False, "--skip-iteration", help="Record a quarantined iteration as skipped (no update) and go on."
     ),
+    trust_env_module: TrustEnvModule = False,
     verbose: Verbose = False,
 ) -> None:
     """Continue a run from its last committed iteration, with the run's own config. Extra key.sub=value
@@ -103,9 +106,9 @@ def resume(
         fail(f"the manifest of run {run_id!r} holds no config to resume with; start the run again with ragen train")
     try:
         stored = manifest_config(lake, run_id, manifest["config"])  # a program it names, not named again: refused
-        run_config = build_stored_run_config(stored, list(ctx.args))
+        run_config = build_stored_run_config(stored, list(ctx.args), trusted_kinds(trust_env_module))
     except ConfigError as exc:
-        fail(str(exc))
+        fail(with_recorded_code(str(exc), manifest))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
     ctx.with_resource(writer(lake, run_id))
     _run(run_config, lake, run_id, verbose, allowed, skip_iteration)
@@ -253,6 +256,7 @@ def eval_command(
     config: Path | None = config_option("YAML config (default: the run's, or defaults)."),
     data_root: DataRoot = None,
     run_id: str | None = run_id_option("Evaluation run id (default eval-<model>-<hash>)."),
+    trust_env_module: TrustEnvModule = False,
     verbose: Verbose = False,
 ) -> None:
     """Evaluate a policy on fixed validation instances; the rollouts are stored as an evaluation run (query them with
@@ -268,10 +272,10 @@ def eval_command(
     lake = DataLake(root)
     try:
         _, base, which = resolve_target(target, lake if root.is_dir() else None)
-        run_config = evaluation_config(base, env, n, config, list(ctx.args))
+        run_config = evaluation_config(base, env, n, config, list(ctx.args), trusted_kinds(trust_env_module))
         run_id = run_id or evaluation_run_id(which, run_config)
     except (ConfigError, EvaluationError) as exc:
-        fail(str(exc))
+        fail(with_recorded_code(str(exc), _target_manifest(lake, target)))
     root.mkdir(parents=True, exist_ok=True)
     ctx.with_resource(writer(lake, checked_run_id(run_id)))
     start_flow_command(lake, "eval", verbose)
@@ -291,6 +295,29 @@ def eval_command(
     note = " (stored result of the same evaluation)" if result["reused"] else ""
     console.print(f"evaluation run [bold]{result['run_id']}[/]{note}")
     print_table(pa.Table.from_pylist(result["evaluations"]))
+
+
+def with_recorded_code(message: str, manifest: dict | None) -> str:
+    """``message``, and where the run's manifest says its env code came from when the message is about a module
+    that cannot be imported or an env name no installed distribution registers any more
+    (``ragen_core.run.record.recorded_code``)."""
+    from ragen_core.run.record import recorded_code
+
+    missing = "cannot import module" in message or "unknown environment" in message
+    recorded = recorded_code(manifest or {}) if missing else ""
+    return f"{message}; {recorded}" if recorded else message
+
+
+def _target_manifest(lake: DataLake, target: str) -> dict | None:
+    """The manifest of the run ``ragen eval``'s target names, if it is a readable run's (else None)."""
+    from ragen_core.storage import LakeError
+    from ragen_core.storage.names import is_valid_run_id, split_run_ref
+
+    run_id = split_run_ref(target)[0]
+    try:
+        return lake.read_manifest(run_id) if is_valid_run_id(run_id) and lake.root.is_dir() else None
+    except LakeError:
+        return None
 
 
 def _run(run_config, lake: DataLake, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:

@@ -319,10 +319,11 @@ def record_sweep(lake: DataLake, plan: SweepPlan) -> Path:
     return path
 
 
-def read_sweep(lake: DataLake, sweep_id: str) -> SweepPlan:
+def read_sweep(lake: DataLake, sweep_id: str, trusted_kinds: frozenset[str] = frozenset()) -> SweepPlan:
     """The stored plan of ``sweep_id``, its points' configs built as configs read from the data root are: a program or
     outside folder one names is refused (:func:`ragen_core.run.checks.build_stored_run_config`), as
-    :class:`SweepError`."""
+    :class:`SweepError` (``trusted_kinds``: kinds of keys the user allows, ``{"module"}`` for the environments'
+    modules)."""
     path = sweep_file(lake, sweep_id)
     if not path.is_file():
         raise SweepError(f"no sweep {sweep_id!r} in {lake.root} (looked for {path})")
@@ -330,7 +331,8 @@ def read_sweep(lake: DataLake, sweep_id: str) -> SweepPlan:
     source = str(path.relative_to(lake.root))
     try:
         points = [SweepPoint(p["index"], p["run_id"], p["overrides"],
-                             build_stored_run_config(StoredConfig(p["config"], source, lake.root)))
+                             build_stored_run_config(StoredConfig(p["config"], source, lake.root), [],
+                                                     trusted_kinds))
                   for p in stored["points"]]  # fmt: skip
     except ConfigError as exc:
         raise SweepError(str(exc)) from None

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from ragen_core.config.base import MAX_COUNT, MAX_NEW_TOKENS, MAX_SCALE, PositiveInt, Section, Seed
-from ragen_core.config.trust import trusted_only
+from ragen_core.config.trust import trusted_entries, trusted_only
 
 
 class TinyModelConfig(Section):
@@ -50,12 +50,27 @@ class ModelConfig(Section):
 class EnvConfig(Section):
     """The training environment and the per-trajectory interaction limits (enforced by the rollout layer)."""
 
-    name: str = Field("bandit", description="Registered environment name used for training rollouts.")
-    val_envs: list[str] | None = Field(None, description="Environments evaluated during validation; None: [name].")
+    name: str = Field(
+        "bandit",
+        description="Environment of the training rollouts: a registered name, a name an installed distribution "
+        "registers (entry points of ragen.envs), or package.module:Class of your own (docs/usage.md).",
+        json_schema_extra=trusted_only("module"),
+    )
+    val_envs: list[str] | None = Field(
+        None,
+        description="Environments evaluated during validation (names as env.name); None: [name].",
+        json_schema_extra=trusted_only("module"),
+    )
     max_turns: PositiveInt = Field(1, description="Maximum turns (model replies) per trajectory.")
     max_actions_per_turn: PositiveInt = Field(1, description="Actions parsed from one reply (split on '||').")
     max_actions_per_traj: PositiveInt = Field(1, description="Action budget of a whole trajectory.")
-    options: dict[str, Any] = Field(default_factory=dict, description="Keyword overrides passed to make_env.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword settings of the environment (passed to it when it is built). Of any env, data_file (a "
+        "file it reads) and reward_fn (package.module:function it imports) are held to the stored-config trust "
+        "rules (docs/security.md).",
+        json_schema_extra=trusted_entries(data_file="path", reward_fn="module"),
+    )
 
     @property
     def validation_envs(self) -> list[str]:

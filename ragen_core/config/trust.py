@@ -9,14 +9,18 @@ again on the command line (or, for a key with an environment variable, sets that
 
 What "harmless" means is the key's kind (:data:`KINDS`): a program, a hostfile or a launcher only at its default
 (none, in-process); a path inside the data root or inside a folder the user listed in :data:`TRUSTED_PATHS_VARIABLE`;
-a module only as a registered name (no ``pkg.module:Class``); a tracking URI only as a store inside those folders
-(a server, a database host, a service is named by the user); a tracker's account or project only at its default.
-A new key plugs in by its declaration, e.g.
-``name: str = Field("bandit", json_schema_extra=trusted_only("module"))``.
+a module only as a name (no ``pkg.module:Class``): an environment of this project or one that an installed
+distribution registers (entry points of ``ragen.envs``), which the user installed as they installed this project;
+a tracking URI only as a store inside those folders (a server, a database host, a service is named by the user); a
+tracker's account or project only at its default. The user allows every stored module at once with
+:data:`TRUST_MODULE_FLAG`. A new key plugs in by its declaration, e.g.
+``name: str = Field("bandit", json_schema_extra=trusted_only("module"))``; entries of a dict field (the env's
+options) by :func:`trusted_entries`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -44,7 +48,13 @@ def _inside_trusted_folder(value: Any, default: Any, root: Path) -> bool:
 
 
 def _registered_name(value: Any, default: Any, root: Path) -> bool:
-    return isinstance(value, str) and ":" not in value and "/" not in value
+    """A name, never an import path: an env of this project, or one an installed distribution registers (entry
+    points of ``ragen.envs``: the user installed it, as they installed this project). Looking a name up imports no
+    module a file names; a list (``env.val_envs``) is harmless when each of its names is."""
+    if value is None:
+        return True
+    names = value if isinstance(value, list) else [value]
+    return all(isinstance(name, str) and ":" not in name and "/" not in name for name in names)
 
 
 def local_store_path(uri: str) -> str | None:
@@ -69,18 +79,25 @@ def _local_tracking_store(value: Any, default: Any, root: Path) -> bool:
 
 @dataclass(frozen=True)
 class TrustKind:
-    """What a kind of key names (for the message) and when a stored value of it is harmless."""
+    """What a kind of key names (for the message), when a stored value of it is harmless, and how else than by
+    naming it again the user can allow one (for the message)."""
 
     names: str
     harmless: Callable[[Any, Any, Path], bool]
+    allow: str = ""
 
 
+# The command-line flag that allows every stored key of kind "module" (resume, eval: the commands that rebuild a
+# stored config).
+TRUST_MODULE_FLAG = "--trust-env-module"
 KINDS: dict[str, TrustKind] = {
     "program": TrustKind("a program to run", _at_default),
     "launcher": TrustKind("a launcher that starts processes", _at_default),
     "hostfile": TrustKind("hosts to start processes on", _at_default),
-    "path": TrustKind("a folder outside the data root", _inside_trusted_folder),
-    "module": TrustKind("a module to import", _registered_name),
+    "path": TrustKind("a folder outside the data root", _inside_trusted_folder,
+                      f" (or list its folder in {TRUSTED_PATHS_VARIABLE})"),  # fmt: skip
+    "module": TrustKind("a module to import", _registered_name,
+                        f" (or allow the file's modules: {TRUST_MODULE_FLAG})"),  # fmt: skip
     "tracker": TrustKind("a tracking server or a store outside the data root", _local_tracking_store),
     "account": TrustKind("an account or project of a tracking service to log metrics under", _at_default),
 }
@@ -93,6 +110,16 @@ def trusted_only(kind: str, env: str | None = None) -> dict[str, Any]:
     if kind not in KINDS:
         raise ValueError(f"unknown trust kind {kind!r}; known: {', '.join(KINDS)}")
     return {TRUST_MARK: {"kind": kind, "env": env}}
+
+
+def trusted_entries(**kinds: str) -> dict[str, Any]:
+    """The ``json_schema_extra`` of a dict field (``env.options``) whose entries of the given names name
+    :data:`KINDS` kinds, e.g. ``trusted_entries(data_file="path", reward_fn="module")``: each is declared as the
+    key ``<field>.<entry>`` (default: absent), held to the rule of :func:`trusted_only`."""
+    unknown = sorted(set(kinds.values()) - set(KINDS))
+    if unknown:
+        raise ValueError(f"unknown trust kind(s) {unknown}; known: {', '.join(KINDS)}")
+    return {TRUST_MARK: {"entries": {entry: {"kind": kind, "env": None} for entry, kind in kinds.items()}}}
 
 
 @dataclass(frozen=True)
@@ -114,7 +141,10 @@ def _walk(model: type[BaseModel], prefix: str) -> Iterator[TrustedKey]:
     for name, field in model.model_fields.items():
         extra = field.json_schema_extra
         mark = extra.get(TRUST_MARK) if isinstance(extra, dict) else None
-        if isinstance(mark, dict):
+        if isinstance(mark, dict) and "entries" in mark:
+            for entry, declared in mark["entries"].items():  # type: ignore[union-attr]
+                yield TrustedKey(f"{prefix}{name}.{entry}", str(declared["kind"]), declared.get("env"), None)
+        elif isinstance(mark, dict):
             default = None if field.default_factory is not None else field.default
             yield TrustedKey(prefix + name, str(mark["kind"]), mark.get("env"), default)  # type: ignore[arg-type]
         annotation = field.annotation
@@ -159,27 +189,30 @@ def named_keys(overrides: list[str]) -> set[str]:
 def _value_at(config: BaseModel, key: str) -> Any:
     value: Any = config
     for part in key.split("."):
-        value = getattr(value, part)
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part)  # a dict's entry: None if absent
     return value
 
 
-def check_stored_trust(config: BaseModel, stored: StoredConfig, named: set[str]) -> None:
+def check_stored_trust(
+    config: BaseModel, stored: StoredConfig, named: set[str], trusted_kinds: frozenset[str] = frozenset()
+) -> None:
     """Refuse (:class:`UntrustedConfigError`, one line naming the file, the key and how to allow it) a config built
     from ``stored`` whose value of a :func:`trusted_only` key is not harmless and came from the file: the user named
-    neither the key nor a section above it (``named``), nor set the key's environment variable to the same value."""
+    neither the key nor a section above it (``named``), nor set the key's environment variable to the same value,
+    nor allowed its kind (``trusted_kinds``: ``{"module"}`` for :data:`TRUST_MODULE_FLAG`)."""
     for declared in trusted_keys(type(config)):
         value = _value_at(config, declared.key)
-        if KINDS[declared.kind].harmless(value, declared.default, stored.root):
+        if declared.kind in trusted_kinds or KINDS[declared.kind].harmless(value, declared.default, stored.root):
             continue
         parts = declared.key.split(".")
         if any(".".join(parts[:end]) in named for end in range(1, len(parts) + 1)):
             continue  # the user's own value (the same or another): nothing of the file is used
         if declared.env and os.environ.get(declared.env) == str(value):
             continue
-        again = shlex.quote(f"{declared.key}={value}")
+        shown = json.dumps(value, separators=(",", ":")) if isinstance(value, list) else value
+        again = shlex.quote(f"{declared.key}={shown}")
         env = f" (or set {declared.env} to it)" if declared.env else ""
-        folders = f" (or list its folder in {TRUSTED_PATHS_VARIABLE})" if declared.kind == "path" else ""
         raise UntrustedConfigError(
             f"{stored.source} sets {declared.key}={value!r}; a config stored in the data root does not name "
-            f"{KINDS[declared.kind].names}: pass {again} again to use it{env}{folders}"
+            f"{KINDS[declared.kind].names}: pass {again} again to use it{env}{KINDS[declared.kind].allow}"
         )

@@ -2,14 +2,16 @@
 environments each defines (``@register_env``): a new environment is one new module here, nothing else to edit.
 The built-in ones: ``bandit``, ``bandit_test``, ``bandit_reversed``, ``sokoban``, ``sokoban_large``,
 ``sokoban_new_vocab``, ``sokoban_coord``, ``frozen_lake``, ``countdown``, ``sudoku``, ``sudoku_pr147_4x4``,
-``sudoku_pr147_9x9``, ``game_2048`` and ``rubikscube``."""
+``sudoku_pr147_9x9``, ``game_2048``, ``rubikscube`` and ``dataset`` (prompts from a file, the user's reward function).
+Environments of the user's own code are named ``package.module:Class``, or registered by an installed distribution
+under the entry-point group ``ragen.envs`` (:mod:`ragen_core.envs.external`)."""
 
 import importlib
 import pkgutil
 
-from ragen_core.envs.base import TextEnv, make_env, register_env, registered_envs
+from ragen_core.envs.base import TextEnv, available_envs, env_factory, make_env, register_env, registered_envs
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")  # registers its environments
 
-__all__ = ["TextEnv", "make_env", "register_env", "registered_envs"]
+__all__ = ["TextEnv", "available_envs", "env_factory", "make_env", "register_env", "registered_envs"]

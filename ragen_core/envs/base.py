@@ -115,16 +115,40 @@ def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
 
 
 def registered_envs() -> list[str]:
-    """Names accepted by :func:`make_env`, sorted."""
+    """Names of the environments this project registers, sorted (:func:`make_env` also takes installed
+    distributions' names and import paths: :func:`available_envs`)."""
     return _REGISTRY.names()
 
 
-def make_env(name: str, **overrides: Any) -> TextEnv:
-    """Build the environment registered as ``name``; ``overrides`` replace its default settings."""
-    if name in RENAMED_ENVS and name not in _REGISTRY:
-        raise ValueError(f"unknown environment {name!r} ({name} was {RENAMED_ENVS[name]}); registered: "
+def available_envs() -> list[str]:
+    """Every environment name :func:`make_env` takes besides an import path: this project's, then those that
+    installed distributions register (entry points of ``ragen.envs``; a name this project registers stays its)."""
+    from ragen_core.envs.external import entry_point_envs
+
+    return registered_envs() + sorted(set(entry_point_envs()) - set(registered_envs()))
+
+
+def env_factory(name: str, what: str = "env.name") -> EnvFactory:
+    """The factory of environment ``name``: registered here, by an installed distribution (entry point of
+    ``ragen.envs``) or ``package.module:Class``; a ``ValueError`` of one line naming ``what`` (the key) otherwise."""
+    if name in _REGISTRY:
+        return _REGISTRY.get(name)
+    if name in RENAMED_ENVS:
+        raise ValueError(f"{what}: unknown environment {name!r} ({name} was {RENAMED_ENVS[name]}); registered: "
                          f"{', '.join(registered_envs())}")  # fmt: skip
-    factory = _REGISTRY.get(name)  # an unknown name: a ValueError listing the registered ones
+    from ragen_core.envs.external import entry_point_envs, external_env_class, is_import_path
+
+    if is_import_path(name) or name in entry_point_envs():
+        return external_env_class(name, what)
+    raise ValueError(
+        f"{what}: unknown environment {name!r}; registered: {', '.join(available_envs())} (or your own: "
+        "package.module:Class)"
+    )
+
+
+def make_env(name: str, **overrides: Any) -> TextEnv:
+    """Build the environment ``name`` (:func:`env_factory`); ``overrides`` replace its default settings."""
+    factory = env_factory(name)
     try:
         return factory(**overrides)
     except TypeError as exc:

@@ -262,8 +262,9 @@ def _teacher_agreement(env: Any, actions_left: int, actions: list[str]) -> dict[
     """The teacher-agreement diagnostic of one turn, for envs with a teacher (``TextEnv.teacher_actions``): the
     teacher's best moves from the state the turn saw, whether the reply's first action is one of them
     (``teacher_agree``; a reply without a valid action disagrees), and the rate at which a uniformly random action
-    would (``teacher_chance``). Empty where the env has no teacher, or no move is better than another."""
-    if not has_teacher(env):
+    would (``teacher_chance``). Empty where the env has no teacher, no move is better than another, or answers are
+    free-form (no action names: no chance rate to compare with)."""
+    if not has_teacher(env) or not env.action_names:
         return {}
     best = env.teacher_actions(actions_left)
     if not best or len(best) == len(env.action_names):

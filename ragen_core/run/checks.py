@@ -24,7 +24,7 @@ from ragen_core.algos.filters import check_filter_options
 from ragen_core.config import ConfigError, RunConfig, build_config, load_config, stored_config
 from ragen_core.config.errors import config_error
 from ragen_core.config.trust import StoredConfig, UntrustedConfigError, check_stored_trust, named_keys
-from ragen_core.envs import TextEnv, make_env, registered_envs
+from ragen_core.envs import TextEnv, env_factory, make_env
 from ragen_core.monitor.trackers import check_trackers
 from ragen_core.rollout.scripted import has_teacher, registered_scripted_policies
 from ragen_core.storage import DataLake
@@ -43,15 +43,19 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     return check_registered(load_config(path, overrides))
 
 
-def build_stored_run_config(stored: StoredConfig, overrides: list[str] | None = None) -> RunConfig:
+def build_stored_run_config(
+    stored: StoredConfig, overrides: list[str] | None = None, trusted_kinds: frozenset[str] = frozenset()
+) -> RunConfig:
     """The config of a tree read from the data root (``stored``, with the keys it predates filled in as the run
     behaved: :func:`ragen_core.config.stored_config`) plus the user's ``key.sub=value`` overrides, as
     :func:`build_run_config`; then :func:`ragen_core.config.trust.check_stored_trust`: a program, module, host or
-    outside folder the file names and the user did not is refused (:class:`UntrustedConfigError`)."""
+    outside folder the file names and the user did not is refused (:class:`UntrustedConfigError`), except the kinds
+    of ``trusted_kinds`` (``{"module"}``: the user's ``--trust-env-module``). The trust check comes first: a module a
+    refused file names is never imported."""
     overrides = list(overrides or [])
-    config = build_run_config(stored_config(stored.tree), overrides)
-    check_stored_trust(config, stored, named_keys(overrides))
-    return config
+    config = build_config(stored_config(stored.tree), overrides)
+    check_stored_trust(config, stored, named_keys(overrides), trusted_kinds)  # before any name is looked up
+    return check_registered(config)  # (which imports the modules of the environments it names)
 
 
 def manifest_config(lake: DataLake, run_id: str, tree: dict[str, Any]) -> StoredConfig:
@@ -101,10 +105,7 @@ def _check_critic_batches(config: RunConfig) -> None:
 def _check_registered_names(config: RunConfig) -> None:
     """Names that refer to registries must exist there (a tracker's package too)."""
     check_trackers(config.monitor.trackers)
-    envs = registered_envs()
-    for key, name in [("env.name", config.env.name)] + [("env.val_envs", n) for n in config.env.val_envs or []]:
-        if name not in envs:
-            raise ValueError(f"{key}: unknown environment {name!r}; registered: {', '.join(envs)}")
+    _check_envs(config)
     for key, name, registry in (
         ("algorithm.adv_estimator", config.algorithm.adv_estimator, ADVANTAGES),
         ("algorithm.policy_loss", config.algorithm.policy_loss, POLICY_LOSSES),
@@ -124,10 +125,20 @@ def _check_registered_names(config: RunConfig) -> None:
             _check_teacher_policy(config, key)
 
 
+def _check_envs(config: RunConfig) -> None:
+    """Every env the config names (``env.name``, ``env.val_envs``) is registered here, by an installed distribution or
+    an importable ``package.module:Class`` implementing the TextEnv protocol, and takes ``env.options``: built once
+    here, so a missing module, a class that is no env or a bad option (the dataset env's file or reward function) is
+    one line before any compute."""
+    for key, name in [("env.name", config.env.name)] + [("env.val_envs", n) for n in config.env.val_envs or []]:
+        env_factory(name, key)
+        make_env(name, **config.env.options)
+
+
 def _check_teacher_policy(config: RunConfig, key: str) -> None:
     """``teacher_mix`` draws the teacher's moves: every env it plays must have a teacher."""
     for name in {config.env.name, *(config.env.val_envs or [])} if key.startswith("rollout") else {config.env.name}:
-        if not has_teacher(make_env(name)):
+        if not has_teacher(make_env(name, **config.env.options)):
             raise ValueError(
                 f"{key}: teacher_mix draws the teacher's moves, and {name} has no teacher (frozen_lake and sokoban "
                 "have one); use the random policy"
@@ -136,7 +147,7 @@ def _check_teacher_policy(config: RunConfig, key: str) -> None:
 
 def _check_describing_policy(config: RunConfig, key: str) -> None:
     """``describe_random`` writes the env's state descriptions as thinking: the env must have some, replies think."""
-    env_type = type(make_env(config.env.name))
+    env_type = type(make_env(config.env.name, **config.env.options))
     if env_type.describe is TextEnv.describe:
         raise ValueError(
             f"{key}: describe_random writes the env's state descriptions, and {config.env.name} has none "

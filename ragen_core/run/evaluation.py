@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.config import RunConfig
-from ragen_core.envs import registered_envs
+from ragen_core.envs import env_factory
 from ragen_core.run.checks import (
     StoredConfig,
     build_run_config,
@@ -81,22 +81,27 @@ def evaluation_config(
     instances: int | None,
     config_path: str | Path | None = None,
     overrides: list[str] | None = None,
+    trusted_kinds: frozenset[str] = frozenset(),
 ) -> RunConfig:
     """The evaluation's config: the source run's (``base``: as :func:`resolve_target` read it from the data root, or
     a tree of the caller's), else the YAML file's, else the defaults, with the validation envs (``env.val_envs``),
     the instance count (``eval.instances``) and any ``key=value`` overrides set. A stored base naming a program or an
     outside folder the overrides do not name again is refused
-    (:class:`~ragen_core.config.trust.UntrustedConfigError`)."""
-    unknown = sorted(set(envs or []) - set(registered_envs()))
-    if unknown:
-        raise EvaluationError(f"unknown env(s) {unknown}; registered: {', '.join(sorted(registered_envs()))}")
+    (:class:`~ragen_core.config.trust.UntrustedConfigError`), unless its kind is one of ``trusted_kinds``
+    (``{"module"}``: ``--trust-env-module``). ``envs`` are the user's: registered names, installed distributions'
+    names or ``package.module:Class``."""
+    for name in envs or []:
+        try:
+            env_factory(name, "--env")
+        except ValueError as exc:
+            raise EvaluationError(str(exc)) from None
     extra = list(overrides or [])
     if envs:
         extra.append(f"env.val_envs={json.dumps(list(envs))}")
     if instances is not None:
         extra.append(f"eval.instances={int(instances)}")
     if isinstance(base, StoredConfig) and config_path is None:
-        return build_stored_run_config(base, extra)
+        return build_stored_run_config(base, extra, trusted_kinds)
     if base is not None and config_path is None:
         return build_run_config(base, extra)
     return load_run_config(config_path, extra)

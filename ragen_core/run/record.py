@@ -154,8 +154,39 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def code_sources(config: RunConfig) -> dict[str, dict[str, str | None]]:
+    """Where the code a run plays comes from, by what the config names it: every env (``env.name``,
+    ``env.val_envs``) and the env's ``reward_fn``, each with its import path and the distribution (name, version)
+    that installed it (None: a module on the import path, installed by none). The config names only code already
+    checked to import (``run.checks``)."""
+    from ragen_core.envs import env_factory
+    from ragen_core.envs.external import code_source, env_source, import_object
+
+    sources = {}
+    for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
+        sources[name] = env_source(name, env_factory(name)).to_dict()
+    reward_fn = config.env.options.get("reward_fn")
+    if isinstance(reward_fn, str):
+        sources[reward_fn] = code_source(import_object(reward_fn, "env.options.reward_fn")).to_dict()
+    return sources
+
+
+def recorded_code(manifest: dict[str, Any]) -> str:
+    """What a manifest's ``code_sources`` say of the code from outside this project, in a few words (for the line
+    that says a resumed run's module is missing); empty when it records none."""
+    found = []
+    for source in (manifest.get("code_sources") or {}).values():
+        if not isinstance(source, dict) or str(source.get("import_path", "")).startswith("ragen_core."):
+            continue
+        dist = source.get("distribution")
+        where = f"distribution {dist} {source.get('version') or ''}".strip() if dist else "no distribution"
+        found.append(f"{source.get('import_path')} from {where}")
+    return f"the run recorded {'; '.join(found)}" if found else ""
+
+
 def new_manifest(config: RunConfig, run_id: str, model_dir: Path | None, command: list[str] | None) -> dict[str, Any]:
-    """The run manifest: config, hash, seed, versions, git commit, host, command, status and timestamps.
+    """The run manifest: config, hash, seed, versions, where its env code comes from (:func:`code_sources`), git
+    commit, host, command, status and timestamps.
 
     ``model_dir`` is None in the manifest a run writes at its first moment, before the bootstrap and the session:
     a run killed there is then known (``ragen resume`` starts it over), and the session fills the folder in."""
@@ -167,6 +198,7 @@ def new_manifest(config: RunConfig, run_id: str, model_dir: Path | None, command
         "seed": config.seed,
         "model_dir": str(model_dir) if model_dir is not None else None,
         "versions": library_versions(),
+        "code_sources": code_sources(config),
         "git_commit": git_commit(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -190,6 +222,7 @@ def resumed_manifest(manifest: dict[str, Any], config: RunConfig, command: list[
         "config": config.to_dict(),
         "config_hash": config.config_hash(),
         "versions": library_versions(),
+        "code_sources": code_sources(config),
         "resumes": [*manifest.get("resumes", []), attempt],
     }
     for stale in ("error", "update_group", *STOP_FIELDS):
@@ -198,9 +231,12 @@ def resumed_manifest(manifest: dict[str, Any], config: RunConfig, command: list[
 
 
 def default_run_id(config: RunConfig) -> str:
-    """``<env>-<config hash[:8]>-<UTC timestamp>``."""
+    """``<env>-<config hash[:8]>-<UTC timestamp>``; an env named ``package.module:Class`` is said by its class name,
+    and characters a run id does not take become ``-``."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    return f"{config.env.name}-{config.config_hash()[:8]}-{stamp}"
+    name = config.env.name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    slug = "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "-" for c in name).lstrip(".-")[:64]
+    return f"{slug or 'env'}-{config.config_hash()[:8]}-{stamp}"
 
 
 def check_run_id_free(lake: DataLake, run_id: str) -> None:

@@ -395,7 +395,7 @@ def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
 MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(("kind", "status", "model_dir", "config_hash", "tokenizer_fingerprint", "created_at",
                      "started_at", "updated_at", "git_commit", "error", "base_model", "host"), (str,)),
-    **dict.fromkeys(("config", "bootstrap", "sweep", "lineage", "versions", "summary"), (dict,)),
+    **dict.fromkeys(("config", "bootstrap", "sweep", "lineage", "versions", "summary", "code_sources"), (dict,)),
     **dict.fromkeys(("last_committed_iteration", "interrupted_iteration", "seed", "pid"), (int,)),
     "resumes": (list,),
 }  # fmt: skip

@@ -27,12 +27,27 @@ REFERENCE_ENVS = [
     "sudoku_pr147_9x9",
     "game_2048",
     "rubikscube",
+    "dataset",
 ]
+
+
+# Envs that cannot be built without settings: the shipped example's (the dataset env reads a file of prompts).
+ENV_OPTIONS = {
+    "dataset": {
+        "data_file": "examples/arithmetic/prompts.jsonl",
+        "reward_fn": "examples.arithmetic.reward:score",
+        "answer_column": "solution",
+    },
+}
+
+
+def _make(name: str):
+    return make_env(name, **ENV_OPTIONS.get(name, {}))
 
 
 def _trajectory_digest(name: str, seeds: range) -> str:
     """Digest of the observations, rewards and flags of random play from each seed (actions drawn from the seed)."""
-    env = make_env(name)
+    env = _make(name)
     log = []
     for seed in seeds:
         rng = np.random.default_rng(seed)
@@ -55,7 +70,7 @@ def test_registry_holds_every_reference_environment():
 
 @pytest.mark.parametrize("name", ALL_ENVS)
 def test_protocol(name):
-    env = make_env(name)
+    env = _make(name)
     obs, info = env.reset(5)
     assert isinstance(obs, str) and obs == env.render() and isinstance(info, dict)
     assert env.instruction() and not env.success

@@ -27,9 +27,11 @@ from ragen_core.config import RunConfig
 from ragen_core.config.trust import TRUSTED_PATHS_VARIABLE, trusted_keys
 from ragen_core.storage import DataLake
 from ragen_core.sweep import SweepError, read_sweep
+from tests.envs.user_code import unique, write_env_module
 from tests.flows.test_resume import RUN, _overrides, _ragen
 
-PLANTED_KEYS = ["model.path", "rollout.vllm.python", "trainer.launcher", "trainer.hostfile", "critic.path",
+PLANTED_KEYS = ["model.path", "env.name", "env.val_envs", "env.options.data_file", "env.options.reward_fn",
+                "rollout.vllm.python", "trainer.launcher", "trainer.hostfile", "critic.path",
                 "monitor.mlflow.tracking_uri", "monitor.wandb.project", "monitor.wandb.entity"]  # fmt: skip
 SMALL = ["eval.instances=2", "rollout.env_groups=2", "rollout.group_size=4", "rollout.max_new_tokens=8",
          "actor.mini_batch_size=4", "actor.micro_batch_size=4", "trainer.num_threads=1", "bootstrap.enabled=false",
@@ -56,11 +58,18 @@ def world(whole_bandit_run, tiny_model_dir, tmp_path, monkeypatch):
     hosts.write_text("evil.example slots=1\n")
     outside = tmp_path / "elsewhere" / "model"
     outside.mkdir(parents=True)
+    planted = unique("planted_envs")  # a module on the import path that writes the marker if it is ever imported
+    write_env_module(tmp_path / "importable", planted, marker)
+    monkeypatch.syspath_prepend(str(tmp_path / "importable"))
     monkeypatch.setenv(TRUSTED_PATHS_VARIABLE, str(tiny_model_dir))
     for name in ("RAGEN_VLLM_PYTHON", "MLFLOW_TRACKING_URI", "WANDB_PROJECT", "WANDB_ENTITY"):
         monkeypatch.delenv(name, raising=False)
     plants = {
         "model.path": {"model.path": str(outside)},
+        "env.name": {"env.name": f"{planted}:CoinEnv"},
+        "env.val_envs": {"env.val_envs": [f"{planted}:CoinEnv"]},
+        "env.options.data_file": {"env.options.data_file": str(outside / "secrets.jsonl")},
+        "env.options.reward_fn": {"env.options.reward_fn": f"{planted}:CoinEnv"},
         "rollout.vllm.python": {"rollout.backend": "vllm", "rollout.vllm.python": str(evil)},
         "trainer.launcher": {"trainer.launcher": "torchrun"},
         "trainer.hostfile": {"trainer.launcher": "deepspeed", "trainer.hostfile": str(hosts), "actor.zero_stage": 1},
@@ -130,11 +139,26 @@ def test_a_planted_key_is_refused_before_anything_starts(world, key, command):
     before = sorted(p.relative_to(root) for p in (root / "runs").iterdir())
     result = _cli(*command, *named, "--data-root", root)
     value = dict(world["plants"][key])[key]
-    line = _one_line_refusal(result, f"runs/{RUN}/manifest.json sets {key}={value!r}", f"pass {key}=", "again")
-    assert "does not name" in line
+    line = _one_line_refusal(result, f"runs/{RUN}/manifest.json sets {key}={value!r}", "again")
+    assert "does not name" in line and line.split("; ", 1)[1].split(": pass ", 1)[1].lstrip("'").startswith(f"{key}=")
     assert not world["marker"].exists()
     assert (root / "runs" / RUN / "manifest.json").read_bytes() == manifest  # nothing recorded, nothing started
     assert sorted(p.relative_to(root) for p in (root / "runs").iterdir()) == before
+
+
+def test_trust_env_module_allows_the_stored_modules_and_nothing_else(world):
+    """``--trust-env-module`` lets the stored config's modules be imported (here one that is missing: the import is
+    tried, and said in one line naming what the manifest recorded), never its programs or outside folders."""
+    root = world["root"]
+    _plant_manifest(root, {"env.name": "absent_envs_4711:CoinEnv"})
+    for command in (["resume", RUN], ["eval", RUN, "--n", "2"]):
+        line = _one_line_refusal(_cli(*command, "--trust-env-module", "--data-root", root),
+                                 "env.name: cannot import module 'absent_envs_4711'")  # fmt: skip
+        assert "Traceback" not in line and "does not name" not in line
+    _plant_manifest(root, {"env.name": "bandit", **world["plants"]["trainer.launcher"]})
+    _one_line_refusal(_cli("resume", RUN, "--trust-env-module", "--data-root", root),
+                      "sets trainer.launcher='torchrun'", "does not name a launcher")  # fmt: skip
+    assert not world["marker"].exists()
 
 
 def test_the_environment_or_a_trusted_folder_allows_a_stored_value_only_when_it_names_the_same(world, monkeypatch):
@@ -189,7 +213,7 @@ def test_a_stored_sweep_plan_naming_a_program_is_refused_when_read_back(world, k
     _set(stored["points"][1]["config"], world["plants"][key])
     path.write_text(json.dumps(stored))
     named = "trainer.launcher" if key == "trainer.hostfile" else key  # a hostfile comes with its launcher, first
-    with pytest.raises(SweepError, match=rf"^sweeps/sw\.json sets {named}=.*does not name .*pass {named}="):
+    with pytest.raises(SweepError, match=rf"^sweeps/sw\.json sets {named}=.*does not name .*pass '?{named}="):
         read_sweep(lake, "sw")
 
 

@@ -116,5 +116,7 @@ def test_the_same_evaluation_names_the_same_run_and_unknown_envs_are_refused():
     assert first == evaluation_run_id("/models/My model é", config)  # same target and config: same run
     assert first.startswith("eval-My-model-") and len(first) == len("eval-My-model-") + 8  # ASCII only, trimmed
     assert evaluation_run_id("/models/other", config) != evaluation_run_id("/models/My model é", config)
-    with pytest.raises(EvaluationError, match=r"unknown env\(s\) \['nope'\]; registered: .*bandit"):
+    with pytest.raises(EvaluationError, match=r"^--env: unknown environment 'nope'; registered: .*bandit"):
         evaluation_config(None, ["nope"], None)
+    with pytest.raises(EvaluationError, match=r"^--env: cannot import module 'no_such_envs_4711'"):
+        evaluation_config(None, ["no_such_envs_4711:Env"], None)

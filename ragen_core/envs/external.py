@@ -1,0 +1,174 @@
+"""Code of the user's own, named by import path: environments and functions outside this project.
+
+An environment name is a registered one (``bandit``), a name that an installed distribution registers under the
+entry-point group :data:`ENTRY_POINT_GROUP` (``ragen.envs``, name -> ``module:Class``), or ``package.module:Class``
+of any importable module. The class implements the :class:`~ragen_core.envs.base.TextEnv` protocol (a subclass whose
+abstract methods and ``reward_bounds`` are implemented: :func:`check_env_class`). A function (the dataset env's
+reward) is ``package.module:function`` (:func:`import_object`). Importing is the only thing done here: whether a
+config read back from the data root may name such a module is :mod:`ragen_core.config.trust`'s decision, taken
+before anything is imported.
+
+Every failure is a ``ValueError`` of one line that says what to do: a malformed path, a module that cannot be
+imported (missing, or raising while it imports), a missing attribute, a class that is not a text environment.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
+from typing import Any
+
+from ragen_core.envs.base import TextEnv
+
+ENTRY_POINT_GROUP = "ragen.envs"
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_IMPORT_PATH = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}(\.{_IDENTIFIER})*")
+# What a TextEnv subclass must define itself: the abstract methods, and reward_bounds (the base one raises; the
+# batch pipeline's data contracts need it).
+REQUIRED = ("reset", "step", "render", "action_names", "instruction", "success", "reward_bounds")
+
+
+def is_import_path(name: str) -> bool:
+    """Whether ``name`` names code by import path (it holds ``:``) rather than a registered name."""
+    return ":" in name
+
+
+def check_import_path(text: str, what: str) -> tuple[str, str]:
+    """(module, attribute path) of ``text`` when it reads ``package.module:Name``; else a ``ValueError`` naming
+    ``what`` (the key that gave it) and the form."""
+    if not isinstance(text, str) or not _IMPORT_PATH.fullmatch(text):
+        raise ValueError(
+            f"{what}: {text!r} is not an import path: write package.module:Name (e.g. my_envs.maze:MazeEnv), "
+            "the module importable (installed, or its folder on PYTHONPATH)"
+        )
+    module, attribute = text.split(":", 1)
+    return module, attribute
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def import_module(module: str, what: str) -> Any:
+    """Import ``module``; a ``ValueError`` of one line when it is missing or raises while it imports."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
+            raise ValueError(
+                f"{what}: cannot import module {module!r} (no module named {exc.name!r}): install the distribution "
+                "that provides it, or put its folder on PYTHONPATH"
+            ) from None
+        raise ValueError(f"{what}: importing module {module!r} failed: {_one_line(exc)}") from None
+    except Exception as exc:  # the user's module raised while importing: said in one line, never a traceback
+        raise ValueError(f"{what}: importing module {module!r} failed: {_one_line(exc)}") from None
+
+
+def import_object(text: str, what: str) -> Any:
+    """The object ``package.module:Name`` (``Name`` may be dotted: ``Outer.inner``) names, imported; ``what`` names
+    the key that gave it in the errors (:func:`check_import_path`, :func:`import_module`, a missing attribute)."""
+    module_name, attribute = check_import_path(text, what)
+    found: Any = import_module(module_name, what)
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise ValueError(f"{what}: module {module_name!r} has no attribute {attribute!r} ({text})")
+        found = getattr(found, part)
+    return found
+
+
+def check_env_class(env_class: Any, name: str, what: str) -> type[TextEnv]:
+    """``env_class`` when it is a class implementing the TextEnv protocol (a subclass of
+    :class:`~ragen_core.envs.base.TextEnv` defining :data:`REQUIRED`); else a ``ValueError`` of one line."""
+    if not inspect.isclass(env_class) or not issubclass(env_class, TextEnv):
+        raise ValueError(
+            f"{what}: {name!r} is {'a class' if inspect.isclass(env_class) else 'a ' + type(env_class).__name__} "
+            "that is not a TextEnv: subclass ragen_core.envs.TextEnv (docs/usage.md, 'Your own environment')"
+        )
+    missing = [method for method in REQUIRED if getattr(env_class, method, None) is getattr(TextEnv, method)]
+    missing += sorted(set(getattr(env_class, "__abstractmethods__", ())) - set(missing))
+    if missing:
+        raise ValueError(
+            f"{what}: {name!r} does not implement the TextEnv protocol: missing {', '.join(missing)} "
+            "(docs/usage.md, 'Your own environment')"
+        )
+    return env_class
+
+
+def entry_point_envs() -> dict[str, metadata.EntryPoint]:
+    """The environments installed distributions register: entry points of :data:`ENTRY_POINT_GROUP`, by name (a
+    name registered twice: the first distribution found keeps it)."""
+    found: dict[str, metadata.EntryPoint] = {}
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(entry.name, entry)
+    return found
+
+
+@lru_cache(maxsize=256)
+def external_env_class(name: str, what: str = "env.name") -> type[TextEnv]:
+    """The environment class of ``name``: ``package.module:Class``, or an entry point of :data:`ENTRY_POINT_GROUP`
+    (a registered name is the registry's, :func:`ragen_core.envs.base.make_env`); a ``ValueError`` of one line when
+    it is neither, cannot be imported or is no TextEnv. Cached per name: rollouts build an env per trajectory."""
+    if is_import_path(name):
+        return check_env_class(import_object(name, what), name, what)
+    entry = entry_point_envs().get(name)
+    if entry is None:
+        raise ValueError(f"{what}: unknown environment {name!r}")
+    path = f"{entry.module}:{entry.attr}" if entry.attr else entry.value
+    distribution = f" of distribution {entry.dist.name!r}" if entry.dist is not None else ""
+    return check_env_class(import_object(path, f"{what} {name!r} (entry point{distribution})"), name, what)
+
+
+@dataclass(frozen=True)
+class CodeSource:
+    """Where a piece of code comes from: its import path, and the distribution (name, version) that installed its
+    module (None: a module on PYTHONPATH or in a working folder, installed by no distribution)."""
+
+    import_path: str
+    distribution: str | None
+    version: str | None
+
+    def to_dict(self) -> dict[str, str | None]:
+        """The manifest's form."""
+        return {"import_path": self.import_path, "distribution": self.distribution, "version": self.version}
+
+
+def code_source(code: Any) -> CodeSource:
+    """The :class:`CodeSource` of a class or function (its module's top-level package, looked up among the
+    installed distributions' packages)."""
+    module = getattr(code, "__module__", None) or "?"
+    path = f"{module}:{getattr(code, '__qualname__', getattr(code, '__name__', '?'))}"
+    names = metadata.packages_distributions().get(module.split(".")[0]) or []
+    if not names:
+        return CodeSource(path, None, None)
+    try:
+        return CodeSource(path, names[0], metadata.version(names[0]))
+    except metadata.PackageNotFoundError:
+        return CodeSource(path, names[0], None)
+
+
+def env_source(name: str, factory: Any) -> CodeSource:
+    """Where environment ``name`` (built by ``factory``, :func:`ragen_core.envs.base.env_factory`'s) comes from: an
+    entry point's own import path and distribution, else the factory's module (:func:`code_source`)."""
+    entry = None if is_import_path(name) else entry_point_envs().get(name)
+    if entry is not None and getattr(factory, "__module__", None) == entry.module:
+        dist = entry.dist
+        return CodeSource(entry.value, dist.name if dist else None, dist.version if dist else None)
+    return code_source(factory)
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "CodeSource",
+    "check_env_class",
+    "check_import_path",
+    "code_source",
+    "entry_point_envs",
+    "env_source",
+    "external_env_class",
+    "import_object",
+    "is_import_path",
+]

@@ -1,0 +1,131 @@
+"""An environment of the user's own code through every command (issue 40): a class in a module on PYTHONPATH
+(``env.name=<module>:CoinEnv``) and one that an installed distribution registers under the entry-point group
+``ragen.envs`` (``env.name=<entry point name>``), each trained, killed and resumed to bitwise the same weights and
+rows as the run that never stopped, evaluated, re-trained offline and queried with ``ragen sql``; its manifest
+records where the code came from, a stored import path is imported only with ``--trust-env-module`` (an entry-point
+name needs nothing: the user installed it), and a resume without the code is one line naming what the run recorded.
+
+The user's code is written into a temporary folder by tests/envs/user_code.py and reaches the commands through
+PYTHONPATH; nothing of the project's tree knows it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from tests.envs.user_code import unique, write_distribution, write_env_module
+from tests.flows.test_resume import RUN, _overrides, _ragen, _rows, _weights
+
+FAULT = "update:inside@1"  # killed inside iteration 1's update: the resume replays nothing, redoes the update
+
+
+def _one_error_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in output, output[-3000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module", params=["module", "entry_point"])
+def world(request, tmp_path_factory, tiny_model_dir, prefect_server):
+    """The user's env on PYTHONPATH; the run that never stopped (``whole``) and the same run killed at
+    :data:`FAULT` and resumed (``killed``), with the outputs of the resume refused and the resume allowed."""
+    user = tmp_path_factory.mktemp("user")
+    if request.param == "module":
+        name = write_env_module(user, unique("user_envs"))
+        source = {"import_path": name, "distribution": None, "version": None}
+    else:
+        name, package = unique("coin"), unique("coin_pkg")
+        write_distribution(user, "coin-dist", "0.3.1", name, package)
+        source = {"import_path": f"{package}:CoinEnv", "distribution": "coin-dist", "version": "0.3.1"}
+    patch = pytest.MonkeyPatch()
+    patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(user), os.environ.get("PYTHONPATH")) if p))
+    api = prefect_server[0].api_url
+    overrides = [o for o in _overrides(tiny_model_dir) if not o.startswith("env.")]
+    overrides += [f"env.name={name}", f"env.val_envs=[{name}]"]
+    trust = ["--trust-env-module"] if request.param == "module" else []
+    whole, killed = tmp_path_factory.mktemp("whole-user-env"), tmp_path_factory.mktemp("killed-user-env")
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *overrides]
+    rc, output = _ragen(train, whole, None, api)
+    assert rc == 0, output[-3000:]
+    rc, output = _ragen(train, killed, FAULT, api)
+    assert rc == -signal.SIGKILL, output[-3000:]
+    plain = _ragen(["resume", RUN], killed, None, api) if trust else None  # refused: nothing runs
+    rc, output = _ragen(["resume", RUN, *trust], killed, None, api)
+    assert rc == 0 and "resumed at iteration 1" in output, output[-3000:]
+    yield {"kind": request.param, "name": name, "source": source, "user": user, "whole": whole, "killed": killed,
+           "plain": plain, "trust": trust, "api": api, "overrides": overrides}  # fmt: skip
+    patch.undo()
+
+
+def test_a_resumed_run_of_the_user_env_is_bitwise_the_run_that_never_stopped(world):
+    expected, actual = _weights(world["whole"]), _weights(world["killed"])
+    assert expected.keys() == actual.keys() and all(torch.equal(expected[k], actual[k]) for k in expected)
+    for table in ("trajectories", "turns", "metrics", "evaluations"):
+        assert _rows(world["killed"], table) == _rows(world["whole"], table), table
+
+
+def test_the_manifest_records_the_import_path_and_the_distribution(world):
+    from ragen_core.storage import DataLake
+
+    manifest = DataLake(world["killed"]).read_manifest(RUN)
+    assert manifest["config"]["env"]["name"] == world["name"]
+    assert manifest["code_sources"] == {world["name"]: world["source"]}
+
+
+def test_a_stored_import_path_is_imported_only_when_the_user_allows_it(world):
+    if world["kind"] == "entry_point":
+        assert world["plain"] is None  # resumed without the flag: an installed distribution's name is harmless
+        return
+    rc, output = world["plain"]
+    line = _one_error_line(output)
+    assert rc == 2 and f"runs/{RUN}/manifest.json sets env.name={world['name']!r}" in line
+    assert "does not name a module to import" in line and "--trust-env-module" in line
+    rc, output = _ragen(["eval", RUN, "--n", "2", "--run-id", "refused"], world["killed"], None, world["api"])
+    assert rc == 2 and "--trust-env-module" in _one_error_line(output)
+    rc, output = _ragen(["eval", RUN, "--n", "2", f"env.name={world['name']}", f"env.val_envs=[{world['name']}]",
+                         "--run-id", "named"], world["killed"], None, world["api"])  # fmt: skip
+    assert rc == 0, output[-3000:]  # named again on the command line: the user's own value
+
+
+def test_it_is_evaluated_retrained_offline_and_queried(world):
+    root, api, name = world["killed"], world["api"], world["name"]
+    rc, output = _ragen(["eval", RUN, "--n", "2", "--run-id", "ev", *world["trust"]], root, None, api)
+    assert rc == 0, output[-3000:]
+    retrain = ["retrain", "--from", f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND iteration = 0",
+               "--init", f"run:{RUN}", "--run-id", "rt", "--config", "configs/bandit.yaml", *world["overrides"],
+               "offline.epochs=1"]  # fmt: skip
+    rc, output = _ragen(retrain, root, None, api)
+    assert rc == 0, output[-3000:]
+    query = ("SELECT run_id, split, env, count(*) AS n, sum(total_reward) AS reward FROM trajectories "
+             "GROUP BY ALL ORDER BY ALL")  # fmt: skip
+    rc, output = _ragen(["sql", query, "--format", "json"], root, None, api)
+    assert rc == 0, output
+    rows = json.loads(output[output.index("["):])
+    by_run = {(r["run_id"], r["split"]): r for r in rows}
+    assert {r["env"] for r in rows} == {name}
+    assert by_run[(RUN, "train")]["n"] == 3 * 2 * 4  # 3 iterations x 2 groups x 4
+    assert by_run[(RUN, "val")]["n"] == 4 * 2 and by_run[("ev", "val")]["n"] == 2 and by_run[("rt", "val")]["n"] == 4
+    rc, output = _ragen(["sql", "SELECT env, split, count(*) AS n FROM trajectories WHERE run_id = 'ev' GROUP BY ALL",
+                         "--format", "json"], root, None, api)  # fmt: skip
+    assert json.loads(output[output.index("["):]) == [{"env": name, "split": "val", "n": 2}]
+
+
+def test_a_resume_without_the_code_says_so_in_one_line(world):
+    hidden = world["user"].with_name(world["user"].name + "-moved")
+    world["user"].rename(hidden)
+    try:
+        rc, output = _ragen(["resume", RUN, *world["trust"]], world["killed"], None, world["api"])
+    finally:
+        hidden.rename(world["user"])
+    line = _one_error_line(output)
+    source = world["source"]
+    recorded = (f"the run recorded {source['import_path']} from "
+                + ("distribution coin-dist 0.3.1" if source["distribution"] else "no distribution"))  # fmt: skip
+    assert rc == 2 and recorded in line, line
+    missing = "cannot import module" if world["kind"] == "module" else f"unknown environment {world['name']!r}"
+    assert missing in line, line
