@@ -41,7 +41,7 @@ def evaluate(
     model_dir, base, which = e.resolve_target(target, lake)
     if run_config is None:
         run_config = e.evaluation_config(base, envs, n, config, overrides)
-    run_id = check_run_id(run_id or e.evaluation_run_id(which, run_config))
+    run_id = check_run_id(run_id or e.evaluation_run_id(which, run_config, lake))
     tags = [*ui.run_tags(run_config.env.name, run_config.algorithm.preset), "evaluation"]
     with ui.showing(run_id, tags), open_run(lake, run_id):  # one writer per run: never the same one twice
         return _evaluate(lake, run_config, run_id, target, which, model_dir)

@@ -252,7 +252,7 @@ def eval_command(
     n: int | None = typer.Option(None, "--n", help="Fixed validation instances per env (default: eval.instances)."),
     config: Path | None = config_option("YAML config (default: the run's, or defaults)."),
     data_root: DataRoot = None,
-    run_id: str | None = run_id_option("Evaluation run id (default eval-<model>-<hash>)."),
+    run_id: str | None = run_id_option("Evaluation run id (default evaluate-<model>-<hash>)."),
     verbose: Verbose = False,
 ) -> None:
     """Evaluate a policy on fixed validation instances; the rollouts are stored as an evaluation run (query them with
@@ -269,7 +269,7 @@ def eval_command(
     try:
         _, base, which = resolve_target(target, lake if root.is_dir() else None)
         run_config = evaluation_config(base, env, n, config, list(ctx.args))
-        run_id = run_id or evaluation_run_id(which, run_config)
+        run_id = run_id or evaluation_run_id(which, run_config, lake if root.is_dir() else None)
     except (ConfigError, EvaluationError) as exc:
         fail(str(exc))
     root.mkdir(parents=True, exist_ok=True)

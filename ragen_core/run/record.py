@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragen_core.config import RunConfig
 from ragen_core.storage import DataLake
+from ragen_core.storage.names import without_split_words
 from ragen_core.storage.space import (
     SPACE_PREFIX,
     hold_reserve,
@@ -191,9 +192,10 @@ def resumed_manifest(manifest: dict[str, Any], config: RunConfig, command: list[
 
 
 def default_run_id(config: RunConfig) -> str:
-    """``<env>-<config hash[:8]>-<UTC timestamp>``."""
+    """``<env>-<config hash[:8]>-<UTC timestamp>``, the env's name without split words of Hugging Face ``datasets``
+    (``bandit_test`` -> ``bandit_tst``: :func:`~ragen_core.storage.names.without_split_words`)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    return f"{config.env.name}-{config.config_hash()[:8]}-{stamp}"
+    return f"{without_split_words(config.env.name)}-{config.config_hash()[:8]}-{stamp}"
 
 
 def check_run_id_free(lake: DataLake, run_id: str) -> None:

@@ -114,7 +114,19 @@ def test_the_same_evaluation_names_the_same_run_and_unknown_envs_are_refused():
     assert evaluation_config(CONFIG.to_dict(), None, None).eval.instances == CONFIG.eval.instances
     first = evaluation_run_id("/models/My model é", config)
     assert first == evaluation_run_id("/models/My model é", config)  # same target and config: same run
-    assert first.startswith("eval-My-model-") and len(first) == len("eval-My-model-") + 8  # ASCII only, trimmed
+    assert first.startswith("evaluate-My-model-") and len(first) == len("evaluate-My-model-") + 8  # ASCII, trimmed
     assert evaluation_run_id("/models/other", config) != evaluation_run_id("/models/My model é", config)
     with pytest.raises(EvaluationError, match=r"unknown env\(s\) \['nope'\]; registered: .*bandit"):
         evaluation_config(None, ["nope"], None)
+
+
+def test_an_evaluation_id_holds_no_split_word_and_an_old_one_is_still_found(tmp_path):
+    config = evaluation_config(CONFIG.to_dict(), ["bandit"], 3)
+    digest = evaluation_run_id("/models/my-test-model", config).rsplit("-", 1)[1]
+    # the target's name holds 'test' between separators: written short, and the prefix is no split word either
+    assert evaluation_run_id("/models/my-test-model", config) == f"evaluate-my-tst-model-{digest}"
+    lake = DataLake(tmp_path)
+    assert evaluation_run_id("/models/my-test-model", config, lake) == f"evaluate-my-tst-model-{digest}"
+    lake.write_manifest(f"eval-my-test-model-{digest}", {"run_id": f"eval-my-test-model-{digest}"})
+    # an evaluation stored under the name ids had before: the same evaluation finds it (and reuses it)
+    assert evaluation_run_id("/models/my-test-model", config, lake) == f"eval-my-test-model-{digest}"
