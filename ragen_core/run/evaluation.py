@@ -22,7 +22,7 @@ from ragen_core.run.checks import (
     load_run_config,
     manifest_config,
 )
-from ragen_core.run.offline import OfflineError, resolve_init
+from ragen_core.run.offline import OfflineError, missing_checkpoint, resolve_init
 from ragen_core.storage import DataLake
 from ragen_core.storage.names import (
     RUN_REF_PREFIX,
@@ -57,7 +57,7 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, StoredConf
                 raise EvaluationError(f"{target!r}: {exc}") from None
             folder = lake.checkpoint_dir(run_id, int(updates))
             if not folder.is_dir():
-                raise EvaluationError(f"run {run_id!r} has no checkpoint after {updates} updates ({folder})")
+                raise EvaluationError(missing_checkpoint(lake, run_id, int(updates), manifest))
             which = f"{run_id}@{updates}"
         else:
             newest = lake.latest_checkpoint(run_id)

@@ -83,7 +83,7 @@ def split_word_in(name: str) -> str | None:
 def without_split_words(text: str) -> str:
     """``text`` with every split word of Hugging Face ``datasets`` it holds between separators written short
     (``bandit_test`` -> ``bandit_tst``): for the parts of the run ids the project derives from names (an env, a
-    model folder), so that no derived id makes ``load_dataset(..., data_dir=<table folder>)`` take a run for a split."""
+    model folder), so no derived id makes ``load_dataset(..., data_dir=<table folder>)`` take a run for a split."""
     return _SPLIT_WORD.sub(lambda match: SPLIT_WORDS[match.group(1)], text)
 
 
