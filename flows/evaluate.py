@@ -54,11 +54,12 @@ def _evaluate(lake: DataLake, run_config: RunConfig, run_id: str, target: str, w
         return _result(lake, run_id, which, reused=True)
     if manifest is not None:
         lake.discard_uncommitted(run_id, 0)
+    ui.step(f"evaluation run {run_id}: loading the policy {which}")
     session = t.open_session(run_config, lake, run_id, model_dir, manifest, training=False)
     with run_status(session):
         evaluated = {"target": target, "model": which, "model_dir": str(model_dir)}
         session.record.update(kind="evaluation", evaluated=evaluated)
-        metrics = t.evaluate(session, 0)
+        metrics = t.evaluate(session, 0, ui.step)
         t.commit_iteration(session, 0, metrics, updated=False)
     ui.report(0, metrics)
     r.publish_iteration_artifact(run_id, 0, metrics)
