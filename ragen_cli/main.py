@@ -437,7 +437,8 @@ def plot(
     except OSError as exc:  # the PNG cannot be written there: a user's mistake, not a traceback
         fail(f"cannot write --out {str(out)!r}: {exc.strerror or exc}")
     empty = [key for key, series in result.data.items() if not series]
-    console.print(f"wrote {shown(result.path)} ({len(result.data)} panels; no data: {', '.join(empty) or 'none'})")
+    drawn = len(result.data) - len(empty) or len(result.data)
+    console.print(f"wrote {shown(result.path)} ({drawn} panels; no data, not drawn: {', '.join(empty) or 'none'})")
 
 
 def main() -> None:
