@@ -53,6 +53,7 @@ install-trackers: $(TRACKERS_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/ragen train --config configs/bandit.yaml --data-root $(DATA_ROOT)
+	@echo "next: run 'source $(BIN)/activate' once in your shell to put ragen on your PATH (or call $(BIN)/ragen), then the README's 'After the demo'"
 
 # Two workers, whole files each (a module's shared runs stay in one process), the files that use the session's
 # `ragen server` all in one worker (tests/conftest.py: one server instead of one per worker): the tests wait on

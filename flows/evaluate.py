@@ -45,7 +45,7 @@ def evaluate(
     if run_config is None:
         kinds = frozenset({"module"}) if trust_env_module else frozenset()
         run_config = e.evaluation_config(base, envs, n, config, overrides, kinds)
-    run_id = check_run_id(run_id or e.evaluation_run_id(which, run_config))
+    run_id = check_run_id(run_id or e.evaluation_run_id(which, run_config, lake))
     tags = [*ui.run_tags(run_config.env.name, run_config.algorithm.preset), "evaluation"]
     with ui.showing(run_id, tags), open_run(lake, run_id):  # one writer per run: never the same one twice
         return _evaluate(lake, run_config, run_id, target, which, model_dir)
@@ -58,11 +58,12 @@ def _evaluate(lake: DataLake, run_config: RunConfig, run_id: str, target: str, w
         return _result(lake, run_id, which, reused=True)
     if manifest is not None:
         lake.discard_uncommitted(run_id, 0)
+    ui.step(f"evaluation run {run_id}: loading the policy {which}")
     session = t.open_session(run_config, lake, run_id, model_dir, manifest, training=False)
     with run_status(session):
         evaluated = {"target": target, "model": which, "model_dir": str(model_dir)}
         session.record.update(kind="evaluation", evaluated=evaluated)
-        metrics = t.evaluate(session, 0)
+        metrics = t.evaluate(session, 0, ui.step)
         t.commit_iteration(session, 0, metrics, updated=False)
     ui.report(0, metrics)
     r.publish_iteration_artifact(run_id, 0, metrics)

@@ -58,13 +58,18 @@ def _retrain(
     init_dir = o.resolve_init(init, lake)
     table = o.select_trajectories(lake, sql)
     o.check_tokenizer(lake, table, init_dir)
+    ui.step(f"{table.num_rows} stored trajectories selected; loading the model {init}")
     session = t.open_session(run_config, lake, run_id, init_dir)
     with run_status(session):
         session.record.update(kind="offline", lineage=o.lineage(sql, table, mode, init_dir, lake))
         for epoch in range(epochs):
-            metrics = t.evaluate(session, 0) if epoch == 0 else {}
+            if epoch == 0:
+                ui.step("validating the model before training")
+            metrics = t.evaluate(session, 0, ui.step) if epoch == 0 else {}
+            ui.step(f"epoch {epoch + 1} of {epochs}: {mode} over {table.num_rows} trajectories")
             metrics.update(o.offline_epoch(session, table, mode, epoch))
             t.commit_iteration(session, epoch, metrics, updated=True)
             ui.report(epoch, metrics)
-        ui.report(epochs, final_evaluation(session, epochs))
+        ui.step("validating the re-trained model")
+        ui.report(epochs, final_evaluation(session, epochs, ui.step))
     return {"run_id": run_id, "data_root": str(lake.root), "trajectories": table.num_rows}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from flows import ui
 from ragen_core.config import RunConfig
 from ragen_core.run.checks import build_run_config, load_run_config
 from ragen_core.run.clock import IterationStage, StageClock
-from ragen_core.run.decisions import ResumePlan, Start
+from ragen_core.run.decisions import ResumePlan, Start, resume_line
 from ragen_core.run.entry import check_run_id, open_run, run_lake
 from ragen_core.run.record import RunRecord, default_run_id, new_manifest, run_status
 from ragen_core.run.resume import decide_run_start
@@ -90,12 +91,15 @@ def _publish(artifacts: r.IterationArtifacts | None, run_id: str, iteration: int
         artifacts.publish(run_id, iteration, metrics)
 
 
-def final_evaluation(session: RunSession, iteration: int) -> dict[str, float]:
-    """Validation of the final policy, committed as its own iteration (``iteration`` = number of updates)."""
+def final_evaluation(
+    session: RunSession, iteration: int, step: Callable[[str], None] | None = None
+) -> dict[str, float]:
+    """Validation of the final policy, committed as its own iteration (``iteration`` = number of updates); ``step``
+    hears of each env (:func:`ragen_core.run.stages.evaluate`)."""
     metrics: dict[str, float] = {}
     stage = StageClock(session.record, iteration, metrics)
     with stage(IterationStage.EVALUATE):
-        metrics.update(t.evaluate(session, iteration))
+        metrics.update(t.evaluate(session, iteration, step))
     with stage(IterationStage.COMMIT):
         t.commit_iteration(session, iteration, metrics, updated=False)
     r.publish_iteration_artifact(session.run_id, iteration, metrics)
@@ -118,6 +122,7 @@ def _open(run_config: RunConfig, lake: DataLake, run_id: str, force_config: list
     if start is Start.EXTEND:
         return _extend(run_config, lake, run_id, manifest)
     plan = t.prepare_resume(lake, run_config, run_id, skip_iteration)
+    ui.step(resume_line(run_id, plan))
     try:
         session = t.open_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
     except BaseException as exc:  # a failed resume says so in the manifest (a refused one, above, changes nothing)
@@ -131,6 +136,7 @@ def _extend(run_config: RunConfig, lake: DataLake, run_id: str, manifest: dict[s
     the stored manifest back (the run stays completed, with its config) and the lake is untouched. Only then is the
     final validation reopened as the next training iteration."""
     plan = t.prepare_extension(lake, manifest, run_config, run_id)
+    ui.step(resume_line(run_id, plan, run_config.trainer.iterations))
     session = None
     try:
         session = t.open_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)

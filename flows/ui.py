@@ -8,7 +8,8 @@
 - **Logs**: while a flow runs, the records of our own loggers (``ragen.*``: the collapse early warnings,
   ``ragen_core.*``, ``flows.*``) also go to the flow run's logs on the server; where they went before (the terminal)
   is unchanged. Each iteration's summary line goes to the server only (logger ``ragen.run``): the command line
-  prints it itself, under its progress bar.
+  prints it itself, under its progress bar. Prefect's "Finished in state Completed()" line of each task run is
+  dropped (:class:`_QuietTaskRuns`; failures stay), unless ``PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL`` is set.
 - **Address**: :func:`showing` hands the flow run's UI address to the caller's ``started`` callback (the command
   line prints it when the user configured a server).
 
@@ -19,6 +20,7 @@ What the caller wants to hear of a run (progress per iteration, the address) is 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -105,6 +107,17 @@ class _OneLine(logging.Filter):
         return True
 
 
+class _QuietTaskRuns(logging.Filter):
+    """Drops Prefect's "Finished in state Completed()" line of each task run (about 22 an iteration, which buried the
+    iteration lines in the run's logs); a task run's failure, retry or crash is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or not str(record.msg).startswith("Finished in state Completed")
+
+
+TASK_RUN_LOGGER = "prefect.task_runs"
+TASK_RUN_LEVEL_SETTING = "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL"  # set: the user chose what to see
+_QUIET_TASK_RUNS = _QuietTaskRuns()
 _API = APILogHandler()
 _API.addFilter(_InRun())
 _API.addFilter(_OneLine())
@@ -122,11 +135,17 @@ def showing(name: str, tags: list[str]) -> Iterator[None]:
     added = [logger for logger in loggers if _API not in logger.handlers]  # a subflow: its parent's are in place
     for logger in added:
         logger.addHandler(_API)
+    task_runs = logging.getLogger(TASK_RUN_LOGGER)
+    quieted = TASK_RUN_LEVEL_SETTING not in os.environ and _QUIET_TASK_RUNS not in task_runs.filters
+    if quieted:
+        task_runs.addFilter(_QUIET_TASK_RUNS)
     try:
         yield
     finally:
         for logger in added:
             logger.removeHandler(_API)
+        if quieted:
+            task_runs.removeFilter(_QUIET_TASK_RUNS)
 
 
 def _label(name: str, tags: list[str]) -> None:

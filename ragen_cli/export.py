@@ -21,21 +21,28 @@ def export(
 ) -> None:
     """Write runs' rows as a dataset folder with train and validation splits: load_dataset("parquet",
     data_dir=OUT) loads it (several --table: data_dir=OUT/<table>). Reads the lake only."""
+    from ragen_core.config import ConfigError
+    from ragen_core.run.chat import export_notes
     from ragen_core.storage import DataLake, LakeError
-    from ragen_core.storage.export import export_dataset, left_out_line, load_line
+    from ragen_core.storage.export import check_export, export_dataset, left_out_line, load_line
 
     for run_id in run_ids:
         checked_run_id(run_id)
     root = existing_root(data_root)
+    lake, tables = DataLake(root), list(table or ["trajectories"])
     try:
-        report = export_dataset(DataLake(root), out, list(run_ids), list(table or ["trajectories"]))
-    except LakeError as exc:
+        check_export(lake, out, list(run_ids), tables)  # a bad request is refused before the README is built
+        notes = export_notes(lake, list(run_ids))
+        report = export_dataset(lake, out, list(run_ids), tables, notes)
+    except (LakeError, ConfigError) as exc:
         fail(str(exc))
     for name, rows in report.rows.items():
         counts = ", ".join(f"{split} {n}" for split, n in rows.items())
         console.print(f"{escape(name)}: {counts} rows -> {escape(load_line(report.folders[name]))}", highlight=False)
     if line := left_out_line(report):
         console.print(escape(line), highlight=False)
+    console.print(f"how to prompt each run's policy (system prompt, messages, a transformers snippet): "
+                  f"{escape(str(report.out / 'README.md'))}", highlight=False)  # fmt: skip
 
 
 def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP)) -> None:

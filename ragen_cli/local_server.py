@@ -141,9 +141,12 @@ def start(
     worker: bool = True,
     deploy: bool = True,
     timeout: float = 180,
+    step: Callable[[str], None] | None = None,
 ) -> ServerState:
     """Start a server on 127.0.0.1:``port`` (0: a free one), create the work pool, deploy prefect.yaml and start a
-    process worker. Refuses when ``state_dir`` already has live processes (stop them first)."""
+    process worker. Refuses when ``state_dir`` already has live processes (stop them first). ``step`` hears of each
+    step as it starts (the server's start alone can take a minute)."""
+    say = step or (lambda text: None)
     previous = read_state(state_dir)
     if previous is not None and any(alive(p) for p in (previous.server_pid, previous.worker_pid) if p):
         raise ServerError(f"a server started from {state_dir} is still running ({previous.api_url}); stop it first")
@@ -155,6 +158,7 @@ def start(
     prefect_template.seed(home)  # only a home without a database yet
     api_url = f"http://127.0.0.1:{port}/api"
     command = _prefect() + ["server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    say(f"starting the Prefect server on 127.0.0.1:{port} (log: {state_dir / 'server.log'}; up to {timeout:.0f} s)")
     server = _spawn(command, base_env(home), state_dir / "server.log")
     state = ServerState(api_url, port, server.pid, None, POOL, str(home))
     state.save(state_dir)
@@ -165,10 +169,13 @@ def start(
                               f"{api_url}: choose another --port")  # fmt: skip
         prefect_template.save(home)  # a no-op once a template exists
         env = base_env(home, api_url)
+        say(f"the server answers; creating the work pool {POOL}")
         ensure_pool(env)
         if deploy:
+            say("deploying prefect.yaml's deployments (prefect deploy --all)")
             run_prefect(["--no-prompt", "deploy", "--all"], env)
         if worker:
+            say(f"starting a process worker for {POOL} (log: {state_dir / 'worker.log'})")
             state.worker_pid = start_worker(env, state_dir / "worker.log").pid
             state.save(state_dir)
     except BaseException:

@@ -255,7 +255,7 @@ def eval_command(
     n: int | None = typer.Option(None, "--n", help="Fixed validation instances per env (default: eval.instances)."),
     config: Path | None = config_option("YAML config (default: the run's, or defaults)."),
     data_root: DataRoot = None,
-    run_id: str | None = run_id_option("Evaluation run id (default eval-<model>-<hash>)."),
+    run_id: str | None = run_id_option("Evaluation run id (default evaluate-<model>-<hash>)."),
     trust_env_module: TrustEnvModule = False,
     verbose: Verbose = False,
 ) -> None:
@@ -273,7 +273,7 @@ def eval_command(
     try:
         _, base, which = resolve_target(target, lake if root.is_dir() else None)
         run_config = evaluation_config(base, env, n, config, list(ctx.args), trusted_kinds(trust_env_module))
-        run_id = run_id or evaluation_run_id(which, run_config)
+        run_id = run_id or evaluation_run_id(which, run_config, lake if root.is_dir() else None)
     except (ConfigError, EvaluationError) as exc:
         fail(with_recorded_code(str(exc), _target_manifest(lake, target)))
     root.mkdir(parents=True, exist_ok=True)
@@ -464,7 +464,8 @@ def plot(
     except OSError as exc:  # the PNG cannot be written there: a user's mistake, not a traceback
         fail(f"cannot write --out {str(out)!r}: {exc.strerror or exc}")
     empty = [key for key, series in result.data.items() if not series]
-    console.print(f"wrote {shown(result.path)} ({len(result.data)} panels; no data: {', '.join(empty) or 'none'})")
+    drawn = len(result.data) - len(empty) or len(result.data)
+    console.print(f"wrote {shown(result.path)} ({drawn} panels; no data, not drawn: {', '.join(empty) or 'none'})")
 
 
 def main() -> None:

@@ -19,6 +19,14 @@ from ragen_cli.common import (
     write_result,
 )
 
+RUNS_FOOTNOTE = (
+    "iterations: committed iterations, the final validation included (a completed run of N iterations shows N + 1: "
+    "iterations 0 to N-1 each validate when due, then update; iteration N validates the last update). "
+    "val_iteration: the last validated iteration. config_hash: the first 8 hex digits of the run's config hash as it "
+    "is now: extending a run (trainer.iterations) changes it, while a default run id <env>-<hash>-<time> keeps the "
+    "hash the run started with."
+)
+
 runs_app = typer.Typer(help="List, remove and compact the runs of a data root.", add_completion=False)
 
 
@@ -48,6 +56,8 @@ def runs(
         console.print(f"no runs in {escape(str(root))}", highlight=False)
         return
     write_result(overview, output_format, None)
+    if output_format == "table":
+        console.print(RUNS_FOOTNOTE, highlight=False, soft_wrap=True)
     problems = read_manifests(lake)[1]
     for problem in problems:
         warn(problem)

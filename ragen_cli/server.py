@@ -23,10 +23,11 @@ def server_start(
     deploy: bool = typer.Option(True, "--deploy/--no-deploy", help="Deploy prefect.yaml's deployments."),
 ) -> None:
     """Start the server, create the `local-process` pool, deploy prefect.yaml and start a worker (all by PID)."""
+    from ragen_cli.launch import print_step
     from ragen_cli.local_server import DEFAULT_STATE_DIR, ServerError, start
 
     try:
-        state = start(port, state_dir or DEFAULT_STATE_DIR, worker=worker, deploy=deploy)
+        state = start(port, state_dir or DEFAULT_STATE_DIR, worker=worker, deploy=deploy, step=print_step)
     except ServerError as exc:
         fail(str(exc))
     console.print(f"Prefect server {state.api_url} (pid {state.server_pid}), worker pid {state.worker_pid}")

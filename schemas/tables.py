@@ -43,7 +43,9 @@ class TableSpec:
     """A table: its columns, its primary key, its schema version and where its rows live.
 
     ``source`` is ``"parquet"`` (partitioned files written by the lake) or ``"manifest"`` (derived from the run
-    manifests; read-only through the lake).
+    manifests; read-only through the lake). ``computed``: columns the table's SQL view (``ragen sql``) adds from the
+    data root's state when it is queried, after the stored ones; never stored, since they change after the rows are
+    written (a checkpoint pruned later), so they take no part in the schema version.
     """
 
     name: str
@@ -52,9 +54,10 @@ class TableSpec:
     version: int = SCHEMA_VERSION
     description: str = ""
     source: str = "parquet"
+    computed: tuple[ColumnSpec, ...] = ()
 
     def __post_init__(self) -> None:
-        names = [c.name for c in self.columns]
+        names = [c.name for c in (*self.columns, *self.computed)]
         problems = []
         if len(set(names)) != len(names):
             problems.append("duplicate column names")
@@ -90,6 +93,15 @@ class TableSpec:
     @property
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
+
+    @property
+    def queried_schema(self) -> pa.Schema:
+        """The columns of the table's SQL view: the stored ones, then the :attr:`computed` ones."""
+        schema = self.arrow_schema
+        for c in self.computed:
+            field = pa.field(c.name, c.type, nullable=c.nullable, metadata={"description": c.description})
+            schema = schema.append(field)
+        return schema
 
     def column(self, name: str) -> ColumnSpec:
         for c in self.columns:
@@ -301,7 +313,16 @@ CHECKPOINTS = TableSpec(
         ColumnSpec("created_at", TIMESTAMP, "When the checkpoint was written (UTC)."),
     ),
     key=("run_id", "iteration", "format"),
-    description="Saved checkpoints: where, in which format, and the metrics they were saved with.",
+    description="Saved checkpoints: where, in which format, and the metrics they were saved with. A run keeps its "
+    "newest trainer.keep_last checkpoints and deletes the older ones; their rows stay, with available = false.",
+    computed=(
+        ColumnSpec(
+            "available",
+            pa.bool_(),
+            "Computed when queried: the checkpoint folder is still there, complete (false once trainer.keep_last "
+            "pruned it). Its folder is iteration=<iteration + 1>: `ragen eval <run_id>@<iteration + 1>` evaluates it.",
+        ),
+    ),
 )
 
 EVENTS = TableSpec(

@@ -129,9 +129,9 @@ def update_policy(run: RunSession, iteration: int) -> dict[str, float]:
 
 
 @task(name="evaluate", task_run_name=IterationStage.EVALUATE.run_name, cache_policy=NO_CACHE)
-def evaluate(run: RunSession, iteration: int) -> dict[str, float]:
+def evaluate(run: RunSession, iteration: int, step: Callable[[str], None] | None = None) -> dict[str, float]:
     """Validation rollouts on the fixed instances (before the iteration's other stages, when due)."""
-    return stages.evaluate(run, iteration)
+    return stages.evaluate(run, iteration, step)
 
 
 @task(name="commit_iteration", task_run_name=IterationStage.COMMIT.run_name, cache_policy=NO_CACHE)

@@ -35,6 +35,7 @@ import yaml
 
 from ragen_core.config import ConfigError, RunConfig, apply_overrides
 from ragen_core.run.checks import build_run_config
+from ragen_core.storage.names import without_split_words
 from ragen_core.sweep import SweepError, SweepPlan, plan_sweep, with_sweep_id
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +172,7 @@ def plan_finding(spec: FindingSpec, quick: bool = False) -> list[VariantPlan]:
             resolved = build_run_config(tree)  # validated once: the sweep's points are validated from it, once each
             seeds = spec.quick_seeds if quick else spec.seeds
             draft = plan_sweep(resolved, spec.grid, seeds=seeds)
-            prefix = f"{spec.name}{'-quick' if quick else ''}-{variant.name}".replace("_", "-")
+            prefix = without_split_words(f"{spec.name}{'-quick' if quick else ''}-{variant.name}".replace("_", "-"))
             plan = with_sweep_id(draft, f"{prefix}-{draft.sweep_id.removeprefix('sweep-')}")
             plans.append(VariantPlan(variant, resolved, plan))
         except (ConfigError, SweepError) as exc:

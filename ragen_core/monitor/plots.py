@@ -5,7 +5,8 @@ mean and std, in-group reward std, token entropy, gradient norm and response len
 mutual information (``trainer.mi_diagnostic``; it falls under template collapse), and for envs with a teacher the
 share of validation moves that agree with it against the share random moves would (the weak prior a bootstrap gives
 and RL sharpens), against the iteration. One
-colour per run; a panel no run has data for says "no data". The figure is drawn with matplotlib's Agg canvas (no
+colour per run; only the panels some run has data for are drawn (the figure's title names the others, "no data";
+when no panel has data, every panel is drawn saying so). The figure is drawn with matplotlib's Agg canvas (no
 display, no pyplot state) and written atomically.
 """
 
@@ -17,6 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ragen_core.storage import DataLake
 from ragen_core.storage.files import atomic_write_bytes
@@ -139,19 +141,22 @@ def _label(panel: Panel, run_id: str, name: str) -> str:
 
 
 def draw(data: PanelData, run_ids: Sequence[str], panels: Sequence[Panel] = PANELS):
-    """A matplotlib Figure (Agg canvas) with one titled panel per indicator; the lines carry ``gid`` =
+    """A matplotlib Figure (Agg canvas) with one titled panel per indicator some run has data for (all of them, each
+    saying "no data", when none has), the others named in the title; the lines carry ``gid`` =
     ``"<run_id>|<metric name>"`` so readers can match them to the data."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     runs = list(dict.fromkeys(run_ids))
     colours = {run: f"C{index % 10}" for index, run in enumerate(runs)}
-    columns = 2
-    rows = math.ceil(len(panels) / columns)
-    figure = Figure(figsize=(6.0 * columns, 3.2 * rows), layout="constrained")
+    shown = [panel for panel in panels if data.get(panel.key)] or list(panels)
+    empty = [panel.title for panel in panels if not data.get(panel.key)]
+    columns = 2 if len(shown) > 1 else 1
+    rows = math.ceil(len(shown) / columns)
+    figure = Figure(figsize=(6.0 * columns, 3.2 * rows + 0.4), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
-    for ax, panel in zip(axes, panels, strict=False):
+    for ax, panel in zip(axes, shown, strict=False):
         ax.set_title(panel.title)
         ax.set_xlabel("iteration")
         ax.set_ylabel(panel.ylabel)
@@ -159,22 +164,29 @@ def draw(data: PanelData, run_ids: Sequence[str], panels: Sequence[Panel] = PANE
         if not series:
             ax.text(0.5, 0.5, NO_DATA, transform=ax.transAxes, ha="center", va="center", color="grey", fontsize=14)
             continue
-        envs = sorted({name for _, name in series})
-        for (run_id, name), points in series.items():
-            iterations, values = zip(*points, strict=True) if points else ((), ())
-            style = ENV_STYLES[envs.index(name) % 4]
-            if panel.key == "val/*/teacher_*":  # agreement solid, its chance level dotted, whatever the env
-                style = "-" if name.endswith("_agreement") else ":"
-            ax.plot(
-                iterations, values, color=colours.get(run_id, "black"), linestyle=style,
-                marker="o", markersize=3, label=_label(panel, run_id, name), gid=f"{run_id}|{name}",
-            )  # fmt: skip
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    for ax in axes[len(panels) :]:
+        _draw_series(ax, panel, series, colours)
+    for ax in axes[len(shown) :]:
         ax.set_visible(False)
-    figure.suptitle("Collapse indicators: " + ", ".join(runs))
+    left_out = f"\n{NO_DATA}, not drawn: {', '.join(empty)}" if empty and len(shown) < len(panels) else ""
+    figure.suptitle("Collapse indicators: " + ", ".join(runs) + left_out)
     return figure
+
+
+def _draw_series(ax: Any, panel: Panel, series: dict[SeriesKey, Points], colours: dict[str, str]) -> None:
+    """One panel's curves: a colour per run, a line style per env (the teacher panel: agreement solid, chance
+    dotted)."""
+    envs = sorted({name for _, name in series})
+    for (run_id, name), points in series.items():
+        iterations, values = zip(*points, strict=True) if points else ((), ())
+        style = ENV_STYLES[envs.index(name) % 4]
+        if panel.key == "val/*/teacher_*":  # agreement solid, its chance level dotted, whatever the env
+            style = "-" if name.endswith("_agreement") else ":"
+        ax.plot(
+            iterations, values, color=colours.get(run_id, "black"), linestyle=style,
+            marker="o", markersize=3, label=_label(panel, run_id, name), gid=f"{run_id}|{name}",
+        )  # fmt: skip
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
 
 
 def plot_runs(

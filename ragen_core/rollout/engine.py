@@ -160,6 +160,15 @@ def _close_segment(slot: _Slot, generation: Generation) -> None:
     slot.past.append(PastTurn(state, budget, generation.token_ids, turn.response, finished, turn.reward))
 
 
+def opening_message(
+    env: Any, state: str, actions_left: int, max_actions_per_turn: int, enable_think: bool, style: str
+) -> str:
+    """The first user message of a trajectory: the env's rules, its actions, the per-turn limit and turn 1's state and
+    budget (what ``ragen export``'s README shows a client, from this same function)."""
+    text = turn_message(1, state, actions_left, enable_think, None, style)
+    return first_user_message(rules_text(env, style), env.action_names, max_actions_per_turn, text, style)
+
+
 def _extend_prompt(
     slot: _Slot,
     turn: int,
@@ -175,10 +184,11 @@ def _extend_prompt(
     """
     record = slot.record
     style = formatter.style
-    text = turn_message(turn + 1, slot.state, slot.actions_left, spec.enable_think, slot.last_reward, style)
     if turn == 0:
-        rules = rules_text(slot.env, style)
-        text = first_user_message(rules, slot.env.action_names, spec.max_actions_per_turn, text, style)
+        limits = (slot.actions_left, spec.max_actions_per_turn)
+        text = opening_message(slot.env, slot.state, *limits, spec.enable_think, style)
+    else:
+        text = turn_message(turn + 1, slot.state, slot.actions_left, spec.enable_think, slot.last_reward, style)
     key = (text, turn == 0, slot.last_reply_finished)
     ids = encoded.get(key)
     if ids is None:

@@ -50,6 +50,16 @@ class ResumePlan:
         return [i for i in self.committed if i < config.trainer.iterations and i not in self.skipped]
 
 
+def resume_line(run_id: str, plan: ResumePlan, extending_to: int | None = None) -> str:
+    """What a resume is about to do, said before it does it: where the run goes on, from which weights, and how many
+    committed updates it replays (``extending_to``: the iterations an extended run is given)."""
+    weights = f"its checkpoint after {plan.checkpoint_updates} updates" if plan.checkpoint else "its start model"
+    replayed = len(plan.replay)
+    replay = f", then replaying {replayed} committed update(s) from their stored batches" if replayed else ""
+    more = f" (extending it to {extending_to} iterations)" if extending_to is not None else ""
+    return f"resuming {run_id} at iteration {plan.next_iteration}{more}: loading {weights}{replay}"
+
+
 def decide_start(
     manifest: dict[str, Any] | None,
     config: RunConfig,

@@ -22,9 +22,16 @@ from ragen_core.run.checks import (
     load_run_config,
     manifest_config,
 )
-from ragen_core.run.offline import OfflineError, resolve_init
+from ragen_core.run.offline import OfflineError, missing_checkpoint, resolve_init
 from ragen_core.storage import DataLake
-from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, is_valid_run_id, parse_run_ref, split_run_ref
+from ragen_core.storage.names import (
+    RUN_REF_PREFIX,
+    RunRefError,
+    is_valid_run_id,
+    parse_run_ref,
+    split_run_ref,
+    without_split_words,
+)
 
 
 class EvaluationError(ValueError):
@@ -50,7 +57,7 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, StoredConf
                 raise EvaluationError(f"{target!r}: {exc}") from None
             folder = lake.checkpoint_dir(run_id, int(updates))
             if not folder.is_dir():
-                raise EvaluationError(f"run {run_id!r} has no checkpoint after {updates} updates ({folder})")
+                raise EvaluationError(missing_checkpoint(lake, run_id, int(updates), manifest))
             which = f"{run_id}@{updates}"
         else:
             newest = lake.latest_checkpoint(run_id)
@@ -107,9 +114,19 @@ def evaluation_config(
     return load_run_config(config_path, extra)
 
 
-def evaluation_run_id(which: str, config: RunConfig) -> str:
-    """``eval-<target slug>-<hash of target and config>``: the same evaluation names the same run."""
+EVALUATION_PREFIX = "evaluate-"  # no split word of Hugging Face datasets (ragen_core.storage.names.SPLIT_WORDS)
+LEGACY_EVALUATION_PREFIX = "eval-"  # the evaluations stored before: still found, never made anew
+
+
+def evaluation_run_id(which: str, config: RunConfig, lake: DataLake | None = None) -> str:
+    """``evaluate-<target slug>-<hash of target and config>``: the same evaluation names the same run. The slug holds
+    no split word of Hugging Face ``datasets`` (written short: :func:`~ragen_core.storage.names.without_split_words`),
+    so ``load_dataset("parquet", data_dir=<table folder>)`` never takes the run for a split. An evaluation stored
+    in ``lake`` before under its old name (``eval-<slug>-<hash>``) keeps that name: it is found and reused."""
     name = Path(which).name or which  # ASCII only: the id must be a run-id name (ragen_core.storage.names)
     slug = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in name).strip("-")[:40]
     digest = hashlib.sha256(f"{which}|{config.config_hash()}".encode()).hexdigest()[:8]
-    return f"eval-{slug}-{digest}"
+    legacy = f"{LEGACY_EVALUATION_PREFIX}{slug}-{digest}"
+    if lake is not None and is_valid_run_id(legacy) and lake.read_manifest(legacy) is not None:
+        return legacy
+    return f"{EVALUATION_PREFIX}{without_split_words(slug)}-{digest}"

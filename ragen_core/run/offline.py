@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ragen_core.config.optimisation import TrainerConfig
 from ragen_core.config.trust import TRUSTED_PATHS_VARIABLE, trusted_path
 from ragen_core.policy import tokenizer_fingerprint
 from ragen_core.seeding import derive_seed
@@ -133,6 +134,8 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
                 raise OfflineError(f"--init {text}: run {ref.run_id!r} stopped before choosing its start model")
             return resolve_init(_stored_start_model(lake, ref.run_id, str(manifest["model_dir"]), text))
         path = lake.checkpoint_dir(ref.run_id, ref.updates)
+        if not path.is_dir():
+            raise OfflineError(f"--init {text}: {missing_checkpoint(lake, ref.run_id, ref.updates, manifest)}")
     if "\x00" in str(path):  # no file name holds one (resolve() would raise ValueError)
         raise OfflineError(f"--init {str(path)!r} is not a folder name: it contains a NUL character")
     path = Path(path).expanduser().resolve()
@@ -141,6 +144,21 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
     if (path / "config.json").is_file():
         return path
     raise OfflineError(f"--init {str(path)!r} is neither a Hugging Face model folder nor a ragen-flows checkpoint")
+
+
+def missing_checkpoint(lake: DataLake, run_id: str, updates: int, manifest: dict[str, Any]) -> str:
+    """Why ``<run_id>@<updates>`` names no checkpoint: the checkpoints the run has, and the settings that chose them
+    (``trainer.checkpoint_every``, ``trainer.keep_last``: older ones are deleted) with how to keep more."""
+    trainer = (manifest.get("config") or {}).get("trainer") or {}
+    fields = TrainerConfig.model_fields
+    every = trainer.get("checkpoint_every", fields["checkpoint_every"].default)
+    keep = trainer.get("keep_last", fields["keep_last"].default)
+    kept = [f"{run_id}@{n}" for n, _ in lake.list_checkpoints(run_id)]
+    return (
+        f"run {run_id!r} has no checkpoint after {updates} updates; its checkpoints: {', '.join(kept) or 'none yet'} "
+        f"(it saved one every {every} update(s) and kept the newest {keep}: trainer.checkpoint_every, "
+        "trainer.keep_last; a run trained with e.g. trainer.checkpoint_every=10 trainer.keep_last=4 keeps more)"
+    )
 
 
 def _stored_start_model(lake: DataLake, run_id: str, model_dir: str, init: str) -> str:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ragen_core.config import RunConfig
 from ragen_core.monitor.trackers.base import RunEnd
 from ragen_core.storage import DataLake
+from ragen_core.storage.names import without_split_words
 from ragen_core.storage.space import (
     SPACE_PREFIX,
     hold_reserve,
@@ -232,11 +233,12 @@ def resumed_manifest(manifest: dict[str, Any], config: RunConfig, command: list[
 
 def default_run_id(config: RunConfig) -> str:
     """``<env>-<config hash[:8]>-<UTC timestamp>``; an env named ``package.module:Class`` is said by its class name,
-    and characters a run id does not take become ``-``."""
+    characters a run id does not take become ``-``, and split words of Hugging Face ``datasets`` are written short
+    (``bandit_test`` -> ``bandit_tst``: :func:`~ragen_core.storage.names.without_split_words`)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     name = config.env.name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
     slug = "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "-" for c in name).lstrip(".-")[:64]
-    return f"{slug or 'env'}-{config.config_hash()[:8]}-{stamp}"
+    return f"{without_split_words(slug or 'env')}-{config.config_hash()[:8]}-{stamp}"
 
 
 def check_run_id_free(lake: DataLake, run_id: str) -> None:

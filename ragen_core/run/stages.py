@@ -9,7 +9,8 @@ input-reasoning mutual information of the batch with the policy that sampled it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -176,9 +177,10 @@ def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
     return metrics
 
 
-def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
+def evaluate(session: RunSession, iteration: int, step: Callable[[str], None] | None = None) -> dict[str, float]:
     """Stage 6: validation rollouts on fixed instances of every validation env, stored with ``split='val'``; an env
-    whose batch a crash left published is reused."""
+    whose batch a crash left published is reused. ``step``: told of each env as it starts and ends (the commands that
+    are a validation and little else say so: ``ragen eval``, ``ragen retrain``)."""
     config = session.config
     metrics: dict[str, float] = {}
     meta = BatchMeta.validation(session.run_id, iteration, config.eval.temperature, session.config_hash)
@@ -186,6 +188,9 @@ def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
         stage = Stage.evaluation(env_name)
         done = session.lake.stage_result(session.run_id, iteration, stage)
         if done is None:
+            started = time.monotonic()
+            samples = f" x {config.eval.k} samples" if config.eval.k > 1 else ""
+            _tell(step, f"validating on {env_name}: {config.eval.instances} instances{samples}")
             seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
             spec = rollout_spec(config, env_name, seeds, config.eval.k)
             backend = session.policy.backend(config.rollout, config.eval.temperature)
@@ -193,8 +198,17 @@ def evaluate(session: RunSession, iteration: int) -> dict[str, float]:
             records = run_rollouts(spec, backend, session.policy.formatter, sampling)
             pipeline = BatchPipeline(session.lake, meta, stage, BatchRules.of(config, env_name, config.eval.k))
             done = {"metrics": pipeline.run(records, partial(validation_metrics, env=env_name))}
+            success = done["metrics"][f"val/{env_name}/success"]
+            _tell(step, f"{env_name}: success {success:.3f} ({time.monotonic() - started:.0f} s)")
+        else:
+            _tell(step, f"{env_name}: its stored validation reused")
         metrics.update(done["metrics"])
     return metrics
+
+
+def _tell(step: Callable[[str], None] | None, text: str) -> None:
+    if step is not None:
+        step(text)
 
 
 def record_warnings(session: RunSession, iteration: int, metrics: dict[str, float]) -> list[dict[str, Any]]:

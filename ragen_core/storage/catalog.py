@@ -245,13 +245,42 @@ def _create_failing_view(con: duckdb.DuckDBPyConnection, spec: TableSpec, messag
     """A view with the table's columns that raises ``message`` whenever a statement uses it, once the connection
     is locked: ``range()``'s argument is a constant evaluated when the statement is bound, before any optimizer
     can prune a scan (a per-row ``error()`` behind a filter would never run)."""
-    con.register(f"_{spec.name}_null", spec.arrow_schema.empty_table())
+    con.register(f"_{spec.name}_null", spec.queried_schema.empty_table())
     con.execute(f"DROP VIEW IF EXISTS {spec.name}")
     con.execute(
         f"CREATE VIEW {spec.name} AS SELECT _{spec.name}_null.* FROM _{spec.name}_null, "
         f"range(CASE WHEN current_setting('lock_configuration') THEN error({_quote(ERROR_PREFIX + message)}) "
         "ELSE 0 END)"
     )
+
+
+def _kept_checkpoints(lake: DataLake, run_id: str | None) -> pa.Table:
+    """``(run_id, updates)`` of every complete checkpoint folder of the data root's runs (or of ``run_id``'s)."""
+    folder = run_dir(lake.root)
+    runs = [run_id] if run_id is not None else sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    rows = [(run, n) for run in runs if is_valid_run_id(run) for n, _ in lake.list_checkpoints(run)]
+    return pa.table({"run_id": [r for r, _ in rows], "updates": [n for _, n in rows]},
+                    schema=pa.schema([("run_id", pa.string()), ("updates", pa.int64())]))  # fmt: skip
+
+
+def _checkpoint_columns(con: duckdb.DuckDBPyConnection, lake: DataLake, run_id: str | None) -> str:
+    """``available``: a row's folder (``.../iteration=<n>``, or its ``hf/`` export) is a complete checkpoint now."""
+    con.register("_checkpoints_kept", _kept_checkpoints(lake, run_id))
+    updates = r"TRY_CAST(regexp_extract(s.path, '/iteration=([0-9]+)(/hf)?$', 1) AS BIGINT)"
+    return (f"EXISTS (SELECT 1 FROM _checkpoints_kept k WHERE k.run_id = s.run_id AND k.updates = {updates}) "
+            "AS available")  # fmt: skip
+
+
+def _add_computed(con: duckdb.DuckDBPyConnection, lake: DataLake, spec: TableSpec, run_id: str | None) -> None:
+    """The table's view with its computed columns (:attr:`~schemas.tables.TableSpec.computed`) after the stored
+    ones: the stored view renamed, and a view over it adding them."""
+    if not spec.computed:
+        return
+    if spec.name != "checkpoints":  # the one table with computed columns
+        raise ValueError(f"table {spec.name!r} has computed columns, but no rule computes them")
+    columns = _checkpoint_columns(con, lake, run_id)
+    con.execute(f"ALTER VIEW {spec.name} RENAME TO _{spec.name}_stored")
+    con.execute(f"CREATE VIEW {spec.name} AS SELECT s.*, {columns} FROM _{spec.name}_stored s")
 
 
 def _lock_down(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
@@ -277,6 +306,7 @@ def _open(
         con.register(f"_{spec.name}_empty", spec.arrow_schema.empty_table())
         try:
             _create_view(con, lake, spec, run_id, files, broken_manifests)
+            _add_computed(con, lake, spec, run_id)
         except LakeError as exc:
             _create_failing_view(con, spec, str(exc))
     _lock_down(con, list(files))

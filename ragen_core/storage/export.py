@@ -89,8 +89,11 @@ def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str
         raise ExportError(f"the folder of --out {str(out)!r} does not exist; create it first")
 
 
-def export_dataset(lake: DataLake, out: Path, run_ids: list[str], tables: list[str]) -> ExportReport:
-    """Write the dataset folder (module docstring) of ``run_ids``' rows of ``tables`` at ``out``."""
+def export_dataset(
+    lake: DataLake, out: Path, run_ids: list[str], tables: list[str], notes: str = ""
+) -> ExportReport:
+    """Write the dataset folder (module docstring) of ``run_ids``' rows of ``tables`` at ``out``; ``notes``: more
+    markdown for its README (how to prompt each run's policy: :func:`ragen_core.run.chat.export_notes`)."""
     check_export(lake, out, run_ids, tables)
     out = out.resolve()
     report = ExportReport(out, list(run_ids), committed=committed_iterations(lake, run_ids))
@@ -105,7 +108,7 @@ def export_dataset(lake: DataLake, out: Path, run_ids: list[str], tables: list[s
             folder = staging / table if len(tables) > 1 else staging
             report.rows[table] = _write_table(lake, table, report, folder)
             report.folders[table] = out / table if len(tables) > 1 else out
-        atomic_write_bytes(staging / "README.md", _card(lake, report).encode())
+        atomic_write_bytes(staging / "README.md", (_card(lake, report) + notes).encode())
         if _identity(staging) != identity:
             raise ExportError(f"the export's staging folder {str(staging)!r} was replaced while it was written (by a "
                               "link or another folder); nothing was exported: export again")  # fmt: skip

@@ -61,6 +61,32 @@ def validate_run_id(run_id: object, what: str = "run id") -> str:
     return run_id
 
 
+# Hugging Face ``datasets`` (``load_dataset("parquet", data_dir=...)``) makes a split of every folder or file whose
+# name holds one of these words between two of its separators (or the name's start or end), case-sensitively:
+# ``datasets.data_files.SPLIT_KEYWORDS`` and ``NON_WORDS_CHARS`` (tests/storage/test_split_words.py holds this copy
+# to them). A run id names a folder in every table, so the ids the project derives never hold one.
+SPLIT_WORDS: dict[str, str] = {  # each word and what a derived id writes instead (no split word, nor a new one)
+    "training": "trng", "train": "trn", "validation": "vldn", "valid": "vld", "dev": "dv", "val": "vl",
+    "testing": "tstg", "test": "tst", "evaluation": "evln", "eval": "evl",
+}  # fmt: skip
+SPLIT_SEPARATORS = "-._ 0123456789"
+_SPLIT_WORD = re.compile(r"(?<![^-._ 0-9])(" + "|".join(SPLIT_WORDS) + r")(?![^-._ 0-9])")
+
+
+def split_word_in(name: str) -> str | None:
+    """The first split word of Hugging Face ``datasets`` that ``name`` (a folder or file name) holds between
+    separators, None when it holds none (:data:`SPLIT_WORDS`)."""
+    match = _SPLIT_WORD.search(name)
+    return match.group(1) if match else None
+
+
+def without_split_words(text: str) -> str:
+    """``text`` with every split word of Hugging Face ``datasets`` it holds between separators written short
+    (``bandit_test`` -> ``bandit_tst``): for the parts of the run ids the project derives from names (an env, a
+    model folder), so no derived id makes ``load_dataset(..., data_dir=<table folder>)`` take a run for a split."""
+    return _SPLIT_WORD.sub(lambda match: SPLIT_WORDS[match.group(1)], text)
+
+
 RUN_REF_PREFIX = "run:"
 
 

@@ -28,7 +28,7 @@ def duckdb_types(spec: TableSpec) -> dict[str, str]:
     """Column name -> the type DuckDB shows for it (``DESCRIBE``)."""
     con = duckdb.connect(":memory:")
     try:
-        con.register("t", spec.arrow_schema.empty_table())
+        con.register("t", spec.queried_schema.empty_table())
         return {name: kind for name, kind, *_ in con.execute("DESCRIBE t").fetchall()}
     finally:
         con.close()
@@ -50,7 +50,7 @@ def table_markdown(spec: TableSpec) -> str:
         "| column | type | nullable | description |",
         "|---|---|---|---|",
     ]
-    for column in spec.columns:
+    for column in (*spec.columns, *spec.computed):
         nullable = "yes" if column.nullable else ""
         lines.append(f"| `{column.name}` | {types[column.name]} | {nullable} | {_cell(column.description)} |")
     return "\n".join(lines)

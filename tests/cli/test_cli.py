@@ -86,6 +86,10 @@ def test_runs_lists_every_run(root):
     assert rows[0]["val_success"].startswith("bandit ") and rows[0]["created_at"] == "2025-01-01 00:00:00"
     table = _invoke("runs", "--data-root", root)
     assert table.exit_code == 0 and "run-b" in table.output
+    # what the numbers mean, under the table only (csv and json stay data): a completed run of 1 iteration showed 2
+    assert "a completed run of N iterations shows N + 1" in " ".join(table.stdout.split())
+    csv = _invoke("runs", "--data-root", root, "-f", "csv")
+    assert "shows N + 1" not in result.output and "shows N + 1" not in csv.output
 
 
 def test_runs_rm_asks_refuses_and_removes(root):

@@ -33,7 +33,7 @@ def test_plot_writes_one_png_of_several_runs(root, tmp_path):
     result = _invoke("plot", "run-a", "run-b", "--out", out, "--data-root", root)
     assert result.exit_code == 0, result.output
     text = _text(result)
-    assert text.startswith("wrote ") and "runs.png (9 panels; no data: rollout/response_length)" in text
+    assert text.startswith("wrote ") and "runs.png (8 panels; no data, not drawn: rollout/response_length)" in text
     assert imread(out).ndim == 3
     assert not list(out.parent.glob(".*"))  # no temporary file left behind
 

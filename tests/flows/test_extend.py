@@ -51,6 +51,9 @@ def extended(completed, prefect_server, whole_bandit_run):
     rc, output = _ragen(["resume", RUN, *EXTEND], root, None, prefect_server[0].api_url)
     assert rc == 0, output[-3000:]
     assert "resumed at iteration 2" in output and "Traceback" not in output
+    # said before it trains (issue 40 s4 item 3): the line comes before iteration 2's line, not only at the end
+    said = output.index(f"resuming {RUN} at iteration 2 (extending it to 3 iterations): loading its checkpoint")
+    assert said < output.index("iter   2")
     return root, whole_bandit_run
 
 

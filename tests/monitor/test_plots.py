@@ -87,7 +87,7 @@ def test_plotted_curves_equal_the_metrics_table(lake, tmp_path):
     }  # fmt: skip
     assert [it for it, _ in expected["val/*/success"][("run-b", "val/bandit/success")]] == [0, ITERATIONS - 1]
     drawn = figure_lines(result.figure)
-    assert drawn == {p.title: expected[p.key] for p in PANELS}
+    assert drawn == {p.title: expected[p.key] for p in PANELS if expected[p.key]}  # panels without data: not drawn
     image = imread(out)  # a real PNG, as big as the figure
     assert image.shape[:2] == (round(result.figure.get_figheight() * 100), round(result.figure.get_figwidth() * 100))
 
@@ -95,7 +95,7 @@ def test_plotted_curves_equal_the_metrics_table(lake, tmp_path):
 def test_panels_are_labelled_and_one_colour_per_run(lake, tmp_path):
     result = plot_runs(lake, ["run-b", "run-a"], tmp_path / "runs.png")
     axes = {ax.get_title(): ax for ax in result.figure.axes if ax.get_visible()}
-    assert list(axes) == [p.title for p in PANELS]
+    assert list(axes) == [p.title for p in PANELS if result.data[p.key]]
     assert {ax.get_xlabel() for ax in axes.values()} == {"iteration"}
     colours = {}
     for ax in axes.values():
@@ -108,14 +108,25 @@ def test_panels_are_labelled_and_one_colour_per_run(lake, tmp_path):
     assert val_styles["run-a|val/bandit/success"] != val_styles["run-a|val/bandit_test/success"]
 
 
-def test_a_panel_without_data_says_so(lake, tmp_path):
+def test_panels_without_data_are_left_out_and_named(lake, tmp_path):
     result = plot_runs(lake, ["run-b"], tmp_path / "b.png")  # run-b has no grad norm; no run has response length
     assert result.data["actor/grad_norm"] == {} and result.data["rollout/response_length"] == {}
-    axes = {ax.get_title(): ax for ax in result.figure.axes}
-    for title in ("Gradient norm", "Response length"):
-        assert [t.get_text() for t in axes[title].texts] == [NO_DATA] and not axes[title].get_lines()
-        assert axes[title].get_xlabel() == "iteration"
-    assert axes["Token entropy"].get_lines() and not axes["Token entropy"].texts
+    axes = {ax.get_title(): ax for ax in result.figure.axes if ax.get_visible()}
+    assert list(axes) == [p.title for p in PANELS if result.data[p.key]]
+    assert "Gradient norm" not in axes and "Response length" not in axes
+    assert all(ax.get_lines() and not ax.texts for ax in axes.values())
+    empty = [p.title for p in PANELS if not result.data[p.key]]
+    assert "Gradient norm" in empty and "Response length" in empty  # the premise
+    assert result.figure.get_suptitle().endswith(f"{NO_DATA}, not drawn: {', '.join(empty)}")
+
+
+def test_with_no_data_at_all_every_panel_says_so(lake, tmp_path):
+    from ragen_core.monitor.plots import draw
+
+    figure = draw({p.key: {} for p in PANELS}, ["run-x"])
+    axes = [ax for ax in figure.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == [p.title for p in PANELS]
+    assert all([t.get_text() for t in ax.texts] == [NO_DATA] and not ax.get_lines() for ax in axes)
 
 
 def test_bad_requests_fail_clearly_and_write_nothing(lake, tmp_path):

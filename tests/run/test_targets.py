@@ -15,6 +15,8 @@ from ragen_core.storage import DataLake
 from ragen_core.storage.layout import CHECKPOINT_HF, CHECKPOINT_INFO, checkpoint_file
 
 CONFIG = build_config({}, ["trainer.iterations=4"])
+KEEP = ("(it saved one every 1 update(s) and kept the newest 2: trainer.checkpoint_every, trainer.keep_last; a run "
+        "trained with e.g. trainer.checkpoint_every=10 trainer.keep_last=4 keeps more)")  # the defaults, by hand
 
 
 def _model(folder: Path) -> Path:
@@ -56,7 +58,7 @@ def test_a_folder_resolves_to_itself_or_its_hf_export(tmp_path):
 
 
 @pytest.mark.parametrize(("target", "message"), [
-    ("r@3", "run 'r' has no checkpoint after 3 updates ({missing})"),
+    ("r@3", "run 'r' has no checkpoint after 3 updates; its checkpoints: r@2, r@4 " + KEEP),
     ("r@x", "'r@x': after '@' give the number of updates, e.g. r@10"),
     ("fresh", "run 'fresh' has no checkpoint yet; evaluate the model it started from instead: {start}"),
     ("ghost@2", "no run 'ghost' in {root}; `ragen runs` lists them"),
@@ -92,7 +94,7 @@ def test_an_init_run_resolves_to_its_start_model_or_its_checkpoint(tmp_path):
     ("run:a/b", "--init run:a/b: 'a/b' is not a run id (letters, digits, '.', '_', '-')"),
     ("run:ghost", "--init run:ghost: no run 'ghost' in {root}"),
     ("run:early", "--init run:early: run 'early' stopped before choosing its start model"),
-    ("run:r@3", "--init '{missing}' is neither a Hugging Face model folder nor a ragen-flows checkpoint"),
+    ("run:r@3", "--init run:r@3: run 'r' has no checkpoint after 3 updates; its checkpoints: r@2, r@4 " + KEEP),
     ("no\x00where", "--init 'no\\x00where' is not a folder name: it contains a NUL character"),
 ])  # fmt: skip
 def test_an_init_that_names_no_model_says_why(tmp_path, init, message):
@@ -114,9 +116,21 @@ def test_the_same_evaluation_names_the_same_run_and_unknown_envs_are_refused():
     assert evaluation_config(CONFIG.to_dict(), None, None).eval.instances == CONFIG.eval.instances
     first = evaluation_run_id("/models/My model é", config)
     assert first == evaluation_run_id("/models/My model é", config)  # same target and config: same run
-    assert first.startswith("eval-My-model-") and len(first) == len("eval-My-model-") + 8  # ASCII only, trimmed
+    assert first.startswith("evaluate-My-model-") and len(first) == len("evaluate-My-model-") + 8  # ASCII, trimmed
     assert evaluation_run_id("/models/other", config) != evaluation_run_id("/models/My model é", config)
     with pytest.raises(EvaluationError, match=r"^--env: unknown environment 'nope'; registered: .*bandit"):
         evaluation_config(None, ["nope"], None)
     with pytest.raises(EvaluationError, match=r"^--env: cannot import module 'no_such_envs_4711'"):
         evaluation_config(None, ["no_such_envs_4711:Env"], None)
+
+
+def test_an_evaluation_id_holds_no_split_word_and_an_old_one_is_still_found(tmp_path):
+    config = evaluation_config(CONFIG.to_dict(), ["bandit"], 3)
+    digest = evaluation_run_id("/models/my-test-model", config).rsplit("-", 1)[1]
+    # the target's name holds 'test' between separators: written short, and the prefix is no split word either
+    assert evaluation_run_id("/models/my-test-model", config) == f"evaluate-my-tst-model-{digest}"
+    lake = DataLake(tmp_path)
+    assert evaluation_run_id("/models/my-test-model", config, lake) == f"evaluate-my-tst-model-{digest}"
+    lake.write_manifest(f"eval-my-test-model-{digest}", {"run_id": f"eval-my-test-model-{digest}"})
+    # an evaluation stored under the name ids had before: the same evaluation finds it (and reuses it)
+    assert evaluation_run_id("/models/my-test-model", config, lake) == f"eval-my-test-model-{digest}"

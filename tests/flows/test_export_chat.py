@@ -1,0 +1,61 @@
+"""``ragen export``'s README says how to prompt each run's policy (issue 40, section 4 item 6): the system prompt, the
+first user message of an env instance and the chat template's use, with a ``transformers`` snippet that runs as
+written; the prompt it builds is, token for token, the one the run's rollouts stored for that instance."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pyarrow.compute as pc
+import pytest
+from typer.testing import CliRunner
+
+from ragen_cli.main import app
+from ragen_core.agent.prompts import SYSTEM_PROMPT
+from ragen_core.storage import DataLake
+
+RUN = "chat"
+
+
+@pytest.fixture(scope="module")
+def root(prefect_harness, tmp_path_factory, tiny_model_dir):
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("chat")
+    config = {
+        "model": {"path": str(tiny_model_dir)},
+        "env": {"val_envs": ["bandit"]},
+        "rollout": {"env_groups": 2, "group_size": 2, "max_new_tokens": 6},
+        "actor": {"mini_batch_size": 4, "micro_batch_size": 4},
+        "trainer": {"iterations": 1},
+        "eval": {"every": 1, "instances": 2},
+    }
+    train(config, data_root=str(root), run_id=RUN)
+    return root
+
+
+def _snippet(readme: str) -> str:
+    (code,) = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    return code
+
+
+def test_the_readme_snippet_runs_and_builds_the_prompt_the_run_stored(root, tmp_path):
+    out = tmp_path / "ds"
+    result = CliRunner().invoke(app, ["export", RUN, "--out", str(out), "--data-root", str(root)])
+    assert result.exit_code == 0, result.output
+    readme = (out / "README.md").read_text()
+    assert f"## Prompting the policy of `{RUN}`" in readme and f"system prompt `{SYSTEM_PROMPT}`" in readme
+    lake = DataLake(root)
+    assert f'model_dir = "{lake.checkpoint_dir(RUN, 1) / "hf"}"' in readme  # its newest checkpoint's export
+    namespace: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(_snippet(readme), namespace)  # as written: loads the export, renders the chat, generates
+    assert [m["role"] for m in namespace["messages"]] == ["system", "user"]
+    # the stored prompt of that instance: the final validation (the checkpoint's policy), group 0, up to the first
+    # token the policy sampled
+    rows = lake.read_table("trajectories", RUN, 1)
+    rows = rows.filter(pc.and_(pc.equal(rows["env"], "bandit"), pc.equal(rows["group_id"], 0))).to_pylist()
+    stored = rows[0]["input_ids"][: rows[0]["loss_mask"].index(1)]
+    assert namespace["inputs"]["input_ids"][0].tolist() == stored
