@@ -225,8 +225,8 @@ STORED_READERS = {
     "ragen_core/run/decisions.py": "compares a run's stored config with the new one, key by key (builds nothing)",
     "ragen_core/findings/analysis.py": "reads the monitor settings a run was stored with (builds nothing)",
     "ragen_core/findings/studies.py": "reads the monitor settings a run was stored with (builds nothing)",
-    "ragen_core/run/chat.py": "writes out the chat a run's prompt settings give (ragen export's README): it runs, "
-    "loads and opens nothing its config names",
+    "ragen_core/run/chat.py": "writes out the chat a run's prompt settings give (ragen export's README), through "
+    "build_stored_run_config: a stored env or reward of the user's own code is refused, never imported",
 }
 
 

@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 
 from ragen_core.agent.prompts import SYSTEM_PROMPT, reply_prefix
-from ragen_core.config import RunConfig, stored_config
+from ragen_core.config import RunConfig
+from ragen_core.config.trust import UntrustedConfigError
 from ragen_core.envs import make_env
 from ragen_core.rollout.engine import opening_message
-from ragen_core.run.checks import build_run_config
+from ragen_core.run.checks import build_stored_run_config, manifest_config
 from ragen_core.seeding import derive_seeds
 from ragen_core.storage import DataLake
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
@@ -72,14 +73,20 @@ def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None) -> str
 
 def export_notes(lake: DataLake, run_ids: list[str]) -> str:
     """The README sections of ``ragen export`` on prompting each run's policy (:func:`chat_markdown`), its newest
-    checkpoint's export as the model; a run whose manifest holds no config (a bootstrap's) is said to have none."""
+    checkpoint's export as the model; a run whose manifest holds no config (a bootstrap's) is said to have none, and
+    one whose stored config names code or files from outside (an env ``package.module:Class``, a reward function)
+    is said to be left out: building its env would import what a file of the data root names."""
     sections = []
     for run_id in dict.fromkeys(run_ids):
         tree = (lake.read_manifest(run_id) or {}).get("config")
         if not isinstance(tree, dict):
             sections.append(f"## Prompting the policy of `{run_id}`\n\nIts manifest holds no config.\n")
             continue
-        config = build_run_config(stored_config(tree))
+        try:  # the trust check first: a stored env or reward of the user's own code is never imported here
+            config = build_stored_run_config(manifest_config(lake, run_id, tree))
+        except UntrustedConfigError as exc:
+            sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {exc}.\n")
+            continue
         newest = lake.latest_checkpoint(run_id)
         sections.append(chat_markdown(config, run_id, checkpoint_file(newest[1], CHECKPOINT_HF) if newest else None))
     return "\n".join(sections)

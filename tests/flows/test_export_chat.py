@@ -59,3 +59,23 @@ def test_the_readme_snippet_runs_and_builds_the_prompt_the_run_stored(root, tmp_
     rows = rows.filter(pc.and_(pc.equal(rows["env"], "bandit"), pc.equal(rows["group_id"], 0))).to_pylist()
     stored = rows[0]["input_ids"][: rows[0]["loss_mask"].index(1)]
     assert namespace["inputs"]["input_ids"][0].tolist() == stored
+
+
+def test_a_run_of_the_users_own_env_is_left_out_without_importing_it(root, tmp_path, monkeypatch):
+    """A manifest naming an env of the user's code: the README says it is left out, and the module (which would
+    write a marker when imported) is never imported."""
+    from ragen_core.run.chat import export_notes
+    from tests.envs.user_code import unique, write_env_module
+
+    marker = tmp_path / "imported"
+    planted = unique("planted_chat")
+    write_env_module(tmp_path / "code", planted, marker)
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    lake = DataLake(root)
+    manifest = lake.read_manifest(RUN)
+    config = {**manifest["config"], "env": {**manifest["config"]["env"], "name": f"{planted}:CoinEnv"}}
+    lake.write_manifest("chat-planted", {**manifest, "run_id": "chat-planted", "config": config})
+    notes = export_notes(lake, ["chat-planted", RUN])
+    assert "## Prompting the policy of `chat-planted`\n\nNot written out: " in notes and "env.name" in notes
+    assert "## Prompting the policy of `chat`" in notes and notes.count("```python") == 1
+    assert not marker.exists()
