@@ -251,7 +251,8 @@ NOT_REGISTRIES = {
 def _registry_offences(tree: ast.Module) -> list[str]:
     """What looks like a registry of its own in one module: a class other than ``Registry`` with a ``register``
     method, a subclass of ``Registry`` (a question the registry lacks is a function over it), a module-level dict
-    holding the module's functions or classes, or a function that stores into a module-level dict by subscript (the decorator pattern)."""
+    holding the module's functions or classes, or a function that stores into a module-level dict by subscript (the
+    decorator pattern)."""
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     found = []
     for node in tree.body:

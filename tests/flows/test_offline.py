@@ -216,8 +216,9 @@ def test_the_cli_names_an_offline_run_s_phases(lake_root, tiny_model_dir, tmp_pa
     config = tmp_path / "offline.yaml"
     config.write_text(yaml.safe_dump(_tree(tiny_model_dir)))
     sql = "SELECT * FROM trajectories WHERE run_id = 'demo' AND split = 'train' AND iteration = 0"
-    result = CliRunner().invoke(app, ["retrain", "--from", sql, "--mode", "sft", "--init", str(tiny_model_dir),
-                                      "--config", str(config), "--data-root", str(lake_root), "--run-id", "sft-cli"])  # fmt: skip
+    args = ["retrain", "--from", sql, "--mode", "sft", "--init", str(tiny_model_dir), "--config", str(config),
+            "--data-root", str(lake_root), "--run-id", "sft-cli"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "validation success (before -> after offline SFT)" in result.stdout
     assert "after RL" not in result.stdout and "trained on 8 stored trajectories" in result.stdout

@@ -68,7 +68,8 @@ def batch(tiny_policy):
 
 def _kl_update(tiny_policy, batch, kl_mask):
     model, _ = tiny_policy
-    actor = ActorEngine(copy.deepcopy(model), OptimConfig(lr=1e-2, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1))
+    optim = OptimConfig(lr=1e-2, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1)
+    actor = ActorEngine(copy.deepcopy(model), optim)
     algorithm = AlgorithmConfig(policy_loss="ppo", kl_coef=0.1, kl_estimator="k1", entropy_coef=0.0,
                                 loss_agg_mode="token-mean")  # fmt: skip
     old = actor.score(batch)
