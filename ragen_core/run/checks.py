@@ -64,6 +64,7 @@ def check_registered(config: RunConfig) -> RunConfig:
     checks: tuple[tuple[str, Callable[[RunConfig], None]], ...] = (
         ("algorithm", _check_filter),
         ("<root>", _check_registered_names),
+        ("env", _check_env_options),
         ("<root>", _check_critic_batches),
     )
     for location, check in checks:
@@ -119,6 +120,17 @@ def _check_registered_names(config: RunConfig) -> None:
             _check_describing_policy(config, key)
         if name == "teacher_mix":
             _check_teacher_policy(config, key)
+
+
+def _check_env_options(config: RunConfig) -> None:
+    """``env.options`` builds every env the run plays (training and validation: each gets the options), so an option
+    an env does not take, or a number out of its bounds (a board side of 1e9), is said here, before any compute."""
+    options = dict(config.env.options)
+    for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
+        try:
+            make_env(name, **options)
+        except ValueError as exc:
+            raise ValueError(f"options: {exc}") from None
 
 
 def _check_teacher_policy(config: RunConfig, key: str) -> None:
