@@ -6,7 +6,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
 from prefect.utilities.annotations import quote
 
 from flows import ui
@@ -171,7 +170,7 @@ def _start(
     return session, summary[1] if summary else None
 
 
-@flow(name="train", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
+@ui.flow(name="train", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
 def train(
     config: RunConfig | dict[str, Any] | str | None = None,
     data_root: str = "data",
@@ -189,6 +188,7 @@ def train(
     iteration whose batch was quarantined). ``sweep`` (``{id, point, overrides}``) is recorded in the manifest of a
     sweep's point. Progress goes to the caller through :func:`flows.ui.watching`, not a parameter.
     """
+    ui.escape_stored_parameters()  # a run created elsewhere: its stored texts escaped first
     check_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(config, overrides)
     lake = run_lake(data_root)
