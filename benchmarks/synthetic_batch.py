@@ -9,6 +9,12 @@ batches did), made of random filler thinking and a valid answer naming one rando
 the env's rewards vary as a random policy's do. Token ids, lengths, actions and so rewards derive from (the call's
 seed, the reply's index), as the real backends' draws do, so every process (in-process, or the driver of a launched
 group) builds the identical batch from the same config.
+
+Measured against batches sampled from random-weight models (2026-11-27, CPU): Bandit, 128 rows of 169-288 tokens,
+~36k tokens, 32 kept rows of 8.8-9.1k tokens against 8.9-9.1k sampled; Sokoban (tiny shape), 128 rows, median 1531
+tokens against 1586, 32 kept rows of 47.5k tokens against 49.7k (-4%): random valid moves now and then solve a room
+and end its trajectory early, while a random-weight model never answers validly, so its rollouts all run five turns
+with equal rewards (no advantage to train on).
 """
 
 from __future__ import annotations
