@@ -99,6 +99,7 @@ class ShownFlow(Flow):
     character of their texts escaped; the function is called with them as given."""
 
     def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """Prefect's JSON form of the parameters (what it stores when it creates the flow run), texts escaped."""
         return escape_texts(super().serialize_parameters(parameters))
 
 
