@@ -1,14 +1,22 @@
 """A bf16 StarPO run of a ~0.5B-parameter Qwen2-architecture model with random weights (nothing is downloaded) on
-GPUs: ``--iterations`` (default 3) iterations with the Hugging Face rollout backend through the normal ``train``
-flow; update throughput and model FLOPs utilisation (MFU) read from the run's own metrics.
+GPUs: ``--iterations`` (default 3) iterations through the normal ``train`` flow; update throughput and model FLOPs
+utilisation (MFU) read from the run's own metrics.
 
     python -m benchmarks.gpu_update_bench [--shape 0.5b] [--case bandit|sokoban] [--iterations 3]
                                           [--launcher inprocess|torchrun|deepspeed] [--nproc N] [--zero-stage S]
                                           [--micro-batch-tokens N] [--gradient-checkpointing] [--peak-tflops T]
-                                          [--no-report]
+                                          [--rollouts synthetic|hf] [--no-report]
 
-Cases: ``bandit`` (the paper's batch, one turn of up to 128 tokens: ~280 tokens per trajectory) and ``sokoban``
-(RAGEN's multi-turn Sokoban: 5 turns of up to 200 new tokens, 1-2k tokens per trajectory), see :func:`case_overrides`.
+The batch (``--rollouts synthetic``, the default) is not sampled: replies of ``max_new_tokens`` tokens each (the
+length a random-weight model's replies run to), random token ids around a valid answer of one random action, drawn
+from the run's seeds (:mod:`benchmarks.synthetic_batch`); the envs, their prompts and rewards, the filter and the
+update are the run's own. So the in-process and the launched bench train on the identical batch, and neither spends
+its time sampling (the Hugging Face rollouts of the 0.47B model were most of a bench's ~140 s on an H100).
+``--rollouts hf`` samples the batch with the Hugging Face backend instead, as before.
+
+Cases: ``bandit`` (the paper's batch of 8 groups x 16 rollouts, one turn of 128 new tokens: ~280 tokens per trajectory,
+StarPO-S keeps 32 rows, ~9k tokens) and ``sokoban`` (RAGEN's multi-turn Sokoban: 5 turns of 200 new tokens, 1-2k
+tokens per trajectory), see :func:`case_overrides`.
 
 Writes the "GPU update" section of ``benchmarks/RESULTS.md`` (naming the GPU) and ``benchmarks/results/gpu.json``.
 ``--shape tiny --no-report`` runs the same path on a CPU in about a minute (fp32; MFU needs ``--peak-tflops``).
@@ -22,6 +30,7 @@ is slightly understated. Peak: ``--peak-tflops``, or the dense bf16 figure of a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -33,6 +42,8 @@ from benchmarks.common import HERE, machine, quiet_libraries, replace_marked_sec
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
                     "L40S": 362.0, "A10G": 125.0, "L4": 121.0}  # fmt: skip
 BEGIN, END = "<!-- gpu_update_bench:begin -->", "<!-- gpu_update_bench:end -->"
+ROLLOUTS = {"synthetic": "synthetic replies drawn from the run's seeds, no sampling",
+            "hf": "sampled with the Hugging Face rollout backend"}  # fmt: skip
 
 
 def peak_tflops(gpu: str | None, given: float | None) -> float | None:
@@ -110,8 +121,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"{result['parameters'] / 1e6:,.1f}M-parameter Qwen2-architecture model (random weights), "
         f"{result['run']['precision']}, launcher `{result['launcher']}` x {result['world']} process(es), "
-        f"{result['iterations']} iterations of the {result.get('case', 'bandit')} batch with the Hugging Face rollout "
-        f"backend; GPU: **{where['gpu']}** "
+        f"{result['iterations']} iterations of the {result.get('case', 'bandit')} batch "
+        f"({ROLLOUTS[result.get('rollouts', 'hf')]}); GPU: **{where['gpu']}** "
         f"(peak {result['peak_tflops']} TFLOP/s bf16 dense per GPU), torch {where['versions']['torch']}, "
         f"DeepSpeed {where['versions']['deepspeed']}.",
         "",
@@ -145,6 +156,8 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true", help="actor.gradient_checkpointing=true")
     parser.add_argument("--precision", default="auto", help="auto (bf16 on a capable GPU), bf16, fp16 or fp32.")
     parser.add_argument("--peak-tflops", type=float, help="Per-GPU peak for the MFU (default: from the GPU's name).")
+    parser.add_argument("--rollouts", default="synthetic", choices=sorted(ROLLOUTS),
+                        help="synthetic: the batch drawn from the seeds, no sampling; hf: sampled (slow on 0.5B).")
     parser.add_argument("--root", help="Data root (default: a temporary folder, deleted afterwards).")
     parser.add_argument("--no-report", action="store_true", help="Print only; do not write the results files.")
     args = parser.parse_args()
@@ -154,6 +167,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     quiet_libraries(device)
     from benchmarks.models import model_dir, parameter_count
+    from benchmarks.synthetic_batch import synthetic_rollouts
     from flows.train import train
     from ragen_core.policy import load_policy
     from ragen_core.run.checks import load_run_config as load_config
@@ -166,11 +180,12 @@ def main() -> None:
     config = load_config(None, overrides(args, folder)).to_dict()
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(args.root or scratch)
-        train(config, data_root=str(root), run_id="gpu-bench")
+        with synthetic_rollouts() if args.rollouts == "synthetic" else contextlib.nullcontext():
+            train(config, data_root=str(root), run_id="gpu-bench")
         run = measure(root, "gpu-bench", parameters, world, peak)
-    result = {"machine": info, "shape": args.shape, "case": args.case, "parameters": parameters,
-              "launcher": args.launcher, "world": world, "iterations": args.iterations, "peak_tflops": peak,
-              "run": run}  # fmt: skip
+    result = {"machine": info, "shape": args.shape, "case": args.case, "rollouts": args.rollouts,
+              "parameters": parameters, "launcher": args.launcher, "world": world, "iterations": args.iterations,
+              "peak_tflops": peak, "run": run}  # fmt: skip
     section = markdown(result)
     print(section)
     if not args.no_report:

@@ -10,7 +10,7 @@
 #   setup     pip install of whl/ into a site folder, then depcheck.py (gaps filled from whl-fallback/)
 #   imports   every main module imports (DeepSpeed's accelerator named)
 #   tests     pytest -m gpu tests/gpu                                             -> $OUT/gpu-tests.txt
-#   bench     python -m benchmarks.gpu_update_bench (0.5B shape, in-process)      -> $OUT/bench-inprocess.json
+#   bench     python -m benchmarks.gpu_update_bench (0.5B, in-process, synthetic batch) -> $OUT/bench-inprocess.json
 #   launched  the same with --launcher torchrun --nproc 1                         -> $OUT/bench-torchrun.json
 #   train     ragen train --config configs/bandit.yaml trainer.iterations=5       -> $OUT/train.json
 #   report    the figures as RESULTS.md's GPU section                             -> $OUT/RESULTS.md, RESULTS-gpu.md
@@ -130,7 +130,7 @@ names = ['torch', 'transformers', 'deepspeed', 'prefect', 'prefect.server.api.se
          'pydantic', 'pandera.pandas', 'gymnasium', 'fastapi', 'sqlalchemy', 'uvicorn', 'aiosqlite', 'psutil',
          'ragen_core.storage', 'ragen_core.config', 'ragen_core.policy', 'ragen_core.training.actor',
          'ragen_core.training.group', 'ragen_core.training.worker', 'schemas.contracts', 'flows.train',
-         'ragen_cli.main', 'benchmarks.gpu_update_bench', 'tests.gpu.conftest']
+         'ragen_cli.main', 'benchmarks.gpu_update_bench', 'benchmarks.synthetic_batch', 'tests.gpu.conftest']
 failed = []
 for name in names:
     try:

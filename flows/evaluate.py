@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
-
 from flows import ui
 from ragen_core.config import RunConfig
 from ragen_core.run import evaluation as e
@@ -17,7 +15,7 @@ from tasks import reporting as r
 from tasks import stages as t
 
 
-@flow(name="evaluate", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
+@ui.flow(name="evaluate", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
 def evaluate(
     target: str,
     envs: list[str] | None = None,
@@ -39,6 +37,7 @@ def evaluate(
     ``trust_env_module``: the source run's stored config may name modules to import (its envs as
     ``package.module:Class``, a reward function) without the overrides naming them again.
     """
+    ui.escape_stored_parameters()  # a run created elsewhere: its stored texts escaped first
     check_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     lake = run_lake(data_root)
     model_dir, base, which = e.resolve_target(target, lake)

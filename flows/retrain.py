@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
-
 from flows import ui
 from flows.train import final_evaluation, resolve_config
 from ragen_core.config import RunConfig
@@ -16,7 +14,7 @@ from tasks import offline as o
 from tasks import stages as t
 
 
-@flow(name="retrain_offline", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
+@ui.flow(name="retrain_offline", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
 def retrain_offline(
     config: RunConfig | dict[str, Any] | str | None,
     sql: str,
@@ -32,6 +30,7 @@ def retrain_offline(
     first epoch and after the last, so the run compares with its sources in the same tables. Progress goes to the
     caller through :func:`flows.ui.watching`.
     """
+    ui.escape_stored_parameters()  # a run created elsewhere: its stored texts escaped first
     check_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(config, overrides)  # a tree, or a YAML path (deployments), plus key=value overrides
     epochs = run_config.offline.epochs  # each epoch is committed as an iteration: the run has `epochs` iterations

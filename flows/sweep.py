@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 
 from flows import ui
 from flows.train import resolve_config, train
@@ -21,7 +21,7 @@ from tasks import sweep as sw
 FINAL_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
 
-@flow(name="sweep", flow_run_name=ui.named_after("sweep_id"), validate_parameters=False)
+@ui.flow(name="sweep", flow_run_name=ui.named_after("sweep_id"), validate_parameters=False)
 def sweep(
     config: RunConfig | dict[str, Any] | str | None = None,
     grid: list[str] | None = None,
@@ -50,6 +50,7 @@ def sweep(
     CLI passes) not again; ``plan``, a plan the caller already made of ``config`` (the CLI, ``ragen reproduce``), is
     recorded and run as it is (the search parameters then only name the flow run), its points' configs handed on.
     """
+    ui.escape_stored_parameters()  # a run created elsewhere: its stored texts escaped first
     if sweep_id is not None:
         validate_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids: a name, never a pattern or a path
     base = resolve_config(config, overrides)

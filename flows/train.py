@@ -7,7 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
 from prefect.utilities.annotations import quote
 
 from flows import ui
@@ -177,7 +176,7 @@ def _start(
     return session, summary[1] if summary else None
 
 
-@flow(name="train", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
+@ui.flow(name="train", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
 def train(
     config: RunConfig | dict[str, Any] | str | None = None,
     data_root: str = "data",
@@ -195,6 +194,7 @@ def train(
     iteration whose batch was quarantined). ``sweep`` (``{id, point, overrides}``) is recorded in the manifest of a
     sweep's point. Progress goes to the caller through :func:`flows.ui.watching`, not a parameter.
     """
+    ui.escape_stored_parameters()  # a run created elsewhere: its stored texts escaped first
     check_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(config, overrides)
     lake = run_lake(data_root)

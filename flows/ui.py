@@ -3,6 +3,11 @@
 - **Names**: a flow run is named after its run id (a sweep after its sweep id, a sweep point after its point's run
   id): at creation when the id is a parameter (``flow_run_name=named_after("run_id")``), else by :func:`showing`
   once the flow has derived it. Task runs carry their stage and iteration (``generate-i3``: tasks/stages.py).
+- **Parameters**: a flow run's parameters (a config path, overrides, a data root: free-form text) are stored on the
+  server with every control character written as an escape, as log lines are: our flows are :class:`ShownFlow`
+  objects (``@ui.flow``), which store them escaped when they are called, and a run created elsewhere (a deployment
+  run from the UI or the API) has its stored parameters escaped by :func:`escape_stored_parameters` as its flow
+  starts. The flow itself gets them as given, and refuses a text holding a control character (the config's rule).
 - **Tags**: ``env:<env>``, ``preset:<preset>`` and, for a sweep and its points, ``sweep:<sweep id>``, set by
   :func:`showing` on every flow run, whoever started it (the command line, a deployment, Python).
 - **Logs**: while a flow runs, the records of our own loggers (``ragen.*``: the collapse early warnings,
@@ -27,6 +32,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from prefect import Flow
 from prefect.logging.handlers import APILogHandler
 
 from ragen_core.monitor.reports import escape_controls, iteration_line
@@ -66,16 +72,59 @@ def watching(
 
 
 def named_after(parameter: str) -> Callable[[], str]:
-    """A ``flow_run_name`` callable: the value of the flow's ``parameter`` (a run id) when given; else the run keeps
-    the name it has until :func:`showing` names it after the id the flow derives."""
+    """A ``flow_run_name`` callable: the value of the flow's ``parameter`` (a run id) when given, control characters
+    escaped (the name is set before the flow checks the id); else the run keeps the name it has until
+    :func:`showing` names it after the id the flow derives."""
 
     def name() -> str:
         from prefect.runtime import flow_run
 
         value = flow_run.parameters.get(parameter)
-        return str(value) if value else str(flow_run.name)
+        return escape_controls(str(value)) if value else str(flow_run.name)
 
     return name
+
+
+def escape_texts(value: Any) -> Any:
+    """``value`` (JSON-like: dicts, lists, texts, numbers) with every text's control characters escaped, keys too."""
+    if isinstance(value, str):
+        return escape_controls(value)
+    if isinstance(value, dict):
+        return {escape_texts(key): escape_texts(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [escape_texts(item) for item in value]
+    return value
+
+
+class ShownFlow(Flow):
+    """A Prefect flow whose parameters reach the server (the flow run's parameters in the UI) with every control
+    character of their texts escaped; the function is called with them as given."""
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """Prefect's JSON form of the parameters (what it stores when it creates the flow run), texts escaped."""
+        return escape_texts(super().serialize_parameters(parameters))
+
+
+def flow(**options: Any) -> Callable[[Callable[..., Any]], ShownFlow]:
+    """Prefect's ``@flow`` (same options), making a :class:`ShownFlow`."""
+    return lambda function: ShownFlow(function, **options)
+
+
+def escape_stored_parameters() -> None:
+    """The first step of a flow: when the current flow run's stored parameters hold a control character (a run
+    created elsewhere, with parameters as someone typed them: a deployment run from the UI or the API), store them
+    escaped instead. Outside a flow run, or when nothing needs escaping: nothing."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    run = context.flow_run if context is not None else None
+    if run is None:
+        return
+    escaped = escape_texts(run.parameters)
+    if escaped != run.parameters:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(run.id, parameters=escaped)
 
 
 def run_tags(env: str, preset: str, sweep_id: str | None = None) -> list[str]:

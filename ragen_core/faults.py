@@ -1,4 +1,5 @@
-"""Fault injection for resume tests: ``RAGEN_FAULT=<stage>:<point>`` makes the process SIGKILL itself there.
+"""Fault injection for resume tests: ``RAGEN_FAULT=<stage>:<point>`` makes the process SIGKILL itself there (or, at
+a :func:`maybe_kill_helper` place, a helper process it started: the vLLM rollout server).
 
 Stages call :func:`maybe_fail` at the places a real failure could hit (inside rollout, mid Parquet write, after
 publish, inside the update, mid checkpoint save), so tests kill the run at exact points instead of relying on timers.
@@ -37,3 +38,17 @@ def maybe_fail(stage: str, point: str, iteration: int | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_kill_helper(stage: str, point: str, group: int, iteration: int | None = None) -> bool:
+    """SIGKILL the process group ``group`` (a helper this process started in a group of its own, such as the vLLM
+    server) when ``RAGEN_FAULT`` names this place: the helper dies under a running process, which goes on and meets
+    the failure as it would a real crash of the helper. Returns whether it fired."""
+    at = _current_iteration if iteration is None else iteration
+    if not fault_matches(os.environ.get(ENV_VAR), stage, point, at):
+        return False
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True

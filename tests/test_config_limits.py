@@ -199,3 +199,43 @@ def test_text_with_a_newline_or_an_escape_sequence_is_refused_in_one_line(tmp_pa
     error = _refused_before_anything(tmp_path, "train", "--config", BANDIT, override)
     assert shown in error and "one line of printable characters" in error
     assert all(c == "\n" or (" " <= c and not 0x7F <= ord(c) < 0xA0) for c in error), repr(error)
+
+
+# Issue 39, item 3: env.options numbers are bounded where each env declares its options, and said when the config
+# loads. Each case: (config, override, the bound the message states); the env's own module holds the bound.
+ENV_OPTION_CASES = [
+    ("sokoban.yaml", "env.options={dim_room: [1000000000, 6]}", "dim_room's sides must be a whole number from 4"),
+    ("sokoban.yaml", "env.options={num_boxes: 4}", "num_boxes must be a whole number from 1 to 3, got 4"),
+    ("sokoban.yaml", "env.options={search_depth: 5000}", "search_depth must be a whole number from 1 to 300"),
+    ("frozenlake.yaml", "env.options={size: 1000000000}", "size must be a whole number from 2 to 32, got 1000000000"),
+    ("frozenlake.yaml", "env.options={size: true}", "size must be a whole number from 2 to 32, got True"),
+    ("countdown.yaml", "env.options={max_number: 10000000000000}", "max_number must be a whole number from 1 to"),
+    ("game_2048.yaml", "env.options={max_steps: 1000000000000}", "max_steps (or null for no limit) must be a whole"),
+    ("rubikscube.yaml", "env.options={scramble_depth: 99999999}", "scramble_depth must be a whole number from 1 to"),
+    ("bandit.yaml", "env.options={high_reward: .inf}", "high_reward must be a number from -1e+06 to 1e+06, got inf"),
+    ("sudoku.yaml", "env.options={max_steps: 1e9}", "max_steps must be a whole number from 1 to 10000, got '1e9'"),
+]
+
+
+@pytest.mark.parametrize(("config", "override", "bound"), ENV_OPTION_CASES, ids=[c[1] for c in ENV_OPTION_CASES])
+def test_an_env_option_out_of_its_bounds_is_one_line_before_anything(tmp_path, config, override, bound):
+    import time
+
+    started = time.monotonic()
+    message = _refused_before_anything(tmp_path, "train", "--config", PROJECT / "configs" / config, override)
+    assert f"env: options: {bound}" in message
+    assert time.monotonic() - started < 30  # said at load: no room of a billion cells is ever built
+
+
+def test_env_options_are_checked_against_every_env_the_run_plays(tmp_path):
+    """The options reach the validation envs too: one that does not take them is said at load, not mid-run."""
+    message = _refused_before_anything(tmp_path, "train", "--config", PROJECT / "configs" / "sokoban.yaml",
+                                       "env.options={num_boxes: 2}", "env.val_envs=[sokoban, bandit]")  # fmt: skip
+    assert "environment 'bandit' does not accept these options ['num_boxes']" in message
+
+
+def test_env_options_within_their_bounds_load():
+    from ragen_core.run.checks import load_run_config
+
+    config = load_run_config(PROJECT / "configs" / "sokoban.yaml", ["env.options={dim_room: [16, 16], num_boxes: 3}"])
+    assert config.env.options == {"dim_room": [16, 16], "num_boxes": 3}

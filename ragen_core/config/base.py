@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -55,16 +56,30 @@ class Section(BaseModel):
     @classmethod
     def _text_is_one_printable_line(cls, value: Any) -> Any:
         """A text value (a path, a name) is one line of printable text: a newline, an escape sequence or another
-        control character in one would reach logs, Prefect's UI and terminals as something else than it says."""
-        for text in value if isinstance(value, list) else [value]:
-            if isinstance(text, str):
-                bad = next((c for c in text if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
-                if bad is not None:
-                    raise ValueError(
-                        f"{text!r} holds the control character {bad!r} (at {text.index(bad)}): a text value of the "
-                        "config is one line of printable characters"
-                    )
+        control character in one would reach logs, Prefect's UI and terminals as something else than it says. Texts
+        nested in a list or a mapping (``env.options``: its keys too) are held to the same rule."""
+        for text in _texts(value):
+            bad = next((c for c in text if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
+            if bad is not None:
+                shown = repr(text) if len(text) <= 200 else f"{text[:200]!r}..."
+                raise ValueError(
+                    f"{shown} holds the control character {bad!r} (at {text.index(bad)}): a text value of the "
+                    "config is one line of printable characters"
+                )
         return value
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every text in ``value``: itself, or those nested in its lists, tuples and mappings (keys and values)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _texts(key)
+            yield from _texts(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _texts(item)
 
 
 def leaf_types(annotation: Any) -> set[Any]:

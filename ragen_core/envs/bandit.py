@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_core.envs.base import StepResult, TextEnv, register_env
+from ragen_core.envs.base import StepResult, TextEnv, bounded, bounded_reward, register_env
 
 
 class BanditEnv(TextEnv):
@@ -29,8 +29,9 @@ class BanditEnv(TextEnv):
     ) -> None:
         if low_name.lower() == high_name.lower():
             raise ValueError(f"bandit arm names must differ, got {low_name!r} twice")
-        if not 0.0 <= high_prob <= 1.0:
-            raise ValueError(f"high_prob must lie in [0, 1], got {high_prob}")
+        bounded("high_prob", high_prob, 0.0, 1.0, integer=False)
+        bounded_reward("low_reward", low_reward)
+        bounded_reward("high_reward", high_reward)
         self.name = name
         self.low_name, self.high_name = low_name, high_name
         self.low_reward, self.high_reward, self.high_prob = low_reward, high_reward, high_prob

@@ -8,6 +8,7 @@ name (the agent layer parses replies, splits multi-action turns and enforces bud
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,30 @@ import numpy as np
 from ragen_core.registry import Registry
 
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+
+# Bounds of the numbers an env takes as options (``env.options``), as every number of the config is bounded: a typo
+# (a board side of 1e9, a step limit of 10**12) is refused in one line when the config loads, never found as a
+# memory blow-up mid-rollout. Env-specific bounds (a Sokoban room's side, its boxes) sit in the env's own module.
+MAX_ENV_STEPS = 10_000  # an episode's step limit; the config's turn and action budgets end episodes sooner
+MAX_ENV_REWARD = 1_000_000.0  # a reward or penalty's magnitude, as the config's coefficients
+
+
+def bounded(option: str, value: Any, low: float, high: float, *, integer: bool = True) -> Any:
+    """``value`` when it is a number from ``low`` to ``high`` (a whole number when ``integer``); else a ValueError
+    naming the option, its bounds and the value given (booleans, nan and infinities are refused)."""
+    number = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not number or (isinstance(value, float) and not math.isfinite(value)):
+        number = False
+    if not (number and low <= value <= high):
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."  # 10**400 is 401 digits
+        raise ValueError(f"{option} must be {'a whole number' if integer else 'a number'} from {low:g} to {high:g}, "
+                         f"got {shown}")  # fmt: skip
+    return value
+
+
+def bounded_reward(option: str, value: Any) -> float:
+    """A reward or penalty option: a finite number of magnitude at most :data:`MAX_ENV_REWARD`."""
+    return float(bounded(option, value, -MAX_ENV_REWARD, MAX_ENV_REWARD, integer=False))
 
 
 class TextEnv(ABC):

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_core.envs.base import StepResult, TextEnv, register_env
+from ragen_core.envs.base import StepResult, TextEnv, bounded, bounded_reward, register_env
 
 _TOKEN = re.compile(r"\s*(?:(\d+)|(.))")
 _MAX_LITERAL_DIGITS = 6
@@ -193,6 +193,9 @@ def solve(numbers: tuple[int, ...], target: int) -> str | None:
     return found
 
 
+MAX_NUMBER = 1_000_000  # the numbers and the target: drawn as 64-bit integers, and read by the model as text
+
+
 class CountdownEnv(TextEnv):
     """Countdown: one equation answer scored against the target."""
 
@@ -209,8 +212,12 @@ class CountdownEnv(TextEnv):
     ) -> None:
         if not 2 <= min_numbers <= max_numbers <= 6:
             raise ValueError(f"need 2 <= min_numbers <= max_numbers <= 6, got {min_numbers}, {max_numbers}")
+        for option, value in (("min_number", min_number), ("max_number", max_number), ("max_target", max_target)):
+            bounded(option, value, 1, MAX_NUMBER)
         if not 1 <= min_number <= max_number:
             raise ValueError(f"need 1 <= min_number <= max_number, got {min_number}, {max_number}")
+        bounded_reward("correct_reward", correct_reward)
+        bounded_reward("format_reward", format_reward)
         self.name = name
         self.settings = (min_numbers, max_numbers, min_number, max_number, max_target)
         self.correct_reward, self.format_reward = correct_reward, format_reward

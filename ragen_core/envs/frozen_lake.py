@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_core.envs.base import StepResult, TextEnv, register_env
+from ragen_core.envs.base import StepResult, TextEnv, bounded, register_env
 from ragen_core.seeding import derive_seed
 
 # Action names in Gymnasium's order: 0 Left, 1 Down, 2 Right, 3 Up.
@@ -56,6 +56,19 @@ def generate_map(seed: int, size: int = 4, p: float = 0.8, max_tries: int = 10_0
     raise RuntimeError(f"no {size}x{size} map with a reachable goal in {max_tries} tries at p={p}; raise p")
 
 
+# A map's side: the teacher's and the success tables hold size^2 states per remaining step (32: 0.1 s per map).
+MAX_SIDE = 32
+
+
+def _map_rows(desc: Any) -> list[str]:
+    """A given map's rows: a list of at most :data:`MAX_SIDE` strings of at most :data:`MAX_SIDE` characters."""
+    if not isinstance(desc, (list, tuple)) or not all(isinstance(row, str) for row in desc):
+        raise ValueError(f"desc must be a list of rows (strings), got {desc!r}"[:200])
+    bounded("desc's number of rows", len(desc), 1, MAX_SIDE)
+    bounded("desc's row length", max(len(row) for row in desc), 1, MAX_SIDE)
+    return list(desc)
+
+
 class FrozenLakeEnv(TextEnv):
     """A seeded FrozenLake map over Gymnasium's dynamics, rendered as a character grid."""
 
@@ -70,13 +83,11 @@ class FrozenLakeEnv(TextEnv):
         desc: list[str] | None = None,
         name: str = "frozen_lake",
     ) -> None:
-        if size < 2:
-            raise ValueError(f"size must be at least 2, got {size}")
-        if not 0.0 < p <= 1.0:
+        bounded("size", size, 2, MAX_SIDE)
+        if not 0.0 < bounded("p (the frozen-tile probability)", p, 0.0, 1.0, integer=False):
             raise ValueError(f"p (the frozen-tile probability) must lie in (0, 1], got {p}")
-        if not 0.0 <= success_rate <= 1.0:
-            raise ValueError(f"success_rate must lie in [0, 1], got {success_rate}")
-        if desc is not None and not goal_reachable(list(desc)):
+        bounded("success_rate", success_rate, 0.0, 1.0, integer=False)
+        if desc is not None and not goal_reachable(_map_rows(desc)):
             raise ValueError(f"the given map {desc} has no path from S to G")
         self.name = name
         self.size, self.p, self.is_slippery, self.success_rate = size, p, is_slippery, success_rate

@@ -26,11 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from ragen_core.envs.base import StepResult, TextEnv, register_env
+from ragen_core.envs.base import MAX_ENV_STEPS, StepResult, TextEnv, bounded, register_env
 
 ACTIONS = ("Up", "Right", "Down", "Left")  # RAGEN-2's order
 SIZE = 4
 DEFAULT_TARGET = 512
+# The expert packs a board into 16 nibbles of tile exponents: 2**15 is the largest tile it can hold.
+MAX_TARGET = 2**15
 
 
 def slide_line(line: list[int]) -> tuple[list[int], int]:
@@ -222,12 +224,11 @@ class Game2048Env(TextEnv):
         expert_depth: int = 2,
         name: str = "game_2048",
     ) -> None:
-        if target < 4 or target & (target - 1):
+        if bounded("target", target, 4, MAX_TARGET) & (target - 1):
             raise ValueError(f"target must be a power of two of at least 4, got {target}")
-        if not 0.0 <= two_prob <= 1.0:
-            raise ValueError(f"two_prob must lie in [0, 1], got {two_prob}")
-        if max_steps is not None and max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1 (or null for no limit), got {max_steps}")
+        bounded("two_prob", two_prob, 0.0, 1.0, integer=False)
+        if max_steps is not None:
+            bounded("max_steps (or null for no limit)", max_steps, 1, MAX_ENV_STEPS)
         if expert_depth not in (1, 2):
             raise ValueError(f"expert_depth must be 1 (greedy) or 2 (move, spawn, move), got {expert_depth}")
         self.name, self.target, self.two_prob = name, target, two_prob

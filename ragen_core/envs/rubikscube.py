@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from ragen_core.envs.base import StepResult, TextEnv, register_env
+from ragen_core.envs.base import MAX_ENV_STEPS, StepResult, TextEnv, bounded, register_env
 
 FACES = ("U", "L", "F", "R", "B", "D")
 FACE_NAMES = {"U": "Up", "L": "Left", "F": "Front", "R": "Right", "B": "Back", "D": "Down"}
 COLORS = ("W", "O", "G", "R", "B", "Y")  # the color of each face of the solved cube, in FACES order
 ACTIONS = ("U", "U'", "D", "D'", "L", "L'", "R", "R'", "F", "F'", "B", "B'")
+MAX_SCRAMBLE_DEPTH = 1_000  # moves drawn for a scramble (20 reach every state of the cube)
 OPPOSITE = {0: 5, 5: 0, 1: 3, 3: 1, 2: 4, 4: 2}  # face (= solved color) index -> the opposite one
 SOLVED = tuple(face for face in range(6) for _ in range(4))
 _NORMALS = {"U": (0, 1, 0), "D": (0, -1, 0), "F": (0, 0, 1), "B": (0, 0, -1), "L": (-1, 0, 0), "R": (1, 0, 0)}
@@ -188,10 +189,8 @@ class RubiksCubeEnv(TextEnv):
     """A seeded scramble of the 2x2 cube, rendered face by face."""
 
     def __init__(self, scramble_depth: int = 5, max_steps: int = 20, name: str = "rubikscube") -> None:
-        if scramble_depth < 1:
-            raise ValueError(f"scramble_depth must be at least 1, got {scramble_depth}")
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        bounded("scramble_depth", scramble_depth, 1, MAX_SCRAMBLE_DEPTH)
+        bounded("max_steps", max_steps, 1, MAX_ENV_STEPS)
         self.name, self.scramble_depth, self.max_steps = name, scramble_depth, max_steps
         self.state: tuple[int, ...] | None = None
         self.steps = 0

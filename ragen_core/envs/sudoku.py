@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_core.envs.base import StepResult, TextEnv, register_env
+from ragen_core.envs.base import MAX_ENV_STEPS, StepResult, TextEnv, bounded, bounded_reward, register_env
 
 SIZES = (4, 9)  # RAGEN-2 also allows 16: its fill (ported below) took over 5 s on 3 of seeds 0..19 at 16x16
 REMOVED_SHARE = {"easy": 0.4, "medium": 0.5, "hard": 0.6}  # share of the cells emptied, RAGEN-2's table
@@ -203,8 +203,11 @@ class SudokuEnv(TextEnv):
             raise ValueError(f"difficulty must be one of {sorted(REMOVED_SHARE)}, got {difficulty!r}")
         if render_format not in RENDER_FORMATS:
             raise ValueError(f"render_format must be one of {RENDER_FORMATS}, got {render_format!r}")
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        bounded("max_steps", max_steps, 1, MAX_ENV_STEPS)
+        scores = {"correct_placement_score": correct_placement_score, "invalid_action_score": invalid_action_score,
+                  "completion_bonus": completion_bonus}  # fmt: skip
+        for option, value in scores.items():
+            bounded_reward(option, value)
         self.name, self.size, self.difficulty, self.max_steps = name, size, difficulty, max_steps
         self.render_format, self.show_conflicts = render_format, show_conflicts
         self.show_valid_numbers = show_valid_numbers

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_core.envs.base import StepResult, TextEnv, register_env
+from ragen_core.envs.base import MAX_ENV_STEPS, StepResult, TextEnv, bounded, register_env
 
 # Clues kept per difficulty (RAGEN-2's table); fewer clues = harder.
 CLUES = {4: {"easy": 10, "medium": 9, "hard": 6}, 9: {"easy": 36, "medium": 30, "hard": 24}}
@@ -157,8 +157,8 @@ class SudokuPR147Env(TextEnv):
             raise ValueError(f"size must be 4 or 9, got {size}")
         if difficulty not in CLUES[size]:
             raise ValueError(f"difficulty must be one of {sorted(CLUES[size])}, got {difficulty!r}")
-        if max_steps is not None and max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        if max_steps is not None:
+            bounded("max_steps", max_steps, 1, MAX_ENV_STEPS)
         self.name, self.size, self.difficulty = name, size, difficulty
         # RAGEN-2 caps a 4x4 game at 30 steps and a 9x9 one at 81.
         self.max_steps = max_steps if max_steps is not None else (30 if size == 4 else 81)

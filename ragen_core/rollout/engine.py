@@ -11,6 +11,7 @@ enforced here for every env.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -77,16 +78,23 @@ def run_rollouts(
     """Roll out every (group, member) of ``spec`` with ``backend``; ``seed`` drives the sampling of every turn.
 
     A backend with a ``reset()`` (the Hugging Face backend's per-rollout key/value caches) is reset before and after,
-    so a rollout never depends on what the backend did before it.
+    so a rollout never depends on what the backend did before it. When the rollout fails, the reset after it is
+    tried, but its own error never hides the rollout's (a dead vLLM server fails both: the error names the request
+    that met it mid-rollout).
     """
     reset = getattr(backend, "reset", None)
     if reset is not None:
         reset()
     try:
-        return _roll_out(spec, backend, formatter, seed)
-    finally:
+        records = _roll_out(spec, backend, formatter, seed)
+    except BaseException:
         if reset is not None:
-            reset()
+            with contextlib.suppress(Exception):
+                reset()
+        raise
+    if reset is not None:
+        reset()
+    return records
 
 
 def _roll_out(

