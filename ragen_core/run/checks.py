@@ -69,8 +69,9 @@ def check_registered(config: RunConfig) -> RunConfig:
     names the key and the fix (worded as pydantic's errors are, at the section the check belongs to)."""
     checks: tuple[tuple[str, Callable[[RunConfig], None]], ...] = (
         ("algorithm", _check_filter),
+        ("<root>", _check_envs),
+        ("env", _check_env_options),  # before the checks below build envs with the options
         ("<root>", _check_registered_names),
-        ("env", _check_env_options),
         ("<root>", _check_critic_batches),
     )
     for location, check in checks:
@@ -106,7 +107,6 @@ def _check_critic_batches(config: RunConfig) -> None:
 def _check_registered_names(config: RunConfig) -> None:
     """Names that refer to registries must exist there (a tracker's package too)."""
     check_trackers(config.monitor.trackers)
-    _check_envs(config)
     for key, name, registry in (
         ("algorithm.adv_estimator", config.algorithm.adv_estimator, ADVANTAGES),
         ("algorithm.policy_loss", config.algorithm.policy_loss, POLICY_LOSSES),
@@ -141,8 +141,8 @@ def _check_env_options(config: RunConfig) -> None:
     for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
         try:
             make_env(name, **options)
-        except ValueError as exc:
-            raise ValueError(f"options: {exc}") from None
+        except ValueError as exc:  # an error that names its key (env.options.reward_fn: ...) needs no prefix
+            raise ValueError(str(exc) if str(exc).startswith("env.options.") else f"options: {exc}") from None
 
 
 def _check_teacher_policy(config: RunConfig, key: str) -> None:
