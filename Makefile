@@ -103,8 +103,10 @@ device-bundle: $(STAMP)
 test-gpu: $(STAMP)
 	RAGEN_GPU_TESTS_DEVICE=$(GPU_TESTS_DEVICE) $(BIN)/python -m pytest -m gpu -q -s tests/gpu
 
+# The style checks CI runs first: the lint rules, and the formatting (`ruff format .` rewrites what differs).
 lint: $(STAMP)
-	$(BIN)/ruff check ragen_core schemas tasks flows ragen_cli tests device
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -86,8 +86,10 @@ def main() -> None:
     parser.add_argument("--horizon", type=int, default=10)
     args = parser.parse_args()
     print(f"FrozenLake 4x4, {args.maps} maps (seeds 0..{args.maps - 1}), {args.horizon} actions, random policy")
-    print("| dynamics | random success | return std | best move's advantage | mean abs advantage | signal/noise "
-          "| decisions per action for 2 s.e. | decisions per episode |")
+    print(
+        "| dynamics | random success | return std | best move's advantage | mean abs advantage | signal/noise "
+        "| decisions per action for 2 s.e. | decisions per episode |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for slippery in (True, False):
         row = signal_table(args.maps, args.horizon, slippery)

@@ -151,13 +151,21 @@ def main() -> None:
     parser.add_argument("--zero-stage", type=int, help="Default: 0 in one process, 2 in a group.")
     parser.add_argument("--case", default="bandit", choices=sorted(CASES), help="The batch: see the docstring.")
     parser.add_argument("--micro-batch-size", type=int, default=32, help="Rows per pass at most (the mini-batch).")
-    parser.add_argument("--micro-batch-tokens", type=int, default=16384,
-                        help="Token budget per pass (actor.micro_batch_tokens); 0: passes of --micro-batch-size rows.")
+    parser.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=16384,
+        help="Token budget per pass (actor.micro_batch_tokens); 0: passes of --micro-batch-size rows.",
+    )
     parser.add_argument("--gradient-checkpointing", action="store_true", help="actor.gradient_checkpointing=true")
     parser.add_argument("--precision", default="auto", help="auto (bf16 on a capable GPU), bf16, fp16 or fp32.")
     parser.add_argument("--peak-tflops", type=float, help="Per-GPU peak for the MFU (default: from the GPU's name).")
-    parser.add_argument("--rollouts", default="synthetic", choices=sorted(ROLLOUTS),
-                        help="synthetic: the batch drawn from the seeds, no sampling; hf: sampled (slow on 0.5B).")
+    parser.add_argument(
+        "--rollouts",
+        default="synthetic",
+        choices=sorted(ROLLOUTS),
+        help="synthetic: the batch drawn from the seeds, no sampling; hf: sampled (slow on 0.5B).",
+    )
     parser.add_argument("--root", help="Data root (default: a temporary folder, deleted afterwards).")
     parser.add_argument("--no-report", action="store_true", help="Print only; do not write the results files.")
     args = parser.parse_args()

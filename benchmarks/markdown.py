@@ -486,8 +486,8 @@ def gpu_section(gpu: dict[str, Any] | None) -> list[str]:
             "**Not run by `make bench`: this machine has no GPU.** `python -m benchmarks --device cuda` runs the "
             "rollout and update ratios on a 0.47B-parameter Qwen2-architecture model with random weights in bf16 (24 "
             "blocks of width 1024, GQA 16/2 heads, MLP 5632), with absolute tokens/s and the update's model FLOPs "
-            "utilisation. The figures measured on a lent GPU (`device/run.sh`, docs/gpu.md) are in the \"GPU device "
-            "check\" section at the end of this report; no other number here comes from a GPU.",
+            'utilisation. The figures measured on a lent GPU (`device/run.sh`, docs/gpu.md) are in the "GPU device '
+            'check" section at the end of this report; no other number here comes from a GPU.',
             "",
         ]
     rollout = rollout_section(gpu.get("rollout"), "7a. GPU rollout")

@@ -219,8 +219,9 @@ def validation_success(model: Any, tokenizer: Any, config: Any, updates: int, en
         config.rollout.top_k,
     )  # fmt: skip
     records = run_rollouts(
-        spec, backend, ChatFormatter(tokenizer, reply_prefix=reply_prefix(config.rollout.enable_think,
-                                                                          config.rollout.think_prefix)),
+        spec,
+        backend,
+        ChatFormatter(tokenizer, reply_prefix=reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)),
         derive_seed(config.seed, updates, "eval", env_name),
     )
     return sum(r.success for r in records) / len(records)

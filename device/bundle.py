@@ -182,8 +182,10 @@ def build(out: Path, cache: Path, build_python: str, limit_mib: float) -> int:
         parts_text = "; ".join(f"{name} {n / 2**20:.1f} MiB" for n, name in largest(out))
         raise BundleError(f"the bundle is {size / 2**20:.1f} MiB, over the {limit_mib:g} MiB limit; largest: "
                           f"{parts_text}")  # fmt: skip
-    print(f"device-bundle: {out} {size / 2**20:.1f} MiB ({len(wheels)} wheels, commit {commit[:10]}) in "
-          f"{time.monotonic() - started:.0f} s")
+    print(
+        f"device-bundle: {out} {size / 2**20:.1f} MiB ({len(wheels)} wheels, commit {commit[:10]}) in "
+        f"{time.monotonic() - started:.0f} s"
+    )
     return size
 
 

@@ -198,8 +198,12 @@ TURNS = TableSpec(
         ColumnSpec("done", pa.bool_(), "Trajectory ended after this turn."),
         ColumnSpec("truncated", pa.bool_(), "Reply was cut at the token limit."),
         ColumnSpec("response_tokens", pa.int32(), "Tokens in the reply."),
-        ColumnSpec("info", pa.string(), "Extra step information (JSON): action_is_effective per executed action; "
-                   "teacher_actions, teacher_agree, teacher_chance where the env has a teacher."),
+        ColumnSpec(
+            "info",
+            pa.string(),
+            "Extra step information (JSON): action_is_effective per executed action; "
+            "teacher_actions, teacher_agree, teacher_chance where the env has a teacher.",
+        ),
     ),
     key=TRAJECTORY_KEY + ("turn_index",),
     description="One row per turn of every trajectory: what the model saw, said and did.",

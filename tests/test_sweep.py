@@ -83,8 +83,8 @@ def test_grid_times_seeds_gives_every_combination_as_its_own_validated_run():
     plan = plan_sweep(BASE, ["algorithm.filter_ratio=[0.25,0.5,1.0]", "algorithm.filter=[std,std_rev]"], seeds=2)
     assert len(plan.points) == 12
     assert [p.run_id for p in plan.points] == [f"{plan.sweep_id}-p{i:03d}" for i in range(12)]
-    assert plan.points[0].overrides == ['algorithm.filter_ratio=0.25', 'algorithm.filter="std"', "seed=0"]
-    assert plan.points[11].overrides == ['algorithm.filter_ratio=1.0', 'algorithm.filter="std_rev"', "seed=1"]
+    assert plan.points[0].overrides == ["algorithm.filter_ratio=0.25", 'algorithm.filter="std"', "seed=0"]
+    assert plan.points[11].overrides == ["algorithm.filter_ratio=1.0", 'algorithm.filter="std_rev"', "seed=1"]
     combos = {(p.config.algorithm.filter_ratio, p.config.algorithm.filter, p.config.seed)
               for p in plan.points}  # fmt: skip
     assert combos == {(r, f, s) for r in (0.25, 0.5, 1.0) for f in ("std", "std_rev") for s in (0, 1)}

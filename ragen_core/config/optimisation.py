@@ -32,8 +32,9 @@ class ActorConfig(Section):
         "micro_batch_size rows in schedule order.",
     )
     gradient_checkpointing: bool = Field(
-        False, description="Recompute activations in the backward pass: less memory for long sequences, ~1/3 more "
-        "compute (transformers' non-reentrant checkpointing)."
+        False,
+        description="Recompute activations in the backward pass: less memory for long sequences, ~1/3 more "
+        "compute (transformers' non-reentrant checkpointing).",
     )
     attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
         "auto",

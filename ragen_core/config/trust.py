@@ -94,10 +94,12 @@ KINDS: dict[str, TrustKind] = {
     "program": TrustKind("a program to run", _at_default),
     "launcher": TrustKind("a launcher that starts processes", _at_default),
     "hostfile": TrustKind("hosts to start processes on", _at_default),
-    "path": TrustKind("a folder outside the data root", _inside_trusted_folder,
-                      f" (or list its folder in {TRUSTED_PATHS_VARIABLE})"),  # fmt: skip
-    "module": TrustKind("a module to import", _registered_name,
-                        f" (or allow the file's modules: {TRUST_MODULE_FLAG})"),  # fmt: skip
+    "path": TrustKind(
+        "a folder outside the data root", _inside_trusted_folder, f" (or list its folder in {TRUSTED_PATHS_VARIABLE})"
+    ),  # fmt: skip
+    "module": TrustKind(
+        "a module to import", _registered_name, f" (or allow the file's modules: {TRUST_MODULE_FLAG})"
+    ),  # fmt: skip
     "tracker": TrustKind("a tracking server or a store outside the data root", _local_tracking_store),
     "account": TrustKind("an account or project of a tracking service to log metrics under", _at_default),
 }

@@ -215,7 +215,6 @@ class FrozenLakeEnv(TextEnv):
         q_values = self.success_table(horizon)[horizon, int(self._require_lake().s)]
         return [ACTIONS[int(np.argmax(q_values))]]
 
-
     def teacher_actions(self, actions_left: int) -> list[str]:
         """The "safe and soonest" teacher's moves: among the actions of highest success probability within the
         budget, those that reach the goal soonest (highest ``TEACHER_DISCOUNT ** steps`` in expectation), ties all

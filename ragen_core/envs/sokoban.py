@@ -291,7 +291,6 @@ class SokobanEnv(TextEnv):
         plan = solve(self._room(), self.state, max_depth=300)  # independent of the generator's search depth
         return plan if plan is not None else []
 
-
     def teacher_actions(self, actions_left: int) -> list[str] | None:
         """Every move that starts a shortest solution from the current state (breadth-first, ties all kept);
         None when the room cannot be solved from here (a box pushed into a corner)."""

@@ -71,15 +71,21 @@ def early_warnings(ctx: Context) -> dict[str, Any]:
     monitor = stored_config(ctx.config)["monitor"]
     return {
         "collapse_iteration": collapses,
-        "as_run": {"reward_std_drop": monitor["reward_std_drop"], "entropy_drop": monitor["entropy_drop"],
-                   "grad_norm_spike": monitor["grad_norm_spike"], "success_slip": monitor["success_slip"],
-                   **_leads(recorded, collapses)},  # fmt: skip
+        "as_run": {
+            "reward_std_drop": monitor["reward_std_drop"],
+            "entropy_drop": monitor["entropy_drop"],
+            "grad_norm_spike": monitor["grad_norm_spike"],
+            "success_slip": monitor["success_slip"],
+            **_leads(recorded, collapses),
+        },  # fmt: skip
         "per_signal": per_signal,
         "calibration": settings,
         "calibrated": best,
         "curves": {arm.label: {n: curve(ctx, arm, n) for n in (SUCCESS, *SIGNALS)} for arm in ctx.arms},
-        "run_curves": {arm.label: {run: {n: ctx.series(run, n) for n in (SUCCESS, *SIGNALS)} for run in arm.run_ids}
-                       for arm in ctx.arms},  # fmt: skip
+        "run_curves": {
+            arm.label: {run: {n: ctx.series(run, n) for n in (SUCCESS, *SIGNALS)} for run in arm.run_ids}
+            for arm in ctx.arms
+        },  # fmt: skip
         "warnings": recorded,
     }
 

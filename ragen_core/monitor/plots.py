@@ -189,9 +189,7 @@ def _draw_series(ax: Any, panel: Panel, series: dict[SeriesKey, Points], colours
     ax.legend(fontsize="small")
 
 
-def plot_runs(
-    root: str | Path | DataLake, run_ids: Sequence[str], out: str | Path, force: bool = True
-) -> PlotResult:
+def plot_runs(root: str | Path | DataLake, run_ids: Sequence[str], out: str | Path, force: bool = True) -> PlotResult:
     """Plot the collapse indicators of ``run_ids`` (runs of the data root ``root``) into one PNG at ``out``
     (outside the data root; written atomically; an existing file only with ``force``). Returns the path, the
     plotted data and the figure."""

@@ -432,9 +432,7 @@ class VLLMBackend:
         return generations_from_outputs(outputs, self.tokenizer, self.stop_ids)
 
 
-def generations_from_outputs(
-    outputs: list[dict[str, Any]], tokenizer: Any, stop_ids: list[int]
-) -> list[Generation]:
+def generations_from_outputs(outputs: list[dict[str, Any]], tokenizer: Any, stop_ids: list[int]) -> list[Generation]:
     """Our records from the server's completions (one each, in prompt order).
 
     Each completion's token ids are cut after the first stop token (``truncated`` when there is none) with the

@@ -143,7 +143,7 @@ def _check_merged_holds(lake: DataLake, spec: TableSpec, folder: Path, marker: d
     merged = _read_part(lake, spec, folder / marker["merged"])
     tail = pa.concat_tables([_read_part(lake, spec, folder / name) for name in present])
     tail = tail.cast(spec.arrow_schema)
-    if replaces[len(replaces) - len(present):] != present or not _same_rows(
+    if replaces[len(replaces) - len(present) :] != present or not _same_rows(
         merged.slice(merged.num_rows - tail.num_rows), tail
     ):
         raise LakeError(

@@ -89,9 +89,7 @@ def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str
         raise ExportError(f"the folder of --out {str(out)!r} does not exist; create it first")
 
 
-def export_dataset(
-    lake: DataLake, out: Path, run_ids: list[str], tables: list[str], notes: str = ""
-) -> ExportReport:
+def export_dataset(lake: DataLake, out: Path, run_ids: list[str], tables: list[str], notes: str = "") -> ExportReport:
     """Write the dataset folder (module docstring) of ``run_ids``' rows of ``tables`` at ``out``; ``notes``: more
     markdown for its README (how to prompt each run's policy: :func:`ragen_core.run.chat.export_notes`)."""
     check_export(lake, out, run_ids, tables)

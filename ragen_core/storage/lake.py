@@ -63,7 +63,6 @@ __all__ = ["DataLake", "LakeError", "Stage", "atomic_write_json", "atomic_write_
            "read_parquet"]  # fmt: skip
 
 
-
 class Stage:
     """The lake's names of the batches that stages stage and publish (staging folders, done markers, quarantine
     folders, part-file tokens). A batch is named for what it holds; the stage that writes it has its own name

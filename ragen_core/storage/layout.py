@@ -233,7 +233,7 @@ def parts_record_of(partition: Path) -> Path:
     if match is None or not run_name.startswith(RUN_FOLDER_PREFIX):
         raise LakeError(f"{str(folder)!r} is not a <table>/{RUN_FOLDER_PREFIX}<id>/{ITERATION_PREFIX}<n> folder")
     table_folder = folder.parent.parent
-    return parts_record(table_folder.parent, table_folder.name, run_name[len(RUN_FOLDER_PREFIX):], int(match[1]))
+    return parts_record(table_folder.parent, table_folder.name, run_name[len(RUN_FOLDER_PREFIX) :], int(match[1]))
 
 
 def quarantine_dir(root: Path, run_id: str | None = None, iteration: int | None = None, stage: str = "") -> Path:

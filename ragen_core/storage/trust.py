@@ -161,7 +161,7 @@ def run_folders(table_dir: Path) -> Iterator[tuple[str, Path]]:
             raise old_layout_error(table_dir.parent, Path(entry.path))
         if not entry.name.startswith(RUN_FOLDER_PREFIX):
             continue
-        run_id = entry.name[len(RUN_FOLDER_PREFIX):]
+        run_id = entry.name[len(RUN_FOLDER_PREFIX) :]
         if not is_valid_run_id(run_id):
             raise LakeError(f"partition folder {_show(entry.path)} does not name a valid run id; {_HOW_TO_FIX}")
         _checked_folder(entry, "partition folder")
@@ -226,10 +226,11 @@ def partition_of(path: Path) -> tuple[str, int]:
     """``(run id, iteration)`` of the partition folder a part file sits in."""
     run_name, iteration_name = path.parent.parent.name, path.parent.name
     match = PARTITION_ITERATION.fullmatch(iteration_name)
-    run_id = run_name[len(RUN_FOLDER_PREFIX):] if run_name.startswith(RUN_FOLDER_PREFIX) else ""
+    run_id = run_name[len(RUN_FOLDER_PREFIX) :] if run_name.startswith(RUN_FOLDER_PREFIX) else ""
     if match is None or not is_valid_run_id(run_id):
-        raise LakeError(f"{_show(path)} does not lie in a <table>/{RUN_FOLDER_PREFIX}<id>/{ITERATION_PREFIX}<n>/ "
-                        "folder")
+        raise LakeError(
+            f"{_show(path)} does not lie in a <table>/{RUN_FOLDER_PREFIX}<id>/{ITERATION_PREFIX}<n>/ folder"
+        )
     return run_id, int(match.group(1))
 
 

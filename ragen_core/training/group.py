@@ -107,9 +107,7 @@ class UpdateGroup:
 
     # -- start ---------------------------------------------------------------------------------------------------
     @classmethod
-    def start(
-        cls, launcher: str, nproc: int, hostfile: str | None, folder: Path, init: dict[str, Any]
-    ) -> UpdateGroup:
+    def start(cls, launcher: str, nproc: int, hostfile: str | None, folder: Path, init: dict[str, Any]) -> UpdateGroup:
         """Launch the group, wait for rank 0 to connect, and send it ``init`` (config, data root, run id, start model,
         precision): every rank builds its engines. ``folder`` (the lake's update-group folder of the run) takes the
         control file and the log. Raises :class:`GroupError` if the group does not come up."""

@@ -184,12 +184,16 @@ def test_ragen2_preset_is_its_recommended_filter():
     ("overrides", "message"),
     [
         (["algorithm.filter_entropy=full"], "filter_entropy=full only applies to the entropy metrics"),
-        (["algorithm.filter=top_k", "algorithm.filter_metric=entropy", "algorithm.filter_entropy=partial"],
-         "filter_entropy"),
+        (
+            ["algorithm.filter=top_k", "algorithm.filter_metric=entropy", "algorithm.filter_entropy=partial"],
+            "filter_entropy",
+        ),
         (["algorithm.soft_advantage_reweight=true", "algorithm.adv_estimator=gae"], "adv_estimator=grpo"),
         (["algorithm.filter_loss_scaling=cube"], "filter_loss_scaling"),
-        (["algorithm.filter=top_k", "algorithm.filter_metric=entropy_variance", "rollout.backend=scripted"],
-         "algorithm.filter_entropy=full"),
+        (
+            ["algorithm.filter=top_k", "algorithm.filter_metric=entropy_variance", "rollout.backend=scripted"],
+            "algorithm.filter_entropy=full",
+        ),
         (["algorithm.filter=std", "algorithm.filter_metric=reward_sum"], "set algorithm.filter=top_k"),
     ],
 )

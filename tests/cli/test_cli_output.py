@@ -43,7 +43,7 @@ def test_model_output_with_markup_is_shown_literally_in_tables(root):
     assert result.exit_code == 0, result.output
     for text in MARKUP:
         assert text in result.stdout, text
-    header = _invoke("sql", "SELECT 1 AS \"[red]h[/red]\", '[/]' AS \"[/x]\"", "--data-root", root)
+    header = _invoke("sql", 'SELECT 1 AS "[red]h[/red]", \'[/]\' AS "[/x]"', "--data-root", root)
     assert header.exit_code == 0 and "[red]h[/red]" in header.stdout and "[/x]" in header.stdout
     assert "[/]" in header.stdout
 
@@ -91,7 +91,7 @@ def test_an_error_of_several_lines_is_said_in_one():
 
 
 def test_error_messages_are_literal(root):
-    result = _invoke("sql", "SELECT * FROM \"[red]gone[/red]\"", "--data-root", root)
+    result = _invoke("sql", 'SELECT * FROM "[red]gone[/red]"', "--data-root", root)
     assert result.exit_code == 2 and "[red]gone[/red]" in result.stderr
     _no_traceback(result)
 
@@ -220,7 +220,7 @@ def test_terminal_control_characters_are_escaped_in_table_output(tmp_path):
     assert "x\\x1b[31m" in generated.stdout  # a column name too
     exact = _invoke("sql", statement, "--data-root", lake.root, "-f", "json")
     assert [r["response"] for r in json.loads(exact.stdout)] == CONTROL
-    error = _invoke("sql", "SELECT * FROM \"no\x1b[2Jtable\"", "--data-root", lake.root)
+    error = _invoke("sql", 'SELECT * FROM "no\x1b[2Jtable"', "--data-root", lake.root)
     assert error.exit_code == 2 and "\x1b" not in error.stderr and "\\x1b" in error.stderr
 
 

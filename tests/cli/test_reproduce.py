@@ -30,8 +30,17 @@ def reproduced(prefect_harness, tmp_path_factory):
     root = tmp_path_factory.mktemp("findings-lake")
     out = tmp_path_factory.mktemp("findings-out")
     results = {}
-    for name in ("echo_trap", "early_warnings", "filtering", "reasoning", "multiturn_learning", "echo_trap_multiturn",
-                 "early_warnings_multiturn", "filtering_multiturn", "reasoning_multiturn"):
+    for name in (
+        "echo_trap",
+        "early_warnings",
+        "filtering",
+        "reasoning",
+        "multiturn_learning",
+        "echo_trap_multiturn",
+        "early_warnings_multiturn",
+        "filtering_multiturn",
+        "reasoning_multiturn",
+    ):
         result = _invoke("reproduce", name, "--quick", "--data-root", str(root), "--out", str(out / f"{name}.png"))
         assert result.exit_code == 0, result.output
         results[name] = (json.loads((out / f"{name}.json").read_text()), result.output)
@@ -72,11 +81,15 @@ def test_echo_trap_validation_and_group_std_match_the_trajectories(reproduced):
         arm = numbers["arms"][variant]
         assert len(values) == 2 and arm["val_success_final"]["mean"] == pytest.approx(np.mean(values))
         assert arm["val_success_final"]["std"] == pytest.approx(np.std(values, ddof=1))
-        stds = _sql(root, """
+        stds = _sql(
+            root,
+            """
             WITH g AS (SELECT run_id, iteration, group_id, coalesce(stddev_samp(total_reward), 0) AS sd
                        FROM trajectories WHERE split = 'train' AND list_contains($runs, run_id) GROUP BY ALL),
                  r AS (SELECT run_id, iteration, avg(sd) AS sd FROM g GROUP BY ALL)
-            SELECT iteration, avg(sd) AS sd, count(*) AS n FROM r GROUP BY iteration ORDER BY iteration""", runs)
+            SELECT iteration, avg(sd) AS sd, count(*) AS n FROM r GROUP BY iteration ORDER BY iteration""",
+            runs,
+        )
         curve = numbers["curves"][variant]["rollout/in_group_reward_std"]
         assert [(p["iteration"], p["n"]) for p in curve] == [(row["iteration"], row["n"]) for row in stds]
         assert [p["mean"] for p in curve] == pytest.approx([row["sd"] for row in stds])
@@ -109,11 +122,22 @@ def test_filtering_tokens_and_times_match_the_lake(reproduced):
     numbers = results["filtering"][0]["numbers"]
     for ratio in ("0.25", "0.5", "1.0"):
         arm = numbers["arms"][f"algorithm.filter_ratio={ratio}"]
-        runs = [r["run_id"] for r in _sql(root, "SELECT run_id FROM runs WHERE list_contains($runs, run_id) AND "
-                                          f"overrides_json LIKE '%filter_ratio={ratio}%'", _runs("filtering"))]
-        tokens = _sql(root, """
+        runs = [
+            r["run_id"]
+            for r in _sql(
+                root,
+                "SELECT run_id FROM runs WHERE list_contains($runs, run_id) AND "
+                f"overrides_json LIKE '%filter_ratio={ratio}%'",
+                _runs("filtering"),
+            )
+        ]
+        tokens = _sql(
+            root,
+            """
             SELECT iteration, sum(list_sum(loss_mask)) AS tokens FROM trajectories
-            WHERE split = 'train' AND kept AND list_contains($runs, run_id) GROUP BY ALL ORDER BY ALL""", runs)
+            WHERE split = 'train' AND kept AND list_contains($runs, run_id) GROUP BY ALL ORDER BY ALL""",
+            runs,
+        )
         assert len(runs) == 1 and arm["trained_tokens_per_iteration"]["n"] == 1
         assert arm["trained_tokens_per_iteration"]["mean"] == pytest.approx(np.mean([t["tokens"] for t in tokens]))
         update = _sql(root, "SELECT avg(value) AS v FROM metrics WHERE name = 'time/update' AND "

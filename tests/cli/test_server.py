@@ -85,8 +85,9 @@ def _duplicates(root: Path, run_id: str) -> dict[str, int]:
         "evaluations": "iteration, env",
     }
     return {
-        table: query(root, f"SELECT count(*) - count(DISTINCT ({key})) AS d FROM {table} WHERE run_id = '{run_id}'")
-        .to_pylist()[0]["d"]
+        table: query(
+            root, f"SELECT count(*) - count(DISTINCT ({key})) AS d FROM {table} WHERE run_id = '{run_id}'"
+        ).to_pylist()[0]["d"]
         for table, key in keys.items()
     }
 

@@ -22,7 +22,7 @@ ROWS = [
     {"prompt": "9 + 9 = ?", "solution": 18, "level": "hard"},
     {"prompt": "0 + 4 = ?", "solution": 4, "level": "easy"},
 ]
-REWARD = '''
+REWARD = """
 calls = []
 
 
@@ -43,7 +43,7 @@ def not_a_number(completion, **columns):
 
 def only_the_answer(completion):
     return 1.0
-'''
+"""
 
 
 @pytest.fixture

@@ -89,8 +89,11 @@ def test_a_bad_env_name_is_one_line_before_anything_runs(name, expected):
 def test_a_class_missing_part_of_the_protocol_is_named_with_what_it_lacks(on_path):
     module = unique("user_envs")
     write_env_module(on_path, module)
-    with pytest.raises(ValueError, match=r"'[a-z_0-9]+:NoBounds' does not implement the TextEnv protocol: missing "
-                                         r"step, render, action_names, instruction, success, reward_bounds"):
+    with pytest.raises(
+        ValueError,
+        match=r"'[a-z_0-9]+:NoBounds' does not implement the TextEnv protocol: missing "
+        r"step, render, action_names, instruction, success, reward_bounds",
+    ):
         env_factory(f"{module}:NoBounds")
 
 

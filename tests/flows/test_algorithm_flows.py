@@ -42,8 +42,12 @@ VARIANTS = {
     },
     # RAGEN-2's entropy_variance over the full-distribution entropy; its preset with both advantage scalings
     "entropy_var_full": {
-        "algorithm": {"filter": "top_k", "filter_ratio": 0.5, "filter_metric": "entropy_variance",
-                      "filter_entropy": "full"}
+        "algorithm": {
+            "filter": "top_k",
+            "filter_ratio": 0.5,
+            "filter_metric": "entropy_variance",
+            "filter_entropy": "full",
+        }
     },  # fmt: skip
     "ragen2": {"algorithm": {"preset": "ragen2", "soft_advantage_reweight": True, "filter_loss_scaling": "linear"}},
 }

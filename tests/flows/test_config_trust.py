@@ -237,8 +237,19 @@ def test_retrain_and_a_resumed_sweep_never_use_a_planted_program(world, tiny_mod
     root, api_url, marker = world["root"], prefect_server[0].api_url, world["marker"]
     everything = {k: v for plant in world["plants"].values() for k, v in plant.items() if k != "model.path"}
     _plant_manifest(root, everything)
-    retrain = ["retrain", "--from", f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND iteration = 0", "--init",
-               f"run:{RUN}", "--run-id", "offline", "--config", "configs/bandit.yaml", *SMALL, "offline.epochs=1"]
+    retrain = [
+        "retrain",
+        "--from",
+        f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND iteration = 0",
+        "--init",
+        f"run:{RUN}",
+        "--run-id",
+        "offline",
+        "--config",
+        "configs/bandit.yaml",
+        *SMALL,
+        "offline.epochs=1",
+    ]
     rc, output = _ragen(retrain, root, None, api_url)  # fmt: skip
     assert rc == 0, output[-3000:]
     config = DataLake(root).read_manifest("offline")["config"]

@@ -38,8 +38,17 @@ def test_the_dataset_env_trains_from_a_jsonl_or_parquet_file(prefect_harness, tm
 
 
 def test_a_malformed_reward_function_is_one_line_before_anything_is_created(tmp_path):
-    result = CliRunner().invoke(app, ["train", "--config", "configs/dataset_arithmetic.yaml", "--data-root",
-                                      str(tmp_path / "root"), "env.options.reward_fn=examples.arithmetic.reward"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--config",
+            "configs/dataset_arithmetic.yaml",
+            "--data-root",
+            str(tmp_path / "root"),
+            "env.options.reward_fn=examples.arithmetic.reward",
+        ],
+    )
     assert result.exit_code == 2 and not (tmp_path / "root").exists()
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "env.options.reward_fn: 'examples.arithmetic.reward' is not an import path" in lines[0]

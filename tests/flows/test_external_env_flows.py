@@ -105,14 +105,14 @@ def test_it_is_evaluated_retrained_offline_and_queried(world):
              "GROUP BY ALL ORDER BY ALL")  # fmt: skip
     rc, output = _ragen(["sql", query, "--format", "json"], root, None, api)
     assert rc == 0, output
-    rows = json.loads(output[output.index("["):])
+    rows = json.loads(output[output.index("[") :])
     by_run = {(r["run_id"], r["split"]): r for r in rows}
     assert {r["env"] for r in rows} == {name}
     assert by_run[(RUN, "train")]["n"] == 3 * 2 * 4  # 3 iterations x 2 groups x 4
     assert by_run[(RUN, "val")]["n"] == 4 * 2 and by_run[("ev", "val")]["n"] == 2 and by_run[("rt", "val")]["n"] == 4
     rc, output = _ragen(["sql", "SELECT env, split, count(*) AS n FROM trajectories WHERE run_id = 'ev' GROUP BY ALL",
                          "--format", "json"], root, None, api)  # fmt: skip
-    assert json.loads(output[output.index("["):]) == [{"env": name, "split": "val", "n": 2}]
+    assert json.loads(output[output.index("[") :]) == [{"env": name, "split": "val", "n": 2}]
 
 
 def test_a_resume_without_the_code_says_so_in_one_line(world):

@@ -82,7 +82,10 @@ def test_a_run_created_elsewhere_has_its_stored_texts_escaped_when_its_flow_star
     state = run_flow(train, flow_run=created, parameters=raw, return_type="state")
     assert state.is_failed()
     stored = _stored(created.id)
-    assert stored["parameters"] == {"config": "configs/bandit.yaml\\x0aFAKE LOG LINE\\x1b[2J\\x07",
-                                    "data_root": str(tmp_path / "root"), "overrides": ["seed=1\\x0a\\x1b[31mred"]}
+    assert stored["parameters"] == {
+        "config": "configs/bandit.yaml\\x0aFAKE LOG LINE\\x1b[2J\\x07",
+        "data_root": str(tmp_path / "root"),
+        "overrides": ["seed=1\\x0a\\x1b[31mred"],
+    }
     assert not _has_control(stored)
     assert not (tmp_path / "root").exists()

@@ -57,6 +57,8 @@ def device() -> Device:
 
     accelerator = get_accelerator().device_name()
     if accelerator != name:
-        pytest.fail(f"DeepSpeed's accelerator is {accelerator!r}, not {name!r}: something built an engine before "
-                    "tests/gpu/conftest.py set DS_ACCELERATOR; run `pytest -m gpu tests/gpu` in its own process")
+        pytest.fail(
+            f"DeepSpeed's accelerator is {accelerator!r}, not {name!r}: something built an engine before "
+            "tests/gpu/conftest.py set DS_ACCELERATOR; run `pytest -m gpu tests/gpu` in its own process"
+        )
     return Device(name, torch.device(name, 0) if name == "cuda" else torch.device("cpu"), "bf16")

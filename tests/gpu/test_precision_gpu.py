@@ -68,7 +68,9 @@ def test_the_bf16_update_lands_on_the_fp32_update(device, tiny_policy, case):
             discriminating += 1
             worst = max(worst, float((error - ROUNDING * want.norm()) / step))
     assert discriminating >= len(start) // 2, "the update moved too few tensors for the comparison to mean anything"
-    print(f"{case[0]} on {device.name}: {discriminating}/{len(fp32)} tensors moved; the bf16 step's worst relative "
-          f"error beyond storage rounding {worst:.3f} (allowed {EPSILON})")
+    print(
+        f"{case[0]} on {device.name}: {discriminating}/{len(fp32)} tensors moved; the bf16 step's worst relative "
+        f"error beyond storage rounding {worst:.3f} (allowed {EPSILON})"
+    )
     # the gradient norm before clipping, from bf16 gradients: the same up to bf16 rounding of its terms
     assert bf16_metrics["actor/grad_norm"] == pytest.approx(fp32_metrics["actor/grad_norm"], rel=0.05)

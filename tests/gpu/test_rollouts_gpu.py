@@ -49,6 +49,8 @@ def test_stored_logprobs_equal_the_rescoring_on_the_device(device, tiny_model_di
         differences.append((scored[row, : len(record.input_ids)][mask] - stored[mask]).abs())
     difference = torch.cat(differences)
     largest, mean = TOLERANCE[precision]
-    print(f"{precision} on {device.name}: {difference.numel()} sampled tokens, |stored - re-scored| at most "
-          f"{float(difference.max()):.2e}, mean {float(difference.mean()):.2e}")
+    print(
+        f"{precision} on {device.name}: {difference.numel()} sampled tokens, |stored - re-scored| at most "
+        f"{float(difference.max()):.2e}, mean {float(difference.mean()):.2e}"
+    )
     assert float(difference.max()) <= largest and float(difference.mean()) <= mean

@@ -91,8 +91,10 @@ def test_a_run_killed_on_the_device_resumes_to_the_same_rows_and_weights(device,
     for table in ("trajectories", "turns"):
         keys = _keys(killed, table)
         assert keys == _keys(whole, table) and len(set(keys)) == len(keys), table  # nothing lost, nothing twice
-    first = ("SELECT group_id, traj_index, input_ids, total_reward FROM trajectories "
-             "WHERE iteration = 0 AND split = 'train'")
+    first = (
+        "SELECT group_id, traj_index, input_ids, total_reward FROM trajectories "
+        "WHERE iteration = 0 AND split = 'train'"
+    )
     assert sorted(map(repr, query(whole, first).to_pylist())) == sorted(map(repr, query(killed, first).to_pylist()))
     for name, want in expected.items():
         if name.endswith("k_proj.bias"):
@@ -115,7 +117,9 @@ def test_ragen_train_of_the_demo_config_lifts_bandit_success(device, tmp_path):
                  "AND run_id = 'demo' GROUP BY 1 ORDER BY 1").to_pylist()  # fmt: skip
     assert [r["iteration"] for r in rows] == [0, iterations]
     before, after = rows[0]["s"], rows[-1]["s"]
-    print(f"on {device.name}: Bandit validation success {before:.3f} -> {after:.3f} in {iterations} iterations, "
-          f"{time.monotonic() - started:.0f} s")
+    print(
+        f"on {device.name}: Bandit validation success {before:.3f} -> {after:.3f} in {iterations} iterations, "
+        f"{time.monotonic() - started:.0f} s"
+    )
     assert 0.3 < before < 0.7
     assert after >= 0.8

@@ -49,8 +49,10 @@ def test_vllm_rollouts_and_a_weight_push_on_the_device(device, tiny_model_dir, t
             stored = torch.tensor(record.behavior_logprobs)[mask]
             differences.append((scored[row, : len(record.input_ids)].float().cpu()[mask] - stored).abs())
         difference = torch.cat(differences)
-        print(f"vLLM {vllm_dtype} on {device.name}: {difference.numel()} tokens, |stored - re-scored| at most "
-              f"{float(difference.max()):.2e}, mean {float(difference.mean()):.2e}")
+        print(
+            f"vLLM {vllm_dtype} on {device.name}: {difference.numel()} tokens, |stored - re-scored| at most "
+            f"{float(difference.max()):.2e}, mean {float(difference.mean()):.2e}"
+        )
         assert float(difference.max()) <= largest and float(difference.mean()) <= mean
 
         generator = torch.Generator().manual_seed(0)

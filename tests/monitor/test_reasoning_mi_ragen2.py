@@ -117,8 +117,9 @@ def test_per_token_and_summed_estimates_equal_ragen2s(seed):
     group_ids = [g for g in range(groups) for _ in range(size)]
     table = random_table(seed)
     expected = ragen2_collapse(prompts, reasonings, group_ids, table)
-    estimate = reasoning_mi(prompts, reasonings, lambda pairs: np.array([table(x, z) for x, z in pairs]),
-                            max_prompts=groups)  # fmt: skip  (every prompt a candidate, as RAGEN-2)
+    estimate = reasoning_mi(
+        prompts, reasonings, lambda pairs: np.array([table(x, z) for x, z in pairs]), max_prompts=groups
+    )  # fmt: skip  (every prompt a candidate, as RAGEN-2)
     assert estimate.mi_per_token == pytest.approx(expected["mi_estimate"], abs=1e-9)
     assert estimate.mi == pytest.approx(expected["mi_seq_estimate"], abs=1e-9)
     assert estimate.bound == pytest.approx(expected["mi_upper_bound"])
@@ -142,7 +143,9 @@ def test_turn_replies_by_hand():
     ids = [1, 2, 10, 11, 3, 4, 12, 5, 13, 14]
     mask = [0, 0, 1, 1, 0, 0, 1, 0, 1, 1]
     assert turn_replies(ids, mask) == [
-        ((1, 2), (10, 11)), ((1, 2, 10, 11, 3, 4), (12,)), ((1, 2, 10, 11, 3, 4, 12, 5), (13, 14))
+        ((1, 2), (10, 11)),
+        ((1, 2, 10, 11, 3, 4), (12,)),
+        ((1, 2, 10, 11, 3, 4, 12, 5), (13, 14)),
     ]
     assert turn_replies([1, 2], [0, 0]) == []
 
@@ -192,7 +195,9 @@ def test_bad_mi_keys_are_refused_at_load(overrides, message):
 def test_ragen2s_behaviour_is_the_default_and_old_runs_keep_theirs():
     config = build_config()
     assert (config.trainer.mi_reasoning, config.monitor.mi_metric, config.trainer.mi_multi_turn) == (
-        "content", "per_token", False
+        "content",
+        "per_token",
+        False,
     )
     old = build_config(stored_config({"trainer": {"mi_diagnostic": True}}))  # a run stored before the keys
     assert (old.trainer.mi_reasoning, old.monitor.mi_metric) == ("block", "sequence")
@@ -211,8 +216,12 @@ def test_a_multi_turn_run_stores_the_sampled_variant(prefect_harness, tmp_path, 
         "eval": {"every": 1, "instances": 2},
     }
     train(config, data_root=str(tmp_path), run_id="mt")
-    stored = {r["name"]: r["value"] for r in query(
-        tmp_path, "SELECT name, value FROM metrics WHERE iteration = 0 AND name LIKE 'diag/%'").to_pylist()}
+    stored = {
+        r["name"]: r["value"]
+        for r in query(
+            tmp_path, "SELECT name, value FROM metrics WHERE iteration = 0 AND name LIKE 'diag/%'"
+        ).to_pylist()
+    }
     turns = query(tmp_path, "SELECT count(*) AS n FROM turns WHERE iteration = 0 AND split = 'train'").to_pylist()
     # 'block' gives every reply a reasoning, so there are as many draws as turns, every draw its own prompt column
     assert stored["diag/reasoning_mt_trajectories"] == turns[0]["n"] == stored["diag/reasoning_mt_prompts"]

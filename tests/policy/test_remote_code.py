@@ -12,10 +12,10 @@ from ragen_cli.main import app
 from ragen_core.policy import PolicyLoadError, load_policy, load_tokenizer
 from ragen_core.training.critic import ValueModel
 
-EVIL = '''
+EVIL = """
 from pathlib import Path
 Path(__file__).with_name("RAN").write_text("the folder's code ran")
-'''
+"""
 
 
 def _planted(tiny_model_dir: Path, tmp_path: Path, file: str) -> Path:

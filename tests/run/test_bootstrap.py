@@ -68,8 +68,12 @@ def test_demonstrations_longer_than_the_token_limit_are_warned_of(tiny_model_dir
     config = load_config("configs/sudoku.yaml", [*overrides, "rollout.max_new_tokens=64"])
     with caplog.at_level(logging.WARNING, logger="ragen.bootstrap"):
         _, summary = bootstrap_model(config, lake, tiny_model_dir)
-    lengths = [row["response_tokens"] for row in query(
-        lake, "SELECT response_tokens FROM turns WHERE run_id = $run", params={"run": summary["run_id"]}).to_pylist()]
+    lengths = [
+        row["response_tokens"]
+        for row in query(
+            lake, "SELECT response_tokens FROM turns WHERE run_id = $run", params={"run": summary["run_id"]}
+        ).to_pylist()
+    ]
     over = sum(n > 64 for n in lengths) / len(lengths)
     assert 0 < over < 1 and max(lengths) > 64
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "ragen.bootstrap"]

@@ -1,6 +1,5 @@
 """The commit stage records Echo-Trap early warnings as events rows (and the run goes on)."""
 
-
 from ragen_core.config import build_config
 from ragen_core.run.record import RunRecord
 from ragen_core.run.session import RunSession

@@ -15,8 +15,10 @@ from ragen_core.storage import DataLake
 from ragen_core.storage.layout import CHECKPOINT_HF, CHECKPOINT_INFO, checkpoint_file
 
 CONFIG = build_config({}, ["trainer.iterations=4"])
-KEEP = ("(it saved one every 1 update(s) and kept the newest 2: trainer.checkpoint_every, trainer.keep_last; a run "
-        "trained with e.g. trainer.checkpoint_every=10 trainer.keep_last=4 keeps more)")  # the defaults, by hand
+KEEP = (
+    "(it saved one every 1 update(s) and kept the newest 2: trainer.checkpoint_every, trainer.keep_last; a run "
+    "trained with e.g. trainer.checkpoint_every=10 trainer.keep_last=4 keeps more)"
+)  # the defaults, by hand
 
 
 def _model(folder: Path) -> Path:

@@ -65,8 +65,10 @@ READS_TRAJECTORIES = [
     ("SELECT count(*) FROM trajectories WHERE false", ()),
     ("SELECT split, count(*) FROM trajectories GROUP BY ALL", ()),
     ("SELECT env, avg(total_reward) FROM trajectories WHERE run_id = 'run-b' GROUP BY 1", ()),
-    ("SELECT count(*) FROM turns u JOIN trajectories t USING (run_id, iteration, split, env, group_id, traj_index)",
-     ()),
+    (
+        "SELECT count(*) FROM turns u JOIN trajectories t USING (run_id, iteration, split, env, group_id, traj_index)",
+        (),
+    ),
     ("SELECT count(*) FROM metrics m LEFT JOIN trajectories t ON m.run_id = t.run_id AND false", ()),
     ("SELECT count(*) FROM turns WHERE traj_index IN (SELECT traj_index FROM trajectories WHERE iteration = 99)", ()),
     ("SELECT count(*) FROM trajectories", ("--run", "run-a")),

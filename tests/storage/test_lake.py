@@ -29,8 +29,10 @@ def test_parquet_round_trip_is_token_exact(tmp_path, records):
     lake.stage_table("run-a", 0, "rollout", "turns", turns_table(records, META))
     assert lake.read_table("trajectories").num_rows == 0  # staged rows are invisible to readers
     published = lake.publish("run-a", 0, "rollout")
-    assert {p.parent for p in published} == {lake.partition_dir("trajectories", "run-a", 0),
-                                             lake.partition_dir("turns", "run-a", 0)}
+    assert {p.parent for p in published} == {
+        lake.partition_dir("trajectories", "run-a", 0),
+        lake.partition_dir("turns", "run-a", 0),
+    }
     rows = lake.read_table("trajectories", "run-a", 0).to_pylist()
     assert [r["input_ids"] for r in rows] == [r.input_ids for r in records]
     assert [r["loss_mask"] for r in rows] == [r.loss_mask for r in records]

@@ -224,7 +224,7 @@ def test_a_manifest_bomb_is_a_broken_run_and_one_line_everywhere(lake, kind):
 
 def test_a_nested_compaction_marker_is_one_line(lake):
     folder = lake.partition_dir("trajectories", "runA", 0)  # two part files: readers consult the marker
-    (folder / COMPACTION_MARKER).write_text("{\"a\":" * 100_000 + "1" + "}" * 100_000)
+    (folder / COMPACTION_MARKER).write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
     before = _files(lake.root)
     _one_line_error(_cli("runs", "compact", "runA", "--data-root", lake.root), COMPACTION_MARKER, "nested")
     _one_line_error(_sql_count(lake, "true"), COMPACTION_MARKER, "nested")

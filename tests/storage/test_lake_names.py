@@ -279,7 +279,8 @@ def test_a_symlinked_partition_folder_is_refused_by_compact_and_rm_without_a_stu
     folder.unlink()
     assert _cli("runs", "rm", "runB", "--yes", "--data-root", lake.root).exit_code == 0
     assert not lake.run_dir("runB").exists() and sorted(before) == sorted(
-        str(p.relative_to(outside)) for p in outside.rglob("*"))
+        str(p.relative_to(outside)) for p in outside.rglob("*")
+    )
 
 
 # -- 11. a read-only data root: one line, the run not left 'deleting' ------------------------------------------------

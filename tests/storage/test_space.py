@@ -78,7 +78,6 @@ def test_what_counts_as_a_write_that_found_no_space(error, expected):
         assert out_of_space(outer) is expected
 
 
-
 def test_a_want_of_space_recorded_by_an_earlier_command_is_not_a_later_failures_cause(tmp_path):
     """A run failed on a full disk; space was freed and a resume failed for another reason before it wrote its
     manifest: that failure is recorded and reported as itself, not as the earlier want of space."""

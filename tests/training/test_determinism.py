@@ -35,7 +35,8 @@ def test_set_determinism_in_a_fresh_process():
 
 def test_an_already_loaded_compiler_config_is_kept_in_step():
     script = SCRIPT.replace("before = ", "import torch._inductor.config\nbefore = ") + (
-        "\nprint(torch._inductor.config.deterministic)")
+        "\nprint(torch._inductor.config.deterministic)"
+    )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     *_, state, flag = done.stdout.strip().splitlines()

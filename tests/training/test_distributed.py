@@ -57,8 +57,14 @@ def test_precision_resolution(requested, cuda, bf16, expected):
     assert resolve_precision(requested, cuda_available=cuda, bf16_supported=bf16) == expected
 
 
-@pytest.mark.parametrize(("requested", "cuda", "bf16", "needle"), [("bf16", False, False, "needs a CUDA GPU"),
-                         ("fp16", False, False, "needs a CUDA GPU"), ("bf16", True, False, "does not support")])
+@pytest.mark.parametrize(
+    ("requested", "cuda", "bf16", "needle"),
+    [
+        ("bf16", False, False, "needs a CUDA GPU"),
+        ("fp16", False, False, "needs a CUDA GPU"),
+        ("bf16", True, False, "does not support"),
+    ],
+)
 def test_half_precision_without_a_capable_gpu_is_refused(requested, cuda, bf16, needle):
     with pytest.raises(PrecisionError, match=needle):
         resolve_precision(requested, cuda_available=cuda, bf16_supported=bf16)
@@ -179,7 +185,6 @@ def test_two_rank_update_equals_the_in_process_update(two_rank_results, in_proce
     assert case == "critic" or moved > 10  # the update did move the policy
     for key, value in expected["metrics"].items():  # ppo_kl is a difference of log-probs: looser, by cancellation
         assert actual["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
-
 
 
 def test_the_policy_export_gathers_the_whole_model(two_rank_results):
