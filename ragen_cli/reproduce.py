@@ -89,14 +89,15 @@ def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
 
 def _analyse(spec, plans: list, lake: DataLake, quick: bool) -> dict[str, Any]:
     from ragen_core.findings import ANALYSES, load_context
-    from ragen_core.findings.spec import spec_digest
+    from ragen_core.findings.provenance import provenance
+    from ragen_core.findings.spec import REPO_ROOT, spec_digest
 
     context = load_context(lake, spec, plans)
     return {
         "finding": spec.name, "claim": spec.claim, "analysis": spec.analysis, "quick": quick,
         "command": f"ragen reproduce {spec.name}{' --quick' if quick else ''}", "spec_digest": spec_digest(spec),
         "sweeps": {item.variant.name: item.plan.sweep_id for item in plans},
-        "numbers": ANALYSES[spec.analysis](context),
+        "numbers": ANALYSES[spec.analysis](context), **provenance(REPO_ROOT),
     }  # fmt: skip
 
 

@@ -4,6 +4,7 @@ lake, the picture is a PNG, and bad names or outputs are refused before any comp
 from __future__ import annotations
 
 import json
+from importlib import metadata
 import re
 
 import numpy as np
@@ -52,6 +53,8 @@ def test_each_finding_writes_its_png_and_numbers(reproduced):
         data = (out / f"{name}.png").read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
         assert numbers["finding"] == name and numbers["quick"] is True
+        assert numbers["versions"]["torch"] == metadata.version("torch")  # provenance: the libraries and the code
+        assert set(numbers["code"]) == {"commit", "dirty"}
         assert f"wrote {out / f'{name}.png'}" in output.replace("\n", "")
 
 
