@@ -24,6 +24,7 @@ from ragen_core.envs import make_env
 from ragen_core.findings.analysis import Arm, Context, curve, first_value, last_value, register, spread
 from ragen_core.rollout.scripted import get_scripted_policy, has_teacher, play_scripted
 from ragen_core.seeding import derive_seed, derive_seeds
+from ragen_core.storage import query
 
 AGREEMENT, CHANCE, PERCEPTION = "teacher_agreement", "teacher_chance", "think_right"
 
@@ -61,6 +62,33 @@ def lift(first: float | None, final: float | None, episodes: int, min_lift: floa
     return {"first": first, "final": final, "lift": gain, "se": se, "lifted": gain >= min_lift and gain > 2 * se}
 
 
+PERCEPTION_QUERY = """
+    SELECT run_id, iteration, avg(json_extract(info, '$.think_right')::BOOLEAN::INT) AS value FROM turns
+    WHERE list_contains($runs, run_id) AND split = 'val' AND env = $env
+      AND json_extract(info, '$.think_right') IS NOT NULL
+    GROUP BY run_id, iteration ORDER BY run_id, iteration
+"""
+
+
+def perception(ctx: Context, arm: Arm, env_name: str) -> dict[str, list[tuple[int, float]]]:
+    """Per run, ``(iteration, think right)`` at each validation: the share of the validation turns whose thinking is
+    the state's description, read from the ``turns`` table (the engine's per-turn ``think_right``), so runs stored
+    before the ``val/<env>/think_right`` metric existed are measured too (run ids and env are bound parameters)."""
+    rows = query(ctx.lake, PERCEPTION_QUERY, params={"runs": list(arm.run_ids), "env": env_name}).to_pylist()
+    series: dict[str, list[tuple[int, float]]] = {run: [] for run in arm.run_ids}
+    for row in rows:
+        series[row["run_id"]].append((int(row["iteration"]), float(row["value"])))
+    return series
+
+
+def _perception_curve(series: dict[str, list[tuple[int, float]]]) -> list[dict[str, Any]]:
+    by_iteration: dict[int, list[float]] = {}
+    for points in series.values():
+        for iteration, value in points:
+            by_iteration.setdefault(iteration, []).append(value)
+    return [{"iteration": i, **spread(v)} for i, v in sorted(by_iteration.items())]
+
+
 def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any]:
     config = arm.config
     if config is None:
@@ -73,6 +101,7 @@ def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any
     lifted = sum(r["lifted"] for r in runs.values())
     verdict = "reproduced" if lifted == len(runs) and runs else "partly" if lifted else "not reproduced"
     names = (key, f"val/{env_name}/{AGREEMENT}", f"val/{env_name}/{CHANCE}", f"val/{env_name}/{PERCEPTION}")
+    seen = perception(ctx, arm, env_name)
     return {
         "env": env_name,
         "env_options": dict(config.env.options),
@@ -87,10 +116,10 @@ def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any
         "agreement_first": spread([first_value(ctx, run, names[1]) for run in arm.run_ids]),
         "agreement_final": spread([last_value(ctx, run, names[1]) for run in arm.run_ids]),
         "chance": spread([first_value(ctx, run, names[2]) for run in arm.run_ids]),
-        "think_right_first": spread([first_value(ctx, run, names[3]) for run in arm.run_ids]),
-        "think_right_final": spread([last_value(ctx, run, names[3]) for run in arm.run_ids]),
+        "think_right_first": spread([points[0][1] if points else None for points in seen.values()]),
+        "think_right_final": spread([points[-1][1] if points else None for points in seen.values()]),
         "references": reference_levels(config, env_name, repeats),
-        "curves": {name: curve(ctx, arm, name) for name in names},
+        "curves": {**{name: curve(ctx, arm, name) for name in names[:3]}, names[3]: _perception_curve(seen)},
     }
 
 

@@ -352,7 +352,8 @@ def filter_metrics(trajectories: pa.Table) -> dict[str, float]:
 
 def validation_metrics(trajectories: pa.Table, turns: pa.Table, env: str) -> dict[str, float]:
     """Success, pass@k (an instance counts when any of its k samples succeeds), reward, length, the format rate and
-    the share of trajectories with a reply cut at the token limit for ``env``."""
+    the share of trajectories with a reply cut at the token limit for ``env`` (and the teacher agreement and the
+    perception, for envs with a teacher or a description)."""
     frame = trajectories.select(["group_id", "success", "total_reward", "response_length"]).to_pandas()
     pass_at_k = frame.groupby("group_id")["success"].any().mean() if len(frame) else float("nan")
     return {
@@ -363,4 +364,5 @@ def validation_metrics(trajectories: pa.Table, turns: pa.Table, env: str) -> dic
         f"val/{env}/format_ok_rate": _mean(turns["format_ok"].to_numpy(zero_copy_only=False).astype(float)),
         f"val/{env}/truncated_rate": _mean(trajectories["truncated"].to_numpy(zero_copy_only=False).astype(float)),
         **teacher_agreement(turns, f"val/{env}"),
+        **perception(turns, f"val/{env}"),
     }
