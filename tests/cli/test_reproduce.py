@@ -4,7 +4,6 @@ lake, the picture is a PNG, and bad names or outputs are refused before any comp
 from __future__ import annotations
 
 import json
-from importlib import metadata
 import re
 from importlib import metadata
 
