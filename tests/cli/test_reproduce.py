@@ -246,6 +246,7 @@ def test_multiturn_learning_bootstraps_a_weak_prior_and_reads_lift_and_agreement
     numbers = results["multiturn_learning"][0]["numbers"]
     assert sorted(numbers["arms"]) == ["frozen_lake", "frozen_lake_history", "sokoban", "sokoban_history"]
     describe = {"frozen_lake": _goal_from_render, "sokoban": _sokoban_description}
+    bootstraps = {}
     for label, arm in numbers["arms"].items():
         env = arm["env"]
         (run,) = _runs("multiturn_learning", label)
@@ -268,17 +269,16 @@ def test_multiturn_learning_bootstraps_a_weak_prior_and_reads_lift_and_agreement
         assert list(arm["references"]) == ["random", "teacher mix p=0.3", "teacher"]
         assert arm["references"]["random"] < arm["references"]["teacher mix p=0.3"] < arm["references"]["teacher"]
         assert arm["verdict"] in ("reproduced", "partly", "not reproduced")
-        # the demonstrations think what the state shows, in the compact prompt
-        bootstraps = query(root, "SELECT DISTINCT run_id FROM trajectories WHERE run_id LIKE 'bootstrap-%' "
-                           "AND env = $env", params={"env": env}).to_pylist()  # fmt: skip
-        assert len(bootstraps) == 2  # one per context mode: the single-turn arm's and the history arm's
-        turns = _sql(root, "SELECT observation, think FROM turns WHERE list_contains($runs, run_id)",
-                     [b["run_id"] for b in bootstraps])  # fmt: skip
-        assert len(turns) >= 16
+        # the arm's demonstrations (its run's bootstrap, in the arm's own context) think what the state shows
+        bootstrap = DataLake(root).read_manifest(run)["bootstrap"]["run_id"]
+        bootstraps[label] = bootstrap
+        turns = _sql(root, "SELECT observation, think FROM turns WHERE list_contains($runs, run_id)", [bootstrap])
+        assert len(turns) >= 8
         for row in turns:
             assert "State:\n" in row["observation"] and "system" not in row["observation"]
             grid = row["observation"].split("State:\n", 1)[1].rsplit("\n", 1)[0]
             assert row["think"] == describe[env](grid)
+    assert len(set(bootstraps.values())) == 4  # one per env and context: a history arm has a bootstrap of its own
 
 
 def test_the_diversity_analysis_times_runs_by_their_stage_seconds(reproduced):
