@@ -10,7 +10,8 @@ from ragen_core.storage import DataLake
 from tests.monitor.test_tensorboard_sink import duckdb_metrics, read_events
 
 
-def _config(model_dir, iterations: int, tensorboard: bool) -> dict:
+def small_config(model_dir, iterations: int, monitor: dict) -> dict:
+    """A tiny Bandit run's config tree with the given ``monitor`` section."""
     return {
         "model": {"path": str(model_dir)},
         "env": {"val_envs": ["bandit"]},
@@ -18,7 +19,7 @@ def _config(model_dir, iterations: int, tensorboard: bool) -> dict:
         "actor": {"mini_batch_size": 4, "micro_batch_size": 4},
         "trainer": {"iterations": iterations},
         "eval": {"every": 2, "instances": 4},
-        "monitor": {"tensorboard": tensorboard},
+        "monitor": monitor,
     }
 
 
@@ -26,8 +27,8 @@ def test_train_flow_writes_one_event_file_per_committed_iteration(prefect_harnes
     from flows.train import train
 
     root = tmp_path / "lake"
-    train(_config(tiny_model_dir, 2, True), data_root=str(root), run_id="tb-on")
-    train(_config(tiny_model_dir, 1, False), data_root=str(root), run_id="tb-off")
+    train(small_config(tiny_model_dir, 2, {"tensorboard": True}), data_root=str(root), run_id="tb-on")
+    train(small_config(tiny_model_dir, 1, {"tensorboard": False}), data_root=str(root), run_id="tb-off")
     lake = DataLake(root)
     committed = lake.committed_iterations("tb-on")
     assert committed == [0, 1, 2]  # two updates, then the final validation

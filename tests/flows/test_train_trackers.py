@@ -13,11 +13,11 @@ import math
 import subprocess
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from ragen_core.monitor.trackers import TRACKERS, TrackerSpec
 from ragen_core.storage import DataLake
+from tests.flows.test_train_tensorboard import small_config
 from tests.monitor.test_tensorboard_sink import duckdb_metrics, read_events
 from tests.monitor.wandb_records import config_of, exit_code, history, read_records, run_record
 
@@ -33,27 +33,7 @@ def local_trackers(monkeypatch):
 
 
 def _config(model_dir, iterations: int, trackers: list[str]) -> dict:
-    return {
-        "model": {"path": str(model_dir)},
-        "env": {"val_envs": ["bandit"]},
-        "rollout": {"env_groups": 2, "group_size": 4, "max_new_tokens": 8},
-        "actor": {"mini_batch_size": 4, "micro_batch_size": 4},
-        "trainer": {"iterations": iterations},
-        "eval": {"every": 2, "instances": 4},
-        "monitor": {"trackers": trackers},
-    }
-
-
-def lake_metrics(root, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    """name -> [(iteration, value)] (float64, as stored) straight from the Parquet files, not via our code."""
-    rows = duckdb.sql(
-        f"SELECT iteration, name, value FROM read_parquet('{root}/metrics/*/*/*.parquet', hive_partitioning = true) "
-        f"WHERE run_id = '{run_id}' ORDER BY name, iteration"
-    ).fetchall()
-    out: dict[str, list[tuple[int, float]]] = {}
-    for iteration, name, value in rows:
-        out.setdefault(name, []).append((int(iteration), float(value)))
-    return out
+    return small_config(model_dir, iterations, {"trackers": trackers})
 
 
 def same_points(got: dict, expected: dict) -> bool:
@@ -104,7 +84,7 @@ def test_every_scalar_reaches_tensorboard_mlflow_and_wandb_at_its_iteration(pref
     train(_config(tiny_model_dir, 2, ALL), data_root=str(root), run_id="trk")
     lake = DataLake(root)
     assert lake.committed_iterations("trk") == [0, 1, 2]
-    expected = lake_metrics(root, "trk")
+    expected = duckdb_metrics(root, "trk", float32=False)
     assert len(expected) > 20 and [s for s, _ in expected["val/bandit/success"]] == [0, 2]
     run_dir = lake.run_dir("trk")
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -216,7 +196,7 @@ def test_a_resumed_run_continues_the_same_mlflow_and_wandb_runs(prefect_harness,
     assert lake.committed_iterations("trk-r") == [0, 1, 2, 3]
     state = json.loads((run_dir / "trackers" / "state.json").read_text())
     assert state["mlflow"]["run_id"] == first["mlflow"]["run_id"] and state["wandb"]["id"] == first["wandb"]["id"]
-    expected = lake_metrics(root, "trk-r")
+    expected = duckdb_metrics(root, "trk-r", float32=False)
     found = client.get_run(state["mlflow"]["run_id"])
     assert found.info.status == "FINISHED" and len(client.search_runs([found.info.experiment_id])) == 1
     in_mlflow = {name.replace("@", "_at_"): points for name, points in expected.items()}
@@ -271,7 +251,7 @@ def test_a_tracker_failing_mid_run_is_warned_once_and_the_run_completes_with_eve
     run_dir = lake.run_dir("trk-f")
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "completed"
     assert lake.committed_iterations("trk-f") == [0, 1, 2]
-    expected = lake_metrics(root, "trk-f")
+    expected = duckdb_metrics(root, "trk-f", float32=False)
     assert {i for points in expected.values() for i, _ in points} == {0, 1, 2}  # every iteration's rows
     assert read_events(lake.tensorboard_dir("trk-f")) == duckdb_metrics(root, "trk-f")  # the others go on
     failed = [line for line in warnings_seen if "tracker" in line and "failed" in line]

@@ -28,15 +28,16 @@ def read_events(folder) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
 
 
-def duckdb_metrics(root, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    """name -> [(iteration, value as float32)] straight from the Parquet files (hive partitions), not via our code."""
+def duckdb_metrics(root, run_id: str, float32: bool = True) -> dict[str, list[tuple[int, float]]]:
+    """name -> [(iteration, value as float32, as TensorBoard keeps it; ``float32=False``: float64, as stored)]
+    straight from the Parquet files (hive partitions), not via our code."""
     rows = duckdb.sql(
         f"SELECT iteration, name, value FROM read_parquet('{root}/metrics/*/*/*.parquet', hive_partitioning = true) "
         f"WHERE run_id = '{run_id}' ORDER BY name, iteration"
     ).fetchall()
     out: dict[str, list[tuple[int, float]]] = {}
     for iteration, name, value in rows:
-        out.setdefault(name, []).append((int(iteration), float(np.float32(value))))
+        out.setdefault(name, []).append((int(iteration), float(np.float32(value)) if float32 else float(value)))
     return out
 
 
