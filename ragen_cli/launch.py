@@ -177,11 +177,16 @@ RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 class _NoRunRecords(logging.Filter):
     """Keeps Prefect's records about flow and task runs off the terminal, but their warnings: the info lines (a run
     created, renamed, finished) and the errors about failed runs (each with the traceback; the command reports the
-    error itself). The Prefect server still receives them all, and --verbose shows them."""
+    error itself). The same for the engine's "Crash detected!" line, which Prefect logs under ``prefect.engine`` when
+    the run context is already gone (a SIGTERM caught by Prefect's own handler, say): the command reports the stop or
+    the error in its own line. The Prefect server still receives them all, and --verbose shows them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         runs = record.name.startswith(RUN_LOGGERS)
-        return not (runs and (record.levelno < logging.WARNING or record.levelno >= logging.ERROR))
+        if runs and (record.levelno < logging.WARNING or record.levelno >= logging.ERROR):
+            return False
+        crash = record.name == "prefect.engine" and record.levelno >= logging.ERROR
+        return not (crash and str(record.msg).startswith("Crash detected!"))
 
 
 def _hide_run_logs() -> None:

@@ -291,3 +291,25 @@ def test_a_table_narrower_than_its_cells_shows_every_character():
     columns = ["".join(cells[c].strip() for cells in lines) for c in (1, 2)]  # each column's cells, top to bottom
     for row in rows:
         assert row["run_id"] in columns[0] and row["overrides"].replace(" ", "") in columns[1], columns
+
+
+def test_prefect_crash_lines_stay_off_the_terminal_and_other_engine_errors_do_not():
+    """A SIGTERM that Prefect's own handler catches makes the engine log "Crash detected! ..." under
+    ``prefect.engine`` (no run context then): the command says the stop in its one line, so the terminal filter drops
+    that record; any other engine error, and the run loggers' warnings, still reach the terminal."""
+    import logging
+
+    from ragen_cli.launch import _NoRunRecords
+
+    def record(name: str, level: int, msg: str) -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, msg, None, None)
+
+    keep = _NoRunRecords().filter
+    crash = "Crash detected! Execution was aborted by a termination signal."
+    assert not keep(record("prefect.engine", logging.ERROR, crash))
+    assert not keep(record("prefect.flow_runs", logging.ERROR, crash))
+    assert not keep(record("prefect.task_runs", logging.INFO, "Finished in state Completed()"))
+    assert keep(record("prefect.engine", logging.ERROR, "Engine execution exited with unexpected exception"))
+    assert keep(record("prefect.engine", logging.WARNING, crash))  # only its error line is the crash report
+    assert keep(record("prefect.flow_runs", logging.WARNING, "a run's own warning"))
+    assert keep(record("ragen.monitor", logging.ERROR, crash))
