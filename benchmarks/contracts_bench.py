@@ -50,7 +50,7 @@ def staged_batch(case: ContractsCase, folder: Path) -> tuple[Any, Any, Any]:
 
     config = load_config(ROOT / "configs" / f"{case.env}.yaml", [])
     model, tokenizer = load("tiny")
-    spec = rollout_spec(config, case.env, list(range(case.groups)), case.group_size)
+    spec = rollout_spec(config, case.env, list(range(case.groups)), case.group_size, "train")
     backend = HFBackend(model, tokenizer, config.rollout.temperature, config.rollout.max_new_tokens)
     records = run_rollouts(spec, backend, ChatFormatter(tokenizer), seed=case.seed)
     meta = BatchMeta(run_id="bench", iteration=0, split="train", policy_version=0, temperature=1.0, config_hash="b")

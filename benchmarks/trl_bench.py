@@ -124,7 +124,7 @@ def prompt_rows(config: Any, tokenizer: Any, iterations: int) -> tuple[list[dict
     for iteration in range(iterations):
         seeds = derive_seeds(config.seed, config.rollout.env_groups, iteration, "env_seeds")
         records = run_rollouts(
-            rollout_spec(config, config.env.name, seeds, 1), ScriptedBackend("random", tokenizer),
+            rollout_spec(config, config.env.name, seeds, 1, "train"), ScriptedBackend("random", tokenizer),
             ChatFormatter(tokenizer, reply_prefix=reply_prefix(config.rollout.enable_think,
                                                                config.rollout.think_prefix)), 0,
         )  # fmt: skip
@@ -213,7 +213,7 @@ def validation_success(model: Any, tokenizer: Any, config: Any, updates: int, en
     from ragen_core.seeding import derive_seed, derive_seeds
 
     seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
-    spec = rollout_spec(config, env_name, seeds, config.eval.k)
+    spec = rollout_spec(config, env_name, seeds, config.eval.k, "val")
     backend = HFBackend(
         model, tokenizer, config.eval.temperature, config.rollout.max_new_tokens, config.rollout.top_p,
         config.rollout.top_k,

@@ -66,6 +66,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 # estimate. Runs stored before algorithm.filter_empty_stop_steps never stopped early. Runs stored before
 # rollout.reply_format read replies leniently (tags found anywhere, truncation ignored) and were not warned of
 # truncated replies. Runs stored before actor.micro_batch_tokens cut fixed-row micro-batches in schedule order.
+# Runs stored before eval.held_out validated on held-out seeds whose maps training could also draw.
 STORED_CONFIG_FALLBACKS: dict[str, Any] = {
     "rollout.think_prefix": False,
     "actor.reuse_behavior_logprobs": "never",
@@ -76,6 +77,7 @@ STORED_CONFIG_FALLBACKS: dict[str, Any] = {
     "rollout.reply_format": "lenient",
     "monitor.truncated_share": None,
     "actor.micro_batch_tokens": None,
+    "eval.held_out": "seeds",
 }
 
 

@@ -26,6 +26,13 @@ class EvalConfig(Section):
     k: PositiveInt = Field(1, description="Samples per instance; pass@k counts an instance solved if any succeeds.")
     temperature: float = Field(0.5, gt=0, le=100, description="Validation sampling temperature.")
     seed: Seed = Field(123, description="Seed of the fixed validation instances (shared by all runs; 0 to 2**32 - 1).")
+    held_out: Literal["maps", "seeds"] = Field(
+        "maps",
+        description="What validation holds out. maps: an env whose instances are maps from a small space (Sokoban, "
+        "FrozenLake) validates only on maps reserved for it (one in 8, by a hash of the map), which no training or "
+        "bootstrap episode of any run draws; seeds: validation seeds differ from training ones, but two seeds may "
+        "draw the same map (how runs stored before this key behaved).",
+    )
 
 
 class MlflowConfig(Section):

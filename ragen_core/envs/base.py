@@ -51,6 +51,9 @@ class TextEnv(ABC):
     # Characters of the cells of a grid state (FrozenLake, Sokoban): the tiny model's tokenizer never merges two of
     # them, so every cell is one token (ragen_core/policy/tiny.py). Empty for envs whose state is not a grid.
     grid_symbols: str = ""
+    # Whether an instance is a map from a small space that two seeds can draw alike (Sokoban rooms, FrozenLake lakes):
+    # validation then holds out maps, not only seeds (ragen_core/envs/held_out.py, config eval.held_out).
+    held_out_maps: bool = False
 
     @abstractmethod
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
@@ -72,6 +75,11 @@ class TextEnv(ABC):
     @abstractmethod
     def instruction(self) -> str:
         """The rules and symbol legend shown in the first prompt (may depend on the instance)."""
+
+    def map_key(self) -> str:
+        """The identity of the instance just reset: the same for every seed that draws the same map, whatever the
+        symbols or format it is shown in (default: the rendered state)."""
+        return self.render()
 
     def brief(self) -> str:
         """The rules in one line, for ``rollout.prompt_style=compact`` (default: the whole :meth:`instruction`)."""

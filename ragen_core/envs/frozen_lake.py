@@ -73,6 +73,7 @@ class FrozenLakeEnv(TextEnv):
     """A seeded FrozenLake map over Gymnasium's dynamics, rendered as a character grid."""
 
     grid_symbols = "".join(SYMBOLS.values())
+    held_out_maps = True  # 4x4 lakes drawn with p=0.8: seeds meet the same lake
 
     def __init__(
         self,
@@ -92,8 +93,13 @@ class FrozenLakeEnv(TextEnv):
         self.name = name
         self.size, self.p, self.is_slippery, self.success_rate = size, p, is_slippery, success_rate
         self.desc = list(desc) if desc is not None else None
+        self.held_out_maps = desc is None  # one given map: nothing to hold out
         self._lake: Any = None
         self.rows: list[str] = []
+
+    def map_key(self) -> str:
+        """The lake as it starts: its rows of start, frozen, hole and goal tiles (the player starts on S)."""
+        return "\n".join(self.rows)
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
         from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake

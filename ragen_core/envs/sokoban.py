@@ -14,6 +14,7 @@ registered here as ``sokoban_coord``, which its base config trains on).
 
 from __future__ import annotations
 
+import json
 from dataclasses import astuple, dataclass
 from typing import Any
 
@@ -75,6 +76,8 @@ def _room_sides(dim_room: Any) -> tuple[int, int]:
 
 class SokobanEnv(TextEnv):
     """One Sokoban room per seed; the state is rendered as a character grid (one row per line)."""
+
+    held_out_maps = True  # a few thousand distinct 6x6 one-box rooms: seeds meet the same room
 
     def __init__(
         self,
@@ -214,6 +217,12 @@ class SokobanEnv(TextEnv):
             if cells:
                 lines.append(f"{label}: " + ", ".join("({}, {})".format(*room.position(cell)) for cell in cells))
         return "\n".join(lines)
+
+    def map_key(self) -> str:
+        """The room as it starts: its size, floor, targets, boxes and player (cells), whatever its symbols."""
+        room = self._room()
+        return json.dumps([room.height, room.width, sorted(room.floor), sorted(room.targets), sorted(self._boxes),
+                           self._player])  # fmt: skip
 
     def grid_text(self) -> str:
         """The character grid, one row per line."""

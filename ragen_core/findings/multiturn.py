@@ -9,7 +9,9 @@ shown by the teacher-agreement diagnostic (``val/<env>/teacher_agreement`` again
 perception by ``val/<env>/think_right`` (the share of validation replies whose thinking is the state's
 description). Reference levels are measured here, not typed in: scripted policies (random moves, the bootstrap's
 own teacher mix, the teacher) played on the same validation instances under the same limits,
-``params.reference_repeats`` times each.
+``params.reference_repeats`` times each. How held out the validation was is measured too: the share of each
+run's validation instances whose first state it also met in training or in its bootstrap (``val_seen_in_training``;
+none when ``eval.held_out=maps``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import numpy as np
 
 from ragen_core.config import RunConfig
 from ragen_core.envs import make_env
+from ragen_core.envs.held_out import validation_seeds
 from ragen_core.findings.analysis import Arm, Context, curve, first_value, last_value, register, spread
 from ragen_core.rollout.scripted import get_scripted_policy, has_teacher, play_scripted
-from ragen_core.seeding import derive_seed, derive_seeds
+from ragen_core.seeding import derive_seed
 from ragen_core.storage import query
 
 AGREEMENT, CHANCE, PERCEPTION = "teacher_agreement", "teacher_chance", "think_right"
@@ -39,7 +42,7 @@ def reference_levels(config: RunConfig, env_name: str, repeats: int) -> dict[str
             prob = config.bootstrap.teacher_prob
             policies[f"teacher mix p={prob:g}"] = get_scripted_policy("teacher_mix", teacher_prob=prob)
         policies["teacher"] = get_scripted_policy("teacher_mix", teacher_prob=1.0)
-    seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
+    seeds = validation_seeds(config, env_name)
     limits = (config.env.max_turns, config.env.max_actions_per_turn, config.env.max_actions_per_traj)
     levels = {}
     for label, policy in policies.items():
@@ -81,6 +84,29 @@ def perception(ctx: Context, arm: Arm, env_name: str) -> dict[str, list[tuple[in
     return series
 
 
+OVERLAP_QUERY = """
+    WITH sources AS (
+        SELECT run_id, run_id AS source FROM runs WHERE list_contains($runs, run_id)
+        UNION ALL
+        SELECT r.run_id, b.run_id FROM runs r JOIN runs b ON b.model_dir = r.model_dir AND b.kind = 'bootstrap'
+        WHERE list_contains($runs, r.run_id)),
+    val AS (SELECT DISTINCT run_id, observation FROM turns
+            WHERE list_contains($runs, run_id) AND split = 'val' AND env = $env AND turn_index = 0),
+    seen AS (SELECT DISTINCT s.run_id, t.observation FROM turns t JOIN sources s ON t.run_id = s.source
+             WHERE t.split = 'train' AND t.env = $env AND t.turn_index = 0)
+    SELECT val.run_id, count(*) AS maps, count(seen.observation) AS seen
+    FROM val LEFT JOIN seen USING (run_id, observation) GROUP BY val.run_id
+"""
+
+
+def validation_overlap(ctx: Context, arm: Arm, env_name: str) -> dict[str, dict[str, int]]:
+    """Per run, how many of its distinct validation instances (their first state, as shown) it also met in training
+    or in its bootstrap's demonstrations (the bootstrap run that built its start model): 0 when validation holds out
+    maps (``eval.held_out=maps``); measured from the lake, so runs stored before are measured too."""
+    rows = query(ctx.lake, OVERLAP_QUERY, params={"runs": list(arm.run_ids), "env": env_name}).to_pylist()
+    return {row["run_id"]: {"maps": int(row["maps"]), "seen": int(row["seen"])} for row in rows}
+
+
 def _perception_curve(series: dict[str, list[tuple[int, float]]]) -> list[dict[str, Any]]:
     by_iteration: dict[int, list[float]] = {}
     for points in series.values():
@@ -102,6 +128,7 @@ def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any
     verdict = "reproduced" if lifted == len(runs) and runs else "partly" if lifted else "not reproduced"
     names = (key, f"val/{env_name}/{AGREEMENT}", f"val/{env_name}/{CHANCE}", f"val/{env_name}/{PERCEPTION}")
     seen = perception(ctx, arm, env_name)
+    overlap = validation_overlap(ctx, arm, env_name)
     return {
         "env": env_name,
         "env_options": dict(config.env.options),
@@ -118,6 +145,8 @@ def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any
         "chance": spread([first_value(ctx, run, names[2]) for run in arm.run_ids]),
         "think_right_first": spread([points[0][1] if points else None for points in seen.values()]),
         "think_right_final": spread([points[-1][1] if points else None for points in seen.values()]),
+        "held_out": config.eval.held_out,
+        "val_seen_in_training": spread([o["seen"] / o["maps"] for o in overlap.values() if o["maps"]]),
         "references": reference_levels(config, env_name, repeats),
         "curves": {**{name: curve(ctx, arm, name) for name in names[:3]}, names[3]: _perception_curve(seen)},
     }

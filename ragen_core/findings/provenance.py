@@ -3,6 +3,7 @@ changes) and the versions of the libraries that decide the numbers, written into
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import subprocess
 from importlib import metadata
@@ -41,9 +42,39 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
+# Modules of ragen_core that move, store or show numbers without deciding them: the lake, the trackers and plots,
+# the finding figures, the run's entry (its lock), its record (the manifest) and the exported chat. Every other
+# module counts in :func:`code_fingerprint` (a new module counts unless it is listed here).
+PLUMBING = (
+    "ragen_core/storage/",
+    "ragen_core/monitor/trackers/",
+    "ragen_core/monitor/plots.py",
+    "ragen_core/monitor/tensorboard_sink.py",
+    "ragen_core/findings/figures.py",
+    "ragen_core/run/entry.py",
+    "ragen_core/run/record.py",
+    "ragen_core/run/chat.py",
+)
+
+
+def code_fingerprint(root: Path) -> str:
+    """A short hash of the code that decides a run's numbers: every ``ragen_core`` source file (path and bytes) but
+    :data:`PLUMBING`'s. Two checkouts with the same fingerprint run a finding the same way; a change to an env, a
+    prompt, a loss, the sampler, a stage or an analysis gives another fingerprint (the findings' digests follow it)."""
+    digest = hashlib.sha256()
+    package = root / "ragen_core"
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        if "__pycache__" in name or name.startswith(PLUMBING):
+            continue
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def provenance(root: Path) -> dict[str, Any]:
-    """The code version (:func:`code_version`) and the library versions (:func:`library_versions`)."""
-    return {"code": code_version(root), "versions": library_versions()}
+    """The code version (:func:`code_version` and :func:`code_fingerprint`) and the library versions
+    (:func:`library_versions`)."""
+    return {"code": {**code_version(root), "fingerprint": code_fingerprint(root)}, "versions": library_versions()}
 
 
-__all__ = ["DISTRIBUTIONS", "code_version", "library_versions", "provenance"]
+__all__ = ["DISTRIBUTIONS", "PLUMBING", "code_fingerprint", "code_version", "library_versions", "provenance"]

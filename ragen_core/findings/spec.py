@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from ragen_core.config import ConfigError, RunConfig, apply_overrides
+from ragen_core.policy.tiny import tiny_model_key
 from ragen_core.run.checks import build_run_config
 from ragen_core.storage.names import without_split_words
 from ragen_core.sweep import SweepError, SweepPlan, plan_sweep, with_sweep_id
@@ -159,9 +160,18 @@ def run_spec(spec: FindingSpec, folder: Path = FINDINGS_DIR) -> FindingSpec:
     return load_finding(spec.runs_of, folder)
 
 
+def _sweep_hash(sweep_id: str) -> str:
+    """8 hex digits of the sweep's own id (its resolved base config, grid and seeds) and the code fingerprint."""
+    from ragen_core.findings.provenance import code_fingerprint
+
+    return hashlib.sha256(f"{sweep_id}/{code_fingerprint(REPO_ROOT)}".encode()).hexdigest()[:8]
+
+
 def plan_finding(spec: FindingSpec, quick: bool = False) -> list[VariantPlan]:
     """One sweep per variant (validated, nothing run). Sweep ids are ``<name>[-quick]-<variant>-<hash>`` with the
-    hash of the sweep's spec, so the same finding names the same runs (and resumes them) and a changed one new runs."""
+    hash of the sweep's spec and of the code that runs it (:func:`_sweep_hash`), so the same finding under the same
+    code names the same runs (and resumes them), and a changed spec or changed code makes new runs: a finding is
+    never analysed over runs that other code made."""
     plans = []
     for variant in spec.variants:
         try:
@@ -173,19 +183,38 @@ def plan_finding(spec: FindingSpec, quick: bool = False) -> list[VariantPlan]:
             seeds = spec.quick_seeds if quick else spec.seeds
             draft = plan_sweep(resolved, spec.grid, seeds=seeds)
             prefix = without_split_words(f"{spec.name}{'-quick' if quick else ''}-{variant.name}".replace("_", "-"))
-            plan = with_sweep_id(draft, f"{prefix}-{draft.sweep_id.removeprefix('sweep-')}")
+            plan = with_sweep_id(draft, f"{prefix}-{_sweep_hash(draft.sweep_id)}")
             plans.append(VariantPlan(variant, resolved, plan))
         except (ConfigError, SweepError) as exc:
             raise FindingError(f"finding {spec.name!r}, variant {variant.name!r}: {exc}") from None
     return plans
 
 
-def spec_digest(spec: FindingSpec) -> str:
-    """A short hash of everything that decides the runs (for the numbers' JSON)."""
-    payload = {"base": spec.base, "variants": [v.__dict__ for v in spec.variants], "grid": spec.grid,
-               "seeds": spec.seeds, "overrides": spec.overrides}  # fmt: skip
+def model_key(config: RunConfig) -> str:
+    """What model a run starts from: the folder ``model.path`` names, else the tiny default's key (its shape, its
+    tokenizer's corpus)."""
+    return config.model.path or tiny_model_key(config.model.tiny)
+
+
+def spec_digest(spec: FindingSpec, root: Path = REPO_ROOT) -> str:
+    """A short hash of everything that decides the finding's runs and numbers: its spec, the resolved config of every
+    run it makes (each point's config hash: the defaults included), the model each starts from, and the code that
+    computes them (:func:`ragen_core.findings.provenance.code_fingerprint`). A finding whose committed digest differs
+    from the one the current checkout computes was made by other code or another spec: it is out of date."""
+    from ragen_core.findings.provenance import code_fingerprint
+
+    runs = run_spec(spec)
+    plans = plan_finding(runs)
+    payload = {
+        "spec": {"base": spec.base, "variants": [v.__dict__ for v in spec.variants], "grid": spec.grid,
+                 "seeds": spec.seeds, "overrides": spec.overrides, "params": spec.params, "analysis": spec.analysis,
+                 "runs_of": spec.runs_of},
+        "runs": {item.variant.name: [[p.run_id, p.config.config_hash()] for p in item.plan.points] for item in plans},
+        "models": sorted({model_key(p.config) for item in plans for p in item.plan.points}),
+        "code": code_fingerprint(root),
+    }  # fmt: skip
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 __all__ = ["FINDINGS_DIR", "FindingError", "FindingSpec", "Variant", "VariantPlan", "claims", "load_finding",
-           "plan_finding", "registered", "run_spec", "spec_digest"]  # fmt: skip
+           "model_key", "plan_finding", "registered", "run_spec", "spec_digest"]  # fmt: skip

@@ -24,6 +24,7 @@ from ragen_core.agent import (
     turn_penalty,
 )
 from ragen_core.envs import make_env
+from ragen_core.envs.held_out import Split, split_seeds
 from ragen_core.rollout.scripted import has_teacher
 from ragen_core.rollout.types import Generation, TrajectoryRecord, TurnContext, TurnRecord
 from ragen_core.rollout.windows import PastTurn, WindowPrompter
@@ -54,6 +55,9 @@ class RolloutSpec:
     env_options: dict[str, Any] | None = None
     context_window_mode: str = "full"
     max_context_window: int | None = None  # turns in the window (windowed modes only)
+    # Whose maps to draw, for an env that holds out maps (ragen_core.envs.held_out): a seed drawing a map of the
+    # other side is replaced by the next seed of its stream that does not. None plays the seeds as given.
+    split: Split | None = None
 
 
 class _Slot:
@@ -101,7 +105,10 @@ def _roll_out(
     spec: RolloutSpec, backend: RolloutBackend, formatter: ChatFormatter, seed: int
 ) -> list[TrajectoryRecord]:
     slots: list[_Slot] = []
-    for group_id, env_seed in enumerate(spec.group_seeds):
+    seeds = spec.group_seeds
+    if spec.split is not None:
+        seeds = split_seeds(spec.env_name, spec.env_options, seeds, spec.split)
+    for group_id, env_seed in enumerate(seeds):
         for traj_index in range(spec.group_size):
             env = make_env(spec.env_name, **(spec.env_options or {}))
             record = TrajectoryRecord(

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ragen_core.config import RunConfig
+from ragen_core.envs.held_out import holds_out_maps
 from ragen_core.faults import maybe_fail
 from ragen_core.policy import load_policy, save_policy, tokenizer_fingerprint
 from ragen_core.rollout import ScriptedBackend, get_scripted_policy, run_rollouts
@@ -94,6 +95,8 @@ def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
         payload["prompt_style"] = config.rollout.prompt_style
     if config.rollout.context_window_mode != "full":
         payload["context_window"] = [config.rollout.context_window_mode, config.rollout.max_context_window]
+    if config.eval.held_out == "maps" and holds_out_maps(config.env.name, config.env.options):
+        payload["held_out"] = "maps"  # its demonstrations never play a validation map
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -191,7 +194,7 @@ def _demonstrations(config: RunConfig, lake: DataLake, run_id: str, tokenizer: A
     formatter = chat_formatter(config, tokenizer)
     seed = bootstrap_seed(config)
     seeds = derive_seeds(seed, settings.num_groups, "bootstrap")
-    spec = rollout_spec(config, config.env.name, seeds, settings.group_size)
+    spec = rollout_spec(config, config.env.name, seeds, settings.group_size, "train")
     backend = ScriptedBackend(settings.policy, tokenizer, scripted_options(config))
     records = run_rollouts(spec, backend, formatter, derive_seed(seed, "bootstrap"))
     meta = BatchMeta.demonstrations(run_id, config.config_hash())

@@ -12,9 +12,9 @@ from ragen_core.agent.prompts import SYSTEM_PROMPT, reply_prefix
 from ragen_core.config import RunConfig
 from ragen_core.config.trust import UntrustedConfigError
 from ragen_core.envs import make_env
+from ragen_core.envs.held_out import validation_seeds
 from ragen_core.rollout.engine import opening_message
 from ragen_core.run.checks import build_stored_run_config, manifest_config
-from ragen_core.seeding import derive_seeds
 from ragen_core.storage import DataLake
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
 
@@ -33,7 +33,7 @@ def first_chat(config: RunConfig, env_name: str, env_seed: int) -> list[dict[str
 
 def validation_instance(config: RunConfig, env_name: str) -> int:
     """The env seed of the run's first validation instance of ``env_name`` (``group_id`` 0 of its validations)."""
-    return derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)[0]
+    return validation_seeds(config, env_name)[0]
 
 
 def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None) -> str:

@@ -21,6 +21,7 @@ import torch
 
 from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
+from ragen_core.envs.held_out import Split, validation_seeds
 from ragen_core.faults import maybe_fail
 from ragen_core.monitor.diagnostics import (
     Scorer,
@@ -55,8 +56,12 @@ from ragen_core.training.updater import SKIPPED
 LOGGER = logging.getLogger("ragen.monitor")
 
 
-def rollout_spec(config: RunConfig, env_name: str, group_seeds: list[int], group_size: int) -> RolloutSpec:
-    """The rollout spec of ``env_name`` under the config's interaction limits."""
+def rollout_spec(
+    config: RunConfig, env_name: str, group_seeds: list[int], group_size: int, split: Split
+) -> RolloutSpec:
+    """The rollout spec of ``env_name`` under the config's interaction limits; ``split`` says whose maps its seeds
+    draw when the config holds out maps (``eval.held_out``: training and the bootstrap ``train``, validation
+    ``val``)."""
     return RolloutSpec(
         env_name=env_name,
         group_seeds=group_seeds,
@@ -70,6 +75,7 @@ def rollout_spec(config: RunConfig, env_name: str, group_seeds: list[int], group
         env_options=dict(config.env.options),
         context_window_mode=config.rollout.context_window_mode,
         max_context_window=config.rollout.max_context_window,
+        split=split if config.eval.held_out == "maps" else None,
     )
 
 
@@ -77,7 +83,7 @@ def generate_rollouts(session: RunSession, iteration: int) -> list[TrajectoryRec
     """Stage 1: ``env_groups x group_size`` training rollouts; env seeds and sampling derive from (seed, iteration)."""
     config = session.config
     seeds = derive_seeds(config.seed, config.rollout.env_groups, iteration, "env_seeds")
-    spec = rollout_spec(config, config.env.name, seeds, config.rollout.group_size)
+    spec = rollout_spec(config, config.env.name, seeds, config.rollout.group_size, "train")
     backend = session.policy.backend(config.rollout, config.rollout.temperature)
     records = run_rollouts(spec, backend, session.policy.formatter, derive_seed(config.seed, iteration, "rollout"))
     maybe_fail("rollout", "inside", iteration)  # rollouts in memory, nothing written yet
@@ -191,8 +197,7 @@ def evaluate(session: RunSession, iteration: int, step: Callable[[str], None] | 
             started = time.monotonic()
             samples = f" x {config.eval.k} samples" if config.eval.k > 1 else ""
             _tell(step, f"validating on {env_name}: {config.eval.instances} instances{samples}")
-            seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
-            spec = rollout_spec(config, env_name, seeds, config.eval.k)
+            spec = rollout_spec(config, env_name, validation_seeds(config, env_name), config.eval.k, "val")
             backend = session.policy.backend(config.rollout, config.eval.temperature)
             sampling = derive_seed(config.seed, iteration, "eval", env_name)
             records = run_rollouts(spec, backend, session.policy.formatter, sampling)

@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 from ragen_cli.main import app
 from ragen_core.findings import load_finding, plan_finding
 from ragen_core.findings.analysis import Context, replay_warnings
+from ragen_core.findings.provenance import code_fingerprint
+from ragen_core.findings.spec import REPO_ROOT, spec_digest
 from ragen_core.storage import DataLake, query
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -63,7 +65,9 @@ def test_each_finding_writes_its_png_and_numbers(reproduced):
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
         assert numbers["finding"] == name and numbers["quick"] is True
         assert numbers["versions"]["torch"] == metadata.version("torch")  # provenance: the libraries and the code
-        assert set(numbers["code"]) == {"commit", "dirty"}
+        assert set(numbers["code"]) == {"commit", "dirty", "fingerprint"}
+        assert numbers["code"]["fingerprint"] == code_fingerprint(REPO_ROOT)
+        assert numbers["spec_digest"] == spec_digest(load_finding(name))
         assert f"wrote {out / f'{name}.png'}" in output.replace("\n", "")
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from ragen_core.config import load_config
 from ragen_core.envs import make_env
+from ragen_core.envs.held_out import validation_seeds
 from ragen_core.findings.multiturn import lift, reference_levels
-from ragen_core.seeding import derive_seeds
 
 
 def test_a_lift_counts_when_large_and_beyond_two_standard_errors():
@@ -49,7 +49,7 @@ def test_reference_levels_of_frozen_lake_without_slips():
     assert list(levels) == ["random", "teacher mix p=0.5", "teacher"]
     env = make_env("frozen_lake", is_slippery=False)
     exact = []
-    for seed in derive_seeds(config.eval.seed, 64, "val", "frozen_lake"):
+    for seed in validation_seeds(config, "frozen_lake"):  # the maps held out for validation (tests/envs)
         env.reset(seed)
         exact.append(_random_success_exact(env.rows, 10))
     # 512 episodes of independent Bernoulli(p_i): within 4 standard deviations of the exact mean
@@ -57,3 +57,39 @@ def test_reference_levels_of_frozen_lake_without_slips():
     assert abs(levels["random"] - np.mean(exact)) < 4 * sd + 1e-9
     assert levels["teacher"] == 1.0  # every validation goal lies within 10 moves of its start
     assert levels["random"] + 0.2 < levels["teacher mix p=0.5"] < levels["teacher"] - 0.1
+
+
+def test_the_overlap_counts_validation_states_met_in_training_or_the_bootstrap(tmp_path):
+    """Two runs started from one bootstrap's model: the overlap of each is counted from the lake's first states
+    (synthetic rows: a state is ``state <seed> turn 0``) and equals the set arithmetic done here in plain Python."""
+    import pandas as pd
+
+    from ragen_core.findings.analysis import Arm, Context
+    from ragen_core.findings.multiturn import validation_overlap
+    from ragen_core.storage import DataLake
+    from tests.storage.synthetic import make_run, write_run
+
+    lake = DataLake(tmp_path / "root")
+    model = str(tmp_path / "root" / "models" / "bootstrap-x")
+    boot = make_run(9, "bootstrap-x", "sokoban", iterations=1)
+    boot.trajectories = [t for t in boot.trajectories if t.split == "train"]
+    runs = [make_run(seed, f"run-{seed}", "sokoban", iterations=2) for seed in (1, 2)]
+    val_seeds = {run.run_id: sorted({t.env_seed for t in run.trajectories if t.split == "val"}) for run in runs}
+    # planted: run-1 trains on two of its validation states, the bootstrap played one of each run's
+    runs[0].trajectories[0].env_seed = val_seeds["run-1"][0]
+    runs[0].trajectories[4].env_seed = val_seeds["run-1"][1]
+    boot.trajectories[0].env_seed = val_seeds["run-1"][2]
+    boot.trajectories[4].env_seed = val_seeds["run-2"][0]
+    for run, kind in ((boot, "bootstrap"), *((run, "train") for run in runs)):
+        write_run(lake, run)
+        manifest = lake.read_manifest(run.run_id)
+        lake.write_manifest(run.run_id, {**manifest, "kind": kind, "model_dir": model})
+    expected = {}
+    demos = {t.env_seed for t in boot.trajectories}
+    for run in runs:
+        trained = {t.env_seed for t in run.trajectories if t.split == "train"} | demos
+        expected[run.run_id] = {"maps": len(val_seeds[run.run_id]), "seen": len(set(val_seeds[run.run_id]) & trained)}
+    assert expected["run-1"]["seen"] >= 3 and expected["run-2"]["seen"] >= 1
+    ctx = Context(lake, [], pd.DataFrame(), {}, "sokoban", {})
+    arm = Arm("sokoban", "sokoban", [], [run.run_id for run in runs])
+    assert validation_overlap(ctx, arm, "sokoban") == expected
