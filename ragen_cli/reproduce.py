@@ -89,6 +89,7 @@ def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
 
 def _analyse(spec, plans: list, lake: DataLake, quick: bool) -> dict[str, Any]:
     from ragen_core.findings import ANALYSES, load_context
+    from ragen_core.findings.analysis import held_out_report
     from ragen_core.findings.provenance import provenance
     from ragen_core.findings.spec import REPO_ROOT, spec_digest
 
@@ -97,7 +98,7 @@ def _analyse(spec, plans: list, lake: DataLake, quick: bool) -> dict[str, Any]:
         "finding": spec.name, "claim": spec.claim, "analysis": spec.analysis, "quick": quick,
         "command": f"ragen reproduce {spec.name}{' --quick' if quick else ''}", "spec_digest": spec_digest(spec),
         "sweeps": {item.variant.name: item.plan.sweep_id for item in plans},
-        "numbers": ANALYSES[spec.analysis](context), **provenance(REPO_ROOT),
+        "numbers": ANALYSES[spec.analysis](context), "held_out": held_out_report(context), **provenance(REPO_ROOT),
     }  # fmt: skip
 
 

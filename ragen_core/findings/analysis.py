@@ -99,6 +99,52 @@ def load_context(lake: DataLake, spec: FindingSpec, plans: list[VariantPlan]) ->
     return Context(lake, arms, frame, dict(spec.params), val_env, config)
 
 
+OVERLAP_QUERY = """
+    WITH sources AS (
+        SELECT run_id, run_id AS source FROM runs WHERE list_contains($runs, run_id)
+        UNION ALL
+        SELECT r.run_id, b.run_id FROM runs r JOIN runs b ON b.model_dir = r.model_dir AND b.kind = 'bootstrap'
+        WHERE list_contains($runs, r.run_id)),
+    val AS (SELECT DISTINCT run_id, observation FROM turns
+            WHERE list_contains($runs, run_id) AND split = 'val' AND env = $env AND turn_index = 0),
+    seen AS (SELECT DISTINCT s.run_id, t.observation FROM turns t JOIN sources s ON t.run_id = s.source
+             WHERE t.split = 'train' AND t.env = $env AND t.turn_index = 0)
+    SELECT val.run_id, count(*) AS maps, count(seen.observation) AS seen
+    FROM val LEFT JOIN seen USING (run_id, observation) GROUP BY val.run_id
+"""
+
+
+def validation_overlap(ctx: Context, arm: Arm, env_name: str) -> dict[str, dict[str, int]]:
+    """Per run, how many of its distinct validation instances (their first state, as shown) it also met in training
+    or in its bootstrap's demonstrations (the bootstrap run that built its start model): 0 when validation holds out
+    maps (``eval.held_out=maps``); measured from the lake, so runs stored before are measured too."""
+    rows = query(ctx.lake, OVERLAP_QUERY, params={"runs": list(arm.run_ids), "env": env_name}).to_pylist()
+    return {row["run_id"]: {"maps": int(row["maps"]), "seen": int(row["seen"])} for row in rows}
+
+
+def held_out_report(ctx: Context) -> dict[str, Any]:
+    """Per arm whose validation env draws maps (Sokoban, FrozenLake): what its config held out (``eval.held_out``)
+    and the measured share of each run's validation instances met in its training or bootstrap
+    (:func:`validation_overlap`); empty for a finding whose envs draw no maps."""
+    from ragen_core.envs.held_out import holds_out_maps
+
+    report = {}
+    for arm in ctx.arms:
+        config = arm.config
+        if config is None:
+            continue
+        for env_name in config.env.validation_envs:
+            if not holds_out_maps(env_name, dict(config.env.options)):
+                continue
+            overlap = validation_overlap(ctx, arm, env_name)
+            shares = [o["seen"] / o["maps"] for o in overlap.values() if o["maps"]]
+            report[f"{arm.label} / {env_name}"] = {
+                "held_out": config.eval.held_out,
+                "val_seen_in_training": spread(shares),
+            }
+    return report
+
+
 def curve(ctx: Context, arm: Arm, name: str) -> list[dict[str, Any]]:
     """Per iteration, the spread over the arm's runs of metric ``name``."""
     by_iteration: dict[int, list[float]] = {}

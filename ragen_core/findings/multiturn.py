@@ -24,7 +24,16 @@ import numpy as np
 from ragen_core.config import RunConfig
 from ragen_core.envs import make_env
 from ragen_core.envs.held_out import validation_seeds
-from ragen_core.findings.analysis import Arm, Context, curve, first_value, last_value, register, spread
+from ragen_core.findings.analysis import (
+    Arm,
+    Context,
+    curve,
+    first_value,
+    last_value,
+    register,
+    spread,
+    validation_overlap,
+)
 from ragen_core.rollout.scripted import get_scripted_policy, has_teacher, play_scripted
 from ragen_core.seeding import derive_seed
 from ragen_core.storage import query
@@ -82,29 +91,6 @@ def perception(ctx: Context, arm: Arm, env_name: str) -> dict[str, list[tuple[in
     for row in rows:
         series[row["run_id"]].append((int(row["iteration"]), float(row["value"])))
     return series
-
-
-OVERLAP_QUERY = """
-    WITH sources AS (
-        SELECT run_id, run_id AS source FROM runs WHERE list_contains($runs, run_id)
-        UNION ALL
-        SELECT r.run_id, b.run_id FROM runs r JOIN runs b ON b.model_dir = r.model_dir AND b.kind = 'bootstrap'
-        WHERE list_contains($runs, r.run_id)),
-    val AS (SELECT DISTINCT run_id, observation FROM turns
-            WHERE list_contains($runs, run_id) AND split = 'val' AND env = $env AND turn_index = 0),
-    seen AS (SELECT DISTINCT s.run_id, t.observation FROM turns t JOIN sources s ON t.run_id = s.source
-             WHERE t.split = 'train' AND t.env = $env AND t.turn_index = 0)
-    SELECT val.run_id, count(*) AS maps, count(seen.observation) AS seen
-    FROM val LEFT JOIN seen USING (run_id, observation) GROUP BY val.run_id
-"""
-
-
-def validation_overlap(ctx: Context, arm: Arm, env_name: str) -> dict[str, dict[str, int]]:
-    """Per run, how many of its distinct validation instances (their first state, as shown) it also met in training
-    or in its bootstrap's demonstrations (the bootstrap run that built its start model): 0 when validation holds out
-    maps (``eval.held_out=maps``); measured from the lake, so runs stored before are measured too."""
-    rows = query(ctx.lake, OVERLAP_QUERY, params={"runs": list(arm.run_ids), "env": env_name}).to_pylist()
-    return {row["run_id"]: {"maps": int(row["maps"]), "seen": int(row["seen"])} for row in rows}
 
 
 def _perception_curve(series: dict[str, list[tuple[int, float]]]) -> list[dict[str, Any]]:

@@ -68,6 +68,10 @@ def test_each_finding_writes_its_png_and_numbers(reproduced):
         assert set(numbers["code"]) == {"commit", "dirty", "fingerprint"}
         assert numbers["code"]["fingerprint"] == code_fingerprint(REPO_ROOT)
         assert numbers["spec_digest"] == spec_digest(load_finding(name))
+        # validation held out by map: the multi-turn findings' runs never met a validation map in training
+        assert bool(numbers["held_out"]) == ("multiturn" in name), (name, numbers["held_out"])
+        for label, held in numbers["held_out"].items():
+            assert held["held_out"] == "maps" and held["val_seen_in_training"]["max"] == 0.0, (name, label, held)
         assert f"wrote {out / f'{name}.png'}" in output.replace("\n", "")
 
 

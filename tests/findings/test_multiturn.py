@@ -64,8 +64,7 @@ def test_the_overlap_counts_validation_states_met_in_training_or_the_bootstrap(t
     (synthetic rows: a state is ``state <seed> turn 0``) and equals the set arithmetic done here in plain Python."""
     import pandas as pd
 
-    from ragen_core.findings.analysis import Arm, Context
-    from ragen_core.findings.multiturn import validation_overlap
+    from ragen_core.findings.analysis import Arm, Context, validation_overlap
     from ragen_core.storage import DataLake
     from tests.storage.synthetic import make_run, write_run
 
