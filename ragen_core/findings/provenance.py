@@ -43,10 +43,16 @@ def library_versions() -> dict[str, str | None]:
 
 
 # Modules of ragen_core that move, store or show numbers without deciding them: the lake, the trackers and plots,
-# the finding figures, the run's entry (its lock), its record (the manifest) and the exported chat. Every other
-# module counts in :func:`code_fingerprint` (a new module counts unless it is listed here).
+# the finding figures, the run's entry (its lock), its record (the manifest) and the exported chat; and those that
+# decide when and where a run goes on without deciding what it computes: the start decisions and the resume (a
+# resumed run equals the uninterrupted one bit for bit: tests/flows hold it) and the sweep plans (whose resolved
+# configs the findings' digests cover). Every other module counts in :func:`code_fingerprint` (a new module counts
+# unless it is listed here).
 PLUMBING = (
     "ragen_core/storage/",
+    "ragen_core/run/decisions.py",
+    "ragen_core/run/resume.py",
+    "ragen_core/sweep.py",
     "ragen_core/monitor/trackers/",
     "ragen_core/monitor/plots.py",
     "ragen_core/monitor/tensorboard_sink.py",
