@@ -22,38 +22,64 @@ QUICK_HELP = "A tiny version (a few iterations) for tests and smoke runs; its ru
 def reproduce(
     name: str | None = typer.Argument(None, help="A registered finding (`ragen reproduce --list`)."),
     list_findings: bool = typer.Option(False, "--list", help="List the registered findings and their claims."),
+    every: bool = typer.Option(False, "--all", help="Every registered finding, one after another, into --out-dir."),
     out: Path | None = typer.Option(None, "--out", "-o", help="PNG to write (default docs/findings/<name>.png)."),
+    out_dir: Path | None = typer.Option(
+        None, "--out-dir", help="Folder of the pictures and numbers with --all (default docs/findings)."
+    ),
     quick: bool = typer.Option(False, "--quick", help=QUICK_HELP),
     data_root: DataRoot = None,
     verbose: Verbose = False,
 ) -> None:
     """Reproduce one of the paper's findings at tiny scale: its runs (resumed when already there), its numbers
-    (printed, and written to <out>.json) and its picture (<out>)."""
-    from ragen_core.findings import FindingError, claims, load_finding, plan_finding, run_spec
-    from ragen_core.storage import DataLake
+    (printed, and written to <out>.json) and its picture (<out>). With --all, every registered finding: the code
+    version recorded in each JSON is the checkout's as the command started, so the files it writes do not count as
+    changes to the code that made them."""
+    from ragen_core.findings import FindingError, claims, registered
+    from ragen_core.findings.provenance import provenance
+    from ragen_core.findings.spec import REPO_ROOT
 
     if list_findings:
         for known, claim in claims().items():
             console.print(f"[bold]{known}[/]: {escape(claim)}", highlight=False)
         return
-    if name is None:
-        fail("give the NAME of a finding; `ragen reproduce --list` lists them")
+    if every == (name is not None):
+        fail("give the NAME of a finding or --all; `ragen reproduce --list` lists them")
+    if out is not None and every:
+        fail("--out names one finding's picture; with --all give --out-dir")
+    names = list(registered()) if every else [str(name)]
+    folder = out_dir or Path("docs/findings")
+    made = provenance(REPO_ROOT)  # before anything is written: the code that runs, not the files this command writes
     try:
-        spec = load_finding(name)
-        plans = plan_finding(run_spec(spec), quick)
+        jobs = [(n, *_planned(n, quick), _checked_out(_out(n, quick, folder, out), data_root_path(data_root)))
+                for n in names]  # every name checked before any compute  # fmt: skip
     except FindingError as exc:
         fail(str(exc))
-    default = Path("docs/findings") / f"{name}{'-quick' if quick else ''}.png"
-    out = _checked_out(out or default, data_root_path(data_root))
+    from ragen_core.storage import DataLake
+
     lake = DataLake(writable_root(data_root))
-    started = time.monotonic()
-    _run_sweeps(plans, lake, f"reproduce-{name}", verbose)
-    result = _analyse(spec, plans, lake, quick)
-    result["wall_seconds"] = round(time.monotonic() - started, 1)
-    _write(result, out)
-    _print_numbers(result["numbers"])
-    console.print(f"wrote {escape(str(out))} and {escape(str(out.with_suffix('.json')))} "
-                  f"({result['wall_seconds']:.0f} s)", highlight=False)  # fmt: skip
+    for finding, spec, plans, digest, path in jobs:
+        started = time.monotonic()
+        _run_sweeps(plans, lake, f"reproduce-{finding}", verbose)
+        result = _analyse(spec, plans, lake, quick, {"spec_digest": digest, **made})
+        result["wall_seconds"] = round(time.monotonic() - started, 1)
+        _write(result, path)
+        _print_numbers(result["numbers"])
+        console.print(f"wrote {escape(str(path))} and {escape(str(path.with_suffix('.json')))} "
+                      f"({result['wall_seconds']:.0f} s)", highlight=False)  # fmt: skip
+
+
+def _planned(name: str, quick: bool) -> tuple[Any, list, str]:
+    """The finding's spec, its sweeps and its digest, as the checkout stands before any compute."""
+    from ragen_core.findings import load_finding, plan_finding, run_spec
+    from ragen_core.findings.spec import spec_digest
+
+    spec = load_finding(name)
+    return spec, plan_finding(run_spec(spec), quick), spec_digest(spec)
+
+
+def _out(name: str, quick: bool, folder: Path, out: Path | None) -> Path:
+    return out or folder / f"{name}{'-quick' if quick else ''}.png"
 
 
 def _checked_out(out: Path, root: Path) -> Path:
@@ -87,18 +113,18 @@ def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
         raise typer.Exit(code=1)
 
 
-def _analyse(spec, plans: list, lake: DataLake, quick: bool) -> dict[str, Any]:
+def _analyse(spec, plans: list, lake: DataLake, quick: bool, made: dict[str, Any]) -> dict[str, Any]:
+    """The finding's JSON: what it is, its sweeps, its numbers and the held-out report, and ``made`` (its digest and
+    the code and library versions, taken before its runs)."""
     from ragen_core.findings import ANALYSES, load_context
     from ragen_core.findings.analysis import held_out_report
-    from ragen_core.findings.provenance import provenance
-    from ragen_core.findings.spec import REPO_ROOT, spec_digest
 
     context = load_context(lake, spec, plans)
     return {
         "finding": spec.name, "claim": spec.claim, "analysis": spec.analysis, "quick": quick,
-        "command": f"ragen reproduce {spec.name}{' --quick' if quick else ''}", "spec_digest": spec_digest(spec),
+        "command": f"ragen reproduce {spec.name}{' --quick' if quick else ''}",
         "sweeps": {item.variant.name: item.plan.sweep_id for item in plans},
-        "numbers": ANALYSES[spec.analysis](context), "held_out": held_out_report(context), **provenance(REPO_ROOT),
+        "numbers": ANALYSES[spec.analysis](context), "held_out": held_out_report(context), **made,
     }  # fmt: skip
 
 

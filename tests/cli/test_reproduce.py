@@ -212,6 +212,23 @@ def test_a_bad_out_is_refused_before_anything_runs(tmp_path):
     assert not root.exists()
 
 
+def test_all_reproduces_every_finding_into_one_folder_with_one_code_version(reproduced, tmp_path):
+    """--all after the fixture's findings: their completed runs are reused (diversity's are made), every registered
+    finding's numbers and picture land in --out-dir, all with the code version the command started with."""
+    from ragen_core.findings import registered
+
+    root, _, _ = reproduced
+    for bad in (["echo_trap", "--all"], ["--all", "--out", str(tmp_path / "x.png")]):
+        result = _invoke("reproduce", *bad, "--data-root", str(root))
+        assert result.exit_code == 2 and "--all" in result.output, result.output
+    result = _invoke("reproduce", "--all", "--quick", "--data-root", str(root), "--out-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    written = {name: json.loads((tmp_path / f"{name}-quick.json").read_text()) for name in registered()}
+    assert all((tmp_path / f"{name}-quick.png").is_file() for name in written)
+    assert len({json.dumps(numbers["code"], sort_keys=True) for numbers in written.values()}) == 1
+    assert all(numbers["spec_digest"] == spec_digest(load_finding(name)) for name, numbers in written.items())
+
+
 def _context(root, name: str):
     from ragen_core.findings import load_context
 
