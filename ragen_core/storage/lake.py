@@ -6,7 +6,9 @@ run layer asks it for a stage's folder, a checkpoint's folder, which stages of a
 and to discard the rest. Stage names are the constants of :class:`Stage`. File names are deterministic (run,
 iteration, stage, part), so a redone stage overwrites instead of adding rows. Every file is written under a
 temporary name and renamed into place, so readers never see a partial file. Readers bring files of an older
-``schema_version`` to the current schema (:mod:`schemas.versions`).
+``schema_version`` to the current schema (:mod:`schemas.versions`). What works on whole runs from outside the commit
+protocol (compaction, removal, the layout upgrade, the export, disk space) is the maintenance wing's
+(:mod:`ragen_core.storage.maintenance`), which takes a lake.
 """
 
 from __future__ import annotations
@@ -134,10 +136,6 @@ class DataLake:
 
     def run_dir(self, run_id: str) -> Path:
         return self._real(layout.run_dir(self.root, run_id), "run folder")
-
-    def space_reserve_file(self, run_id: str) -> Path:
-        """The disk space the run holds back while it runs (:mod:`ragen_core.storage.space`)."""
-        return layout.space_reserve_file(self.run_dir(run_id))
 
     def models_dir(self) -> Path:
         return layout.models_dir(self.root)

@@ -35,7 +35,7 @@ Layout 2 under the data root::
     _prefect/<run or sweep>/<attempt>/                             a command's own Prefect home and local server
 
 Layout 1 (``run_id=<id>/iteration=<n>/part-<stage>-<k>.parquet``, ``_COMPACTION.json``) is read only by the
-upgrade (:mod:`ragen_core.storage.upgrade`). The names are chosen for the other tools that read the folders
+upgrade (:mod:`ragen_core.storage.maintenance.upgrade`). The names are chosen for the other tools that read the folders
 (docs/lake.md, "Reading the lake with other tools"): no ``key=value`` table folder, no split word of Hugging Face
 ``datasets`` in a part name, only ``.parquet`` files, the marker hidden.
 
@@ -267,7 +267,7 @@ def manifest_file(run_folder: Path) -> Path:
 
 
 def space_reserve_file(run_folder: Path) -> Path:
-    """The disk space a running run holds back in its run folder (:mod:`ragen_core.storage.space`)."""
+    """The disk space a running run holds back in its run folder (:mod:`ragen_core.storage.maintenance.space`)."""
     return run_folder / SPACE_RESERVE
 
 

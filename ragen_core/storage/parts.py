@@ -1,9 +1,9 @@
 """Which part files of a partition readers see: the rule that makes compaction atomic for readers.
 
 A partition folder (``<table>/run-<id>/iteration-<n>/``) holds ``part-*.parquet`` files. Compaction
-(:mod:`ragen_core.storage.compaction`) merges them into one ``part-compacted-<digest>.parquet`` and records, *before*
-that file appears, a marker ``.compaction.json`` = ``{"merged": <name>, "replaces": [<names>], "rows": <n>}``
-(hidden: the folder shows the other tools that read it only Parquet files).
+(:mod:`ragen_core.storage.maintenance.compaction`) merges them into one ``part-compacted-<digest>.parquet`` and
+records, *before* that file appears, a marker ``.compaction.json`` = ``{"merged": <name>, "replaces": [<names>],
+"rows": <n>}`` (hidden: the folder shows the other tools that read it only Parquet files).
 
 The reader rule: **list the part files first, then read the marker; when the marker's merged file is among the
 listed files, skip the files it replaces.** The merged file becomes visible by one rename, after the marker is on

@@ -19,7 +19,7 @@ its account. The rules:
   (train, test, eval, val, dev, ...) in a part name (a published part is ``part-<digest of its stage>-<k>``), so
   ``load_dataset`` takes no file for a split; only ``.parquet`` files, the marker hidden. Layout 1 (``run_id=<id>/
   iteration=<n>/part-<stage>-<k>.parquet``, ``_COMPACTION.json``) is refused, naming the upgrade
-  (:mod:`ragen_core.storage.upgrade`).
+  (:mod:`ragen_core.storage.maintenance.upgrade`).
 - **Only published parts** (:mod:`ragen_core.storage.parts`): a partition's record names the part files the lake
   published there, with their sizes; any other file (a copy, a second name, a replaced file) fails every read of its
   table, naming it.
@@ -42,7 +42,7 @@ its account. The rules:
   its file, so a link would take writes or deletions out of the data root.
 - **JSON files** of the lake are regular files of at most 64 MB, parsed with a bounded nesting
   (:func:`ragen_core.storage.files.read_json`). Before compaction deletes the files a marker replaces, the merged
-  file must hold their very rows, not just as many (:mod:`ragen_core.storage.compaction`).
+  file must hold their very rows, not just as many (:mod:`ragen_core.storage.maintenance.compaction`).
 - **Manifests** (``runs/<id>/manifest.json``): a regular file in a folder named by a valid run id, a JSON object
   whose ``run_id`` is that folder's name, and whose fields the tools read have their types (:data:`MANIFEST_TYPES`).
 - **Checkpoint rows**: a row of run R names ``runs/R/checkpoints/iteration=<n>`` or its ``hf/`` export. Under this

@@ -34,9 +34,6 @@ exclusive lock (``_locks/<run_id>.lock``, released by the OS if the process dies
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,7 +47,8 @@ from ragen_core.storage.files import (
     read_table_file,
 )
 from ragen_core.storage.lake import DataLake
-from ragen_core.storage.layout import compaction_marker, housekeeping_lock_file
+from ragen_core.storage.layout import compaction_marker
+from ragen_core.storage.locks import run_lock
 from ragen_core.storage.names import validate_run_id
 from ragen_core.storage.parts import (
     MERGED_PREFIX,
@@ -62,7 +60,6 @@ from ragen_core.storage.parts import (
 )
 from ragen_core.storage.trust import (
     check_real_folder,
-    check_regular_file,
     check_rows,
     iteration_folders,
     part_files,
@@ -94,26 +91,6 @@ class CompactionReport:
     @property
     def files_removed(self) -> int:
         return sum(c.files_before - 1 for c in self.compacted)
-
-
-@contextmanager
-def run_lock(lake: DataLake, run_id: str) -> Iterator[None]:
-    """Exclusive lock of a run's housekeeping (compaction, removal); fails at once when another process holds it."""
-    import fcntl  # POSIX only: imported here so that the rest of the lake imports everywhere
-
-    path = housekeeping_lock_file(lake.root, run_id)
-    check_real_folder(path.parent, "locks folder")
-    check_regular_file(path, "lock file")  # never opened (or created) through a link
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644), "a+") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise LakeError(f"run {run_id!r} is being compacted or removed by another process; try again") from exc
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def recover_partition(lake: DataLake, spec: TableSpec, folder: Path) -> None:
