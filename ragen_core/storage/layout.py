@@ -144,6 +144,12 @@ def published_name_of(stage: str, staged: str) -> str:
     return published_part_name(stage, int(number))
 
 
+def merged_name(names: list[str]) -> str:
+    """The deterministic name of the file that merges the part files ``names`` (a compaction's)."""
+    digest = hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+    return f"{MERGED_PREFIX}{digest}.parquet"
+
+
 def published_by_stage(name: str, stages: Iterable[str]) -> bool:
     """Whether the published part file ``name`` was published by one of ``stages``."""
     return any(name.startswith(f"part-{stage_token(stage)}-") for stage in stages)

@@ -76,7 +76,6 @@ from ragen_core.storage.layout import (
     RUNS,
     iteration_folder_name,
     old_layout_error,
-    partition_dir,
     run_dir,
     run_folder_name,
 )
@@ -195,31 +194,6 @@ def part_files(folder: Path) -> list[Path]:
         if check_regular_file(Path(entry.path), "part file"):  # False: removed since the folder was listed
             files.append(Path(entry.path))
     return files
-
-
-def list_parts(table_dir: Path, run_id: str | None = None, iteration: int | None = None) -> list[Path]:
-    """Every part file of a table (of one run, of one iteration), by the folder rules above: a listing walked
-    entry by entry, never a pattern, never through a link."""
-    if run_id is None:
-        runs = list(run_folders(table_dir)) if table_dir.exists() or table_dir.is_symlink() else []
-    else:
-        check_real_folder(table_dir, "table folder")
-        runs = [(run_id, partition_dir(table_dir, run_id))]
-    files: list[Path] = []
-    for _, run_folder in runs:
-        for number, folder in iteration_folders(run_folder):
-            if iteration is None or number == int(iteration):
-                files += part_files(folder)
-    return files
-
-
-def by_partition(files: list[Path]) -> list[list[Path]]:
-    """A listing of part files as the listings of their partition folders (in the order of their first file; a
-    sorted listing keeps its order)."""
-    groups: dict[Path, list[Path]] = {}
-    for path in files:
-        groups.setdefault(path.parent, []).append(path)
-    return list(groups.values())
 
 
 def partition_of(path: Path) -> tuple[str, int]:

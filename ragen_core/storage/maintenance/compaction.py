@@ -12,7 +12,7 @@ a partition while it is merged. One partition, in this order (:func:`compact_par
 4. delete the replaced files, then take them out of the record.
 
 Readers list the part files, then read the marker, and skip what the marker replaces only when the listing holds
-the merged file (:mod:`ragen_core.storage.parts`). So a crash
+the merged file (:mod:`ragen_core.storage.reader`). So a crash
 
 - before or during 2, or during 3 before the rename: the merged file is absent, the marker (if any) is inert, the
   old parts are the visible set; a hidden ``.part-compacted-*.tmp-*`` file may remain, recovery deletes it;
@@ -44,23 +44,15 @@ from ragen_core.storage.files import (
     atomic_write_json,
     atomic_write_parquet,
     fsync_dir,
-    read_table_file,
 )
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import compaction_marker
 from ragen_core.storage.locks import run_lock
 from ragen_core.storage.names import validate_run_id
-from ragen_core.storage.parts import (
-    MERGED_PREFIX,
-    merged_name,
-    read_marker,
-    record_parts,
-    superseded,
-    visible_parts,
-)
+from ragen_core.storage.parts import MERGED_PREFIX, merged_name, record_parts
+from ragen_core.storage.reader import read_marker, read_part, superseded, trusted_parts
 from ragen_core.storage.trust import (
     check_real_folder,
-    check_rows,
     iteration_folders,
     part_files,
     partition_of,
@@ -117,8 +109,8 @@ def _check_merged_holds(lake: DataLake, spec: TableSpec, folder: Path, marker: d
     and their rows, in the current schema, the merged file's last rows; anything else raises, naming the marker."""
     replaces = marker["replaces"]
     marker_path = compaction_marker(folder)
-    merged = _read_part(lake, spec, folder / marker["merged"])
-    tail = pa.concat_tables([_read_part(lake, spec, folder / name) for name in present])
+    merged = read_part(folder / marker["merged"], spec, lake.upgrades)
+    tail = pa.concat_tables([read_part(folder / name, spec, lake.upgrades) for name in present])
     tail = tail.cast(spec.arrow_schema)
     if replaces[len(replaces) - len(present) :] != present or not _same_rows(
         merged.slice(merged.num_rows - tail.num_rows), tail
@@ -151,10 +143,10 @@ def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> Partitio
     """Merge the visible part files of one partition folder into one (steps 1-4 above); None when there is at most
     one file."""
     recover_partition(lake, spec, folder)
-    files = visible_parts(part_files(folder), spec, layout_state(lake.root)[1])
+    files = sorted(trusted_parts(part_files(folder), spec, layout_state(lake.root)[1]))
     if len(files) < 2:
         return None
-    merged = pa.concat_tables([_read_part(lake, spec, f) for f in files])
+    merged = pa.concat_tables([read_part(f, spec, lake.upgrades) for f in files])
     # the current schema, with its version and column descriptions in the metadata
     merged = merged.cast(spec.arrow_schema).replace_schema_metadata(spec.arrow_schema.metadata)
     names = [f.name for f in files]
@@ -200,13 +192,6 @@ def _compact_tables(
             result = compact_partition(lake, spec, folder)
             if result is not None:
                 report.compacted.append(result)
-
-
-def _read_part(lake: DataLake, spec: TableSpec, path: Path) -> pa.Table:
-    """One part file, refused when its rows are not its folder's (they would be merged under the wrong run)."""
-    table = read_table_file(path, spec, lake.upgrades)
-    check_rows(path, table, spec)
-    return table
 
 
 def _iteration_of(folder: Path) -> int:

@@ -34,7 +34,7 @@ from ragen_core.storage.files import LakeError, read_parquet
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.locks import run_lock, run_writer
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
-from ragen_core.storage.parts import StrayPartError
+from ragen_core.storage.reader import StrayPartError
 from ragen_core.storage.trust import check_real_folder, checkpoint_folder
 
 RUNS_OVERVIEW_SQL = """

@@ -56,7 +56,8 @@ from ragen_core.storage.layout import (
 )
 from ragen_core.storage.locks import run_lock, run_writer
 from ragen_core.storage.names import is_valid_run_id
-from ragen_core.storage.parts import merged_name, read_record, record_parts
+from ragen_core.storage.parts import merged_name, record_parts
+from ragen_core.storage.reader import read_record
 from ragen_core.storage.trust import (
     check_marker,
     check_real_folder,
