@@ -31,7 +31,8 @@ import pyarrow.compute as pc
 
 from benchmarks.common import replace_marked_section
 from benchmarks.lake_synth import BatchShape, grids, make_batch
-from ragen_core.storage import DataLake, compact_run, connect, evaluation_rows, query
+from ragen_core.storage import DataLake, connect, evaluation_rows, query
+from ragen_core.storage.maintenance import compact_run
 from ragen_core.storage.sqldoc import named_queries
 
 HERE = Path(__file__).resolve().parent

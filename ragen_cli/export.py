@@ -24,7 +24,7 @@ def export(
     from ragen_core.config import ConfigError
     from ragen_core.run.chat import export_notes
     from ragen_core.storage import DataLake, LakeError
-    from ragen_core.storage.export import check_export, export_dataset, left_out_line, load_line
+    from ragen_core.storage.maintenance.export import check_export, export_dataset, left_out_line, load_line
 
     for run_id in run_ids:
         checked_run_id(run_id)
@@ -49,7 +49,7 @@ def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help
     """Bring a data root written by an older ragen-flows to the current lake layout (folders and part-file names,
     no file rewritten); safe to interrupt and run again. Stop the runs writing to it first."""
     from ragen_core.storage import DataLake, LakeError
-    from ragen_core.storage.upgrade import upgrade_layout
+    from ragen_core.storage.maintenance.upgrade import upgrade_layout
 
     root = existing_root(data_root)
     try:

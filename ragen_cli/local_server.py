@@ -325,7 +325,7 @@ def start_temporary(home: Path, timeout: float, attempts: int = 3) -> TemporaryS
                 seeded = False
                 continue
             if not exited or attempt == attempts - 1:
-                from ragen_core.storage.space import space_limited, space_message
+                from ragen_core.storage.maintenance.space import space_limited, space_message
 
                 if space_limited(home):  # its database could not grow: say so, not just "did not start"
                     what = f"the temporary Prefect server's database (its log: {log})"

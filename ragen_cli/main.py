@@ -396,7 +396,7 @@ def _train_with_progress(run_config, lake: DataLake, run_id: str, allowed: list[
             from ragen_core.run.record import interrupted
 
             if not (interrupted(exc) or requested()):  # an error that a Ctrl-C did not cause: not ours to handle
-                from ragen_core.storage.space import space_failure
+                from ragen_core.storage.maintenance.space import space_failure
 
                 message = space_failure(lake.root, run_id, exc, started)  # a full disk or a file-size limit: one line
                 if message is None:
@@ -425,7 +425,7 @@ def sql(
     import duckdb
 
     from ragen_core.storage import DataLake, LakeError, QueryRefused, query
-    from ragen_core.storage.housekeeping import runs_with_data
+    from ragen_core.storage.maintenance.housekeeping import runs_with_data
 
     checked_run_id(run)
     root = existing_root(data_root)

@@ -42,8 +42,9 @@ def runs(
     ctx.obj = data_root
     if ctx.invoked_subcommand is not None:
         return
-    from ragen_core.storage import DataLake, LakeError, runs_overview
+    from ragen_core.storage import DataLake, LakeError
     from ragen_core.storage.catalog import read_manifests
+    from ragen_core.storage.maintenance import runs_overview
 
     root = existing_root(data_root)
     check_output(output_format, None, root, OUTPUT_FORMATS[:3])
@@ -76,7 +77,8 @@ def runs_rm(
     ),
 ) -> None:
     """Remove a run: its rows in every table, staging, commits, quarantine, manifest, checkpoints, owned models."""
-    from ragen_core.storage import DataLake, LakeError, plan_removal, remove_run
+    from ragen_core.storage import DataLake, LakeError
+    from ragen_core.storage.maintenance import plan_removal, remove_run
 
     checked_run_id(run_id)  # a name, never a pattern: 'a*' must not reach another run's files
     root = existing_root(data_root or ctx.obj)
@@ -113,8 +115,9 @@ def runs_compact(
 ) -> None:
     """Merge a run's part files into one file per (table, committed iteration); readers never see rows missing or
     doubled, and a crash midway leaves the old or the new files visible."""
-    from ragen_core.storage import DataLake, LakeError, compact_run
-    from ragen_core.storage.housekeeping import runs_with_data
+    from ragen_core.storage import DataLake, LakeError
+    from ragen_core.storage.maintenance import compact_run
+    from ragen_core.storage.maintenance.housekeeping import runs_with_data
 
     checked_run_id(run_id)
     root = existing_root(data_root or ctx.obj)

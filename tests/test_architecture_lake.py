@@ -1,14 +1,19 @@
-"""A lake is made once per entry and handed down (docs/architecture.md), checked on the source (parsed, never
-imported): ``DataLake(...)`` is built only where a process or a command enters (the CLI's commands, the flows, the
-run entry, the launched update group's worker), at most once per function, and elsewhere only by a public function
-that takes a data root or a lake (``lake = root if isinstance(root, DataLake) else DataLake(root)``), which a caller
-holding a lake passes as is."""
+"""The lake's rules (docs/architecture.md), checked on the source (parsed, never imported):
+
+- a lake is made once per entry and handed down: ``DataLake(...)`` is built only where a process or a command enters
+  (the CLI's commands, the flows, the run entry, the launched update group's worker), at most once per function, and
+  elsewhere only by a public function that takes a data root or a lake (``lake = root if isinstance(root, DataLake)
+  else DataLake(root)``), which a caller holding a lake passes as is;
+- storage's two wings: the core lake (``ragen_core/storage``) never imports its maintenance wing
+  (``ragen_core/storage/maintenance``: compaction, housekeeping, upgrade, export, space), which works on a lake from
+  outside.
+"""
 
 from __future__ import annotations
 
 import ast
 
-from tests.test_architecture import ROOT, _modules, _tree
+from tests.test_architecture import ROOT, _imports, _modules, _tree
 
 ENTRIES = {
     "ragen_cli": "the commands: each builds the lake of its data root once",
@@ -17,6 +22,8 @@ ENTRIES = {
     "ragen_core/training/worker.py": "a launched update group's process: its command names the data root",
     "ragen_core/storage/lake.py": "the class itself",
 }
+MAINTENANCE = "ragen_core.storage.maintenance"
+MAINTENANCE_DIR = ROOT / "ragen_core" / "storage" / "maintenance"
 
 
 def _builds(node: ast.AST) -> bool:
@@ -82,3 +89,36 @@ def test_the_lake_check_sees_a_lake_built_on_the_way():
         "def train(root):\n    lake = DataLake(root)\n    summary(DataLake(root))\n"
     )
     assert lake_offences(command, entry=True) == ["line 4: train builds 2 lakes"]
+
+
+def maintenance_imports(tree: ast.Module) -> list[str]:
+    """The imports of the maintenance wing in one module's tree (every import form, at any depth)."""
+    return sorted(name for name in _imports(tree) if name == MAINTENANCE or name.startswith(f"{MAINTENANCE}."))
+
+
+def test_the_core_lake_never_imports_its_maintenance_wing():
+    """The core lake (layout, files, the commit protocol, the read path, locks, the catalog) stands on its own: the
+    maintenance wing takes a lake and works on it, never the other way round."""
+    core = [p for p in _modules("ragen_core/storage") if not p.is_relative_to(MAINTENANCE_DIR)]
+    assert len(core) > 10 and MAINTENANCE_DIR.is_dir()  # the folders are where the rule looks
+    offenders = [(str(p.relative_to(ROOT)), name) for p in core for name in maintenance_imports(_tree(p))]
+    assert offenders == []
+
+
+def test_the_wing_check_sees_the_core_importing_maintenance():
+    """The check above catches a planted violation in each import form (a check that cannot fail proves nothing) and
+    lets the core's own imports pass."""
+    planted = ast.parse(
+        "from ragen_core.storage.maintenance import compact_run\n"
+        "import ragen_core.storage.maintenance.export\n"
+        "def f():\n    from ragen_core.storage.maintenance.space import out_of_space\n"
+        "from ragen_core.storage import maintenance, layout\n"
+        "from ragen_core.storage.locks import run_lock\nimport ragen_core.storage.maintenance_notes\n"
+    )
+    assert maintenance_imports(planted) == [
+        "ragen_core.storage.maintenance",
+        "ragen_core.storage.maintenance.compact_run",
+        "ragen_core.storage.maintenance.export",
+        "ragen_core.storage.maintenance.space",
+        "ragen_core.storage.maintenance.space.out_of_space",
+    ]

@@ -22,7 +22,7 @@ from typing import Any
 
 from ragen_core.storage import DataLake
 from ragen_core.storage.files import atomic_write_bytes
-from ragen_core.storage.housekeeping import runs_with_data
+from ragen_core.storage.maintenance.housekeeping import runs_with_data
 
 Points = list[tuple[int, float]]
 SeriesKey = tuple[str, str]  # (run_id, metric name)

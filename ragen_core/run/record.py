@@ -25,15 +25,16 @@ from typing import TYPE_CHECKING, Any
 from ragen_core.config import RunConfig
 from ragen_core.monitor.trackers.base import RunEnd
 from ragen_core.storage import DataLake
-from ragen_core.storage.names import without_split_words
-from ragen_core.storage.space import (
+from ragen_core.storage.maintenance.space import (
     SPACE_PREFIX,
     hold_reserve,
     release_reserve,
+    reserve_file,
     space_failure,
     space_message,
     written_what,
 )
+from ragen_core.storage.names import without_split_words
 
 if TYPE_CHECKING:
     from ragen_core.run.session import RunSession
@@ -67,9 +68,10 @@ class RunRecord:
         self.lake.write_manifest(self.run_id, self.manifest)
 
     def hold_reserve(self) -> None:
-        """Hold back a little disk space while the run runs (:func:`ragen_core.storage.space.hold_reserve`): when a
-        write finds the disk full, :meth:`stopped` gives it back to record the failure."""
-        hold_reserve(self.lake.space_reserve_file(self.run_id))
+        """Hold back a little disk space while the run runs
+        (:func:`ragen_core.storage.maintenance.space.hold_reserve`): when a write finds the disk full, :meth:`stopped`
+        gives it back to record the failure."""
+        hold_reserve(reserve_file(self.lake, self.run_id))
 
     def stopped(self, exc: BaseException) -> None:
         """Record that ``exc`` stopped the run (see :func:`stop_record`); a write that found no space is recorded
@@ -79,7 +81,7 @@ class RunRecord:
         record = stop_record(exc, self.position, self.lake.committed_iterations(self.run_id))
         if record["status"] == "failed" and space_failure(self.lake.root, self.run_id, exc) is not None:
             record["error"] = space_message(self.run_id, written_what(exc, self.position))
-            release_reserve(self.lake.space_reserve_file(self.run_id))  # room for the manifest's new copy
+            release_reserve(reserve_file(self.lake, self.run_id))  # room for the manifest's new copy
         try:
             self.update(**record)
         except OSError:
@@ -106,7 +108,7 @@ def run_status(session: RunSession) -> Iterator[RunSession]:
             session.close()
         finally:
             session.trackers.finish(status)
-        release_reserve(session.lake.space_reserve_file(session.run_id))  # held only while the run runs
+        release_reserve(reserve_file(session.lake, session.run_id))  # held only while the run runs
     session.record.update(status="completed")
 
 

@@ -36,8 +36,8 @@ from ragen_core.run.decisions import (
     plan_resume,
 )
 from ragen_core.storage import DataLake, Stage, event_row
-from ragen_core.storage.compaction import run_lock
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file, compaction_marker, manifest_file
+from ragen_core.storage.locks import run_lock
 
 if TYPE_CHECKING:  # the session (torch, the engines) is not imported by the CLI's quick answers, which use this module
     from ragen_core.run.session import RunSession

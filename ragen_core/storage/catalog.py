@@ -18,7 +18,7 @@
   Parquet files the views list (``allowed_paths``; no directory, so no new file can be created anywhere), has no
   temporary directory, loads no extension, and no setting can change (``enable_external_access=false``,
   ``lock_configuration``).
-- Views list their files explicitly (the compaction rule of :mod:`ragen_core.storage.parts`), so a reader never
+- Views list their files explicitly (the read path's listing, :mod:`ragen_core.storage.reader`), so a reader never
   counts a compacted partition twice; ``run_id=`` scopes every view to one run.
 """
 
@@ -37,9 +37,10 @@ from ragen_core.storage.files import VANISHED_ATTEMPTS, LakeError, VanishedFileE
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import manifest_file, run_dir
 from ragen_core.storage.names import is_valid_run_id
+from ragen_core.storage.reader import by_partition, relist
 from ragen_core.storage.runs import manifest_row, runs_table
 from ragen_core.storage.statements import QueryRefused, check_read_only
-from ragen_core.storage.trust import by_partition, check_footer, check_manifest, check_regular_file, footer
+from ragen_core.storage.trust import check_footer, check_manifest, check_regular_file, footer
 from schemas.tables import ColumnSpec, TableSpec
 from schemas.versions import SchemaVersionError, check_readable, needs_function, stored_version
 
@@ -121,7 +122,7 @@ def _checked_files(lake: DataLake, spec: TableSpec, files: list[Path]) -> tuple[
             except VanishedFileError:
                 if attempt + 1 == VANISHED_ATTEMPTS:
                     raise
-            partition = lake.relist_partition(spec.name, partition)
+            partition = relist(lake, spec, partition)
             if not partition:
                 break
         checked += partition

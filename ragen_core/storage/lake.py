@@ -5,8 +5,11 @@ hands those paths out, each folder a writer fills checked to be a real folder (n
 run layer asks it for a stage's folder, a checkpoint's folder, which stages of an interrupted iteration finished,
 and to discard the rest. Stage names are the constants of :class:`Stage`. File names are deterministic (run,
 iteration, stage, part), so a redone stage overwrites instead of adding rows. Every file is written under a
-temporary name and renamed into place, so readers never see a partial file. Readers bring files of an older
-``schema_version`` to the current schema (:mod:`schemas.versions`).
+temporary name and renamed into place, so readers never see a partial file. Reading is the read path's
+(:mod:`ragen_core.storage.reader`: the visible files listed and checked, then read, older ``schema_version`` files
+brought to the current schema). What works on whole runs from outside the commit protocol (compaction, removal, the
+layout upgrade, the export, disk space) is the maintenance wing's (:mod:`ragen_core.storage.maintenance`), which
+takes a lake.
 """
 
 from __future__ import annotations
@@ -22,16 +25,13 @@ import pyarrow as pa
 from ragen_core.storage import layout
 from ragen_core.storage.files import (
     TRASH_PREFIX,
-    VANISHED_ATTEMPTS,
     LakeError,
-    VanishedFileError,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_parquet,
     discard,
     read_json,
     read_parquet,
-    read_table_file,
 )
 from ragen_core.storage.layout import (
     ITERATION_FOLDER,
@@ -40,22 +40,19 @@ from ragen_core.storage.layout import (
     staged_part_name,
 )
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
-from ragen_core.storage.parts import check_not_superseded, record_parts, visible_parts
+from ragen_core.storage.parts import check_not_superseded, record_parts
+from ragen_core.storage.reader import read_rows, visible_files
 from ragen_core.storage.rows import Rows, check_partition, rows_table
 from ragen_core.storage.runs import manifest_row, runs_table
 from ragen_core.storage.trust import (
-    by_partition,
     check_manifest,
     check_real_folder,
     check_real_folders,
     check_regular_file,
-    check_rows,
     iteration_folders,
-    list_parts,
     part_files,
-    partition_of,
 )
-from ragen_core.storage.versioning import check_publishable, layout_state
+from ragen_core.storage.versioning import check_publishable
 from schemas.tables import TABLES, TableSpec
 from schemas.versions import UPGRADES, UpgradeRegistry
 
@@ -134,10 +131,6 @@ class DataLake:
 
     def run_dir(self, run_id: str) -> Path:
         return self._real(layout.run_dir(self.root, run_id), "run folder")
-
-    def space_reserve_file(self, run_id: str) -> Path:
-        """The disk space the run holds back while it runs (:mod:`ragen_core.storage.space`)."""
-        return layout.space_reserve_file(self.run_dir(run_id))
 
     def models_dir(self) -> Path:
         return layout.models_dir(self.root)
@@ -386,32 +379,15 @@ class DataLake:
 
     # -- reading published rows --------------------------------------------------------------------------------
     def partition_files(self, table: str, run_id: str | None = None, iteration: int | None = None) -> list[Path]:
-        """The published part files readers see (sorted): a listing held to the layout
-        (:mod:`ragen_core.storage.layout`: plain names, no links), only the files the lake published there (their
-        record; any other refused, naming it) and the compaction rule (a compacted partition shows its merged file,
-        never it and its sources; both rules: :mod:`ragen_core.storage.parts`).
-        A run id is never part of a pattern: one run's files are listed from its own folder. A file that vanishes
-        while the listing is checked (a compaction's merged file, by a run's removal) makes it list again."""
-        if run_id is not None:
-            validate_run_id(run_id)
-        records = layout_state(self.root)[1]  # a newer layout raises; a folder of layout 1 raises in the listing
-        for attempt in range(VANISHED_ATTEMPTS):
-            try:
-                return visible_parts(list_parts(self.table_dir(table), run_id, iteration), self.spec(table), records)
-            except VanishedFileError:
-                if attempt + 1 == VANISHED_ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable: the last attempt returns or raises")
-
-    def relist_partition(self, table: str, files: list[Path]) -> list[Path]:
-        """The visible files of the partition of ``files`` (one partition's listing) now: a fresh listing of that
-        partition alone, by the same rules, for a reader that found one of them gone."""
-        return self.partition_files(table, *partition_of(files[0]))
+        """The published part files readers see (sorted), listed and checked by the read path
+        (:func:`ragen_core.storage.reader.visible_files`)."""
+        return visible_files(self.root, self.spec(table), run_id, iteration)
 
     def read_table(
         self, table: str, run_id: str | None = None, iteration: int | None = None, columns: list[str] | None = None
     ) -> pa.Table:
-        """Published rows of ``table`` (optionally one run / one iteration) in the table's current schema.
+        """Published rows of ``table`` (optionally one run / one iteration) in the table's current schema, in one
+        pass (:mod:`ragen_core.storage.reader`): the visible files listed and checked, then read.
 
         Older files are upgraded; a damaged or too-new file raises :class:`LakeError` naming it.
         """
@@ -421,39 +397,8 @@ class DataLake:
                 raise LakeError(f"table {table!r} has no iterations")
             result = self.read_runs(run_id)
         else:
-            result = self._read_parquet_table(spec, run_id, iteration)
+            result = read_rows(self, spec, self.partition_files(table, run_id, iteration))
         return result.select(columns) if columns is not None else result
-
-    def _read_parquet_table(self, spec: TableSpec, run_id: str | None, iteration: int | None) -> pa.Table:
-        """Read the visible files, one partition at a time. When a file of a partition vanished meanwhile (a
-        concurrent compaction deleted the parts it had merged, a redo discarded a stage), that partition is listed
-        again and read whole from the fresh listing (the merged file instead of its parts; nothing, once removed):
-        a partition is read whole or not at all, never in part and never twice."""
-        parts: list[pa.Table] = []
-        for files in by_partition(self.partition_files(spec.name, run_id, iteration)):
-            parts += self._read_partition(spec, files)
-        return pa.concat_tables(parts) if parts else spec.arrow_schema.empty_table()
-
-    def _read_partition(self, spec: TableSpec, files: list[Path]) -> list[pa.Table]:
-        """The tables of one partition's visible ``files``, listed again while one of them vanishes."""
-        for attempt in range(VANISHED_ATTEMPTS):
-            try:
-                return [self._read_part(spec, path) for path in files]
-            except VanishedFileError:
-                if attempt + 1 == VANISHED_ATTEMPTS:
-                    raise
-            except LakeError:
-                if attempt + 1 == VANISHED_ATTEMPTS or all(f.exists() for f in files):
-                    raise
-            files = self.relist_partition(spec.name, files)
-            if not files:
-                return []
-        raise AssertionError("unreachable: the last attempt returns or raises")
-
-    def _read_part(self, spec: TableSpec, path: Path) -> pa.Table:
-        table = read_table_file(path, spec, self.upgrades)
-        check_rows(path, table, spec)  # rows belong to the run and iteration of their folder
-        return table
 
     def read_runs(self, run_id: str | None = None) -> pa.Table:
         """The ``runs`` table: one row per manifest under ``runs/`` (see :mod:`ragen_core.storage.runs`)."""

@@ -35,7 +35,7 @@ Layout 2 under the data root::
     _prefect/<run or sweep>/<attempt>/                             a command's own Prefect home and local server
 
 Layout 1 (``run_id=<id>/iteration=<n>/part-<stage>-<k>.parquet``, ``_COMPACTION.json``) is read only by the
-upgrade (:mod:`ragen_core.storage.upgrade`). The names are chosen for the other tools that read the folders
+upgrade (:mod:`ragen_core.storage.maintenance.upgrade`). The names are chosen for the other tools that read the folders
 (docs/lake.md, "Reading the lake with other tools"): no ``key=value`` table folder, no split word of Hugging Face
 ``datasets`` in a part name, only ``.parquet`` files, the marker hidden.
 
@@ -142,6 +142,12 @@ def published_name_of(stage: str, staged: str) -> str:
     if staged != staged_part_name(stage, int(number) if number.isdigit() else 0):
         raise LakeError(f"staged file {staged!r} of stage {stage!r} is not {staged_part_name(stage, 0)!r} or the like")
     return published_part_name(stage, int(number))
+
+
+def merged_name(names: list[str]) -> str:
+    """The deterministic name of the file that merges the part files ``names`` (a compaction's)."""
+    digest = hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+    return f"{MERGED_PREFIX}{digest}.parquet"
 
 
 def published_by_stage(name: str, stages: Iterable[str]) -> bool:
@@ -267,7 +273,7 @@ def manifest_file(run_folder: Path) -> Path:
 
 
 def space_reserve_file(run_folder: Path) -> Path:
-    """The disk space a running run holds back in its run folder (:mod:`ragen_core.storage.space`)."""
+    """The disk space a running run holds back in its run folder (:mod:`ragen_core.storage.maintenance.space`)."""
     return run_folder / SPACE_RESERVE
 
 

@@ -10,6 +10,10 @@ The lock belongs to the head process of a run: the descriptor is not inherited b
 update group started by torchrun or the DeepSpeed launcher), and nested acquisitions of the same run in one process
 (the CLI, then the flow it calls) share the one lock. On a data root shared over NFS the lock works where the NFS
 server supports locking (Linux maps ``flock`` onto NFS byte-range locks).
+
+Beside it, a run's housekeeping lock (``_locks/<run_id>.lock``, :func:`run_lock`): held by whatever rewrites or
+removes a run's committed files (compaction, removal, the layout upgrade) and by a resume while it reopens an
+iteration; a second holder fails at once.
 """
 
 from __future__ import annotations
@@ -27,11 +31,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ragen_core.storage.files import LakeError
-from ragen_core.storage.layout import manifest_file, writer_lock_file
-from ragen_core.storage.trust import check_real_folders, check_regular_file
+from ragen_core.storage.layout import housekeeping_lock_file, manifest_file, writer_lock_file
+from ragen_core.storage.trust import check_real_folder, check_real_folders, check_regular_file
+
+if TYPE_CHECKING:
+    from ragen_core.storage.lake import DataLake
 
 LOCK_ATTEMPTS = 20
 HOLDER_BYTES = 64 * 1024
@@ -253,3 +260,23 @@ def takeover_note(lock: RunLock) -> str | None:
         f"took over the lock of run {lock.run_id!r} left by pid {stale.get('pid')} on host {stale.get('host')} "
         f"(since {stale.get('since')}), which ended without releasing it"
     )
+
+
+@contextmanager
+def run_lock(lake: DataLake, run_id: str) -> Iterator[None]:
+    """Exclusive lock of a run's housekeeping (compaction, removal); fails at once when another process holds it."""
+    import fcntl  # POSIX only: imported here so that the rest of the lake imports everywhere
+
+    path = housekeeping_lock_file(lake.root, run_id)
+    check_real_folder(path.parent, "locks folder")
+    check_regular_file(path, "lock file")  # never opened (or created) through a link
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644), "a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise LakeError(f"run {run_id!r} is being compacted or removed by another process; try again") from exc
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

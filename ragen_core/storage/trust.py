@@ -19,7 +19,7 @@ its account. The rules:
   (train, test, eval, val, dev, ...) in a part name (a published part is ``part-<digest of its stage>-<k>``), so
   ``load_dataset`` takes no file for a split; only ``.parquet`` files, the marker hidden. Layout 1 (``run_id=<id>/
   iteration=<n>/part-<stage>-<k>.parquet``, ``_COMPACTION.json``) is refused, naming the upgrade
-  (:mod:`ragen_core.storage.upgrade`).
+  (:mod:`ragen_core.storage.maintenance.upgrade`).
 - **Only published parts** (:mod:`ragen_core.storage.parts`): a partition's record names the part files the lake
   published there, with their sizes; any other file (a copy, a second name, a replaced file) fails every read of its
   table, naming it.
@@ -42,7 +42,7 @@ its account. The rules:
   its file, so a link would take writes or deletions out of the data root.
 - **JSON files** of the lake are regular files of at most 64 MB, parsed with a bounded nesting
   (:func:`ragen_core.storage.files.read_json`). Before compaction deletes the files a marker replaces, the merged
-  file must hold their very rows, not just as many (:mod:`ragen_core.storage.compaction`).
+  file must hold their very rows, not just as many (:mod:`ragen_core.storage.maintenance.compaction`).
 - **Manifests** (``runs/<id>/manifest.json``): a regular file in a folder named by a valid run id, a JSON object
   whose ``run_id`` is that folder's name, and whose fields the tools read have their types (:data:`MANIFEST_TYPES`).
 - **Checkpoint rows**: a row of run R names ``runs/R/checkpoints/iteration=<n>`` or its ``hf/`` export. Under this
@@ -76,7 +76,6 @@ from ragen_core.storage.layout import (
     RUNS,
     iteration_folder_name,
     old_layout_error,
-    partition_dir,
     run_dir,
     run_folder_name,
 )
@@ -195,31 +194,6 @@ def part_files(folder: Path) -> list[Path]:
         if check_regular_file(Path(entry.path), "part file"):  # False: removed since the folder was listed
             files.append(Path(entry.path))
     return files
-
-
-def list_parts(table_dir: Path, run_id: str | None = None, iteration: int | None = None) -> list[Path]:
-    """Every part file of a table (of one run, of one iteration), by the folder rules above: a listing walked
-    entry by entry, never a pattern, never through a link."""
-    if run_id is None:
-        runs = list(run_folders(table_dir)) if table_dir.exists() or table_dir.is_symlink() else []
-    else:
-        check_real_folder(table_dir, "table folder")
-        runs = [(run_id, partition_dir(table_dir, run_id))]
-    files: list[Path] = []
-    for _, run_folder in runs:
-        for number, folder in iteration_folders(run_folder):
-            if iteration is None or number == int(iteration):
-                files += part_files(folder)
-    return files
-
-
-def by_partition(files: list[Path]) -> list[list[Path]]:
-    """A listing of part files as the listings of their partition folders (in the order of their first file; a
-    sorted listing keeps its order)."""
-    groups: dict[Path, list[Path]] = {}
-    for path in files:
-        groups.setdefault(path.parent, []).append(path)
-    return list(groups.values())
 
 
 def partition_of(path: Path) -> tuple[str, int]:

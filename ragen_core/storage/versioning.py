@@ -1,6 +1,6 @@
 """The data root's lake layout version: ``_layout.json`` = ``{"layout_version": n, "part_records": true}`` (the
 names of each layout: :mod:`ragen_core.storage.layout`; the upgrade from an older one:
-:mod:`ragen_core.storage.upgrade`).
+:mod:`ragen_core.storage.maintenance.upgrade`).
 
 A data root gets the file with its first published part file (or from the upgrade). Readers refuse a layout newer
 than this code; writers also refuse to publish a run whose rows still lie in layout-1 folders (readers refuse those

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ragen_core.storage import DataLake, compact_run, query
-from ragen_core.storage import compaction as compaction_module
+from ragen_core.storage import DataLake, query
+from ragen_core.storage.maintenance import compact_run
+from ragen_core.storage.maintenance import compaction as compaction_module
 from tests.flows.test_resume import RUN, _overrides
 from tests.storage.synthetic import make_batch
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ragen_core.storage import DataLake
-from ragen_core.storage.space import SPACE_PREFIX
+from ragen_core.storage.maintenance.space import SPACE_PREFIX
 from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _rows, _wait_then_reap, _weights
 
 TABLES = ["trajectories", "turns", "metrics", "evaluations"]

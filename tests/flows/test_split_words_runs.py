@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from ragen_core.storage import DataLake
-from ragen_core.storage.export import export_dataset
+from ragen_core.storage.maintenance.export import export_dataset
 from ragen_core.storage.names import split_word_in
 
 datasets = pytest.importorskip("datasets")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import duckdb
 
-from ragen_core.storage import DataLake, compact_run
+from ragen_core.storage import DataLake
+from ragen_core.storage.maintenance import compact_run
 
 GROUPS, GROUP_SIZE, VAL_INSTANCES, ITERATIONS = 2, 4, 3, 2
 VAL_ENVS = ["bandit", "bandit_test"]

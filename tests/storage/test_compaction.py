@@ -5,11 +5,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from ragen_core.storage import DataLake, LakeError, compact_run, query
-from ragen_core.storage import compaction as compaction_module
+from ragen_core.storage import DataLake, LakeError, query
 from ragen_core.storage import trust as layout_module
-from ragen_core.storage.compaction import merged_name, run_lock
-from ragen_core.storage.parts import COMPACTION_MARKER
+from ragen_core.storage.locks import run_lock
+from ragen_core.storage.maintenance import compact_run
+from ragen_core.storage.maintenance import compaction as compaction_module
+from ragen_core.storage.parts import COMPACTION_MARKER, merged_name
 from schemas.tables import TRAJECTORIES
 from tests.storage.synthetic import make_run, write_run
 

@@ -4,17 +4,9 @@ import shutil
 
 import pytest
 
-from ragen_core.storage import (
-    DataLake,
-    RunActiveError,
-    RunNotFoundError,
-    checkpoint_row,
-    plan_removal,
-    query,
-    remove_run,
-    runs_overview,
-)
-from ragen_core.storage import housekeeping as housekeeping_module
+from ragen_core.storage import DataLake, checkpoint_row, query
+from ragen_core.storage.maintenance import RunActiveError, RunNotFoundError, plan_removal, remove_run, runs_overview
+from ragen_core.storage.maintenance import housekeeping as housekeeping_module
 from tests.storage.synthetic import make_run, write_run
 
 

@@ -17,11 +17,12 @@ import pytest
 from typer.testing import CliRunner
 
 from ragen_cli.main import app
-from ragen_core.storage import DataLake, LakeError, Stage, compact_run, query
-from ragen_core.storage import upgrade as upgrade_module
+from ragen_core.storage import DataLake, LakeError, Stage, query
 from ragen_core.storage.layout import stage_token
+from ragen_core.storage.maintenance import compact_run
+from ragen_core.storage.maintenance import upgrade as upgrade_module
+from ragen_core.storage.maintenance.upgrade import upgrade_layout
 from ragen_core.storage.parts import merged_name
-from ragen_core.storage.upgrade import upgrade_layout
 from schemas.tables import TABLES
 from tests.storage.real_lake import RUNS, VAL_ENVS, expected_counts, make_real_lake
 

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 from ragen_cli.main import app
 from ragen_core.run.offline import select_trajectories
 from ragen_core.storage import DataLake, LakeError, Stage, query
-from ragen_core.storage.export import export_dataset
 from ragen_core.storage.layout import parts_record_of, published_part_name
-from ragen_core.storage.upgrade import upgrade_layout
+from ragen_core.storage.maintenance.export import export_dataset
+from ragen_core.storage.maintenance.upgrade import upgrade_layout
 from ragen_core.training.offline import OfflineError
 from tests.storage.real_lake import RUNS, configured_counts, make_real_lake
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ragen_core.storage import DataLake
-from ragen_core.storage.space import SPACE_PREFIX, out_of_space
+from ragen_core.storage.maintenance.space import SPACE_PREFIX, out_of_space
 from tests.flows.test_concurrency import DROPPED_ENV
 from tests.flows.test_resume import RUN, _overrides
 
@@ -82,7 +82,7 @@ def test_a_want_of_space_recorded_by_an_earlier_command_is_not_a_later_failures_
     """A run failed on a full disk; space was freed and a resume failed for another reason before it wrote its
     manifest: that failure is recorded and reported as itself, not as the earlier want of space."""
     from ragen_core.run.record import RunRecord
-    from ragen_core.storage.space import space_failure, space_message
+    from ragen_core.storage.maintenance.space import space_failure, space_message
 
     lake = DataLake(tmp_path)
     stale = space_message("r", "iteration 0, stage commit")

@@ -64,7 +64,7 @@ def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str
     ``out`` that is inside the data root, a link, a file or a non-empty folder."""
     if not run_ids:
         raise ExportError("name at least one run to export (`ragen runs` lists them)")
-    from ragen_core.storage.housekeeping import runs_with_data
+    from ragen_core.storage.maintenance.housekeeping import runs_with_data
 
     known = runs_with_data(lake)
     for run_id in run_ids:

@@ -15,9 +15,13 @@ import resource
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ragen_core.storage.files import LakeError, read_json
-from ragen_core.storage.layout import manifest_file, prefect_home, run_dir, staging_dir
+from ragen_core.storage.layout import manifest_file, prefect_home, run_dir, space_reserve_file, staging_dir
+
+if TYPE_CHECKING:
+    from ragen_core.storage.lake import DataLake
 
 SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # the texts libraries put in place of the errno; "unexpected pos" is torch's writer finding a write came up short
@@ -73,6 +77,11 @@ SPACE_PREFIX = "the disk is full or a file-size limit was hit"
 # what a running run holds back (written, so a file system that allocates on write counts it): released when a write
 # finds no space, so that the manifest can still record the failure (its atomic write needs a new file)
 RESERVE_BYTES = 1 << 20
+
+
+def reserve_file(lake: DataLake, run_id: str) -> Path:
+    """The file in which a running run holds back its space: in its run folder (no link on the way)."""
+    return space_reserve_file(lake.run_dir(run_id))
 
 
 def hold_reserve(path: Path) -> bool:

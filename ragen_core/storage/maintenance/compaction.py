@@ -12,7 +12,7 @@ a partition while it is merged. One partition, in this order (:func:`compact_par
 4. delete the replaced files, then take them out of the record.
 
 Readers list the part files, then read the marker, and skip what the marker replaces only when the listing holds
-the merged file (:mod:`ragen_core.storage.parts`). So a crash
+the merged file (:mod:`ragen_core.storage.reader`). So a crash
 
 - before or during 2, or during 3 before the rename: the merged file is absent, the marker (if any) is inert, the
   old parts are the visible set; a hidden ``.part-compacted-*.tmp-*`` file may remain, recovery deletes it;
@@ -34,9 +34,6 @@ exclusive lock (``_locks/<run_id>.lock``, released by the OS if the process dies
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,23 +44,15 @@ from ragen_core.storage.files import (
     atomic_write_json,
     atomic_write_parquet,
     fsync_dir,
-    read_table_file,
 )
 from ragen_core.storage.lake import DataLake
-from ragen_core.storage.layout import compaction_marker, housekeeping_lock_file
+from ragen_core.storage.layout import compaction_marker
+from ragen_core.storage.locks import run_lock
 from ragen_core.storage.names import validate_run_id
-from ragen_core.storage.parts import (
-    MERGED_PREFIX,
-    merged_name,
-    read_marker,
-    record_parts,
-    superseded,
-    visible_parts,
-)
+from ragen_core.storage.parts import MERGED_PREFIX, merged_name, record_parts
+from ragen_core.storage.reader import read_marker, read_part, superseded, trusted_parts
 from ragen_core.storage.trust import (
     check_real_folder,
-    check_regular_file,
-    check_rows,
     iteration_folders,
     part_files,
     partition_of,
@@ -96,26 +85,6 @@ class CompactionReport:
         return sum(c.files_before - 1 for c in self.compacted)
 
 
-@contextmanager
-def run_lock(lake: DataLake, run_id: str) -> Iterator[None]:
-    """Exclusive lock of a run's housekeeping (compaction, removal); fails at once when another process holds it."""
-    import fcntl  # POSIX only: imported here so that the rest of the lake imports everywhere
-
-    path = housekeeping_lock_file(lake.root, run_id)
-    check_real_folder(path.parent, "locks folder")
-    check_regular_file(path, "lock file")  # never opened (or created) through a link
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644), "a+") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise LakeError(f"run {run_id!r} is being compacted or removed by another process; try again") from exc
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 def recover_partition(lake: DataLake, spec: TableSpec, folder: Path) -> None:
     """Finish a compaction of ``folder`` that passed its commit point, or clear the leftovers of one that did not.
     The marker is checked first (:mod:`ragen_core.storage.layout`): only plain part names of this folder, and only
@@ -140,8 +109,8 @@ def _check_merged_holds(lake: DataLake, spec: TableSpec, folder: Path, marker: d
     and their rows, in the current schema, the merged file's last rows; anything else raises, naming the marker."""
     replaces = marker["replaces"]
     marker_path = compaction_marker(folder)
-    merged = _read_part(lake, spec, folder / marker["merged"])
-    tail = pa.concat_tables([_read_part(lake, spec, folder / name) for name in present])
+    merged = read_part(folder / marker["merged"], spec, lake.upgrades)
+    tail = pa.concat_tables([read_part(folder / name, spec, lake.upgrades) for name in present])
     tail = tail.cast(spec.arrow_schema)
     if replaces[len(replaces) - len(present) :] != present or not _same_rows(
         merged.slice(merged.num_rows - tail.num_rows), tail
@@ -174,10 +143,10 @@ def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> Partitio
     """Merge the visible part files of one partition folder into one (steps 1-4 above); None when there is at most
     one file."""
     recover_partition(lake, spec, folder)
-    files = visible_parts(part_files(folder), spec, layout_state(lake.root)[1])
+    files = sorted(trusted_parts(part_files(folder), spec, layout_state(lake.root)[1]))
     if len(files) < 2:
         return None
-    merged = pa.concat_tables([_read_part(lake, spec, f) for f in files])
+    merged = pa.concat_tables([read_part(f, spec, lake.upgrades) for f in files])
     # the current schema, with its version and column descriptions in the metadata
     merged = merged.cast(spec.arrow_schema).replace_schema_metadata(spec.arrow_schema.metadata)
     names = [f.name for f in files]
@@ -223,13 +192,6 @@ def _compact_tables(
             result = compact_partition(lake, spec, folder)
             if result is not None:
                 report.compacted.append(result)
-
-
-def _read_part(lake: DataLake, spec: TableSpec, path: Path) -> pa.Table:
-    """One part file, refused when its rows are not its folder's (they would be merged under the wrong run)."""
-    table = read_table_file(path, spec, lake.upgrades)
-    check_rows(path, table, spec)
-    return table
 
 
 def _iteration_of(folder: Path) -> int:

@@ -30,12 +30,11 @@ import pyarrow.parquet as pq
 
 from ragen_core.storage import layout
 from ragen_core.storage.catalog import query
-from ragen_core.storage.compaction import run_lock
 from ragen_core.storage.files import LakeError, read_parquet
 from ragen_core.storage.lake import DataLake
-from ragen_core.storage.locks import run_writer
+from ragen_core.storage.locks import run_lock, run_writer
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
-from ragen_core.storage.parts import StrayPartError
+from ragen_core.storage.reader import StrayPartError
 from ragen_core.storage.trust import check_real_folder, checkpoint_folder
 
 RUNS_OVERVIEW_SQL = """

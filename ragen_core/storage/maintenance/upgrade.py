@@ -39,7 +39,6 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ragen_core.storage.compaction import run_lock
 from ragen_core.storage.files import LakeError, atomic_write_json, fsync_dir, read_json
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import (
@@ -55,9 +54,10 @@ from ragen_core.storage.layout import (
     parts_record_of,
     published_part_name,
 )
-from ragen_core.storage.locks import run_writer
+from ragen_core.storage.locks import run_lock, run_writer
 from ragen_core.storage.names import is_valid_run_id
-from ragen_core.storage.parts import merged_name, read_record, record_parts
+from ragen_core.storage.parts import merged_name, record_parts
+from ragen_core.storage.reader import read_record
 from ragen_core.storage.trust import (
     check_marker,
     check_real_folder,
