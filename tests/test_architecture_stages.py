@@ -34,7 +34,8 @@ def task_name_offences(tree: ast.Module) -> list[str]:
             continue
         for keyword in node.keywords:
             value = keyword.value
-            if keyword.arg != "task_run_name" or (isinstance(value, ast.Call) and ast.unparse(value.func) == "run_name"):
+            made = isinstance(value, ast.Call) and ast.unparse(value.func) == "run_name"
+            if keyword.arg != "task_run_name" or made:
                 continue
             if "{iteration}" in ast.unparse(value):
                 found.append(f"line {node.lineno}: task_run_name={ast.unparse(value)} spells its stage by hand")
