@@ -3,8 +3,8 @@
 The flow runs as users run it (Prefect's temporary local server; each iteration a group of tasks of the ``train``
 flow). A measurement harness in this process wraps, without changing what they do:
 
-- the core call of every stage (the :mod:`ragen_core.run.stages` functions the tasks call; nested core calls, e.g. the
-  persist inside ``evaluate``, count once), so core time per iteration is known;
+- the core call of every stage (the :mod:`ragen_core.run.stages` functions the rows of its tables name, which the
+  tasks call), so core time per iteration is known;
 - the ``starpo_iteration`` call, so the iteration's wall time is known;
 - ``atomic_write_parquet`` (Parquet encode + fsync + rename), for the storage share;
 - resident memory, sampled every 10 ms, with the peak taken per iteration.
@@ -15,24 +15,16 @@ flow's own glue and anything else that is neither generating, storing, validatin
 
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ROOT, RssSampler, patched, spread
 
-# (module or class, name) of the core call of every stage task: ragen_core.run.stages functions and the batch
-# pipeline's steps (ragen_core.run.batches)
-CORE_CALLS = (
-    ("stages", "generate_rollouts"),
-    ("pipeline", "persist"),
-    ("pipeline", "validate"),
-    ("batches", "filter_and_publish"),
-    ("stages", "update_policy"),
-    ("stages", "evaluate"),
-    ("stages", "commit_iteration"),
-)
+# the tables of flows/train.py whose steps' functions are the stages' core calls (ragen_core.run.stages)
+TABLES = ("ITERATION", "FINAL_VALIDATION")
 
 
 class CoreClock:
@@ -43,6 +35,7 @@ class CoreClock:
         self.seconds: dict[str, float] = {}
 
     def wrap(self, name: str, fn: Any) -> Any:
+        @functools.wraps(fn)  # a step's task is named as its function
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self.depth:
                 return fn(*args, **kwargs)
@@ -78,13 +71,12 @@ def run_flow(
     validation's metrics. ``progress(iteration, metrics)`` hears the flow's progress (:func:`flows.ui.watching`).
 
     ``variant`` measures the previous design side by side: the iteration as a ``starpo_iteration`` subflow of its
-    own, and the rollout records handed to the persist task as they are (Prefect walks them looking for futures).
-    The flow itself runs each iteration as a group of tasks of ``train`` with the records ``quote``-d.
+    own, and the steps' state (the rollout records) handed to the tasks as it is (Prefect walks it looking for
+    futures). The flow itself runs each iteration as a group of tasks of ``train`` with the state ``quote``-d.
     """
     import flows.train as train_module
-    import ragen_core.run.batches as batches
-    import ragen_core.run.stages as stages
     import ragen_core.storage.lake as lake_module
+    import tasks.iteration as task_module
     from flows.ui import watching
     from ragen_core.run.checks import load_run_config as load_config
 
@@ -123,14 +115,13 @@ def run_flow(
         rows.append(row)
         return metrics
 
-    owners = {"stages": stages, "batches": batches, "pipeline": batches.BatchPipeline}
-    patches = [patched(owners[o], name, clock.wrap(name, getattr(owners[o], name))) for o, name in CORE_CALLS]
+    patches = [patched(train_module, table, timed_steps(clock, getattr(train_module, table))) for table in TABLES]
     patches.append(
         patched(lake_module, "atomic_write_parquet", parquet.wrap("parquet", lake_module.atomic_write_parquet))
     )
     patches.append(patched(train_module, "starpo_iteration", timed_iteration))
     if variant:  # the records unquoted, as before
-        patches.append(patched(train_module, "quote", lambda records: records))
+        patches.append(patched(task_module, "quote", lambda value: value))
     final: dict[str, float] = {}
 
     def on_progress(iteration: int, metrics: dict[str, float]) -> None:
@@ -151,6 +142,11 @@ def run_flow(
         for patch in reversed(patches):
             patch.__exit__(None, None, None)
     return rows, final
+
+
+def timed_steps(clock: CoreClock, steps: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The table ``steps`` with each step's function timed by ``clock`` under the function's name."""
+    return tuple(replace(step, function=clock.wrap(step.function.__name__, step.function)) for step in steps)
 
 
 class _Null:

@@ -54,6 +54,7 @@ def measure(case: GroupCase) -> dict[str, Any]:
     from benchmarks.update_bench import UpdateCase, bench_config, make_batch
     from ragen_core.run import stages
     from ragen_core.run.checks import build_run_config
+    from ragen_core.run.iteration import IterationState
     from ragen_core.run.session import open_session
     from ragen_core.storage import DataLake
     from ragen_core.training.checkpoint import load_exported_weights
@@ -73,7 +74,7 @@ def measure(case: GroupCase) -> dict[str, Any]:
             rollout = _RolloutCopy(group.rollout_policy(folder, torch.float32)[0])
 
             def inprocess() -> int:
-                return int(stages.update_policy(session, 0)["actor/trained_tokens"])
+                return int(stages.update_policy(session, 0, IterationState())["actor/trained_tokens"])
 
             def shared() -> int:
                 started = time.perf_counter()

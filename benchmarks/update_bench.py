@@ -34,6 +34,7 @@ from benchmarks.models import parameter_count
 from ragen_core.config import RunConfig
 from ragen_core.run import stages
 from ragen_core.run.checks import build_run_config, load_run_config
+from ragen_core.run.iteration import IterationState
 from ragen_core.run.session import RunSession, open_session
 from ragen_core.seeding import derive_seed
 from ragen_core.storage import DataLake
@@ -67,11 +68,9 @@ def policy_of(session: RunSession) -> torch.nn.Module:
 
 def make_batch(session: RunSession, iteration: int) -> None:
     """Generate, persist, validate and filter (publish) one real training batch, as the flow's stages do."""
-    records = stages.generate_rollouts(session, iteration)
-    batch = stages.training_batch(session, iteration)
-    batch.persist(records)
-    batch.validate()
-    stages.filter_and_publish(session, batch)
+    state = IterationState()
+    for stage in (stages.generate_rollouts, stages.persist, stages.validate, stages.filter_and_publish):
+        stage(session, iteration, state)
 
 
 class BareUpdate:
@@ -143,7 +142,7 @@ def rescoring_update(session: RunSession, iteration: int) -> Callable[[], int]:
         own = updater.config
         updater.config = never
         try:
-            return int(stages.update_policy(session, iteration)["actor/trained_tokens"])
+            return int(stages.update_policy(session, iteration, IterationState())["actor/trained_tokens"])
         finally:
             updater.config = own
 
@@ -168,12 +167,12 @@ def _time_sides(session: RunSession, bare: BareUpdate, kept: BareUpdate, repeats
     try:
 
         def ours() -> int:
-            return int(stages.update_policy(session, 0)["actor/trained_tokens"])
+            return int(stages.update_policy(session, 0, IterationState())["actor/trained_tokens"])
 
         rescore = rescoring_update(session, 0)
         # warm-up of every side (first-step allocations, optimizer state); ours first, while the batch is still
         # on-policy (later repeats update on it again): its log-prob gap is the meaningful one
-        gap = stages.update_policy(session, 0).get(GAP_METRIC)
+        gap = stages.update_policy(session, 0, IterationState()).get(GAP_METRIC)
         bare()
         rescore()
         kept()

@@ -9,10 +9,13 @@ from flows import ui
 from ragen_core.config import RunConfig
 from ragen_core.run import evaluation as e
 from ragen_core.run.entry import check_run_id, open_run, run_lake
+from ragen_core.run.iteration import IterationState
 from ragen_core.run.record import run_status
+from ragen_core.run.stages import FINAL_VALIDATION
 from ragen_core.storage import DataLake
 from tasks import reporting as r
 from tasks import stages as t
+from tasks.iteration import call_as_task
 
 
 @ui.flow(name="evaluate", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
@@ -62,8 +65,10 @@ def _evaluate(lake: DataLake, run_config: RunConfig, run_id: str, target: str, w
     with run_status(session):
         evaluated = {"target": target, "model": which, "model_dir": str(model_dir)}
         session.record.update(kind="evaluation", evaluated=evaluated)
-        metrics = t.evaluate(session, 0, ui.step)
-        t.commit_iteration(session, 0, metrics, updated=False)
+        state = IterationState(tell=ui.step)
+        for step in FINAL_VALIDATION:  # untimed: an evaluation run's metrics are its validation's
+            call_as_task(step, session, 0, state)
+        metrics = state.metrics
     ui.report(0, metrics)
     r.publish_iteration_artifact(run_id, 0, metrics)
     return _result(lake, run_id, which, reused=False)

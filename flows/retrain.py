@@ -8,10 +8,13 @@ from flows import ui
 from flows.train import final_evaluation, resolve_config
 from ragen_core.config import RunConfig
 from ragen_core.run.entry import check_run_id, open_run, run_lake
+from ragen_core.run.iteration import IterationState
 from ragen_core.run.record import check_run_id_free, run_status
+from ragen_core.run.stages import COMMIT, EVALUATION
 from ragen_core.storage import DataLake
 from tasks import offline as o
 from tasks import stages as t
+from tasks.iteration import call_as_task
 
 
 @ui.flow(name="retrain_offline", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
@@ -62,13 +65,14 @@ def _retrain(
     with run_status(session):
         session.record.update(kind="offline", lineage=o.lineage(sql, table, mode, init_dir, lake))
         for epoch in range(epochs):
+            state = IterationState(updated=True, tell=ui.step)  # each epoch trains: its commit saves when due
             if epoch == 0:
                 ui.step("validating the model before training")
-            metrics = t.evaluate(session, 0, ui.step) if epoch == 0 else {}
+                call_as_task(EVALUATION, session, 0, state)
             ui.step(f"epoch {epoch + 1} of {epochs}: {mode} over {table.num_rows} trajectories")
-            metrics.update(o.offline_epoch(session, table, mode, epoch))
-            t.commit_iteration(session, epoch, metrics, updated=True)
-            ui.report(epoch, metrics)
+            state.metrics.update(o.offline_epoch(session, table, mode, epoch))
+            call_as_task(COMMIT, session, epoch, state)
+            ui.report(epoch, state.metrics)
         ui.step("validating the re-trained model")
         ui.report(epochs, final_evaluation(session, epochs, ui.step))
     return {"run_id": run_id, "data_root": str(lake.root), "trajectories": table.num_rows}

@@ -1,4 +1,4 @@
-"""The ``train`` flow (fresh or resumed) and its ``starpo_iteration`` subflow."""
+"""The ``train`` flow (fresh or resumed) and its iterations (``starpo_iteration``: a group of its tasks)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefect.utilities.annotations import quote
-
 from flows import ui
 from ragen_core.config import RunConfig
 from ragen_core.run.checks import build_run_config, load_run_config
-from ragen_core.run.clock import IterationStage, StageClock
 from ragen_core.run.decisions import ResumePlan, Start, resume_line
 from ragen_core.run.entry import check_run_id, open_run, run_lake
+from ragen_core.run.iteration import IterationState, run_iteration
 from ragen_core.run.record import RunRecord, default_run_id, new_manifest, run_status
 from ragen_core.run.resume import decide_run_start
 from ragen_core.run.session import RunSession
-from ragen_core.run.stages import stop_early, training_batch
-from ragen_core.storage import DataLake, Stage
+from ragen_core.run.stages import FINAL_VALIDATION, ITERATION, stop_early
+from ragen_core.storage import DataLake
 from tasks import reporting as r
 from tasks import stages as t
+from tasks.iteration import call_as_task
 
 
 def resolve_config(config: RunConfig | dict[str, Any] | str | None, overrides: list[str] | None = None) -> RunConfig:
@@ -36,51 +35,19 @@ def resolve_config(config: RunConfig | dict[str, Any] | str | None, overrides: l
     return build_run_config(config, list(overrides or []))
 
 
-def eval_due(config: RunConfig, iteration: int) -> bool:
-    """Validation runs at iteration 0, every ``eval.every`` iterations, and after the last update."""
-    return iteration % config.eval.every == 0 or iteration == config.trainer.iterations
-
-
 def starpo_iteration(
     session: RunSession, iteration: int, artifacts: r.IterationArtifacts | None = None
 ) -> dict[str, float]:
-    """One StarPO iteration: [evaluate] -> generate -> persist -> validate -> filter -> [diagnose] -> update -> commit
-    -> artifact (in the background through ``artifacts``; without it, before returning).
+    """One StarPO iteration: the due steps of :data:`ragen_core.run.stages.ITERATION` ([evaluate] -> generate ->
+    persist -> validate -> filter -> [diagnose] -> update -> commit), each a Prefect task, then the artifact (in the
+    background through ``artifacts``; without it, before returning).
 
     A group of tasks of the ``train`` flow, not a subflow: measured at the demo config, a subflow per iteration plus
     Prefect walking the rollout records for futures cost ~1.7 s of a 3.3 s iteration (benchmarks/RESULTS.md, section
-    3). The records reach the persist task ``quote``-d, so Prefect passes them through untouched."""
-    config = session.config
-    metrics: dict[str, float] = {}
-    stage = StageClock(session.record, iteration, metrics)
-    if eval_due(config, iteration) or _evaluated(session, iteration):
-        with stage(IterationStage.EVALUATE):
-            metrics.update(t.evaluate(session, iteration))
-    with stage(IterationStage.GENERATE):
-        records = t.generate_rollouts(session, iteration)
-    batch = training_batch(session, iteration)
-    with stage(IterationStage.PERSIST):
-        t.persist(batch, quote(records))
-    with stage(IterationStage.VALIDATE):
-        t.validate(batch)
-    with stage(IterationStage.FILTER):
-        metrics.update(t.filter_and_publish(session, batch))
-    if config.trainer.mi_diagnostic:  # scored by the policy that sampled the batch, so before the update
-        with stage(IterationStage.DIAGNOSE):
-            metrics.update(t.diagnose_reasoning(session, iteration))
-    with stage(IterationStage.UPDATE):
-        metrics.update(t.update_policy(session, iteration))
-    with stage(IterationStage.COMMIT):
-        t.commit_iteration(session, iteration, metrics, updated=True)
+    3); the steps get the session and their state quoted (:func:`tasks.iteration.call_as_task`)."""
+    metrics = run_iteration(session, iteration, ITERATION, call=call_as_task)
     _publish(artifacts, session.run_id, iteration, metrics)
     return metrics
-
-
-def _evaluated(session: RunSession, iteration: int) -> bool:
-    """Whether a validation stage of ``iteration`` already finished (an extended run's reopened final validation):
-    its metrics then belong to the iteration's, whether or not a validation is due."""
-    stages = session.lake.finished_stages(session.run_id, iteration)
-    return any(stage.startswith(Stage.evaluation("")) for stage in stages)
 
 
 def _publish(artifacts: r.IterationArtifacts | None, run_id: str, iteration: int, metrics: dict[str, float]) -> None:
@@ -93,14 +60,9 @@ def _publish(artifacts: r.IterationArtifacts | None, run_id: str, iteration: int
 def final_evaluation(
     session: RunSession, iteration: int, step: Callable[[str], None] | None = None
 ) -> dict[str, float]:
-    """Validation of the final policy, committed as its own iteration (``iteration`` = number of updates); ``step``
-    hears of each env (:func:`ragen_core.run.stages.evaluate`)."""
-    metrics: dict[str, float] = {}
-    stage = StageClock(session.record, iteration, metrics)
-    with stage(IterationStage.EVALUATE):
-        metrics.update(t.evaluate(session, iteration, step))
-    with stage(IterationStage.COMMIT):
-        t.commit_iteration(session, iteration, metrics, updated=False)
+    """Validation of the final policy, committed as its own iteration (``iteration`` = number of updates:
+    :data:`ragen_core.run.stages.FINAL_VALIDATION`); ``step`` hears of each env."""
+    metrics = run_iteration(session, iteration, FINAL_VALIDATION, call=call_as_task, state=IterationState(tell=step))
     r.publish_iteration_artifact(session.run_id, iteration, metrics)
     return metrics
 

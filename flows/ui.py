@@ -2,7 +2,7 @@
 
 - **Names**: a flow run is named after its run id (a sweep after its sweep id, a sweep point after its point's run
   id): at creation when the id is a parameter (``flow_run_name=named_after("run_id")``), else by :func:`showing`
-  once the flow has derived it. Task runs carry their stage and iteration (``generate-i3``: tasks/stages.py).
+  once the flow has derived it. Task runs carry their stage and iteration (``generate-i3``: tasks/iteration.py).
 - **Parameters**: a flow run's parameters (a config path, overrides, a data root: free-form text) are stored on the
   server with every control character written as an escape, as log lines are: our flows are :class:`ShownFlow`
   objects (``@ui.flow``), which store them escaped when they are called, and a run created elsewhere (a deployment

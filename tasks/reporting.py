@@ -9,10 +9,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from ragen_core.monitor.reports import artifact_key, escape_controls, iteration_markdown
-from ragen_core.run.clock import IterationStage
+from ragen_core.run.clock import run_name
 
 
-@task(name="publish_iteration_artifact", task_run_name=IterationStage.ARTIFACT.run_name, cache_policy=NO_CACHE)
+@task(name="publish_iteration_artifact", task_run_name=run_name("artifact"), cache_policy=NO_CACHE)
 def publish_iteration_artifact(run_id: str, iteration: int, metrics: dict[str, float]) -> str:
     """A markdown artifact of the iteration's metrics, one version per iteration under the run's key."""
     key = artifact_key(run_id)

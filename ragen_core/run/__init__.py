@@ -13,7 +13,9 @@ this one):
 - :mod:`~ragen_core.run.session`: the session (config, lake, run id, rollout policy, updater, record);
 - :mod:`~ragen_core.run.batches`: the batch pipeline every stored batch passes (stage -> validate -> filter ->
   publish);
-- :mod:`~ragen_core.run.stages`: the stages of one iteration; :mod:`~ragen_core.run.resume`: restoring a session;
+- :mod:`~ragen_core.run.stages`: the stages of one iteration and their tables, which
+  :mod:`~ragen_core.run.iteration` runs (timed by :mod:`~ragen_core.run.clock`); :mod:`~ragen_core.run.resume`:
+  restoring a session;
 - :mod:`~ragen_core.run.bootstrap`, :mod:`~ragen_core.run.evaluation`, :mod:`~ragen_core.run.offline`: the bootstrap,
   stand-alone evaluation and offline re-training.
 

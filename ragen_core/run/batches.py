@@ -4,8 +4,9 @@ Training rollouts (filtered, then trained on), validation rollouts and a bootstr
 a :class:`BatchPipeline`: the records are staged as Parquet (invisible to readers), the data contracts judge the
 staged batch (a failing batch is quarantined with a report and nothing from it is published), the group filter
 marks the kept groups (training only), and the batch is published (atomic renames) and marked done with its
-metrics, so a resume reuses it. The training flow calls the steps as separate tasks, so each is a visible, timed
-stage; everyone else calls :meth:`BatchPipeline.run`.
+metrics, so a resume reuses it. An iteration runs the steps as stages of their own (``persist``, ``validate``,
+``filter``: :mod:`ragen_core.run.stages`), so each is a visible, timed stage; everyone else calls
+:meth:`BatchPipeline.run`.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from ragen_core.algos import FilterSettings, apply_filter, filter_metric
 from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
 from ragen_core.envs import make_env
-from ragen_core.faults import maybe_fail
-from ragen_core.monitor.metrics import filter_metrics, rollout_metrics
 from ragen_core.rollout import TrajectoryRecord
 from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_table
 from ragen_core.storage import DataLake, LakeError
@@ -68,7 +67,7 @@ class BatchRules:
 
 class BatchPipeline:
     """One batch of one stage (``meta``: its run, iteration, split; ``stage``: a :class:`ragen_core.storage.Stage`
-    name) on its way into the lake. A plain class, not a dataclass: Prefect passes it to tasks without walking it."""
+    name) on its way into the lake."""
 
     def __init__(self, lake: DataLake, meta: BatchMeta, stage: str, rules: BatchRules) -> None:
         self.lake, self.meta, self.stage, self.rules = lake, meta, stage, rules
@@ -161,18 +160,6 @@ class BatchPipeline:
             self.lake.read_staged(run_id, iteration, self.stage, "trajectories"),
             self.lake.read_staged(run_id, iteration, self.stage, "turns"),
         )
-
-
-def filter_and_publish(
-    pipeline: BatchPipeline, algorithm: FilterSettings, entropy: TrajectoryEntropy | None = None
-) -> dict[str, float]:
-    """A training batch's last steps: the group filter of the ``algorithm`` config section (``entropy``: see
-    :meth:`BatchPipeline.filter`), then the publish; returns rollout and filter metrics."""
-    pipeline.filter(algorithm, entropy)
-    metrics = pipeline.publish(lambda trajectories, turns: {**rollout_metrics(trajectories, turns),
-                                                            **filter_metrics(trajectories)})  # fmt: skip
-    maybe_fail("publish", "after", pipeline.meta.iteration)  # published, not yet trained on or committed
-    return metrics
 
 
 def filter_inputs(

@@ -61,12 +61,7 @@ class RolloutPolicy:
 
 
 class RunSession:
-    """Everything one run's stages share in memory.
-
-    A plain class, not a dataclass: Prefect walks every field of a task's dataclass arguments looking for futures,
-    and a session holds the config and the run's whole metric history, which grows with every iteration. Measured
-    (Prefect's ``visit_collection``, 60 metrics per iteration, loaded 2-core machine): 7.8 ms per task call after one
-    iteration, 63 ms after 50, 218 ms after 200, against 0.006 ms for a plain object."""
+    """Everything one run's stages share in memory."""
 
     def __init__(
         self, config: RunConfig, lake: DataLake, run_id: str, policy: RolloutPolicy, updater: Updater,

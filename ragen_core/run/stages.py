@@ -1,9 +1,12 @@
-"""The stages of one StarPO iteration, as plain functions over a :class:`RunSession` (Prefect-free).
+"""The stages of one StarPO iteration, functions over ``(session, iteration, state)``, and their tables (Prefect-free).
 
-generate -> [the batch pipeline: persist -> validate -> filter + publish] -> [diagnose] -> update -> commit;
-validation rollouts (evaluate) run at iterations 0, every ``eval.every`` and after the last update, so ``split='val'``
-rows of iteration i measure the policy after i updates. ``diagnose`` (``trainer.mi_diagnostic``) scores the
-input-reasoning mutual information of the batch with the policy that sampled it.
+[evaluate] -> generate -> [the batch pipeline: persist -> validate -> filter + publish] -> [diagnose] -> update ->
+commit (:data:`ITERATION`, at the end of this module, walked by :func:`ragen_core.run.iteration.run_iteration`);
+validation rollouts (evaluate) run at iterations 0, every ``eval.every`` and after the last update
+(:data:`FINAL_VALIDATION`), so ``split='val'`` rows of iteration i measure the policy after i updates. ``diagnose``
+(``trainer.mi_diagnostic``) scores the input-reasoning mutual information of the batch with the policy that sampled
+it. Each stage puts what the later ones need into the :class:`~ragen_core.run.iteration.IterationState` and returns
+what it made.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from ragen_core.monitor.diagnostics import (
 from ragen_core.monitor.metrics import (
     MI_KEYS,
     collapse_warnings,
+    filter_metrics,
+    rollout_metrics,
     template_collapse_warnings,
     throughput_metrics,
     truncation_warnings,
@@ -42,9 +47,9 @@ from ragen_core.monitor.metrics import (
 )
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
 from ragen_core.rollout.records import BatchMeta
-from ragen_core.run import batches
 from ragen_core.run.batches import BatchPipeline, BatchRules, TrajectoryEntropy
 from ragen_core.run.decisions import stops_early
+from ragen_core.run.iteration import IterationState, Step
 from ragen_core.run.session import RunSession
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import Stage, checkpoint_row, evaluation_rows, event_row
@@ -79,7 +84,7 @@ def rollout_spec(
     )
 
 
-def generate_rollouts(session: RunSession, iteration: int) -> list[TrajectoryRecord]:
+def generate_rollouts(session: RunSession, iteration: int, state: IterationState) -> list[TrajectoryRecord]:
     """Stage 1: ``env_groups x group_size`` training rollouts; env seeds and sampling derive from (seed, iteration)."""
     config = session.config
     seeds = derive_seeds(config.seed, config.rollout.env_groups, iteration, "env_seeds")
@@ -87,6 +92,7 @@ def generate_rollouts(session: RunSession, iteration: int) -> list[TrajectoryRec
     backend = session.policy.backend(config.rollout, config.rollout.temperature)
     records = run_rollouts(spec, backend, session.policy.formatter, derive_seed(config.seed, iteration, "rollout"))
     maybe_fail("rollout", "inside", iteration)  # rollouts in memory, nothing written yet
+    state.records = records
     return records
 
 
@@ -98,10 +104,34 @@ def training_batch(session: RunSession, iteration: int) -> BatchPipeline:
     return BatchPipeline(session.lake, meta, Stage.ROLLOUT, rules)
 
 
-def filter_and_publish(session: RunSession, pipeline: BatchPipeline) -> dict[str, float]:
-    """The filter stage of a training batch: the group filter the session's config sets (``algorithm.filter`` and
-    its options, the entropy of :func:`filter_entropy`), then the publish; returns rollout and filter metrics."""
-    return batches.filter_and_publish(pipeline, session.config.algorithm, filter_entropy(session))
+def persist(session: RunSession, iteration: int, state: IterationState) -> dict[str, Any]:
+    """Stage 2: the training rollouts staged as Parquet (invisible to readers until the filter publishes them)."""
+    state.batch = training_batch(session, iteration)
+    return state.batch.persist(state.records)
+
+
+def validate(session: RunSession, iteration: int, state: IterationState) -> dict[str, Any]:
+    """Stage 3: the data contracts on the staged batch; a failing batch is quarantined (:class:`BatchRejected`)."""
+    return _batch(state).validate()
+
+
+def filter_and_publish(session: RunSession, iteration: int, state: IterationState) -> dict[str, float]:
+    """Stage 4: the group filter the session's config sets (``algorithm.filter`` and its options, the entropy of
+    :func:`filter_entropy`) writes ``kept`` into the staged batch, which is then published and marked done; returns
+    the rollout and filter metrics."""
+    batch = _batch(state)
+    batch.filter(session.config.algorithm, filter_entropy(session))
+    metrics = batch.publish(lambda trajectories, turns: {**rollout_metrics(trajectories, turns),
+                                                         **filter_metrics(trajectories)})  # fmt: skip
+    maybe_fail("publish", "after", iteration)  # published, not yet trained on or committed
+    state.metrics.update(metrics)
+    return metrics
+
+
+def _batch(state: IterationState) -> BatchPipeline:
+    if state.batch is None:
+        raise RuntimeError("the iteration has no training batch: the persist stage makes it")
+    return state.batch
 
 
 def filter_entropy(session: RunSession) -> TrajectoryEntropy | None:
@@ -128,7 +158,7 @@ def filter_entropy(session: RunSession) -> TrajectoryEntropy | None:
     return entropy
 
 
-def diagnose_reasoning(session: RunSession, iteration: int) -> dict[str, float]:
+def diagnose_reasoning(session: RunSession, iteration: int, state: IterationState) -> dict[str, float]:
     """Stage 4b (``trainer.mi_diagnostic``): the input-reasoning mutual information of the iteration's published
     training trajectories under the policy that sampled them (before the update), as ``diag/reasoning_*`` metrics
     (:mod:`ragen_core.monitor.diagnostics`), and with ``trainer.mi_multi_turn`` RAGEN-2's multi-turn sample as
@@ -152,6 +182,7 @@ def diagnose_reasoning(session: RunSession, iteration: int) -> dict[str, float]:
         seed = derive_seed(config.seed, iteration, "reasoning_mt")
         metrics.update(_mi_metrics([x for x, _ in pairs], [z for _, z in pairs], scorer, trainer.mi_prompts, seed,
                                    "reasoning_mt", range(len(pairs))))  # fmt: skip
+    state.metrics.update(metrics)
     return metrics
 
 
@@ -173,21 +204,24 @@ def _mi_metrics(
     return {f"diag/{stem}_prompts": float(len({k for k, z in zip(keys, reasonings, strict=True) if z}))}
 
 
-def update_policy(session: RunSession, iteration: int) -> dict[str, float]:
+def update_policy(session: RunSession, iteration: int, state: IterationState) -> dict[str, float]:
     """Stage 5: the StarPO update (actor, and critic when the estimator needs one) on the iteration's kept rows, by
     the session's updater; the rollout side then samples from the new weights. When the filter kept no group
-    (RAGEN's ``empty_after_filter``) nothing is trained: the policy stays as it is."""
+    (RAGEN's ``empty_after_filter``) nothing is trained: the policy stays as it is (the iteration still counts as
+    updated: its commit saves a checkpoint when one is due)."""
     metrics = session.updater.update(iteration)
     if metrics != SKIPPED:
         session.updater.sync(session.policy)
+    state.metrics.update(metrics)
+    state.updated = True
     return metrics
 
 
-def evaluate(session: RunSession, iteration: int, step: Callable[[str], None] | None = None) -> dict[str, float]:
-    """Stage 6: validation rollouts on fixed instances of every validation env, stored with ``split='val'``; an env
-    whose batch a crash left published is reused. ``step``: told of each env as it starts and ends (the commands that
-    are a validation and little else say so: ``ragen eval``, ``ragen retrain``)."""
-    config = session.config
+def evaluate(session: RunSession, iteration: int, state: IterationState) -> dict[str, float]:
+    """Stage 0 (when due): validation rollouts on fixed instances of every validation env, stored with
+    ``split='val'``; an env whose batch a crash left published is reused. ``state.tell`` hears of each env as it
+    starts and ends (the commands that are a validation and little else say so: ``ragen eval``, ``ragen retrain``)."""
+    config, step = session.config, state.tell
     metrics: dict[str, float] = {}
     meta = BatchMeta.validation(session.run_id, iteration, config.eval.temperature, session.config_hash)
     for env_name in config.env.validation_envs:
@@ -208,6 +242,7 @@ def evaluate(session: RunSession, iteration: int, step: Callable[[str], None] | 
         else:
             _tell(step, f"{env_name}: its stored validation reused")
         metrics.update(done["metrics"])
+    state.metrics.update(metrics)
     return metrics
 
 
@@ -279,14 +314,13 @@ def save_checkpoint_if_due(session: RunSession, iteration: int, metrics: dict[st
     return path
 
 
-def commit_iteration(
-    session: RunSession, iteration: int, metrics: dict[str, float], updated: bool = False
-) -> dict[str, Any]:
-    """Stage 7: the checkpoint when due (``updated``: the iteration ran an update), the metrics rows (plus
-    throughput), the early-warning events and the evaluations rows (from the published ``split='val'`` rows, when
-    the iteration has any); publish them, write the commit marker and update the manifest."""
-    lake, run_id = session.lake, session.run_id
-    metrics = {**metrics, **throughput_metrics(metrics)}
+def commit_iteration(session: RunSession, iteration: int, state: IterationState) -> dict[str, Any]:
+    """Stage 7: the checkpoint when due (``state.updated``: the iteration ran an update), the metrics rows of
+    ``state.metrics`` (plus throughput), the early-warning events and the evaluations rows (from the published
+    ``split='val'`` rows, when the iteration has any); publish them, write the commit marker and update the
+    manifest; returns the commit's summary."""
+    lake, run_id, updated = session.lake, session.run_id, state.updated
+    metrics = {**state.metrics, **throughput_metrics(state.metrics)}
     checkpoint = save_checkpoint_if_due(session, iteration, metrics) if updated else None
     names = sorted(metrics)
     rows = [{"run_id": run_id, "iteration": iteration, "name": n, "value": float(metrics[n])} for n in names]
@@ -313,3 +347,37 @@ def commit_iteration(
     session.record.metric_history.append(metrics)
     session.record.update(last_committed_iteration=iteration)
     return {"iteration": iteration, **summary}
+
+
+def evaluation_due(session: RunSession, iteration: int, state: IterationState) -> bool:
+    """Validation runs at iteration 0, every ``eval.every`` iterations and after the last update; and whenever a
+    validation of ``iteration`` already finished (an extended run's reopened final validation: its metrics then
+    belong to the iteration's)."""
+    config = session.config
+    if iteration % config.eval.every == 0 or iteration == config.trainer.iterations:
+        return True
+    finished = session.lake.finished_stages(session.run_id, iteration)
+    return any(stage.startswith(Stage.evaluation("")) for stage in finished)
+
+
+def diagnostic_on(session: RunSession, iteration: int, state: IterationState) -> bool:
+    """``trainer.mi_diagnostic``: the reasoning MI diagnostic runs in every iteration."""
+    return session.config.trainer.mi_diagnostic
+
+
+EVALUATION = Step("evaluate", evaluate)
+COMMIT = Step("commit", commit_iteration)
+
+# One StarPO iteration, in run order: a row's stage names its clock key, its task run and the manifest's position.
+ITERATION: tuple[Step, ...] = (
+    Step("evaluate", evaluate, when=evaluation_due),  # of the policy after `iteration` updates
+    Step("generate", generate_rollouts),
+    Step("persist", persist),
+    Step("validate", validate),
+    Step("filter", filter_and_publish),
+    Step("diagnose", diagnose_reasoning, when=diagnostic_on),  # by the policy that sampled the batch, so before update
+    Step("update", update_policy),
+    COMMIT,
+)
+# The validation of the final policy, committed as its own iteration (iteration = number of updates).
+FINAL_VALIDATION: tuple[Step, ...] = (EVALUATION, COMMIT)

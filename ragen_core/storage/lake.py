@@ -63,7 +63,7 @@ __all__ = ["DataLake", "LakeError", "Stage", "atomic_write_json", "atomic_write_
 class Stage:
     """The lake's names of the batches that stages stage and publish (staging folders, done markers, quarantine
     folders, part-file tokens). A batch is named for what it holds; the stage that writes it has its own name
-    (:class:`ragen_core.run.clock.IterationStage`): the ``rollout`` batch is published by the ``filter`` stage."""
+    (its row in :data:`ragen_core.run.stages.ITERATION`): the ``rollout`` batch is published by ``filter``."""
 
     ROLLOUT = "rollout"  # a training iteration's rollouts (validated, filtered, then published)
     COMMIT = "commit"  # the small tables an iteration's commit writes (metrics, events, evaluations, checkpoints)

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from ragen_core.config import build_config
 from ragen_core.run import stages
+from ragen_core.run.iteration import IterationState
 from ragen_core.run.session import open_session
 from ragen_core.storage import DataLake
 from ragen_core.training.group import UpdateGroup
@@ -53,11 +54,10 @@ def in_process(device, tmp_path_factory, tiny_model_dir):
     session = open_session(build_config(_tree(tiny_model_dir, "inprocess", 1)), lake, RUN, tiny_model_dir)
     try:
         assert session.updater.actor.device.type == device.name
-        records = stages.generate_rollouts(session, 0)
-        batch = stages.training_batch(session, 0)
-        batch.persist(records)
-        batch.validate()
-        stages.filter_and_publish(session, batch)
+        state = IterationState()
+        for stage in (stages.generate_rollouts, stages.persist, stages.validate, stages.filter_and_publish):
+            stage(session, 0, state)
+        records = state.records
         metrics = session.updater.update(0)
         weights = {n: p.detach().cpu().clone() for n, p in session.updater.actor.module.named_parameters()}
     finally:

@@ -22,6 +22,7 @@ from ragen_core.monitor.diagnostics import (
     reasoning_tokens,
 )
 from ragen_core.monitor.metrics import template_collapse_warning
+from ragen_core.run.iteration import IterationState
 from ragen_core.run.record import RunRecord
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import commit_iteration
@@ -198,7 +199,8 @@ def test_commit_records_the_template_collapse_event(tmp_path, caplog, mi_metric,
     record = RunRecord(DataLake(tmp_path), "mi", {"run_id": "mi", "status": "running"})
     session = RunSession(config, DataLake(tmp_path), "mi", policy=None, updater=None, record=record)
     for iteration, mi in enumerate([1.0, 1.1, 0.6, 0.5, 0.9]):  # thresholds 0.6 x 1.1 = 0.66 from iteration 2
-        commit_iteration(session, iteration, {watched: mi, other: 5.0 - iteration, "actor/entropy": 1.0})
+        metrics = {watched: mi, other: 5.0 - iteration, "actor/entropy": 1.0}
+        commit_iteration(session, iteration, IterationState(metrics))
     events = query(tmp_path, "SELECT iteration, kind, metric, value, threshold FROM events ORDER BY 1").to_pylist()
     assert [(e["iteration"], e["kind"], e["metric"], e["value"]) for e in events] == [
         (3, "early_warning", watched, 0.5)  # 0.6 and 0.5 both below 0.66: two iterations in a row; the other never

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ragen_core.run.clock import IterationStage, StageClock
+from ragen_core.run.clock import StageClock
 from ragen_core.run.record import RunRecord, stop_record
 from ragen_core.storage import DataLake
 
@@ -11,14 +11,14 @@ def test_the_clock_times_each_stage_under_its_name_and_a_failure_keeps_where_it_
     record = RunRecord(DataLake(tmp_path), "clocked", {"run_id": "clocked", "status": "running"})
     metrics: dict[str, float] = {}
     stage = StageClock(record, 3, metrics)
-    with stage(IterationStage.GENERATE):
+    with stage("generate"):
         pass
-    with stage(IterationStage.FILTER):
+    with stage("filter"):
         pass
     assert sorted(metrics) == ["time/filter", "time/generate"] and all(v >= 0 for v in metrics.values())
     assert record.position == {"iteration": 3, "stage": "filter"}
 
-    with pytest.raises(RuntimeError), stage(IterationStage.UPDATE):
+    with pytest.raises(RuntimeError), stage("update"):
         raise RuntimeError("boom")
     assert "time/update" not in metrics  # a failed stage is not timed
     assert stop_record(RuntimeError("boom"), record.position, [0, 1, 2])["failed_stage"] == "update"

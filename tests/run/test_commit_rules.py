@@ -14,6 +14,7 @@ from ragen_core.config import build_config
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.rollout.records import BatchMeta
 from ragen_core.run.batches import BatchPipeline, BatchRules
+from ragen_core.run.iteration import IterationState
 from ragen_core.run.record import RunRecord
 from ragen_core.run.resume import prepare_extension, reopen_final_evaluation, skip_iteration
 from ragen_core.run.session import RunSession
@@ -50,13 +51,13 @@ def _session(tmp_path: Path, *overrides: str) -> RunSession:
 def test_a_checkpoint_is_due_every_checkpoint_every_updates_and_after_the_last(tmp_path):
     session = _session(tmp_path, "trainer.iterations=5", "trainer.checkpoint_every=2", "trainer.keep_last=2",
                        "algorithm.filter_empty_stop_steps=0")  # fmt: skip
-    payloads = [commit_iteration(session, i, dict(KEPT), updated=True) for i in range(5)]
+    payloads = [commit_iteration(session, i, IterationState(dict(KEPT), updated=True)) for i in range(5)]
     # by hand: updates 1..5; due at 2 and 4 (every 2) and 5 (the last); the 2 newest kept
     assert session.updater.saved == [2, 4, 5]
     assert [("checkpoint" in p) for p in payloads] == [False, True, False, True, True]
     assert [n for n, _ in session.lake.list_checkpoints(RUN)] == [4, 5]
     assert payloads[4]["updated"] is True and session.lake.commit_payload(RUN, 4)["updated"] is True
-    validation = commit_iteration(session, 5, {"val/bandit/success": 1.0}, updated=False)  # the final validation
+    validation = commit_iteration(session, 5, IterationState({"val/bandit/success": 1.0}))  # the final validation
     assert "checkpoint" not in validation and validation["updated"] is False and session.updater.saved == [2, 4, 5]
     assert session.lake.committed_iterations(RUN) == [0, 1, 2, 3, 4, 5]
     assert session.lake.read_manifest(RUN)["last_committed_iteration"] == 5
@@ -70,7 +71,7 @@ def test_the_last_update_before_an_early_stop_is_checkpointed_and_the_stop_recor
     stops = []
     for iteration, metrics in enumerate(kept):
         stops.append(stop_early(session, iteration))
-        commit_iteration(session, iteration, dict(metrics), updated=True)
+        commit_iteration(session, iteration, IterationState(dict(metrics), updated=True))
     # by hand: the streak of empty iterations reaches 2 after iteration 4, so iteration 4 is the last update (5
     # updates, also due by checkpoint_every) and the run stops before iteration 5; never before
     assert stops == [False] * 5 and stop_early(session, 5)
@@ -83,14 +84,14 @@ def test_an_early_stop_off_schedule_still_checkpoints_its_last_update(tmp_path):
     session = _session(tmp_path, "trainer.iterations=10", "trainer.checkpoint_every=4",
                        "algorithm.filter_empty_stop_steps=2")  # fmt: skip
     for iteration, metrics in enumerate([KEPT, EMPTY, EMPTY]):
-        commit_iteration(session, iteration, dict(metrics), updated=True)
+        commit_iteration(session, iteration, IterationState(dict(metrics), updated=True))
     assert session.updater.saved == [3]  # 3 updates: not a multiple of 4, but the last before the stop
     assert "early_stop" not in session.lake.read_manifest(RUN)  # recorded when the next iteration is refused
 
 
 def test_a_skipped_iteration_is_committed_with_its_quarantine_and_an_event(tmp_path):
     session = _session(tmp_path, "trainer.iterations=3")
-    commit_iteration(session, 0, dict(KEPT), updated=True)
+    commit_iteration(session, 0, IterationState(dict(KEPT), updated=True))
     skip_iteration(session, 1, "/q/1")
     assert session.lake.commit_payload(RUN, 1) == {"skipped": True, "quarantine": "/q/1"}
     events = session.lake.read_table("events", RUN, 1).to_pylist()
@@ -110,11 +111,11 @@ def test_an_extension_reopens_the_final_validation_keeping_its_rows_as_a_finishe
     session = _session(tmp_path, "trainer.iterations=2", "trainer.checkpoint_every=1")
     lake = session.lake
     for iteration in range(2):
-        commit_iteration(session, iteration, {**KEPT, "actor/loss": float(iteration)}, updated=True)
+        commit_iteration(session, iteration, IterationState({**KEPT, "actor/loss": float(iteration)}, updated=True))
     meta = BatchMeta.validation(RUN, 2, 1.0, "hash")
     BatchPipeline(lake, meta, Stage.evaluation("bandit"), BatchRules(2, (-1.0, 1.0))).run(records)
     final = {"val/bandit/success": 0.5, "val/bandit/reward_mean": 0.25, "time/evaluate": 3.0}
-    commit_iteration(session, 2, final, updated=False)
+    commit_iteration(session, 2, IterationState(final))
     assert lake.read_table("evaluations", RUN, 2).num_rows == 1
 
     longer = build_config({}, ["monitor.tensorboard=false", "trainer.iterations=4", "trainer.checkpoint_every=1"])

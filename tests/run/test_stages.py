@@ -1,6 +1,7 @@
 """The commit stage records Echo-Trap early warnings as events rows (and the run goes on)."""
 
 from ragen_core.config import build_config
+from ragen_core.run.iteration import IterationState
 from ragen_core.run.record import RunRecord
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import commit_iteration
@@ -21,7 +22,7 @@ def test_commit_writes_early_warning_events(tmp_path, caplog):
     for iteration, (std, grad, rate) in enumerate(zip(stds, grads, success, strict=True)):
         metrics = {"rollout/in_group_reward_std": std, "actor/entropy": 1.0, "actor/grad_norm_max": grad,
                    "rollout/success_rate": rate}  # fmt: skip
-        commit_iteration(session, iteration, metrics)
+        commit_iteration(session, iteration, IterationState(metrics))
     events = query(tmp_path, "SELECT iteration, kind, metric, value, threshold FROM events ORDER BY 1, 3").to_pylist()
     assert [(e["iteration"], e["kind"], e["metric"]) for e in events] == [
         (3, "early_warning", "rollout/in_group_reward_std"),  # 0.15 < 0.5 * 0.40

@@ -7,6 +7,7 @@ from ragen_core.config import build_config
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.rollout.records import BatchMeta
 from ragen_core.run.batches import BatchPipeline, BatchRules
+from ragen_core.run.iteration import IterationState
 from ragen_core.run.record import RunRecord
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import commit_iteration
@@ -25,7 +26,7 @@ def test_commit_writes_metrics_evaluations_marker_and_manifest(tmp_path, tiny_po
     record = RunRecord(lake, "run-c", {"run_id": "run-c", "status": "running"})
     session = RunSession(config, lake, "run-c", None, None, record)  # a commit needs no policy and no updater
 
-    result = commit_iteration(session, 2, {"val/bandit/success": 0.5, "time/evaluate": 1.25})
+    result = commit_iteration(session, 2, IterationState({"val/bandit/success": 0.5, "time/evaluate": 1.25}))
 
     assert result == {"iteration": 2, "metrics": 2, "evaluations": 1, "events": 0, "updated": False}  # no update ran
     metrics = query(tmp_path, "SELECT name, value FROM metrics ORDER BY name").to_pylist()
