@@ -140,7 +140,7 @@ def test_readme_example_best_quarter_from_the_run_start_model(lake_root, tiny_mo
     expected = sum(r >= np.quantile(rewards, 0.75) for r in rewards)
     result = retrain_offline(_tree(tiny_model_dir), TOP_QUARTER, "sft", "run:src", str(lake_root), "best25")
     assert result["trajectories"] == expected
-    lineage = DataLake(lake_root).read_manifest("best25")["lineage"]
+    lineage = DataLake(lake_root).read_manifest("best25").lineage
     assert lineage["init"] == str(tiny_model_dir.resolve()) and lineage["source_runs"] == ["src"]
 
 
