@@ -174,23 +174,18 @@ class RunManifest(BaseModel):
 
 _DEFAULTED = ("kind", "status", "resumes")  # the fields whose default is not null
 
-_EXPECTED = {
-    "string_type": "a text",
-    "int_type": "an integer",
-    "dict_type": "a mapping",
-    "list_type": "a list",
-    "missing": None,
-}
+_EXPECTED = {"string_type": "a text", "int_type": "an integer", "dict_type": "a mapping", "list_type": "a list"}
 
 
 def _one_line(exc: ValidationError) -> str:
-    """The first problem of a failed validation as ``has <field> = <value>, not <expected>``."""
+    """The first problem of a failed validation in words: ``has <field> = <value>, not <expected>``."""
     error = exc.errors(include_url=False)[0]
     where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]).lstrip(".")
     if error["type"] == "missing":
         return f"has no {where}"
-    expected = _EXPECTED.get(error["type"]) or error["msg"][:1].lower() + error["msg"][1:]
-    return f"has {where} = {_short(error['input'])}, not {expected}"
+    shown = f"has {where} = {_short(error['input'])}"
+    expected = _EXPECTED.get(error["type"])
+    return f"{shown}, not {expected}" if expected else f"{shown}: {error['msg'][:1].lower()}{error['msg'][1:]}"
 
 
 def _short(value: Any) -> str:
