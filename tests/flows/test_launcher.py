@@ -109,7 +109,7 @@ def runs(tmp_path_factory, tiny_model_dir, tiny_policy, prefect_server):
 
 def test_the_group_dies_with_the_run_and_the_run_resumes(runs):
     _, launched, survivors, killed_manifest = runs
-    group = killed_manifest["update_group"]
+    group = killed_manifest.update_group
     assert (group["launcher"], group["nproc"], group["world_size"], len(group["worker_pids"])) == ("torchrun", 2, 2, 2)
     assert survivors == [], f"processes of the killed run's update group still alive: {survivors}"
     manifest = DataLake(launched).read_manifest(RUN)

@@ -48,7 +48,7 @@ def test_an_interruption_before_any_commit_has_no_last_commit(tmp_path):
     stored = lake.read_manifest("life")
     assert (stored.status, stored.interrupted_iteration, stored.interrupted_stage) == (
         "interrupted", 0, "generate")  # fmt: skip
-    assert stored.last_committed_iteration is None and "error" not in stored
+    assert stored.last_committed_iteration is None and "error" not in stored.stored()
 
 
 def test_a_resume_marks_the_run_running_again_without_its_stop_and_then_completed(tmp_path):
