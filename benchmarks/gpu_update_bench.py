@@ -92,7 +92,7 @@ def measure(root: Path, run_id: str, parameters: int, world: int, peak: float | 
 
     lake = DataLake(root)
     manifest = lake.read_manifest(run_id)
-    epochs = manifest["config"]["actor"]["ppo_epochs"]
+    epochs = manifest.config["actor"]["ppo_epochs"]
     metrics: dict[int, dict[str, float]] = {}
     for row in lake.read_table("metrics", run_id).to_pylist():
         metrics.setdefault(row["iteration"], {})[row["name"]] = row["value"]
@@ -110,7 +110,7 @@ def measure(root: Path, run_id: str, parameters: int, world: int, peak: float | 
             "tokens_per_s": tokens / seconds, "tflops": achieved,
             "mfu": achieved / (peak * world) if peak else None,
         })  # fmt: skip
-    return {"precision": manifest["precision"], "iterations": rows, "update_group": manifest.get("update_group")}
+    return {"precision": manifest.precision, "iterations": rows, "update_group": manifest.update_group}
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ from benchmarks.lake_synth import BatchShape, grids, make_batch
 from ragen_core.storage import DataLake, connect, evaluation_rows, query
 from ragen_core.storage.maintenance import compact_run
 from ragen_core.storage.sqldoc import named_queries
+from schemas.manifest import RunManifest
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "sql.md"
@@ -69,11 +70,11 @@ def _write_small_tables(lake: DataLake, run_id: str, iteration: int, trajectorie
     return time.perf_counter() - started
 
 
-def _manifest(run_id: str, ratio: float) -> dict[str, Any]:
+def _manifest(run_id: str, ratio: float) -> RunManifest:
     now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     config = {"seed": 0, "env": {"name": "sokoban"}, "algorithm": {"filter_ratio": ratio}}
-    return {"run_id": run_id, "config": config, "config_hash": f"bench-{run_id}", "seed": 0, "status": "completed",
-            "created_at": now, "updated_at": now}  # fmt: skip
+    return RunManifest(run_id=run_id, config=config, config_hash=f"bench-{run_id}", seed=0, status="completed",
+                       created_at=now, updated_at=now)  # fmt: skip
 
 
 def write_lake(lake: DataLake, shape: BatchShape, iterations: int, seed: int) -> dict[str, Any]:

@@ -29,9 +29,10 @@ def train_figures(root: Path, run_id: str, seconds: float) -> dict[str, Any]:
     success: dict[str, dict[str, float]] = {}
     for row in rows:
         success.setdefault(row["env"], {})[str(row["iteration"])] = row["success"]
-    manifest = DataLake(root).read_manifest(run_id) or {}
-    return {"run_id": run_id, "status": manifest.get("status"), "precision": manifest.get("precision"),
-            "seconds": seconds, "validation_success": success}  # fmt: skip
+    manifest = DataLake(root).read_manifest(run_id)
+    status, precision = (manifest.status, manifest.precision) if manifest is not None else (None, None)
+    return {"run_id": run_id, "status": status, "precision": precision, "seconds": seconds,
+            "validation_success": success}  # fmt: skip
 
 
 def _bench_lines(path: Path, title: str) -> list[str]:

@@ -18,6 +18,7 @@ from ragen_core.run.resume import decide_run_start
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import FINAL_VALIDATION, ITERATION, stop_early
 from ragen_core.storage import DataLake
+from schemas.manifest import RunManifest
 from tasks import reporting as r
 from tasks import stages as t
 from tasks.iteration import call_as_task
@@ -76,7 +77,7 @@ def _open(run_config: RunConfig, lake: DataLake, run_id: str, force_config: list
     manifest = lake.read_manifest(run_id)
     start = decide_run_start(lake, manifest, run_config, run_id, force_config)
     if start is Start.DONE:
-        return None, None, {"completed": True, "bootstrap": manifest.get("bootstrap")}
+        return None, None, {"completed": True, "bootstrap": manifest.bootstrap}
     if start in (Start.FRESH, Start.OVER):
         session, bootstrap = _start(run_config, lake, run_id, manifest)
         return session, None, {"bootstrap": bootstrap}
@@ -85,14 +86,14 @@ def _open(run_config: RunConfig, lake: DataLake, run_id: str, force_config: list
     plan = t.prepare_resume(lake, run_config, run_id, skip_iteration)
     ui.step(resume_line(run_id, plan))
     try:
-        session = t.open_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
+        session = t.open_session(run_config, lake, run_id, Path(manifest.model_dir), manifest)
     except BaseException as exc:  # a failed resume says so in the manifest (a refused one, above, changes nothing)
         RunRecord(lake, run_id, manifest).stopped(exc)
         raise
-    return session, plan, {"bootstrap": manifest.get("bootstrap")}
+    return session, plan, {"bootstrap": manifest.bootstrap}
 
 
-def _extend(run_config: RunConfig, lake: DataLake, run_id: str, manifest: dict[str, Any]) -> Opened:
+def _extend(run_config: RunConfig, lake: DataLake, run_id: str, manifest: RunManifest) -> Opened:
     """A completed run given more iterations: the session is opened and restored first; until then a failure puts
     the stored manifest back (the run stays completed, with its config) and the lake is untouched. Only then is the
     final validation reopened as the next training iteration."""
@@ -100,7 +101,7 @@ def _extend(run_config: RunConfig, lake: DataLake, run_id: str, manifest: dict[s
     ui.step(resume_line(run_id, plan, run_config.trainer.iterations))
     session = None
     try:
-        session = t.open_session(run_config, lake, run_id, Path(manifest["model_dir"]), manifest)
+        session = t.open_session(run_config, lake, run_id, Path(manifest.model_dir), manifest)
         restored = t.restore_session(session, plan)
     except BaseException:
         if session is not None:
@@ -113,16 +114,16 @@ def _extend(run_config: RunConfig, lake: DataLake, run_id: str, manifest: dict[s
         session.record.stopped(exc)
         session.close()
         raise
-    info = {"bootstrap": manifest.get("bootstrap"), "resumed": {**restored, "extended_from": plan.next_iteration}}
+    info = {"bootstrap": manifest.bootstrap, "resumed": {**restored, "extended_from": plan.next_iteration}}
     return session, plan, info
 
 
 def _start(
-    run_config: RunConfig, lake: DataLake, run_id: str, manifest: dict[str, Any] | None
+    run_config: RunConfig, lake: DataLake, run_id: str, manifest: RunManifest | None
 ) -> tuple[RunSession, dict[str, Any] | None]:
     """Start a run: its manifest first (so a run killed in the bootstrap is known and resumable), then the start
     model, the bootstrap and the session. ``manifest``: the one an earlier attempt left before its session."""
-    early = new_manifest(run_config, run_id, None, None) if manifest is None else {**manifest, "status": "running"}
+    early = new_manifest(run_config, run_id, None, None) if manifest is None else manifest.updated(status="running")
     record = RunRecord(lake, run_id, early)
     record.update()
     try:
@@ -132,9 +133,9 @@ def _start(
     except BaseException as exc:
         record.stopped(exc)
         raise
-    if manifest is None:  # the session wrote a full manifest: keep the run's first moment
-        session.record.manifest.update(created_at=early["created_at"], started_at=early["started_at"])
-    session.record.update(bootstrap=summary[1] if summary else None)
+    # a fresh run's session wrote a full manifest: keep the run's first moment
+    first = {"created_at": early.created_at, "started_at": early.started_at} if manifest is None else {}
+    session.record.update(bootstrap=summary[1] if summary else None, **first)
     return session, summary[1] if summary else None
 
 

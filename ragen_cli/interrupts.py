@@ -160,13 +160,16 @@ def report_interrupted(lake: DataLake, run_id: str) -> None:
     from ragen_core.storage import LakeError
 
     try:
-        manifest = lake.read_manifest(run_id) or {}
+        manifest = lake.read_manifest(run_id)
     except (LakeError, OSError, ValueError):
-        manifest = {}
-    iteration, last = manifest.get("interrupted_iteration"), manifest.get("last_committed_iteration")
+        manifest = None
+    iteration, stage, last = None, None, None
+    if manifest is not None:
+        iteration, stage = manifest.interrupted_iteration, manifest.interrupted_stage
+        last = manifest.last_committed_iteration
     where = ""
     if iteration is not None and (last is None or iteration > last):  # not when it came after the commit
-        where = f" in iteration {iteration} ({manifest.get('interrupted_stage')})"
+        where = f" in iteration {iteration} ({stage})"
     committed = f"last committed iteration: {last}" if last is not None else "no iteration committed yet"
     report(f"interrupted: run {run_id} stopped{where}; {committed}. Continue it with: ragen resume {run_id} "
            f"--data-root {lake.root}")  # fmt: skip

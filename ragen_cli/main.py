@@ -39,6 +39,7 @@ from ragen_cli.summary import metrics_line, print_run_summary, print_sweep
 
 if TYPE_CHECKING:
     from ragen_core.storage import DataLake
+    from schemas.manifest import RunManifest
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.")
 app.add_typer(server_app, name="server")
@@ -102,10 +103,10 @@ def resume(
         fail(str(exc))
     if manifest is None:
         fail(f"no run {run_id!r} in {root}; `ragen runs --data-root {root}` lists the runs there")
-    if not manifest.get("config"):
+    if not manifest.config:
         fail(f"the manifest of run {run_id!r} holds no config to resume with; start the run again with ragen train")
     try:
-        stored = manifest_config(lake, run_id, manifest["config"])  # a program it names, not named again: refused
+        stored = manifest_config(lake, run_id, manifest.config)  # a program it names, not named again: refused
         run_config = build_stored_run_config(stored, list(ctx.args), trusted_kinds(trust_env_module))
     except ConfigError as exc:
         fail(with_recorded_code(str(exc), manifest))
@@ -297,18 +298,18 @@ def eval_command(
     print_table(pa.Table.from_pylist(result["evaluations"]))
 
 
-def with_recorded_code(message: str, manifest: dict | None) -> str:
+def with_recorded_code(message: str, manifest: RunManifest | None) -> str:
     """``message``, and where the run's manifest says its env code came from when the message is about a module
     that cannot be imported or an env name no installed distribution registers any more
     (``ragen_core.run.record.recorded_code``)."""
     from ragen_core.run.record import recorded_code
 
     missing = "cannot import module" in message or "unknown environment" in message
-    recorded = recorded_code(manifest or {}) if missing else ""
+    recorded = recorded_code(manifest) if missing and manifest is not None else ""
     return f"{message}; {recorded}" if recorded else message
 
 
-def _target_manifest(lake: DataLake, target: str) -> dict | None:
+def _target_manifest(lake: DataLake, target: str) -> RunManifest | None:
     """The manifest of the run ``ragen eval``'s target names, if it is a readable run's (else None)."""
     from ragen_core.storage import LakeError
     from ragen_core.storage.names import is_valid_run_id, split_run_ref

@@ -1,5 +1,5 @@
-"""Table schemas (Arrow), data contracts (pandera) and semantic suites (great-expectations). Depends on nothing of
-ours."""
+"""Table schemas (Arrow), data contracts (pandera), semantic suites (great-expectations) and the run manifest
+(:mod:`schemas.manifest`, imported from there). Depends on nothing of ours."""
 
 from schemas.tables import (
     CHECKPOINTS,

@@ -20,6 +20,7 @@ from ragen_core.run.clock import run_name
 from ragen_core.run.decisions import ResumePlan
 from ragen_core.run.session import RunSession
 from ragen_core.storage import DataLake
+from schemas.manifest import RunManifest
 
 
 @task(name="bootstrap_model", cache_policy=NO_CACHE)
@@ -42,7 +43,7 @@ def open_session(
     lake: DataLake,
     run_id: str,
     model_dir: Path,
-    resumed: dict | None = None,
+    resumed: RunManifest | None = None,
     training: bool = True,
 ) -> RunSession:
     """Start the updater (the DeepSpeed engines) and the rollout side; write the manifest."""
@@ -56,7 +57,7 @@ def prepare_resume(lake: DataLake, config: RunConfig, run_id: str, skip_iteratio
 
 
 @task(name="prepare_extension", cache_policy=NO_CACHE)
-def prepare_extension(lake: DataLake, manifest: dict, config: RunConfig, run_id: str) -> ResumePlan:
+def prepare_extension(lake: DataLake, manifest: RunManifest, config: RunConfig, run_id: str) -> ResumePlan:
     """The plan of extending a completed run (nothing written)."""
     return resume.prepare_extension(lake, manifest, config, run_id)
 

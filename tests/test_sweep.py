@@ -161,7 +161,7 @@ def test_comparison_table_matches_the_numbers_computed_from_the_runs(tmp_path):
         run = make_run(100 + point.index, point.run_id, "bandit", 3, filter_ratio=ratio)
         write_run(lake, run, status="failed" if point.index == 2 else "completed")
         manifest = lake.read_manifest(point.run_id)
-        lake.write_manifest(point.run_id, {**manifest, "sweep": point.manifest_entry(plan.sweep_id)})
+        lake.write_manifest(point.run_id, manifest.updated(sweep=point.manifest_entry(plan.sweep_id)))
         runs[point.run_id] = run
     events = [{"run_id": plan.points[1].run_id, "iteration": i, "kind": kind, "metric": "actor/entropy",
                "value": 0.1, "threshold": 0.2, "message": "m", "created_at": STAMP}

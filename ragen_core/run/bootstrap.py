@@ -42,6 +42,7 @@ from ragen_core.storage.layout import bootstrap_name, building
 from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.engines import set_determinism
 from ragen_core.training.offline import sft_update
+from schemas.manifest import RunManifest
 
 
 def bootstrap_seed(config: RunConfig) -> int:
@@ -159,19 +160,19 @@ def _build(
     maybe_fail("bootstrap", "demos")  # demonstrations published; no model yet
     # The supervised step is offline re-training (ragen_core.run.offline) on the demonstration run, selected by SQL:
     # the stored token ids exactly, checked against the model's tokenizer.
-    manifest = {
-        "run_id": run_id,
-        "kind": "bootstrap",
-        "config": config.to_dict(),
-        "config_hash": config.config_hash(),
-        "base_model": str(base_dir),
-        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "model_dir": str(target),
-        "versions": library_versions(),
-        "status": "running",
-        "created_at": utc_now(),
-        "updated_at": utc_now(),
-    }
+    manifest = RunManifest(
+        run_id=run_id,
+        kind="bootstrap",
+        config=config.to_dict(),
+        config_hash=config.config_hash(),
+        base_model=str(base_dir),
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        model_dir=str(target),
+        versions=library_versions(),
+        status="running",
+        created_at=utc_now(),
+        updated_at=utc_now(),
+    )
     lake.write_manifest(run_id, manifest)
     demos = select_trajectories(lake, "SELECT * FROM trajectories WHERE run_id = ?", params=[run_id])
     check_tokenizer(lake, [run_id], tokenizer)
@@ -183,7 +184,7 @@ def _build(
         "sft_loss_first": history[0]["sft/loss"],
         "sft_loss_last": history[-1]["sft/loss"],
     }
-    lake.write_manifest(run_id, {**manifest, "status": "completed", "summary": summary, "updated_at": utc_now()})
+    lake.write_manifest(run_id, manifest.updated(status="completed", summary=summary, updated_at=utc_now()))
     lake.commit_iteration(run_id, 0, summary)
     return target, summary
 

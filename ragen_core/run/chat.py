@@ -78,8 +78,9 @@ def export_notes(lake: DataLake, run_ids: list[str]) -> str:
     is said to be left out: building its env would import what a file of the data root names."""
     sections = []
     for run_id in dict.fromkeys(run_ids):
-        tree = (lake.read_manifest(run_id) or {}).get("config")
-        if not isinstance(tree, dict):
+        manifest = lake.read_manifest(run_id)
+        tree = manifest.config if manifest is not None else None
+        if tree is None:
             sections.append(f"## Prompting the policy of `{run_id}`\n\nIts manifest holds no config.\n")
             continue
         try:  # the trust check first: a stored env or reward of the user's own code is never imported here

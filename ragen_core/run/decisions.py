@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.config import RunConfig, stored_config
+from schemas.manifest import RunManifest
 
 
 class ResumeError(RuntimeError):
@@ -61,7 +62,7 @@ def resume_line(run_id: str, plan: ResumePlan, extending_to: int | None = None) 
 
 
 def decide_start(
-    manifest: dict[str, Any] | None,
+    manifest: RunManifest | None,
     config: RunConfig,
     committed: list[int],
     allowed_changes: list[str],
@@ -72,29 +73,28 @@ def decide_start(
     ``last_payload``: the commit payload of the last committed iteration (see :func:`final_evaluation`)."""
     if manifest is None:
         return Start.FRESH
-    kind = manifest.get("kind", "train")
-    if kind != "train":
-        raise ResumeError(f"{manifest.get('run_id')!r} is a {kind} run, not a training run to resume")
+    if manifest.kind != "train":
+        raise ResumeError(f"{manifest.run_id!r} is a {manifest.kind} run, not a training run to resume")
     check_config(manifest, config, allowed_changes)
-    if not manifest.get("model_dir"):
+    if not manifest.model_dir:
         return Start.OVER
     iterations, final = config.trainer.iterations, final_evaluation(manifest, committed, last_payload)
     trained = final if final is not None else len(committed)  # iterations that ran (or may have run) an update
     if trained > iterations:
         raise ResumeError(
-            f"run {manifest.get('run_id')!r} already trained {trained} iterations, more than "
+            f"run {manifest.run_id!r} already trained {trained} iterations, more than "
             f"trainer.iterations={iterations}: a run cannot be shortened. Evaluate an earlier checkpoint instead "
-            f"(`ragen eval {manifest.get('run_id')}@N`)"
+            f"(`ragen eval {manifest.run_id}@N`)"
         )
     if final is None:
         return Start.RESUME
-    if (manifest.get("early_stop") or {}).get("iteration") == final:
+    if (manifest.early_stop or {}).get("iteration") == final:
         return Start.DONE  # stopped early (filter_empty_stop_steps), then validated: more iterations change nothing
     return Start.DONE if final == iterations else Start.EXTEND
 
 
 def final_evaluation(
-    manifest: dict[str, Any], committed: list[int], last_payload: dict[str, Any] | None = None
+    manifest: RunManifest, committed: list[int], last_payload: dict[str, Any] | None = None
 ) -> int | None:
     """The committed iteration that is the run's final validation (no update), if the run got that far: the last
     committed one when its commit payload says it ran no update (``updated: false``); for a commit written before
@@ -104,7 +104,7 @@ def final_evaluation(
     last = committed[-1]
     if last_payload is not None and "updated" in last_payload:
         return None if last_payload["updated"] else last
-    return last if last == flatten(manifest.get("config") or {}).get("trainer.iterations") else None
+    return last if last == flatten(manifest.config or {}).get("trainer.iterations") else None
 
 
 def plan_resume(
@@ -185,15 +185,15 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     )
 
 
-def check_config(manifest: dict[str, Any], config: RunConfig, allowed: list[str]) -> list[str]:
+def check_config(manifest: RunManifest, config: RunConfig, allowed: list[str]) -> list[str]:
     """Refuse a resume whose config differs from the run's, except in ``allowed`` keys (or their sections)."""
-    changed = config_changes(manifest.get("config", {}), config.to_dict())
+    changed = config_changes(manifest.config or {}, config.to_dict())
     if not changed:
         return []
     blocked = [k for k in changed if not any(k == a or k.startswith(f"{a}.") for a in allowed)]
     if blocked:
         raise ResumeError(
-            f"run {manifest.get('run_id')!r} was started with another config (hash {manifest.get('config_hash')}, "
+            f"run {manifest.run_id!r} was started with another config (hash {manifest.config_hash}, "
             f"now {config.config_hash()}); changed keys: {', '.join(blocked)}. Resume with the run's own config "
             f"(`ragen resume RUN_ID`), or allow the change with --force-config {','.join(blocked)}"
         )

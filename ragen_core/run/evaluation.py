@@ -64,11 +64,10 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, StoredConf
             if newest is None:
                 raise EvaluationError(
                     f"run {run_id!r} has no checkpoint yet; evaluate the model it started from instead: "
-                    f"{manifest['model_dir']}"
+                    f"{manifest.model_dir}"
                 )
             folder, which = newest[1], f"{run_id}@{newest[0]}"
-        config = manifest.get("config")
-        stored = manifest_config(lake, run_id, config) if isinstance(config, dict) else None
+        stored = manifest_config(lake, run_id, manifest.config) if manifest.config is not None else None
         return resolve_init(folder), stored, which
     if target.startswith(RUN_REF_PREFIX) or updates:
         where = lake.root if lake else "the data root"

@@ -24,6 +24,7 @@ from ragen_core.storage import DataLake, query
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file, manifest_file
 from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, is_valid_run_id, parse_run_ref
 from ragen_core.training.offline import OfflineError, pg_update, sft_update
+from schemas.manifest import RunManifest
 from schemas.tables import TRAJECTORY_KEY
 
 
@@ -79,8 +80,8 @@ def check_tokenizer(lake: DataLake, runs: list[str], tokenizer: Any) -> str:
     """Refuse trajectories whose run recorded another tokenizer than the model's (or none)."""
     ours = tokenizer_fingerprint(tokenizer)
     for run in runs:
-        manifest = lake.read_manifest(run) or {}
-        theirs = manifest.get("tokenizer_fingerprint")
+        manifest = lake.read_manifest(run)
+        theirs = manifest.tokenizer_fingerprint if manifest is not None else None
         if theirs is None:
             raise OfflineError(
                 f"run {run!r} does not record its tokenizer, so its token ids cannot be checked against the model's; "
@@ -130,9 +131,9 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
         if manifest is None:
             raise OfflineError(f"--init {text}: no run {ref.run_id!r} in {lake.root}")
         if ref.updates is None:
-            if not manifest.get("model_dir"):  # its manifest is written before the bootstrap picks the model
+            if not manifest.model_dir:  # its manifest is written before the bootstrap picks the model
                 raise OfflineError(f"--init {text}: run {ref.run_id!r} stopped before choosing its start model")
-            return resolve_init(_stored_start_model(lake, ref.run_id, str(manifest["model_dir"]), text))
+            return resolve_init(_stored_start_model(lake, ref.run_id, manifest.model_dir, text))
         path = lake.checkpoint_dir(ref.run_id, ref.updates)
         if not path.is_dir():
             raise OfflineError(f"--init {text}: {missing_checkpoint(lake, ref.run_id, ref.updates, manifest)}")
@@ -146,10 +147,10 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
     raise OfflineError(f"--init {str(path)!r} is neither a Hugging Face model folder nor a ragen-flows checkpoint")
 
 
-def missing_checkpoint(lake: DataLake, run_id: str, updates: int, manifest: dict[str, Any]) -> str:
+def missing_checkpoint(lake: DataLake, run_id: str, updates: int, manifest: RunManifest) -> str:
     """Why ``<run_id>@<updates>`` names no checkpoint: the checkpoints the run has, and the settings that chose them
     (``trainer.checkpoint_every``, ``trainer.keep_last``: older ones are deleted) with how to keep more."""
-    trainer = (manifest.get("config") or {}).get("trainer") or {}
+    trainer = (manifest.config or {}).get("trainer") or {}
     fields = TrainerConfig.model_fields
     every = trainer.get("checkpoint_every", fields["checkpoint_every"].default)
     keep = trainer.get("keep_last", fields["keep_last"].default)

@@ -35,6 +35,7 @@ from ragen_core.storage.maintenance.space import (
     written_what,
 )
 from ragen_core.storage.names import without_split_words
+from schemas.manifest import RunManifest
 
 if TYPE_CHECKING:
     from ragen_core.run.session import RunSession
@@ -58,13 +59,15 @@ class RunRecord:
 
     lake: DataLake
     run_id: str
-    manifest: dict[str, Any]
+    manifest: RunManifest
     metric_history: list[dict[str, float]] = field(default_factory=list)  # committed iterations' metrics, in order
     position: dict[str, Any] = field(default_factory=dict)  # iteration and stage now running (for failure reports)
 
-    def update(self, **changes: Any) -> None:
-        """Change manifest fields and write the manifest (atomically)."""
-        self.manifest.update(changes, updated_at=utc_now())
+    def update(self, attempt: dict[str, Any] | None = None, **changes: Any) -> None:
+        """Change manifest fields (and, with ``attempt``, this attempt's entry of ``resumes`` when the run was
+        resumed), then write the manifest (atomically)."""
+        manifest = self.manifest.with_attempt(**attempt) if attempt else self.manifest
+        self.manifest = manifest.updated(**changes, updated_at=utc_now())
         self.lake.write_manifest(self.run_id, self.manifest)
 
     def hold_reserve(self) -> None:
@@ -174,11 +177,11 @@ def code_sources(config: RunConfig) -> dict[str, dict[str, str | None]]:
     return sources
 
 
-def recorded_code(manifest: dict[str, Any]) -> str:
+def recorded_code(manifest: RunManifest) -> str:
     """What a manifest's ``code_sources`` say of the code from outside this project, in a few words (for the line
     that says a resumed run's module is missing); empty when it records none."""
     found = []
-    for source in (manifest.get("code_sources") or {}).values():
+    for source in (manifest.code_sources or {}).values():
         if not isinstance(source, dict) or str(source.get("import_path", "")).startswith("ragen_core."):
             continue
         dist = source.get("distribution")
@@ -187,50 +190,46 @@ def recorded_code(manifest: dict[str, Any]) -> str:
     return f"the run recorded {'; '.join(found)}" if found else ""
 
 
-def new_manifest(config: RunConfig, run_id: str, model_dir: Path | None, command: list[str] | None) -> dict[str, Any]:
+def new_manifest(config: RunConfig, run_id: str, model_dir: Path | None, command: list[str] | None) -> RunManifest:
     """The run manifest: config, hash, seed, versions, where its env code comes from (:func:`code_sources`), git
     commit, host, command, status and timestamps.
 
     ``model_dir`` is None in the manifest a run writes at its first moment, before the bootstrap and the session:
     a run killed there is then known (``ragen resume`` starts it over), and the session fills the folder in."""
     now = utc_now()
-    return {
-        "run_id": run_id,
-        "config": config.to_dict(),
-        "config_hash": config.config_hash(),
-        "seed": config.seed,
-        "model_dir": str(model_dir) if model_dir is not None else None,
-        "versions": library_versions(),
-        "code_sources": code_sources(config),
-        "git_commit": git_commit(),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "user": getpass.getuser(),
-        "pid": os.getpid(),
-        "command": command or sys.argv,
-        "status": "running",
-        "created_at": now,
-        "started_at": now,
-        "updated_at": now,
-    }
+    return RunManifest(
+        run_id=run_id,
+        config=config.to_dict(),
+        config_hash=config.config_hash(),
+        seed=config.seed,
+        model_dir=str(model_dir) if model_dir is not None else None,
+        versions=library_versions(),
+        code_sources=code_sources(config),
+        git_commit=git_commit(),
+        host=socket.gethostname(),
+        platform=platform.platform(),
+        user=getpass.getuser(),
+        pid=os.getpid(),
+        command=command or sys.argv,
+        status="running",
+        created_at=now,
+        started_at=now,
+        updated_at=now,
+    )
 
 
-def resumed_manifest(manifest: dict[str, Any], config: RunConfig, command: list[str] | None) -> dict[str, Any]:
+def resumed_manifest(manifest: RunManifest, config: RunConfig, command: list[str] | None) -> RunManifest:
     """A resumed run's manifest: the stored one marked running again, with the (allowed) config, this attempt
     appended to ``resumes`` and the fields of the last stop removed."""
     attempt = {"at": utc_now(), "host": socket.gethostname(), "pid": os.getpid(), "command": command or sys.argv}
-    resumed = {
-        **manifest,
-        "status": "running",
-        "config": config.to_dict(),
-        "config_hash": config.config_hash(),
-        "versions": library_versions(),
-        "code_sources": code_sources(config),
-        "resumes": [*manifest.get("resumes", []), attempt],
-    }
-    for stale in ("error", "update_group", *STOP_FIELDS):
-        resumed.pop(stale, None)
-    return resumed
+    return manifest.without("error", "update_group", *STOP_FIELDS).updated(
+        status="running",
+        config=config.to_dict(),
+        config_hash=config.config_hash(),
+        versions=library_versions(),
+        code_sources=code_sources(config),
+        resumes=[*manifest.resumes, attempt],
+    )
 
 
 def default_run_id(config: RunConfig) -> str:
@@ -248,7 +247,7 @@ def check_run_id_free(lake: DataLake, run_id: str) -> None:
     manifest = lake.read_manifest(run_id)
     if manifest is not None:
         raise RunExistsError(
-            f"run {run_id!r} already exists in {lake.root} (status: {manifest.get('status')}); "
+            f"run {run_id!r} already exists in {lake.root} (status: {manifest.status}); "
             "choose a new --run-id or remove that run"
         )
 

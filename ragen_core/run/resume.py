@@ -38,13 +38,14 @@ from ragen_core.run.decisions import (
 from ragen_core.storage import DataLake, Stage, event_row
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file, compaction_marker, manifest_file
 from ragen_core.storage.locks import run_lock
+from schemas.manifest import RunManifest
 
 if TYPE_CHECKING:  # the session (torch, the engines) is not imported by the CLI's quick answers, which use this module
     from ragen_core.run.session import RunSession
 
 
 def decide_run_start(
-    lake: DataLake, manifest: dict[str, Any] | None, config: RunConfig, run_id: str, allowed_changes: list[str]
+    lake: DataLake, manifest: RunManifest | None, config: RunConfig, run_id: str, allowed_changes: list[str]
 ) -> Start:
     """:func:`ragen_core.run.decisions.decide_start` on what the lake reports of ``run_id`` (reads only)."""
     committed = lake.committed_iterations(run_id)
@@ -57,12 +58,12 @@ def decide_run_start(
     return start
 
 
-def check_stored_start_model(lake: DataLake, run_id: str, manifest: dict[str, Any], config: RunConfig) -> None:
+def check_stored_start_model(lake: DataLake, run_id: str, manifest: RunManifest, config: RunConfig) -> None:
     """A resume starts its engines from the model the manifest names (``model_dir``): read only when it lies inside
     the data root or a folder the user trusts (:func:`ragen_core.config.trust.trusted_path`), or is the config's own
     ``model.path`` (which the user named, or a trusted folder holds); else :class:`ResumeError` saying how to allow
     it. A planted manifest cannot make a resume read (and checkpoint into the shared root) a model from elsewhere."""
-    model_dir = str(manifest.get("model_dir") or "")
+    model_dir = manifest.model_dir or ""
     if not model_dir or trusted_path(model_dir, lake.root):
         return
     if config.model.path and Path(config.model.path).expanduser().resolve() == Path(model_dir).expanduser().resolve():
@@ -93,7 +94,7 @@ def refuse_compacted_final(lake: DataLake, run_id: str, iteration: int) -> None:
         )
 
 
-def prepare_extension(lake: DataLake, manifest: dict[str, Any], config: RunConfig, run_id: str) -> ResumePlan:
+def prepare_extension(lake: DataLake, manifest: RunManifest, config: RunConfig, run_id: str) -> ResumePlan:
     """The plan of extending a completed run (reads only): a resume at its final validation's iteration, which is
     to be reopened (:func:`reopen_final_evaluation`) and trained; its validation stages are the reused ones."""
     committed = lake.committed_iterations(run_id)
@@ -124,9 +125,10 @@ def reopen_final_evaluation(session: RunSession, plan: ResumePlan) -> list[str]:
             lake.mark_stage_done(run_id, iteration, stage, {"metrics": values})
         lake.commit_marker(run_id, iteration).unlink()
         reused = lake.discard_uncommitted(run_id, iteration)
-    attempt = session.record.manifest.get("resumes", [{}])[-1]
-    attempt.update(extended_from=iteration, reused_stages=reused)
-    session.record.update(last_committed_iteration=iteration - 1 if iteration else None)
+    session.record.update(
+        attempt={"extended_from": iteration, "reused_stages": reused},
+        last_committed_iteration=iteration - 1 if iteration else None,
+    )
     return reused
 
 
@@ -159,9 +161,8 @@ def restore_session(session: RunSession, plan: ResumePlan) -> dict[str, Any]:
         "next_iteration": plan.next_iteration,
         "reused_stages": plan.reused_stages,
     }
-    if session.record.manifest.get("resumes"):
-        session.record.manifest["resumes"][-1].update(restored)
-        session.record.update()
+    if session.record.manifest.resumes:
+        session.record.update(attempt=restored)
     return restored
 
 

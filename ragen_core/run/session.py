@@ -26,6 +26,7 @@ from ragen_core.storage import DataLake
 from ragen_core.training.engines import set_determinism
 from ragen_core.training.precision import resolve_precision, torch_dtype
 from ragen_core.training.updater import Updater, start_updater
+from schemas.manifest import RunManifest
 
 
 @dataclass
@@ -70,7 +71,7 @@ class RunSession:
         self.config, self.lake, self.run_id = config, lake, run_id
         self.policy, self.updater, self.record = policy, updater, record
         # started at the first commit, when a sweep's point is recorded in the manifest
-        self.trackers = RunTrackers(config, lake, run_id, lambda: (record.manifest.get("sweep") or {}).get("id"))
+        self.trackers = RunTrackers(config, lake, run_id, lambda: (record.manifest.sweep or {}).get("id"))
 
     def __repr__(self) -> str:
         return f"RunSession({self.run_id!r})"
@@ -105,7 +106,7 @@ def open_session(
     run_id: str,
     start_model_dir: Path,
     command: list[str] | None = None,
-    resumed: dict[str, Any] | None = None,
+    resumed: RunManifest | None = None,
     training: bool = True,
 ) -> RunSession:
     """Start the updater from ``start_model_dir`` (engines here, or the launched group), the rollout side, and write
@@ -125,10 +126,7 @@ def open_session(
         record = RunRecord(lake, run_id, _opening_manifest(config, run_id, start_model_dir, command, resumed, policy))
         group = updater.describe()
         where = {"precision": precision, **({"update_group": group} if group else {})}
-        record.manifest.update(where)
-        if record.manifest.get("resumes"):
-            record.manifest["resumes"][-1].update(where)
-        record.update()
+        record.update(attempt=where, **where)
     except BaseException:
         if policy is not None:
             policy.close()
@@ -142,16 +140,16 @@ def _opening_manifest(
     run_id: str,
     start_model_dir: Path,
     command: list[str] | None,
-    resumed: dict[str, Any] | None,
+    resumed: RunManifest | None,
     policy: RolloutPolicy,
-) -> dict[str, Any]:
+) -> RunManifest:
     """A fresh run's manifest, or a resumed run's stored one marked running again."""
     fingerprint = tokenizer_fingerprint(policy.tokenizer)
     if resumed is None:
-        return {**new_manifest(config, run_id, start_model_dir, command), "tokenizer_fingerprint": fingerprint}
+        return new_manifest(config, run_id, start_model_dir, command).updated(tokenizer_fingerprint=fingerprint)
     manifest = resumed_manifest(resumed, config, command)
-    if not resumed.get("model_dir"):  # the run stopped before its first session (e.g. in the bootstrap)
-        manifest.update(model_dir=str(start_model_dir), tokenizer_fingerprint=fingerprint)
+    if not resumed.model_dir:  # the run stopped before its first session (e.g. in the bootstrap)
+        return manifest.updated(model_dir=str(start_model_dir), tokenizer_fingerprint=fingerprint)
     return manifest
 
 

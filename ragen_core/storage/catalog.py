@@ -41,6 +41,7 @@ from ragen_core.storage.reader import by_partition, relist
 from ragen_core.storage.runs import manifest_row, runs_table
 from ragen_core.storage.statements import QueryRefused, check_read_only
 from ragen_core.storage.trust import check_footer, check_manifest, check_regular_file, footer
+from schemas.manifest import RunManifest
 from schemas.tables import ColumnSpec, TableSpec
 from schemas.versions import SchemaVersionError, check_readable, needs_function, stored_version
 
@@ -160,7 +161,7 @@ def _broken_row(lake: DataLake, path: Path, message: str) -> dict:
         committed = lake.committed_iterations(run_id) if is_valid_run_id(run_id) else []
     except LakeError:
         committed = []
-    row = manifest_row({"run_id": run_id, "kind": "?", "updated_at": stamp}, committed)
+    row = manifest_row(RunManifest(run_id=run_id, kind="?", updated_at=stamp), committed)
     return {**row, "status": BROKEN_STATUS, "error": message}
 
 
@@ -173,7 +174,7 @@ def read_manifests(lake: DataLake, run_id: str | None = None) -> tuple[pa.Table,
         try:
             check_regular_file(path, "manifest")
             manifest = check_manifest(path, read_json(path))  # a manifest names the run of its folder
-            rows.append(manifest_row(manifest, lake.committed_iterations(manifest["run_id"])))
+            rows.append(manifest_row(manifest, lake.committed_iterations(manifest.run_id)))
         except LakeError as exc:
             problems.append(str(exc))
             rows.append(_broken_row(lake, path, str(exc)))

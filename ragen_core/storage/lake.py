@@ -53,6 +53,7 @@ from ragen_core.storage.trust import (
     part_files,
 )
 from ragen_core.storage.versioning import check_publishable
+from schemas.manifest import RunManifest
 from schemas.tables import TABLES, TableSpec
 from schemas.versions import UPGRADES, UpgradeRegistry
 
@@ -410,7 +411,7 @@ class DataLake:
         for path in paths:
             manifest = check_manifest(path, read_json(path))
             try:
-                rows.append(manifest_row(manifest, self.committed_iterations(manifest["run_id"])))
+                rows.append(manifest_row(manifest, self.committed_iterations(manifest.run_id)))
             except (KeyError, TypeError, ValueError) as exc:
                 raise LakeError(f"manifest {str(path)!r} cannot be read as a runs row: {exc!r}") from exc
         return runs_table(rows)
@@ -440,12 +441,14 @@ class DataLake:
             found.append(int(match.group(1)))
         return sorted(found)
 
-    def write_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
-        atomic_write_json(layout.manifest_file(self.run_dir(run_id)), manifest)
+    def write_manifest(self, run_id: str, manifest: RunManifest) -> None:
+        """Write the run's manifest (atomically), with the JSON keys of its fields (:meth:`RunManifest.stored`)."""
+        atomic_write_json(layout.manifest_file(self.run_dir(run_id)), manifest.stored())
 
-    def read_manifest(self, run_id: str) -> dict[str, Any] | None:
-        """The run's manifest, or None when it has none; one that is not a JSON object naming this run (or is a
-        link) raises a :class:`LakeError` naming the file (:func:`ragen_core.storage.layout.check_manifest`)."""
+    def read_manifest(self, run_id: str) -> RunManifest | None:
+        """The run's manifest, or None when it has none; one that is not a manifest naming this run (a field of the
+        wrong type, a newer version) or is a link raises a :class:`LakeError` naming the file
+        (:func:`ragen_core.storage.trust.check_manifest`)."""
         path = layout.manifest_file(self.run_dir(run_id))
         if not check_regular_file(path, "manifest"):  # a link, folder or FIFO in its place raises
             return None

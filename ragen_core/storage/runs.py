@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from schemas.manifest import RunManifest
 from schemas.tables import RUNS
 
 
@@ -23,33 +24,33 @@ def _timestamp(value: Any) -> datetime | None:
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
 
-def manifest_row(manifest: dict[str, Any], committed: list[int]) -> dict[str, Any]:
+def manifest_row(manifest: RunManifest, committed: list[int]) -> dict[str, Any]:
     """One ``runs`` row from a manifest and the run's committed iterations.
 
     ``kind`` defaults to ``train`` (training manifests do not name it); ``created_at`` is the manifest's
     ``created_at``, else ``started_at``, else ``updated_at`` (bootstrap manifests are written once, when done).
     Sweep points carry ``sweep: {id, point, overrides}``; offline runs their ``lineage`` (:func:`lineage_columns`).
     """
-    updated = _timestamp(manifest.get("updated_at"))
-    sweep = manifest.get("sweep") or {}
-    created = _timestamp(manifest.get("created_at") or manifest.get("started_at")) or updated
+    updated = _timestamp(manifest.updated_at)
+    sweep = manifest.sweep or {}
+    created = _timestamp(manifest.created_at or manifest.started_at) or updated
     if created is None:
         raise ValueError("the manifest has none of created_at, started_at, updated_at")
     return {
-        "run_id": manifest["run_id"],
-        "kind": manifest.get("kind", "train"),
-        "status": manifest.get("status", "running"),
-        "config_json": json.dumps(manifest.get("config", {}), sort_keys=True, default=str),
-        "config_hash": manifest.get("config_hash", ""),
-        "seed": manifest.get("seed", (manifest.get("config") or {}).get("seed")),
-        "versions_json": json.dumps(manifest.get("versions", {}), sort_keys=True),
-        "git_commit": manifest.get("git_commit"),
-        "model_dir": manifest.get("model_dir"),
+        "run_id": manifest.run_id,
+        "kind": manifest.kind,
+        "status": manifest.status,
+        "config_json": json.dumps(manifest.config or {}, sort_keys=True, default=str),
+        "config_hash": manifest.config_hash or "",
+        "seed": manifest.seed if manifest.seed is not None else (manifest.config or {}).get("seed"),
+        "versions_json": json.dumps(manifest.versions or {}, sort_keys=True),
+        "git_commit": manifest.git_commit,
+        "model_dir": manifest.model_dir,
         "created_at": created,
         "updated_at": updated or created,
         "iterations_done": len(committed),
         "last_committed_iteration": max(committed) if committed else None,
-        "error": manifest.get("error"),
+        "error": manifest.error,
         "sweep_id": sweep.get("id"),
         "sweep_point": sweep.get("point"),
         "overrides_json": json.dumps(sweep["overrides"]) if "overrides" in sweep else None,
@@ -57,10 +58,10 @@ def manifest_row(manifest: dict[str, Any], committed: list[int]) -> dict[str, An
     }
 
 
-def lineage_columns(manifest: dict[str, Any]) -> dict[str, Any]:
+def lineage_columns(manifest: RunManifest) -> dict[str, Any]:
     """The lineage columns of a run: what an offline run (``ragen retrain``) was trained on and from, as its
     manifest's ``lineage`` records it (:func:`ragen_core.run.offline.lineage`); nulls for every other run."""
-    lineage = manifest.get("lineage") or {}
+    lineage = manifest.lineage or {}
     sources = lineage.get("source_iterations")
     return {
         "offline_mode": lineage.get("mode"),

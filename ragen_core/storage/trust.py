@@ -44,7 +44,8 @@ its account. The rules:
   (:func:`ragen_core.storage.files.read_json`). Before compaction deletes the files a marker replaces, the merged
   file must hold their very rows, not just as many (:mod:`ragen_core.storage.maintenance.compaction`).
 - **Manifests** (``runs/<id>/manifest.json``): a regular file in a folder named by a valid run id, a JSON object
-  whose ``run_id`` is that folder's name, and whose fields the tools read have their types (:data:`MANIFEST_TYPES`).
+  whose ``run_id`` is that folder's name, of the shape :class:`schemas.manifest.RunManifest` declares (each field
+  of its type; a manifest of a newer ``manifest_version`` is refused, saying to upgrade).
 - **Checkpoint rows**: a row of run R names ``runs/R/checkpoints/iteration=<n>`` or its ``hf/`` export. Under this
   data root, exactly that folder (no link on the way); elsewhere (a data root that was moved or copied), a path
   that ends so, and the lake never touches it.
@@ -80,6 +81,7 @@ from ragen_core.storage.layout import (
     run_folder_name,
 )
 from ragen_core.storage.names import is_valid_run_id
+from schemas.manifest import ManifestError, NewerManifestError, RunManifest
 from schemas.tables import TableSpec
 from schemas.versions import stored_version
 
@@ -345,41 +347,25 @@ def _rows_of_present(listed: Iterable[Path]) -> tuple[list[Path], int]:
 
 
 # -- manifests and checkpoint rows ----------------------------------------------------------------------------------
-def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
-    """A manifest read from ``runs/<id>/manifest.json``: a JSON object naming the run of its folder."""
+def check_manifest(path: Path, stored: Any) -> RunManifest:
+    """A manifest read from ``runs/<id>/manifest.json``: a JSON object naming the run of its folder, of the
+    :class:`~schemas.manifest.RunManifest` shape (brought to the current ``manifest_version``)."""
     folder = path.parent.name
     check_real_folder(path.parent, "run folder")  # a linked run folder would be a manifest from elsewhere
     if not is_valid_run_id(folder):
         raise LakeError(f"manifest {_show(path)} lies in a folder that is not a valid run id; {_HOW_TO_FIX}")
-    if not isinstance(manifest, dict):
-        raise LakeError(f"manifest {_show(path)} is not a JSON object; {_HOW_TO_FIX}")
-    if manifest.get("run_id") != folder:
+    try:
+        manifest = RunManifest.from_stored(stored)
+    except NewerManifestError as exc:
+        raise LakeError(f"manifest {_show(path)} {exc}") from None
+    except ManifestError as exc:
+        raise LakeError(f"manifest {_show(path)} {exc}; {_HOW_TO_FIX}") from None
+    if manifest.run_id != folder:
         raise LakeError(
-            f"manifest {_show(path)} says run_id {manifest.get('run_id')!r}, but it lies in the folder of run "
+            f"manifest {_show(path)} says run_id {manifest.run_id!r}, but it lies in the folder of run "
             f"{folder!r}; a manifest describes the run of its folder: {_HOW_TO_FIX}"
         )
-    for key, kinds in MANIFEST_TYPES.items():
-        value = manifest.get(key)
-        if value is not None and (isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds)):
-            expected = " or ".join(_TYPE_NAMES[k] for k in kinds)
-            raise LakeError(f"manifest {_show(path)} has {key} = {_short(value)}, not {expected}; {_HOW_TO_FIX}")
     return manifest
-
-
-# what the tools read from a manifest, by type (None, or absent, is always allowed)
-MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
-    **dict.fromkeys(("kind", "status", "model_dir", "config_hash", "tokenizer_fingerprint", "created_at",
-                     "started_at", "updated_at", "git_commit", "error", "base_model", "host"), (str,)),
-    **dict.fromkeys(("config", "bootstrap", "sweep", "lineage", "versions", "summary", "code_sources"), (dict,)),
-    **dict.fromkeys(("last_committed_iteration", "interrupted_iteration", "seed", "pid"), (int,)),
-    "resumes": (list,),
-}  # fmt: skip
-_TYPE_NAMES = {str: "a text", dict: "a mapping", int: "an integer", list: "a list"}
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:50] + "..."
 
 
 def checkpoint_folder(root: Path, run_id: str, stored: Any, source: Path) -> Path | None:

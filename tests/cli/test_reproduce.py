@@ -295,7 +295,7 @@ def test_multiturn_learning_bootstraps_a_weak_prior_and_reads_lift_and_agreement
         assert arm["references"]["random"] < arm["references"]["teacher mix p=0.3"] < arm["references"]["teacher"]
         assert arm["verdict"] in ("reproduced", "partly", "not reproduced")
         # the arm's demonstrations (its run's bootstrap, in the arm's own context) think what the state shows
-        bootstrap = DataLake(root).read_manifest(run)["bootstrap"]["run_id"]
+        bootstrap = DataLake(root).read_manifest(run).bootstrap["run_id"]
         bootstraps[label] = bootstrap
         turns = _sql(root, "SELECT observation, think FROM turns WHERE list_contains($runs, run_id)", [bootstrap])
         assert len(turns) >= 8

@@ -135,7 +135,7 @@ def test_a_two_point_sweep_runs_as_deployment_runs(server, tmp_path_factory, tin
     for run_id in ("srv-p000", "srv-p001"):  # each point ran as a flow run of the train deployment, on the worker
         assert [state for _, state in _flow_run_state(env, run_id)] == ["COMPLETED"]
         manifest = DataLake(root).read_manifest(run_id)
-        assert manifest["pid"] != os.getpid() and "prefect" in " ".join(manifest["command"])
+        assert manifest.pid != os.getpid() and "prefect" in " ".join(manifest.command)
     server.reference = root  # the kill test compares with srv-p000
 
 
@@ -151,7 +151,7 @@ def test_a_killed_worker_and_a_retried_flow_run_complete_the_point_without_dupli
     while 1 not in lake.committed_iterations(run_id):
         assert time.monotonic() < deadline and sweep.poll() is None, "the point never committed iteration 1"
         time.sleep(0.2)
-    flow_pid = lake.read_manifest(run_id)["pid"]
+    flow_pid = lake.read_manifest(run_id).pid
     flow_group = os.getpgid(flow_pid)
     assert flow_group not in (os.getpgid(0), state.server_pid)
     os.killpg(state.worker_pid, signal.SIGKILL)  # the worker and, like a lost machine, the flow run it started
@@ -177,7 +177,7 @@ with get_client(sync_client=True) as client:
     sweep.wait(timeout=120)
 
     manifest = lake.read_manifest(run_id)
-    assert manifest["status"] == "completed" and len(manifest["resumes"]) == 1
+    assert manifest.status == "completed" and len(manifest.resumes) == 1
     assert lake.committed_iterations(run_id) == [0, 1, 2, 3]
     assert _duplicates(root, run_id) == {"trajectories": 0, "turns": 0, "metrics": 0, "evaluations": 0}
     # and the resumed point holds exactly the rows of the uninterrupted run of the same config

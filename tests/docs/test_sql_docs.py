@@ -16,6 +16,7 @@ import pytest
 from ragen_core.run.offline import lineage
 from ragen_core.storage import DataLake, check_read_only, query
 from ragen_core.storage.sqldoc import COLUMNS_BEGIN, named_queries, update_columns
+from schemas.manifest import RunManifest
 from schemas.tables import TABLES
 from tests.storage.synthetic import PROMPT_TOKENS, SyntheticRun, Trajectory, make_run, write_run
 
@@ -46,9 +47,15 @@ def _write_offline_runs(lake: DataLake, runs: list[SyntheticRun]) -> None:
         if init is not None:
             init_dir = lake.root / "runs" / init[0] / "checkpoints" / f"iteration={init[1]}" / "hf"
         sql = f"SELECT * FROM trajectories WHERE split = 'train' -- {run_id}"
-        lake.write_manifest(run_id, {"run_id": run_id, "kind": "offline", "status": "completed", "config": {},
-                                     "created_at": "2025-02-01T00:00:00+00:00",
-                                     "lineage": lineage(sql, table, mode, init_dir, lake)})  # fmt: skip
+        manifest = RunManifest(
+            run_id=run_id,
+            kind="offline",
+            status="completed",
+            config={},
+            created_at="2025-02-01T00:00:00+00:00",
+            lineage=lineage(sql, table, mode, init_dir, lake),
+        )
+        lake.write_manifest(run_id, manifest)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +68,7 @@ def lake_runs(tmp_path_factory) -> tuple[DataLake, list[SyntheticRun]]:
         overrides = [f"algorithm.filter_ratio={run.config['algorithm']['filter_ratio']}"]
         manifest = lake.read_manifest(run.run_id)
         sweep = {"id": "sweep-x", "point": point, "overrides": overrides}
-        lake.write_manifest(run.run_id, {**manifest, "sweep": sweep})
+        lake.write_manifest(run.run_id, manifest.updated(sweep=sweep))
     _write_offline_runs(lake, runs)
     return lake, runs
 

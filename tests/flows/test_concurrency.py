@@ -84,9 +84,9 @@ def test_two_concurrent_runs_store_the_rows_each_stores_alone(tmp_path, tiny_mod
     assert [r["env_seed"] for r in other["trajectories"]] != [r["env_seed"] for r in together["trajectories"]]
     assert query(shared, "SELECT count(DISTINCT run_id) AS n FROM trajectories").to_pylist() == [{"n": 2}]
     manifests = [DataLake(shared).read_manifest(r) for r in (RUN, "run-b")]
-    assert all(m["created_at"] <= n["updated_at"] for m in manifests for n in manifests)  # their runs overlapped
+    assert all(m.created_at <= n.updated_at for m in manifests for n in manifests)  # their runs overlapped
     if (Path(__file__).resolve().parents[2] / ".git").exists():  # the manifest names the code that ran
-        assert all(re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", m["git_commit"]) for m in manifests)
+        assert all(re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", m.git_commit) for m in manifests)
 
 
 class _Poller(threading.Thread):

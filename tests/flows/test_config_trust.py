@@ -252,7 +252,7 @@ def test_retrain_and_a_resumed_sweep_never_use_a_planted_program(world, tiny_mod
     ]
     rc, output = _ragen(retrain, root, None, api_url)  # fmt: skip
     assert rc == 0, output[-3000:]
-    config = DataLake(root).read_manifest("offline")["config"]
+    config = DataLake(root).read_manifest("offline").config
     assert config["rollout"]["vllm"]["python"] is None and config["trainer"]["launcher"] == "inprocess"
     sweep = ["sweep", "--config", "configs/bandit.yaml", *SMALL, f"model.path={tiny_model_dir}",
              "trainer.iterations=1", "--sweep-id", "sw"]  # fmt: skip

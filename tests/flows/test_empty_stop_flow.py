@@ -43,8 +43,8 @@ def test_training_stops_after_the_set_number_of_empty_iterations(empty_runs):
     lake = DataLake(empty_runs)
     assert lake.committed_iterations("whole") == [0, 1, 2]  # two empty iterations, then the final validation
     manifest = lake.read_manifest("whole")
-    assert manifest["status"] == "completed"
-    assert manifest["early_stop"] == {"iteration": 2, "reason": "filter_empty_stop_steps", "steps": 2}
+    assert manifest.status == "completed"
+    assert manifest.early_stop == {"iteration": 2, "reason": "filter_empty_stop_steps", "steps": 2}
     assert lake.commit_payload("whole", 2)["updated"] is False
     assert [n for n, _ in lake.list_checkpoints("whole")] == [2]  # the last state before the stop is saved
     metrics = _metrics(empty_runs, "whole")
@@ -59,6 +59,6 @@ def test_a_run_failed_after_its_early_stop_resumes_to_the_same_end_and_is_then_d
     assert lake.committed_iterations("resumed") == [0, 1, 2]
     assert _metrics(empty_runs, "resumed") == _metrics(empty_runs, "whole")
     assert _rows(empty_runs, "resumed") == _rows(empty_runs, "whole")
-    assert lake.read_manifest("resumed")["early_stop"]["iteration"] == 2
+    assert lake.read_manifest("resumed").early_stop["iteration"] == 2
     again = train(_tree(EMPTY, tiny_model_dir), data_root=str(empty_runs), run_id="resumed")
     assert again.get("completed") is True and lake.committed_iterations("resumed") == [0, 1, 2]

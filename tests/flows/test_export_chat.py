@@ -73,8 +73,8 @@ def test_a_run_of_the_users_own_env_is_left_out_without_importing_it(root, tmp_p
     monkeypatch.syspath_prepend(str(tmp_path / "code"))
     lake = DataLake(root)
     manifest = lake.read_manifest(RUN)
-    config = {**manifest["config"], "env": {**manifest["config"]["env"], "name": f"{planted}:CoinEnv"}}
-    lake.write_manifest("chat-planted", {**manifest, "run_id": "chat-planted", "config": config})
+    config = {**manifest.config, "env": {**manifest.config["env"], "name": f"{planted}:CoinEnv"}}
+    lake.write_manifest("chat-planted", manifest.updated(run_id="chat-planted", config=config))
     notes = export_notes(lake, ["chat-planted", RUN])
     assert "## Prompting the policy of `chat-planted`\n\nNot written out: " in notes and "env.name" in notes
     assert "## Prompting the policy of `chat`" in notes and notes.count("```python") == 1

@@ -84,8 +84,8 @@ def test_trajectories_record_the_config_that_made_them(extended, completed):
     root, whole = extended
     hashes = {(r["iteration"], r["split"]): r["config_hash"] for r in DataLake(root).read_table("trajectories", RUN)
               .select(["iteration", "split", "config_hash"]).to_pylist()}  # fmt: skip
-    shorter = DataLake(completed[1]).read_manifest(RUN)["config_hash"]
-    longer = DataLake(whole).read_manifest(RUN)["config_hash"]
+    shorter = DataLake(completed[1]).read_manifest(RUN).config_hash
+    longer = DataLake(whole).read_manifest(RUN).config_hash
     assert hashes[(0, "train")] == hashes[(1, "train")] == hashes[(2, "val")] == shorter != longer
     assert hashes[(2, "train")] == hashes[(3, "val")] == longer
 
@@ -94,10 +94,10 @@ def test_the_extended_run_is_completed_with_the_longer_config(extended):
     root, whole = extended
     lake = DataLake(root)
     manifest = lake.read_manifest(RUN)
-    assert manifest["status"] == "completed"
-    assert manifest["config_hash"] == DataLake(whole).read_manifest(RUN)["config_hash"]
-    assert manifest["resumes"][-1]["extended_from"] == 2
-    assert manifest["resumes"][-1]["reused_stages"] == ["eval-bandit"]
+    assert manifest.status == "completed"
+    assert manifest.config_hash == DataLake(whole).read_manifest(RUN).config_hash
+    assert manifest.resumes[-1]["extended_from"] == 2
+    assert manifest.resumes[-1]["reused_stages"] == ["eval-bandit"]
     assert lake.committed_iterations(RUN) == [0, 1, 2, 3]
     assert lake.commit_payload(RUN, 2)["updated"] is True and lake.commit_payload(RUN, 3)["updated"] is False
 

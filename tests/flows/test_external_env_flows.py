@@ -73,8 +73,8 @@ def test_the_manifest_records_the_import_path_and_the_distribution(world):
     from ragen_core.storage import DataLake
 
     manifest = DataLake(world["killed"]).read_manifest(RUN)
-    assert manifest["config"]["env"]["name"] == world["name"]
-    assert manifest["code_sources"] == {world["name"]: world["source"]}
+    assert manifest.config["env"]["name"] == world["name"]
+    assert manifest.code_sources == {world["name"]: world["source"]}
 
 
 def test_a_stored_import_path_is_imported_only_when_the_user_allows_it(world):

@@ -77,14 +77,14 @@ def test_a_full_disk_stops_in_one_line_and_a_resume_after_freeing_space_is_bitwi
     assert "Traceback" not in out + err
     lake = DataLake(root)
     manifest = lake.read_manifest(RUN)
-    assert manifest is not None and manifest["status"] == "failed", manifest
-    assert manifest["error"] == lines[0].removeprefix("error: ")
+    assert manifest is not None and manifest.status == "failed", manifest
+    assert manifest.error == lines[0].removeprefix("error: ")
     assert lake.committed_iterations(RUN) != [0, 1, 2, 3]  # it really stopped part-way
 
     filler.unlink()  # space freed
     rc, out, err = _ragen(["resume", RUN], root, tmp_path / "resume.log", api_url)
     assert rc == 0, (out + err)[-3000:]
-    assert lake.read_manifest(RUN)["status"] == "completed"
+    assert lake.read_manifest(RUN).status == "completed"
     assert lake.committed_iterations(RUN) == [0, 1, 2, 3]
     expected, actual = _weights(whole), _weights(root)
     assert expected.keys() == actual.keys()

@@ -101,7 +101,7 @@ def _stopped_run(lake: DataLake, out: Path, err: Path, how: str) -> tuple[str, d
     manifest = lake.read_manifest(RUN)
     last = lake.committed_iterations(RUN)[-1]
     assert last < 3, f"the run ended before the {how}; the test would prove nothing"
-    assert manifest["status"] == "interrupted" and manifest["last_committed_iteration"] == last
+    assert manifest.status == "interrupted" and manifest.last_committed_iteration == last
     return stderr, manifest, last
 
 
@@ -133,7 +133,7 @@ def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
     assert returncode == 130
     assert seconds <= 30, f"the stop took {seconds:.1f} s"  # about a second unloaded; the machine may be busy
     stderr, manifest, last = _stopped_run(lake, out, err, "Ctrl-C")
-    stopped_in = (manifest["interrupted_iteration"], manifest["interrupted_stage"])
+    stopped_in = (manifest.interrupted_iteration, manifest.interrupted_stage)
     # in the next iteration, or still in the commit stage of the one just committed (its last steps after the commit)
     assert stopped_in[0] == last + 1 and stopped_in[1] in STAGES or stopped_in == (last, "commit"), manifest
     where = f" in iteration {last + 1} ({stopped_in[1]})" if stopped_in[0] == last + 1 else ""
@@ -146,7 +146,7 @@ def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
     api_url = prefect_server[0].api_url  # the rest needs no temporary server of its own (seconds saved)
     rc, output = _ragen(["resume", RUN], root, None, api_url)
     assert rc == 0 and "resumed at iteration" in output, output[-3000:]
-    assert lake.read_manifest(RUN)["status"] == "completed" and lake.committed_iterations(RUN) == [0, 1, 2, 3]
+    assert lake.read_manifest(RUN).status == "completed" and lake.committed_iterations(RUN) == [0, 1, 2, 3]
     whole = whole_bandit_run  # the same command and config, never stopped (tests/flows/conftest.py)
     expected, actual = _weights(whole), _weights(root)
     assert expected.keys() == actual.keys() and all(torch.equal(expected[k], actual[k]) for k in expected)

@@ -69,7 +69,8 @@ def _ragen(args, root, api_url, fault=None):
                                    env=env, start_new_session=True)  # fmt: skip
         try:
             process.wait(timeout=400)
-            group = (DataLake(root).read_manifest(RUN) or {}).get("update_group") or {}
+            manifest = DataLake(root).read_manifest(RUN)
+            group = (manifest.update_group if manifest is not None else None) or {}
             pids = [group.get("launcher_pid"), *group.get("worker_pids", [])] if fault else []
             deadline = time.monotonic() + 30
             while any(process_alive(p, None) for p in pids if p) and time.monotonic() < deadline:
@@ -108,13 +109,13 @@ def runs(tmp_path_factory, tiny_model_dir, tiny_policy, prefect_server):
 
 def test_the_group_dies_with_the_run_and_the_run_resumes(runs):
     _, launched, survivors, killed_manifest = runs
-    group = killed_manifest["update_group"]
+    group = killed_manifest.update_group
     assert (group["launcher"], group["nproc"], group["world_size"], len(group["worker_pids"])) == ("torchrun", 2, 2, 2)
     assert survivors == [], f"processes of the killed run's update group still alive: {survivors}"
     manifest = DataLake(launched).read_manifest(RUN)
-    assert manifest["status"] == "completed" and manifest["precision"] == "fp32"
+    assert manifest.status == "completed" and manifest.precision == "fp32"
     assert DataLake(launched).committed_iterations(RUN) == [0, 1, 2, 3, 4]
-    attempt = manifest["resumes"][-1]
+    attempt = manifest.resumes[-1]
     assert attempt["checkpoint_updates"] == 2 and attempt["replayed"] == [2]
     assert attempt["update_group"]["world_size"] == 2 and attempt["precision"] == "fp32"
 

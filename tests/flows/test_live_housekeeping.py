@@ -161,7 +161,8 @@ def test_runs_rm_during_a_sweep_refuses_the_live_point_and_removes_a_finished_on
 
     def status(run_id: str) -> str | None:
         try:
-            return (lake.read_manifest(run_id) or {}).get("status")
+            manifest = lake.read_manifest(run_id)
+            return manifest.status if manifest is not None else None
         except Exception:  # noqa: BLE001 - being written
             return None
 

@@ -74,9 +74,9 @@ def test_sft_across_two_runs_records_both_in_its_lineage(lake_root, tiny_model_d
     result = retrain_offline(_tree(tiny_model_dir), sql, "sft", str(checkpoint), str(lake_root), "sft-both")
     assert result["trajectories"] == 16
     manifest = DataLake(lake_root).read_manifest("sft-both")
-    assert manifest["kind"] == "offline" and manifest["status"] == "completed"
-    assert manifest["lineage"]["source_runs"] == ["demo", "src"] and manifest["lineage"]["query"] == sql
-    assert manifest["lineage"]["init"].endswith("iteration=1/hf")
+    assert manifest.kind == "offline" and manifest.status == "completed"
+    assert manifest.lineage["source_runs"] == ["demo", "src"] and manifest.lineage["query"] == sql
+    assert manifest.lineage["init"].endswith("iteration=1/hf")
     assert DataLake(lake_root).committed_iterations("sft-both") == [0, 1]
     _assert_runs_table_lineage(lake_root, sql, checkpoint)
 
@@ -140,7 +140,7 @@ def test_readme_example_best_quarter_from_the_run_start_model(lake_root, tiny_mo
     expected = sum(r >= np.quantile(rewards, 0.75) for r in rewards)
     result = retrain_offline(_tree(tiny_model_dir), TOP_QUARTER, "sft", "run:src", str(lake_root), "best25")
     assert result["trajectories"] == expected
-    lineage = DataLake(lake_root).read_manifest("best25")["lineage"]
+    lineage = DataLake(lake_root).read_manifest("best25").lineage
     assert lineage["init"] == str(tiny_model_dir.resolve()) and lineage["source_runs"] == ["src"]
 
 

@@ -187,4 +187,4 @@ def test_a_deployment_run_without_a_run_id_is_renamed_to_the_id_it_derives_and_t
     assert seen["tags"] == {"ragen", "env:bandit", "preset:starpo_s"}
     assert {"generate-i0", "update-i0", "commit-i1"} <= seen["tasks"]
     assert [m.split(" · ")[0] for name, _, m in seen["logs"] if name == "ragen.run"] == ["iter   0", "iter   1"]
-    assert DataLake(tmp_path).read_manifest(run_id)["pid"] != os.getpid()  # run by the worker, not here
+    assert DataLake(tmp_path).read_manifest(run_id).pid != os.getpid()  # run by the worker, not here

@@ -136,10 +136,10 @@ def test_tables_hold_exactly_the_same_rows(runs, table):
 def test_the_killed_run_is_completed_and_remembers_its_resumes(runs):
     _, killed, log = runs
     manifest = DataLake(killed).read_manifest(RUN)
-    assert manifest["status"] == "completed" and len(manifest["resumes"]) == len(FAULTS)
+    assert manifest.status == "completed" and len(manifest.resumes) == len(FAULTS)
     assert DataLake(killed).committed_iterations(RUN) == [0, 1, 2, 3]
     # resumes[j] is the attempt after the kill at FAULTS[j]: the finished stages of iteration 1 it reused
-    reused = [attempt.get("reused_stages") for attempt in manifest["resumes"]]
+    reused = [attempt.get("reused_stages") for attempt in manifest.resumes]
     assert reused == [
         ["eval-bandit"],  # killed inside the rollout: the validation of iteration 1 was already published
         ["eval-bandit"],  # killed mid Parquet write of the rollout batch (the validation was reused again)

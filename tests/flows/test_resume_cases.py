@@ -79,7 +79,7 @@ def test_quarantined_iteration_is_refused_then_skipped(prefect_harness, tmp_path
     with pytest.raises(BatchRejected):
         train(tree, data_root=str(tmp_path), run_id="q")
     manifest = DataLake(tmp_path).read_manifest("q")
-    assert (manifest["status"], manifest["failed_iteration"], manifest["failed_stage"]) == ("failed", 0, "validate")
+    assert (manifest.status, manifest.failed_iteration, manifest.failed_stage) == ("failed", 0, "validate")
     with pytest.raises(ResumeError, match="same seeds.*--skip-iteration"):
         train(tree, data_root=str(tmp_path), run_id="q")
     # skipping records iteration 0 as skipped; iteration 1 draws new seeds (and, with this env, fails again)
@@ -90,4 +90,4 @@ def test_quarantined_iteration_is_refused_then_skipped(prefect_harness, tmp_path
     events = query(tmp_path, "SELECT iteration, kind FROM events WHERE run_id = 'q'").to_pylist()
     assert events == [{"iteration": 0, "kind": "skipped_iteration"}]
     assert (tmp_path / "quarantine" / "run_id=q" / "iteration=1" / "rollout" / "report.json").is_file()
-    assert lake.read_manifest("q")["failed_iteration"] == 1
+    assert lake.read_manifest("q").failed_iteration == 1

@@ -45,9 +45,9 @@ def test_each_point_is_a_run_recording_its_sweep_and_overrides(swept):
     assert [p.run_id for p in plan.points] == ["local-p000", "local-p001"]
     for point in plan.points:
         manifest = lake.read_manifest(point.run_id)
-        assert manifest["status"] == "completed"
-        assert manifest["sweep"] == {"id": "local", "point": point.index, "overrides": point.overrides}
-        assert manifest["config"]["algorithm"]["filter_ratio"] == [0.5, 1.0][point.index]
+        assert manifest.status == "completed"
+        assert manifest.sweep == {"id": "local", "point": point.index, "overrides": point.overrides}
+        assert manifest.config["algorithm"]["filter_ratio"] == [0.5, 1.0][point.index]
     rows = query(root, """
         SELECT r.sweep_id, r.overrides_json, count(*) AS trajectories
         FROM trajectories t JOIN runs r USING (run_id) WHERE t.split = 'train' GROUP BY ALL ORDER BY ALL
@@ -96,11 +96,11 @@ def test_running_the_sweep_again_skips_completed_points(swept, tiny_model_dir):
 
     root, _ = swept
     lake = DataLake(root)
-    before = {p: lake.read_manifest(p)["updated_at"] for p in ("local-p000", "local-p001")}
+    before = {p: lake.read_manifest(p).updated_at for p in ("local-p000", "local-p001")}
     files = sorted(str(p) for p in (root / "trajectories").rglob("*.parquet"))
     again = sweep(_base(tiny_model_dir), grid=GRID, data_root=str(root), sweep_id="local", points=[1])
     assert [row["outcome"] for row in again["points"]] == ["not run", "COMPLETED"]
-    assert {p: lake.read_manifest(p)["updated_at"] for p in before} == before
+    assert {p: lake.read_manifest(p).updated_at for p in before} == before
     assert sorted(str(p) for p in (root / "trajectories").rglob("*.parquet")) == files
 
 
@@ -113,10 +113,10 @@ def test_evaluate_a_run_and_a_model_folder(swept, tiny_model_dir):
     assert result["model"] == "local-p000@1" and not result["reused"]
     run_id = result["run_id"]
     manifest = lake.read_manifest(run_id)
-    assert manifest["kind"] == "evaluation" and manifest["status"] == "completed"
-    assert manifest["evaluated"]["model_dir"].endswith("iteration=1/hf")
-    assert manifest["config"]["eval"]["instances"] == 5
-    assert manifest["config"]["rollout"]["max_new_tokens"] == 6  # the source run's config is the base
+    assert manifest.kind == "evaluation" and manifest.status == "completed"
+    assert manifest.evaluated["model_dir"].endswith("iteration=1/hf")
+    assert manifest.config["eval"]["instances"] == 5
+    assert manifest.config["rollout"]["max_new_tokens"] == 6  # the source run's config is the base
     val = query(root, f"SELECT avg(success::INT) AS s, count(*) AS n FROM trajectories WHERE run_id = '{run_id}'")
     expected = val.to_pylist()[0]
     assert expected["n"] == 5
@@ -125,7 +125,7 @@ def test_evaluate_a_run_and_a_model_folder(swept, tiny_model_dir):
 
     folder = evaluate(str(tiny_model_dir), envs=["bandit"], n=2, data_root=str(root))
     assert folder["evaluations"][0]["instances"] == 2
-    assert lake.read_manifest(folder["run_id"])["evaluated"]["model_dir"] == str(tiny_model_dir)
+    assert lake.read_manifest(folder["run_id"]).evaluated["model_dir"] == str(tiny_model_dir)
 
 
 def test_evaluate_refuses_unknown_targets_and_envs(swept):

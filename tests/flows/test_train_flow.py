@@ -84,7 +84,7 @@ def test_metrics_manifest_and_commits(trained_root):
     lake = DataLake(trained_root)
     assert lake.committed_iterations("flow-test") == [0, 1, 2]
     manifest = lake.read_manifest("flow-test")
-    assert manifest["status"] == "completed" and manifest["config_hash"]
+    assert manifest.status == "completed" and manifest.config_hash
     assert not (trained_root / "_staging" / "flow-test").exists() or not any(
         (trained_root / "_staging").rglob("*.parquet")
     )
@@ -260,4 +260,4 @@ def test_a_bad_batch_is_quarantined_and_nothing_is_trained(
     assert splits == [{"split": "val"}]  # the validation batch before it was fine; the training batch never published
     assert query(tmp_path, "SELECT count(*) AS n FROM metrics").to_pylist() == [{"n": 0}]  # no update, no commit
     assert lake.committed_iterations("bad") == []
-    assert lake.read_manifest("bad")["status"] == "failed"
+    assert lake.read_manifest("bad").status == "failed"

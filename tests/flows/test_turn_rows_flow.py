@@ -93,7 +93,7 @@ def test_a_turn_row_run_resumed_inside_an_update_ends_bit_for_bit_as_the_whole_r
     assert _metrics(turn_runs, "resumed") == _metrics(turn_runs, "whole")
     assert _rows(turn_runs, "resumed") == _rows(turn_runs, "whole")  # the final validation: the same final policy
     manifest = DataLake(turn_runs).read_manifest("resumed")
-    assert manifest["status"] == "completed" and manifest["resumes"][-1]["replayed"] == [0]
+    assert manifest.status == "completed" and manifest.resumes[-1]["replayed"] == [0]
 
 
 def test_the_entropy_filter_over_turn_rows_averages_each_turns_mean(turn_runs, tiny_model_dir):

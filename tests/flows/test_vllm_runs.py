@@ -92,7 +92,7 @@ def test_stored_behaviour_log_probs_are_the_trainers_own(vllm_runs):
 
 
 def _start_model(root):
-    return DataLake(root).read_manifest(RUN)["model_dir"]
+    return DataLake(root).read_manifest(RUN).model_dir
 
 
 def test_the_run_records_its_weight_pushes_in_the_server_log(vllm_runs):
@@ -130,7 +130,7 @@ def test_ctrl_c_stops_the_run_and_its_server_which_listened_on_loopback_only(tmp
         assert process.wait(timeout=60) == 130
         assert _no_server_left(root, within=5), "Ctrl-C left the vLLM server running"
         assert "Traceback" not in err.read_text() + out.read_text()
-        assert lake.read_manifest(RUN)["status"] == "interrupted"
+        assert lake.read_manifest(RUN).status == "interrupted"
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -171,8 +171,8 @@ def test_a_server_killed_mid_rollout_fails_the_run_in_one_line_naming_its_log(se
 def test_a_server_killed_mid_rollout_leaves_nothing_of_the_iteration(server_killed):
     failed, _, _ = server_killed
     manifest = failed["manifest"]
-    assert manifest["status"] == "failed" and manifest["failed_iteration"] == 1
-    assert "the vLLM server died" in manifest["error"]
+    assert manifest.status == "failed" and manifest.failed_iteration == 1
+    assert "the vLLM server died" in manifest.error
     assert failed["committed"] == [0]
     assert failed["iterations"] == {table: [0] for table in TABLES}  # iteration 0's rows only, in every table
     assert failed["folders"] == []  # no partition, staging or checkpoint folder of iteration 1
@@ -188,4 +188,4 @@ def test_the_resume_after_a_server_killed_mid_rollout_ends_bitwise_like_the_whol
     assert all(torch.equal(expected[name], actual[name]) for name in expected)
     for table in TABLES:
         assert _rows(root, table) == _rows(whole, table), table
-    assert DataLake(root).read_manifest(RUN)["status"] == "completed"
+    assert DataLake(root).read_manifest(RUN).status == "completed"

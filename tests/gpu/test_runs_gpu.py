@@ -77,8 +77,8 @@ def test_a_run_killed_on_the_device_resumes_to_the_same_rows_and_weights(device,
 
     lake = DataLake(killed)
     manifest = lake.read_manifest(RUN)
-    assert manifest["status"] == "completed" and len(manifest["resumes"]) == 1
-    assert manifest["precision"] == ("bf16" if device.cuda else "fp32")  # trainer.precision=auto
+    assert manifest.status == "completed" and len(manifest.resumes) == 1
+    assert manifest.precision == ("bf16" if device.cuda else "fp32")  # trainer.precision=auto
     assert lake.committed_iterations(RUN) == [0, 1, 2, 3]
     expected, actual = _weights(whole), _weights(killed)
     assert expected.keys() == actual.keys()

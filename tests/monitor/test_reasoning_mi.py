@@ -27,6 +27,7 @@ from ragen_core.run.record import RunRecord
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import commit_iteration
 from ragen_core.storage import DataLake, query
+from schemas.manifest import RunManifest
 
 
 def exact_scorer(table):
@@ -196,7 +197,7 @@ def test_commit_records_the_template_collapse_event(tmp_path, caplog, mi_metric,
     overrides = ["monitor.warmup=1", "monitor.mi_drop=0.4", "monitor.mi_patience=2"]
     chosen = [] if mi_metric == "per_token" else [f"monitor.mi_metric={mi_metric}"]  # per_token: the default
     config = build_config(overrides=overrides + chosen)
-    record = RunRecord(DataLake(tmp_path), "mi", {"run_id": "mi", "status": "running"})
+    record = RunRecord(DataLake(tmp_path), "mi", RunManifest(run_id="mi", status="running"))
     session = RunSession(config, DataLake(tmp_path), "mi", policy=None, updater=None, record=record)
     for iteration, mi in enumerate([1.0, 1.1, 0.6, 0.5, 0.9]):  # thresholds 0.6 x 1.1 = 0.66 from iteration 2
         metrics = {watched: mi, other: 5.0 - iteration, "actor/entropy": 1.0}

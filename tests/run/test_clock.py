@@ -5,10 +5,11 @@ import pytest
 from ragen_core.run.clock import StageClock
 from ragen_core.run.record import RunRecord, stop_record
 from ragen_core.storage import DataLake
+from schemas.manifest import RunManifest
 
 
 def test_the_clock_times_each_stage_under_its_name_and_a_failure_keeps_where_it_stopped(tmp_path):
-    record = RunRecord(DataLake(tmp_path), "clocked", {"run_id": "clocked", "status": "running"})
+    record = RunRecord(DataLake(tmp_path), "clocked", RunManifest(run_id="clocked", status="running"))
     metrics: dict[str, float] = {}
     stage = StageClock(record, 3, metrics)
     with stage("generate"):

@@ -21,6 +21,7 @@ from ragen_core.run.session import RunSession
 from ragen_core.run.stages import commit_iteration, stop_early
 from ragen_core.storage import DataLake, Stage
 from ragen_core.storage.layout import CHECKPOINT_INFO, checkpoint_file
+from schemas.manifest import RunManifest
 
 RUN = "rules"
 EMPTY, KEPT = {"filter/kept_groups": 0.0}, {"filter/kept_groups": 2.0}
@@ -43,7 +44,7 @@ class FolderUpdater:
 def _session(tmp_path: Path, *overrides: str) -> RunSession:
     config = build_config({}, ["monitor.tensorboard=false", *overrides])
     lake = DataLake(tmp_path)
-    record = RunRecord(lake, RUN, {"run_id": RUN, "status": "running", "config": config.to_dict(), "model_dir": "/m"})
+    record = RunRecord(lake, RUN, RunManifest(run_id=RUN, status="running", config=config.to_dict(), model_dir="/m"))
     record.update()
     return RunSession(config, lake, RUN, policy=None, updater=FolderUpdater(lake), record=record)
 
@@ -60,7 +61,7 @@ def test_a_checkpoint_is_due_every_checkpoint_every_updates_and_after_the_last(t
     validation = commit_iteration(session, 5, IterationState({"val/bandit/success": 1.0}))  # the final validation
     assert "checkpoint" not in validation and validation["updated"] is False and session.updater.saved == [2, 4, 5]
     assert session.lake.committed_iterations(RUN) == [0, 1, 2, 3, 4, 5]
-    assert session.lake.read_manifest(RUN)["last_committed_iteration"] == 5
+    assert session.lake.read_manifest(RUN).last_committed_iteration == 5
     assert len(session.record.metric_history) == 6
 
 
@@ -76,7 +77,7 @@ def test_the_last_update_before_an_early_stop_is_checkpointed_and_the_stop_recor
     # updates, also due by checkpoint_every) and the run stops before iteration 5; never before
     assert stops == [False] * 5 and stop_early(session, 5)
     assert session.updater.saved == [5]
-    assert session.lake.read_manifest(RUN)["early_stop"] == {
+    assert session.lake.read_manifest(RUN).early_stop == {
         "iteration": 5, "reason": "filter_empty_stop_steps", "steps": 2}  # fmt: skip
 
 
@@ -86,7 +87,7 @@ def test_an_early_stop_off_schedule_still_checkpoints_its_last_update(tmp_path):
     for iteration, metrics in enumerate([KEPT, EMPTY, EMPTY]):
         commit_iteration(session, iteration, IterationState(dict(metrics), updated=True))
     assert session.updater.saved == [3]  # 3 updates: not a multiple of 4, but the last before the stop
-    assert "early_stop" not in session.lake.read_manifest(RUN)  # recorded when the next iteration is refused
+    assert session.lake.read_manifest(RUN).early_stop is None  # recorded when the next iteration is refused
 
 
 def test_a_skipped_iteration_is_committed_with_its_quarantine_and_an_event(tmp_path):
@@ -97,7 +98,7 @@ def test_a_skipped_iteration_is_committed_with_its_quarantine_and_an_event(tmp_p
     events = session.lake.read_table("events", RUN, 1).to_pylist()
     assert [(e["kind"], e["message"]) for e in events] == [
         ("skipped_iteration", "iteration 1 skipped on resume; its batch stays quarantined in /q/1")]  # fmt: skip
-    assert session.lake.read_manifest(RUN)["last_committed_iteration"] == 1
+    assert session.lake.read_manifest(RUN).last_committed_iteration == 1
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,7 @@ def test_an_extension_reopens_the_final_validation_keeping_its_rows_as_a_finishe
     longer = build_config({}, ["monitor.tensorboard=false", "trainer.iterations=4", "trainer.checkpoint_every=1"])
     plan = prepare_extension(lake, session.record.manifest, longer, RUN)
     assert (plan.next_iteration, plan.checkpoint_updates, plan.replay) == (2, 2, [])
-    session.record.manifest["resumes"] = [{}]  # the attempt a resume appends
+    session.record.manifest = session.record.manifest.updated(resumes=[{}])  # the attempt a resume appends
     reused = reopen_final_evaluation(session, plan)
     assert reused == [Stage.evaluation("bandit")]
     assert lake.committed_iterations(RUN) == [0, 1]
@@ -132,5 +133,5 @@ def test_an_extension_reopens_the_final_validation_keeping_its_rows_as_a_finishe
         assert lake.read_table(table, RUN, 2).num_rows == 0
     assert lake.read_table("trajectories", RUN, 2).num_rows == 2  # the rollouts stay, to be reused
     manifest = lake.read_manifest(RUN)
-    assert manifest["last_committed_iteration"] == 1
-    assert manifest["resumes"][-1] == {"extended_from": 2, "reused_stages": [Stage.evaluation("bandit")]}
+    assert manifest.last_committed_iteration == 1
+    assert manifest.resumes[-1] == {"extended_from": 2, "reused_stages": [Stage.evaluation("bandit")]}

@@ -16,6 +16,7 @@ from ragen_core.run.decisions import (
     final_evaluation,
     plan_resume,
 )
+from schemas.manifest import RunManifest
 
 
 def test_a_key_the_old_run_lacks_is_unchanged_at_its_default_and_changed_otherwise():
@@ -53,7 +54,7 @@ CONFIG = build_config({}, ["trainer.iterations=3"])
 
 def _manifest(**fields):
     stored = {"run_id": "r", "config": CONFIG.to_dict(), "config_hash": CONFIG.config_hash(), "model_dir": "/m"}
-    return {**stored, **fields}
+    return RunManifest(**{**stored, **fields})
 
 
 def test_the_start_is_fresh_over_resume_or_done():

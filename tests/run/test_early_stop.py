@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ragen_core.config import build_config, stored_config
 from ragen_core.run.decisions import Start, config_changes, decide_start, empty_filter_streak, stops_early
+from schemas.manifest import RunManifest
 
 EMPTY, KEPT = {"filter/kept_groups": 0.0}, {"filter/kept_groups": 2.0}
 
@@ -64,11 +65,11 @@ def test_the_default_is_ragen2s_and_runs_stored_before_the_key_never_stopped():
 
 def test_a_run_that_stopped_early_and_was_validated_is_done():
     config = build_config({}, ["trainer.iterations=10"])
-    manifest = {"run_id": "r", "config": config.to_dict(), "config_hash": config.config_hash(), "model_dir": "/m"}
+    manifest = RunManifest(run_id="r", config=config.to_dict(), config_hash=config.config_hash(), model_dir="/m")
     final = {"updated": False}
     # iterations 0-3 trained, then the final validation was committed as iteration 4
     assert decide_start(manifest, config, [0, 1, 2, 3, 4], [], final) is Start.EXTEND  # without the record
-    stopped = {**manifest, "early_stop": {"iteration": 4, "reason": "filter_empty_stop_steps", "steps": 5}}
+    stopped = manifest.updated(early_stop={"iteration": 4, "reason": "filter_empty_stop_steps", "steps": 5})
     assert decide_start(stopped, config, [0, 1, 2, 3, 4], [], final) is Start.DONE
     # stopped, but the final validation not yet committed: a resume (which then stops again at once)
     assert decide_start(stopped, config, [0, 1, 2, 3], [], {"updated": True}) is Start.RESUME

@@ -17,6 +17,7 @@ from ragen_core.run.entry import check_run_id, open_run, run_lake
 from ragen_core.storage import DataLake
 from ragen_core.storage.locks import lock_path, read_holder
 from ragen_core.storage.names import InvalidRunIdError
+from schemas.manifest import RunManifest
 
 PROBE = (
     "import sys\nfrom ragen_core.run.entry import open_run\nfrom ragen_core.storage import LakeError\n"
@@ -54,7 +55,7 @@ def test_the_lake_is_made_once_or_the_callers_is_used(tmp_path):
 
 def test_an_inner_entry_joins_the_outer_hold_and_a_second_process_is_refused(tmp_path):
     lake = DataLake(tmp_path)
-    lake.write_manifest("r", {"run_id": "r", "status": "running"})
+    lake.write_manifest("r", RunManifest(run_id="r", status="running"))
     with open_run(lake, "r", ["ragen", "train"]) as outer:  # the command
         assert not outer.joined and read_holder(lock_path(lake.root, "r"))["pid"] == os.getpid()
         with open_run(lake, "r") as inner:  # the flow it calls: no second take
@@ -71,7 +72,7 @@ def test_an_inner_entry_joins_the_outer_hold_and_a_second_process_is_refused(tmp
 
 def test_only_the_outer_entry_reports_a_lock_taken_over_from_a_dead_holder(tmp_path):
     lake = DataLake(tmp_path)
-    lake.write_manifest("r", {"run_id": "r", "status": "running"})
+    lake.write_manifest("r", RunManifest(run_id="r", status="running"))
     stale = {"run_id": "r", "pid": 99999999, "host": "gone", "since": "2026-01-01T00:00:00+00:00", "command": "x"}
     path = lock_path(lake.root, "r")
     path.write_text(json.dumps(stale))  # a record under a free lock: its holder died without releasing it

@@ -52,24 +52,24 @@ def test_run_status_records_how_the_body_ended_and_always_closes_the_session(tmp
     session = open_session(config, lake, "life", tiny_model_dir, training=False)
     closed = []
     monkeypatch.setattr(session, "close", lambda: closed.append(True))
-    assert lake.read_manifest("life")["status"] == "running"
+    assert lake.read_manifest("life").status == "running"
 
     with run_status(session):
         pass
-    assert lake.read_manifest("life")["status"] == "completed" and closed == [True]
+    assert lake.read_manifest("life").status == "completed" and closed == [True]
 
     session.record.position = {"iteration": 4, "stage": "update"}
     with pytest.raises(RuntimeError, match="boom"), run_status(session):
         raise RuntimeError("boom")
     manifest = lake.read_manifest("life")
-    assert (manifest["status"], manifest["error"], manifest["failed_iteration"], manifest["failed_stage"]) == (
+    assert (manifest.status, manifest.error, manifest.failed_iteration, manifest.failed_stage) == (
         "failed", "RuntimeError: boom", 4, "update")  # fmt: skip
     assert closed == [True, True]
 
     with pytest.raises(KeyboardInterrupt), run_status(session):
         raise KeyboardInterrupt
     manifest = lake.read_manifest("life")
-    assert (manifest["status"], manifest["interrupted_stage"], manifest["last_committed_iteration"]) == (
+    assert (manifest.status, manifest.interrupted_stage, manifest.last_committed_iteration) == (
         "interrupted", "update", None)  # fmt: skip
     assert closed == [True, True, True]
 

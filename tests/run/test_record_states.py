@@ -29,15 +29,15 @@ def _record(lake: DataLake, run_id: str = "life") -> RunRecord:
 def test_a_failure_records_where_it_stopped_and_the_last_commit(tmp_path):
     lake = DataLake(tmp_path)
     record = _record(lake)
-    assert lake.read_manifest("life")["status"] == "running"
+    assert lake.read_manifest("life").status == "running"
     lake.commit_iteration("life", 0, {})
     lake.commit_iteration("life", 1, {})
     record.position = {"iteration": 2, "stage": "update"}
     record.stopped(ValueError("bad batch"))
     stored = lake.read_manifest("life")
-    assert (stored["status"], stored["error"], stored["failed_iteration"], stored["failed_stage"]) == (
+    assert (stored.status, stored.error, stored.failed_iteration, stored.failed_stage) == (
         "failed", "ValueError: bad batch", 2, "update")  # fmt: skip
-    assert stored["last_committed_iteration"] == 1
+    assert stored.last_committed_iteration == 1
 
 
 def test_an_interruption_before_any_commit_has_no_last_commit(tmp_path):
@@ -46,9 +46,9 @@ def test_an_interruption_before_any_commit_has_no_last_commit(tmp_path):
     record.position = {"iteration": 0, "stage": "generate"}
     record.stopped(KeyboardInterrupt())
     stored = lake.read_manifest("life")
-    assert (stored["status"], stored["interrupted_iteration"], stored["interrupted_stage"]) == (
+    assert (stored.status, stored.interrupted_iteration, stored.interrupted_stage) == (
         "interrupted", 0, "generate")  # fmt: skip
-    assert stored["last_committed_iteration"] is None and "error" not in stored
+    assert stored.last_committed_iteration is None and "error" not in stored.stored()
 
 
 def test_a_resume_marks_the_run_running_again_without_its_stop_and_then_completed(tmp_path):
@@ -59,16 +59,16 @@ def test_a_resume_marks_the_run_running_again_without_its_stop_and_then_complete
     failed = lake.read_manifest("life")
     longer = build_config({}, ["trainer.iterations=5"])
     again = RunRecord(
-        lake, "life", resumed_manifest({**failed, "update_group": {"x": 1}}, longer, ["ragen", "resume"])
+        lake, "life", resumed_manifest(failed.updated(update_group={"x": 1}), longer, ["ragen", "resume"])
     )
     again.update()
     stored = lake.read_manifest("life")
-    assert stored["status"] == "running" and stored["config"]["trainer"]["iterations"] == 5
-    assert not {"error", "update_group", *STOP_FIELDS} & set(stored)
-    assert [attempt["command"] for attempt in stored["resumes"]] == [["ragen", "resume"]]
-    assert stored["created_at"] == failed["created_at"]  # the run's first moment is kept
+    assert stored.status == "running" and stored.config["trainer"]["iterations"] == 5
+    assert not {"error", "update_group", *STOP_FIELDS} & set(stored.stored())
+    assert [attempt["command"] for attempt in stored.resumes] == [["ragen", "resume"]]
+    assert stored.created_at == failed.created_at  # the run's first moment is kept
     again.update(status="completed")
-    assert lake.read_manifest("life")["status"] == "completed"
+    assert lake.read_manifest("life").status == "completed"
 
 
 def test_a_taken_run_id_is_refused_with_its_status(tmp_path):

@@ -17,6 +17,7 @@ from ragen_core.run.decisions import ResumeError, Start
 from ragen_core.run.resume import decide_run_start, metric_history, prepare_extension, prepare_resume
 from ragen_core.storage import DataLake, LakeError, Stage
 from ragen_core.storage.layout import CHECKPOINT_INFO, checkpoint_file, compaction_marker
+from schemas.manifest import RunManifest
 
 RUN, GROUP_SIZE = "crash", 2
 FIVE = build_config({}, ["trainer.iterations=5"])
@@ -119,8 +120,8 @@ def test_a_gap_in_the_commits_and_a_commit_after_the_next_iteration_are_refused(
         lake.discard_uncommitted(RUN, 1)
 
 
-def _manifest(config, model_dir: str | None = "/m") -> dict:
-    return {"run_id": RUN, "config": config.to_dict(), "config_hash": config.config_hash(), "model_dir": model_dir}
+def _manifest(config, model_dir: str | None = "/m") -> RunManifest:
+    return RunManifest(run_id=RUN, config=config.to_dict(), config_hash=config.config_hash(), model_dir=model_dir)
 
 
 def test_the_start_is_decided_from_what_the_lake_holds(tmp_path):

@@ -6,13 +6,14 @@ from ragen_core.run.record import RunRecord
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import commit_iteration
 from ragen_core.storage import DataLake, query
+from schemas.manifest import RunManifest
 
 
 def test_commit_writes_early_warning_events(tmp_path, caplog):
     config = build_config(overrides=["monitor.warmup=2", "monitor.reward_std_drop=0.5"])
     lake = DataLake(tmp_path)
     # a session needs no policy to commit: the commit stage only touches the lake and the metric history
-    record = RunRecord(lake, "watch", {"run_id": "watch", "status": "running"})
+    record = RunRecord(lake, "watch", RunManifest(run_id="watch", status="running"))
     session = RunSession(config, lake, "watch", policy=None, updater=None, record=record)
     stds = [0.30, 0.40, 0.35, 0.15, 0.38]
     grads = [1.0, 1.1, 0.9, 1.0, 9.0]

@@ -13,6 +13,7 @@ from ragen_core.run.evaluation import EvaluationError, evaluation_config, evalua
 from ragen_core.run.offline import OfflineError, resolve_init
 from ragen_core.storage import DataLake
 from ragen_core.storage.layout import CHECKPOINT_HF, CHECKPOINT_INFO, checkpoint_file
+from schemas.manifest import RunManifest
 
 CONFIG = build_config({}, ["trainer.iterations=4"])
 KEEP = (
@@ -33,7 +34,7 @@ def _lake(tmp_path: Path) -> tuple[DataLake, Path]:
     lake = DataLake(tmp_path / "lake")
     start = _model(tmp_path / "start")
     for run, model_dir in (("r", str(start)), ("early", None), ("fresh", str(start))):
-        manifest = {"run_id": run, "config": CONFIG.to_dict(), "model_dir": model_dir}
+        manifest = RunManifest(run_id=run, config=CONFIG.to_dict(), model_dir=model_dir)
         lake.write_manifest(run, manifest)
     for updates in (2, 4):
         folder = lake.checkpoint_dir("r", updates)
@@ -133,6 +134,6 @@ def test_an_evaluation_id_holds_no_split_word_and_an_old_one_is_still_found(tmp_
     assert evaluation_run_id("/models/my-test-model", config) == f"evaluate-my-tst-model-{digest}"
     lake = DataLake(tmp_path)
     assert evaluation_run_id("/models/my-test-model", config, lake) == f"evaluate-my-tst-model-{digest}"
-    lake.write_manifest(f"eval-my-test-model-{digest}", {"run_id": f"eval-my-test-model-{digest}"})
+    lake.write_manifest(f"eval-my-test-model-{digest}", RunManifest(run_id=f"eval-my-test-model-{digest}"))
     # an evaluation stored under the name ids had before: the same evaluation finds it (and reuses it)
     assert evaluation_run_id("/models/my-test-model", config, lake) == f"eval-my-test-model-{digest}"

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ragen_core.storage import DataLake, evaluation_rows
+from schemas.manifest import RunManifest
 from schemas.tables import TRAJECTORIES
 
 MOVES = ("Up", "Down", "Left", "Right")
@@ -248,9 +249,9 @@ def write_run(
     created: str = "2025-01-01T00:00:00+00:00",
 ) -> None:
     """Write a run's rows, metrics, evaluations, manifest and (``commit``) commit markers through the lake API."""
-    manifest = {"run_id": run.run_id, "config": run.config, "config_hash": f"h-{run.run_id}",
-                "seed": run.config["seed"], "status": status, "created_at": created, "updated_at": created,
-                "pid": 1, "host": "test"}  # fmt: skip
+    manifest = RunManifest(run_id=run.run_id, config=run.config, config_hash=f"h-{run.run_id}",
+                           seed=run.config["seed"], status=status, created_at=created, updated_at=created, pid=1,
+                           host="test")  # fmt: skip
     lake.write_manifest(run.run_id, manifest)
     for iteration in sorted(run.metrics):
         batch = [t for t in run.trajectories if t.iteration == iteration]

@@ -12,6 +12,7 @@ from ragen_core.run.record import RunRecord
 from ragen_core.run.session import RunSession
 from ragen_core.run.stages import commit_iteration
 from ragen_core.storage import DataLake, query
+from schemas.manifest import RunManifest
 
 
 def test_commit_writes_metrics_evaluations_marker_and_manifest(tmp_path, tiny_policy):
@@ -23,7 +24,7 @@ def test_commit_writes_metrics_evaluations_marker_and_manifest(tmp_path, tiny_po
     assert meta == BatchMeta.validation("run-c", 2, 0.5, "hash")
     BatchPipeline(lake, meta, "eval-bandit", BatchRules(2, (-1.0, 1.0))).run(records)
     config = build_config()
-    record = RunRecord(lake, "run-c", {"run_id": "run-c", "status": "running"})
+    record = RunRecord(lake, "run-c", RunManifest(run_id="run-c", status="running"))
     session = RunSession(config, lake, "run-c", None, None, record)  # a commit needs no policy and no updater
 
     result = commit_iteration(session, 2, IterationState({"val/bandit/success": 0.5, "time/evaluate": 1.25}))

@@ -10,6 +10,7 @@ from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.rollout.records import BatchMeta, trajectories_table
 from ragen_core.storage import DataLake, LakeError, connect, query
 from ragen_core.storage.catalog import _read_failure
+from schemas.manifest import RunManifest
 
 
 @pytest.fixture()
@@ -86,7 +87,7 @@ def test_sql_mistakes_stay_duckdb_errors(lake):
 
 
 def test_damaged_manifest_names_the_file(lake):
-    lake.write_manifest("run-a", {"run_id": "run-a", "status": "running", "updated_at": "2025-01-01T00:00:00"})
+    lake.write_manifest("run-a", RunManifest(run_id="run-a", status="running", updated_at="2025-01-01T00:00:00"))
     path = lake.run_dir("run-a") / "manifest.json"
     path.write_text(path.read_text()[:20])
     with pytest.raises(LakeError, match=f"cannot read JSON file '{re.escape(str(path))}'"):

@@ -7,6 +7,7 @@ import pytest
 from ragen_core.storage import DataLake, checkpoint_row, query
 from ragen_core.storage.maintenance import RunActiveError, RunNotFoundError, plan_removal, remove_run, runs_overview
 from ragen_core.storage.maintenance import housekeeping as housekeeping_module
+from schemas.manifest import RunManifest
 from tests.storage.synthetic import make_run, write_run
 
 
@@ -48,7 +49,7 @@ def test_overview_lists_status_hash_iterations_and_last_validation(tmp_path):
 
 def test_overview_falls_back_to_the_validation_metrics(tmp_path):
     lake = DataLake(tmp_path)
-    lake.write_manifest("m", {"run_id": "m", "status": "failed", "created_at": "2025-01-01T00:00:00+00:00"})
+    lake.write_manifest("m", RunManifest(run_id="m", status="failed", created_at="2025-01-01T00:00:00+00:00"))
     rows = [{"run_id": "m", "iteration": 4, "name": n, "value": v} for n, v in
             (("val/bandit/success", 0.25), ("val/countdown/success", 0.5), ("rollout/reward_mean", 9.0))]  # fmt: skip
     lake.write_rows("metrics", "m", 4, rows, stage="commit")
@@ -93,10 +94,12 @@ def test_a_bootstrap_run_owns_its_model_and_names_the_runs_that_used_it(tmp_path
     model = lake.models_dir() / "bootstrap-abc"
     model.mkdir(parents=True)
     (lake.models_dir() / "tiny-1").mkdir()
-    lake.write_manifest("bootstrap-abc", {"run_id": "bootstrap-abc", "kind": "bootstrap", "status": "completed",
-                                          "model_dir": str(model), "updated_at": "2025-01-01T00:00:00"})  # fmt: skip
-    lake.write_manifest("user", {"run_id": "user", "status": "completed", "model_dir": str(model),
-                                 "updated_at": "2025-01-01T00:00:00"})  # fmt: skip
+    stamp = "2025-01-01T00:00:00"
+    built = RunManifest(
+        run_id="bootstrap-abc", kind="bootstrap", status="completed", model_dir=str(model), updated_at=stamp
+    )
+    lake.write_manifest("bootstrap-abc", built)
+    lake.write_manifest("user", RunManifest(run_id="user", status="completed", model_dir=str(model), updated_at=stamp))
     plan = plan_removal(lake, "bootstrap-abc")
     assert model in plan.paths and plan.warnings == ["runs that started from its model bootstrap-abc: user"]
     remove_run(lake, plan)
@@ -120,7 +123,7 @@ def test_a_removal_that_crashed_half_way_is_finished_by_the_next_one(tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         remove_run(lake, plan)
     monkeypatch.undo()
-    assert lake.read_manifest("gone")["status"] == "deleting"
+    assert lake.read_manifest("gone").status == "deleting"
     for table in ("trajectories", "turns"):  # renamed away before the crash: invisible, not half-visible
         assert query(lake, f"SELECT count(*) AS n FROM {table} WHERE run_id = 'gone'").to_pylist() == [{"n": 0}]
     remove_run(lake, plan_removal(lake, "gone"))  # 'deleting' is not 'running': no --force needed
@@ -163,7 +166,7 @@ def test_runs_rm_never_removes_a_run_whose_writer_is_alive(tmp_path):
         assert result.exit_code == 2, result.output
         assert f"pid {holder.pid}" in " ".join(result.output.split()) and "removed run" not in result.output
         after = sorted(p.relative_to(lake.root) for p in lake.root.rglob("*") if p.name != "writer.lock")
-        assert after == before and lake.read_manifest("live")["status"] == "running"
+        assert after == before and lake.read_manifest("live").status == "running"
         assert read_holder(lock_path(lake.root, "live"))["pid"] == holder.pid
     finally:
         holder.kill()

@@ -11,6 +11,7 @@ from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_tabl
 from ragen_core.storage import DataLake, LakeError, checkpoint_row, connect, evaluation_rows, event_row, query
 from ragen_core.storage.layout import published_part_name
 from schemas import TABLES
+from schemas.manifest import RunManifest
 
 
 @pytest.fixture()
@@ -154,9 +155,9 @@ def test_runs_table_is_derived_from_the_manifests_and_commits(tmp_path):
     manifest = {"run_id": "run-a", "config": {"seed": 7}, "config_hash": "abc", "seed": 7, "versions": {"torch": "2"},
                 "status": "running", "started_at": "2025-01-01T00:00:00+00:00",
                 "updated_at": "2025-01-01T00:05:00+00:00"}  # fmt: skip
-    lake.write_manifest("run-a", manifest)
-    lake.write_manifest("boot", {"run_id": "boot", "kind": "bootstrap", "status": "completed",
-                                 "updated_at": "2025-01-01T00:00:00+00:00"})  # fmt: skip
+    lake.write_manifest("run-a", RunManifest(**manifest))
+    lake.write_manifest("boot", RunManifest(run_id="boot", kind="bootstrap", status="completed",
+                                            updated_at="2025-01-01T00:00:00+00:00"))  # fmt: skip
     lake.commit_iteration("run-a", 0, {})
     lake.commit_iteration("run-a", 1, {})
     rows = {r["run_id"]: r for r in lake.read_table("runs").to_pylist()}
@@ -165,7 +166,7 @@ def test_runs_table_is_derived_from_the_manifests_and_commits(tmp_path):
     assert json.loads(rows["run-a"]["config_json"]) == {"seed": 7}
     assert rows["run-a"]["created_at"] == datetime(2025, 1, 1, tzinfo=timezone.utc)
     assert rows["boot"]["kind"] == "bootstrap" and rows["boot"]["iterations_done"] == 0
-    lake.write_manifest("run-a", {**manifest, "status": "completed"})  # the table follows the manifest
+    lake.write_manifest("run-a", RunManifest(**{**manifest, "status": "completed"}))  # the table follows the manifest
     result = query(tmp_path, "SELECT run_id, status, iterations_done FROM runs ORDER BY run_id").to_pylist()
     assert result == [
         {"run_id": "boot", "status": "completed", "iterations_done": 0},

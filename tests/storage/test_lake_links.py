@@ -53,7 +53,7 @@ def test_a_writer_lock_that_is_a_link_is_refused_and_its_target_kept(lake, tmp_p
     before = _files(lake.root)
     _one_line_error(_cli(*command, "--data-root", lake.root), str(lock), "symbolic link")
     assert victim.read_bytes() == content  # once truncated to hold the lock's holder record
-    assert _files(lake.root) == before and lake.read_manifest("runA")["status"] == "completed"
+    assert _files(lake.root) == before and lake.read_manifest("runA").status == "completed"
 
 
 @pytest.mark.parametrize("target_exists", [True, False])

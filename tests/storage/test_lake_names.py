@@ -164,7 +164,7 @@ def test_runs_rm_never_follows_a_checkpoint_row_out_of_the_run(lake, target):
     result = _cli("runs", "rm", "runC", "--yes", "--data-root", lake.root)
     _one_line_error(result, str(checkpoint_file), "runs/runC/checkpoints/iteration=<n>")
     assert _files(lake.root) == before  # nothing deleted, the manifest not even marked 'deleting'
-    assert lake.read_manifest("runC")["status"] == "completed"
+    assert lake.read_manifest("runC").status == "completed"
     assert lake.read_table("trajectories", "runA").num_rows == _count(lake, "runA")
 
 
@@ -243,7 +243,7 @@ def test_a_manifest_naming_another_run_is_broken_and_hides_nothing(lake):
     assert str(path) in " ".join(result.stderr.split()) and "says run_id 'runB'" in result.stderr
     _one_line_error(_cli("sql", "SELECT count(*) FROM runs", "--data-root", lake.root), str(path))
     _one_line_error(_cli("runs", "rm", "runA", "--yes", "--data-root", lake.root), str(path))
-    assert lake.read_manifest("runB")["run_id"] == "runB"
+    assert lake.read_manifest("runB").run_id == "runB"
     assert lake.read_table("trajectories", "runA").num_rows == _count(lake, "runA")
 
 
@@ -272,7 +272,7 @@ def test_a_symlinked_partition_folder_is_refused_by_compact_and_rm_without_a_stu
 
     _one_line_error(_cli("runs", "compact", "runB", "--data-root", lake.root), str(folder), "symbolic link")
     _one_line_error(_cli("runs", "rm", "runB", "--yes", "--data-root", lake.root), str(folder), "symbolic link")
-    assert lake.read_manifest("runB")["status"] == "completed"  # never left 'deleting'
+    assert lake.read_manifest("runB").status == "completed"  # never left 'deleting'
     assert {str(p.relative_to(outside)) for p in outside.rglob("*")} == before and folder.is_symlink()
     _one_line_error(_sql_count(lake, "true"), str(folder))
     # the link taken away by hand (as the message says), the run is removed
@@ -315,7 +315,7 @@ def test_rm_and_compact_on_a_read_only_root_fail_in_one_line(lake, command):
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stderr.startswith("error:") and "runB" in result.stderr and "only" in result.stderr
-    assert _files(lake.root) == before and lake.read_manifest("runB")["status"] == "completed"
+    assert _files(lake.root) == before and lake.read_manifest("runB").status == "completed"
 
 
 # -- 11. resume of a manifest of the wrong shape: one line naming it, nothing started --------------------------------

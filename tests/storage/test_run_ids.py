@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from ragen_cli.main import app
 from ragen_core.storage import DataLake, LakeError, checkpoint_row, query
 from ragen_core.storage.names import RUN_ID_MAX_LENGTH, InvalidRunIdError, is_valid_run_id, validate_run_id
+from schemas.manifest import RunManifest
 from tests.storage.synthetic import make_run, write_run
 
 ALLOWED = set(string.ascii_letters + string.digits + "._-")
@@ -203,7 +204,7 @@ def test_the_lake_refuses_hostile_ids_before_writing(lake, tmp_path):
     """The lake's own methods are a backstop behind the entry points: nothing is written for a hostile id."""
     before = _snapshot(tmp_path)
     rows = [{"run_id": "../x", "iteration": 0, "name": "m", "value": 1.0}]
-    writes = (lambda: lake.write_manifest("../x", {"run_id": "../x"}),
+    writes = (lambda: lake.write_manifest("../x", RunManifest(run_id="../x")),
               lambda: lake.write_rows("metrics", "../x", 0, rows, stage="commit"),
               lambda: lake.commit_iteration("..", 0, {}), lambda: lake.mark_stage_done("a*", 0, "rollout"),
               lambda: lake.quarantine(".x", 0, "rollout", "{}"))  # fmt: skip

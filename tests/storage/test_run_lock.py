@@ -28,6 +28,7 @@ from ragen_core.storage.locks import (
     run_writer,
     takeover_note,
 )
+from schemas.manifest import RunManifest
 
 RUN = "r"
 HOLDER = textwrap.dedent(
@@ -186,7 +187,7 @@ def test_a_forked_child_of_a_dead_holder_is_named_in_the_refusal(tmp_path):
 
 def test_nested_holds_in_one_process_share_one_lock(tmp_path):
     lake = DataLake(tmp_path)
-    lake.write_manifest(RUN, {"run_id": RUN, "status": "running", "updated_at": "2026-01-01T00:00:00+00:00"})
+    lake.write_manifest(RUN, RunManifest(run_id=RUN, status="running", updated_at="2026-01-01T00:00:00+00:00"))
     with run_writer(tmp_path, RUN) as outer:
         with run_writer(tmp_path, RUN) as inner:  # the CLI holds the run, then the flow it calls takes it again
             assert inner is outer and takeover_note(inner) is None
@@ -207,7 +208,7 @@ def test_a_lock_of_a_run_without_manifest_leaves_no_trace(tmp_path):
 def test_the_check_before_the_lock_names_a_live_holder_and_creates_nothing(tmp_path):
     check_not_held(tmp_path, RUN)  # no run, no lock file: free, and nothing was created
     assert list(tmp_path.iterdir()) == []
-    DataLake(tmp_path).write_manifest(RUN, {"run_id": RUN, "status": "running"})
+    DataLake(tmp_path).write_manifest(RUN, RunManifest(run_id=RUN, status="running"))
     with run_writer(tmp_path, RUN):
         check_not_held(tmp_path, RUN)  # this process's own hold is no refusal
     check_not_held(tmp_path, RUN)  # a released lock file: free

@@ -16,6 +16,7 @@ import pytest
 
 from ragen_core.storage import DataLake
 from ragen_core.storage.maintenance.space import SPACE_PREFIX, out_of_space
+from schemas.manifest import RunManifest
 from tests.flows.test_concurrency import DROPPED_ENV
 from tests.flows.test_resume import RUN, _overrides
 
@@ -45,12 +46,12 @@ def test_a_file_size_limit_is_one_line_a_failed_run_and_a_resume_completes(tmp_p
         follow_up = train
     else:  # the run's own writes (the checkpoint, the commit) hit the limit: the run says so, and resumes
         assert lines[0].endswith(f"then `ragen resume {RUN}`"), lines[0]
-        assert manifest["status"] == "failed" and manifest["error"] == lines[0].removeprefix("error: ")
+        assert manifest.status == "failed" and manifest.error == lines[0].removeprefix("error: ")
         follow_up = ["resume", RUN]
     resumed = _ragen(root, follow_up, None)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     lake = DataLake(root)
-    assert lake.read_manifest(RUN)["status"] == "completed"
+    assert lake.read_manifest(RUN).status == "completed"
     trajectories = lake.read_table("trajectories", RUN)
     # 3 iterations of 2 groups x 4 trajectories, and 4 validations (before and after each update) of 2 trajectories
     assert trajectories.num_rows == 3 * 2 * 4 + 4 * 2
@@ -87,12 +88,12 @@ def test_a_want_of_space_recorded_by_an_earlier_command_is_not_a_later_failures_
     lake = DataLake(tmp_path)
     stale = space_message("r", "iteration 0, stage commit")
     manifest = {"run_id": "r", "status": "failed", "error": stale, "updated_at": "2026-01-01T00:00:00+00:00"}
-    lake.write_manifest("r", manifest)
+    lake.write_manifest("r", RunManifest(**manifest))
     later = RuntimeError("the vLLM server could not load the model")
     assert space_failure(tmp_path, "r", later, recorded_since="2026-06-01T00:00:00+00:00") is None
     assert space_failure(tmp_path, "r", later, recorded_since="2025-12-31T00:00:00+00:00") == stale  # this command's
     assert space_failure(tmp_path, "r", later) is None  # no time given: the manifest is not read
-    RunRecord(lake, "r", dict(manifest)).stopped(later)
+    RunRecord(lake, "r", RunManifest(**manifest)).stopped(later)
     recorded = lake.read_manifest("r")
-    assert recorded["status"] == "failed" and "could not load the model" in recorded["error"]
-    assert not recorded["error"].startswith(SPACE_PREFIX)
+    assert recorded.status == "failed" and "could not load the model" in recorded.error
+    assert not recorded.error.startswith(SPACE_PREFIX)

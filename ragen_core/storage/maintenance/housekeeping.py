@@ -23,7 +23,6 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,6 +35,7 @@ from ragen_core.storage.locks import run_lock, run_writer
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
 from ragen_core.storage.reader import StrayPartError
 from ragen_core.storage.trust import check_real_folder, checkpoint_folder
+from schemas.manifest import RunManifest
 
 RUNS_OVERVIEW_SQL = """
 WITH val AS (
@@ -104,18 +104,19 @@ class RemovalPlan:
         return lines
 
 
-def _owned_models(lake: DataLake, run_id: str, manifest: dict[str, Any] | None) -> tuple[list[Path], list[str]]:
+def _owned_models(lake: DataLake, run_id: str, manifest: RunManifest | None) -> tuple[list[Path], list[str]]:
     """The model a bootstrap run built, and warnings naming the runs that started from it."""
-    if not manifest or manifest.get("kind") != "bootstrap" or not manifest.get("model_dir"):
+    if manifest is None or manifest.kind != "bootstrap" or not manifest.model_dir:
         return [], []
-    model = Path(str(manifest["model_dir"]))
+    model = Path(manifest.model_dir)
     # only the model folder the bootstrap run itself builds: models/<its run id>, no link on the way
     if model != layout.model_dir(lake.root, run_id) or model.is_symlink() or lake.models_dir().is_symlink():
         return [], [f"model {str(model)!r} of its manifest is not models/{run_id}: not removed"]
     users = []
     for path in sorted(layout.run_dir(lake.root).glob(f"*/{layout.MANIFEST}")):
         other = path.parent.name
-        if other != run_id and (lake.read_manifest(other) or {}).get("model_dir") == manifest["model_dir"]:
+        started_from = lake.read_manifest(other)
+        if other != run_id and started_from is not None and started_from.model_dir == manifest.model_dir:
             users.append(other)
     warnings = [f"runs that started from its model {model.name}: {', '.join(users)}"] if users else []
     return [model], warnings
@@ -180,11 +181,11 @@ def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPla
         listed = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "") if known else "none"
         raise RunNotFoundError(f"unknown run {run_id!r} in {lake.root}; runs: {listed}")
     manifest = lake.read_manifest(run_id)
-    status = manifest.get("status", "running") if manifest else None
-    if status == "running" and not force:
+    status = manifest.status if manifest is not None else None
+    if manifest is not None and status == "running" and not force:
         raise RunActiveError(
-            f"run {run_id!r} is still 'running' according to its manifest (pid {manifest.get('pid')} on "
-            f"{manifest.get('host')}); stop it first, or pass --force if it died without updating its status"
+            f"run {run_id!r} is still 'running' according to its manifest (pid {manifest.pid} on "
+            f"{manifest.host}); stop it first, or pass --force if it died without updating its status"
         )
     _check_own_folders(lake, run_id)
     plan = RemovalPlan(run_id, status)
@@ -228,7 +229,7 @@ def remove_run(lake: DataLake, plan: RemovalPlan) -> None:
         with run_writer(lake.root, run_id, wait=False), run_lock(lake, run_id):
             manifest = lake.read_manifest(run_id)
             if manifest is not None:
-                lake.write_manifest(run_id, {**manifest, "status": "deleting"})
+                lake.write_manifest(run_id, manifest.updated(status="deleting"))
             _delete_owned(lake, plan, progress)
         for path in (lake.run_dir(run_id), layout.housekeeping_lock_file(lake.root, run_id)):
             if path.exists():
