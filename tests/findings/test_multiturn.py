@@ -82,7 +82,7 @@ def test_the_overlap_counts_validation_states_met_in_training_or_the_bootstrap(t
     for run, kind in ((boot, "bootstrap"), *((run, "train") for run in runs)):
         write_run(lake, run)
         manifest = lake.read_manifest(run.run_id)
-        lake.write_manifest(run.run_id, {**manifest, "kind": kind, "model_dir": model})
+        lake.write_manifest(run.run_id, manifest.updated(kind=kind, model_dir=model))
     expected = {}
     demos = {t.env_seed for t in boot.trajectories}
     for run in runs:
