@@ -49,6 +49,11 @@ def library_versions() -> dict[str, str | None]:
 # configs the findings' digests cover). Every other module counts in :func:`code_fingerprint` (a new module counts
 # unless it is listed here).
 PLUMBING = (
+    "ragen_core/__init__.py",  # the package's exports
+    "ragen_core/api.py",  # the Python API: builds requests, calls the run layer's procedures
+    "ragen_core/findings/provenance.py",  # this list and the versions recorded
+    "ragen_core/run/procedures.py",  # a command's course through the run layer (held: a run equals the flow's)
+    "ragen_core/run/requests.py",  # a command's typed request, built once by whichever door
     "ragen_core/storage/",
     "ragen_core/run/decisions.py",
     "ragen_core/run/resume.py",
