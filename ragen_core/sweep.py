@@ -408,9 +408,6 @@ def compare_sweep(lake: DataLake, plan: SweepPlan) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=COMPARISON_SCHEMA)
 
 
-# -- a sweep as a command: its request, built once by whichever door, and its course -------------------------------
-
-
 @dataclass(frozen=True)
 class SweepRequest:
     """A sweep (``ragen sweep``, the ``sweep`` flow, ``ragen reproduce``): its base config, its plan (every point's
