@@ -5,7 +5,7 @@ flow). A measurement harness in this process wraps, without changing what they d
 
 - the core call of every stage (the :mod:`ragen_core.run.stages` functions the rows of its tables name, which the
   tasks call), so core time per iteration is known;
-- the ``starpo_iteration`` call, so the iteration's wall time is known;
+- each training iteration's ``run_iteration`` call (:mod:`ragen_core.run.procedures`), so its wall time is known;
 - ``atomic_write_parquet`` (Parquet encode + fsync + rename), for the storage share;
 - resident memory, sampled every 10 ms, with the peak taken per iteration.
 
@@ -75,6 +75,7 @@ def run_flow(
     futures). The flow itself runs each iteration as a group of tasks of ``train`` with the state ``quote``-d.
     """
     import flows.train as train_module
+    import ragen_core.run.procedures as procedure_module
     import ragen_core.storage.lake as lake_module
     import tasks.iteration as task_module
     from flows.ui import watching
@@ -84,19 +85,22 @@ def run_flow(
     clock, parquet = CoreClock(), CoreClock()
     rows: list[dict[str, Any]] = []
     sampler = RssSampler()
-    original_iteration = train_module.starpo_iteration
+    original_iteration = procedure_module.run_iteration
+    tables = {table: timed_steps(clock, getattr(procedure_module, table)) for table in TABLES}
     previous_design = None
     if variant:
         from prefect import flow
 
         previous_design = flow(name="starpo_iteration", validate_parameters=False)(original_iteration)
 
-    def timed_iteration(session: Any, iteration: int, *rest: Any) -> dict[str, float]:
+    def timed_iteration(session: Any, iteration: int, steps: Any, *rest: Any, **options: Any) -> dict[str, float]:
+        if steps is not tables["ITERATION"]:  # the final validation: untimed, as before
+            return original_iteration(session, iteration, steps, *rest, **options)
         clock.take(), parquet.take()
         if sample_memory:
             sampler.window()
         started = time.perf_counter()
-        metrics = (previous_design if variant else original_iteration)(session, iteration, *rest)
+        metrics = (previous_design if variant else original_iteration)(session, iteration, steps, *rest, **options)
         wall = time.perf_counter() - started
         core_seconds = clock.take()
         row = {
@@ -115,11 +119,11 @@ def run_flow(
         rows.append(row)
         return metrics
 
-    patches = [patched(train_module, table, timed_steps(clock, getattr(train_module, table))) for table in TABLES]
+    patches = [patched(procedure_module, table, steps) for table, steps in tables.items()]
     patches.append(
         patched(lake_module, "atomic_write_parquet", parquet.wrap("parquet", lake_module.atomic_write_parquet))
     )
-    patches.append(patched(train_module, "starpo_iteration", timed_iteration))
+    patches.append(patched(procedure_module, "run_iteration", timed_iteration))
     if variant:  # the records unquoted, as before
         patches.append(patched(task_module, "quote", lambda value: value))
     final: dict[str, float] = {}

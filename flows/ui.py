@@ -85,6 +85,35 @@ def named_after(parameter: str) -> Callable[[], str]:
     return name
 
 
+def named_after_request(parameter: str) -> Callable[[], str]:
+    """A ``flow_run_name`` callable: the run id (a sweep's id) of the flow's ``parameter``, a request or an admitted
+    one, escaped."""
+
+    def name() -> str:
+        from prefect.runtime import flow_run
+
+        value = flow_run.parameters[parameter]
+        request = getattr(value, "request", value)
+        return escape_controls(getattr(request, "run_id", None) or request.sweep_id)
+
+    return name
+
+
+def plain_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A flow's parameters with an admitted request (or a request) in place written as the request's plain
+    parameters (:meth:`ragen_core.run.requests.RunRequest.parameters`): what a deployment's form holds."""
+    from ragen_core.run.procedures import Admission
+
+    plain: dict[str, Any] = {}
+    for key, value in parameters.items():
+        request = value.request if isinstance(value, Admission) else value
+        if callable(getattr(request, "parameters", None)) and hasattr(request, "lake"):
+            plain.update(request.parameters())
+        else:
+            plain[key] = value
+    return plain
+
+
 def escape_texts(value: Any) -> Any:
     """``value`` (JSON-like: dicts, lists, texts, numbers) with every text's control characters escaped, keys too."""
     if isinstance(value, str):
@@ -102,7 +131,7 @@ class ShownFlow(Flow):
 
     def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         """Prefect's JSON form of the parameters (what it stores when it creates the flow run), texts escaped."""
-        return escape_texts(super().serialize_parameters(parameters))
+        return escape_texts(super().serialize_parameters(plain_parameters(parameters)))
 
 
 def flow(**options: Any) -> Callable[[Callable[..., Any]], ShownFlow]:

@@ -16,6 +16,7 @@ from rich.text import Text
 from ragen_cli.common import console, fail, printable, shown
 
 if TYPE_CHECKING:
+    from ragen_core.run.procedures import Admission, Request
     from ragen_core.storage import DataLake
 
 _SERVER = {"configured": False}  # whether the user pointed the command at a Prefect server (PREFECT_API_URL)
@@ -96,22 +97,24 @@ def _prepare_prefect(lake: DataLake, run_id: str, verbose: bool) -> None:
 
 
 @contextmanager
-def writer(lake: DataLake, run_id: str) -> Iterator[None]:
-    """The run opened for the whole command (:func:`ragen_core.run.entry.open_run`: its writer lock taken before
-    anything is written or started); the flow the command calls opens it again, joining this hold. A refusal (another
-    process writes the run, a malformed id) is a user error."""
-    from ragen_core.run.entry import open_run
+def admitted(request: Request) -> Iterator[Admission]:
+    """``request`` admitted for the whole command (:func:`ragen_core.run.procedures.admit`: its run's writer lock
+    taken before anything is written or started, a training run's start decided); the flow the command calls runs
+    the admission as it is. A refusal (another process writes the run, a config the stored run refuses) is a user
+    error."""
+    from ragen_core.run.decisions import ResumeError
+    from ragen_core.run.procedures import admit
     from ragen_core.storage import LakeError
 
     with ExitStack() as stack:
         try:
-            run = stack.enter_context(open_run(lake, run_id))
-        except LakeError as exc:
+            admission = stack.enter_context(admit(request))
+        except (LakeError, ResumeError) as exc:
             fail(str(exc))
-        note = run.takeover_note
+        note = admission.run.takeover_note
         if note:
             console.print(f"[yellow]note:[/] {shown(note)}")
-        yield
+        yield admission
 
 
 def _quiet_libraries() -> None:

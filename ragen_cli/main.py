@@ -4,8 +4,9 @@ server, export, upgrade-lake, config show."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
@@ -19,9 +20,9 @@ from ragen_cli.common import (
     checked_run_id,
     config_option,
     console,
+    data_root_path,
     existing_root,
     fail,
-    load_config_or_fail,
     print_table,
     run_id_option,
     shown,
@@ -31,15 +32,19 @@ from ragen_cli.common import (
 )
 from ragen_cli.config import config_app
 from ragen_cli.export import export, upgrade_lake
-from ragen_cli.launch import print_step, start_flow_command, user_facing_errors, watch_points, watch_run, writer
+from ragen_cli.launch import admitted, print_step, start_flow_command, user_facing_errors, watch_points, watch_run
 from ragen_cli.reproduce import reproduce
 from ragen_cli.runs import runs_app
 from ragen_cli.server import server_app
 from ragen_cli.summary import metrics_line, print_run_summary, print_sweep
 
 if TYPE_CHECKING:
+    from ragen_core.run.procedures import Admission
     from ragen_core.storage import DataLake
+    from ragen_core.sweep import SweepRequest
     from schemas.manifest import RunManifest
+
+T = TypeVar("T")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.")
 app.add_typer(server_app, name="server")
@@ -61,14 +66,12 @@ def train(
     verbose: Verbose = False,
 ) -> None:
     """Train with StarPO / StarPO-S. Extra arguments are key.sub=value overrides, e.g. trainer.iterations=5."""
-    from ragen_core.run.record import default_run_id
-    from ragen_core.storage import DataLake
+    from ragen_core.run.requests import run_request
 
     checked_run_id(run_id)
-    run_config = load_config_or_fail(config, ctx.args)
-    lake, run_id = DataLake(writable_root(data_root)), checked_run_id(run_id or default_run_id(run_config))
-    ctx.with_resource(writer(lake, run_id))
-    _run(run_config, lake, run_id, verbose, [], False)
+    request = built(lambda: run_request(config, data_root_path(data_root), run_id, list(ctx.args)))
+    writable_root(request.lake.root)  # made and proven writable once the config passed
+    _run(ctx.with_resource(admitted(request)), verbose)
 
 
 @app.command(context_settings=OVERRIDES)
@@ -91,28 +94,20 @@ def resume(
     """Continue a run from its last committed iteration, with the run's own config. Extra key.sub=value
     overrides change it (only the keys listed in --force-config), e.g. trainer.iterations=50."""
     from ragen_core.config import ConfigError
-    from ragen_core.run.checks import build_stored_run_config, manifest_config
+    from ragen_core.run.requests import RequestError, resume_request
     from ragen_core.storage import DataLake, LakeError
 
     checked_run_id(run_id)
-    root = writable_root(data_root, create=False)
-    lake = DataLake(root)
-    try:  # a manifest of the wrong shape (types, another run's id) is named, never a traceback
-        manifest = lake.read_manifest(run_id) if root.is_dir() else None
-    except LakeError as exc:
-        fail(str(exc))
-    if manifest is None:
-        fail(f"no run {run_id!r} in {root}; `ragen runs --data-root {root}` lists the runs there")
-    if not manifest.config:
-        fail(f"the manifest of run {run_id!r} holds no config to resume with; start the run again with ragen train")
-    try:
-        stored = manifest_config(lake, run_id, manifest.config)  # a program it names, not named again: refused
-        run_config = build_stored_run_config(stored, list(ctx.args), trusted_kinds(trust_env_module))
-    except ConfigError as exc:
-        fail(with_recorded_code(str(exc), manifest))
+    lake = DataLake(writable_root(data_root, create=False))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
-    ctx.with_resource(writer(lake, run_id))
-    _run(run_config, lake, run_id, verbose, allowed, skip_iteration)
+    kinds = trusted_kinds(trust_env_module)
+    try:  # a manifest of the wrong shape (types, another run's id) is named, never a traceback
+        request = resume_request(run_id, lake, list(ctx.args), allowed, skip_iteration, kinds)
+    except (RequestError, LakeError) as exc:
+        fail(str(exc))
+    except ConfigError as exc:
+        fail(with_recorded_code(str(exc), lake.read_manifest(run_id)))
+    _run(ctx.with_resource(admitted(request)), verbose)
 
 
 @app.command(context_settings=OVERRIDES)
@@ -145,32 +140,28 @@ def retrain(
     manifest records the query and the source runs. Extra key.sub=value overrides, e.g. offline.epochs=3."""
     checked_run_id(run_id)
     _check_init(init)
-    if mode not in ("sft", "pg"):
-        fail(f"--mode must be sft or pg, not {mode!r}")
-    run_config = load_config_or_fail(config, ctx.args)
-    root = writable_root(existing_root(data_root), create=False)
-    run_id = checked_run_id(run_id or f"retrain-{mode}-{run_config.config_hash()[:8]}")
     from ragen_core.run.offline import OfflineError, preflight
     from ragen_core.run.record import RunExistsError
-    from ragen_core.storage import DataLake
+    from ragen_core.run.requests import retrain_request
 
-    lake = DataLake(root)
+    root = writable_root(existing_root(data_root), create=False)
+    request = built(lambda: retrain_request(config, sql, mode, init, root, run_id, list(ctx.args)))
     try:  # every refusal before anything is created: no lock, no Prefect home, no manifest, no rows
-        preflight(lake, run_id, sql, init)
+        preflight(request.lake, request.run_id, sql, init)
     except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
         fail(str(exc))
-    ctx.with_resource(writer(lake, run_id))
-    start_flow_command(lake, run_id, verbose)
-    from flows.retrain import retrain_offline
+    admission = ctx.with_resource(admitted(request))
+    start_flow_command(request.lake, request.run_id, verbose)
+    from flows.retrain import retrain_admitted
 
-    console.print(f"offline {mode} run [bold]{run_id}[/] from {shown(init)} · data root {shown(root)}")
+    console.print(f"offline {mode} run [bold]{request.run_id}[/] from {shown(init)} · data root {shown(root)}")
     try:
         with watch_run(lambda i, m: console.print(metrics_line(i, m))):
-            result = retrain_offline(run_config, sql, mode, init, data_root=str(root), run_id=run_id)
+            result = retrain_admitted(admission)
     except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
         fail(str(exc))
     console.print(f"trained on {result['trajectories']} stored trajectories")
-    print_run_summary(lake, result["run_id"], None, phases=f"before -> after offline {mode.upper()}")
+    print_run_summary(request.lake, result["run_id"], None, phases=f"before -> after offline {mode.upper()}")
 
 
 def _check_init(init: str) -> None:
@@ -213,39 +204,38 @@ def sweep(
     """A sweep: every grid combination x random draw x seed is its own run (manifest: sweep id, point, overrides),
     then a comparison table. The same command again resumes it (completed points are skipped). Extra key.sub=value
     arguments override the base config of every point."""
-    from ragen_core.storage import DataLake
-    from ragen_core.sweep import DEFAULT_MAX_POINTS, SweepError, plan_sweep
+    from ragen_core.sweep import DEFAULT_MAX_POINTS, SweepError, sweep_request
 
     checked_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids
-    base = load_config_or_fail(config, ctx.args)
     max_points = DEFAULT_MAX_POINTS if max_points is None else max_points
-    try:
-        plan = plan_sweep(base, grid or [], random or [], samples, seeds, sweep_id, search_seed, max_points)
-    except SweepError as exc:
-        fail(str(exc))
     if deployment and "PREFECT_API_URL" not in os.environ:
         fail("--deployment needs a Prefect server and a worker: run `make server` (or `ragen server start`) and "
              "export PREFECT_API_URL=http://127.0.0.1:4200/api")  # fmt: skip
-    root = writable_root(data_root)
-    start_flow_command(DataLake(root), plan.sweep_id, verbose)
-    from flows.sweep import sweep as sweep_flow
+    where = deployment_name if deployment else None
+    request = built(lambda: sweep_request(config, data_root_path(data_root), grid, random, samples, seeds, sweep_id,
+                                          list(ctx.args), where, point or None, search_seed, max_points=max_points),
+                    SweepError)  # fmt: skip
+    writable_root(request.lake.root)  # made and proven writable once every point's config passed
+    start_flow_command(request.lake, request.sweep_id, verbose)
+    from flows.sweep import sweep_requested
 
-    chosen = [p for p in plan.points if not point or p.index in set(point)]
-    where = f"deployment {deployment_name}" if deployment else "local subflows"
-    console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(chosen)} of {len(plan.points)} point(s) · {where} · "
-                  f"{shown(root)}")  # fmt: skip
-    for item in chosen:
-        console.print(f"  {item.run_id}: {shown(' '.join(item.overrides) or '(base config)')}")
+    _announce(request)
     try:
         with watch_points():
-            result = sweep_flow(
-                base, grid=grid or [], random=random or [], samples=samples, seeds=seeds,
-                data_root=str(root), sweep_id=plan.sweep_id, deployment=deployment_name if deployment else None,
-                points=point or None, search_seed=search_seed, max_points=max_points, plan=plan,
-            )  # fmt: skip
+            result = sweep_requested(request)
     except SweepError as exc:
         fail(str(exc))
     print_sweep(result)
+
+
+def _announce(request: SweepRequest) -> None:
+    """The sweep's first lines: its id, the points it runs (each with its overrides), where and the data root."""
+    chosen = request.chosen()
+    where = f"deployment {request.deployment}" if request.deployment else "local subflows"
+    console.print(f"sweep [bold]{request.sweep_id}[/] · {len(chosen)} of {len(request.plan.points)} point(s) · "
+                  f"{where} · {shown(request.lake.root)}")  # fmt: skip
+    for item in chosen:
+        console.print(f"  {item.run_id}: {shown(' '.join(item.overrides) or '(base config)')}")
 
 
 @app.command("eval", context_settings=OVERRIDES)
@@ -263,32 +253,28 @@ def eval_command(
     """Evaluate a policy on fixed validation instances; the rollouts are stored as an evaluation run (query them with
     `ragen sql`). Extra key.sub=value overrides, e.g. eval.temperature=1.0 eval.k=4."""
     from ragen_core.config import ConfigError
-    from ragen_core.run.evaluation import EvaluationError, evaluation_config, evaluation_run_id, resolve_target
+    from ragen_core.run.evaluation import EvaluationError
+    from ragen_core.run.requests import RequestError, eval_request
     from ragen_core.storage import DataLake
 
     checked_run_id(run_id)
     if n is not None and n < 1:
         fail(f"--n must be at least 1, not {n}")
-    root = writable_root(data_root, create=False)
-    lake = DataLake(root)
+    lake = DataLake(writable_root(data_root, create=False))
+    kinds = trusted_kinds(trust_env_module)
     try:
-        _, base, which = resolve_target(target, lake if root.is_dir() else None)
-        run_config = evaluation_config(base, env, n, config, list(ctx.args), trusted_kinds(trust_env_module))
-        run_id = run_id or evaluation_run_id(which, run_config, lake if root.is_dir() else None)
-    except (ConfigError, EvaluationError) as exc:
+        request = eval_request(target, lake, env, n, config, list(ctx.args), run_id, kinds)
+    except (ConfigError, EvaluationError, RequestError) as exc:
         fail(with_recorded_code(str(exc), _target_manifest(lake, target)))
-    root.mkdir(parents=True, exist_ok=True)
-    ctx.with_resource(writer(lake, checked_run_id(run_id)))
+    lake.root.mkdir(parents=True, exist_ok=True)
+    admission = ctx.with_resource(admitted(request))
     start_flow_command(lake, "eval", verbose)
-    from flows.evaluate import evaluate
+    from flows.evaluate import evaluate_admitted
 
-    console.print(f"evaluating [bold]{shown(which)}[/] · data root {shown(root)}")
+    console.print(f"evaluating [bold]{shown(request.which)}[/] · data root {shown(lake.root)}")
     try:
         with watch_run():
-            result = evaluate(
-                target, envs=env or None, n=n, data_root=str(root), config=str(config) if config else None,
-                overrides=list(ctx.args), run_id=run_id, run_config=run_config,
-            )  # fmt: skip
+            result = evaluate_admitted(admission)
     except (EvaluationError, *user_facing_errors()) as exc:
         fail(str(exc))
     import pyarrow as pa
@@ -321,25 +307,39 @@ def _target_manifest(lake: DataLake, target: str) -> RunManifest | None:
         return None
 
 
-def _run(run_config, lake: DataLake, run_id: str, verbose: bool, allowed: list[str], skip_iteration: bool) -> None:
-    """Run (or resume) the train flow with a progress bar, then print the run's summary."""
+def built(build: Callable[[], T], *errors: type[Exception]) -> T:
+    """The request ``build`` makes (:mod:`ragen_core.run.requests`); a config, a name or a request it refuses (and
+    ``errors``) is a user error, one line before anything starts."""
+    from ragen_core.config import ConfigError
+    from ragen_core.run.requests import RequestError
+    from ragen_core.storage import LakeError
+
+    try:
+        return build()
+    except (ConfigError, RequestError, LakeError, *errors) as exc:
+        fail(str(exc))
+
+
+def _run(admission: Admission, verbose: bool) -> None:
+    """Run (or resume) an admitted training request through the train flow with a progress bar, then print the
+    run's summary. A run the admission found done is answered before any Prefect server starts."""
+    from ragen_core.run.decisions import Start
     from ragen_core.training.precision import PrecisionError, resolve_precision
 
-    checked_run_id(run_id)  # also a derived default id, before anything is created
+    request = admission.request
+    lake, run_id = request.lake, request.run_id
     try:
-        resolve_precision(run_config.trainer.precision)  # this machine can run it: checked before anything starts
+        resolve_precision(request.config.trainer.precision)  # this machine can run it: checked before anything starts
     except PrecisionError as exc:
         fail(str(exc))
-    if _already_completed(run_config, lake, run_id, allowed):  # answered before any Prefect server starts
+    if admission.start is Start.DONE:
         console.print(f"run {run_id} is already completed; nothing to do")
         result = {"run_id": run_id, "bootstrap": None}
     else:
         start_flow_command(lake, run_id, verbose)
-        console.print(f"run [bold]{run_id}[/] · config {run_config.config_hash()} · data root {shown(lake.root)}")
-        result = _train_with_progress(run_config, lake, run_id, allowed, skip_iteration)
-    if result.get("completed"):
-        console.print(f"run {run_id} is already completed; nothing to do")
-    elif result.get("resumed"):
+        console.print(f"run [bold]{run_id}[/] · config {request.config.config_hash()} · data root {shown(lake.root)}")
+        result = _train_with_progress(admission)
+    if result.get("resumed"):
         resumed = result["resumed"]
         console.print(
             f"resumed at iteration {resumed['next_iteration']} from "
@@ -353,33 +353,21 @@ def _run(run_config, lake: DataLake, run_id: str, verbose: bool, allowed: list[s
         fail(f"the run's summary cannot be read: {exc}")
 
 
-def _already_completed(run_config, lake: DataLake, run_id: str, allowed: list[str]) -> bool:
-    """The start decision the flow would make, taken here first (it reads the manifest and the commit markers, no
-    engine, no Prefect): a refused config or a run that cannot be shortened is one line, a done run is True."""
-    from ragen_core.run.decisions import ResumeError, Start
-    from ragen_core.run.resume import decide_run_start
-    from ragen_core.storage import LakeError
-
-    try:
-        return decide_run_start(lake, lake.read_manifest(run_id), run_config, run_id, allowed) is Start.DONE
-    except (ResumeError, LakeError) as exc:
-        fail(str(exc))
-
-
-def _train_with_progress(run_config, lake: DataLake, run_id: str, allowed: list[str], skip_iteration: bool) -> dict:
+def _train_with_progress(admission: Admission) -> dict:
     """The train flow under a progress bar; a user's error is one line, a Ctrl-C a one-line report (exit 130)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flows.train import train as train_flow
+    from flows.train import train_admitted
     from ragen_core.run.decisions import ResumeError
 
+    lake, run_id = admission.request.lake, admission.request.run_id
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
     from ragen_core.run.record import utc_now
 
     started = utc_now()  # a want of space the manifest recorded before this command is not this failure's cause
     with Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task("training", total=run_config.trainer.iterations + 1)
+        bar = progress.add_task("training", total=admission.request.config.trainer.iterations + 1)
 
         def on_iteration(iteration: int, metrics: dict[str, float]) -> None:
             progress.console.print(metrics_line(iteration, metrics))
@@ -387,8 +375,7 @@ def _train_with_progress(run_config, lake: DataLake, run_id: str, allowed: list[
 
         try:
             with watch_run(on_iteration, lambda text: print_step(text, progress.console)):
-                return train_flow(run_config, data_root=str(lake.root), run_id=run_id, force_config=allowed,
-                                  skip_iteration=skip_iteration)  # fmt: skip
+                return train_admitted(admission)
         except (ResumeError, *user_facing_errors()) as exc:  # the manifest recorded it; one line, no traceback
             progress.stop()
             fail(str(exc))

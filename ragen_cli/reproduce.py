@@ -97,7 +97,8 @@ def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
     from ragen_cli.launch import start_flow_command, watch_points
 
     start_flow_command(lake, name, verbose)
-    from flows.sweep import sweep as sweep_flow
+    from flows.sweep import sweep_requested
+    from ragen_core.sweep import sweep_request
 
     failed = []
     for item in plans:
@@ -105,8 +106,9 @@ def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
         console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(plan.points)} point(s) · {escape(str(lake.root))}")
         with watch_points():
             grid = [f"{k}={json.dumps(v)}" for k, v in plan.spec["grid"]]
-            result = sweep_flow(item.base, grid=grid, seeds=plan.spec["seeds"] or None, data_root=str(lake.root),
-                                sweep_id=plan.sweep_id, plan=plan)  # fmt: skip
+            request = sweep_request(item.base, lake, grid, seeds=plan.spec["seeds"] or None, sweep_id=plan.sweep_id,
+                                    plan=plan)  # fmt: skip
+            result = sweep_requested(request)
         failed += [row["run_id"] for row in result["points"] if row["status"] != "completed"]
     if failed:
         console.print(f"[yellow]not completed:[/] {', '.join(failed)}; run the same command again to resume them")

@@ -26,6 +26,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("ragen_core.run",),
     ("ragen_core.sweep",),
     ("ragen_core.findings",),
+    ("ragen_core.api",),
     ("tasks",),
     ("flows",),
     ("ragen_cli",),

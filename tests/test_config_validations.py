@@ -9,10 +9,10 @@ from collections import Counter
 
 import pytest
 
-from flows.train import resolve_config
 from ragen_core.config import RunConfig
 from ragen_core.findings import load_finding, plan_finding
-from ragen_core.run.checks import build_run_config, load_run_config
+from ragen_core.run.checks import build_run_config
+from ragen_core.run.requests import resolve_config
 from ragen_core.sweep import plan_sweep
 
 BASE = {"trainer": {"iterations": 3}, "rollout": {"env_groups": 2, "group_size": 2}}
@@ -65,17 +65,18 @@ def test_a_finding_validates_each_variants_base_once_and_each_point_once(validat
 
 
 def test_a_sweep_as_the_cli_runs_it_validates_each_config_once(validations, prefect_harness, tmp_path, tiny_model_dir):
-    """``ragen sweep``: the config loaded and checked (1), the plan made from it (one per point), the flow and its
-    runs take the configs as they are (0)."""
-    from flows.sweep import sweep
+    """``ragen sweep``: the request built once (its config loaded and checked: 1, the plan made from it: one per
+    point), the flow and its runs take the configs as they are (0)."""
+    from flows.sweep import sweep_requested
+    from ragen_core.sweep import sweep_request
 
     overrides = [f"model.path={tiny_model_dir}", "env.val_envs=[bandit]", "rollout.env_groups=2",
                  "rollout.group_size=2", "rollout.max_new_tokens=6", "actor.mini_batch_size=4",
                  "actor.micro_batch_size=4", "trainer.iterations=1", "eval.instances=3",
                  "bootstrap.enabled=false"]  # fmt: skip
-    base = load_run_config("configs/bandit.yaml", overrides)
-    plan = plan_sweep(base, ["algorithm.filter_ratio=[0.5,1.0]"], sweep_id="once")
+    request = sweep_request("configs/bandit.yaml", tmp_path, ["algorithm.filter_ratio=[0.5,1.0]"], sweep_id="once",
+                            overrides=overrides)  # fmt: skip
     assert sum(validations.values()) == 3
-    result = sweep(base, data_root=str(tmp_path), sweep_id=plan.sweep_id, plan=plan)
+    result = sweep_requested(request)
     assert [row["outcome"] for row in result["points"]] == ["COMPLETED", "COMPLETED"]
     assert sum(validations.values()) == 3

@@ -1,12 +1,13 @@
 """One entry for a run: how every command that writes a run (train and resume, offline re-training, evaluation)
-begins, whoever starts it (the ``ragen`` command, then the flow it calls in its process; or a deployment's flow run
-on a worker, without the command), and a bootstrap model's build, which waits for another run building it.
+begins, whoever starts it (the ``ragen`` command, a deployment's flow run on a worker, the Python API: each admits
+its request once, :func:`ragen_core.run.procedures.admit`), and a bootstrap model's build, which waits for another
+run building it.
 
 The run id is checked by the one checker (:func:`ragen_core.storage.names.validate_run_id`) before anything is read
 or created, the data root's :class:`~ragen_core.storage.DataLake` is made once (or the caller's is used) and the
-run's writer lock is taken once per process: :func:`open_run` inside another :func:`open_run` of the same run (the
-flow inside the command that opened it) joins that hold instead of taking the lock again, and only the outer one
-reports a lock it took over from a dead holder. A second process is refused, naming the holder.
+run's writer lock is taken once per process: the command that opened a run hands the open run to the flow it calls,
+which takes nothing again (a second :func:`open_run` of a run this process holds is refused). A second process is
+refused, naming the holder.
 """
 
 from __future__ import annotations
@@ -40,8 +41,7 @@ class OpenRun:
     lake: DataLake
     run_id: str
     lock: RunLock
-    joined: bool  # an outer open_run of this process (the command) held the lock already: no second take
-    takeover_note: str | None  # a line about a lock a dead holder left, which this entry took over (None when joined)
+    takeover_note: str | None  # a line about a lock a dead holder left, which this entry took over
 
 
 @contextmanager
@@ -49,15 +49,15 @@ def open_run(
     data_root: str | Path | DataLake, run_id: str, command: list[str] | None = None, wait: bool = False
 ) -> Iterator[OpenRun]:
     """Open ``run_id`` of ``data_root`` for writing for the ``with`` block: its id checked, its lake, its writer lock
-    (taken, or joined when this process holds it already; released, or left to the outer holder, at the end).
-    ``wait``: block until another process's hold ends instead of refusing (a bootstrap run, which another run may be
-    building). Raises :class:`~ragen_core.storage.names.InvalidRunIdError` or
-    :class:`~ragen_core.storage.locks.RunLockedError` (another live process writes the run: the message names it and
-    says what to do), both :class:`~ragen_core.storage.LakeError`."""
+    (taken, released at the end; a run this process holds already is refused). ``wait``: block until another
+    process's (or thread's) hold ends instead of refusing (a bootstrap run, which another run may be building).
+    Raises :class:`~ragen_core.storage.names.InvalidRunIdError` or :class:`~ragen_core.storage.locks.RunLockedError`
+    (another live process writes the run: the message names it and says what to do; or this process holds it), both
+    :class:`~ragen_core.storage.LakeError`."""
     run_id = validate_run_id(run_id)
     lake = run_lake(data_root)
     lock = acquire(lake.root, run_id, command, wait)
     try:
-        yield OpenRun(lake, run_id, lock, joined=lock.depth > 1, takeover_note=takeover_note(lock))
+        yield OpenRun(lake, run_id, lock, takeover_note=takeover_note(lock))
     finally:
         release(lock)

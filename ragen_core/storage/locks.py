@@ -28,7 +28,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,10 +57,9 @@ class RunLock:
     descriptor: int
     holder: dict[str, Any]
     taken_over: dict[str, Any] | None = None
-    depth: int = field(default=1, repr=False)
 
 
-_held: dict[Path, RunLock] = {}  # this process's locks, by file: nested acquisitions share one descriptor
+_held: dict[Path, RunLock] = {}  # this process's locks, by file: a run has one taker per process
 _held_guard = threading.Lock()
 
 
@@ -201,14 +200,17 @@ def _names(path: Path, descriptor: int) -> bool:
 
 
 def acquire(root: Path, run_id: str, command: list[str] | None = None, wait: bool = False) -> RunLock:
-    """Take the writer lock of ``run_id`` (or join this process's own hold of it); ``wait`` blocks until it is free
-    instead of refusing. Release with :func:`release`."""
+    """Take the writer lock of ``run_id``; ``wait`` blocks until it is free instead of refusing (also while another
+    thread of this process holds it). A second take in the process that holds it, without ``wait``, is refused: a
+    run has one taker per process (its entry), which hands the open run down. Release with :func:`release`."""
     path = lock_path(Path(root).resolve(), run_id)
     with _held_guard:
         held = _held.get(path)
-        if held is not None:
-            held.depth += 1
-            return held
+    if held is not None and not wait:
+        raise RunLockedError(
+            f"run {run_id!r} is already open for writing in this process (pid {os.getpid()}): a run is opened once, "
+            "by its entry, and the open run handed down"
+        )
     descriptor = _open_locked(path, run_id, wait)  # outside the guard: a waiting taker must not block the others
     stale = read_holder(path)  # a record under a free lock: its holder died without releasing it
     holder = holder_record(run_id, command)
@@ -221,15 +223,13 @@ def acquire(root: Path, run_id: str, command: list[str] | None = None, wait: boo
 
 
 def release(lock: RunLock) -> None:
-    """Drop one hold of ``lock``; the last one clears the holder record and unlocks. The lock file of a run that
-    has no manifest (a command that stopped before writing anything) is removed, with its folder if empty."""
+    """Release ``lock``: its holder record cleared, then unlocked. The lock file of a run that has no manifest (a
+    command that stopped before writing anything) is removed, with its folder if empty."""
     import fcntl
 
     with _held_guard:
-        lock.depth -= 1
-        if lock.depth > 0:
-            return
-        _held.pop(lock.path, None)
+        if _held.get(lock.path) is lock:
+            _held.pop(lock.path)
         try:
             os.ftruncate(lock.descriptor, 0)  # cleared first: a record under a free lock means a dead holder
             if not manifest_file(lock.path.parent).exists():  # removed while still locked (see _open_locked)
@@ -252,9 +252,9 @@ def run_writer(root: Path, run_id: str, command: list[str] | None = None, wait: 
 
 
 def takeover_note(lock: RunLock) -> str | None:
-    """One line about a stale lock this process took over, or None (also for a nested hold: the outer one tells)."""
+    """One line about a stale lock this process took over, or None."""
     stale = lock.taken_over
-    if not stale or lock.depth > 1:
+    if not stale:
         return None
     return (
         f"took over the lock of run {lock.run_id!r} left by pid {stale.get('pid')} on host {stale.get('host')} "

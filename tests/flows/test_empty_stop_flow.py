@@ -24,15 +24,16 @@ EMPTY = {
 def empty_runs(prefect_harness, tmp_path_factory, tiny_model_dir):
     """A run whose filter never keeps anything, and one failed in its final validation, then resumed."""
     import flows.train as flow
+    from ragen_core.run import procedures
 
     root = tmp_path_factory.mktemp("empty_stop")
     flow.train(_tree(EMPTY, tiny_model_dir), data_root=str(root), run_id="whole")
 
-    def failing(session, iteration):
+    def failing(session, iteration, hooks, tell=None):
         raise RuntimeError("injected failure in the final validation")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(flow, "final_evaluation", failing)
+        patch.setattr(procedures, "final_evaluation", failing)
         with pytest.raises(RuntimeError, match="injected"):
             flow.train(_tree(EMPTY, tiny_model_dir), data_root=str(root), run_id="resumed")
     flow.train(_tree(EMPTY, tiny_model_dir), data_root=str(root), run_id="resumed")

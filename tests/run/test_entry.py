@@ -15,7 +15,7 @@ import pytest
 
 from ragen_core.run.entry import check_run_id, open_run, run_lake
 from ragen_core.storage import DataLake
-from ragen_core.storage.locks import lock_path, read_holder
+from ragen_core.storage.locks import RunLockedError, lock_path, read_holder
 from ragen_core.storage.names import InvalidRunIdError
 from schemas.manifest import RunManifest
 
@@ -53,15 +53,14 @@ def test_the_lake_is_made_once_or_the_callers_is_used(tmp_path):
         assert isinstance(run.lake, DataLake) and run.lake.root == lake.root
 
 
-def test_an_inner_entry_joins_the_outer_hold_and_a_second_process_is_refused(tmp_path):
+def test_a_second_entry_in_the_process_and_a_second_process_are_refused(tmp_path):
     lake = DataLake(tmp_path)
     lake.write_manifest("r", RunManifest(run_id="r", status="running"))
-    with open_run(lake, "r", ["ragen", "train"]) as outer:  # the command
-        assert not outer.joined and read_holder(lock_path(lake.root, "r"))["pid"] == os.getpid()
-        with open_run(lake, "r") as inner:  # the flow it calls: no second take
-            assert inner.joined and inner.lock is outer.lock and outer.lock.depth == 2
-        assert outer.lock.depth == 1
-        refused = _probe(tmp_path, "r")  # still held after the inner entry ended
+    with open_run(lake, "r", ["ragen", "train"]):  # the command
+        assert read_holder(lock_path(lake.root, "r"))["pid"] == os.getpid()
+        with pytest.raises(RunLockedError, match="already open for writing in this process"), open_run(lake, "r"):
+            pass  # one taker per process: the command hands its open run down, nothing takes it again
+        refused = _probe(tmp_path, "r")  # still held after the refused entry
         assert refused.returncode == 3, refused.stderr
         assert refused.stdout.startswith(f"run 'r' is being written by pid {os.getpid()} on host ")
         assert "`ragen train`" in refused.stdout
@@ -70,18 +69,19 @@ def test_an_inner_entry_joins_the_outer_hold_and_a_second_process_is_refused(tmp
     assert (opened.returncode, opened.stdout.strip()) == (0, "opened"), opened.stderr
 
 
-def test_only_the_outer_entry_reports_a_lock_taken_over_from_a_dead_holder(tmp_path):
+def test_the_entry_reports_a_lock_taken_over_from_a_dead_holder(tmp_path):
     lake = DataLake(tmp_path)
     lake.write_manifest("r", RunManifest(run_id="r", status="running"))
     stale = {"run_id": "r", "pid": 99999999, "host": "gone", "since": "2026-01-01T00:00:00+00:00", "command": "x"}
     path = lock_path(lake.root, "r")
     path.write_text(json.dumps(stale))  # a record under a free lock: its holder died without releasing it
-    with open_run(lake, "r") as outer, open_run(lake, "r") as inner:
-        assert outer.takeover_note == (
+    with open_run(lake, "r") as run:
+        assert run.takeover_note == (
             "took over the lock of run 'r' left by pid 99999999 on host gone (since 2026-01-01T00:00:00+00:00), "
             "which ended without releasing it"
         )
-        assert inner.takeover_note is None
+    with open_run(lake, "r") as again:
+        assert again.takeover_note is None  # released cleanly: nothing taken over
 
 
 def test_a_run_opened_and_closed_without_a_manifest_leaves_no_trace(tmp_path):

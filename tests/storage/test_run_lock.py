@@ -185,13 +185,14 @@ def test_a_forked_child_of_a_dead_holder_is_named_in_the_refusal(tmp_path):
         time.sleep(0.5)
 
 
-def test_nested_holds_in_one_process_share_one_lock(tmp_path):
+def test_a_second_take_in_the_holding_process_is_refused(tmp_path):
     lake = DataLake(tmp_path)
     lake.write_manifest(RUN, RunManifest(run_id=RUN, status="running", updated_at="2026-01-01T00:00:00+00:00"))
     with run_writer(tmp_path, RUN) as outer:
-        with run_writer(tmp_path, RUN) as inner:  # the CLI holds the run, then the flow it calls takes it again
-            assert inner is outer and takeover_note(inner) is None
-        assert _probe(tmp_path).returncode != 0  # the inner release kept the outer hold
+        with pytest.raises(RunLockedError, match="already open for writing in this process"):
+            acquire(tmp_path, RUN)  # one taker per process: its entry, which hands the open run down
+        assert takeover_note(outer) is None
+        assert _probe(tmp_path).returncode != 0  # the refused take changed nothing: still held
     assert _probe(tmp_path).returncode == 0
     assert json.loads(lake.run_dir(RUN).joinpath("manifest.json").read_text())["run_id"] == RUN
     assert lock_path(tmp_path, RUN).read_text() == ""

@@ -1,0 +1,242 @@
+"""The Python API: the ``ragen`` command's operations as functions, run in this process without Prefect.
+
+Each function builds its command's request once (:mod:`ragen_core.run.requests`: the config validated, the run id
+checked, the lake made), admits it (the run's writer lock taken, the start decided:
+:func:`ragen_core.run.procedures.admit`) and runs the same procedure as the command's flow, each step called
+directly (:data:`ragen_core.run.procedures.DIRECT_STEPS`): a run trained here equals the same run trained by
+``ragen train``, row for row and weight for weight. A config is a YAML path, a tree (dict) or a
+:class:`~ragen_core.config.RunConfig`; ``overrides`` are ``key.sub=value`` texts. A refused input raises the
+project's own error, one line that says what to fix: :class:`~ragen_core.config.ConfigError`,
+:class:`~ragen_core.storage.LakeError` (a run id, the lake, another process writing the run),
+:class:`~ragen_core.run.requests.RequestError`, :class:`~ragen_core.run.decisions.ResumeError`,
+:class:`~ragen_core.run.evaluation.EvaluationError`, :class:`~ragen_core.sweep.SweepError`,
+:class:`~ragen_core.run.offline.OfflineError`.
+
+    import ragen_core
+
+    run = ragen_core.train("configs/bandit.yaml", "data", overrides=["trainer.iterations=3"])
+    frame = ragen_core.query("SELECT * FROM metrics WHERE run_id = ?", "data", params=[run.run_id], form="pandas")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ragen_core import sweep as s
+from ragen_core.run import procedures as p
+from ragen_core.run import requests as q
+from ragen_core.run.entry import run_lake
+from ragen_core.storage import DataLake
+from ragen_core.storage import query as lake_query
+
+Progress = Callable[[int, dict[str, float]], None]
+Step = Callable[[str], None]
+FINAL_STATES = ("COMPLETED", "FAILED")  # a sweep point's outcome, as Prefect's state types spell them
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A run's outcome: its id, its manifest's status (``completed``; ``failed`` / ``interrupted`` only when read
+    back), its final validation (the ``val/...`` metrics of its last committed iteration), where it lies (``run_dir``,
+    the newest ``checkpoint`` folder or None) and what the procedure reported (``details``: ``resumed``,
+    ``completed`` for a run that was done already, ``bootstrap``, ``trajectories`` ...)."""
+
+    run_id: str
+    status: str
+    validation: dict[str, float]
+    data_root: Path
+    run_dir: Path
+    checkpoint: Path | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvalResult(RunResult):
+    """An evaluation run's outcome: a :class:`RunResult` plus its rows of the ``evaluations`` table (one per env:
+    success rate, pass@k, mean reward) and whether it was stored before (``reused``)."""
+
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    reused: bool = False
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """A sweep's outcome: its id, the data root and its comparison table (a row per point: run id, overrides,
+    status, outcome, validation success before RL and last, final reward, collapse events)."""
+
+    sweep_id: str
+    data_root: Path
+    points: list[dict[str, Any]]
+
+
+def _hooks(progress: Progress | None, step: Step | None) -> p.Hooks:
+    """The direct hooks, with the caller's ``progress`` and ``step`` where given."""
+    given = {"report": progress, "step": step}
+    return p.Hooks(**{name: hook for name, hook in given.items() if hook is not None})
+
+
+def _result(lake: DataLake, run_id: str, details: dict[str, Any]) -> RunResult:
+    """What the lake holds of ``run_id`` now (its manifest, its last committed iteration's validation)."""
+    manifest = lake.read_manifest(run_id)
+    committed = lake.committed_iterations(run_id)
+    validation = {}
+    if committed:
+        rows = lake.read_table("metrics", run_id, iteration=committed[-1], columns=["name", "value"]).to_pylist()
+        validation = {row["name"]: row["value"] for row in rows if row["name"].startswith("val/")}
+    checkpoints = lake.list_checkpoints(run_id)
+    return RunResult(run_id, manifest.status if manifest else "absent", validation, Path(lake.root).resolve(),
+                     lake.run_dir(run_id), checkpoints[-1][1] if checkpoints else None, details)  # fmt: skip
+
+
+def run(request: q.RunRequest, progress: Progress | None = None, step: Step | None = None) -> RunResult:
+    """Train (or go on with) the run of a built ``request`` (:func:`ragen_core.run.requests.run_request`)."""
+    with p.admit(request) as admission:
+        details = p.train(admission, _hooks(progress, step))
+    return _result(request.lake, request.run_id, details)
+
+
+def train(
+    config: q.ConfigInput,
+    data_root: str | Path | DataLake = "data",
+    run_id: str | None = None,
+    overrides: list[str] | None = None,
+    force_config: list[str] | None = None,
+    skip_iteration: bool = False,
+    progress: Progress | None = None,
+    step: Step | None = None,
+) -> RunResult:
+    """Train one run, as ``ragen train``: [bootstrap] -> ``trainer.iterations`` iterations -> final validation. An
+    existing ``run_id`` goes on from its last committed iteration (the same config, unless ``force_config`` lists the
+    keys allowed to differ); a completed one is returned as it is. ``progress(iteration, metrics)`` hears of each
+    committed iteration, ``step(text)`` of each long step."""
+    request = q.run_request(config, data_root, run_id, overrides, force_config, skip_iteration)
+    return run(request, progress, step)
+
+
+def resume(
+    run_id: str,
+    data_root: str | Path | DataLake = "data",
+    overrides: list[str] | None = None,
+    force_config: list[str] | None = None,
+    skip_iteration: bool = False,
+    trust_env_module: bool = False,
+    progress: Progress | None = None,
+    step: Step | None = None,
+) -> RunResult:
+    """Go on with a stored run with its own config, as ``ragen resume``: ``overrides`` change the keys
+    ``force_config`` allows (``trainer.iterations=50`` extends a completed run); ``trust_env_module`` lets the stored
+    config import the modules it names."""
+    kinds = frozenset({"module"}) if trust_env_module else frozenset()
+    request = q.resume_request(run_id, data_root, overrides, force_config, skip_iteration, kinds)
+    return run(request, progress, step)
+
+
+def evaluate(
+    target: str,
+    data_root: str | Path | DataLake = "data",
+    envs: list[str] | None = None,
+    n: int | None = None,
+    config: str | Path | None = None,
+    overrides: list[str] | None = None,
+    run_id: str | None = None,
+    trust_env_module: bool = False,
+    progress: Progress | None = None,
+    step: Step | None = None,
+) -> EvalResult:
+    """Evaluate a policy on fixed validation instances, as ``ragen eval``: ``target`` is a run id (its newest
+    checkpoint; ``RUN_ID@N``: the one after N updates), a checkpoint folder or a model folder; ``envs``/``n`` the
+    validation envs and instances. Stored as its own run; the same evaluation again returns the stored result."""
+    kinds = frozenset({"module"}) if trust_env_module else frozenset()
+    request = q.eval_request(target, data_root, envs, n, config, overrides, run_id, kinds)
+    with p.admit(request) as admission:
+        details = p.evaluate(admission, _hooks(progress, step))
+    base = _result(request.lake, request.run_id, details)
+    return EvalResult(**base.__dict__, evaluations=details["evaluations"], reused=details["reused"])
+
+
+def retrain(
+    config: q.ConfigInput,
+    sql: str,
+    init: str,
+    data_root: str | Path | DataLake = "data",
+    mode: str = "sft",
+    run_id: str | None = None,
+    overrides: list[str] | None = None,
+    progress: Progress | None = None,
+    step: Step | None = None,
+) -> RunResult:
+    """Re-train a model offline on the stored trajectories ``sql`` selects, as ``ragen retrain``: ``mode`` sft or pg,
+    ``init`` a model or checkpoint folder, ``run:<id>`` or ``run:<id>@<updates>``; ``offline.epochs`` epochs, each
+    committed as an iteration, validated before and after."""
+    from ragen_core.run.offline import preflight
+
+    request = q.retrain_request(config, sql, mode, init, data_root, run_id, overrides)
+    preflight(request.lake, request.run_id, sql, init)  # every refusal before anything is created
+    with p.admit(request) as admission:
+        details = p.retrain(admission, _hooks(progress, step))
+    return _result(request.lake, request.run_id, details)
+
+
+def sweep(
+    config: q.ConfigInput = None,
+    data_root: str | Path | DataLake = "data",
+    grid: list[str] | None = None,
+    random: list[str] | None = None,
+    samples: int = 0,
+    seeds: int | str | list[int] | None = None,
+    sweep_id: str | None = None,
+    overrides: list[str] | None = None,
+    points: list[int] | None = None,
+    search_seed: int = 0,
+    max_points: int | None = None,
+    progress: Progress | None = None,
+    step: Step | None = None,
+) -> SweepResult:
+    """A sweep, as ``ragen sweep`` with local points: every grid combination (``key=[v1,v2]``) x random draw
+    (``key=dist(args)``, ``samples`` per combination) x seed is its own run, one after the other; a failing point is
+    recorded and the sweep goes on. The same sweep again resumes it (completed points are skipped)."""
+    extra = {} if max_points is None else {"max_points": max_points}
+    request = s.sweep_request(config, data_root, grid, random, samples, seeds, sweep_id, overrides, None, points,
+                              search_seed, **extra)  # fmt: skip
+
+    def run_points(chosen: list[s.SweepPoint]) -> dict[str, str]:
+        outcomes = {}
+        for point in chosen:
+            entry = point.manifest_entry(request.sweep_id)
+            point_request = q.run_request(point.config, request.lake, point.run_id, sweep=entry)
+            try:
+                run(point_request, progress, step)
+            except Exception:  # a failing point is recorded (its manifest says how it ended) and the sweep goes on
+                outcomes[point.run_id] = FINAL_STATES[1]
+            else:
+                outcomes[point.run_id] = FINAL_STATES[0]
+        return outcomes
+
+    result = s.run_sweep(request, run_points)
+    return SweepResult(result["sweep_id"], Path(result["data_root"]), result["points"])
+
+
+def query(
+    sql: str,
+    data_root: str | Path | DataLake = "data",
+    run_id: str | None = None,
+    params: list | dict | None = None,
+    form: Literal["arrow", "pandas", "duckdb"] = "arrow",
+) -> Any:
+    """One read-only SQL query over the lake's tables (docs/sql.md), as ``ragen sql``: every run, or only
+    ``run_id``; ``params`` bind ``?`` / ``$name`` placeholders. The result as an Arrow table, a pandas DataFrame or
+    a DuckDB relation (``form``)."""
+    table = lake_query(run_lake(data_root), sql, run_id=run_id, params=params)
+    if form == "pandas":
+        return table.to_pandas()
+    if form == "duckdb":
+        import duckdb
+
+        return duckdb.from_arrow(table)
+    return table
+
+
+__all__ = ["EvalResult", "RunResult", "SweepResult", "evaluate", "query", "resume", "retrain", "run", "sweep", "train"]

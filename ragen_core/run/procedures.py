@@ -1,0 +1,332 @@
+"""A command's course through the run layer, whoever calls it: the Prefect flows (each step a task, progress to
+Prefect's UI and the command's terminal) or the Python API (:mod:`ragen_core.api`: each step called directly).
+
+A request (:mod:`ragen_core.run.requests`) is admitted once per process (:func:`admit`): its run opened for writing
+(:func:`ragen_core.run.entry.open_run`, the writer lock taken) and, for a run to train, its start decided
+(fresh / over / resume / extend / done). A procedure takes the admission and :class:`Hooks` (how a table step is
+called, how the session's other steps are called, where progress goes) and never validates a config, makes a lake,
+takes a lock or decides a start again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragen_core.run import bootstrap, offline, resume, session
+from ragen_core.run.decisions import ResumePlan, Start, resume_line
+from ragen_core.run.entry import OpenRun, open_run
+from ragen_core.run.iteration import Call, IterationState, direct, run_iteration
+from ragen_core.run.record import RunRecord, check_run_id_free, new_manifest, run_status
+from ragen_core.run.requests import EvalRequest, RetrainRequest, RunRequest
+from ragen_core.run.session import RunSession
+from ragen_core.run.stages import COMMIT, EVALUATION, FINAL_VALIDATION, ITERATION, stop_early
+from schemas.manifest import RunManifest
+
+Request = RunRequest | EvalRequest | RetrainRequest
+
+
+def _quiet(*_: Any) -> None:
+    """A hook that hears nothing."""
+
+
+class Unpublished:
+    """The iteration artifacts of a run without Prefect: nothing to publish, nothing to wait for."""
+
+    def publish(self, run_id: str, iteration: int, metrics: dict[str, float]) -> None:
+        """Nothing."""
+
+    def wait(self, raise_error: bool = True) -> None:
+        """Nothing."""
+
+
+def _check_tokenizer(lake: Any, table: Any, model_dir: Path) -> str:
+    from ragen_core.policy import load_tokenizer
+
+    return offline.check_tokenizer(lake, sorted(set(table["run_id"].to_pylist())), load_tokenizer(model_dir))
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The session's steps a procedure calls besides an iteration's table, each with the arguments of the run
+    layer's function it names: :data:`DIRECT_STEPS` calls those functions, the flows hand in their Prefect tasks
+    (tasks/stages.py, tasks/offline.py), named as the functions."""
+
+    base_model_dir: Callable[..., Path] = session.base_model_dir
+    bootstrap_model: Callable[..., tuple[Path, dict[str, Any]]] = bootstrap.bootstrap_model
+    open_session: Callable[..., RunSession] = session.open_session
+    prepare_resume: Callable[..., ResumePlan] = resume.prepare_resume
+    prepare_extension: Callable[..., ResumePlan] = resume.prepare_extension
+    reopen_final_evaluation: Callable[..., list[str]] = resume.reopen_final_evaluation
+    restore_session: Callable[..., dict[str, Any]] = resume.restore_session
+    skip_iteration: Callable[..., None] = resume.skip_iteration
+    resolve_init: Callable[..., Path] = offline.resolve_init
+    select_trajectories: Callable[..., Any] = offline.select_trajectories
+    check_tokenizer: Callable[..., str] = _check_tokenizer
+    lineage: Callable[..., dict[str, Any]] = offline.lineage
+    offline_epoch: Callable[..., dict[str, float]] = offline.offline_epoch
+
+
+DIRECT_STEPS = Steps()
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """How a procedure's steps run and where its progress goes. ``call``: how a row of an iteration's table is called
+    (:func:`ragen_core.run.iteration.direct`, or the flows' Prefect task); ``steps``: the session's other steps by
+    name (:data:`DIRECT_STEPS`, or the flows' tasks); ``step``: a line about a long step; ``report``: an iteration's
+    metrics once committed; ``publish``: an iteration's metrics artifact; ``artifacts``: a background publisher of
+    them (``publish`` / ``wait``)."""
+
+    call: Call = direct
+    steps: Steps = DIRECT_STEPS
+    step: Callable[[str], None] = _quiet
+    report: Callable[[int, dict[str, float]], None] = _quiet
+    publish: Callable[[str, int, dict[str, float]], Any] = _quiet
+    artifacts: Callable[[], Any] = field(default=Unpublished)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A request admitted in this process: its run open for writing (the writer lock held) and, for a run to train,
+    its start decided. Made only by :func:`admit`, for the length of its ``with`` block."""
+
+    request: Request
+    run: OpenRun
+    start: Start | None = None
+
+
+def decide(request: RunRequest) -> Start:
+    """The start of a run to train: fresh, over (it stopped in its bootstrap), resume, extend or done (reads only)."""
+    manifest = request.lake.read_manifest(request.run_id)
+    return resume.decide_run_start(request.lake, manifest, request.config, request.run_id, list(request.force_config))
+
+
+@contextmanager
+def admit(request: Request, command: list[str] | None = None) -> Iterator[Admission]:
+    """Open ``request``'s run for the ``with`` block (its writer lock taken once: another process is refused,
+    naming the holder) and decide a training run's start under it."""
+    with open_run(request.lake, request.run_id, command) as run:
+        yield Admission(request, run, decide(request) if isinstance(request, RunRequest) else None)
+
+
+Opened = tuple[RunSession | None, ResumePlan | None, dict[str, Any]]
+
+
+def train(admission: Admission, hooks: Hooks) -> dict[str, Any]:
+    """Train (or go on with) an admitted run: open, [restore], iterations, final validation. The result: the run id,
+    the data root, ``iterations`` and what the start did (``completed``, ``bootstrap``, ``resumed``,
+    ``first_iteration``)."""
+    request = admission.request
+    session, plan, info = _open(admission, hooks)
+    result = {"run_id": request.run_id, "data_root": str(request.lake.root),
+              "iterations": request.config.trainer.iterations, **info}  # fmt: skip
+    if session is None:
+        return result
+    with run_status(session):
+        if request.sweep is not None:
+            session.record.update(sweep=request.sweep)
+        first = _restored_start(session, plan, result, hooks)
+        final = _iterations(session, first, hooks)
+        hooks.report(final, final_evaluation(session, final, hooks))
+    return {**result, "first_iteration": first}
+
+
+def _restored_start(session: RunSession, plan: ResumePlan | None, result: dict[str, Any], hooks: Hooks) -> int:
+    """The first iteration to run: 0, or a resumed run's next one once its session is restored (a quarantined
+    iteration recorded as skipped: only reachable with ``skip_iteration``, which ``prepare_resume`` else refuses)."""
+    if plan is None:
+        return 0
+    if "resumed" not in result:  # an extension restored its session when it opened it
+        result["resumed"] = hooks.steps.restore_session(session, plan)
+    first = plan.next_iteration
+    if plan.quarantined:
+        hooks.steps.skip_iteration(session, first, plan.quarantined)
+        first += 1
+    return first
+
+
+def _iterations(session: RunSession, first: int, hooks: Hooks) -> int:
+    """The training iterations from ``first``, each reported and its artifact published in the background; the
+    iteration the final validation is committed as (earlier when ``stop_early`` says so)."""
+    artifacts = hooks.artifacts()
+    final = session.config.trainer.iterations
+    try:
+        for iteration in range(first, session.config.trainer.iterations):
+            if stop_early(session, iteration):  # filter_empty_stop_steps: the final validation comes here
+                final = iteration
+                break
+            metrics = run_iteration(session, iteration, ITERATION, call=hooks.call)
+            artifacts.publish(session.run_id, iteration, metrics)
+            hooks.report(iteration, metrics)
+    except BaseException:
+        artifacts.wait(raise_error=False)
+        raise
+    artifacts.wait()
+    return final
+
+
+def final_evaluation(
+    session: RunSession, iteration: int, hooks: Hooks, tell: Callable[[str], None] | None = None
+) -> dict[str, float]:
+    """Validation of the final policy, committed as its own iteration (``iteration`` = number of updates:
+    :data:`ragen_core.run.stages.FINAL_VALIDATION`); ``tell`` hears of each env."""
+    state = IterationState(tell=tell)
+    metrics = run_iteration(session, iteration, FINAL_VALIDATION, call=hooks.call, state=state)
+    hooks.publish(session.run_id, iteration, metrics)
+    return metrics
+
+
+def _open(admission: Admission, hooks: Hooks) -> Opened:
+    """The session of a fresh run (after its bootstrap) or of a resumed one (checked, its uncommitted output
+    discarded: the plan says what to restore); no session when the run is already done."""
+    request, start, steps = admission.request, admission.start, hooks.steps
+    config, lake, run_id = request.config, request.lake, request.run_id
+    manifest = lake.read_manifest(run_id)
+    if start is Start.DONE:
+        return None, None, {"completed": True, "bootstrap": manifest.bootstrap}
+    if start in (Start.FRESH, Start.OVER):
+        session, summary = _start(request, manifest, hooks)
+        return session, None, {"bootstrap": summary}
+    if start is Start.EXTEND:
+        return _extend(request, manifest, hooks)
+    plan = steps.prepare_resume(lake, config, run_id, request.skip_iteration)
+    hooks.step(resume_line(run_id, plan))
+    try:
+        opened = steps.open_session(config, lake, run_id, Path(manifest.model_dir), resumed=manifest)
+    except BaseException as exc:  # a failed resume says so in the manifest (a refused one, above, changes nothing)
+        RunRecord(lake, run_id, manifest).stopped(exc)
+        raise
+    return opened, plan, {"bootstrap": manifest.bootstrap}
+
+
+def _extend(request: RunRequest, manifest: RunManifest, hooks: Hooks) -> Opened:
+    """A completed run given more iterations: the session is opened and restored first; until then a failure puts
+    the stored manifest back (the run stays completed, with its config) and the lake is untouched. Only then is the
+    final validation reopened as the next training iteration."""
+    config, lake, run_id, steps = request.config, request.lake, request.run_id, hooks.steps
+    plan = steps.prepare_extension(lake, manifest, config, run_id)
+    hooks.step(resume_line(run_id, plan, config.trainer.iterations))
+    opened = None
+    try:
+        opened = steps.open_session(config, lake, run_id, Path(manifest.model_dir), resumed=manifest)
+        restored = steps.restore_session(opened, plan)
+    except BaseException:
+        if opened is not None:
+            opened.close()
+        lake.write_manifest(run_id, manifest)
+        raise
+    try:
+        steps.reopen_final_evaluation(opened, plan)
+    except BaseException as exc:
+        opened.record.stopped(exc)
+        opened.close()
+        raise
+    info = {"bootstrap": manifest.bootstrap, "resumed": {**restored, "extended_from": plan.next_iteration}}
+    return opened, plan, info
+
+
+def _start(
+    request: RunRequest, manifest: RunManifest | None, hooks: Hooks
+) -> tuple[RunSession, dict[str, Any] | None]:
+    """Start a run: its manifest first (so a run killed in the bootstrap is known and resumable), then the start
+    model, the bootstrap and the session. ``manifest``: the one an earlier attempt left before its session."""
+    config, lake, run_id, steps = request.config, request.lake, request.run_id, hooks.steps
+    early = new_manifest(config, run_id, None, None) if manifest is None else manifest.updated(status="running")
+    record = RunRecord(lake, run_id, early)
+    record.update()
+    try:
+        start_dir = steps.base_model_dir(config, lake)
+        summary = steps.bootstrap_model(config, lake, start_dir, hooks.step) if config.bootstrap.enabled else None
+        opened = steps.open_session(config, lake, run_id, summary[0] if summary else start_dir, resumed=manifest)
+    except BaseException as exc:
+        record.stopped(exc)
+        raise
+    # a fresh run's session wrote a full manifest: keep the run's first moment
+    first = {"created_at": early.created_at, "started_at": early.started_at} if manifest is None else {}
+    opened.record.update(bootstrap=summary[1] if summary else None, **first)
+    return opened, summary[1] if summary else None
+
+
+def evaluate(admission: Admission, hooks: Hooks) -> dict[str, Any]:
+    """Evaluate an admitted request's policy on every validation env, committed as iteration 0 of its run; the same
+    evaluation again returns the stored result, an interrupted one is finished (its envs done reused)."""
+    request: EvalRequest = admission.request  # type: ignore[assignment]
+    lake, run_id = request.lake, request.run_id
+    manifest = lake.read_manifest(run_id)
+    if manifest is not None and 0 in lake.committed_iterations(run_id):
+        return evaluation_result(request, reused=True)
+    if manifest is not None:
+        lake.discard_uncommitted(run_id, 0)
+    hooks.step(f"evaluation run {run_id}: loading the policy {request.which}")
+    opened = hooks.steps.open_session(request.config, lake, run_id, request.model_dir, resumed=manifest,
+                                      training=False)  # fmt: skip
+    with run_status(opened):
+        evaluated = {"target": request.target, "model": request.which, "model_dir": str(request.model_dir)}
+        opened.record.update(kind="evaluation", evaluated=evaluated)
+        state = IterationState(tell=hooks.step)
+        for step in FINAL_VALIDATION:  # untimed: an evaluation run's metrics are its validation's
+            hooks.call(step, opened, 0, state)
+        metrics = state.metrics
+    hooks.report(0, metrics)
+    hooks.publish(run_id, 0, metrics)
+    return evaluation_result(request, reused=False)
+
+
+EVALUATION_COLUMNS = ("env", "instances", "k", "success_rate", "pass_at_k", "reward_mean")
+
+
+def evaluation_result(request: EvalRequest, reused: bool) -> dict[str, Any]:
+    """An evaluation's result: its run id, the model, the data root, whether it was stored before, and a row per
+    env of the ``evaluations`` table."""
+    rows = request.lake.read_table("evaluations", request.run_id).to_pylist()
+    return {"run_id": request.run_id, "model": request.which, "data_root": str(Path(request.lake.root).resolve()),
+            "reused": reused, "evaluations": [{k: row[k] for k in EVALUATION_COLUMNS} for row in rows]}  # fmt: skip
+
+
+def retrain(admission: Admission, hooks: Hooks) -> dict[str, Any]:
+    """select -> check tokenizer -> session from ``init`` -> ``offline.epochs`` x (train, commit) -> validation.
+    Validation runs before the first epoch and after the last, so the run compares with its sources in the same
+    tables."""
+    request: RetrainRequest = admission.request  # type: ignore[assignment]
+    lake, run_id, steps = request.lake, request.run_id, hooks.steps
+    epochs = request.config.offline.epochs
+    check_run_id_free(lake, run_id)
+    init_dir = steps.resolve_init(request.init, lake)
+    table = steps.select_trajectories(lake, request.sql)
+    steps.check_tokenizer(lake, table, init_dir)
+    hooks.step(f"{table.num_rows} stored trajectories selected; loading the model {request.init}")
+    opened = steps.open_session(request.config, lake, run_id, init_dir)
+    with run_status(opened):
+        opened.record.update(kind="offline", lineage=steps.lineage(request.sql, table, request.mode, init_dir, lake))
+        for epoch in range(epochs):
+            state = IterationState(updated=True, tell=hooks.step)  # each epoch trains: its commit saves when due
+            if epoch == 0:
+                hooks.step("validating the model before training")
+                hooks.call(EVALUATION, opened, 0, state)
+            hooks.step(f"epoch {epoch + 1} of {epochs}: {request.mode} over {table.num_rows} trajectories")
+            state.metrics.update(steps.offline_epoch(opened, table, request.mode, epoch))
+            hooks.call(COMMIT, opened, epoch, state)
+            hooks.report(epoch, state.metrics)
+        hooks.step("validating the re-trained model")
+        hooks.report(epochs, final_evaluation(opened, epochs, hooks, hooks.step))
+    return {"run_id": run_id, "data_root": str(lake.root), "trajectories": table.num_rows}
+
+
+__all__ = [
+    "DIRECT_STEPS",
+    "Admission",
+    "Hooks",
+    "Steps",
+    "Unpublished",
+    "admit",
+    "decide",
+    "evaluate",
+    "evaluation_result",
+    "final_evaluation",
+    "retrain",
+    "train",
+]

@@ -1,0 +1,153 @@
+"""The Python API (issue 40, section 2): ``import ragen_core`` trains, resumes, evaluates, re-trains, sweeps and
+queries in this process without Prefect, returning result objects; a run it trains equals, row for row and weight
+for weight, the same config trained by the ``train`` flow; a refused input is the project's own error, naming what
+to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ragen_core
+from ragen_core.config import ConfigError
+from ragen_core.run.decisions import ResumeError
+from ragen_core.storage import DataLake, LakeError
+from ragen_core.storage.layout import CHECKPOINT_HF
+
+RUN = "api-run"
+
+
+def _config(model_dir: Path, iterations: int = 2) -> dict:
+    return {
+        "model": {"path": str(model_dir)},
+        "env": {"name": "bandit", "val_envs": ["bandit"]},
+        "rollout": {"env_groups": 2, "group_size": 4, "max_new_tokens": 8},
+        "actor": {"mini_batch_size": 8, "micro_batch_size": 4},
+        "trainer": {"iterations": iterations, "checkpoint_every": 1},
+        "eval": {"every": 1, "instances": 2},
+    }
+
+
+def _rows(root: Path) -> dict[str, list[dict]]:
+    """The run's stored rows that do not depend on the clock."""
+    return {
+        "trajectories": ragen_core.query("SELECT * FROM trajectories ORDER BY ALL", root).to_pylist(),
+        "metrics": ragen_core.query(
+            "SELECT iteration, name, value FROM metrics WHERE name NOT LIKE 'time/%' ORDER BY ALL", root
+        ).to_pylist(),
+        "evaluations": ragen_core.query(
+            "SELECT iteration, env, success_rate, reward_mean FROM evaluations ORDER BY ALL", root
+        ).to_pylist(),
+    }
+
+
+def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_file(next((checkpoint / CHECKPOINT_HF).glob("*.safetensors")))
+
+
+@pytest.fixture(scope="module")
+def api_root(tmp_path_factory, tiny_model_dir) -> tuple[Path, ragen_core.RunResult]:
+    """A tiny run trained through the API: 2 iterations and the final validation."""
+    root = tmp_path_factory.mktemp("api")
+    seen: list[int] = []
+    result = ragen_core.train(_config(tiny_model_dir), root, RUN, progress=lambda i, metrics: seen.append(i))
+    assert seen == [0, 1, 2]  # each iteration, then the final validation
+    return root, result
+
+
+def test_the_api_returns_the_run_s_id_status_final_validation_and_paths(api_root):
+    root, result = api_root
+    assert (result.run_id, result.status) == (RUN, "completed")
+    assert result.data_root == root.resolve() and result.run_dir == DataLake(root).run_dir(RUN)
+    assert result.validation and all(name.startswith("val/") for name in result.validation)
+    last = ragen_core.query(
+        "SELECT name, value FROM metrics WHERE iteration = 2 AND name LIKE 'val/%'", root, run_id=RUN
+    ).to_pylist()
+    assert result.validation == {row["name"]: row["value"] for row in last}
+    assert result.checkpoint is not None and result.checkpoint.parent.parent == result.run_dir
+
+
+def test_the_api_trains_bitwise_the_run_the_train_flow_trains(api_root, prefect_harness, tmp_path, tiny_model_dir):
+    from flows.train import train
+
+    root, result = api_root
+    flow = train(_config(tiny_model_dir), data_root=str(tmp_path), run_id=RUN)
+    assert flow["run_id"] == RUN
+    assert _rows(root) == _rows(tmp_path)
+    assert len(_rows(root)["trajectories"]) == 2 * 8 + 3 * 2  # 2 x (2 groups x 4); validated at 0, 1, 2
+    flow_checkpoint = DataLake(tmp_path).list_checkpoints(RUN)[-1][1]
+    assert flow_checkpoint.name == result.checkpoint.name
+    api_weights, flow_weights = _weights(result.checkpoint), _weights(flow_checkpoint)
+    assert api_weights.keys() == flow_weights.keys() and api_weights
+    assert all(torch.equal(api_weights[name], flow_weights[name]) for name in api_weights)
+
+
+def test_a_completed_run_is_returned_as_it_is_and_resume_extends_it(api_root, tiny_model_dir):
+    root, _ = api_root
+    again = ragen_core.train(_config(tiny_model_dir), root, RUN)
+    assert again.details["completed"] is True and again.status == "completed"
+    with pytest.raises(ResumeError, match="trainer.iterations"):
+        ragen_core.resume(RUN, root, overrides=["trainer.iterations=3"])  # a changed key must be allowed
+    extended = ragen_core.resume(RUN, root, overrides=["trainer.iterations=3"], force_config=["trainer.iterations"])
+    assert extended.details["resumed"]["extended_from"] == 2 and extended.status == "completed"
+    assert DataLake(root).committed_iterations(RUN) == [0, 1, 2, 3]
+
+
+def test_evaluate_stores_an_evaluation_run_and_returns_it_again(api_root):
+    root, _ = api_root
+    result = ragen_core.evaluate(RUN, root, n=2)
+    assert result.run_id.startswith("evaluate-") and result.status == "completed" and not result.reused
+    assert [(row["env"], row["instances"]) for row in result.evaluations] == [("bandit", 2)]
+    assert result.validation  # its validation is its metrics
+    again = ragen_core.evaluate(RUN, root, n=2)
+    assert again.reused and again.run_id == result.run_id and again.evaluations == result.evaluations
+
+
+def test_retrain_trains_on_the_selected_rows_as_a_new_run(api_root, tiny_model_dir):
+    root, _ = api_root
+    sql = f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND split = 'train' AND iteration = 0"
+    result = ragen_core.retrain(_config(tiny_model_dir), sql, f"run:{RUN}", root, run_id="api-sft",
+                                overrides=["offline.epochs=1"])  # fmt: skip
+    assert (result.run_id, result.status, result.details["trajectories"]) == ("api-sft", "completed", 8)
+    assert DataLake(root).committed_iterations("api-sft") == [0, 1]  # the epoch, then the validation after it
+    assert DataLake(root).read_manifest("api-sft").kind == "offline"
+
+
+def test_a_sweep_runs_each_point_and_compares_them(tmp_path, tiny_model_dir):
+    result = ragen_core.run_sweep(_config(tiny_model_dir, iterations=1), tmp_path, grid=["seed=[1,2]"],
+                                  sweep_id="api-sweep")  # fmt: skip
+    assert result.sweep_id == "api-sweep"
+    assert [(row["run_id"], row["status"], row["outcome"]) for row in result.points] == [
+        ("api-sweep-p000", "completed", "COMPLETED"),
+        ("api-sweep-p001", "completed", "COMPLETED"),
+    ]
+    assert ragen_core.api.sweep is ragen_core.run_sweep
+    manifest = DataLake(tmp_path).read_manifest("api-sweep-p001")
+    assert manifest.sweep == {"id": "api-sweep", "point": 1, "overrides": ["seed=2"]}
+
+
+def test_query_returns_arrow_pandas_or_a_duckdb_relation(api_root):
+    root, _ = api_root
+    sql = "SELECT iteration, count(*) AS n FROM trajectories WHERE split = 'train' AND iteration < 2 GROUP BY 1"
+    sql += " ORDER BY 1"
+    expected = [{"iteration": 0, "n": 8}, {"iteration": 1, "n": 8}]
+    assert ragen_core.query(sql, root, run_id=RUN).to_pylist() == expected
+    assert ragen_core.query(sql, root, run_id=RUN, form="pandas").to_dict("records") == expected
+    relation = ragen_core.query(sql, root, run_id=RUN, form="duckdb")
+    assert relation.fetchall() == [(0, 8), (1, 8)]
+
+
+def test_a_refused_input_is_the_project_s_own_error(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError) as refused:
+        ragen_core.train({**_config(tiny_model_dir), "rollout": {"group_size": "many"}}, tmp_path)
+    assert "rollout.group_size: Input should be a valid integer" in str(refused.value)
+    assert not isinstance(refused.value, pydantic.ValidationError) and "Traceback" not in str(refused.value)
+    with pytest.raises(LakeError, match="run id"):
+        ragen_core.train(_config(tiny_model_dir), tmp_path, run_id="../elsewhere")
+    with pytest.raises(ValueError, match="no run 'absent'"):
+        ragen_core.resume("absent", tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing was written
