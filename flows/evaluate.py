@@ -40,8 +40,7 @@ def evaluate(
     again.
     """
     ui.escape_stored_parameters()  # a run created elsewhere: its stored texts escaped first
-    kinds = frozenset({"module"}) if trust_env_module else frozenset()
-    request = eval_request(target, data_root, envs, n, config, overrides, run_id, kinds)
+    request = eval_request(target, data_root, envs, n, config, overrides, run_id, trust_env_module)
     with ui.showing(request.run_id, _tags(request)), admit(request) as admission:  # one writer per run
         return evaluate_procedure(admission, PREFECT)
 

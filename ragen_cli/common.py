@@ -259,11 +259,6 @@ TrustEnvModule = Annotated[
 ]
 
 
-def trusted_kinds(trust_env_module: bool) -> frozenset[str]:
-    """The kinds of stored keys the user allows by flag: ``{"module"}`` with ``--trust-env-module``."""
-    return frozenset({"module"}) if trust_env_module else frozenset()
-
-
 def load_config_or_fail(config: Path | None, overrides: list[str]) -> Any:
     """The validated config of a YAML file (or the defaults) plus ``key.sub=value`` overrides; a bad one is a user
     error (one line, exit status 2), before anything starts."""

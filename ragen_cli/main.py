@@ -26,7 +26,6 @@ from ragen_cli.common import (
     print_table,
     run_id_option,
     shown,
-    trusted_kinds,
     writable_root,
     write_result,
 )
@@ -100,9 +99,8 @@ def resume(
     checked_run_id(run_id)
     lake = DataLake(writable_root(data_root, create=False))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
-    kinds = trusted_kinds(trust_env_module)
     try:  # a manifest of the wrong shape (types, another run's id) is named, never a traceback
-        request = resume_request(run_id, lake, list(ctx.args), allowed, skip_iteration, kinds)
+        request = resume_request(run_id, lake, list(ctx.args), allowed, skip_iteration, trust_env_module)
     except (RequestError, LakeError) as exc:
         fail(str(exc))
     except ConfigError as exc:
@@ -261,9 +259,8 @@ def eval_command(
     if n is not None and n < 1:
         fail(f"--n must be at least 1, not {n}")
     lake = DataLake(writable_root(data_root, create=False))
-    kinds = trusted_kinds(trust_env_module)
     try:
-        request = eval_request(target, lake, env, n, config, list(ctx.args), run_id, kinds)
+        request = eval_request(target, lake, env, n, config, list(ctx.args), run_id, trust_env_module)
     except (ConfigError, EvaluationError, RequestError) as exc:
         fail(with_recorded_code(str(exc), _target_manifest(lake, target)))
     lake.root.mkdir(parents=True, exist_ok=True)

@@ -129,8 +129,7 @@ def resume(
     """Go on with a stored run with its own config, as ``ragen resume``: ``overrides`` change the keys
     ``force_config`` allows (``trainer.iterations=50`` extends a completed run); ``trust_env_module`` lets the stored
     config import the modules it names."""
-    kinds = frozenset({"module"}) if trust_env_module else frozenset()
-    request = q.resume_request(run_id, data_root, overrides, force_config, skip_iteration, kinds)
+    request = q.resume_request(run_id, data_root, overrides, force_config, skip_iteration, trust_env_module)
     return run(request, progress, step)
 
 
@@ -149,8 +148,7 @@ def evaluate(
     """Evaluate a policy on fixed validation instances, as ``ragen eval``: ``target`` is a run id (its newest
     checkpoint; ``RUN_ID@N``: the one after N updates), a checkpoint folder or a model folder; ``envs``/``n`` the
     validation envs and instances. Stored as its own run; the same evaluation again returns the stored result."""
-    kinds = frozenset({"module"}) if trust_env_module else frozenset()
-    request = q.eval_request(target, data_root, envs, n, config, overrides, run_id, kinds)
+    request = q.eval_request(target, data_root, envs, n, config, overrides, run_id, trust_env_module)
     with p.admit(request) as admission:
         details = p.evaluate(admission, _hooks(progress, step))
     base = _result(request.lake, request.run_id, details)

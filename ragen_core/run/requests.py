@@ -82,13 +82,19 @@ def run_request(
     return RunRequest(run_config, lake, run_id, tuple(force_config or ()), skip_iteration, sweep)
 
 
+def trusted_kinds(trust_env_module: bool) -> frozenset[str]:
+    """The kinds of stored keys the user allows by flag: ``{"module"}`` with ``--trust-env-module`` (a stored config
+    may then import the modules it names: its envs as ``package.module:Class``, a reward function)."""
+    return frozenset({"module"}) if trust_env_module else frozenset()
+
+
 def resume_request(
     run_id: str,
     data_root: str | Path | DataLake = "data",
     overrides: list[str] | None = None,
     force_config: list[str] | tuple[str, ...] | None = None,
     skip_iteration: bool = False,
-    trusted_kinds: frozenset[str] = frozenset(),
+    trust_env_module: bool = False,
 ) -> RunRequest:
     """The request that goes on with a stored run with its own config (read from its manifest and held to the trust
     rules of a config read from the data root; ``overrides`` change it where ``force_config`` allows). Raises
@@ -106,7 +112,7 @@ def resume_request(
             f"the manifest of run {run_id!r} holds no config to resume with; start the run again with ragen train"
         )
     stored = manifest_config(lake, run_id, manifest.config)  # a program it names, not named again: refused
-    run_config = build_stored_run_config(stored, list(overrides or []), trusted_kinds)
+    run_config = build_stored_run_config(stored, list(overrides or []), trusted_kinds(trust_env_module))
     return RunRequest(run_config, lake, run_id, tuple(force_config or ()), skip_iteration)
 
 
@@ -136,7 +142,7 @@ def eval_request(
     config: str | Path | None = None,
     overrides: list[str] | None = None,
     run_id: str | None = None,
-    trusted_kinds: frozenset[str] = frozenset(),
+    trust_env_module: bool = False,
 ) -> EvalRequest:
     """The request of an evaluation of ``target`` (a run id, ``RUN_ID@N``, a checkpoint or a model folder): the base
     config is the source run's, or ``config`` (a YAML path), with ``envs``, ``n`` and ``overrides`` set. Raises
@@ -147,7 +153,7 @@ def eval_request(
     lake = run_lake(data_root)
     known = lake if lake.root.is_dir() else None  # a data root not made yet holds no run to read
     model_dir, base, which = resolve_target(target, known)
-    run_config = evaluation_config(base, envs, n, config, overrides, trusted_kinds)
+    run_config = evaluation_config(base, envs, n, config, overrides, trusted_kinds(trust_env_module))
     run_id = check_run_id(run_id or evaluation_run_id(which, run_config, known))
     return EvalRequest(run_config, lake, run_id, target, which, model_dir)
 
@@ -202,4 +208,5 @@ __all__ = [
     "resume_request",
     "retrain_request",
     "run_request",
+    "trusted_kinds",
 ]
