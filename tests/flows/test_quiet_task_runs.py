@@ -50,12 +50,15 @@ def _stages(shown: bool) -> None:
 
 @pytest.fixture()
 def kept(prefect_harness):
+    # setLevel, not an assignment to .level: only setLevel clears the logger's cached answers to isEnabledFor, which
+    # an earlier test in this worker may have left at "INFO is off" (the command line's quiet mode, say)
     handler, logger = _Kept(), logging.getLogger(ui.TASK_RUN_LOGGER)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     yield handler.lines
     logger.removeHandler(handler)
-    logger.level = level
+    logger.setLevel(level)
 
 
 def _finished(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
