@@ -1,10 +1,10 @@
 """RAGEN-Flows core library: environments, agent, policy, rollouts, algorithms, training, storage.
 
 The Python API (:mod:`ragen_core.api`) is reachable from the package: ``ragen_core.train``, ``resume``,
-``evaluate``, ``retrain``, ``query`` and ``run_sweep`` (``ragen_core.sweep`` is the sweep module; the API's
-``ragen_core.api.sweep`` is the same function as ``run_sweep``), with their results ``RunResult``, ``EvalResult``,
-``SweepResult``. They are imported on first use: importing the package stays light (every command, flow and worker
-imports it first).
+``evaluate``, ``retrain``, ``query``, ``runs``, ``plot``, ``export``, ``describe_config`` and ``run_sweep``
+(``ragen_core.sweep`` is the sweep module; the API's ``ragen_core.api.sweep`` is the same function as ``run_sweep``),
+with their results ``RunResult``, ``EvalResult``, ``SweepResult``. They are imported on first use: importing the
+package stays light (every command, flow and worker imports it first).
 """
 
 import os
@@ -19,8 +19,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # the package's name -> the API's
 API = {"train": "train", "resume": "resume", "evaluate": "evaluate", "retrain": "retrain", "query": "query",
-       "run_sweep": "sweep", "RunResult": "RunResult", "EvalResult": "EvalResult",
-       "SweepResult": "SweepResult"}  # fmt: skip
+       "run_sweep": "sweep", "runs": "runs", "plot": "plot", "export": "export", "describe_config": "describe_config",
+       "RunResult": "RunResult", "EvalResult": "EvalResult", "SweepResult": "SweepResult"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

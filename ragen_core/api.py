@@ -29,11 +29,14 @@ from ragen_core import sweep as s
 from ragen_core.run import procedures as p
 from ragen_core.run import requests as q
 from ragen_core.run.entry import run_lake
-from ragen_core.storage import DataLake
+from ragen_core.storage import DataLake, LakeError
 from ragen_core.storage import query as lake_query
+from ragen_core.storage.names import validate_run_id
 
 Progress = Callable[[int, dict[str, float]], None]
 Step = Callable[[str], None]
+Form = Literal["arrow", "pandas", "duckdb"]
+FORMS = ("arrow", "pandas", "duckdb")
 FINAL_STATES = ("COMPLETED", "FAILED")  # a sweep point's outcome, as Prefect's state types spell them
 
 
@@ -222,12 +225,83 @@ def query(
     data_root: str | Path | DataLake = "data",
     run_id: str | None = None,
     params: list | dict | None = None,
-    form: Literal["arrow", "pandas", "duckdb"] = "arrow",
+    form: Form = "arrow",
 ) -> Any:
     """One read-only SQL query over the lake's tables (docs/sql.md), as ``ragen sql``: every run, or only
     ``run_id``; ``params`` bind ``?`` / ``$name`` placeholders. The result as an Arrow table, a pandas DataFrame or
     a DuckDB relation (``form``)."""
-    table = lake_query(run_lake(data_root), sql, run_id=run_id, params=params)
+    return _in_form(lake_query(_existing(data_root), sql, run_id=run_id, params=params), form)
+
+
+def runs(data_root: str | Path | DataLake = "data", form: Form = "arrow") -> Any:
+    """The runs of a data root, as ``ragen runs``: a row per run (kind, status, config hash, committed iterations,
+    the last validation success, created_at; the columns are described in docs/lake.md). A manifest that cannot be
+    read is a row with status ``broken`` (the others stay listed). Reads the lake only."""
+    from ragen_core.storage.maintenance import runs_overview
+
+    return _in_form(runs_overview(_existing(data_root)), form)
+
+
+def plot(run_ids: str | list[str], out: str | Path, data_root: str | Path | DataLake = "data", force: bool = False):
+    """Draw the runs' collapse indicators into one PNG at ``out`` (outside the data root; an existing file only with
+    ``force``), as ``ragen plot``: validation success per env, reward mean and std, in-group reward std, entropy,
+    gradient norm and response length against the iteration. Returns a
+    :class:`~ragen_core.monitor.plots.PlotResult` (``path``, the plotted ``data``, the matplotlib ``figure``); an
+    unknown run or a bad ``out`` raises :class:`~ragen_core.monitor.plots.PlotError`."""
+    from ragen_core.monitor.plots import plot_runs
+
+    return plot_runs(_existing(data_root), _ids(run_ids), Path(out), force)
+
+
+def export(
+    run_ids: str | list[str],
+    out: str | Path,
+    data_root: str | Path | DataLake = "data",
+    tables: list[str] | None = None,
+):
+    """Write runs' rows as a Hugging Face dataset folder at ``out`` (new or empty, outside the data root), as ``ragen
+    export``: splits train and validation of each table in ``tables`` (default ``trajectories``; several: a folder
+    per table), committed iterations only, and a README with the exact chat that prompts each run's policy. Returns
+    the :class:`~ragen_core.storage.maintenance.export.ExportReport` (rows per table and split, the folders, the
+    iterations left out); a bad request raises its ``ExportError`` (a ``LakeError``) before anything is written."""
+    from ragen_core.run.chat import export_notes
+    from ragen_core.storage.maintenance.export import check_export, export_dataset
+
+    lake, ids, chosen = _existing(data_root), _ids(run_ids), list(tables or ["trajectories"])
+    check_export(lake, Path(out), ids, chosen)  # a bad request is refused before the README's notes are built
+    return export_dataset(lake, Path(out), ids, chosen, export_notes(lake, ids))
+
+
+def describe_config(config: q.ConfigInput = None, overrides: list[str] | None = None) -> list:
+    """Every key of the config that ``config`` (a YAML path, a tree or a ``RunConfig``; None: the defaults) and
+    ``overrides`` give, as ``ragen config show``: a :class:`~ragen_core.config.describe.KeyDoc` per key (``key``
+    dotted as overrides name it, ``value``, ``default``, ``description``). Reads no data root; a bad key or value
+    raises the ``ConfigError`` ``ragen train`` would."""
+    from ragen_core.config.describe import describe_keys
+
+    return describe_keys(q.resolve_config(config, overrides))
+
+
+def _existing(data_root: str | Path | DataLake) -> DataLake:
+    """The lake of a data root an operation only reads: it must exist (a read creates nothing)."""
+    lake = run_lake(data_root)
+    if not Path(lake.root).is_dir():
+        raise LakeError(f"data root {str(lake.root)!r} does not exist; train first, or name your runs' data root")
+    return lake
+
+
+def _ids(run_ids: str | list[str]) -> list[str]:
+    """One run id or several, each checked as a name (never a pattern or a path)."""
+    ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
+    for run_id in ids:
+        validate_run_id(run_id)
+    return ids
+
+
+def _in_form(table: Any, form: Form) -> Any:
+    """An Arrow table as asked: itself, a pandas DataFrame or a DuckDB relation."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {', '.join(FORMS)}, not {form!r}")
     if form == "pandas":
         return table.to_pandas()
     if form == "duckdb":
@@ -237,4 +311,5 @@ def query(
     return table
 
 
-__all__ = ["EvalResult", "RunResult", "SweepResult", "evaluate", "query", "resume", "retrain", "run", "sweep", "train"]
+__all__ = ["EvalResult", "RunResult", "SweepResult", "describe_config", "evaluate", "export", "plot", "query",
+           "resume", "retrain", "run", "runs", "sweep", "train"]  # fmt: skip

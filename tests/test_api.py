@@ -19,6 +19,7 @@ from ragen_core.storage import DataLake, LakeError
 from ragen_core.storage.layout import CHECKPOINT_HF
 
 RUN = "api-run"
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _config(model_dir: Path, iterations: int = 2) -> dict:
@@ -150,4 +151,72 @@ def test_a_refused_input_is_the_project_s_own_error(tmp_path, tiny_model_dir):
         ragen_core.train(_config(tiny_model_dir), tmp_path, run_id="../elsewhere")
     with pytest.raises(ValueError, match="no run 'absent'"):
         ragen_core.resume("absent", tmp_path)
+    with pytest.raises(LakeError, match="run id"):  # a name, never a pattern or a path
+        ragen_core.plot("../*", tmp_path / "out.png", tmp_path)
+    with pytest.raises(LakeError, match="unknown run 'absent'"):
+        ragen_core.export("absent", tmp_path / "ds", tmp_path)
+    with pytest.raises(ValueError, match="form must be one of arrow, pandas, duckdb"):
+        ragen_core.runs(tmp_path, form="xml")
     assert list(tmp_path.iterdir()) == []  # nothing was written
+
+
+def test_the_readme_walk_runs_through_the_api_alone(tmp_path, tiny_model_dir):
+    """The README's walk after the demo (config show, train, runs, sql, plot, export, resume to extend, eval on two
+    envs, retrain from the run, sweep), every step a function of ``ragen_core``: no command and no Prefect (no
+    temporary server's home is made under the data root)."""
+    import datasets
+    import yaml
+
+    root, config = tmp_path / "data", _config(tiny_model_dir, iterations=1)
+    keys = {key.key: key for key in ragen_core.describe_config(REPO_ROOT / "configs/bandit.yaml")}
+    written = yaml.safe_load((REPO_ROOT / "configs/bandit.yaml").read_text())
+    assert keys["trainer.iterations"].value == written["trainer"]["iterations"]
+    assert keys["trainer.iterations"].description and keys["seed"].default == 0
+    with pytest.raises(LakeError, match="does not exist"):  # a read creates nothing
+        ragen_core.runs(root)
+    assert not root.exists()
+
+    run = ragen_core.train(config, root, "walk")
+    assert [(r["run_id"], r["kind"], r["status"], r["iterations"]) for r in ragen_core.runs(root).to_pylist()] == [
+        ("walk", "train", "completed", 2)  # the iteration and the final validation
+    ]
+
+    sql = "SELECT iteration, env, avg(success::int) AS success FROM trajectories WHERE split = 'val' GROUP BY ALL"
+    curve = ragen_core.query(sql + " ORDER BY ALL", root, form="pandas")
+    rows = ragen_core.query("SELECT iteration, env, success FROM trajectories WHERE split = 'val'", root).to_pylist()
+    by_hand: dict[tuple, list[bool]] = {}
+    for row in rows:
+        by_hand.setdefault((row["iteration"], row["env"]), []).append(row["success"])
+    assert [(r["iteration"], r["env"], r["success"]) for r in curve.to_dict("records")] == [
+        (*key, sum(seen) / len(seen)) for key, seen in sorted(by_hand.items())
+    ]
+
+    picture = ragen_core.plot("walk", tmp_path / "walk.png", root)
+    assert picture.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.data
+
+    report = ragen_core.export(["walk"], tmp_path / "ds", root)
+    loaded = datasets.load_dataset("parquet", data_dir=str(tmp_path / "ds"))
+    counts = ragen_core.query("SELECT split, count(*) AS n FROM trajectories GROUP BY ALL", root).to_pylist()
+    stored = {("validation" if r["split"] == "val" else r["split"]): r["n"] for r in counts}
+    assert {split: loaded[split].num_rows for split in loaded} == stored == report.rows["trajectories"]
+    assert "system" in (tmp_path / "ds" / "README.md").read_text()  # the chat a client sends
+
+    longer = ragen_core.resume("walk", root, overrides=["trainer.iterations=2"], force_config=["trainer.iterations"])
+    assert longer.details["resumed"]["extended_from"] == 1 and DataLake(root).committed_iterations("walk") == [0, 1, 2]
+
+    evaluation = ragen_core.evaluate("walk", root, envs=["bandit", "bandit_test"], n=4)
+    assert [(row["env"], row["instances"]) for row in evaluation.evaluations] == [("bandit", 4), ("bandit_test", 4)]
+
+    picked = "SELECT * FROM trajectories WHERE run_id = 'walk' AND split = 'train' AND iteration = 0"
+    best = ragen_core.retrain(config, picked, f"run:{run.run_id}", root, run_id="best", overrides=["offline.epochs=1"])
+    assert (best.status, best.details["trajectories"]) == ("completed", 8)
+
+    sweep = ragen_core.run_sweep(config, root, grid=["algorithm.filter_ratio=[0.25,1.0]"], sweep_id="walk-sweep")
+    assert [(row["run_id"], row["outcome"]) for row in sweep.points] == [
+        ("walk-sweep-p000", "COMPLETED"),
+        ("walk-sweep-p001", "COMPLETED"),
+    ]
+    listed = {row["run_id"]: row["kind"] for row in ragen_core.runs(root).to_pylist()}
+    assert listed == {"walk": "train", evaluation.run_id: "evaluation", "best": "offline", "walk-sweep-p000": "train",
+                      "walk-sweep-p001": "train"}  # fmt: skip
+    assert not (root / "_prefect").exists()
