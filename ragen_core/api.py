@@ -235,7 +235,7 @@ def query(
 
 def runs(data_root: str | Path | DataLake = "data", form: Form = "arrow") -> Any:
     """The runs of a data root, as ``ragen runs``: a row per run (kind, status, config hash, committed iterations,
-    the last validation success, created_at; the columns are described in docs/lake.md). A manifest that cannot be
+    the last validation success, created_at; docs/usage.md says what each number means). A manifest that cannot be
     read is a row with status ``broken`` (the others stay listed). Reads the lake only."""
     from ragen_core.storage.maintenance import runs_overview
 
