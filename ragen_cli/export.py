@@ -21,19 +21,16 @@ def export(
 ) -> None:
     """Write runs' rows as a dataset folder with train and validation splits: load_dataset("parquet",
     data_dir=OUT) loads it (several --table: data_dir=OUT/<table>). Reads the lake only."""
+    from ragen_core.api import export as export_runs
     from ragen_core.config import ConfigError
-    from ragen_core.run.chat import export_notes
-    from ragen_core.storage import DataLake, LakeError
-    from ragen_core.storage.maintenance.export import check_export, export_dataset, left_out_line, load_line
+    from ragen_core.storage import LakeError
+    from ragen_core.storage.maintenance.export import left_out_line, load_line
 
     for run_id in run_ids:
         checked_run_id(run_id)
     root = existing_root(data_root)
-    lake, tables = DataLake(root), list(table or ["trajectories"])
     try:
-        check_export(lake, out, list(run_ids), tables)  # a bad request is refused before the README is built
-        notes = export_notes(lake, list(run_ids))
-        report = export_dataset(lake, out, list(run_ids), tables, notes)
+        report = export_runs(list(run_ids), out, root, table)  # the request checked before the README is built
     except (LakeError, ConfigError) as exc:
         fail(str(exc))
     for name, rows in report.rows.items():
