@@ -5,7 +5,7 @@ utilisation (MFU) read from the run's own metrics.
     python -m benchmarks.gpu_update_bench [--shape 0.5b] [--case bandit|sokoban] [--iterations 3]
                                           [--launcher inprocess|torchrun|deepspeed] [--nproc N] [--zero-stage S]
                                           [--micro-batch-tokens N] [--gradient-checkpointing] [--peak-tflops T]
-                                          [--rollouts synthetic|hf] [--no-report]
+                                          [--rollouts synthetic|hf] [--profile DIR] [--no-report]
 
 The batch (``--rollouts synthetic``, the default) is not sampled: replies of ``max_new_tokens`` tokens each (the
 length a random-weight model's replies run to), random token ids around a valid answer of one random action, drawn
@@ -20,6 +20,10 @@ tokens per trajectory), see :func:`case_overrides`.
 
 Writes the "GPU update" section of ``benchmarks/RESULTS.md`` (naming the GPU) and ``benchmarks/results/gpu.json``.
 ``--shape tiny --no-report`` runs the same path on a CPU in about a minute (fp32; MFU needs ``--peak-tflops``).
+
+``--profile DIR`` (in-process only) also traces the second update with ``torch.profiler`` and writes where its time
+went (kernels by kind, the GPU's busy share, the costliest kernels: :mod:`benchmarks.update_profile`) into
+``DIR/profile.json`` and ``DIR/profile.md``; that update's own time then carries the profiler's overhead.
 
 FLOPs per update: the actor re-scores the batch once (old log-probs, 2 N FLOPs per token), and trains on it
 ``ppo_epochs`` times (forward + backward, 6 N per token), N the parameter count and the tokens every position of
@@ -166,9 +170,13 @@ def main() -> None:
         choices=sorted(ROLLOUTS),
         help="synthetic: the batch drawn from the seeds, no sampling; hf: sampled (slow on 0.5B).",
     )
+    parser.add_argument("--profile", metavar="DIR", help="Trace the second update (in-process) into DIR/profile.*.")
     parser.add_argument("--root", help="Data root (default: a temporary folder, deleted afterwards).")
     parser.add_argument("--no-report", action="store_true", help="Print only; do not write the results files.")
     args = parser.parse_args()
+    if args.profile and (args.launcher != "inprocess" or args.iterations < 2):
+        parser.error("--profile traces the second update in this process: use --launcher inprocess and "
+                     "--iterations 2 or more")  # fmt: skip
 
     import torch
 
@@ -176,6 +184,8 @@ def main() -> None:
     quiet_libraries(device)
     from benchmarks.models import model_dir, parameter_count
     from benchmarks.synthetic_batch import synthetic_rollouts
+    from benchmarks.update_profile import markdown as profile_markdown
+    from benchmarks.update_profile import profiled_update
     from flows.train import train
     from ragen_core.policy import load_policy
     from ragen_core.run.checks import load_run_config as load_config
@@ -186,16 +196,27 @@ def main() -> None:
     info = machine(device)
     peak = peak_tflops(info["gpu"], args.peak_tflops)
     config = load_config(None, overrides(args, folder)).to_dict()
-    with tempfile.TemporaryDirectory() as scratch:
+    profile: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
         root = Path(args.root or scratch)
-        with synthetic_rollouts() if args.rollouts == "synthetic" else contextlib.nullcontext():
-            train(config, data_root=str(root), run_id="gpu-bench")
+        if args.rollouts == "synthetic":
+            stack.enter_context(synthetic_rollouts())
+        if args.profile:
+            stack.enter_context(profiled_update(2, profile))
+        train(config, data_root=str(root), run_id="gpu-bench")
         run = measure(root, "gpu-bench", parameters, world, peak)
     result = {"machine": info, "shape": args.shape, "case": args.case, "rollouts": args.rollouts,
               "parameters": parameters, "launcher": args.launcher, "world": world, "iterations": args.iterations,
               "peak_tflops": peak, "run": run}  # fmt: skip
     section = markdown(result)
     print(section)
+    if args.profile:
+        out = Path(args.profile)
+        out.mkdir(parents=True, exist_ok=True)
+        profile.update(shape=args.shape, case=args.case, parameters=parameters)
+        (out / "profile.json").write_text(json.dumps(profile, indent=2, sort_keys=True) + "\n")
+        (out / "profile.md").write_text(profile_markdown(profile))
+        print(profile_markdown(profile))
     if not args.no_report:
         (HERE / "results").mkdir(exist_ok=True)
         (HERE / "results" / "gpu.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -4,7 +4,8 @@
     python report.py results OUT PROJ                                 # OUT/RESULTS-gpu.md and OUT/RESULTS.md
 
 ``results`` writes the "GPU device check" section (the machine, the gpu tests' outcome, the update benchmark in
-process and launched, the short train) as ``OUT/RESULTS-gpu.md``, and ``OUT/RESULTS.md``: the carried project's
+process, launched and on multi-turn Sokoban rows, the profiled update, the short train; the steps of every call with
+this bundle) as ``OUT/RESULTS-gpu.md``, and ``OUT/RESULTS.md``: the carried project's
 ``benchmarks/RESULTS.md`` with that section put between its ``device_check`` markers, ready to commit. Run with the
 project on ``PYTHONPATH`` (it reads the benchmark's own table layout).
 """
@@ -51,6 +52,17 @@ def _bench_lines(path: Path, title: str) -> list[str]:
     return [summary, "", text]
 
 
+def _profile_lines(path: Path) -> list[str]:
+    """The profiled update's figures (benchmarks/update_profile.py), or nothing when the step did not run."""
+    from benchmarks.update_profile import markdown
+
+    if not path.is_file():
+        return []
+    profile = json.loads(path.read_text())
+    title = f"**Where one update's time goes** (`--profile`, {profile.get('case', 'bandit')} batch)"
+    return [title, "", markdown(profile)]
+
+
 def steady_update_s(path: Path) -> float | None:
     """Mean update seconds of a bench result's iterations after the first (the first one if there is no other)."""
     if not path.is_file():
@@ -68,7 +80,8 @@ def launched_ratio(inprocess: Path, launched: Path) -> float | None:
 
 def section(out: Path) -> str:
     """The "GPU device check" section from what ``out`` holds."""
-    summary = (out / "summary.txt").read_text() if (out / "summary.txt").is_file() else ""
+    steps = out / "summary-all.txt" if (out / "summary-all.txt").is_file() else out / "summary.txt"
+    summary = steps.read_text() if steps.is_file() else ""
     env = (out / "machine.json").read_text() if (out / "machine.json").is_file() else "{}"
     machine = json.loads(env)
     tests = (out / "gpu-tests-summary.txt").read_text().strip() if (out / "gpu-tests-summary.txt").is_file() else ""
@@ -82,6 +95,9 @@ def section(out: Path) -> str:
     ratio = launched_ratio(out / "bench-inprocess.json", out / "bench-torchrun.json")
     if ratio is not None:
         lines += [f"**Launched / in-process steady update time**: {ratio:.2f} (the same work; target <= 1.2).", ""]
+    sokoban = "gpu_update_bench `--case sokoban` (multi-turn rows), in-process"
+    lines += _bench_lines(out / "bench-sokoban.json", sokoban)
+    lines += _profile_lines(out / "profile" / "profile.json")
     train = out / "train.json"
     if train.is_file():
         figures = json.loads(train.read_text())
@@ -90,7 +106,7 @@ def section(out: Path) -> str:
                  for env, s in figures["validation_success"].items()]  # fmt: skip
         lines += [f"**`ragen train --config configs/bandit.yaml`** ({figures['precision']}): validation success "
                   f"{'; '.join(parts)} in {figures['seconds']:.0f} s ({figures['status']}).", ""]  # fmt: skip
-    lines += ["Steps (rc, time limit, seconds):", "", "```", summary.strip(), "```", ""]
+    lines += ["Steps (rc, time limit, seconds; every call with this bundle):", "", "```", summary.strip(), "```", ""]
     return "\n".join(lines)
 
 

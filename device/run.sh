@@ -9,12 +9,20 @@
 #   env       the machine: GPU, Python and library versions                      -> $OUT/machine.json
 #   setup     pip install of whl/ into a site folder, then depcheck.py (gaps filled from whl-fallback/)
 #   imports   every main module imports (DeepSpeed's accelerator named)
-#   tests     pytest -m gpu tests/gpu                                             -> $OUT/gpu-tests.txt
 #   bench     python -m benchmarks.gpu_update_bench (0.5B, in-process, synthetic batch) -> $OUT/bench-inprocess.json
 #   launched  the same with --launcher torchrun --nproc 1                         -> $OUT/bench-torchrun.json
+#   sokoban   the in-process bench on multi-turn Sokoban rows (1-2k tokens)       -> $OUT/bench-sokoban.json
+#   profile   the in-process bench, its second update traced by torch.profiler   -> $OUT/profile/profile.{json,md}
+#   tests     pytest -m gpu tests/gpu                                             -> $OUT/gpu-tests.txt
 #   train     ragen train --config configs/bandit.yaml trainer.iterations=5       -> $OUT/train.json
 #   report    the figures as RESULTS.md's GPU section                             -> $OUT/RESULTS.md, RESULTS-gpu.md
 # Always: $OUT/log.txt (everything) and $OUT/summary.txt (one line per step: rc, limit, seconds).
+#
+# On an H100 all of it takes ~9 minutes, more than one command of the device tool may, so it runs as two calls on
+# the same warm machine (a machine's /tmp outlives a call; the second call reuses the first's site folder and its
+# report carries the first call's figures: $DEVRUN_TMP/ragen-devrun-keep, per bundle):
+#   DEVRUN_SKIP="tests train" bash .devrun/run.sh                    # the figures (~5 min)
+#   DEVRUN_SKIP="imports bench launched sokoban profile" bash .devrun/run.sh   # the tests and the train (~5 min)
 # Knobs (environment): DEVRUN_DEVICE (cuda | cpu), DEVRUN_BUDGET_S (470), DEVRUN_TIME_SCALE (1; multiplies every
 # limit, e.g. 6 on a 2-core CPU), DEVRUN_PYTHON (python3), DEVRUN_TMP (/tmp), DEVRUN_SKIP (steps to skip, e.g.
 # "launched train"), DEVRUN_BENCH_ARGS (--iterations 3; on cpu --shape tiny --iterations 2 --peak-tflops 1),
@@ -34,7 +42,14 @@ SUMMARY="$OUT/summary.txt"
 DEVICE="${DEVRUN_DEVICE:-cuda}"
 PY="${DEVRUN_PYTHON:-python3}"
 TMPD="${DEVRUN_TMP:-/tmp}/ragen-devrun"
-SITE="$TMPD/site"
+# what outlives a call, for the next call with the same bundle: the installed site folder, every call's result files
+# and step lines (another bundle starts afresh)
+KEEP="${DEVRUN_TMP:-/tmp}/ragen-devrun-keep"
+SITE="$KEEP/site"
+BUNDLE_ID="$(head -n 2 "$DEVRUN/BUNDLE.txt" 2>/dev/null | tr '\n' ' ')"
+if [[ "$(cat "$KEEP/BUNDLE" 2>/dev/null)" != "$BUNDLE_ID" ]]; then
+  rm -rf "$KEEP" && mkdir -p "$KEEP/results" && echo "$BUNDLE_ID" >"$KEEP/BUNDLE"
+fi
 BUDGET="${DEVRUN_BUDGET_S:-470}"
 SCALE="${DEVRUN_TIME_SCALE:-1}"
 DEADLINE=$((START + BUDGET * SCALE))
@@ -91,8 +106,24 @@ step() {
   rc=$?
   ((rc == 124 || rc == 137)) && say "=== [$name] TIMED OUT after ${lim}s"
   say "=== [$name] rc=$rc in $(($(now) - t0))s (total +$(($(now) - START))s)"
-  printf '%-9s rc=%-3s limit=%4ss elapsed=%4ss\n' "$name" "$rc" "$lim" "$(($(now) - t0))" >>"$SUMMARY"
+  printf '%-9s rc=%-3s limit=%4ss elapsed=%4ss\n' "$name" "$rc" "$lim" "$(($(now) - t0))" | tee -a "$SUMMARY" \
+    | sed "s/^/$(date -u +%H:%M:%S) /" >>"$KEEP/summary.txt"
+  local file  # this step's results replace an earlier call's (a failed rerun leaves none)
+  for file in ${OUTPUTS[$name]:-}; do
+    rm -rf "${KEEP:?}/results/$file"
+    [[ -e "$OUT/$file" ]] && cp -r "$OUT/$file" "$KEEP/results/"
+  done
   return "$rc"
+}
+declare -A OUTPUTS=([env]="machine.json" [bench]="bench-inprocess.json" [launched]="bench-torchrun.json"
+  [sokoban]="bench-sokoban.json" [profile]="profile" [tests]="gpu-tests.txt gpu-tests-summary.txt"
+  [train]="train.json")
+# the time the later steps that will run need at least (unscaled seconds; skipped steps need none)
+declare -A LEAST=([launched]=90 [sokoban]=60 [profile]=45 [tests]=150 [train]=45)
+reserve() {
+  local total=0 name
+  for name in "$@"; do [[ "$SKIP" == *" $name "* ]] || total=$((total + LEAST[$name])); done
+  echo "$total"
 }
 
 say "device check: $(date -u), device $DEVICE, bundle $DEVRUN ($(head -1 "$DEVRUN/BUNDLE.txt" 2>/dev/null)), python $PY,"
@@ -116,10 +147,12 @@ EOF
 "
 
 step setup "$(limit 120 400)" "
-  mkdir -p '$SITE'
+  if [[ -f '$KEEP/site.ok' ]]; then echo 'site folder of an earlier call with this bundle: $SITE'; exit 0; fi
+  rm -rf '$SITE' && mkdir -p '$SITE'
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target '$SITE' '$DEVRUN'/whl/*.whl || exit 1
   echo \"installed \$(ls '$DEVRUN'/whl/*.whl | wc -l) wheels into $SITE\"
-  $PY '$DEVRUN/depcheck.py' --site '$SITE' --project '$PROJ/pyproject.toml' --fallback '$DEVRUN/whl-fallback' --fix
+  $PY '$DEVRUN/depcheck.py' --site '$SITE' --project '$PROJ/pyproject.toml' --fallback '$DEVRUN/whl-fallback' --fix \
+    && touch '$KEEP/site.ok'
 "
 
 step imports "$(limit 60 380)" "
@@ -146,14 +179,6 @@ raise SystemExit(1 if failed else 0)
 EOF
 "
 
-step tests "$(limit 240 200)" "
-  $PY -m pytest -m gpu tests/gpu -p no:cacheprovider -q -s -rA --durations=0 2>&1 | tee '$TMPD/tests.txt'
-  rc=\${PIPESTATUS[0]}
-  grep -E '^(PASSED|FAILED|SKIPPED|ERROR)|on (cuda|cpu): |passed|failed' '$TMPD/tests.txt' >'$OUT/gpu-tests.txt'
-  grep -E '^=+ .*(passed|failed|error|skipped).* in [0-9.]+s' '$TMPD/tests.txt' | tail -n 1 | sed 's/=//g; s/^ *//' >'$OUT/gpu-tests-summary.txt'
-  exit \$rc
-"
-
 # the bench writes benchmarks/results/gpu.json and its section of RESULTS.md in the carried copy: the JSON is kept in
 # $OUT, RESULTS.md put back (the report step writes the section of both runs)
 cp "$PROJ/benchmarks/RESULTS.md" "$TMPD/RESULTS.orig.md"
@@ -170,12 +195,23 @@ bench() {  # bench NAME LIMIT OUTFILE EXTRA-ARGS
     { echo "--- [$1] its last output:"; tail -n 40 "$TMPD/$1.out" 2>/dev/null
       find "$TMPD/$1" -name 'group-*.log' -exec tail -n 40 {} + 2>/dev/null; } >>"$LOG"
   fi
-  cp "$PROJ/benchmarks/results/gpu.json" "$OUT/$3" 2>/dev/null
+  [[ -n "$3" ]] && cp "$PROJ/benchmarks/results/gpu.json" "$OUT/$3" 2>/dev/null
   cp "$TMPD/RESULTS.orig.md" "$PROJ/benchmarks/RESULTS.md"
   rm -rf "${TMPD:?}/$1"
 }
-bench bench "$(limit 150 90)" bench-inprocess.json ""
-bench launched "$(limit 150 40)" bench-torchrun.json "--launcher torchrun --nproc 1"
+# each step keeps the least time of the later steps that run (reserve); a step that cannot have it all is cut short
+bench bench "$(limit 150 "$(reserve launched sokoban profile tests train)")" bench-inprocess.json ""
+bench launched "$(limit 150 "$(reserve sokoban profile tests train)")" bench-torchrun.json "--launcher torchrun --nproc 1"
+bench sokoban "$(limit 120 "$(reserve profile tests train)")" bench-sokoban.json "--case sokoban"
+bench profile "$(limit 90 "$(reserve tests train)")" "" "--iterations 2 --no-report --profile '$OUT/profile'"
+
+step tests "$(limit 240 "$(reserve train)")" "
+  $PY -m pytest -m gpu tests/gpu -p no:cacheprovider -q -s -rA --durations=0 2>&1 | tee '$TMPD/tests.txt'
+  rc=\${PIPESTATUS[0]}
+  grep -E '^(PASSED|FAILED|SKIPPED|ERROR)|on (cuda|cpu): |passed|failed' '$TMPD/tests.txt' >'$OUT/gpu-tests.txt'
+  grep -E '^=+ .*(passed|failed|error|skipped).* in [0-9.]+s' '$TMPD/tests.txt' | tail -n 1 | sed 's/=//g; s/^ *//' >'$OUT/gpu-tests-summary.txt'
+  exit \$rc
+"
 
 step train "$(limit 90 5)" "
   t0=\$(date +%s)
@@ -186,6 +222,11 @@ step train "$(limit 90 5)" "
   exit \$rc
 "
 
+# the figures of earlier calls with this bundle that this call did not make go into the report too
+(cd "$KEEP/results" && find . -mindepth 1 -maxdepth 1 -printf '%P\n') | while read -r file; do
+  [[ -e "$OUT/$file" ]] || cp -r "$KEEP/results/$file" "$OUT/"
+done
+cp "$KEEP/summary.txt" "$OUT/summary-all.txt"
 step report 30 "$PY '$DEVRUN/report.py' results '$OUT' '$PROJ'"
 
 say ""

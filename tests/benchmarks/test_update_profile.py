@@ -1,0 +1,116 @@
+"""The update profile of the device check (benchmarks/update_profile.py): the kinds, the interval union, the summary's
+arithmetic, and a real profiled update of a DeepSpeed engine on the CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from benchmarks.update_profile import from_profiler, kind_of, markdown, profiled_update, summarize, union_seconds
+from ragen_core.agent import ChatFormatter
+from ragen_core.algos import grpo_advantage
+from ragen_core.config import ActorConfig, AlgorithmConfig
+from ragen_core.rollout import RolloutSpec, run_rollouts
+from ragen_core.rollout.hf_backend import HFBackend
+from ragen_core.training import ActorEngine, OptimConfig, collate
+from ragen_core.training.starpo import trajectory_token_rewards
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopB_TNT", "matmul"),
+        ("aten::mm", "matmul"),
+        ("aten::addmm", "matmul"),
+        ("flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", "attention"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
+        ("fmha_cutlassB_f32_aligned_64x64_k64_sm80", "attention"),  # "cutlass" too: attention is matched first
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+        ("aten::_foreach_addcdiv_", "optimizer"),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "collective"),
+        ("void at::native::reduce_scatter_kernel", "collective"),  # not a copy, though its name holds "cat"
+        ("Memcpy HtoD (Pageable -> Device)", "copy"),
+        ("aten::copy_", "copy"),
+        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float>", "copy"),
+        ("aten::cat", "copy"),
+        ("aten::mul", "other"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::exp_kernel_cuda>", "other"),
+    ],
+)
+def test_kinds_by_name(name, kind):
+    assert kind_of(name) == kind
+
+
+def test_union_of_intervals_by_hand():
+    assert union_seconds([]) == 0.0
+    assert union_seconds([(0, 2), (1, 3)]) == 3  # overlap counted once
+    assert union_seconds([(5, 6), (0, 1), (0.5, 0.75)]) == 2  # unsorted, one nested in another
+    assert union_seconds([(0, 1), (1, 2), (4, 5)]) == 3  # touching intervals, then a gap
+
+
+def test_summary_arithmetic_by_hand():
+    items = [("aten::mm", 0.3), ("aten::mm", 0.1), ("flash_fwd_kernel", 0.2), ("aten::mul", 0.4)]
+    summary = summarize(items, wall_s=2.0, device="cuda", busy_s=0.8, optimizer_s=0.05, top=2)
+    assert summary["work_s"] == pytest.approx(1.0)
+    assert summary["busy_share"] == pytest.approx(0.4)
+    assert summary["kinds"]["matmul"] == {"s": pytest.approx(0.4), "share": pytest.approx(0.4)}
+    assert summary["kinds"]["attention"]["share"] == pytest.approx(0.2)
+    assert summary["kinds"]["other"]["share"] == pytest.approx(0.4)
+    assert summary["kinds"]["optimizer"]["s"] == 0.0
+    # the top names: summed over their calls, largest first, cut at `top`
+    assert [(row["name"], row["calls"]) for row in summary["top"]] == [("aten::mm", 2), ("aten::mul", 1)]
+    assert summary["top"][0]["s"] == pytest.approx(0.4)
+    text = markdown(summary)
+    assert "GPU busy 40.0% of the wall time" in text and "optimizer step 0.050 s" in text
+    assert markdown({}).startswith("No update was profiled")
+
+
+def test_cpu_summary_has_no_busy_share():
+    summary = summarize([("aten::mm", 1.0)], wall_s=1.5, device="cpu")
+    assert summary["busy_s"] is None and summary["busy_share"] is None
+    assert "busy" not in markdown(summary)
+
+
+def test_a_real_update_is_profiled_on_its_call_only(tiny_policy):
+    """Two policy updates of a DeepSpeed engine on the CPU: only the second is traced; its operators' own times
+    add up to (nearly all of) the update's wall time, the GEMMs and the optimizer step are found."""
+    model, tokenizer = tiny_policy
+    spec = RolloutSpec("bandit", [4, 5], 4, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
+    records = run_rollouts(spec, HFBackend(model, tokenizer, 1.0, 16), ChatFormatter(tokenizer), seed=3)
+    batch = collate([r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id)
+    scores = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.2, 0.9, 0.0, 0.1])
+    groups = torch.tensor([r.group_id for r in records])
+    advantages, _ = grpo_advantage(trajectory_token_rewards(batch.loss_mask, scores), batch.loss_mask, groups)
+    optim = OptimConfig(lr=1e-3, weight_decay=0.0, grad_clip=1.0, micro_batch_size=8)
+    actor = ActorEngine(copy.deepcopy(model), optim)
+    old = actor.score(batch)
+    algorithm, schedule = AlgorithmConfig(), ActorConfig(mini_batch_size=4)
+    result: dict = {}
+    with profiled_update(2, result):
+        actor.policy_update(batch, advantages, old, algorithm, schedule, shuffle_seed=0)
+        assert result == {}  # the first call is not traced
+        metrics = actor.policy_update(batch, advantages, old, algorithm, schedule, shuffle_seed=1)
+    assert metrics["actor/optimizer_steps"] == 2.0  # the traced call still did its work
+    assert result["call"] == 2 and result["device"] == "cpu"
+    assert 0 < result["work_s"] <= result["wall_s"] * 1.05  # self times of one thread: within the wall time
+    assert sum(entry["s"] for entry in result["kinds"].values()) == pytest.approx(result["work_s"])
+    assert result["kinds"]["matmul"]["s"] > 0
+    assert 0 < result["optimizer_step_s"] < result["wall_s"]  # two AdamW steps, inside the update
+    assert ActorEngine.policy_update.__name__ == "policy_update"  # the class is restored after the block
+
+
+def test_from_profiler_reads_a_cpu_trace():
+    """A bare trace of known work: the matmuls are the GEMMs, the profile's work is within its wall time."""
+    a = torch.randn(256, 256)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        for _ in range(4):
+            a = torch.mm(a, a).tanh()
+    summary = from_profiler(profiler, wall_s=10.0, device="cpu")
+    names = {row["name"] for row in summary["top"]}
+    assert {"aten::mm", "aten::tanh"} <= names
+    mm = next(row for row in summary["top"] if row["name"] == "aten::mm")
+    assert mm["calls"] == 4 and mm["kind"] == "matmul"
+    assert summary["optimizer_step_s"] is None
