@@ -25,10 +25,12 @@ Writes the "GPU update" section of ``benchmarks/RESULTS.md`` (naming the GPU) an
 went (kernels by kind, the GPU's busy share, the costliest kernels: :mod:`benchmarks.update_profile`) into
 ``DIR/profile.json`` and ``DIR/profile.md``; that update's own time then carries the profiler's overhead.
 
-FLOPs per update: the actor re-scores the batch once (old log-probs, 2 N FLOPs per token), and trains on it
-``ppo_epochs`` times (forward + backward, 6 N per token), N the parameter count and the tokens every position of
-the kept trajectories (prompts included); attention's own FLOPs (small at these lengths) are left out, so the MFU
-is slightly understated. Peak: ``--peak-tflops``, or the dense bf16 figure of a known GPU per process.
+FLOPs per update (:func:`benchmarks.peak.update_flops`): the actor trains on the batch ``ppo_epochs`` times
+(forward + backward, 6 N per token) and, unless the iteration took the sampler's log-probs as the old ones (fp32
+Hugging Face rollouts: the run then records ``actor/behavior_logprob_gap``; never in bf16), re-scores it once first
+(2 N per token), N the parameter count and the tokens every position of the kept trajectories (prompts included);
+attention's own FLOPs (small at these lengths) are left out, so the MFU is slightly understated. Peak:
+``--peak-tflops``, or the dense bf16 figure of a known GPU per process.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def measure(root: Path, run_id: str, parameters: int, world: int, peak: float | 
     """Per iteration: update seconds, trained and total tokens, tokens/s, achieved TFLOP/s and MFU."""
     import pyarrow.compute as pc
 
+    from benchmarks.peak import update_flops
     from ragen_core.storage import DataLake
 
     lake = DataLake(root)
@@ -106,12 +109,13 @@ def measure(root: Path, run_id: str, parameters: int, world: int, peak: float | 
         kept = table.filter(pc.and_(pc.equal(table["split"], "train"), pc.equal(table["kept"], True)))
         tokens = sum(len(ids) for ids in kept["input_ids"].to_pylist())
         seconds = metrics[iteration]["time/update"]
-        flops = (2 + 6 * epochs) * parameters * tokens
+        rescored = "actor/behavior_logprob_gap" not in metrics[iteration]  # recorded only when it reused them
+        flops = update_flops(parameters, tokens, passes=epochs, rescored=rescored)
         achieved = flops / seconds / 1e12
         rows.append({
             "iteration": iteration, "update_s": seconds, "trained_tokens": metrics[iteration]["actor/trained_tokens"],
             "tokens": tokens, "trained_tokens_per_s": metrics[iteration]["actor/trained_tokens"] / seconds,
-            "tokens_per_s": tokens / seconds, "tflops": achieved,
+            "tokens_per_s": tokens / seconds, "tflops": achieved, "rescored": rescored,
             "mfu": achieved / (peak * world) if peak else None,
         })  # fmt: skip
     return {"precision": manifest.precision, "iterations": rows, "update_group": manifest.update_group}

@@ -108,12 +108,16 @@ step() {
   say "=== [$name] rc=$rc in $(($(now) - t0))s (total +$(($(now) - START))s)"
   printf '%-9s rc=%-3s limit=%4ss elapsed=%4ss\n' "$name" "$rc" "$lim" "$(($(now) - t0))" | tee -a "$SUMMARY" \
     | sed "s/^/$(date -u +%H:%M:%S) /" >>"$KEEP/summary.txt"
-  local file  # this step's results replace an earlier call's (a failed rerun leaves none)
-  for file in ${OUTPUTS[$name]:-}; do
-    rm -rf "${KEEP:?}/results/$file"
-    [[ -e "$OUT/$file" ]] && cp -r "$OUT/$file" "$KEEP/results/"
-  done
+  keep "$name"
   return "$rc"
+}
+# keep NAME: step NAME's result files replace an earlier call's in $KEEP/results (a failed rerun leaves none there)
+keep() {
+  local file
+  for file in ${OUTPUTS[$1]:-}; do
+    rm -rf "${KEEP:?}/results/$file"
+    if [[ -e "$OUT/$file" ]]; then cp -r "$OUT/$file" "$KEEP/results/"; fi
+  done
 }
 declare -A OUTPUTS=([env]="machine.json" [bench]="bench-inprocess.json" [launched]="bench-torchrun.json"
   [sokoban]="bench-sokoban.json" [profile]="profile" [tests]="gpu-tests.txt gpu-tests-summary.txt"
@@ -195,7 +199,7 @@ bench() {  # bench NAME LIMIT OUTFILE EXTRA-ARGS
     { echo "--- [$1] its last output:"; tail -n 40 "$TMPD/$1.out" 2>/dev/null
       find "$TMPD/$1" -name 'group-*.log' -exec tail -n 40 {} + 2>/dev/null; } >>"$LOG"
   fi
-  [[ -n "$3" ]] && cp "$PROJ/benchmarks/results/gpu.json" "$OUT/$3" 2>/dev/null
+  [[ -n "$3" ]] && cp "$PROJ/benchmarks/results/gpu.json" "$OUT/$3" 2>/dev/null && keep "$1"
   cp "$TMPD/RESULTS.orig.md" "$PROJ/benchmarks/RESULTS.md"
   rm -rf "${TMPD:?}/$1"
 }
@@ -209,7 +213,7 @@ step tests "$(limit 240 "$(reserve train)")" "
   $PY -m pytest -m gpu tests/gpu -p no:cacheprovider -q -s -rA --durations=0 2>&1 | tee '$TMPD/tests.txt'
   rc=\${PIPESTATUS[0]}
   grep -E '^(PASSED|FAILED|SKIPPED|ERROR)|on (cuda|cpu): |passed|failed' '$TMPD/tests.txt' >'$OUT/gpu-tests.txt'
-  grep -E '^=+ .*(passed|failed|error|skipped).* in [0-9.]+s' '$TMPD/tests.txt' | tail -n 1 | sed 's/=//g; s/^ *//' >'$OUT/gpu-tests-summary.txt'
+  grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected).* in [0-9.]+s' '$TMPD/tests.txt' | tail -n 1 | sed 's/=//g; s/^ *//' >'$OUT/gpu-tests-summary.txt'
   exit \$rc
 "
 
