@@ -1,11 +1,13 @@
-"""Where one steady-state policy update spends its time: a ``torch.profiler`` trace of one call of the actor's
-``policy_update``, cut into kinds of work.
+"""Where one steady-state update spends its time: a ``torch.profiler`` trace of one call of the update stage (the
+in-process updater's ``update``: reading the kept batch from the lake, re-scoring it, the advantages, the actor's
+optimizer steps), cut into kinds of work.
 
 The device check runs it on a lent GPU (``python -m benchmarks.gpu_update_bench --profile DIR``), so its few minutes
 say what keeps the update's MFU low (idle gaps between kernels, the optimizer, attention, copies) instead of only
 that it is low. On CUDA the work items are the kernels: their time by kind, the share of the update's wall time the
 GPU was busy (the union of the kernels' intervals over the wall time) and the costliest kernels. On a CPU the work
-items are the operators' own (self) times, by the same kinds; there is no "busy" share.
+items are the operators' own (self) times, by the same kinds; there is no "busy" share, and the wall time not spent
+in any operator is the host's own work (reading the batch, Python).
 
 Kinds, matched on the kernel or operator name in this order (the first that matches): ``attention`` (flash, fused
 or memory-efficient attention, ``scaled_dot_product``), ``matmul`` (GEMMs: cuBLAS/CUTLASS kernels, ``mm``,
@@ -20,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 KINDS = (
@@ -102,39 +104,46 @@ def from_profiler(profiler: Any, wall_s: float, device: str) -> dict[str, Any]:
 
 
 @contextmanager
-def profiled_update(call: int, result: dict[str, Any]) -> Iterator[None]:
-    """Profile the ``call``-th (1-based) ``ActorEngine.policy_update`` made inside the block (in this process) and
-    put its :func:`from_profiler` summary into ``result`` (left empty when the block makes fewer calls)."""
+def profiled_call(owner: type, attribute: str, call: int, result: dict[str, Any]) -> Iterator[None]:
+    """Profile the ``call``-th (1-based) call of the method ``owner.attribute`` made inside the block (in this
+    process) and put its :func:`from_profiler` summary into ``result`` (left empty when the block makes fewer
+    calls). The device is CUDA when one is available (the benches' engines run there), else the CPU."""
     import torch
 
     from benchmarks.common import patched
-    from ragen_core.training.actor import ActorEngine
 
-    original = ActorEngine.policy_update
+    original = getattr(owner, attribute)
     seen = 0
 
-    def update(self: ActorEngine, *args: Any, **kwargs: Any) -> dict[str, float]:
+    def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
         nonlocal seen
         seen += 1
         if seen != call:
             return original(self, *args, **kwargs)
-        device = self.device.type
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
             torch.cuda.synchronize()
         with torch.profiler.profile(activities=activities) as profiler:
             started = time.perf_counter()
-            metrics = original(self, *args, **kwargs)
+            value = original(self, *args, **kwargs)
             if device == "cuda":
                 torch.cuda.synchronize()
             wall = time.perf_counter() - started
         result.update(from_profiler(profiler, wall, device))
-        result["call"] = call
-        return metrics
+        result.update(call=call, traced=f"{owner.__name__}.{attribute}")
+        return value
 
-    with patched(ActorEngine, "policy_update", update):
+    with patched(owner, attribute, traced):
         yield
+
+
+def profiled_update(call: int, result: dict[str, Any]) -> AbstractContextManager[None]:
+    """:func:`profiled_call` of the in-process update stage (``InProcessUpdater.update``), as the bench runs it."""
+    from ragen_core.training.updater import InProcessUpdater
+
+    return profiled_call(InProcessUpdater, "update", call, result)
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -143,10 +152,11 @@ def markdown(summary: dict[str, Any]) -> str:
         return "No update was profiled (fewer policy updates than the profiled call).\n"
     on_gpu = summary["busy_share"] is not None
     unit = "kernel" if on_gpu else "operator (self)"
-    head = f"Profiled update (call {summary.get('call', '?')}, {summary['device']})"
+    head = f"Profiled `{summary.get('traced', 'update')}` (call {summary.get('call', '?')}, {summary['device']})"
     lines = [f"{head}: wall {summary['wall_s']:.3f} s, "
              f"{unit} time {summary['work_s']:.3f} s"
-             + (f", GPU busy {summary['busy_share']:.1%} of the wall time" if on_gpu else "")
+             + (f", GPU busy {summary['busy_share']:.1%} of the wall time" if on_gpu
+                else f", in no operator (the host's own work) {max(summary['wall_s'] - summary['work_s'], 0):.3f} s")
              + (f", optimizer step {summary['optimizer_step_s']:.3f} s" if summary["optimizer_step_s"] is not None
                 else "") + ".", "",  # fmt: skip
              "| kind | s | share |", "|---|---|---|"]  # fmt: skip

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from benchmarks.update_profile import from_profiler, kind_of, markdown, profiled_update, summarize, union_seconds
+from benchmarks.update_profile import from_profiler, kind_of, markdown, profiled_call, summarize, union_seconds
 from ragen_core.agent import ChatFormatter
 from ragen_core.algos import grpo_advantage
 from ragen_core.config import ActorConfig, AlgorithmConfig
@@ -89,17 +89,18 @@ def test_a_real_update_is_profiled_on_its_call_only(tiny_policy):
     old = actor.score(batch)
     algorithm, schedule = AlgorithmConfig(), ActorConfig(mini_batch_size=4)
     result: dict = {}
-    with profiled_update(2, result):
+    with profiled_call(ActorEngine, "policy_update", 2, result):
         actor.policy_update(batch, advantages, old, algorithm, schedule, shuffle_seed=0)
         assert result == {}  # the first call is not traced
         metrics = actor.policy_update(batch, advantages, old, algorithm, schedule, shuffle_seed=1)
     assert metrics["actor/optimizer_steps"] == 2.0  # the traced call still did its work
-    assert result["call"] == 2 and result["device"] == "cpu"
+    assert result["call"] == 2 and result["device"] == "cpu" and result["traced"] == "ActorEngine.policy_update"
     assert 0 < result["work_s"] <= result["wall_s"] * 1.05  # self times of one thread: within the wall time
     assert sum(entry["s"] for entry in result["kinds"].values()) == pytest.approx(result["work_s"])
     assert result["kinds"]["matmul"]["s"] > 0
     assert 0 < result["optimizer_step_s"] < result["wall_s"]  # two AdamW steps, inside the update
     assert ActorEngine.policy_update.__name__ == "policy_update"  # the class is restored after the block
+    assert "in no operator (the host's own work)" in markdown(result)
 
 
 def test_from_profiler_reads_a_cpu_trace():
