@@ -60,10 +60,13 @@ demo: $(STAMP)
 # processes and servers often enough that a second worker fills the gaps on two cores. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 # The vLLM tests (a real vLLM server) run when the vLLM environment exists and are skipped, with a note, when not.
+# The run ends with its slowest tests (TEST_DURATIONS of them; 0: none), where the suite's time goes.
+TEST_DURATIONS ?= 20
 test: $(STAMP) $(TRACKERS_STAMP)
 	@test -f $(VLLM_STAMP) || echo "note: no vLLM environment, so the vLLM tests are skipped; 'make install-vllm' builds it"
 	$(if $(wildcard $(VLLM_STAMP)),RAGEN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python) \
-	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
+	$(BIN)/python -m pytest -q --durations=$(TEST_DURATIONS) \
+	  $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
 # The suite on a busy machine: `make test` beside $(HOGS) processes that spin on the CPU (a machine shared with other
 # jobs); the project's processes must keep their results and their time limits there too.
