@@ -48,6 +48,12 @@ def warn(message: str) -> None:
 _SOURCE_LINE = re.compile(r"^LINE (\d+): ")  # DuckDB's quote of the query, above a caret line pointing into it
 
 
+def note(message: str) -> None:
+    """Print ``note: message`` (literally, in one line) on stderr: what a command is about to do that the user may
+    not have meant."""
+    err_console.print(Text.assemble(("note:", "cyan"), " ", one_line(message)), highlight=False, soft_wrap=True)
+
+
 def one_line(message: str) -> str:
     """``message`` as one terminal-safe line: its non-empty lines joined (``; ``, or a space after a line ending in
     ``:``, as ``invalid config:`` and its keys), a quoted source line with a caret under it (DuckDB's syntax errors)

@@ -4,11 +4,13 @@ server, export, upgrade-lake, config show."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import typer
+from rich.text import Text
 
 from ragen_cli.common import (
     OUTPUT_FORMATS,
@@ -21,8 +23,11 @@ from ragen_cli.common import (
     config_option,
     console,
     data_root_path,
+    err_console,
     existing_root,
     fail,
+    note,
+    one_line,
     print_table,
     run_id_option,
     shown,
@@ -69,6 +74,11 @@ def train(
 
     checked_run_id(run_id)
     request = built(lambda: run_request(config, data_root_path(data_root), run_id, list(ctx.args)))
+    if config is None:  # `ragen train` typed to see what it does: say what it will train before it starts
+        note(
+            "no --config: training the built-in defaults (`ragen config show` lists them: Bandit, no bootstrap, "
+            "so the untrained tiny model seldom ends its replies); the demo's is --config configs/bandit.yaml"
+        )
     writable_root(request.lake.root)  # made and proven writable once the config passed
     _run(ctx.with_resource(admitted(request)), verbose)
 
@@ -399,7 +409,10 @@ def _train_with_progress(admission: Admission) -> dict:
 
 @app.command()
 def sql(
-    statement: str = typer.Argument(..., help="One SQL query over the lake's tables (docs/sql.md)."),
+    statement: str | None = typer.Argument(
+        None, help="One SQL query over the lake's tables (docs/sql.md); or --file.", show_default=False
+    ),
+    file: Path | None = typer.Option(None, "--file", help="Read the query from FILE (- for standard input)."),
     data_root: DataRoot = None,
     run: str | None = typer.Option(None, "--run", help="Scope every table to this run id."),
     output_format: str = typer.Option("table", "--format", "-f", help="table, csv, json or parquet."),
@@ -413,6 +426,7 @@ def sql(
     from ragen_core.storage.maintenance.housekeeping import runs_with_data
 
     checked_run_id(run)
+    statement = _query_text(statement, file)
     root = existing_root(data_root)
     check_output(output_format, out, root, OUTPUT_FORMATS, force)
     lake = DataLake(root)
@@ -425,6 +439,22 @@ def sql(
     except (duckdb.Error, LakeError) as exc:
         fail(f"query failed: {exc}")
     write_result(result, output_format, out)
+
+
+def _query_text(statement: str | None, file: Path | None) -> str:
+    """The query: the argument, or the text of ``--file`` (``-``: standard input); exactly one of them."""
+    if (statement is None) == (file is None):
+        fail("give the query as the argument or with --file FILE, not both" if statement is not None
+             else "no query: give it as the argument (ragen sql \"SELECT ...\") or with --file FILE")  # fmt: skip
+    if file is None:
+        return str(statement)
+    try:
+        text = sys.stdin.read() if str(file) == "-" else file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read --file {str(file)!r}: {getattr(exc, 'strerror', None) or exc}")
+    if not text.strip():
+        fail(f"--file {str(file)!r} holds no query")
+    return text
 
 
 @app.command()
@@ -453,13 +483,69 @@ def plot(
     console.print(f"wrote {shown(result.path)} ({drawn} panels; no data, not drawn: {', '.join(empty) or 'none'})")
 
 
+@app.callback(invoke_without_command=True)
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print ragen's version and exit.", is_eager=True),
+) -> None:
+    """RAGEN-Flows: StarPO / StarPO-S agent RL."""
+    if version:
+        from importlib import metadata
+
+        try:
+            number = metadata.version("ragen-flows")
+        except metadata.PackageNotFoundError:  # a source checkout that was never installed
+            number = "unknown (not installed)"
+        console.print(f"ragen {number}")
+        raise typer.Exit(0)
+
+
+# the exceptions of the click that typer runs on (its own copy in recent typer versions, click itself before)
+CLICK_ERRORS = sys.modules[typer.BadParameter.__module__]
+
+
+def usage_error_line(exc: Exception) -> str:
+    """A usage mistake (an unknown option, a missing argument, a value of the wrong type) in one line: what is wrong
+    and where the command's options are listed. A ``ragen sql`` query that begins with a SQL comment (``-- ...``)
+    reads as an option; the line says how to pass it."""
+    command = exc.ctx.command_path if exc.ctx is not None else "ragen"
+    message = one_line(exc.format_message())
+    option = getattr(exc, "option_name", "") if isinstance(exc, CLICK_ERRORS.NoSuchOption) else ""
+    if option.startswith("--") and " " in option.strip():
+        return (f"{command}: a query that begins with a SQL comment ('--') reads as an option; put -- before it "
+                f"(ragen sql -- \"...\") or read it from a file (ragen sql --file query.sql)")  # fmt: skip
+    return f"{command}: {message} (see '{command} --help')"
+
+
+def run_app(args: list[str] | None = None) -> int:
+    """Run the command line and return its exit status. Usage mistakes are one line on stderr (exit status 2), not
+    click's box; everything else is as typer runs it."""
+    try:
+        status = app(args=args, standalone_mode=False)
+    except CLICK_ERRORS.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `ragen` or `ragen runs` alone: its help is already shown
+            return exc.exit_code
+        err_console.print(Text.assemble(("error:", "bold red"), " ", usage_error_line(exc)), highlight=False,
+                          soft_wrap=True)  # fmt: skip
+        return exc.exit_code
+    except CLICK_ERRORS.ClickException as exc:
+        err_console.print(Text.assemble(("error:", "bold red"), " ", one_line(exc.format_message())), highlight=False,
+                          soft_wrap=True)  # fmt: skip
+        return exc.exit_code
+    except CLICK_ERRORS.Abort:
+        err_console.print("Aborted.")
+        return 1
+    return status if isinstance(status, int) else 0
+
+
 def main() -> None:
     """The ``ragen`` entry point: the first Ctrl-C stops the command cleanly (exit status 130), a second forces it."""
     from ragen_cli import interrupts
 
     interrupts.install()
     try:
-        app()
+        status = run_app()
+        if status:
+            raise SystemExit(status)
     except BaseException:  # SystemExit, or an error a library raised from the interrupt it was handed
         if interrupts.requested():  # a command without its own message about the stop: one line, never a traceback
             interrupts.report(f"interrupted ({interrupts.signal_name()})")

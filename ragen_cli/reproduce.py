@@ -23,9 +23,11 @@ def reproduce(
     name: str | None = typer.Argument(None, help="A registered finding (`ragen reproduce --list`)."),
     list_findings: bool = typer.Option(False, "--list", help="List the registered findings and their claims."),
     every: bool = typer.Option(False, "--all", help="Every registered finding, one after another, into --out-dir."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="PNG to write (default docs/findings/<name>.png)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="PNG to write (default <out-dir>/<name>.png)."),
     out_dir: Path | None = typer.Option(
-        None, "--out-dir", help="Folder of the pictures and numbers with --all (default docs/findings)."
+        None,
+        "--out-dir",
+        help="Folder of the pictures and numbers (default ./findings; the committed ones: --out-dir docs/findings).",
     ),
     quick: bool = typer.Option(False, "--quick", help=QUICK_HELP),
     data_root: DataRoot = None,
@@ -48,7 +50,7 @@ def reproduce(
     if out is not None and every:
         fail("--out names one finding's picture; with --all give --out-dir")
     names = list(registered()) if every else [str(name)]
-    folder = out_dir or Path("docs/findings")
+    folder = out_dir or Path("findings")  # the committed findings only when asked: --out-dir docs/findings
     made = provenance(REPO_ROOT)  # before anything is written: the code that runs, not the files this command writes
     try:
         jobs = [(n, *_planned(n, quick), _checked_out(_out(n, quick, folder, out), data_root_path(data_root)))

@@ -174,3 +174,15 @@ def test_runs_rm_never_removes_a_run_whose_writer_is_alive(tmp_path):
     time.sleep(0.1)
     result = CliRunner().invoke(app, ["runs", "rm", "live", "--force", "--yes", "--data-root", str(lake.root)])
     assert result.exit_code == 0 and not lake.run_dir("live").exists()  # the writer is gone: --force removes it
+
+
+def test_prefect_homes_of_commands_that_are_not_runs_are_no_runs(tmp_path):
+    """`eval`, a sweep's and `reproduce-<finding>`'s Prefect homes live beside the runs' own: none is a run that
+    `runs rm`, `sql --run`, `plot` or `export` would take, nor one the refusal lists; a run's own goes with it."""
+    lake, _, _ = _lake(tmp_path)
+    for name in ("eval", "sweep-52c218dc", "reproduce-echo_trap", "keep"):
+        (lake.root / "_prefect" / name / "20261127T000000-1").mkdir(parents=True)
+    assert housekeeping_module.runs_with_data(lake) == {"keep", "gone"}
+    with pytest.raises(RunNotFoundError, match=r"unknown run 'eval'.*runs: gone, keep$"):
+        plan_removal(lake, "eval")
+    assert lake.root / "_prefect" / "keep" in plan_removal(lake, "keep").paths

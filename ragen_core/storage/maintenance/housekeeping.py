@@ -76,12 +76,14 @@ def runs_overview(lake: DataLake) -> pa.Table:
 
 def runs_with_data(lake: DataLake) -> set[str]:
     """Run ids that own anything under the data root: a manifest, table rows, commits, staging or quarantine. Only
-    folders named by a valid run id count (a folder of another name is no run's)."""
+    folders named by a valid run id count (a folder of another name is no run's). A Prefect home alone makes no run:
+    commands that are not runs keep theirs there too (``eval``, a sweep's, ``reproduce-<finding>``); a run's own
+    is removed with the run."""
     found = {p.parent.name for p in layout.run_dir(lake.root).glob(f"*/{layout.MANIFEST}")}
     for spec in lake.tables.values():
         folders = lake.table_dir(spec.name).glob(f"{layout.RUN_FOLDER_PREFIX}*")
         found |= {p.name.removeprefix(layout.RUN_FOLDER_PREFIX) for p in folders}
-    for folder in (layout.commits_dir(lake.root), layout.staging_dir(lake.root), layout.prefect_home(lake.root)):
+    for folder in (layout.commits_dir(lake.root), layout.staging_dir(lake.root)):
         found |= {p.name for p in folder.glob("*") if p.is_dir()}
     found |= {layout.quarantined_run(p.name) for p in layout.quarantine_dir(lake.root).glob("*")}
     return {run_id for run_id in found if is_valid_run_id(run_id)}

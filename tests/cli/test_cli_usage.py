@@ -1,0 +1,107 @@
+"""The command line's usage mistakes and first-day conveniences: one line on stderr for an unknown option or command
+(not click's box), ``--version``, ``ragen sql --file`` and a query that begins with a SQL comment, and the note a
+``ragen train`` without ``--config`` prints before it starts."""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ragen_cli.main import app, run_app
+from ragen_core.storage import DataLake
+from tests.storage.synthetic import make_run, write_run
+
+COUNT_BY_RUN = "SELECT run_id, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1"
+
+
+@pytest.fixture()
+def root(tmp_path):
+    lake = DataLake(tmp_path / "lake")
+    write_run(lake, make_run(1, "run-a", "bandit", 1, groups=2, group_size=2), created="2025-01-01T00:00:00+00:00")
+    write_run(lake, make_run(2, "run-b", "sokoban", 1, groups=2, group_size=2), created="2025-01-02T00:00:00+00:00")
+    return lake.root
+
+
+@pytest.mark.parametrize(
+    ("args", "wanted"),
+    [
+        (["train", "--iterations", "3"], "train: No such option: --iterations (see '"),
+        (["trian"], "No such command 'trian'. Did you mean 'train'"),
+        (["sql"], "no query: give it as the argument"),
+        (["eval", "x", "--n", "many"], "eval: Invalid value for '--n'"),
+    ],
+)
+def test_a_usage_mistake_is_one_line_on_stderr(capsys, args, wanted):
+    status = run_app(args)
+    out, err = capsys.readouterr()
+    assert status == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1, err  # one line: no usage box, no traceback
+    assert err.startswith("error: ") and wanted in err, err
+    assert "Traceback" not in err and "─" not in err
+
+
+def test_the_help_and_the_version(capsys):
+    assert run_app(["--help"]) == 0
+    assert "train" in capsys.readouterr().out
+    assert run_app(["--version"]) == 0
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"$', pyproject, re.M).group(1)  # the project's own, read directly
+    assert capsys.readouterr().out.strip() == f"ragen {version}"
+
+
+def test_a_query_that_begins_with_a_comment_says_how_to_pass_it(root, capsys):
+    statement = f"-- name: count_by_run\n{COUNT_BY_RUN}"
+    assert run_app(["sql", statement, "--data-root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "put -- before it" in err and "--file" in err
+    assert run_app(["sql", "--data-root", str(root), "-f", "json", "--", statement]) == 0  # as the line says
+    assert [row["run_id"] for row in json.loads(capsys.readouterr().out)] == ["run-a", "run-b"]
+
+
+def test_sql_reads_its_query_from_a_file_or_stdin(root, tmp_path):
+    expected = CliRunner().invoke(app, ["sql", COUNT_BY_RUN, "--data-root", str(root), "-f", "json"])
+    assert expected.exit_code == 0 and len(json.loads(expected.output)) == 2
+    query_file = tmp_path / "q.sql"
+    query_file.write_text(f"-- name: count_by_run\n{COUNT_BY_RUN}\n")  # as docs/sql.md's worked queries are written
+    from_file = CliRunner().invoke(app, ["sql", "--file", str(query_file), "--data-root", str(root), "-f", "json"])
+    assert (from_file.exit_code, from_file.output) == (0, expected.output)
+    piped = CliRunner().invoke(app, ["sql", "--file", "-", "--data-root", str(root), "-f", "json"],
+                               input=query_file.read_text())  # fmt: skip
+    assert (piped.exit_code, piped.output) == (0, expected.output)
+    both = CliRunner().invoke(app, ["sql", COUNT_BY_RUN, "--file", str(query_file), "--data-root", str(root)])
+    assert both.exit_code == 2 and "not both" in both.output
+    missing = CliRunner().invoke(app, ["sql", "--file", str(tmp_path / "none.sql"), "--data-root", str(root)])
+    assert missing.exit_code == 2 and "cannot read --file" in missing.output
+
+
+def test_train_without_a_config_says_what_it_trains_before_it_starts(root):
+    """The note comes once the config and the data root are checked, before anything runs: here the run id is
+    taken by a stored run of another config, so the command is then refused, having trained nothing."""
+
+    def stored() -> list[Path]:  # every file but the run's writer lock, which the refused admission took
+        return sorted(p.relative_to(root) for p in root.rglob("*") if p.name != "writer.lock")
+
+    before = stored()
+    result = CliRunner().invoke(app, ["train", "--data-root", str(root), "--run-id", "run-a", "trainer.iterations=1"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("note: no --config: training the built-in defaults")
+    assert "configs/bandit.yaml" in lines[0]
+    assert lines[-1].startswith("error: ") and "run-a" in lines[-1]
+    assert stored() == before
+    with_config = CliRunner().invoke(app, ["train", "--config", "configs/bandit.yaml", "--data-root", str(root),
+                                           "--run-id", "run-a"])  # fmt: skip
+    assert with_config.exit_code == 2 and "note:" not in with_config.output
+
+
+def test_the_entry_point_exits_with_the_status(tmp_path):
+    """`python -m ragen_cli.main` (what the `ragen` script runs): the status of a usage mistake reaches the shell."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "ragen_cli.main", "runs", "--nope"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "No such option: --nope" in done.stderr
