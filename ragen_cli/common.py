@@ -128,11 +128,17 @@ def _cell(value) -> Text:
 
 def print_table(result, target: Console | None = None) -> None:
     """Print an Arrow table as a rich table; every header and cell is literal text, shown whole: a cell too wide for
-    the terminal folds onto more lines instead of ending in an ellipsis (run ids and overrides are read in full)."""
+    the terminal folds onto more lines instead of ending in an ellipsis (overrides are read in full), and ids
+    (``run_id``, ``sweep_id``, ...) keep one line, so that a copied id is whole."""
     table = Table(show_header=True, header_style="bold")
+    rows = result.to_pylist()
     for name in result.column_names:
-        table.add_column(Text(printable(name)), overflow="fold")
-    for row in result.to_pylist():
+        if name == "id" or name.endswith("_id"):  # ids stay on one line (copied whole); the other columns fold
+            widest = max((len(printable(str(row[name]))) for row in rows if row[name] is not None), default=0)
+            table.add_column(Text(printable(name)), overflow="fold", no_wrap=True, min_width=max(widest, len(name)))
+        else:
+            table.add_column(Text(printable(name)), overflow="fold")
+    for row in rows:
         table.add_row(*(_cell(v) for v in row.values()))
     (target or console).print(table)
 

@@ -7,10 +7,11 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.text import Text
+from typer.core import TyperGroup
 
 from ragen_cli.common import (
     OUTPUT_FORMATS,
@@ -50,16 +51,44 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.")
-app.add_typer(server_app, name="server")
-app.add_typer(runs_app, name="runs")
-app.add_typer(config_app, name="config")
-app.command()(reproduce)
-app.command()(export)
-app.command("upgrade-lake")(upgrade_lake)
+# `ragen --help` lists the commands in the order of a user's day, each with one line (the full text: COMMAND --help)
+SHORT_HELP = {
+    "train": "Train a policy with StarPO / StarPO-S: a config and key.sub=value overrides.",
+    "resume": "Continue a run from its last committed iteration (or extend it).",
+    "eval": "Evaluate a run's checkpoint or a model folder on fixed validation instances.",
+    "retrain": "Re-train a model offline on stored trajectories, as a new run.",
+    "sweep": "A grid or random sweep of configs x seeds, one run each, then their comparison.",
+    "runs": "List, remove and compact the runs of a data root.",
+    "sql": "One read-only SQL query over the lake's tables.",
+    "plot": "Plot runs' collapse indicators (success, reward std, entropy, ...) into one PNG.",
+    "export": "Write runs' rows as a dataset folder (load_dataset('parquet', data_dir=...)).",
+    "reproduce": "Reproduce one of the paper's findings at tiny scale (--list lists them).",
+    "config": "Show the config's keys: value, default and meaning.",
+    "server": "A local Prefect server and worker for the deployments in prefect.yaml.",
+    "upgrade-lake": "Bring a data root written by an older ragen-flows to the current layout.",
+}
 
 
-@app.command(context_settings=OVERRIDES)
+class _Commands(TyperGroup):
+    """The top-level group: its commands listed in :data:`SHORT_HELP`'s order."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        order = list(SHORT_HELP)
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: order.index(name) if name in order else len(order))
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.",
+                  cls=_Commands)  # fmt: skip
+app.add_typer(server_app, name="server", short_help=SHORT_HELP["server"])
+app.add_typer(runs_app, name="runs", short_help=SHORT_HELP["runs"])
+app.add_typer(config_app, name="config", short_help=SHORT_HELP["config"])
+app.command(short_help=SHORT_HELP["reproduce"])(reproduce)
+app.command(short_help=SHORT_HELP["export"])(export)
+app.command("upgrade-lake", short_help=SHORT_HELP["upgrade-lake"])(upgrade_lake)
+
+
+@app.command(context_settings=OVERRIDES, short_help=SHORT_HELP["train"])
 def train(
     ctx: typer.Context,
     config: Path | None = config_option(),
@@ -83,7 +112,7 @@ def train(
     _run(ctx.with_resource(admitted(request)), verbose)
 
 
-@app.command(context_settings=OVERRIDES)
+@app.command(context_settings=OVERRIDES, short_help=SHORT_HELP["resume"])
 def resume(
     ctx: typer.Context,
     run_id: str = typer.Argument(..., help="The run to continue."),
@@ -118,7 +147,7 @@ def resume(
     _run(ctx.with_resource(admitted(request)), verbose)
 
 
-@app.command(context_settings=OVERRIDES)
+@app.command(context_settings=OVERRIDES, short_help=SHORT_HELP["retrain"])
 def retrain(
     ctx: typer.Context,
     sql: str = typer.Option(
@@ -184,7 +213,7 @@ def _check_init(init: str) -> None:
         checked_run_id(init.removeprefix(RUN_REF_PREFIX), "--init run id")
 
 
-@app.command(context_settings=OVERRIDES)
+@app.command(context_settings=OVERRIDES, short_help=SHORT_HELP["sweep"])
 def sweep(
     ctx: typer.Context,
     config: Path | None = config_option("Base YAML config."),
@@ -246,7 +275,7 @@ def _announce(request: SweepRequest) -> None:
         console.print(f"  {item.run_id}: {shown(' '.join(item.overrides) or '(base config)')}")
 
 
-@app.command("eval", context_settings=OVERRIDES)
+@app.command("eval", context_settings=OVERRIDES, short_help=SHORT_HELP["eval"])
 def eval_command(
     ctx: typer.Context,
     target: str = typer.Argument(..., help="RUN_ID (newest checkpoint), RUN_ID@N, a checkpoint or a model folder."),
@@ -407,7 +436,7 @@ def _train_with_progress(admission: Admission) -> dict:
             raise KeyboardInterrupt from None  # also for a library's error raised while it handled the Ctrl-C
 
 
-@app.command()
+@app.command(short_help=SHORT_HELP["sql"])
 def sql(
     statement: str | None = typer.Argument(
         None, help="One SQL query over the lake's tables (docs/sql.md); or --file.", show_default=False
@@ -457,7 +486,7 @@ def _query_text(statement: str | None, file: Path | None) -> str:
     return text
 
 
-@app.command()
+@app.command(short_help=SHORT_HELP["plot"])
 def plot(
     run_ids: list[str] = typer.Argument(..., help="One or several run ids (`ragen runs` lists them)."),
     out: Path = typer.Option(..., "--out", "-o", help="PNG file to write (outside the data root)."),

@@ -12,10 +12,13 @@ from ragen_cli.common import console, print_table
 if TYPE_CHECKING:
     from ragen_core.storage import DataLake
 
-SUMMARY_SQL = (  # the run id is a parameter ($run_id), never pasted into the SQL; one row per env and split
+# One row per validated iteration, split and env (every iteration when the run never validated): a few rows, not one
+# per iteration. The run id is a parameter ($run_id), never pasted into the SQL.
+SUMMARY_SQL = (
     "SELECT iteration, split, env, count(*) AS trajectories, round(avg(total_reward), 4) AS reward, "
     "round(avg(success::int), 4) AS success, round(avg(truncated::int), 4) AS truncated FROM trajectories "
-    "WHERE run_id = $run_id "
+    "WHERE run_id = $run_id AND (iteration IN (SELECT iteration FROM trajectories WHERE run_id = $run_id AND "
+    "split = 'val') OR NOT EXISTS (SELECT 1 FROM trajectories WHERE run_id = $run_id AND split = 'val')) "
     "GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
 )
 

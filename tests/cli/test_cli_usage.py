@@ -45,7 +45,11 @@ def test_a_usage_mistake_is_one_line_on_stderr(capsys, args, wanted):
 
 def test_the_help_and_the_version(capsys):
     assert run_app(["--help"]) == 0
-    assert "train" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    order = ["train", "resume", "eval", "retrain", "sweep", "runs", "sql", "plot", "export", "reproduce", "config",
+             "server", "upgrade-lake"]  # fmt: skip
+    positions = [listed.index(f"│ {name} ") for name in order]  # one line each, in the order of a user's day
+    assert positions == sorted(positions), listed
     assert run_app(["--version"]) == 0
     pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
     version = re.search(r'^version = "([^"]+)"$', pyproject, re.M).group(1)  # the project's own, read directly
@@ -105,3 +109,41 @@ def test_the_entry_point_exits_with_the_status(tmp_path):
                           timeout=120)  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "No such option: --nope" in done.stderr
+
+
+def test_the_end_of_run_summary_has_a_row_per_validated_iteration(tmp_path):
+    """The summary's rows: the iterations that validated (every iteration of a run that never did), by hand."""
+    from ragen_cli.summary import SUMMARY_SQL
+    from ragen_core.storage import query
+
+    lake = DataLake(tmp_path / "lake")
+    sparse = make_run(4, "sparse", "bandit", 3, groups=1, group_size=2)  # train at 0, 1, 2; validation at 0..3
+    sparse.trajectories = [t for t in sparse.trajectories if t.split == "train" or t.iteration in (0, 3)]
+    never = make_run(5, "never", "bandit", 3, groups=1, group_size=2)
+    never.trajectories = [t for t in never.trajectories if t.split == "train"]
+    for run in (sparse, never):
+        write_run(lake, run)
+
+    def keys(run_id: str) -> list[tuple[int, str]]:
+        return [(r["iteration"], r["split"]) for r in query(lake, SUMMARY_SQL, params={"run_id": run_id}).to_pylist()]
+
+    assert keys("sparse") == [(0, "train"), (0, "val"), (3, "val")]  # iterations 1 and 2 did not validate
+    assert keys("never") == [(0, "train"), (1, "train"), (2, "train")]
+
+
+def test_a_narrow_table_keeps_each_run_id_on_one_line():
+    """Ids are copied from tables: on a narrow terminal they keep one line while the other columns fold."""
+    import io
+
+    import pyarrow as pa
+    from rich.console import Console
+
+    from ragen_cli.common import print_table
+
+    run_id = "frozen_lake-23757165-20261127T175621"
+    note = "a long note that has to fold onto several lines on a terminal this narrow"
+    out = io.StringIO()
+    print_table(pa.table({"run_id": [run_id], "note": [note]}), Console(file=out, width=60))
+    text = out.getvalue()
+    assert any(run_id in line for line in text.splitlines()), text  # whole, on one line
+    assert note not in text  # folded
