@@ -65,7 +65,7 @@ TEST_DURATIONS ?= 20
 test: $(STAMP) $(TRACKERS_STAMP)
 	@test -f $(VLLM_STAMP) || echo "note: no vLLM environment, so the vLLM tests are skipped; 'make install-vllm' builds it"
 	$(if $(wildcard $(VLLM_STAMP)),RAGEN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python) \
-	$(BIN)/python -m pytest -q --durations=$(TEST_DURATIONS) \
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_DURATIONS)),,--durations=$(TEST_DURATIONS)) \
 	  $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
 # The suite on a busy machine: `make test` beside $(HOGS) processes that spin on the CPU (a machine shared with other

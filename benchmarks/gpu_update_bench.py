@@ -217,7 +217,8 @@ def main() -> None:
     if args.profile:
         out = Path(args.profile)
         out.mkdir(parents=True, exist_ok=True)
-        profile.update(shape=args.shape, case=args.case, parameters=parameters)
+        if profile:  # (empty when the run made fewer than two updates)
+            profile.update(shape=args.shape, case=args.case, parameters=parameters)
         (out / "profile.json").write_text(json.dumps(profile, indent=2, sort_keys=True) + "\n")
         (out / "profile.md").write_text(profile_markdown(profile))
         print(profile_markdown(profile))

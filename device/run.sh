@@ -47,9 +47,10 @@ TMPD="${DEVRUN_TMP:-/tmp}/ragen-devrun"
 KEEP="${DEVRUN_TMP:-/tmp}/ragen-devrun-keep"
 SITE="$KEEP/site"
 BUNDLE_ID="$(head -n 2 "$DEVRUN/BUNDLE.txt" 2>/dev/null | tr '\n' ' ')"
-if [[ "$(cat "$KEEP/BUNDLE" 2>/dev/null)" != "$BUNDLE_ID" ]]; then
-  rm -rf "$KEEP" && mkdir -p "$KEEP/results" && echo "$BUNDLE_ID" >"$KEEP/BUNDLE"
+if [[ -z "$BUNDLE_ID" || "$(cat "$KEEP/BUNDLE" 2>/dev/null)" != "$BUNDLE_ID" ]]; then  # no id: nothing to share
+  rm -rf "$KEEP"
 fi
+mkdir -p "$KEEP/results" && echo "$BUNDLE_ID" >"$KEEP/BUNDLE"
 BUDGET="${DEVRUN_BUDGET_S:-470}"
 SCALE="${DEVRUN_TIME_SCALE:-1}"
 DEADLINE=$((START + BUDGET * SCALE))
@@ -94,6 +95,8 @@ limit() {
 # step NAME LIMIT COMMAND: run COMMAND in $PROJ under `timeout`, output into the log, one line into the summary
 step() {
   local name=$1 lim=$2 cmd=$3 t0 rc
+  local file  # a result in $OUT from before this call (a reused folder) must not pass for this call's
+  for file in ${OUTPUTS[$name]:-}; do rm -rf "${OUT:?}/$file"; done
   if [[ "$SKIP" == *" $name "* ]]; then
     say "=== [$name] skipped (DEVRUN_SKIP)"
     echo "$name skipped" >>"$SUMMARY"

@@ -129,18 +129,24 @@ def _cell(value) -> Text:
 def print_table(result, target: Console | None = None) -> None:
     """Print an Arrow table as a rich table; every header and cell is literal text, shown whole: a cell too wide for
     the terminal folds onto more lines instead of ending in an ellipsis (overrides are read in full), and ids
-    (``run_id``, ``sweep_id``, ...) keep one line, so that a copied id is whole."""
+    (``run_id``, ``sweep_id``, ...) keep one line where the terminal is wide enough for them, so that a copied id is
+    whole."""
+    target = target or console
     table = Table(show_header=True, header_style="bold")
     rows = result.to_pylist()
-    for name in result.column_names:
-        if name == "id" or name.endswith("_id"):  # ids stay on one line (copied whole); the other columns fold
-            widest = max((len(printable(str(row[name]))) for row in rows if row[name] is not None), default=0)
-            table.add_column(Text(printable(name)), overflow="fold", no_wrap=True, min_width=max(widest, len(name)))
+    names = result.column_names
+    ids = {name: max([len(printable(str(row[name]))) for row in rows if row[name] is not None] + [len(name)])
+           for name in names if name == "id" or name.endswith("_id")}  # fmt: skip
+    # ids keep one line (copied whole) when they fit beside a narrow share (8) of every other column; else all fold
+    fits = sum(ids.values()) + 3 * len(names) + 1 + 8 * (len(names) - len(ids)) <= target.width
+    for name in names:
+        if name in ids and fits:
+            table.add_column(Text(printable(name)), overflow="fold", no_wrap=True, min_width=ids[name])
         else:
             table.add_column(Text(printable(name)), overflow="fold")
     for row in rows:
         table.add_row(*(_cell(v) for v in row.values()))
-    (target or console).print(table)
+    target.print(table)
 
 
 OUTPUT_FORMATS = ("table", "csv", "json", "parquet")

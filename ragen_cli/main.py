@@ -539,17 +539,20 @@ def usage_error_line(exc: Exception) -> str:
     command = exc.ctx.command_path if exc.ctx is not None else "ragen"
     message = one_line(exc.format_message())
     option = getattr(exc, "option_name", "") if isinstance(exc, CLICK_ERRORS.NoSuchOption) else ""
-    if option.startswith("--") and " " in option.strip():
-        return (f"{command}: a query that begins with a SQL comment ('--') reads as an option; put -- before it "
-                f"(ragen sql -- \"...\") or read it from a file (ragen sql --file query.sql)")  # fmt: skip
+    is_sql = exc.ctx is not None and exc.ctx.command.name == "sql"
+    if is_sql and option.startswith("--") and any(c.isspace() for c in option):
+        return (f"{command}: a query that begins with a SQL comment ('--') reads as an option; put -- before it, "
+                f"after the options (ragen sql --run ID -- \"...\"), or read it from a file (ragen sql --file "
+                "query.sql)")  # fmt: skip
     return f"{command}: {message} (see '{command} --help')"
 
 
-def run_app(args: list[str] | None = None) -> int:
-    """Run the command line and return its exit status. Usage mistakes are one line on stderr (exit status 2), not
-    click's box; everything else is as typer runs it."""
+def run_app(args: list[str] | None = None, application: typer.Typer | None = None) -> int:
+    """Run the command line (``application``: ragen's) and return its exit status. Usage mistakes are one line on
+    stderr (exit status 2), not click's box; everything else is as typer runs it (a ``SystemExit`` or another
+    exception of a command goes on up)."""
     try:
-        status = app(args=args, standalone_mode=False)
+        status = (application or app)(args=args, standalone_mode=False)
     except CLICK_ERRORS.UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # `ragen` or `ragen runs` alone: its help is already shown
             return exc.exit_code
@@ -560,8 +563,11 @@ def run_app(args: list[str] | None = None) -> int:
         err_console.print(Text.assemble(("error:", "bold red"), " ", one_line(exc.format_message())), highlight=False,
                           soft_wrap=True)  # fmt: skip
         return exc.exit_code
-    except CLICK_ERRORS.Abort:
-        err_console.print("Aborted.")
+    except typer.Abort:  # a prompt answered with Ctrl-D (or Ctrl-C: then main says it, once)
+        from ragen_cli import interrupts
+
+        if not interrupts.requested():
+            err_console.print("Aborted.")
         return 1
     return status if isinstance(status, int) else 0
 

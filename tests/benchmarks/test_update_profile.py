@@ -115,3 +115,43 @@ def test_from_profiler_reads_a_cpu_trace():
     mm = next(row for row in summary["top"] if row["name"] == "aten::mm")
     assert mm["calls"] == 4 and mm["kind"] == "matmul"
     assert summary["optimizer_step_s"] is None
+
+
+def test_the_bench_profiles_its_second_update_stage_and_counts_the_flops_it_ran(tmp_path):
+    """`gpu_update_bench --profile` on the CPU (tiny shape): the in-process update stage of iteration 1 is traced,
+    and the bench's FLOPs count no re-scoring pass where the run took the sampler's log-probs (fp32 on the CPU: the
+    run then records the behaviour log-prob gap), checked against 6 x parameters x tokens by hand."""
+    import json
+    import subprocess
+    import sys
+
+    import pyarrow.compute as pc
+
+    from benchmarks.gpu_update_bench import measure
+    from benchmarks.models import model_dir, parameter_count
+    from ragen_core.policy import load_policy
+    from ragen_core.storage import DataLake
+
+    root, out = tmp_path / "root", tmp_path / "profile"
+    command = [sys.executable, "-m", "benchmarks.gpu_update_bench", "--shape", "tiny", "--iterations", "2",
+               "--peak-tflops", "1", "--no-report", "--root", str(root), "--profile", str(out)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    profile = json.loads((out / "profile.json").read_text())
+    assert (profile["traced"], profile["call"], profile["device"]) == ("InProcessUpdater.update", 2, "cpu")
+    assert sum(entry["s"] for entry in profile["kinds"].values()) == pytest.approx(profile["work_s"])
+    assert profile["kinds"]["matmul"]["s"] > 0
+    assert "Profiled `InProcessUpdater.update`" in (out / "profile.md").read_text()
+
+    lake = DataLake(root)
+    parameters = parameter_count(load_policy(model_dir("tiny"))[0])
+    rows = measure(root, "gpu-bench", parameters, 1, 1.0)["iterations"]
+    assert [row["iteration"] for row in rows] == [0, 1]
+    for row in rows:
+        stored = lake.read_table("metrics", "gpu-bench", row["iteration"]).to_pylist()
+        metrics = {r["name"]: r["value"] for r in stored}
+        assert "actor/behavior_logprob_gap" in metrics and row["rescored"] is False  # fp32: the sampler's were taken
+        table = lake.read_table("trajectories", "gpu-bench", row["iteration"])
+        kept = table.filter(pc.and_(pc.equal(table["split"], "train"), pc.equal(table["kept"], True)))
+        tokens = sum(len(ids) for ids in kept["input_ids"].to_pylist())
+        assert row["tflops"] == pytest.approx(6 * parameters * tokens / metrics["time/update"] / 1e12)

@@ -61,6 +61,8 @@ def test_a_query_that_begins_with_a_comment_says_how_to_pass_it(root, capsys):
     assert run_app(["sql", statement, "--data-root", str(root)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "put -- before it" in err and "--file" in err
+    assert run_app(["train", "--a b"]) == 2  # another command's odd option gets the plain line
+    assert "SQL" not in capsys.readouterr().err
     assert run_app(["sql", "--data-root", str(root), "-f", "json", "--", statement]) == 0  # as the line says
     assert [row["run_id"] for row in json.loads(capsys.readouterr().out)] == ["run-a", "run-b"]
 
@@ -147,3 +149,55 @@ def test_a_narrow_table_keeps_each_run_id_on_one_line():
     text = out.getvalue()
     assert any(run_id in line for line in text.splitlines()), text  # whole, on one line
     assert note not in text  # folded
+
+
+def test_run_app_passes_exits_and_errors_through_and_says_aborted_once(capsys):
+    """A command's SystemExit keeps its status, another exception goes on up (as a traceback would), and an
+    aborted prompt is one line with status 1."""
+    import typer
+
+    demo = typer.Typer()
+
+    @demo.command()
+    def leave(code: int) -> None:
+        raise SystemExit(code)
+
+    @demo.command()
+    def crash() -> None:
+        raise RuntimeError("a defect")
+
+    @demo.command()
+    def ask() -> None:
+        typer.confirm("go on?", abort=True)
+
+    with pytest.raises(SystemExit) as exited:
+        run_app(["leave", "3"], demo)
+    assert exited.value.code == 3
+    with pytest.raises(RuntimeError, match="a defect"):
+        run_app(["crash"], demo)
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sys.stdin", __import__("io").StringIO(""))  # Ctrl-D at the prompt
+        assert run_app(["ask"], demo) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "Aborted."
+
+
+def test_two_ids_too_wide_for_the_terminal_fold_whole():
+    """Where the ids cannot all keep one line, every column folds: no id is cut short."""
+    import io
+
+    import pyarrow as pa
+    from rich.console import Console
+
+    from ragen_cli.common import print_table
+
+    ids = {"run_id": "frozen_lake-23757165-20261127T175621", "sweep_id": "sweep-52c218dc-p000-20261127T175621"}
+    out = io.StringIO()
+    print_table(pa.table({name: [value] for name, value in ids.items()}), Console(file=out, width=50))
+    columns: dict[int, str] = {}
+    for line in out.getvalue().splitlines():
+        cells = line.split("│")[1:-1]
+        for index, cell in enumerate(cells):
+            columns[index] = columns.get(index, "") + cell.strip()
+    assert "…" not in out.getvalue()
+    assert sorted(columns.values()) == sorted(ids.values())  # the cells' lines (the header row is drawn apart)
