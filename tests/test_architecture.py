@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,9 @@ def _modules(*folders: str) -> list[Path]:
     return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
 
 
+@functools.cache
 def _tree(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once per test session (the checks only read it)."""
     return ast.parse(path.read_text(), filename=str(path))
 
 
