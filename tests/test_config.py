@@ -218,3 +218,28 @@ def test_a_run_stored_before_the_reply_format_micro_batch_budget_and_truncation_
 
     assert keys(build_config(stored_config({}))) == ("lenient", None, None)  # a manifest from before these keys
     assert keys(build_config({})) == ("strict", 0.2, 8192)
+
+
+def test_a_config_error_names_its_key_once():
+    """A problem that names its own key is not prefixed with its section (or the tree's root) again."""
+    from ragen_core.config.errors import config_error
+
+    assert str(config_error("<root>", "env.name: unknown environment 'x'")) == (
+        "invalid config:\n  env.name: unknown environment 'x'"
+    )
+    assert str(config_error("algorithm", "algorithm.filter_ratio=1.5: out of (0, 1]")) == (
+        "invalid config:\n  algorithm.filter_ratio=1.5: out of (0, 1]"
+    )
+    assert str(config_error("algorithm", "clip_low above clip_high")) == (
+        "invalid config:\n  algorithm: clip_low above clip_high"
+    )
+
+
+def test_an_unknown_preset_is_the_one_line_not_the_keys_it_would_have_set():
+    with pytest.raises(ConfigError) as refused:
+        build_config({}, ["algorithm.preset=starpo_z"])
+    lines = str(refused.value).splitlines()[1:]
+    assert len(lines) == 1 and lines[0].startswith("  algorithm.preset: ") and "starpo_s" in lines[0]
+    with pytest.raises(ConfigError) as both:  # a real second mistake elsewhere is still named
+        build_config({}, ["algorithm.preset=starpo_z", "rollout.group_size=many"])
+    assert "rollout.group_size" in str(both.value)

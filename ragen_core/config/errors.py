@@ -11,14 +11,21 @@ class ConfigError(ValueError):
 
 def config_error(location: str, problem: str) -> ConfigError:
     """The :class:`ConfigError` of one ``problem`` at ``location`` (a section such as ``algorithm``, or ``<root>``
-    for the whole tree), worded as pydantic's errors are."""
-    return ConfigError(f"invalid config:\n  {location}: {problem}")
+    for the whole tree), worded as pydantic's errors are. A problem that already names its key (``env.name: ...``,
+    ``algorithm.filter_ratio=1.5: ...``) is not prefixed again."""
+    named = location == "<root>" or problem.startswith(f"{location}.")
+    return ConfigError(f"invalid config:\n  {problem if named else f'{location}: {problem}'}")
 
 
 def format_validation_error(error: ValidationError) -> str:
     """One line per offending key: ``key: what is wrong``."""
     lines = []
-    for item in error.errors():
+    items = error.errors()
+    # a preset that is not one leaves the keys it would have set unset: those "required" lines follow from it
+    bad_presets = {item["loc"][:-1] for item in items if item["loc"][-1:] == ("preset",) and item["type"] != "missing"}
+    for item in items:
+        if item["type"] == "missing" and item["loc"][:-1] in bad_presets:
+            continue
         key = ".".join(str(part) for part in item["loc"]) or "<root>"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import lru_cache
 from typing import Any, Literal
 
 from ragen_core.config import RunConfig
@@ -49,7 +48,14 @@ def split_seeds(env_name: str, options: dict[str, Any] | None, seeds: list[int],
     if not holds_out_maps(env_name, options):
         return list(seeds)
     shown = json.dumps(options or {}, sort_keys=True, default=str)
-    return [_split_seed(env_name, shown, int(seed), split) for seed in seeds]
+    known = _SPLITS.setdefault((env_name, shown, split), {})
+    missing = [int(seed) for seed in seeds if int(seed) not in known]
+    if missing:  # one env for the seeds not split before (building an env per seed cost more than the splits)
+        if len(known) > MAX_KNOWN:
+            known.clear()
+        env = make_env(env_name, **json.loads(shown))
+        known.update({seed: _split_seed(env, env_name, seed, split) for seed in missing})
+    return [known[int(seed)] for seed in seeds]
 
 
 def validation_seeds(config: RunConfig, env_name: str) -> list[int]:
@@ -61,9 +67,12 @@ def validation_seeds(config: RunConfig, env_name: str) -> list[int]:
     return split_seeds(env_name, dict(config.env.options), seeds, "val")
 
 
-@lru_cache(maxsize=1 << 16)
-def _split_seed(env_name: str, options: str, seed: int, split: Split) -> int:
-    env = make_env(env_name, **json.loads(options))
+_SPLITS: dict[tuple[str, str, str], dict[int, int]] = {}  # (env, options, split) -> {seed: the seed it moves to}
+MAX_KNOWN = 1 << 16  # seeds remembered per (env, options, split)
+
+
+def _split_seed(env: Any, env_name: str, seed: int, split: Split) -> int:
+    """The first seed of ``seed``'s stream whose map (drawn by ``env``) belongs to ``split``."""
     want = split == "val"
     candidate = seed
     for draw in range(MAX_DRAWS):

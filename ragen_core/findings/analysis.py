@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ class Context:
     params: dict[str, Any]
     val_env: str
     config: dict[str, Any]  # the first point's resolved config (monitor thresholds, eval settings)
+    overlaps: dict[tuple[str, str], dict[str, dict[str, int]]] = field(default_factory=dict, repr=False)  # read once
 
     def series(self, run_id: str, name: str) -> list[tuple[int, float]]:
         """(iteration, value) of one metric of one run, by iteration."""
@@ -118,8 +119,11 @@ def validation_overlap(ctx: Context, arm: Arm, env_name: str) -> dict[str, dict[
     """Per run, how many of its distinct validation instances (their first state, as shown) it also met in training
     or in its bootstrap's demonstrations (the bootstrap run that built its start model): 0 when validation holds out
     maps (``eval.held_out=maps``); measured from the lake, so runs stored before are measured too."""
-    rows = query(ctx.lake, OVERLAP_QUERY, params={"runs": list(arm.run_ids), "env": env_name}).to_pylist()
-    return {row["run_id"]: {"maps": int(row["maps"]), "seen": int(row["seen"])} for row in rows}
+    key = (arm.label, env_name)
+    if key not in ctx.overlaps:  # the analysis and the held-out report both ask: one query per arm and env
+        rows = query(ctx.lake, OVERLAP_QUERY, params={"runs": list(arm.run_ids), "env": env_name}).to_pylist()
+        ctx.overlaps[key] = {row["run_id"]: {"maps": int(row["maps"]), "seen": int(row["seen"])} for row in rows}
+    return ctx.overlaps[key]
 
 
 def held_out_report(ctx: Context) -> dict[str, Any]:

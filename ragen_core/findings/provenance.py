@@ -3,9 +3,12 @@ changes) and the versions of the libraries that decide the numbers, written into
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import io
 import platform
 import subprocess
+import tokenize
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -69,17 +72,76 @@ PLUMBING = (
 
 
 def code_fingerprint(root: Path) -> str:
-    """A short hash of the code that decides a run's numbers: every ``ragen_core`` source file (path and bytes) but
-    :data:`PLUMBING`'s. Two checkouts with the same fingerprint run a finding the same way; a change to an env, a
-    prompt, a loss, the sampler, a stage or an analysis gives another fingerprint (the findings' digests follow it)."""
+    """A short hash of the code that decides a run's numbers: every ``ragen_core`` source file but :data:`PLUMBING`'s,
+    each as its path and :func:`code_form` (its source without docstrings, comments and blank lines). Two checkouts
+    with the same fingerprint run a finding the same way; a change to an env, a prompt, a loss, the sampler, a stage
+    or an analysis gives another fingerprint (the findings' digests follow it), a docstring or a comment does not."""
     digest = hashlib.sha256()
     package = root / "ragen_core"
     for path in sorted(package.rglob("*.py")):
         name = path.relative_to(root).as_posix()
         if "__pycache__" in name or name.startswith(PLUMBING):
             continue
-        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + _form_digest(path) + b"\0")
     return digest.hexdigest()[:16]
+
+
+_FORMS: dict[tuple[str, int, int], bytes] = {}  # (path, mtime, size) -> digest of its code form: parsed once
+
+
+def _form_digest(path: Path) -> bytes:
+    """The SHA-256 of the file's :func:`code_form`, remembered while the file stays as it is."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _FORMS:
+        _FORMS[key] = hashlib.sha256(code_form(path.read_text()).encode()).digest()
+    return _FORMS[key]
+
+
+def code_form(source: str) -> str:
+    """What of a module's source decides what it computes: the source without its docstrings (of the module, a class
+    or a function) and comments, each line without trailing blanks and blank lines dropped. Every other string,
+    name, constant and the indentation stay; it reads the same on every Python version (positions from the syntax
+    tree, comments from the tokenizer, none of their version-dependent dumps)."""
+    lines = source.splitlines()
+    cut: dict[int, list[tuple[int, int]]] = {}  # line index -> (start column, end column) spans to blank
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body:
+            first = body[0]
+            docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            if docstring and isinstance(first.value.value, str):
+                last = first.end_lineno or first.lineno
+                start = _column(lines, first.lineno, first.col_offset)
+                _blank(cut, lines, first.lineno, start, last, _column(lines, last, first.end_col_offset))
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            _blank(cut, lines, token.start[0], token.start[1], token.end[0], token.end[1])
+    kept = []
+    for index, line in enumerate(lines):
+        for start, end in sorted(cut.get(index, []), reverse=True):
+            line = line[:start] + " " * (end - start) + line[end:]
+        if line.strip():
+            kept.append(line.rstrip())
+    return "\n".join(kept)
+
+
+def _column(lines: list[str], number: int, offset: int | None) -> int | None:
+    """The character column of the syntax tree's UTF-8 byte ``offset`` on line ``number`` (1-based)."""
+    if offset is None or number - 1 >= len(lines):
+        return offset
+    return len(lines[number - 1].encode()[:offset].decode(errors="ignore"))
+
+
+def _blank(cut: dict[int, list[tuple[int, int]]], lines: list[str], first: int, start: int | None, last: int,
+           end: int | None) -> None:  # fmt: skip
+    """Mark the span from (line ``first``, character ``start``) to (line ``last``, character ``end``), lines
+    1-based, to be blanked."""
+    for number in range(first, last + 1):
+        line = lines[number - 1] if number - 1 < len(lines) else ""
+        begin = (start or 0) if number == first else 0
+        stop = (end if end is not None else len(line)) if number == last else len(line)
+        cut.setdefault(number - 1, []).append((begin, stop))
 
 
 def provenance(root: Path) -> dict[str, Any]:
@@ -88,4 +150,12 @@ def provenance(root: Path) -> dict[str, Any]:
     return {"code": {**code_version(root), "fingerprint": code_fingerprint(root)}, "versions": library_versions()}
 
 
-__all__ = ["DISTRIBUTIONS", "PLUMBING", "code_fingerprint", "code_version", "library_versions", "provenance"]
+__all__ = [
+    "DISTRIBUTIONS",
+    "PLUMBING",
+    "code_fingerprint",
+    "code_form",
+    "code_version",
+    "library_versions",
+    "provenance",
+]

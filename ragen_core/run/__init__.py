@@ -3,6 +3,10 @@
 Rooms (each a module; lower packages -- training, storage, rollout, envs, algos, agent, policy -- never import
 this one):
 
+- :mod:`~ragen_core.run.requests`: a command's typed request (config validated, run id checked, lake made), built
+  once by whichever door starts it (the CLI, a deployment's flow run, the Python API);
+- :mod:`~ragen_core.run.procedures`: a command's course through this layer (admit the request: the writer lock and
+  the start decision; then train, evaluate, retrain), run step by step by a flow or directly by the API;
 - :mod:`~ragen_core.run.entry`: one entry for a run (its id checked, its lake, its writer lock taken once), used by
   train, retrain, evaluate and the CLI;
 - :mod:`~ragen_core.run.checks`: a run's config checked against the registries after the config package validated
@@ -17,7 +21,7 @@ this one):
   :mod:`~ragen_core.run.iteration` runs (timed by :mod:`~ragen_core.run.clock`); :mod:`~ragen_core.run.resume`:
   restoring a session;
 - :mod:`~ragen_core.run.bootstrap`, :mod:`~ragen_core.run.evaluation`, :mod:`~ragen_core.run.offline`: the bootstrap,
-  stand-alone evaluation and offline re-training.
+  stand-alone evaluation and offline re-training; :mod:`~ragen_core.run.chat`: the chat a trained policy is sent.
 
 The entry point of a launched update group's processes is :mod:`ragen_core.training.worker` (it imports only config,
 storage and training).

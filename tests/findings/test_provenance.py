@@ -3,6 +3,8 @@
 import subprocess
 from importlib import metadata
 
+import pytest
+
 from ragen_core.findings.provenance import DISTRIBUTIONS, code_version, library_versions
 
 
@@ -53,7 +55,10 @@ def test_the_code_fingerprint_follows_the_code_that_decides_numbers_and_not_the_
     storage.write_text(storage.read_text() + "\n# a comment in the lake\n")
     assert code_fingerprint(root) == before and spec_digest(spec, root) == digest
     env = root / "ragen_core" / "envs" / "bandit.py"
-    env.write_text(env.read_text() + "\n# a comment in an env\n")
+    source = env.read_text()
+    env.write_text(source + "\n# a comment in an env\n")  # words about the code are not the code
+    assert code_fingerprint(root) == before and spec_digest(spec, root) == digest
+    env.write_text(source + "\nNUMBER = 1\n")  # code
     assert code_fingerprint(root) != before and spec_digest(spec, root) != digest
     (root / "ragen_core" / "envs" / "new_env.py").write_text("X = 1\n")  # a new module counts unless listed
     changed = code_fingerprint(root)
@@ -72,3 +77,64 @@ def test_a_finding_digest_covers_its_resolved_configs_and_models(tmp_path):
     assert spec_digest(replace(spec, overrides=[*spec.overrides, "model.tiny.seed=1"])) != digest  # another model
     assert spec_digest(replace(spec, params={**spec.params, "x": 1})) != digest  # what the analysis is told
     assert spec_digest(load_finding("filtering")) == digest
+
+
+SOURCE = '''"""A module."""
+
+import math
+
+LIMIT = 3  # a comment
+
+
+class Env:
+    """An env."""
+
+    def step(self, action: int) -> float:
+        """One step."""
+        return math.sqrt(action) * LIMIT
+
+
+def only_documented() -> None:
+    """Nothing else."""
+'''
+
+
+@pytest.mark.parametrize(
+    ("edit", "same"),
+    [
+        (lambda s: s.replace('"""One step."""', '"""One step of the env, longer."""'), True),  # a docstring
+        (lambda s: s.replace("# a comment", "# another comment"), True),  # a comment
+        (lambda s: s.replace("LIMIT = 3  # a comment", "\n\nLIMIT = 3   "), True),  # blank lines, trailing blanks
+        (lambda s: s.replace("LIMIT = 3  # a comment", "LIMIT = (\n    3\n)"), False),  # the code's own layout
+        (lambda s: s.replace('"""A module."""\n', ""), True),  # a docstring gone
+        (lambda s: s.replace("LIMIT = 3", "LIMIT = 4"), False),  # a constant
+        (lambda s: s.replace("math.sqrt(action)", "math.sqrt(action + 1)"), False),  # an expression
+        (lambda s: s.replace("import math", "import math as m").replace("math.sqrt", "m.sqrt"), False),  # a name
+        (lambda s: s + "\nNOTE = 'a string that is no docstring'\n", False),  # a string the code holds
+    ],
+)
+def test_the_code_form_keeps_the_code_and_drops_the_words_about_it(edit, same):
+    from ragen_core.findings.provenance import code_form
+
+    edited = edit(SOURCE)
+    assert edited != SOURCE  # the edit applies
+    assert (code_form(edited) == code_form(SOURCE)) is same
+
+
+def test_the_code_form_of_a_line_with_wide_characters_cuts_only_the_docstring():
+    """The syntax tree counts columns in UTF-8 bytes, the source in characters: a docstring after wide characters
+    on its line, and code after it, are cut where they are."""
+    from ragen_core.findings.provenance import code_form
+
+    source = 'def f():\n    """ünïcödé → docstring"""; return "≥ kept"  # gone\n'
+    form = code_form(source).splitlines()
+    assert form[0] == "def f():" and form[1].strip() == '; return "≥ kept"' and len(form) == 2
+
+
+def test_every_module_of_the_core_has_a_code_form():
+    from ragen_core.findings.provenance import code_form
+    from ragen_core.findings.spec import REPO_ROOT
+
+    for path in sorted((REPO_ROOT / "ragen_core").rglob("*.py")):
+        form = code_form(path.read_text())
+        assert '"""' not in form.split("\n", 1)[0], path  # no module docstring left at the top
