@@ -11,6 +11,7 @@ import torch
 from benchmarks.update_profile import from_profiler, kind_of, markdown, profiled_call, summarize, union_seconds
 from ragen_core.config import ActorConfig, AlgorithmConfig
 from ragen_core.training import ActorEngine, OptimConfig
+from tests.flows.test_resume import _wait_then_reap
 from tests.training.test_micro_batches import sampled_bandit_batch
 
 
@@ -126,8 +127,11 @@ def test_the_bench_profiles_its_second_update_stage_and_counts_the_flops_it_ran(
     root, out = tmp_path / "root", tmp_path / "profile"
     command = [sys.executable, "-m", "benchmarks.gpu_update_bench", "--shape", "tiny", "--iterations", "2",
                "--peak-tflops", "1", "--no-report", "--root", str(root), "--profile", str(out)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    log = tmp_path / "bench.log"
+    with log.open("w") as sink:  # its own session: whatever it leaves (a Prefect server) is reaped with it
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_then_reap(process, timeout=600)
+    assert process.returncode == 0, log.read_text()[-4000:]
     profile = json.loads((out / "profile.json").read_text())
     assert (profile["traced"], profile["call"], profile["device"]) == ("InProcessUpdater.update", 2, "cpu")
     assert sum(entry["s"] for entry in profile["kinds"].values()) == pytest.approx(profile["work_s"])
