@@ -36,22 +36,32 @@ def fail(message: str) -> None:
     if interrupts.requested():
         interrupts.report(f"interrupted ({interrupts.signal_name()})")
         raise typer.Exit(code=interrupts.exit_code())
-    err_console.print(Text.assemble(("error:", "bold red"), " ", one_line(message)), highlight=False, soft_wrap=True)
+    say("error", message)
     raise typer.Exit(code=2)
+
+
+STYLES = {"error": "bold red", "warning": "yellow", "note": "cyan"}
+
+
+def say(label: str, message: str) -> None:
+    """Print ``label: message`` (``label`` one of :data:`STYLES`; the message literally, in one line:
+    :func:`one_line`) on stderr."""
+    err_console.print(Text.assemble((f"{label}:", STYLES[label]), " ", one_line(message)), highlight=False,
+                      soft_wrap=True)  # fmt: skip
 
 
 def warn(message: str) -> None:
     """Print ``warning: message`` (literally, in one line) on stderr."""
-    err_console.print(Text.assemble(("warning:", "yellow"), " ", one_line(message)), highlight=False, soft_wrap=True)
-
-
-_SOURCE_LINE = re.compile(r"^LINE (\d+): ")  # DuckDB's quote of the query, above a caret line pointing into it
+    say("warning", message)
 
 
 def note(message: str) -> None:
     """Print ``note: message`` (literally, in one line) on stderr: what a command is about to do that the user may
     not have meant."""
-    err_console.print(Text.assemble(("note:", "cyan"), " ", one_line(message)), highlight=False, soft_wrap=True)
+    say("note", message)
+
+
+_SOURCE_LINE = re.compile(r"^LINE (\d+): ")  # DuckDB's quote of the query, above a caret line pointing into it
 
 
 def one_line(message: str) -> str:

@@ -9,13 +9,10 @@ import pytest
 import torch
 
 from benchmarks.update_profile import from_profiler, kind_of, markdown, profiled_call, summarize, union_seconds
-from ragen_core.agent import ChatFormatter
-from ragen_core.algos import grpo_advantage
 from ragen_core.config import ActorConfig, AlgorithmConfig
-from ragen_core.rollout import RolloutSpec, run_rollouts
-from ragen_core.rollout.hf_backend import HFBackend
-from ragen_core.training import ActorEngine, OptimConfig, collate
-from ragen_core.training.starpo import trajectory_token_rewards
+from ragen_core.training import ActorEngine, OptimConfig
+from tests.flows.test_resume import _wait_then_reap
+from tests.training.test_micro_batches import sampled_bandit_batch
 
 
 @pytest.mark.parametrize(
@@ -77,13 +74,8 @@ def test_cpu_summary_has_no_busy_share():
 def test_a_real_update_is_profiled_on_its_call_only(tiny_policy):
     """Two policy updates of a DeepSpeed engine on the CPU: only the second is traced; its operators' own times
     add up to (nearly all of) the update's wall time, the GEMMs and the optimizer step are found."""
-    model, tokenizer = tiny_policy
-    spec = RolloutSpec("bandit", [4, 5], 4, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
-    records = run_rollouts(spec, HFBackend(model, tokenizer, 1.0, 16), ChatFormatter(tokenizer), seed=3)
-    batch = collate([r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id)
-    scores = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.2, 0.9, 0.0, 0.1])
-    groups = torch.tensor([r.group_id for r in records])
-    advantages, _ = grpo_advantage(trajectory_token_rewards(batch.loss_mask, scores), batch.loss_mask, groups)
+    model, _ = tiny_policy
+    batch, advantages = sampled_bandit_batch(*tiny_policy, max_new_tokens=16, seed=3)
     optim = OptimConfig(lr=1e-3, weight_decay=0.0, grad_clip=1.0, micro_batch_size=8)
     actor = ActorEngine(copy.deepcopy(model), optim)
     old = actor.score(batch)
@@ -135,8 +127,11 @@ def test_the_bench_profiles_its_second_update_stage_and_counts_the_flops_it_ran(
     root, out = tmp_path / "root", tmp_path / "profile"
     command = [sys.executable, "-m", "benchmarks.gpu_update_bench", "--shape", "tiny", "--iterations", "2",
                "--peak-tflops", "1", "--no-report", "--root", str(root), "--profile", str(out)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    log = tmp_path / "bench.log"
+    with log.open("w") as sink:  # its own session: whatever it leaves (a Prefect server) is reaped with it
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_then_reap(process, timeout=600)
+    assert process.returncode == 0, log.read_text()[-4000:]
     profile = json.loads((out / "profile.json").read_text())
     assert (profile["traced"], profile["call"], profile["device"]) == ("InProcessUpdater.update", 2, "cpu")
     assert sum(entry["s"] for entry in profile["kinds"].values()) == pytest.approx(profile["work_s"])

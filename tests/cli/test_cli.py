@@ -14,11 +14,17 @@ from tests.storage.synthetic import make_run, write_run
 COUNT_BY_RUN = "SELECT run_id, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1"
 
 
-@pytest.fixture()
-def root(tmp_path):
+def two_finished_runs(tmp_path) -> DataLake:
+    """A hand-built lake under ``tmp_path/lake``: run-a (Bandit) and run-b (Sokoban), both completed."""
     lake = DataLake(tmp_path / "lake")
     write_run(lake, make_run(1, "run-a", "bandit", 1, groups=2, group_size=2), created="2025-01-01T00:00:00+00:00")
     write_run(lake, make_run(2, "run-b", "sokoban", 1, groups=2, group_size=2), created="2025-01-02T00:00:00+00:00")
+    return lake
+
+
+@pytest.fixture()
+def root(tmp_path):
+    lake = two_finished_runs(tmp_path)
     write_run(lake, make_run(3, "live", "bandit", 1, groups=2, group_size=2), status="running",
               created="2025-01-03T00:00:00+00:00")  # fmt: skip
     return lake.root

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from ragen_cli.main import app, run_app
 from ragen_core.storage import DataLake
+from tests.cli.test_cli import two_finished_runs
 from tests.storage.synthetic import make_run, write_run
 
 COUNT_BY_RUN = "SELECT run_id, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1"
@@ -19,10 +20,7 @@ COUNT_BY_RUN = "SELECT run_id, count(*) AS n FROM trajectories GROUP BY 1 ORDER 
 
 @pytest.fixture()
 def root(tmp_path):
-    lake = DataLake(tmp_path / "lake")
-    write_run(lake, make_run(1, "run-a", "bandit", 1, groups=2, group_size=2), created="2025-01-01T00:00:00+00:00")
-    write_run(lake, make_run(2, "run-b", "sokoban", 1, groups=2, group_size=2), created="2025-01-02T00:00:00+00:00")
-    return lake.root
+    return two_finished_runs(tmp_path).root
 
 
 @pytest.mark.parametrize(

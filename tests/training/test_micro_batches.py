@@ -64,17 +64,21 @@ def test_the_config_uses_a_token_budget_by_default_and_rows_on_request():
 
 
 # -- the same gradient -------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def uneven_batch(tiny_policy):
-    """Eight sampled Bandit rollouts with prompts of different lengths (two instances, long and short replies)."""
-    model, tokenizer = tiny_policy
+def sampled_bandit_batch(model, tokenizer, max_new_tokens: int, seed: int):
+    """Eight sampled Bandit rollouts with prompts of different lengths (two instances, long and short replies) and
+    their GRPO advantages under fixed scores."""
     spec = RolloutSpec("bandit", [4, 5], 4, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
-    records = run_rollouts(spec, HFBackend(model, tokenizer, 1.0, 24), ChatFormatter(tokenizer), seed=11)
+    records = run_rollouts(spec, HFBackend(model, tokenizer, 1.0, max_new_tokens), ChatFormatter(tokenizer), seed=seed)
     batch = collate([r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id)
     scores = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.2, 0.9, 0.0, 0.1])
     groups = torch.tensor([r.group_id for r in records])
     advantages, _ = grpo_advantage(trajectory_token_rewards(batch.loss_mask, scores), batch.loss_mask, groups)
     return batch, advantages
+
+
+@pytest.fixture(scope="module")
+def uneven_batch(tiny_policy):
+    return sampled_bandit_batch(*tiny_policy, max_new_tokens=24, seed=11)
 
 
 def _sgd_engine(model: torch.nn.Module, tokens: int | None, rows: int) -> ActorEngine:
