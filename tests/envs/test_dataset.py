@@ -120,7 +120,7 @@ def _refusal(overrides: list[str]) -> str:
 def test_a_malformed_reward_function_or_file_is_one_line_before_any_compute(user, tmp_path):
     file, module = f"env.options.data_file={user['jsonl']}", user["module"]
     assert _refusal([file, "env.options.reward_fn=rewards.exact"]) == (
-        "env: env.options.reward_fn: 'rewards.exact' is not an import path: write package.module:Name (e.g. "
+        "env.options.reward_fn: 'rewards.exact' is not an import path: write package.module:Name (e.g. "
         "my_envs.maze:MazeEnv), the module importable (installed, or its folder on PYTHONPATH)"
     )
     missing = _refusal([file, "env.options.reward_fn=no_such_rewards_4711:f"])
