@@ -103,7 +103,10 @@ def code_form(source: str) -> str:
     or a function) and comments, each line without trailing blanks and blank lines dropped. Every other string,
     name, constant and the indentation stay; it reads the same on every Python version (positions from the syntax
     tree, comments from the tokenizer, none of their version-dependent dumps)."""
-    lines = source.splitlines()
+    # the lines as the parser and the tokenizer count them: ends of line only (str.splitlines would also cut at a
+    # form feed, which Python allows inside a line, and shift every position after it)
+    source = source.replace("\r\n", "\n").replace("\r", "\n")
+    lines = source.split("\n")
     cut: dict[int, list[tuple[int, int]]] = {}  # line index -> (start column, end column) spans to blank
     for node in ast.walk(ast.parse(source)):
         body = getattr(node, "body", None)
@@ -111,12 +114,11 @@ def code_form(source: str) -> str:
             first = body[0]
             docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
             if docstring and isinstance(first.value.value, str):
-                last = first.end_lineno or first.lineno
-                start = _column(lines, first.lineno, first.col_offset)
-                _blank(cut, lines, first.lineno, start, last, _column(lines, last, first.end_col_offset))
+                start = (first.lineno, _column(lines, first.lineno, first.col_offset))
+                _blank(cut, lines, start, (first.end_lineno, _column(lines, first.end_lineno, first.end_col_offset)))
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
-            _blank(cut, lines, token.start[0], token.start[1], token.end[0], token.end[1])
+            _blank(cut, lines, token.start, token.end)
     kept = []
     for index, line in enumerate(lines):
         for start, end in sorted(cut.get(index, []), reverse=True):
@@ -126,21 +128,19 @@ def code_form(source: str) -> str:
     return "\n".join(kept)
 
 
-def _column(lines: list[str], number: int, offset: int | None) -> int | None:
+def _column(lines: list[str], number: int, offset: int) -> int:
     """The character column of the syntax tree's UTF-8 byte ``offset`` on line ``number`` (1-based)."""
-    if offset is None or number - 1 >= len(lines):
-        return offset
     return len(lines[number - 1].encode()[:offset].decode(errors="ignore"))
 
 
-def _blank(cut: dict[int, list[tuple[int, int]]], lines: list[str], first: int, start: int | None, last: int,
-           end: int | None) -> None:  # fmt: skip
-    """Mark the span from (line ``first``, character ``start``) to (line ``last``, character ``end``), lines
-    1-based, to be blanked."""
-    for number in range(first, last + 1):
-        line = lines[number - 1] if number - 1 < len(lines) else ""
-        begin = (start or 0) if number == first else 0
-        stop = (end if end is not None else len(line)) if number == last else len(line)
+Position = tuple[int, int]  # (line, character column), lines 1-based
+
+
+def _blank(cut: dict[int, list[tuple[int, int]]], lines: list[str], start: Position, end: Position) -> None:
+    """Mark the span from ``start`` to ``end`` to be blanked."""
+    for number in range(start[0], end[0] + 1):
+        begin = start[1] if number == start[0] else 0
+        stop = end[1] if number == end[0] else len(lines[number - 1])
         cut.setdefault(number - 1, []).append((begin, stop))
 
 
