@@ -73,6 +73,14 @@ def _column_sql(column: ColumnSpec, oldest_version: int) -> str:
     return name
 
 
+def _interrupted(exc: duckdb.Error) -> bool:
+    """Whether DuckDB failed because a Ctrl-C or SIGTERM landed while it was calling back into Python (binding a
+    view over a registered Arrow table, a Python function): its handler's ``KeyboardInterrupt`` comes back wrapped
+    in DuckDB's own error (``Invalid Input Error: ... failed: KeyboardInterrupt``), with no cause attached, so its
+    text is all that says so. Such a failure is the stop, never a read failure of the lake."""
+    return "KeyboardInterrupt" in str(exc)
+
+
 def _read_failure(exc: duckdb.Error, table: str, files: list[Path]) -> LakeError:
     """A :class:`LakeError` for a DuckDB read failure, naming the damaged file(s) even when DuckDB does not."""
     message = str(exc).splitlines()[0]
@@ -240,6 +248,8 @@ def _create_view(
             f"(SELECT * FROM {files_sql} UNION ALL BY NAME SELECT * FROM _{name}_empty)"
         )
     except duckdb.Error as exc:
+        if _interrupted(exc):
+            raise KeyboardInterrupt from exc  # the stop, not a damaged file: never a failing view in its place
         raise _read_failure(exc, name, files) from exc
 
 

@@ -74,3 +74,46 @@ def test_a_stop_at_any_point_of_the_command_says_one_line(tmp_path, delay):
             process.kill()
     assert process.returncode == 143, (out, err)
     assert err.strip().splitlines() == ["interrupted (SIGTERM)"] and "Traceback" not in out + err
+
+
+class _StopWhileBinding:
+    """A real DuckDB connection on which binding ``table``'s view over its Parquet files meets a stop: the statement
+    is preceded by a Python function that raises ``KeyboardInterrupt``, as a Ctrl-C's handler does when it runs inside
+    one of DuckDB's calls back into Python, so what comes back is DuckDB's own wrapping of it (``Invalid Input
+    Error: ... KeyboardInterrupt``)."""
+
+    def __init__(self, con, table: str) -> None:
+        self.con, self.table = con, table
+
+        def stop() -> int:
+            raise KeyboardInterrupt
+
+        con.create_function("ragen_test_stop", stop, [], "BIGINT")
+
+    def execute(self, statement, *args, **kwargs):
+        if statement.startswith(f"CREATE VIEW {self.table} AS") and "read_parquet" in statement:
+            self.con.execute("SELECT ragen_test_stop()").fetchall()
+        return self.con.execute(statement, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.con, name)
+
+
+@pytest.mark.parametrize("table", ["trajectories", "metrics"])
+def test_a_stop_wrapped_by_duckdb_while_a_view_is_bound_stops_the_query(tmp_path, monkeypatch, table):
+    """The window the SIGTERM test above found on a busy machine, made certain: a stop that DuckDB wraps into its
+    own error while the lake's views are bound is the stop, raised as ``KeyboardInterrupt``. It was taken for a read
+    failure (the table's view made a failing one) and the command went on to run its query for hours, deaf to the
+    signal it had already caught."""
+    import duckdb
+
+    from ragen_core.storage import catalog
+
+    lake = DataLake(tmp_path / "lake")
+    write_run(lake, make_run(0, "run-a", "bandit", iterations=1, groups=2, group_size=2))
+    assert catalog.query(lake, "SELECT 42 AS answer").to_pylist() == [{"answer": 42}]  # the lake reads as it is
+    connect = duckdb.connect
+    monkeypatch.setattr(duckdb, "connect", lambda *a, **k: _StopWhileBinding(connect(*a, **k), table))
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        catalog.query(lake, "SELECT 42 AS answer")
+    assert isinstance(stopped.value.__cause__, duckdb.Error) and "KeyboardInterrupt" in str(stopped.value.__cause__)
