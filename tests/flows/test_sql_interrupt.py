@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
 import pytest
 
-from ragen_core.storage import DataLake
+from ragen_core.storage import DataLake, catalog
 from tests.storage.synthetic import make_run, write_run
 
 RAGEN = str(Path(sys.executable).with_name("ragen"))
@@ -105,10 +106,6 @@ def test_a_stop_wrapped_by_duckdb_while_a_view_is_bound_stops_the_query(tmp_path
     own error while the lake's views are bound is the stop, raised as ``KeyboardInterrupt``. It was taken for a read
     failure (the table's view made a failing one) and the command went on to run its query for hours, deaf to the
     signal it had already caught."""
-    import duckdb
-
-    from ragen_core.storage import catalog
-
     lake = DataLake(tmp_path / "lake")
     write_run(lake, make_run(0, "run-a", "bandit", iterations=1, groups=2, group_size=2))
     assert catalog.query(lake, "SELECT 42 AS answer").to_pylist() == [{"answer": 42}]  # the lake reads as it is
