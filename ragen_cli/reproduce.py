@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from ragen_core.storage import DataLake
 
 QUICK_HELP = "A tiny version (a few iterations) for tests and smoke runs; its runs and picture are kept apart."
+RESTAMP_HELP = (
+    "Prove that the commit checked out moves no committed finding's number (the first iterations of "
+    "every point, old code and new, compared bit for bit) and write the record (docs/findings.md)."
+)
 
 
 def reproduce(
@@ -30,6 +34,13 @@ def reproduce(
         help="Folder of the pictures and numbers (default ./findings; the committed ones: --out-dir docs/findings).",
     ),
     quick: bool = typer.Option(False, "--quick", help=QUICK_HELP),
+    restamp: bool = typer.Option(False, "--restamp", help=RESTAMP_HELP),
+    from_commit: str | None = typer.Option(
+        None, "--from", help="With --restamp: the commit whose code made the numbers (default: the findings' own)."
+    ),
+    work_dir: Path | None = typer.Option(
+        None, "--work-dir", help="With --restamp: the probe's folder (default a new temporary one, removed after)."
+    ),
     data_root: DataRoot = None,
     verbose: Verbose = False,
 ) -> None:
@@ -41,6 +52,13 @@ def reproduce(
     from ragen_core.findings.provenance import provenance
     from ragen_core.findings.spec import REPO_ROOT
 
+    if restamp:
+        if name is not None or every or quick or out is not None or out_dir is not None:
+            fail("--restamp probes every finding on its own: give it no NAME, --all, --quick or --out")
+        _restamp(from_commit, work_dir)
+        return
+    if from_commit is not None or work_dir is not None:
+        fail("--from and --work-dir go with --restamp")
     if list_findings:
         for known, claim in claims().items():
             console.print(f"[bold]{known}[/]: {escape(claim)}", highlight=False)
@@ -166,3 +184,56 @@ def _print_numbers(numbers: dict[str, Any]) -> None:
             shown = {k: (_fmt(v) if isinstance(v, dict) and "mean" in v else v)
                      for k, v in numbers[key].items() if not isinstance(v, dict) or "mean" in v}  # fmt: skip
             console.print(f"[bold]{key}[/]: {escape(json.dumps(shown, default=str))}", highlight=False)
+
+
+def _restamp(from_commit: str | None, work_dir: Path | None) -> None:
+    """``ragen reproduce --restamp``: probe the findings' commit against HEAD and write the record when it holds."""
+    import shutil
+    import tempfile
+
+    from ragen_core.findings import registered
+    from ragen_core.findings.provenance import code_fingerprint, code_version
+    from ragen_core.findings.restamp import RestampError, probe, reaches, record_of, record_path, stamped_commit
+    from ragen_core.findings.spec import REPO_ROOT
+    from ragen_core.storage.files import atomic_write_bytes
+
+    here = code_version(REPO_ROOT)
+    if here["commit"] is None:
+        fail("--restamp needs the project's git checkout (it runs the findings' commit beside HEAD)")
+    if here["dirty"]:
+        fail("the checkout has uncommitted changes: commit them first (a record vouches for commits)")
+    head = code_fingerprint(REPO_ROOT)
+    if from_commit is None:
+        made = {(m["code"]["fingerprint"], m["code"]["commit"]) for m in _committed(REPO_ROOT, registered())}
+        if len(made) != 1:
+            fail(f"the committed findings were made by {len(made)} commits; name the one to probe with --from")
+        fingerprint, commit = made.pop()
+        if reaches(fingerprint, head, REPO_ROOT) is not None:
+            console.print(f"the committed findings already hold for this checkout's code (fingerprint {head})")
+            return
+        from_commit = stamped_commit(REPO_ROOT, fingerprint, commit)
+    work = work_dir or Path(tempfile.mkdtemp(prefix="ragen-restamp-"))
+    try:
+        result = probe(REPO_ROOT, from_commit, "HEAD", work, log=lambda line: console.print(escape(line)))
+    except RestampError as exc:
+        fail(str(exc))
+    if not result.passed:
+        for line in result.problems():
+            console.print(f"[red]differs:[/] {escape(line)}", highlight=False)
+        fail(f"not re-stamped: {len(result.problems())} difference(s) above (the probe's folder: {work}); "
+             "regenerate the findings (ragen reproduce --all --out-dir docs/findings)")  # fmt: skip
+    record = record_of(result)
+    path = record_path(REPO_ROOT, record)
+    atomic_write_bytes(path, (json.dumps(record, indent=1) + "\n").encode())
+    for table in result.tables:
+        console.print(escape(table.summary()), highlight=False)
+    console.print(f"wrote {escape(str(path.relative_to(REPO_ROOT)))}: {result.old.fingerprint} -> {head} "
+                  f"({result.seconds:.0f} s); commit it", highlight=False)  # fmt: skip
+    if work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _committed(root: Path, names) -> list[dict[str, Any]]:
+    """The committed findings' JSONs (those that exist)."""
+    folder = root / "docs" / "findings"
+    return [json.loads((folder / f"{n}.json").read_text()) for n in names if (folder / f"{n}.json").is_file()]

@@ -160,18 +160,20 @@ def run_spec(spec: FindingSpec, folder: Path = FINDINGS_DIR) -> FindingSpec:
     return load_finding(spec.runs_of, folder)
 
 
-def _sweep_hash(sweep_id: str) -> str:
+def _sweep_hash(sweep_id: str, fingerprint: str) -> str:
     """8 hex digits of the sweep's own id (its resolved base config, grid and seeds) and the code fingerprint."""
-    from ragen_core.findings.provenance import code_fingerprint
-
-    return hashlib.sha256(f"{sweep_id}/{code_fingerprint(REPO_ROOT)}".encode()).hexdigest()[:8]
+    return hashlib.sha256(f"{sweep_id}/{fingerprint}".encode()).hexdigest()[:8]
 
 
-def plan_finding(spec: FindingSpec, quick: bool = False) -> list[VariantPlan]:
+def plan_finding(spec: FindingSpec, quick: bool = False, fingerprint: str | None = None) -> list[VariantPlan]:
     """One sweep per variant (validated, nothing run). Sweep ids are ``<name>[-quick]-<variant>-<hash>`` with the
     hash of the sweep's spec and of the code that runs it (:func:`_sweep_hash`), so the same finding under the same
     code names the same runs (and resumes them), and a changed spec or changed code makes new runs: a finding is
-    never analysed over runs that other code made."""
+    never analysed over runs that other code made. ``fingerprint`` names other code than the checkout's (the runs
+    that a re-stamped finding's JSON names)."""
+    from ragen_core.findings.provenance import code_fingerprint
+
+    code = fingerprint or code_fingerprint(REPO_ROOT)
     plans = []
     for variant in spec.variants:
         try:
@@ -183,7 +185,7 @@ def plan_finding(spec: FindingSpec, quick: bool = False) -> list[VariantPlan]:
             seeds = spec.quick_seeds if quick else spec.seeds
             draft = plan_sweep(resolved, spec.grid, seeds=seeds)
             prefix = without_split_words(f"{spec.name}{'-quick' if quick else ''}-{variant.name}".replace("_", "-"))
-            plan = with_sweep_id(draft, f"{prefix}-{_sweep_hash(draft.sweep_id)}")
+            plan = with_sweep_id(draft, f"{prefix}-{_sweep_hash(draft.sweep_id, code)}")
             plans.append(VariantPlan(variant, resolved, plan))
         except (ConfigError, SweepError) as exc:
             raise FindingError(f"finding {spec.name!r}, variant {variant.name!r}: {exc}") from None
@@ -196,22 +198,25 @@ def model_key(config: RunConfig) -> str:
     return config.model.path or tiny_model_key(config.model.tiny)
 
 
-def spec_digest(spec: FindingSpec, root: Path = REPO_ROOT) -> str:
+def spec_digest(spec: FindingSpec, root: Path = REPO_ROOT, fingerprint: str | None = None) -> str:
     """A short hash of everything that decides the finding's runs and numbers: its spec, the resolved config of every
     run it makes (each point's config hash: the defaults included), the model each starts from, and the code that
     computes them (:func:`ragen_core.findings.provenance.code_fingerprint`). A finding whose committed digest differs
-    from the one the current checkout computes was made by other code or another spec: it is out of date."""
+    from the one the current checkout computes was made by other code or another spec: it is out of date.
+    ``fingerprint`` stands for the code in place of the checkout's (the digest that a finding made by that code has:
+    the checkout's specs and configs still give it when only the code changed, :mod:`ragen_core.findings.restamp`)."""
     from ragen_core.findings.provenance import code_fingerprint
 
+    code = fingerprint or code_fingerprint(root)
     runs = run_spec(spec)
-    plans = plan_finding(runs)
+    plans = plan_finding(runs, fingerprint=code)
     payload = {
         "spec": {"base": spec.base, "variants": [v.__dict__ for v in spec.variants], "grid": spec.grid,
                  "seeds": spec.seeds, "overrides": spec.overrides, "params": spec.params, "analysis": spec.analysis,
                  "runs_of": spec.runs_of},
         "runs": {item.variant.name: [[p.run_id, p.config.config_hash()] for p in item.plan.points] for item in plans},
         "models": sorted({model_key(p.config) for item in plans for p in item.plan.points}),
-        "code": code_fingerprint(root),
+        "code": code,
     }  # fmt: skip
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
