@@ -52,13 +52,10 @@ def reproduce(
     from ragen_core.findings.provenance import provenance
     from ragen_core.findings.spec import REPO_ROOT
 
-    if restamp:
-        if name is not None or every or quick or out is not None or out_dir is not None:
-            fail("--restamp probes every finding on its own: give it no NAME, --all, --quick or --out")
-        _restamp(from_commit, work_dir)
+    if restamp or from_commit is not None or work_dir is not None:
+        alone = name is None and not (every or quick or list_findings) and out is None and out_dir is None
+        _restamp(restamp, alone, from_commit, work_dir)
         return
-    if from_commit is not None or work_dir is not None:
-        fail("--from and --work-dir go with --restamp")
     if list_findings:
         for known, claim in claims().items():
             console.print(f"[bold]{known}[/]: {escape(claim)}", highlight=False)
@@ -186,16 +183,25 @@ def _print_numbers(numbers: dict[str, Any]) -> None:
             console.print(f"[bold]{key}[/]: {escape(json.dumps(shown, default=str))}", highlight=False)
 
 
-def _restamp(from_commit: str | None, work_dir: Path | None) -> None:
+def _restamp(restamp: bool, alone: bool, from_commit: str | None, work_dir: Path | None) -> None:
     """``ragen reproduce --restamp``: probe the findings' commit against HEAD and write the record when it holds."""
-    import shutil
+    if not restamp:
+        fail("--from and --work-dir go with --restamp")
+    if not alone:
+        fail("--restamp probes every finding on its own: give it no NAME, --all, --list, --quick, --out or --out-dir")
+    from_commit, work = _restamp_start(from_commit, work_dir)
+    if from_commit is not None:
+        _restamp_probe(from_commit, work, keep=work_dir is not None)
+
+
+def _restamp_start(from_commit: str | None, work_dir: Path | None) -> tuple[str | None, Path]:
+    """The commit to probe from (None when the findings already hold for this checkout) and the probe's folder."""
     import tempfile
 
     from ragen_core.findings import registered
     from ragen_core.findings.provenance import code_fingerprint, code_version
-    from ragen_core.findings.restamp import RestampError, probe, reaches, record_of, record_path, stamped_commit
+    from ragen_core.findings.restamp import reaches, stamped_commit
     from ragen_core.findings.spec import REPO_ROOT
-    from ragen_core.storage.files import atomic_write_bytes
 
     here = code_version(REPO_ROOT)
     if here["commit"] is None:
@@ -210,26 +216,44 @@ def _restamp(from_commit: str | None, work_dir: Path | None) -> None:
         fingerprint, commit = made.pop()
         if reaches(fingerprint, head, REPO_ROOT) is not None:
             console.print(f"the committed findings already hold for this checkout's code (fingerprint {head})")
-            return
+            return None, Path()
         from_commit = stamped_commit(REPO_ROOT, fingerprint, commit)
-    work = work_dir or Path(tempfile.mkdtemp(prefix="ragen-restamp-"))
+    return from_commit, work_dir or Path(tempfile.mkdtemp(prefix="ragen-restamp-"))
+
+
+def _restamp_probe(from_commit: str, work: Path, keep: bool) -> None:
+    """Run the probe from ``from_commit`` to HEAD in ``work``; write the record, or say what differs."""
+    import shutil
+
+    from ragen_core.findings.bitwise import ComparisonError
+    from ragen_core.findings.provenance import code_fingerprint
+    from ragen_core.findings.restamp import RestampError, probe, record_of, record_path
+    from ragen_core.findings.spec import REPO_ROOT
+    from ragen_core.storage.files import atomic_write_bytes
+
+    head = code_fingerprint(REPO_ROOT)
     try:
         result = probe(REPO_ROOT, from_commit, "HEAD", work, log=lambda line: console.print(escape(line)))
-    except RestampError as exc:
+    except (RestampError, ComparisonError) as exc:
         fail(str(exc))
     if not result.passed:
         for line in result.problems():
-            console.print(f"[red]differs:[/] {escape(line)}", highlight=False)
-        fail(f"not re-stamped: {len(result.problems())} difference(s) above (the probe's folder: {work}); "
-             "regenerate the findings (ragen reproduce --all --out-dir docs/findings)")  # fmt: skip
+            console.print(f"[red]refused:[/] {escape(line)}", highlight=False)
+        fail(
+            f"not re-stamped: {len(result.problems())} finding(s) above (the probe's folder: {work}); "
+            "regenerate the findings (ragen reproduce --all --out-dir docs/findings)"
+        )
     record = record_of(result)
     path = record_path(REPO_ROOT, record)
     atomic_write_bytes(path, (json.dumps(record, indent=1) + "\n").encode())
     for table in result.tables:
         console.print(escape(table.summary()), highlight=False)
-    console.print(f"wrote {escape(str(path.relative_to(REPO_ROOT)))}: {result.old.fingerprint} -> {head} "
-                  f"({result.seconds:.0f} s); commit it", highlight=False)  # fmt: skip
-    if work_dir is None:
+    console.print(
+        f"wrote {escape(str(path.relative_to(REPO_ROOT)))}: {result.old.fingerprint} -> {head} "
+        f"({result.seconds:.0f} s); commit it",
+        highlight=False,
+    )
+    if not keep:
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -55,7 +55,8 @@ PLUMBING = (
     "ragen_core/__init__.py",  # the package's exports
     "ragen_core/api.py",  # the Python API: builds requests, calls the run layer's procedures
     "ragen_core/findings/provenance.py",  # this list and the versions recorded
-    "ragen_core/findings/restamp.py",  # the probe that compares two commits' runs and its records
+    "ragen_core/findings/restamp.py",  # the probe that runs two commits side by side, and its records
+    "ragen_core/findings/bitwise.py",  # the probe's comparison of two lakes
     "ragen_core/run/procedures.py",  # a command's course through the run layer (held: a run equals the flow's)
     "ragen_core/run/requests.py",  # a command's typed request, built once by whichever door
     "ragen_core/storage/",

@@ -16,37 +16,35 @@ machines), so a probe compares two codes, never two machines.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import yaml
 
+from ragen_core.findings.bitwise import (
+    TIMING_COLUMNS,
+    TIMING_METRICS,
+    TIMING_NUMBERS,
+    TableDiff,
+    compare_lakes,
+    compare_numbers,
+    relabelled,
+    run_labels,
+)
 from ragen_core.findings.provenance import PLUMBING, code_fingerprint, code_form, library_versions
 
 RECORDS = Path("docs") / "findings" / "restamps"  # the records, relative to the repository's root
-
-# The one declared list of what may differ between two runs that computed the same numbers: wall-clock times, the
-# rates derived from them and the moments rows were written. Nothing else is ever excluded from a comparison.
-TIMING_METRICS = ("time/",)  # metric-name prefixes (the metrics table): stage seconds and tokens per second
-TIMING_COLUMNS = {"events": ("created_at",)}  # per table: columns holding a moment of writing
-TIMING_NUMBERS = re.compile(r"(^|/|_)(seconds|minutes|per_minute)(_|$)|^time/")  # analysis keys (filtering, diversity)
-
-# The tables compared row by row, each by its key (schemas/tables.py): what a finding's numbers are made from.
-TABLES = ("metrics", "trajectories", "turns", "events", "evaluations")
 
 # The probe's settings on top of each finding's own ``quick`` overrides: every point (the spec's seeds, not quick's),
 # the bootstrap on but short, so that each point bootstraps, validates and updates at least once.
@@ -56,171 +54,6 @@ PROBE_EXTRA = ("bootstrap.num_groups=8", "bootstrap.epochs=1")
 
 class RestampError(RuntimeError):
     """A probe that cannot run, or a record that cannot be written (one line, what to do)."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Comparing lakes and numbers, bit for bit
-
-
-def _canonical(value: Any) -> Any:
-    """A value whose equality is bitwise: floats as their IEEE-754 bytes (so -0.0 != 0.0 and one ULP shows)."""
-    if isinstance(value, float):
-        return ("f", struct.pack("<d", value))
-    if isinstance(value, list | tuple):
-        if value and all(type(item) is int for item in value):
-            return tuple(value)
-        return tuple(_canonical(item) for item in value)
-    if isinstance(value, dict):
-        return tuple((key, _canonical(item)) for key, item in sorted(value.items()))
-    return value
-
-
-@dataclass
-class TableDiff:
-    """How two versions of one table differ: rows on one side only, and cells that differ (a few shown)."""
-
-    table: str
-    old_rows: int
-    new_rows: int
-    only_old: list[tuple] = field(default_factory=list)
-    only_new: list[tuple] = field(default_factory=list)
-    cells: list[tuple[tuple, str, Any, Any]] = field(default_factory=list)  # key, column, old, new
-    differing_cells: int = 0
-
-    @property
-    def equal(self) -> bool:
-        return not (self.only_old or self.only_new or self.differing_cells)
-
-    def summary(self) -> str:
-        if self.equal:
-            return f"{self.table}: {self.old_rows} rows equal"
-        parts = []
-        if self.only_old:
-            parts.append(f"{len(self.only_old)} row(s) only in the old lake (first {self.only_old[0]})")
-        if self.only_new:
-            parts.append(f"{len(self.only_new)} row(s) only in the new lake (first {self.only_new[0]})")
-        if self.differing_cells:
-            key, column, old, new = self.cells[0]
-            parts.append(f"{self.differing_cells} cell(s) differ (first {column} at {key}: {old!r} -> {new!r})")
-        return f"{self.table}: " + "; ".join(parts)
-
-
-def compare_tables(
-    name: str, old: pa.Table, new: pa.Table, key: Sequence[str], skip: Iterable[str] = (), shown: int = 5
-) -> TableDiff:
-    """Every row of ``old`` and ``new`` matched by ``key`` and compared column by column, bitwise (floats by their
-    bytes), but for the columns in ``skip``. A key that occurs twice on one side is a difference too."""
-    skipped = set(skip)
-    columns = [c for c in old.column_names if c not in skipped]
-    if sorted(columns) != sorted(c for c in new.column_names if c not in skipped):
-        raise RestampError(f"{name}: the two lakes have other columns ({old.column_names} vs {new.column_names})")
-    diff = TableDiff(name, old.num_rows, new.num_rows)
-    sides = []
-    for table in (old, new):
-        rows: dict[tuple, dict[str, Any]] = {}
-        for row in table.select(columns).to_pylist():
-            ident = tuple(row[k] for k in key)
-            if ident in rows:  # a duplicated key: the row counts twice, which is never equal
-                ident = (*ident, f"duplicate #{sum(1 for r in rows if r[: len(key)] == ident)}")
-            rows[ident] = row
-        sides.append(rows)
-    olds, news = sides
-    diff.only_old = sorted((k for k in olds if k not in news), key=repr)
-    diff.only_new = sorted((k for k in news if k not in olds), key=repr)
-    for ident in sorted((k for k in olds if k in news), key=repr):
-        a, b = olds[ident], news[ident]
-        for column in columns:
-            if _canonical(a[column]) != _canonical(b[column]):
-                diff.differing_cells += 1
-                if len(diff.cells) < shown:
-                    diff.cells.append((ident, column, a[column], b[column]))
-    return diff
-
-
-def run_labels(lake_root: Path) -> dict[str, str]:
-    """run id -> a label that names the same run in another probe's lake: a sweep point's id carries a hash of the
-    code fingerprint (``<finding>-quick-<variant>-<hash>-p<i>``), so points are named by their sweep without the
-    hash and their index; other runs (bootstraps) by their id."""
-    from ragen_core.storage import query
-
-    rows = query(lake_root, "SELECT run_id, sweep_id, sweep_point FROM runs").to_pylist()
-    labels = {}
-    for row in rows:
-        sweep = row["sweep_id"]
-        if sweep is not None and row["sweep_point"] is not None:
-            labels[row["run_id"]] = f"{re.sub(r'-[0-9a-f]{8}$', '', sweep)}#p{row['sweep_point']}"
-        else:
-            labels[row["run_id"]] = row["run_id"]
-    if len(set(labels.values())) != len(labels):
-        raise RestampError(f"{lake_root}: two runs share a label; the probe's lake holds runs of another probe")
-    return labels
-
-
-def _lake_table(lake_root: Path, table: str, labels: dict[str, str]) -> pa.Table:
-    """A table of the lake with every run id replaced by its label (and, for metrics, the timing rows left out)."""
-    from ragen_core.storage import query
-
-    sql = f"SELECT * FROM {table}"  # noqa: S608  (a name from TABLES, never from a user)
-    if table == "metrics":
-        sql += " WHERE NOT (" + " OR ".join("starts_with(name, ?)" for _ in TIMING_METRICS) + ")"
-    data = query(lake_root, sql, params=list(TIMING_METRICS) if table == "metrics" else None)
-    if "run_id" in data.column_names:
-        ids = [labels.get(r, r) for r in data.column("run_id").to_pylist()]
-        data = data.set_column(data.column_names.index("run_id"), "run_id", pa.array(ids, pa.string()))
-    return data
-
-
-def compare_lakes(old_root: Path, new_root: Path, tables: Sequence[str] = TABLES) -> list[TableDiff]:
-    """Every table of ``tables`` of the two lakes, row by row and bit by bit (:func:`compare_tables`), runs matched by
-    :func:`run_labels`, the timing keys (:data:`TIMING_METRICS`, :data:`TIMING_COLUMNS`) left out."""
-    from schemas.tables import TABLES as SPECS
-
-    old_labels, new_labels = run_labels(old_root), run_labels(new_root)
-    diffs = []
-    for table in tables:
-        old = _lake_table(old_root, table, old_labels)
-        new = _lake_table(new_root, table, new_labels)
-        diffs.append(compare_tables(table, old, new, SPECS[table].key, TIMING_COLUMNS.get(table, ())))
-    return diffs
-
-
-def _relabelled(value: Any, labels: dict[str, str]) -> Any:
-    if isinstance(value, dict):
-        return {labels.get(k, k): _relabelled(v, labels) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_relabelled(v, labels) for v in value]
-    return labels.get(value, value) if isinstance(value, str) else value
-
-
-def compare_numbers(old: Any, new: Any, path: str = "", shown: int = 5) -> list[str]:
-    """Where two analyses' numbers differ (bitwise for floats; NaN equals NaN of the same bytes), as ``path: old ->
-    new`` lines, the keys matching :data:`TIMING_NUMBERS` left out."""
-    found: list[str] = []
-
-    def walk(a: Any, b: Any, where: str) -> None:
-        if len(found) >= shown:
-            return
-        if isinstance(a, dict) and isinstance(b, dict):
-            kept = {k for k in (*a, *b) if not TIMING_NUMBERS.search(str(k))}
-            for k in sorted(kept, key=str):
-                if k not in a or k not in b:
-                    found.append(f"{where}/{k}: only on one side")
-                else:
-                    walk(a[k], b[k], f"{where}/{k}")
-        elif isinstance(a, list) and isinstance(b, list):
-            if len(a) != len(b):
-                found.append(f"{where}: {len(a)} -> {len(b)} items")
-            for i, (x, y) in enumerate(zip(a, b, strict=False)):
-                walk(x, y, f"{where}[{i}]")
-        elif _canonical(a) != _canonical(b) and not (_is_nan(a) and _is_nan(b)):
-            found.append(f"{where}: {a!r} -> {b!r}")
-
-    walk(old, new, path)
-    return found
-
-
-def _is_nan(value: Any) -> bool:
-    return isinstance(value, float) and math.isnan(value)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -304,8 +137,8 @@ class Side:
     commit: str
     fingerprint: str
     tree: Path
-    lake: Path | None = None
-    out: Path | None = None
+    lake: Path = Path()  # set once its runs are done
+    out: Path = Path()
     seconds: float = 0.0
 
 
@@ -417,18 +250,25 @@ def executed_lines(coverage_file: Path, tree: Path) -> dict[str, set[int]]:
     return executed
 
 
-def unexercised(changed: dict[str, list[int] | None], executed: dict[str, set[int]]) -> dict[str, str]:
-    """The changed counted files the probe did not exercise, each with why: a changed file must have one of its
-    changed lines executed (or, where the change only removed lines, any line); a removed file needs nothing."""
+def unexercised(changed: dict[str, list[int] | None], executed: dict[str, set[int]], tree: Path) -> dict[str, str]:
+    """The changed counted files the probe did not exercise, each with why. A changed line counts as the statement
+    it belongs to (a default inside a multi-line signature is its ``def``, run when the module is imported); a file
+    must have one such statement executed, or, where its change holds no statement (lines removed only), any line.
+    A removed file needs nothing."""
+    from coverage.python import PythonParser
+
     missing = {}
     for name, lines in changed.items():
         if lines is None:
             continue
         ran = executed.get(name, set())
+        parser = PythonParser(text=(tree / name).read_text())
+        parser.parse_source()
+        statements = {parser.first_line(line) for line in lines} & parser.statements
         if not ran:
             missing[name] = "no line of it ran"
-        elif lines and not ran.intersection(lines):
-            missing[name] = f"none of its {len(lines)} changed line(s) ran"
+        elif statements and not ran & statements:
+            missing[name] = f"none of its {len(statements)} changed statement(s) ran"
     return missing
 
 
@@ -500,27 +340,49 @@ def probe(
     only: Sequence[str] | None = None,
 ) -> ProbeResult:
     """Run the probe of every registered finding (or those in ``only``) at ``from_commit`` and at ``to_commit`` in
-    ``work`` and compare them (:class:`ProbeResult`). Refuses, before any run, a change of a finding's spec, config
-    or defaults (its spec digest under the old fingerprint moves)."""
+    ``work`` and compare them (:class:`ProbeResult`). Refuses, before any run, a pair of commits with no changed
+    counted file, and a change of a finding's spec, config or defaults (its spec digest under the old fingerprint
+    moves)."""
     started = time.monotonic()
-    commits = [_git(repo, "rev-parse", "--verify", f"{c}^{{commit}}") for c in (from_commit, to_commit)]
     work.mkdir(parents=True, exist_ok=True)
     launcher = work / "launch.py"
     launcher.write_text(LAUNCHER)
+    old, new = _checkouts(repo, (from_commit, to_commit), work)
+    changed = changed_counted_files(old.tree, new.tree)
+    if not changed:
+        raise RestampError(
+            f"no counted file changed between {old.commit[:12]} and {new.commit[:12]} (fingerprint "
+            f"{old.fingerprint}): nothing to re-stamp"
+        )
+    findings = _probe_specs(old, new, launcher, only)
+    coverage = work / "coverage.data"
+    coverage.unlink(missing_ok=True)
+    run_side(old, launcher, work, "old", None, log)
+    run_side(new, launcher, work, "new", coverage, log)
+    log("probe: comparing the two lakes row by row")
+    tables = compare_lakes(old.lake, new.lake)
+    numbers, points = _compare_analyses(old, new, findings)
+    missing = unexercised(changed, executed_lines(coverage, new.tree), new.tree)
+    seconds = round(time.monotonic() - started, 1)
+    return ProbeResult(old, new, findings, tables, numbers, changed, missing, points, seconds)
+
+
+def _checkouts(repo: Path, commits: Sequence[str], work: Path) -> tuple[Side, Side]:
+    """The two commits' trees written under ``work`` (``code-old``, ``code-new``), each with its fingerprint."""
     sides = []
-    for name, commit in zip(("old", "new"), commits, strict=True):
+    for name, given in zip(("old", "new"), commits, strict=True):
+        commit = _git(repo, "rev-parse", "--verify", f"{given}^{{commit}}")
         tree = work / f"code-{name}"
         if tree.exists():
             shutil.rmtree(tree)
         export_commit(repo, commit, tree)
         sides.append(Side(commit, code_fingerprint(tree), tree))
-    old, new = sides
-    changed = changed_counted_files(old.tree, new.tree)
-    if not changed:
-        raise RestampError(
-            f"no counted file changed between {commits[0][:12]} and {commits[1][:12]} (fingerprint "
-            f"{old.fingerprint}): nothing to re-stamp"
-        )
+    return sides[0], sides[1]
+
+
+def _probe_specs(old: Side, new: Side, launcher: Path, only: Sequence[str] | None) -> list[str]:
+    """Check that no finding's spec digest moved, then write the probe specs into both trees (only those of
+    ``only`` and the findings whose runs they analyse); the findings probed."""
     before, after = spec_digests(old, launcher), spec_digests(new, launcher, old.fingerprint)
     moved = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
     if moved:
@@ -528,43 +390,36 @@ def probe(
             f"the spec, config or defaults of {', '.join(moved)} changed between the commits: a "
             "re-stamp cannot vouch for that; regenerate (ragen reproduce --all)"
         )
-    if only:
-        unknown = sorted(set(only) - set(before))
-        if unknown:
-            raise RestampError(f"unknown finding(s) {unknown}; registered: {', '.join(before)}")
+    unknown = sorted(set(only or ()) - set(before))
+    if unknown:
+        raise RestampError(f"unknown finding(s) {unknown}; registered: {', '.join(before)}")
     findings = write_probe_specs(old.tree)
     if write_probe_specs(new.tree) != findings:
         raise RestampError("the two commits register other findings")
-    if only:
-        keep = set(only) | {_runs_of(old.tree, name) for name in only} - {None}
-        for side in sides:  # the other findings' specs left out of the probe's trees
-            for name in set(findings) - keep:
-                (side.tree / "configs" / "findings" / f"{name}.yaml").unlink()
-        findings = [f for f in findings if f in keep]
-    coverage = work / "coverage.data"
-    if coverage.exists():
-        coverage.unlink()
-    run_side(old, launcher, work, "old", None, log)
-    run_side(new, launcher, work, "new", coverage, log)
-    assert old.lake and new.lake and old.out and new.out
-    log("probe: comparing the two lakes row by row")
-    tables = compare_lakes(old.lake, new.lake)
+    if not only:
+        return findings
+    keep = set(only) | {_runs_of(old.tree, name) for name in only} - {None}
+    for side in (old, new):  # the other findings' specs left out of the probe's trees
+        for name in set(findings) - keep:
+            (side.tree / "configs" / "findings" / f"{name}.yaml").unlink()
+    return [f for f in findings if f in keep]
+
+
+def _compare_analyses(old: Side, new: Side, findings: Sequence[str]) -> tuple[dict, dict]:
+    """Per finding: the differences between the two sides' analysis numbers (and held-out reports), and the labels
+    of its probe runs."""
     old_labels, new_labels = run_labels(old.lake), run_labels(new.lake)
     numbers, points = {}, {}
     for name in findings:
         a = json.loads((old.out / f"{name}-quick.json").read_text())
         b = json.loads((new.out / f"{name}-quick.json").read_text())
         numbers[name] = compare_numbers(
-            _relabelled({"numbers": a["numbers"], "held_out": a["held_out"]}, old_labels),
-            _relabelled({"numbers": b["numbers"], "held_out": b["held_out"]}, new_labels),
+            relabelled({"numbers": a["numbers"], "held_out": a["held_out"]}, old_labels),
+            relabelled({"numbers": b["numbers"], "held_out": b["held_out"]}, new_labels),
         )
-        points[name] = sorted(
-            old_labels[run] for run in old_labels if any(run.startswith(s) for s in a["sweeps"].values())
-        )
-    missing = unexercised(changed, executed_lines(coverage, new.tree))
-    return ProbeResult(
-        old, new, findings, tables, numbers, changed, missing, points, round(time.monotonic() - started, 1)
-    )
+        sweeps = tuple(a["sweeps"].values())
+        points[name] = sorted(label for run, label in old_labels.items() if run.startswith(sweeps))
+    return numbers, points
 
 
 def _runs_of(tree: Path, name: str) -> str | None:
@@ -649,7 +504,6 @@ __all__ = [
     "PROBE_DROP",
     "PROBE_EXTRA",
     "RECORDS",
-    "TABLES",
     "TIMING_COLUMNS",
     "TIMING_METRICS",
     "TIMING_NUMBERS",
@@ -659,7 +513,6 @@ __all__ = [
     "changed_counted_files",
     "compare_lakes",
     "compare_numbers",
-    "compare_tables",
     "probe",
     "reaches",
     "record_of",

@@ -1,7 +1,9 @@
-"""The committed findings were made by the code and the specs of this checkout: each ``docs/findings/NAME.json``'s
-``spec_digest`` is the digest the checkout computes for NAME (its spec, the resolved config of every run, the models
-and the code fingerprint), and its ``code.fingerprint`` is the checkout's. A change to an env, a prompt, a loss, a
-default or a finding's spec fails here until ``ragen reproduce --all`` has written the findings again."""
+"""The committed findings hold for this checkout's code and specs: each ``docs/findings/NAME.json``'s
+``spec_digest`` is the digest the checkout computes for NAME under the fingerprint of the code that made it (its
+spec, the resolved config of every run, the models), and that code is the checkout's, or is linked to it by a chain of
+re-stamp records (``docs/findings/restamps/``: ``ragen reproduce --restamp`` proved that the change moved none of the
+numbers). A change to an env, a prompt, a loss or the sampler fails here until a re-stamp vouches for it or ``ragen
+reproduce --all`` has written the findings again; a change to a default or a finding's spec only the latter."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import json
 import pytest
 
 from ragen_core.findings.provenance import code_fingerprint
+from ragen_core.findings.restamp import reaches, records
 from ragen_core.findings.spec import REPO_ROOT, load_finding, registered, spec_digest
 
 FOLDER = REPO_ROOT / "docs" / "findings"
-HOW = "regenerate it: ragen reproduce --all --out-dir docs/findings (docs/findings.md)"
+HOW = "re-stamp it (ragen reproduce --restamp) or regenerate it: ragen reproduce --all --out-dir docs/findings"
 
 
 def test_every_registered_finding_has_its_committed_json_and_picture():
@@ -26,9 +29,27 @@ def test_every_registered_finding_has_its_committed_json_and_picture():
 @pytest.mark.parametrize("name", sorted(registered()))
 def test_a_committed_finding_was_made_by_this_checkout_s_code_and_spec(name):
     made = json.loads((FOLDER / f"{name}.json").read_text())
-    assert made["code"]["fingerprint"] == code_fingerprint(REPO_ROOT), f"{name}: made by other code; {HOW}"
-    assert made["spec_digest"] == spec_digest(load_finding(name)), f"{name}: made by another spec or config; {HOW}"
+    here, code = code_fingerprint(REPO_ROOT), made["code"]["fingerprint"]
+    chain = reaches(code, here, REPO_ROOT)
+    assert chain is not None, f"{name}: made by other code ({code}) that no re-stamp links to this ({here}); {HOW}"
+    assert all(name in record["findings"] for record in chain), f"{name}: a re-stamp on its path did not probe it"
+    digest = spec_digest(load_finding(name), fingerprint=code)
+    assert made["spec_digest"] == digest, f"{name}: made by another spec, config or default; {HOW}"
     assert made["code"]["dirty"] is False  # from a committed tree
+
+
+def test_every_re_stamp_record_vouches_for_a_whole_passed_probe_on_one_machine():
+    """A record links two fingerprints only as a probe of every registered finding that ran each changed counted
+    file, within the 40 minutes a re-stamp is meant to take on 2 cores; its sides ran one after the other on one
+    machine (one CPU named)."""
+    for record in records(REPO_ROOT):
+        where = f"{record['from']['fingerprint']}-{record['to']['fingerprint']}"
+        assert record["from"]["fingerprint"] != record["to"]["fingerprint"], where
+        assert sorted(record["findings"]) == sorted(registered()), where
+        assert record["changed_files"] and all(record["points"].values()), where
+        assert record["rows"]["trajectories"] > 0 and record["rows"]["metrics"] > 0, where
+        assert record["seconds"]["total"] <= 40 * 60, where
+        assert record["cpu"]["model"] and record["cpu"]["torch_capability"], where
 
 
 def test_held_out_validation_met_no_training_map():

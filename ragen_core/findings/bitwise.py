@@ -1,0 +1,205 @@
+"""Two lakes, or two analyses' numbers, compared bit for bit: the evidence of a re-stamp
+(:mod:`ragen_core.findings.restamp`). Floats are compared by their IEEE-754 bytes, so one ULP, a sign of zero or a
+NaN's payload shows; rows are matched by their table's key, so a dropped or duplicated row shows; runs are matched by
+what they are in their finding's sweep, since a point's id carries a hash of the code that ran it."""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+# The one declared list of what may differ between two runs that computed the same numbers: wall-clock times, the
+# rates derived from them and the moments rows were written. Nothing else is ever excluded from a comparison.
+TIMING_METRICS = ("time/",)  # metric-name prefixes (the metrics table): stage seconds and tokens per second
+TIMING_COLUMNS = {"events": ("created_at",)}  # per table: columns holding a moment of writing
+TIMING_NUMBERS = re.compile(r"(^|/|_)(seconds|minutes|per_minute)(_|$)|^time/")  # analysis keys (filtering, diversity)
+
+# The tables compared row by row, each by its key (schemas/tables.py): what a finding's numbers are made from.
+TABLES = ("metrics", "trajectories", "turns", "events", "evaluations")
+
+
+class ComparisonError(RuntimeError):
+    """Two lakes that cannot be compared (other columns, runs of another probe)."""
+
+
+def _canonical(value: Any) -> Any:
+    """A value whose equality is bitwise: floats as their IEEE-754 bytes (so -0.0 != 0.0 and one ULP shows)."""
+    if isinstance(value, float):
+        return ("f", struct.pack("<d", value))
+    if isinstance(value, list | tuple):
+        if value and all(type(item) is int for item in value):
+            return tuple(value)
+        return tuple(_canonical(item) for item in value)
+    if isinstance(value, dict):
+        return tuple((key, _canonical(item)) for key, item in sorted(value.items()))
+    return value
+
+
+@dataclass
+class TableDiff:
+    """How two versions of one table differ: rows on one side only, and cells that differ (a few shown)."""
+
+    table: str
+    old_rows: int
+    new_rows: int
+    only_old: list[tuple] = field(default_factory=list)
+    only_new: list[tuple] = field(default_factory=list)
+    cells: list[tuple[tuple, str, Any, Any]] = field(default_factory=list)  # key, column, old, new
+    differing_cells: int = 0
+
+    @property
+    def equal(self) -> bool:
+        return not (self.only_old or self.only_new or self.differing_cells)
+
+    def summary(self) -> str:
+        if self.equal:
+            return f"{self.table}: {self.old_rows} rows equal"
+        parts = []
+        if self.only_old:
+            parts.append(f"{len(self.only_old)} row(s) only in the old lake (first {self.only_old[0]})")
+        if self.only_new:
+            parts.append(f"{len(self.only_new)} row(s) only in the new lake (first {self.only_new[0]})")
+        if self.differing_cells:
+            key, column, old, new = self.cells[0]
+            parts.append(f"{self.differing_cells} cell(s) differ (first {column} at {key}: {old!r} -> {new!r})")
+        return f"{self.table}: " + "; ".join(parts)
+
+
+def compare_tables(
+    name: str, old: pa.Table, new: pa.Table, key: Sequence[str], skip: Iterable[str] = (), shown: int = 5
+) -> TableDiff:
+    """Every row of ``old`` and ``new`` matched by ``key`` and compared column by column, bitwise (floats by their
+    bytes), but for the columns in ``skip``. A key that occurs twice on one side is a difference too."""
+    skipped = set(skip)
+    columns = [c for c in old.column_names if c not in skipped]
+    if sorted(columns) != sorted(c for c in new.column_names if c not in skipped):
+        raise ComparisonError(f"{name}: the two lakes have other columns ({old.column_names} vs {new.column_names})")
+    diff = TableDiff(name, old.num_rows, new.num_rows)
+    sides = []
+    for table in (old, new):
+        rows: dict[tuple, dict[str, Any]] = {}
+        for row in table.select(columns).to_pylist():
+            ident = tuple(row[k] for k in key)
+            if ident in rows:  # a duplicated key: the row counts twice, which is never equal
+                ident = (*ident, f"duplicate #{sum(1 for r in rows if r[: len(key)] == ident)}")
+            rows[ident] = row
+        sides.append(rows)
+    olds, news = sides
+    diff.only_old = sorted((k for k in olds if k not in news), key=repr)
+    diff.only_new = sorted((k for k in news if k not in olds), key=repr)
+    for ident in sorted((k for k in olds if k in news), key=repr):
+        a, b = olds[ident], news[ident]
+        for column in columns:
+            if _canonical(a[column]) != _canonical(b[column]):
+                diff.differing_cells += 1
+                if len(diff.cells) < shown:
+                    diff.cells.append((ident, column, a[column], b[column]))
+    return diff
+
+
+def run_labels(lake_root: Path) -> dict[str, str]:
+    """run id -> a label that names the same run in another probe's lake: a sweep point's id carries a hash of the
+    code fingerprint (``<finding>-quick-<variant>-<hash>-p<i>``), so points are named by their sweep without the
+    hash and their index; other runs (bootstraps) by their id."""
+    from ragen_core.storage import query
+
+    rows = query(lake_root, "SELECT run_id, sweep_id, sweep_point FROM runs").to_pylist()
+    labels = {}
+    for row in rows:
+        sweep = row["sweep_id"]
+        if sweep is not None and row["sweep_point"] is not None:
+            labels[row["run_id"]] = f"{re.sub(r'-[0-9a-f]{8}$', '', sweep)}#p{row['sweep_point']}"
+        else:
+            labels[row["run_id"]] = row["run_id"]
+    if len(set(labels.values())) != len(labels):
+        raise ComparisonError(f"{lake_root}: two runs share a label; the probe's lake holds runs of another probe")
+    return labels
+
+
+def _lake_table(lake_root: Path, table: str, labels: dict[str, str]) -> pa.Table:
+    """A table of the lake with every run id replaced by its label (and, for metrics, the timing rows left out)."""
+    from ragen_core.storage import query
+
+    sql = f"SELECT * FROM {table}"  # noqa: S608  (a name from TABLES, never from a user)
+    if table == "metrics":
+        sql += " WHERE NOT (" + " OR ".join("starts_with(name, ?)" for _ in TIMING_METRICS) + ")"
+    data = query(lake_root, sql, params=list(TIMING_METRICS) if table == "metrics" else None)
+    if "run_id" in data.column_names:
+        ids = [labels.get(r, r) for r in data.column("run_id").to_pylist()]
+        data = data.set_column(data.column_names.index("run_id"), "run_id", pa.array(ids, pa.string()))
+    return data
+
+
+def compare_lakes(old_root: Path, new_root: Path, tables: Sequence[str] = TABLES) -> list[TableDiff]:
+    """Every table of ``tables`` of the two lakes, row by row and bit by bit (:func:`compare_tables`), runs matched by
+    :func:`run_labels`, the timing keys (:data:`TIMING_METRICS`, :data:`TIMING_COLUMNS`) left out."""
+    from schemas.tables import TABLES as SPECS
+
+    old_labels, new_labels = run_labels(old_root), run_labels(new_root)
+    diffs = []
+    for table in tables:
+        old = _lake_table(old_root, table, old_labels)
+        new = _lake_table(new_root, table, new_labels)
+        diffs.append(compare_tables(table, old, new, SPECS[table].key, TIMING_COLUMNS.get(table, ())))
+    return diffs
+
+
+def relabelled(value: Any, labels: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {labels.get(k, k): relabelled(v, labels) for k, v in value.items()}
+    if isinstance(value, list):
+        return [relabelled(v, labels) for v in value]
+    return labels.get(value, value) if isinstance(value, str) else value
+
+
+def compare_numbers(old: Any, new: Any, path: str = "", shown: int = 5) -> list[str]:
+    """Where two analyses' numbers differ (bitwise for floats; NaN equals NaN of the same bytes), as ``path: old ->
+    new`` lines, the keys matching :data:`TIMING_NUMBERS` left out."""
+    found: list[str] = []
+
+    def walk(a: Any, b: Any, where: str) -> None:
+        if len(found) >= shown:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            kept = {k for k in (*a, *b) if not TIMING_NUMBERS.search(str(k))}
+            for k in sorted(kept, key=str):
+                if k not in a or k not in b:
+                    found.append(f"{where}/{k}: only on one side")
+                else:
+                    walk(a[k], b[k], f"{where}/{k}")
+        elif isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                found.append(f"{where}: {len(a)} -> {len(b)} items")
+            for i, (x, y) in enumerate(zip(a, b, strict=False)):
+                walk(x, y, f"{where}[{i}]")
+        elif _canonical(a) != _canonical(b) and not (_is_nan(a) and _is_nan(b)):
+            found.append(f"{where}: {a!r} -> {b!r}")
+
+    walk(old, new, path)
+    return found
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+__all__ = [
+    "TABLES",
+    "TIMING_COLUMNS",
+    "TIMING_METRICS",
+    "TIMING_NUMBERS",
+    "ComparisonError",
+    "TableDiff",
+    "compare_lakes",
+    "compare_numbers",
+    "compare_tables",
+    "relabelled",
+    "run_labels",
+]

@@ -1,0 +1,236 @@
+"""The re-stamp's evidence cannot pass vacuously: the comparator sees one ULP, a sign of zero, a dropped row and a
+duplicated one; a probe of real runs fails on an edit that moves numbers (a Bandit payout), refuses a changed counted
+file that none of its runs executed, and passes, leaving a record that links the two fingerprints, on an edit that
+moves nothing. The probes run on a clone of this repository with a finding of one point added, two commits apart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ragen_core.findings.bitwise import compare_numbers, compare_tables
+from ragen_core.findings.restamp import (
+    RestampError,
+    changed_counted_files,
+    probe,
+    probe_overrides,
+    reaches,
+    record_of,
+    record_path,
+    stamped_commit,
+)
+from ragen_core.findings.spec import REPO_ROOT
+
+KEY = ("run_id", "iteration", "name")
+
+
+def _metrics(values: list[float], names: list[str] | None = None) -> pa.Table:
+    names = names or [f"m{i}" for i in range(len(values))]
+    return pa.table(
+        {
+            "run_id": ["r"] * len(values),
+            "iteration": pa.array([0] * len(values), pa.int32()),
+            "name": names,
+            "value": pa.array(values, pa.float64()),
+        }
+    )
+
+
+def _one_ulp_up(value: float) -> float:
+    return float(np.nextafter(value, np.inf))
+
+
+def test_equal_tables_compare_equal_in_any_row_order():
+    a = _metrics([0.1, 0.25, float("nan")])
+    diff = compare_tables("metrics", a, a.take([2, 0, 1]), KEY)
+    assert diff.equal and diff.old_rows == diff.new_rows == 3
+
+
+def test_one_ulp_of_one_metric_is_a_difference():
+    values = [0.1, 0.2 + 0.1, 7.0]
+    changed = [values[0], _one_ulp_up(values[1]), values[2]]
+    assert changed[1] != values[1] and abs(changed[1] - values[1]) < 1e-15  # the planted change is one ULP
+    diff = compare_tables("metrics", _metrics(values), _metrics(changed), KEY)
+    assert not diff.equal and diff.differing_cells == 1
+    assert diff.cells[0][:2] == (("r", 0, "m1"), "value")
+    assert "1 cell(s) differ" in diff.summary()
+
+
+def test_a_sign_of_zero_and_one_ulp_inside_a_float32_list_are_differences():
+    assert not compare_tables("metrics", _metrics([0.0]), _metrics([-0.0]), KEY).equal
+
+    def table(logprobs):
+        return pa.table({"k": [1], "behavior_logprobs": pa.array([logprobs], pa.list_(pa.float32()))})
+
+    base = [-0.5, -1.25, 0.0]
+    bumped = [-0.5, float(np.nextafter(np.float32(-1.25), np.float32(0))), 0.0]  # one float32 ULP
+    assert compare_tables("t", table(base), table(base), ("k",)).equal
+    assert compare_tables("t", table(base), table(bumped), ("k",)).differing_cells == 1
+
+
+def test_a_dropped_row_and_a_duplicated_row_are_differences():
+    full = _metrics([1.0, 2.0, 3.0])
+    dropped = compare_tables("metrics", full, full.slice(0, 2), KEY)
+    assert dropped.only_old == [("r", 0, "m2")] and not dropped.only_new and not dropped.equal
+    doubled = compare_tables("metrics", full, pa.concat_tables([full, full.slice(1, 1)]), KEY)
+    assert not doubled.equal and len(doubled.only_new) == 1 and doubled.new_rows == 4
+
+
+def test_only_the_declared_timing_columns_are_left_out():
+    def events(moment: int, value: float) -> pa.Table:
+        return pa.table({"run_id": ["r"], "created_at": pa.array([moment], pa.int64()), "value": [value]})
+
+    assert compare_tables("events", events(1, 0.5), events(2, 0.5), ("run_id",), skip=("created_at",)).equal
+    assert not compare_tables("events", events(1, 0.5), events(2, 0.5), ("run_id",)).equal
+    assert not compare_tables("events", events(1, 0.5), events(1, 0.75), ("run_id",), skip=("created_at",)).equal
+
+
+def test_analysis_numbers_compare_bitwise_but_for_timing_keys():
+    numbers = {"arms": {"keep": {"final_success": {"mean": 0.3, "n": 2}, "update_seconds_per_iteration": 1.5}}}
+    assert compare_numbers(numbers, json.loads(json.dumps(numbers))) == []
+    slower = json.loads(json.dumps(numbers))
+    slower["arms"]["keep"]["update_seconds_per_iteration"] = 9.0  # a timing: never a difference
+    assert compare_numbers(numbers, slower) == []
+    moved = json.loads(json.dumps(numbers))
+    moved["arms"]["keep"]["final_success"]["mean"] = _one_ulp_up(0.3)
+    assert compare_numbers(numbers, moved) == ["/arms/keep/final_success/mean: 0.3 -> 0.30000000000000004"]
+    assert compare_numbers({"curve": [1.0, 2.0]}, {"curve": [1.0]}) == ["/curve: 2 -> 1 items"]
+
+
+def test_the_probe_keeps_the_bootstrap_on_but_short():
+    quick = ["trainer.iterations=2", "bootstrap.enabled=false", "eval.every=1"]
+    assert probe_overrides(quick) == [
+        "trainer.iterations=2",
+        "eval.every=1",
+        "bootstrap.num_groups=8",
+        "bootstrap.epochs=1",
+    ]
+    assert probe_overrides(["bootstrap.epochs=2"]) == ["bootstrap.epochs=2", "bootstrap.num_groups=8"]
+
+
+# -- probes of real runs, on a clone ---------------------------------------------------------------------------------
+
+TINY = """\
+    finding:
+      claim: a probe's own finding, one point
+      analysis: echo_trap
+      config: configs/bandit.yaml
+      overrides: [trainer.num_threads=1, trainer.checkpoint_every=100, "env.val_envs=[bandit]"]
+      variants: {starpo_s: [algorithm.preset=starpo_s]}
+      seeds: 1
+      quick:
+        overrides: [trainer.iterations=1, bootstrap.enabled=false, rollout.env_groups=2, rollout.group_size=4,
+                    rollout.max_new_tokens=8, actor.mini_batch_size=8, actor.micro_batch_size=8, eval.every=1,
+                    eval.instances=4]
+"""
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _commit(repo: Path, message: str) -> str:
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def _edit(repo: Path, name: str, old: str, new: str) -> None:
+    path = repo / name
+    text = path.read_text()
+    assert text.count(old) == 1, f"{name}: {old!r}"
+    path.write_text(text.replace(old, new))
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """This repository's committed tree with the one-point finding ``probe_tiny``, and three commits on it: the
+    base, a Bandit payout moved together with an edit in an env no finding runs, and an edit that moves nothing."""
+    repo = tmp_path_factory.mktemp("restamp") / "repo"
+    subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(repo)], check=True)
+    (repo / "configs" / "findings" / "probe_tiny.yaml").write_text(textwrap.dedent(TINY))
+    commits = {"base": _commit(repo, "a probe's finding")}
+    _edit(repo, "ragen_core/envs/bandit.py", "low_reward: float = 0.1,", "low_reward: float = 0.2,")
+    _edit(
+        repo,
+        "ragen_core/envs/rubikscube.py",
+        "    def render(self) -> str:\n",
+        "    def render(self) -> str:\n        _ = 0\n",
+    )
+    commits["moved"] = _commit(repo, "a payout moved, and a line no probe runs")
+    _git(repo, "checkout", "-q", commits["base"])
+    _edit(repo, "ragen_core/envs/bandit.py", "reward = self.low_reward\n", "reward = float(self.low_reward)\n")
+    commits["same"] = _commit(repo, "a cast that moves nothing")
+    return repo, commits
+
+
+def test_changed_counted_files_follow_the_code_form_not_the_words(clone, tmp_path):
+    repo, commits = clone
+    old, new = tmp_path / "old", tmp_path / "new"
+    for folder, commit in ((old, commits["base"]), (new, commits["same"])):
+        folder.mkdir()
+        subprocess.run(f"git -C {repo} archive {commit} ragen_core | tar -x -C {folder}", shell=True, check=True)
+    changed = changed_counted_files(old, new)
+    assert list(changed) == ["ragen_core/envs/bandit.py"] and len(changed["ragen_core/envs/bandit.py"]) == 1
+    (new / "ragen_core" / "envs" / "sokoban.py").write_text(
+        (new / "ragen_core/envs/sokoban.py").read_text() + "# a note\n"
+    )
+    (new / "ragen_core" / "storage" / "lake.py").write_text("X = 1\n")  # plumbing: never counted
+    assert list(changed_counted_files(old, new)) == ["ragen_core/envs/bandit.py"]
+
+
+def test_a_probe_fails_on_a_moved_payout_and_refuses_a_file_it_never_ran(clone, tmp_path):
+    repo, commits = clone
+    result = probe(
+        repo, commits["base"], commits["moved"], tmp_path / "probe", log=lambda _: None, only=["probe_tiny"]
+    )
+    assert not result.equal and not result.passed
+    differing = {t.table for t in result.tables if not t.equal}
+    assert {"trajectories", "metrics"} <= differing, [t.summary() for t in result.tables]
+    assert result.numbers["probe_tiny"], "the analysis numbers moved too"
+    assert set(result.changed) == {"ragen_core/envs/bandit.py", "ragen_core/envs/rubikscube.py"}
+    assert result.unexercised == {"ragen_core/envs/rubikscube.py": "none of its 1 changed statement(s) ran"}
+    assert any("rubikscube.py: the probe did not exercise it" in line for line in result.problems())
+
+
+def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fingerprints(clone, tmp_path):
+    repo, commits = clone
+    result = probe(repo, commits["base"], commits["same"], tmp_path / "probe", log=lambda _: None, only=["probe_tiny"])
+    assert result.passed, result.problems()
+    rows = {t.table: t.old_rows for t in result.tables}
+    # one point: 1 iteration of 2 groups x 4 trained and validations of 4 instances at iterations 0 and 1, and the
+    # bootstrap's own rows; every row compared
+    assert rows["trajectories"] >= 2 * 4 * 2 + 2 * 4 and rows["metrics"] > 0
+    assert result.points["probe_tiny"] == ["probe-tiny-quick-starpo-s#p0"]
+    record = record_of(result)
+    assert record["from"] == {"commit": commits["base"], "fingerprint": result.old.fingerprint}
+    assert record["to"]["fingerprint"] == result.new.fingerprint != result.old.fingerprint
+    path = record_path(repo, record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    assert [r["to"]["commit"] for r in reaches(result.old.fingerprint, result.new.fingerprint, repo)] == [
+        commits["same"]
+    ]
+    assert reaches(result.new.fingerprint, result.old.fingerprint, repo) is None  # a record vouches one way
+    assert stamped_commit(repo, result.old.fingerprint, commits["base"]) == commits["same"]
+
+
+def test_a_probe_refuses_a_changed_default_before_any_run(clone, tmp_path):
+    repo, commits = clone
+    _git(repo, "checkout", "-q", commits["base"])
+    _edit(
+        repo,
+        "ragen_core/config/optimisation.py",
+        "teacher_prob: float = Field(\n        0.5,",
+        "teacher_prob: float = Field(\n        0.6,",
+    )
+    default = _commit(repo, "a default moved")
+    with pytest.raises(RestampError, match="spec, config or defaults of .*probe_tiny"):
+        probe(repo, commits["base"], default, tmp_path / "probe", log=lambda _: None, only=["probe_tiny"])
+    assert not (tmp_path / "probe" / "old.log").exists()  # refused before any run
