@@ -49,7 +49,7 @@ def reproduce(
     version recorded in each JSON is the checkout's as the command started, so the files it writes do not count as
     changes to the code that made them."""
     from ragen_core.findings import FindingError, claims, registered
-    from ragen_core.findings.provenance import provenance
+    from ragen_core.findings.provenance import machine, provenance
     from ragen_core.findings.spec import REPO_ROOT
 
     if restamp or from_commit is not None or work_dir is not None:
@@ -66,7 +66,8 @@ def reproduce(
         fail("--out names one finding's picture; with --all give --out-dir")
     names = list(registered()) if every else [str(name)]
     folder = out_dir or Path("findings")  # the committed findings only when asked: --out-dir docs/findings
-    made = provenance(REPO_ROOT)  # before anything is written: the code that runs, not the files this command writes
+    made = {**provenance(REPO_ROOT), "cpu": machine()}  # before anything is written: the code that runs, not the
+    # files this command writes; and the machine kind its numbers are bitwise on
     try:
         jobs = [(n, *_planned(n, quick), _checked_out(_out(n, quick, folder, out), data_root_path(data_root)))
                 for n in names]  # every name checked before any compute  # fmt: skip

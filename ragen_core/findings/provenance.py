@@ -146,6 +146,30 @@ def _blank(cut: dict[int, list[tuple[int, int]]], lines: list[str], start: Posit
         cut.setdefault(number - 1, []).append((begin, stop))
 
 
+def machine() -> dict[str, Any]:
+    """The machine kind a finding's numbers are bitwise on: the CPU's model, torch's CPU capability (the instruction
+    set its kernels use: ``AVX2``, ``AVX512``, ...), torch's threads and the cores. Other kinds give other roundings
+    (docs/findings.md, "Why one machine")."""
+    import os
+
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "model": model,
+        "torch_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "cores": os.cpu_count(),
+    }
+
+
 def provenance(root: Path) -> dict[str, Any]:
     """The code version (:func:`code_version` and :func:`code_fingerprint`) and the library versions
     (:func:`library_versions`)."""
@@ -159,5 +183,6 @@ __all__ = [
     "code_form",
     "code_version",
     "library_versions",
+    "machine",
     "provenance",
 ]

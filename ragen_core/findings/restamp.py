@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -42,7 +41,7 @@ from ragen_core.findings.bitwise import (
     relabelled,
     run_labels,
 )
-from ragen_core.findings.provenance import PLUMBING, code_fingerprint, code_form, library_versions
+from ragen_core.findings.provenance import PLUMBING, code_fingerprint, code_form, library_versions, machine
 
 RECORDS = Path("docs") / "findings" / "restamps"  # the records, relative to the repository's root
 
@@ -311,26 +310,6 @@ class ProbeResult:
         return lines
 
 
-def cpu() -> dict[str, Any]:
-    """The machine kind the numbers are bitwise on: the CPU model, torch's CPU capability and its threads."""
-    import torch
-
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "model": model,
-        "torch_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
-        "cores": os.cpu_count(),
-    }
-
-
 def probe(
     repo: Path,
     from_commit: str,
@@ -450,7 +429,7 @@ def record_of(result: ProbeResult) -> dict[str, Any]:
         },
         "changed_files": {name: (None if lines is None else len(lines)) for name, lines in result.changed.items()},
         "seconds": {"old": result.old.seconds, "new": result.new.seconds, "total": result.seconds},
-        "cpu": cpu(),
+        "cpu": machine(),
         "versions": library_versions(),
     }
 

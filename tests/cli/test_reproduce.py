@@ -9,6 +9,7 @@ from importlib import metadata
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from ragen_cli.main import app
@@ -66,6 +67,7 @@ def test_each_finding_writes_its_png_and_numbers(reproduced):
         assert numbers["finding"] == name and numbers["quick"] is True
         assert numbers["versions"]["torch"] == metadata.version("torch")  # provenance: the libraries and the code
         assert set(numbers["code"]) == {"commit", "dirty", "fingerprint"}
+        assert numbers["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()  # the machine kind
         assert numbers["code"]["fingerprint"] == code_fingerprint(REPO_ROOT)
         assert numbers["spec_digest"] == spec_digest(load_finding(name))
         # validation held out by map: the multi-turn findings' runs never met a validation map in training
