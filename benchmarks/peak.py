@@ -10,35 +10,7 @@ hold (padding is waste, not work).
 
 from __future__ import annotations
 
-import time
 from typing import Any
-
-import torch
-
-
-def matmul_peak_tflops(device: str = "cpu", size: int | None = None, repeats: int = 5, seconds: float = 0.5) -> float:
-    """The best TFLOP/s of ``torch.mm`` on ``size`` x ``size`` matrices over ``repeats`` timed bursts of about
-    ``seconds`` each (the best burst: on a loaded machine the others are the neighbours' noise)."""
-    size = size or (8192 if device == "cuda" else 1024)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    generator = torch.Generator().manual_seed(0)
-    a = torch.randn((size, size), generator=generator).to(device=device, dtype=dtype)
-    b = torch.randn((size, size), generator=generator).to(device=device, dtype=dtype)
-    out = torch.empty((size, size), device=device, dtype=dtype)
-    torch.mm(a, b, out=out)  # warm-up (kernel choice, pages)
-    best, flops = 0.0, 2.0 * size**3
-    for _ in range(repeats):
-        calls, started = 0, time.perf_counter()
-        while True:
-            torch.mm(a, b, out=out)
-            calls += 1
-            if device == "cuda":
-                torch.cuda.synchronize()
-            elapsed = time.perf_counter() - started
-            if elapsed >= seconds:
-                break
-        best = max(best, flops * calls / elapsed / 1e12)
-    return best
 
 
 def update_flops(parameters: int, tokens: int, passes: int = 1, rescored: bool = False) -> float:

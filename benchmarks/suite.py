@@ -171,8 +171,9 @@ def run_rollout_section(sizes: Sizes, device: str, threads: int) -> dict[str, An
 def run_update_section(sizes: Sizes, device: str, threads: int, peak_tflops: float | None) -> dict[str, Any]:
     """Item 2 (CPU) or 7 (cuda, with the update's model FLOPs utilisation)."""
     from benchmarks.models import model_dir
-    from benchmarks.peak import matmul_peak_tflops, update_peak_share
+    from benchmarks.peak import update_peak_share
     from benchmarks.update_bench import UpdateCase, measure
+    from ragen_core.training.cost import matmul_peak_tflops  # the same measurement as a run's perf/mfu
 
     started = time.perf_counter()
     shapes = (("0.5b", 5),) if device == "cuda" else sizes.update_shapes

@@ -22,7 +22,8 @@ from ragen_cli.common import (
 RUNS_FOOTNOTE = (
     "iterations: committed iterations, the final validation included (a completed run of N iterations shows N + 1: "
     "iterations 0 to N-1 each validate when due, then update; iteration N validates the last update). "
-    "val_iteration: the last validated iteration. config_hash: the first 8 hex digits of the run's config hash as it "
+    "val_iteration: the last validated iteration. mfu: the updates' mean model FLOPs utilisation (perf/mfu; "
+    "docs/usage.md). config_hash: the first 8 hex digits of the run's config hash as it "
     "is now: extending a run (trainer.iterations) changes it, while a default run id <env>-<hash>-<time> keeps the "
     "hash the run started with."
 )

@@ -38,7 +38,9 @@ def _rows(root: Path) -> dict[str, list[dict]]:
     return {
         "trajectories": ragen_core.query("SELECT * FROM trajectories ORDER BY ALL", root).to_pylist(),
         "metrics": ragen_core.query(
-            "SELECT iteration, name, value FROM metrics WHERE name NOT LIKE 'time/%' ORDER BY ALL", root
+            "SELECT iteration, name, value FROM metrics "
+            "WHERE split_part(name, '/', 1) NOT IN ('time', 'perf') ORDER BY ALL",
+            root,
         ).to_pylist(),
         "evaluations": ragen_core.query(
             "SELECT iteration, env, success_rate, reward_mean FROM evaluations ORDER BY ALL", root

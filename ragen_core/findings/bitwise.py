@@ -17,7 +17,7 @@ import pyarrow as pa
 
 # The one declared list of what may differ between two runs that computed the same numbers: wall-clock times, the
 # rates derived from them and the moments rows were written. Nothing else is ever excluded from a comparison.
-TIMING_METRICS = ("time/",)  # metric-name prefixes (the metrics table): stage seconds and tokens per second
+TIMING_METRICS = ("time/", "perf/")  # metric-name prefixes: stage seconds, tokens per second, the update's cost
 TIMING_COLUMNS = {"events": ("created_at",)}  # per table: columns holding a moment of writing
 TIMING_NUMBERS = re.compile(r"(^|/|_)(seconds|minutes|per_minute)(_|$)|^time/")  # analysis keys (filtering, diversity)
 

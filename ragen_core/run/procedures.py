@@ -308,12 +308,24 @@ def retrain(admission: Admission, hooks: Hooks) -> dict[str, Any]:
                 hooks.step("validating the model before training")
                 hooks.call(EVALUATION, opened, 0, state)
             hooks.step(f"epoch {epoch + 1} of {epochs}: {request.mode} over {table.num_rows} trajectories")
-            state.metrics.update(steps.offline_epoch(opened, table, request.mode, epoch))
+            state.metrics.update(_costed_epoch(steps, opened, table, request.mode, epoch))
             hooks.call(COMMIT, opened, epoch, state)
             hooks.report(epoch, state.metrics)
         hooks.step("validating the re-trained model")
         hooks.report(epochs, final_evaluation(opened, epochs, hooks, hooks.step))
     return {"run_id": run_id, "data_root": str(lake.root), "trajectories": table.num_rows}
+
+
+def _costed_epoch(steps: Steps, opened: Any, table: Any, mode: str, epoch: int) -> dict[str, float]:
+    """One offline epoch and its ``perf/*`` cost (wall time, model FLOPs, MFU, peak memory: as a StarPO update's),
+    timed around the epoch's step wherever that step runs (a Prefect task or a direct call)."""
+    from ragen_core.training.updater import InProcessUpdater
+
+    if not isinstance(opened.updater, InProcessUpdater):  # the epoch refuses it, in one line
+        return steps.offline_epoch(opened, table, mode, epoch)
+    with opened.updater.clock() as clock:
+        metrics = steps.offline_epoch(opened, table, mode, epoch)
+    return {**metrics, **clock.metrics()}
 
 
 __all__ = [

@@ -22,6 +22,7 @@ import torch
 from ragen_core.algos import POLICY_LOSSES, aggregate_loss, kl_penalty
 from ragen_core.algos.losses import trained_sequences
 from ragen_core.training.batch import TokenBatch, token_logprobs, trained_columns
+from ragen_core.training.cost import ModelShape, PassTally
 from ragen_core.training.distributed import ensure_single_process_env
 from ragen_core.training.parallel import (
     MicroBatchPlan,
@@ -166,6 +167,7 @@ class ActorEngine:
         import deepspeed
 
         self.optim = optim
+        self.tally = PassTally(ModelShape.of(model))  # the FLOPs of its passes, for the update's perf/* metrics
         prepare_model(model, optim)
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if keep_reference else None
         optimizer = build_optimizer(model, optim)
@@ -201,8 +203,10 @@ class ActorEngine:
         out = torch.zeros_like(batch.loss_mask)
         lockstep = model is self.module and self.engine.zero_optimization_partition_weights()
         for plan in self._passes(list(range(len(batch))), batch, lockstep):
-            logprobs, _ = token_logprobs(model, batch.select(plan.rows).to(self.device))
+            host = batch.select(plan.rows)
+            logprobs, _ = token_logprobs(model, host.to(self.device))
             if plan.weight > 0:
+                self.tally.add(host)
                 out[plan.rows, : logprobs.shape[1]] = logprobs.to(out.device)
         model.train(was_training)
         return all_reduce_sum(out, self.device)
@@ -267,7 +271,7 @@ class ActorEngine:
             # seq-mean: this micro-batch's share of the mini-batch's trained sequences (rows without tokens count 0)
             weight = trained_sequences(mask[plan.rows]) / sequences
             micro_tokens = float(mask[plan.rows].sum()) / max(token_count, 1.0)
-            loss, values, micro_gap = self._ppo_micro(inputs, plan.rows, token_count, weight, micro_tokens, watch_gap)
+            loss, values, micro_gap = self._ppo_micro(inputs, plan, token_count, weight, micro_tokens, watch_gap)
             if world > 1 or plan.weight != 1.0:  # DeepSpeed averages over ranks: scale so that the ranks' sum counts
                 loss = loss * (plan.weight * world)
             self.engine.backward(loss, scale_wrt_gas=False)
@@ -287,19 +291,22 @@ class ActorEngine:
         return stats
 
     def _ppo_micro(
-        self, inputs: _StepInputs, rows: list[int], token_count: float, weight: float, micro_tokens: float,
+        self, inputs: _StepInputs, plan: MicroBatchPlan, token_count: float, weight: float, micro_tokens: float,
         watch_gap: bool,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:  # fmt: skip
         """The loss of one micro-batch (normalised by the whole mini-batch), its share of the metrics (detached
         device tensors) and, with ``watch_gap``, the largest |current - old| log-prob over its trained tokens."""
-        algorithm = inputs.algorithm
+        algorithm, rows = inputs.algorithm, plan.rows
         host = inputs.batch.select(rows)
         micro = host.to(self.device, non_blocking=True)
         width = micro.input_ids.shape[1]
         # only the columns with trained tokens get logits (found on the host: no device round-trip); the entropy is
         # a metric only when its coefficient is 0: then no graph is kept for it
         columns = trained_columns(host.loss_mask) if self.keeps_logits else None
-        columns = columns.to(self.device, non_blocking=True) if columns is not None and len(columns) else None
+        columns = columns if columns is not None and len(columns) else None
+        if plan.weight > 0:  # a zero-weight pass (ZeRO-3's lockstep padding) is waste, not work
+            self.tally.add(host, columns, backward=True)
+        columns = columns.to(self.device, non_blocking=True) if columns is not None else None
         logprobs, entropy = token_logprobs(
             self.engine, micro, with_entropy=True, entropy_grad=algorithm.entropy_coef != 0, columns=columns
         )
@@ -347,7 +354,10 @@ class ActorEngine:
                 micro = host.to(self.device)
                 # only the columns with trained tokens get logits (the replies: a fifth of a windowed demonstration)
                 columns = trained_columns(host.loss_mask) if self.keeps_logits else None
-                columns = columns.to(self.device) if columns is not None and len(columns) else None
+                columns = columns if columns is not None and len(columns) else None
+                if plan.weight > 0:
+                    self.tally.add(host, columns, backward=True)
+                columns = columns.to(self.device) if columns is not None else None
                 logprobs, _ = token_logprobs(self.engine, micro, columns=columns)
                 loss = -aggregate_loss(logprobs, micro.loss_mask, "token-mean", token_count)
                 scaled = loss * (plan.weight * world) if world > 1 or plan.weight != 1.0 else loss

@@ -25,16 +25,19 @@ import torch
 
 from ragen_core.agent.prompts import reply_prefix as prompt_reply_prefix
 from ragen_core.agent.spans import think_mask
+from ragen_core.algos.advantages import needs_critic
 from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.storage import DataLake
 from ragen_core.training.actor import ActorEngine
 from ragen_core.training.checkpoint import export_policy, load_checkpoint, load_exported_weights, save_checkpoint
+from ragen_core.training.cost import UpdateClock, critic_passes
 from ragen_core.training.critic import CriticEngine
 from ragen_core.training.engines import start_engines
 from ragen_core.training.handoff import SharedWeights, WeightLayout
 from ragen_core.training.inputs import update_inputs
-from ragen_core.training.starpo import starpo_update
+from ragen_core.training.precision import torch_dtype
+from ragen_core.training.starpo import critic_schedule, starpo_update
 
 SKIPPED = {"actor/skipped_update": 1.0}  # the filter kept no group (RAGEN's empty_after_filter): nothing trained
 
@@ -103,15 +106,23 @@ class InProcessUpdater:
         return cls(config, lake, run_id, actor, critic, tokenizer)
 
     def update(self, iteration: int) -> dict[str, float]:
-        inputs = update_inputs(self.lake, self.run_id, iteration, self.config, self.tokenizer.pad_token_id)
-        if inputs is None:
-            return dict(SKIPPED)
-        algorithm = self.config.algorithm
-        if algorithm.kl_coef > 0 and algorithm.kl_span == "think":
-            batch = inputs.batch
-            mask = think_mask(batch.input_ids.tolist(), batch.loss_mask.tolist(), self.tokenizer.decode)
-            inputs = dataclasses.replace(inputs, kl_mask=torch.from_numpy(mask))
-        return starpo_update(self.config, self.actor, self.critic, inputs, iteration)
+        with self.clock() as clock:  # from the lake read to the last optimizer step
+            inputs = update_inputs(self.lake, self.run_id, iteration, self.config, self.tokenizer.pad_token_id)
+            if inputs is None:
+                return dict(SKIPPED)
+            algorithm = self.config.algorithm
+            if algorithm.kl_coef > 0 and algorithm.kl_span == "think":
+                batch = inputs.batch
+                mask = think_mask(batch.input_ids.tolist(), batch.loss_mask.tolist(), self.tokenizer.decode)
+                inputs = dataclasses.replace(inputs, kl_mask=torch.from_numpy(mask))
+            metrics = starpo_update(self.config, self.actor, self.critic, inputs, iteration)
+            if self.critic is not None and needs_critic(algorithm.adv_estimator):
+                clock.add(critic_passes(self.critic.module, inputs.batch, critic_schedule(self.config).ppo_epochs))
+        return {**metrics, **clock.metrics()}
+
+    def clock(self) -> UpdateClock:
+        """The clock of one update of these engines: its ``perf/*`` metrics (:mod:`ragen_core.training.cost`)."""
+        return UpdateClock([self.actor, self.critic], self.actor.device, torch_dtype(self.actor.optim.precision))
 
     def save(self, updates: int, extra: dict[str, Any]) -> Path:
         return save_checkpoint(

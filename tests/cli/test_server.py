@@ -187,7 +187,8 @@ with get_client(sync_client=True) as client:
 
 
 def _learning_metrics(root: Path, run_id: str) -> list[dict]:
-    """The metrics rows without wall-clock figures (``time/*``), which differ between any two runs."""
-    sql = f"SELECT iteration, name, value FROM metrics WHERE run_id = '{run_id}' AND name NOT LIKE 'time/%'"
+    """The metrics rows without wall-clock figures (``time/*``, ``perf/*``), which differ between any two runs."""
+    sql = f"SELECT iteration, name, value FROM metrics WHERE run_id = '{run_id}'"
+    sql += " AND split_part(name, '/', 1) NOT IN ('time', 'perf')"
     sql += " ORDER BY ALL"
     return query(root, sql).to_pylist()

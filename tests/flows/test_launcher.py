@@ -123,7 +123,7 @@ def test_the_group_dies_with_the_run_and_the_run_resumes(runs):
 def _rows(root, table):
     rows = DataLake(root).read_table(table, RUN).to_pylist()
     if table == "metrics":
-        rows = [r for r in rows if not r["name"].startswith("time/") and r["name"] not in LAST_BITS]
+        rows = [r for r in rows if not r["name"].startswith(("time/", "perf/")) and r["name"] not in LAST_BITS]
     return sorted(repr(sorted((k, v) for k, v in r.items() if k not in NOT_COMPARED)) for r in rows)
 
 

@@ -120,7 +120,7 @@ def test_final_weights_are_bitwise_identical(runs):
 def _rows(root, table):
     rows = DataLake(root).read_table(table, RUN).to_pylist()
     if table == "metrics":
-        rows = [r for r in rows if not r["name"].startswith("time/")]
+        rows = [r for r in rows if not r["name"].startswith(("time/", "perf/"))]
     cleaned = [{k: v for k, v in r.items() if k not in WALL_CLOCK_COLUMNS} for r in rows]
     return sorted(repr(sorted(r.items())) for r in cleaned)
 

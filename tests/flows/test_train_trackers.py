@@ -17,6 +17,7 @@ import pytest
 
 from ragen_core.monitor.trackers import TRACKERS, TrackerSpec
 from ragen_core.storage import DataLake
+from ragen_core.storage.maintenance import runs_overview
 from tests.flows.test_train_tensorboard import small_config
 from tests.monitor.test_tensorboard_sink import duckdb_metrics, read_events
 from tests.monitor.wandb_records import config_of, exit_code, history, read_records, run_record
@@ -86,6 +87,12 @@ def test_every_scalar_reaches_tensorboard_mlflow_and_wandb_at_its_iteration(pref
     assert lake.committed_iterations("trk") == [0, 1, 2]
     expected = duckdb_metrics(root, "trk", float32=False)
     assert len(expected) > 20 and [s for s, _ in expected["val/bandit/success"]] == [0, 2]
+    # the update's cost at every iteration that updated, and the run's mean MFU in `ragen runs`
+    perf = {"perf/update_s", "perf/model_tflop", "perf/tflops", "perf/mfu", "perf/tokens_per_s", "perf/peak_rss_gb"}
+    assert all([s for s, _ in expected[name]] == [0, 1] for name in perf), sorted(expected)
+    mfus = [value for _, value in expected["perf/mfu"]]
+    [listed] = runs_overview(lake).to_pylist()
+    assert 0 < listed["mfu"] == pytest.approx(round(sum(mfus) / len(mfus), 4), abs=1e-12)
     run_dir = lake.run_dir("trk")
     manifest = json.loads((run_dir / "manifest.json").read_text())
     state = json.loads((run_dir / "trackers" / "state.json").read_text())

@@ -30,7 +30,7 @@ def _tree(base, model_dir):
 
 def _metrics(root, run_id):
     rows = query(root, f"SELECT iteration, name, value FROM metrics WHERE run_id = '{run_id}'").to_pylist()
-    return {(r["iteration"], r["name"]): r["value"] for r in rows if not r["name"].startswith("time/")}
+    return {(r["iteration"], r["name"]): r["value"] for r in rows if not r["name"].startswith(("time/", "perf/"))}
 
 
 def _rows(root, run_id):

@@ -88,7 +88,9 @@ def _rows(root) -> dict[str, list[dict]]:
     return {
         "trajectories": query(root, "SELECT * FROM trajectories ORDER BY ALL").to_pylist(),
         "metrics": query(
-            root, "SELECT iteration, name, value FROM metrics WHERE name NOT LIKE 'time/%' ORDER BY ALL"
+            root,
+            "SELECT iteration, name, value FROM metrics "
+            "WHERE split_part(name, '/', 1) NOT IN ('time', 'perf') ORDER BY ALL",
         ).to_pylist(),
     }
 

@@ -50,11 +50,13 @@ WITH val AS (
                  AS env_success
           FROM val GROUP BY run_id, iteration)
     GROUP BY run_id
+), cost AS (
+    SELECT run_id, round(avg(value), 4) AS mfu FROM metrics WHERE name = 'perf/mfu' GROUP BY run_id
 )
 SELECT r.run_id, r.kind, r.status, left(r.config_hash, 8) AS config_hash, r.iterations_done AS iterations,
-       v.iteration AS val_iteration, v.success AS val_success,
+       v.iteration AS val_iteration, v.success AS val_success, c.mfu,
        strftime(r.created_at, '%Y-%m-%d %H:%M:%S') AS created_at
-FROM runs r LEFT JOIN last_val v USING (run_id)
+FROM runs r LEFT JOIN last_val v USING (run_id) LEFT JOIN cost c USING (run_id)
 ORDER BY r.created_at, r.run_id
 """
 
@@ -69,7 +71,8 @@ class RunActiveError(LakeError):
 
 def runs_overview(lake: DataLake) -> pa.Table:
     """One row per run (manifest): kind, status, config hash, committed iterations, the validation success of the
-    last validated iteration (from ``evaluations``, else the ``val/<env>/success`` metrics), created_at. A manifest
+    last validated iteration (from ``evaluations``, else the ``val/<env>/success`` metrics), the mean model FLOPs
+    utilisation of its updates (``perf/mfu``; null for a run without updates), created_at. A manifest
     that cannot be read is a row with status ``broken`` (the other runs stay listed)."""
     return query(lake, RUNS_OVERVIEW_SQL, broken_manifests="row")
 
