@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from importlib import metadata
 
 import numpy as np
@@ -212,6 +213,23 @@ def test_a_bad_out_is_refused_before_anything_runs(tmp_path):
     result = _invoke("reproduce", "--data-root", str(root))
     assert result.exit_code == 2 and "--list" in result.output
     assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--from", "HEAD"], "--from and --work-dir go with --restamp"),
+        (["--work-dir", "w"], "--from and --work-dir go with --restamp"),
+        (["--restamp", "echo_trap"], "--restamp probes every finding on its own"),
+        (["--restamp", "--all"], "--restamp probes every finding on its own"),
+        (["--restamp", "--quick"], "--restamp probes every finding on its own"),
+    ],
+)
+def test_a_re_stamp_asked_wrongly_is_one_error_line_before_any_probe(args, message):
+    result = CliRunner().invoke(app, ["reproduce", *args])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+    assert not Path("w").exists()  # no probe folder made
 
 
 def test_all_reproduces_every_finding_into_one_folder_with_one_code_version(reproduced, tmp_path):
