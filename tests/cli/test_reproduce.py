@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 import pytest
