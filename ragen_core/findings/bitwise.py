@@ -105,19 +105,21 @@ def compare_tables(
 
 
 def run_labels(lake_root: Path) -> dict[str, str]:
-    """run id -> a label that names the same run in another probe's lake: a sweep point's id carries a hash of the
+    """run id -> a label that names the same run in another probe's lake. A sweep point's id carries a hash of the
     code fingerprint (``<finding>-quick-<variant>-<hash>-p<i>``), so points are named by their sweep without the
-    hash and their index; other runs (bootstraps) by their id."""
+    hash and their index; every other run (a bootstrap, whose id is a hash of what it is built from) by its kind and
+    its place among the runs of that kind in the order they were made (the probe makes them one after another)."""
     from ragen_core.storage import query
 
-    rows = query(lake_root, "SELECT run_id, sweep_id, sweep_point FROM runs").to_pylist()
-    labels = {}
-    for row in rows:
+    rows = query(lake_root, "SELECT run_id, kind, sweep_id, sweep_point FROM runs ORDER BY created_at, run_id")
+    labels, made = {}, {}
+    for row in rows.to_pylist():
         sweep = row["sweep_id"]
         if sweep is not None and row["sweep_point"] is not None:
             labels[row["run_id"]] = f"{re.sub(r'-[0-9a-f]{8}$', '', sweep)}#p{row['sweep_point']}"
         else:
-            labels[row["run_id"]] = row["run_id"]
+            made[row["kind"]] = made.get(row["kind"], 0) + 1
+            labels[row["run_id"]] = f"{row['kind']}#{made[row['kind']]}"
     if len(set(labels.values())) != len(labels):
         raise ComparisonError(f"{lake_root}: two runs share a label; the probe's lake holds runs of another probe")
     return labels

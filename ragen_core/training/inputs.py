@@ -12,7 +12,7 @@ import torch
 
 from ragen_core.config import RunConfig
 from ragen_core.storage import DataLake
-from ragen_core.training.batch import collate
+from ragen_core.training.batch import collate, collate_table, padded_values
 from ragen_core.training.starpo import UpdateInputs
 from ragen_core.training.turn_rows import padded_logprobs, turn_rows_of_table
 
@@ -39,9 +39,7 @@ def update_inputs(
     kept_share = pc.count_distinct(rows["group_id"]).as_py() / groups
     if config.rollout.training_rows == "turn":
         return turn_update_inputs(rows, pad_token_id, kept_share)
-    batch = collate(
-        rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist(), pad_token_id, rows["segment_lengths"].to_pylist()
-    )
+    batch = collate_table(rows, pad_token_id)
     turn_rewards = None
     if config.algorithm.reward_level == "turn":
         turns = lake.read_table("turns", run_id, iteration).to_pandas()
@@ -85,9 +83,4 @@ def stored_behavior_logprobs(rows: pa.Table, width: int) -> torch.Tensor | None:
     sources = rows["behavior_source"]
     if rows.num_rows == 0 or not pc.all(pc.equal(sources, "policy")).as_py():
         return None
-    out = torch.zeros((rows.num_rows, width), dtype=torch.float32)
-    for row, values in enumerate(rows["behavior_logprobs"].to_pylist()):
-        if values is None:
-            return None
-        out[row, : len(values)] = torch.as_tensor(values, dtype=torch.float32)
-    return out
+    return padded_values(rows["behavior_logprobs"], width)

@@ -16,7 +16,7 @@ import torch
 
 from ragen_core.algos import needs_critic
 from ragen_core.config import RunConfig
-from ragen_core.training.batch import collate
+from ragen_core.training.batch import collate_table, padded_values
 from ragen_core.training.starpo import UpdateInputs, compute_advantages, token_rewards_for
 from schemas.tables import TRAJECTORY_KEY
 
@@ -27,10 +27,7 @@ class OfflineError(ValueError):
 
 def offline_inputs(table: pa.Table, pad_token_id: int) -> UpdateInputs:
     """Token batch, scores and groups of the selected rows; groups are (run, iteration, split, env, group)."""
-    batch = collate(
-        table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(), pad_token_id,
-        table["segment_lengths"].to_pylist(),
-    )  # fmt: skip
+    batch = collate_table(table, pad_token_id)
     group_keys = list(zip(*(table[k].to_pylist() for k in TRAJECTORY_KEY[:-1]), strict=True))
     ids = {key: i for i, key in enumerate(dict.fromkeys(group_keys))}
     return UpdateInputs(
@@ -49,9 +46,9 @@ def behavior_logprobs(table: pa.Table, width: int) -> torch.Tensor:
             f"holds rows with behavior_source {sorted(sources - {'policy'})} (scripted demonstrations have none). "
             "Use --mode sft for them, or select only policy rows (WHERE behavior_source = 'policy')"
         )
-    out = torch.zeros(table.num_rows, width)
-    for row, values in enumerate(table["behavior_logprobs"].to_pylist()):
-        out[row, : len(values)] = torch.tensor(values)
+    out = padded_values(table["behavior_logprobs"], width)
+    if out is None:
+        raise OfflineError("some selected policy rows have no stored behaviour log-probs; select rows that have them")
     return out
 
 
@@ -74,10 +71,7 @@ def pg_update(config: RunConfig, actor: Any, table: pa.Table, pad_token_id: int,
 
 def sft_update(actor: Any, table: pa.Table, pad_token_id: int, batch_size: int, seed: int) -> dict[str, float]:
     """One supervised epoch on the selected rows' loss-masked tokens."""
-    batch = collate(
-        table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(), pad_token_id,
-        table["segment_lengths"].to_pylist(),
-    )  # fmt: skip
+    batch = collate_table(table, pad_token_id)
     metrics = actor.sft_update(batch, batch_size, seed)
     metrics["offline/trajectories"] = float(table.num_rows)
     return metrics

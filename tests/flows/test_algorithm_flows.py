@@ -106,7 +106,7 @@ def test_every_iteration_records_the_reference_metrics(lake_root):
         "rollout/think_distinct_rate", "actor/pg_loss", "actor/clipfrac_upper", "actor/clipfrac_lower",
         "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr", "critic/vf_loss",
         "critic/vf_explained_var", "time/generate", "time/update", "time/generate_tokens_per_s",
-        "time/update_tokens_per_s", "val/bandit/success", "val/bandit/pass@k",
+        "time/update_tokens_per_s", "val/bandit/success", "val/bandit/pass@k", "perf/model_tflop", "perf/mfu",
     }  # fmt: skip
     assert expected <= set(metrics), expected - set(metrics)
 

@@ -31,7 +31,7 @@ DROPPED_ENV = {"PREFECT_HOME", "PREFECT_API_URL", "RANK", "WORLD_SIZE", "LOCAL_R
 KEY = ["run_id", "iteration", "split", "env", "group_id", "traj_index"]
 TABLE_KEYS = {"trajectories": KEY, "turns": KEY + ["turn_index"], "metrics": ["iteration", "name"],
               "evaluations": ["iteration", "env"], "events": ["iteration", "kind", "metric"]}  # fmt: skip
-WALL_CLOCK_METRICS = ("time/",)  # wall-clock figures: allowed to differ between runs
+WALL_CLOCK_METRICS = ("time/", "perf/")  # wall-clock figures (and the update's cost): allowed to differ between runs
 
 
 def _train(root: Path, run_id: str, model_dir: Path, seed: int | None = None) -> subprocess.Popen:
