@@ -151,18 +151,15 @@ def _edit(repo: Path, name: str, old: str, new: str) -> None:
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """This repository's committed tree with the one-point finding ``probe_tiny``, and three commits on it: the
-    base, a Bandit payout moved together with an edit in an env no finding runs, and an edit that moves nothing."""
+    base, a Bandit payout moved together with an edit in the critic's update (no finding trains a critic), and an
+    edit that moves nothing."""
     repo = tmp_path_factory.mktemp("restamp") / "repo"
     subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(repo)], check=True)
     (repo / "configs" / "findings" / "probe_tiny.yaml").write_text(textwrap.dedent(TINY))
     commits = {"base": _commit(repo, "a probe's finding")}
     _edit(repo, "ragen_core/envs/bandit.py", "low_reward: float = 0.1,", "low_reward: float = 0.2,")
-    _edit(
-        repo,
-        "ragen_core/envs/rubikscube.py",
-        "    def render(self) -> str:\n",
-        "    def render(self) -> str:\n        _ = 0\n",
-    )
+    losses = "        losses = (schedule.cliprange_value, algorithm.loss_agg_mode)\n"
+    _edit(repo, "ragen_core/training/critic.py", losses, "        _ = 0\n" + losses)  # no finding trains a critic
     commits["moved"] = _commit(repo, "a payout moved, and a line no probe runs")
     _git(repo, "checkout", "-q", commits["base"])
     _edit(repo, "ragen_core/envs/bandit.py", "reward = self.low_reward\n", "reward = float(self.low_reward)\n")
@@ -191,12 +188,14 @@ def test_a_probe_fails_on_a_moved_payout_and_refuses_a_file_it_never_ran(clone, 
         repo, commits["base"], commits["moved"], tmp_path / "probe", log=lambda _: None, only=["probe_tiny"]
     )
     assert not result.equal and not result.passed
-    differing = {t.table for t in result.tables if not t.equal}
-    assert {"trajectories", "metrics"} <= differing, [t.summary() for t in result.tables]
-    assert result.numbers["probe_tiny"], "the analysis numbers moved too"
-    assert set(result.changed) == {"ragen_core/envs/bandit.py", "ragen_core/envs/rubikscube.py"}
-    assert result.unexercised == {"ragen_core/envs/rubikscube.py": "none of its 1 changed statement(s) ran"}
-    assert any("rubikscube.py: the probe did not exercise it" in line for line in result.problems())
+    differing = {t.table: t for t in result.tables if not t.equal}
+    assert {"trajectories", "turns"} <= set(differing), [t.summary() for t in result.tables]
+    # the first moved cell is a Phoenix pull of the bootstrap's demonstrations: 0.1 before, 0.2 after
+    key, column, old, new = differing["trajectories"].cells[0]
+    assert key[0] == "bootstrap#1" and (column, old, new) == ("env_reward", 0.1, 0.2)
+    assert set(result.changed) == {"ragen_core/envs/bandit.py", "ragen_core/training/critic.py"}
+    assert result.unexercised == {"ragen_core/training/critic.py": "none of its 1 changed statement(s) ran"}
+    assert any("critic.py: the probe did not exercise it" in line for line in result.problems())
 
 
 def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fingerprints(clone, tmp_path):
