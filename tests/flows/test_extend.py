@@ -189,3 +189,59 @@ def test_a_compacted_run_is_not_extended_and_keeps_every_row(tmp_path, tiny_mode
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
     assert _state(root) == before
     assert {table: _rows(root, table) for table in rows} == rows
+
+
+def _writer_pid(root) -> int | None:
+    from ragen_core.storage.locks import lock_path, read_holder
+
+    holder = read_holder(lock_path(Path(root).resolve(), RUN))
+    return holder.get("pid") if holder else None
+
+
+def test_a_compaction_beside_a_running_extension_is_refused_naming_it_and_the_extension_completes(
+    completed, tmp_path, prefect_server
+):
+    """Issue 51: `ragen runs compact` while an extension runs used to return 0 and leave the run `failed` (its
+    final iteration merged under the extension's feet). It now refuses in one line, naming the extension's process,
+    and the extension completes."""
+    from tests.flows.test_live_housekeeping import _finish, _start, _wait_for
+
+    root = _copy(completed[1], tmp_path)
+    log = tmp_path / "extend.log"
+    extension = _start(["resume", RUN, *EXTEND], root, log, prefect_server[0].api_url)
+    try:
+        _wait_for(lambda: _writer_pid(root) == extension.pid, extension, log, "the extension's writer lock")
+        rc, out, err, _ = _quick(["runs", "compact", RUN], root)
+    finally:
+        assert _finish(extension) == 0, log.read_text()[-3000:]
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err + out, err
+    assert f"cannot compact run '{RUN}' now: it is being written by pid {extension.pid}" in err
+    lake = DataLake(root)
+    assert lake.read_manifest(RUN).status == "completed" and lake.committed_iterations(RUN) == [0, 1, 2, 3]
+
+
+def test_an_extension_started_during_a_compaction_is_refused_at_once_and_changes_nothing(
+    completed, tmp_path, monkeypatch
+):
+    """The other order: the compaction holds the run's writer lock, so an extension asked meanwhile is refused
+    before it changes anything (the run stays completed, its config and commits as they were)."""
+    from ragen_core.storage.maintenance import compact_run
+    from ragen_core.storage.maintenance import compaction as compaction_module
+
+    root = _copy(completed[1], tmp_path)
+    before = _state(root)
+    asked = {}
+    real_delete = compaction_module.delete_replaced
+
+    def extend_meanwhile(folder, names):
+        if not asked:  # the first merged partition: the compaction is under way
+            asked["extension"] = _quick(["resume", RUN, *EXTEND], root)
+        real_delete(folder, names)
+
+    monkeypatch.setattr(compaction_module, "delete_replaced", extend_meanwhile)
+    report = compact_run(DataLake(root), RUN)
+    assert report.compacted and asked
+    rc, out, err, _ = asked["extension"]
+    assert rc != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err + out, err
+    assert f"is being written by pid {os.getpid()}" in err
+    assert _state(root) == before

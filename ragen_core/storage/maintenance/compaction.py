@@ -28,12 +28,16 @@ exist, and the next compaction of the partition (after its recovery step) overwr
 files just before a compaction deleted them finds them gone; the lake's readers then list that partition again
 (``DataLake.read_table``, ``catalog.query``: :class:`~ragen_core.storage.files.VanishedFileError`), and a replaced
 file that is gone when the marker is checked counts as absent. Compactions and removals of one run hold an
-exclusive lock (``_locks/<run_id>.lock``, released by the OS if the process dies).
+exclusive lock (``_locks/<run_id>.lock``, released by the OS if the process dies); a compaction also holds the run's
+writer lock, so it never runs beside a command that writes the run (an extension reopens the last committed
+iteration, which a compaction may have merged).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +51,7 @@ from ragen_core.storage.files import (
 )
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import compaction_marker
-from ragen_core.storage.locks import run_lock
+from ragen_core.storage.locks import RunLockedError, acquire, lock_path, read_holder, release, run_lock
 from ragen_core.storage.names import validate_run_id
 from ragen_core.storage.parts import MERGED_PREFIX, merged_name, record_parts
 from ragen_core.storage.reader import read_marker, read_part, superseded, trusted_parts
@@ -167,7 +171,7 @@ def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) ->
     committed = set(lake.committed_iterations(run_id))
     report = CompactionReport(run_id)
     try:
-        with run_lock(lake, run_id):
+        with run_lock(lake, run_id), _sole_writer(lake, run_id):
             for spec in specs:  # the whole run's layout and markers checked before anything changes
                 lake.partition_files(spec.name, run_id)
             _compact_tables(lake, run_id, specs, committed, report)
@@ -176,6 +180,30 @@ def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) ->
         raise LakeError(f"cannot compact run {run_id!r}: {exc.strerror or exc}{where}; the data root must be "
                         "writable (readers still see every row exactly once)") from exc  # fmt: skip
     return report
+
+
+@contextmanager
+def _sole_writer(lake: DataLake, run_id: str) -> Iterator[None]:
+    """Hold the run's writer lock while its files are merged (a run with a folder of its own). A run being written
+    (trained, resumed, extended: an extension reopens its last committed iteration) refuses the compaction, naming
+    its writer; a command that would write the run while it is compacted is refused at its start, before it
+    changes anything (:mod:`ragen_core.storage.locks`)."""
+    if not lake.run_dir(run_id).is_dir():
+        yield
+        return
+    try:
+        lock = acquire(lake.root, run_id)
+    except RunLockedError:
+        holder = read_holder(lock_path(lake.root.resolve(), run_id)) or {}
+        raise RunLockedError(
+            f"cannot compact run {run_id!r} now: it is being written by pid {holder.get('pid')} on host "
+            f"{holder.get('host')} (`{holder.get('command')}`); run `ragen runs compact {run_id}` again once that "
+            "command has finished"
+        ) from None
+    try:
+        yield
+    finally:
+        release(lock)
 
 
 def _compact_tables(
