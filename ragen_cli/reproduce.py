@@ -22,6 +22,9 @@ RESTAMP_HELP = (
     "every point, old code and new, compared bit for bit) and write the record (docs/findings.md)."
 )
 
+FROM_HELP = "With --restamp: the commit whose code made the numbers (default: the findings' own)."
+WORK_DIR_HELP = "With --restamp: the probe's folder (default a new temporary one, removed after)."
+
 
 def reproduce(
     name: str | None = typer.Argument(None, help="A registered finding (`ragen reproduce --list`)."),
@@ -35,12 +38,8 @@ def reproduce(
     ),
     quick: bool = typer.Option(False, "--quick", help=QUICK_HELP),
     restamp: bool = typer.Option(False, "--restamp", help=RESTAMP_HELP),
-    from_commit: str | None = typer.Option(
-        None, "--from", help="With --restamp: the commit whose code made the numbers (default: the findings' own)."
-    ),
-    work_dir: Path | None = typer.Option(
-        None, "--work-dir", help="With --restamp: the probe's folder (default a new temporary one, removed after)."
-    ),
+    from_commit: str | None = typer.Option(None, "--from", help=FROM_HELP),
+    work_dir: Path | None = typer.Option(None, "--work-dir", help=WORK_DIR_HELP),
     data_root: DataRoot = None,
     verbose: Verbose = False,
 ) -> None:
