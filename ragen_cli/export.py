@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from ragen_cli.common import DATA_ROOT_HELP, checked_run_id, console, existing_root, fail
+from ragen_cli.common import DATA_ROOT_HELP, TrustEnvModule, checked_run_id, console, existing_root, fail
 
 
 def export(
@@ -18,6 +18,7 @@ def export(
         None, "--table", help="trajectories (default) or turns; repeatable (then one folder per table)."
     ),
     data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
+    trust_env_module: TrustEnvModule = False,
 ) -> None:
     """Write runs' rows as a dataset folder with train and validation splits: load_dataset("parquet",
     data_dir=OUT) loads it (several --table: data_dir=OUT/<table>). Reads the lake only."""
@@ -30,7 +31,7 @@ def export(
         checked_run_id(run_id)
     root = existing_root(data_root)
     try:
-        report = export_runs(list(run_ids), out, root, table)  # the request checked before the README is built
+        report = export_runs(list(run_ids), out, root, table, trust_env_module)  # checked before the README
     except (LakeError, ConfigError) as exc:
         fail(str(exc))
     for name, rows in report.rows.items():

@@ -71,11 +71,23 @@ def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None) -> str
     return "\n".join(lines)
 
 
-def export_notes(lake: DataLake, run_ids: list[str]) -> str:
+def _untrusted(exc: UntrustedConfigError) -> str:
+    """Why a run's chat is left out of an export, and the one way the export takes to write it."""
+    text = str(exc)
+    key = text.split(" sets ", 1)[1].split("=", 1)[0] if " sets " in text else "a key"
+    return (
+        f"its stored config names code of its own ({key}), which `ragen export` does not import unless asked: run "
+        "the export again with `--trust-env-module` to import the modules the stored config names "
+        "(docs/security.md)."
+    )
+
+
+def export_notes(lake: DataLake, run_ids: list[str], trusted_kinds: frozenset[str] = frozenset()) -> str:
     """The README sections of ``ragen export`` on prompting each run's policy (:func:`chat_markdown`), its newest
     checkpoint's export as the model; a run whose manifest holds no config (a bootstrap's) is said to have none, and
     one whose stored config names code or files from outside (an env ``package.module:Class``, a reward function)
-    is said to be left out: building its env would import what a file of the data root names."""
+    is said to be left out, unless the user allowed that kind (``trusted_kinds``: ``{"module"}`` for ``ragen export
+    --trust-env-module``): building its env would import what a file of the data root names."""
     sections = []
     for run_id in dict.fromkeys(run_ids):
         manifest = lake.read_manifest(run_id)
@@ -84,9 +96,9 @@ def export_notes(lake: DataLake, run_ids: list[str]) -> str:
             sections.append(f"## Prompting the policy of `{run_id}`\n\nIts manifest holds no config.\n")
             continue
         try:  # the trust check first: a stored env or reward of the user's own code is never imported here
-            config = build_stored_run_config(manifest_config(lake, run_id, tree))
+            config = build_stored_run_config(manifest_config(lake, run_id, tree), trusted_kinds=trusted_kinds)
         except UntrustedConfigError as exc:
-            sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {exc}.\n")
+            sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {_untrusted(exc)}\n")
             continue
         newest = lake.latest_checkpoint(run_id)
         sections.append(chat_markdown(config, run_id, checkpoint_file(newest[1], CHECKPOINT_HF) if newest else None))

@@ -76,6 +76,25 @@ def test_a_run_of_the_users_own_env_is_left_out_without_importing_it(root, tmp_p
     config = {**manifest.config, "env": {**manifest.config["env"], "name": f"{planted}:CoinEnv"}}
     lake.write_manifest("chat-planted", manifest.updated(run_id="chat-planted", config=config))
     notes = export_notes(lake, ["chat-planted", RUN])
-    assert "## Prompting the policy of `chat-planted`\n\nNot written out: " in notes and "env.name" in notes
+    assert "## Prompting the policy of `chat-planted`\n\nNot written out: " in notes and "(env.name)" in notes
     assert "## Prompting the policy of `chat`" in notes and notes.count("```python") == 1
     assert not marker.exists()
+    # what the note tells the user to do is what `ragen export` takes: --trust-env-module, never an override
+    assert "`--trust-env-module`" in notes and "again to use it" not in notes
+    trusted = export_notes(lake, ["chat-planted"], frozenset({"module"}))
+    assert "## Prompting the policy of `chat-planted`" in trusted and trusted.count("```python") == 1
+    assert marker.exists()  # imported: the user asked for it
+
+
+def test_ragen_export_takes_trust_env_module(root, tmp_path):
+    """The flag the README's note names is one `ragen export` takes (it refused it before)."""
+    from typer.testing import CliRunner
+
+    from ragen_cli.main import app
+
+    out = tmp_path / "ds"
+    result = CliRunner().invoke(
+        app, ["export", RUN, "--out", str(out), "--trust-env-module", "--data-root", str(root)]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"## Prompting the policy of `{RUN}`" in (out / "README.md").read_text()
