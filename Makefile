@@ -47,6 +47,7 @@ install-vllm: $(VLLM_STAMP)
 TRACKERS_STAMP := $(VENV)/.installed-trackers
 $(TRACKERS_STAMP): $(STAMP)
 	$(PIP) install -q $(PIP_C) -e ".[trackers]"
+	$(BIN)/python -m ragen_core.native_ops  # the trackers' install can make DeepSpeed's op stale: rebuilt here, not in a run
 	touch $(TRACKERS_STAMP)
 
 install-trackers: $(TRACKERS_STAMP)
