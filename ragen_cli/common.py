@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -61,26 +60,12 @@ def note(message: str) -> None:
     say("note", message)
 
 
-_SOURCE_LINE = re.compile(r"^LINE (\d+): ")  # DuckDB's quote of the query, above a caret line pointing into it
-
-
 def one_line(message: str) -> str:
-    """``message`` as one terminal-safe line: its non-empty lines joined (``; ``, or a space after a line ending in
-    ``:``, as ``invalid config:`` and its keys), a quoted source line with a caret under it (DuckDB's syntax errors)
-    said as ``(at line L, column C)``, every control character written as an escape (:func:`printable`)."""
-    raw = [line for line in message.splitlines() if line.strip()]
-    lines: list[str] = []
-    for index, line in enumerate(raw):
-        quoted = _SOURCE_LINE.match(raw[index - 1]) if index else None
-        if quoted and set(line.strip()) == {"^"} and lines:
-            lines[-1] = f"(at line {quoted.group(1)}, column {line.index('^') - quoted.end() + 1})"
-        else:
-            lines.append(line.strip())
-    joined = "".join(
-        line if not index else (" " if lines[index - 1].endswith(":") or line.startswith("(at line ") else "; ") + line
-        for index, line in enumerate(lines)
-    )
-    return printable(joined)
+    """``message`` as one terminal-safe line (:func:`ragen_core.storage.statements.one_line`), every control
+    character written as an escape (:func:`printable`)."""
+    from ragen_core.storage.statements import one_line as joined
+
+    return printable(joined(message))
 
 
 def data_root_path(value: Path | None) -> Path:

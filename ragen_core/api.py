@@ -25,13 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import duckdb
+
 from ragen_core import sweep as s
 from ragen_core.run import procedures as p
 from ragen_core.run import requests as q
 from ragen_core.run.entry import run_lake
-from ragen_core.storage import DataLake, LakeError
+from ragen_core.storage import DataLake, LakeError, QueryError
 from ragen_core.storage import query as lake_query
 from ragen_core.storage.names import validate_run_id
+from ragen_core.storage.statements import one_line
 
 Progress = Callable[[int, dict[str, float]], None]
 Step = Callable[[str], None]
@@ -226,11 +229,21 @@ def query(
     run_id: str | None = None,
     params: list | dict | None = None,
     form: Form = "arrow",
+    timeout: float | None = None,
+    memory_limit: str | None = "4GB",
 ) -> Any:
     """One read-only SQL query over the lake's tables (docs/sql.md), as ``ragen sql``: every run, or only
     ``run_id``; ``params`` bind ``?`` / ``$name`` placeholders. The result as an Arrow table, a pandas DataFrame or
-    a DuckDB relation (``form``)."""
-    return _in_form(lake_query(_existing(data_root), sql, run_id=run_id, params=params), form)
+    a DuckDB relation (``form``). A query that DuckDB cannot run raises
+    :class:`~ragen_core.storage.catalog.QueryError` (a ``LakeError``) in one line, DuckDB's kind of error in its
+    ``kind``; one still running after ``timeout`` seconds is stopped (``QueryTimeout``); ``memory_limit`` bounds its
+    operators' memory (DuckDB's ``memory_limit``; None: DuckDB's default, 80% of the machine's)."""
+    lake = _existing(data_root)
+    try:
+        table = lake_query(lake, sql, run_id=run_id, params=params, timeout=timeout, memory_limit=memory_limit)
+    except duckdb.Error as exc:
+        raise QueryError(one_line(str(exc)), type(exc).__name__) from None
+    return _in_form(table, form)
 
 
 def runs(data_root: str | Path | DataLake = "data", form: Form = "arrow") -> Any:

@@ -144,6 +144,44 @@ def test_query_returns_arrow_pandas_or_a_duckdb_relation(api_root):
     assert relation.fetchall() == [(0, 8), (1, 8)]
 
 
+@pytest.mark.parametrize(
+    ("sql", "kind", "says"),
+    [
+        ("SELECT * FROM nowhere", "CatalogException", "Table with name nowhere does not exist"),
+        ("SELECT iteration FROM trajectories WHERE", "ParserException", 'near "WHERE" (at line 1, column 36)'),
+        ("SELECT nope FROM metrics", "BinderException", 'Referenced column "nope" not found'),
+    ],
+)
+def test_a_query_s_mistake_is_one_line_of_the_project_s_own_error(api_root, sql, kind, says):
+    """Issue 51: the API's query errors came through as DuckDB's own classes with multi-line text."""
+    from ragen_core.storage import QueryError
+
+    with pytest.raises(QueryError) as failed:
+        ragen_core.query(sql, api_root[0])
+    assert failed.value.kind == kind and says in str(failed.value) and "\n" not in str(failed.value)
+    assert isinstance(failed.value, LakeError) and failed.value.__cause__ is None
+
+
+def test_a_query_has_a_time_limit_and_a_memory_limit(api_root):
+    import time
+
+    from ragen_core.storage import QueryError, QueryTimeout
+
+    root = api_root[0]
+    slow = "SELECT count(*) FROM range(100000000000) a WHERE a.range % 7 = 3"  # minutes of work
+    started = time.monotonic()
+    with pytest.raises(QueryTimeout, match="time limit of 0.5 s"):
+        ragen_core.query(slow, root, timeout=0.5)
+    assert time.monotonic() - started < 10  # stopped, not waited for
+    # a sort of 2e7 rows needs far more than 1MB of operator memory and may not spill
+    with pytest.raises(QueryError, match="memory") as failed:
+        ragen_core.query("SELECT * FROM range(20000000) ORDER BY random()", root, memory_limit="1MB")
+    assert "OutOfMemory" in failed.value.kind
+    for bad in ({"timeout": 0}, {"timeout": "soon"}, {"memory_limit": "4GB; SET x=1"}):
+        with pytest.raises(QueryError, match="timeout must be|memory_limit must be"):
+            ragen_core.query("SELECT 1", root, **bad)
+
+
 def test_a_refused_input_is_the_project_s_own_error(tmp_path, tiny_model_dir):
     with pytest.raises(ConfigError) as refused:
         ragen_core.train({**_config(tiny_model_dir), "rollout": {"group_size": "many"}}, tmp_path)

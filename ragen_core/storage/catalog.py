@@ -25,7 +25,9 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -309,7 +311,7 @@ def _lock_down(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
 
 
 def _open(
-    lake: DataLake, run_id: str | None, broken_manifests: str = "fail"
+    lake: DataLake, run_id: str | None, broken_manifests: str = "fail", memory_limit: str | None = None
 ) -> tuple[duckdb.DuckDBPyConnection, dict[Path, FileIdentity]]:
     no_extensions = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     con = duckdb.connect(":memory:", config=no_extensions)
@@ -321,6 +323,8 @@ def _open(
             _add_computed(con, lake, spec, run_id)
         except LakeError as exc:
             _create_failing_view(con, spec, str(exc))
+    if memory_limit is not None:  # checked by check_limits: a size, never other SQL
+        con.execute(f"SET memory_limit = '{memory_limit}'")
     _lock_down(con, list(files))
     return con, files
 
@@ -349,11 +353,14 @@ def _translate(exc: duckdb.Error, lake: DataLake) -> LakeError | None:
     return None
 
 
-def _interruptible(con: duckdb.DuckDBPyConnection, statement: str, params: list | dict | None) -> pa.Table:
+def _interruptible(
+    con: duckdb.DuckDBPyConnection, statement: str, params: list | dict | None, timeout: float | None = None
+) -> pa.Table:
     """Run the statement in a worker thread while this thread waits, so that a Ctrl-C or SIGTERM reaches Python's
     handler at once (a query holds the calling thread inside DuckDB); the stop interrupts the query
     (``con.interrupt()``) and is raised again once DuckDB has let go, or after ``INTERRUPT_GRACE`` seconds when it
-    does not (the worker is a daemon thread: a command that stops does not wait for it)."""
+    does not (the worker is a daemon thread: a command that stops does not wait for it). A query still running
+    after ``timeout`` seconds is stopped the same way, as :class:`QueryTimeout`."""
     outcome: dict[str, Any] = {}
 
     def work() -> None:
@@ -365,9 +372,16 @@ def _interruptible(con: duckdb.DuckDBPyConnection, statement: str, params: list 
 
     worker = threading.Thread(target=work, name="ragen-query", daemon=True)
     worker.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while worker.is_alive():
             worker.join(0.05)
+            if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
+                raise QueryTimeout(
+                    f"the query ran past its time limit of {timeout:g} s and was stopped; give it more time "
+                    "(timeout=) or narrow it (a WHERE on run_id or iteration)",
+                    "Timeout",
+                )
     except BaseException:
         try:
             con.interrupt()
@@ -380,12 +394,38 @@ def _interruptible(con: duckdb.DuckDBPyConnection, statement: str, params: list 
     return outcome["table"]
 
 
+class QueryError(LakeError):
+    """A query DuckDB could not run (a mistake in the SQL, an unknown table or column, memory it may not use), in
+    one line; ``kind`` is DuckDB's name for it (``ParserException``, ``CatalogException``, ...)."""
+
+    def __init__(self, message: str, kind: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class QueryTimeout(QueryError):
+    """A query that ran past its time limit and was stopped."""
+
+
+MEMORY_SIZE = re.compile(r"^\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
+
+
+def check_limits(timeout: float | None, memory_limit: str | None) -> None:
+    """Refuse a time limit that is not a positive number of seconds, or a memory limit that is not a size."""
+    if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+        raise QueryError(f"timeout must be a positive number of seconds (or None: no limit), got {timeout!r}")
+    if memory_limit is not None and not MEMORY_SIZE.match(str(memory_limit)):
+        raise QueryError(f"memory_limit must be a size such as '4GB' or '512MiB' (or None), got {memory_limit!r}")
+
+
 def query(
     root: str | Path | DataLake,
     sql: str,
     run_id: str | None = None,
     params: list | dict | None = None,
     broken_manifests: str = "fail",
+    timeout: float | None = None,
+    memory_limit: str | None = None,
 ) -> pa.Table:
     """Run one read-only query against the lake at ``root`` (every run, or only ``run_id``) as an Arrow table.
 
@@ -395,13 +435,17 @@ def query(
     or replaced between listing and reading (a concurrent compaction, a redone stage) and the query failed, it runs
     again on a fresh listing (up to ``VANISHED_ATTEMPTS`` times, each after such a writer's step). A damaged manifest
     fails a query of ``runs`` unless ``broken_manifests="row"`` (then it is a row with status ``broken``).
+    ``timeout`` (seconds) stops a query that runs longer (:class:`QueryTimeout`); ``memory_limit`` (a size: '4GB')
+    is DuckDB's: it bounds the memory of the query's operators (joins, sorts, aggregates; nothing spills to disk),
+    not a single value a function builds.
     """
+    check_limits(timeout, memory_limit)
     lake = root if isinstance(root, DataLake) else DataLake(root)
     statement = check_read_only(sql)  # what runs is the text DuckDB's parser classified, never the raw input
     for attempt in range(VANISHED_ATTEMPTS):
-        con, files = _open(lake, run_id, broken_manifests)  # files: exactly those the views read
+        con, files = _open(lake, run_id, broken_manifests, memory_limit)  # files: exactly those the views read
         try:
-            return _interruptible(con, statement, params)
+            return _interruptible(con, statement, params, timeout)
         except duckdb.Error as exc:
             changed = _changed(files)  # a writer removed or replaced a file the views read: list again
             if changed and attempt + 1 < VANISHED_ATTEMPTS:

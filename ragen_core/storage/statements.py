@@ -128,3 +128,25 @@ def check_read_only(sql: str) -> str:
         _check_select(inner_statement.query)
         return prefix + inner_statement.query
     raise QueryRefused(f"{statement.type.name} statements are refused: {HINT}")
+
+
+_SOURCE_LINE = re.compile(r"^LINE (\d+): ")  # DuckDB's quote of the query, above a caret line pointing into it
+
+
+def one_line(message: str) -> str:
+    """``message`` as one line: its non-empty lines joined (``; ``, or a space after a line ending in ``:``, as
+    ``invalid config:`` and its keys), a quoted source line with a caret under it (DuckDB's syntax errors) said as
+    ``(at line L, column C)``. Control characters are left to whoever shows it (the CLI escapes them)."""
+    raw = [line for line in message.splitlines() if line.strip()]
+    lines: list[str] = []
+    for index, line in enumerate(raw):
+        quoted = _SOURCE_LINE.match(raw[index - 1]) if index else None
+        if quoted and set(line.strip()) == {"^"} and lines:
+            lines[-1] = f"(at line {quoted.group(1)}, column {line.index('^') - quoted.end() + 1})"
+        else:
+            lines.append(line.strip())
+    joined = "".join(
+        line if not index else (" " if lines[index - 1].endswith(":") or line.startswith("(at line ") else "; ") + line
+        for index, line in enumerate(lines)
+    )
+    return joined
