@@ -25,6 +25,7 @@ all, never in part and never twice. The DuckDB views (:mod:`ragen_core.storage.c
 
 from __future__ import annotations
 
+import filecmp
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -128,7 +129,26 @@ def trusted_parts(
     folder = listed[0].parent
     hidden = superseded(folder, [p.name for p in listed])
     check_published(folder, listed, spec, records_required, checked)
-    return [p for p in listed if p.name not in hidden]
+    visible = [p for p in listed if p.name not in hidden]
+    check_no_copies(visible)
+    return visible
+
+
+def check_no_copies(files: list[Path]) -> None:
+    """No two files of one partition's visible set hold the same bytes: a part copied under a new part name counts
+    its rows twice, whatever a record says of it (a forged record, or one written after the copy was made by
+    ``ragen upgrade-lake``). Only files of equal size are compared, byte for byte."""
+    by_size: dict[int, list[Path]] = {}
+    for path in files:
+        by_size.setdefault(path.stat().st_size, []).append(path)
+    for same in (group for group in by_size.values() if len(group) > 1):
+        for index, path in enumerate(same):
+            original = next((other for other in same[:index] if filecmp.cmp(other, path, shallow=False)), None)
+            if original is not None:
+                raise StrayPartError(
+                    f"part file {str(path)!r} is a byte-for-byte copy of {str(original)!r} in the same partition: "
+                    f"{_STRAY}"
+                )
 
 
 def superseded(folder: Path, listed: Iterable[str]) -> set[str]:

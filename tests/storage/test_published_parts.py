@@ -204,3 +204,64 @@ def test_the_upgrade_refuses_to_record_a_second_name_of_a_file(lake):
         upgrade_layout(lake)
     assert not (lake.root / "_commits" / RUN / "parts").exists()  # nothing recorded
     _refused(_cli("upgrade-lake", "--data-root", lake.root), str(link), "second name")
+
+
+def _forged_record(lake: DataLake) -> Path:
+    """Issue 51's first forgery: a part copied under a new part number and added to the partition's record with the
+    original's size, so that the record vouches for it."""
+    stray, _ = _copy(lake)
+    record = parts_record_of(stray.parent)
+    payload = json.loads(record.read_text())
+    payload["parts"][stray.name] = stray.stat().st_size
+    record.write_text(json.dumps(payload))
+    return stray
+
+
+def _repaired_as_the_error_said(lake: DataLake) -> Path:
+    """Issue 51's second forgery: the repair a refusal used to suggest (layout 2 without records), then a copy."""
+    _as_written_before_records(lake.root)
+    stray, _ = _copy(lake)
+    return stray
+
+
+FORGERIES = {"forged record": _forged_record, "records removed": _repaired_as_the_error_said}
+
+
+@pytest.mark.parametrize("forge", FORGERIES.values(), ids=FORGERIES.keys())
+def test_a_copied_part_counts_once_whatever_the_records_say(lake, forge, tmp_path):
+    """Before: `ragen sql` counted the copy's rows twice, export exported them, compaction merged them for good,
+    retrain selected them, and `ragen upgrade-lake` recorded the copy as published. Every one now refuses in one
+    line naming the copy, and nothing is written."""
+    stray = forge(lake)
+    before = _files(lake.root)
+    why = "is a byte-for-byte copy of"
+    _refused(_cli("sql", "SELECT count(*) FROM trajectories", "--data-root", lake.root), str(stray), why)
+    _refused(_cli("export", RUN, "--out", tmp_path / "out", "--data-root", lake.root), str(stray), why)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(OfflineError, match=str(stray)):  # retrain --from
+        select_trajectories(lake, "SELECT * FROM trajectories WHERE split = 'train'")
+    _refused(_cli("runs", "compact", RUN, "--data-root", lake.root), str(stray), why)
+    if forge is _repaired_as_the_error_said:  # the upgrade would record the copy as published
+        _refused(_cli("upgrade-lake", "--data-root", lake.root), str(stray), why)
+        assert not (lake.root / "_commits" / RUN / "parts").exists()
+    assert _files(lake.root) == before
+    stray.unlink()  # the copy moved out: every row counts once again
+    assert _count(lake.root) == _configured()
+
+
+def test_compaction_refuses_rows_that_repeat_a_key_in_other_bytes(lake):
+    """A copy re-encoded (other bytes, the same rows) and recorded: the merge, which would make the duplicates
+    permanent, refuses the partition before anything is written."""
+    import pyarrow.parquet as pq
+
+    source = _rollout_part(lake)
+    stray = source.with_name(published_part_name(Stage.ROLLOUT, 1))
+    pq.write_table(pq.read_table(source), stray, compression="none")  # the same rows, other bytes
+    assert stray.read_bytes() != source.read_bytes()
+    record = parts_record_of(stray.parent)
+    payload = json.loads(record.read_text())
+    payload["parts"][stray.name] = stray.stat().st_size
+    record.write_text(json.dumps(payload))
+    before = _files(lake.root)
+    _refused(_cli("runs", "compact", RUN, "--data-root", lake.root), "held by more than one row", str(stray.parent))
+    assert _files(lake.root) == before

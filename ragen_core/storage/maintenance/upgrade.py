@@ -57,7 +57,7 @@ from ragen_core.storage.layout import (
 from ragen_core.storage.locks import run_lock, run_writer
 from ragen_core.storage.names import is_valid_run_id
 from ragen_core.storage.parts import merged_name, record_parts
-from ragen_core.storage.reader import read_record
+from ragen_core.storage.reader import check_no_copies, read_record
 from ragen_core.storage.trust import (
     check_marker,
     check_real_folder,
@@ -181,6 +181,7 @@ def _unrecorded_partitions(lake: DataLake) -> dict[str, list[Path]]:
             for _, folder in iteration_folders(entry):
                 if part_files(folder) and read_record(parts_record_of(folder)) is None:
                     _check_one_name_each(folder)
+                    check_no_copies(part_files(folder))  # a copy is never recorded as published
                     found.setdefault(run_id, []).append(folder)
     return found
 
