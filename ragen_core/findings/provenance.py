@@ -57,6 +57,7 @@ PLUMBING = (
     "ragen_core/findings/provenance.py",  # this list and the versions recorded
     "ragen_core/findings/restamp.py",  # the probe that runs two commits side by side, and its records
     "ragen_core/findings/bitwise.py",  # the probe's comparison of two lakes
+    "ragen_core/findings/restamp_records.py",  # the re-stamp records and their chain
     "ragen_core/run/procedures.py",  # a command's course through the run layer (held: a run equals the flow's)
     "ragen_core/run/requests.py",  # a command's typed request, built once by whichever door
     "ragen_core/storage/",

@@ -42,8 +42,7 @@ from ragen_core.findings.bitwise import (
     run_labels,
 )
 from ragen_core.findings.provenance import PLUMBING, code_fingerprint, code_form, library_versions, machine
-
-RECORDS = Path("docs") / "findings" / "restamps"  # the records, relative to the repository's root
+from ragen_core.findings.restamp_records import RECORDS, reaches, record_path, records, stamped_commit
 
 # The probe's settings on top of each finding's own ``quick`` overrides: every point (the spec's seeds, not quick's),
 # the bootstrap on but short, so that each point bootstraps, validates and updates at least once.
@@ -434,58 +433,10 @@ def record_of(result: ProbeResult) -> dict[str, Any]:
     }
 
 
-def record_path(repo: Path, result_or_record: ProbeResult | dict[str, Any]) -> Path:
-    if isinstance(result_or_record, ProbeResult):
-        a, b = result_or_record.old.fingerprint, result_or_record.new.fingerprint
-    else:
-        a, b = result_or_record["from"]["fingerprint"], result_or_record["to"]["fingerprint"]
-    return repo / RECORDS / f"{a}-{b}.json"
-
-
-def records(repo: Path) -> list[dict[str, Any]]:
-    """The committed re-stamp records, oldest first."""
-    folder = repo / RECORDS
-    found = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-    return sorted(found, key=lambda r: r["date"])
-
-
-def reaches(start: str, target: str, repo: Path) -> list[dict[str, Any]] | None:
-    """The chain of records that links fingerprint ``start`` to ``target`` (empty when they are equal), or None."""
-    edges: dict[str, list[dict[str, Any]]] = {}
-    for record in records(repo):
-        edges.setdefault(record["from"]["fingerprint"], []).append(record)
-    chains: list[tuple[str, list[dict[str, Any]]]] = [(start, [])]
-    seen = {start}
-    while chains:
-        here, chain = chains.pop(0)
-        if here == target:
-            return chain
-        for record in edges.get(here, []):
-            there = record["to"]["fingerprint"]
-            if there not in seen:
-                seen.add(there)
-                chains.append((there, [*chain, record]))
-    return None
-
-
-def stamped_commit(repo: Path, fingerprint: str, start_commit: str) -> str:
-    """The newest commit vouched for from ``fingerprint`` (the findings' own commit ``start_commit`` when no record
-    leads on from it): where the next probe starts."""
-    commit, here = start_commit, fingerprint
-    while True:
-        nxt = [r for r in records(repo) if r["from"]["fingerprint"] == here]
-        if not nxt:
-            return commit
-        commit, here = nxt[-1]["to"]["commit"], nxt[-1]["to"]["fingerprint"]
-
-
 __all__ = [
     "PROBE_DROP",
     "PROBE_EXTRA",
     "RECORDS",
-    "TIMING_COLUMNS",
-    "TIMING_METRICS",
-    "TIMING_NUMBERS",
     "ProbeResult",
     "RestampError",
     "TableDiff",

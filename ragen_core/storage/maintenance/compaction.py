@@ -152,7 +152,6 @@ def compact_partition(lake: DataLake, spec: TableSpec, folder: Path) -> Partitio
     if len(files) < 2:
         return None
     merged = pa.concat_tables([read_part(f, spec, lake.upgrades) for f in files])
-    _check_keys_once(merged, spec, folder)  # a merge makes duplicates permanent: refused before anything is written
     # the current schema, with its version and column descriptions in the metadata
     merged = merged.cast(spec.arrow_schema).replace_schema_metadata(spec.arrow_schema.metadata)
     names = [f.name for f in files]
@@ -177,7 +176,7 @@ def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) ->
             for spec in specs:  # the whole run's layout, markers and keys checked before anything changes
                 lake.partition_files(spec.name, run_id)
                 if spec.name in UNIQUE_KEYED:
-                    _check_keys_once(lake.read_table(spec.name, run_id, columns=list(spec.key)), spec, lake=lake)
+                    _check_keys_once(lake.read_table(spec.name, run_id, columns=list(spec.key)), spec, lake)
             _compact_tables(lake, run_id, specs, committed, report)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
@@ -189,20 +188,19 @@ def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) ->
 UNIQUE_KEYED = ("trajectories", "turns", "metrics")  # tables whose every row has a key of its own
 
 
-def _check_keys_once(rows: pa.Table, spec: TableSpec, folder: Path | None = None, lake: DataLake | None = None):
-    """Refuse rows of ``spec``'s table in which two share the table's key (a part copied and re-encoded, a forged
-    record: the readers would count those rows twice), naming the partition folder (``folder``, or the first
-    partition of the run that holds a repeated key, found through ``lake``)."""
-    if spec.name not in UNIQUE_KEYED or rows.num_rows == 0:
+def _check_keys_once(rows: pa.Table, spec: TableSpec, lake: DataLake) -> None:
+    """Refuse a run's rows of ``spec``'s table in which two share the table's key (a part copied and re-encoded, a
+    forged record: the readers would count those rows twice, and a merge would make it permanent), naming the first
+    partition that holds a repeated key."""
+    if rows.num_rows == 0:
         return
     keys = list(spec.key)
-    counted = rows.select(keys).group_by(keys).aggregate([([], "count_all")])
+    counted = rows.group_by(keys).aggregate([([], "count_all")])
     repeated = counted.filter(pc.greater(counted["count_all"], 1))
     if repeated.num_rows == 0:
         return
-    if folder is None and lake is not None:
-        first = repeated.sort_by("iteration").slice(0, 1).to_pylist()[0]
-        folder = lake.partition_dir(spec.name, first["run_id"], first["iteration"])
+    first = repeated.sort_by("iteration").slice(0, 1).to_pylist()[0]
+    folder = lake.partition_dir(spec.name, first["run_id"], first["iteration"])
     raise LakeError(
         f"{repeated.num_rows} key(s) of {spec.name} in {str(folder)!r} are held by more than one row "
         f"({', '.join(keys)}): a part was copied or its record forged; move the copy out of the data root, then "

@@ -1,0 +1,57 @@
+"""The re-stamp records under ``docs/findings/restamps/``: where one is written, reading them, and the chain of
+records that links the fingerprint of the code that made a finding's numbers to the checkout's
+(:mod:`ragen_core.findings.restamp` writes them; ``tests/findings/test_digests.py`` follows them). Plumbing: nothing
+here decides a number."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RECORDS = Path("docs") / "findings" / "restamps"  # the records, relative to the repository's root
+
+
+def record_path(repo: Path, record: dict[str, Any]) -> Path:
+    """Where ``record`` is written: ``<old fingerprint>-<new fingerprint>.json`` under :data:`RECORDS`."""
+    return repo / RECORDS / f"{record['from']['fingerprint']}-{record['to']['fingerprint']}.json"
+
+
+def records(repo: Path) -> list[dict[str, Any]]:
+    """The committed re-stamp records, oldest first."""
+    folder = repo / RECORDS
+    found = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+    return sorted(found, key=lambda r: r["date"])
+
+
+def reaches(start: str, target: str, repo: Path) -> list[dict[str, Any]] | None:
+    """The chain of records that links fingerprint ``start`` to ``target`` (empty when they are equal), or None."""
+    edges: dict[str, list[dict[str, Any]]] = {}
+    for record in records(repo):
+        edges.setdefault(record["from"]["fingerprint"], []).append(record)
+    chains: list[tuple[str, list[dict[str, Any]]]] = [(start, [])]
+    seen = {start}
+    while chains:
+        here, chain = chains.pop(0)
+        if here == target:
+            return chain
+        for record in edges.get(here, []):
+            there = record["to"]["fingerprint"]
+            if there not in seen:
+                seen.add(there)
+                chains.append((there, [*chain, record]))
+    return None
+
+
+def stamped_commit(repo: Path, fingerprint: str, start_commit: str) -> str:
+    """The newest commit vouched for from ``fingerprint`` (the findings' own commit ``start_commit`` when no record
+    leads on from it): where the next probe starts."""
+    newest = {r["from"]["fingerprint"]: r["to"] for r in records(repo)}  # oldest first: the newest record wins
+    commit, here, seen = start_commit, fingerprint, {fingerprint}
+    while here in newest and newest[here]["fingerprint"] not in seen:
+        commit, here = newest[here]["commit"], newest[here]["fingerprint"]
+        seen.add(here)
+    return commit
+
+
+__all__ = ["RECORDS", "reaches", "record_path", "records", "stamped_commit"]
