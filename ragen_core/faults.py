@@ -11,15 +11,16 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from contextvars import ContextVar
 
 ENV_VAR = "RAGEN_FAULT"
-_current_iteration: int | None = None
+# per context: an async run's sampler lane (a thread in a copied context) runs another iteration than its learner
+_current_iteration: ContextVar[int | None] = ContextVar("ragen_fault_iteration", default=None)
 
 
 def set_iteration(iteration: int | None) -> None:
-    """The iteration now running (for fault points that do not know it, such as a Parquet write)."""
-    global _current_iteration
-    _current_iteration = iteration
+    """The iteration now running in this context (for fault points that do not know it, such as a Parquet write)."""
+    _current_iteration.set(iteration)
 
 
 def fault_matches(spec: str | None, stage: str, point: str, iteration: int | None) -> bool:
@@ -34,7 +35,8 @@ def fault_matches(spec: str | None, stage: str, point: str, iteration: int | Non
 
 def maybe_fail(stage: str, point: str, iteration: int | None = None) -> None:
     """SIGKILL this process when ``RAGEN_FAULT`` names this place (no clean-up, no exception: a real crash)."""
-    if fault_matches(os.environ.get(ENV_VAR), stage, point, _current_iteration if iteration is None else iteration):
+    at = _current_iteration.get() if iteration is None else iteration
+    if fault_matches(os.environ.get(ENV_VAR), stage, point, at):
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
@@ -44,7 +46,7 @@ def maybe_kill_helper(stage: str, point: str, group: int, iteration: int | None 
     """SIGKILL the process group ``group`` (a helper this process started in a group of its own, such as the vLLM
     server) when ``RAGEN_FAULT`` names this place: the helper dies under a running process, which goes on and meets
     the failure as it would a real crash of the helper. Returns whether it fired."""
-    at = _current_iteration if iteration is None else iteration
+    at = _current_iteration.get() if iteration is None else iteration
     if not fault_matches(os.environ.get(ENV_VAR), stage, point, at):
         return False
     try:

@@ -299,13 +299,16 @@ def validate_trajectory_batch(
     success_rule: Callable[[float], bool | None] | None = None,
     filtered: bool = False,
     engine: str = "auto",
+    max_staleness: int = 0,
 ) -> ContractReport:
     """Run both layers on one batch (trajectories and their turns).
 
     ``success_rule`` maps a trajectory's ``env_reward`` to the ``success`` it implies (None: not implied); without
     it success is not checked against the reward. ``filtered`` says whether the variance filter has run: before it,
     no row may carry a filter decision; after it, every train row must, the same for all members of a group.
-    Validation rows never carry one. ``engine``: which implementation runs (module docstring); the default checks
+    Validation rows never carry one. ``max_staleness``: every row's ``iteration - policy_version`` lies in ``[0,
+    max_staleness]`` (the run's ``trainer.max_staleness``; 0: the batch's own policy sampled it). ``engine``: which
+    implementation runs (module docstring); the default checks
     every batch with the vectorised one and lets the libraries re-check a rejected batch.
     """
     from schemas import vectorised as vec
@@ -316,7 +319,9 @@ def validate_trajectory_batch(
         vec.check_structure(trajectory_spec, trajectories, report, COLUMN_RULES["trajectories"])
         vec.check_structure(turn_spec, turns, report, COLUMN_RULES["turns"])
         if report.ok:  # semantic checks assume the structure holds
-            vec.check_semantics(trajectories, turns, group_size, reward_bounds, report, success_rule, filtered)
+            vec.check_semantics(
+                trajectories, turns, group_size, reward_bounds, report, success_rule, filtered, max_staleness
+            )
 
     def libraries(report: ContractReport) -> None:
         from schemas.suites import check_semantics
@@ -324,6 +329,8 @@ def validate_trajectory_batch(
         check_structure(trajectory_spec, trajectories, report)
         check_structure(turn_spec, turns, report)
         if report.ok:
-            check_semantics(trajectories, turns, group_size, reward_bounds, report, success_rule, filtered)
+            check_semantics(
+                trajectories, turns, group_size, reward_bounds, report, success_rule, filtered, max_staleness
+            )
 
     return _run_engines(engine, vectorised, libraries)

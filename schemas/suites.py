@@ -44,6 +44,7 @@ SEMANTIC_CHECKS = (
     "train_rows_unfiltered",
     "train_rows_have_filter_decision",
     "filter_decision_constant_in_group",
+    "policy_version_within_staleness",
 )
 GROUP_COLUMNS = ["run_id", "iteration", "split", "env", "group_id"]
 REWARD_TOLERANCE = 1e-6
@@ -102,6 +103,7 @@ def trajectory_summary(
     frame["max_logprob"] = logprobs["max"]
     frame["logprobs_finite"] = logprobs["finite"]
     frame["is_policy"] = frame["behavior_source"] == "policy"
+    frame["staleness"] = frame["iteration"].astype("int64") - frame["policy_version"].astype("int64")
     frame["reward_parts_gap"] = (frame["total_reward"] - (frame["env_reward"] + frame["format_penalty"])).abs()
     groups = frame.groupby(GROUP_COLUMNS, dropna=False)
     frame["group_members"] = groups["traj_index"].transform("size")
@@ -128,7 +130,9 @@ def _gx_batch_definition():
     return asset.add_batch_definition_whole_dataframe("batch")
 
 
-def _expectations(group_size: int, reward_bounds: tuple[float, float]) -> list[tuple[str, Any]]:
+def _expectations(
+    group_size: int, reward_bounds: tuple[float, float], max_staleness: int = 0
+) -> list[tuple[str, Any]]:
     """The checks every trajectory batch gets."""
     import great_expectations.expectations as gxe
 
@@ -162,6 +166,7 @@ def _expectations(group_size: int, reward_bounds: tuple[float, float]) -> list[t
         ("unique_trajectory_key", gxe.ExpectCompoundColumnsToBeUnique(column_list=list(TRAJECTORY_KEY))),
         ("val_rows_have_no_filter_decision", gxe.ExpectColumnValuesToBeNull(column="kept", **val)),
         ("val_rows_have_no_filter_decision", gxe.ExpectColumnValuesToBeNull(column="group_reward_std", **val)),
+        ("policy_version_within_staleness", between(column="staleness", min_value=0, max_value=max_staleness)),
     ]
 
 
@@ -199,12 +204,14 @@ def trajectory_suite(
     with_turns: bool,
     with_success: bool = False,
     filtered: bool = False,
+    max_staleness: int = 0,
 ):
     """The great-expectations suite for a trajectory summary frame; ``meta["check"]`` holds each check's name."""
     import great_expectations as gx
 
     suite = gx.ExpectationSuite(name="trajectories")
-    items = _expectations(group_size, reward_bounds) + _optional_expectations(with_turns, with_success, filtered)
+    items = _expectations(group_size, reward_bounds, max_staleness)
+    items += _optional_expectations(with_turns, with_success, filtered)
     for name, expectation in items:
         expectation.meta = {"check": name}
         suite.add_expectation(expectation)
@@ -226,12 +233,13 @@ def check_semantics(
     report: Any,
     success_rule: Callable[[float], bool | None] | None = None,
     filtered: bool = False,
+    max_staleness: int = 0,
 ) -> None:
     """Layer 2: the great-expectations suite on the summary frame; failures are added to ``report``."""
     frame = trajectory_summary(trajectories, turns, success_rule)
     batch = _gx_batch_definition().get_batch(batch_parameters={"dataframe": frame})
     bounds = (float(reward_bounds[0]), float(reward_bounds[1]))
-    suite = trajectory_suite(group_size, bounds, turns is not None, success_rule is not None, filtered)
+    suite = trajectory_suite(group_size, bounds, turns is not None, success_rule is not None, filtered, max_staleness)
     result = batch.validate(suite, result_format={"result_format": "COMPLETE"})
     keys = list(TRAJECTORY_KEY)
     for item in result.results:

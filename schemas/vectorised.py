@@ -234,6 +234,14 @@ def _reward_checks(
     return checks
 
 
+def _staleness_check(table: pa.Table, max_staleness: int) -> tuple[str, str, np.ndarray]:
+    """Each row's policy is at most ``max_staleness`` updates older than its iteration, and never newer."""
+    iteration = _numpy(table["iteration"].cast(pa.int64()), fill=-1)
+    version = _numpy(table["policy_version"].cast(pa.int64()), fill=np.iinfo(np.int64).max)  # null: never within
+    staleness = iteration - version
+    return "policy_version_within_staleness", "staleness", (staleness < 0) | (staleness > max_staleness)
+
+
 def _group_checks(table: pa.Table, group_size: int, filtered: bool) -> list[tuple[str, str, np.ndarray]]:
     """Group sizes, shared seeds, unique keys and the filter's decision columns by split."""
     groups = group_codes(table, GROUP_COLUMNS)
@@ -295,6 +303,7 @@ def check_semantics(
     report: Any,
     success_rule: Callable[[float], bool | None] | None = None,
     filtered: bool = False,
+    max_staleness: int = 0,
 ) -> None:
     """Layer 2 on the Arrow tables: every check of :data:`schemas.suites.SEMANTIC_CHECKS`; failures (with the
     trajectory keys of the offending rows) are added to ``report``. Assumes layer 1 passed."""
@@ -302,6 +311,7 @@ def check_semantics(
     if trajectories.num_rows:
         checks += _token_checks(trajectories) + _reward_checks(trajectories, reward_bounds, success_rule)
         checks += _group_checks(trajectories, group_size, filtered)
+        checks.append(_staleness_check(trajectories, max_staleness))
     orphans: list[dict] = []
     if turns is not None:
         turn_checks, orphans = _turn_checks(trajectories, turns)

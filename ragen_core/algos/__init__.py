@@ -46,6 +46,7 @@ from ragen_core.algos.losses import (
     value_loss,
 )
 from ragen_core.algos.masked import explained_variance, masked_mean, masked_var, masked_whiten, value_metrics
+from ragen_core.algos.off_policy import OFF_POLICY_CORRECTIONS, behaviour_weights
 from ragen_core.algos.turns import place_turn_rewards, turn_ends, turn_index, turn_starts, turn_sums
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "FILTER_METRICS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "OFF_POLICY_CORRECTIONS",
     "POLICY_LOSSES",
     "STRATEGIES",
     "FilterDecision",
@@ -61,6 +63,7 @@ __all__ = [
     "aggregate_loss",
     "apply_filter",
     "apply_kl_penalty",
+    "behaviour_weights",
     "bi_level_gae_advantage",
     "discounted_returns",
     "dual_clip_loss",

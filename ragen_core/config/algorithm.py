@@ -171,6 +171,24 @@ class AlgorithmConfig(Section):
         "groups instead of dropping them.",
     )
 
+    off_policy_correction: Literal["none", "decoupled", "tis"] = Field(
+        "none",
+        description="How the loss treats rows the sampler drew from an older policy than the one the update starts "
+        "from (trainer.max_staleness >= 1, or a vLLM sampler whose kernels differ). 'none': PPO against the old "
+        "log-probs alone (actor.reuse_behavior_logprobs). 'decoupled': decoupled PPO (AReaL): the clip is taken "
+        "against the proximal policy (the policy at the start of the update, re-scored) and each token's loss is "
+        "weighted by proximal / behaviour probability, tokens whose weight exceeds algorithm.is_cap left out. 'tis': "
+        "the same weight truncated at algorithm.is_cap (truncated importance sampling). Both need the sampler's "
+        "stored log-probs (docs/algorithms.md, 'Off-policy correction').",
+    )
+    is_cap: float | None = Field(
+        None,
+        gt=1,
+        le=MAX_SCALE,
+        description="The importance weight's bound: 'tis' truncates the weight at it (None: 2.0); 'decoupled' leaves "
+        "out tokens whose weight exceeds it (None: no bound, AReaL's default). Unused by 'none'.",
+    )
+
     @model_validator(mode="after")
     def _check_filter(self) -> AlgorithmConfig:
         # the filter's name and options are checked against its registry by the loader (ragen_core.run.checks)
@@ -183,6 +201,11 @@ class AlgorithmConfig(Section):
             raise ValueError(
                 f"algorithm.soft_advantage_reweight weights GRPO's group advantages by the group's reward std (as "
                 f"RAGEN-2, where only grpo has it): set algorithm.adv_estimator=grpo, not {self.adv_estimator}"
+            )
+        if self.is_cap is not None and self.off_policy_correction == "none":
+            raise ValueError(
+                "algorithm.is_cap bounds the off-policy correction's importance weight: set "
+                "algorithm.off_policy_correction=decoupled or tis, or drop is_cap"
             )
         return self
 

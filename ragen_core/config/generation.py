@@ -188,6 +188,14 @@ class RolloutConfig(Section):
         "count each trajectory once. 'full' mode: trajectory only.",
     )
 
+    sampler_threads: PositiveInt = Field(
+        1,
+        le=MAX_COUNT,
+        description="trainer.max_staleness >= 1 with backend=hf: torch threads of the sampler process that generates "
+        "while the learner updates (the learner keeps trainer.num_threads). Part of what makes its numbers: keep it "
+        "when resuming.",
+    )
+
     @model_validator(mode="after")
     def _check_window(self) -> RolloutConfig:
         if self.context_window_mode == "full" and self.max_context_window is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeInt, model_validator
 
 from ragen_core.config.base import MAX_COUNT, MAX_SCALE, LearningRate, PositiveInt, Scale, Section, Seed
 from ragen_core.config.trust import trusted_only
@@ -126,6 +126,15 @@ class TrainerConfig(Section):
         "auto",
         description="Engine and rollout precision: 'auto' = bf16 on a bf16-capable CUDA GPU, else fp32; bf16 and "
         "fp16 (dynamic loss scaling) need CUDA. The resolved precision is recorded in the run manifest.",
+    )
+    max_staleness: NonNegativeInt = Field(
+        0,
+        le=MAX_COUNT,
+        description="Asynchronous StarPO: 0 runs each iteration's stages one after another (synchronous); k >= 1 "
+        "samples iteration i's batch with the policy after update i - k (the first k batches with the start policy) "
+        "in a sampler of its own while the learner updates, so generation and update overlap. Which policy samples "
+        "which batch is fixed by this schedule, never by timing: an async run is as deterministic as a synchronous "
+        "one and resumes exactly. trajectories.policy_version records each batch's policy (docs/async.md).",
     )
     mi_diagnostic: bool = Field(
         False,

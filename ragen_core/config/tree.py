@@ -56,6 +56,7 @@ class RunConfig(Section):
                 "(rollout.backend=scripted) do not have: use auto or never"
             )
         _check_mi(self)
+        _check_async(self)
         if self.rollout.training_rows == "turn" and algorithm.reward_level == "turn":
             raise ValueError(
                 "rollout.training_rows=turn gives every turn row its trajectory's score (RAGEN-2); "
@@ -74,9 +75,30 @@ class RunConfig(Section):
         return self.model_dump(mode="json")
 
     def config_hash(self) -> str:
-        """Stable 16-hex-digit digest of the resolved config (sorted-key JSON)."""
-        payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Stable 16-hex-digit digest of the resolved config (sorted-key JSON), keys of :data:`LATER_KEYS` left out
+        at the value that behaves as before they existed."""
+        tree = self.to_dict()
+        for dotted, neutral in LATER_KEYS.items():
+            *sections, name = dotted.split(".")
+            section = tree
+            for part in sections:
+                section = section[part]
+            if section.get(name, neutral) == neutral:
+                section.pop(name, None)
+        payload = json.dumps(tree, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+# Keys added after runs and findings stored their config hashes, each with the value at which a config behaves exactly
+# as it did before the key existed. The hash leaves such a key out at that value, so a new feature that is off by
+# default leaves every stored run's and finding's hash (and the trajectories' config_hash column) as it was; set to
+# anything else, the key enters the hash. A key joins this table in the change that adds it, never later.
+LATER_KEYS: dict[str, Any] = {
+    "trainer.max_staleness": 0,
+    "rollout.sampler_threads": 1,
+    "algorithm.off_policy_correction": "none",
+    "algorithm.is_cap": None,
+}
 
 
 def _check_mi(config: RunConfig) -> None:
@@ -91,6 +113,30 @@ def _check_mi(config: RunConfig) -> None:
             "trainer.mi_multi_turn scores each turn under the chat before it, which windowed rollouts "
             f"(rollout.context_window_mode={config.rollout.context_window_mode}) do not keep: use full (RAGEN-2 "
             "computes no collapse metric outside full)"
+        )
+
+
+def _check_async(config: RunConfig) -> None:
+    """What an asynchronous run (``trainer.max_staleness`` >= 1) and the off-policy correction need (load time)."""
+    algorithm, staleness = config.algorithm, config.trainer.max_staleness
+    if algorithm.off_policy_correction != "none" and config.rollout.backend == "scripted":
+        raise ValueError(
+            f"algorithm.off_policy_correction={algorithm.off_policy_correction} weighs each token by the sampler's "
+            "stored log-prob, which scripted rollouts (rollout.backend=scripted) do not have: use none"
+        )
+    if not staleness:
+        return
+    if algorithm.filter_entropy == "full" and algorithm.filter_metric in ("entropy", "entropy_variance"):
+        raise ValueError(
+            f"algorithm.filter_entropy=full scores each batch with the policy that sampled it, which an async run "
+            f"(trainer.max_staleness={staleness}) keeps only in its sampler: use filter_entropy=sampled (the stored "
+            "log-probs' estimate) or trainer.max_staleness=0"
+        )
+    if config.trainer.mi_diagnostic:
+        raise ValueError(
+            f"trainer.mi_diagnostic scores each batch with the policy that sampled it, which an async run "
+            f"(trainer.max_staleness={staleness}) keeps only in its sampler: set trainer.max_staleness=0 to run the "
+            "diagnostic"
         )
 
 

@@ -24,9 +24,14 @@ class BatchMeta:
     config_hash: str
 
     @classmethod
-    def training(cls, run_id: str, iteration: int, temperature: float, config_hash: str) -> BatchMeta:
-        """A training iteration's rollouts, sampled by the policy after ``iteration`` updates."""
-        return cls(run_id=run_id, iteration=iteration, split="train", policy_version=iteration,
+    def training(
+        cls, run_id: str, iteration: int, temperature: float, config_hash: str, policy_version: int | None = None
+    ) -> BatchMeta:
+        """A training iteration's rollouts, sampled by the policy after ``policy_version`` updates (default
+        ``iteration``: a synchronous run; an async run's batches are older, see
+        :func:`ragen_core.run.stages.sampling_version`)."""
+        version = iteration if policy_version is None else policy_version
+        return cls(run_id=run_id, iteration=iteration, split="train", policy_version=version,
                    temperature=temperature, config_hash=config_hash)  # fmt: skip
 
     @classmethod

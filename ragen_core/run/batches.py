@@ -55,14 +55,17 @@ class BatchRules:
     group_size: int
     bounds: tuple[float, float]
     success_rule: Callable[[float], bool | None] | None = None
+    max_staleness: int = 0  # iteration - policy_version of every row lies in [0, max_staleness]
 
     @classmethod
-    def of(cls, config: RunConfig, env_name: str, group_size: int) -> BatchRules:
-        """The rules of ``env_name`` under the config's limits: env reward bounds plus the worst format penalties."""
+    def of(cls, config: RunConfig, env_name: str, group_size: int, max_staleness: int = 0) -> BatchRules:
+        """The rules of ``env_name`` under the config's limits: env reward bounds plus the worst format penalties;
+        ``max_staleness``: how much older than its iteration a row's policy may be (training batches of an async run:
+        ``trainer.max_staleness``)."""
         env = make_env(env_name, **config.env.options)
         low, high = env.reward_bounds(config.env.max_actions_per_traj)
         bounds = (low + config.env.max_turns * config.rollout.format_penalty, high)
-        return cls(group_size, bounds, env.success_from_reward)
+        return cls(group_size, bounds, env.success_from_reward, max_staleness)
 
 
 class BatchPipeline:
@@ -102,7 +105,12 @@ class BatchPipeline:
             report.add("storage", "staged_batch_readable", detail=str(exc))
         else:
             report = validate_trajectory_batch(
-                trajectories, turns, rules.group_size, rules.bounds, success_rule=rules.success_rule
+                trajectories,
+                turns,
+                rules.group_size,
+                rules.bounds,
+                success_rule=rules.success_rule,
+                max_staleness=rules.max_staleness,
             )
         if not report.ok:
             context = {"run_id": run_id, "iteration": iteration, "stage": self.stage, "group_size": rules.group_size}

@@ -90,7 +90,17 @@ def decide_start(
         return Start.RESUME
     if (manifest.early_stop or {}).get("iteration") == final:
         return Start.DONE  # stopped early (filter_empty_stop_steps), then validated: more iterations change nothing
-    return Start.DONE if final == iterations else Start.EXTEND
+    if final == iterations:
+        return Start.DONE
+    staleness = config.trainer.max_staleness
+    if staleness:
+        raise ResumeError(
+            f"run {manifest.run_id!r} cannot be extended asynchronously (trainer.max_staleness={staleness}): its "
+            f"iterations {final}..{final + staleness - 1} would train on batches sampled by policies before its "
+            "last, which are gone. Start a new run from its last checkpoint (model.path=...), or extend it "
+            "synchronously with --force-config trainer.max_staleness and trainer.max_staleness=0"
+        )
+    return Start.EXTEND
 
 
 def final_evaluation(
@@ -147,8 +157,37 @@ def stops_early(history: list[dict[str, float]], empty_stop_steps: int) -> bool:
     return empty_stop_steps > 0 and empty_filter_streak(history) >= empty_stop_steps
 
 
-def check_resumable(plan: ResumePlan, run_id: str, skip_iteration: bool) -> None:
-    """Refuse to redo a quarantined batch: the same seeds would regenerate the same batch."""
+def batches_ahead(next_iteration: int, config: RunConfig) -> range:
+    """The iterations after ``next_iteration`` whose training batches an async run's resume there keeps and uses
+    (``trainer.max_staleness`` - 1 of them): the commit of ``next_iteration - 1`` waited for them, and the policies
+    that sampled them are gone (:mod:`ragen_core.run.overlap`). Empty for a synchronous run."""
+    end = min(next_iteration + config.trainer.max_staleness, config.trainer.iterations)
+    return range(next_iteration + 1, max(end, next_iteration + 1))
+
+
+def check_resumable(
+    plan: ResumePlan,
+    run_id: str,
+    skip_iteration: bool,
+    quarantined_ahead: str | None = None,
+    max_staleness: int = 0,
+) -> None:
+    """Refuse to redo a quarantined batch: the same seeds would regenerate the same batch. ``quarantined_ahead``: a
+    quarantined batch of a later iteration (an async run samples ahead); an async run (``max_staleness``) skips
+    none: the iterations after a skipped one would lack the batches its schedule needs."""
+    if plan.quarantined and skip_iteration and max_staleness:
+        raise ResumeError(
+            f"iteration {plan.next_iteration} of run {run_id!r} was quarantined ({plan.quarantined}); an async run "
+            f"(trainer.max_staleness={max_staleness}) cannot skip an iteration: the batches after it were to be "
+            "sampled by policies it never made. Fix the cause (environment, reward bounds, contracts), then resume"
+        )
+    if quarantined_ahead:
+        raise ResumeError(
+            f"a training batch that run {run_id!r} sampled ahead of iteration {plan.next_iteration} was quarantined "
+            f"({quarantined_ahead}, see report.json); resuming would sample it again from the same seeds and fail "
+            "the same way, and --skip-iteration skips only the next iteration. Fix the cause (environment, reward "
+            "bounds, contracts), then resume"
+        )
     if plan.quarantined and not skip_iteration:
         raise ResumeError(
             f"iteration {plan.next_iteration} of run {run_id!r} was quarantined ({plan.quarantined}, see "

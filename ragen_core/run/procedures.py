@@ -20,6 +20,7 @@ from ragen_core.run import bootstrap, offline, resume, session
 from ragen_core.run.decisions import ResumePlan, Start, resume_line
 from ragen_core.run.entry import OpenRun, open_run
 from ragen_core.run.iteration import Call, IterationState, direct, run_iteration
+from ragen_core.run.overlap import overlapped_iterations
 from ragen_core.run.record import RunRecord, check_run_id_free, new_manifest, run_status
 from ragen_core.run.requests import EvalRequest, RetrainRequest, RunRequest
 from ragen_core.run.session import RunSession
@@ -150,23 +151,36 @@ def _restored_start(session: RunSession, plan: ResumePlan | None, result: dict[s
 
 
 def _iterations(session: RunSession, first: int, hooks: Hooks) -> int:
-    """The training iterations from ``first``, each reported and its artifact published in the background; the
+    """The training iterations from ``first`` (synchronous, or overlapped when ``trainer.max_staleness`` >= 1:
+    :mod:`ragen_core.run.overlap`), each reported and its artifact published in the background once committed; the
     iteration the final validation is committed as (earlier when ``stop_early`` says so)."""
     artifacts = hooks.artifacts()
-    final = session.config.trainer.iterations
+
+    def committed(iteration: int, metrics: dict[str, float]) -> None:
+        artifacts.publish(session.run_id, iteration, metrics)
+        hooks.report(iteration, metrics)
+
     try:
-        for iteration in range(first, session.config.trainer.iterations):
-            if stop_early(session, iteration):  # filter_empty_stop_steps: the final validation comes here
-                final = iteration
-                break
-            metrics = run_iteration(session, iteration, ITERATION, call=hooks.call)
-            artifacts.publish(session.run_id, iteration, metrics)
-            hooks.report(iteration, metrics)
+        if session.config.trainer.max_staleness:
+            final = overlapped_iterations(session, first, hooks.call, committed)
+        else:
+            final = _synchronous_iterations(session, first, hooks.call, committed)
     except BaseException:
         artifacts.wait(raise_error=False)
         raise
     artifacts.wait()
     return final
+
+
+def _synchronous_iterations(
+    session: RunSession, first: int, call: Call, committed: Callable[[int, dict[str, float]], None]
+) -> int:
+    """Each iteration's table in turn from ``first``; the final validation's iteration."""
+    for iteration in range(first, session.config.trainer.iterations):
+        if stop_early(session, iteration):  # filter_empty_stop_steps: the final validation comes here
+            return iteration
+        committed(iteration, run_iteration(session, iteration, ITERATION, call=call))
+    return session.config.trainer.iterations
 
 
 def final_evaluation(

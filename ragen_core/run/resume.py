@@ -30,6 +30,7 @@ from ragen_core.run.decisions import (
     ResumeError,
     ResumePlan,
     Start,
+    batches_ahead,
     check_resumable,
     decide_start,
     final_evaluation,
@@ -141,8 +142,13 @@ def prepare_resume(lake: DataLake, config: RunConfig, run_id: str, skip_iteratio
     quarantine = lake.quarantine_dir(run_id, len(committed), Stage.ROLLOUT)
     quarantined = str(quarantine) if quarantine.is_dir() else None
     plan = plan_resume(run_id, config, committed, skipped, lake.list_checkpoints(run_id), quarantined)
-    check_resumable(plan, run_id, skip_iteration)
-    reused = lake.discard_uncommitted(run_id, plan.next_iteration)
+    staleness, following = config.trainer.max_staleness, batches_ahead(plan.next_iteration, config)
+    sampled = range(plan.next_iteration + 1, plan.next_iteration + 1 + staleness)  # what the lanes sampled ahead
+    ahead = (lake.quarantine_dir(run_id, i, Stage.ROLLOUT) for i in sampled)
+    check_resumable(plan, run_id, skip_iteration, next((str(q) for q in ahead if q.is_dir()), None), staleness)
+    keep = {plan.next_iteration: lake.finished_stages(run_id, plan.next_iteration)}
+    keep.update({i: [Stage.ROLLOUT] for i in following})  # an async run's batches sampled ahead: kept and used
+    reused = lake.discard_uncommitted(run_id, plan.next_iteration, keep)
     return dataclasses.replace(plan, reused_stages=reused)
 
 

@@ -22,6 +22,7 @@ from ragen_core.policy import ensure_tiny_model, tokenizer_fingerprint
 from ragen_core.rollout import ScriptedBackend
 from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.run.record import RunRecord, new_manifest, resumed_manifest
+from ragen_core.run.sampler import SamplerProcess
 from ragen_core.storage import DataLake
 from ragen_core.training.engines import set_determinism
 from ragen_core.training.precision import resolve_precision, torch_dtype
@@ -40,6 +41,7 @@ class RolloutPolicy:
     model: torch.nn.Module
     engine: Any = None  # ragen_core.rollout.vllm_backend.VLLMServer
     scripted_options: dict[str, Any] = field(default_factory=dict)  # rollout.backend=scripted: the policy's options
+    sampler: SamplerProcess | None = None  # an async run's training rollouts (backend=hf): ragen_core.run.sampler
 
     def backend(self, rollout: RolloutConfig, temperature: float) -> Any:
         """The generation backend ``rollout.backend`` names, sampling at ``temperature``."""
@@ -55,10 +57,22 @@ class RolloutPolicy:
             self.model, self.tokenizer, temperature, rollout.max_new_tokens, top_p=rollout.top_p, top_k=rollout.top_k
         )
 
+    def training_backend(self, rollout: RolloutConfig) -> Any:
+        """The backend of the training rollouts: the sampler process's when the run has one (an async run), else
+        :meth:`backend` at ``rollout.temperature``."""
+        if self.sampler is not None:
+            return self.sampler.backend(rollout.temperature, rollout.max_new_tokens, rollout.top_p, rollout.top_k)
+        return self.backend(rollout, rollout.temperature)
+
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        try:
+            if self.sampler is not None:
+                self.sampler.close()
+                self.sampler = None
+        finally:
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
 
 
 class RunSession:
@@ -171,13 +185,18 @@ def _rollout_policy(
     model, tokenizer = updater.rollout_policy(model_dir, torch_dtype(precision))
     policy = RolloutPolicy(model_dir, tokenizer, chat_formatter(config, tokenizer), model)
     policy.scripted_options = scripted_options(config)
-    if config.rollout.backend == "vllm":
-        policy.engine = start_vllm_server(config, lake.vllm_server_dir(run_id), model_dir, precision, lake.root)
-        try:
+    try:
+        if config.trainer.max_staleness and config.rollout.backend == "hf":
+            folder = lake.sampler_dir(run_id)
+            folder.mkdir(parents=True, exist_ok=True)
+            threads = config.rollout.sampler_threads
+            policy.sampler = SamplerProcess.start(model_dir, model, threads, folder / "sampler.log")
+        if config.rollout.backend == "vllm":
+            policy.engine = start_vllm_server(config, lake.vllm_server_dir(run_id), model_dir, precision, lake.root)
             policy.engine.check_weights(model)  # the server computes what the trainer's model computes
-        except BaseException:
-            policy.close()
-            raise
+    except BaseException:
+        policy.close()
+        raise
     return policy
 
 

@@ -89,7 +89,7 @@ def generate_rollouts(session: RunSession, iteration: int, state: IterationState
     config = session.config
     seeds = derive_seeds(config.seed, config.rollout.env_groups, iteration, "env_seeds")
     spec = rollout_spec(config, config.env.name, seeds, config.rollout.group_size, "train")
-    backend = session.policy.backend(config.rollout, config.rollout.temperature)
+    backend = session.policy.training_backend(config.rollout)
     records = run_rollouts(spec, backend, session.policy.formatter, derive_seed(config.seed, iteration, "rollout"))
     maybe_fail("rollout", "inside", iteration)  # rollouts in memory, nothing written yet
     state.records = records
@@ -98,10 +98,17 @@ def generate_rollouts(session: RunSession, iteration: int, state: IterationState
 
 def training_batch(session: RunSession, iteration: int) -> BatchPipeline:
     """The batch pipeline of ``iteration``'s training rollouts."""
-    config = session.config
-    meta = BatchMeta.training(session.run_id, iteration, config.rollout.temperature, session.config_hash)
-    rules = BatchRules.of(config, config.env.name, config.rollout.group_size)
+    config, staleness = session.config, session.config.trainer.max_staleness
+    version = sampling_version(iteration, staleness)
+    meta = BatchMeta.training(session.run_id, iteration, config.rollout.temperature, session.config_hash, version)
+    rules = BatchRules.of(config, config.env.name, config.rollout.group_size, staleness)
     return BatchPipeline(session.lake, meta, Stage.ROLLOUT, rules)
+
+
+def sampling_version(iteration: int, max_staleness: int) -> int:
+    """The policy version (updates received) that samples ``iteration``'s training batch: the policy after update
+    ``iteration - max_staleness``, the start policy for the first ``max_staleness`` batches (0: its own)."""
+    return max(0, iteration - max_staleness)
 
 
 def persist(session: RunSession, iteration: int, state: IterationState) -> dict[str, Any]:
@@ -208,9 +215,10 @@ def update_policy(session: RunSession, iteration: int, state: IterationState) ->
     """Stage 5: the StarPO update (actor, and critic when the estimator needs one) on the iteration's kept rows, by
     the session's updater; the rollout side then samples from the new weights. When the filter kept no group
     (RAGEN's ``empty_after_filter``) nothing is trained: the policy stays as it is (the iteration still counts as
-    updated: its commit saves a checkpoint when one is due)."""
+    updated: its commit saves a checkpoint when one is due). An async run's sampler gets the new weights at the
+    hand-off after the commit (:mod:`ragen_core.run.overlap`), not here, while it still samples with the old ones."""
     metrics = session.updater.update(iteration)
-    if metrics != SKIPPED:
+    if metrics != SKIPPED and not session.config.trainer.max_staleness:  # an async run hands off after its commit
         session.updater.sync(session.policy)
     state.metrics.update(metrics)
     state.updated = True

@@ -163,6 +163,10 @@ class DataLake:
         """The run's vLLM rollout server: its log (``rollout.backend=vllm``)."""
         return self._run_subdir(run_id, layout.VLLM_SERVER, "vLLM server folder")
 
+    def sampler_dir(self, run_id: str) -> Path:
+        """The sampler process of an async run (``trainer.max_staleness`` >= 1, ``rollout.backend=hf``): its log."""
+        return self._run_subdir(run_id, layout.SAMPLER, "sampler folder")
+
     def tensorboard_dir(self, run_id: str) -> Path:
         """The run's TensorBoard folder (``tensorboard --logdir`` it, or the ``runs`` folder for several runs)."""
         self.run_dir(run_id)
@@ -272,25 +276,31 @@ class DataLake:
         stages = folder.iterdir() if folder.is_dir() else []
         return sorted(s.name for s in stages if not s.name.startswith(".") and layout.done_marker(s).is_file())
 
-    def discard_uncommitted(self, run_id: str, from_iteration: int) -> list[str]:
-        """Clear iterations ``>= from_iteration`` (none may be committed) for a redo; return the reused stages.
+    def discard_uncommitted(
+        self, run_id: str, from_iteration: int, keep: dict[int, list[str]] | None = None
+    ) -> list[str]:
+        """Clear iterations ``>= from_iteration`` (none may be committed) for a redo; return the reused stages of
+        ``from_iteration``.
 
         The stages of ``from_iteration`` that finished keep their published files and are reused; every other
         staged or published file of those iterations is discarded (renamed to a hidden name first, so readers stop
-        seeing it at once)."""
+        seeing it at once). ``keep`` (iteration -> stages) says instead which finished stages of which iterations
+        stay (an async run's training batches sampled ahead; an early stop's none)."""
         if any(i >= from_iteration for i in self.committed_iterations(run_id)):
             raise LakeError(f"refusing to discard committed iterations >= {from_iteration} of run {run_id!r}")
-        reused = self.finished_stages(run_id, from_iteration)
+        if keep is None:
+            keep = {from_iteration: self.finished_stages(run_id, from_iteration)}
+        kept = {i: sorted(set(stages) & set(self.finished_stages(run_id, i))) for i, stages in keep.items()}
         staging = self._staging(run_id)
         for folder in sorted(staging.iterdir()) if staging.is_dir() else []:
             if not (folder.name.isdigit() and int(folder.name) >= from_iteration):
                 continue
             check_real_folder(folder, "staging folder")  # a link's target is never cleared
             for stage in sorted(p for p in folder.iterdir() if not p.name.startswith(TRASH_PREFIX)):
-                keep = int(folder.name) == from_iteration and stage.name in reused
-                if keep:
+                stay = stage.name in kept.get(int(folder.name), [])
+                if stay:
                     check_real_folder(stage, "staging folder")
-                for item in sorted(stage.iterdir()) if keep else [stage]:
+                for item in sorted(stage.iterdir()) if stay else [stage]:
                     if item.name != layout.DONE_MARKER:
                         discard(item)
         for table in sorted(name for name, spec in self.tables.items() if spec.source == "parquet"):
@@ -298,12 +308,12 @@ class DataLake:
             for iteration, folder in list(iteration_folders(run_folder)):  # every part, compacted or not
                 gone = []
                 for file in part_files(folder) if iteration >= from_iteration else []:
-                    if iteration > from_iteration or not published_by_stage(file.name, reused):
+                    if not published_by_stage(file.name, kept.get(iteration, [])):
                         discard(file)
                         gone.append(file.name)
                 if gone:
                     record_parts(folder, {}, gone)  # after the files: a record may name more, never fewer
-        return reused
+        return kept.get(from_iteration, [])
 
     def publish(self, run_id: str, iteration: int, stage: str, tables: Sequence[str] | None = None) -> list[Path]:
         """Move a stage's staged files (of ``tables``, default all) into the table partitions, one atomic rename

@@ -97,6 +97,7 @@ CHECKPOINTS = "checkpoints"
 UPDATE_GROUP = "update_group"
 POLICY_EXPORT = "policy"
 VLLM_SERVER = "vllm_server"
+SAMPLER = "sampler"
 TENSORBOARD = "tensorboard"
 TRACKERS = "trackers"
 BOOTSTRAP_PREFIX = "bootstrap-"
@@ -288,9 +289,9 @@ def housekeeping_lock_file(root: Path, run_id: str) -> Path:
 
 
 def run_subdir(root: Path, run_id: str, name: str) -> Path:
-    """One of a run's folders: :data:`CHECKPOINTS`, :data:`UPDATE_GROUP`, :data:`VLLM_SERVER`, :data:`TENSORBOARD`,
-    :data:`TRACKERS`."""
-    if name not in (CHECKPOINTS, UPDATE_GROUP, VLLM_SERVER, TENSORBOARD, TRACKERS):
+    """One of a run's folders: :data:`CHECKPOINTS`, :data:`UPDATE_GROUP`, :data:`VLLM_SERVER`, :data:`SAMPLER`,
+    :data:`TENSORBOARD`, :data:`TRACKERS`."""
+    if name not in (CHECKPOINTS, UPDATE_GROUP, VLLM_SERVER, SAMPLER, TENSORBOARD, TRACKERS):
         raise ValueError(f"{name!r} is no folder of a run")
     return run_dir(root, run_id) / name
 

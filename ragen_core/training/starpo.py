@@ -2,8 +2,9 @@
 
 score (old and reference log-probs) -> token rewards (trajectory score on the last assistant token, or each turn's
 reward on that turn's last token) -> [KL in the reward] -> [critic values] -> advantages (registered estimator) ->
-actor PPO steps (registered policy loss) -> [critic steps towards the returns]. Each step is a small function so the
-equations can be tested on their own; :func:`starpo_update` chains them.
+[off-policy importance weights on the advantages] -> actor PPO steps (registered policy loss) -> [critic steps towards
+the returns]. Each step is a small function so the equations can be tested on their own; :func:`starpo_update` chains
+them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ragen_core.algos import ADVANTAGES, apply_kl_penalty, needs_critic, place_turn_rewards, value_metrics
+from ragen_core.algos import (
+    ADVANTAGES,
+    apply_kl_penalty,
+    behaviour_weights,
+    needs_critic,
+    place_turn_rewards,
+    value_metrics,
+)
 from ragen_core.algos.masked import masked_mean
 from ragen_core.algos.reweighting import filter_loss_scale, soft_advantage_weights
 from ragen_core.config import AlgorithmConfig, CriticConfig, RunConfig
@@ -113,8 +121,10 @@ def reuses_behavior_logprobs(config: RunConfig, inputs: UpdateInputs, precision:
     ``auto``: only when they are the current policy's log-probs up to float summation order: sampled by this
     policy's weights through Hugging Face ``generate`` (vLLM's kernels differ), at temperature 1 without top-k/top-p
     (which change the distribution), in fp32 (bf16/fp16 rounding between a cached generation and a full forward is
-    ~1e-2), and every row sampled by the policy (scripted rows have none). Updates happen between rollouts, so the
-    weights that sampled an iteration's batch are those that update on it.
+    ~1e-2), and every row sampled by the policy (scripted rows have none). In a synchronous run updates happen
+    between rollouts, so the weights that sampled an iteration's batch are those that update on it; in an
+    asynchronous one (``trainer.max_staleness`` >= 1) an older policy sampled it, so ``auto`` re-scores (``always``
+    still takes the stored values, as told).
     """
     mode = config.actor.reuse_behavior_logprobs
     if mode == "never":
@@ -129,6 +139,7 @@ def reuses_behavior_logprobs(config: RunConfig, inputs: UpdateInputs, precision:
     rollout = config.rollout
     return (
         inputs.behavior_logprobs is not None
+        and config.trainer.max_staleness == 0
         and rollout.backend == "hf"
         and rollout.temperature == 1.0
         and rollout.top_p in (1.0, None)
@@ -137,16 +148,51 @@ def reuses_behavior_logprobs(config: RunConfig, inputs: UpdateInputs, precision:
     )
 
 
+def uses_stored_logprobs(config: RunConfig, inputs: UpdateInputs, precision: str) -> bool:
+    """Whether the update's old log-probs are the stored behaviour ones: never with an off-policy correction (the
+    old log-probs are then the proximal policy's, the batch re-scored; a batch without stored log-probs is refused),
+    else as :func:`reuses_behavior_logprobs` says."""
+    correction = config.algorithm.off_policy_correction
+    if correction != "none" and inputs.behavior_logprobs is None:
+        raise ValueError(
+            f"algorithm.off_policy_correction={correction} needs the sampler's stored log-probs of every kept row, "
+            "which scripted rows lack"
+        )
+    return correction == "none" and reuses_behavior_logprobs(config, inputs, precision)
+
+
+def corrected_advantages(
+    algorithm: AlgorithmConfig,
+    advantages: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    inputs: UpdateInputs,
+    metrics: dict[str, float],
+) -> torch.Tensor:
+    """The advantages times each token's importance weight proximal / behaviour
+    (:func:`ragen_core.algos.off_policy.behaviour_weights`, its statistics into ``metrics``) under
+    ``algorithm.off_policy_correction``; as they are with ``none``."""
+    if algorithm.off_policy_correction == "none" or inputs.behavior_logprobs is None:
+        return advantages
+    correction, mask = algorithm.off_policy_correction, inputs.batch.loss_mask
+    weights, stats = behaviour_weights(proximal_logprobs, inputs.behavior_logprobs, mask, correction, algorithm.is_cap)
+    metrics.update(stats)
+    return advantages * weights.to(advantages.dtype)
+
+
 def starpo_update(
     config: RunConfig, actor: ActorEngine, critic: CriticEngine | None, inputs: UpdateInputs, iteration: int
 ) -> dict[str, float]:
     """One StarPO update of the actor (and the critic, for gae / bi_level_gae); returns namespaced metrics.
 
     The old log-probs are the stored behaviour log-probs when :func:`reuses_behavior_logprobs` says so (then
-    ``actor/behavior_logprob_gap`` watches that they are the policy's), else the batch re-scored by the actor."""
+    ``actor/behavior_logprob_gap`` watches that they are the policy's), else the batch re-scored by the actor. With
+    ``algorithm.off_policy_correction`` they are always the re-scored ones (the proximal policy, whatever
+    ``actor.reuse_behavior_logprobs`` says), and each token's advantage is multiplied by its importance weight
+    proximal / behaviour (:func:`ragen_core.algos.off_policy.behaviour_weights`) after the advantage metrics are
+    taken: ``actor/advantage_mean`` and ``actor/advantage_abs_mean`` stay those of the unweighted advantages."""
     algorithm, batch = config.algorithm, inputs.batch
     mask = batch.loss_mask
-    reuse = reuses_behavior_logprobs(config, inputs, actor.optim.precision)
+    reuse = uses_stored_logprobs(config, inputs, actor.optim.precision)
     old_logprobs = inputs.behavior_logprobs if reuse and inputs.behavior_logprobs is not None else actor.score(batch)
     ref_logprobs = actor.score(batch, actor.reference) if algorithm.kl_coef > 0 and actor.reference else None
     token_rewards = token_rewards_for(inputs, algorithm.reward_level)
@@ -167,6 +213,7 @@ def starpo_update(
     advantages = scaled_advantages(config, advantages, token_rewards, inputs, metrics)
     metrics["actor/advantage_mean"] = float(masked_mean(advantages, mask))
     metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))
+    advantages = corrected_advantages(algorithm, advantages, old_logprobs, inputs, metrics)
     seed = derive_seed(config.seed, iteration, "update_shuffle")
     metrics.update(
         actor.policy_update(

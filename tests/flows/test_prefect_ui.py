@@ -1,8 +1,8 @@
 """What a run shows in Prefect's UI, read back from a real Prefect server (the session's `ragen server start`, with its
 deployments and process worker) through Prefect's client: flow runs named after their run ids and tagged (env,
 preset, sweep), task runs named with their iteration, the iteration summaries and the early warnings in the run's
-logs (while the terminal shows each line once, as before), the run's UI address printed by the command, and
-deployments whose parameter schemas hold no internal parameter."""
+logs (while the terminal shows each line once, as before), the run's UI address printed by the command,
+deployments whose parameter schemas hold no internal parameter, and an async run's lanes side by side."""
 
 from __future__ import annotations
 
@@ -188,3 +188,69 @@ def test_a_deployment_run_without_a_run_id_is_renamed_to_the_id_it_derives_and_t
     assert {"generate-i0", "update-i0", "commit-i1"} <= seen["tasks"]
     assert [m.split(" · ")[0] for name, _, m in seen["logs"] if name == "ragen.run"] == ["iter   0", "iter   1"]
     assert DataLake(tmp_path).read_manifest(run_id).pid != os.getpid()  # run by the worker, not here
+
+
+# An async run (trainer.max_staleness): the sampler lane's task runs of batch n + k run while the update task run of
+# iteration n runs, for a run of the command and for a run of the train deployment on the process worker.
+ASYNC = [
+    "bootstrap.enabled=false",
+    "env.val_envs=[bandit]",
+    "rollout.env_groups=2",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=8",
+    "actor.mini_batch_size=4",
+    "actor.micro_batch_size=4",
+    "trainer.iterations=4",
+    "trainer.num_threads=1",
+    "eval.every=10",  # validation at 0 and after the last update: steps 1 and 2 are the update alone
+    "eval.instances=2",
+    "monitor.truncated_share=null",
+]
+
+
+def _task_runs(server, name: str) -> dict[str, tuple[float, float]]:
+    """The task runs of the flow run ``name``: (start, end) in seconds, by task run name."""
+    from prefect.client.schemas import filters as f
+
+    with _client(server) as client:
+        [run] = client.read_flow_runs(flow_run_filter=f.FlowRunFilter(name=f.FlowRunFilterName(any_=[name])))
+        assert run.state.type.value == "COMPLETED"
+        by_run = f.TaskRunFilter(flow_run_id=f.TaskRunFilterFlowRunId(any_=[run.id]))
+        tasks = client.read_task_runs(task_run_filter=by_run)
+    return {t.name: (t.start_time.timestamp(), t.end_time.timestamp()) for t in tasks if t.start_time and t.end_time}
+
+
+def _overlap(spans: dict[str, tuple[float, float]], staleness: int, steps: range) -> None:
+    """In each of ``steps``, the sampler lane of batch n + staleness (generate .. filter) and the update of n run at
+    once, and the lane's stages run in their order."""
+    for n in steps:
+        ahead = n + staleness
+        generate, filtered, update = spans[f"generate-i{ahead}"], spans[f"filter-i{ahead}"], spans[f"update-i{n}"]
+        assert generate[0] < update[1] and update[0] < filtered[1], (n, spans)  # the two intervals intersect
+        lane = [spans[f"{stage}-i{ahead}"] for stage in ("generate", "persist", "validate", "filter")]
+        assert all(a[1] <= b[0] for a, b in zip(lane, lane[1:], strict=False)), lane
+        assert spans[f"commit-i{n}"][0] >= max(update[1], filtered[1])  # the commit waits for both lanes
+
+
+def test_a_command_line_async_run_shows_the_lanes_side_by_side(server):
+    model = server.model
+    _ragen(server, ["train", "--config", "configs/bandit.yaml", "--run-id", "async-ui", model, *ASYNC,
+                    "trainer.max_staleness=1"])  # fmt: skip
+    _overlap(_task_runs(server, "async-ui"), 1, range(1, 3))
+
+
+def test_a_deployment_runs_an_async_run_with_two_batches_ahead(server, tmp_path):
+    from prefect.deployments import run_deployment
+
+    overrides = [server.model, *ASYNC, "trainer.max_staleness=2"]
+    parameters = {"config": "configs/bandit.yaml", "data_root": str(tmp_path), "run_id": "async-dep",
+                  "overrides": overrides}  # fmt: skip
+    with _client(server) as client:
+        flow_run = run_deployment("train/train", parameters=parameters, timeout=0)
+        deadline = time.monotonic() + 400
+        while (state := client.read_flow_run(flow_run.id).state.type.value) not in FINAL:
+            assert time.monotonic() < deadline, f"the deployment run did not finish: {state}"
+            time.sleep(1)
+    _overlap(_task_runs(server, "async-dep"), 2, range(1, 2))
+    rows = query(tmp_path, "SELECT DISTINCT iteration, policy_version FROM trajectories WHERE split = 'train'")
+    assert sorted((r["iteration"], r["policy_version"]) for r in rows.to_pylist()) == [(0, 0), (1, 0), (2, 0), (3, 1)]

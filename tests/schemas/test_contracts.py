@@ -237,3 +237,17 @@ def test_small_tables_have_structure_contracts():
              "threshold": None, "message": "m", "created_at": 0}  # fmt: skip
     report = validate_rows("events", pa.Table.from_pylist([event, event], schema=EVENTS.arrow_schema))
     assert report.failed_checks() == ["events:unique_key"]
+
+
+def test_a_row_older_than_the_staleness_bound_or_newer_than_its_iteration_fails(batch):
+    trajectories, turns = batch
+    # the batch is iteration 0, version 0; moved to iteration 3 its rows are 3 updates stale
+    stale = _replace(trajectories, "iteration", [3] * trajectories.num_rows)
+    moved_turns = _replace(turns, "iteration", [3] * turns.num_rows)
+    assert _check(stale, moved_turns, max_staleness=3).ok
+    report = _check(stale, moved_turns, max_staleness=2)
+    rows, count = _findings(report)[("policy_version_within_staleness", "staleness")]
+    assert count == trajectories.num_rows and report.failed_checks() == ["policy_version_within_staleness"]
+    # one row sampled by a policy newer than its iteration (version 1 at iteration 0) fails even unbounded
+    report = _check(_edit(trajectories, "policy_version", 2, 1), turns, max_staleness=5)
+    assert _findings(report)[("policy_version_within_staleness", "staleness")] == ([_key(2)], 1)

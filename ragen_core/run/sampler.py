@@ -1,0 +1,227 @@
+"""A sampler of its own: the Hugging Face rollout backend in a child process, for asynchronous StarPO.
+
+With ``trainer.max_staleness`` >= 1 the learner updates while the next batches are generated. Generation in the
+learner's own process would share its interpreter and its copy of the weights (which the update changes in place),
+so the Hugging Face backend runs in a child process of its own (``python -m ragen_core.run.sampler``), holding its
+own copy of the policy in ``rollout.sampler_threads`` torch threads. The run's process keeps the environments and
+the rollout loop (:func:`ragen_core.rollout.run_rollouts`): it only sends each turn's prompts, and the child sends
+back the sampled replies with their log-probs, exactly as :class:`~ragen_core.rollout.hf_backend.HFBackend` makes
+them in the learner's process.
+
+Weights reach the child at the hand-off after an update (:meth:`SamplerProcess.load`): the run's process copies its
+rollout model into a shared-memory buffer (:mod:`ragen_core.training.handoff`), the child copies the buffer into its
+model. The bytes are the module's own, so the sampler computes with exactly the weights of the policy version the
+schedule names; with a fixed thread count its batches are reproducible, which an async run's exact resume needs.
+
+The child is started with ``start_new_session=False`` (a kill of the command's process group takes it along) and
+exits when the run's process goes away (its end of the socket closes). Messages are pickled over a socket pair
+between these two processes only: nothing read from the data root is unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ragen_core.rollout.types import Generation, TurnContext
+from ragen_core.training.handoff import SharedWeights, WeightLayout
+
+STARTUP_TIMEOUT_S = 300.0
+
+
+class SamplerError(RuntimeError):
+    """The sampler process failed (its message says where) or died."""
+
+
+class SamplerProcess:
+    """The child process that samples with its own copy of the policy."""
+
+    def __init__(self, process: subprocess.Popen, connection: Connection, shared: SharedWeights, log: Path) -> None:
+        self.process, self.connection, self.shared, self.log = process, connection, shared, log
+
+    @classmethod
+    def start(cls, model_dir: Path, module: torch.nn.Module, threads: int, log: Path) -> SamplerProcess:
+        """A sampler on ``model_dir`` (its tokenizer and architecture; the weights come from ``module`` through
+        :meth:`load`, which the caller does before the first batch) with ``threads`` torch threads; its stderr
+        goes to ``log``. Waits until the child has loaded the model."""
+        layout = WeightLayout.of_module(module)
+        shared = SharedWeights.create(layout)
+        parent, child = socket.socketpair()
+        try:
+            with open(log, "ab") as stderr:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "ragen_core.run.sampler", str(child.fileno())],
+                    pass_fds=(child.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=stderr,
+                    stderr=stderr,
+                )
+        except BaseException:
+            shared.unlink()
+            parent.close()
+            raise
+        finally:
+            child.close()
+        connection = Connection(parent.detach())
+        sampler = cls(process, connection, shared, log)
+        dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
+        init = {"model_dir": str(model_dir), "dtype": dtype, "threads": threads, "weights": str(shared.path),
+                "layout": layout.to_json()}  # fmt: skip
+        try:
+            sampler._call("init", init, timeout=STARTUP_TIMEOUT_S)
+        except BaseException:
+            sampler.close()
+            raise
+        finally:
+            shared.unlink()  # both processes have it mapped: nothing is left behind when either dies
+        return sampler
+
+    def load(self, module: torch.nn.Module) -> None:
+        """Hand ``module``'s weights to the sampler (the policy version its next batch is sampled with)."""
+        self.shared.write(dict(module.named_parameters()))
+        self._call("load", None)
+
+    def backend(self, temperature: float, max_new_tokens: int, top_p: float, top_k: int) -> ProcessBackend:
+        """A rollout backend that samples in this process's child (the settings of :class:`HFBackend`)."""
+        return ProcessBackend(self, (temperature, max_new_tokens, top_p, top_k))
+
+    def _call(self, kind: str, payload: Any, timeout: float | None = None) -> Any:
+        """Send one request and wait for its answer; the child's failure, or its death, is a :class:`SamplerError`."""
+        try:
+            self.connection.send((kind, payload))
+            if timeout is not None and not self.connection.poll(timeout):
+                raise SamplerError(
+                    f"the sampler process did not answer {kind!r} within {timeout:.0f} s (its log: {self.log})"
+                )
+            status, answer = self.connection.recv()
+        except (EOFError, OSError) as exc:
+            code = self.process.poll()
+            raise SamplerError(
+                f"the sampler process died (exit code {code}) during {kind!r}: {exc or type(exc).__name__}; its log: "
+                f"{self.log}"
+            ) from None
+        if status == "error":
+            raise SamplerError(f"the sampler process failed in {kind!r}: {answer}")
+        return answer
+
+    def close(self) -> None:
+        """Stop the child (idempotent): asked first, killed if it does not exit."""
+        if self.process.poll() is None:
+            try:
+                self.connection.send(("stop", None))
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        self.connection.close()
+        self.shared.unlink()
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessBackend:
+    """:class:`~ragen_core.rollout.hf_backend.HFBackend`'s interface over a :class:`SamplerProcess`."""
+
+    sampler: SamplerProcess
+    settings: tuple[float, int, float, int]  # temperature, max_new_tokens, top_p, top_k
+    behavior_source = "policy"
+
+    def reset(self) -> None:
+        """Forget the child's per-rollout key/value caches (as :meth:`HFBackend.reset`)."""
+        self.sampler._call("reset", None)
+
+    def generate(self, contexts: list[TurnContext], seed: int) -> list[Generation]:
+        """One reply per context, sampled in the child from ``seed`` (the environment stays here). Each prompt goes
+        with its list's identity in this process: the engine extends a rollout's prompt list in place from turn to
+        turn, and the backend continues a turn's key/value cache only for the same list (:mod:`kv_reuse`), so the
+        child keeps one list per identity and extends it the same way."""
+        plain = [(id(context.prompt_ids), dataclasses.replace(context, env=None)) for context in contexts]
+        return self.sampler._call("generate", (self.settings, plain, seed))
+
+
+class _Prompts:
+    """The child's prompt lists, one per identity in the run's process, extended in place as there."""
+
+    def __init__(self) -> None:
+        self.lists: dict[int, list[int]] = {}
+
+    def resolve(self, key: int, context: TurnContext) -> TurnContext:
+        """``context`` with its prompt as the list of ``key``: the same object, extended, when the prompt continues
+        it; else a new list."""
+        new, old = context.prompt_ids, self.lists.get(key)
+        if old is not None and len(new) >= len(old) and new[: len(old)] == old:
+            old.extend(new[len(old) :])
+        else:
+            old = self.lists[key] = list(new)
+        return dataclasses.replace(context, prompt_ids=old)
+
+
+def _serve(connection: Connection) -> None:
+    """The child's loop: ``init`` (load the model, map the weights), then ``load``, ``generate``, ``reset`` until
+    ``stop`` or the parent's end closes."""
+    from ragen_core.policy import load_policy
+    from ragen_core.rollout.hf_backend import HFBackend
+
+    model: Any = None
+    shared: SharedWeights | None = None
+    backends: dict[tuple[float, int, float, int], HFBackend] = {}
+    tokenizer: Any = None
+    prompts = _Prompts()
+    while True:
+        try:
+            kind, payload = connection.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            answer: Any = None
+            if kind == "init":
+                torch.set_num_threads(int(payload["threads"]))
+                torch._C._set_deterministic_algorithms(True, warn_only=True)
+                dtype = getattr(torch, payload["dtype"])
+                model, tokenizer = load_policy(payload["model_dir"], dtype=dtype)
+                device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+                model = model.to(device).eval()
+                shared = SharedWeights.attach(payload["weights"], WeightLayout.from_json(payload["layout"]))
+            elif kind == "load" and shared is not None:
+                shared.read_into(model)
+            elif kind == "generate":
+                settings, contexts, seed = payload
+                backend = backends.get(settings)
+                if backend is None:
+                    temperature, max_new_tokens, top_p, top_k = settings
+                    backend = HFBackend(model, tokenizer, temperature, max_new_tokens, top_p, top_k)
+                    backends[settings] = backend
+                answer = backend.generate([prompts.resolve(key, context) for key, context in contexts], seed)
+            elif kind == "reset":
+                prompts = _Prompts()
+                for backend in backends.values():
+                    backend.reset()
+            elif kind == "stop":
+                connection.send(("ok", None))
+                return
+            else:
+                raise ValueError(f"unknown request {kind!r}" + (" (before init)" if model is None else ""))
+        except Exception as exc:  # the parent raises it, naming the request; the traceback goes to the log
+            traceback.print_exc()
+            connection.send(("error", f"{type(exc).__name__}: {exc}"))
+            continue
+        connection.send(("ok", answer))
+
+
+def main(argv: list[str]) -> None:
+    """``python -m ragen_core.run.sampler FD``: serve the parent on the inherited socket ``FD``."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    connection = Connection(int(argv[0]))
+    _serve(connection)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

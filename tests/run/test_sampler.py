@@ -1,0 +1,69 @@
+"""The sampler process samples what the Hugging Face backend samples in the learner's process, takes new weights at
+the hand-off, and fails in one line when it dies."""
+
+import copy
+
+import pytest
+import torch
+
+from ragen_core.agent import ChatFormatter
+from ragen_core.rollout import RolloutSpec, run_rollouts
+from ragen_core.rollout.hf_backend import HFBackend
+from ragen_core.run.sampler import SamplerError, SamplerProcess
+
+SPEC = RolloutSpec("sokoban", [5, 6], 2, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4)
+
+
+def _replies(records):
+    return [(r.input_ids, r.loss_mask, r.behavior_logprobs) for r in records]
+
+
+@pytest.fixture(scope="module")
+def sampler(tiny_model_dir, tiny_policy, tmp_path_factory):
+    model, _ = tiny_policy
+    torch.set_num_threads(1)  # the child runs one thread: the same kernels, so the same bits
+    process = SamplerProcess.start(tiny_model_dir, model, 1, tmp_path_factory.mktemp("sampler") / "sampler.log")
+    yield process
+    process.close()
+
+
+def test_the_sampler_process_samples_what_the_learners_process_samples(sampler, tiny_policy):
+    model, tokenizer = tiny_policy
+    formatter = ChatFormatter(tokenizer)
+    sampler.load(model)
+    here = run_rollouts(SPEC, HFBackend(model, tokenizer, 1.0, 12), formatter, seed=11)
+    there = run_rollouts(SPEC, sampler.backend(1.0, 12, 1.0, 0), formatter, seed=11)
+    assert _replies(there) == _replies(here)
+    assert [r.total_reward for r in there] == [r.total_reward for r in here]
+
+
+def test_the_hand_off_gives_the_sampler_the_new_weights_and_nothing_else(sampler, tiny_policy):
+    model, tokenizer = tiny_policy
+    formatter = ChatFormatter(tokenizer)
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in changed.parameters():
+            parameter.mul_(1.5)
+    before = run_rollouts(SPEC, sampler.backend(1.0, 12, 1.0, 0), formatter, seed=4)
+    sampler.load(changed)
+    after = run_rollouts(SPEC, sampler.backend(1.0, 12, 1.0, 0), formatter, seed=4)
+    expected = run_rollouts(SPEC, HFBackend(changed, tokenizer, 1.0, 12), formatter, seed=4)
+    assert _replies(after) == _replies(expected) != _replies(before)
+    sampler.load(model)
+    again = run_rollouts(SPEC, sampler.backend(1.0, 12, 1.0, 0), formatter, seed=4)
+    assert _replies(again) == _replies(before)
+
+
+def test_a_dead_sampler_is_one_error_naming_its_exit_and_log(tiny_model_dir, tiny_policy, tmp_path):
+    model, tokenizer = tiny_policy
+    process = SamplerProcess.start(tiny_model_dir, model, 1, tmp_path / "sampler.log")
+    try:
+        process.process.kill()
+        process.process.wait()
+        with pytest.raises(SamplerError) as caught:
+            run_rollouts(SPEC, process.backend(1.0, 12, 1.0, 0), ChatFormatter(tokenizer), seed=0)
+        message = str(caught.value)
+        assert "died (exit code -9)" in message and str(tmp_path / "sampler.log") in message
+        assert "\n" not in message
+    finally:
+        process.close()
