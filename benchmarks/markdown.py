@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.markdown_engines import (
+    async_section,
+    async_summary,
     gpu_section,
     group_section,
     group_summary,
@@ -82,6 +84,7 @@ def summary(details: dict[str, Any]) -> list[str]:
             )
     lines += vllm_summary(details.get("vllm"), flat)
     lines += group_summary(details, flat)
+    lines += async_summary(details.get("async"), flat)
     return lines
 
 
@@ -295,6 +298,7 @@ def render(details: dict[str, Any]) -> str:
         *rollout_section(details.get("rollout"), "1. Rollout efficiency"),
         *update_section(details.get("update"), "2. Update efficiency"),
         *group_section(details.get("group")),
+        *async_section(details.get("async")),
         *flow_section(flow),
         *storage_section(details.get("lake"), flow),
         *peer_section(details.get("peer")),

@@ -237,3 +237,48 @@ def gpu_section(gpu: dict[str, Any] | None) -> list[str]:
     rollout = rollout_section(gpu.get("rollout"), "7a. GPU rollout")
     update = update_section(gpu.get("update"), "7b. GPU update")
     return lines + rollout + update
+
+
+def async_summary(section: dict[str, Any] | None, flat: dict[str, Any]) -> list[str]:
+    """The summary row of asynchronous StarPO's time per step over the synchronous one."""
+    if not section or not section.get("cases"):
+        return []
+    case, value = section["cases"][0], flat["async_iteration_ratio"]
+    spec = case["case"]
+    return [
+        f"| async (max_staleness=1) / sync time per step, {spec['shape']} {spec['env']} | {fmt_spread(case['ratio'])} "
+        f"| <= {TARGETS['async_iteration_ratio']} | {verdict('async_iteration_ratio', value)} |"
+    ]
+
+
+def async_section(section: dict[str, Any] | None) -> list[str]:
+    """Asynchronous StarPO against the synchronous iteration (benchmarks/async_bench.py)."""
+    lines = ["## 2c. Asynchronous StarPO", ""]
+    if not section:
+        return lines + ["Not run.", ""]
+    lines += [
+        f"Machine: {machine_line(section)}.",
+        "",
+        "The same training run through the Python API with `trainer.max_staleness=0` (sync) and `=1` (async: the "
+        "sampler process, one thread, generates batch n + 1 while the learner, one thread, updates on batch n), same "
+        "config, seeds and iterations; pairs interleaved. Time per step from the commit times over the steps in "
+        "which the async run samples a batch ahead (the sync run over the same steps); ratio per pair. Idle shares "
+        "over those steps: the learner's 1 - update time / wall, the sampler's 1 - (generate + persist + validate + "
+        "filter) / wall.",
+        "",
+        "| model, env (groups x size, turns, tokens) | sync s/step | async s/step | async / sync "
+        "| sync idle: learner, sampler | async idle: learner, sampler |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in section["cases"]:
+        spec, sync, run = case["case"], case["sync"], case["async"]
+
+        def shares(side: dict[str, Any]) -> str:
+            return f"{side['learner_idle_share']['median']:.0%}, {side['sampler_idle_share']['median']:.0%}"
+
+        lines.append(
+            f"| {spec['shape']}, {spec['env']} ({spec['groups']} x {spec['group_size']}, {spec['max_turns']}, "
+            f"{spec['max_new_tokens']}) | {fmt_spread(sync['seconds_per_step'])} "
+            f"| {fmt_spread(run['seconds_per_step'])} | {fmt_spread(case['ratio'])} | {shares(sync)} | {shares(run)} |"
+        )
+    return lines + [""]

@@ -46,7 +46,23 @@ def flatten(details: dict[str, Any]) -> dict[str, Any]:
     _flatten_lake(details.get("lake"), flat)
     _flatten_gpu(details.get("gpu"), flat)
     _flatten_vllm(details.get("vllm"), flat)
+    _flatten_async(details.get("async"), flat)
     return flat
+
+
+def _flatten_async(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    """``async_iteration_ratio`` (the first case's async / sync time per step) and each case's idle shares."""
+    if not section or not section.get("cases"):
+        return
+    for case in section["cases"]:
+        spec = case["case"]
+        prefix = f"async_iteration_ratio.{spec['shape']}.{spec['env']}"
+        flat[prefix] = case["ratio"]["median"]
+        flat[f"{prefix}.min"], flat[f"{prefix}.max"] = case["ratio"]["min"], case["ratio"]["max"]
+        for side in ("sync", "async"):
+            for share in ("learner_idle_share", "sampler_idle_share"):
+                flat[f"{prefix}.{side}.{share}"] = case[side][share]["median"]
+    flat["async_iteration_ratio"] = section["cases"][0]["ratio"]["median"]
 
 
 def _flatten_peak_and_group(details: dict[str, Any], flat: dict[str, Any]) -> None:

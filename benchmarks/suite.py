@@ -20,6 +20,7 @@ TARGETS = {
     "vllm_speedup_multiturn": 8.0,  # at least: vLLM backend / HF backend tokens per second, multi-turn Sokoban, 20m
     "weight_push_share": 0.10,  # at most: a vLLM weight push's share of its iteration at the demo's size
     "launched_group_update_ratio": 1.2,  # at most: the launched group's update time / the in-process one, 20m
+    "async_iteration_ratio": 0.7,  # at most: an async run's (max_staleness=1) time per step / the sync run's
 }
 
 
@@ -43,6 +44,8 @@ class Sizes:
     vllm_push_overrides: tuple[str, ...] = ()  # the demo run whose weight pushes are timed
     repeats_override: int | None = None  # --repeats: every ratio
     group_shapes: tuple[tuple[str, int], ...] = ()  # (shape, repeats): launched group vs in-process update
+    # (shape, env, groups, group_size, max_turns, max_new_tokens, iterations, pairs): async vs sync, equal work
+    async_cases: tuple[tuple[str, str, int, int, int, int, int, int], ...] = ()
 
 
 FULL = Sizes(
@@ -71,6 +74,7 @@ FULL = Sizes(
     ),
     vllm_push_overrides=("trainer.iterations=8", "eval.every=4", "eval.instances=64"),
     group_shapes=(("20m", 3),),  # ~3 x 3 updates of ~10-20 s on 2 cores
+    async_cases=(("20m", "sokoban", 4, 4, 3, 48, 6, 3),),  # multi-turn; ~1 min per run on 2 cores
 )
 QUICK = Sizes(
     rollout_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
@@ -88,9 +92,10 @@ QUICK = Sizes(
     vllm_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
     vllm_push_overrides=("trainer.iterations=3", "eval.every=3", "eval.instances=16"),
     group_shapes=(("tiny", 3),),
+    async_cases=(("tiny", "sokoban", 2, 4, 3, 16, 4, 3),),
 )
 GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
-SECTIONS = ("flow", "peer", "rollout", "update", "group", "lake", "vllm")
+SECTIONS = ("flow", "peer", "rollout", "update", "group", "async", "lake", "vllm")
 
 
 def _stamp(device: str) -> dict[str, Any]:
@@ -229,6 +234,20 @@ def run_vllm_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, A
              for shape, case, groups, size, repeats in sizes.vllm_cases]  # fmt: skip
     result = run(cases, data_root, (*sizes.common_overrides, *sizes.vllm_push_overrides), threads)
     return {**_stamp("cpu"), "threads": threads, **result, "seconds": time.perf_counter() - started}
+
+
+def run_async_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, Any]:
+    """Issue 50, item 6: asynchronous StarPO (max_staleness=1, the sampler process on one core) against the
+    synchronous iteration, equal work, interleaved pairs of whole training runs."""
+    from benchmarks.async_bench import AsyncCase, measure
+
+    started = time.perf_counter()
+    cases = []
+    for shape, env, groups, size, turns, tokens, iterations, pairs in sizes.async_cases:
+        pairs = sizes.repeats_override or pairs
+        case = AsyncCase(shape, env, groups, size, turns, tokens, iterations, 1, pairs, data_root, threads)
+        cases.append(measure(case))
+    return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
 
 
 def run_lake_section(sizes: Sizes) -> dict[str, Any]:

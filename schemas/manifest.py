@@ -67,7 +67,8 @@ class RunManifest(BaseModel):
     seed: int | None = _field("The run's seed (config.seed); bootstrap manifests name none.")
     model_dir: str | None = _field(
         "Model folder the run starts from (a bootstrap: the folder it builds); null in the manifest a run writes "
-        "before its first session (`ragen resume` then starts it over)."
+        "before its first session (`ragen resume` then starts it over). A folder inside the data root is stored "
+        "relative to it and read back under the root the lake is opened at (ragen_core.storage.relocation)."
     )
     base_model: str | None = _field("A bootstrap's: the model folder its SFT started from.")
     tokenizer_fingerprint: str | None = _field(

@@ -39,6 +39,7 @@ from ragen_core.run.stages import rollout_spec
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import DataLake, Stage, query
 from ragen_core.storage.layout import bootstrap_name, building
+from ragen_core.storage.relocation import stored_path
 from ragen_core.training import ActorEngine, OptimConfig
 from ragen_core.training.engines import set_determinism
 from ragen_core.training.offline import sft_update
@@ -77,10 +78,12 @@ def policy_options(config: RunConfig) -> dict[str, Any]:
     return dict(getattr(policy, "keywords", {}))
 
 
-def bootstrap_key(config: RunConfig, base_dir: Path) -> str:
-    """Identity of a bootstrap: base model, bootstrap settings, what its policy does, the env and the reply format."""
+def bootstrap_key(config: RunConfig, base_dir: Path, root: Path | None = None) -> str:
+    """Identity of a bootstrap: base model, bootstrap settings, what its policy does, the env and the reply format.
+    The base model counts by its place relative to the data root ``root`` when it lies inside it (the tiny default),
+    so a copied or moved data root finds its bootstraps."""
     payload: dict[str, Any] = {
-        "base": str(base_dir),
+        "base": str(base_dir) if root is None else stored_path(str(base_dir), root),
         # scripted options count only for the policy that takes them (policy_options): random ignores teacher_prob
         "bootstrap": config.bootstrap.model_dump(mode="json", exclude={"seed", *scripted_options(config)}),
         "policy_behaviour": policy_fingerprint(config),
@@ -114,7 +117,7 @@ def bootstrap_model(
 ) -> tuple[Path, dict[str, Any]]:
     """Return the bootstrapped model folder (building it if needed) and the bootstrap's summary. ``report`` hears a
     line per step of a build (the demonstrations, each SFT epoch)."""
-    key = bootstrap_key(config, base_dir)
+    key = bootstrap_key(config, base_dir, lake.root)
     target, run_id = lake.bootstrap_model_dir(key), bootstrap_name(key)
     if not (target / "config.json").is_file():
         with open_run(lake, run_id, wait=True):  # another run building the same bootstrap: wait for it

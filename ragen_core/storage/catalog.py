@@ -40,6 +40,7 @@ from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import manifest_file, run_dir
 from ragen_core.storage.names import is_valid_run_id
 from ragen_core.storage.reader import by_partition, relist
+from ragen_core.storage.relocation import located_form
 from ragen_core.storage.runs import manifest_row, runs_table
 from ragen_core.storage.statements import QueryRefused, check_read_only
 from ragen_core.storage.trust import check_footer, check_manifest, check_regular_file, footer
@@ -183,7 +184,7 @@ def read_manifests(lake: DataLake, run_id: str | None = None) -> tuple[pa.Table,
     for path in _manifest_paths(lake, run_id):
         try:
             check_regular_file(path, "manifest")
-            manifest = check_manifest(path, read_json(path))  # a manifest names the run of its folder
+            manifest = check_manifest(path, located_form(read_json(path), lake.root))  # names its folder's run
             rows.append(manifest_row(manifest, lake.committed_iterations(manifest.run_id)))
         except LakeError as exc:
             problems.append(str(exc))

@@ -42,6 +42,7 @@ from ragen_core.storage.layout import (
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
 from ragen_core.storage.parts import check_not_superseded, record_parts
 from ragen_core.storage.reader import read_rows, visible_files
+from ragen_core.storage.relocation import located_form, stored_form
 from ragen_core.storage.rows import Rows, check_partition, rows_table
 from ragen_core.storage.runs import manifest_row, runs_table
 from ragen_core.storage.trust import (
@@ -452,14 +453,16 @@ class DataLake:
         return sorted(found)
 
     def write_manifest(self, run_id: str, manifest: RunManifest) -> None:
-        """Write the run's manifest (atomically), with the JSON keys of its fields (:meth:`RunManifest.stored`)."""
-        atomic_write_json(layout.manifest_file(self.run_dir(run_id)), manifest.stored())
+        """Write the run's manifest (atomically), with the JSON keys of its fields (:meth:`RunManifest.stored`); the
+        folders it names inside the data root relative to it (:mod:`ragen_core.storage.relocation`)."""
+        atomic_write_json(layout.manifest_file(self.run_dir(run_id)), stored_form(manifest.stored(), self.root))
 
     def read_manifest(self, run_id: str) -> RunManifest | None:
         """The run's manifest, or None when it has none; one that is not a manifest naming this run (a field of the
         wrong type, a newer version) or is a link raises a :class:`LakeError` naming the file
-        (:func:`ragen_core.storage.trust.check_manifest`)."""
+        (:func:`ragen_core.storage.trust.check_manifest`). The folders it names are paths under this root when they
+        lie inside it, wherever the root was when they were written (:func:`located_form`)."""
         path = layout.manifest_file(self.run_dir(run_id))
         if not check_regular_file(path, "manifest"):  # a link, folder or FIFO in its place raises
             return None
-        return check_manifest(path, read_json(path))
+        return check_manifest(path, located_form(read_json(path), self.root))

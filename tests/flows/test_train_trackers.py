@@ -11,16 +11,17 @@ import json
 import logging
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from ragen_core.monitor.trackers import TRACKERS, TrackerSpec
+from ragen_core.monitor.trackers.wandb_log import config_of, exit_code, history, read_records, run_record
 from ragen_core.storage import DataLake
 from ragen_core.storage.maintenance import runs_overview
 from tests.flows.test_train_tensorboard import small_config
 from tests.monitor.test_tensorboard_sink import duckdb_metrics, read_events
-from tests.monitor.wandb_records import config_of, exit_code, history, read_records, run_record
 
 ALL = ["tensorboard", "mlflow", "wandb"]
 
@@ -128,6 +129,17 @@ def test_every_scalar_reaches_tensorboard_mlflow_and_wandb_at_its_iteration(pref
     assert exit_code(records) == 0
     assert (log.parent / "files" / "collapse-indicators.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {name: entry["logged"] for name, entry in state.items()} == {name: 2 for name in ALL}
+    # the reader a user runs on the offline run (wandb 0.31 has none): the lake's numbers, the last as the summary
+    read = subprocess.run([sys.executable, "-m", "ragen_core.monitor.trackers.wandb_log", str(run_dir / "trackers" /
+                           "wandb")], capture_output=True, text=True, check=True)  # fmt: skip
+    [attempt] = json.loads(read.stdout)
+    assert attempt["id"] == state["wandb"]["id"] and attempt["exit_code"] == 0 and attempt["config"] == stored
+    assert same_points({name: [tuple(p) for p in points] for name, points in attempt["history"].items()}, expected)
+    assert attempt["summary"] == {name: points[-1][1] for name, points in sorted(expected.items())}
+    (tmp_path / "empty").mkdir()
+    missing = subprocess.run([sys.executable, "-m", "ragen_core.monitor.trackers.wandb_log", str(tmp_path / "empty")],
+                             capture_output=True, text=True)  # fmt: skip
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "no W&B offline run" in missing.stderr
 
 
 class Crash(BaseException):

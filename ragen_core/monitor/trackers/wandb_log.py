@@ -1,6 +1,9 @@
-"""Reading a W&B run's transaction log (``run-<id>.wandb``) back, for the tests.
+"""Reading a W&B offline run back: its transaction log (``run-<id>.wandb``), whatever wandb version wrote it.
 
-wandb 0.31 keeps no Python reader of its own (``wandb.sdk.internal.datastore`` went with the Go core, ``wandb sync
+``python -m ragen_core.monitor.trackers.wandb_log <data root>/runs/<run id>/trackers/wandb`` prints, as JSON, each
+offline attempt's run id, config, exit code, summary (the last value of each metric) and history (each metric's
+``[step, value]`` points), the attempts in order; :func:`offline_runs` returns the same in Python. wandb 0.31 keeps
+no Python reader of its own (``wandb.sdk.internal.datastore`` went with the Go core, ``wandb sync
 --view`` with it); the file is LevelDB's log format (github.com/google/leveldb, doc/log_format.md) under W&B's
 header (``:W&B``, magic 0xBEE1, version 0), each record a ``wandb_internal_pb2.Record`` protobuf. This reader
 checks every chunk's CRC, so a misread file fails loudly instead of giving wrong numbers, and decodes the records
@@ -26,7 +29,8 @@ def read_records(path: Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2
 
     data = Path(path).read_bytes()
-    assert HEADER.unpack_from(data) == (b":W&B", 0xBEE1, 0), f"{path} is no W&B transaction log"
+    if len(data) < HEADER.size or HEADER.unpack_from(data) != (b":W&B", 0xBEE1, 0):
+        raise ValueError(f"{path} is no W&B transaction log")
     seeds = [zlib.crc32(bytes([kind])) for kind in range(LAST + 1)]
     records, pending, position = [], b"", HEADER.size
     while position + CHUNK.size <= len(data):
@@ -39,7 +43,8 @@ def read_records(path: Path) -> list[Any]:
             position += left
             continue
         body = data[position + CHUNK.size : position + CHUNK.size + length]
-        assert zlib.crc32(body, seeds[kind]) == checksum, f"{path}: bad checksum at byte {position}"
+        if kind > LAST or zlib.crc32(body, seeds[kind]) != checksum:
+            raise ValueError(f"{path}: bad checksum at byte {position} (a damaged or unfinished log)")
         position += CHUNK.size + length
         pending += body
         if kind in (FULL, LAST):
@@ -78,3 +83,47 @@ def exit_code(records: list[Any]) -> int | None:
     """The exit code the run finished with (None: not finished)."""
     codes = [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"]
     return codes[-1] if codes else None
+
+
+def offline_runs(folder: Path) -> list[dict[str, Any]]:
+    """Each offline attempt under ``folder`` (a run's ``trackers/wandb``: W&B's ``offline-run-<time>-<id>/``
+    folders, in time order): ``{"folder", "id", "config", "exit_code", "summary", "history"}``."""
+    attempts = []
+    for log in sorted(Path(folder).glob("**/offline-run-*/run-*.wandb")):
+        records = read_records(log)
+        run = run_record(records)
+        points = history(records)
+        attempts.append({
+            "folder": str(log.parent),
+            "id": run.run_id,
+            "config": config_of(run),
+            "exit_code": exit_code(records),
+            "summary": {name: values[-1][1] for name, values in sorted(points.items())},
+            "history": {name: [list(point) for point in values] for name, values in sorted(points.items())},
+        })  # fmt: skip
+    return attempts
+
+
+def main(argv: list[str]) -> int:
+    """The command line: the offline runs of one folder as JSON on stdout; a mistake is one line on stderr."""
+    import sys
+
+    if len(argv) != 1:
+        print("usage: python -m ragen_core.monitor.trackers.wandb_log <folder of offline W&B runs>", file=sys.stderr)
+        return 2
+    try:
+        attempts = offline_runs(Path(argv[0]))
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not attempts:
+        print(f"error: no W&B offline run (offline-run-*/run-*.wandb) under {argv[0]}", file=sys.stderr)
+        return 1
+    print(json.dumps(attempts, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
