@@ -46,7 +46,7 @@ def test_a_run_killed_in_its_bootstrap_resumes_and_a_failed_resume_is_recorded(
     assert manifest["created_at"] == created and manifest["bootstrap"] and manifest["model_dir"]
     assert DataLake(tmp_path).committed_iterations(RUN) == [0]
 
-    shutil.rmtree(manifest["model_dir"])  # the resume's start model is gone: it cannot restore the run
+    shutil.rmtree(tmp_path / manifest["model_dir"])  # the resume's start model (stored relative to the root) is gone
     rc, output = _ragen(["resume", RUN], tmp_path, None, api_url)
     assert rc != 0 and "Traceback" not in output, output[-3000:]
     failed = _manifest(tmp_path)
