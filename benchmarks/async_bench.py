@@ -16,6 +16,8 @@ i - k; summed over the measured steps the shares are those of the whole stretch)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -98,6 +100,41 @@ def run_once(case: AsyncCase, staleness: int, label: str) -> dict[str, float]:
     }
 
 
+# One process's share of a fixed CPU workload: an update-sized matmul chain on one torch thread.
+WORKLOAD = """
+import time, torch
+torch.set_num_threads(1)
+a, b = torch.randn(256, 384), torch.randn(384, 1536)
+started = time.perf_counter()
+for _ in range({steps}):
+    c = a @ b
+    a = (c[:, :384] * 1e-3).contiguous()
+print(time.perf_counter() - started)
+"""
+
+
+def parallel_capacity(repeats: int = 3, steps: int = 20000) -> dict[str, Any]:
+    """How much of two processes' work this machine does at once: the same one-thread workload in one process
+    alone, then in two processes started together; capacity = 2 x (alone) / (together), interleaved ``repeats``
+    times. 2.0: two independent cores; about 1.0-1.3: the two CPUs share a physical core (SMT siblings on the host)
+    or its memory bandwidth. An async run cannot do better than what the machine runs at once: its best time per
+    step is about max(update, generation) x 2 / capacity when the two are equal."""
+    code = WORKLOAD.format(steps=steps)
+
+    def timed(copies: int) -> float:
+        started = time.perf_counter()
+        processes = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) for _ in range(copies)]
+        for process in processes:
+            process.wait()
+        return time.perf_counter() - started
+
+    ratios = []
+    for _ in range(repeats):
+        alone, together = timed(1), timed(2)
+        ratios.append(2 * alone / together)
+    return spread(ratios)
+
+
 def measure(case: AsyncCase) -> dict[str, Any]:
     """``case.pairs`` interleaved pairs; the async / sync ratio of seconds per step, and each side's shares."""
     sync_runs, async_runs = [], []
@@ -113,6 +150,7 @@ def measure(case: AsyncCase) -> dict[str, Any]:
 
     return {
         "case": {key: str(value) if isinstance(value, Path) else value for key, value in case.__dict__.items()},
+        "parallel_capacity": parallel_capacity(),
         "ratio": spread(ratios),
         "sync": summary(sync_runs),
         "async": summary(async_runs),

@@ -264,11 +264,13 @@ def async_section(section: dict[str, Any] | None) -> list[str]:
         "config, seeds and iterations; pairs interleaved. Time per step from the commit times over the steps in "
         "which the async run samples a batch ahead (the sync run over the same steps); ratio per pair. Idle shares "
         "over those steps: the learner's 1 - update time / wall, the sampler's 1 - (generate + persist + validate + "
-        "filter) / wall.",
+        "filter) / wall. Parallel capacity: the same one-thread matmul workload in two processes at once against "
+        "one alone, 2 x alone / together (2.0: two independent cores); an async run cannot overlap more than the "
+        "machine runs at once.",
         "",
         "| model, env (groups x size, turns, tokens) | sync s/step | async s/step | async / sync "
-        "| sync idle: learner, sampler | async idle: learner, sampler |",
-        "|---|---|---|---|---|---|",
+        "| sync idle: learner, sampler | async idle: learner, sampler | parallel capacity |",
+        "|---|---|---|---|---|---|---|",
     ]
     for case in section["cases"]:
         spec, sync, run = case["case"], case["sync"], case["async"]
@@ -279,6 +281,7 @@ def async_section(section: dict[str, Any] | None) -> list[str]:
         lines.append(
             f"| {spec['shape']}, {spec['env']} ({spec['groups']} x {spec['group_size']}, {spec['max_turns']}, "
             f"{spec['max_new_tokens']}) | {fmt_spread(sync['seconds_per_step'])} "
-            f"| {fmt_spread(run['seconds_per_step'])} | {fmt_spread(case['ratio'])} | {shares(sync)} | {shares(run)} |"
+            f"| {fmt_spread(run['seconds_per_step'])} | {fmt_spread(case['ratio'])} | {shares(sync)} | {shares(run)} "
+            f"| {fmt_spread(case['parallel_capacity']) if 'parallel_capacity' in case else '-'} |"
         )
     return lines + [""]

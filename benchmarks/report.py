@@ -59,6 +59,8 @@ def _flatten_async(section: dict[str, Any] | None, flat: dict[str, Any]) -> None
         prefix = f"async_iteration_ratio.{spec['shape']}.{spec['env']}"
         flat[prefix] = case["ratio"]["median"]
         flat[f"{prefix}.min"], flat[f"{prefix}.max"] = case["ratio"]["min"], case["ratio"]["max"]
+        if "parallel_capacity" in case:
+            flat[f"{prefix}.parallel_capacity"] = case["parallel_capacity"]["median"]
         for side in ("sync", "async"):
             for share in ("learner_idle_share", "sampler_idle_share"):
                 flat[f"{prefix}.{side}.{share}"] = case[side][share]["median"]
