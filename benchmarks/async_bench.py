@@ -113,7 +113,7 @@ print(time.perf_counter() - started)
 """
 
 
-def parallel_capacity(repeats: int = 3, steps: int = 20000) -> dict[str, Any]:
+def parallel_capacity(repeats: int = 3, steps: int = 400) -> dict[str, Any]:
     """How much of two processes' work this machine does at once: the same one-thread workload in one process
     alone, then in two processes started together; capacity = 2 x (alone) / (together), interleaved ``repeats``
     times. 2.0: two independent cores; about 1.0-1.3: the two CPUs share a physical core (SMT siblings on the host)
