@@ -21,10 +21,12 @@ def _replies(records):
 @pytest.fixture(scope="module")
 def sampler(tiny_model_dir, tiny_policy, tmp_path_factory):
     model, _ = tiny_policy
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the child runs one thread: the same kernels, so the same bits
     process = SamplerProcess.start(tiny_model_dir, model, 1, tmp_path_factory.mktemp("sampler") / "sampler.log")
     yield process
     process.close()
+    torch.set_num_threads(threads)
 
 
 def test_the_sampler_process_samples_what_the_learners_process_samples(sampler, tiny_policy):
