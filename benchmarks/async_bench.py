@@ -58,7 +58,7 @@ def _config(case: AsyncCase, staleness: int) -> dict[str, Any]:
             "group_size": case.group_size,
             "max_new_tokens": case.max_new_tokens,
             "sampler_threads": case.threads,
-        },  # fmt: skip
+        },
         "actor": {"mini_batch_size": case.groups * case.group_size, "micro_batch_size": 8},
         "algorithm": {"filter_ratio": 1.0},  # every group trained: the update's work does not depend on the batch
         "trainer": {
@@ -66,7 +66,7 @@ def _config(case: AsyncCase, staleness: int) -> dict[str, Any]:
             "max_staleness": staleness,
             "num_threads": case.threads,
             "checkpoint_every": 1000,
-        },  # fmt: skip
+        },
         "eval": {"every": 1000, "instances": 2},
         "bootstrap": {"enabled": False},
         "monitor": {"truncated_share": None, "trackers": []},
@@ -79,8 +79,12 @@ def run_once(case: AsyncCase, staleness: int, label: str) -> dict[str, float]:
 
     commits: list[tuple[int, float, dict[str, float]]] = []
     root = Path(tempfile.mkdtemp(prefix=f"async-{label}-", dir=case.data_root))
-    ragen_core.train(_config(case, staleness), root, label,
-                     progress=lambda i, metrics: commits.append((i, time.perf_counter(), dict(metrics))))  # fmt: skip
+    ragen_core.train(
+        _config(case, staleness),
+        root,
+        label,
+        progress=lambda i, metrics: commits.append((i, time.perf_counter(), dict(metrics))),
+    )
     last = case.iterations - 1 - case.staleness
     times = {i: t for i, t, _ in commits}
     metrics = {i: m for i, _, m in commits}

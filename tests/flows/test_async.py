@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from ragen_core.storage import DataLake, Stage, query
 from ragen_core.storage.layout import published_by_stage
+from tests.flows.test_resume import _overrides as resume_overrides
 from tests.flows.test_resume import _ragen, _rows
 
 RUN = "r"  # tests.flows.test_resume._rows reads this run
@@ -23,24 +24,17 @@ FAULTS = [
 ]
 
 
-def _overrides(model_dir) -> list[str]:
-    return [
-        f"model.path={model_dir}",
-        "seed=3",
-        "env.val_envs=[bandit]",
-        "rollout.env_groups=2",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=8",
-        "actor.mini_batch_size=4",
-        "actor.micro_batch_size=4",
-        f"trainer.iterations={ITERATIONS}",
-        "trainer.num_threads=1",
-        "trainer.max_staleness=2",
-        "eval.every=2",
-        "eval.instances=2",
-        "bootstrap.enabled=false",
-        "monitor.truncated_share=null",
-    ]
+def async_overrides(model_dir, staleness: int, iterations: int, eval_every: int) -> list[str]:
+    """tests/flows/test_resume.py's tiny Bandit run, asynchronous: ``staleness`` batches ahead, a checkpoint after
+    every update."""
+    changed = {
+        "trainer.iterations": iterations,
+        "trainer.checkpoint_every": 1,
+        "eval.every": eval_every,
+        "trainer.max_staleness": staleness,
+    }
+    kept = [o for o in resume_overrides(model_dir) if o.split("=", 1)[0] not in changed]
+    return [*kept, *(f"{key}={value}" for key, value in changed.items())]
 
 
 def _batch_files(root) -> dict[int, tuple[int, int]]:
@@ -61,7 +55,14 @@ def _batch_files(root) -> dict[int, tuple[int, int]]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir):
-    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
+    train = [
+        "train",
+        "--config",
+        "configs/bandit.yaml",
+        "--run-id",
+        RUN,
+        *async_overrides(tiny_model_dir, 2, ITERATIONS, 2),
+    ]
     whole = tmp_path_factory.mktemp("whole-async")
     rc, output = _ragen(train, whole)
     assert rc == 0, output[-3000:]
@@ -113,8 +114,9 @@ def test_finished_batches_are_kept_and_used_not_made_again(runs):
 def test_the_policy_version_of_every_batch_is_the_schedules(runs):
     _, killed, _ = runs
     rows = query(
-        killed, "SELECT split, iteration, min(policy_version) AS low, max(policy_version) AS high FROM trajectories "
-        "GROUP BY ALL ORDER BY ALL"
-    ).to_pylist()  # fmt: skip
+        killed,
+        "SELECT split, iteration, min(policy_version) AS low, max(policy_version) AS high FROM trajectories "
+        "GROUP BY ALL ORDER BY ALL",
+    ).to_pylist()
     train = [(r["iteration"], r["low"], r["high"]) for r in rows if r["split"] == "train"]
     assert train == [(i, max(0, i - 2), max(0, i - 2)) for i in range(ITERATIONS)]

@@ -21,6 +21,7 @@ import pytest
 
 from ragen_cli.local_server import PROJECT_DIR, alive, start_worker, stop_process
 from ragen_core.storage import DataLake, query
+from tests.flows.test_async import async_overrides
 
 pytestmark = pytest.mark.server
 
@@ -164,16 +165,22 @@ def test_deployments_expose_no_internal_parameter(server):
     assert not any("progress" in names for names in schemas.values())
 
 
-def test_a_deployment_run_without_a_run_id_is_renamed_to_the_id_it_derives_and_tagged(server, tmp_path):
+def _run_deployment(server, parameters: dict):
+    """A run of the ``train`` deployment on the session's worker, waited for (up to 400 s) until it ends."""
     from prefect.deployments import run_deployment
 
-    parameters = {"config": "configs/bandit.yaml", "data_root": str(tmp_path), "overrides": [server.model, *TINY]}
     with _client(server) as client:
         flow_run = run_deployment("train/train", parameters=parameters, timeout=0)
         deadline = time.monotonic() + 400
         while (state := client.read_flow_run(flow_run.id).state.type.value) not in FINAL:
             assert time.monotonic() < deadline, f"the deployment run did not finish: {state}"
             time.sleep(1)
+    return flow_run
+
+
+def test_a_deployment_run_without_a_run_id_is_renamed_to_the_id_it_derives_and_tagged(server, tmp_path):
+    parameters = {"config": "configs/bandit.yaml", "data_root": str(tmp_path), "overrides": [server.model, *TINY]}
+    flow_run = _run_deployment(server, parameters)
     [run_id] = [row["run_id"] for row in query(tmp_path, "SELECT run_id FROM runs").to_pylist()]
     assert run_id.startswith("bandit-") and run_id != flow_run.name  # derived by the flow, not Prefect's random name
     seen = _seen(server, run_id)
@@ -192,20 +199,6 @@ def test_a_deployment_run_without_a_run_id_is_renamed_to_the_id_it_derives_and_t
 
 # An async run (trainer.max_staleness): the sampler lane's task runs of batch n + k run while the update task run of
 # iteration n runs, for a run of the command and for a run of the train deployment on the process worker.
-ASYNC = [
-    "bootstrap.enabled=false",
-    "env.val_envs=[bandit]",
-    "rollout.env_groups=2",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=8",
-    "actor.mini_batch_size=4",
-    "actor.micro_batch_size=4",
-    "trainer.iterations=4",
-    "trainer.num_threads=1",
-    "eval.every=10",  # validation at 0 and after the last update: steps 1 and 2 are the update alone
-    "eval.instances=2",
-    "monitor.truncated_share=null",
-]
 
 
 def _task_runs(server, name: str) -> dict[str, tuple[float, float]]:
@@ -232,25 +225,17 @@ def _overlap(spans: dict[str, tuple[float, float]], staleness: int, steps: range
         assert spans[f"commit-i{n}"][0] >= max(update[1], filtered[1])  # the commit waits for both lanes
 
 
-def test_a_command_line_async_run_shows_the_lanes_side_by_side(server):
-    model = server.model
-    _ragen(server, ["train", "--config", "configs/bandit.yaml", "--run-id", "async-ui", model, *ASYNC,
-                    "trainer.max_staleness=1"])  # fmt: skip
+def test_a_command_line_async_run_shows_the_lanes_side_by_side(server, tiny_model_dir):
+    # validation only at 0 and after the last update: steps 1 and 2 are the update alone
+    overrides = async_overrides(tiny_model_dir, staleness=1, iterations=4, eval_every=10)
+    _ragen(server, ["train", "--config", "configs/bandit.yaml", "--run-id", "async-ui", *overrides])
     _overlap(_task_runs(server, "async-ui"), 1, range(1, 3))
 
 
-def test_a_deployment_runs_an_async_run_with_two_batches_ahead(server, tmp_path):
-    from prefect.deployments import run_deployment
-
-    overrides = [server.model, *ASYNC, "trainer.max_staleness=2"]
-    parameters = {"config": "configs/bandit.yaml", "data_root": str(tmp_path), "run_id": "async-dep",
-                  "overrides": overrides}  # fmt: skip
-    with _client(server) as client:
-        flow_run = run_deployment("train/train", parameters=parameters, timeout=0)
-        deadline = time.monotonic() + 400
-        while (state := client.read_flow_run(flow_run.id).state.type.value) not in FINAL:
-            assert time.monotonic() < deadline, f"the deployment run did not finish: {state}"
-            time.sleep(1)
+def test_a_deployment_runs_an_async_run_with_two_batches_ahead(server, tmp_path, tiny_model_dir):
+    overrides = async_overrides(tiny_model_dir, staleness=2, iterations=4, eval_every=10)
+    parameters = {"config": "configs/bandit.yaml", "data_root": str(tmp_path), "run_id": "async-dep"}
+    _run_deployment(server, {**parameters, "overrides": overrides})
     _overlap(_task_runs(server, "async-dep"), 2, range(1, 2))
     rows = query(tmp_path, "SELECT DISTINCT iteration, policy_version FROM trajectories WHERE split = 'train'")
     assert sorted((r["iteration"], r["policy_version"]) for r in rows.to_pylist()) == [(0, 0), (1, 0), (2, 0), (3, 1)]

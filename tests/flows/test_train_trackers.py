@@ -130,15 +130,22 @@ def test_every_scalar_reaches_tensorboard_mlflow_and_wandb_at_its_iteration(pref
     assert (log.parent / "files" / "collapse-indicators.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {name: entry["logged"] for name, entry in state.items()} == {name: 2 for name in ALL}
     # the reader a user runs on the offline run (wandb 0.31 has none): the lake's numbers, the last as the summary
-    read = subprocess.run([sys.executable, "-m", "ragen_core.monitor.trackers.wandb_log", str(run_dir / "trackers" /
-                           "wandb")], capture_output=True, text=True, check=True)  # fmt: skip
+    read = subprocess.run(
+        [sys.executable, "-m", "ragen_core.monitor.trackers.wandb_log", str(run_dir / "trackers" / "wandb")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     [attempt] = json.loads(read.stdout)
     assert attempt["id"] == state["wandb"]["id"] and attempt["exit_code"] == 0 and attempt["config"] == stored
     assert same_points({name: [tuple(p) for p in points] for name, points in attempt["history"].items()}, expected)
     assert attempt["summary"] == {name: points[-1][1] for name, points in sorted(expected.items())}
     (tmp_path / "empty").mkdir()
-    missing = subprocess.run([sys.executable, "-m", "ragen_core.monitor.trackers.wandb_log", str(tmp_path / "empty")],
-                             capture_output=True, text=True)  # fmt: skip
+    missing = subprocess.run(
+        [sys.executable, "-m", "ragen_core.monitor.trackers.wandb_log", str(tmp_path / "empty")],
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "no W&B offline run" in missing.stderr
 
 

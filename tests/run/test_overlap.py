@@ -39,7 +39,7 @@ def _config(model_dir: Path, staleness: int, iterations: int = 3, **trainer) -> 
             "num_threads": 1,
             "max_staleness": staleness,
             **trainer,
-        },  # fmt: skip
+        },
         "eval": {"every": 10, "instances": 2},
         "bootstrap": {"enabled": False},
         "monitor": {"truncated_share": None},
@@ -75,8 +75,9 @@ def _sampled_here(config: RunConfig, model_dir: Path, iteration: int) -> list[tu
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        records = run_rollouts(spec, backend, chat_formatter(config, tokenizer), derive_seed(config.seed, iteration,
-                               "rollout"))  # fmt: skip
+        records = run_rollouts(
+            spec, backend, chat_formatter(config, tokenizer), derive_seed(config.seed, iteration, "rollout")
+        )
     finally:
         torch.set_num_threads(threads)
     return [(r.input_ids, r.behavior_logprobs, sampling_version(iteration, 1)) for r in records]

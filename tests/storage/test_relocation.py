@@ -99,8 +99,9 @@ def test_a_copied_or_moved_root_resumes_extends_evaluates_retrains_and_removes(o
     again = ragen_core.train(_config(1), root, "again")
     assert again.details["bootstrap"].get("cached") is True
     [bootstrap] = [p.name for p in (root / "runs").iterdir() if p.name.startswith("bootstrap-")]
-    removed = subprocess.run([RAGEN, "runs", "rm", bootstrap, "--yes", "--data-root", str(root)],
-                             capture_output=True, text=True)  # fmt: skip
+    removed = subprocess.run(
+        [RAGEN, "runs", "rm", bootstrap, "--yes", "--data-root", str(root)], capture_output=True, text=True
+    )
     assert removed.returncode == 0, removed.stderr
     output = removed.stdout + removed.stderr
     assert "not removed" not in output and "again, moved, stopped" in output  # the runs that started from it

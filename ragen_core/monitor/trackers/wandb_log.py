@@ -93,14 +93,16 @@ def offline_runs(folder: Path) -> list[dict[str, Any]]:
         records = read_records(log)
         run = run_record(records)
         points = history(records)
-        attempts.append({
-            "folder": str(log.parent),
-            "id": run.run_id,
-            "config": config_of(run),
-            "exit_code": exit_code(records),
-            "summary": {name: values[-1][1] for name, values in sorted(points.items())},
-            "history": {name: [list(point) for point in values] for name, values in sorted(points.items())},
-        })  # fmt: skip
+        attempts.append(
+            {
+                "folder": str(log.parent),
+                "id": run.run_id,
+                "config": config_of(run),
+                "exit_code": exit_code(records),
+                "summary": {name: values[-1][1] for name, values in sorted(points.items())},
+                "history": {name: [list(point) for point in values] for name, values in sorted(points.items())},
+            }
+        )
     return attempts
 
 
