@@ -163,15 +163,17 @@ def _quiet_deepspeed() -> None:
 
 
 def user_facing_errors() -> tuple[type[BaseException], ...]:
-    """Errors about the user's data or setup (a damaged lake or checkpoint, a missing model, a vLLM server that cannot
-    start or died: its message names its log): their message says what is wrong and what to do, so the command prints
-    it alone. Anything else is a bug and keeps its traceback."""
+    """Errors about the user's data, setup or code (a damaged lake or checkpoint, a missing model, a vLLM server that
+    cannot start or died: its message names its log; an env or reward function of the user's own that raised or
+    returned the wrong thing): their message says what is wrong and what to do, so the command prints it alone.
+    Anything else is a bug and keeps its traceback."""
+    from ragen_core.envs.external import UserCodeError
     from ragen_core.policy.loading import PolicyLoadError
     from ragen_core.rollout.vllm_backend import BackendUnavailable, VLLMServerError
     from ragen_core.storage import LakeError
     from ragen_core.training.checkpoint import CheckpointError
 
-    return LakeError, PolicyLoadError, CheckpointError, BackendUnavailable, VLLMServerError
+    return LakeError, PolicyLoadError, CheckpointError, BackendUnavailable, VLLMServerError, UserCodeError
 
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")

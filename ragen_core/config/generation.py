@@ -67,9 +67,9 @@ class EnvConfig(Section):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword settings of the environment (passed to it when it is built). Of any env, data_file (a "
-        "file it reads) and reward_fn (package.module:function it imports) are held to the stored-config trust "
-        "rules (docs/security.md).",
-        json_schema_extra=trusted_entries(data_file="path", reward_fn="module"),
+        "file it reads), reward_fn and wrong_answer_fn (package.module:function it imports) are held to the "
+        "stored-config trust rules (docs/security.md).",
+        json_schema_extra=trusted_entries(data_file="path", reward_fn="module", wrong_answer_fn="module"),
     )
 
     @property

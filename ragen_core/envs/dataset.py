@@ -10,8 +10,12 @@ other is shown its feedback (default: its score) as the next turn's state, under
 
 With an ``answer_column`` (a reference answer per row) the env has a scripted expert and teacher (that answer) and a
 random policy (the answer of a random row: well-formed, mostly wrong): the bootstrap's ``expert`` and
-``teacher_mix`` policies work on it. Settings are ``env.options``; ``data_file`` and ``reward_fn`` are keys a
-config read back from the data root may not set unless the user names them again (:mod:`ragen_core.config.trust`).
+``teacher_mix`` policies work on it. A task whose wrong answers another row's answer would not stand for (another
+row's sum is a plausible wrong sum; another row's proof is not a wrong proof of this one) names its own
+``wrong_answer_fn``, ``package.module:function`` called as ``wrong(rng, **columns)`` (the row's columns but the
+prompt, and the policy's ``numpy.random.Generator``, its only source of chance) and returning the answer text. Settings
+are ``env.options``; ``data_file``, ``reward_fn`` and ``wrong_answer_fn`` are keys a config read back from the data
+root may not set unless the user names them again (:mod:`ragen_core.config.trust`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ragen_core.envs.base import StepResult, TextEnv, register_env
-from ragen_core.envs.external import import_object
+from ragen_core.envs.external import FUNCTION_EXAMPLE, UserCodeError, import_object, one_line, shown
 
 DATASET_ENV = "dataset"
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -50,7 +54,10 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"env.options.data_file: line {number} of {str(path)!r} is not JSON: {exc}") from None
+                raise ValueError(  # the decoder's own position counts lines within the line: its column only
+                    f"env.options.data_file: line {number} of {str(path)!r} is not JSON: {exc.msg} at column "
+                    f"{exc.colno}"
+                ) from None
             if not isinstance(row, dict):
                 raise ValueError(f"env.options.data_file: line {number} of {str(path)!r} is not a JSON object")
             rows.append(row)
@@ -81,6 +88,8 @@ def load_rows(data_file: str, prompt_column: str) -> tuple[dict[str, Any], ...]:
     except OSError as exc:
         raise ValueError(f"env.options.data_file: cannot read {data_file!r}: {exc.strerror or exc}") from None
     except Exception as exc:  # pyarrow's errors on a damaged file: one line naming it
+        if str(exc).startswith("env.options.data_file: "):  # a JSONL line's own error, said once
+            raise ValueError(str(exc)) from None
         raise ValueError(f"env.options.data_file: cannot read {data_file!r}: {' '.join(str(exc).split())}") from None
     if not rows or len(rows) > MAX_ROWS:
         raise ValueError(f"env.options.data_file: {data_file!r} holds {len(rows)} rows (1 to {MAX_ROWS})")
@@ -96,7 +105,7 @@ def load_rows(data_file: str, prompt_column: str) -> tuple[dict[str, Any], ...]:
 def load_reward(reward_fn: str, columns: list[str]) -> Callable[..., Any]:
     """The reward function ``reward_fn`` names, checked to take ``(completion, **columns)``; a ``ValueError`` of one
     line otherwise (before any rollout)."""
-    function = import_object(reward_fn, "env.options.reward_fn")
+    function = import_object(reward_fn, "env.options.reward_fn", FUNCTION_EXAMPLE)
     if not callable(function):
         raise ValueError(f"env.options.reward_fn: {reward_fn!r} is not a function")
     try:
@@ -104,6 +113,24 @@ def load_reward(reward_fn: str, columns: list[str]) -> Callable[..., Any]:
     except TypeError as exc:
         raise ValueError(
             f"env.options.reward_fn: {reward_fn!r} cannot be called as reward(completion, "
+            f"{', '.join(f'{c}=...' for c in columns)}): {exc}"
+        ) from None
+    except ValueError:  # a builtin without a signature: called as it is
+        pass
+    return function
+
+
+def load_wrong_answer(wrong_answer_fn: str, columns: list[str]) -> Callable[..., Any]:
+    """The function ``wrong_answer_fn`` names, checked to take ``(rng, **columns)``; a ``ValueError`` of one line
+    otherwise (before any rollout)."""
+    function = import_object(wrong_answer_fn, "env.options.wrong_answer_fn", FUNCTION_EXAMPLE)
+    if not callable(function):
+        raise ValueError(f"env.options.wrong_answer_fn: {wrong_answer_fn!r} is not a function")
+    try:
+        inspect.signature(function).bind(None, **dict.fromkeys(columns))
+    except TypeError as exc:
+        raise ValueError(
+            f"env.options.wrong_answer_fn: {wrong_answer_fn!r} cannot be called as wrong(rng, "
             f"{', '.join(f'{c}=...' for c in columns)}): {exc}"
         ) from None
     except ValueError:  # a builtin without a signature: called as it is
@@ -123,6 +150,7 @@ class DatasetEnv(TextEnv):
         instruction: str = DEFAULT_INSTRUCTION,
         success_reward: float = 1.0,
         reward_range: tuple[float, float] | list[float] = (0.0, 1.0),
+        wrong_answer_fn: str | None = None,
         name: str = DATASET_ENV,
     ) -> None:
         if not data_file or not reward_fn:
@@ -132,7 +160,7 @@ class DatasetEnv(TextEnv):
         if not low <= high or not low <= success_reward <= high:
             raise ValueError(f"env.options.reward_range {list(reward_range)} must be [low, high] holding "
                              f"success_reward={success_reward}")  # fmt: skip
-        self.name = name
+        self.name, self.data_file = name, data_file
         self.rows = load_rows(data_file, prompt_column)
         self.prompt_column, self.answer_column = prompt_column, answer_column
         if answer_column is not None and any(answer_column not in row for row in self.rows):
@@ -141,8 +169,11 @@ class DatasetEnv(TextEnv):
             )
         columns = sorted({key for row in self.rows for key in row} - {prompt_column})
         self.reward_fn, self.reward = reward_fn, load_reward(reward_fn, columns)
+        self.wrong_answer_fn = wrong_answer_fn
+        self.wrong = None if wrong_answer_fn is None else load_wrong_answer(wrong_answer_fn, columns)
         self.text, self.success_reward, self.reward_range = instruction, float(success_reward), (low, high)
         self.row: dict[str, Any] | None = None
+        self.row_number = 0  # the row's number in the file, from 1
         self.feedback: str | None = None
         self.solved = False
 
@@ -152,7 +183,8 @@ class DatasetEnv(TextEnv):
         return self.row
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
-        self.row = self.rows[int(seed) % len(self.rows)]
+        self.row_number = int(seed) % len(self.rows) + 1
+        self.row = self.rows[self.row_number - 1]
         self.feedback, self.solved = None, False
         return self.render(), {"success": False, "row": int(seed) % len(self.rows)}
 
@@ -161,19 +193,45 @@ class DatasetEnv(TextEnv):
         return text.strip() or None
 
     def score(self, answer: str) -> tuple[float, str]:
-        """(score, feedback) of ``answer`` by the reward function, checked: a number within ``reward_range``."""
+        """(score, feedback) of ``answer`` by the reward function, checked: a number within ``reward_range``; a
+        :class:`~ragen_core.envs.external.UserCodeError` of one line naming the function, the row and the answer
+        when it raises or returns anything else."""
         row = self._require_row()
         columns = {key: value for key, value in row.items() if key != self.prompt_column}
-        result = self.reward(answer, **columns)
+        where = f"row {self.row_number} of {self.data_file}, answer {shown(answer, 40)}"
+        called = f"reward function {self.reward_fn} on {where},"
+        try:
+            result = self.reward(answer, **columns)
+        except Exception as exc:
+            raise UserCodeError(f"{called} raised {one_line(exc)}") from exc
         score, feedback = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
         if isinstance(score, bool) or not isinstance(score, int | float) or math.isnan(float(score)):
-            raise ValueError(f"reward function {self.reward_fn} returned {result!r}: return a number, or "
-                             "(number, feedback text)")  # fmt: skip
+            raise UserCodeError(f"{called} returned {shown(result)}: return a number, or (number, feedback text)")
         low, high = self.reward_range
         if not low <= float(score) <= high:
-            raise ValueError(f"reward function {self.reward_fn} returned {float(score):g}, outside "
-                             f"env.options.reward_range [{low:g}, {high:g}]")  # fmt: skip
+            raise UserCodeError(
+                f"{called} returned {float(score):g}, outside env.options.reward_range [{low:g}, {high:g}]"
+            )
         return float(score), str(feedback) if feedback is not None else f"Your answer scored {float(score):g}."
+
+    def check_reward(self, rows: int = 3) -> None:
+        """Score the first ``rows`` rows' reference answers (``answer_column``) with the reward function, and draw a
+        wrong answer for each with ``wrong_answer_fn``, before any compute: a function that raises or returns what
+        it must not is a ``ValueError`` of one line (``env.options.reward_fn: ...``). Without an answer column the
+        reward function is not called."""
+        for seed in range(min(rows, len(self.rows))):
+            self.reset(seed)
+            try:
+                if self.answer_column is not None:
+                    self.score(self._answer(self._require_row()))
+            except UserCodeError as exc:
+                raise ValueError(f"env.options.reward_fn: {exc} (the row's {self.answer_column!r} scored)") from None
+            try:
+                if self.wrong is not None:
+                    self.sample_action(np.random.default_rng(seed))
+            except UserCodeError as exc:
+                raise ValueError(f"env.options.wrong_answer_fn: {exc}") from None
+        self.row, self.row_number = None, 0
 
     def step(self, action: str) -> StepResult:
         self._require_row()
@@ -213,8 +271,21 @@ class DatasetEnv(TextEnv):
         return str(row[self.answer_column]).strip()
 
     def sample_action(self, rng: np.random.Generator) -> str:
-        """The reference answer of a random row (the ``random`` scripted policy: well-formed, mostly wrong)."""
-        return self._answer(self.rows[int(rng.integers(0, len(self.rows)))])
+        """The ``random`` scripted policy's answer: ``wrong_answer_fn``'s for the current row when it is set (a
+        :class:`~ragen_core.envs.external.UserCodeError` when it raises or returns no text), else the reference
+        answer of a random row (well-formed, mostly wrong)."""
+        if self.wrong is None:
+            return self._answer(self.rows[int(rng.integers(0, len(self.rows)))])
+        row = self._require_row()
+        columns = {key: value for key, value in row.items() if key != self.prompt_column}
+        called = f"wrong-answer function {self.wrong_answer_fn} on row {self.row_number} of {self.data_file}"
+        try:
+            answer = self.wrong(rng, **columns)
+        except Exception as exc:
+            raise UserCodeError(f"{called} raised {one_line(exc)}") from exc
+        if not isinstance(answer, str) or not answer.strip():
+            raise UserCodeError(f"{called} returned {shown(answer)}: return the answer's text")
+        return answer.strip()
 
     def expert_plan(self, actions_left: int) -> list[str]:
         """The row's reference answer (``answer_column``)."""

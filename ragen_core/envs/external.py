@@ -9,20 +9,23 @@ config read back from the data root may name such a module is :mod:`ragen_core.c
 before anything is imported.
 
 Every failure is a ``ValueError`` of one line that says what to do: a malformed path, a module that cannot be
-imported (missing, or raising while it imports), a missing attribute, a class that is not a text environment.
+imported (missing, or raising while it imports), a missing attribute, a class that is not a text environment. While
+a run plays an environment of the user's own, :func:`env_reset` and :func:`env_step` turn what its code raises or
+wrongly returns into a :class:`UserCodeError` of one line naming the class, the call and the error.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
 from typing import Any
 
-from ragen_core.envs.base import TextEnv
+from ragen_core.envs.base import StepResult, TextEnv
 
 ENTRY_POINT_GROUP = "ragen.envs"
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -37,20 +40,91 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
-def check_import_path(text: str, what: str) -> tuple[str, str]:
+ENV_EXAMPLE, FUNCTION_EXAMPLE = "my_envs.maze:MazeEnv", "my_rewards.math:score"
+
+
+def check_import_path(text: str, what: str, example: str = ENV_EXAMPLE) -> tuple[str, str]:
     """(module, attribute path) of ``text`` when it reads ``package.module:Name``; else a ``ValueError`` naming
-    ``what`` (the key that gave it) and the form."""
+    ``what`` (the key that gave it) and the form, with ``example``."""
     if not isinstance(text, str) or not _IMPORT_PATH.fullmatch(text):
         raise ValueError(
-            f"{what}: {text!r} is not an import path: write package.module:Name (e.g. my_envs.maze:MazeEnv), "
+            f"{what}: {text!r} is not an import path: write package.module:Name (e.g. {example}), "
             "the module importable (installed, or its folder on PYTHONPATH)"
         )
     module, attribute = text.split(":", 1)
     return module, attribute
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """``<type>: <message>`` of ``exc`` on one line."""
     return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+class UserCodeError(RuntimeError):
+    """The user's own code (an environment class from outside this package, the dataset env's reward function)
+    raised, or returned what it must not, while a run played it: one line naming the code, the call and what went
+    wrong. The run stops there and its manifest keeps the line; the user's traceback is the exception's
+    ``__cause__`` (the Python API's callers can read it)."""
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _users(env: Any) -> bool:
+    """Whether ``env`` is an environment of the user's own (its class defined outside ``ragen_core``)."""
+    return type(env).__module__.partition(".")[0] != "ragen_core"
+
+
+def _call(env: Any, method: str, argument: Any) -> tuple[str, Any]:
+    """(what was called, its result) of ``env.<method>(argument)``; what the user's code raises is one line."""
+    called = f"environment {type(env).__module__}:{type(env).__qualname__}.{method}({shown(argument, 40)})"
+    try:
+        return called, getattr(env, method)(argument)
+    except UserCodeError:  # the dataset env's reward, already named
+        raise
+    except Exception as exc:
+        raise UserCodeError(f"{called} raised {one_line(exc)}") from exc
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def env_reset(env: TextEnv, seed: int) -> tuple[str, dict[str, Any]]:
+    """``env.reset(seed)``; for an environment of the user's own, a :class:`UserCodeError` of one line when it
+    raises or returns other than ``(observation text, info dict)``."""
+    if not _users(env):
+        return env.reset(seed)
+    called, result = _call(env, "reset", seed)
+    if not (
+        isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], str) and isinstance(result[1], dict)
+    ):
+        raise UserCodeError(f"{called} returned {shown(result)}: return (observation text, info dict)")
+    return result
+
+
+def env_step(env: TextEnv, action: str) -> StepResult:
+    """``env.step(action)``; for an environment of the user's own, a :class:`UserCodeError` of one line when it
+    raises or returns other than ``(observation text, reward number, terminated, truncated, info dict)``."""
+    if not _users(env):
+        return env.step(action)
+    called, result = _call(env, "step", action)
+    if not (
+        isinstance(result, tuple)
+        and len(result) == 5
+        and isinstance(result[0], str)
+        and _is_number(result[1])
+        and all(isinstance(flag, bool) or type(flag).__name__ == "bool_" for flag in result[2:4])
+        and isinstance(result[4], dict)
+    ):
+        raise UserCodeError(
+            f"{called} returned {shown(result)}: return (observation text, reward number, terminated bool, "
+            "truncated bool, info dict)"
+        )
+    return result
 
 
 def import_module(module: str, what: str) -> Any:
@@ -63,15 +137,16 @@ def import_module(module: str, what: str) -> Any:
                 f"{what}: cannot import module {module!r} (no module named {exc.name!r}): install the distribution "
                 "that provides it, or put its folder on PYTHONPATH"
             ) from None
-        raise ValueError(f"{what}: importing module {module!r} failed: {_one_line(exc)}") from None
+        raise ValueError(f"{what}: importing module {module!r} failed: {one_line(exc)}") from None
     except Exception as exc:  # the user's module raised while importing: said in one line, never a traceback
-        raise ValueError(f"{what}: importing module {module!r} failed: {_one_line(exc)}") from None
+        raise ValueError(f"{what}: importing module {module!r} failed: {one_line(exc)}") from None
 
 
-def import_object(text: str, what: str) -> Any:
+def import_object(text: str, what: str, example: str = ENV_EXAMPLE) -> Any:
     """The object ``package.module:Name`` (``Name`` may be dotted: ``Outer.inner``) names, imported; ``what`` names
-    the key that gave it in the errors (:func:`check_import_path`, :func:`import_module`, a missing attribute)."""
-    module_name, attribute = check_import_path(text, what)
+    the key that gave it in the errors (:func:`check_import_path`, with ``example``; :func:`import_module`; a
+    missing attribute)."""
+    module_name, attribute = check_import_path(text, what, example)
     found: Any = import_module(module_name, what)
     for part in attribute.split("."):
         if not hasattr(found, part):
@@ -163,12 +238,17 @@ def env_source(name: str, factory: Any) -> CodeSource:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "CodeSource",
+    "UserCodeError",
     "check_env_class",
     "check_import_path",
     "code_source",
     "entry_point_envs",
+    "env_reset",
     "env_source",
+    "env_step",
     "external_env_class",
     "import_object",
     "is_import_path",
+    "one_line",
+    "shown",
 ]

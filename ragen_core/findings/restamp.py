@@ -24,7 +24,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,8 @@ from ragen_core.findings.restamp_records import RECORDS, reaches, record_path, r
 # the bootstrap on but short, so that each point bootstraps, validates and updates at least once.
 PROBE_DROP = ("bootstrap.enabled=false",)
 PROBE_EXTRA = ("bootstrap.num_groups=8", "bootstrap.epochs=1")
+# The probe's own runs beside the findings' points: code no finding runs (the file says which and why).
+PATHS = "configs/restamp_paths.yaml"
 
 
 class RestampError(RuntimeError):
@@ -101,6 +103,28 @@ def write_probe_specs(tree: Path) -> list[str]:
         section["quick"] = {"overrides": probe_overrides([str(o) for o in quick.get("overrides") or []])}
         path.write_text(yaml.safe_dump(loaded, sort_keys=False))
     return names
+
+
+def probe_paths(tree: Path, names: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """The probe paths of the checkout at ``tree`` (:data:`PATHS`), or only those in ``names``: name -> the
+    ``ragen train`` arguments of its run but the data root. A missing file means no path."""
+    path = tree / PATHS
+    loaded = yaml.safe_load(path.read_text()) if path.exists() else {"paths": {}}
+    declared = loaded.get("paths") if isinstance(loaded, dict) else None
+    if not isinstance(declared, dict):
+        raise RestampError(f"{PATHS}: write paths: {{name: {{config: ..., overrides: [...]}}}}")
+    unknown = sorted(set(names or ()) - set(declared))
+    if unknown:
+        raise RestampError(f"unknown probe path(s) {unknown}; {PATHS} declares: {', '.join(declared) or 'none'}")
+    runs = {}
+    for name, path_spec in declared.items():
+        if names is not None and name not in names:
+            continue
+        if not isinstance(path_spec, dict) or not isinstance(path_spec.get("config"), str):
+            raise RestampError(f"{PATHS}: path {name!r} needs config: <a YAML file> and overrides: [key=value, ...]")
+        overrides = [str(o) for o in path_spec.get("overrides") or []]
+        runs[name] = ["train", "--config", path_spec["config"], "--run-id", f"probe-{name}", *overrides]
+    return runs
 
 
 LAUNCHER = '''"""Runs the ragen command of the checkout named first (written by a re-stamp probe)."""
@@ -157,41 +181,49 @@ def spec_digests(side: Side, launcher: Path, fingerprint: str | None = None) -> 
     return json.loads(done.stdout)
 
 
-def run_side(side: Side, launcher: Path, work: Path, name: str, coverage: Path | None, log: Callable[[str], None]):
-    """``ragen reproduce --all --quick`` of the side's own checkout on the probe specs, its data root at
-    ``work/run/data`` (the same path for both sides, then moved to ``work/<name>``), under coverage when asked."""
+def run_side(
+    side: Side,
+    launcher: Path,
+    work: Path,
+    name: str,
+    coverage: Path | None,
+    log: Callable[[str], None],
+    paths: dict[str, list[str]] | None = None,
+):
+    """``ragen reproduce --all --quick`` of the side's own checkout on the probe specs, then the probe ``paths``'
+    runs (:func:`probe_paths`) one after the other, their data root at ``work/run/data`` (the same path for both
+    sides, then moved to ``work/<name>``), under coverage when asked."""
     run = work / "run"
     if run.exists():
         shutil.rmtree(run)
     run.mkdir()
-    command = [
-        str(launcher),
-        str(side.tree),
-        "reproduce",
-        "--all",
-        "--quick",
-        "--data-root",
-        str(run / "data"),
-        "--out-dir",
-        str(run / "out"),
-    ]
-    if coverage is not None:
-        include = str(side.tree / "ragen_core" / "*")
-        command = ["-m", "coverage", "run", f"--data-file={coverage}", f"--include={include}", *command]
-    log(f"probe: {name} side ({side.commit[:12]}, fingerprint {side.fingerprint}) runs every point")
+    root = ["--data-root", str(run / "data")]
+    commands = {"the findings' points": ["reproduce", "--all", "--quick", *root, "--out-dir", str(run / "out")]}
+    commands |= {f"probe path {path}": [*args[:1], *root, *args[1:]] for path, args in (paths or {}).items()}
+    log(f"probe: {name} side ({side.commit[:12]}, fingerprint {side.fingerprint}) runs every point and path")
     started = time.monotonic()
     with open(work / f"{name}.log", "w") as output:
-        done = subprocess.run(
-            [sys.executable, *command],
-            cwd=side.tree,
-            env=_child_env(side.tree),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+        for what, args in commands.items():
+            command = [str(launcher), str(side.tree), *args]
+            if coverage is not None:
+                include = str(side.tree / "ragen_core" / "*")
+                measure = ["-m", "coverage", "run", "--append", f"--data-file={coverage}", f"--include={include}"]
+                command = [*measure, *command]
+            output.write(f"$ ragen {' '.join(args)}\n")
+            output.flush()
+            done = subprocess.run(
+                [sys.executable, *command],
+                cwd=side.tree,
+                env=_child_env(side.tree),
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+            if done.returncode != 0:
+                raise RestampError(
+                    f"the {name} side's runs failed in {what} (exit {done.returncode}); its output: {work / name}.log"
+                )
     side.seconds = round(time.monotonic() - started, 1)
-    if done.returncode != 0:
-        raise RestampError(f"the {name} side's runs failed (exit {done.returncode}); its output: {work / name}.log")
     target = work / name
     if target.exists():
         shutil.rmtree(target)
@@ -287,6 +319,7 @@ class ProbeResult:
     unexercised: dict[str, str]
     points: dict[str, list[str]]  # finding -> the labels of its probe runs
     seconds: float
+    paths: dict[str, list[str]] = field(default_factory=dict)  # probe path -> its run's arguments
 
     @property
     def equal(self) -> bool:
@@ -316,11 +349,12 @@ def probe(
     work: Path,
     log: Callable[[str], None] = print,
     only: Sequence[str] | None = None,
+    paths: Sequence[str] | None = None,
 ) -> ProbeResult:
-    """Run the probe of every registered finding (or those in ``only``) at ``from_commit`` and at ``to_commit`` in
-    ``work`` and compare them (:class:`ProbeResult`). Refuses, before any run, a pair of commits with no changed
-    counted file, and a change of a finding's spec, config or defaults (its spec digest under the old fingerprint
-    moves)."""
+    """Run the probe of every registered finding (or those in ``only``) and every probe path of the new commit's
+    :data:`PATHS` (or those in ``paths``) at ``from_commit`` and at ``to_commit`` in ``work`` and compare them
+    (:class:`ProbeResult`). Refuses, before any run, a pair of commits with no changed counted file, and a change
+    of a finding's spec, config or defaults (its spec digest under the old fingerprint moves)."""
     started = time.monotonic()
     work.mkdir(parents=True, exist_ok=True)
     launcher = work / "launch.py"
@@ -333,16 +367,17 @@ def probe(
             f"{old.fingerprint}): nothing to re-stamp"
         )
     findings = _probe_specs(old, new, launcher, only)
+    runs = probe_paths(new.tree, paths)
     coverage = work / "coverage.data"
     coverage.unlink(missing_ok=True)
-    run_side(old, launcher, work, "old", None, log)
-    run_side(new, launcher, work, "new", coverage, log)
+    run_side(old, launcher, work, "old", None, log, runs)
+    run_side(new, launcher, work, "new", coverage, log, runs)
     log("probe: comparing the two lakes row by row")
     tables = compare_lakes(old.lake, new.lake)
     numbers, points = _compare_analyses(old, new, findings)
     missing = unexercised(changed, executed_lines(coverage, new.tree), new.tree)
     seconds = round(time.monotonic() - started, 1)
-    return ProbeResult(old, new, findings, tables, numbers, changed, missing, points, seconds)
+    return ProbeResult(old, new, findings, tables, numbers, changed, missing, points, seconds, runs)
 
 
 def _checkouts(repo: Path, commits: Sequence[str], work: Path) -> tuple[Side, Side]:
@@ -414,12 +449,14 @@ def record_of(result: ProbeResult) -> dict[str, Any]:
         "to": {"commit": result.new.commit, "fingerprint": result.new.fingerprint},
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "probe": {
-            "command": "ragen reproduce --all --quick, each spec's quick section turned into its probe",
+            "command": "ragen reproduce --all --quick, each spec's quick section turned into its probe; then "
+            f"ragen train of each probe path ({PATHS})",
             "overrides": {"dropped": list(PROBE_DROP), "added": list(PROBE_EXTRA)},
             "seeds": "every seed of the spec",
         },
         "findings": result.findings,
         "points": result.points,
+        "paths": {name: args[1:] for name, args in result.paths.items()},
         "rows": {t.table: t.old_rows for t in result.tables},
         "excluded": {
             "metrics": list(TIMING_METRICS),
@@ -436,6 +473,7 @@ def record_of(result: ProbeResult) -> dict[str, Any]:
 __all__ = [
     "PROBE_DROP",
     "PROBE_EXTRA",
+    "PATHS",
     "RECORDS",
     "ProbeResult",
     "RestampError",
@@ -444,6 +482,7 @@ __all__ = [
     "compare_lakes",
     "compare_numbers",
     "probe",
+    "probe_paths",
     "reaches",
     "record_of",
     "record_path",

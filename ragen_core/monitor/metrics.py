@@ -274,6 +274,28 @@ def truncation_warnings(
     return episode_starts(check, history, current)
 
 
+VALID = "rollout/valid_action_rate"
+
+
+def unreached_warnings(history: list[dict[str, float]], current: dict[str, float], code: str) -> list[CollapseWarning]:
+    """No training reply of the iteration gave a valid action (``rollout/valid_action_rate`` 0), so none reached
+    ``code`` (the user's reward function, or the step of the user's environment): once per episode
+    (:func:`episode_starts`). Such a run learns from format penalties alone and ends ``completed`` with success 0,
+    which the user would otherwise read as their code scoring 0."""
+
+    def check(past: list[dict[str, float]], now: dict[str, float]) -> list[CollapseWarning]:
+        if now.get(VALID) != 0.0:
+            return []
+        message = (
+            f"no training reply reached {code}: every reply failed the reply format or gave no answer "
+            "(rollout/valid_action_rate 0); the policy learns from format penalties alone (a larger "
+            "rollout.max_new_tokens, a bootstrap, or rollout.reply_format=lenient may help)"
+        )
+        return [CollapseWarning(VALID, 0.0, 0.0, message)]
+
+    return episode_starts(check, history, current)
+
+
 MI_KEY = "diag/reasoning_mi"  # the summed estimate (RAGEN-2's mi_seq_estimate)
 # monitor.mi_metric -> the metric the template-collapse warning watches; per_token is RAGEN-2's collapse/mi_estimate
 MI_KEYS = {"per_token": "diag/reasoning_mi_per_token", "sequence": MI_KEY}

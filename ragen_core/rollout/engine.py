@@ -24,6 +24,7 @@ from ragen_core.agent import (
     turn_penalty,
 )
 from ragen_core.envs import make_env
+from ragen_core.envs.external import env_reset, env_step
 from ragen_core.envs.held_out import Split, split_seeds
 from ragen_core.rollout.scripted import has_teacher
 from ragen_core.rollout.types import Generation, TrajectoryRecord, TurnContext, TurnRecord
@@ -120,7 +121,7 @@ def _roll_out(
                 behavior_logprobs=[] if backend.behavior_source == "policy" else None,
             )
             slot = _Slot(record, env, spec.max_actions_per_traj)
-            slot.state, _ = env.reset(env_seed)
+            slot.state, _ = env_reset(env, env_seed)
             slots.append(slot)
 
     encoded: dict[tuple[str, bool, bool], list[int]] = {}  # group members mostly see the same text: encode once
@@ -241,7 +242,7 @@ def _apply_reply(
     teacher.update(_perception(slot.env, parsed.think, spec.enable_think))
     reward, terminated, executed, infos = 0.0, False, [], []
     for action in parsed.actions:
-        slot.state, step_reward, terminated, truncated, info = slot.env.step(action)
+        slot.state, step_reward, terminated, truncated, info = env_step(slot.env, action)
         reward += step_reward
         executed.append(action)
         infos.append(info)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ragen_core.envs import TextEnv
+from ragen_core.envs.external import env_step
 from ragen_core.registry import Registry
 from ragen_core.rollout.types import Generation, TurnContext
 
@@ -119,7 +120,7 @@ def play_scripted(
         if on_reply is not None:
             on_reply(reply)
         for action in reply.actions[: max(1, min(per_turn, actions_left))]:
-            _, _, terminated, truncated, _ = env.step(action)
+            _, _, terminated, truncated, _ = env_step(env, action)
             actions_left -= 1
             if terminated or truncated or actions_left <= 0:
                 return bool(env.success)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ragen_core.config import RunConfig
+from ragen_core.envs.external import env_reset
 from ragen_core.envs.held_out import holds_out_maps
 from ragen_core.faults import maybe_fail
 from ragen_core.policy import load_policy, save_policy, tokenizer_fingerprint
@@ -66,7 +67,7 @@ def policy_fingerprint(config: RunConfig) -> str:
     env = make_env(config.env.name, **config.env.options)
     limits = (config.env.max_turns, config.env.max_actions_per_turn, config.env.max_actions_per_traj)
     for episode in range(FINGERPRINT_EPISODES):
-        env.reset(derive_seed(0, "fingerprint", episode))
+        env_reset(env, derive_seed(0, "fingerprint", episode))
         play_scripted(env, policy, rng, limits, config.rollout.enable_think,
                       lambda reply: digest.update(json.dumps([reply.think, reply.actions]).encode()))  # fmt: skip
     return digest.hexdigest()[:16]

@@ -25,6 +25,7 @@ from ragen_core.config import ConfigError, RunConfig, build_config, load_config,
 from ragen_core.config.errors import config_error
 from ragen_core.config.trust import StoredConfig, UntrustedConfigError, check_stored_trust, named_keys
 from ragen_core.envs import TextEnv, env_factory, make_env
+from ragen_core.envs.dataset import DatasetEnv
 from ragen_core.monitor.trackers import check_trackers
 from ragen_core.rollout.scripted import has_teacher, registered_scripted_policies
 from ragen_core.storage import DataLake
@@ -136,11 +137,14 @@ def _check_envs(config: RunConfig) -> None:
 
 def _check_env_options(config: RunConfig) -> None:
     """``env.options`` builds every env the run plays (training and validation: each gets the options), so an option
-    an env does not take, or a number out of its bounds (a board side of 1e9), is said here, before any compute."""
+    an env does not take, or a number out of its bounds (a board side of 1e9), is said here, before any compute; the
+    dataset env's reward function scores its first rows' reference answers (:meth:`DatasetEnv.check_reward`)."""
     options = dict(config.env.options)
     for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
         try:
-            make_env(name, **options)
+            env = make_env(name, **options)
+            if isinstance(env, DatasetEnv):  # its reward function scores the first rows' answers here
+                env.check_reward()
         except ValueError as exc:  # an error that names its key (env.options.reward_fn: ...) needs no prefix
             raise ValueError(str(exc) if str(exc).startswith("env.options.") else f"options: {exc}") from None
 

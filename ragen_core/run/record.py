@@ -162,18 +162,19 @@ def library_versions() -> dict[str, str]:
 
 def code_sources(config: RunConfig) -> dict[str, dict[str, str | None]]:
     """Where the code a run plays comes from, by what the config names it: every env (``env.name``,
-    ``env.val_envs``) and the env's ``reward_fn``, each with its import path and the distribution (name, version)
-    that installed it (None: a module on the import path, installed by none). The config names only code already
-    checked to import (``run.checks``)."""
+    ``env.val_envs``) and the env's ``reward_fn`` and ``wrong_answer_fn``, each with its import path and the
+    distribution (name, version) that installed it (None: a module on the import path, installed by none). The
+    config names only code already checked to import (``run.checks``)."""
     from ragen_core.envs import env_factory
     from ragen_core.envs.external import code_source, env_source, import_object
 
     sources = {}
     for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
         sources[name] = env_source(name, env_factory(name)).to_dict()
-    reward_fn = config.env.options.get("reward_fn")
-    if isinstance(reward_fn, str):
-        sources[reward_fn] = code_source(import_object(reward_fn, "env.options.reward_fn")).to_dict()
+    for key in ("reward_fn", "wrong_answer_fn"):  # the dataset env's functions
+        function = config.env.options.get(key)
+        if isinstance(function, str):
+            sources[function] = code_source(import_object(function, f"env.options.{key}")).to_dict()
     return sources
 
 

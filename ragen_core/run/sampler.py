@@ -52,7 +52,9 @@ class SamplerProcess:
     def start(cls, model_dir: Path, module: torch.nn.Module, threads: int, log: Path) -> SamplerProcess:
         """A sampler on ``model_dir`` (its tokenizer and architecture; the weights come from ``module`` through
         :meth:`load`, which the caller does before the first batch) with ``threads`` torch threads; its stderr
-        goes to ``log``. Waits until the child has loaded the model."""
+        goes to ``log``. Waits until the child has loaded the model. The child is in a session of its own, so a
+        Ctrl-C meant for the run reaches the learner alone (which then stops the child in :meth:`close`); when the
+        learner dies, the child reads the end of its socket and exits."""
         layout = WeightLayout.of_module(module)
         shared = SharedWeights.create(layout)
         parent, child = socket.socketpair()
@@ -64,6 +66,7 @@ class SamplerProcess:
                     stdin=subprocess.DEVNULL,
                     stdout=stderr,
                     stderr=stderr,
+                    start_new_session=True,  # a Ctrl-C in the terminal reaches the learner, which stops it
                 )
         except BaseException:
             shared.unlink()

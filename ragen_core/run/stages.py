@@ -24,6 +24,7 @@ import torch
 
 from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
+from ragen_core.envs import registered_envs
 from ragen_core.envs.held_out import Split, validation_seeds
 from ragen_core.faults import maybe_fail
 from ragen_core.monitor.diagnostics import (
@@ -43,6 +44,7 @@ from ragen_core.monitor.metrics import (
     template_collapse_warnings,
     throughput_metrics,
     truncation_warnings,
+    unreached_warnings,
     validation_metrics,
 )
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
@@ -260,8 +262,9 @@ def _tell(step: Callable[[str], None] | None, text: str) -> None:
 
 
 def record_warnings(session: RunSession, iteration: int, metrics: dict[str, float]) -> list[dict[str, Any]]:
-    """Echo-Trap early warnings for this iteration (against the run's earlier metrics), and replies that stop ending
-    (``monitor.truncated_share``): logged, and returned as ``events`` rows. The run goes on."""
+    """Echo-Trap early warnings for this iteration (against the run's earlier metrics), replies that stop ending
+    (``monitor.truncated_share``), and no reply reaching the user's own reward or env (:func:`users_code`): logged,
+    and returned as ``events`` rows. The run goes on."""
     monitor, history = session.config.monitor, session.record.metric_history
     warnings = collapse_warnings(
         history, metrics, monitor.warmup, monitor.reward_std_drop, monitor.entropy_drop, monitor.grad_norm_spike,
@@ -273,6 +276,9 @@ def record_warnings(session: RunSession, iteration: int, metrics: dict[str, floa
     if monitor.truncated_share is not None:
         limit = session.config.rollout.max_new_tokens
         warnings += truncation_warnings(history, metrics, monitor.truncated_share, limit)
+    code = users_code(session.config)
+    if code is not None:
+        warnings += unreached_warnings(history, metrics, code)
     rows = []
     for warning in warnings:
         LOGGER.warning("run %s iteration %d: %s", session.run_id, iteration, warning.message)
@@ -283,6 +289,15 @@ def record_warnings(session: RunSession, iteration: int, metrics: dict[str, floa
             )
         )  # fmt: skip
     return rows
+
+
+def users_code(config: RunConfig) -> str | None:
+    """What of the user's own code the training env runs on a valid answer: the dataset env's reward function, or
+    the step of an environment that is not this project's; None for this project's environments."""
+    name = config.env.name
+    if name == "dataset":
+        return f"the reward function {config.env.options.get('reward_fn')}"
+    return None if name in registered_envs() else f"the step of environment {name}"
 
 
 def stop_early(session: RunSession, iteration: int) -> bool:

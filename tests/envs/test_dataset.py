@@ -14,6 +14,7 @@ from examples.arithmetic.make_prompts import prompt_rows
 from examples.arithmetic.reward import score
 from ragen_core.config import ConfigError
 from ragen_core.envs import make_env
+from ragen_core.envs.external import UserCodeError
 from ragen_core.run.checks import build_run_config, load_run_config
 from tests.envs.user_code import unique
 
@@ -43,6 +44,14 @@ def not_a_number(completion, **columns):
 
 def only_the_answer(completion):
     return 1.0
+
+
+def off_by(rng, solution, **columns):
+    return f" {solution + int(rng.integers(1, 3))} "
+
+
+def no_text(rng, **columns):
+    return 7
 """
 
 
@@ -97,6 +106,24 @@ def test_the_random_policy_answers_with_other_rows_answers(user):
         _env(user).sample_action(np.random.default_rng(0))
 
 
+def test_a_tasks_own_wrong_answers_replace_other_rows_answers(user):
+    env = _env(user, answer_column="solution", wrong_answer_fn=f"{user['module']}:off_by")
+    env.reset(1)  # 9 + 9: the function adds 1 or 2 to the row's solution, drawn from the policy's generator
+    for seed in range(20):
+        assert env.sample_action(np.random.default_rng(seed)) == str(
+            18 + int(np.random.default_rng(seed).integers(1, 3))
+        )
+    assert env.expert_plan(1) == ["18"]  # the expert and the teacher still play the reference answer
+    broken = _env(user, answer_column="solution", wrong_answer_fn=f"{user['module']}:no_text")
+    broken.reset(2)
+    with pytest.raises(UserCodeError) as caught:
+        broken.sample_action(np.random.default_rng(0))
+    assert str(caught.value) == (
+        f"wrong-answer function {user['module']}:no_text on row 3 of {broken.data_file} returned 7: return the "
+        "answer's text"
+    )
+
+
 @pytest.mark.parametrize(
     ("function", "expected"),
     [
@@ -107,8 +134,10 @@ def test_the_random_policy_answers_with_other_rows_answers(user):
 def test_a_reward_out_of_its_range_or_not_a_number_is_refused(user, function, expected):
     env = _env(user, function=function)
     env.reset(0)
-    with pytest.raises(ValueError, match=expected.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(UserCodeError) as caught:
         env.step("5")
+    reward = f"{user['module']}:{function}"
+    assert str(caught.value) == f"reward function {reward} on row 1 of {env.data_file}, answer '5', {expected}"
 
 
 def _refusal(overrides: list[str]) -> str:
@@ -121,7 +150,7 @@ def test_a_malformed_reward_function_or_file_is_one_line_before_any_compute(user
     file, module = f"env.options.data_file={user['jsonl']}", user["module"]
     assert _refusal([file, "env.options.reward_fn=rewards.exact"]) == (
         "env.options.reward_fn: 'rewards.exact' is not an import path: write package.module:Name (e.g. "
-        "my_envs.maze:MazeEnv), the module importable (installed, or its folder on PYTHONPATH)"
+        "my_rewards.math:score), the module importable (installed, or its folder on PYTHONPATH)"
     )
     missing = _refusal([file, "env.options.reward_fn=no_such_rewards_4711:f"])
     assert "cannot import module 'no_such_rewards_4711'" in missing
@@ -138,6 +167,22 @@ def test_a_malformed_reward_function_or_file_is_one_line_before_any_compute(user
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"prompt": "1 + 1 = ?"}\n[1, 2]\n')
     assert "line 2 of" in _refusal([f"env.options.data_file={broken}", reward])
+    wrong = [file, reward, "env.options.answer_column=solution", f"env.options.wrong_answer_fn={module}:"]
+    assert "cannot be called as wrong(rng, level=..., solution=...)" in _refusal(
+        [*wrong[:3], wrong[3] + "only_the_answer"]
+    )
+    assert _refusal([*wrong[:3], wrong[3] + "no_text"]) == (
+        f"env.options.wrong_answer_fn: wrong-answer function {module}:no_text on row 1 of {file.split('=', 1)[1]} "
+        "returned 7: return the answer's text"
+    )
+    broken.write_text('{"prompt": "1 + 1 = ?"}\n' * 20 + '{"prompt": "2 + 2 = ?", solution: 4}\n')
+    refused = _refusal([f"env.options.data_file={broken}", reward])
+    # one line number, the file's: the decoder's own "line 1 column 26" would contradict it
+    assert (
+        f"line 21 of {str(broken)!r} is not JSON: Expecting property name enclosed in double quotes at column 25"
+        in refused
+    )
+    assert refused.count("line") == 1 and refused.count(str(broken)) == 1
 
 
 def test_the_shipped_arithmetic_example_is_a_valid_config_and_its_reward_is_exact():

@@ -14,12 +14,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ragen_core.findings.bitwise import compare_numbers, compare_tables
+from ragen_core.findings.bitwise import compare_numbers, compare_tables, run_labels
 from ragen_core.findings.restamp import (
     RestampError,
     changed_counted_files,
     probe,
     probe_overrides,
+    probe_paths,
     reaches,
     record_of,
     record_path,
@@ -150,9 +151,9 @@ def _edit(repo: Path, name: str, old: str, new: str) -> None:
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    """This repository's committed tree with the one-point finding ``probe_tiny``, and three commits on it: the
-    base, a Bandit payout moved together with an edit in the critic's update (no finding trains a critic), and an
-    edit that moves nothing."""
+    """This repository's committed tree with the one-point finding ``probe_tiny``, and four commits on it: the
+    base, a Bandit payout moved together with an edit in the critic's update (no finding trains a critic), an
+    edit that moves nothing, and one that moves nothing in the dataset env (which no finding plays)."""
     repo = tmp_path_factory.mktemp("restamp") / "repo"
     subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(repo)], check=True)
     (repo / "configs" / "findings" / "probe_tiny.yaml").write_text(textwrap.dedent(TINY))
@@ -164,6 +165,10 @@ def clone(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     _git(repo, "checkout", "-q", commits["base"])
     _edit(repo, "ragen_core/envs/bandit.py", "reward = self.low_reward\n", "reward = float(self.low_reward)\n")
     commits["same"] = _commit(repo, "a cast that moves nothing")
+    _git(repo, "checkout", "-q", commits["base"])
+    columns = "columns = {key: value for key, value in row.items() if key != self.prompt_column}"
+    _edit(repo, "ragen_core/envs/dataset.py", columns, columns.replace("key", "k").replace("value", "v"))
+    commits["dataset"] = _commit(repo, "names in the dataset env's scoring, which no finding runs")
     return repo, commits
 
 
@@ -185,7 +190,7 @@ def test_changed_counted_files_follow_the_code_form_not_the_words(clone, tmp_pat
 def test_a_probe_fails_on_a_moved_payout_and_refuses_a_file_it_never_ran(clone, tmp_path):
     repo, commits = clone
     result = probe(
-        repo, commits["base"], commits["moved"], tmp_path / "probe", log=lambda _: None, only=["probe_tiny"]
+        repo, commits["base"], commits["moved"], tmp_path / "probe", log=lambda _: None, only=["probe_tiny"], paths=()
     )
     assert not result.equal and not result.passed
     differing = {t.table: t for t in result.tables if not t.equal}
@@ -200,7 +205,9 @@ def test_a_probe_fails_on_a_moved_payout_and_refuses_a_file_it_never_ran(clone, 
 
 def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fingerprints(clone, tmp_path):
     repo, commits = clone
-    result = probe(repo, commits["base"], commits["same"], tmp_path / "probe", log=lambda _: None, only=["probe_tiny"])
+    result = probe(
+        repo, commits["base"], commits["same"], tmp_path / "probe", log=lambda _: None, only=["probe_tiny"], paths=()
+    )
     assert result.passed, result.problems()
     rows = {t.table: t.old_rows for t in result.tables}
     # one point: 1 iteration of 2 groups x 4 trained and validations of 4 instances at iterations 0 and 1, and the
@@ -231,5 +238,39 @@ def test_a_probe_refuses_a_changed_default_before_any_run(clone, tmp_path):
     )
     default = _commit(repo, "a default moved")
     with pytest.raises(RestampError, match="spec, config or defaults of .*probe_tiny"):
-        probe(repo, commits["base"], default, tmp_path / "probe", log=lambda _: None, only=["probe_tiny"])
+        probe(repo, commits["base"], default, tmp_path / "probe", log=lambda _: None, only=["probe_tiny"], paths=())
     assert not (tmp_path / "probe" / "old.log").exists()  # refused before any run
+
+
+def test_a_probe_path_vouches_for_code_that_no_finding_runs(clone, tmp_path):
+    repo, commits = clone
+    args = (repo, commits["base"], commits["dataset"])
+    alone = probe(*args, tmp_path / "alone", log=lambda _: None, only=["probe_tiny"], paths=())
+    assert alone.equal and not alone.passed
+    assert alone.unexercised == {"ragen_core/envs/dataset.py": "none of its 1 changed statement(s) ran"}
+    result = probe(*args, tmp_path / "path", log=lambda _: None, only=["probe_tiny"], paths=["dataset"])
+    assert result.passed, result.problems()
+    assert list(result.changed) == ["ragen_core/envs/dataset.py"]
+    record = record_of(result)
+    assert record["paths"]["dataset"][:4] == [
+        "--config",
+        "configs/dataset_arithmetic.yaml",
+        "--run-id",
+        "probe-dataset",
+    ]
+    # the path's run is in both lakes and compared: the finding's point, its bootstrap, and the path's train run
+    labels = set(run_labels(result.new.lake).values())
+    assert labels == {"probe-tiny-quick-starpo-s#p0", "bootstrap#1", "train#1"}
+    assert {t.table: t.old_rows for t in result.tables}["trajectories"] > {t.table: t.old_rows for t in alone.tables}[
+        "trajectories"
+    ]
+
+
+def test_probe_paths_are_read_from_the_checkout_and_unknown_ones_refused(tmp_path):
+    paths = probe_paths(REPO_ROOT)
+    assert {"dataset", "async", "async_tis", "diagnostics"} <= set(paths)
+    assert all(args[:2] == ["train", "--config"] and (REPO_ROOT / args[2]).is_file() for args in paths.values())
+    assert probe_paths(REPO_ROOT, ["async"]) == {"async": paths["async"]}
+    with pytest.raises(RestampError, match=r"unknown probe path\(s\) \['nope'\]"):
+        probe_paths(REPO_ROOT, ["nope"])
+    assert probe_paths(tmp_path) == {}  # a checkout without the file: no path

@@ -31,6 +31,7 @@ from tests.envs.user_code import unique, write_env_module
 from tests.flows.test_resume import RUN, _overrides, _ragen
 
 PLANTED_KEYS = ["model.path", "env.name", "env.val_envs", "env.options.data_file", "env.options.reward_fn",
+                "env.options.wrong_answer_fn",
                 "rollout.vllm.python", "trainer.launcher", "trainer.hostfile", "critic.path",
                 "monitor.mlflow.tracking_uri", "monitor.wandb.project", "monitor.wandb.entity"]  # fmt: skip
 SMALL = ["eval.instances=2", "rollout.env_groups=2", "rollout.group_size=4", "rollout.max_new_tokens=8",
@@ -70,6 +71,7 @@ def world(whole_bandit_run, tiny_model_dir, tmp_path, monkeypatch):
         "env.val_envs": {"env.val_envs": [f"{planted}:CoinEnv"]},
         "env.options.data_file": {"env.options.data_file": str(outside / "secrets.jsonl")},
         "env.options.reward_fn": {"env.options.reward_fn": f"{planted}:CoinEnv"},
+        "env.options.wrong_answer_fn": {"env.options.wrong_answer_fn": f"{planted}:CoinEnv"},
         "rollout.vllm.python": {"rollout.backend": "vllm", "rollout.vllm.python": str(evil)},
         "trainer.launcher": {"trainer.launcher": "torchrun"},
         "trainer.hostfile": {"trainer.launcher": "deepspeed", "trainer.hostfile": str(hosts), "actor.zero_stage": 1},

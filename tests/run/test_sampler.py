@@ -1,7 +1,14 @@
 """The sampler process samples what the Hugging Face backend samples in the learner's process, takes new weights at
-the hand-off, and fails in one line when it dies."""
+the hand-off, and fails in one line when it dies; a Ctrl-C reaches the learner alone, and the sampler never outlives
+its learner."""
 
 import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,3 +76,70 @@ def test_a_dead_sampler_is_one_error_naming_its_exit_and_log(tiny_model_dir, tin
         assert "\n" not in message
     finally:
         process.close()
+
+
+LEARNER = """
+import sys, time
+from pathlib import Path
+
+import torch
+
+from ragen_core.policy import load_policy
+from ragen_core.run.sampler import SamplerProcess
+
+torch.set_num_threads(1)
+model, _ = load_policy(sys.argv[1])
+sampler = SamplerProcess.start(Path(sys.argv[1]), model, 1, Path(sys.argv[2]))
+sampler.load(model)
+print(sampler.process.pid, flush=True)
+try:
+    while True:
+        time.sleep(0.05)
+except KeyboardInterrupt:
+    sampler.close()
+    print("closed", flush=True)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie nobody reaps counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] in {"Z", "X"}
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def _learner(tiny_model_dir, tmp_path):
+    """A learner process of its own (in its own process group, as a command in a terminal) with a sampler; the
+    learner and the sampler's pid."""
+    script = tmp_path / "learner.py"
+    script.write_text(LEARNER)
+    command = [sys.executable, str(script), str(tiny_model_dir), str(tmp_path / "sampler.log")]
+    learner = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert learner.stdout is not None
+    return learner, int(learner.stdout.readline())
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _gone(pid)
+
+
+def test_a_ctrl_c_reaches_the_learner_alone_which_stops_the_sampler(tiny_model_dir, tmp_path):
+    learner, child = _learner(tiny_model_dir, tmp_path)
+    os.killpg(learner.pid, signal.SIGINT)  # what the terminal does: the whole foreground process group
+    out, _ = learner.communicate(timeout=60)
+    assert learner.returncode == 0 and out.strip() == "closed"
+    assert _wait_gone(child, 10)
+    log = (tmp_path / "sampler.log").read_text()
+    assert "KeyboardInterrupt" not in log and "Traceback" not in log, log
+
+
+def test_the_sampler_exits_when_its_learner_is_killed(tiny_model_dir, tmp_path):
+    learner, child = _learner(tiny_model_dir, tmp_path)
+    assert not _gone(child)
+    os.kill(learner.pid, signal.SIGKILL)
+    learner.wait(timeout=30)
+    assert _wait_gone(child, 30)
