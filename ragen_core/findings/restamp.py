@@ -49,7 +49,7 @@ from ragen_core.findings.restamp_records import RECORDS, reaches, record_path, r
 PROBE_DROP = ("bootstrap.enabled=false",)
 PROBE_EXTRA = ("bootstrap.num_groups=8", "bootstrap.epochs=1")
 # The probe's own runs beside the findings' points: code no finding runs (the file says which and why).
-PATHS = "configs/restamp_paths.yaml"
+PATHS = "configs/restamp/paths.yaml"
 
 
 class RestampError(RuntimeError):

@@ -166,8 +166,8 @@ def clone(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     _edit(repo, "ragen_core/envs/bandit.py", "reward = self.low_reward\n", "reward = float(self.low_reward)\n")
     commits["same"] = _commit(repo, "a cast that moves nothing")
     _git(repo, "checkout", "-q", commits["base"])
-    columns = "columns = {key: value for key, value in row.items() if key != self.prompt_column}"
-    _edit(repo, "ragen_core/envs/dataset.py", columns, columns.replace("key", "k").replace("value", "v"))
+    where = 'where = f"row {self.row_number} of'
+    _edit(repo, "ragen_core/envs/dataset.py", where, where.replace("row_number}", "row_number!s}"))
     commits["dataset"] = _commit(repo, "names in the dataset env's scoring, which no finding runs")
     return repo, commits
 
