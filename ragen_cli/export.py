@@ -19,6 +19,11 @@ def export(
     ),
     data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP),
     trust_env_module: TrustEnvModule = False,
+    model: bool = typer.Option(
+        False,
+        "--model",
+        help="Copy each run's policy (its newest checkpoint's Hugging Face folder) to OUT/models/<run>.",
+    ),
 ) -> None:
     """Write runs' rows as a dataset folder with train and validation splits: load_dataset("parquet",
     data_dir=OUT) loads it (several --table: data_dir=OUT/<table>). Reads the lake only."""
@@ -31,7 +36,7 @@ def export(
         checked_run_id(run_id)
     root = existing_root(data_root)
     try:
-        report = export_runs(list(run_ids), out, root, table, trust_env_module)  # checked before the README
+        report = export_runs(list(run_ids), out, root, table, trust_env_module, model)  # checked before the README
     except (LakeError, ConfigError) as exc:
         fail(str(exc))
     for name, rows in report.rows.items():
@@ -39,6 +44,11 @@ def export(
         console.print(f"{escape(name)}: {counts} rows -> {escape(load_line(report.folders[name]))}", highlight=False)
     if line := left_out_line(report):
         console.print(escape(line), highlight=False)
+    for run_id in report.runs:
+        policy = report.models.get(run_id)
+        where = "none (no checkpoint)" if policy is None else str(policy)
+        hint = "" if policy is None or report.models_copied else " (not copied: --model copies it into the export)"
+        console.print(f"policy of {escape(run_id)}: {escape(where)}{hint}", highlight=False)
     console.print(f"how to prompt each run's policy (system prompt, messages, a transformers snippet): "
                   f"{escape(str(report.out / 'README.md'))}", highlight=False)  # fmt: skip
 

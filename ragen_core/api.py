@@ -272,21 +272,24 @@ def export(
     data_root: str | Path | DataLake = "data",
     tables: list[str] | None = None,
     trust_env_module: bool = False,
+    model: bool = False,
 ):
     """Write runs' rows as a Hugging Face dataset folder at ``out`` (new or empty, outside the data root), as ``ragen
     export``: splits train and validation of each table in ``tables`` (default ``trajectories``; several: a folder
     per table), committed iterations only, and a README with the exact chat that prompts each run's policy (a run of
     an env or reward of the user's own code only with ``trust_env_module``, which imports the modules its stored
-    config names, as ``--trust-env-module``). Returns
-    the :class:`~ragen_core.storage.maintenance.export.ExportReport` (rows per table and split, the folders, the
-    iterations left out); a bad request raises its ``ExportError`` (a ``LakeError``) before anything is written."""
+    config names, as ``--trust-env-module``); with ``model``, each run's policy (its newest checkpoint's Hugging
+    Face folder) copied to ``models/<run id>/``, as ``--model``. Returns the
+    :class:`~ragen_core.storage.maintenance.export.ExportReport` (rows per table and split, the folders, the
+    iterations left out, each run's policy folder); a bad request raises its ``ExportError`` (a ``LakeError``)
+    before anything is written."""
     from ragen_core.run.chat import export_notes
     from ragen_core.storage.maintenance.export import check_export, export_dataset
 
     lake, ids, chosen = _existing(data_root), _ids(run_ids), list(tables or ["trajectories"])
     check_export(lake, Path(out), ids, chosen)  # a bad request is refused before the README's notes are built
     trusted = frozenset({"module"}) if trust_env_module else frozenset()
-    return export_dataset(lake, Path(out), ids, chosen, export_notes(lake, ids, trusted))
+    return export_dataset(lake, Path(out), ids, chosen, export_notes(lake, ids, trusted, model), model)
 
 
 def describe_config(config: q.ConfigInput = None, overrides: list[str] | None = None) -> list:

@@ -98,3 +98,40 @@ def test_ragen_export_takes_trust_env_module(root, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert f"## Prompting the policy of `{RUN}`" in (out / "README.md").read_text()
+
+
+def test_the_policy_is_printed_and_with_model_copied_into_the_export(root, tmp_path, monkeypatch):
+    lake = DataLake(root)
+    policy = lake.checkpoint_dir(RUN, 1) / "hf"
+    plain = CliRunner().invoke(app, ["export", RUN, "--out", str(tmp_path / "plain"), "--data-root", str(root)])
+    assert plain.exit_code == 0, plain.output
+    assert f"policy of {RUN}: {policy} (not copied: --model copies it into the export)" in plain.output
+    assert not (tmp_path / "plain" / "models").exists()
+    out = tmp_path / "with-model"
+    result = CliRunner().invoke(app, ["export", RUN, "--model", "--out", str(out), "--data-root", str(root)])
+    assert result.exit_code == 0, result.output
+    copied = out / "models" / RUN
+    assert f"policy of {RUN}: {copied}\n" in result.output
+    files = sorted(p.relative_to(policy) for p in policy.rglob("*") if p.is_file())
+    assert files and files == sorted(p.relative_to(copied) for p in copied.rglob("*") if p.is_file())
+    assert all((copied / f).read_bytes() == (policy / f).read_bytes() for f in files)
+    readme = (out / "README.md").read_text()
+    assert f'model_dir = "models/{RUN}"' in readme  # relative to the export: the folder can move as a whole
+    monkeypatch.chdir(out)
+    namespace: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(_snippet(readme), namespace)  # loads the copy, from the export's folder
+    assert namespace["model"].config.vocab_size > 0
+
+
+def test_a_link_in_the_policy_folder_is_refused_and_nothing_is_written(root, tmp_path):
+    import shutil
+
+    copy = tmp_path / "root"
+    shutil.copytree(root, copy, symlinks=True)
+    policy = DataLake(copy).checkpoint_dir(RUN, 1) / "hf"
+    (policy / "secret").symlink_to("/etc/hostname")
+    out = tmp_path / "ds"
+    result = CliRunner().invoke(app, ["export", RUN, "--model", "--out", str(out), "--data-root", str(copy)])
+    assert result.exit_code == 2 and not out.exists()
+    assert f"the policy folder {str(policy)!r} holds a link, {str(policy / 'secret')!r}" in result.stderr

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from ragen_core.storage.files import LakeError, atomic_write_bytes, atomic_write_parquet
 from ragen_core.storage.lake import DataLake
+from ragen_core.storage.layout import CHECKPOINT_HF, EXPORT_MODELS, checkpoint_file
 from ragen_core.storage.names import validate_run_id
 
 SPLITS = {"train": "train", "validation": "val"}  # the dataset's split: the lake's `split` value
@@ -52,6 +53,34 @@ class ExportReport:
     folders: dict[str, Path] = field(default_factory=dict)
     committed: dict[str, list[int]] = field(default_factory=dict)  # the iterations exported, per run
     left_out: dict[str, list[int]] = field(default_factory=dict)  # iterations with rows but not committed, per run
+    # each run's policy (its newest checkpoint's Hugging Face folder): where it was copied in the export with
+    # --model, else where it lies in the data root; a run without a checkpoint has none
+    models: dict[str, Path] = field(default_factory=dict)
+    models_copied: bool = False
+
+
+def policy_folders(lake: DataLake, run_ids: list[str]) -> dict[str, Path]:
+    """Each run's policy: the Hugging Face folder of its newest complete checkpoint (runs without one left out)."""
+    found = {}
+    for run_id in dict.fromkeys(run_ids):
+        newest = lake.latest_checkpoint(run_id)
+        if newest is not None and checkpoint_file(newest[1], CHECKPOINT_HF).is_dir():
+            found[run_id] = checkpoint_file(newest[1], CHECKPOINT_HF)
+    return found
+
+
+def _copy_policy(source: Path, target: Path) -> None:
+    """The regular files of ``source`` (a policy folder of the lake) copied to ``target``; a link in it (which could
+    point anywhere) is refused, naming it, rather than followed."""
+    for path in sorted(source.rglob("*")):
+        if path.is_symlink():
+            raise ExportError(
+                f"the policy folder {str(source)!r} holds a link, {str(path)!r}: not exported; remove it"
+            )
+        if path.is_file():
+            destination = target / path.relative_to(source)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, destination)
 
 
 def splittable_tables(lake: DataLake) -> list[str]:
@@ -89,12 +118,16 @@ def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str
         raise ExportError(f"the folder of --out {str(out)!r} does not exist; create it first")
 
 
-def export_dataset(lake: DataLake, out: Path, run_ids: list[str], tables: list[str], notes: str = "") -> ExportReport:
+def export_dataset(
+    lake: DataLake, out: Path, run_ids: list[str], tables: list[str], notes: str = "", models: bool = False
+) -> ExportReport:
     """Write the dataset folder (module docstring) of ``run_ids``' rows of ``tables`` at ``out``; ``notes``: more
-    markdown for its README (how to prompt each run's policy: :func:`ragen_core.run.chat.export_notes`)."""
+    markdown for its README (how to prompt each run's policy: :func:`ragen_core.run.chat.export_notes`); with
+    ``models``, each run's policy (:func:`policy_folders`) copied to ``models/<run id>/`` in it."""
     check_export(lake, out, run_ids, tables)
     out = out.resolve()
     report = ExportReport(out, list(run_ids), committed=committed_iterations(lake, run_ids))
+    report.models, report.models_copied = policy_folders(lake, run_ids), models
     staging: Path | None = None
     identity: tuple[int, int] | None = None
     try:
@@ -106,6 +139,10 @@ def export_dataset(lake: DataLake, out: Path, run_ids: list[str], tables: list[s
             folder = staging / table if len(tables) > 1 else staging
             report.rows[table] = _write_table(lake, table, report, folder)
             report.folders[table] = out / table if len(tables) > 1 else out
+        if models:
+            for run_id, source in report.models.items():
+                _copy_policy(source, staging / EXPORT_MODELS / run_id)
+            report.models = {run_id: out / EXPORT_MODELS / run_id for run_id in report.models}
         atomic_write_bytes(staging / "README.md", (_card(lake, report) + notes).encode())
         if _identity(staging) != identity:
             raise ExportError(f"the export's staging folder {str(staging)!r} was replaced while it was written (by a "
