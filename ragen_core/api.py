@@ -284,12 +284,13 @@ def export(
     iterations left out, each run's policy folder); a bad request raises its ``ExportError`` (a ``LakeError``)
     before anything is written."""
     from ragen_core.run.chat import export_notes
-    from ragen_core.storage.maintenance.export import check_export, export_dataset
+    from ragen_core.storage.maintenance.export import check_export, export_dataset, exported_model_dir
 
     lake, ids, chosen = _existing(data_root), _ids(run_ids), list(tables or ["trajectories"])
     check_export(lake, Path(out), ids, chosen)  # a bad request is refused before the README's notes are built
     trusted = frozenset({"module"}) if trust_env_module else frozenset()
-    return export_dataset(lake, Path(out), ids, chosen, export_notes(lake, ids, trusted, model), model)
+    copies = {run_id: exported_model_dir(run_id) for run_id in ids} if model else None
+    return export_dataset(lake, Path(out), ids, chosen, export_notes(lake, ids, trusted, copies), model)
 
 
 def describe_config(config: q.ConfigInput = None, overrides: list[str] | None = None) -> list:

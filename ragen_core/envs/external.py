@@ -43,6 +43,14 @@ def is_import_path(name: str) -> bool:
 ENV_EXAMPLE, FUNCTION_EXAMPLE = "my_envs.maze:MazeEnv", "my_rewards.math:score"
 
 
+def metric_env_name(name: str) -> str:
+    """The name of environment ``name`` in metric keys (``val/<it>/success``): a registered or entry-point name as
+    it is, an import path by its class's own name (``my_envs.coin:CoinEnv`` is ``CoinEnv``), so that metric names
+    stay short in the lake, the trackers and plots. Two validation envs with one class name are refused by the
+    config's checks."""
+    return name.rsplit(":", 1)[1].rsplit(".", 1)[-1] if is_import_path(name) else name
+
+
 def check_import_path(text: str, what: str, example: str = ENV_EXAMPLE) -> tuple[str, str]:
     """(module, attribute path) of ``text`` when it reads ``package.module:Name``; else a ``ValueError`` naming
     ``what`` (the key that gave it) and the form, with ``example``."""
@@ -249,6 +257,7 @@ __all__ = [
     "external_env_class",
     "import_object",
     "is_import_path",
+    "metric_env_name",
     "one_line",
     "shown",
 ]

@@ -5,42 +5,15 @@ here decides a number."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-RECORDS = Path("docs") / "findings" / "restamps"  # the records, relative to the repository's root
+from ragen_core.lineage import RECORDS, reaches, records
 
 
 def record_path(repo: Path, record: dict[str, Any]) -> Path:
     """Where ``record`` is written: ``<old fingerprint>-<new fingerprint>.json`` under :data:`RECORDS`."""
     return repo / RECORDS / f"{record['from']['fingerprint']}-{record['to']['fingerprint']}.json"
-
-
-def records(repo: Path) -> list[dict[str, Any]]:
-    """The committed re-stamp records, oldest first."""
-    folder = repo / RECORDS
-    found = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-    return sorted(found, key=lambda r: r["date"])
-
-
-def reaches(start: str, target: str, repo: Path) -> list[dict[str, Any]] | None:
-    """The chain of records that links fingerprint ``start`` to ``target`` (empty when they are equal), or None."""
-    edges: dict[str, list[dict[str, Any]]] = {}
-    for record in records(repo):
-        edges.setdefault(record["from"]["fingerprint"], []).append(record)
-    chains: list[tuple[str, list[dict[str, Any]]]] = [(start, [])]
-    seen = {start}
-    while chains:
-        here, chain = chains.pop(0)
-        if here == target:
-            return chain
-        for record in edges.get(here, []):
-            there = record["to"]["fingerprint"]
-            if there not in seen:
-                seen.add(there)
-                chains.append((there, [*chain, record]))
-    return None
 
 
 def stamped_commit(repo: Path, fingerprint: str, start_commit: str) -> str:

@@ -374,8 +374,9 @@ def filter_metrics(trajectories: pa.Table) -> dict[str, float]:
 
 def validation_metrics(trajectories: pa.Table, turns: pa.Table, env: str) -> dict[str, float]:
     """Success, pass@k (an instance counts when any of its k samples succeeds), reward, length, the format rate and
-    the share of trajectories with a reply cut at the token limit for ``env`` (and the teacher agreement and the
-    perception, for envs with a teacher or a description)."""
+    the share of trajectories with a reply cut at the token limit for ``env``, the env's name in metric keys
+    (:func:`ragen_core.envs.external.metric_env_name`), and the teacher agreement and the perception, for envs with a
+    teacher or a description."""
     frame = trajectories.select(["group_id", "success", "total_reward", "response_length"]).to_pandas()
     pass_at_k = frame.groupby("group_id")["success"].any().mean() if len(frame) else float("nan")
     return {

@@ -27,6 +27,7 @@ from ragen_core.config import RunConfig
 from ragen_core.envs.external import env_reset
 from ragen_core.envs.held_out import holds_out_maps
 from ragen_core.faults import maybe_fail
+from ragen_core.lineage import lineage_root
 from ragen_core.policy import load_policy, save_policy, tokenizer_fingerprint
 from ragen_core.rollout import ScriptedBackend, get_scripted_policy, run_rollouts
 from ragen_core.rollout.records import BatchMeta
@@ -79,11 +80,15 @@ def policy_options(config: RunConfig) -> dict[str, Any]:
     return dict(getattr(policy, "keywords", {}))
 
 
-def bootstrap_key(config: RunConfig, base_dir: Path, root: Path | None = None) -> str:
-    """Identity of a bootstrap: base model, bootstrap settings, what its policy does, the env and the reply format.
-    The base model counts by its place relative to the data root ``root`` when it lies inside it (the tiny default),
-    so a copied or moved data root finds its bootstraps."""
+def bootstrap_key(config: RunConfig, base_dir: Path, root: Path | None = None, code: str | None = None) -> str:
+    """Identity of a bootstrap: base model, bootstrap settings, what its policy does, the env and the reply format,
+    and the code that trains it. The base model counts by its place relative to the data root ``root`` when it lies
+    inside it (the tiny default), so a copied or moved data root finds its bootstraps. The code counts by its
+    lineage (``code``; default :func:`ragen_core.lineage.lineage_root` of the code running): a bootstrap that other
+    code trained is found again only when re-stamp records vouch that code makes the same rows; otherwise a new one
+    is built beside it."""
     payload: dict[str, Any] = {
+        "code": code or lineage_root(),
         "base": str(base_dir) if root is None else stored_path(str(base_dir), root),
         # scripted options count only for the policy that takes them (policy_options): random ignores teacher_prob
         "bootstrap": config.bootstrap.model_dump(mode="json", exclude={"seed", *scripted_options(config)}),

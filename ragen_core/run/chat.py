@@ -16,7 +16,7 @@ from ragen_core.envs.held_out import validation_seeds
 from ragen_core.rollout.engine import opening_message
 from ragen_core.run.checks import build_stored_run_config, manifest_config
 from ragen_core.storage import DataLake
-from ragen_core.storage.layout import CHECKPOINT_HF, EXPORT_MODELS, checkpoint_file
+from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
 
 
 def first_chat(config: RunConfig, env_name: str, env_seed: int) -> list[dict[str, str]]:
@@ -83,11 +83,14 @@ def _untrusted(exc: UntrustedConfigError) -> str:
 
 
 def export_notes(
-    lake: DataLake, run_ids: list[str], trusted_kinds: frozenset[str] = frozenset(), models: bool = False
+    lake: DataLake,
+    run_ids: list[str],
+    trusted_kinds: frozenset[str] = frozenset(),
+    copies: dict[str, Path] | None = None,
 ) -> str:
     """The README sections of ``ragen export`` on prompting each run's policy (:func:`chat_markdown`), its newest
-    checkpoint's export as the model (with ``models``: its copy in the export, ``models/<run id>``, a path relative
-    to the export's folder); a run whose manifest holds no config (a bootstrap's) is said to have none, and
+    checkpoint's export as the model (or, for a run in ``copies``, its copy in the export: a path relative to the
+    export's folder); a run whose manifest holds no config (a bootstrap's) is said to have none, and
     one whose stored config names code or files from outside (an env ``package.module:Class``, a reward function)
     is said to be left out, unless the user allowed that kind (``trusted_kinds``: ``{"module"}`` for ``ragen export
     --trust-env-module``): building its env would import what a file of the data root names."""
@@ -105,5 +108,6 @@ def export_notes(
             continue
         newest = lake.latest_checkpoint(run_id)
         where = checkpoint_file(newest[1], CHECKPOINT_HF) if newest else None
-        sections.append(chat_markdown(config, run_id, Path(EXPORT_MODELS) / run_id if models and where else where))
+        copy = (copies or {}).get(run_id)
+        sections.append(chat_markdown(config, run_id, copy if copy is not None and where is not None else where))
     return "\n".join(sections)

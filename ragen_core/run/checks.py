@@ -26,6 +26,7 @@ from ragen_core.config.errors import config_error
 from ragen_core.config.trust import StoredConfig, UntrustedConfigError, check_stored_trust, named_keys
 from ragen_core.envs import TextEnv, env_factory, make_env
 from ragen_core.envs.dataset import DatasetEnv
+from ragen_core.envs.external import metric_env_name
 from ragen_core.monitor.trackers import check_trackers
 from ragen_core.rollout.scripted import has_teacher, registered_scripted_policies
 from ragen_core.storage import DataLake
@@ -130,9 +131,18 @@ def _check_registered_names(config: RunConfig) -> None:
 def _check_envs(config: RunConfig) -> None:
     """Every env the config names (``env.name``, ``env.val_envs``) is registered here, by an installed distribution or
     an importable ``package.module:Class`` implementing the TextEnv protocol: a missing module or a class that is no
-    env is one line before any compute (its options are :func:`_check_env_options`'s)."""
+    env is one line before any compute (its options are :func:`_check_env_options`'s); two validation envs whose
+    metric names (:func:`~ragen_core.envs.external.metric_env_name`) are one are refused."""
     for key, name in [("env.name", config.env.name)] + [("env.val_envs", n) for n in config.env.val_envs or []]:
         env_factory(name, key)
+    named: dict[str, str] = {}
+    for name in config.env.validation_envs:
+        other = named.setdefault(metric_env_name(name), name)
+        if other != name:
+            raise ValueError(
+                f"env.val_envs: {other} and {name} would share the metric names val/{metric_env_name(name)}/*: "
+                "validate on one of them, or give one class another name"
+            )
 
 
 def _check_env_options(config: RunConfig) -> None:

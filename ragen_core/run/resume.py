@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragen_core.config import RunConfig
 from ragen_core.config.trust import TRUSTED_PATHS_VARIABLE, trusted_path
+from ragen_core.envs.external import metric_env_name
 from ragen_core.run.decisions import (
     ResumeError,
     ResumePlan,
@@ -121,8 +122,10 @@ def reopen_final_evaluation(session: RunSession, plan: ResumePlan) -> list[str]:
         refuse_compacted_final(lake, run_id, iteration)  # compacted since the command decided to extend
         metrics = lake.read_table("metrics", run_id, iteration, columns=["name", "value"]).to_pylist()
         for stage in plan.reused_stages:
-            prefix = f"val/{stage.removeprefix(Stage.evaluation(''))}/"
-            values = {row["name"]: row["value"] for row in metrics if row["name"].startswith(prefix)}
+            env = stage.removeprefix(Stage.evaluation(""))
+            # the env's metric name, or the whole import path a run made before the short names stored
+            prefixes = (f"val/{metric_env_name(env)}/", f"val/{env}/")
+            values = {row["name"]: row["value"] for row in metrics if row["name"].startswith(prefixes)}
             lake.mark_stage_done(run_id, iteration, stage, {"metrics": values})
         lake.commit_marker(run_id, iteration).unlink()
         reused = lake.discard_uncommitted(run_id, iteration)

@@ -25,6 +25,7 @@ import torch
 from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
 from ragen_core.envs import registered_envs
+from ragen_core.envs.external import metric_env_name
 from ragen_core.envs.held_out import Split, validation_seeds
 from ragen_core.faults import maybe_fail
 from ragen_core.monitor.diagnostics import (
@@ -246,8 +247,9 @@ def evaluate(session: RunSession, iteration: int, state: IterationState) -> dict
             sampling = derive_seed(config.seed, iteration, "eval", env_name)
             records = run_rollouts(spec, backend, session.policy.formatter, sampling)
             pipeline = BatchPipeline(session.lake, meta, stage, BatchRules.of(config, env_name, config.eval.k))
-            done = {"metrics": pipeline.run(records, partial(validation_metrics, env=env_name))}
-            success = done["metrics"][f"val/{env_name}/success"]
+            key = metric_env_name(env_name)  # an import path's class name: short metric keys
+            done = {"metrics": pipeline.run(records, partial(validation_metrics, env=key))}
+            success = done["metrics"][f"val/{key}/success"]
             _tell(step, f"{env_name}: success {success:.3f} ({time.monotonic() - started:.0f} s)")
         else:
             _tell(step, f"{env_name}: its stored validation reused")

@@ -105,7 +105,6 @@ DELETING_PREFIX = ".deleting-"  # a run's table folder being removed (hidden: re
 # inside a checkpoint folder (ragen_core.training.checkpoint writes them)
 CHECKPOINT_INFO = "checkpoint.json"  # written last into a checkpoint folder: its presence marks the folder complete
 CHECKPOINT_HF = "hf"  # the Hugging Face export of the policy
-EXPORT_MODELS = "models"  # the folder of an export (ragen export --model) holding each run's policy: <run id>/
 CHECKPOINT_ACTOR = "actor"  # DeepSpeed engine states
 CHECKPOINT_CRITIC = "critic"
 CHECKPOINT_ENGINE_STATE = "state"  # DeepSpeed's tag: the sub-folder of actor/ and critic/ it writes

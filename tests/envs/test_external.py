@@ -9,7 +9,7 @@ import pytest
 
 from ragen_core.config import ConfigError
 from ragen_core.envs import available_envs, env_factory, make_env
-from ragen_core.envs.external import check_import_path, env_source, import_object
+from ragen_core.envs.external import check_import_path, env_source, import_object, metric_env_name
 from ragen_core.run.checks import build_run_config
 from ragen_core.run.record import code_sources, default_run_id
 from tests.envs.user_code import unique, write_distribution, write_env_module
@@ -113,3 +113,14 @@ def test_import_paths_are_checked_before_anything_is_imported():
     for bad in ("a", "a:b:c", ":b", "a.:b", "a:1b", "a-b:c", "a:b\n"):
         with pytest.raises(ValueError, match="is not an import path"):
             check_import_path(bad, "k")
+
+
+def test_metric_names_take_an_import_paths_class_and_a_clash_is_refused(on_path):
+    assert metric_env_name("bandit") == "bandit" and metric_env_name("coin-entry") == "coin-entry"
+    assert metric_env_name("my_envs.coin:CoinEnv") == "CoinEnv"
+    assert metric_env_name("my_envs.coin:Outer.Inner") == "Inner"
+    first, second = write_env_module(on_path, unique("user_envs")), write_env_module(on_path, unique("user_envs"))
+    with pytest.raises(ConfigError) as caught:
+        build_run_config(overrides=[f"env.name={first}", f"env.val_envs=[{first},{second}]"])
+    assert f"env.val_envs: {first} and {second} would share the metric names val/CoinEnv/*" in str(caught.value)
+    build_run_config(overrides=[f"env.name={first}", f"env.val_envs=[{first},bandit]"])  # no clash: accepted

@@ -69,6 +69,15 @@ def test_a_resumed_run_of_the_user_env_is_bitwise_the_run_that_never_stopped(wor
         assert _rows(world["killed"], table) == _rows(world["whole"], table), table
 
 
+def test_its_validation_metrics_name_the_env_by_its_class(world):
+    from ragen_core.storage import query
+
+    rows = query(world["whole"], "SELECT DISTINCT name FROM metrics WHERE name LIKE 'val/%'").to_pylist()
+    names = {r["name"] for r in rows}
+    short = "CoinEnv" if world["kind"] == "module" else world["name"]  # an entry point's name is short already
+    assert f"val/{short}/success" in names and not any(":" in n for n in names), names
+
+
 def test_the_manifest_records_the_import_path_and_the_distribution(world):
     from ragen_core.storage import DataLake
 

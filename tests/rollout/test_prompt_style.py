@@ -7,6 +7,7 @@ import pytest
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.envs import make_env
+from ragen_core.lineage import lineage_root
 from ragen_core.registry import Registry
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts, scripted
 from ragen_core.run.bootstrap import bootstrap_key
@@ -147,3 +148,9 @@ def test_bootstrap_key_follows_what_the_policy_does_not_its_name(tmp_path: Path,
 def test_describing_bootstrap_needs_an_env_that_describes_and_thinking(overrides, message):
     with pytest.raises(Exception, match=message):
         load_config("configs/bandit.yaml", overrides)
+
+
+def test_bootstrap_key_names_the_code_by_its_lineage(tmp_path: Path):
+    base = _frozenlake()
+    assert bootstrap_key(base, tmp_path) == bootstrap_key(base, tmp_path, code=lineage_root())
+    assert bootstrap_key(base, tmp_path, code="a" * 16) != bootstrap_key(base, tmp_path, code="b" * 16)

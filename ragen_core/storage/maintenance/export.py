@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from ragen_core.storage.files import LakeError, atomic_write_bytes, atomic_write_parquet
 from ragen_core.storage.lake import DataLake
-from ragen_core.storage.layout import CHECKPOINT_HF, EXPORT_MODELS, checkpoint_file
+from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
 from ragen_core.storage.names import validate_run_id
 
 SPLITS = {"train": "train", "validation": "val"}  # the dataset's split: the lake's `split` value
@@ -57,6 +57,14 @@ class ExportReport:
     # --model, else where it lies in the data root; a run without a checkpoint has none
     models: dict[str, Path] = field(default_factory=dict)
     models_copied: bool = False
+
+
+EXPORT_MODELS = "models"  # the export's folder of each run's policy (--model): models/<run id>/
+
+
+def exported_model_dir(run_id: str) -> Path:
+    """Where ``--model`` puts a run's policy, relative to the export's folder."""
+    return Path(EXPORT_MODELS) / run_id
 
 
 def policy_folders(lake: DataLake, run_ids: list[str]) -> dict[str, Path]:
@@ -141,8 +149,8 @@ def export_dataset(
             report.folders[table] = out / table if len(tables) > 1 else out
         if models:
             for run_id, source in report.models.items():
-                _copy_policy(source, staging / EXPORT_MODELS / run_id)
-            report.models = {run_id: out / EXPORT_MODELS / run_id for run_id in report.models}
+                _copy_policy(source, staging / exported_model_dir(run_id))
+            report.models = {run_id: out / exported_model_dir(run_id) for run_id in report.models}
         atomic_write_bytes(staging / "README.md", (_card(lake, report) + notes).encode())
         if _identity(staging) != identity:
             raise ExportError(f"the export's staging folder {str(staging)!r} was replaced while it was written (by a "
