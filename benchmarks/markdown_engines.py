@@ -246,7 +246,8 @@ def async_summary(section: dict[str, Any] | None, flat: dict[str, Any]) -> list[
     case, value = section["cases"][0], flat["async_iteration_ratio"]
     spec = case["case"]
     return [
-        f"| async (max_staleness=1) / sync time per step, {spec['shape']} {spec['env']} | {fmt_spread(case['ratio'])} "
+        f"| async (max_staleness=1) / sync time per step, {spec['shape']} {spec['env']} ({spec['max_turns']} turns x "
+        f"{spec['max_new_tokens']} tokens) | {fmt_spread(case['ratio'])} "
         f"| <= {TARGETS['async_iteration_ratio']} | {verdict('async_iteration_ratio', value)} |"
     ]
 

@@ -74,7 +74,10 @@ FULL = Sizes(
     ),
     vllm_push_overrides=("trainer.iterations=8", "eval.every=4", "eval.instances=64"),
     group_shapes=(("20m", 3),),  # ~3 x 3 updates of ~10-20 s on 2 cores
-    async_cases=(("20m", "sokoban", 4, 4, 3, 48, 6, 3),),  # multi-turn; ~1 min per run on 2 cores
+    # multi-turn: first the target's case, nearer the paper's shape (5 turns of up to 400 tokens; here 128: ~5 min
+    # per run on 2 cores), where generation is most of a synchronous step; then a short-reply case (~3 min per run),
+    # where the update is
+    async_cases=(("20m", "sokoban", 4, 4, 5, 128, 5, 2), ("20m", "sokoban", 4, 4, 3, 48, 6, 2)),
 )
 QUICK = Sizes(
     rollout_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
