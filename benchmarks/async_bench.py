@@ -46,6 +46,9 @@ class AsyncCase:
     pairs: int
     data_root: Path
     threads: int
+    # the async side's actor.reuse_behavior_logprobs: "always" takes the sampler's stored log-probs as PPO's old
+    # ones, as the sync side's "auto" does (equal work); "auto" re-scores the batch (one more forward per update)
+    async_reuse: str = "auto"
 
 
 def _config(case: AsyncCase, staleness: int) -> dict[str, Any]:
@@ -59,7 +62,11 @@ def _config(case: AsyncCase, staleness: int) -> dict[str, Any]:
             "max_new_tokens": case.max_new_tokens,
             "sampler_threads": case.threads,
         },
-        "actor": {"mini_batch_size": case.groups * case.group_size, "micro_batch_size": 8},
+        "actor": {
+            "mini_batch_size": case.groups * case.group_size,
+            "micro_batch_size": 8,
+            "reuse_behavior_logprobs": case.async_reuse if staleness else "auto",
+        },
         "algorithm": {"filter_ratio": 1.0},  # every group trained: the update's work does not depend on the batch
         "trainer": {
             "iterations": case.iterations,

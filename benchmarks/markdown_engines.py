@@ -247,7 +247,8 @@ def async_summary(section: dict[str, Any] | None, flat: dict[str, Any]) -> list[
     spec = case["case"]
     return [
         f"| async (max_staleness=1) / sync time per step, {spec['shape']} {spec['env']} ({spec['max_turns']} turns x "
-        f"{spec['max_new_tokens']} tokens) | {fmt_spread(case['ratio'])} "
+        f"{spec['max_new_tokens']} tokens; async reuse {spec.get('async_reuse', 'auto')}) "
+        f"| {fmt_spread(case['ratio'])} "
         f"| <= {TARGETS['async_iteration_ratio']} | {verdict('async_iteration_ratio', value)} |"
     ]
 
@@ -262,14 +263,18 @@ def async_section(section: dict[str, Any] | None) -> list[str]:
         "",
         "The same training run through the Python API with `trainer.max_staleness=0` (sync) and `=1` (async: the "
         "sampler process, one thread, generates batch n + 1 while the learner, one thread, updates on batch n), same "
-        "config, seeds and iterations; pairs interleaved. Time per step from the commit times over the steps in "
+        "config, seeds and iterations; pairs interleaved. The sync side's update takes the sampler's stored "
+        "log-probs as PPO's old ones (`actor.reuse_behavior_logprobs=auto`: they are the current policy's); the async "
+        "side either does too (`always`: equal work) or re-scores its batch under the policy at the update's start "
+        "(`auto`, its default, and what the decoupled correction needs: one more forward per update). Time per step "
+        "from the commit times over the steps in "
         "which the async run samples a batch ahead (the sync run over the same steps); ratio per pair. Idle shares "
         "over those steps: the learner's 1 - update time / wall, the sampler's 1 - (generate + persist + validate + "
         "filter) / wall. Parallel capacity: the same one-thread matmul workload in two processes at once against "
         "one alone, 2 x alone / together (2.0: two independent cores); an async run cannot overlap more than the "
         "machine runs at once.",
         "",
-        "| model, env (groups x size, turns, tokens) | sync s/step | async s/step | async / sync "
+        "| model, env (groups x size, turns, tokens), async reuse | sync s/step | async s/step | async / sync "
         "| sync idle: learner, sampler | async idle: learner, sampler | parallel capacity |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -281,7 +286,7 @@ def async_section(section: dict[str, Any] | None) -> list[str]:
 
         lines.append(
             f"| {spec['shape']}, {spec['env']} ({spec['groups']} x {spec['group_size']}, {spec['max_turns']}, "
-            f"{spec['max_new_tokens']}) | {fmt_spread(sync['seconds_per_step'])} "
+            f"{spec['max_new_tokens']}), {spec.get('async_reuse', 'auto')} | {fmt_spread(sync['seconds_per_step'])} "
             f"| {fmt_spread(run['seconds_per_step'])} | {fmt_spread(case['ratio'])} | {shares(sync)} | {shares(run)} "
             f"| {fmt_spread(case['parallel_capacity']) if 'parallel_capacity' in case else '-'} |"
         )

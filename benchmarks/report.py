@@ -52,12 +52,13 @@ def flatten(details: dict[str, Any]) -> dict[str, Any]:
 
 def _flatten_async(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:
     """``async_iteration_ratio`` (the first case's async / sync time per step: the target's case) and each case's,
-    keyed by its shape, env, turns and tokens, with its idle shares."""
+    keyed by its shape, env, turns, tokens and the async side's log-prob reuse, with its idle shares."""
     if not section or not section.get("cases"):
         return
     for case in section["cases"]:
         spec = case["case"]
-        prefix = f"async_iteration_ratio.{spec['shape']}.{spec['env']}.{spec['max_turns']}x{spec['max_new_tokens']}"
+        shape = f"{spec['shape']}.{spec['env']}.{spec['max_turns']}x{spec['max_new_tokens']}"
+        prefix = f"async_iteration_ratio.{shape}.reuse_{spec.get('async_reuse', 'auto')}"
         flat[prefix] = case["ratio"]["median"]
         flat[f"{prefix}.min"], flat[f"{prefix}.max"] = case["ratio"]["min"], case["ratio"]["max"]
         if "parallel_capacity" in case:

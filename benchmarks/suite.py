@@ -44,8 +44,9 @@ class Sizes:
     vllm_push_overrides: tuple[str, ...] = ()  # the demo run whose weight pushes are timed
     repeats_override: int | None = None  # --repeats: every ratio
     group_shapes: tuple[tuple[str, int], ...] = ()  # (shape, repeats): launched group vs in-process update
-    # (shape, env, groups, group_size, max_turns, max_new_tokens, iterations, pairs): async vs sync, equal work
-    async_cases: tuple[tuple[str, str, int, int, int, int, int, int], ...] = ()
+    # (shape, env, groups, group_size, max_turns, max_new_tokens, iterations, pairs, the async side's
+    # actor.reuse_behavior_logprobs): async vs sync
+    async_cases: tuple[tuple[str, str, int, int, int, int, int, int, str], ...] = ()
 
 
 FULL = Sizes(
@@ -74,10 +75,10 @@ FULL = Sizes(
     ),
     vllm_push_overrides=("trainer.iterations=8", "eval.every=4", "eval.instances=64"),
     group_shapes=(("20m", 3),),  # ~3 x 3 updates of ~10-20 s on 2 cores
-    # multi-turn: first the target's case, nearer the paper's shape (5 turns of up to 400 tokens; here 128: ~5 min
-    # per run on 2 cores), where generation is most of a synchronous step; then a short-reply case (~3 min per run),
-    # where the update is
-    async_cases=(("20m", "sokoban", 4, 4, 5, 128, 5, 2), ("20m", "sokoban", 4, 4, 3, 48, 6, 2)),
+    # multi-turn, ~3 min per run on 2 cores: first the target's case at equal work (the async side takes the stored
+    # log-probs as PPO's old ones, as the sync side does), then the async side re-scoring its batch (its default:
+    # one more forward per update, what the decoupled correction needs too)
+    async_cases=(("20m", "sokoban", 4, 4, 3, 48, 6, 2, "always"), ("20m", "sokoban", 4, 4, 3, 48, 6, 2, "auto")),
 )
 QUICK = Sizes(
     rollout_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
@@ -95,7 +96,7 @@ QUICK = Sizes(
     vllm_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
     vllm_push_overrides=("trainer.iterations=3", "eval.every=3", "eval.instances=16"),
     group_shapes=(("tiny", 3),),
-    async_cases=(("tiny", "sokoban", 2, 4, 3, 16, 4, 3),),
+    async_cases=(("tiny", "sokoban", 2, 4, 3, 16, 4, 3, "always"),),
 )
 GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
 SECTIONS = ("flow", "peer", "rollout", "update", "group", "async", "lake", "vllm")
@@ -246,9 +247,9 @@ def run_async_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, 
 
     started = time.perf_counter()
     cases = []
-    for shape, env, groups, size, turns, tokens, iterations, pairs in sizes.async_cases:
+    for shape, env, groups, size, turns, tokens, iterations, pairs, reuse in sizes.async_cases:
         pairs = sizes.repeats_override or pairs
-        case = AsyncCase(shape, env, groups, size, turns, tokens, iterations, 1, pairs, data_root, threads)
+        case = AsyncCase(shape, env, groups, size, turns, tokens, iterations, 1, pairs, data_root, threads, reuse)
         cases.append(measure(case))
     return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
 
