@@ -91,8 +91,8 @@ torch.set_num_threads(1)
 model, _ = load_policy(sys.argv[1])
 sampler = SamplerProcess.start(Path(sys.argv[1]), model, 1, Path(sys.argv[2]))
 sampler.load(model)
-print(sampler.process.pid, flush=True)
-try:
+try:  # the pid told inside: the test's Ctrl-C may come as soon as it is read
+    print(sampler.process.pid, flush=True)
     while True:
         time.sleep(0.05)
 except KeyboardInterrupt:
