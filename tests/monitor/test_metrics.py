@@ -3,10 +3,12 @@ import pytest
 
 from ragen_core.monitor.metrics import (
     TRUNCATED,
+    VALID,
     collapse_warnings,
     think_diversity,
     throughput_metrics,
     truncation_warnings,
+    unreached_warnings,
 )
 from ragen_core.monitor.reports import iteration_line
 
@@ -197,3 +199,27 @@ def test_a_low_or_missing_truncated_share_is_quiet():
 def test_the_iteration_line_shows_the_truncated_share():
     line = iteration_line(21, {"rollout/success_rate": 0.945, TRUNCATED: 0.891, "val/bandit/success": 1.0})
     assert line == "iter  21 · success 0.945 · trunc 0.891 · bandit/success 1.000"
+
+
+def test_no_reply_reaching_the_users_code_is_warned_once_per_stretch():
+    history = [{VALID: 0.5}, {VALID: 0.0}]  # iteration 1 already had none: the stretch began there
+    assert unreached_warnings(history[:1], {VALID: 0.0}, "the reward function m:f")[0].message.startswith(
+        "no training reply reached the reward function m:f: every reply failed the reply format"
+    )
+    assert unreached_warnings(history, {VALID: 0.0}, "the reward function m:f") == []
+    assert unreached_warnings(history, {VALID: 0.25}, "x") == [] and unreached_warnings([], {}, "x") == []
+    again = unreached_warnings([*history, {VALID: 0.25}], {VALID: 0.0}, "the step of environment m:Env")
+    assert [w.metric for w in again] == [VALID]  # a second stretch: warned again
+
+
+def test_the_users_code_a_run_reaches_is_named_for_the_warning(tmp_path, monkeypatch):
+    from ragen_core.run.checks import build_run_config, load_run_config
+    from ragen_core.run.stages import users_code
+    from tests.envs.user_code import unique, write_env_module
+
+    assert users_code(build_run_config(overrides=["env.name=bandit"])) is None
+    dataset = load_run_config("configs/dataset_arithmetic.yaml")
+    assert users_code(dataset) == "the reward function examples.arithmetic.reward:score"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = write_env_module(tmp_path, unique("user_envs"))
+    assert users_code(build_run_config(overrides=[f"env.name={env}"])) == f"the step of environment {env}"
