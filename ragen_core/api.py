@@ -284,13 +284,15 @@ def export(
     iterations left out, each run's policy folder); a bad request raises its ``ExportError`` (a ``LakeError``)
     before anything is written."""
     from ragen_core.run.chat import export_notes
-    from ragen_core.storage.maintenance.export import check_export, export_dataset, exported_model_dir
+    from ragen_core.storage.maintenance.export import check_export, export_dataset, exported_model_dir, policy_folders
 
     lake, ids, chosen = _existing(data_root), _ids(run_ids), list(tables or ["trajectories"])
     check_export(lake, Path(out), ids, chosen)  # a bad request is refused before the README's notes are built
     trusted = frozenset({"module"}) if trust_env_module else frozenset()
-    copies = {run_id: exported_model_dir(run_id) for run_id in ids} if model else None
-    return export_dataset(lake, Path(out), ids, chosen, export_notes(lake, ids, trusted, copies), model)
+    policies = policy_folders(lake, ids)  # looked up once: the README names the copies --model makes of them
+    copies = {run_id: exported_model_dir(run_id) for run_id in policies} if model else None
+    notes = export_notes(lake, ids, trusted, copies)
+    return export_dataset(lake, Path(out), ids, chosen, notes, model, policies)
 
 
 def describe_config(config: q.ConfigInput = None, overrides: list[str] | None = None) -> list:

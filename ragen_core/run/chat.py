@@ -108,6 +108,5 @@ def export_notes(
             continue
         newest = lake.latest_checkpoint(run_id)
         where = checkpoint_file(newest[1], CHECKPOINT_HF) if newest else None
-        copy = (copies or {}).get(run_id)
-        sections.append(chat_markdown(config, run_id, copy if copy is not None and where is not None else where))
+        sections.append(chat_markdown(config, run_id, (copies or {}).get(run_id, where)))
     return "\n".join(sections)

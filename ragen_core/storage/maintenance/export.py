@@ -127,15 +127,23 @@ def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str
 
 
 def export_dataset(
-    lake: DataLake, out: Path, run_ids: list[str], tables: list[str], notes: str = "", models: bool = False
+    lake: DataLake,
+    out: Path,
+    run_ids: list[str],
+    tables: list[str],
+    notes: str = "",
+    models: bool = False,
+    policies: dict[str, Path] | None = None,
 ) -> ExportReport:
     """Write the dataset folder (module docstring) of ``run_ids``' rows of ``tables`` at ``out``; ``notes``: more
     markdown for its README (how to prompt each run's policy: :func:`ragen_core.run.chat.export_notes`); with
-    ``models``, each run's policy (:func:`policy_folders`) copied to ``models/<run id>/`` in it."""
+    ``models``, each run's policy (``policies``, default :func:`policy_folders`) copied to ``models/<run id>/`` in
+    it."""
     check_export(lake, out, run_ids, tables)
     out = out.resolve()
     report = ExportReport(out, list(run_ids), committed=committed_iterations(lake, run_ids))
-    report.models, report.models_copied = policy_folders(lake, run_ids), models
+    report.models = policy_folders(lake, run_ids) if policies is None else dict(policies)
+    report.models_copied = models
     staging: Path | None = None
     identity: tuple[int, int] | None = None
     try:
