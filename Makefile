@@ -10,7 +10,7 @@ PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP := $(VENV)/.installed
 DATA_ROOT ?= data
 
-.PHONY: install install-vllm install-trackers demo test test-busy test-all lint clean server server-stop bench device-bundle test-gpu
+.PHONY: install install-vllm install-trackers install-browser view demo test test-busy test-all lint clean server server-stop bench device-bundle test-gpu
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,19 @@ $(TRACKERS_STAMP): $(STAMP)
 
 install-trackers: $(TRACKERS_STAMP)
 
+# Debian's Chromium and its chromedriver, for the rollout viewer's browser tests (tests/view; skipped with a note
+# without them, a failure under RAGEN_REQUIRE_BROWSER=1 as CI sets it): from the system's packages, as root or
+# through sudo. Nothing is done when both are there.
+install-browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then echo "chromium and chromedriver are installed"; \
+	else SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium chromium-driver; fi
+
+# The rollout viewer of $(DATA_ROOT) on http://127.0.0.1:$(VIEW_PORT)/ (docs/view.md); Ctrl-C stops it.
+VIEW_PORT ?= 8765
+view: $(STAMP)
+	$(BIN)/ragen view --data-root $(DATA_ROOT) --port $(VIEW_PORT)
+
 demo: $(STAMP)
 	$(BIN)/ragen train --config configs/bandit.yaml --data-root $(DATA_ROOT)
 	@echo "next: run 'source $(BIN)/activate' once in your shell to put ragen on your PATH (or call $(BIN)/ragen), then the README's 'After the demo'"
@@ -65,6 +78,7 @@ TEST_WORKERS ?= 2
 TEST_DURATIONS ?= 20
 test: $(STAMP) $(TRACKERS_STAMP)
 	@test -f $(VLLM_STAMP) || echo "note: no vLLM environment, so the vLLM tests are skipped; 'make install-vllm' builds it"
+	@test -x /usr/bin/chromedriver || echo "note: no Chromium, so the viewer's browser tests are skipped; 'make install-browser' installs it"
 	$(if $(wildcard $(VLLM_STAMP)),RAGEN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python) \
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_DURATIONS)),,--durations=$(TEST_DURATIONS)) \
 	  $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests

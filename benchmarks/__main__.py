@@ -9,7 +9,8 @@
 Sections: flow (orchestration overhead, Parquet share, memory), peer (TRL side by side), rollout, update (with its
 share of the measured matmul peak), group (the launched update group against the in-process update), async
 (asynchronous StarPO against the synchronous iteration, equal work), lake
-(DuckDB at 10^4..10^6 turns), vllm (the vLLM backend against the Hugging Face one; needs `make install-vllm`).
+(DuckDB at 10^4..10^6 turns), view (`ragen view`'s pages on a 10^6-trajectory lake),
+vllm (the vLLM backend against the Hugging Face one; needs `make install-vllm`).
 Sections not run keep their previous results in the report (each says when and on which machine it ran). Not a
 test: ratios, not absolute times, are the point. The experts' success over 200 seeded instances of every env is a
 separate command: ``python -m benchmarks.expert_bench``.
@@ -87,6 +88,7 @@ def run_sections(args: argparse.Namespace, data_root: Path, started: float) -> t
         "group": lambda: suite.run_group_section(sizes, args.threads),
         "async": lambda: suite.run_async_section(sizes, data_root, args.threads),
         "lake": lambda: suite.run_lake_section(sizes),
+        "view": lambda: suite.run_view_section(sizes),
         "vllm": lambda: suite.run_vllm_section(sizes, data_root, args.threads),
     }
     for name in SECTIONS:

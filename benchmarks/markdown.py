@@ -85,6 +85,13 @@ def summary(details: dict[str, Any]) -> list[str]:
     lines += vllm_summary(details.get("vllm"), flat)
     lines += group_summary(details, flat)
     lines += async_summary(details.get("async"), flat)
+    view = details.get("view")
+    if view:
+        lines.append(
+            f"| `ragen view`: slowest browsing page, {view['lake']['trajectories']:,} trajectories (median s) "
+            f"| {flat['view_page_s']:.3f} | <= {TARGETS['view_page_s']} "
+            f"| {verdict('view_page_s', flat['view_page_s'])} |"
+        )
     return lines
 
 
@@ -279,6 +286,15 @@ def storage_section(lake: dict[str, Any] | None, flow: dict[str, Any] | None) ->
     return lines + [""]
 
 
+def view_section(view: dict[str, Any] | None) -> list[str]:
+    """The rollout viewer's page times (benchmarks/view_bench.py)."""
+    from benchmarks.view_bench import markdown
+
+    if not view:
+        return ["## Rollout viewer", "", "Not run.", ""]
+    return [f"Machine: {machine_line(view)}.", "", *markdown(view).splitlines(), ""]
+
+
 def render(details: dict[str, Any]) -> str:
     """The whole RESULTS.md."""
     flow = details.get("flow")
@@ -301,6 +317,7 @@ def render(details: dict[str, Any]) -> str:
         *async_section(details.get("async")),
         *flow_section(flow),
         *storage_section(details.get("lake"), flow),
+        *view_section(details.get("view")),
         *peer_section(details.get("peer")),
         *memory_section(flow),
         *gpu_section(details.get("gpu")),

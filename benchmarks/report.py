@@ -47,7 +47,20 @@ def flatten(details: dict[str, Any]) -> dict[str, Any]:
     _flatten_gpu(details.get("gpu"), flat)
     _flatten_vllm(details.get("vllm"), flat)
     _flatten_async(details.get("async"), flat)
+    _flatten_view(details.get("view"), flat)
     return flat
+
+
+def _flatten_view(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    """``view_page_s`` (the slowest browsing page's median, in seconds) and every page's median, keyed by the lake's
+    size in trajectories."""
+    if not section:
+        return
+    size = section["lake"]["trajectories"]
+    flat["view_page_s"] = section["page_max_median_s"]
+    flat["view_lake_trajectories"] = size
+    for name, timing in section["pages"].items():
+        flat[f"view_page_s.{name}"] = timing["median_s"]
 
 
 def _flatten_async(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ TARGETS = {
     "weight_push_share": 0.10,  # at most: a vLLM weight push's share of its iteration at the demo's size
     "launched_group_update_ratio": 1.2,  # at most: the launched group's update time / the in-process one, 20m
     "async_iteration_ratio": 0.7,  # at most: an async run's (max_staleness=1) time per step / the sync run's
+    "view_page_s": 1.0,  # at most: the slowest browsing page of `ragen view` on a 1M-trajectory lake (median s)
 }
 
 
@@ -47,6 +48,8 @@ class Sizes:
     # (shape, env, groups, group_size, max_turns, max_new_tokens, iterations, pairs, the async side's
     # actor.reuse_behavior_logprobs): async vs sync
     async_cases: tuple[tuple[str, str, int, int, int, int, int, int, str], ...] = ()
+    view_trajectories: int = 0  # the rollout viewer's lake (2 runs x view_iterations)
+    view_iterations: int = 50
 
 
 FULL = Sizes(
@@ -79,6 +82,7 @@ FULL = Sizes(
     # log-probs as PPO's old ones, as the sync side does), then the async side re-scoring its batch (its default:
     # one more forward per update, what the decoupled correction needs too)
     async_cases=(("20m", "sokoban", 4, 4, 3, 48, 6, 2, "always"), ("20m", "sokoban", 4, 4, 3, 48, 6, 2, "auto")),
+    view_trajectories=1_000_000,  # issue 52's lake: a page in under a second
 )
 QUICK = Sizes(
     rollout_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
@@ -97,9 +101,11 @@ QUICK = Sizes(
     vllm_push_overrides=("trainer.iterations=3", "eval.every=3", "eval.instances=16"),
     group_shapes=(("tiny", 3),),
     async_cases=(("tiny", "sokoban", 2, 4, 3, 16, 4, 3, "always"),),
+    view_trajectories=10_000,
+    view_iterations=5,
 )
 GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
-SECTIONS = ("flow", "peer", "rollout", "update", "group", "async", "lake", "vllm")
+SECTIONS = ("flow", "peer", "rollout", "update", "group", "async", "lake", "view", "vllm")
 
 
 def _stamp(device: str) -> dict[str, Any]:
@@ -264,6 +270,15 @@ def run_lake_section(sizes: Sizes) -> dict[str, Any]:
         largest = turns == max(sizes.lake_turns)
         by_size[str(turns)] = measure(turns, sizes.lake_iterations, compact=largest)
     return {**_stamp("cpu"), "sizes": by_size, "seconds": time.perf_counter() - started}
+
+
+def run_view_section(sizes: Sizes) -> dict[str, Any]:
+    """Issue 52: the time of each page of ``ragen view`` on a synthetic lake of ``view_trajectories``."""
+    from benchmarks.view_bench import measure
+
+    started = time.perf_counter()
+    result = measure(sizes.view_trajectories, sizes.view_iterations, repeat=sizes.repeats)
+    return {**_stamp("cpu"), **result, "seconds": time.perf_counter() - started}
 
 
 def prefect_home(data_root: Path) -> None:

@@ -21,6 +21,7 @@ SHORT_HELP = {
     "sweep": "A grid or random sweep of configs x seeds, one run each, then their comparison.",
     "runs": "List, remove and compact the runs of a data root.",
     "sql": "One read-only SQL query over the lake's tables.",
+    "view": "Browse runs, iterations and trajectories in a local web viewer (read-only).",
     "plot": "Plot runs' collapse indicators (success, reward std, entropy, ...) into one PNG.",
     "export": "Write runs' rows as a dataset folder (load_dataset('parquet', data_dir=...)).",
     "reproduce": "Reproduce one of the paper's findings at tiny scale (--list lists them).",

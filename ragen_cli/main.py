@@ -28,6 +28,7 @@ from ragen_cli.common import (
     print_table,
     run_id_option,
     shown,
+    warn,
     writable_root,
     write_result,
 )
@@ -478,6 +479,34 @@ def plot(
     empty = [key for key, series in result.data.items() if not series]
     drawn = len(result.data) - len(empty) or len(result.data)
     console.print(f"wrote {shown(result.path)} ({drawn} panels; no data, not drawn: {', '.join(empty) or 'none'})")
+
+
+@app.command(short_help=SHORT_HELP["view"])
+def view(
+    data_root: DataRoot = None,
+    port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port)."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to listen on; beyond loopback the URL printed holds an access token."
+    ),
+    open_browser: bool = typer.Option(
+        None, "--open/--no-open", help="Open the URL in a browser (default: when this machine has a desktop)."
+    ),
+) -> None:
+    """Serve a local web viewer of the data root: runs (curves, config diffs), iterations (groups, trajectories
+    sorted and filtered, SQL WHERE included) and trajectories (the chat the model saw, each token coloured by loss
+    mask, sampler log-prob or advantage; the env's grid). It reads the lake and writes nothing; Ctrl-C stops it."""
+    from ragen_view.server import ViewError, bind, has_display, serve
+
+    root = existing_root(data_root)
+    try:
+        binding = bind(host, port)
+    except ViewError as exc:
+        fail(str(exc))
+    console.print(f"ragen view: {binding.url}  (data root {shown(root)}; Ctrl-C stops it)", highlight=False,
+                  soft_wrap=True)  # fmt: skip
+    if not binding.loopback:
+        warn(f"listening on {host}: anyone who can reach this machine and has the URL's token can read the lake")
+    serve(root, binding, has_display() if open_browser is None else open_browser)
 
 
 def main() -> None:

@@ -225,9 +225,10 @@ def _create_view(
     run_id: str | None,
     listed: dict[Path, FileIdentity],
     broken_manifests: str,
+    iteration: int | None = None,
 ) -> None:
-    """Create the view of one table (scoped to ``run_id`` when given); add the files it reads to ``listed``, each
-    with its identity before DuckDB opens it."""
+    """Create the view of one table (scoped to ``run_id``, and to its ``iteration``, when given); add the files it
+    reads to ``listed``, each with its identity before DuckDB opens it."""
     name = spec.name
     if spec.source == "manifest":
         rows, problems = read_manifests(lake, run_id)
@@ -235,13 +236,13 @@ def _create_view(
             raise LakeError("; ".join(problems))
         _register_rows(con, name, rows)
         return
-    files, versions = _checked_files(lake, spec, lake.partition_files(name, run_id))
+    files, versions = _checked_files(lake, spec, lake.partition_files(name, run_id, iteration))
     listed.update((path, _identity(path)) for path in files)
     if not files:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
         return
     if _needs_python_upgrade(lake, spec, versions):
-        _register_rows(con, name, lake.read_table(name, run_id))
+        _register_rows(con, name, lake.read_table(name, run_id, iteration))
         return
     columns = ", ".join(_column_sql(c, min(versions)) for c in spec.columns)
     files_sql = f"read_parquet({_files_sql(files)}, union_by_name=true, hive_partitioning=false)"
@@ -312,15 +313,22 @@ def _lock_down(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
 
 
 def _open(
-    lake: DataLake, run_id: str | None, broken_manifests: str = "fail", memory_limit: str | None = None
+    lake: DataLake,
+    run_id: str | None,
+    broken_manifests: str = "fail",
+    memory_limit: str | None = None,
+    iteration: int | None = None,
+    tables: tuple[str, ...] | None = None,
 ) -> tuple[duckdb.DuckDBPyConnection, dict[Path, FileIdentity]]:
     no_extensions = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     con = duckdb.connect(":memory:", config=no_extensions)
     files: dict[Path, FileIdentity] = {}
     for spec in lake.tables.values():
+        if tables is not None and spec.name not in tables:
+            continue
         con.register(f"_{spec.name}_empty", spec.arrow_schema.empty_table())
         try:
-            _create_view(con, lake, spec, run_id, files, broken_manifests)
+            _create_view(con, lake, spec, run_id, files, broken_manifests, iteration)
             _add_computed(con, lake, spec, run_id)
         except LakeError as exc:
             _create_failing_view(con, spec, str(exc))
@@ -427,6 +435,8 @@ def query(
     broken_manifests: str = "fail",
     timeout: float | None = None,
     memory_limit: str | None = None,
+    iteration: int | None = None,
+    tables: tuple[str, ...] | None = None,
 ) -> pa.Table:
     """Run one read-only query against the lake at ``root`` (every run, or only ``run_id``) as an Arrow table.
 
@@ -438,13 +448,17 @@ def query(
     fails a query of ``runs`` unless ``broken_manifests="row"`` (then it is a row with status ``broken``).
     ``timeout`` (seconds) stops a query that runs longer (:class:`QueryTimeout`); ``memory_limit`` (a size: '4GB')
     is DuckDB's: it bounds the memory of the query's operators (joins, sorts, aggregates; nothing spills to disk),
-    not a single value a function builds.
+    not a single value a function builds. ``iteration`` (with ``run_id``) scopes the Parquet tables to that one
+    partition and ``tables`` names the only tables that get a view: a reader of one iteration of a big lake (the
+    rollout viewer's pages) lists and opens that partition's files alone.
     """
     check_limits(timeout, memory_limit)
+    if iteration is not None and run_id is None:
+        raise ValueError("iteration= scopes one run's partition: give run_id= too")
     lake = root if isinstance(root, DataLake) else DataLake(root)
     statement = check_read_only(sql)  # what runs is the text DuckDB's parser classified, never the raw input
     for attempt in range(VANISHED_ATTEMPTS):
-        con, files = _open(lake, run_id, broken_manifests, memory_limit)  # files: exactly those the views read
+        con, files = _open(lake, run_id, broken_manifests, memory_limit, iteration, tables)  # files: those read
         try:
             return _interruptible(con, statement, params, timeout)
         except duckdb.Error as exc:

@@ -82,3 +82,21 @@ def test_run_scope_filters_every_table(lake):
         assert scoped[table]["n"] == expected > 0, table
     (only,) = query(lake, "SELECT DISTINCT run_id FROM turns", run_id="run-b").to_pylist()
     assert only == {"run_id": "run-b"}
+
+
+def test_a_query_scoped_to_one_iteration_lists_that_partition_and_only_the_tables_named(lake):
+    counts = query(lake, "SELECT iteration, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1", run_id="run-a")
+    whole = dict(zip(counts["iteration"].to_pylist(), counts["n"].to_pylist(), strict=True))
+    assert len(whole) == 2, "the premise: the run has two iterations of trajectories"
+    one = query(
+        lake,
+        "SELECT DISTINCT run_id, iteration, count(*) OVER () AS n FROM trajectories",
+        run_id="run-a",
+        iteration=1,
+        tables=("trajectories",),
+    )
+    assert one.to_pylist() == [{"run_id": "run-a", "iteration": 1, "n": whole[1]}]
+    with pytest.raises(duckdb.CatalogException, match="metrics"):
+        query(lake, "SELECT count(*) FROM metrics", run_id="run-a", iteration=1, tables=("trajectories",))
+    with pytest.raises(ValueError, match="give run_id= too"):
+        query(lake, "SELECT 1", iteration=1)

@@ -73,8 +73,9 @@ def runs_overview(lake: DataLake) -> pa.Table:
     """One row per run (manifest): kind, status, config hash, committed iterations, the validation success of the
     last validated iteration (from ``evaluations``, else the ``val/<env>/success`` metrics), the mean model FLOPs
     utilisation of its updates (``perf/mfu``; null for a run without updates), created_at. A manifest
-    that cannot be read is a row with status ``broken`` (the other runs stay listed)."""
-    return query(lake, RUNS_OVERVIEW_SQL, broken_manifests="row")
+    that cannot be read is a row with status ``broken`` (the other runs stay listed). Only the tables it reads get a
+    view: a big lake's trajectories and turns are not listed for it."""
+    return query(lake, RUNS_OVERVIEW_SQL, broken_manifests="row", tables=("runs", "metrics", "evaluations"))
 
 
 def runs_with_data(lake: DataLake) -> set[str]:

@@ -1,0 +1,135 @@
+"""The viewer in a real headless browser, against `ragen view` started as users start it: runs -> a run's curves ->
+an iteration -> a failed trajectory with its coloured tokens, each value on the page checked against `ragen sql` of
+the same rows; a planted reply holding <script> shown as text; the data root unchanged by all of it."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
+
+from tests.view.conftest import PLANTED_RUN, REAL_RUN, REPO, SCRIPT_CONFIG, SCRIPT_REPLY, tree_digest
+
+
+def sql(root, statement: str) -> list[dict]:
+    """Rows of `ragen sql` (the command itself, as JSON)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ragen_cli.main", "sql", statement, "--data-root", str(root), "--format", "json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def texts(browser, selector: str) -> list[str]:
+    return [e.text for e in browser.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def test_runs_to_a_failed_trajectory_with_its_coloured_tokens(browser, viewer, view_root):
+    browser.get(viewer.url)
+    assert REAL_RUN in texts(browser, "a.run-link") and PLANTED_RUN in texts(browser, "a.run-link")
+    browser.find_element(By.LINK_TEXT, REAL_RUN).click()
+
+    # the run's curves: the validation success chart holds one point per validated iteration, with its value
+    assert browser.find_element(By.ID, "run-id").text == REAL_RUN
+    chart = browser.find_element(By.CSS_SELECTOR, 'figure[data-metric="val/sokoban/success"]')
+    tips = [t.get_attribute("textContent") for t in chart.find_elements(By.CSS_SELECTOR, "circle title")]
+    expected = sql(
+        view_root,
+        f"SELECT iteration, value FROM metrics WHERE run_id = '{REAL_RUN}' "
+        "AND name = 'val/sokoban/success' ORDER BY iteration",
+    )
+    assert tips == [f"{REAL_RUN} · iteration {r['iteration']}: {r['value']:.4g}" for r in expected]
+    assert browser.find_elements(By.CSS_SELECTOR, 'figure[data-metric="actor/entropy"] polyline')
+
+    # an iteration: the count under its filters equals SQL's
+    browser.find_element(By.CSS_SELECTOR, "a.iteration-link[href$='/iterations/1']").click()
+    count = sql(view_root, f"SELECT count(*) AS n FROM trajectories WHERE run_id = '{REAL_RUN}' AND iteration = 1")
+    assert browser.find_element(By.ID, "count").text.startswith(f"{count[0]['n']} trajectories")
+    Select(browser.find_element(By.NAME, "success")).select_by_value("no")
+    Select(browser.find_element(By.NAME, "split")).select_by_value("train")
+    browser.find_element(By.ID, "apply").click()
+    failed = sql(
+        view_root,
+        f"SELECT group_id, traj_index, total_reward FROM trajectories WHERE run_id = "
+        f"'{REAL_RUN}' AND iteration = 1 AND split = 'train' AND NOT success "
+        "ORDER BY group_id, traj_index",
+    )
+    assert failed, "the premise: the tiny model fails some training rollouts"
+    assert browser.find_element(By.ID, "count").text.startswith(f"{len(failed)} trajectories")
+    assert texts(browser, "a.trajectory-link") == [f"{r['group_id']}/{r['traj_index']}" for r in failed]
+
+    # a failed trajectory: its rewards, and one coloured span per trained token
+    first = failed[0]
+    browser.find_element(By.CSS_SELECTOR, "a.trajectory-link").click()
+    assert browser.find_element(By.ID, "outcome").text == "failure"
+    assert float(browser.find_element(By.ID, "total-reward").text) == float(f"{first['total_reward']:.6g}")
+    row = sql(
+        view_root,
+        f"SELECT loss_mask, behavior_logprobs, segment_lengths FROM trajectories WHERE run_id = "
+        f"'{REAL_RUN}' AND iteration = 1 AND split = 'train' AND group_id = {first['group_id']} "
+        f"AND traj_index = {first['traj_index']}",
+    )[0]
+    trained = [p for p, m in enumerate(row["loss_mask"]) if m == 1]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "p.tokens span.tok.trained")) == len(trained)
+    assert browser.find_elements(By.CSS_SELECTOR, "table.grid td.tile.player"), "the Sokoban room is drawn"
+
+    # the sampler log-prob colouring: each token's bucket and tooltip from its stored log-prob
+    browser.find_element(By.LINK_TEXT, "sampler log-prob").click()
+    spans = browser.find_elements(By.CSS_SELECTOR, "p.tokens span.tok")
+    assert len(spans) == len(trained)
+    for span, position in zip(spans, trained, strict=True):
+        logprob = row["behavior_logprobs"][position]
+        bucket = min(8, int(math.exp(logprob) * 9))
+        assert f"lp-{bucket}" in span.get_attribute("class").split()
+        assert f"#{position} " in span.get_attribute("title")
+        assert f"log-prob {logprob:.4g}" in span.get_attribute("title")
+
+    # the advantage colouring: a token of each reply carries the update's advantage (GRPO over its group)
+    browser.find_element(By.LINK_TEXT, "advantage").click()
+    spans = browser.find_elements(By.CSS_SELECTOR, "p.tokens span.tok")
+    assert len(spans) == len(trained)
+    group = sql(
+        view_root,
+        f"SELECT traj_index, total_reward, kept FROM trajectories WHERE run_id = '{REAL_RUN}' "
+        f"AND iteration = 1 AND split = 'train' AND group_id = {first['group_id']} "
+        "ORDER BY traj_index",
+    )
+    if group[0]["kept"]:
+        rewards = [r["total_reward"] for r in group]
+        mean = sum(rewards) / len(rewards)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+        advantage = (first["total_reward"] - mean) / (std + 1e-6)
+        assert all(f"advantage {advantage:.4g}" in s.get_attribute("title") for s in spans)
+    else:
+        assert "dropped" in browser.find_element(By.ID, "advantage-missing").text
+
+
+def test_a_planted_script_is_shown_as_text_and_never_runs(browser, viewer):
+    browser.get(viewer.url.rstrip("/") + f"/runs/{PLANTED_RUN}/iterations/0")
+    Select(browser.find_element(By.NAME, "split")).select_by_value("train")
+    browser.find_element(By.ID, "apply").click()
+    browser.find_element(By.CSS_SELECTOR, "a.trajectory-link").click()
+    assert SCRIPT_REPLY in texts(browser, "dd.think")
+    assert browser.execute_script("return window.__pwned === undefined")
+    browser.get(viewer.url.rstrip("/") + f"/runs/{PLANTED_RUN}")
+    browser.find_element(By.CSS_SELECTOR, "details summary").click()
+    assert any(SCRIPT_CONFIG in t for t in texts(browser, "table.config td"))
+    assert browser.execute_script("return window.__pwned === undefined")
+    assert not browser.find_elements(By.CSS_SELECTOR, "main script, main img")
+
+
+def test_the_viewer_writes_nothing(browser, viewer, view_root):
+    """Every page above, then the root's tree hashed again (runs in this module's order: last)."""
+    trajectory = f"/runs/{REAL_RUN}/iterations/0/trajectory?split=val&env=sokoban&group=0&traj=0&colour=advantage"
+    for path in ("", f"/runs/{REAL_RUN}", f"/compare?run={REAL_RUN}&run={PLANTED_RUN}", trajectory):
+        browser.get(viewer.url.rstrip("/") + path)
+        assert not browser.find_elements(By.ID, "error"), (path, browser.page_source[-2000:])
+    assert tree_digest(view_root) == viewer.before

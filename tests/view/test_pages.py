@@ -1,0 +1,187 @@
+"""The viewer's queries and pages without a browser: filters, sorting and paging against values computed in Python
+from the planted rows; the advantage recomputed by hand; the grids and charts; the guard of a viewer bound beyond
+loopback (its token) and of one on loopback (the Host it answers); bad addresses as one-line 400/404 pages."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ragen_core.storage import DataLake
+from ragen_view import queries, render, tokens
+from ragen_view.app import create_app
+from tests.storage.synthetic import write_run
+from tests.view.conftest import PLANTED_RUN, SCRIPT_REPLY, planted_run
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    run = planted_run()
+    lake = DataLake(tmp_path_factory.mktemp("planted"))
+    write_run(lake, run)
+    return lake, run
+
+
+def _expected(run, iteration, keep=lambda t: True):
+    return [t for t in run.trajectories if t.iteration == iteration and keep(t)]
+
+
+def test_filters_sort_and_pages_match_the_rows_written(planted, monkeypatch):
+    lake, run = planted
+    monkeypatch.setattr(queries, "PAGE_SIZE", 5)
+    rows = _expected(run, 0, lambda t: t.split == "train" and not t.success)
+    page = queries.trajectories(lake, PLANTED_RUN, 0, queries.Filters(split="train", success=False), "reward", True)
+    assert page.total == len(rows) and page.pages == math.ceil(len(rows) / 5)
+    ordered = sorted(rows, key=lambda t: (-t.total_reward, t.split, t.env, t.group_id, t.traj_index))
+    assert [(r["group_id"], r["traj_index"]) for r in page.rows] == [(t.group_id, t.traj_index) for t in ordered[:5]]
+    last = queries.trajectories(
+        lake, PLANTED_RUN, 0, queries.Filters(split="train", success=False), "reward", True, page=99
+    )
+    assert last.page == page.pages - 1 and len(last.rows) == len(rows) - 5 * (page.pages - 1)
+    where = queries.Filters(where="num_turns >= 2 AND total_reward > -1 -- a comment eats its line only")
+    wanted = _expected(run, 0, lambda t: len(t.turns) >= 2 and t.total_reward > -1)
+    assert queries.trajectories(lake, PLANTED_RUN, 0, where).total == len(wanted)
+    bounded = queries.Filters(min_reward=0.0, max_length=30)
+    wanted = _expected(run, 0, lambda t: t.total_reward >= 0 and t.response_length <= 30)
+    assert queries.trajectories(lake, PLANTED_RUN, 0, bounded).total == len(wanted)
+
+
+def test_a_where_sees_its_partition_only_and_cannot_write(planted):
+    import duckdb
+
+    from ragen_core.storage import QueryRefused
+
+    lake, run = planted
+    assert queries.trajectories(lake, PLANTED_RUN, 0, queries.Filters(where="iteration <> 0")).total == 0
+    assert queries.trajectories(lake, PLANTED_RUN, 1, queries.Filters()).total == len(_expected(run, 1))
+    with pytest.raises(duckdb.CatalogException, match="metrics"):  # no other table has a view
+        queries.trajectories(lake, PLANTED_RUN, 0, queries.Filters(where="(SELECT count(*) FROM metrics) > 0"))
+    with pytest.raises(duckdb.PermissionException):  # no file but the partition's may be opened
+        queries.trajectories(lake, PLANTED_RUN, 0, queries.Filters(where="EXISTS (FROM read_csv('/etc/hostname'))"))
+    with pytest.raises(QueryRefused):
+        queries.trajectories(lake, PLANTED_RUN, 0, queries.Filters(where="TRUE); DELETE FROM trajectories; SELECT (1"))
+
+
+def test_groups_say_the_filters_choice_and_spread(planted):
+    lake, run = planted
+    found = {(g["split"], g["group_id"]): g for g in queries.groups(lake, PLANTED_RUN, 0)}
+    for group_id in range(3):
+        members = _expected(run, 0, lambda t, g=group_id: t.split == "train" and t.group_id == g)
+        got = found[("train", group_id)]
+        assert got["size"] == len(members) and got["kept"] is members[0].kept
+        assert got["reward_std"] == pytest.approx(statistics.pstdev(t.total_reward for t in members))
+        assert got["success"] == pytest.approx(sum(t.success for t in members) / len(members))
+
+
+def test_the_advantage_is_grpos_over_the_group_computed_by_hand(planted):
+    lake, run = planted
+    config = {k: v for k, v in queries.run(lake, PLANTED_RUN)["config"].items() if k != "note"}  # a planted key
+    with pytest.raises(tokens.AdvantageUnavailable, match="note: unknown key"):
+        tokens.advantages(lake, PLANTED_RUN, 0, {**config, "note": "x"}, None, (0, 0))
+    for group_id in range(3):
+        members = _expected(run, 0, lambda t, g=group_id: t.split == "train" and t.group_id == g)
+        rewards = [t.total_reward for t in members]
+        mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
+        for t in members:
+            values, note = tokens.advantages(lake, PLANTED_RUN, 0, config, None, (group_id, t.traj_index))
+            mask = t.row()["loss_mask"]
+            expected = (t.total_reward - mean) / (std + 1e-6)
+            assert note is None and len(values) == len(mask)
+            for value, trained in zip(values, mask, strict=True):
+                assert value == pytest.approx(expected if trained else 0.0, rel=1e-5, abs=1e-6)
+
+
+def test_the_advantage_of_what_the_lake_cannot_recompute_says_why(planted):
+    lake, _ = planted
+    config = {"env": {"name": "bandit"}, "algorithm": {"adv_estimator": "gae"}}
+    with pytest.raises(tokens.AdvantageUnavailable, match="critic"):
+        tokens.advantages(lake, PLANTED_RUN, 0, config, None, (0, 0))
+
+
+def test_a_trajectory_is_cut_into_its_turns():
+    row = {
+        "input_ids": list(range(12)),
+        "loss_mask": [0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 0],
+        "behavior_logprobs": [0.0] * 3 + [-0.5, -1.0] + [0.0] * 2 + [-0.1, -0.2, -0.3] + [0.0] * 2,
+        "segment_lengths": None,
+    }
+    view = tokens.token_view(row, [{"turn_index": 0}, {"turn_index": 1}], None)
+    assert [[t.position for t in turn.reply] for turn in view.turns] == [[3, 4], [7, 8, 9], []]
+    assert [t.logprob for t in view.turns[1].reply] == [-0.1, -0.2, -0.3]
+    assert view.turns[0].row == {"turn_index": 0} and not view.decoded
+    windowed = {**row, "segment_lengths": [5, 7]}  # each turn its own window: the second starts at position 5
+    view = tokens.token_view(windowed, [], None)
+    assert [[t.position for t in turn.reply] for turn in view.turns] == [[3, 4], [7, 8, 9], []]
+    assert tokens.Token("x", 1, 0, True, math.log(0.999)).level("logprob", 0) == 8
+    assert tokens.Token("x", 1, 0, True, None, -2.0).level("advantage", 2.0) == 0
+    assert tokens.Token("x", 1, 0, True, None, 0.0).level("advantage", 2.0) == 4
+
+
+def test_grids_of_the_grid_envs_and_none_elsewhere():
+    observation = "You are P.\nState:\n######\n#_P__#\n#_X__#\n#__O_#\n######\n10 actions left."
+    drawn = render.grid("sokoban", observation)
+    assert len(drawn) == 5 and [tile for _, tile in drawn[1]] == ["wall", "floor", "player", "floor", "floor", "wall"]
+    assert render.grid("frozen_lake", "State:\n_G_O\n__O_\nO__P\nO_O_\nok")[2][3] == ("P", "player")
+    assert render.grid("bandit", observation) is None and render.grid("sokoban", "no room here") is None
+
+
+def test_a_chart_places_its_points_by_value():
+    drawn = render.chart("t", "m", {"a": [(0, 0.0), (10, 1.0)], "b": [(5, 0.5)]}, {"a": 0, "b": 1})
+    (x0, y0, _), (x1, y1, _) = drawn.lines[0].dots
+    (xm, ym, tip) = drawn.lines[1].dots[0]
+    assert x0 == render.LEFT and x1 == render.WIDTH - render.RIGHT and y0 == render.HEIGHT - render.BOTTOM
+    assert (xm, ym) == ((x0 + x1) / 2, (y0 + y1) / 2) and tip == "b · iteration 5: 0.5"
+
+
+def test_config_diff_names_the_keys_that_differ():
+    assert queries.config_diff({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4}) == [
+        ("a.c", 2, 3),
+        ("d", None, 4),
+    ]
+
+
+def test_pages_escape_the_lake_and_refuse_bad_addresses(planted):
+    lake, _ = planted
+    client = TestClient(create_app(lake.root), base_url="http://127.0.0.1")
+    page = client.get(
+        f"/runs/{PLANTED_RUN}/iterations/0/trajectory",
+        params={"split": "train", "env": "bandit", "group": 0, "traj": 0},
+    )
+    assert page.status_code == 200 and SCRIPT_REPLY not in page.text
+    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in page.text
+    assert "script-src" not in page.headers["content-security-policy"]  # default-src 'none': no script at all
+    for path, status, said in (
+        ("/runs/nope", 404, "no run"),
+        ("/runs/..%2F..", 404, ""),
+        (f"/runs/{PLANTED_RUN}/iterations/7", 404, "no committed iteration 7"),
+        (f"/runs/{PLANTED_RUN}/iterations/0?where=nonsense", 400, "the filter failed"),
+        (f"/runs/{PLANTED_RUN}/iterations/0?sort=input_ids", 400, "unknown sort"),
+        (f"/runs/{PLANTED_RUN}/iterations/0?success=maybe", 400, "yes, no or any"),
+        (f"/runs/{PLANTED_RUN}/iterations/x", 400, "not one of the viewer"),
+        ("/compare", 400, "pick one or more runs"),
+    ):
+        answer = client.get(path)
+        assert answer.status_code == status and said in answer.text, (path, answer.status_code)
+        assert "Traceback" not in answer.text
+    assert client.post("/").status_code == 405
+
+
+def test_on_loopback_only_loopback_hosts_are_served(planted):
+    lake, _ = planted
+    app = create_app(lake.root)
+    assert TestClient(app, base_url="http://127.0.0.1:8765").get("/").status_code == 200
+    assert TestClient(app, base_url="http://localhost").get("/").status_code == 200
+    assert TestClient(app, base_url="http://rebound.example").get("/").status_code == 403
+
+
+def test_beyond_loopback_every_request_needs_the_token(planted):
+    lake, _ = planted
+    client = TestClient(create_app(lake.root, token="s3cret", loopback=False), base_url="http://view.example")
+    assert client.get("/").status_code == 403
+    assert client.get("/?token=wrong").status_code == 403
+    answer = client.get(f"/runs/{PLANTED_RUN}?token=s3cret", follow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["location"] == f"/runs/{PLANTED_RUN}"
+    assert client.get(f"/runs/{PLANTED_RUN}").status_code == 200  # the cookie it set
