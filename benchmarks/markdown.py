@@ -292,7 +292,8 @@ def view_section(view: dict[str, Any] | None) -> list[str]:
 
     if not view:
         return ["## Rollout viewer", "", "Not run.", ""]
-    return [f"Machine: {machine_line(view)}.", "", *markdown(view).splitlines(), ""]
+    heading, *rest = markdown(view).splitlines()
+    return [heading, "", f"Machine: {machine_line(view)}.", *rest, ""]
 
 
 def render(details: dict[str, Any]) -> str:
