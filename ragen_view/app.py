@@ -10,6 +10,7 @@ access token (once in the URL, then a cookie).
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,6 @@ from ragen_view import queries, render, tokens
 
 HERE = Path(__file__).parent
 COOKIE = "ragen_view_token"
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 COLOURINGS = {"mask": "loss mask", "logprob": "sampler log-prob", "advantage": "advantage"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
@@ -86,18 +86,17 @@ def create_app(root: Path, token: str | None = None, loopback: bool = True) -> F
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
-        host = (request.headers.get("host") or "").rsplit(":", 1)[0] if request.headers.get("host") else ""
-        if loopback and host not in LOOPBACK_HOSTS:
+        if loopback and not is_loopback_host(request.headers.get("host", "")):
             return _secured(HTMLResponse("<h1>403</h1><p>this viewer answers requests for 127.0.0.1 only</p>", 403))
         if token is not None:
             given = request.query_params.get("token")
-            if given is not None and secrets.compare_digest(given, token):
+            if given is not None and secrets.compare_digest(given.encode(), token.encode()):
                 rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-                target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
+                target = "/" + request.url.path.lstrip("/") + (f"?{urlencode(rest)}" if rest else "")
                 response = RedirectResponse(target, status_code=303)
                 response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
                 return _secured(response)
-            if not secrets.compare_digest(request.cookies.get(COOKIE, ""), token):
+            if not secrets.compare_digest(request.cookies.get(COOKIE, "").encode(), token.encode()):
                 return _secured(
                     HTMLResponse(
                         "<h1>403</h1><p>open the viewer with the URL <code>ragen view</code> printed (it holds the "
@@ -113,13 +112,20 @@ def create_app(root: Path, token: str | None = None, loopback: bool = True) -> F
     async def page_error(request: Request, exc: PageError) -> Response:
         return page(request, "error.html", exc.status, message=str(exc))
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        """Anything else (a damaged file the checks above did not name, a library's failure): one line, not a
+        traceback, with the page's security headers (this handler answers outside the guard)."""
+        message = f"{type(exc).__name__}: {one_line(str(exc)) or 'no message'}"
+        return _secured(page(request, "error.html", 500, message=f"the page failed ({message})"))
+
     def run_row(run_id: str) -> dict[str, Any]:
         if not is_valid_run_id(run_id):
             raise PageError(404, f"{run_id!r} is not a run id")
-        try:
-            return queries.run(lake, run_id)
-        except queries.NotFound as exc:
-            raise PageError(404, str(exc)) from None
+        return read("reading the run", queries.run, lake, run_id)
+
+    def committed(run_id: str) -> list[int]:
+        return read("reading the run's commits", lake.committed_iterations, run_id)
 
     def read(what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         """``call(*args, **kwargs)``; a lake or query failure becomes the page's error (400 for a filter)."""
@@ -191,6 +197,7 @@ def create_app(root: Path, token: str | None = None, loopback: bool = True) -> F
         max_reward: str | None = None,
         min_length: str | None = None,
         max_length: str | None = None,
+        max_staleness: str | None = None,
         where: str | None = None,
         sort: str = "group",
         desc: int = 0,
@@ -207,11 +214,12 @@ def create_app(root: Path, token: str | None = None, loopback: bool = True) -> F
             max_reward=_bound(max_reward, float, "max_reward"),
             min_length=_bound(min_length, int, "min_length"),
             max_length=_bound(max_length, int, "max_length"),
+            max_staleness=_bound(max_staleness, int, "max_staleness"),
             where=(where or "").strip() or None,
         )
         if sort not in queries.SORTS:
             raise PageError(400, f"unknown sort {sort!r}; sort by one of: {', '.join(queries.SORTS)}")
-        if iteration not in lake.committed_iterations(run_id):
+        if iteration not in committed(run_id):
             raise PageError(404, f"run {run_id!r} has no committed iteration {iteration}")
         found = read("the filter", queries.trajectories, lake, run_id, iteration, filters, sort, bool(desc), page_no)
         return page(
@@ -227,7 +235,7 @@ def create_app(root: Path, token: str | None = None, loopback: bool = True) -> F
             desc=bool(desc),
             sorts=list(queries.SORTS),
             args=_args(request, exclude=("sort", "desc", "page_no")),
-            committed=lake.committed_iterations(run_id),
+            committed=committed(run_id),
         )
 
     @app.get("/runs/{run_id}/iterations/{iteration}/trajectory", response_class=HTMLResponse)
@@ -254,15 +262,19 @@ def create_app(root: Path, token: str | None = None, loopback: bool = True) -> F
             else:
                 try:
                     values, note = tokens.advantages(
-                        lake, run_id, iteration, row["config"], row["model_dir"], (group, traj)
+                        lake, run_id, iteration, row["config"], row["kind"], (group, traj)
                     )
                 except tokens.AdvantageUnavailable as exc:
                     why = str(exc)
-                except (LakeError, ValueError) as exc:
-                    why = f"the advantage could not be recomputed: {exc}"
-        view = tokens.token_view(found, turns, row["model_dir"], values)
-        committed = lake.committed_iterations(run_id)
-        others = [i for i in committed if i != iteration]
+                except (LakeError, ValueError, KeyError, RuntimeError, OSError) as exc:
+                    why = f"the advantage could not be recomputed: {one_line(str(exc))}"
+        view = read("reading the trajectory's tokens", tokens.token_view, found, turns, row["model_dir"], values)
+        others = []
+        if split == "val":
+            others = read(
+                "reading the run's validations", queries.same_instance, lake, run_id, split, env, group, traj
+            )
+            others = [i for i in others if i != iteration]
         grids = {t.index: render.grid(env, (t.row or {}).get("observation")) for t in view.turns}
         return page(
             request,
@@ -297,6 +309,22 @@ def create_app(root: Path, token: str | None = None, loopback: bool = True) -> F
         return _secured(page(request, "error.html", 400, message=f"the address is not one of the viewer's: {said}"))
 
     return app
+
+
+def is_loopback_host(header: str) -> bool:
+    """Whether a request's ``Host`` header names a loopback address (``localhost``, 127.0.0.0/8, ``[::1]``), with or
+    without a port."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else ""
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _secured(response: Response) -> Response:

@@ -41,6 +41,7 @@ CURVES = (
     ("perf/update_s", "update wall time (s)"),
     ("perf/tokens_per_s", "update tokens per second"),
     ("perf/peak_rss_gb", "peak RSS (GB)"),
+    ("perf/peak_cuda_gb", "peak CUDA memory (GB)"),
 )
 # The iteration page's sort keys: the name in the URL -> the column (a fixed list: never the user's text).
 SORTS = {
@@ -52,7 +53,13 @@ SORTS = {
     "group_std": "group_reward_std",
     "staleness": "staleness",
     "seed": "env_seed",
+    "env": "env",
+    "success": "success",
+    "truncated": "truncated",
+    "kept": "kept",
 }
+QUERY_TIMEOUT_S = 60.0  # a page's query (a WHERE filter of the user's included) stops after this long
+QUERY_MEMORY = "4GB"  # and its joins, sorts and aggregates use at most this much
 TRAJECTORY_COLUMNS = (
     "split, env, group_id, traj_index, env_seed, num_turns, num_actions, env_reward, format_penalty, total_reward, "
     "success, truncated, response_length, group_reward_std, kept, policy_version, staleness, behavior_source, "
@@ -81,6 +88,7 @@ class Filters:
     max_reward: float | None = None
     min_length: int | None = None
     max_length: int | None = None
+    max_staleness: int | None = None
     where: str | None = None
 
     def sql(self) -> tuple[str, list[Any]]:
@@ -250,15 +258,25 @@ def iterations(lake: DataLake, run_id: str) -> list[dict[str, Any]]:
         tables=("metrics",),
     )
     committed = set(lake.committed_iterations(run_id))
-    rows = _rows(table)
+    rows = [r for r in _rows(table) if r["iteration"] in committed]  # a crash's uncommitted metrics: no page
     seen = {r["iteration"] for r in rows}
     rows += [{"iteration": i} for i in sorted(committed - seen)]
     return sorted(rows, key=lambda r: r["iteration"])
 
 
 def _scoped(lake: DataLake, sql: str, run_id: str, iteration: int, params: list[Any] | None = None) -> pa.Table:
-    """A query over one iteration's partition of ``trajectories`` and ``turns`` (no other table has a view)."""
-    return query(lake, sql, run_id=run_id, iteration=iteration, params=params, tables=("trajectories", "turns"))
+    """A query over one iteration's partition of ``trajectories`` and ``turns`` (no other table has a view), within
+    :data:`QUERY_TIMEOUT_S` and :data:`QUERY_MEMORY`."""
+    return query(
+        lake,
+        sql,
+        run_id=run_id,
+        iteration=iteration,
+        params=params,
+        tables=("trajectories", "turns"),
+        timeout=QUERY_TIMEOUT_S,
+        memory_limit=QUERY_MEMORY,
+    )
 
 
 def groups(lake: DataLake, run_id: str, iteration: int) -> list[dict[str, Any]]:
@@ -329,6 +347,20 @@ def trajectory(
         )
     turns = _rows(_scoped(lake, f"SELECT * FROM turns WHERE {key} ORDER BY turn_index", run_id, iteration, params))
     return found[0], turns
+
+
+def same_instance(lake: DataLake, run_id: str, split: str, env: str, group_id: int, traj_index: int) -> list[int]:
+    """The iterations of the run that hold a trajectory of this key (a validation instance: the run replays the same
+    ones at each validation), sorted."""
+    table = query(
+        lake,
+        "SELECT DISTINCT iteration FROM trajectories WHERE split = ? AND env = ? AND group_id = ? AND traj_index = ? "
+        "ORDER BY iteration",
+        run_id=run_id,
+        params=[split, env, group_id, traj_index],
+        tables=("trajectories",),
+    )
+    return table["iteration"].to_pylist()
 
 
 def same_seed(lake: DataLake, env: str, env_seed: int, limit: int = 200) -> list[dict[str, Any]]:

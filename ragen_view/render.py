@@ -62,8 +62,9 @@ def chart(title: str, metric: str, series: dict[str, list[tuple[int, float]]], c
         return drawn
     x_low, x_high = min(p[0] for p in points), max(p[0] for p in points)
     y_low, y_high = min(p[1] for p in points), max(p[1] for p in points)
-    if y_high == y_low:
-        y_low, y_high = y_low - 0.5, y_high + 0.5
+    if y_high == y_low:  # a flat line: a band around it wide enough to stay one at any magnitude
+        half = max(0.5, abs(y_low) * 0.01)
+        y_low, y_high = y_low - half, y_high + half
     if x_high == x_low:
         x_low, x_high = x_low - 1, x_high + 1
     inner_w, inner_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM

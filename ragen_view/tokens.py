@@ -21,6 +21,7 @@ from ragen_core.storage import DataLake
 from ragen_core.storage.statements import one_line
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+REPLACEMENT = "\ufffd"  # what a decoder shows for the bytes of a character not yet complete
 LEVELS = 9  # colour buckets per scale (CSS classes lp-0..8, adv-0..8)
 
 
@@ -121,23 +122,30 @@ def token_view(
 ) -> TokenView:
     """The trajectory ``row`` (with ``input_ids``, ``loss_mask``, ``behavior_logprobs``, ``segment_lengths``) as
     turns: each a context (mask 0) followed by a reply (mask 1); with ``segment_lengths`` (a windowed context mode)
-    each segment is one turn's window then its reply. ``turns`` rows are matched to the replies in order."""
+    each segment is one turn's window then its reply, and nothing of one window spills into the next. ``turns`` rows
+    are matched to the replies in order. A row whose lists do not fit its ids raises ValueError (a damaged row)."""
     view = TokenView()
     ids = [int(x) for x in row.get("input_ids") or []]
     mask = [int(x) for x in row.get("loss_mask") or []]
     logprobs = row.get("behavior_logprobs")
-    texts = _decode(ids, model_dir, view)
-    segments = row.get("segment_lengths") or [len(ids)]
+    segments = [int(n) for n in row.get("segment_lengths") or [len(ids)]]
+    for name, values in (("loss_mask", mask), ("behavior_logprobs", logprobs), ("advantages", advantages)):
+        if values is not None and len(values) != len(ids):
+            raise ValueError(f"the row's {name} has {len(values)} entries for its {len(ids)} token ids (damaged?)")
+    if sum(segments) != len(ids) or min(segments, default=1) < 0:
+        raise ValueError(f"the row's segment_lengths {segments} do not split its {len(ids)} token ids (damaged?)")
+    decoder = _Decoder(model_dir, view)
     start = 0
-    context: list[str] = []
     for length in segments:
-        for value, first, end in _runs(mask, start, start + int(length)):
+        context: list[str] = []
+        for value, first, end in _runs(mask, start, start + length):
             if value == 0:
-                context.append("".join(texts[first:end]))
+                context.append(decoder.text(ids[first:end]))
                 continue
+            pieces = decoder.pieces(ids[first:end])
             reply = [
                 Token(
-                    texts[p],
+                    pieces[p - first],
                     ids[p],
                     p,
                     True,
@@ -148,9 +156,9 @@ def token_view(
             ]
             view.turns.append(TurnView(len(view.turns), _messages("".join(context)), reply))
             context = []
-        start += int(length)
-    if context:  # what followed the last reply (an env's last observation, in the full chat)
-        view.turns.append(TurnView(len(view.turns), _messages("".join(context)), []))
+        if context:  # what followed the last reply of this sequence (the env's last observation, in the full chat)
+            view.turns.append(TurnView(len(view.turns), _messages("".join(context)), []))
+        start += length
     replies = [t for t in view.turns if t.reply]
     if len(replies) == len(turns):
         for turn, turn_row in zip(replies, turns, strict=True):
@@ -160,24 +168,44 @@ def token_view(
             f"the sequence holds {len(replies)} replies but the turns table {len(turns)} turns: the turns are "
             "listed after the sequence"
         )
+    view.decoded = decoder.tokenizer is not None
     if advantages is not None:
         view.advantage_scale = max((abs(t.advantage or 0.0) for turn in view.turns for t in turn.reply), default=0.0)
     return view
 
 
-def _decode(ids: list[int], model_dir: str | None, view: TokenView) -> list[str]:
-    """Each id's text by the run's tokenizer; ``#<id>`` for every token when the tokenizer cannot be loaded (the
-    model folder moved or removed: said in the view's notes)."""
-    if model_dir and Path(model_dir).is_dir():
-        try:
-            tokenizer = tokenizer_of(str(model_dir))
-            return tokenizer.batch_decode([[i] for i in ids])
-        except Exception as exc:  # noqa: BLE001 - any tokenizer failure leaves the ids readable as ids
-            view.notes.append(f"the run's tokenizer ({model_dir}) could not be loaded ({exc}): tokens shown as ids")
-    else:
-        view.notes.append(f"the run's model folder {model_dir!r} is not on this machine: tokens shown as ids")
-    view.decoded = False
-    return [f"#{i} " for i in ids]
+class _Decoder:
+    """Token ids as text by the run's own tokenizer: a stretch of context decoded whole (a character split over
+    several byte-level tokens comes out whole), a reply token by token as what it adds to the text of the reply so
+    far (a token that ends inside a character adds nothing until the one that completes it). ``#<id>`` for every
+    token when the tokenizer cannot be loaded (the model folder moved or removed: said in the view's notes)."""
+
+    def __init__(self, model_dir: str | None, view: TokenView) -> None:
+        self.tokenizer = None
+        if model_dir and Path(model_dir).is_dir():
+            try:
+                self.tokenizer = tokenizer_of(str(model_dir))
+            except Exception as exc:  # noqa: BLE001 - any tokenizer failure leaves the ids readable as ids
+                view.notes.append(
+                    f"the run's tokenizer ({model_dir}) could not be loaded ({exc}): tokens shown as ids"
+                )
+        else:
+            view.notes.append(f"the run's model folder {model_dir!r} is not on this machine: tokens shown as ids")
+
+    def text(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return "".join(f"#{i} " for i in ids)
+        return self.tokenizer.decode(ids)
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        if self.tokenizer is None:
+            return [f"#{i} " for i in ids]
+        pieces, done = [], ""
+        for end in range(1, len(ids) + 1):
+            text = self.tokenizer.decode(ids[:end]).rstrip(REPLACEMENT)  # an unfinished character: not yet shown
+            pieces.append(text[len(done) :] if text.startswith(done) else self.tokenizer.decode(ids[end - 1 : end]))
+            done = text
+        return pieces
 
 
 class AdvantageUnavailable(Exception):
@@ -189,13 +217,14 @@ def advantages(
     run_id: str,
     iteration: int,
     config_tree: dict[str, Any],
-    model_dir: str | None,
+    kind: str,
     key: tuple[int, int],
 ) -> tuple[list[float], str | None]:
-    """The advantage of each token of the training row ``key`` = (group_id, traj_index) as the update of
-    ``iteration`` computed it (the estimator, then the soft reweighting and the filter's loss scaling; 0 outside the
-    loss mask), and a note on what it leaves out (an off-policy correction's weights) or None;
-    :class:`AdvantageUnavailable` when it cannot be recomputed from the lake (why, in its message)."""
+    """The advantage of each token of the training row ``key`` = (group_id, traj_index) of a ``train`` run (its
+    ``kind``) as the update of ``iteration`` computed it (the estimator, then the soft reweighting and the filter's
+    loss scaling; 0 outside the loss mask), and a note on what it leaves out (an off-policy correction's weights) or
+    None; :class:`AdvantageUnavailable` when it cannot be recomputed from the lake (why, in its message). The pad id
+    of the batch is 0: padding is outside every row's tokens and moves no advantage."""
     import pyarrow.compute as pc
 
     from ragen_core.algos.advantages import needs_critic
@@ -204,6 +233,8 @@ def advantages(
     from ragen_core.training.inputs import update_inputs
     from ragen_core.training.starpo import compute_advantages, scaled_advantages, token_rewards_for
 
+    if kind != "train":
+        raise AdvantageUnavailable(f"a {kind} run makes no StarPO update (its training is not on advantages)")
     try:  # plain data: it names no module and imports nothing of the user's
         config = build_config(stored_config(config_tree))
     except ConfigError as exc:
@@ -223,9 +254,10 @@ def advantages(
     order = kept.sort_by([("group_id", "ascending"), ("traj_index", "ascending")])  # update_inputs' order
     keys = list(zip(order["group_id"].to_pylist(), order["traj_index"].to_pylist(), strict=True))
     if key not in keys:
-        raise AdvantageUnavailable("the variance filter dropped this trajectory's group: no update trained on it")
-    pad = tokenizer_of(str(model_dir)).pad_token_id if model_dir and Path(model_dir).is_dir() else 0
-    inputs = update_inputs(lake, run_id, iteration, config, int(pad or 0))
+        raise AdvantageUnavailable(
+            "no update trained on it: the variance filter dropped its group (or the row was never kept)"
+        )
+    inputs = update_inputs(lake, run_id, iteration, config, 0)
     if inputs is None:
         raise AdvantageUnavailable("the filter kept no group in this iteration: no update")
     token_rewards = token_rewards_for(inputs, algorithm.reward_level)

@@ -80,13 +80,13 @@ def test_the_advantage_is_grpos_over_the_group_computed_by_hand(planted):
     lake, run = planted
     config = {k: v for k, v in queries.run(lake, PLANTED_RUN)["config"].items() if k != "note"}  # a planted key
     with pytest.raises(tokens.AdvantageUnavailable, match="note: unknown key"):
-        tokens.advantages(lake, PLANTED_RUN, 0, {**config, "note": "x"}, None, (0, 0))
+        tokens.advantages(lake, PLANTED_RUN, 0, {**config, "note": "x"}, "train", (0, 0))
     for group_id in range(3):
         members = _expected(run, 0, lambda t, g=group_id: t.split == "train" and t.group_id == g)
         rewards = [t.total_reward for t in members]
         mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
         for t in members:
-            values, note = tokens.advantages(lake, PLANTED_RUN, 0, config, None, (group_id, t.traj_index))
+            values, note = tokens.advantages(lake, PLANTED_RUN, 0, config, "train", (group_id, t.traj_index))
             mask = t.row()["loss_mask"]
             expected = (t.total_reward - mean) / (std + 1e-6)
             assert note is None and len(values) == len(mask)
@@ -98,7 +98,9 @@ def test_the_advantage_of_what_the_lake_cannot_recompute_says_why(planted):
     lake, _ = planted
     config = {"env": {"name": "bandit"}, "algorithm": {"adv_estimator": "gae"}}
     with pytest.raises(tokens.AdvantageUnavailable, match="critic"):
-        tokens.advantages(lake, PLANTED_RUN, 0, config, None, (0, 0))
+        tokens.advantages(lake, PLANTED_RUN, 0, config, "train", (0, 0))
+    with pytest.raises(tokens.AdvantageUnavailable, match="a bootstrap run makes no StarPO update"):
+        tokens.advantages(lake, PLANTED_RUN, 0, {}, "bootstrap", (0, 0))
 
 
 def test_a_trajectory_is_cut_into_its_turns():
@@ -115,6 +117,27 @@ def test_a_trajectory_is_cut_into_its_turns():
     windowed = {**row, "segment_lengths": [5, 7]}  # each turn its own window: the second starts at position 5
     view = tokens.token_view(windowed, [], None)
     assert [[t.position for t in turn.reply] for turn in view.turns] == [[3, 4], [7, 8, 9], []]
+    # a window's tokens after its reply stay in that window (a turn of their own), never in the next one's context
+    spill = {**row, "loss_mask": [0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 0, 0], "segment_lengths": [5, 7]}
+    view = tokens.token_view(spill, [], None)
+    assert [[t.position for t in turn.reply] for turn in view.turns] == [[3], [], [7, 8, 9], []]
+    assert view.turns[2].context[0].text == "#5 #6 " and view.turns[1].context[0].text == "#4 "
+    with pytest.raises(ValueError, match="loss_mask has 11 entries for its 12 token ids"):
+        tokens.token_view({**row, "loss_mask": row["loss_mask"][:-1]}, [], None)
+    with pytest.raises(ValueError, match="segment_lengths \\[5, 5\\] do not split"):
+        tokens.token_view({**row, "segment_lengths": [5, 5]}, [], None)
+
+
+def test_text_split_over_tokens_is_shown_whole(tiny_model_dir):
+    tokenizer = tokens.tokenizer_of(str(tiny_model_dir))
+    reply = tokenizer.encode("café 你好 🎉", add_special_tokens=False)
+    context = tokenizer.encode("日本語の文", add_special_tokens=False)
+    assert len(reply) > len("café 你好 🎉"), "the premise: some characters take several byte-level tokens"
+    row = {"input_ids": context + reply, "loss_mask": [0] * len(context) + [1] * len(reply)}
+    view = tokens.token_view(row, [], str(tiny_model_dir))
+    assert view.decoded and view.turns[0].context[0].text == "日本語の文"
+    pieces = [t.text for t in view.turns[0].reply]
+    assert "".join(pieces) == "café 你好 🎉" and "\ufffd" not in "".join(pieces)
     assert tokens.Token("x", 1, 0, True, math.log(0.999)).level("logprob", 0) == 8
     assert tokens.Token("x", 1, 0, True, None, -2.0).level("advantage", 2.0) == 0
     assert tokens.Token("x", 1, 0, True, None, 0.0).level("advantage", 2.0) == 4
@@ -172,9 +195,27 @@ def test_pages_escape_the_lake_and_refuse_bad_addresses(planted):
 def test_on_loopback_only_loopback_hosts_are_served(planted):
     lake, _ = planted
     app = create_app(lake.root)
-    assert TestClient(app, base_url="http://127.0.0.1:8765").get("/").status_code == 200
-    assert TestClient(app, base_url="http://localhost").get("/").status_code == 200
-    assert TestClient(app, base_url="http://rebound.example").get("/").status_code == 403
+    for base in ("http://127.0.0.1:8765", "http://localhost", "http://LOCALHOST:80", "http://127.0.0.2:9"):
+        assert TestClient(app, base_url=base).get("/").status_code == 200, base
+    for header in ("[::1]", "[::1]:8765", "127.0.0.1"):
+        assert TestClient(app, base_url="http://127.0.0.1").get("/", headers={"host": header}).status_code == 200
+    for header in ("rebound.example", "rebound.example:8765", "127.0.0.1.rebound.example", "", "[::2]:80"):
+        answer = TestClient(app, base_url="http://127.0.0.1").get("/", headers={"host": header})
+        assert answer.status_code == 403, header
+
+
+def test_a_damaged_commit_record_is_a_one_line_page_not_a_traceback(tmp_path):
+    lake = DataLake(tmp_path)
+    write_run(lake, planted_run())
+    commit = lake.commit_marker(PLANTED_RUN, 0)
+    (commit.parent / (commit.name + ".stray")).write_text("{}")
+    (commit.parent / "iteration=0x.json").write_text("{}")
+    client = TestClient(create_app(lake.root), base_url="http://127.0.0.1")
+    for path in (f"/runs/{PLANTED_RUN}/iterations/0", f"/runs/{PLANTED_RUN}"):
+        answer = client.get(path)
+        assert answer.status_code in (200, 500) and "Traceback" not in answer.text, path
+        if answer.status_code == 500:
+            assert 'id="error"' in answer.text and answer.headers["content-security-policy"].startswith("default-src")
 
 
 def test_beyond_loopback_every_request_needs_the_token(planted):
@@ -182,6 +223,7 @@ def test_beyond_loopback_every_request_needs_the_token(planted):
     client = TestClient(create_app(lake.root, token="s3cret", loopback=False), base_url="http://view.example")
     assert client.get("/").status_code == 403
     assert client.get("/?token=wrong").status_code == 403
+    assert client.get("/?token=s3cr\u00e9t").status_code == 403  # not ASCII: refused, not a failure
     answer = client.get(f"/runs/{PLANTED_RUN}?token=s3cret", follow_redirects=False)
     assert answer.status_code == 303 and answer.headers["location"] == f"/runs/{PLANTED_RUN}"
     assert client.get(f"/runs/{PLANTED_RUN}").status_code == 200  # the cookie it set
