@@ -189,10 +189,14 @@ def run_side(
     coverage: Path | None,
     log: Callable[[str], None],
     paths: dict[str, list[str]] | None = None,
+    added: Sequence[str] = (),
 ):
     """``ragen reproduce --all --quick`` of the side's own checkout on the probe specs, then the probe ``paths``'
     runs (:func:`probe_paths`) one after the other, their data root at ``work/run/data`` (the same path for both
-    sides, then moved to ``work/<name>``), under coverage when asked."""
+    sides, then moved to ``work/<name>``), under coverage when asked. The ``added`` findings (registered by this
+    side alone) are left out of that and run last, each ``ragen reproduce NAME --quick`` into ``work/run/added`` (a
+    finding that analyses another's runs, into the compared data root, where those runs are): their rows are not
+    compared, but their code ran."""
     run = work / "run"
     if run.exists():
         shutil.rmtree(run)
@@ -200,10 +204,18 @@ def run_side(
     root = ["--data-root", str(run / "data")]
     commands = {"the findings' points": ["reproduce", "--all", "--quick", *root, "--out-dir", str(run / "out")]}
     commands |= {f"probe path {path}": [*args[:1], *root, *args[1:]] for path, args in (paths or {}).items()}
+    specs = side.tree / "configs" / "findings"
+    for finding in added:
+        own = ["--data-root", str(run / ("data" if _runs_of(side.tree, finding) else "added"))]
+        commands[f"new finding {finding}"] = ["reproduce", finding, "--quick", *own, "--out-dir", str(run / "out")]
+        (specs / f"{finding}.yaml").rename(specs / f"{finding}.added")  # not one of --all's findings
     log(f"probe: {name} side ({side.commit[:12]}, fingerprint {side.fingerprint}) runs every point and path")
     started = time.monotonic()
     with open(work / f"{name}.log", "w") as output:
         for what, args in commands.items():
+            if what.startswith("new finding "):  # back in place for its own run
+                hidden = specs / f"{what.removeprefix('new finding ')}.added"
+                hidden.rename(hidden.with_suffix(".yaml"))
             command = [str(launcher), str(side.tree), *args]
             if coverage is not None:
                 include = str(side.tree / "ragen_core" / "*")
@@ -320,6 +332,7 @@ class ProbeResult:
     points: dict[str, list[str]]  # finding -> the labels of its probe runs
     seconds: float
     paths: dict[str, list[str]] = field(default_factory=dict)  # probe path -> its run's arguments
+    added: list[str] = field(default_factory=list)  # findings only the new commit registers, run on its side alone
 
     @property
     def equal(self) -> bool:
@@ -366,18 +379,18 @@ def probe(
             f"no counted file changed between {old.commit[:12]} and {new.commit[:12]} (fingerprint "
             f"{old.fingerprint}): nothing to re-stamp"
         )
-    findings = _probe_specs(old, new, launcher, only)
+    findings, added = _probe_specs(old, new, launcher, only)
     runs = probe_paths(new.tree, paths)
     coverage = work / "coverage.data"
     coverage.unlink(missing_ok=True)
     run_side(old, launcher, work, "old", None, log, runs)
-    run_side(new, launcher, work, "new", coverage, log, runs)
+    run_side(new, launcher, work, "new", coverage, log, runs, added)
     log("probe: comparing the two lakes row by row")
     tables = compare_lakes(old.lake, new.lake)
     numbers, points = _compare_analyses(old, new, findings)
     missing = unexercised(changed, executed_lines(coverage, new.tree), new.tree)
     seconds = round(time.monotonic() - started, 1)
-    return ProbeResult(old, new, findings, tables, numbers, changed, missing, points, seconds, runs)
+    return ProbeResult(old, new, findings, tables, numbers, changed, missing, points, seconds, runs, added)
 
 
 def _checkouts(repo: Path, commits: Sequence[str], work: Path) -> tuple[Side, Side]:
@@ -393,29 +406,38 @@ def _checkouts(repo: Path, commits: Sequence[str], work: Path) -> tuple[Side, Si
     return sides[0], sides[1]
 
 
-def _probe_specs(old: Side, new: Side, launcher: Path, only: Sequence[str] | None) -> list[str]:
+def _probe_specs(old: Side, new: Side, launcher: Path, only: Sequence[str] | None) -> tuple[list[str], list[str]]:
     """Check that no finding's spec digest moved, then write the probe specs into both trees (only those of
-    ``only`` and the findings whose runs they analyse); the findings probed."""
+    ``only`` and the findings whose runs they analyse); the findings probed on both sides, and the findings only the
+    new commit registers (run on the new side alone: nothing old vouches for their numbers, which come from their own
+    ``ragen reproduce`` at the new commit, but their code counts toward what the probe ran)."""
     before, after = spec_digests(old, launcher), spec_digests(new, launcher, old.fingerprint)
-    moved = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+    removed = sorted(set(before) - set(after))
+    if removed:
+        raise RestampError(
+            f"the new commit no longer registers {', '.join(removed)}: remove its JSON and picture, and re-stamp "
+            "from the commit that removes them"
+        )
+    added = sorted(set(after) - set(before))
+    moved = sorted(n for n in before if before[n] != after[n])
     if moved:
         raise RestampError(
             f"the spec, config or defaults of {', '.join(moved)} changed between the commits: a "
             "re-stamp cannot vouch for that; regenerate (ragen reproduce --all)"
         )
-    unknown = sorted(set(only or ()) - set(before))
+    unknown = sorted(set(only or ()) - set(before) - set(added))
     if unknown:
-        raise RestampError(f"unknown finding(s) {unknown}; registered: {', '.join(before)}")
+        raise RestampError(f"unknown finding(s) {unknown}; registered: {', '.join(sorted(after))}")
     findings = write_probe_specs(old.tree)
-    if write_probe_specs(new.tree) != findings:
+    if sorted(set(write_probe_specs(new.tree)) - set(added)) != sorted(findings):
         raise RestampError("the two commits register other findings")
-    if not only:
-        return findings
-    keep = set(only) | {_runs_of(old.tree, name) for name in only} - {None}
-    for side in (old, new):  # the other findings' specs left out of the probe's trees
-        for name in set(findings) - keep:
-            (side.tree / "configs" / "findings" / f"{name}.yaml").unlink()
-    return [f for f in findings if f in keep]
+    if only:
+        keep = set(only) | {_runs_of(new.tree, name) for name in only} - {None}
+        for side in (old, new):  # the other findings' specs left out of the probe's trees
+            for name in (set(findings) | set(added)) - keep:
+                (side.tree / "configs" / "findings" / f"{name}.yaml").unlink(missing_ok=True)
+        findings, added = [f for f in findings if f in keep], [f for f in added if f in keep]
+    return findings, added
 
 
 def _compare_analyses(old: Side, new: Side, findings: Sequence[str]) -> tuple[dict, dict]:
@@ -455,6 +477,7 @@ def record_of(result: ProbeResult) -> dict[str, Any]:
             "seeds": "every seed of the spec",
         },
         "findings": result.findings,
+        "new_findings": result.added,
         "points": result.points,
         "paths": {name: args[1:] for name, args in result.paths.items()},
         "rows": {t.table: t.old_rows for t in result.tables},

@@ -8,6 +8,8 @@ reproduce --all`` has written the findings again; a change to a default or a fin
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -38,14 +40,27 @@ def test_a_committed_finding_was_made_by_this_checkout_s_code_and_spec(name):
     assert made["code"]["dirty"] is False  # from a committed tree
 
 
+def _registered_at(commit: str) -> set[str]:
+    """The findings whose spec the commit holds (``configs/findings/<name>.yaml``), among those registered now."""
+    listed = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "ls-tree", "--name-only", commit, "configs/findings/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return {Path(p).stem for p in listed} & set(registered())
+
+
 def test_every_re_stamp_record_vouches_for_a_whole_passed_probe_on_one_machine():
-    """A record links two fingerprints only as a probe of every registered finding that ran each changed counted
-    file, within the 40 minutes a re-stamp is meant to take on 2 cores; its sides ran one after the other on one
-    machine (one CPU named)."""
+    """A record links two fingerprints only as a probe of every finding its old commit registered (those the new
+    commit adds were run on its side only, named as new) that ran each changed counted file, within the 40 minutes
+    a re-stamp is meant to take on 2 cores; its sides ran one after the other on one machine (one CPU named)."""
     for record in records(REPO_ROOT):
         where = f"{record['from']['fingerprint']}-{record['to']['fingerprint']}"
         assert record["from"]["fingerprint"] != record["to"]["fingerprint"], where
-        assert sorted(record["findings"]) == sorted(registered()), where
+        registered_then = _registered_at(record["from"]["commit"])
+        assert set(record["findings"]) == registered_then, where
+        assert set(record.get("new_findings", [])) == _registered_at(record["to"]["commit"]) - registered_then, where
         assert record["changed_files"] and all(record["points"].values()), where
         assert record["rows"]["trajectories"] > 0 and record["rows"]["metrics"] > 0, where
         assert record["seconds"]["total"] <= 40 * 60, where

@@ -169,6 +169,11 @@ def clone(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     where = 'where = f"row {self.row_number} of'
     _edit(repo, "ragen_core/envs/dataset.py", where, where.replace("row_number}", "row_number!s}"))
     commits["dataset"] = _commit(repo, "names in the dataset env's scoring, which no finding runs")
+    _git(repo, "checkout", "-q", commits["same"])
+    (repo / "configs" / "findings" / "probe_new.yaml").write_text(
+        textwrap.dedent(TINY).replace("a probe's own finding", "a finding the new commit adds")
+    )
+    commits["added"] = _commit(repo, "a finding registered, beside the cast that moves nothing")
     return repo, commits
 
 
@@ -225,6 +230,24 @@ def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fing
     ]
     assert reaches(result.new.fingerprint, result.old.fingerprint, repo) is None  # a record vouches one way
     assert stamped_commit(repo, result.old.fingerprint, commits["base"]) == commits["same"]
+
+
+def test_a_finding_the_new_commit_adds_runs_on_its_side_alone_and_is_named_in_the_record(clone, tmp_path):
+    repo, commits = clone
+    work = tmp_path / "probe"
+    only = ["probe_tiny", "probe_new"]
+    result = probe(repo, commits["base"], commits["added"], work, log=lambda _: None, only=only, paths=())
+    assert result.passed, result.problems()
+    assert result.findings == ["probe_tiny"] and result.added == ["probe_new"]
+    # compared: the common finding's rows only, as many on both sides; the new one ran into a root of its own
+    assert all(t.equal and t.old_rows == t.new_rows for t in result.tables)
+    assert set(run_labels(result.new.lake).values()) == {"probe-tiny-quick-starpo-s#p0", "bootstrap#1"}
+    assert (work / "new" / "out" / "probe_new-quick.json").is_file()
+    assert not (work / "old" / "out" / "probe_new-quick.json").exists()
+    assert "probe-new-quick" in json.dumps(sorted(p.name for p in (work / "new" / "added" / "runs").iterdir()))
+    assert record_of(result)["new_findings"] == ["probe_new"]
+    with pytest.raises(RestampError, match="no longer registers probe_new"):  # and the other way round
+        probe(repo, commits["added"], commits["base"], tmp_path / "back", log=lambda _: None, only=only, paths=())
 
 
 def test_a_probe_refuses_a_changed_default_before_any_run(clone, tmp_path):
