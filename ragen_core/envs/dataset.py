@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ragen_core.envs.base import StepResult, TextEnv, register_env
-from ragen_core.envs.external import FUNCTION_EXAMPLE, UserCodeError, import_object, one_line, shown
+from ragen_core.envs.external import FUNCTION_EXAMPLE, UserCodeError, import_object, is_number, one_line, shown
 
 DATASET_ENV = "dataset"
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -105,33 +104,26 @@ def load_rows(data_file: str, prompt_column: str) -> tuple[dict[str, Any], ...]:
 def load_reward(reward_fn: str, columns: list[str]) -> Callable[..., Any]:
     """The reward function ``reward_fn`` names, checked to take ``(completion, **columns)``; a ``ValueError`` of one
     line otherwise (before any rollout)."""
-    function = import_object(reward_fn, "env.options.reward_fn", FUNCTION_EXAMPLE)
-    if not callable(function):
-        raise ValueError(f"env.options.reward_fn: {reward_fn!r} is not a function")
-    try:
-        inspect.signature(function).bind("answer", **dict.fromkeys(columns))
-    except TypeError as exc:
-        raise ValueError(
-            f"env.options.reward_fn: {reward_fn!r} cannot be called as reward(completion, "
-            f"{', '.join(f'{c}=...' for c in columns)}): {exc}"
-        ) from None
-    except ValueError:  # a builtin without a signature: called as it is
-        pass
-    return function
+    return _load_function("reward_fn", reward_fn, columns, "reward(completion", "answer")
 
 
 def load_wrong_answer(wrong_answer_fn: str, columns: list[str]) -> Callable[..., Any]:
     """The function ``wrong_answer_fn`` names, checked to take ``(rng, **columns)``; a ``ValueError`` of one line
     otherwise (before any rollout)."""
-    function = import_object(wrong_answer_fn, "env.options.wrong_answer_fn", FUNCTION_EXAMPLE)
+    return _load_function("wrong_answer_fn", wrong_answer_fn, columns, "wrong(rng", None)
+
+
+def _load_function(key: str, name: str, columns: list[str], call: str, first: Any) -> Callable[..., Any]:
+    """The function ``name`` (the value of ``env.options.<key>``) names, checked to take ``first`` and the row's
+    ``columns`` as keywords (``call``: how its call begins, for the message)."""
+    function = import_object(name, f"env.options.{key}", FUNCTION_EXAMPLE)
     if not callable(function):
-        raise ValueError(f"env.options.wrong_answer_fn: {wrong_answer_fn!r} is not a function")
+        raise ValueError(f"env.options.{key}: {name!r} is not a function")
     try:
-        inspect.signature(function).bind(None, **dict.fromkeys(columns))
+        inspect.signature(function).bind(first, **dict.fromkeys(columns))
     except TypeError as exc:
         raise ValueError(
-            f"env.options.wrong_answer_fn: {wrong_answer_fn!r} cannot be called as wrong(rng, "
-            f"{', '.join(f'{c}=...' for c in columns)}): {exc}"
+            f"env.options.{key}: {name!r} cannot be called as {call}, {', '.join(f'{c}=...' for c in columns)}): {exc}"
         ) from None
     except ValueError:  # a builtin without a signature: called as it is
         pass
@@ -205,7 +197,7 @@ class DatasetEnv(TextEnv):
         except Exception as exc:
             raise UserCodeError(f"{called} raised {one_line(exc)}") from exc
         score, feedback = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
-        if isinstance(score, bool) or not isinstance(score, int | float) or math.isnan(float(score)):
+        if not is_number(score):
             raise UserCodeError(f"{called} returned {shown(result)}: return a number, or (number, feedback text)")
         low, high = self.reward_range
         if not low <= float(score) <= high:

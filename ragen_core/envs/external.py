@@ -25,6 +25,8 @@ from functools import lru_cache
 from importlib import metadata
 from typing import Any
 
+import numpy as np
+
 from ragen_core.envs.base import StepResult, TextEnv
 
 ENTRY_POINT_GROUP = "ragen.envs"
@@ -97,7 +99,9 @@ def _call(env: Any, method: str, argument: Any) -> tuple[str, Any]:
         raise UserCodeError(f"{called} raised {one_line(exc)}") from exc
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """Whether a value a user's function returned is a reward: an int or float (numpy's float64 too), not a bool,
+    not NaN."""
     return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
 
@@ -124,8 +128,8 @@ def env_step(env: TextEnv, action: str) -> StepResult:
         isinstance(result, tuple)
         and len(result) == 5
         and isinstance(result[0], str)
-        and _is_number(result[1])
-        and all(isinstance(flag, bool) or type(flag).__name__ == "bool_" for flag in result[2:4])
+        and is_number(result[1])
+        and all(isinstance(flag, bool | np.bool_) for flag in result[2:4])
         and isinstance(result[4], dict)
     ):
         raise UserCodeError(

@@ -23,7 +23,8 @@ TITLES = {
     "val_success_first": "Validation success before RL", "val_success_final": "Final validation success",
     "trained_tokens_per_iteration": "Update tokens / iteration", "update_seconds_per_iteration": "Update s / iter",
     "seconds_per_iteration": "Stage seconds / iteration", "minutes": "Run minutes (stages)",
-    "success_gain_per_minute": "Validation success gain per minute",
+    "success_gain_per_minute": "Validation success gain per minute", "time/step": "Wall seconds per iteration",
+    "wall_minutes": "Run minutes (wall, first to last commit)", "staleness_mean": "Batch staleness (mean)",
 }  # fmt: skip
 Panels = tuple[tuple[str, ...], tuple[str, ...]]  # (curve panels, bar panels)
 PANELS: Registry[Panels] = Registry("findings figure", {  # analysis -> its panels
@@ -35,6 +36,8 @@ PANELS: Registry[Panels] = Registry("findings figure", {  # analysis -> its pane
                            "val_success_final")),  # fmt: skip
     "diversity": ((VAL,), ("val_success_final", "minutes", "success_gain_per_minute")),
     "reasoning": (("think_words", "rollout/think_distinct_rate", "format_ok_rate", VAL), ()),
+    "async_staleness": ((VAL, "time/step"), ("val_success_final", "wall_minutes", "success_gain_per_minute",
+                                             "staleness_mean")),  # fmt: skip
 })  # fmt: skip
 
 

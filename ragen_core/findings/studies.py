@@ -27,6 +27,7 @@ from ragen_core.storage import query
 
 SIGNALS = (GROUP_STD, ENTROPY, GRAD)
 TOKENS = "actor/trained_tokens"
+STEP = "time/step"  # wall seconds from one commit to the next (ragen_core.run.stages.step_time)
 
 
 def _leads(warnings: dict[str, list[tuple[int, str]]], collapses: dict[str, int | None]) -> dict[str, Any]:
@@ -97,7 +98,9 @@ def _score(setting: dict[str, Any]) -> tuple[float, float]:
 
 
 def _stage_seconds(metrics: dict[str, float]) -> float:
-    return sum(v for k, v in metrics.items() if k.startswith("time/") and not k.endswith("_per_s"))
+    """The seconds of an iteration's stages: its ``time/<stage>`` metrics (not the rates, nor ``time/step``, the
+    commit-to-commit wall time that already holds them)."""
+    return sum(v for k, v in metrics.items() if k.startswith("time/") and not k.endswith("_per_s") and k != STEP)
 
 
 def _mean_over_training(ctx: Context, run_id: str, name: str) -> float | None:
@@ -194,3 +197,54 @@ def _first(ctx: Context, run_id: str) -> float | None:
 def _last(ctx: Context, run_id: str) -> float | None:
     points = ctx.series(run_id, "rollout/think_distinct_rate")
     return points[-1][1] if points else None
+
+
+STALENESS_SQL = """
+SELECT run_id, avg(iteration - policy_version) AS mean_staleness, max(iteration - policy_version) AS max_staleness
+FROM trajectories WHERE split = 'train' AND list_contains($runs, run_id) GROUP BY run_id
+"""
+
+
+def _wall_minutes(ctx: Context, run_id: str) -> float | None:
+    """Wall minutes from the run's first commit to its last (the sum of its ``time/step``: the iterations' overlap
+    counted once); None without them (a run older than the metric, or one resumed at every iteration)."""
+    steps = [v for _, v in ctx.series(run_id, STEP)]
+    return sum(steps) / 60.0 if steps else None
+
+
+@register("async_staleness")
+def async_staleness(ctx: Context) -> dict[str, Any]:
+    """Per arm (``trainer.max_staleness``): validation success before RL and at the end (held-out instances for the
+    map envs), the wall minutes from the first commit to the last (``time/step``), seconds per iteration, the success
+    gained per wall minute = (final - first validation success) / wall minutes, and the staleness its training
+    batches had (iteration - the policy version that sampled them: mean and largest over the seeds' runs). With a
+    ``sync`` arm, each arm's final success against the sync arm's spread over seeds (``within_sync_spread``: within
+    its min..max)."""
+    runs = [run for arm in ctx.arms for run in arm.run_ids]
+    staleness = {r["run_id"]: r for r in query(ctx.lake, STALENESS_SQL, params={"runs": runs}).to_pylist()}
+    arms = {}
+    for arm in ctx.arms:
+        minutes = [_wall_minutes(ctx, r) for r in arm.run_ids]
+        per_iteration = [
+            (m * 60.0 / len(ctx.series(r, STEP))) if m else None for r, m in zip(arm.run_ids, minutes, strict=True)
+        ]
+        gains = []
+        for run, minute in zip(arm.run_ids, minutes, strict=True):
+            series = ctx.series(run, ctx.val_key)
+            gains.append((series[-1][1] - series[0][1]) / minute if series and minute else None)
+        arms[arm.label] = {
+            **_validation(ctx, arm),
+            "wall_minutes": spread(minutes),
+            "seconds_per_iteration": spread(per_iteration),
+            "success_gain_per_minute": spread(gains),
+            "staleness_mean": spread([staleness.get(r, {}).get("mean_staleness") for r in arm.run_ids]),
+            "staleness_max": max((staleness.get(r, {}).get("max_staleness") or 0 for r in arm.run_ids), default=0),
+        }
+    sync = next((a for a in ctx.arms if a.variant == "sync"), None)
+    if sync is not None:
+        low, high = arms[sync.label]["val_success_final"]["min"], arms[sync.label]["val_success_final"]["max"]
+        for numbers in arms.values():
+            mean = numbers["val_success_final"]["mean"]
+            numbers["within_sync_spread"] = None if None in (mean, low, high) else bool(low <= mean <= high)
+    curves = {arm.label: {ctx.val_key: curve(ctx, arm, ctx.val_key), STEP: curve(ctx, arm, STEP)} for arm in ctx.arms}
+    return {"val_env": ctx.val_env, "arms": arms, "curves": curves}

@@ -84,6 +84,7 @@ class RunSession:
     ) -> None:  # fmt: skip
         self.config, self.lake, self.run_id = config, lake, run_id
         self.policy, self.updater, self.record = policy, updater, record
+        self.last_commit: float | None = None  # perf_counter() at this process's last commit (time/step)
         # started at the first commit, when a sweep's point is recorded in the manifest
         self.trackers = RunTrackers(config, lake, run_id, lambda: (record.manifest.sweep or {}).get("id"))
 

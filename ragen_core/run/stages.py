@@ -339,13 +339,22 @@ def save_checkpoint_if_due(session: RunSession, iteration: int, metrics: dict[st
     return path
 
 
+def step_time(session: RunSession) -> dict[str, float]:
+    """``time/step``: the wall seconds from this process's previous commit to this one, what an iteration costs when
+    its stages overlap (an asynchronous run: the sum of its ``time/<stage>`` counts the overlap twice); none at a
+    process's first commit (a resumed run starts a new count)."""
+    now, last = time.perf_counter(), session.last_commit
+    session.last_commit = now
+    return {} if last is None else {"time/step": now - last}
+
+
 def commit_iteration(session: RunSession, iteration: int, state: IterationState) -> dict[str, Any]:
     """Stage 7: the checkpoint when due (``state.updated``: the iteration ran an update), the metrics rows of
     ``state.metrics`` (plus throughput), the early-warning events and the evaluations rows (from the published
     ``split='val'`` rows, when the iteration has any); publish them, write the commit marker and update the
     manifest; returns the commit's summary."""
     lake, run_id, updated = session.lake, session.run_id, state.updated
-    metrics = {**state.metrics, **throughput_metrics(state.metrics)}
+    metrics = {**state.metrics, **throughput_metrics(state.metrics), **step_time(session)}
     checkpoint = save_checkpoint_if_due(session, iteration, metrics) if updated else None
     names = sorted(metrics)
     rows = [{"run_id": run_id, "iteration": iteration, "name": n, "value": float(metrics[n])} for n in names]

@@ -84,3 +84,45 @@ def test_a_spec_with_a_bad_key_or_analysis_is_refused(tmp_path):
         load_finding("x", tmp_path)
     with pytest.raises(FindingError, match="unknown key"):
         load_finding("y", tmp_path)
+
+
+def test_async_staleness_reads_wall_time_from_time_step_and_staleness_from_the_rows(tmp_path):
+    """Two arms of two seeds each, their metrics and training rows made by hand: wall minutes are the sum of
+    time/step (not of the overlapping stage timings), the gain is per wall minute, staleness from policy_version."""
+    import pandas as pd
+
+    from ragen_core.findings.analysis import Arm, Context
+    from ragen_core.findings.studies import async_staleness
+    from ragen_core.storage import DataLake
+    from tests.storage.synthetic import Trajectory, make_run, write_run
+
+    class Stale(Trajectory):  # sampled by the policy one update older, from iteration 1 on
+        def row(self):
+            return {**super().row(), "policy_version": max(self.iteration - 1, 0)}
+
+    lake = DataLake(tmp_path)
+    steps = {"s0": [10.0, 20.0], "s1": [30.0, 30.0], "a0": [6.0, 6.0], "a1": [9.0, 3.0]}
+    success = {"s0": (0.2, 0.5), "s1": (0.3, 0.4), "a0": (0.2, 0.6), "a1": (0.1, 0.4)}
+    rows = []
+    for seed, run_id in enumerate(steps):
+        run = make_run(seed, run_id, "bandit", iterations=2, groups=2, group_size=2)
+        if run_id.startswith("a"):  # the async arm's batches
+            for t in run.trajectories:
+                t.__class__ = Stale
+        write_run(lake, run)
+        first, final = success[run_id]
+        rows += [(run_id, 0, "val/bandit/success", first), (run_id, 2, "val/bandit/success", final)]
+        rows += [(run_id, i + 1, "time/step", v) for i, v in enumerate(steps[run_id])]
+        rows += [(run_id, i, "time/generate", 100.0) for i in range(3)]  # overlapping stages: never the wall
+    frame = pd.DataFrame(rows, columns=["run_id", "iteration", "name", "value"])
+    arms = [Arm("sync", "sync", [], ["s0", "s1"], None), Arm("k1", "k1", [], ["a0", "a1"], None)]
+    numbers = async_staleness(Context(lake, arms, frame, {}, "bandit", {}))["arms"]
+    assert numbers["sync"]["wall_minutes"]["mean"] == pytest.approx(((30 + 60) / 2) / 60)
+    assert numbers["k1"]["seconds_per_iteration"]["mean"] == pytest.approx((6 + 6) / 2)
+    gains = [(0.5 - 0.2) / 0.5, (0.4 - 0.3) / 1.0]
+    assert numbers["sync"]["success_gain_per_minute"]["mean"] == pytest.approx(sum(gains) / 2)
+    assert numbers["sync"]["staleness_mean"]["mean"] == 0 and numbers["sync"]["staleness_max"] == 0
+    # two training iterations of equal batches: staleness 0 at iteration 0, 1 at iteration 1
+    assert numbers["k1"]["staleness_mean"]["mean"] == pytest.approx(0.5) and numbers["k1"]["staleness_max"] == 1
+    # the sync arm's final success spans 0.4..0.5: k1's mean 0.5 lies within it
+    assert numbers["k1"]["within_sync_spread"] is True and numbers["sync"]["within_sync_spread"] is True

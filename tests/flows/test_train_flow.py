@@ -90,6 +90,19 @@ def test_metrics_manifest_and_commits(trained_root):
     )
 
 
+def test_time_step_is_the_wall_time_from_one_commit_to_the_next(trained_root):
+    """None at the process's first commit; later ones at least the stages that ran one after the other since."""
+    rows = query(trained_root, "SELECT iteration, name, value FROM metrics WHERE name LIKE 'time/%'").to_pylist()
+    by_iteration: dict[int, dict[str, float]] = {}
+    for row in rows:
+        by_iteration.setdefault(row["iteration"], {})[row["name"]] = row["value"]
+    assert "time/step" not in by_iteration[0]
+    for iteration in (1, 2):
+        timings = by_iteration[iteration]
+        stages = sum(v for k, v in timings.items() if k not in ("time/step", "time/commit") and not k.endswith("_s"))
+        assert timings["time/step"] >= stages > 0, (iteration, timings)
+
+
 def test_cli_sql_formats(trained_root):
     runner = CliRunner()
     statement = "SELECT iteration, count(*) AS n FROM trajectories WHERE split = 'train' GROUP BY 1 ORDER BY 1"
