@@ -153,6 +153,7 @@ def create_app(root: Path, token: str | None = None, loopback: bool = True) -> F
             charts=charts,
             config=queries.flat_config(row["config"]),
             iterations=read("reading the iterations", queries.iterations, lake, run_id),
+            events=read("reading the events", queries.events, lake, run_id),
             metric_names=read("reading the metrics", queries.metric_names, lake, [run_id]),
             metric=metric,
         )

@@ -238,6 +238,19 @@ def curves(lake: DataLake, run_ids: list[str], extra: list[str] | None = None) -
     return result
 
 
+def events(lake: DataLake, run_id: str) -> list[dict[str, Any]]:
+    """The run's events (the monitor's early warnings of collapse, an iteration the filter emptied...), oldest
+    first."""
+    return _rows(
+        query(
+            lake,
+            "SELECT iteration, kind, metric, value, threshold, message FROM events ORDER BY iteration, created_at",
+            run_id=run_id,
+            tables=("events",),
+        )
+    )
+
+
 def iterations(lake: DataLake, run_id: str) -> list[dict[str, Any]]:
     """Per committed iteration of the run, from its metrics (never its trajectories): training success, reward mean
     and std, the filter's kept share, truncated share, and the mean validation success over its val envs."""

@@ -227,3 +227,17 @@ def test_beyond_loopback_every_request_needs_the_token(planted):
     answer = client.get(f"/runs/{PLANTED_RUN}?token=s3cret", follow_redirects=False)
     assert answer.status_code == 303 and answer.headers["location"] == f"/runs/{PLANTED_RUN}"
     assert client.get(f"/runs/{PLANTED_RUN}").status_code == 200  # the cookie it set
+
+
+def test_a_runs_events_are_listed_escaped(tmp_path):
+    from ragen_core.storage.rows import event_row
+
+    lake = DataLake(tmp_path)
+    write_run(lake, planted_run())
+    warning = event_row(
+        PLANTED_RUN, 1, "early_warning", "<b>std</b> collapsed", "rollout/in_group_reward_std", 0.01, 0.05
+    )
+    lake.write_rows("events", PLANTED_RUN, 1, [warning], stage="events")
+    page = TestClient(create_app(lake.root), base_url="http://127.0.0.1").get(f"/runs/{PLANTED_RUN}")
+    assert page.status_code == 200 and 'id="events"' in page.text
+    assert "&lt;b&gt;std&lt;/b&gt; collapsed" in page.text and "rollout/in_group_reward_std" in page.text
