@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shutil
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -33,6 +29,7 @@ from benchmarks.common import HERE
 from benchmarks.lake_bench import RUN_IDS, _environment, write_lake
 from benchmarks.lake_synth import BatchShape
 from ragen_core.storage import DataLake, query
+from ragen_view.server import spawn
 
 TARGET_S = 1.0  # issue 52: a page of a 1M-trajectory lake opens in under a second
 
@@ -76,26 +73,10 @@ def pages(lake: DataLake, iterations: int) -> dict[str, str]:
     }
 
 
-def _start(root: Path) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ragen_cli.main", "view", "--data-root", str(root), "--port", "0", "--no-open"],
-        cwd=HERE.parent,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    line = process.stdout.readline()
-    match = re.search(r"(http://\S+)", line)
-    if not match:
-        process.kill()
-        raise RuntimeError(f"ragen view did not start: {line}{process.stdout.read()[-2000:]}")
-    return process, match.group(1).rstrip("/")
-
-
 def time_pages(root: Path, paths: dict[str, str], repeat: int) -> dict[str, dict[str, float]]:
     """Each page fetched ``repeat`` times (after one untimed fetch that loads the app's imports), by name."""
-    process, url = _start(root)
+    process, url = spawn(root, cwd=HERE.parent)
+    url = url.rstrip("/")
     try:
         timings = {}
         for name, path in paths.items():

@@ -218,9 +218,8 @@ def create_app(root: Path, token: str | None = None, loopback: bool = True) -> F
             max_staleness=_bound(max_staleness, int, "max_staleness"),
             where=(where or "").strip() or None,
         )
-        if sort not in queries.SORTS:
-            raise PageError(400, f"unknown sort {sort!r}; sort by one of: {', '.join(queries.SORTS)}")
-        if iteration not in committed(run_id):
+        iterations = committed(run_id)
+        if iteration not in iterations:
             raise PageError(404, f"run {run_id!r} has no committed iteration {iteration}")
         found = read("the filter", queries.trajectories, lake, run_id, iteration, filters, sort, bool(desc), page_no)
         return page(
@@ -236,7 +235,7 @@ def create_app(root: Path, token: str | None = None, loopback: bool = True) -> F
             desc=bool(desc),
             sorts=list(queries.SORTS),
             args=_args(request, exclude=("sort", "desc", "page_no")),
-            committed=committed(run_id),
+            committed=iterations,
         )
 
     @app.get("/runs/{run_id}/iterations/{iteration}/trajectory", response_class=HTMLResponse)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 import socket
+import subprocess
 import sys
 import threading
+import time
 import webbrowser
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,3 +88,27 @@ def serve(root: Path, binding: Binding, open_browser: bool) -> None:
     if open_browser:
         threading.Timer(0.5, webbrowser.open, args=(binding.url,)).start()
     server.run(sockets=[binding.sock])
+
+
+def spawn(root: Path, *args: str, cwd: Path | None = None, timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
+    """``ragen view --data-root ROOT --port 0 --no-open [args]`` started as a user starts it, in a process of its own
+    (its output on its ``stdout`` pipe), and the URL it printed; the process is killed when no URL came within
+    ``timeout`` seconds (a RuntimeError with its output). Stop it with SIGINT (Ctrl-C)."""
+    command = [sys.executable, "-m", "ragen_cli.main", "view", "--data-root", str(root), "--port", "0", "--no-open"]
+    process = subprocess.Popen(
+        [*command, *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline, line = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if match := re.search(r"(http://\S+)", line):
+            return process, match.group(1)
+        if process.poll() is not None:
+            break
+    process.kill()
+    raise RuntimeError(f"ragen view did not print its URL: {line!r} {process.stdout.read()[-2000:]}")

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -95,25 +92,13 @@ class Viewer:
 
 
 def start_viewer(root: Path, *args: str) -> Viewer:
-    """``ragen view --data-root ROOT --port 0 --no-open`` as users start it; its URL read from its first line."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ragen_cli.main", "view", "--data-root", str(root), "--port", "0", "--no-open", *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    deadline = time.monotonic() + 120
-    line = ""
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if match := re.search(r"(http://\S+)", line):
-            return Viewer(process, match.group(1))
-        if process.poll() is not None:
-            break
-    process.kill()
-    raise AssertionError(f"ragen view did not print its URL: {line!r} {process.stdout.read()[-2000:]}")
+    """``ragen view --data-root ROOT --port 0 --no-open`` as users start it; its URL read from its output."""
+    from ragen_view.server import spawn
+
+    try:
+        return Viewer(*spawn(root, *args, cwd=REPO))
+    except RuntimeError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 @pytest.fixture(scope="session")
