@@ -87,6 +87,7 @@ def run_sections(args: argparse.Namespace, data_root: Path, started: float) -> t
         "update": lambda: suite.run_update_section(sizes, args.device, args.threads, args.peak_tflops),
         "group": lambda: suite.run_group_section(sizes, args.threads),
         "async": lambda: suite.run_async_section(sizes, data_root, args.threads),
+        "host": lambda: suite.run_host_section(sizes, data_root),
         "lake": lambda: suite.run_lake_section(sizes),
         "view": lambda: suite.run_view_section(sizes),
         "vllm": lambda: suite.run_vllm_section(sizes, data_root, args.threads),

@@ -296,6 +296,16 @@ def view_section(view: dict[str, Any] | None) -> list[str]:
     return [heading, "", f"Machine: {machine_line(view)}.", *rest, ""]
 
 
+def host_section(host: dict[str, Any] | None) -> list[str]:
+    """The host's share of an iteration, before and after the one token path (benchmarks/host_bench.py)."""
+    from benchmarks.host_bench import markdown
+
+    if not host:
+        return ["## Host share of an iteration", "", "Not run.", ""]
+    heading, *rest = markdown(host).splitlines()
+    return [heading, "", f"Machine: {machine_line(host)}.", *rest, ""]
+
+
 def render(details: dict[str, Any]) -> str:
     """The whole RESULTS.md."""
     flow = details.get("flow")
@@ -316,6 +326,7 @@ def render(details: dict[str, Any]) -> str:
         *update_section(details.get("update"), "2. Update efficiency"),
         *group_section(details.get("group")),
         *async_section(details.get("async")),
+        *host_section(details.get("host")),
         *flow_section(flow),
         *storage_section(details.get("lake"), flow),
         *view_section(details.get("view")),

@@ -48,7 +48,24 @@ def flatten(details: dict[str, Any]) -> dict[str, Any]:
     _flatten_vllm(details.get("vllm"), flat)
     _flatten_async(details.get("async"), flat)
     _flatten_view(details.get("view"), flat)
+    _flatten_host(details.get("host"), flat)
     return flat
+
+
+def _flatten_host(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    """Per shape: the host's seconds and share of an iteration before and after the one token path, and after /
+    before of the seconds (``host_ratio``, with its range)."""
+    if not section:
+        return
+    flat["host.before_commit"] = section["before"]
+    for shape in section["shapes"]:
+        row = section[shape]
+        for side in ("before", "after"):
+            flat[f"host_share.{shape}.{side}"] = row[f"{side}.host_share"]
+            flat[f"host_s.{shape}.{side}"] = row[f"{side}.host_s"]
+        ratio = row["host_ratio"]
+        flat[f"host_ratio.{shape}"] = ratio["median"]
+        flat[f"host_ratio.{shape}.min"], flat[f"host_ratio.{shape}.max"] = ratio["min"], ratio["max"]
 
 
 def _flatten_view(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:

@@ -50,6 +50,9 @@ class Sizes:
     async_cases: tuple[tuple[str, str, int, int, int, int, int, int, str], ...] = ()
     view_trajectories: int = 0  # the rollout viewer's lake (2 runs x view_iterations)
     view_iterations: int = 50
+    host_shapes: tuple[str, ...] = ()  # benchmarks/host_bench.py's shapes: the host's share, before and after
+    host_iterations: int = 5
+    host_pairs: int = 2
 
 
 FULL = Sizes(
@@ -83,6 +86,7 @@ FULL = Sizes(
     # one more forward per update, what the decoupled correction needs too)
     async_cases=(("20m", "sokoban", 4, 4, 3, 48, 6, 2, "always"), ("20m", "sokoban", 4, 4, 3, 48, 6, 2, "auto")),
     view_trajectories=1_000_000,  # issue 52's lake: a page in under a second
+    host_shapes=("demo", "sokoban", "sokoban_turn_rows"),  # ~1 min per pair of runs on 2 cores
 )
 QUICK = Sizes(
     rollout_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
@@ -103,9 +107,12 @@ QUICK = Sizes(
     async_cases=(("tiny", "sokoban", 2, 4, 3, 16, 4, 3, "always"),),
     view_trajectories=10_000,
     view_iterations=5,
+    host_shapes=("demo",),
+    host_iterations=3,
+    host_pairs=1,
 )
 GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
-SECTIONS = ("flow", "peer", "rollout", "update", "group", "async", "lake", "view", "vllm")
+SECTIONS = ("flow", "peer", "rollout", "update", "group", "async", "host", "lake", "view", "vllm")
 
 
 def _stamp(device: str) -> dict[str, Any]:
@@ -258,6 +265,17 @@ def run_async_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, 
         case = AsyncCase(shape, env, groups, size, turns, tokens, iterations, 1, pairs, data_root, threads, reuse)
         cases.append(measure(case))
     return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
+
+
+def run_host_section(sizes: Sizes, data_root: Path) -> dict[str, Any]:
+    """Issue 49, item 3: the host's share of an iteration before and after the one token path, interleaved pairs of
+    whole training runs at the demo's and multi-turn Sokoban's shapes."""
+    from benchmarks.host_bench import HostCase, run_host
+
+    started = time.perf_counter()
+    pairs = sizes.repeats_override or sizes.host_pairs
+    result = run_host(HostCase(sizes.host_shapes, sizes.host_iterations, pairs, data_root))
+    return {**_stamp("cpu"), **result, "seconds": time.perf_counter() - started}
 
 
 def run_lake_section(sizes: Sizes) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """The batch pipeline: stage -> validate -> [filter] -> publish, one code path for every batch a run stores.
 
 Training rollouts (filtered, then trained on), validation rollouts and a bootstrap's demonstrations all pass through
-a :class:`BatchPipeline`: the records are staged as Parquet (invisible to readers), the data contracts judge the
-staged batch (a failing batch is quarantined with a report and nothing from it is published), the group filter
-marks the kept groups (training only), and the batch is published (atomic renames) and marked done with its
-metrics, so a resume reuses it. An iteration runs the steps as stages of their own (``persist``, ``validate``,
+a :class:`BatchPipeline`: the records become the lake's tables and the turns are staged as Parquet (invisible to
+readers), the data contracts judge the batch (the staged turns as read back, the trajectories as they will be
+written; a failing batch is quarantined with a report and nothing from it is published), the group filter marks the
+kept groups (training only), and the batch is published: its trajectories staged, once, with the filter's columns,
+then both tables renamed into place (atomic renames) and the stage marked done with its metrics, so a resume reuses
+it. An iteration runs the steps as stages of their own (``persist``, ``validate``,
 ``filter``: :mod:`ragen_core.run.stages`), so each is a visible, timed stage; everyone else calls
 :meth:`BatchPipeline.run`.
 """
@@ -74,7 +76,9 @@ class BatchPipeline:
 
     def __init__(self, lake: DataLake, meta: BatchMeta, stage: str, rules: BatchRules) -> None:
         self.lake, self.meta, self.stage, self.rules = lake, meta, stage, rules
-        self._checked: tuple[pa.Table, pa.Table] | None = None  # the staged batch as validated (read back once)
+        self._trajectories: pa.Table | None = None  # held until the filter's columns are in: written once
+        self._checked: tuple[pa.Table, pa.Table] | None = None  # the batch as validated
+        self._written = False
 
     def __repr__(self) -> str:
         return f"BatchPipeline({self.meta.run_id}/{self.meta.iteration}/{self.stage})"
@@ -86,20 +90,27 @@ class BatchPipeline:
         return self.publish(metrics)
 
     def persist(self, records: list[TrajectoryRecord]) -> dict[str, Any]:
-        """Stage the batch's ``trajectories`` and ``turns`` (deterministic names: a redo overwrites)."""
-        run_id, iteration = self.meta.run_id, self.meta.iteration
-        self.lake.stage_table(run_id, iteration, self.stage, "trajectories", trajectories_table(records, self.meta))
-        self.lake.stage_table(run_id, iteration, self.stage, "turns", turns_table(records, self.meta))
+        """The batch as the lake's ``trajectories`` and ``turns`` tables (:meth:`persist_tables`)."""
+        self.persist_tables(trajectories_table(records, self.meta), turns_table(records, self.meta))
         return {"trajectories": len(records), "turns": sum(len(r.turns) for r in records)}
 
+    def persist_tables(self, trajectories: pa.Table, turns: pa.Table) -> None:
+        """Stage the batch's ``turns`` (deterministic names: a redo overwrites; nothing later changes them) and hold
+        its ``trajectories`` until :meth:`publish` writes them with the filter's columns, so each is written once.
+        The trajectories may break the lake's contracts: :meth:`validate` judges them."""
+        self._trajectories, self._checked, self._written = trajectories, None, False
+        self.lake.stage_table(self.meta.run_id, self.meta.iteration, self.stage, "turns", turns)
+
     def validate(self) -> dict[str, Any]:
-        """The data contracts of :mod:`schemas.contracts` on the staged batch (vectorised on every batch; pandera and
-        great-expectations re-check a rejected one); a failing or unreadable batch is moved to quarantine with a
-        machine-readable report.json and :class:`BatchRejected`."""
+        """The data contracts of :mod:`schemas.contracts` on the batch, the turns as staged and read back
+        (vectorised on every batch; pandera and great-expectations re-check a rejected one); a failing or unreadable
+        batch is moved to quarantine (its trajectories staged beside its turns) with a machine-readable report.json
+        and :class:`BatchRejected`."""
         run_id, iteration, rules = self.meta.run_id, self.meta.iteration, self.rules
         self._checked = None
+        trajectories = self._held()
         try:
-            trajectories, turns = self.staged()
+            turns = self.lake.read_staged(run_id, iteration, self.stage, "turns")
         except LakeError as exc:
             report = ContractReport()
             report.add("storage", "staged_batch_readable", detail=str(exc))
@@ -113,6 +124,7 @@ class BatchPipeline:
                 max_staleness=rules.max_staleness,
             )
         if not report.ok:
+            self.lake.stage_table(run_id, iteration, self.stage, "trajectories", trajectories, strict=False)
             context = {"run_id": run_id, "iteration": iteration, "stage": self.stage, "group_size": rules.group_size}
             report_json = report.to_json(**context, reward_bounds=list(rules.bounds))
             where = self.lake.quarantine(run_id, iteration, self.stage, report_json)
@@ -127,10 +139,10 @@ class BatchPipeline:
         return {"rows": trajectories.num_rows, "checks": "passed"}
 
     def filter(self, algorithm: FilterSettings, entropy: TrajectoryEntropy | None = None) -> None:
-        """The group filter of the ``algorithm`` config section (``filter`` and its options) writes
-        ``group_reward_std``, ``filter_metric_value`` and ``kept`` into the staged trajectories; ``entropy`` (the
-        entropy metrics with ``algorithm.filter_entropy=full``) gives each trajectory's entropy instead of the stored
-        log-probs' estimate."""
+        """The group filter of the ``algorithm`` config section (``filter`` and its options) sets
+        ``group_reward_std``, ``filter_metric_value`` and ``kept`` of the validated trajectories (written by
+        :meth:`publish`); ``entropy`` (the entropy metrics with ``algorithm.filter_entropy=full``) gives each
+        trajectory's entropy instead of the stored log-probs' estimate."""
         trajectories, turns = self.checked()
         decision = apply_filter(algorithm, *filter_inputs(trajectories, filter_metric(algorithm), entropy))
         for name, values, kind in (
@@ -140,34 +152,40 @@ class BatchPipeline:
         ):
             index = trajectories.schema.get_field_index(name)
             trajectories = trajectories.set_column(index, trajectories.schema.field(name), pa.array(values, kind))
-        self.lake.stage_table(self.meta.run_id, self.meta.iteration, self.stage, "trajectories", trajectories)
         self._checked = (trajectories, turns)
         if not bool(decision.kept.any()):
             LOGGER.warning("run %s iteration %d: the filter kept no group; the update is skipped",
                            self.meta.run_id, self.meta.iteration)  # fmt: skip
 
+    def write(self) -> None:
+        """Stage the validated (and filtered) trajectories: the one write of the batch's trajectories (again: a
+        no-op)."""
+        if not self._written:
+            trajectories, _ = self.checked()
+            self.lake.stage_table(self.meta.run_id, self.meta.iteration, self.stage, "trajectories", trajectories)
+            self._written = True
+
     def publish(self, metrics: BatchMetrics | None = None) -> dict[str, float]:
-        """Publish the staged batch (one atomic rename per file) and mark the stage done with ``metrics`` of it (a
-        resume reuses a published batch and its metrics instead of regenerating it)."""
+        """Write the trajectories (:meth:`write`), publish the staged batch (one atomic rename per file) and mark the
+        stage done with ``metrics`` of it (a resume reuses a published batch and its metrics instead of
+        regenerating it)."""
         run_id, iteration = self.meta.run_id, self.meta.iteration
         values = metrics(*self.checked()) if metrics is not None else {}
+        self.write()
         self.lake.publish(run_id, iteration, self.stage)
         self.lake.mark_stage_done(run_id, iteration, self.stage, {"metrics": values})
         return values
 
     def checked(self) -> tuple[pa.Table, pa.Table]:
-        """The batch as :meth:`validate` read it back from staging (with the filter's columns once filtered)."""
+        """The batch as :meth:`validate` judged it (with the filter's columns once filtered)."""
         if self._checked is None:
-            raise RuntimeError(f"{self!r} has not been validated: validate() reads the staged batch back first")
+            raise RuntimeError(f"{self!r} has not been validated: validate() judges the persisted batch first")
         return self._checked
 
-    def staged(self) -> tuple[pa.Table, pa.Table]:
-        """The staged (trajectories, turns) of the batch."""
-        run_id, iteration = self.meta.run_id, self.meta.iteration
-        return (
-            self.lake.read_staged(run_id, iteration, self.stage, "trajectories"),
-            self.lake.read_staged(run_id, iteration, self.stage, "turns"),
-        )
+    def _held(self) -> pa.Table:
+        if self._trajectories is None:
+            raise RuntimeError(f"{self!r} has nothing to validate: persist() makes the batch's tables first")
+        return self._trajectories
 
 
 def filter_inputs(

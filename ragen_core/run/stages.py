@@ -58,6 +58,7 @@ from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import Stage, checkpoint_row, evaluation_rows, event_row
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
 from ragen_core.training.entropy import trajectory_entropy
+from ragen_core.training.rows import TokenRows
 from ragen_core.training.turn_rows import turn_entropy
 from ragen_core.training.updater import SKIPPED
 
@@ -115,7 +116,8 @@ def sampling_version(iteration: int, max_staleness: int) -> int:
 
 
 def persist(session: RunSession, iteration: int, state: IterationState) -> dict[str, Any]:
-    """Stage 2: the training rollouts staged as Parquet (invisible to readers until the filter publishes them)."""
+    """Stage 2: the training rollouts as the lake's tables, the turns staged as Parquet (invisible to readers until
+    the filter publishes them); the trajectories are written once, with the filter's columns, when published."""
     state.batch = training_batch(session, iteration)
     return state.batch.persist(state.records)
 
@@ -127,8 +129,8 @@ def validate(session: RunSession, iteration: int, state: IterationState) -> dict
 
 def filter_and_publish(session: RunSession, iteration: int, state: IterationState) -> dict[str, float]:
     """Stage 4: the group filter the session's config sets (``algorithm.filter`` and its options, the entropy of
-    :func:`filter_entropy`) writes ``kept`` into the staged batch, which is then published and marked done; returns
-    the rollout and filter metrics."""
+    :func:`filter_entropy`) marks the kept groups; the trajectories are then written (once) and the batch published
+    and marked done; returns the rollout and filter metrics."""
     batch = _batch(state)
     batch.filter(session.config.algorithm, filter_entropy(session))
     metrics = batch.publish(lambda trajectories, turns: {**rollout_metrics(trajectories, turns),
@@ -160,10 +162,8 @@ def filter_entropy(session: RunSession) -> TrajectoryEntropy | None:
         score = partial(trajectory_entropy, session.policy.model, pad_id=session.tokenizer.pad_token_id,
                         temperature=config.rollout.temperature, batch_size=config.actor.micro_batch_size)  # fmt: skip
         if turn_rows:
-            return turn_entropy(trajectories, lambda turns: score(turns.input_ids, turns.loss_mask))
-        columns = ("input_ids", "loss_mask", "segment_lengths")
-        ids, masks, segments = (trajectories[name].to_pylist() for name in columns)
-        return score(ids, masks, segment_lengths=segments)
+            return turn_entropy(trajectories, lambda turns: score(turns.tokens))
+        return score(TokenRows.from_table(trajectories))
 
     return entropy
 
@@ -178,7 +178,8 @@ def diagnose_reasoning(session: RunSession, iteration: int, state: IterationStat
     columns = ["split", "input_ids", "loss_mask"]
     rows = session.lake.read_table("trajectories", session.run_id, iteration, columns=columns)
     rows = rows.filter(pc.equal(rows["split"], "train"))
-    ids, masks = rows["input_ids"].to_pylist(), rows["loss_mask"].to_pylist()
+    tokens = TokenRows.from_table(rows)
+    ids, masks = tokens.id_rows(), tokens.mask_rows()
     decode = session.tokenizer.decode if config.rollout.enable_think else None
     encode = partial(session.tokenizer.encode, add_special_tokens=False)  # RAGEN-2 re-tokenises the think content
     span = (trainer.mi_reasoning, config.rollout.think_prefix, encode)

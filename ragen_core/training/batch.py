@@ -6,9 +6,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from ragen_core.algos import entropy_from_logprobs
@@ -81,59 +78,6 @@ def collate(
     if all(lengths is None for lengths in segments):
         return TokenBatch(ids, attention, mask)
     return TokenBatch(ids, attention, mask, _packed_rows([len(seq) for seq in input_ids], segments, mask))
-
-
-def collate_table(table: pa.Table, pad_id: int) -> TokenBatch:
-    """:func:`collate` of a table's ``input_ids``, ``loss_mask`` and (when present) ``segment_lengths`` columns,
-    equal to it bit for bit, built from Arrow's flat buffers at once (no Python list per row): the one way stored
-    trajectories become a batch (the update, offline re-training)."""
-    if table.num_rows == 0:
-        raise ValueError("no rows to collate")
-    lengths = _lengths(table["input_ids"])
-    mask_lengths = _lengths(table["loss_mask"])
-    if not np.array_equal(lengths, mask_lengths):
-        row = int(np.flatnonzero(lengths != mask_lengths)[0])
-        raise ValueError(f"row {row}: {lengths[row]} token ids but {mask_lengths[row]} loss-mask entries")
-    ids = torch.full((len(lengths), int(lengths.max())), pad_id, dtype=torch.long)
-    rows, columns = _positions(lengths)
-    ids[rows, columns] = torch.from_numpy(_values(table["input_ids"]).astype(np.int64))
-    attention = torch.zeros_like(ids)
-    attention[rows, columns] = 1
-    mask = torch.zeros(ids.shape, dtype=torch.float32)
-    mask[rows, columns] = torch.from_numpy(_values(table["loss_mask"]).astype(np.float32))
-    mask[:, 0] = 0.0  # the first token has no context to be predicted from
-    column = table["segment_lengths"] if "segment_lengths" in table.column_names else None
-    if column is None or column.null_count == len(column):
-        return TokenBatch(ids, attention, mask)
-    segments = column.to_pylist()  # a few lengths per row (one per turn), not tokens
-    return TokenBatch(ids, attention, mask, _packed_rows(lengths.tolist(), segments, mask))
-
-
-def padded_values(column: pa.ChunkedArray | pa.Array, width: int) -> torch.Tensor | None:
-    """(B, ``width``) float32 of a list column (the stored behaviour log-probs), right-padded with 0; None when a row
-    is null (scripted rows have none)."""
-    if column.null_count:
-        return None
-    lengths = _lengths(column)
-    out = torch.zeros((len(lengths), width), dtype=torch.float32)
-    rows, columns = _positions(lengths)
-    out[rows, columns] = torch.from_numpy(_values(column).astype(np.float32))
-    return out
-
-
-def _lengths(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def _values(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return pc.list_flatten(column).to_numpy(zero_copy_only=False)
-
-
-def _positions(lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (row, column) of every value of rows of ``lengths``, in the order the flat values list them."""
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return torch.from_numpy(rows), torch.from_numpy(np.arange(len(rows)) - starts)
 
 
 def _packed_rows(sizes: Sequence[int], segments: list[Sequence[int] | None], mask: torch.Tensor) -> torch.Tensor:

@@ -12,9 +12,9 @@ import torch
 
 from ragen_core.config import RunConfig
 from ragen_core.storage import DataLake
-from ragen_core.training.batch import collate, collate_table, padded_values
+from ragen_core.training.rows import TokenRows
 from ragen_core.training.starpo import UpdateInputs
-from ragen_core.training.turn_rows import padded_logprobs, turn_rows_of_table
+from ragen_core.training.turn_rows import turn_rows_of_table
 
 
 def update_inputs(
@@ -39,7 +39,8 @@ def update_inputs(
     kept_share = pc.count_distinct(rows["group_id"]).as_py() / groups
     if config.rollout.training_rows == "turn":
         return turn_update_inputs(rows, pad_token_id, kept_share)
-    batch = collate_table(rows, pad_token_id)
+    tokens = TokenRows.from_table(rows, logprobs=_policy_rows(rows))
+    batch = tokens.batch(pad_token_id)
     turn_rewards = None
     if config.algorithm.reward_level == "turn":
         turns = lake.read_table("turns", run_id, iteration).to_pandas()
@@ -55,7 +56,7 @@ def update_inputs(
         scores=torch.tensor(rows["total_reward"].to_numpy(), dtype=torch.float32),
         group_index=torch.tensor(rows["group_id"].to_numpy(), dtype=torch.long),
         turn_rewards=turn_rewards,
-        behavior_logprobs=stored_behavior_logprobs(rows, batch.loss_mask.shape[1]),
+        behavior_logprobs=tokens.padded_logprobs(batch.loss_mask.shape[1]),
         kept_group_share=kept_share,
     )
 
@@ -65,22 +66,19 @@ def turn_update_inputs(rows: pa.Table, pad_token_id: int, kept_share: float) -> 
     training row (:mod:`ragen_core.training.turn_rows`), carrying its trajectory's score and group, with its
     trajectory as ``episode_index`` (GRPO's statistics count each trajectory once, as RAGEN-2's)."""
     turns = turn_rows_of_table(rows)
-    batch = collate(turns.input_ids, turns.loss_mask, pad_token_id)
+    batch = turns.tokens.batch(pad_token_id)
     index = torch.tensor(turns.trajectory, dtype=torch.long)
     return UpdateInputs(
         batch=batch,
         scores=torch.tensor(rows["total_reward"].to_numpy(), dtype=torch.float32)[index],
         group_index=torch.tensor(rows["group_id"].to_numpy(), dtype=torch.long)[index],
-        behavior_logprobs=padded_logprobs(turns, batch.loss_mask.shape[1]),
+        behavior_logprobs=turns.tokens.padded_logprobs(batch.loss_mask.shape[1]),
         kept_group_share=kept_share,
         episode_index=index,
     )
 
 
-def stored_behavior_logprobs(rows: pa.Table, width: int) -> torch.Tensor | None:
-    """(B, ``width``) the sampler's stored log-probs of the rows, right-padded with 0 like the loss mask; None when
-    some row has none (scripted rows: ``behavior_source`` other than 'policy')."""
-    sources = rows["behavior_source"]
-    if rows.num_rows == 0 or not pc.all(pc.equal(sources, "policy")).as_py():
-        return None
-    return padded_values(rows["behavior_logprobs"], width)
+def _policy_rows(rows: pa.Table) -> bool:
+    """Whether every row was sampled by the policy (``behavior_source = 'policy'``), so has the sampler's log-probs
+    (scripted rows have none: the update then has no stored behaviour log-probs)."""
+    return rows.num_rows > 0 and pc.all(pc.equal(rows["behavior_source"], "policy")).as_py()

@@ -16,7 +16,7 @@ import torch
 
 from ragen_core.algos import needs_critic
 from ragen_core.config import RunConfig
-from ragen_core.training.batch import collate_table, padded_values
+from ragen_core.training.rows import TokenRows
 from ragen_core.training.starpo import UpdateInputs, compute_advantages, token_rewards_for
 from schemas.tables import TRAJECTORY_KEY
 
@@ -25,20 +25,24 @@ class OfflineError(ValueError):
     """The selection cannot be re-trained on as asked; the message says why and how to fix it."""
 
 
-def offline_inputs(table: pa.Table, pad_token_id: int) -> UpdateInputs:
-    """Token batch, scores and groups of the selected rows; groups are (run, iteration, split, env, group)."""
-    batch = collate_table(table, pad_token_id)
+def offline_inputs(table: pa.Table, pad_token_id: int, behaviour: bool = False) -> UpdateInputs:
+    """Token batch, scores and groups of the selected rows; groups are (run, iteration, split, env, group). With
+    ``behaviour``: their stored behaviour log-probs too (:func:`behavior_logprobs`'s rules)."""
+    tokens = TokenRows.from_table(table, logprobs=behaviour)
+    batch = tokens.batch(pad_token_id)
     group_keys = list(zip(*(table[k].to_pylist() for k in TRAJECTORY_KEY[:-1]), strict=True))
     ids = {key: i for i, key in enumerate(dict.fromkeys(group_keys))}
     return UpdateInputs(
         batch=batch,
         scores=torch.tensor(table["total_reward"].to_numpy(), dtype=torch.float32),
         group_index=torch.tensor([ids[key] for key in group_keys], dtype=torch.long),
+        behavior_logprobs=behavior_logprobs(table, tokens, batch.loss_mask.shape[1]) if behaviour else None,
     )
 
 
-def behavior_logprobs(table: pa.Table, width: int) -> torch.Tensor:
-    """(B, T) stored behaviour log-probs; refuses scripted rows, which have none."""
+def behavior_logprobs(table: pa.Table, tokens: TokenRows, width: int) -> torch.Tensor:
+    """(B, ``width``) the stored behaviour log-probs of ``table``'s rows (``tokens``: the rows read with their
+    log-probs); refuses scripted rows, which have none."""
     sources = set(table["behavior_source"].to_pylist())
     if sources != {"policy"}:
         raise OfflineError(
@@ -46,7 +50,7 @@ def behavior_logprobs(table: pa.Table, width: int) -> torch.Tensor:
             f"holds rows with behavior_source {sorted(sources - {'policy'})} (scripted demonstrations have none). "
             "Use --mode sft for them, or select only policy rows (WHERE behavior_source = 'policy')"
         )
-    out = padded_values(table["behavior_logprobs"], width)
+    out = tokens.padded_logprobs(width)
     if out is None:
         raise OfflineError("some selected policy rows have no stored behaviour log-probs; select rows that have them")
     return out
@@ -54,9 +58,8 @@ def behavior_logprobs(table: pa.Table, width: int) -> torch.Tensor:
 
 def pg_update(config: RunConfig, actor: Any, table: pa.Table, pad_token_id: int, seed: int) -> dict[str, float]:
     """One offline policy-gradient pass: StarPO's loss with the stored behaviour log-probs as the old policy."""
-    inputs = offline_inputs(table, pad_token_id)
-    mask = inputs.batch.loss_mask
-    old = behavior_logprobs(table, mask.shape[1])
+    inputs = offline_inputs(table, pad_token_id, behaviour=True)
+    mask, old = inputs.batch.loss_mask, inputs.behavior_logprobs
     token_rewards = token_rewards_for(inputs, "trajectory")
     if needs_critic(config.algorithm.adv_estimator):
         raise OfflineError("offline pg uses critic-free estimators (grpo, rloo, reinforce_plus_plus...), not gae")
@@ -71,7 +74,7 @@ def pg_update(config: RunConfig, actor: Any, table: pa.Table, pad_token_id: int,
 
 def sft_update(actor: Any, table: pa.Table, pad_token_id: int, batch_size: int, seed: int) -> dict[str, float]:
     """One supervised epoch on the selected rows' loss-masked tokens."""
-    batch = collate_table(table, pad_token_id)
+    batch = TokenRows.from_table(table).batch(pad_token_id)
     metrics = actor.sft_update(batch, batch_size, seed)
     metrics["offline/trajectories"] = float(table.num_rows)
     return metrics

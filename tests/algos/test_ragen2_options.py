@@ -17,6 +17,7 @@ from ragen_core.config import PRESETS, ConfigError
 from ragen_core.run.batches import filter_inputs
 from ragen_core.run.checks import build_run_config as build_config
 from ragen_core.training.entropy import trajectory_entropy
+from ragen_core.training.rows import TokenRows
 from ragen_core.training.starpo import UpdateInputs, scaled_advantages
 from tests.algos.filter_config import filter_section
 
@@ -114,7 +115,7 @@ def test_full_distribution_entropy_equals_a_direct_softmax():
     rows = [[3, 5, 7, 9, 11, 2], [4, 6, 8], [1, 2, 3, 4, 5, 6, 7]]
     masks = [[0, 0, 1, 1, 0, 1], [0, 1, 1], [0, 0, 0, 1, 1, 0, 0]]
     temperature = 0.7
-    got = trajectory_entropy(model, rows, masks, pad_id=0, temperature=temperature, batch_size=2)
+    got = trajectory_entropy(model, TokenRows.of(rows, masks), pad_id=0, temperature=temperature, batch_size=2)
     for row, mask, value in zip(rows, masks, got.tolist(), strict=True):
         with torch.no_grad():
             logits = model(torch.tensor([row])).logits[0].double() / temperature  # (T, V)
@@ -125,8 +126,8 @@ def test_full_distribution_entropy_equals_a_direct_softmax():
                 entropies.append(float(-(p * p.log()).sum()))
         assert value == pytest.approx(sum(entropies) / len(entropies), rel=1e-5)
     # two sequences packed in one row are scored separately: the same values as the rows on their own
-    packed = trajectory_entropy(model, [rows[1] + rows[0]], [masks[1] + masks[0]], 0, temperature,
-                                segment_lengths=[[3, 6]])  # fmt: skip
+    packed = trajectory_entropy(model, TokenRows.of([rows[1] + rows[0]], [masks[1] + masks[0]], [[3, 6]]), 0,
+                                temperature)  # fmt: skip
     n0, n1 = sum(masks[0]), sum(masks[1])
     assert packed.item() == pytest.approx((got[0].item() * n0 + got[1].item() * n1) / (n0 + n1), rel=1e-5)
 

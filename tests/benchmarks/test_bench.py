@@ -127,3 +127,16 @@ def test_regenerating_the_report_keeps_other_benchmarks_sections():
     )
     kept = foreign_sections(text)
     assert kept == "\n<!-- gpu_update_bench:begin -->\n## GPU update\n| 0 | 1.0 |\n<!-- gpu_update_bench:end -->\n"
+
+
+def test_the_host_share_sums_the_host_parts_over_the_step():
+    from benchmarks.host_bench import summary
+
+    rows = [
+        {"time/persist": 0.1, "time/validate": 0.2, "time/filter": 0.3, "inputs": 0.4, "time/step": 4.0},
+        {"time/persist": 0.3, "time/validate": 0.2, "time/filter": 0.1, "inputs": 0.0, "time/step": 2.0},
+    ]
+    result = summary(rows)
+    assert result["host_s"] == pytest.approx(0.8)  # (1.0 + 0.6) / 2
+    assert result["time/step"] == pytest.approx(3.0)
+    assert result["host_share"] == pytest.approx(0.8 / 3.0)

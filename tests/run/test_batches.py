@@ -4,6 +4,8 @@ tests/storage/test_quarantine.py's."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from ragen_core.agent import ChatFormatter
@@ -83,4 +85,27 @@ def test_a_redo_of_a_stage_overwrites_its_staged_batch(tmp_path, records):
     pipeline = _pipeline(lake)
     pipeline.persist(records)
     pipeline.validate()
-    assert pipeline.staged()[0].num_rows == 6
+    assert lake.read_staged(RUN, 0, Stage.ROLLOUT, "turns").num_rows == sum(len(r.turns) for r in records)
+    pipeline.publish()
+    assert lake.read_table("trajectories", RUN, 0).num_rows == 6
+
+
+def test_the_trajectories_are_written_once_with_the_filter_s_columns(tmp_path, records):
+    """persist stages the turns only; validate and filter write nothing; publish stages the filtered trajectories
+    (the one write of them) and renames both tables into place."""
+    lake = DataLake(tmp_path)
+    pipeline = _pipeline(lake)
+    pipeline.persist(records)
+    staged = lake.stage_dir(RUN, 0, Stage.ROLLOUT)
+    assert sorted(p.parent.name for p in staged.rglob("*.parquet")) == ["turns"]
+    pipeline.validate()
+    pipeline.filter(AlgorithmConfig(filter_ratio=0.5))  # keeps the group with the larger reward spread
+    assert sorted(p.parent.name for p in staged.rglob("*.parquet")) == ["turns"]
+    pipeline.publish()
+    (part,) = lake.partition_files("trajectories", RUN, 0)
+    rows = lake.read_table("trajectories", RUN, 0).to_pylist()
+    for group in (0, 1):  # the filter's columns, as the filter computed them: each group's sample std of rewards
+        rewards = [row["total_reward"] for row in rows if row["group_id"] == group]
+        spreads = [row["group_reward_std"] for row in rows if row["group_id"] == group]
+        assert spreads == pytest.approx([statistics.stdev(rewards)] * len(rewards))
+    assert len({row["group_id"] for row in rows if row["kept"]}) == 1  # half of the two groups

@@ -72,6 +72,7 @@ def test_a_crash_at_each_point_of_an_iteration_is_discarded_or_reused(tmp_path, 
     rollout = _pipeline(lake, 1)
     rollout.persist(records)
     rollout.validate()
+    rollout.write()
     if crash != "staged":
         lake.publish(RUN, 1, Stage.ROLLOUT)
     if crash in ("done", "second_stage_staged"):

@@ -10,7 +10,7 @@ import pytest
 from ragen_core.agent import ChatFormatter
 from ragen_core.rollout import RolloutSpec, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
-from ragen_core.rollout.records import BatchMeta
+from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_table
 from ragen_core.run.batches import BatchPipeline, BatchRejected, BatchRules
 from ragen_core.storage import DataLake, query
 
@@ -88,10 +88,9 @@ def test_a_bad_batch_is_quarantined_with_its_check_named(tmp_path, records, case
     lake.publish(RUN, 0, "rollout")
     before, published_rows = _published_snapshot(lake), lake.read_table("trajectories").to_pylist()
 
-    bad = BatchPipeline(lake, BatchMeta.training(RUN, 1, 1.0, "hash"), "rollout", rules)
-    bad.persist(records)
-    staged = lake.read_staged(RUN, 1, "rollout", "trajectories")
-    lake.stage_table(RUN, 1, "rollout", "trajectories", mutate(staged), strict=False)  # stage 2 wrote a bad batch
+    meta = BatchMeta.training(RUN, 1, 1.0, "hash")
+    bad = BatchPipeline(lake, meta, "rollout", rules)
+    bad.persist_tables(mutate(trajectories_table(records, meta)), turns_table(records, meta))  # a bad batch
     with pytest.raises(BatchRejected, match=check) as rejected:
         bad.validate()
 

@@ -21,7 +21,7 @@ from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.training import ActorEngine, OptimConfig, collate, token_logprobs, update_schedule
 from ragen_core.training.actor import GAP_METRIC
 from ragen_core.training.batch import LogprobEntropy, trained_columns
-from ragen_core.training.inputs import stored_behavior_logprobs
+from ragen_core.training.rows import TokenRows
 from ragen_core.training.starpo import UpdateInputs, reuses_behavior_logprobs, starpo_update, trajectory_token_rewards
 
 ALGORITHM = AlgorithmConfig(
@@ -33,6 +33,8 @@ SCHEDULE = ActorConfig(mini_batch_size=6, ppo_epochs=2)
 def _table(records) -> pa.Table:
     return pa.table(
         {
+            "input_ids": [r.input_ids for r in records],
+            "loss_mask": [r.loss_mask for r in records],
             "behavior_source": [r.behavior_source for r in records],
             "behavior_logprobs": [r.behavior_logprobs for r in records],
         }
@@ -48,7 +50,7 @@ def sampled(tiny_policy):
     records = run_rollouts(spec, HFBackend(model, tokenizer, 1.0, 16), ChatFormatter(tokenizer), seed=7)
     assert any(len(r.turns) > 1 for r in records), "the untrained model should need several turns somewhere"
     batch = collate([r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id)
-    stored = stored_behavior_logprobs(_table(records), batch.loss_mask.shape[1])
+    stored = TokenRows.from_table(_table(records), logprobs=True).padded_logprobs(batch.loss_mask.shape[1])
     scores = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.0, 0.9, 0.1, 0.3, 0.7, 0.0, 0.4, 1.0])
     groups = torch.tensor([r.group_id for r in records])
     return batch, stored, scores, groups
@@ -166,11 +168,14 @@ def test_a_run_stored_before_the_key_replays_with_rescoring():
 
 
 def test_stored_logprobs_are_collated_like_the_loss_mask_and_absent_with_a_scripted_row():
-    table = pa.table({"behavior_source": ["policy", "policy"], "behavior_logprobs": [[0.0, -0.5], [0.0, -1.0, -2.0]]})
+    tokens = {"input_ids": [[1, 2], [3, 4, 5]], "loss_mask": [[0, 1], [0, 1, 1]]}
+    table = pa.table({**tokens, "behavior_logprobs": [[0.0, -0.5], [0.0, -1.0, -2.0]]})
     expected = torch.tensor([[0.0, -0.5, 0.0, 0.0], [0.0, -1.0, -2.0, 0.0]])
-    torch.testing.assert_close(stored_behavior_logprobs(table, 4), expected, rtol=0, atol=0)
-    mixed = pa.table({"behavior_source": ["policy", "scripted"], "behavior_logprobs": [[0.0, -0.5], None]})
-    assert stored_behavior_logprobs(mixed, 4) is None
+    stored = TokenRows.from_table(table, logprobs=True).padded_logprobs(4)
+    torch.testing.assert_close(stored, expected, rtol=0, atol=0)
+    assert TokenRows.from_table(table).padded_logprobs(4) is None  # not asked for
+    mixed = pa.table({**tokens, "behavior_logprobs": [[0.0, -0.5], None]})
+    assert TokenRows.from_table(mixed, logprobs=True).padded_logprobs(4) is None
 
 
 def test_entropy_without_grad_is_the_same_metric_and_keeps_no_graph(tiny_policy, sampled):

@@ -22,28 +22,31 @@ from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.rollout.records import BatchMeta, trajectories_table
 from ragen_core.training.batch import collate, token_logprobs
 from ragen_core.training.inputs import turn_update_inputs
-from ragen_core.training.turn_rows import padded_logprobs, split_turn_rows, turn_entropy
+from ragen_core.training.rows import TokenRows
+from ragen_core.training.turn_rows import turn_entropy, turn_rows_of_table
+
+
+def _rows(tokens: TokenRows) -> tuple[list[list[int]], list[list[int]]]:
+    return [r.tolist() for r in tokens.id_rows()], [r.tolist() for r in tokens.mask_rows()]
 
 
 def test_rows_are_cut_at_the_segment_lengths():
-    rows = split_turn_rows(
+    rows, trajectory, turn = TokenRows.of(
         [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]],
         [[0, 1, 1, 0, 0, 1, 1], [0, 0, 1]],
         [[3, 4], [3]],
         [[0.0, -0.5, -0.25, 0.0, 0.0, -1.0, -2.0], [0.0, 0.0, -3.0]],
-    )
-    assert rows.input_ids == [[1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
-    assert rows.loss_mask == [[0, 1, 1], [0, 0, 1, 1], [0, 0, 1]]
-    assert rows.behavior_logprobs == [[0.0, -0.5, -0.25], [0.0, 0.0, -1.0, -2.0], [0.0, 0.0, -3.0]]
-    assert rows.trajectory == [0, 0, 1] and rows.turn == [0, 1, 0]
-    padded = padded_logprobs(rows, 5)
+    ).turns()
+    assert _rows(rows) == ([[1, 2, 3], [4, 5, 6, 7], [8, 9, 10]], [[0, 1, 1], [0, 0, 1, 1], [0, 0, 1]])
+    assert trajectory.tolist() == [0, 0, 1] and turn.tolist() == [0, 1, 0]
+    padded = rows.padded_logprobs(5)
     assert padded.tolist() == [[0, -0.5, -0.25, 0, 0], [0, 0, -1, -2, 0], [0, 0, -3, 0, 0]]
-    assert split_turn_rows([[1, 2]], [[0, 1]], [[2]], [None]).behavior_logprobs is None  # a scripted row
+    assert TokenRows.of([[1, 2]], [[0, 1]], [[2]], [None]).turns()[0].logprobs is None  # a scripted row
 
 
 def test_a_full_context_row_has_no_turn_rows_and_the_config_refuses_it():
-    with pytest.raises(ValueError, match="windowed rollout.context_window_mode"):
-        split_turn_rows([[1, 2, 3]], [[0, 1, 1]], [None])
+    with pytest.raises(ValueError, match="row 1 is one full-context .*windowed rollout.context_window_mode"):
+        TokenRows.of([[1, 2], [1, 2, 3]], [[0, 1], [0, 1, 1]], [[2], None]).turns()
     with pytest.raises(ConfigError, match="training_rows=turn"):
         build_config({"rollout": {"training_rows": "turn"}})
     windowed = {"context_window_mode": "single_turn", "max_context_window": 1, "training_rows": "turn"}
@@ -174,18 +177,19 @@ def test_turn_rows_are_what_the_policy_saw_and_sampled_and_rescore_to_the_stored
     records, calls = _rollouts(tiny_policy, mode, window)
     table = trajectories_table(records, BatchMeta.training("run", 0, 1.0, "hash"))
     inputs = turn_update_inputs(table, tokenizer.pad_token_id, 1.0)
-    turns = split_turn_rows(*(table[c].to_pylist() for c in ("input_ids", "loss_mask", "segment_lengths")))
-    assert len(turns.input_ids) == sum(len(r.turns) for r in records) == len(inputs.batch)
-    for row, (trajectory, turn) in enumerate(zip(turns.trajectory, turns.turn, strict=True)):
+    turns = turn_rows_of_table(table)
+    ids, masks = _rows(turns.tokens)
+    assert len(ids) == sum(len(r.turns) for r in records) == len(inputs.batch)
+    for row, (trajectory, turn) in enumerate(zip(turns.trajectory.tolist(), turns.turn.tolist(), strict=True)):
         active = [i for i, r in enumerate(records) if len(r.turns) > turn]  # the backend call's rows at this turn
         prompt, reply = calls[turn][active.index(trajectory)]
-        assert turns.input_ids[row] == prompt + reply  # the window it was sampled in, then the sampled ids
-        assert turns.loss_mask[row] == [0] * len(prompt) + [1] * len(reply)
+        assert ids[row] == prompt + reply  # the window it was sampled in, then the sampled ids
+        assert masks[row] == [0] * len(prompt) + [1] * len(reply)
         assert float(inputs.scores[row]) == pytest.approx(records[trajectory].total_reward)
         assert int(inputs.group_index[row]) == records[trajectory].group_id
         assert int(inputs.episode_index[row]) == trajectory
     with torch.no_grad():  # the trainer's own scoring of the turn rows
-        logprobs, _ = token_logprobs(model.eval(), collate(turns.input_ids, turns.loss_mask, tokenizer.pad_token_id))
+        logprobs, _ = token_logprobs(model.eval(), collate(ids, masks, tokenizer.pad_token_id))
     mask = inputs.batch.loss_mask.bool()
-    assert inputs.batch.position_ids is None and mask.sum() == sum(sum(m) for m in turns.loss_mask)
+    assert inputs.batch.position_ids is None and mask.sum() == sum(sum(m) for m in masks)
     assert float((logprobs[mask] - inputs.behavior_logprobs[mask]).abs().max()) < 1e-4
