@@ -48,7 +48,7 @@ SHAPES = {
     # the same with RAGEN-2's per-turn training rows and the entropy-variance filter on the stored log-probs
     "sokoban_turn_rows": (
         "configs/sokoban.yaml",
-        ("rollout.training_rows=turn", "algorithm.filter_metric=entropy_variance"),
+        ("rollout.training_rows=turn", "algorithm.filter=top_k", "algorithm.filter_metric=entropy_variance"),
     ),
 }
 
@@ -117,7 +117,9 @@ def run_side(code: Path, shape: str, case: HostCase, label: str) -> list[dict[st
     }
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-c", WORKER, json.dumps(args)]
-    done = subprocess.run(command, env=env, cwd=code, check=True, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, cwd=code, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {label} run of {shape} failed ({code}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
