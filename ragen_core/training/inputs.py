@@ -12,7 +12,7 @@ import torch
 
 from ragen_core.config import RunConfig
 from ragen_core.storage import DataLake
-from ragen_core.training.rows import TokenRows
+from ragen_core.training.rows import TokenRows, policy_sampled
 from ragen_core.training.starpo import UpdateInputs
 from ragen_core.training.turn_rows import turn_rows_of_table
 
@@ -39,7 +39,7 @@ def update_inputs(
     kept_share = pc.count_distinct(rows["group_id"]).as_py() / groups
     if config.rollout.training_rows == "turn":
         return turn_update_inputs(rows, pad_token_id, kept_share)
-    tokens = TokenRows.from_table(rows, logprobs=_policy_rows(rows))
+    tokens = TokenRows.from_table(rows, logprobs=policy_sampled(rows))
     batch = tokens.batch(pad_token_id)
     turn_rewards = None
     if config.algorithm.reward_level == "turn":
@@ -76,9 +76,3 @@ def turn_update_inputs(rows: pa.Table, pad_token_id: int, kept_share: float) -> 
         kept_group_share=kept_share,
         episode_index=index,
     )
-
-
-def _policy_rows(rows: pa.Table) -> bool:
-    """Whether every row was sampled by the policy (``behavior_source = 'policy'``), so has the sampler's log-probs
-    (scripted rows have none: the update then has no stored behaviour log-probs)."""
-    return rows.num_rows > 0 and pc.all(pc.equal(rows["behavior_source"], "policy")).as_py()

@@ -164,6 +164,12 @@ class TokenRows:
         return positions
 
 
+def policy_sampled(table: pa.Table) -> bool:
+    """Whether every row of ``table`` was sampled by the policy (``behavior_source = 'policy'``), so has the sampler's
+    log-probs (scripted rows have none: the batch then has no stored behaviour log-probs)."""
+    return table.num_rows > 0 and pc.all(pc.equal(table["behavior_source"], "policy")).as_py()
+
+
 def _segments(table: pa.Table, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(segments, counts, packed) of a table's rows (:class:`TokenRows`), checked to split each row's tokens."""
     packed = np.zeros(len(lengths), dtype=bool)

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
-from ragen_core.training.rows import TokenRows
+from ragen_core.training.rows import TokenRows, policy_sampled
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,7 @@ def turn_rows_of_table(rows: pa.Table) -> TurnRows:
     prompt and its reply; :meth:`TokenRows.turns`), with the behaviour log-probs only when every row was sampled by
     the policy (``behavior_source = 'policy'``). A full-context row (no segments) is refused: its turns share one
     sequence."""
-    policy = rows.num_rows > 0 and pc.all(pc.equal(rows["behavior_source"], "policy")).as_py()
-    tokens, trajectory, turn = TokenRows.from_table(rows, logprobs=policy).turns()
+    tokens, trajectory, turn = TokenRows.from_table(rows, logprobs=policy_sampled(rows)).turns()
     return TurnRows(tokens, trajectory, turn)
 
 
