@@ -31,6 +31,7 @@ PLUMBING = (
     "ragen_core/findings/provenance.py",  # the versions and the machine a finding records
     "ragen_core/findings/restamp.py",  # the probe that runs two commits side by side, and its records
     "ragen_core/findings/bitwise.py",  # the probe's comparison of two lakes
+    "ragen_core/findings/changes.py",  # which counted files a change touched, and whether the probe ran them
     "ragen_core/findings/restamp_records.py",  # the re-stamp records and their chain
     "ragen_core/run/procedures.py",  # a command's course through the run layer (held: a run equals the flow's)
     "ragen_core/run/requests.py",  # a command's typed request, built once by whichever door

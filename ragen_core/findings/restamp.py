@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -41,7 +40,8 @@ from ragen_core.findings.bitwise import (
     relabelled,
     run_labels,
 )
-from ragen_core.findings.provenance import PLUMBING, code_fingerprint, code_form, library_versions, machine
+from ragen_core.findings.changes import changed_counted_files, executed_lines, reformatted, unexercised
+from ragen_core.findings.provenance import code_fingerprint, library_versions, machine
 from ragen_core.findings.restamp_records import RECORDS, reaches, record_path, records, stamped_commit
 
 # The probe's settings on top of each finding's own ``quick`` overrides: every point (the spec's seeds, not quick's),
@@ -244,77 +244,6 @@ def run_side(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Which counted files changed, and whether the probe ran them
-
-
-def counted(name: str) -> bool:
-    """A path (relative, posix) that :func:`code_fingerprint` counts."""
-    return name.startswith("ragen_core/") and name.endswith(".py") and not name.startswith(PLUMBING)
-
-
-def changed_counted_files(old: Path, new: Path) -> dict[str, list[int] | None]:
-    """Counted files whose code form differs between the trees: path -> the new side's changed line numbers (those
-    ``git diff`` adds), or None for a file the new side removed."""
-    names = {p.relative_to(t).as_posix() for t in (old, new) for p in (t / "ragen_core").rglob("*.py")}
-    changed: dict[str, list[int] | None] = {}
-    for name in sorted(n for n in names if counted(n) and "__pycache__" not in n):
-        a, b = old / name, new / name
-        if not b.exists():
-            changed[name] = None
-        elif not a.exists() or code_form(a.read_text()) != code_form(b.read_text()):
-            changed[name] = _added_lines(a if a.exists() else None, b)
-    return changed
-
-
-def _added_lines(old: Path | None, new: Path) -> list[int]:
-    """The line numbers of ``new`` that ``git diff --no-index`` adds to ``old`` (all of them for a new file)."""
-    if old is None:
-        return list(range(1, len(new.read_text().splitlines()) + 1))
-    done = subprocess.run(["git", "diff", "--no-index", "-U0", str(old), str(new)], capture_output=True, text=True)
-    lines = []
-    for match in re.finditer(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", done.stdout, re.M):
-        start, count = int(match.group(1)), int(match.group(2) or 1)
-        lines += range(start, start + count)
-    return lines
-
-
-def executed_lines(coverage_file: Path, tree: Path) -> dict[str, set[int]]:
-    """path (relative to ``tree``) -> the lines the probe executed there, from coverage.py's data file."""
-    from coverage import CoverageData
-
-    data = CoverageData(basename=str(coverage_file))
-    data.read()
-    executed = {}
-    for path in data.measured_files():
-        resolved = Path(path).resolve()
-        if resolved.is_relative_to(tree.resolve()):
-            executed[resolved.relative_to(tree.resolve()).as_posix()] = set(data.lines(path) or ())
-    return executed
-
-
-def unexercised(changed: dict[str, list[int] | None], executed: dict[str, set[int]], tree: Path) -> dict[str, str]:
-    """The changed counted files the probe did not exercise, each with why. A changed line counts as the statement
-    it belongs to (a default inside a multi-line signature is its ``def``, run when the module is imported); a file
-    must have one such statement executed, or, where its change holds no statement (lines removed only), any line.
-    A removed file needs nothing."""
-    from coverage.python import PythonParser
-
-    missing = {}
-    for name, lines in changed.items():
-        if lines is None:
-            continue
-        ran = executed.get(name, set())
-        parser = PythonParser(text=(tree / name).read_text())
-        parser.parse_source()
-        statements = {parser.first_line(line) for line in lines} & parser.statements
-        if not ran:
-            missing[name] = "no line of it ran"
-        elif statements and not ran & statements:
-            missing[name] = f"none of its {len(statements)} changed statement(s) ran"
-    return missing
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # The probe and its record
 
 
@@ -333,6 +262,7 @@ class ProbeResult:
     seconds: float
     paths: dict[str, list[str]] = field(default_factory=dict)  # probe path -> its run's arguments
     added: list[str] = field(default_factory=list)  # findings only the new commit registers, run on its side alone
+    same: list[str] = field(default_factory=list)  # changed files whose syntax tree is unchanged (a reformat)
 
     @property
     def equal(self) -> bool:
@@ -388,9 +318,10 @@ def probe(
     log("probe: comparing the two lakes row by row")
     tables = compare_lakes(old.lake, new.lake)
     numbers, points = _compare_analyses(old, new, findings)
-    missing = unexercised(changed, executed_lines(coverage, new.tree), new.tree)
+    same = reformatted(changed, old.tree, new.tree)
+    missing = unexercised(changed, executed_lines(coverage, new.tree), new.tree, same)
     seconds = round(time.monotonic() - started, 1)
-    return ProbeResult(old, new, findings, tables, numbers, changed, missing, points, seconds, runs, added)
+    return ProbeResult(old, new, findings, tables, numbers, changed, missing, points, seconds, runs, added, same)
 
 
 def _checkouts(repo: Path, commits: Sequence[str], work: Path) -> tuple[Side, Side]:
@@ -465,7 +396,7 @@ def _runs_of(tree: Path, name: str) -> str | None:
 
 def record_of(result: ProbeResult) -> dict[str, Any]:
     """The record a passed probe leaves: the two commits and fingerprints, the points, the row counts, the changed
-    files and how many of their changed lines ran, the machine and the library versions, and the probe's time."""
+    files (how many lines of each, and which changed form only), the machine, the library versions and the time."""
     return {
         "from": {"commit": result.old.commit, "fingerprint": result.old.fingerprint},
         "to": {"commit": result.new.commit, "fingerprint": result.new.fingerprint},
@@ -487,6 +418,7 @@ def record_of(result: ProbeResult) -> dict[str, Any]:
             "analysis_keys": TIMING_NUMBERS.pattern,
         },
         "changed_files": {name: (None if lines is None else len(lines)) for name, lines in result.changed.items()},
+        "same_syntax_files": result.same,
         "seconds": {"old": result.old.seconds, "new": result.new.seconds, "total": result.seconds},
         "cpu": machine(),
         "versions": library_versions(),

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from ragen_core.findings.bitwise import compare_numbers, compare_tables, run_labels
+from ragen_core.findings.changes import reformatted, same_syntax, unexercised
 from ragen_core.findings.restamp import (
     RestampError,
     changed_counted_files,
@@ -113,6 +114,53 @@ def test_the_probe_keeps_the_bootstrap_on_but_short():
         "bootstrap.epochs=1",
     ]
     assert probe_overrides(["bootstrap.epochs=2"]) == ["bootstrap.epochs=2", "bootstrap.num_groups=8"]
+
+
+REFLOWED = (
+    '''def pick(xs, weights=(0.5,)):
+    """Pick one."""
+    return max(xs, key=lambda x: x * weights[0]) if xs else 'none'  # a comment
+''',
+    '''def pick(
+    xs,
+    weights=(0.5,),
+):
+    """Pick
+    one, in other words."""
+    return (
+        max(
+            xs,
+            key=lambda x: (x * weights[0]),
+        )
+        if xs
+        else "none"
+    )
+''',
+)
+
+
+def test_a_reformat_keeps_the_syntax_and_a_changed_token_does_not():
+    before, after = REFLOWED
+    assert same_syntax(before, after)  # lines, quotes, parentheses, trailing commas and the docstring moved
+    assert not same_syntax(before, before.replace("(0.5,)", "(0.5)"))  # a one-tuple became a float
+    assert not same_syntax(before, before.replace("x * weights", "x / weights"))
+    assert not same_syntax(before, before.replace("'none'", "'None'"))
+
+
+def test_a_reformatted_file_needs_no_executed_line_but_a_changed_one_does(tmp_path):
+    before, after = REFLOWED
+    old, new = tmp_path / "old", tmp_path / "new"
+    for tree, text in ((old, before), (new, after)):
+        (tree / "ragen_core" / "envs").mkdir(parents=True)
+        (tree / "ragen_core" / "envs" / "pick.py").write_text(text)
+    changed = changed_counted_files(old, new)
+    assert list(changed) == ["ragen_core/envs/pick.py"]
+    assert reformatted(changed, old, new) == ["ragen_core/envs/pick.py"]
+    assert unexercised(changed, {}, new, reformatted(changed, old, new)) == {}
+    (new / "ragen_core" / "envs" / "pick.py").write_text(after.replace("(0.5,)", "(0.25,)"))
+    changed = changed_counted_files(old, new)
+    assert reformatted(changed, old, new) == []
+    assert unexercised(changed, {}, new, []) == {"ragen_core/envs/pick.py": "no line of it ran"}
 
 
 # -- probes of real runs, on a clone ---------------------------------------------------------------------------------
