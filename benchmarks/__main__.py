@@ -36,12 +36,20 @@ from benchmarks.suite import FULL, QUICK, SECTIONS, Sizes
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="Small sizes: a smoke run of every section.")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: item 7 only (rollout and update on the ~0.5B model in bf16).")  # fmt: skip
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads for every section (default 1: on a shared, loaded machine two "
-                             "spinning threads per process slow everything several-fold; both sides of every ratio "
-                             "use the same).")  # fmt: skip
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: item 7 only (rollout and update on the ~0.5B model in bf16).",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for every section (default 1: on a shared, loaded machine two "
+        "spinning threads per process slow everything several-fold; both sides of every ratio "
+        "use the same).",
+    )
     parser.add_argument("--only", default="", help=f"Comma-separated sections among {', '.join(SECTIONS)}.")
     parser.add_argument("--repeats", type=int, default=None, help="Interleaved repeats per ratio (at least 3).")
     parser.add_argument("--out", type=Path, default=HERE, help="Folder of results.json and RESULTS.md.")
@@ -161,9 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         details.update(results)
     details.update(
         generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        quick=args.quick, device=args.device, threads=args.threads,
-        total_seconds=time.perf_counter() - started, errors=errors,
-    )  # fmt: skip
+        quick=args.quick,
+        device=args.device,
+        threads=args.threads,
+        total_seconds=time.perf_counter() - started,
+        errors=errors,
+    )
     write_outputs(args.out, details)
     _log(f"wrote {args.out / 'results.json'} and {args.out / 'RESULTS.md'}", started)
     if args.keep_data:

@@ -52,11 +52,17 @@ def described_prompts(
             if prompt_kind == "no-legend":
                 instruction = instruction.split("\nThe symbols of the state are:")[0]
             user = first_user_message(instruction, env.action_names, 1, turn_message(1, state, 10, True))
-            prompt = (f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
-                      "<|im_start|>assistant\n<think>")  # fmt: skip
+            prompt = (
+                f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+                "<|im_start|>assistant\n<think>"
+            )
         descriptions.append(env.describe())
-        pairs.append((tokenizer.encode(prompt, add_special_tokens=False),
-                      tokenizer.encode(descriptions[-1] + "</think>", add_special_tokens=False)))  # fmt: skip
+        pairs.append(
+            (
+                tokenizer.encode(prompt, add_special_tokens=False),
+                tokenizer.encode(descriptions[-1] + "</think>", add_special_tokens=False),
+            )
+        )
     width = max(len(p) + len(d) for p, d in pairs)
     ids = torch.full((len(pairs), width), tokenizer.pad_token_id)
     mask, targets = torch.zeros_like(ids), torch.full_like(ids, -100)
@@ -76,9 +82,15 @@ def probe(args: argparse.Namespace) -> list[tuple[int, float, float]]:
     held_out = described_prompts(tokenizer, range(args.held_out), args.prompt)
     frequent = Counter(held_out[3]).most_common(1)[0][1] / len(held_out[3])
     print(f"most frequent description on the held-out maps: {frequent:.3f}")
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                         num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
-                         tie_word_embeddings=True)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -94,8 +106,11 @@ def probe(args: argparse.Namespace) -> list[tuple[int, float, float]]:
                 right = logits(*held_out[:2]).argmax(-1) == held_out[2]
             exact = (right | ~scored).all(-1).float().mean().item()
             curve.append((step, exact, (right & scored).sum().item() / scored.sum().item()))
-            print(f"  step {step:5d}: exact {curve[-1][1]:.3f}, tokens {curve[-1][2]:.3f}, "
-                  f"{time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
+            print(
+                f"  step {step:5d}: exact {curve[-1][1]:.3f}, tokens {curve[-1][2]:.3f}, "
+                f"{time.perf_counter() - started:.0f} s",
+                flush=True,
+            )
         if step == args.steps:
             break
         batch = torch.randint(len(train[2]), (64,), generator=generator)

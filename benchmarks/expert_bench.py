@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seeds and --jobs must be at least 1")
     # by default every env that builds without options (the dataset env needs a file of prompts: --options)
     names = [n.strip() for n in args.envs.split(",") if n.strip()] or [
-        n for n in registered_envs() if n != DATASET_ENV]  # fmt: skip
+        n for n in registered_envs() if n != DATASET_ENV
+    ]
     unknown = sorted(set(names) - set(registered_envs()))
     if unknown:
         parser.error(f"unknown env(s) {', '.join(unknown)}; choose among {', '.join(registered_envs())}")

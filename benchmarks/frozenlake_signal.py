@@ -33,8 +33,12 @@ def random_policy_tables(env, horizon: int) -> tuple[list[np.ndarray], np.ndarra
     transitions, n_actions = env.transitions, len(env.action_names)
     tables: list[np.ndarray] = [np.zeros((len(flat), n_actions))]
     for _ in range(horizon):
-        q = np.array([[sum(p * value[nxt] for p, nxt, _, _ in transitions[s][a]) for a in range(n_actions)]
-                      for s in range(len(flat))])  # fmt: skip
+        q = np.array(
+            [
+                [sum(p * value[nxt] for p, nxt, _, _ in transitions[s][a]) for a in range(n_actions)]
+                for s in range(len(flat))
+            ]
+        )
         tables.append(q)
         value = np.where(terminal, value, q.mean(axis=1))
     return tables, terminal
@@ -63,8 +67,14 @@ def map_signal(env, horizon: int) -> dict[str, float]:
         occupancy = step + occupancy * terminal  # finished episodes stay where they ended
     success = float(tables[horizon][start].mean())
     reached = float(occupancy["".join(env.rows).index("G")])  # the same probability, from the forward pass
-    return {"success": success, "reached": reached, "return_std": float(np.sqrt(success * (1 - success))),
-            "best_advantage": best / weight, "mean_abs_advantage": spread / weight, "decisions": weight}  # fmt: skip
+    return {
+        "success": success,
+        "reached": reached,
+        "return_std": float(np.sqrt(success * (1 - success))),
+        "best_advantage": best / weight,
+        "mean_abs_advantage": spread / weight,
+        "decisions": weight,
+    }
 
 
 def signal_table(maps: int, horizon: int, slippery: bool) -> dict[str, float]:
@@ -93,9 +103,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for slippery in (True, False):
         row = signal_table(args.maps, args.horizon, slippery)
-        print(f"| {'slippery' if slippery else 'no slips'} | {row['success']:.3f} | {row['return_std']:.3f} "
-              f"| {row['best_advantage']:.4f} | {row['mean_abs_advantage']:.4f} | {row['snr']:.3f} "
-              f"| {row['decisions_per_action']:.0f} | {row['decisions']:.1f} |")  # fmt: skip
+        print(
+            f"| {'slippery' if slippery else 'no slips'} | {row['success']:.3f} | {row['return_std']:.3f} "
+            f"| {row['best_advantage']:.4f} | {row['mean_abs_advantage']:.4f} | {row['snr']:.3f} "
+            f"| {row['decisions_per_action']:.0f} | {row['decisions']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

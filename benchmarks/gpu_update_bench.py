@@ -45,11 +45,21 @@ from typing import Any
 from benchmarks.common import HERE, machine, quiet_libraries, replace_marked_section
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, TFLOP/s per GPU.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
-                    "L40S": 362.0, "A10G": 125.0, "L4": 121.0}  # fmt: skip
+PEAK_BF16_TFLOPS = {
+    "H200": 989.0,
+    "H100 SXM": 989.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A10G": 125.0,
+    "L4": 121.0,
+}
 BEGIN, END = "<!-- gpu_update_bench:begin -->", "<!-- gpu_update_bench:end -->"
-ROLLOUTS = {"synthetic": "synthetic replies drawn from the run's seeds, no sampling",
-            "hf": "sampled with the Hugging Face rollout backend"}  # fmt: skip
+ROLLOUTS = {
+    "synthetic": "synthetic replies drawn from the run's seeds, no sampling",
+    "hf": "sampled with the Hugging Face rollout backend",
+}
 
 
 def peak_tflops(gpu: str | None, given: float | None) -> float | None:
@@ -66,9 +76,15 @@ CASES = {
     "bandit": ["env.name=bandit", "env.val_envs=[bandit]", "rollout.max_new_tokens=128"],
     # RAGEN's Sokoban: 5 turns, up to 5 actions per turn and 10 per trajectory; replies of up to 200 tokens make a
     # trajectory of 1-2k tokens (prompt, observations and replies)
-    "sokoban": ["env.name=sokoban", "env.val_envs=[sokoban]", "env.max_turns=5", "env.max_actions_per_turn=5",
-                "env.max_actions_per_traj=10", "rollout.max_new_tokens=200"],
-}  # fmt: skip
+    "sokoban": [
+        "env.name=sokoban",
+        "env.val_envs=[sokoban]",
+        "env.max_turns=5",
+        "env.max_actions_per_turn=5",
+        "env.max_actions_per_traj=10",
+        "rollout.max_new_tokens=200",
+    ],
+}
 
 
 def case_overrides(args: argparse.Namespace) -> list[str]:
@@ -81,13 +97,23 @@ def overrides(args: argparse.Namespace, model_dir: Path) -> list[str]:
     """The run: the paper's batch (8 groups x 16 rollouts, StarPO-S keeps 25%) of ``--case``'s environment."""
     zero = args.zero_stage if args.zero_stage is not None else (2 if args.nproc > 1 else 0)
     return [
-        f"model.path={model_dir}", "rollout.env_groups=8", "rollout.group_size=16", "actor.lr=1e-6",
+        f"model.path={model_dir}",
+        "rollout.env_groups=8",
+        "rollout.group_size=16",
+        "actor.lr=1e-6",
         "actor.mini_batch_size=32",
-        f"actor.micro_batch_size={args.micro_batch_size}", f"actor.zero_stage={zero}",
-        f"trainer.iterations={args.iterations}", f"trainer.launcher={args.launcher}", f"trainer.nproc={args.nproc}",
-        f"trainer.precision={args.precision}", "trainer.checkpoint_every=1000", "eval.every=1000", "eval.instances=16",
-        "bootstrap.enabled=false", *case_overrides(args),
-    ]  # fmt: skip
+        f"actor.micro_batch_size={args.micro_batch_size}",
+        f"actor.zero_stage={zero}",
+        f"trainer.iterations={args.iterations}",
+        f"trainer.launcher={args.launcher}",
+        f"trainer.nproc={args.nproc}",
+        f"trainer.precision={args.precision}",
+        "trainer.checkpoint_every=1000",
+        "eval.every=1000",
+        "eval.instances=16",
+        "bootstrap.enabled=false",
+        *case_overrides(args),
+    ]
 
 
 def measure(root: Path, run_id: str, parameters: int, world: int, peak: float | None) -> dict[str, Any]:
@@ -112,12 +138,19 @@ def measure(root: Path, run_id: str, parameters: int, world: int, peak: float | 
         rescored = "actor/behavior_logprob_gap" not in metrics[iteration]  # recorded only when it reused them
         flops = update_flops(parameters, tokens, passes=epochs, rescored=rescored)
         achieved = flops / seconds / 1e12
-        rows.append({
-            "iteration": iteration, "update_s": seconds, "trained_tokens": metrics[iteration]["actor/trained_tokens"],
-            "tokens": tokens, "trained_tokens_per_s": metrics[iteration]["actor/trained_tokens"] / seconds,
-            "tokens_per_s": tokens / seconds, "tflops": achieved, "rescored": rescored,
-            "mfu": achieved / (peak * world) if peak else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "iteration": iteration,
+                "update_s": seconds,
+                "trained_tokens": metrics[iteration]["actor/trained_tokens"],
+                "tokens": tokens,
+                "trained_tokens_per_s": metrics[iteration]["actor/trained_tokens"] / seconds,
+                "tokens_per_s": tokens / seconds,
+                "tflops": achieved,
+                "rescored": rescored,
+                "mfu": achieved / (peak * world) if peak else None,
+            }
+        )
     return {"precision": manifest.precision, "iterations": rows, "update_group": manifest.update_group}
 
 
@@ -139,8 +172,10 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for row in result["run"]["iterations"]:
         mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
-        lines.append(f"| {row['iteration']} | {row['update_s']:.2f} | {row['trained_tokens_per_s']:,.0f} | "
-                     f"{row['tokens_per_s']:,.0f} | {row['tflops']:.1f} | {mfu} |")  # fmt: skip
+        lines.append(
+            f"| {row['iteration']} | {row['update_s']:.2f} | {row['trained_tokens_per_s']:,.0f} | "
+            f"{row['tokens_per_s']:,.0f} | {row['tflops']:.1f} | {mfu} |"
+        )
     lines.append("\nIteration 0 includes the engines' first-step set-up; later iterations are the steady state.\n")
     return "\n".join(lines) + "\n"
 
@@ -179,8 +214,9 @@ def main() -> None:
     parser.add_argument("--no-report", action="store_true", help="Print only; do not write the results files.")
     args = parser.parse_args()
     if args.profile and (args.launcher != "inprocess" or args.iterations < 2):
-        parser.error("--profile traces the second update in this process: use --launcher inprocess and "
-                     "--iterations 2 or more")  # fmt: skip
+        parser.error(
+            "--profile traces the second update in this process: use --launcher inprocess and --iterations 2 or more"
+        )
 
     import torch
 
@@ -209,9 +245,18 @@ def main() -> None:
             stack.enter_context(profiled_update(2, profile))
         train(config, data_root=str(root), run_id="gpu-bench")
         run = measure(root, "gpu-bench", parameters, world, peak)
-    result = {"machine": info, "shape": args.shape, "case": args.case, "rollouts": args.rollouts,
-              "parameters": parameters, "launcher": args.launcher, "world": world, "iterations": args.iterations,
-              "peak_tflops": peak, "run": run}  # fmt: skip
+    result = {
+        "machine": info,
+        "shape": args.shape,
+        "case": args.case,
+        "rollouts": args.rollouts,
+        "parameters": parameters,
+        "launcher": args.launcher,
+        "world": world,
+        "iterations": args.iterations,
+        "peak_tflops": peak,
+        "run": run,
+    }
     section = markdown(result)
     print(section)
     if args.profile:

@@ -28,8 +28,10 @@ def first_prompts(tokenizer, seeds: range) -> tuple[torch.Tensor, torch.Tensor, 
     for seed in seeds:
         state, _ = env.reset(seed)
         user = first_user_message(env.instruction(), env.action_names, 1, turn_message(1, state, 10, False))
-        texts.append(f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
-                     "<|im_start|>assistant\n<answer>")  # fmt: skip
+        texts.append(
+            f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            "<|im_start|>assistant\n<answer>"
+        )
         labels.append(env.action_names.index(env.expert_plan(10)[0]))
     encoded = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
     width = max(map(len, encoded))
@@ -49,8 +51,15 @@ def probe(one_token_per_cell: bool, maps: int, steps: int, lr: float) -> list[tu
         [tokenizer.encode(a, add_special_tokens=False)[0] for a in make_env("frozen_lake").action_names]
     )
     train, held_out = first_prompts(tokenizer, range(100_000, 100_000 + maps)), first_prompts(tokenizer, range(500))
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)

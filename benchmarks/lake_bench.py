@@ -73,15 +73,29 @@ def _write_small_tables(lake: DataLake, run_id: str, iteration: int, trajectorie
 def _manifest(run_id: str, ratio: float) -> RunManifest:
     now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     config = {"seed": 0, "env": {"name": "sokoban"}, "algorithm": {"filter_ratio": ratio}}
-    return RunManifest(run_id=run_id, config=config, config_hash=f"bench-{run_id}", seed=0, status="completed",
-                       created_at=now, updated_at=now)  # fmt: skip
+    return RunManifest(
+        run_id=run_id,
+        config=config,
+        config_hash=f"bench-{run_id}",
+        seed=0,
+        status="completed",
+        created_at=now,
+        updated_at=now,
+    )
 
 
 def write_lake(lake: DataLake, shape: BatchShape, iterations: int, seed: int) -> dict[str, Any]:
     """Write ``len(RUN_IDS) x iterations`` batches; return row counts, bytes and timings."""
     rng, pool = np.random.default_rng(seed), grids(seed)
-    totals = {"trajectories": 0, "turns": 0, "tokens": 0, "arrow_bytes": 0, "generate_s": 0.0, "write_s": 0.0,
-              "small_s": 0.0}  # fmt: skip
+    totals = {
+        "trajectories": 0,
+        "turns": 0,
+        "tokens": 0,
+        "arrow_bytes": 0,
+        "generate_s": 0.0,
+        "write_s": 0.0,
+        "small_s": 0.0,
+    }
     for ratio, run_id in zip((0.25, 1.0), RUN_IDS, strict=True):
         lake.write_manifest(run_id, _manifest(run_id, ratio))
         for iteration in range(iterations):
@@ -125,8 +139,13 @@ def time_connect(lake: DataLake, repeat: int) -> float:
 
 def _environment() -> dict[str, Any]:
     versions = {p: metadata.version(p) for p in ("duckdb", "pyarrow", "numpy")}
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "load_average_at_start": round(os.getloadavg()[0], 2), **versions}  # fmt: skip
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_at_start": round(os.getloadavg()[0], 2),
+        **versions,
+    }
 
 
 def batch_shape(turns: int, iterations: int, turns_per_trajectory: int) -> BatchShape:
@@ -144,8 +163,15 @@ def batch_shape(turns: int, iterations: int, turns_per_trajectory: int) -> Batch
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark of the command line's arguments."""
-    return measure(args.turns, args.iterations, args.turns_per_trajectory, args.repeat, args.seed,
-                   Path(args.root) if args.root else None, args.keep)  # fmt: skip
+    return measure(
+        args.turns,
+        args.iterations,
+        args.turns_per_trajectory,
+        args.repeat,
+        args.seed,
+        Path(args.root) if args.root else None,
+        args.keep,
+    )
 
 
 def measure(

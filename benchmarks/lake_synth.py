@@ -86,21 +86,31 @@ def make_batch(
     keep = set(np.argsort(-by_group, kind="stable")[: max(1, shape.train_groups // 4)].tolist())
     kept[:n_train] = [int(g) in keep for g in group_id[:n_train]]
     trajectories = {
-        "run_id": np.full(n, run_id, dtype=object), "iteration": np.full(n, iteration, np.int32), "split": split,
-        "env": np.full(n, "sokoban", dtype=object), "group_id": group_id.astype(np.int32),
+        "run_id": np.full(n, run_id, dtype=object),
+        "iteration": np.full(n, iteration, np.int32),
+        "split": split,
+        "env": np.full(n, "sokoban", dtype=object),
+        "group_id": group_id.astype(np.int32),
         "traj_index": traj_index.astype(np.int32),
-        "env_seed": np.repeat(rng.integers(0, 2**40, n // 2 + 1), 2)[:n], "num_turns": np.full(n, turns, np.int32),
-        "num_actions": actions_per_turn.sum(axis=1).astype(np.int32), "env_reward": rewards.sum(axis=1),
-        "format_penalty": penalties.sum(axis=1), "total_reward": total, "success": success,
-        "truncated": np.zeros(n, bool), "response_length": replies.sum(axis=1).astype(np.int32),
+        "env_seed": np.repeat(rng.integers(0, 2**40, n // 2 + 1), 2)[:n],
+        "num_turns": np.full(n, turns, np.int32),
+        "num_actions": actions_per_turn.sum(axis=1).astype(np.int32),
+        "env_reward": rewards.sum(axis=1),
+        "format_penalty": penalties.sum(axis=1),
+        "total_reward": total,
+        "success": success,
+        "truncated": np.zeros(n, bool),
+        "response_length": replies.sum(axis=1).astype(np.int32),
         "group_reward_std": pa.array(np.where(split == "train", std, np.nan), from_pandas=True),
-        "kept": pa.array(kept, pa.bool_()), "policy_version": np.full(n, iteration, np.int32),
+        "kept": pa.array(kept, pa.bool_()),
+        "policy_version": np.full(n, iteration, np.int32),
         "filter_metric_value": pa.array(np.where(split == "train", std, np.nan), from_pandas=True),  # ranked by std
         "segment_lengths": pa.nulls(n, pa.list_(pa.int32())),  # full context mode: one sequence per row
         "behavior_source": np.full(n, "policy", dtype=object),
         "temperature": np.where(split == "train", 1.0, 0.5).astype(np.float32),
-        "config_hash": np.full(n, "bench", dtype=object), **_token_columns(rng, replies),
-    }  # fmt: skip
+        "config_hash": np.full(n, "bench", dtype=object),
+        **_token_columns(rng, replies),
+    }
     return pa.table(trajectories, schema=TRAJECTORIES.arrow_schema), _turns_table(
         rng, trajectories, actions_per_turn, format_ok, rewards, penalties, replies, grids, iteration
     )
@@ -118,17 +128,27 @@ def _turns_table(rng, traj, actions_per_turn, format_ok, rewards, penalties, rep
     repeat = np.repeat
     turn_index = np.tile(np.arange(turns, dtype=np.int32), n)
     columns = {
-        "run_id": repeat(traj["run_id"], turns), "iteration": repeat(traj["iteration"], turns),
-        "split": repeat(traj["split"], turns), "env": repeat(traj["env"], turns),
-        "group_id": repeat(traj["group_id"], turns), "traj_index": repeat(traj["traj_index"], turns),
-        "turn_index": turn_index, "observation": grids[rng.integers(0, len(grids), total)], "response": responses,
-        "think": think, "answer": answers,
+        "run_id": repeat(traj["run_id"], turns),
+        "iteration": repeat(traj["iteration"], turns),
+        "split": repeat(traj["split"], turns),
+        "env": repeat(traj["env"], turns),
+        "group_id": repeat(traj["group_id"], turns),
+        "traj_index": repeat(traj["traj_index"], turns),
+        "turn_index": turn_index,
+        "observation": grids[rng.integers(0, len(grids), total)],
+        "response": responses,
+        "think": think,
+        "answer": answers,
         "actions": _lists(offsets, pa.array(flat_actions, pa.string())),
-        "valid": (format_ok & (actions_per_turn > 0)).ravel(), "format_ok": format_ok.ravel(),
-        "reward": rewards.ravel(), "penalty": penalties.ravel(), "done": turn_index == turns - 1,
-        "truncated": np.zeros(total, bool), "response_tokens": replies.ravel().astype(np.int32),
+        "valid": (format_ok & (actions_per_turn > 0)).ravel(),
+        "format_ok": format_ok.ravel(),
+        "reward": rewards.ravel(),
+        "penalty": penalties.ravel(),
+        "done": turn_index == turns - 1,
+        "truncated": np.zeros(total, bool),
+        "response_tokens": replies.ravel().astype(np.int32),
         "info": np.full(total, '{"action_is_effective": true}', dtype=object),
-    }  # fmt: skip
+    }
     return pa.table(columns, schema=TURNS.arrow_schema)
 
 

@@ -128,8 +128,14 @@ def flow_section(section: dict[str, Any] | None) -> list[str]:
         "| stage | task call s | core call s |",
         "|---|---|---|",
     ]
-    core_names = {"generate": "generate_rollouts", "persist": "persist", "validate": "validate",
-                  "filter": "filter_and_publish", "update": "update_policy", "commit": "commit_iteration"}  # fmt: skip
+    core_names = {
+        "generate": "generate_rollouts",
+        "persist": "persist",
+        "validate": "validate",
+        "filter": "filter_and_publish",
+        "update": "update_policy",
+        "commit": "commit_iteration",
+    }
     plain = [r for r in demo["rows"] if not r["evaluated"]]
     for stage, core in core_names.items():
         task_s = sorted(r["stage_s"].get(stage, 0.0) for r in plain)[len(plain) // 2]
@@ -205,19 +211,24 @@ def peer_section(section: dict[str, Any] | None) -> list[str]:
         "",
     ]
     lines += _pairing(
-        equal, "Equal work: our variance filter off",
+        equal,
+        "Equal work: our variance filter off",
         f"Both train on all 128 rollouts ({equal['optimizer_steps_per_iteration']} optimizer steps per iteration).",
-    )  # fmt: skip
+    )
     stages = equal.get("ours_stage_s")
     if stages:  # the per-stage breakdown of both sides, met or not
         trl_s = equal["trl_iteration_s"]["median"]
-        lines += [f"Where our equal-work iteration goes (median s per stage; TRL's whole iteration: {trl_s:.2f} s): "
-                  + ", ".join(f"{name} {value:.2f}" for name, value in sorted(stages.items(), key=lambda kv: -kv[1]))
-                  + ". TRL has no counterpart of our validate (data contracts) and persist stages.", ""]  # fmt: skip
+        lines += [
+            f"Where our equal-work iteration goes (median s per stage; TRL's whole iteration: {trl_s:.2f} s): "
+            + ", ".join(f"{name} {value:.2f}" for name, value in sorted(stages.items(), key=lambda kv: -kv[1]))
+            + ". TRL has no counterpart of our validate (data contracts) and persist stages.",
+            "",
+        ]
     lines += _pairing(
-        section["starpo_s"], "Recommended configs: ours StarPO-S (demo config) vs TRL GRPO",
+        section["starpo_s"],
+        "Recommended configs: ours StarPO-S (demo config) vs TRL GRPO",
         "Ours keeps the 25% highest-variance groups (2 optimizer steps on 32 rollouts); TRL trains on all 128.",
-    )  # fmt: skip
+    )
     return lines
 
 
@@ -275,8 +286,11 @@ def storage_section(lake: dict[str, Any] | None, flow: dict[str, Any] | None) ->
     lines.append("| **all queries** | " + " | ".join(f"**{t:.3f}**" for t in totals) + " |")
     if len(sizes) > 1:
         first, last = int(sizes[0]), int(sizes[-1])
-        lines += ["", f"From {first:,} to {last:,} turns ({last // first}x the rows) the whole query set takes "
-                  f"{totals[-1] / totals[0]:.1f}x as long."]  # fmt: skip
+        lines += [
+            "",
+            f"From {first:,} to {last:,} turns ({last // first}x the rows) the whole query set takes "
+            f"{totals[-1] / totals[0]:.1f}x as long.",
+        ]
     from benchmarks.lake_bench import markdown as lake_markdown
 
     largest = lake["sizes"][sizes[-1]]

@@ -157,8 +157,14 @@ def rollout_section(section: dict[str, Any] | None, title: str) -> list[str]:
     for case in section["cases"]:
         if case["ratio"]["median"] < TARGETS["rollout_efficiency"]:
             missed = verdict("rollout_efficiency", case["ratio"]["median"])
-            lines += ["", f"{case['shape']} {case['case']}: {missed}; profile of ours (cProfile, by self time):", "",
-                      "```", *case["profile_ours"], "```"]  # fmt: skip
+            lines += [
+                "",
+                f"{case['shape']} {case['case']}: {missed}; profile of ours (cProfile, by self time):",
+                "",
+                "```",
+                *case["profile_ours"],
+                "```",
+            ]
     return lines + [""]
 
 
@@ -207,19 +213,33 @@ def update_section(section: dict[str, Any] | None, title: str) -> list[str]:
             )
     peaks = [case for case in section["cases"] if "peak_share" in case]
     if peaks:
-        lines += ["", "The update's model FLOP/s (6 x parameters x the batch's tokens per training pass, over the "
-                  "median time of ours) as a share of this machine's matmul peak, measured in the same run (the best "
-                  "`torch.mm` burst before and after the cases: "
-                  f"{', '.join(f'{p * 1e3:.0f}' for p in section.get('matmul_peak_tflops', []))} GFLOP/s):", "",
-                  "| model | achieved GFLOP/s | peak GFLOP/s | share |", "|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "The update's model FLOP/s (6 x parameters x the batch's tokens per training pass, over the "
+            "median time of ours) as a share of this machine's matmul peak, measured in the same run (the best "
+            "`torch.mm` burst before and after the cases: "
+            f"{', '.join(f'{p * 1e3:.0f}' for p in section.get('matmul_peak_tflops', []))} GFLOP/s):",
+            "",
+            "| model | achieved GFLOP/s | peak GFLOP/s | share |",
+            "|---|---|---|---|",
+        ]
         for case in peaks:
             share = case["peak_share"]
-            lines.append(f"| {case['shape']} | {share['achieved_tflops'] * 1e3:.1f} "
-                         f"| {share['peak_tflops'] * 1e3:.1f} | {share['share']:.1%} |")  # fmt: skip
+            lines.append(
+                f"| {case['shape']} | {share['achieved_tflops'] * 1e3:.1f} "
+                f"| {share['peak_tflops'] * 1e3:.1f} | {share['share']:.1%} |"
+            )
     for case in section["cases"]:
         if case["ratio"]["median"] < TARGETS["update_efficiency"]:
-            lines += ["", f"{case['shape']}: {verdict('update_efficiency', case['ratio']['median'])}; profile of ours "
-                      "(cProfile, by self time):", "", "```", *case["profile_ours"], "```"]  # fmt: skip
+            lines += [
+                "",
+                f"{case['shape']}: {verdict('update_efficiency', case['ratio']['median'])}; profile of ours "
+                "(cProfile, by self time):",
+                "",
+                "```",
+                *case["profile_ours"],
+                "```",
+            ]
     return lines + [""]
 
 

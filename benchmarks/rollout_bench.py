@@ -74,9 +74,14 @@ class BareGenerate:
         self.stop = torch.tensor(stop_token_ids(tokenizer), device=device)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.stop[0])
         self.config = GenerationConfig(
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-            eos_token_id=self.stop.tolist(), pad_token_id=pad,
-        )  # fmt: skip
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.stop.tolist(),
+            pad_token_id=pad,
+        )
         self.batches = []
         for prompts, seed in calls:
             width = max(len(p) for p in prompts)

@@ -159,9 +159,14 @@ def run_peer_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, A
     pairings = {}
     for name, ratio in (("equal_work", 1.0), ("starpo_s", 0.25)):
         case = PeerCase(
-            sizes.peer_iterations, sizes.peer_eval_every, sizes.peer_eval_instances, data_root, threads, ratio,
+            sizes.peer_iterations,
+            sizes.peer_eval_every,
+            sizes.peer_eval_instances,
+            data_root,
+            threads,
+            ratio,
             sizes.common_overrides,
-        )  # fmt: skip
+        )
         pairings[name] = measure(case)
     return {**_stamp("cpu"), "threads": threads, **pairings, "seconds": time.perf_counter() - started}
 
@@ -186,8 +191,14 @@ def run_rollout_section(sizes: Sizes, device: str, threads: int) -> dict[str, An
                 results.append(measure(RolloutCase(shape, case, groups, group_size, repeats), model, tokenizer))
         del model
     dtype_name = str(dtype).removeprefix("torch.")
-    return {**_stamp(device), "threads": threads, "dtype": dtype_name, "parameters": params, "cases": results,
-            "seconds": time.perf_counter() - started}  # fmt: skip
+    return {
+        **_stamp(device),
+        "threads": threads,
+        "dtype": dtype_name,
+        "parameters": params,
+        "cases": results,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def run_update_section(sizes: Sizes, device: str, threads: int, peak_tflops: float | None) -> dict[str, Any]:
@@ -209,8 +220,13 @@ def run_update_section(sizes: Sizes, device: str, threads: int, peak_tflops: flo
         result["peak_share"] = update_peak_share(result, max(peaks))
         if device == "cuda":
             result["mfu"] = update_mfu(result, peak_tflops)
-    return {**_stamp(device), "threads": threads, "cases": results, "matmul_peak_tflops": peaks,
-            "seconds": time.perf_counter() - started}  # fmt: skip
+    return {
+        **_stamp(device),
+        "threads": threads,
+        "cases": results,
+        "matmul_peak_tflops": peaks,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def run_group_section(sizes: Sizes, threads: int) -> dict[str, Any]:
@@ -219,8 +235,9 @@ def run_group_section(sizes: Sizes, threads: int) -> dict[str, Any]:
     from benchmarks.group_bench import GroupCase, measure
 
     started = time.perf_counter()
-    cases = [measure(GroupCase(shape, sizes.repeats_override or repeats, threads))
-             for shape, repeats in sizes.group_shapes]  # fmt: skip
+    cases = [
+        measure(GroupCase(shape, sizes.repeats_override or repeats, threads)) for shape, repeats in sizes.group_shapes
+    ]
     return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
 
 
@@ -247,8 +264,10 @@ def run_vllm_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, A
     from benchmarks.vllm_bench import VLLMCase, run
 
     started = time.perf_counter()
-    cases = [VLLMCase(shape, case, groups, size, sizes.repeats_override or repeats)
-             for shape, case, groups, size, repeats in sizes.vllm_cases]  # fmt: skip
+    cases = [
+        VLLMCase(shape, case, groups, size, sizes.repeats_override or repeats)
+        for shape, case, groups, size, repeats in sizes.vllm_cases
+    ]
     result = run(cases, data_root, (*sizes.common_overrides, *sizes.vllm_push_overrides), threads)
     return {**_stamp("cpu"), "threads": threads, **result, "seconds": time.perf_counter() - started}
 

@@ -124,10 +124,13 @@ def prompt_rows(config: Any, tokenizer: Any, iterations: int) -> tuple[list[dict
     for iteration in range(iterations):
         seeds = derive_seeds(config.seed, config.rollout.env_groups, iteration, "env_seeds")
         records = run_rollouts(
-            rollout_spec(config, config.env.name, seeds, 1, "train"), ScriptedBackend("random", tokenizer),
-            ChatFormatter(tokenizer, reply_prefix=reply_prefix(config.rollout.enable_think,
-                                                               config.rollout.think_prefix)), 0,
-        )  # fmt: skip
+            rollout_spec(config, config.env.name, seeds, 1, "train"),
+            ScriptedBackend("random", tokenizer),
+            ChatFormatter(
+                tokenizer, reply_prefix=reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
+            ),
+            0,
+        )
         for seed, record in zip(seeds, records, strict=True):
             ids = record.input_ids[: record.loss_mask.index(1)]
             text = tokenizer.decode(ids)
@@ -185,20 +188,41 @@ def grpo_trainer(config: Any, model_dir: Path, rows: list[dict[str, Any]], outpu
         steps_per_generation=batch // actor.mini_batch_size,
         num_generations=rollout.group_size,
         max_completion_length=rollout.max_new_tokens,
-        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-        learning_rate=actor.lr, weight_decay=actor.weight_decay, max_grad_norm=actor.grad_clip,
-        lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-        beta=0.0, epsilon=algorithm.clip_low, epsilon_high=algorithm.clip_high, loss_type="bnpo",
-        scale_rewards="group", num_iterations=1,
-        bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=device == "cpu",
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        learning_rate=actor.lr,
+        weight_decay=actor.weight_decay,
+        max_grad_norm=actor.grad_clip,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim="adamw_torch",
+        beta=0.0,
+        epsilon=algorithm.clip_low,
+        epsilon_high=algorithm.clip_high,
+        loss_type="bnpo",
+        scale_rewards="group",
+        num_iterations=1,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        use_cpu=device == "cpu",
         max_steps=config.trainer.iterations * (batch // actor.mini_batch_size),
-        shuffle_dataset=False, seed=config.seed, report_to="none", save_strategy="no", disable_tqdm=True,
-        dataloader_num_workers=0, use_vllm=False,
-    )  # fmt: skip
+        shuffle_dataset=False,
+        seed=config.seed,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        use_vllm=False,
+    )
     trainer = GRPOTrainer(
-        model=model, reward_funcs=bandit_reward(config), args=args, train_dataset=Dataset.from_list(rows),
+        model=model,
+        reward_funcs=bandit_reward(config),
+        args=args,
+        train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-    )  # fmt: skip
+    )
     trainer.remove_callback(PrinterCallback)  # TRL still logs every 10 steps (its default); it just does not print
     return trainer
 
@@ -215,9 +239,13 @@ def validation_success(model: Any, tokenizer: Any, config: Any, updates: int, en
     seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
     spec = rollout_spec(config, env_name, seeds, config.eval.k, "val")
     backend = HFBackend(
-        model, tokenizer, config.eval.temperature, config.rollout.max_new_tokens, config.rollout.top_p,
+        model,
+        tokenizer,
+        config.eval.temperature,
+        config.rollout.max_new_tokens,
+        config.rollout.top_p,
         config.rollout.top_k,
-    )  # fmt: skip
+    )
     records = run_rollouts(
         spec,
         backend,

@@ -56,8 +56,14 @@ def union_seconds(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def summarize(items: list[tuple[str, float]], wall_s: float, device: str, busy_s: float | None = None,
-              optimizer_s: float | None = None, top: int = 15) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    items: list[tuple[str, float]],
+    wall_s: float,
+    device: str,
+    busy_s: float | None = None,
+    optimizer_s: float | None = None,
+    top: int = 15,
+) -> dict[str, Any]:
     """The profile's figures from its work ``items`` (name, seconds: kernels on a GPU, operators' self time on a
     CPU): seconds and share of the summed work per kind, the ``top`` names by time, the busy share (``busy_s`` over
     ``wall_s``, GPUs only) and the optimizer step's inclusive seconds."""
@@ -82,7 +88,7 @@ def summarize(items: list[tuple[str, float]], wall_s: float, device: str, busy_s
         "top": [
             {"name": name, "kind": kind_of(name), "s": s, "calls": int(n), "share": s / total if total else 0.0}
             for name, (s, n) in ranked
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -153,18 +159,26 @@ def markdown(summary: dict[str, Any]) -> str:
     on_gpu = summary["busy_share"] is not None
     unit = "kernel" if on_gpu else "operator (self)"
     head = f"Profiled `{summary.get('traced', 'update')}` (call {summary.get('call', '?')}, {summary['device']})"
-    lines = [f"{head}: wall {summary['wall_s']:.3f} s, "
-             f"{unit} time {summary['work_s']:.3f} s"
-             + (f", GPU busy {summary['busy_share']:.1%} of the wall time" if on_gpu
-                else f", in no operator (the host's own work) {max(summary['wall_s'] - summary['work_s'], 0):.3f} s")
-             + (f", optimizer step {summary['optimizer_step_s']:.3f} s" if summary["optimizer_step_s"] is not None
-                else "") + ".", "",  # fmt: skip
-             "| kind | s | share |", "|---|---|---|"]  # fmt: skip
+    lines = [
+        f"{head}: wall {summary['wall_s']:.3f} s, "
+        f"{unit} time {summary['work_s']:.3f} s"
+        + (
+            f", GPU busy {summary['busy_share']:.1%} of the wall time"
+            if on_gpu
+            else f", in no operator (the host's own work) {max(summary['wall_s'] - summary['work_s'], 0):.3f} s"
+        )
+        + (f", optimizer step {summary['optimizer_step_s']:.3f} s" if summary["optimizer_step_s"] is not None else "")
+        + ".",
+        "",
+        "| kind | s | share |",
+        "|---|---|---|",
+    ]
     for kind, entry in sorted(summary["kinds"].items(), key=lambda kv: kv[1]["s"], reverse=True):
         lines.append(f"| {kind} | {entry['s']:.4f} | {entry['share']:.1%} |")
     lines += ["", f"| {unit} | kind | calls | s | share |", "|---|---|---|---|---|"]
     for row in summary["top"]:
         name = row["name"] if len(row["name"]) <= 90 else row["name"][:87] + "..."
-        lines.append(f"| `{name.replace('|', '/')}` | {row['kind']} | {row['calls']} | {row['s']:.4f} | "
-                     f"{row['share']:.1%} |")  # fmt: skip
+        lines.append(
+            f"| `{name.replace('|', '/')}` | {row['kind']} | {row['calls']} | {row['s']:.4f} | {row['share']:.1%} |"
+        )
     return "\n".join(lines) + "\n"

@@ -34,9 +34,21 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-PLATFORM_FLAGS = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-                  "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
-                  "--platform", "manylinux2014_x86_64", "--platform", "any"]  # fmt: skip
+PLATFORM_FLAGS = [
+    "--only-binary=:all:",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+    "--platform",
+    "any",
+]
 BUILT_FROM_SOURCE = {"deepspeed"}  # an sdist only: built here (see build_deepspeed)
 LEFT_AT_HOME = ("docs/",)  # parts of the source that do not travel
 UI_PREFIXES = ("prefect/server/ui/", "prefect/server/ui-v2/", "prefect/server/ui_build/")
@@ -80,8 +92,18 @@ def download(cache: Path, name: str, version: str) -> Path:
     found = cached_wheel(cache, name, version)
     if found:
         return found
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), *PLATFORM_FLAGS,
-               f"{name}=={version}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "-q",
+        "-d",
+        str(cache),
+        *PLATFORM_FLAGS,
+        f"{name}=={version}",
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     found = cached_wheel(cache, name, version)
     if done.returncode or not found:
@@ -96,11 +118,23 @@ def build_deepspeed(cache: Path, version: str, python: str) -> Path:
         return found
     probe = subprocess.run([python, "-c", "import torch, setuptools"], capture_output=True, text=True)
     if probe.returncode:
-        raise BundleError(f"--build-python {python} cannot import torch and setuptools (DeepSpeed's build "
-                          "needs them): point DEVICE_BUILD_PYTHON at a Python that has them")  # fmt: skip
+        raise BundleError(
+            f"--build-python {python} cannot import torch and setuptools (DeepSpeed's build "
+            "needs them): point DEVICE_BUILD_PYTHON at a Python that has them"
+        )
     env = {**os.environ, "DS_BUILD_OPS": "0"}
-    command = [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(cache),
-               f"deepspeed=={version}"]  # fmt: skip
+    command = [
+        python,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(cache),
+        f"deepspeed=={version}",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     found = cached_wheel(cache, "deepspeed", version)
     if done.returncode or not found:
@@ -129,8 +163,9 @@ def project_source(out: Path) -> str:
     """The committed ``HEAD`` of this repository but :data:`LEFT_AT_HOME`, unpacked at ``out``; returns the commit
     (with a warning on stderr when the work tree has uncommitted changes, which do not travel)."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
     if dirty:
         print("device-bundle: warning: uncommitted changes are not in the bundle (git archive HEAD)", file=sys.stderr)
     archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=REPO, capture_output=True, check=True)
@@ -161,8 +196,11 @@ def build(out: Path, cache: Path, build_python: str, limit_mib: float) -> int:
         (out / sub).mkdir(parents=True)
     wheels = []
     for name, version in read_pins(HERE / "pins.txt"):
-        wheel = build_deepspeed(cache, version, build_python) if name in BUILT_FROM_SOURCE else download(
-            cache, name, version)  # fmt: skip
+        wheel = (
+            build_deepspeed(cache, version, build_python)
+            if name in BUILT_FROM_SOURCE
+            else download(cache, name, version)
+        )
         target = out / "whl" / wheel.name
         without_ui(wheel, target) if normalised(name) == "prefect" else shutil.copy2(wheel, target)
         wheels.append(target)
@@ -174,14 +212,18 @@ def build(out: Path, cache: Path, build_python: str, limit_mib: float) -> int:
     (out / "run.sh").chmod(0o755)
     size = folder_size(out)
     parts = {sub: folder_size(out / sub) for sub in ("whl", "whl-fallback", "proj")}
-    lines = [f"commit {commit}", f"built {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
-             f"size {size / 2**20:.1f} MiB: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in parts.items()),
-             f"wheels {len(wheels)}: " + " ".join(sorted(p.name for p in wheels))]  # fmt: skip
+    lines = [
+        f"commit {commit}",
+        f"built {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
+        f"size {size / 2**20:.1f} MiB: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in parts.items()),
+        f"wheels {len(wheels)}: " + " ".join(sorted(p.name for p in wheels)),
+    ]
     (out / "BUNDLE.txt").write_text("\n".join(lines) + "\n")
     if size > limit_mib * 2**20:
         parts_text = "; ".join(f"{name} {n / 2**20:.1f} MiB" for n, name in largest(out))
-        raise BundleError(f"the bundle is {size / 2**20:.1f} MiB, over the {limit_mib:g} MiB limit; largest: "
-                          f"{parts_text}")  # fmt: skip
+        raise BundleError(
+            f"the bundle is {size / 2**20:.1f} MiB, over the {limit_mib:g} MiB limit; largest: {parts_text}"
+        )
     print(
         f"device-bundle: {out} {size / 2**20:.1f} MiB ({len(wheels)} wheels, commit {commit[:10]}) in "
         f"{time.monotonic() - started:.0f} s"

@@ -31,13 +31,44 @@ except ImportError:  # pragma: no cover - pip vendors it
 # Not carried (size), imported by nothing the device check runs: Prefect's CLI, deployments and notification blocks,
 # and the Great Expectations re-check of a rejected batch (schemas/suites.py).
 LEFT_OUT = {
-    "great-expectations", "apprise", "altair", "ruamel-yaml", "ruamel-yaml-clib", "dateparser", "cyclopts",
-    "rich-rst", "docker", "docstring-parser", "marshmallow", "mistune", "tzlocal", "oauthlib", "requests-oauthlib",
-    "readchar", "semver", "griffe", "jsonpatch", "python-json-logger", "pycparser",
-}  # fmt: skip
+    "great-expectations",
+    "apprise",
+    "altair",
+    "ruamel-yaml",
+    "ruamel-yaml-clib",
+    "dateparser",
+    "cyclopts",
+    "rich-rst",
+    "docker",
+    "docstring-parser",
+    "marshmallow",
+    "mistune",
+    "tzlocal",
+    "oauthlib",
+    "requests-oauthlib",
+    "readchar",
+    "semver",
+    "griffe",
+    "jsonpatch",
+    "python-json-logger",
+    "pycparser",
+}
 # The machine's own large packages: reported when missing or refused, never replaced by a fallback.
-MACHINE_OWN = {"torch", "transformers", "tokenizers", "accelerate", "numpy", "pandas", "pyarrow", "scipy",
-               "matplotlib", "tensorboard", "safetensors", "huggingface-hub", "triton"}  # fmt: skip
+MACHINE_OWN = {
+    "torch",
+    "transformers",
+    "tokenizers",
+    "accelerate",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "scipy",
+    "matplotlib",
+    "tensorboard",
+    "safetensors",
+    "huggingface-hub",
+    "triton",
+}
 Problem = tuple[str, str, str, "str | None"]  # name, specifier, who asks, version found (None: missing)
 
 
@@ -75,8 +106,11 @@ def fits(specifier: object, version: str) -> bool:
 def problems(site: Path, pyproject: Path | None) -> list[Problem]:
     """Every unmet requirement of the carried distributions and of the project."""
     seen = visible()
-    queue = [(req, dist.metadata["Name"]) for dist in metadata.distributions(path=[str(site)])
-             for req in dist.requires or []]  # fmt: skip
+    queue = [
+        (req, dist.metadata["Name"])
+        for dist in metadata.distributions(path=[str(site)])
+        for req in dist.requires or []
+    ]
     if pyproject is not None:
         queue += [(req, "ragen-flows") for req in project_requirements(pyproject)]
     extras: dict[str, set[str]] = {}
@@ -153,9 +187,25 @@ def main() -> int:
     if not chosen:
         return 1
     print("depcheck: installing fallbacks:", " ".join(p.name for p in chosen))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-cache-dir", "--upgrade", "--target", str(args.site), *map(str, chosen)],
-                   check=False, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--upgrade",
+            "--target",
+            str(args.site),
+            *map(str, chosen),
+        ],
+        check=False,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
     again = [sys.executable, __file__, "--site", str(args.site)]
     again += ["--project", str(args.project)] if args.project else []
     again += ["--fallback", str(args.fallback), "--fix", "--round", str(args.round + 1)] if args.round < 3 else []

@@ -25,15 +25,23 @@ def train_figures(root: Path, run_id: str, seconds: float) -> dict[str, Any]:
     """Validation success per env at the first and last validated iteration of a finished run, and its time."""
     from ragen_core.storage import DataLake, query
 
-    rows = query(root, "SELECT env, iteration, avg(success::int) AS success, count(*) AS n FROM trajectories "
-                 f"WHERE split = 'val' AND run_id = '{run_id}' GROUP BY 1, 2 ORDER BY 1, 2").to_pylist()  # fmt: skip
+    rows = query(
+        root,
+        "SELECT env, iteration, avg(success::int) AS success, count(*) AS n FROM trajectories "
+        f"WHERE split = 'val' AND run_id = '{run_id}' GROUP BY 1, 2 ORDER BY 1, 2",
+    ).to_pylist()
     success: dict[str, dict[str, float]] = {}
     for row in rows:
         success.setdefault(row["env"], {})[str(row["iteration"])] = row["success"]
     manifest = DataLake(root).read_manifest(run_id)
     status, precision = (manifest.status, manifest.precision) if manifest is not None else (None, None)
-    return {"run_id": run_id, "status": status, "precision": precision, "seconds": seconds,
-            "validation_success": success}  # fmt: skip
+    return {
+        "run_id": run_id,
+        "status": status,
+        "precision": precision,
+        "seconds": seconds,
+        "validation_success": success,
+    }
 
 
 def _bench_lines(path: Path, title: str) -> list[str]:
@@ -47,8 +55,11 @@ def _bench_lines(path: Path, title: str) -> list[str]:
     tflops = sum(row["tflops"] for row in steady) / len(steady)
     mfu = [row["mfu"] for row in steady if row["mfu"] is not None]
     text = markdown(result).replace("## GPU update", "#### GPU update")
-    summary = (f"**{title}**: steady update {update_s:.2f} s, {tflops:.1f} TFLOP/s"
-               + (f", MFU {sum(mfu) / len(mfu):.1%}" if mfu else "") + ".")  # fmt: skip
+    summary = (
+        f"**{title}**: steady update {update_s:.2f} s, {tflops:.1f} TFLOP/s"
+        + (f", MFU {sum(mfu) / len(mfu):.1%}" if mfu else "")
+        + "."
+    )
     return [summary, "", text]
 
 
@@ -85,11 +96,16 @@ def section(out: Path) -> str:
     env = (out / "machine.json").read_text() if (out / "machine.json").is_file() else "{}"
     machine = json.loads(env)
     tests = (out / "gpu-tests-summary.txt").read_text().strip() if (out / "gpu-tests-summary.txt").is_file() else ""
-    lines = ["## GPU device check (`device/run.sh`)", "",
-             f"Run {time.strftime('%Y-%m-%d', time.gmtime())} on **{machine.get('gpu') or 'no GPU (CPU stand-in)'}**, "
-             f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, "
-             f"DeepSpeed {machine.get('deepspeed')}, Python {machine.get('python')}.", "",
-             f"- `pytest -m gpu tests/gpu`: {tests or 'no summary (see log.txt)'}", ""]  # fmt: skip
+    lines = [
+        "## GPU device check (`device/run.sh`)",
+        "",
+        f"Run {time.strftime('%Y-%m-%d', time.gmtime())} on **{machine.get('gpu') or 'no GPU (CPU stand-in)'}**, "
+        f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, "
+        f"DeepSpeed {machine.get('deepspeed')}, Python {machine.get('python')}.",
+        "",
+        f"- `pytest -m gpu tests/gpu`: {tests or 'no summary (see log.txt)'}",
+        "",
+    ]
     lines += _bench_lines(out / "bench-inprocess.json", "gpu_update_bench, in-process")
     lines += _bench_lines(out / "bench-torchrun.json", "gpu_update_bench, `--launcher torchrun --nproc 1`")
     ratio = launched_ratio(out / "bench-inprocess.json", out / "bench-torchrun.json")
@@ -101,11 +117,16 @@ def section(out: Path) -> str:
     train = out / "train.json"
     if train.is_file():
         figures = json.loads(train.read_text())
-        parts = [f"{env} {min(s.items(), key=lambda kv: int(kv[0]))[1]:.3f} -> "
-                 f"{max(s.items(), key=lambda kv: int(kv[0]))[1]:.3f}"
-                 for env, s in figures["validation_success"].items()]  # fmt: skip
-        lines += [f"**`ragen train --config configs/bandit.yaml`** ({figures['precision']}): validation success "
-                  f"{'; '.join(parts)} in {figures['seconds']:.0f} s ({figures['status']}).", ""]  # fmt: skip
+        parts = [
+            f"{env} {min(s.items(), key=lambda kv: int(kv[0]))[1]:.3f} -> "
+            f"{max(s.items(), key=lambda kv: int(kv[0]))[1]:.3f}"
+            for env, s in figures["validation_success"].items()
+        ]
+        lines += [
+            f"**`ragen train --config configs/bandit.yaml`** ({figures['precision']}): validation success "
+            f"{'; '.join(parts)} in {figures['seconds']:.0f} s ({figures['status']}).",
+            "",
+        ]
     lines += ["Steps (rc, time limit, seconds; every call with this bundle):", "", "```", summary.strip(), "```", ""]
     return "\n".join(lines)
 

@@ -48,8 +48,21 @@ def sweep(
     reachable by the workers (pass an absolute path). A search of more than ``max_points`` points is refused.
     """
     ui.escape_stored_parameters()  # a run created elsewhere: its stored texts escaped first
-    request = sweep_request(config, data_root, grid, random, samples, seeds, sweep_id, overrides, deployment, points,
-                            search_seed, poll_seconds, max_points)  # fmt: skip
+    request = sweep_request(
+        config,
+        data_root,
+        grid,
+        random,
+        samples,
+        seeds,
+        sweep_id,
+        overrides,
+        deployment,
+        points,
+        search_seed,
+        poll_seconds,
+        max_points,
+    )
     return _sweep(request)
 
 
@@ -81,12 +94,18 @@ def _run_local(request: SweepRequest, point: SweepPoint, root: str, count: str) 
     point is recorded and the sweep goes on."""
     started = time.monotonic()
     ui.step(f"point {count}: {point.run_id} · {' '.join(point.overrides) or '(base config)'}")
-    state = train(point.config, data_root=root, run_id=point.run_id, sweep=point.manifest_entry(request.sweep_id),
-                  return_state=True)  # fmt: skip
+    state = train(
+        point.config,
+        data_root=root,
+        run_id=point.run_id,
+        sweep=point.manifest_entry(request.sweep_id),
+        return_state=True,
+    )
     ui.step(f"point {count}: {point.run_id} {state.type.value.lower()} in {time.monotonic() - started:.0f} s")
     if not state.is_completed():
-        get_run_logger().warning("sweep %s: point %d (%s) ended %s", request.sweep_id, point.index, point.run_id,
-                                 state.type.value)  # fmt: skip
+        get_run_logger().warning(
+            "sweep %s: point %d (%s) ended %s", request.sweep_id, point.index, point.run_id, state.type.value
+        )
     return state.type.value
 
 

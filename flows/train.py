@@ -40,7 +40,7 @@ PREFECT = Hooks(
         check_tokenizer=o.check_tokenizer,
         lineage=o.lineage,
         offline_epoch=o.offline_epoch,
-    ),  # fmt: skip
+    ),
     step=ui.step,
     report=ui.report,
     publish=r.publish_iteration_artifact,

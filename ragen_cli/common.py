@@ -45,8 +45,9 @@ STYLES = {"error": "bold red", "warning": "yellow", "note": "cyan"}
 def say(label: str, message: str) -> None:
     """Print ``label: message`` (``label`` one of :data:`STYLES`; the message literally, in one line:
     :func:`one_line`) on stderr."""
-    err_console.print(Text.assemble((f"{label}:", STYLES[label]), " ", one_line(message)), highlight=False,
-                      soft_wrap=True)  # fmt: skip
+    err_console.print(
+        Text.assemble((f"{label}:", STYLES[label]), " ", one_line(message)), highlight=False, soft_wrap=True
+    )
 
 
 def warn(message: str) -> None:
@@ -90,8 +91,10 @@ def writable_root(value: Path | None, create: bool = True) -> Path:
             with tempfile.TemporaryFile(dir=root, prefix=".ragen-write-check-"):
                 pass
     except OSError as exc:
-        fail(f"data root {str(root)!r} cannot be written ({exc.strerror or exc}); pass a writable folder with "
-             "--data-root")  # fmt: skip
+        fail(
+            f"data root {str(root)!r} cannot be written ({exc.strerror or exc}); pass a writable folder with "
+            "--data-root"
+        )
     return root
 
 
@@ -130,8 +133,11 @@ def print_table(result, target: Console | None = None) -> None:
     table = Table(show_header=True, header_style="bold")
     rows = result.to_pylist()
     names = result.column_names
-    ids = {name: max([len(printable(str(row[name]))) for row in rows if row[name] is not None] + [len(name)])
-           for name in names if name == "id" or name.endswith("_id")}  # fmt: skip
+    ids = {
+        name: max([len(printable(str(row[name]))) for row in rows if row[name] is not None] + [len(name)])
+        for name in names
+        if name == "id" or name.endswith("_id")
+    }
     # ids keep one line (copied whole) when they fit beside a narrow share (8) of every other column; else all fold
     fits = sum(ids.values()) + 3 * len(names) + 1 + 8 * (len(names) - len(ids)) <= target.width
     for name in names:

@@ -40,8 +40,9 @@ class _Commands(TyperGroup):
         return sorted(names, key=lambda name: order.index(name) if name in order else len(order))
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.",
-                  cls=_Commands)  # fmt: skip
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="RAGEN-Flows: StarPO / StarPO-S agent RL.", cls=_Commands
+)
 
 
 @app.callback(invoke_without_command=True)
@@ -73,9 +74,11 @@ def usage_error_line(exc: Exception) -> str:
     option = getattr(exc, "option_name", "") if isinstance(exc, CLICK_ERRORS.NoSuchOption) else ""
     is_sql = exc.ctx is not None and exc.ctx.command.name == "sql"
     if is_sql and option.startswith("--") and any(c.isspace() for c in option):
-        return (f"{command}: a query that begins with a SQL comment ('--') reads as an option; put -- before it, "
-                f"after the options (ragen sql --run ID -- \"...\"), or read it from a file (ragen sql --file "
-                "query.sql)")  # fmt: skip
+        return (
+            f"{command}: a query that begins with a SQL comment ('--') reads as an option; put -- before it, "
+            f'after the options (ragen sql --run ID -- "..."), or read it from a file (ragen sql --file '
+            "query.sql)"
+        )
     return f"{command}: {message} (see '{command} --help')"
 
 

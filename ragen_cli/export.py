@@ -49,8 +49,11 @@ def export(
         where = "none (no checkpoint)" if policy is None else str(policy)
         hint = "" if policy is None or report.models_copied else " (not copied: --model copies it into the export)"
         console.print(f"policy of {escape(run_id)}: {escape(where)}{hint}", highlight=False)
-    console.print(f"how to prompt each run's policy (system prompt, messages, a transformers snippet): "
-                  f"{escape(str(report.out / 'README.md'))}", highlight=False)  # fmt: skip
+    console.print(
+        f"how to prompt each run's policy (system prompt, messages, a transformers snippet): "
+        f"{escape(str(report.out / 'README.md'))}",
+        highlight=False,
+    )
 
 
 def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help=DATA_ROOT_HELP)) -> None:
@@ -65,11 +68,15 @@ def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help
     except LakeError as exc:
         fail(str(exc))
     except OSError as exc:
-        fail(f"cannot upgrade {str(root)!r}: {exc.strerror or exc} ({exc.filename}); make it writable, then run "
-             "`ragen upgrade-lake` again (it goes on where it stopped)")  # fmt: skip
+        fail(
+            f"cannot upgrade {str(root)!r}: {exc.strerror or exc} ({exc.filename}); make it writable, then run "
+            "`ragen upgrade-lake` again (it goes on where it stopped)"
+        )
     if report.recorded:
-        console.print(f"recorded the published parts of {report.recorded} partition(s) written before such records "
-                      "were kept", highlight=False)  # fmt: skip
+        console.print(
+            f"recorded the published parts of {report.recorded} partition(s) written before such records were kept",
+            highlight=False,
+        )
     if not report.partitions:
         console.print(f"{escape(str(root))} already has lake layout {report.layout}", highlight=False)
         return

@@ -98,8 +98,11 @@ def report(message: str) -> None:
 
 def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     if _state["requested"]:
-        os.write(2, f"\nsecond {signal_name()}: stopping now, without cleaning up (`ragen resume` continues the "
-                    "run)\n".encode())  # fmt: skip
+        os.write(
+            2,
+            f"\nsecond {signal_name()}: stopping now, without cleaning up (`ragen resume` continues the "
+            "run)\n".encode(),
+        )
         for cleanup in _last_resort:
             try:
                 cleanup()
@@ -171,5 +174,7 @@ def report_interrupted(lake: DataLake, run_id: str) -> None:
     if iteration is not None and (last is None or iteration > last):  # not when it came after the commit
         where = f" in iteration {iteration} ({stage})"
     committed = f"last committed iteration: {last}" if last is not None else "no iteration committed yet"
-    report(f"interrupted: run {run_id} stopped{where}; {committed}. Continue it with: ragen resume {run_id} "
-           f"--data-root {lake.root}")  # fmt: skip
+    report(
+        f"interrupted: run {run_id} stopped{where}; {committed}. Continue it with: ragen resume {run_id} "
+        f"--data-root {lake.root}"
+    )

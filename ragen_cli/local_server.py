@@ -96,8 +96,12 @@ def base_env(home: Path, api_url: str | None = None) -> dict[str, str]:
     """Environment for the server, the worker and ``prefect`` commands: loopback only, no telemetry, no inherited
     distributed rendezvous."""
     env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", RAGEN_PROJECT_DIR=str(PROJECT_DIR),
-               PREFECT_SERVER_API_HOST="127.0.0.1")  # fmt: skip
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        RAGEN_PROJECT_DIR=str(PROJECT_DIR),
+        PREFECT_SERVER_API_HOST="127.0.0.1",
+    )
     if api_url:
         env["PREFECT_API_URL"] = api_url
     else:
@@ -107,8 +111,15 @@ def base_env(home: Path, api_url: str | None = None) -> dict[str, str]:
 
 def _spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with log.open("ab") as sink:  # the child keeps its own descriptor
-        return subprocess.Popen(command, env=env, cwd=PROJECT_DIR, stdout=sink, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            command,
+            env=env,
+            cwd=PROJECT_DIR,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def wait_healthy(api_url: str, timeout: float, process: subprocess.Popen | None = None) -> None:
@@ -165,8 +176,10 @@ def start(
     try:
         wait_healthy(api_url, timeout, server)
         if server.poll() is not None:  # what answered is not the server started here
-            raise ServerError(f"the Prefect server exited with code {server.returncode}; another one answers at "
-                              f"{api_url}: choose another --port")  # fmt: skip
+            raise ServerError(
+                f"the Prefect server exited with code {server.returncode}; another one answers at "
+                f"{api_url}: choose another --port"
+            )
         prefect_template.save(home)  # a no-op once a template exists
         env = base_env(home, api_url)
         say(f"the server answers; creating the work pool {POOL}")
@@ -187,8 +200,14 @@ def start(
 def ensure_pool(env: dict[str, str], pool: str = POOL) -> None:
     """Create the process work pool unless it exists (a restarted server keeps its database, pool included)."""
     # `work-pool inspect` by name, not a search in `work-pool ls`: that table cuts long names to the terminal's width
-    done = subprocess.run(_prefect() + ["work-pool", "inspect", pool], env=env, cwd=PROJECT_DIR, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        _prefect() + ["work-pool", "inspect", pool],
+        env=env,
+        cwd=PROJECT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode != 0:
         run_prefect(["work-pool", "create", pool, "--type", "process"], env)
 
@@ -305,12 +324,32 @@ def start_temporary(home: Path, timeout: float, attempts: int = 3) -> TemporaryS
     seeded = prefect_template.seed(home)  # a ready database: about half the start-up (ragen_cli/prefect_template.py)
     for attempt in range(attempts):
         port = free_port()
-        command = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
-                   "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "prefect.server.api.server:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "error",
+            "--lifespan",
+            "on",
+        ]
         with log.open("ab") as sink:
-            process = subprocess.Popen(command, env=env, cwd=home, stdout=sink, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True,
-                                       preexec_fn=_die_with_parent())  # fmt: skip
+            process = subprocess.Popen(
+                command,
+                env=env,
+                cwd=home,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
         server = TemporaryServer(process, f"http://127.0.0.1:{port}/api", log)
         try:
             wait_healthy(server.api_url, timeout, process)

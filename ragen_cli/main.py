@@ -91,7 +91,7 @@ def resume(
         "--force-config",
         help="Comma-separated config keys (or sections) allowed "
         "to differ from the run's, e.g. trainer.iterations,eval.",
-    ),  # fmt: skip
+    ),
     skip_iteration: bool = typer.Option(
         False, "--skip-iteration", help="Record a quarantined iteration as skipped (no update) and go on."
     ),
@@ -124,19 +124,19 @@ def retrain(
         "--from",
         help="SQL selecting the trajectories (must return their key columns), "
         "e.g. \"SELECT * FROM trajectories WHERE run_id = 'r1' AND success\".",
-    ),  # fmt: skip
+    ),
     mode: str = typer.Option(
         "sft",
         "--mode",
         help="sft (cross-entropy on the replies) or pg (StarPO loss with "
         "importance weights from the stored behaviour log-probs).",
-    ),  # fmt: skip
+    ),
     init: str = typer.Option(
         ...,
         "--init",
         help="Model folder, checkpoint folder (its hf/ export), run:<id> (the "
         "model that run started from) or run:<id>@<updates> (its checkpoint).",
-    ),  # fmt: skip
+    ),
     config: Path | None = config_option("YAML config (actor, algorithm, offline, eval)."),
     data_root: DataRoot = None,
     run_id: str | None = run_id_option("Id of the new run (default retrain-<mode>-<hash>)."),
@@ -215,12 +215,28 @@ def sweep(
     checked_run_id(sweep_id, "sweep id")  # it prefixes the points' run ids
     max_points = DEFAULT_MAX_POINTS if max_points is None else max_points
     if deployment and "PREFECT_API_URL" not in os.environ:
-        fail("--deployment needs a Prefect server and a worker: run `make server` (or `ragen server start`) and "
-             "export PREFECT_API_URL=http://127.0.0.1:4200/api")  # fmt: skip
+        fail(
+            "--deployment needs a Prefect server and a worker: run `make server` (or `ragen server start`) and "
+            "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+        )
     where = deployment_name if deployment else None
-    request = built(lambda: sweep_request(config, data_root_path(data_root), grid, random, samples, seeds, sweep_id,
-                                          list(ctx.args), where, point or None, search_seed, max_points=max_points),
-                    SweepError)  # fmt: skip
+    request = built(
+        lambda: sweep_request(
+            config,
+            data_root_path(data_root),
+            grid,
+            random,
+            samples,
+            seeds,
+            sweep_id,
+            list(ctx.args),
+            where,
+            point or None,
+            search_seed,
+            max_points=max_points,
+        ),
+        SweepError,
+    )
     writable_root(request.lake.root)  # made and proven writable once every point's config passed
     start_flow_command(request.lake, request.sweep_id, verbose)
     from flows.sweep import sweep_requested
@@ -238,8 +254,10 @@ def _announce(request: SweepRequest) -> None:
     """The sweep's first lines: its id, the points it runs (each with its overrides), where and the data root."""
     chosen = request.chosen()
     where = f"deployment {request.deployment}" if request.deployment else "local subflows"
-    console.print(f"sweep [bold]{request.sweep_id}[/] · {len(chosen)} of {len(request.plan.points)} point(s) · "
-                  f"{where} · {shown(request.lake.root)}")  # fmt: skip
+    console.print(
+        f"sweep [bold]{request.sweep_id}[/] · {len(chosen)} of {len(request.plan.points)} point(s) · "
+        f"{where} · {shown(request.lake.root)}"
+    )
     for item in chosen:
         console.print(f"  {item.run_id}: {shown(' '.join(item.overrides) or '(base config)')}")
 
@@ -366,8 +384,12 @@ def _train_with_progress(admission: Admission) -> dict:
     from ragen_core.run.decisions import ResumeError
 
     lake, run_id = admission.request.lake, admission.request.run_id
-    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     from ragen_core.run.record import utc_now
 
     started = utc_now()  # a want of space the manifest recorded before this command is not this failure's cause
@@ -442,8 +464,11 @@ def sql(
 def _query_text(statement: str | None, file: Path | None) -> str:
     """The query: the argument, or the text of ``--file`` (``-``: standard input); exactly one of them."""
     if (statement is None) == (file is None):
-        fail("give the query as the argument or with --file FILE, not both" if statement is not None
-             else "no query: give it as the argument (ragen sql \"SELECT ...\") or with --file FILE")  # fmt: skip
+        fail(
+            "give the query as the argument or with --file FILE, not both"
+            if statement is not None
+            else 'no query: give it as the argument (ragen sql "SELECT ...") or with --file FILE'
+        )
     if file is None:
         return str(statement)
     try:
@@ -502,8 +527,9 @@ def view(
         binding = bind(host, port)
     except ViewError as exc:
         fail(str(exc))
-    console.print(f"ragen view: {binding.url}  (data root {shown(root)}; Ctrl-C stops it)", highlight=False,
-                  soft_wrap=True)  # fmt: skip
+    console.print(
+        f"ragen view: {binding.url}  (data root {shown(root)}; Ctrl-C stops it)", highlight=False, soft_wrap=True
+    )
     if not binding.loopback:
         warn(f"listening on {host}: anyone who can reach this machine and has the URL's token can read the lake")
     serve(root, binding, has_display() if open_browser is None else open_browser)

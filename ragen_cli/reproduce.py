@@ -68,8 +68,10 @@ def reproduce(
     made = {**provenance(REPO_ROOT), "cpu": machine()}  # before anything is written: the code that runs, not the
     # files this command writes; and the machine kind its numbers are bitwise on
     try:
-        jobs = [(n, *_planned(n, quick), _checked_out(_out(n, quick, folder, out), data_root_path(data_root)))
-                for n in names]  # every name checked before any compute  # fmt: skip
+        jobs = [
+            (n, *_planned(n, quick), _checked_out(_out(n, quick, folder, out), data_root_path(data_root)))
+            for n in names
+        ]  # every name checked before any compute
     except FindingError as exc:
         fail(str(exc))
     from ragen_core.storage import DataLake
@@ -82,8 +84,10 @@ def reproduce(
         result["wall_seconds"] = round(time.monotonic() - started, 1)
         _write(result, path)
         _print_numbers(result["numbers"])
-        console.print(f"wrote {escape(str(path))} and {escape(str(path.with_suffix('.json')))} "
-                      f"({result['wall_seconds']:.0f} s)", highlight=False)  # fmt: skip
+        console.print(
+            f"wrote {escape(str(path))} and {escape(str(path.with_suffix('.json')))} ({result['wall_seconds']:.0f} s)",
+            highlight=False,
+        )
 
 
 def _planned(name: str, quick: bool) -> tuple[Any, list, str]:
@@ -123,8 +127,9 @@ def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
         console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(plan.points)} point(s) · {escape(str(lake.root))}")
         with watch_points():
             grid = [f"{k}={json.dumps(v)}" for k, v in plan.spec["grid"]]
-            request = sweep_request(item.base, lake, grid, seeds=plan.spec["seeds"] or None, sweep_id=plan.sweep_id,
-                                    plan=plan)  # fmt: skip
+            request = sweep_request(
+                item.base, lake, grid, seeds=plan.spec["seeds"] or None, sweep_id=plan.sweep_id, plan=plan
+            )
             result = sweep_requested(request)
         failed += [row["run_id"] for row in result["points"] if row["status"] != "completed"]
     if failed:
@@ -140,11 +145,16 @@ def _analyse(spec, plans: list, lake: DataLake, quick: bool, made: dict[str, Any
 
     context = load_context(lake, spec, plans)
     return {
-        "finding": spec.name, "claim": spec.claim, "analysis": spec.analysis, "quick": quick,
+        "finding": spec.name,
+        "claim": spec.claim,
+        "analysis": spec.analysis,
+        "quick": quick,
         "command": f"ragen reproduce {spec.name}{' --quick' if quick else ''}",
         "sweeps": {item.variant.name: item.plan.sweep_id for item in plans},
-        "numbers": ANALYSES[spec.analysis](context), "held_out": held_out_report(context), **made,
-    }  # fmt: skip
+        "numbers": ANALYSES[spec.analysis](context),
+        "held_out": held_out_report(context),
+        **made,
+    }
 
 
 def _write(result: dict[str, Any], out: Path) -> None:
@@ -178,8 +188,11 @@ def _print_numbers(numbers: dict[str, Any]) -> None:
                 console.print(f"  {key}: {escape(levels)}", highlight=False)
     for key in ("as_run", "calibrated"):
         if isinstance(numbers.get(key), dict):
-            shown = {k: (_fmt(v) if isinstance(v, dict) and "mean" in v else v)
-                     for k, v in numbers[key].items() if not isinstance(v, dict) or "mean" in v}  # fmt: skip
+            shown = {
+                k: (_fmt(v) if isinstance(v, dict) and "mean" in v else v)
+                for k, v in numbers[key].items()
+                if not isinstance(v, dict) or "mean" in v
+            }
             console.print(f"[bold]{key}[/]: {escape(json.dumps(shown, default=str))}", highlight=False)
 
 

@@ -113,8 +113,10 @@ def print_sweep(result: dict) -> None:
     removed = [row["run_id"] for row in result["points"] if row["status"] == "removed"]
     failed = [row["run_id"] for row in result["points"] if row["status"] not in ("completed", "removed")]
     if removed:
-        console.print(f"[yellow]removed while the sweep ran:[/] {', '.join(removed)}; their runs are gone from the "
-                      "data root (the same command again trains them anew)")  # fmt: skip
+        console.print(
+            f"[yellow]removed while the sweep ran:[/] {', '.join(removed)}; their runs are gone from the "
+            "data root (the same command again trains them anew)"
+        )
     if failed:
         console.print(f"[yellow]not completed:[/] {', '.join(failed)}; run the same command again to resume them")
     if removed or failed:

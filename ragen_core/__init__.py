@@ -18,9 +18,21 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # the package's name -> the API's
-API = {"train": "train", "resume": "resume", "evaluate": "evaluate", "retrain": "retrain", "query": "query",
-       "run_sweep": "sweep", "runs": "runs", "plot": "plot", "export": "export", "describe_config": "describe_config",
-       "RunResult": "RunResult", "EvalResult": "EvalResult", "SweepResult": "SweepResult"}  # fmt: skip
+API = {
+    "train": "train",
+    "resume": "resume",
+    "evaluate": "evaluate",
+    "retrain": "retrain",
+    "query": "query",
+    "run_sweep": "sweep",
+    "runs": "runs",
+    "plot": "plot",
+    "export": "export",
+    "describe_config": "describe_config",
+    "RunResult": "RunResult",
+    "EvalResult": "EvalResult",
+    "SweepResult": "SweepResult",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -93,8 +93,15 @@ def _result(lake: DataLake, run_id: str, details: dict[str, Any]) -> RunResult:
         rows = lake.read_table("metrics", run_id, iteration=committed[-1], columns=["name", "value"]).to_pylist()
         validation = {row["name"]: row["value"] for row in rows if row["name"].startswith("val/")}
     checkpoints = lake.list_checkpoints(run_id)
-    return RunResult(run_id, manifest.status if manifest else "absent", validation, Path(lake.root).resolve(),
-                     lake.run_dir(run_id), checkpoints[-1][1] if checkpoints else None, details)  # fmt: skip
+    return RunResult(
+        run_id,
+        manifest.status if manifest else "absent",
+        validation,
+        Path(lake.root).resolve(),
+        lake.run_dir(run_id),
+        checkpoints[-1][1] if checkpoints else None,
+        details,
+    )
 
 
 def run(request: q.RunRequest, progress: Progress | None = None, step: Step | None = None) -> RunResult:
@@ -203,8 +210,9 @@ def sweep(
     (``key=dist(args)``, ``samples`` per combination) x seed is its own run, one after the other; a failing point is
     recorded and the sweep goes on. The same sweep again resumes it (completed points are skipped)."""
     extra = {} if max_points is None else {"max_points": max_points}
-    request = s.sweep_request(config, data_root, grid, random, samples, seeds, sweep_id, overrides, None, points,
-                              search_seed, **extra)  # fmt: skip
+    request = s.sweep_request(
+        config, data_root, grid, random, samples, seeds, sweep_id, overrides, None, points, search_seed, **extra
+    )
 
     def run_points(chosen: list[s.SweepPoint]) -> dict[str, str]:
         outcomes = {}
@@ -334,5 +342,19 @@ def _in_form(table: Any, form: Form) -> Any:
     return table
 
 
-__all__ = ["EvalResult", "RunResult", "SweepResult", "describe_config", "evaluate", "export", "plot", "query",
-           "resume", "retrain", "run", "runs", "sweep", "train"]  # fmt: skip
+__all__ = [
+    "EvalResult",
+    "RunResult",
+    "SweepResult",
+    "describe_config",
+    "evaluate",
+    "export",
+    "plot",
+    "query",
+    "resume",
+    "retrain",
+    "run",
+    "runs",
+    "sweep",
+    "train",
+]

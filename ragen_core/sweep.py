@@ -75,8 +75,12 @@ class SweepPoint:
 
     def to_dict(self) -> dict[str, Any]:
         """The point as the stored plan holds it (its config as plain values)."""
-        return {"index": self.index, "run_id": self.run_id, "overrides": list(self.overrides),
-                "config": self.config.to_dict()}  # fmt: skip
+        return {
+            "index": self.index,
+            "run_id": self.run_id,
+            "overrides": list(self.overrides),
+            "config": self.config.to_dict(),
+        }
 
     def manifest_entry(self, sweep_id: str) -> dict[str, Any]:
         """What the run's manifest records under ``sweep``."""
@@ -154,8 +158,10 @@ def parse_seeds(value: int | str | list[int] | None) -> list[int]:
     elif isinstance(value, int) or str(value).strip().isdigit():
         count = int(value)
         if not 1 <= count <= DEFAULT_MAX_POINTS * 100:  # a count is expanded into a list: bounded before that
-            raise SweepError(f"--seeds {value!r}: give a count from 1 to {DEFAULT_MAX_POINTS * 100} or a "
-                             "comma-separated list of seeds")  # fmt: skip
+            raise SweepError(
+                f"--seeds {value!r}: give a count from 1 to {DEFAULT_MAX_POINTS * 100} or a "
+                "comma-separated list of seeds"
+            )
         return list(range(count))
     else:
         try:
@@ -333,10 +339,15 @@ def read_sweep(lake: DataLake, sweep_id: str, trusted_kinds: frozenset[str] = fr
     stored = json.loads(path.read_text())
     source = str(path.relative_to(lake.root))
     try:
-        points = [SweepPoint(p["index"], p["run_id"], p["overrides"],
-                             build_stored_run_config(StoredConfig(p["config"], source, lake.root), [],
-                                                     trusted_kinds))
-                  for p in stored["points"]]  # fmt: skip
+        points = [
+            SweepPoint(
+                p["index"],
+                p["run_id"],
+                p["overrides"],
+                build_stored_run_config(StoredConfig(p["config"], source, lake.root), [], trusted_kinds),
+            )
+            for p in stored["points"]
+        ]
     except ConfigError as exc:
         raise SweepError(str(exc)) from None
     return SweepPlan(stored["sweep_id"], stored["spec"], points)
@@ -433,9 +444,15 @@ class SweepRequest:
 
     def parameters(self) -> dict[str, Any]:
         """The request as the ``sweep`` flow's plain parameters."""
-        return {"config": self.base.to_dict(), "data_root": str(self.lake.root), "sweep_id": self.sweep_id,
-                **self.search, "deployment": self.deployment, "poll_seconds": self.poll_seconds,
-                "points": None if self.points is None else list(self.points)}  # fmt: skip
+        return {
+            "config": self.base.to_dict(),
+            "data_root": str(self.lake.root),
+            "sweep_id": self.sweep_id,
+            **self.search,
+            "deployment": self.deployment,
+            "poll_seconds": self.poll_seconds,
+            "points": None if self.points is None else list(self.points),
+        }
 
 
 def sweep_request(
@@ -466,8 +483,14 @@ def sweep_request(
         plan = plan_sweep(
             base, list(grid or []), list(random or []), samples, seeds, sweep_id, search_seed, max_points
         )
-    search = {"grid": list(grid or []), "random": list(random or []), "samples": samples, "seeds": seeds,
-              "search_seed": search_seed, "max_points": max_points}  # fmt: skip
+    search = {
+        "grid": list(grid or []),
+        "random": list(random or []),
+        "samples": samples,
+        "seeds": seeds,
+        "search_seed": search_seed,
+        "max_points": max_points,
+    }
     chosen = None if points is None else tuple(points)
     return SweepRequest(base, run_lake(data_root), plan, chosen, deployment, poll_seconds, search)
 

@@ -107,14 +107,26 @@ def _structure_columns(spec: TableSpec, table: pa.Table, report: Any, rules: dic
         bad = _missing(values) if not column.nullable else None  # pandera counts a float NaN as null here
         if bad is not None and bad.any():
             detail = f"{int(bad.sum())} null value(s) in non-nullable column {column.name!r}"
-            report.add("structure", f"{spec.name}.{column.name}:not_null", column.name,
-                       key_records(table, spec.key, bad), detail, row_count=int(bad.sum()))  # fmt: skip
+            report.add(
+                "structure",
+                f"{spec.name}.{column.name}:not_null",
+                column.name,
+                key_records(table, spec.key, bad),
+                detail,
+                row_count=int(bad.sum()),
+            )
         for name, factory, args in rules.get(column.name, ()):
             bad = _numpy(pc.invert(_RULES[factory](values, *args)), fill=False)  # null: not failing
             if bad.any():
                 detail = f"{int(bad.sum())} value(s) of {column.name!r} break {factory}{tuple(args)}"
-                report.add("structure", f"{spec.name}.{column.name}:{name}", column.name,
-                           key_records(table, spec.key, bad), detail, row_count=int(bad.sum()))  # fmt: skip
+                report.add(
+                    "structure",
+                    f"{spec.name}.{column.name}:{name}",
+                    column.name,
+                    key_records(table, spec.key, bad),
+                    detail,
+                    row_count=int(bad.sum()),
+                )
     return mistyped
 
 
@@ -123,21 +135,39 @@ def check_structure(spec: TableSpec, table: pa.Table, report: Any, rules: dict[s
     names = set(table.column_names)
     for column in spec.columns:
         if column.name not in names:
-            report.add("structure", f"{spec.name}:missing_column", column.name, [],
-                       f"column {column.name!r} is missing", row_count=0)  # fmt: skip
+            report.add(
+                "structure",
+                f"{spec.name}:missing_column",
+                column.name,
+                [],
+                f"column {column.name!r} is missing",
+                row_count=0,
+            )
     expected = set(spec.column_names)
     for name in table.column_names:
         if name not in expected:
-            report.add("structure", f"{spec.name}:unexpected_column", name, [],
-                       f"column {name!r} is not in the contract of {spec.name}", row_count=0)  # fmt: skip
+            report.add(
+                "structure",
+                f"{spec.name}:unexpected_column",
+                name,
+                [],
+                f"column {name!r} is not in the contract of {spec.name}",
+                row_count=0,
+            )
     mistyped = _structure_columns(spec, table, report, rules)
     if spec.key and names.issuperset(spec.key) and not mistyped.intersection(spec.key) and table.num_rows:
         codes = group_codes(table, spec.key)
         bad = np.bincount(codes)[codes] > 1
         if bad.any():
             detail = f"{int(bad.sum())} rows share a key ({', '.join(spec.key)}) with another row"
-            report.add("structure", f"{spec.name}:unique_key", None, key_records(table, spec.key, bad), detail,
-                       row_count=int(bad.sum()))  # fmt: skip
+            report.add(
+                "structure",
+                f"{spec.name}:unique_key",
+                None,
+                key_records(table, spec.key, bad),
+                detail,
+                row_count=int(bad.sum()),
+            )
 
 
 # -- layer 2: semantics ---------------------------------------------------------------------------------------------
@@ -192,21 +222,33 @@ def _token_checks(table: pa.Table) -> list[tuple[str, str, np.ndarray]]:
     policy = _numpy(pc.equal(table["behavior_source"], "policy"), fill=False)
     with np.errstate(invalid="ignore"):
         return [
-            ("loss_mask_length_matches_input_ids", "n_input_ids,n_loss_mask",
-             _differ(ids["length"], mask["length"], ~ids["present"] & ~mask["present"])),
-            ("logprobs_length_matches_input_ids", "n_input_ids,n_logprobs",
-             _differ(ids["length"], logprobs["length"], ~ids["present"] | ~logprobs["present"])),
-            ("token_lists_have_no_null_elements", "n_null_tokens",
-             (ids["nulls"] + mask["nulls"] + logprobs["nulls"]) != 0),
+            (
+                "loss_mask_length_matches_input_ids",
+                "n_input_ids,n_loss_mask",
+                _differ(ids["length"], mask["length"], ~ids["present"] & ~mask["present"]),
+            ),
+            (
+                "logprobs_length_matches_input_ids",
+                "n_input_ids,n_logprobs",
+                _differ(ids["length"], logprobs["length"], ~ids["present"] | ~logprobs["present"]),
+            ),
+            (
+                "token_lists_have_no_null_elements",
+                "n_null_tokens",
+                (ids["nulls"] + mask["nulls"] + logprobs["nulls"]) != 0,
+            ),
             ("loss_mask_is_binary", "mask_binary", (mask["min"] < 0) | (mask["max"] > 1)),
             ("input_ids_non_negative", "min_input_id", ids["min"] < 0),
             ("has_trained_token", "n_trained", mask["sum"] < 1),
-            ("response_length_matches_mask", "response_length,n_trained",
-             _differ(response_length, mask["sum"], np.zeros(len(response_length), bool))),
+            (
+                "response_length_matches_mask",
+                "response_length,n_trained",
+                _differ(response_length, mask["sum"], np.zeros(len(response_length), bool)),
+            ),
             ("logprobs_finite", "logprobs_finite", logprobs["present"] & ~logprobs["finite"]),
             ("logprobs_non_positive", "max_logprob", logprobs["max"] > 0),
             ("policy_rows_have_logprobs", "n_logprobs", policy & ~logprobs["present"]),
-        ]  # fmt: skip
+        ]
 
 
 def _reward_checks(

@@ -113,16 +113,18 @@ def test_evaluate_stores_an_evaluation_run_and_returns_it_again(api_root):
 def test_retrain_trains_on_the_selected_rows_as_a_new_run(api_root, tiny_model_dir):
     root, _ = api_root
     sql = f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND split = 'train' AND iteration = 0"
-    result = ragen_core.retrain(_config(tiny_model_dir), sql, f"run:{RUN}", root, run_id="api-sft",
-                                overrides=["offline.epochs=1"])  # fmt: skip
+    result = ragen_core.retrain(
+        _config(tiny_model_dir), sql, f"run:{RUN}", root, run_id="api-sft", overrides=["offline.epochs=1"]
+    )
     assert (result.run_id, result.status, result.details["trajectories"]) == ("api-sft", "completed", 8)
     assert DataLake(root).committed_iterations("api-sft") == [0, 1]  # the epoch, then the validation after it
     assert DataLake(root).read_manifest("api-sft").kind == "offline"
 
 
 def test_a_sweep_runs_each_point_and_compares_them(tmp_path, tiny_model_dir):
-    result = ragen_core.run_sweep(_config(tiny_model_dir, iterations=1), tmp_path, grid=["seed=[1,2]"],
-                                  sweep_id="api-sweep")  # fmt: skip
+    result = ragen_core.run_sweep(
+        _config(tiny_model_dir, iterations=1), tmp_path, grid=["seed=[1,2]"], sweep_id="api-sweep"
+    )
     assert result.sweep_id == "api-sweep"
     assert [(row["run_id"], row["status"], row["outcome"]) for row in result.points] == [
         ("api-sweep-p000", "completed", "COMPLETED"),
@@ -257,6 +259,11 @@ def test_the_readme_walk_runs_through_the_api_alone(tmp_path, tiny_model_dir):
         ("walk-sweep-p001", "COMPLETED"),
     ]
     listed = {row["run_id"]: row["kind"] for row in ragen_core.runs(root).to_pylist()}
-    assert listed == {"walk": "train", evaluation.run_id: "evaluation", "best": "offline", "walk-sweep-p000": "train",
-                      "walk-sweep-p001": "train"}  # fmt: skip
+    assert listed == {
+        "walk": "train",
+        evaluation.run_id: "evaluation",
+        "best": "offline",
+        "walk-sweep-p000": "train",
+        "walk-sweep-p001": "train",
+    }
     assert not (root / "_prefect").exists()

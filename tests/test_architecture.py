@@ -20,10 +20,33 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LOWER = ("agent", "algos", "envs", "policy", "rollout", "storage", "training")
-LAKE_TOKENS = ("_DONE", "_commits", "_staging", "_locks", "_COMPACTION", "iteration=", "run_id=", "part-",
-               "manifest.json", "checkpoint.json", "iteration-", ".compaction.json", "_layout.json")  # fmt: skip
-LAKE_FOLDERS = {"runs", "checkpoints", "models", "quarantine", "update_group", "_staging", "_commits", "_locks",
-                "sweeps", "_prefect"}  # fmt: skip
+LAKE_TOKENS = (
+    "_DONE",
+    "_commits",
+    "_staging",
+    "_locks",
+    "_COMPACTION",
+    "iteration=",
+    "run_id=",
+    "part-",
+    "manifest.json",
+    "checkpoint.json",
+    "iteration-",
+    ".compaction.json",
+    "_layout.json",
+)
+LAKE_FOLDERS = {
+    "runs",
+    "checkpoints",
+    "models",
+    "quarantine",
+    "update_group",
+    "_staging",
+    "_commits",
+    "_locks",
+    "sweeps",
+    "_prefect",
+}
 MAX_STATEMENTS = 50  # per function: the longest held 47 when the rule moved from 60 lines to statements
 LAYOUT = ROOT / "ragen_core" / "storage" / "layout.py"
 
@@ -205,9 +228,15 @@ def test_the_checks_see_lake_paths_built_by_hand():
     functions and docstrings pass."""
     tree = ast.parse(PLANTED)
     assert lake_paths_joined(tree) == [
-        (6, "'checkpoints'"), (6, "'runs'"), (7, "'iteration='"), (8, "FOLDER"), (9, "INFO"), (10, "layout.STAGING"),
-        (11, "layout.LOCKS"), (14, "COMPACTION_MARKER"),
-    ]  # fmt: skip
+        (6, "'checkpoints'"),
+        (6, "'runs'"),
+        (7, "'iteration='"),
+        (8, "FOLDER"),
+        (9, "INFO"),
+        (10, "layout.STAGING"),
+        (11, "layout.LOCKS"),
+        (14, "COMPACTION_MARKER"),
+    ]
     assert lake_tokens_spelled(tree) == [(7, "iteration="), (13, "_staging")]
     assert lake_paths_joined(_tree(LAYOUT)) != []  # the layout joins them itself: the one module allowed to
 
@@ -313,8 +342,11 @@ def _registry_offences(tree: ast.Module) -> list[str]:
         value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
         if isinstance(value, ast.Dict) and any(isinstance(v, ast.Name) and v.id in defined for v in value.values):
             found.append(f"line {node.lineno}: a dict of the module's functions or classes")
-    assigned = [n.targets if isinstance(n, ast.Assign) else [n.target] for n in tree.body
-                if isinstance(n, (ast.Assign, ast.AnnAssign))]  # fmt: skip
+    assigned = [
+        n.targets if isinstance(n, ast.Assign) else [n.target]
+        for n in tree.body
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+    ]
     tables = {t.id for targets in assigned for t in targets if isinstance(t, ast.Name)}
     for function in ast.walk(tree):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -85,8 +85,10 @@ def validators_reaching_out(tree: ast.Module) -> list[str]:
     functions = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     reaching = {name for name, function in functions.items() if _reaches_out(function, foreign)}
     while True:  # a function calling one that reaches out reaches out too
-        calls = {name: {getattr(c.func, "id", None) for c in ast.walk(f) if isinstance(c, ast.Call)}
-                 for name, f in functions.items()}  # fmt: skip
+        calls = {
+            name: {getattr(c.func, "id", None) for c in ast.walk(f) if isinstance(c, ast.Call)}
+            for name, f in functions.items()
+        }
         more = {name for name, called in calls.items() if called & reaching} - reaching
         if not more:
             break
@@ -202,10 +204,9 @@ def test_every_config_for_a_run_is_built_through_the_checks():
         (str(path.relative_to(ROOT)), line, name)
         for package in ("ragen_core", "flows", "tasks", "ragen_cli")
         for path in sorted((ROOT / package).rglob("*.py"))
-        if not path.is_relative_to(CONFIG) and path != LOADER
-        and str(path.relative_to(ROOT)) not in BUILDS_UNCHECKED
+        if not path.is_relative_to(CONFIG) and path != LOADER and str(path.relative_to(ROOT)) not in BUILDS_UNCHECKED
         for line, name in unchecked_builds(_tree(path))
-    ]  # fmt: skip
+    ]
     assert offenders == []
 
 
@@ -242,10 +243,9 @@ def test_a_stored_config_is_built_only_through_the_trust_check():
         (str(path.relative_to(ROOT)), line)
         for package in ("ragen_core", "flows", "tasks", "ragen_cli")
         for path in sorted((ROOT / package).rglob("*.py"))
-        if not path.is_relative_to(CONFIG) and path != LOADER
-        and str(path.relative_to(ROOT)) not in STORED_READERS
+        if not path.is_relative_to(CONFIG) and path != LOADER and str(path.relative_to(ROOT)) not in STORED_READERS
         for line in stored_config_calls(_tree(path))
-    ]  # fmt: skip
+    ]
     assert offenders == []
     planted = ast.parse("from ragen_core import config\nc = build_run_config(config.stored_config(tree))\n")
     assert stored_config_calls(planted) == [2]

@@ -61,8 +61,13 @@ def manifest_key_reads(tree: ast.Module) -> list[str]:
             hit = _text(node.slice) and _is_manifest(node.value, bound)
         elif isinstance(node, ast.Call):
             func = node.func
-            hit = (isinstance(func, ast.Attribute) and func.attr in DICT_METHODS and _is_manifest(func.value, bound)
-                   and bool(node.args) and _text(node.args[0]))  # fmt: skip
+            hit = (
+                isinstance(func, ast.Attribute)
+                and func.attr in DICT_METHODS
+                and _is_manifest(func.value, bound)
+                and bool(node.args)
+                and _text(node.args[0])
+            )
         elif isinstance(node, ast.Compare):
             hit = _text(node.left) and any(
                 isinstance(op, (ast.In, ast.NotIn)) and _is_manifest(right, bound)

@@ -46,8 +46,11 @@ def _dynamic_import(node: ast.Call) -> bool:
 def test_the_run_layer_tests_never_import_prefect_the_flows_or_the_tasks():
     modules = sorted(RUN_TESTS.rglob("*.py"))
     assert len(modules) > 5  # the folder is where the rule looks
-    offenders = [(str(p.relative_to(ROOT)), hit) for p in modules for hit in orchestration_imports(ast.parse(
-        p.read_text(), filename=str(p)))]  # fmt: skip
+    offenders = [
+        (str(p.relative_to(ROOT)), hit)
+        for p in modules
+        for hit in orchestration_imports(ast.parse(p.read_text(), filename=str(p)))
+    ]
     assert offenders == []
 
 
@@ -70,9 +73,13 @@ def later():
 
 def test_the_rule_sees_each_shape_of_import():
     assert orchestration_imports(ast.parse(PLANTED)) == [
-        (3, "prefect.testing"), (4, "flows.train"), (5, "tasks"), (12, "prefect"), (13, "flows.evaluate"),
+        (3, "prefect.testing"),
+        (4, "flows.train"),
+        (5, "tasks"),
+        (12, "prefect"),
+        (13, "flows.evaluate"),
         (14, "tasks.offline"),
-    ]  # fmt: skip
+    ]
 
 
 def lock_takes(tree: ast.Module) -> list[tuple[int, str]]:
@@ -115,5 +122,8 @@ from ragen_core.storage.locks import check_not_held
 
 def test_the_entry_rule_sees_each_way_to_the_lock():
     assert lock_takes(ast.parse(PLANTED_LOCKS)) == [
-        (2, "acquire"), (3, "run_writer"), (4, "ragen_core.storage.locks"), (5, "locks"),
-    ]  # fmt: skip
+        (2, "acquire"),
+        (3, "run_writer"),
+        (4, "ragen_core.storage.locks"),
+        (5, "locks"),
+    ]

@@ -204,8 +204,9 @@ def test_train_refuses_an_unbounded_config_before_creating_anything(tmp_path):
     from ragen_cli.main import app
 
     root = tmp_path / "never-made"
-    result = CliRunner().invoke(app, ["train", "--config", "configs/bandit.yaml", "--data-root", str(root),
-                                      "trainer.iterations=1000000000000"])  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["train", "--config", "configs/bandit.yaml", "--data-root", str(root), "trainer.iterations=1000000000000"]
+    )
     assert result.exit_code == 2 and "trainer.iterations" in result.output and "Traceback" not in result.output
     assert not root.exists()
 

@@ -109,8 +109,9 @@ def test_max_points_default_and_raising_it(tmp_path):
     message = _refused_before_anything(tmp_path, "sweep", "--config", BANDIT, "--grid", ratios, "--seeds", "26")
     assert f"has {points} points (4 x 26), more than --max-points 100" in message
     assert f"pass --max-points {points}" in message
-    message = _refused_before_anything(tmp_path, "sweep", "--config", BANDIT, "--grid", ratios, "--seeds", "2",
-                                       "--max-points", "7")  # fmt: skip
+    message = _refused_before_anything(
+        tmp_path, "sweep", "--config", BANDIT, "--grid", ratios, "--seeds", "2", "--max-points", "7"
+    )
     assert "has 8 points" in message
     base = load_config(BANDIT).to_dict()
     plan = plan_sweep(base, [ratios], seeds=2, max_points=8)
@@ -229,8 +230,14 @@ def test_an_env_option_out_of_its_bounds_is_one_line_before_anything(tmp_path, c
 
 def test_env_options_are_checked_against_every_env_the_run_plays(tmp_path):
     """The options reach the validation envs too: one that does not take them is said at load, not mid-run."""
-    message = _refused_before_anything(tmp_path, "train", "--config", PROJECT / "configs" / "sokoban.yaml",
-                                       "env.options={num_boxes: 2}", "env.val_envs=[sokoban, bandit]")  # fmt: skip
+    message = _refused_before_anything(
+        tmp_path,
+        "train",
+        "--config",
+        PROJECT / "configs" / "sokoban.yaml",
+        "env.options={num_boxes: 2}",
+        "env.val_envs=[sokoban, bandit]",
+    )
     assert "environment 'bandit' does not accept these options ['num_boxes']" in message
 
 

@@ -74,8 +74,9 @@ def test_train_with_a_tracker_not_installed_is_one_line_before_anything_is_creat
     root = tmp_path / "never-made"
     TRACKERS.add("ghost", TrackerSpec(lambda run: None, package="ragen_no_such_tracker_package", extra="ghost"))
     try:
-        result = CliRunner().invoke(app, ["train", "--config", "configs/bandit.yaml", "--data-root", str(root),
-                                          "monitor.trackers=[ghost]"])  # fmt: skip
+        result = CliRunner().invoke(
+            app, ["train", "--config", "configs/bandit.yaml", "--data-root", str(root), "monitor.trackers=[ghost]"]
+        )
     finally:
         TRACKERS.remove("ghost")
     assert result.exit_code == 2 and "Traceback" not in result.output

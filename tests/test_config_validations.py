@@ -70,12 +70,21 @@ def test_a_sweep_as_the_cli_runs_it_validates_each_config_once(validations, pref
     from flows.sweep import sweep_requested
     from ragen_core.sweep import sweep_request
 
-    overrides = [f"model.path={tiny_model_dir}", "env.val_envs=[bandit]", "rollout.env_groups=2",
-                 "rollout.group_size=2", "rollout.max_new_tokens=6", "actor.mini_batch_size=4",
-                 "actor.micro_batch_size=4", "trainer.iterations=1", "eval.instances=3",
-                 "bootstrap.enabled=false"]  # fmt: skip
-    request = sweep_request("configs/bandit.yaml", tmp_path, ["algorithm.filter_ratio=[0.5,1.0]"], sweep_id="once",
-                            overrides=overrides)  # fmt: skip
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        "env.val_envs=[bandit]",
+        "rollout.env_groups=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=6",
+        "actor.mini_batch_size=4",
+        "actor.micro_batch_size=4",
+        "trainer.iterations=1",
+        "eval.instances=3",
+        "bootstrap.enabled=false",
+    ]
+    request = sweep_request(
+        "configs/bandit.yaml", tmp_path, ["algorithm.filter_ratio=[0.5,1.0]"], sweep_id="once", overrides=overrides
+    )
     assert sum(validations.values()) == 3
     result = sweep_requested(request)
     assert [row["outcome"] for row in result["points"]] == ["COMPLETED", "COMPLETED"]

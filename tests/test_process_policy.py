@@ -31,7 +31,8 @@ def test_openmp_waits_passively_unless_the_user_says_otherwise(door, given, expe
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if given is not None:
         env["OMP_WAIT_POLICY"] = given
-    result = subprocess.run([sys.executable, "-c", PROBE.format(door=door)], capture_output=True, text=True, env=env,
-                            timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE.format(door=door)], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines() == [f"policy at torch import: {expected}"]

@@ -85,8 +85,7 @@ def test_grid_times_seeds_gives_every_combination_as_its_own_validated_run():
     assert [p.run_id for p in plan.points] == [f"{plan.sweep_id}-p{i:03d}" for i in range(12)]
     assert plan.points[0].overrides == ["algorithm.filter_ratio=0.25", 'algorithm.filter="std"', "seed=0"]
     assert plan.points[11].overrides == ["algorithm.filter_ratio=1.0", 'algorithm.filter="std_rev"', "seed=1"]
-    combos = {(p.config.algorithm.filter_ratio, p.config.algorithm.filter, p.config.seed)
-              for p in plan.points}  # fmt: skip
+    combos = {(p.config.algorithm.filter_ratio, p.config.algorithm.filter, p.config.seed) for p in plan.points}
     assert combos == {(r, f, s) for r in (0.25, 0.5, 1.0) for f in ("std", "std_rev") for s in (0, 1)}
     for point in plan.points:  # every point is a complete, valid config equal to base + its overrides
         assert point.config == build_config(BASE, point.overrides)
@@ -112,8 +111,9 @@ def test_random_search_draws_per_grid_combination_reproducibly():
     assert len(set(lrs)) == 6 and all(1e-4 <= lr <= 1e-2 for lr in lrs)
     again = plan_sweep(BASE, ["algorithm.filter_ratio=[0.5,1.0]"], ["actor.lr=loguniform(1e-4,1e-2)"], samples=3)
     assert [p.config.actor.lr for p in again.points] == lrs
-    other = plan_sweep(BASE, ["algorithm.filter_ratio=[0.5,1.0]"], ["actor.lr=loguniform(1e-4,1e-2)"], samples=3,
-                       search_seed=1)  # fmt: skip
+    other = plan_sweep(
+        BASE, ["algorithm.filter_ratio=[0.5,1.0]"], ["actor.lr=loguniform(1e-4,1e-2)"], samples=3, search_seed=1
+    )
     assert [p.config.actor.lr for p in other.points] != lrs
     assert other.sweep_id != plan.sweep_id
     for point in plan.points:  # the override text reads back as exactly the drawn float
@@ -163,9 +163,19 @@ def test_comparison_table_matches_the_numbers_computed_from_the_runs(tmp_path):
         manifest = lake.read_manifest(point.run_id)
         lake.write_manifest(point.run_id, manifest.updated(sweep=point.manifest_entry(plan.sweep_id)))
         runs[point.run_id] = run
-    events = [{"run_id": plan.points[1].run_id, "iteration": i, "kind": kind, "metric": "actor/entropy",
-               "value": 0.1, "threshold": 0.2, "message": "m", "created_at": STAMP}
-              for i, kind in ((1, "early_warning"), (2, "early_warning"), (2, "info"))]  # fmt: skip
+    events = [
+        {
+            "run_id": plan.points[1].run_id,
+            "iteration": i,
+            "kind": kind,
+            "metric": "actor/entropy",
+            "value": 0.1,
+            "threshold": 0.2,
+            "message": "m",
+            "created_at": STAMP,
+        }
+        for i, kind in ((1, "early_warning"), (2, "early_warning"), (2, "info"))
+    ]
     for iteration in (1, 2):
         rows = [e for e in events if e["iteration"] == iteration]
         lake.write_rows("events", plan.points[1].run_id, iteration, rows, stage="commit")

@@ -135,9 +135,10 @@ class AlgorithmConfig(Section):
         "pass over the batch in the filter stage).",
     )
     filter_largest: bool | None = Field(
-        None, description="Keep the groups with the largest metric (true) or the smallest (false); None: largest "
+        None,
+        description="Keep the groups with the largest metric (true) or the smallest (false); None: largest "
         "(std_rev: smallest).",
-    )  # fmt: skip
+    )
     filter_include_zero: bool = preset_field(
         default=True,
         ragen2=False,

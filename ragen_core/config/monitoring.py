@@ -49,9 +49,11 @@ class MlflowConfig(Section):
         json_schema_extra=trusted_only("tracker", env="MLFLOW_TRACKING_URI"),
     )
     experiment: str | None = Field(
-        None, min_length=1, max_length=500,
+        None,
+        min_length=1,
+        max_length=500,
         description="MLflow experiment of the run. None: MLFLOW_EXPERIMENT_NAME when set, else 'ragen'.",
-    )  # fmt: skip
+    )
 
 
 class WandbConfig(Section):
@@ -59,15 +61,19 @@ class WandbConfig(Section):
     a config never sends metrics to a server by itself."""
 
     project: str | None = Field(
-        None, min_length=1, max_length=128,
+        None,
+        min_length=1,
+        max_length=128,
         description="W&B project. None: WANDB_PROJECT when set, else 'ragen'.",
         json_schema_extra=trusted_only("account", env="WANDB_PROJECT"),
-    )  # fmt: skip
+    )
     entity: str | None = Field(
-        None, min_length=1, max_length=128,
+        None,
+        min_length=1,
+        max_length=128,
         description="W&B entity (user or team). None: WANDB_ENTITY when set, else the account's default.",
         json_schema_extra=trusted_only("account", env="WANDB_ENTITY"),
-    )  # fmt: skip
+    )
 
 
 class MonitorConfig(Section):

@@ -96,10 +96,10 @@ KINDS: dict[str, TrustKind] = {
     "hostfile": TrustKind("hosts to start processes on", _at_default),
     "path": TrustKind(
         "a folder outside the data root", _inside_trusted_folder, f" (or list its folder in {TRUSTED_PATHS_VARIABLE})"
-    ),  # fmt: skip
+    ),
     "module": TrustKind(
         "a module to import", _registered_name, f" (or allow the file's modules: {TRUST_MODULE_FLAG})"
-    ),  # fmt: skip
+    ),
     "tracker": TrustKind("a tracking server or a store outside the data root", _local_tracking_store),
     "account": TrustKind("an account or project of a tracking service to log metrics under", _at_default),
 }

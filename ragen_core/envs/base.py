@@ -34,8 +34,9 @@ def bounded(option: str, value: Any, low: float, high: float, *, integer: bool =
         number = False
     if not (number and low <= value <= high):
         shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."  # 10**400 is 401 digits
-        raise ValueError(f"{option} must be {'a whole number' if integer else 'a number'} from {low:g} to {high:g}, "
-                         f"got {shown}")  # fmt: skip
+        raise ValueError(
+            f"{option} must be {'a whole number' if integer else 'a number'} from {low:g} to {high:g}, got {shown}"
+        )
     return value
 
 
@@ -167,8 +168,10 @@ def env_factory(name: str, what: str = "env.name") -> EnvFactory:
     if name in _REGISTRY:
         return _REGISTRY.get(name)
     if name in RENAMED_ENVS:
-        raise ValueError(f"{what}: unknown environment {name!r} ({name} was {RENAMED_ENVS[name]}); registered: "
-                         f"{', '.join(registered_envs())}")  # fmt: skip
+        raise ValueError(
+            f"{what}: unknown environment {name!r} ({name} was {RENAMED_ENVS[name]}); registered: "
+            f"{', '.join(registered_envs())}"
+        )
     from ragen_core.envs.external import entry_point_envs, external_env_class, is_import_path
 
     if is_import_path(name) or name in entry_point_envs():

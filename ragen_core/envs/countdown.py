@@ -143,9 +143,14 @@ def _combine(a: Fraction, b: Fraction, operator: str) -> Fraction | None:
 
 @lru_cache(maxsize=4096)
 def generate_instance(
-    seed: int, min_numbers: int = 3, max_numbers: int = 4, min_number: int = 1, max_number: int = 99,
-    max_target: int = 99, max_tries: int = 10_000,
-) -> CountdownInstance:  # fmt: skip
+    seed: int,
+    min_numbers: int = 3,
+    max_numbers: int = 4,
+    min_number: int = 1,
+    max_number: int = 99,
+    max_target: int = 99,
+    max_tries: int = 10_000,
+) -> CountdownInstance:
     """The instance of ``seed``: numbers and the value of a random whole-number expression over all of them."""
     rng = np.random.default_rng(seed)
     for _ in range(max_tries):

@@ -146,12 +146,16 @@ class DatasetEnv(TextEnv):
         name: str = DATASET_ENV,
     ) -> None:
         if not data_file or not reward_fn:
-            raise ValueError("the dataset env needs env.options.data_file (a Parquet or JSONL file) and "
-                             "env.options.reward_fn (package.module:function)")  # fmt: skip
+            raise ValueError(
+                "the dataset env needs env.options.data_file (a Parquet or JSONL file) and "
+                "env.options.reward_fn (package.module:function)"
+            )
         low, high = (float(v) for v in reward_range)
         if not low <= high or not low <= success_reward <= high:
-            raise ValueError(f"env.options.reward_range {list(reward_range)} must be [low, high] holding "
-                             f"success_reward={success_reward}")  # fmt: skip
+            raise ValueError(
+                f"env.options.reward_range {list(reward_range)} must be [low, high] holding "
+                f"success_reward={success_reward}"
+            )
         self.name, self.data_file = name, data_file
         self.rows = load_rows(data_file, prompt_column)
         self.prompt_column, self.answer_column = prompt_column, answer_column

@@ -280,9 +280,11 @@ def _teacher_tables(
                         for prob, nxt, _, _ in transitions[s][a]
                     )
             value = np.array(
-                [0.0 if terminal[s] else soon[t, s][_ties(safe[t, s], np.ones(len(ACTIONS), dtype=bool))].max()
-                 for s in range(n_states)]
-            )  # fmt: skip
+                [
+                    0.0 if terminal[s] else soon[t, s][_ties(safe[t, s], np.ones(len(ACTIONS), dtype=bool))].max()
+                    for s in range(n_states)
+                ]
+            )
         return safe, soon
 
     safe, soon = _cached(("teacher", rows, slippery, rate), horizon, build)

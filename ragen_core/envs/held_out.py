@@ -87,5 +87,12 @@ def _split_seed(env: Any, env_name: str, seed: int, split: Split) -> int:
     )
 
 
-__all__ = ["BUCKETS", "HeldOutError", "Split", "holds_out_maps", "is_validation_map", "split_seeds",
-           "validation_seeds"]  # fmt: skip
+__all__ = [
+    "BUCKETS",
+    "HeldOutError",
+    "Split",
+    "holds_out_maps",
+    "is_validation_map",
+    "split_seeds",
+    "validation_seeds",
+]

@@ -104,8 +104,12 @@ class SokobanEnv(TextEnv):
             bounded("num_gen_steps", num_gen_steps, 1, MAX_GEN_STEPS)
         if max_solution_steps is not None:
             bounded("max_solution_steps (a positive move count or None)", max_solution_steps, 1, MAX_ENV_STEPS)
-        rewards = {"step_penalty": step_penalty, "box_on_target_reward": box_on_target_reward,
-                   "box_off_target_penalty": box_off_target_penalty, "solved_reward": solved_reward}  # fmt: skip
+        rewards = {
+            "step_penalty": step_penalty,
+            "box_on_target_reward": box_on_target_reward,
+            "box_off_target_penalty": box_off_target_penalty,
+            "solved_reward": solved_reward,
+        }
         for option, value in rewards.items():
             bounded_reward(option, value)
         if generator not in GENERATORS:
@@ -221,8 +225,9 @@ class SokobanEnv(TextEnv):
     def map_key(self) -> str:
         """The room as it starts: its size, floor, targets, boxes and player (cells), whatever its symbols."""
         room = self._room()
-        return json.dumps([room.height, room.width, sorted(room.floor), sorted(room.targets), sorted(self._boxes),
-                           self._player])  # fmt: skip
+        return json.dumps(
+            [room.height, room.width, sorted(room.floor), sorted(room.targets), sorted(self._boxes), self._player]
+        )
 
     def grid_text(self) -> str:
         """The character grid, one row per line."""

@@ -204,8 +204,11 @@ class SudokuEnv(TextEnv):
         if render_format not in RENDER_FORMATS:
             raise ValueError(f"render_format must be one of {RENDER_FORMATS}, got {render_format!r}")
         bounded("max_steps", max_steps, 1, MAX_ENV_STEPS)
-        scores = {"correct_placement_score": correct_placement_score, "invalid_action_score": invalid_action_score,
-                  "completion_bonus": completion_bonus}  # fmt: skip
+        scores = {
+            "correct_placement_score": correct_placement_score,
+            "invalid_action_score": invalid_action_score,
+            "completion_bonus": completion_bonus,
+        }
         for option, value in scores.items():
             bounded_reward(option, value)
         self.name, self.size, self.difficulty, self.max_steps = name, size, difficulty, max_steps

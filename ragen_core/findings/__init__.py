@@ -14,7 +14,20 @@ from ragen_core.findings.spec import (
     plan_finding,
     registered,
     run_spec,
-)  # fmt: skip
+)
 
-__all__ = ["ANALYSES", "FINDINGS_DIR", "Context", "FindingError", "FindingSpec", "VariantPlan", "claims",
-           "load_context", "load_finding", "plan_finding", "registered", "run_spec", "spread"]  # fmt: skip
+__all__ = [
+    "ANALYSES",
+    "FINDINGS_DIR",
+    "Context",
+    "FindingError",
+    "FindingSpec",
+    "VariantPlan",
+    "claims",
+    "load_context",
+    "load_finding",
+    "plan_finding",
+    "registered",
+    "run_spec",
+    "spread",
+]

@@ -30,8 +30,12 @@ from ragen_core.monitor.metrics import collapse_warnings
 from ragen_core.registry import Registry
 from ragen_core.storage import DataLake, query
 
-SUCCESS, GROUP_STD, ENTROPY, GRAD = ("rollout/success_rate", "rollout/in_group_reward_std", "actor/entropy",
-                                     "actor/grad_norm_max")  # fmt: skip
+SUCCESS, GROUP_STD, ENTROPY, GRAD = (
+    "rollout/success_rate",
+    "rollout/in_group_reward_std",
+    "actor/entropy",
+    "actor/grad_norm_max",
+)
 DERIVED_TIMES = ("time/generate_tokens_per_s", "time/update_tokens_per_s")  # rates, not stage durations
 
 
@@ -93,8 +97,12 @@ def load_context(lake: DataLake, spec: FindingSpec, plans: list[VariantPlan]) ->
     """Every metric row of the finding's runs (one query; run ids are a bound parameter, never SQL text)."""
     arms = arms_of(plans)
     run_ids = [run for arm in arms for run in arm.run_ids]
-    frame = query(lake, "SELECT run_id, iteration, name, value FROM metrics WHERE list_contains($runs, run_id) "
-                  "ORDER BY run_id, iteration, name", params={"runs": run_ids}).to_pandas()  # fmt: skip
+    frame = query(
+        lake,
+        "SELECT run_id, iteration, name, value FROM metrics WHERE list_contains($runs, run_id) "
+        "ORDER BY run_id, iteration, name",
+        params={"runs": run_ids},
+    ).to_pandas()
     config = plans[0].plan.points[0].config.to_dict()
     val_env = str(spec.params.get("val_env", config["env"]["name"]))
     return Context(lake, arms, frame, dict(spec.params), val_env, config)
@@ -190,9 +198,12 @@ def collapse_iteration(
 def run_collapse(ctx: Context, run_id: str) -> int | None:
     """:func:`collapse_iteration` of ``run_id`` with the spec's parameters."""
     return collapse_iteration(
-        ctx.series(run_id, SUCCESS), ctx.series(run_id, GROUP_STD), float(ctx.params.get("collapse_drop", 0.25)),
-        float(ctx.config["monitor"]["converged_success"]), int(ctx.params.get("collapse_window", 3)),
-    )  # fmt: skip
+        ctx.series(run_id, SUCCESS),
+        ctx.series(run_id, GROUP_STD),
+        float(ctx.params.get("collapse_drop", 0.25)),
+        float(ctx.config["monitor"]["converged_success"]),
+        int(ctx.params.get("collapse_window", 3)),
+    )
 
 
 def _validation(ctx: Context, arm: Arm) -> dict[str, Any]:
@@ -210,8 +221,12 @@ def _peak(points: list[tuple[int, float]]) -> float | None:
 def learning(ctx: Context) -> dict[str, Any]:
     """Validation success before RL and at the end, per arm, with the spec's reference levels (params.references)."""
     arms = {arm.label: {**_validation(ctx, arm), "runs": arm.run_ids} for arm in ctx.arms}
-    return {"val_env": ctx.val_env, "references": ctx.params.get("references", {}), "arms": arms,
-            "curves": {arm.label: {ctx.val_key: curve(ctx, arm, ctx.val_key)} for arm in ctx.arms}}  # fmt: skip
+    return {
+        "val_env": ctx.val_env,
+        "references": ctx.params.get("references", {}),
+        "arms": arms,
+        "curves": {arm.label: {ctx.val_key: curve(ctx, arm, ctx.val_key)} for arm in ctx.arms},
+    }
 
 
 ECHO_CURVES = (SUCCESS, GROUP_STD, ENTROPY)
@@ -234,10 +249,12 @@ def echo_trap(ctx: Context) -> dict[str, Any]:
 
 
 def _collapse_text(ctx: Context) -> str:
-    return (f"first iteration where the {ctx.params.get('collapse_window', 3)}-iteration trailing mean of training "
-            f"success is >= {ctx.params.get('collapse_drop', 0.25)} below its earlier peak, or in-group reward std is "
-            f"0 for {ctx.params.get('collapse_window', 3)} iterations in a row (after being positive) while training "
-            f"success < {ctx.config['monitor']['converged_success']} (the first of them)")  # fmt: skip
+    return (
+        f"first iteration where the {ctx.params.get('collapse_window', 3)}-iteration trailing mean of training "
+        f"success is >= {ctx.params.get('collapse_drop', 0.25)} below its earlier peak, or in-group reward std is "
+        f"0 for {ctx.params.get('collapse_window', 3)} iterations in a row (after being positive) while training "
+        f"success < {ctx.config['monitor']['converged_success']} (the first of them)"
+    )
 
 
 Analysis = Callable[[Context], dict[str, Any]]
@@ -264,8 +281,9 @@ def replay_warnings(
     monitor, fired, past = stored_config(ctx.config)["monitor"], [], []
     slip = monitor["success_slip"] if slip == AS_RUN else slip
     for iteration, metrics in history(ctx, run_id):
-        for warning in collapse_warnings(past, metrics, monitor["warmup"], drop, drop, spike,
-                                         monitor["converged_success"], slip):  # fmt: skip
+        for warning in collapse_warnings(
+            past, metrics, monitor["warmup"], drop, drop, spike, monitor["converged_success"], slip
+        ):
             fired.append((iteration, warning.metric))
         past.append(metrics)
     return fired
@@ -273,9 +291,12 @@ def replay_warnings(
 
 def recorded_warnings(ctx: Context, run_ids: list[str]) -> dict[str, list[tuple[int, str]]]:
     """(iteration, metric) of the ``early_warning`` events each run recorded, by iteration."""
-    rows = query(ctx.lake, "SELECT run_id, iteration, metric FROM events WHERE kind = 'early_warning' AND "
-                 "list_contains($runs, run_id) ORDER BY run_id, iteration, metric",
-                 params={"runs": run_ids}).to_pylist()  # fmt: skip
+    rows = query(
+        ctx.lake,
+        "SELECT run_id, iteration, metric FROM events WHERE kind = 'early_warning' AND "
+        "list_contains($runs, run_id) ORDER BY run_id, iteration, metric",
+        params={"runs": run_ids},
+    ).to_pylist()
     found: dict[str, list[tuple[int, str]]] = {run: [] for run in run_ids}
     for row in rows:
         found[row["run_id"]].append((int(row["iteration"]), str(row["metric"])))

@@ -15,30 +15,54 @@ from ragen_core.storage.files import atomic_write_bytes
 SUCCESS_KEY = "rollout/success_rate"
 VAL = "val"  # stands for val/<val_env>/success in the panel lists below
 TITLES = {
-    VAL: "Validation success", "rollout/success_rate": "Training success",
-    "rollout/in_group_reward_std": "In-group reward std", "actor/entropy": "Token entropy",
-    "actor/grad_norm_max": "Gradient norm (max)", "actor/trained_tokens": "Update tokens per iteration",
-    "time/update": "Update seconds per iteration", "think_words": "Think length (words per turn)",
-    "rollout/think_distinct_rate": "Distinct think texts per group (share)", "format_ok_rate": "Format-ok rate",
-    "val_success_first": "Validation success before RL", "val_success_final": "Final validation success",
-    "trained_tokens_per_iteration": "Update tokens / iteration", "update_seconds_per_iteration": "Update s / iter",
-    "seconds_per_iteration": "Stage seconds / iteration", "minutes": "Run minutes (stages)",
-    "success_gain_per_minute": "Validation success gain per minute", "time/step": "Wall seconds per iteration",
-    "wall_minutes": "Run minutes (wall, first to last commit)", "staleness_mean": "Batch staleness (mean)",
-}  # fmt: skip
+    VAL: "Validation success",
+    "rollout/success_rate": "Training success",
+    "rollout/in_group_reward_std": "In-group reward std",
+    "actor/entropy": "Token entropy",
+    "actor/grad_norm_max": "Gradient norm (max)",
+    "actor/trained_tokens": "Update tokens per iteration",
+    "time/update": "Update seconds per iteration",
+    "think_words": "Think length (words per turn)",
+    "rollout/think_distinct_rate": "Distinct think texts per group (share)",
+    "format_ok_rate": "Format-ok rate",
+    "val_success_first": "Validation success before RL",
+    "val_success_final": "Final validation success",
+    "trained_tokens_per_iteration": "Update tokens / iteration",
+    "update_seconds_per_iteration": "Update s / iter",
+    "seconds_per_iteration": "Stage seconds / iteration",
+    "minutes": "Run minutes (stages)",
+    "success_gain_per_minute": "Validation success gain per minute",
+    "time/step": "Wall seconds per iteration",
+    "wall_minutes": "Run minutes (wall, first to last commit)",
+    "staleness_mean": "Batch staleness (mean)",
+}
 Panels = tuple[tuple[str, ...], tuple[str, ...]]  # (curve panels, bar panels)
-PANELS: Registry[Panels] = Registry("findings figure", {  # analysis -> its panels
-    "learning": ((VAL,), ("val_success_first", "val_success_final")),
-    "echo_trap": ((VAL, "rollout/success_rate", "rollout/in_group_reward_std", "actor/entropy"), ()),
-    "early_warnings": (("rollout/success_rate", "rollout/in_group_reward_std", "actor/entropy",
-                        "actor/grad_norm_max"), ()),  # fmt: skip
-    "filtering": ((VAL,), ("trained_tokens_per_iteration", "update_seconds_per_iteration", "seconds_per_iteration",
-                           "val_success_final")),  # fmt: skip
-    "diversity": ((VAL,), ("val_success_final", "minutes", "success_gain_per_minute")),
-    "reasoning": (("think_words", "rollout/think_distinct_rate", "format_ok_rate", VAL), ()),
-    "async_staleness": ((VAL, "time/step"), ("val_success_final", "wall_minutes", "success_gain_per_minute",
-                                             "staleness_mean")),  # fmt: skip
-})  # fmt: skip
+PANELS: Registry[Panels] = Registry(
+    "findings figure",
+    {  # analysis -> its panels
+        "learning": ((VAL,), ("val_success_first", "val_success_final")),
+        "echo_trap": ((VAL, "rollout/success_rate", "rollout/in_group_reward_std", "actor/entropy"), ()),
+        "early_warnings": (
+            ("rollout/success_rate", "rollout/in_group_reward_std", "actor/entropy", "actor/grad_norm_max"),
+            (),
+        ),
+        "filtering": (
+            (VAL,),
+            (
+                "trained_tokens_per_iteration",
+                "update_seconds_per_iteration",
+                "seconds_per_iteration",
+                "val_success_final",
+            ),
+        ),
+        "diversity": ((VAL,), ("val_success_final", "minutes", "success_gain_per_minute")),
+        "reasoning": (("think_words", "rollout/think_distinct_rate", "format_ok_rate", VAL), ()),
+        "async_staleness": (
+            (VAL, "time/step"),
+            ("val_success_final", "wall_minutes", "success_gain_per_minute", "staleness_mean"),
+        ),
+    },
+)
 
 
 def _curve_panel(ax, result: dict[str, Any], key: str) -> None:
@@ -48,8 +72,15 @@ def _curve_panel(ax, result: dict[str, Any], key: str) -> None:
         if not points:
             continue
         x = [p["iteration"] for p in points]
-        ax.plot(x, [p["mean"] for p in points], color=f"C{index % 10}", marker="o", markersize=3, label=label,
-                gid=f"{label}|{name}")  # fmt: skip
+        ax.plot(
+            x,
+            [p["mean"] for p in points],
+            color=f"C{index % 10}",
+            marker="o",
+            markersize=3,
+            label=label,
+            gid=f"{label}|{name}",
+        )
         ax.fill_between(x, [p["min"] for p in points], [p["max"] for p in points], color=f"C{index % 10}", alpha=0.2)
     if key == VAL:
         for index, (ref, level) in enumerate(result.get("references", {}).items()):
@@ -70,8 +101,15 @@ def _run_panel(ax, numbers: dict[str, Any], key: str) -> None:
             if not points:
                 continue
             colour = f"C{index % 10}"
-            ax.plot(list(points), list(points.values()), color=colour, linewidth=1, alpha=0.8,
-                    label=label if number == 0 else None, gid=f"{run}|{key}")  # fmt: skip
+            ax.plot(
+                list(points),
+                list(points.values()),
+                color=colour,
+                linewidth=1,
+                alpha=0.8,
+                label=label if number == 0 else None,
+                gid=f"{run}|{key}",
+            )
             collapse = numbers.get("collapse_iteration", {}).get(run)
             if collapse in points:
                 ax.plot([collapse], [points[collapse]], "x", color=colour, markersize=9, markeredgewidth=2)
@@ -100,8 +138,9 @@ def _bar_panel(ax, result: dict[str, Any], key: str) -> None:
 
 def _calibration_panel(ax, result: dict[str, Any]) -> None:
     settings = result.get("calibration", [])
-    labels = [f"d{s['drop']:g}/x{s['spike']:g}" + (f"/s{s['slip']:g}" if s.get("slip") is not None else "")
-              for s in settings]  # fmt: skip
+    labels = [
+        f"d{s['drop']:g}/x{s['spike']:g}" + (f"/s{s['slip']:g}" if s.get("slip") is not None else "") for s in settings
+    ]
     detection = [s["detected"] / s["collapsing_runs"] if s["collapsing_runs"] else math.nan for s in settings]
     alarms = [s["false_alarm_rate"] if s["false_alarm_rate"] is not None else math.nan for s in settings]
     positions = range(len(settings))
@@ -118,8 +157,9 @@ def _series_panel(ax, points: list[dict[str, Any]], label: str, colour: str, gid
     if not points:
         return
     x = [p["iteration"] for p in points]
-    ax.plot(x, [p["mean"] for p in points], color=colour, linestyle=style, marker="o", markersize=3, label=label,
-            gid=gid)  # fmt: skip
+    ax.plot(
+        x, [p["mean"] for p in points], color=colour, linestyle=style, marker="o", markersize=3, label=label, gid=gid
+    )
     ax.fill_between(x, [p["min"] for p in points], [p["max"] for p in points], color=colour, alpha=0.15)
 
 
@@ -131,14 +171,22 @@ def _draw_multiturn(figure, numbers: dict[str, Any]) -> None:
     for row, (label, arm) in enumerate(arms.items()):
         left, right = axes[row]
         curves = arm["curves"]
-        _series_panel(left, curves[arm["val_key"]], f"StarPO-S ({arm['lifted_runs']}/{len(arm['runs'])} lifted)",
-                      "C0", f"{label}|{arm['val_key']}")  # fmt: skip
+        _series_panel(
+            left,
+            curves[arm["val_key"]],
+            f"StarPO-S ({arm['lifted_runs']}/{len(arm['runs'])} lifted)",
+            "C0",
+            f"{label}|{arm['val_key']}",
+        )
         for index, (ref, level) in enumerate(arm.get("references", {}).items()):
             left.axhline(level, color="grey", linestyle=("--", ":", "-.")[index % 3], label=f"{ref} {level:.2f}")
         left.set_title(f"{label}: validation success ({arm['verdict']})", fontsize="small")
         left.set_ylim(-0.02, 1.02)
-        for key, colour, style in (("teacher_agreement", "C1", "-"), ("teacher_chance", "C1", ":"),
-                                   ("think_right", "C2", "--")):  # fmt: skip
+        for key, colour, style in (
+            ("teacher_agreement", "C1", "-"),
+            ("teacher_chance", "C1", ":"),
+            ("think_right", "C2", "--"),
+        ):
             name = arm["val_key"].replace("/success", f"/{key}")
             _series_panel(right, curves.get(name, []), key.replace("_", " "), colour, f"{label}|{name}", style)
         right.set_title(f"{label}: agreement with the teacher's move, perception", fontsize="small")

@@ -108,8 +108,9 @@ def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any
     env_name = config.env.name
     key = f"val/{env_name}/success"
     episodes = config.eval.instances * config.eval.k
-    runs = {run: lift(first_value(ctx, run, key), last_value(ctx, run, key), episodes, min_lift)
-            for run in arm.run_ids}  # fmt: skip
+    runs = {
+        run: lift(first_value(ctx, run, key), last_value(ctx, run, key), episodes, min_lift) for run in arm.run_ids
+    }
     lifted = sum(r["lifted"] for r in runs.values())
     verdict = "reproduced" if lifted == len(runs) and runs else "partly" if lifted else "not reproduced"
     names = (key, f"val/{env_name}/{AGREEMENT}", f"val/{env_name}/{CHANCE}", f"val/{env_name}/{PERCEPTION}")

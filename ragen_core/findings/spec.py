@@ -211,15 +211,34 @@ def spec_digest(spec: FindingSpec, root: Path = REPO_ROOT, fingerprint: str | No
     runs = run_spec(spec)
     plans = plan_finding(runs, fingerprint=code)
     payload = {
-        "spec": {"base": spec.base, "variants": [v.__dict__ for v in spec.variants], "grid": spec.grid,
-                 "seeds": spec.seeds, "overrides": spec.overrides, "params": spec.params, "analysis": spec.analysis,
-                 "runs_of": spec.runs_of},
+        "spec": {
+            "base": spec.base,
+            "variants": [v.__dict__ for v in spec.variants],
+            "grid": spec.grid,
+            "seeds": spec.seeds,
+            "overrides": spec.overrides,
+            "params": spec.params,
+            "analysis": spec.analysis,
+            "runs_of": spec.runs_of,
+        },
         "runs": {item.variant.name: [[p.run_id, p.config.config_hash()] for p in item.plan.points] for item in plans},
         "models": sorted({model_key(p.config) for item in plans for p in item.plan.points}),
         "code": code,
-    }  # fmt: skip
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-__all__ = ["FINDINGS_DIR", "FindingError", "FindingSpec", "Variant", "VariantPlan", "claims", "load_finding",
-           "model_key", "plan_finding", "registered", "run_spec", "spec_digest"]  # fmt: skip
+__all__ = [
+    "FINDINGS_DIR",
+    "FindingError",
+    "FindingSpec",
+    "Variant",
+    "VariantPlan",
+    "claims",
+    "load_finding",
+    "model_key",
+    "plan_finding",
+    "registered",
+    "run_spec",
+    "spec_digest",
+]

@@ -22,7 +22,7 @@ from ragen_core.findings.analysis import (
     replay_warnings,
     run_collapse,
     spread,
-)  # fmt: skip
+)
 from ragen_core.storage import query
 
 SIGNALS = (GROUP_STD, ENTROPY, GRAD)
@@ -61,8 +61,9 @@ def early_warnings(ctx: Context) -> dict[str, Any]:
     runs = [run for arm in ctx.arms for run in arm.run_ids]
     collapses = {run: run_collapse(ctx, run) for run in runs}
     recorded = recorded_warnings(ctx, runs)
-    per_signal = {name: _leads({r: [w for w in ws if w[1] == name] for r, ws in recorded.items()}, collapses)
-                  for name in SIGNALS}  # fmt: skip
+    per_signal = {
+        name: _leads({r: [w for w in ws if w[1] == name] for r, ws in recorded.items()}, collapses) for name in SIGNALS
+    }
     grid = ctx.params.get("calibration", {"drop": [0.3, 0.5, 0.7], "spike": [3.0, 5.0, 10.0], "slip": [None]})
     settings = []
     for drop, spike, slip in itertools.product(grid["drop"], grid["spike"], grid.get("slip", [None])):
@@ -78,7 +79,7 @@ def early_warnings(ctx: Context) -> dict[str, Any]:
             "grad_norm_spike": monitor["grad_norm_spike"],
             "success_slip": monitor["success_slip"],
             **_leads(recorded, collapses),
-        },  # fmt: skip
+        },
         "per_signal": per_signal,
         "calibration": settings,
         "calibrated": best,
@@ -86,7 +87,7 @@ def early_warnings(ctx: Context) -> dict[str, Any]:
         "run_curves": {
             arm.label: {run: {n: ctx.series(run, n) for n in (SUCCESS, *SIGNALS)} for run in arm.run_ids}
             for arm in ctx.arms
-        },  # fmt: skip
+        },
         "warnings": recorded,
     }
 
@@ -126,9 +127,11 @@ def filtering(ctx: Context) -> dict[str, Any]:
             "update_seconds_per_iteration": spread([_mean_over_training(ctx, r, "time/update") for r in runs]),
             "seconds_per_iteration": spread(per_iteration),
             **_validation(ctx, arm),
-        }  # fmt: skip
-    curves = {arm.label: {n: curve(ctx, arm, n) for n in (ctx.val_key, "actor/trained_tokens", "time/update")}
-              for arm in ctx.arms}  # fmt: skip
+        }
+    curves = {
+        arm.label: {n: curve(ctx, arm, n) for n in (ctx.val_key, "actor/trained_tokens", "time/update")}
+        for arm in ctx.arms
+    }
     return {"val_env": ctx.val_env, "arms": arms, "curves": curves}
 
 
@@ -143,8 +146,11 @@ def diversity(ctx: Context) -> dict[str, Any]:
         for run, minute in zip(arm.run_ids, minutes, strict=True):
             series = ctx.series(run, ctx.val_key)
             gains.append((series[-1][1] - series[0][1]) / minute if series and minute > 0 else None)
-        arms[arm.label] = {**_validation(ctx, arm), "minutes": spread(minutes),
-                           "success_gain_per_minute": spread(gains)}  # fmt: skip
+        arms[arm.label] = {
+            **_validation(ctx, arm),
+            "minutes": spread(minutes),
+            "success_gain_per_minute": spread(gains),
+        }
     curves = {arm.label: {ctx.val_key: curve(ctx, arm, ctx.val_key)} for arm in ctx.arms}
     return {"val_env": ctx.val_env, "arms": arms, "curves": curves}
 

@@ -232,16 +232,20 @@ def _crossings(
         peak = max(past)
         threshold = (1.0 - drop) * peak
         if peak > 0 and current[key] < threshold:
-            message = (f"{what} {current[key]:.4g} fell more than {drop:.0%} below its peak {peak:.4g}: "
-                       "an early sign of the Echo Trap (collapse into repeated templates)")  # fmt: skip
+            message = (
+                f"{what} {current[key]:.4g} fell more than {drop:.0%} below its peak {peak:.4g}: "
+                "an early sign of the Echo Trap (collapse into repeated templates)"
+            )
             warnings.append(CollapseWarning(key, current[key], threshold, message))
     key = "actor/grad_norm_max"
     past = _history(history, key)
     if len(past) >= max(warmup, 1) and key in current:
         threshold = grad_norm_spike * float(np.median(past))
         if threshold > 0 and current[key] > threshold:
-            message = (f"gradient norm {current[key]:.4g} is over {grad_norm_spike:g}x its running median: "
-                       "gradient spikes mark irreversible collapse")  # fmt: skip
+            message = (
+                f"gradient norm {current[key]:.4g} is over {grad_norm_spike:g}x its running median: "
+                "gradient spikes mark irreversible collapse"
+            )
             warnings.append(CollapseWarning(key, current[key], threshold, message))
     return warnings
 
@@ -267,8 +271,10 @@ def truncation_warnings(
             since = f"up from {low:.2f} at iteration {at}: a policy that stops ending its replies collapses this way"
         else:
             since = "from the first iteration: rollout.max_new_tokens may be too small for the task"
-        message = (f"{value:.0%} of the training replies were cut at rollout.max_new_tokens={max_new_tokens} without "
-                   f"ending ({since}; threshold monitor.truncated_share={share:g})")  # fmt: skip
+        message = (
+            f"{value:.0%} of the training replies were cut at rollout.max_new_tokens={max_new_tokens} without "
+            f"ending ({since}; threshold monitor.truncated_share={share:g})"
+        )
         return [CollapseWarning(TRUNCATED, value, share, message)]
 
     return episode_starts(check, history, current)

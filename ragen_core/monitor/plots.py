@@ -182,9 +182,15 @@ def _draw_series(ax: Any, panel: Panel, series: dict[SeriesKey, Points], colours
         if panel.key == "val/*/teacher_*":  # agreement solid, its chance level dotted, whatever the env
             style = "-" if name.endswith("_agreement") else ":"
         ax.plot(
-            iterations, values, color=colours.get(run_id, "black"), linestyle=style,
-            marker="o", markersize=3, label=_label(panel, run_id, name), gid=f"{run_id}|{name}",
-        )  # fmt: skip
+            iterations,
+            values,
+            color=colours.get(run_id, "black"),
+            linestyle=style,
+            marker="o",
+            markersize=3,
+            label=_label(panel, run_id, name),
+            gid=f"{run_id}|{name}",
+        )
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
 

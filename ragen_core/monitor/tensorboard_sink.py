@@ -79,8 +79,9 @@ def record_iteration(lake: DataLake, run_id: str, iteration: int, metrics: Mappi
     try:
         return write_scalars(lake.tensorboard_dir(run_id), iteration, metrics)
     except OSError as exc:
-        LOGGER.warning("run %s iteration %d: TensorBoard events not written (%s); the lake has them", run_id,
-                       iteration, exc)  # fmt: skip
+        LOGGER.warning(
+            "run %s iteration %d: TensorBoard events not written (%s); the lake has them", run_id, iteration, exc
+        )
         return None
 
 

@@ -43,8 +43,20 @@ TOKENIZER_CORPUS_VERSION = 3  # 3: one token per grid cell
 # The environments whose text the tokenizer is trained on, frozen: an environment registered later does not join the
 # corpus, so adding one changes no existing model. The corpus itself is pinned by its digest (a test recomputes it):
 # changing how one of these renders changes the default model, so it needs a new TOKENIZER_CORPUS_VERSION and digest.
-CORPUS_ENVS = ("bandit", "bandit_reversed", "bandit_test", "countdown", "frozen_lake", "game_2048", "rubikscube",
-               "sokoban", "sokoban_large", "sokoban_new_vocab", "sudoku_pr147_4x4", "sudoku_pr147_9x9")  # fmt: skip
+CORPUS_ENVS = (
+    "bandit",
+    "bandit_reversed",
+    "bandit_test",
+    "countdown",
+    "frozen_lake",
+    "game_2048",
+    "rubikscube",
+    "sokoban",
+    "sokoban_large",
+    "sokoban_new_vocab",
+    "sudoku_pr147_4x4",
+    "sudoku_pr147_9x9",
+)
 CORPUS_DIGEST = "597f61c8148fc9580cd3ec9013e531f838bc411808b65c17581d04a02268e582"  # corpus_digest() of version 3
 # Corpus envs renamed since the model key was fixed -> their name then. The corpus renders them as before (the digest
 # is unchanged), so the key, and the default model's folder, stay: the two PR #147 Sudokus were ``sudoku`` and

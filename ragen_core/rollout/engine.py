@@ -143,7 +143,7 @@ def _roll_out(
         contexts = [
             TurnContext(
                 ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think, formatter.reply_prefix
-            )  # fmt: skip
+            )
             for slot, (ids, _) in zip(active, prompts, strict=True)
         ]
         generations = backend.generate(contexts, derive_seed(seed, turn))

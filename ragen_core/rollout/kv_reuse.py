@@ -96,9 +96,12 @@ def shared_prefix_cache(
     first = torch.tensor([which.index(u) for u in range(len(distinct))], device=device)
     unique_ids, unique_mask = ids[first, :-1], mask[first, :-1]
     out = model(
-        input_ids=unique_ids, attention_mask=unique_mask, position_ids=positions(unique_mask), use_cache=True,
+        input_ids=unique_ids,
+        attention_mask=unique_mask,
+        position_ids=positions(unique_mask),
+        use_cache=True,
         logits_to_keep=1,
-    )  # fmt: skip
+    )
     cache = out.past_key_values
     cache.batch_select_indices(torch.tensor(which, device=device))
     return ids, mask, cache

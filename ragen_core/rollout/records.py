@@ -31,20 +31,33 @@ class BatchMeta:
         ``iteration``: a synchronous run; an async run's batches are older, see
         :func:`ragen_core.run.stages.sampling_version`)."""
         version = iteration if policy_version is None else policy_version
-        return cls(run_id=run_id, iteration=iteration, split="train", policy_version=version,
-                   temperature=temperature, config_hash=config_hash)  # fmt: skip
+        return cls(
+            run_id=run_id,
+            iteration=iteration,
+            split="train",
+            policy_version=version,
+            temperature=temperature,
+            config_hash=config_hash,
+        )
 
     @classmethod
     def validation(cls, run_id: str, iteration: int, temperature: float, config_hash: str) -> BatchMeta:
         """Validation rollouts of the policy after ``iteration`` updates (``split='val'``)."""
-        return cls(run_id=run_id, iteration=iteration, split="val", policy_version=iteration,
-                   temperature=temperature, config_hash=config_hash)  # fmt: skip
+        return cls(
+            run_id=run_id,
+            iteration=iteration,
+            split="val",
+            policy_version=iteration,
+            temperature=temperature,
+            config_hash=config_hash,
+        )
 
     @classmethod
     def demonstrations(cls, run_id: str, config_hash: str) -> BatchMeta:
         """A bootstrap's scripted demonstrations: one batch, iteration 0, no policy behind them (version 0)."""
-        return cls(run_id=run_id, iteration=0, split="train", policy_version=0, temperature=1.0,
-                   config_hash=config_hash)  # fmt: skip
+        return cls(
+            run_id=run_id, iteration=0, split="train", policy_version=0, temperature=1.0, config_hash=config_hash
+        )
 
 
 def trajectories_table(records: list[TrajectoryRecord], meta: BatchMeta) -> pa.Table:

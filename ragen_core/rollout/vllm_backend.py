@@ -73,8 +73,10 @@ def vllm_python(setting: str | None = None, data_root: Path | None = None) -> Pa
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise BackendUnavailable(f"{where}={chosen} is not an executable Python; {INSTALL_HINT}")
         return path
-    candidates = [Path(sys.prefix).parent / VLLM_ENV_FOLDER / "bin" / "python", Path.cwd() / VLLM_ENV_FOLDER / "bin"
-                  / "python"]  # fmt: skip
+    candidates = [
+        Path(sys.prefix).parent / VLLM_ENV_FOLDER / "bin" / "python",
+        Path.cwd() / VLLM_ENV_FOLDER / "bin" / "python",
+    ]
     shared = Path(data_root).resolve() if data_root is not None else None
     for candidate in candidates:
         if shared is not None and candidate.parent.parent.resolve().is_relative_to(shared):
@@ -130,11 +132,19 @@ class VLLMServer:
         ready_file = folder / f"ready-{secrets.token_hex(4)}.json"
         token = secrets.token_hex(16)
         lifeline_read, lifeline = os.pipe()  # the server watches the read end: end-of-file when we are gone
-        options = {"--model": model_dir, "--ready-file": ready_file, "--lifeline-fd": lifeline_read, "--dtype": dtype,
-                   "--seed": seed, "--tensor-parallel-size": tensor_parallel_size,
-                   "--gpu-memory-utilization": gpu_memory_utilization, "--max-model-len": max_model_len,
-                   "--kv-cache-gib": kv_cache_gib, "--enforce-eager": enforce_eager,
-                   "--prefix-caching": prefix_caching}  # fmt: skip
+        options = {
+            "--model": model_dir,
+            "--ready-file": ready_file,
+            "--lifeline-fd": lifeline_read,
+            "--dtype": dtype,
+            "--seed": seed,
+            "--tensor-parallel-size": tensor_parallel_size,
+            "--gpu-memory-utilization": gpu_memory_utilization,
+            "--max-model-len": max_model_len,
+            "--kv-cache-gib": kv_cache_gib,
+            "--enforce-eager": enforce_eager,
+            "--prefix-caching": prefix_caching,
+        }
         command = [str(python), "-I", str(SERVER_PROGRAM), *_arguments(options)]
         process = _spawn(command, token, log_path, lifeline_read, lifeline)
         server: VLLMServer | None = None
@@ -268,14 +278,27 @@ def _spawn(command: list[str], token: str, log_path: Path, lifeline_read: int, l
     """Start the server program in a process group of its own (a terminal's Ctrl-C reaches the trainer, which stops
     it), its output appended to ``log_path``, holding the pipe's read end; the write end stays with this process alone.
     The pipe's read end is closed here either way, the write end too when the start fails."""
-    env = {**os.environ, "RAGEN_VLLM_TOKEN": token, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "RAGEN_VLLM_TOKEN": token,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
     env.pop("PYTHONPATH", None)
     os.set_inheritable(lifeline, False)  # children must not keep the write end open
     try:
         with open(log_path, "ab") as log:
-            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True, pass_fds=(lifeline_read,))  # fmt: skip
+            return subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                pass_fds=(lifeline_read,),
+            )
     except BaseException:
         os.close(lifeline)
         raise
@@ -414,10 +437,16 @@ class VLLMBackend:
     def sampling(self, count: int, seed: int) -> list[dict[str, Any]]:
         """One settings dict per request, each seeded from (``seed``, its index) as the Hugging Face backend is."""
         return [
-            {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-             "max_tokens": self.max_new_tokens, "seed": derive_seed(seed, index), "stop_token_ids": self.stop_ids}
+            {
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "top_k": self.top_k,
+                "max_tokens": self.max_new_tokens,
+                "seed": derive_seed(seed, index),
+                "stop_token_ids": self.stop_ids,
+            }
             for index in range(count)
-        ]  # fmt: skip
+        ]
 
     def reset(self) -> None:
         """Called by the rollout engine before and after every rollout: the rollout starts from an empty prefix cache

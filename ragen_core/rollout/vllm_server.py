@@ -140,8 +140,12 @@ def reset_prefix_cache(body: dict[str, Any]) -> dict[str, Any]:
     return {"reset": bool(STATE.llm.reset_prefix_cache())}
 
 
-ROUTES = {"/generate": generate, "/score": score, "/load_weights": load_weights,
-          "/reset_prefix_cache": reset_prefix_cache}  # fmt: skip
+ROUTES = {
+    "/generate": generate,
+    "/score": score,
+    "/load_weights": load_weights,
+    "/reset_prefix_cache": reset_prefix_cache,
+}
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -154,8 +154,11 @@ class BatchPipeline:
             trajectories = trajectories.set_column(index, trajectories.schema.field(name), pa.array(values, kind))
         self._checked = (trajectories, turns)
         if not bool(decision.kept.any()):
-            LOGGER.warning("run %s iteration %d: the filter kept no group; the update is skipped",
-                           self.meta.run_id, self.meta.iteration)  # fmt: skip
+            LOGGER.warning(
+                "run %s iteration %d: the filter kept no group; the update is skipped",
+                self.meta.run_id,
+                self.meta.iteration,
+            )
 
     def write(self) -> None:
         """Stage the validated (and filtered) trajectories: the one write of the batch's trajectories (again: a

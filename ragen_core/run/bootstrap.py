@@ -69,8 +69,14 @@ def policy_fingerprint(config: RunConfig) -> str:
     limits = (config.env.max_turns, config.env.max_actions_per_turn, config.env.max_actions_per_traj)
     for episode in range(FINGERPRINT_EPISODES):
         env_reset(env, derive_seed(0, "fingerprint", episode))
-        play_scripted(env, policy, rng, limits, config.rollout.enable_think,
-                      lambda reply: digest.update(json.dumps([reply.think, reply.actions]).encode()))  # fmt: skip
+        play_scripted(
+            env,
+            policy,
+            rng,
+            limits,
+            config.rollout.enable_think,
+            lambda reply: digest.update(json.dumps([reply.think, reply.actions]).encode()),
+        )
     return digest.hexdigest()[:16]
 
 
@@ -149,9 +155,11 @@ def check_reply_length(config: RunConfig, lake: DataLake, run_id: str) -> float:
     ).to_pylist()
     over = float(row["over"] or 0.0)
     if over > 0:
-        message = (f"bootstrap: {over:.0%} of the demonstrated replies are longer than rollout.max_new_tokens={limit} "
-                   f"(the longest {row['longest']} tokens, the end token included): the policy learns replies it "
-                   f"cannot finish; set rollout.max_new_tokens={row['longest']} or more")  # fmt: skip
+        message = (
+            f"bootstrap: {over:.0%} of the demonstrated replies are longer than rollout.max_new_tokens={limit} "
+            f"(the longest {row['longest']} tokens, the end token included): the policy learns replies it "
+            f"cannot finish; set rollout.max_new_tokens={row['longest']} or more"
+        )
         LOGGER.warning(message)
     return over
 
@@ -162,8 +170,10 @@ def _build(
     """Demonstrations, their SFT, and the model saved to ``target`` (the bootstrap run's lock held)."""
     model, tokenizer = load_policy(base_dir)
     settings, started = config.bootstrap, time.monotonic()
-    report(f"bootstrap {run_id}: {settings.num_groups * settings.group_size} demonstrations of the "
-           f"{settings.policy} scripted policy on {config.env.name}, then {settings.epochs} SFT epoch(s)")  # fmt: skip
+    report(
+        f"bootstrap {run_id}: {settings.num_groups * settings.group_size} demonstrations of the "
+        f"{settings.policy} scripted policy on {config.env.name}, then {settings.epochs} SFT epoch(s)"
+    )
     _demonstrations(config, lake, run_id, tokenizer)
     report(f"bootstrap: demonstrations stored ({time.monotonic() - started:.0f} s)")
     maybe_fail("bootstrap", "demos")  # demonstrations published; no model yet
@@ -233,8 +243,10 @@ def _supervised(
         started = time.monotonic()
         seed_e = derive_seed(seed, "bootstrap_sft", epoch)
         history.append(sft_update(actor, demos, tokenizer.pad_token_id, settings.batch_size, seed_e))
-        report(f"bootstrap: SFT epoch {epoch + 1}/{settings.epochs}, loss {history[-1]['sft/loss']:.3f} "
-               f"({time.monotonic() - started:.0f} s)")  # fmt: skip
+        report(
+            f"bootstrap: SFT epoch {epoch + 1}/{settings.epochs}, loss {history[-1]['sft/loss']:.3f} "
+            f"({time.monotonic() - started:.0f} s)"
+        )
     staging = building(target)
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(actor.module, tokenizer, staging)

@@ -25,8 +25,14 @@ def first_chat(config: RunConfig, env_name: str, env_seed: int) -> list[dict[str
     env = make_env(env_name, **dict(config.env.options))
     state, _ = env.reset(env_seed)
     style = config.rollout.prompt_style
-    user = opening_message(env, state, config.env.max_actions_per_traj, config.env.max_actions_per_turn,
-                           config.rollout.enable_think, style)  # fmt: skip
+    user = opening_message(
+        env,
+        state,
+        config.env.max_actions_per_traj,
+        config.env.max_actions_per_turn,
+        config.rollout.enable_think,
+        style,
+    )
     system = [] if style == "compact" else [{"role": "system", "content": SYSTEM_PROMPT}]
     return [*system, {"role": "user", "content": user}]
 
@@ -47,14 +53,16 @@ def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None) -> str
     system = "none (`rollout.prompt_style=compact`)" if len(messages) == 1 else f"`{messages[0]['content']}`"
     where = str(model_dir) if model_dir is not None else "<the run's checkpoint>/hf"
     lines = [
-        f"## Prompting the policy of `{run_id}`", "",
+        f"## Prompting the policy of `{run_id}`",
+        "",
         f"The chat its rollouts were: system prompt {system}; then one user message per turn (the first holds the "
         f"env's rules and actions). Below, the first turn of `{env_name}` instance {seed} (the run's first validation "
         "instance: `group_id` 0 of its `split = 'val'` rows). Render it with the checkpoint's own chat template, "
         "`apply_chat_template(messages, add_generation_prompt=True)`: that export's template ends the prompt with "
         f"the reply prefix training used ({json.dumps(prefix) if prefix else 'none'}), so a client adds nothing. "
         "The policy's reply is the text it generates; later turns append it as an assistant message and the env's "
-        "next user message.", "",
+        "next user message.",
+        "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",
@@ -62,12 +70,13 @@ def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None) -> str
         "tokenizer = AutoTokenizer.from_pretrained(model_dir)",
         "model = AutoModelForCausalLM.from_pretrained(model_dir)",
         f"messages = {json.dumps(messages, indent=4)}",
-        'inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, '
+        "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, "
         'return_tensors="pt")',
         f"output = model.generate(**inputs, max_new_tokens={config.rollout.max_new_tokens}, do_sample=False)",
         'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
-        "```", "",
-    ]  # fmt: skip
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 

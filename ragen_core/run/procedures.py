@@ -123,8 +123,12 @@ def train(admission: Admission, hooks: Hooks) -> dict[str, Any]:
     ``first_iteration``)."""
     request = admission.request
     session, plan, info = _open(admission, hooks)
-    result = {"run_id": request.run_id, "data_root": str(request.lake.root),
-              "iterations": request.config.trainer.iterations, **info}  # fmt: skip
+    result = {
+        "run_id": request.run_id,
+        "data_root": str(request.lake.root),
+        "iterations": request.config.trainer.iterations,
+        **info,
+    }
     if session is None:
         return result
     with run_status(session):
@@ -276,8 +280,9 @@ def evaluate(admission: Admission, hooks: Hooks) -> dict[str, Any]:
     if manifest is not None:
         lake.discard_uncommitted(run_id, 0)
     hooks.step(f"evaluation run {run_id}: loading the policy {request.which}")
-    opened = hooks.steps.open_session(request.config, lake, run_id, request.model_dir, resumed=manifest,
-                                      training=False)  # fmt: skip
+    opened = hooks.steps.open_session(
+        request.config, lake, run_id, request.model_dir, resumed=manifest, training=False
+    )
     with run_status(opened):
         evaluated = {"target": request.target, "model": request.which, "model_dir": str(request.model_dir)}
         opened.record.update(kind="evaluation", evaluated=evaluated)
@@ -297,8 +302,13 @@ def evaluation_result(request: EvalRequest, reused: bool) -> dict[str, Any]:
     """An evaluation's result: its run id, the model, the data root, whether it was stored before, and a row per
     env of the ``evaluations`` table."""
     rows = request.lake.read_table("evaluations", request.run_id).to_pylist()
-    return {"run_id": request.run_id, "model": request.which, "data_root": str(Path(request.lake.root).resolve()),
-            "reused": reused, "evaluations": [{k: row[k] for k in EVALUATION_COLUMNS} for row in rows]}  # fmt: skip
+    return {
+        "run_id": request.run_id,
+        "model": request.which,
+        "data_root": str(Path(request.lake.root).resolve()),
+        "reused": reused,
+        "evaluations": [{k: row[k] for k in EVALUATION_COLUMNS} for row in rows],
+    }
 
 
 def retrain(admission: Admission, hooks: Hooks) -> dict[str, Any]:

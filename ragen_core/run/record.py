@@ -45,8 +45,13 @@ class RunExistsError(RuntimeError):
     """The run id is already taken in this data root."""
 
 
-STOP_FIELDS = ("failed_iteration", "failed_stage", "interrupted_iteration", "interrupted_stage",
-               "last_committed_iteration")  # fmt: skip
+STOP_FIELDS = (
+    "failed_iteration",
+    "failed_stage",
+    "interrupted_iteration",
+    "interrupted_stage",
+    "last_committed_iteration",
+)
 
 
 def utc_now() -> str:
@@ -143,10 +148,19 @@ def stop_record(exc: BaseException, where: dict[str, Any] | None, committed: lis
     where = where or {}
     last = committed[-1] if committed else None
     if interrupted(exc):
-        return {"status": "interrupted", "interrupted_iteration": where.get("iteration"),
-                "interrupted_stage": where.get("stage"), "last_committed_iteration": last}  # fmt: skip
-    return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "failed_iteration": where.get("iteration"),
-            "failed_stage": where.get("stage"), "last_committed_iteration": last}  # fmt: skip
+        return {
+            "status": "interrupted",
+            "interrupted_iteration": where.get("iteration"),
+            "interrupted_stage": where.get("stage"),
+            "last_committed_iteration": last,
+        }
+    return {
+        "status": "failed",
+        "error": f"{type(exc).__name__}: {exc}",
+        "failed_iteration": where.get("iteration"),
+        "failed_stage": where.get("stage"),
+        "last_committed_iteration": last,
+    }
 
 
 def library_versions() -> dict[str, str]:
@@ -262,9 +276,12 @@ def git_commit() -> str | None:
         if head.returncode != 0:
             return None
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=source, capture_output=True, text=True,
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=source,
+            capture_output=True,
+            text=True,
             timeout=30,
-        )  # fmt: skip
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     dirty = status.returncode != 0 or bool(status.stdout.strip())

@@ -59,9 +59,14 @@ class RunRequest:
 
     def parameters(self) -> dict[str, Any]:
         """The request as the ``train`` flow's plain parameters (a deployment's form)."""
-        return {"config": self.config.to_dict(), "data_root": str(self.lake.root), "run_id": self.run_id,
-                "force_config": list(self.force_config), "skip_iteration": self.skip_iteration,
-                "sweep": self.sweep}  # fmt: skip
+        return {
+            "config": self.config.to_dict(),
+            "data_root": str(self.lake.root),
+            "run_id": self.run_id,
+            "force_config": list(self.force_config),
+            "skip_iteration": self.skip_iteration,
+            "sweep": self.sweep,
+        }
 
 
 def run_request(
@@ -130,8 +135,12 @@ class EvalRequest:
 
     def parameters(self) -> dict[str, Any]:
         """The request as plain parameters (what Prefect's UI shows)."""
-        return {"target": self.target, "data_root": str(self.lake.root), "run_id": self.run_id,
-                "config": self.config.to_dict()}  # fmt: skip
+        return {
+            "target": self.target,
+            "data_root": str(self.lake.root),
+            "run_id": self.run_id,
+            "config": self.config.to_dict(),
+        }
 
 
 def eval_request(
@@ -173,8 +182,14 @@ class RetrainRequest:
 
     def parameters(self) -> dict[str, Any]:
         """The request as the ``retrain_offline`` flow's plain parameters."""
-        return {"config": self.config.to_dict(), "sql": self.sql, "mode": self.mode, "init": self.init,
-                "data_root": str(self.lake.root), "run_id": self.run_id}  # fmt: skip
+        return {
+            "config": self.config.to_dict(),
+            "sql": self.sql,
+            "mode": self.mode,
+            "init": self.init,
+            "data_root": str(self.lake.root),
+            "run_id": self.run_id,
+        }
 
 
 def retrain_request(

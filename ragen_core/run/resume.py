@@ -83,10 +83,11 @@ def refuse_compacted_final(lake: DataLake, run_id: str, iteration: int) -> None:
     ``ragen runs compact`` merged them into one file of no stage, which the reopening would discard with its rows.
     Refused (:class:`ResumeError`) when any table's partition of ``iteration`` was compacted."""
     compacted = [
-        table for table in sorted(lake.tables)
-        if lake.spec(table).source == "parquet" and compaction_marker(lake.partition_dir(table, run_id, iteration))
-        .exists()
-    ]  # fmt: skip
+        table
+        for table in sorted(lake.tables)
+        if lake.spec(table).source == "parquet"
+        and compaction_marker(lake.partition_dir(table, run_id, iteration)).exists()
+    ]
     if compacted:
         latest = lake.latest_checkpoint(run_id)
         start = f"model.path={checkpoint_file(latest[1], CHECKPOINT_HF)}" if latest else "a new run"

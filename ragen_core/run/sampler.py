@@ -77,8 +77,13 @@ class SamplerProcess:
         connection = Connection(parent.detach())
         sampler = cls(process, connection, shared, log)
         dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
-        init = {"model_dir": str(model_dir), "dtype": dtype, "threads": threads, "weights": str(shared.path),
-                "layout": layout.to_json()}  # fmt: skip
+        init = {
+            "model_dir": str(model_dir),
+            "dtype": dtype,
+            "threads": threads,
+            "weights": str(shared.path),
+            "layout": layout.to_json(),
+        }
         try:
             sampler._call("init", init, timeout=STARTUP_TIMEOUT_S)
         except BaseException:

@@ -79,9 +79,14 @@ class RunSession:
     """Everything one run's stages share in memory."""
 
     def __init__(
-        self, config: RunConfig, lake: DataLake, run_id: str, policy: RolloutPolicy, updater: Updater,
+        self,
+        config: RunConfig,
+        lake: DataLake,
+        run_id: str,
+        policy: RolloutPolicy,
+        updater: Updater,
         record: RunRecord,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.config, self.lake, self.run_id = config, lake, run_id
         self.policy, self.updater, self.record = policy, updater, record
         self.last_commit: float | None = None  # perf_counter() at this process's last commit (time/step)

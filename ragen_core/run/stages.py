@@ -133,8 +133,9 @@ def filter_and_publish(session: RunSession, iteration: int, state: IterationStat
     and marked done; returns the rollout and filter metrics."""
     batch = _batch(state)
     batch.filter(session.config.algorithm, filter_entropy(session))
-    metrics = batch.publish(lambda trajectories, turns: {**rollout_metrics(trajectories, turns),
-                                                         **filter_metrics(trajectories)})  # fmt: skip
+    metrics = batch.publish(
+        lambda trajectories, turns: {**rollout_metrics(trajectories, turns), **filter_metrics(trajectories)}
+    )
     maybe_fail("publish", "after", iteration)  # published, not yet trained on or committed
     state.metrics.update(metrics)
     return metrics
@@ -159,8 +160,13 @@ def filter_entropy(session: RunSession) -> TrajectoryEntropy | None:
         return turn_entropy if turn_rows else None
 
     def entropy(trajectories: pa.Table) -> torch.Tensor:
-        score = partial(trajectory_entropy, session.policy.model, pad_id=session.tokenizer.pad_token_id,
-                        temperature=config.rollout.temperature, batch_size=config.actor.micro_batch_size)  # fmt: skip
+        score = partial(
+            trajectory_entropy,
+            session.policy.model,
+            pad_id=session.tokenizer.pad_token_id,
+            temperature=config.rollout.temperature,
+            batch_size=config.actor.micro_batch_size,
+        )
         if turn_rows:
             return turn_entropy(trajectories, lambda turns: score(turns.tokens))
         return score(TokenRows.from_table(trajectories))
@@ -185,14 +191,30 @@ def diagnose_reasoning(session: RunSession, iteration: int, state: IterationStat
     span = (trainer.mi_reasoning, config.rollout.think_prefix, encode)
     scorer = model_scorer(session.policy.model, session.tokenizer.pad_token_id, config.actor.micro_batch_size)
     prompts, reasonings = first_turn_reasoning(ids, masks, decode, *span)
-    metrics = _mi_metrics(prompts, reasonings, scorer, trainer.mi_prompts, derive_seed(config.seed, iteration,
-                          "reasoning_mi"), "reasoning", None)  # fmt: skip
+    metrics = _mi_metrics(
+        prompts,
+        reasonings,
+        scorer,
+        trainer.mi_prompts,
+        derive_seed(config.seed, iteration, "reasoning_mi"),
+        "reasoning",
+        None,
+    )
     if trainer.mi_multi_turn:
         turns = every_turn_reasoning(ids, masks, decode, *span)
         pairs = sampled_turns(turns, trainer.mi_samples, derive_seed(config.seed, iteration, "reasoning_mt_draws"))
         seed = derive_seed(config.seed, iteration, "reasoning_mt")
-        metrics.update(_mi_metrics([x for x, _ in pairs], [z for _, z in pairs], scorer, trainer.mi_prompts, seed,
-                                   "reasoning_mt", range(len(pairs))))  # fmt: skip
+        metrics.update(
+            _mi_metrics(
+                [x for x, _ in pairs],
+                [z for _, z in pairs],
+                scorer,
+                trainer.mi_prompts,
+                seed,
+                "reasoning_mt",
+                range(len(pairs)),
+            )
+        )
     state.metrics.update(metrics)
     return metrics
 
@@ -270,9 +292,15 @@ def record_warnings(session: RunSession, iteration: int, metrics: dict[str, floa
     and returned as ``events`` rows. The run goes on."""
     monitor, history = session.config.monitor, session.record.metric_history
     warnings = collapse_warnings(
-        history, metrics, monitor.warmup, monitor.reward_std_drop, monitor.entropy_drop, monitor.grad_norm_spike,
-        monitor.converged_success, monitor.success_slip,
-    )  # fmt: skip
+        history,
+        metrics,
+        monitor.warmup,
+        monitor.reward_std_drop,
+        monitor.entropy_drop,
+        monitor.grad_norm_spike,
+        monitor.converged_success,
+        monitor.success_slip,
+    )
     warnings += template_collapse_warnings(
         history, metrics, monitor.warmup, monitor.mi_drop, monitor.mi_patience, MI_KEYS[monitor.mi_metric]
     )
@@ -287,10 +315,15 @@ def record_warnings(session: RunSession, iteration: int, metrics: dict[str, floa
         LOGGER.warning("run %s iteration %d: %s", session.run_id, iteration, warning.message)
         rows.append(
             event_row(
-                session.run_id, iteration, "early_warning", warning.message, warning.metric, warning.value,
+                session.run_id,
+                iteration,
+                "early_warning",
+                warning.message,
+                warning.metric,
+                warning.value,
                 warning.threshold,
             )
-        )  # fmt: skip
+        )
     return rows
 
 
@@ -312,8 +345,12 @@ def stop_early(session: RunSession, iteration: int) -> bool:
         return False
     LOGGER.warning(
         "run %s: the filter kept no group for %d consecutive iterations; training stops before iteration %d "
-        "(algorithm.filter_empty_stop_steps=%d)", session.run_id, steps, iteration, steps,
-    )  # fmt: skip
+        "(algorithm.filter_empty_stop_steps=%d)",
+        session.run_id,
+        steps,
+        iteration,
+        steps,
+    )
     session.record.update(early_stop={"iteration": iteration, "reason": "filter_empty_stop_steps", "steps": steps})
     return True
 

@@ -275,16 +275,19 @@ def _kept_checkpoints(lake: DataLake, run_id: str | None) -> pa.Table:
     folder = run_dir(lake.root)
     runs = [run_id] if run_id is not None else sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     rows = [(run, n) for run in runs if is_valid_run_id(run) for n, _ in lake.list_checkpoints(run)]
-    return pa.table({"run_id": [r for r, _ in rows], "updates": [n for _, n in rows]},
-                    schema=pa.schema([("run_id", pa.string()), ("updates", pa.int64())]))  # fmt: skip
+    return pa.table(
+        {"run_id": [r for r, _ in rows], "updates": [n for _, n in rows]},
+        schema=pa.schema([("run_id", pa.string()), ("updates", pa.int64())]),
+    )
 
 
 def _checkpoint_columns(con: duckdb.DuckDBPyConnection, lake: DataLake, run_id: str | None) -> str:
     """``available``: a row's folder (``.../iteration=<n>``, or its ``hf/`` export) is a complete checkpoint now."""
     con.register("_checkpoints_kept", _kept_checkpoints(lake, run_id))
     updates = r"TRY_CAST(regexp_extract(s.path, '/iteration=([0-9]+)(/hf)?$', 1) AS BIGINT)"
-    return (f"EXISTS (SELECT 1 FROM _checkpoints_kept k WHERE k.run_id = s.run_id AND k.updates = {updates}) "
-            "AS available")  # fmt: skip
+    return (
+        f"EXISTS (SELECT 1 FROM _checkpoints_kept k WHERE k.run_id = s.run_id AND k.updates = {updates}) AS available"
+    )
 
 
 def _add_computed(con: duckdb.DuckDBPyConnection, lake: DataLake, spec: TableSpec, run_id: str | None) -> None:

@@ -145,8 +145,10 @@ def read_json(path: Path, missing_ok: bool = False) -> Any:
         try:
             return json.loads(handle.read(MAX_JSON_BYTES + 1))
         except RecursionError:
-            raise LakeError(f"cannot read JSON file {str(path)!r}: it is nested too deeply to be a file of the "
-                            "lake; move it out of the data root") from None  # fmt: skip
+            raise LakeError(
+                f"cannot read JSON file {str(path)!r}: it is nested too deeply to be a file of the "
+                "lake; move it out of the data root"
+            ) from None
         except (OSError, ValueError) as exc:
             raise LakeError(f"cannot read JSON file {str(path)!r} (damaged or truncated?): {exc}") from exc
 

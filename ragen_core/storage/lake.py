@@ -58,8 +58,7 @@ from schemas.manifest import RunManifest
 from schemas.tables import TABLES, TableSpec
 from schemas.versions import UPGRADES, UpgradeRegistry
 
-__all__ = ["DataLake", "LakeError", "Stage", "atomic_write_json", "atomic_write_parquet",
-           "read_parquet"]  # fmt: skip
+__all__ = ["DataLake", "LakeError", "Stage", "atomic_write_json", "atomic_write_parquet", "read_parquet"]
 
 
 class Stage:
@@ -447,8 +446,10 @@ class DataLake:
         for path in folder.glob(f"{layout.KEYED_ITERATION}*.json") if folder.is_dir() else []:
             match = ITERATION_FOLDER.fullmatch(path.stem)
             if match is None:
-                raise LakeError(f"commit marker {str(path)!r} is not iteration=<n>.json; it was changed by hand or "
-                                "planted: move it out of the data root, then try again")  # fmt: skip
+                raise LakeError(
+                    f"commit marker {str(path)!r} is not iteration=<n>.json; it was changed by hand or "
+                    "planted: move it out of the data root, then try again"
+                )
             found.append(int(match.group(1)))
         return sorted(found)
 

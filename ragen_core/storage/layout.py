@@ -158,8 +158,10 @@ def published_by_stage(name: str, stages: Iterable[str]) -> bool:
 
 def old_layout_error(root: Path, found: Path) -> LakeError:
     """The error for a folder of layout 1 found where layout 2 is read or written."""
-    return LakeError(f"data root {str(root)!r} has tables in the old lake layout 1 ({str(found)!r}); "
-                     + UPGRADE_HINT.format(root=root))  # fmt: skip
+    return LakeError(
+        f"data root {str(root)!r} has tables in the old lake layout 1 ({str(found)!r}); "
+        + UPGRADE_HINT.format(root=root)
+    )
 
 
 # -- paths under the data root (run ids checked: a backstop behind the entry points) ---------------------------------

@@ -66,9 +66,17 @@ def validate_run_id(run_id: object, what: str = "run id") -> str:
 # ``datasets.data_files.SPLIT_KEYWORDS`` and ``NON_WORDS_CHARS`` (tests/storage/test_split_words.py holds this copy
 # to them). A run id names a folder in every table, so the ids the project derives never hold one.
 SPLIT_WORDS: dict[str, str] = {  # each word and what a derived id writes instead (no split word, nor a new one)
-    "training": "trng", "train": "trn", "validation": "vldn", "valid": "vld", "dev": "dv", "val": "vl",
-    "testing": "tstg", "test": "tst", "evaluation": "evln", "eval": "evl",
-}  # fmt: skip
+    "training": "trng",
+    "train": "trn",
+    "validation": "vldn",
+    "valid": "vld",
+    "dev": "dv",
+    "val": "vl",
+    "testing": "tstg",
+    "test": "tst",
+    "evaluation": "evln",
+    "eval": "evl",
+}
 SPLIT_SEPARATORS = "-._ 0123456789"
 _SPLIT_WORD = re.compile(r"(?<![^-._ 0-9])(" + "|".join(SPLIT_WORDS) + r")(?![^-._ 0-9])")
 

@@ -188,8 +188,10 @@ def read_record(path: Path) -> dict[str, int] | None:
         isinstance(name, str) and PART_NAME.fullmatch(name) and type(size) is int and size >= 0
         for name, size in parts.items()
     ):
-        raise LakeError(f"record of published parts {str(path)!r} is not {{\"parts\": {{<part file>: <bytes>}}}}; it "
-                        "was changed by hand or planted: move it out of the data root, then try again")  # fmt: skip
+        raise LakeError(
+            f'record of published parts {str(path)!r} is not {{"parts": {{<part file>: <bytes>}}}}; it '
+            "was changed by hand or planted: move it out of the data root, then try again"
+        )
     return parts
 
 
@@ -208,8 +210,10 @@ class StrayPartError(LakeError):
     """A part file that the lake did not publish where it lies (:func:`check_published`)."""
 
 
-_STRAY = ("readers would count its rows besides the published ones (a copy, a second name of a file, a planted "
-          "file); move it out of the data root, then try again")  # fmt: skip
+_STRAY = (
+    "readers would count its rows besides the published ones (a copy, a second name of a file, a planted "
+    "file); move it out of the data root, then try again"
+)
 
 
 def check_published(
@@ -260,13 +264,17 @@ def _refuse(file: Path, spec: TableSpec, record_path: Path, record: Mapping[str,
     except LakeError as exc:
         raise StrayPartError(str(exc)) from exc
     if record is None:
-        problem = (f"lies in a partition without a record of the parts the lake published there "
-                   f"({str(record_path)!r} is missing), so none of its files can be told from a copy; move the "
-                   "copies out of the data root, then run `ragen upgrade-lake` to record the rest")  # fmt: skip
+        problem = (
+            f"lies in a partition without a record of the parts the lake published there "
+            f"({str(record_path)!r} is missing), so none of its files can be told from a copy; move the "
+            "copies out of the data root, then run `ragen upgrade-lake` to record the rest"
+        )
         raise StrayPartError(f"part file {str(file)!r} {problem}")
     if file.name in record:
-        problem = (f"holds {size} bytes, but the lake published {record[file.name]} under that name "
-                   f"({str(record_path)!r}): it was replaced; {_STRAY}")  # fmt: skip
+        problem = (
+            f"holds {size} bytes, but the lake published {record[file.name]} under that name "
+            f"({str(record_path)!r}): it was replaced; {_STRAY}"
+        )
         raise StrayPartError(f"part file {str(file)!r} {problem}")
     problem = f"is not among the parts the lake published in its partition (recorded in {str(record_path)!r})"
     raise StrayPartError(f"part file {str(file)!r} {problem}; {_STRAY}")

@@ -26,10 +26,33 @@ from ragen_core.storage.files import LakeError
 
 READ_ONLY_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"})
 WRITING_KEYWORDS = frozenset(
-    {"insert", "update", "delete", "copy", "merge", "create", "drop", "alter", "attach", "detach", "install", "load",
-     "set", "reset", "pragma", "call", "export", "import", "vacuum", "checkpoint", "truncate", "use", "prepare",
-     "execute"}
-)  # fmt: skip
+    {
+        "insert",
+        "update",
+        "delete",
+        "copy",
+        "merge",
+        "create",
+        "drop",
+        "alter",
+        "attach",
+        "detach",
+        "install",
+        "load",
+        "set",
+        "reset",
+        "pragma",
+        "call",
+        "export",
+        "import",
+        "vacuum",
+        "checkpoint",
+        "truncate",
+        "use",
+        "prepare",
+        "execute",
+    }
+)
 HINT = (
     "the lake is read-only here, only queries run (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN [ANALYZE] "
     "of a query); to save a result use `ragen sql ... --format csv|json|parquet --out FILE`"
@@ -44,9 +67,12 @@ def _parser() -> duckdb.DuckDBPyConnection:
     """A private in-memory connection used only to parse: no file access, no extensions."""
     return duckdb.connect(
         ":memory:",
-        config={"enable_external_access": False, "autoinstall_known_extensions": False,
-                "autoload_known_extensions": False},
-    )  # fmt: skip
+        config={
+            "enable_external_access": False,
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+        },
+    )
 
 
 def _one_statement(sql: str) -> duckdb.Statement:

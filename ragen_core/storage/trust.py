@@ -226,8 +226,9 @@ def check_footer(path: Path, spec: TableSpec, metadata: pq.FileMetaData, renamed
     required = [] if renamed else _required(spec, stored_version(schema))
     missing = [name for name in required if name not in schema.names]
     if missing:
-        raise LakeError(f"part file {_show(path)} lacks the NOT NULL column(s) {missing} of table {spec.name!r}; "
-                        f"{_HOW_TO_FIX}")  # fmt: skip
+        raise LakeError(
+            f"part file {_show(path)} lacks the NOT NULL column(s) {missing} of table {spec.name!r}; {_HOW_TO_FIX}"
+        )
     columns = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
     expected = {"run_id": run_id, "iteration": iteration}
     unproven = []

@@ -144,8 +144,9 @@ def prepare_model(model: torch.nn.Module, optim: OptimConfig) -> None:
         model.set_attn_implementation(optim.attn_implementation)
     if optim.gradient_checkpointing:
         if not hasattr(model, "gradient_checkpointing_enable"):
-            raise ValueError(f"{type(model).__name__} has no gradient checkpointing; set actor.gradient_checkpointing "
-                             "to false")  # fmt: skip
+            raise ValueError(
+                f"{type(model).__name__} has no gradient checkpointing; set actor.gradient_checkpointing to false"
+            )
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
@@ -291,9 +292,14 @@ class ActorEngine:
         return stats
 
     def _ppo_micro(
-        self, inputs: _StepInputs, plan: MicroBatchPlan, token_count: float, weight: float, micro_tokens: float,
+        self,
+        inputs: _StepInputs,
+        plan: MicroBatchPlan,
+        token_count: float,
+        weight: float,
+        micro_tokens: float,
         watch_gap: bool,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:  # fmt: skip
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
         """The loss of one micro-batch (normalised by the whole mini-batch), its share of the metrics (detached
         device tensors) and, with ``watch_gap``, the largest |current - old| log-prob over its trained tokens."""
         algorithm, rows = inputs.algorithm, plan.rows

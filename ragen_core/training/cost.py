@@ -32,8 +32,15 @@ from ragen_core.training.batch import TokenBatch
 from ragen_core.training.parallel import all_reduce_max, all_reduce_sums, data_parallel_world
 
 # Dense bf16/fp16 peaks (TFLOP/s, no sparsity) from the vendors' data sheets, by a word of the device's name.
-PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0,
-               "A10": 125.0}  # fmt: skip
+PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10": 125.0,
+}
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,19 @@ STOP_TIMEOUT_S = 60.0
 WORKER_MODULE = worker_entry.__name__  # the group's processes run it (an import the layer checks see)
 # Variables of this process's own one-process DeepSpeed world, or of a fault injection meant for this process; the
 # launcher sets the group's own rank variables.
-_NOT_INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RAGEN_FAULT",
-                  "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID")  # fmt: skip
+_NOT_INHERITED = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RAGEN_FAULT",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 class GroupError(RuntimeError):
@@ -49,15 +60,37 @@ def launch_command(launcher: str, nproc: int, master_port: int, control_file: Pa
     worker = ["--control-file", str(control_file)]
     if launcher == "torchrun":
         return [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(master_port), "-m", WORKER_MODULE, *worker,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(master_port),
+            "-m",
+            WORKER_MODULE,
+            *worker,
+        ]
     if launcher == "deepspeed":
         nodes = ["--hostfile", str(Path(hostfile).expanduser().resolve())] if hostfile else []
         return [
-            sys.executable, "-m", "deepspeed.launcher.runner", *nodes, "--num_gpus", str(nproc),
-            "--master_port", str(master_port), "--no_local_rank", "--module", WORKER_MODULE, *worker,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "deepspeed.launcher.runner",
+            *nodes,
+            "--num_gpus",
+            str(nproc),
+            "--master_port",
+            str(master_port),
+            "--no_local_rank",
+            "--module",
+            WORKER_MODULE,
+            *worker,
+        ]
     raise ValueError(f"unknown launcher {launcher!r}; use 'torchrun' or 'deepspeed'")
 
 

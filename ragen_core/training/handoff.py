@@ -71,8 +71,9 @@ class WeightLayout:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WeightLayout:
         """The inverse of :meth:`to_json`."""
-        entries = tuple(WeightEntry(str(n), tuple(int(s) for s in shape), str(d), int(o))
-                        for n, shape, d, o in data["entries"])  # fmt: skip
+        entries = tuple(
+            WeightEntry(str(n), tuple(int(s) for s in shape), str(d), int(o)) for n, shape, d, o in data["entries"]
+        )
         return cls(entries, int(data["nbytes"]))
 
     def check_matches(self, module: torch.nn.Module) -> None:

@@ -29,8 +29,10 @@ def update_inputs(
     rows = lake.read_table("trajectories", run_id, iteration)
     train = pc.equal(rows["split"], "train")
     if not pc.any(train).as_py():
-        raise RuntimeError(f"iteration {iteration} of {run_id} has no kept training rows to update on: "
-                           "no training rows were published for it")  # fmt: skip
+        raise RuntimeError(
+            f"iteration {iteration} of {run_id} has no kept training rows to update on: "
+            "no training rows were published for it"
+        )
     groups = pc.count_distinct(rows.filter(train)["group_id"]).as_py()
     rows = rows.filter(pc.and_(train, pc.fill_null(rows["kept"], False)))
     if rows.num_rows == 0:

@@ -106,8 +106,13 @@ def scaled_advantages(
     if algorithm.soft_advantage_reweight:
         weights = soft_advantage_weights(token_rewards.sum(dim=-1), inputs.group_index, inputs.episode_index)
         advantages = advantages * weights.unsqueeze(-1).to(advantages.dtype)
-        metrics.update({"actor/soft_reweight_min": float(weights.min()), "actor/soft_reweight_max":
-                        float(weights.max()), "actor/soft_reweight_mean": float(weights.mean())})  # fmt: skip
+        metrics.update(
+            {
+                "actor/soft_reweight_min": float(weights.min()),
+                "actor/soft_reweight_max": float(weights.max()),
+                "actor/soft_reweight_mean": float(weights.mean()),
+            }
+        )
     if algorithm.filter_loss_scaling != "none":
         scale = filter_loss_scale(algorithm.filter_loss_scaling, inputs.kept_group_share)
         advantages = advantages * scale

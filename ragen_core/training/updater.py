@@ -183,8 +183,14 @@ class LaunchedUpdater:
         from ragen_core.training.group import UpdateGroup
 
         trainer = config.trainer
-        init = {"config": config.to_dict(), "data_root": str(lake.root), "run_id": run_id,
-                "model_dir": str(model_dir), "precision": precision, "shared_weights": True}  # fmt: skip
+        init = {
+            "config": config.to_dict(),
+            "data_root": str(lake.root),
+            "run_id": run_id,
+            "model_dir": str(model_dir),
+            "precision": precision,
+            "shared_weights": True,
+        }
         folder = lake.update_group_dir(run_id)
         group = UpdateGroup.start(trainer.launcher, trainer.nproc, trainer.hostfile, folder, init)
         try:

@@ -100,8 +100,11 @@ def _init(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
 def thread_settings(torch: Any) -> dict[str, Any]:
     """What this process computes with on the CPU: torch's intra- and inter-op threads and the OpenMP variables."""
     names = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS")
-    return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
-            **{name: os.environ.get(name) for name in names}}  # fmt: skip
+    return {
+        "intra_op": torch.get_num_threads(),
+        "inter_op": torch.get_num_interop_threads(),
+        **{name: os.environ.get(name) for name in names},
+    }
 
 
 def _update(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
@@ -175,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     dist.all_gather_object(identity, (os.getpid(), socket.gethostname()))
     channel = None
     if rank == 0:
-        hello = {"token": control["token"], "world_size": world, "pids": [i[0] for i in identity],
-                 "hosts": [i[1] for i in identity]}  # fmt: skip
+        hello = {
+            "token": control["token"],
+            "world_size": world,
+            "pids": [i[0] for i in identity],
+            "hosts": [i[1] for i in identity],
+        }
         channel = _Channel(control["address"], hello)
     worker = _Worker(rank=rank)
     while True:

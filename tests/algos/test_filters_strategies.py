@@ -135,8 +135,9 @@ def test_include_zero_drops_groups_whose_selection_score_is_zero():
     assert _select({0: 1e-11, 1: -2e-10}, "top_k", 1.0, metric="reward", include_zero=False) == [1]
 
 
-def _ragen2_select(scores: list[float], strategy: str, value: float, largest: bool, include_zero: bool,
-                   mode: str, eps: float) -> list[int]:  # fmt: skip
+def _ragen2_select(
+    scores: list[float], strategy: str, value: float, largest: bool, include_zero: bool, mode: str, eps: float
+) -> list[int]:
     """Our port of RAGEN-2's group selection (ragen/trainer/rollout_filter.py, _select_top_groups, at its HEAD of
     2026-04): float32 scores, the zero test on the score, then the strategy; the group ids kept, sorted."""
     tensor = torch.tensor(scores, dtype=torch.float32)
@@ -306,14 +307,23 @@ def test_bad_filter_combinations_are_refused_at_load_time(overrides, message):
 def test_the_filter_of_a_config():
     algorithm = build_config(
         overrides=[
-            "algorithm.filter=top_p", "algorithm.filter_top_p_mode=softmax", "algorithm.filter_ratio=0.9",
-            "algorithm.filter_largest=false", "algorithm.filter_include_zero=false", "algorithm.filter_metric=reward",
+            "algorithm.filter=top_p",
+            "algorithm.filter_top_p_mode=softmax",
+            "algorithm.filter_ratio=0.9",
+            "algorithm.filter_largest=false",
+            "algorithm.filter_include_zero=false",
+            "algorithm.filter_metric=reward",
         ]
-    ).algorithm  # fmt: skip
+    ).algorithm
     resolved = (filter_strategy(algorithm.filter), algorithm.filter_ratio, filter_metric(algorithm))
     assert resolved + (keeps_largest(algorithm), algorithm.filter_include_zero, algorithm.filter_top_p_mode) == (
-        "top_p", 0.9, "reward", False, False, "softmax"
-    )  # fmt: skip
+        "top_p",
+        0.9,
+        "reward",
+        False,
+        False,
+        "softmax",
+    )
     assert keeps_largest(build_config(overrides=["algorithm.filter=std_rev"]).algorithm) is False
     counted = build_config(overrides=["algorithm.filter=top_k_abs", "algorithm.filter_ratio=3"]).algorithm
     assert (filter_strategy(counted.filter), counted.filter_ratio, keeps_largest(counted)) == ("top_k_abs", 3.0, True)

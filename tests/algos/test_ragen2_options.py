@@ -96,10 +96,14 @@ def test_reward_sum_and_entropy_variance_by_hand():
 
 
 def test_filter_inputs_take_the_full_entropy_when_given():
-    table = pa.table({
-        "group_id": [0, 0], "total_reward": [1.0, 0.0], "response_length": [2, 4],
-        "behavior_logprobs": [[-1.0, -1.0], [-0.5, -0.5, -0.5, -0.5]],
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "group_id": [0, 0],
+            "total_reward": [1.0, 0.0],
+            "response_length": [2, 4],
+            "behavior_logprobs": [[-1.0, -1.0], [-0.5, -0.5, -0.5, -0.5]],
+        }
+    )
     _, _, sampled, _ = filter_inputs(table, "entropy_variance")
     assert sampled.tolist() == pytest.approx([1.0, 0.5])  # -sum(logprobs) / length
     _, _, full, _ = filter_inputs(table, "entropy_variance", lambda rows: torch.tensor([0.25, 0.75]))
@@ -109,8 +113,15 @@ def test_filter_inputs_take_the_full_entropy_when_given():
 
 def test_full_distribution_entropy_equals_a_direct_softmax():
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=37, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=37,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     model = Qwen2ForCausalLM(config).eval()
     rows = [[3, 5, 7, 9, 11, 2], [4, 6, 8], [1, 2, 3, 4, 5, 6, 7]]
     masks = [[0, 0, 1, 1, 0, 1], [0, 1, 1], [0, 0, 0, 1, 1, 0, 0]]
@@ -126,8 +137,9 @@ def test_full_distribution_entropy_equals_a_direct_softmax():
                 entropies.append(float(-(p * p.log()).sum()))
         assert value == pytest.approx(sum(entropies) / len(entropies), rel=1e-5)
     # two sequences packed in one row are scored separately: the same values as the rows on their own
-    packed = trajectory_entropy(model, TokenRows.of([rows[1] + rows[0]], [masks[1] + masks[0]], [[3, 6]]), 0,
-                                temperature)  # fmt: skip
+    packed = trajectory_entropy(
+        model, TokenRows.of([rows[1] + rows[0]], [masks[1] + masks[0]], [[3, 6]]), 0, temperature
+    )
     n0, n1 = sum(masks[0]), sum(masks[1])
     assert packed.item() == pytest.approx((got[0].item() * n0 + got[1].item() * n1) / (n0 + n1), rel=1e-5)
 
@@ -204,6 +216,12 @@ def test_bad_combinations_are_refused_at_load(overrides, message):
 
 
 def test_full_entropy_with_scripted_rows_is_allowed():
-    config = build_config(overrides=["algorithm.filter=top_k", "algorithm.filter_metric=entropy_variance",
-                                     "algorithm.filter_entropy=full", "rollout.backend=scripted"])  # fmt: skip
+    config = build_config(
+        overrides=[
+            "algorithm.filter=top_k",
+            "algorithm.filter_metric=entropy_variance",
+            "algorithm.filter_entropy=full",
+            "rollout.backend=scripted",
+        ]
+    )
     assert filter_metric(config.algorithm) == "entropy_variance"

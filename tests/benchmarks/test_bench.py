@@ -28,8 +28,16 @@ def test_spread_by_hand():
 
 
 def _row(iteration, wall, core, stages, evaluated=False, parquet=0.0):
-    return {"iteration": iteration, "wall_s": wall, "core_s": sum(core.values()), "core": core, "stage_s": stages,
-            "evaluated": evaluated, "parquet_write_s": parquet, "peak_rss_bytes": 100 + iteration}  # fmt: skip
+    return {
+        "iteration": iteration,
+        "wall_s": wall,
+        "core_s": sum(core.values()),
+        "core": core,
+        "stage_s": stages,
+        "evaluated": evaluated,
+        "parquet_write_s": parquet,
+        "peak_rss_bytes": 100 + iteration,
+    }
 
 
 def test_overhead_is_wall_minus_core_over_wall_on_iterations_without_validation():
@@ -75,11 +83,16 @@ def test_trl_time_ratio_is_ours_over_trl_without_our_validation():
             filter_ratio = 1.0
 
     rows = [
-        {"iteration": 0, "wall_s": 6.0, "stage_s": {"evaluate": 2.0}, "evaluated": True,
-         "metrics": {"val/bandit/success": 0.5}},
+        {
+            "iteration": 0,
+            "wall_s": 6.0,
+            "stage_s": {"evaluate": 2.0},
+            "evaluated": True,
+            "metrics": {"val/bandit/success": 0.5},
+        },
         {"iteration": 1, "wall_s": 5.0, "stage_s": {}, "evaluated": False, "metrics": {}},
         {"iteration": 2, "wall_s": 3.0, "stage_s": {}, "evaluated": False, "metrics": {}},
-    ]  # fmt: skip
+    ]
     result = summarise(Config, rows, {"val/bandit/success": 0.75}, [2.0, 2.0, 4.0], {0: 0.5, 3: 1.0}, True, 8)
     assert result["trl_iteration_time_ratio"] == pytest.approx(4.0 / 2.0)  # medians of [4, 5, 3] and [2, 2, 4]
     assert result["ours"]["success_gain_per_minute"] == pytest.approx(0.25 / (12.0 / 60.0))

@@ -10,13 +10,32 @@ from device import report
 
 
 def _bench(path, launcher, case, update_s):
-    rows = [{"iteration": i, "update_s": s, "trained_tokens_per_s": 1000.0 / s, "tokens_per_s": 3000.0 / s,
-             "tflops": 100.0 / s, "mfu": 0.1 / s} for i, s in enumerate(update_s)]  # fmt: skip
-    path.write_text(json.dumps({
-        "machine": {"gpu": "NVIDIA H100 80GB HBM3", "versions": {"torch": "2.11.0", "deepspeed": "0.19.8"}},
-        "parameters": 470e6, "run": {"precision": "bf16", "iterations": rows}, "launcher": launcher, "world": 1,
-        "iterations": len(rows), "case": case, "rollouts": "synthetic", "peak_tflops": 989.0,
-    }))  # fmt: skip
+    rows = [
+        {
+            "iteration": i,
+            "update_s": s,
+            "trained_tokens_per_s": 1000.0 / s,
+            "tokens_per_s": 3000.0 / s,
+            "tflops": 100.0 / s,
+            "mfu": 0.1 / s,
+        }
+        for i, s in enumerate(update_s)
+    ]
+    path.write_text(
+        json.dumps(
+            {
+                "machine": {"gpu": "NVIDIA H100 80GB HBM3", "versions": {"torch": "2.11.0", "deepspeed": "0.19.8"}},
+                "parameters": 470e6,
+                "run": {"precision": "bf16", "iterations": rows},
+                "launcher": launcher,
+                "world": 1,
+                "iterations": len(rows),
+                "case": case,
+                "rollouts": "synthetic",
+                "peak_tflops": 989.0,
+            }
+        )
+    )
 
 
 def test_the_section_from_two_calls_files(tmp_path):

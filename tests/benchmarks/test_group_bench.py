@@ -8,8 +8,11 @@ from benchmarks.report import flatten
 
 
 def test_group_ratios_are_per_repeat_time_over_the_in_process_time():
-    timings = {"inprocess": [(2.0, 40), (4.0, 40), (3.0, 40)], "group": [(2.2, 40), (4.0, 40), (3.9, 40)],
-               "export": [(3.0, 40), (5.0, 40), (6.0, 40)]}  # fmt: skip
+    timings = {
+        "inprocess": [(2.0, 40), (4.0, 40), (3.0, 40)],
+        "group": [(2.2, 40), (4.0, 40), (3.9, 40)],
+        "export": [(3.0, 40), (5.0, 40), (6.0, 40)],
+    }
     parts = {"update_s": [2.0, 3.8, 3.6], "handoff_s": [0.01] * 3, "sync_s": [0.02] * 3, "round_trip_s": []}
     result = summarise(GroupCase("tiny", 3, 1), timings, parts, {"inprocess": 1, "group": None}, 1000)
     assert result["ratio"]["median"] == pytest.approx(1.1)  # of 1.1, 1.0, 1.3

@@ -125,8 +125,22 @@ def test_the_bench_profiles_its_second_update_stage_and_counts_the_flops_it_ran(
     from ragen_core.storage import DataLake
 
     root, out = tmp_path / "root", tmp_path / "profile"
-    command = [sys.executable, "-m", "benchmarks.gpu_update_bench", "--shape", "tiny", "--iterations", "2",
-               "--peak-tflops", "1", "--no-report", "--root", str(root), "--profile", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.gpu_update_bench",
+        "--shape",
+        "tiny",
+        "--iterations",
+        "2",
+        "--peak-tflops",
+        "1",
+        "--no-report",
+        "--root",
+        str(root),
+        "--profile",
+        str(out),
+    ]
     log = tmp_path / "bench.log"
     with log.open("w") as sink:  # its own session: whatever it leaves (a Prefect server) is reaped with it
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)

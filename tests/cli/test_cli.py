@@ -25,8 +25,12 @@ def two_finished_runs(tmp_path) -> DataLake:
 @pytest.fixture()
 def root(tmp_path):
     lake = two_finished_runs(tmp_path)
-    write_run(lake, make_run(3, "live", "bandit", 1, groups=2, group_size=2), status="running",
-              created="2025-01-03T00:00:00+00:00")  # fmt: skip
+    write_run(
+        lake,
+        make_run(3, "live", "bandit", 1, groups=2, group_size=2),
+        status="running",
+        created="2025-01-03T00:00:00+00:00",
+    )
     return lake.root
 
 
@@ -72,8 +76,11 @@ def test_sql_output_mistakes_fail_clearly(root):
 
 def test_sql_refuses_writes_to_the_lake(root):
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
-    for statement in (f"COPY trajectories TO '{root}/trajectories/run_id=x/iteration=0/part-x.parquet'",
-                      "CREATE TABLE t AS SELECT 1", f"ATTACH '{root}/evil.db'"):  # fmt: skip
+    for statement in (
+        f"COPY trajectories TO '{root}/trajectories/run_id=x/iteration=0/part-x.parquet'",
+        "CREATE TABLE t AS SELECT 1",
+        f"ATTACH '{root}/evil.db'",
+    ):
         result = _invoke("sql", statement, "--data-root", root)
         assert result.exit_code == 2, statement
         assert "query refused" in result.output and "read-only" in result.output

@@ -19,12 +19,29 @@ MARKUP = ["[/x]", "[red]vanishes?[/red]", "[bold]", "[link=file:///etc]x[/link]"
 def root(tmp_path_factory):
     lake = DataLake(tmp_path_factory.mktemp("lake"))
     write_run(lake, make_run(0, "run-a", "bandit", iterations=1, groups=2, group_size=2))
-    turn = {"run_id": "run-a", "iteration": 0, "split": "train", "env": "bandit", "group_id": 9, "observation": "o",
-            "think": "t", "answer": "a", "actions": [], "valid": False, "format_ok": False, "reward": 0.0,
-            "penalty": -0.1, "done": True, "truncated": False, "response_tokens": 3, "info": "{}"}  # fmt: skip
+    turn = {
+        "run_id": "run-a",
+        "iteration": 0,
+        "split": "train",
+        "env": "bandit",
+        "group_id": 9,
+        "observation": "o",
+        "think": "t",
+        "answer": "a",
+        "actions": [],
+        "valid": False,
+        "format_ok": False,
+        "reward": 0.0,
+        "penalty": -0.1,
+        "done": True,
+        "truncated": False,
+        "response_tokens": 3,
+        "info": "{}",
+    }
     rows = [{**turn, "traj_index": i, "turn_index": 0, "response": text} for i, text in enumerate(MARKUP)]
-    lake.write_rows("turns", "run-a", 0, pa.Table.from_pylist(rows, schema=lake.spec("turns").arrow_schema),
-                    stage="markup")  # fmt: skip
+    lake.write_rows(
+        "turns", "run-a", 0, pa.Table.from_pylist(rows, schema=lake.spec("turns").arrow_schema), stage="markup"
+    )
     return lake.root
 
 
@@ -168,8 +185,11 @@ def test_out_never_replaces_a_link_a_pipe_or_a_device(root, tmp_path):
     link.symlink_to(target)
     fifo = tmp_path / "pipe.csv"
     os.mkfifo(fifo)
-    for out, message in ((link, "is a symbolic link"), (fifo, "is not a plain file"),
-                         (os.devnull, "is not a plain file")):  # fmt: skip
+    for out, message in (
+        (link, "is a symbolic link"),
+        (fifo, "is not a plain file"),
+        (os.devnull, "is not a plain file"),
+    ):
         result = _invoke("sql", "SELECT 1", "--data-root", root, "--format", "csv", "--out", out, "--force")
         assert result.exit_code == 2 and message in " ".join(result.stderr.split()), result.output
         _no_traceback(result)
@@ -203,9 +223,25 @@ def test_terminal_control_characters_are_escaped_in_table_output(tmp_path):
     sequences: each control character shows as a \\xNN escape; csv and json keep the exact text."""
     lake = DataLake(tmp_path / "lake")
     write_run(lake, make_run(0, "run-a", "bandit", iterations=1, groups=2, group_size=2))
-    turn = {"run_id": "run-a", "iteration": 0, "split": "train", "env": "bandit", "group_id": 9, "observation": "o",
-            "think": "t", "answer": "a", "actions": [], "valid": False, "format_ok": False, "reward": 0.0,
-            "penalty": -0.1, "done": True, "truncated": False, "response_tokens": 3, "info": "{}"}  # fmt: skip
+    turn = {
+        "run_id": "run-a",
+        "iteration": 0,
+        "split": "train",
+        "env": "bandit",
+        "group_id": 9,
+        "observation": "o",
+        "think": "t",
+        "answer": "a",
+        "actions": [],
+        "valid": False,
+        "format_ok": False,
+        "reward": 0.0,
+        "penalty": -0.1,
+        "done": True,
+        "truncated": False,
+        "response_tokens": 3,
+        "info": "{}",
+    }
     rows = [{**turn, "traj_index": i, "turn_index": 0, "response": text} for i, text in enumerate(CONTROL)]
     lake.write_rows("turns", "run-a", 0, rows, stage="control")
     statement = "SELECT response FROM turns WHERE group_id = 9 ORDER BY traj_index"
@@ -252,11 +288,26 @@ def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, ti
     start_ns = time.time_ns()
     unset = ("DS_ACCELERATOR", "PREFECT_API_URL", "PREFECT_HOME", "TORCH_EXTENSIONS_DIR")
     env = {k: v for k, v in os.environ.items() if k not in unset}
-    command = [str(Path(sys.executable).with_name("ragen")), "train", "--config", "configs/bandit.yaml",
-               "--data-root", str(tmp_path / "root"), "--run-id", "quiet", f"model.path={tiny_model_dir}",
-               "trainer.iterations=1", "bootstrap.enabled=false", "rollout.env_groups=2", "rollout.group_size=4",
-               "rollout.max_new_tokens=8", "actor.mini_batch_size=8", "actor.micro_batch_size=8",
-               "eval.instances=4", "env.val_envs=[bandit]"]  # fmt: skip
+    command = [
+        str(Path(sys.executable).with_name("ragen")),
+        "train",
+        "--config",
+        "configs/bandit.yaml",
+        "--data-root",
+        str(tmp_path / "root"),
+        "--run-id",
+        "quiet",
+        f"model.path={tiny_model_dir}",
+        "trainer.iterations=1",
+        "bootstrap.enabled=false",
+        "rollout.env_groups=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "actor.mini_batch_size=8",
+        "actor.micro_batch_size=8",
+        "eval.instances=4",
+        "env.val_envs=[bandit]",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
@@ -268,8 +319,13 @@ def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, ti
 def test_the_bootstrap_is_one_readable_line():
     from ragen_cli.summary import bootstrap_line
 
-    built = {"run_id": "bootstrap-ab12", "cached": False, "demonstrations": 512, "sft_loss_first": 4.4467189,
-             "sft_loss_last": 0.1081778}  # fmt: skip
+    built = {
+        "run_id": "bootstrap-ab12",
+        "cached": False,
+        "demonstrations": 512,
+        "sft_loss_first": 4.4467189,
+        "sft_loss_last": 0.1081778,
+    }
     assert bootstrap_line(built) == "bootstrap: bootstrap-ab12, 512 demonstrations, SFT loss 4.447 -> 0.108"
     assert bootstrap_line({"run_id": "bootstrap-ab12", "cached": True}) == "bootstrap: bootstrap-ab12 (reused)"
 
@@ -281,8 +337,15 @@ def test_a_table_narrower_than_its_cells_shows_every_character():
 
     from ragen_cli.common import print_table
 
-    rows = [{"run_id": f"sweep-0123456789abcdef-p{i:03d}", "overrides": f"algorithm.filter_ratio=0.{i}5 seed={i}",
-             "status": "completed", "val_success": 0.5} for i in range(3)]  # fmt: skip
+    rows = [
+        {
+            "run_id": f"sweep-0123456789abcdef-p{i:03d}",
+            "overrides": f"algorithm.filter_ratio=0.{i}5 seed={i}",
+            "status": "completed",
+            "val_success": 0.5,
+        }
+        for i in range(3)
+    ]
     narrow = Console(width=60, record=True, color_system=None)
     print_table(pa.Table.from_pylist(rows), target=narrow)
     shown = narrow.export_text()

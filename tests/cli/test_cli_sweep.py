@@ -26,8 +26,15 @@ def test_sweep_refuses_bad_search_syntax(tmp_path):
 
 
 def test_sweep_through_deployments_needs_a_server(tmp_path):
-    result = _invoke("sweep", "--grid", "algorithm.filter_ratio=[0.5]", "--deployment", "--data-root", str(tmp_path),
-                     env={"PREFECT_API_URL": None})  # fmt: skip
+    result = _invoke(
+        "sweep",
+        "--grid",
+        "algorithm.filter_ratio=[0.5]",
+        "--deployment",
+        "--data-root",
+        str(tmp_path),
+        env={"PREFECT_API_URL": None},
+    )
     assert result.exit_code == 2 and "make server" in result.output and "PREFECT_API_URL" in result.output
 
 

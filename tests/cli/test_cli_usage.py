@@ -44,8 +44,21 @@ def test_a_usage_mistake_is_one_line_on_stderr(capsys, args, wanted):
 def test_the_help_and_the_version(capsys):
     assert run_app(["--help"]) == 0
     listed = capsys.readouterr().out
-    order = ["train", "resume", "eval", "retrain", "sweep", "runs", "sql", "plot", "export", "reproduce", "config",
-             "server", "upgrade-lake"]  # fmt: skip
+    order = [
+        "train",
+        "resume",
+        "eval",
+        "retrain",
+        "sweep",
+        "runs",
+        "sql",
+        "plot",
+        "export",
+        "reproduce",
+        "config",
+        "server",
+        "upgrade-lake",
+    ]
     positions = [listed.index(f"│ {name} ") for name in order]  # one line each, in the order of a user's day
     assert positions == sorted(positions), listed
     assert run_app(["--version"]) == 0
@@ -72,8 +85,9 @@ def test_sql_reads_its_query_from_a_file_or_stdin(root, tmp_path):
     query_file.write_text(f"-- name: count_by_run\n{COUNT_BY_RUN}\n")  # as docs/sql.md's worked queries are written
     from_file = CliRunner().invoke(app, ["sql", "--file", str(query_file), "--data-root", str(root), "-f", "json"])
     assert (from_file.exit_code, from_file.output) == (0, expected.output)
-    piped = CliRunner().invoke(app, ["sql", "--file", "-", "--data-root", str(root), "-f", "json"],
-                               input=query_file.read_text())  # fmt: skip
+    piped = CliRunner().invoke(
+        app, ["sql", "--file", "-", "--data-root", str(root), "-f", "json"], input=query_file.read_text()
+    )
     assert (piped.exit_code, piped.output) == (0, expected.output)
     both = CliRunner().invoke(app, ["sql", COUNT_BY_RUN, "--file", str(query_file), "--data-root", str(root)])
     assert both.exit_code == 2 and "not both" in both.output
@@ -96,8 +110,9 @@ def test_train_without_a_config_says_what_it_trains_before_it_starts(root):
     assert "configs/bandit.yaml" in lines[0]
     assert lines[-1].startswith("error: ") and "run-a" in lines[-1]
     assert stored() == before
-    with_config = CliRunner().invoke(app, ["train", "--config", "configs/bandit.yaml", "--data-root", str(root),
-                                           "--run-id", "run-a"])  # fmt: skip
+    with_config = CliRunner().invoke(
+        app, ["train", "--config", "configs/bandit.yaml", "--data-root", str(root), "--run-id", "run-a"]
+    )
     assert with_config.exit_code == 2 and "note:" not in with_config.output
 
 
@@ -105,8 +120,9 @@ def test_the_entry_point_exits_with_the_status(tmp_path):
     """`python -m ragen_cli.main` (what the `ragen` script runs): the status of a usage mistake reaches the shell."""
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "ragen_cli.main", "runs", "--nope"], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "ragen_cli.main", "runs", "--nope"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "No such option: --nope" in done.stderr
 

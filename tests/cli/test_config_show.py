@@ -70,8 +70,11 @@ def test_values_come_from_the_file_and_the_overrides(shown):
     assert rows["actor.lr"]["value"] == 0.0005 and rows["actor.lr"]["default"] == _field("actor.lr").default != 0.0005
     bandit = yaml.safe_load(BANDIT.read_text())
     assert rows["trainer.iterations"]["value"] == bandit["trainer"]["iterations"]
-    assert rows["trainer.iterations"]["default"] == _field("trainer.iterations").default != rows[
-        "trainer.iterations"]["value"]  # fmt: skip
+    assert (
+        rows["trainer.iterations"]["default"]
+        == _field("trainer.iterations").default
+        != rows["trainer.iterations"]["value"]
+    )
     # a key the preset sets defaults to the chosen preset's value (StarPO: no clip-higher)
     starpo = _field("algorithm.clip_high").json_schema_extra["presets"]["starpo"]
     assert rows["algorithm.clip_high"]["default"] == rows["algorithm.clip_high"]["value"] == starpo

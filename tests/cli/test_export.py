@@ -27,8 +27,11 @@ def _cli(*args: object):
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """Every entry of the data root with its size and modification time (locks aside: taken by readers too)."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
-            if "_locks" not in p.parts}  # fmt: skip
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if "_locks" not in p.parts
+    }
 
 
 def _load(data_dir: Path, cache: Path) -> dict:
@@ -56,17 +59,19 @@ def test_export_loads_with_one_line_as_train_and_validation(lake_root, tmp_path)
     expected_train = sum(_split_counts(lake_root, "trajectories", RUNS, "train").values())
     assert f"train {expected_train}" in result.output and f'data_dir="{out.resolve()}"' in result.output
     by_files = datasets.load_dataset(
-        "parquet", data_files={"train": f"{out}/train/*.parquet", "validation": f"{out}/validation/*.parquet"},
+        "parquet",
+        data_files={"train": f"{out}/train/*.parquet", "validation": f"{out}/validation/*.parquet"},
         cache_dir=str(tmp_path / "hf"),
-    )  # fmt: skip
+    )
     assert {k: v.num_rows for k, v in by_files.items()} == {k: v.num_rows for k, v in loaded.items()}
 
 
 def test_export_of_two_tables_gives_one_dataset_folder_each(lake_root, tmp_path):
     out = tmp_path / "out"
     out.mkdir()  # an empty folder is fine
-    result = _cli("export", RUNS[1], "--table", "trajectories", "--table", "turns", "--out", out,
-                  "--data-root", lake_root)  # fmt: skip
+    result = _cli(
+        "export", RUNS[1], "--table", "trajectories", "--table", "turns", "--out", out, "--data-root", lake_root
+    )
     assert result.exit_code == 0, result.output
     for table in ("trajectories", "turns"):
         loaded = _load(out / table, tmp_path / "hf")

@@ -83,11 +83,15 @@ def test_echo_trap_validation_and_group_std_match_the_trajectories(reproduced):
     numbers = results["echo_trap"][0]["numbers"]
     for variant in ("starpo", "starpo_s"):
         runs = _runs("echo_trap", variant)
-        finals = _sql(root, """
+        finals = _sql(
+            root,
+            """
             SELECT run_id, avg(success::INT) AS s FROM trajectories t WHERE split = 'val' AND env = 'bandit'
               AND list_contains($runs, run_id)
               AND iteration = (SELECT max(iteration) FROM trajectories u WHERE u.run_id = t.run_id)
-            GROUP BY run_id""", runs)  # fmt: skip
+            GROUP BY run_id""",
+            runs,
+        )
         values = [row["s"] for row in finals]
         arm = numbers["arms"][variant]
         assert len(values) == 2 and arm["val_success_final"]["mean"] == pytest.approx(np.mean(values))
@@ -111,16 +115,23 @@ def test_the_replayed_detector_gives_exactly_the_recorded_events(reproduced):
     numbers = results["early_warnings"][0]["numbers"]
     runs = _runs("echo_trap")
     assert sorted(numbers["collapse_iteration"]) == sorted(runs)
-    frame = query(root, "SELECT run_id, iteration, name, value FROM metrics WHERE list_contains($runs, run_id)",
-                  params={"runs": runs}).to_pandas()  # fmt: skip
+    frame = query(
+        root,
+        "SELECT run_id, iteration, name, value FROM metrics WHERE list_contains($runs, run_id)",
+        params={"runs": runs},
+    ).to_pandas()
     config = plan_finding(load_finding("echo_trap"), quick=True)[0].plan.points[0].config.to_dict()
     context = Context(DataLake(root), [], frame, {}, "bandit", config)
     monitor = config["monitor"]
     assert monitor["reward_std_drop"] == monitor["entropy_drop"]  # the replay takes one drop for both
     recorded = 0
     for run in runs:
-        events = _sql(root, "SELECT iteration, metric FROM events WHERE kind = 'early_warning' AND "
-                      "list_contains($runs, run_id) AND metric NOT LIKE 'diag/%' ORDER BY ALL", [run])  # fmt: skip
+        events = _sql(
+            root,
+            "SELECT iteration, metric FROM events WHERE kind = 'early_warning' AND "
+            "list_contains($runs, run_id) AND metric NOT LIKE 'diag/%' ORDER BY ALL",
+            [run],
+        )
         replayed = replay_warnings(context, run, monitor["reward_std_drop"], monitor["grad_norm_spike"])
         assert sorted(replayed) == [(row["iteration"], row["metric"]) for row in events]
         assert numbers["warnings"][run] == [list(e) for e in sorted(replayed)]
@@ -151,11 +162,16 @@ def test_filtering_tokens_and_times_match_the_lake(reproduced):
         )
         assert len(runs) == 1 and arm["trained_tokens_per_iteration"]["n"] == 1
         assert arm["trained_tokens_per_iteration"]["mean"] == pytest.approx(np.mean([t["tokens"] for t in tokens]))
-        update = _sql(root, "SELECT avg(value) AS v FROM metrics WHERE name = 'time/update' AND "
-                      "list_contains($runs, run_id)", runs)[0]["v"]  # fmt: skip
+        update = _sql(
+            root,
+            "SELECT avg(value) AS v FROM metrics WHERE name = 'time/update' AND list_contains($runs, run_id)",
+            runs,
+        )[0]["v"]
         assert arm["update_seconds_per_iteration"]["mean"] == pytest.approx(update)
-    kept = {r: numbers["arms"][f"algorithm.filter_ratio={r}"]["trained_tokens_per_iteration"]["mean"]
-            for r in ("0.25", "1.0")}  # fmt: skip
+    kept = {
+        r: numbers["arms"][f"algorithm.filter_ratio={r}"]["trained_tokens_per_iteration"]["mean"]
+        for r in ("0.25", "1.0")
+    }
     assert kept["0.25"] < kept["1.0"]  # 1 of 2 groups kept against both
 
 
@@ -164,8 +180,9 @@ def test_reasoning_think_length_matches_the_turns(reproduced):
     numbers = results["reasoning"][0]["numbers"]
     for variant in ("format_penalty", "no_format_penalty"):
         runs = _runs("reasoning", variant)
-        turns = _sql(root, "SELECT iteration, think FROM turns WHERE split = 'train' AND list_contains($runs, run_id)",
-                     runs)  # fmt: skip
+        turns = _sql(
+            root, "SELECT iteration, think FROM turns WHERE split = 'train' AND list_contains($runs, run_id)", runs
+        )
         by_iteration: dict[int, list[int]] = {}
         for row in turns:
             by_iteration.setdefault(row["iteration"], []).append(len(re.findall(r"\S+", row["think"] or "")))
@@ -176,12 +193,14 @@ def test_reasoning_think_length_matches_the_turns(reproduced):
 
 def test_reproducing_again_reuses_the_completed_runs(reproduced):
     root, out, _ = reproduced
-    before = _sql(root, "SELECT run_id, updated_at FROM runs WHERE list_contains($runs, run_id) ORDER BY 1",
-                  _runs("echo_trap"))  # fmt: skip
+    before = _sql(
+        root, "SELECT run_id, updated_at FROM runs WHERE list_contains($runs, run_id) ORDER BY 1", _runs("echo_trap")
+    )
     result = _invoke("reproduce", "echo_trap", "--quick", "--data-root", str(root), "--out", str(out / "again.png"))
     assert result.exit_code == 0, result.output
-    after = _sql(root, "SELECT run_id, updated_at FROM runs WHERE list_contains($runs, run_id) ORDER BY 1",
-                 _runs("echo_trap"))  # fmt: skip
+    after = _sql(
+        root, "SELECT run_id, updated_at FROM runs WHERE list_contains($runs, run_id) ORDER BY 1", _runs("echo_trap")
+    )
     assert after == before
     first = json.loads((out / "echo_trap.json").read_text())["numbers"]
     assert json.loads((out / "again.json").read_text())["numbers"] == first
@@ -206,8 +225,11 @@ def test_an_unknown_name_is_one_error_line_and_nothing_is_written(tmp_path, name
 
 def test_a_bad_out_is_refused_before_anything_runs(tmp_path):
     root = tmp_path / "lake"
-    for out, message in ((tmp_path / "x.jpg", "must be a .png"), (root / "x.png", "inside the data root"),
-                         (tmp_path, "must be a .png")):  # fmt: skip
+    for out, message in (
+        (tmp_path / "x.jpg", "must be a .png"),
+        (root / "x.png", "inside the data root"),
+        (tmp_path, "must be a .png"),
+    ):
         result = _invoke("reproduce", "echo_trap", "--data-root", str(root), "--out", str(out))
         assert result.exit_code == 2 and message in result.output
     result = _invoke("reproduce", "--data-root", str(root))
@@ -262,16 +284,21 @@ def test_the_learning_analysis_reads_validation_before_and_after(reproduced):
     root = reproduced[0]
     numbers = ANALYSES["learning"](_context(root, "echo_trap"))
     for variant in ("starpo", "starpo_s"):
-        firsts = _sql(root, "SELECT run_id, success_rate AS s FROM evaluations WHERE env = 'bandit' AND iteration = 0 "
-                      "AND list_contains($runs, run_id)", _runs("echo_trap", variant))  # fmt: skip
+        firsts = _sql(
+            root,
+            "SELECT run_id, success_rate AS s FROM evaluations WHERE env = 'bandit' AND iteration = 0 "
+            "AND list_contains($runs, run_id)",
+            _runs("echo_trap", variant),
+        )
         expected = np.mean([row["s"] for row in firsts])
         assert len(firsts) == 2 and numbers["arms"][variant]["val_success_first"]["mean"] == pytest.approx(expected)
 
 
 def _sokoban_description(grid: str) -> str:
     """Independently of the env: where the box lies from the player and its target from the box, read off the grid."""
-    cells = {ch: [(r, c) for r, line in enumerate(grid.split("\n")) for c, x in enumerate(line) if x == ch]
-             for ch in "PSXO"}  # fmt: skip
+    cells = {
+        ch: [(r, c) for r, line in enumerate(grid.split("\n")) for c, x in enumerate(line) if x == ch] for ch in "PSXO"
+    }
     (player,) = cells["P"] + cells["S"]
     (box,) = cells["X"]
     (target,) = cells["O"] + ([player] if cells["S"] else [])
@@ -296,19 +323,31 @@ def test_multiturn_learning_bootstraps_a_weak_prior_and_reads_lift_and_agreement
         env = arm["env"]
         (run,) = _runs("multiturn_learning", label)
         assert label.removesuffix("_history") == env and list(arm["runs"]) == [run]
-        evals = query(root, "SELECT iteration, success_rate AS s FROM evaluations WHERE env = $env AND "
-                      "run_id = $run ORDER BY iteration", params={"env": env, "run": run}).to_pylist()  # fmt: skip
+        evals = query(
+            root,
+            "SELECT iteration, success_rate AS s FROM evaluations WHERE env = $env AND "
+            "run_id = $run ORDER BY iteration",
+            params={"env": env, "run": run},
+        ).to_pylist()
         first, final = evals[0]["s"], evals[-1]["s"]
         assert [e["iteration"] for e in evals] == [0, 1, 2]
         assert arm["runs"][run]["lift"] == pytest.approx(final - first)
         assert arm["val_success_final"]["mean"] == pytest.approx(final)
         # the agreement diagnostic is the share of the validation turns, where the teacher prefers some moves, whose
         # first action is one of the teacher's; the perception one the share whose thinking is the state's description
-        agreement, right = query(root, """
+        agreement, right = (
+            query(
+                root,
+                """
             SELECT avg(json_extract(info, '$.teacher_agree')::BOOLEAN::INT) AS a,
                    avg(json_extract(info, '$.think_right')::BOOLEAN::INT) AS r FROM turns
             WHERE run_id = $run AND split = 'val' AND iteration = 0
-            """, params={"run": run}).to_pylist()[0].values()  # fmt: skip
+            """,
+                params={"run": run},
+            )
+            .to_pylist()[0]
+            .values()
+        )
         assert arm["think_right_first"]["mean"] == pytest.approx(right)
         assert arm["agreement_first"]["mean"] == pytest.approx(agreement)
         assert list(arm["references"]) == ["random", "teacher mix p=0.3", "teacher"]
@@ -331,11 +370,14 @@ def test_the_diversity_analysis_times_runs_by_their_stage_seconds(reproduced):
 
     root = reproduced[0]
     numbers = ANALYSES["diversity"](_context(root, "filtering"))
-    seconds = _sql(root, """
+    seconds = _sql(
+        root,
+        """
         SELECT r.overrides_json AS o, sum(m.value) AS s FROM metrics m JOIN runs r USING (run_id)
         WHERE m.name LIKE 'time/%' AND m.name NOT LIKE '%_per_s' AND m.name <> 'time/step'
           AND list_contains($runs, run_id) GROUP BY ALL""",
-                   _runs("filtering"))  # fmt: skip
+        _runs("filtering"),
+    )
     for row in seconds:
         label = " ".join(o for o in json.loads(row["o"]) if not o.startswith("seed="))
         assert numbers["arms"][label]["minutes"]["mean"] == pytest.approx(row["s"] / 60.0)

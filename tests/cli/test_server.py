@@ -49,16 +49,30 @@ def server(prefect_server):
 
 
 def _sweep_command(root: Path, model_dir: Path, sweep_id: str, grid: str) -> list[str]:
-    return [RAGEN, "sweep", "--config", "configs/bandit.yaml", "--grid", grid, "--deployment", "--sweep-id", sweep_id,
-            "--data-root", str(root), f"model.path={model_dir}", *POINT_OVERRIDES]  # fmt: skip
+    return [
+        RAGEN,
+        "sweep",
+        "--config",
+        "configs/bandit.yaml",
+        "--grid",
+        grid,
+        "--deployment",
+        "--sweep-id",
+        sweep_id,
+        "--data-root",
+        str(root),
+        f"model.path={model_dir}",
+        *POINT_OVERRIDES,
+    ]
 
 
 def _client(env: dict[str, str], code: str) -> str:
     """Run a few lines against the server with Prefect's client, in a process of its own (the test process may hold
     Prefect's test harness)."""
     script = "from prefect.client.orchestration import get_client\nfrom prefect import states\n" + code
-    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=PROJECT_DIR, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=PROJECT_DIR, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip()
 
@@ -118,20 +132,41 @@ with get_client(sync_client=True) as client:
 def test_a_two_point_sweep_runs_as_deployment_runs(server, tmp_path_factory, tiny_model_dir):
     env = server.env
     root = tmp_path_factory.mktemp("server-lake")
-    done = subprocess.run(_sweep_command(root, tiny_model_dir, "srv", "algorithm.filter_ratio=[0.5,1.0]"),
-                          env=env, cwd=PROJECT_DIR, capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        _sweep_command(root, tiny_model_dir, "srv", "algorithm.filter_ratio=[0.5,1.0]"),
+        env=env,
+        cwd=PROJECT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "sweep comparison" in done.stdout
-    rows = query(root, """
+    rows = query(
+        root,
+        """
         SELECT t.run_id, r.sweep_id, r.sweep_point, r.overrides_json, r.status, count(*) AS trajectories
         FROM trajectories t JOIN runs r USING (run_id) GROUP BY ALL ORDER BY ALL
-    """).to_pylist()  # fmt: skip
+    """,
+    ).to_pylist()
     assert rows == [
-        {"run_id": "srv-p000", "sweep_id": "srv", "sweep_point": 0, "overrides_json": '["algorithm.filter_ratio=0.5"]',
-         "status": "completed", "trajectories": 3 * 4 + 4 * 2},
-        {"run_id": "srv-p001", "sweep_id": "srv", "sweep_point": 1, "overrides_json": '["algorithm.filter_ratio=1.0"]',
-         "status": "completed", "trajectories": 3 * 4 + 4 * 2},
-    ]  # fmt: skip
+        {
+            "run_id": "srv-p000",
+            "sweep_id": "srv",
+            "sweep_point": 0,
+            "overrides_json": '["algorithm.filter_ratio=0.5"]',
+            "status": "completed",
+            "trajectories": 3 * 4 + 4 * 2,
+        },
+        {
+            "run_id": "srv-p001",
+            "sweep_id": "srv",
+            "sweep_point": 1,
+            "overrides_json": '["algorithm.filter_ratio=1.0"]',
+            "status": "completed",
+            "trajectories": 3 * 4 + 4 * 2,
+        },
+    ]
     for run_id in ("srv-p000", "srv-p001"):  # each point ran as a flow run of the train deployment, on the worker
         assert [state for _, state in _flow_run_state(env, run_id)] == ["COMPLETED"]
         manifest = DataLake(root).read_manifest(run_id)
@@ -144,8 +179,13 @@ def test_a_killed_worker_and_a_retried_flow_run_complete_the_point_without_dupli
     if root is None:
         pytest.skip("needs the sweep of the previous test as its reference")
     # the same point config as srv-p000, under another sweep id
-    sweep = subprocess.Popen(_sweep_command(root, tiny_model_dir, "kill", "algorithm.filter_ratio=[0.5]"), env=env,
-                             cwd=PROJECT_DIR, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    sweep = subprocess.Popen(
+        _sweep_command(root, tiny_model_dir, "kill", "algorithm.filter_ratio=[0.5]"),
+        env=env,
+        cwd=PROJECT_DIR,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     lake, run_id = DataLake(root), "kill-p000"
     deadline = time.monotonic() + 600
     while 1 not in lake.committed_iterations(run_id):
@@ -163,12 +203,21 @@ def test_a_killed_worker_and_a_retried_flow_run_complete_the_point_without_dupli
     [(flow_run_id, state_type)] = _flow_run_state(env, run_id)
     assert state_type == "RUNNING"  # nobody told the server: this is what a crashed worker leaves
     # what Prefect's zombie-run automation does after missed heartbeats, then the user's retry
-    _client(env, f"""
+    _client(
+        env,
+        f"""
 with get_client(sync_client=True) as client:
     client.set_flow_run_state({flow_run_id!r}, states.Crashed(message="worker killed"), force=True)
-""")  # fmt: skip
-    retry = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "retry", flow_run_id], env=env,
-                           cwd=PROJECT_DIR, capture_output=True, text=True, timeout=120)  # fmt: skip
+""",
+    )
+    retry = subprocess.run(
+        [sys.executable, "-m", "prefect", "flow-run", "retry", flow_run_id],
+        env=env,
+        cwd=PROJECT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert retry.returncode == 0, retry.stdout + retry.stderr
     server.workers.append(start_worker(env, server.state_dir / "worker-2.log").pid)
     while [s for _, s in _flow_run_state(env, run_id)] != ["COMPLETED"]:

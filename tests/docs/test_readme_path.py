@@ -26,8 +26,14 @@ def test_the_readmes_activation_line_puts_ragen_on_a_fresh_shells_path(tmp_path)
     if VENV.name != ".venv":
         pytest.skip(f"the tests run in {VENV}, not a .venv folder as `make install` makes it")
     script = f"{command} && command -v ragen && ragen config show --format csv trainer.keep_last=3"
-    done = subprocess.run(["bash", "--noprofile", "--norc", "-c", script], cwd=VENV.parent, capture_output=True,
-                          text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})  # fmt: skip
+    done = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", script],
+        cwd=VENV.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     where, *rows = done.stdout.splitlines()
     assert where == str(VENV / "bin" / "ragen")

@@ -34,8 +34,13 @@ OFFLINE = (
 def _offline_selection(runs: list[SyntheticRun], sources: tuple) -> list[Trajectory]:
     """The trajectories an offline run of OFFLINE selected: train rows of each source from its first iteration."""
     first = dict(sources)
-    return [t for run in runs if run.run_id in first for t in run.trajectories
-            if t.split == "train" and t.iteration >= first[run.run_id]]  # fmt: skip
+    return [
+        t
+        for run in runs
+        if run.run_id in first
+        for t in run.trajectories
+        if t.split == "train" and t.iteration >= first[run.run_id]
+    ]
 
 
 def _write_offline_runs(lake: DataLake, runs: list[SyntheticRun]) -> None:
@@ -89,10 +94,18 @@ def _turns(runs: list[SyntheticRun]) -> list[tuple[Trajectory, int, object]]:
 
 
 def success_by_env_iteration(runs):
-    return [{"run_id": k[0], "env": k[1], "split": k[2], "iteration": k[3], "trajectories": len(ts),
-             "success_rate": statistics.fmean(t.success for t in ts),
-             "mean_reward": statistics.fmean(t.total_reward for t in ts)}
-            for k, ts in _by(_trajectories(runs), lambda t: (t.run_id, t.env, t.split, t.iteration))]  # fmt: skip
+    return [
+        {
+            "run_id": k[0],
+            "env": k[1],
+            "split": k[2],
+            "iteration": k[3],
+            "trajectories": len(ts),
+            "success_rate": statistics.fmean(t.success for t in ts),
+            "mean_reward": statistics.fmean(t.total_reward for t in ts),
+        }
+        for k, ts in _by(_trajectories(runs), lambda t: (t.run_id, t.env, t.split, t.iteration))
+    ]
 
 
 def reward_by_turn(runs):
@@ -100,9 +113,18 @@ def reward_by_turn(runs):
     rows = []
     for (env, index), group in _by(train, lambda x: (x[0].env, x[1])):
         rewards = [turn.reward for _, _, turn in group]
-        rows.append({"env": env, "turn_index": index, "turns": len(rewards), "mean_reward": statistics.fmean(rewards),
-                     "reward_std": statistics.pstdev(rewards), "min_reward": min(rewards),
-                     "median_reward": statistics.median(rewards), "max_reward": max(rewards)})  # fmt: skip
+        rows.append(
+            {
+                "env": env,
+                "turn_index": index,
+                "turns": len(rewards),
+                "mean_reward": statistics.fmean(rewards),
+                "reward_std": statistics.pstdev(rewards),
+                "min_reward": min(rewards),
+                "median_reward": statistics.median(rewards),
+                "max_reward": max(rewards),
+            }
+        )
     return rows
 
 
@@ -110,10 +132,15 @@ def echo_trap_think_diversity(runs):
     train = [(t, turn) for t, _, turn in _turns(runs) if t.split == "train"]
     groups = _by(train, lambda x: (x[0].run_id, x[0].iteration, x[0].env, x[0].group_id))
     per_group = [(k, len({turn.think for _, turn in g}), len(g)) for k, g in groups]
-    return [{"run_id": k[0], "iteration": k[1],
-             "distinct_thinks_per_group": statistics.fmean(d for _, d, _ in gs),
-             "distinct_share": statistics.fmean(d / n for _, d, n in gs)}
-            for k, gs in _by(per_group, lambda x: x[0][:2])]  # fmt: skip
+    return [
+        {
+            "run_id": k[0],
+            "iteration": k[1],
+            "distinct_thinks_per_group": statistics.fmean(d for _, d, _ in gs),
+            "distinct_share": statistics.fmean(d / n for _, d, n in gs),
+        }
+        for k, gs in _by(per_group, lambda x: x[0][:2])
+    ]
 
 
 def format_failures(runs):
@@ -121,10 +148,20 @@ def format_failures(runs):
     for t in sorted(_trajectories(runs), key=lambda t: t.key):
         bad = [turn for turn in t.turns if not turn.format_ok]
         if bad:
-            rows.append({"run_id": t.run_id, "iteration": t.iteration, "split": t.split, "env": t.env,
-                         "group_id": t.group_id, "traj_index": t.traj_index, "num_turns": len(t.turns),
-                         "format_penalty": t.format_penalty, "bad_turns": len(bad),
-                         "bad_replies": [turn.response for turn in bad]})  # fmt: skip
+            rows.append(
+                {
+                    "run_id": t.run_id,
+                    "iteration": t.iteration,
+                    "split": t.split,
+                    "env": t.env,
+                    "group_id": t.group_id,
+                    "traj_index": t.traj_index,
+                    "num_turns": len(t.turns),
+                    "format_penalty": t.format_penalty,
+                    "bad_turns": len(bad),
+                    "bad_replies": [turn.response for turn in bad],
+                }
+            )
     return rows
 
 
@@ -135,9 +172,16 @@ def filter_keep_rate(runs):
     for (run_id, iteration), gs in _by(groups, lambda x: x[0][:2]):
         kept = [std for _, keep, std in gs if keep]
         dropped = [std for _, keep, std in gs if not keep]
-        rows.append({"run_id": run_id, "iteration": iteration, "groups": len(gs), "keep_rate": len(kept) / len(gs),
-                     "kept_reward_std": statistics.fmean(kept) if kept else None,
-                     "dropped_reward_std": statistics.fmean(dropped) if dropped else None})  # fmt: skip
+        rows.append(
+            {
+                "run_id": run_id,
+                "iteration": iteration,
+                "groups": len(gs),
+                "keep_rate": len(kept) / len(gs),
+                "kept_reward_std": statistics.fmean(kept) if kept else None,
+                "dropped_reward_std": statistics.fmean(dropped) if dropped else None,
+            }
+        )
     return rows
 
 
@@ -152,11 +196,18 @@ def sokoban_solution_plans(runs):
 
 
 def response_length_by_iteration(runs):
-    return [{"run_id": k[0], "split": k[1], "iteration": k[2],
-             "mean_tokens": statistics.fmean(t.response_length for t in ts),
-             "max_tokens": max(t.response_length for t in ts), "truncated_share": 0.0,
-             "mean_sequence_length": statistics.fmean(PROMPT_TOKENS + t.response_length for t in ts)}
-            for k, ts in _by(_trajectories(runs), lambda t: (t.run_id, t.split, t.iteration))]  # fmt: skip
+    return [
+        {
+            "run_id": k[0],
+            "split": k[1],
+            "iteration": k[2],
+            "mean_tokens": statistics.fmean(t.response_length for t in ts),
+            "max_tokens": max(t.response_length for t in ts),
+            "truncated_share": 0.0,
+            "mean_sequence_length": statistics.fmean(PROMPT_TOKENS + t.response_length for t in ts),
+        }
+        for k, ts in _by(_trajectories(runs), lambda t: (t.run_id, t.split, t.iteration))
+    ]
 
 
 def compare_sweep_runs(runs):
@@ -166,9 +217,18 @@ def compare_sweep_runs(runs):
         return statistics.fmean(t.success for t in run.trajectories if t.split == "val" and t.iteration == iteration)
 
     ratio_a, ratio_b = a.config["algorithm"]["filter_ratio"], b.config["algorithm"]["filter_ratio"]
-    return [{"iteration": i, "env": "sokoban", "filter_ratio_a": ratio_a, "success_a": success(a, i),
-             "filter_ratio_b": ratio_b, "success_b": success(b, i), "difference": success(b, i) - success(a, i)}
-            for i in sorted(a.metrics)]  # fmt: skip
+    return [
+        {
+            "iteration": i,
+            "env": "sokoban",
+            "filter_ratio_a": ratio_a,
+            "success_a": success(a, i),
+            "filter_ratio_b": ratio_b,
+            "success_b": success(b, i),
+            "difference": success(b, i) - success(a, i),
+        }
+        for i in sorted(a.metrics)
+    ]
 
 
 def sweep_points(runs):
@@ -176,16 +236,30 @@ def sweep_points(runs):
     for point, run in enumerate(runs[:2]):
         last = max(t.iteration for t in run.trajectories if t.split == "val")
         success = statistics.fmean(t.success for t in run.trajectories if t.split == "val" and t.iteration == last)
-        rows.append({"sweep_point": point, "run_id": run.run_id,
-                     "overrides_json": f'["algorithm.filter_ratio={run.config["algorithm"]["filter_ratio"]}"]',
-                     "env": run.env, "iteration": last, "success_rate": success})  # fmt: skip
+        rows.append(
+            {
+                "sweep_point": point,
+                "run_id": run.run_id,
+                "overrides_json": f'["algorithm.filter_ratio={run.config["algorithm"]["filter_ratio"]}"]',
+                "env": run.env,
+                "iteration": last,
+                "success_rate": success,
+            }
+        )
     return rows
 
 
 def training_curves(runs):
-    return [{"run_id": run.run_id, "iteration": i, "reward_mean": run.metrics[i].get("rollout/reward_mean"),
-             "val_success": run.metrics[i][f"val/{run.env}/success"]}
-            for run in sorted(runs, key=lambda r: r.run_id) for i in sorted(run.metrics)]  # fmt: skip
+    return [
+        {
+            "run_id": run.run_id,
+            "iteration": i,
+            "reward_mean": run.metrics[i].get("rollout/reward_mean"),
+            "val_success": run.metrics[i][f"val/{run.env}/success"],
+        }
+        for run in sorted(runs, key=lambda r: r.run_id)
+        for i in sorted(run.metrics)
+    ]
 
 
 def trained_tokens(runs):
@@ -195,8 +269,15 @@ def trained_tokens(runs):
         tokens = sum(t.response_length for t in ts)
         # stored as float32 (the schema), summed by DuckDB: compared to 1e-6 (TOLERANCE)
         logprob = math.fsum(float(np.float32(lp)) for t in ts for lp in t.row()["behavior_logprobs"])
-        rows.append({"run_id": run_id, "iteration": iteration, "kept_trajectories": len(ts),
-                     "trained_tokens": tokens, "mean_behavior_logprob": logprob / tokens})  # fmt: skip
+        rows.append(
+            {
+                "run_id": run_id,
+                "iteration": iteration,
+                "kept_trajectories": len(ts),
+                "trained_tokens": tokens,
+                "mean_behavior_logprob": logprob / tokens,
+            }
+        )
     return rows
 
 
@@ -218,9 +299,15 @@ def runs_trained_from(runs, source: str = "sweep-a"):
         used = sorted({t.iteration for t in _offline_selection(runs, sources) if t.run_id == source}) or None
         from_checkpoint = init is not None and init[0] == source
         if used or from_checkpoint:
-            rows.append({"run_id": run_id, "offline_mode": mode, "iterations_used": used,
-                         "started_from_its_checkpoint": from_checkpoint,
-                         "init_iteration": init[1] if init is not None else None})  # fmt: skip
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "offline_mode": mode,
+                    "iterations_used": used,
+                    "started_from_its_checkpoint": from_checkpoint,
+                    "init_iteration": init[1] if init is not None else None,
+                }
+            )
     return rows
 
 
@@ -234,16 +321,38 @@ def teacher_agreement(runs):
                 for i in range(len(t.turns)):
                     if t.teacher(i) is not None:
                         groups[(t.run_id, t.iteration, t.env)].append(t.turn_info(i))
-    return [{"run_id": r, "iteration": i, "env": e,
-             "agreement": statistics.fmean(float(x["teacher_agree"]) for x in infos),
-             "chance": statistics.fmean(x["teacher_chance"] for x in infos), "turns": len(infos)}
-            for (r, i, e), infos in sorted(groups.items())]  # fmt: skip
+    return [
+        {
+            "run_id": r,
+            "iteration": i,
+            "env": e,
+            "agreement": statistics.fmean(float(x["teacher_agree"]) for x in infos),
+            "chance": statistics.fmean(x["teacher_chance"] for x in infos),
+            "turns": len(infos),
+        }
+        for (r, i, e), infos in sorted(groups.items())
+    ]
 
 
-EXPECTED = {f.__name__: f for f in (success_by_env_iteration, reward_by_turn, echo_trap_think_diversity,
-            format_failures, filter_keep_rate, sokoban_solution_plans, response_length_by_iteration,
-            compare_sweep_runs, training_curves, trained_tokens, vertical_move_share, sweep_points,
-            runs_trained_from, teacher_agreement)}  # fmt: skip
+EXPECTED = {
+    f.__name__: f
+    for f in (
+        success_by_env_iteration,
+        reward_by_turn,
+        echo_trap_think_diversity,
+        format_failures,
+        filter_keep_rate,
+        sokoban_solution_plans,
+        response_length_by_iteration,
+        compare_sweep_runs,
+        training_curves,
+        trained_tokens,
+        vertical_move_share,
+        sweep_points,
+        runs_trained_from,
+        teacher_agreement,
+    )
+}
 
 
 TOLERANCE = {"trained_tokens": 1e-6}

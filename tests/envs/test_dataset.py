@@ -75,11 +75,21 @@ def _env(user, file: str = "jsonl", function: str = "exact", **options):
 @pytest.mark.parametrize("file", ["jsonl", "parquet"])
 def test_each_row_is_an_instance_and_the_other_columns_reach_the_reward(user, file):
     env = _env(user, file, answer_column="solution")
-    assert [env.reset(seed)[0] for seed in (0, 1, 2, 3, 7)] == ["2 + 3 = ?", "9 + 9 = ?", "0 + 4 = ?", "2 + 3 = ?",
-                                                                 "9 + 9 = ?"]  # fmt: skip
+    assert [env.reset(seed)[0] for seed in (0, 1, 2, 3, 7)] == [
+        "2 + 3 = ?",
+        "9 + 9 = ?",
+        "0 + 4 = ?",
+        "2 + 3 = ?",
+        "9 + 9 = ?",
+    ]
     state, reward, terminated, truncated, info = env.step(" 18 ")
-    assert (state, reward, terminated, truncated, info["success"]) == ("9 + 9 = ?\nFeedback: Right.", 1.0, True,
-                                                                       False, True)  # fmt: skip
+    assert (state, reward, terminated, truncated, info["success"]) == (
+        "9 + 9 = ?\nFeedback: Right.",
+        1.0,
+        True,
+        False,
+        True,
+    )
     calls = __import__(user["module"]).calls
     assert calls[-1] == ("18", 18, {"level": "hard"})  # every column but the prompt, the answer stripped
     assert env.success and env.expert_plan(1) == ["18"] and env.teacher_actions(1) == ["18"]
@@ -157,7 +167,8 @@ def test_a_malformed_reward_function_or_file_is_one_line_before_any_compute(user
     assert f"{module!r} has no attribute 'missing'" in _refusal([file, f"env.options.reward_fn={module}:missing"])
     assert f"{module}:calls' is not a function" in _refusal([file, f"env.options.reward_fn={module}:calls"])
     assert "cannot be called as reward(completion, level=..., solution=...)" in _refusal(
-        [file, f"env.options.reward_fn={module}:only_the_answer"])  # fmt: skip
+        [file, f"env.options.reward_fn={module}:only_the_answer"]
+    )
     assert "needs env.options.data_file" in _refusal([f"env.options.reward_fn={module}:exact"])
     reward = f"env.options.reward_fn={module}:exact"
     absent = _refusal([f"env.options.data_file={tmp_path}/none.jsonl", reward])

@@ -102,8 +102,10 @@ def test_a_module_that_raises_while_importing_is_one_line(on_path):
     (on_path / f"{module}.py").write_text("import no_such_dependency_4711\n")
     with pytest.raises(ValueError) as caught:
         env_factory(f"{module}:Env", "env.val_envs")
-    assert str(caught.value) == (f"env.val_envs: importing module {module!r} failed: ModuleNotFoundError: No module "
-                                 "named 'no_such_dependency_4711'")  # fmt: skip
+    assert str(caught.value) == (
+        f"env.val_envs: importing module {module!r} failed: ModuleNotFoundError: No module "
+        "named 'no_such_dependency_4711'"
+    )
     assert module not in sys.modules
 
 

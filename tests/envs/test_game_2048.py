@@ -24,10 +24,7 @@ def test_slide_and_merge_by_hand(line, slid, merged):
 
 
 def test_directions_by_hand():
-    grid = [2, 0, 0, 2,
-            0, 4, 0, 0,
-            2, 0, 0, 0,
-            0, 0, 0, 4]  # fmt: skip
+    grid = [2, 0, 0, 2, 0, 4, 0, 0, 2, 0, 0, 0, 0, 0, 0, 4]
     assert apply_move(grid, "Left") == ([4, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 4, 0, 0, 0], 4)
     assert apply_move(grid, "Right") == ([0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 4], 4)
     assert apply_move(grid, "Up") == ([4, 4, 0, 2, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0], 4)

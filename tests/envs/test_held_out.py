@@ -47,8 +47,9 @@ def test_each_seed_lands_on_its_own_side_and_seeds_already_there_stay(env_name):
 def test_validation_maps_are_never_training_maps_and_were_before(env_name):
     config = build_config({"env": {"name": env_name, "val_envs": [env_name]}, "eval": {"instances": 64}})
     training = derive_seeds(7, 2000, "env_seeds")
-    held = _maps(env_name, validation_seeds(config, env_name)) & _maps(env_name, split_seeds(env_name, {}, training,
-                                                                                            "train"))  # fmt: skip
+    held = _maps(env_name, validation_seeds(config, env_name)) & _maps(
+        env_name, split_seeds(env_name, {}, training, "train")
+    )
     by_seed = build_config({**config.model_dump(mode="json"), "eval": {"instances": 64, "held_out": "seeds"}})
     assert held == set()
     # held out by seed alone, the same validation instances meet maps that training draws
@@ -110,8 +111,15 @@ def test_the_engine_plays_and_stores_the_seeds_of_its_split(tiny_policy):
     _, tokenizer = tiny_policy
     from ragen_core.agent import ChatFormatter
 
-    spec = RolloutSpec(env_name="sokoban", group_seeds=list(range(8)), group_size=1, max_turns=1,
-                       max_actions_per_turn=1, max_actions_per_traj=1, split="val")  # fmt: skip
+    spec = RolloutSpec(
+        env_name="sokoban",
+        group_seeds=list(range(8)),
+        group_size=1,
+        max_turns=1,
+        max_actions_per_turn=1,
+        max_actions_per_traj=1,
+        split="val",
+    )
     records = run_rollouts(spec, ScriptedBackend("random", tokenizer), ChatFormatter(tokenizer), 0)
     assert [r.env_seed for r in records] == split_seeds("sokoban", {}, list(range(8)), "val")
     assert all(_validation_side("sokoban", r.env_seed) for r in records)

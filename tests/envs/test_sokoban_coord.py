@@ -59,15 +59,23 @@ def test_sokoban_coord_is_coordsokoban_and_says_so_in_its_instruction():
 def _ragen_coordinates(room_state: np.ndarray, room_fixed: np.ndarray) -> str:
     """RAGEN-2's collect_entity_coordinates + format_coordinate_render (index origin 0), ported."""
     pairs = lambda a: [(int(r), int(c)) for r, c in a]  # noqa: E731
-    coords = {"targets": pairs(np.argwhere(room_fixed == 2)), "boxes_on_target": pairs(np.argwhere(room_state == 3)),
-              "boxes": pairs(np.argwhere(room_state == 4))}  # fmt: skip
+    coords = {
+        "targets": pairs(np.argwhere(room_fixed == 2)),
+        "boxes_on_target": pairs(np.argwhere(room_state == 3)),
+        "boxes": pairs(np.argwhere(room_state == 4)),
+    }
     players = pairs(np.argwhere(room_state == 5))
     coords["player"] = [p for p in players if room_fixed[p] != 2]
     coords["player_on_target"] = [p for p in players if room_fixed[p] == 2]
     lines = [f"Board size: {room_state.shape[0]} rows x {room_state.shape[1]} cols (zero-indexed)."]
-    for key, label in [("walls", "Walls"), ("targets", "Targets"), ("boxes", "Boxes"),
-                       ("boxes_on_target", "Boxes on target"), ("player", "Player"),
-                       ("player_on_target", "Player on target")]:  # fmt: skip
+    for key, label in [
+        ("walls", "Walls"),
+        ("targets", "Targets"),
+        ("boxes", "Boxes"),
+        ("boxes_on_target", "Boxes on target"),
+        ("player", "Player"),
+        ("player_on_target", "Player on target"),
+    ]:
         if coords.get(key):
             lines.append(f"{label}: " + ", ".join(f"({r}, {c})" for r, c in coords[key]))
     return "\n".join(lines)

@@ -98,11 +98,16 @@ def _hand_env(**options):
 def test_rewards_and_feedback_by_hand():
     env = _hand_env()
     # a given cell, a clash (3 sits in row 4 and in box (2,1)), a malformed item, an out-of-range row
-    cases = [("1,1,1", "\u274c Cannot modify initial cell at (1,1)"),
-             ("4,1,3", "\u274c Invalid placement: 3 conflicts with row 4, box (2,1)\n   Valid numbers for (4,1): [4]"),
-             ("1 3 3", "\u274c Invalid action format: Could not parse action: '1 3 3'. Expected format: "
-                       "'place 5 at row 2 col 3' or '2,3,5'"),
-             ("5,1,1", "\u274c Invalid action format: Row 5 is out of range (1-4)")]  # fmt: skip
+    cases = [
+        ("1,1,1", "\u274c Cannot modify initial cell at (1,1)"),
+        ("4,1,3", "\u274c Invalid placement: 3 conflicts with row 4, box (2,1)\n   Valid numbers for (4,1): [4]"),
+        (
+            "1 3 3",
+            "\u274c Invalid action format: Could not parse action: '1 3 3'. Expected format: "
+            "'place 5 at row 2 col 3' or '2,3,5'",
+        ),
+        ("5,1,1", "\u274c Invalid action format: Row 5 is out of range (1-4)"),
+    ]
     for action, feedback in cases:
         _, reward, terminated, truncated, info = env.step(action)
         assert (reward, terminated, truncated, info["action_is_valid"]) == (-0.1, False, False, False)
@@ -129,20 +134,33 @@ def test_rewards_and_feedback_by_hand():
 def test_render_by_hand():
     env = _hand_env()
     env.step("2,1,4")
-    assert env.render() == "\n".join([
-        "=" * 50, "SUDOKU PUZZLE", "=" * 50,
-        "[1][2]|  .  .",
-        " 4  . | [1][2]",
-        "-------------",
-        "[2] . | [4] .",
-        " . [3]|  . [1]",
-        "", "Legend: [N]=initial cell, N=user-placed, *N*=conflict, .=empty",
-        "", "\u26a0 Placed 4 at (2,1) - Valid but not optimal",
-        "", "\U0001f4a1 VALID NUMBERS FOR EMPTY CELLS:",
-        "  - (1,3): [3]", "  - (1,4): [3, 4]", "  - (3,2): [1]", "  - (3,4): [3]", "  - (4,3): [2]",
-        # (2,2) and (4,1) can take nothing now: the wrong 4 at (2,1) blocks the 4 each of them needs
-        "", "Progress: 9/16 cells filled (8 initial, 1 placed)", "Steps: 1/81",
-    ])  # fmt: skip
+    assert env.render() == "\n".join(
+        [
+            "=" * 50,
+            "SUDOKU PUZZLE",
+            "=" * 50,
+            "[1][2]|  .  .",
+            " 4  . | [1][2]",
+            "-------------",
+            "[2] . | [4] .",
+            " . [3]|  . [1]",
+            "",
+            "Legend: [N]=initial cell, N=user-placed, *N*=conflict, .=empty",
+            "",
+            "\u26a0 Placed 4 at (2,1) - Valid but not optimal",
+            "",
+            "\U0001f4a1 VALID NUMBERS FOR EMPTY CELLS:",
+            "  - (1,3): [3]",
+            "  - (1,4): [3, 4]",
+            "  - (3,2): [1]",
+            "  - (3,4): [3]",
+            "  - (4,3): [2]",
+            # (2,2) and (4,1) can take nothing now: the wrong 4 at (2,1) blocks the 4 each of them needs
+            "",
+            "Progress: 9/16 cells filled (8 initial, 1 placed)",
+            "Steps: 1/81",
+        ]
+    )
     assert _hand_env(render_format="simple").render() == "1 2 | . .\n. . | 1 2\n---------\n2 . | 4 .\n. 3 | . 1"
     detailed = _hand_env(render_format="detailed").render().split("\n")
     assert detailed[3:5] == ["[1][2]|  .  .", " .  . | [1][2]"] and detailed[-1].startswith("Legend")
@@ -159,8 +177,15 @@ def test_truncated_after_max_steps_whatever_the_action():
 def test_parse_action_reads_ragens_forms_and_passes_the_rest_on():
     env = make_env("sudoku")
     env.reset(0)
-    forms = ["place 5 at row 2 col 3", "Place 5 at (2, 3)", "place 5 at 2,3", "5 at 2, 3", "(2,3,5)", "2, 3, 5",
-             "I think 2,3,5"]  # fmt: skip
+    forms = [
+        "place 5 at row 2 col 3",
+        "Place 5 at (2, 3)",
+        "place 5 at 2,3",
+        "5 at 2, 3",
+        "(2,3,5)",
+        "2, 3, 5",
+        "I think 2,3,5",
+    ]
     assert {env.parse_action(form) for form in forms} == {"2,3,5"}
     assert env.parse_action("what about 2,3,5") == "3,5,2"  # "at" occurs: RAGEN-2 reads the value first
     assert env.parse_action(" 2 3 5 ") == "2 3 5" and env.parse_action("10,1,1") == "10,1,1"
@@ -177,8 +202,12 @@ def test_sample_action_is_a_valid_placement():
 
 
 def test_bad_options_are_refused():
-    refused = [({"size": 16}, "size must be 4 or 9"), ({"difficulty": "extreme"}, "difficulty"),
-               ({"render_format": "fancy"}, "render_format"), ({"max_steps": 0}, "max_steps")]  # fmt: skip
+    refused = [
+        ({"size": 16}, "size must be 4 or 9"),
+        ({"difficulty": "extreme"}, "difficulty"),
+        ({"render_format": "fancy"}, "render_format"),
+        ({"max_steps": 0}, "max_steps"),
+    ]
     for options, message in refused:
         with pytest.raises(ValueError, match=message):
             make_env("sudoku", **options)
@@ -215,9 +244,14 @@ def test_expert_recovers_after_random_placements_unless_no_completion_is_left():
 
 # ---- a port of RAGEN-2's env (ragen/env/sudoku/env.py and utils.py at 20daedc) for the cross-check ----------------
 
-_RAGEN_PATTERNS = [r"place\s+(\d+)\s+at\s+row\s+(\d+)\s+col\s+(\d+)", r"place\s+(\d+)\s+at\s+\((\d+),\s*(\d+)\)",
-                   r"place\s+(\d+)\s+at\s+(\d+),\s*(\d+)", r"(\d+)\s+at\s+(\d+),\s*(\d+)",
-                   r"\((\d+),\s*(\d+),\s*(\d+)\)", r"(\d+),\s*(\d+),\s*(\d+)"]  # fmt: skip
+_RAGEN_PATTERNS = [
+    r"place\s+(\d+)\s+at\s+row\s+(\d+)\s+col\s+(\d+)",
+    r"place\s+(\d+)\s+at\s+\((\d+),\s*(\d+)\)",
+    r"place\s+(\d+)\s+at\s+(\d+),\s*(\d+)",
+    r"(\d+)\s+at\s+(\d+),\s*(\d+)",
+    r"\((\d+),\s*(\d+),\s*(\d+)\)",
+    r"(\d+),\s*(\d+),\s*(\d+)",
+]
 
 
 class _Ragen2Sudoku:
@@ -325,8 +359,14 @@ class _Ragen2Sudoku:
     def render(self):
         if self.format == "simple":
             return self.grid_text(False)
-        out = ["=" * 50, "SUDOKU PUZZLE", "=" * 50, self.grid_text(True), "",
-               "Legend: [N]=initial cell, N=user-placed, *N*=conflict, .=empty"]  # fmt: skip
+        out = [
+            "=" * 50,
+            "SUDOKU PUZZLE",
+            "=" * 50,
+            self.grid_text(True),
+            "",
+            "Legend: [N]=initial cell, N=user-placed, *N*=conflict, .=empty",
+        ]
         if self.feedback:
             out += ["", self.feedback]
         if self.format == "detailed":
@@ -355,13 +395,22 @@ def _random_item(env, rng) -> str:
     if kind == 1:
         return (env.expert_plan(81) or ["1,1,1"])[0]
     r, c, v = (int(x) for x in rng.integers(0, env.size + 2, size=3))
-    forms = [f"{r},{c},{v}", f"place {v} at row {r} col {c}", f"place {v} at ({r},{c})", f"{v} at {r}, {c}",
-             f"({r}, {c}, {v})", f"{r} {c} {v}", "what about 2,3,1", "up"]  # fmt: skip
+    forms = [
+        f"{r},{c},{v}",
+        f"place {v} at row {r} col {c}",
+        f"place {v} at ({r},{c})",
+        f"{v} at {r}, {c}",
+        f"({r}, {c}, {v})",
+        f"{r} {c} {v}",
+        "what about 2,3,1",
+        "up",
+    ]
     return forms[int(rng.integers(0, len(forms)))]
 
 
-@pytest.mark.parametrize(("size", "render_format"), [(4, "with_feedback"), (9, "with_feedback"), (9, "detailed"),
-                                                     (4, "simple")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("size", "render_format"), [(4, "with_feedback"), (9, "with_feedback"), (9, "detailed"), (4, "simple")]
+)
 def test_steps_and_renders_match_a_port_of_ragens_env(size, render_format):
     env, rng = make_env("sudoku", size=size, render_format=render_format), np.random.default_rng(size)
     for seed in range(25 if size == 4 else 10):

@@ -42,9 +42,17 @@ def _random_success_exact(rows: list[str], budget: int) -> float:
 
 
 def test_reference_levels_of_frozen_lake_without_slips():
-    config = load_config("configs/frozenlake.yaml", [
-        "env.options.is_slippery=false", "env.max_turns=10", "env.max_actions_per_turn=1", "eval.instances=64",
-        "bootstrap.policy=teacher_mix", "bootstrap.teacher_prob=0.5"])  # fmt: skip
+    config = load_config(
+        "configs/frozenlake.yaml",
+        [
+            "env.options.is_slippery=false",
+            "env.max_turns=10",
+            "env.max_actions_per_turn=1",
+            "eval.instances=64",
+            "bootstrap.policy=teacher_mix",
+            "bootstrap.teacher_prob=0.5",
+        ],
+    )
     levels = reference_levels(config, "frozen_lake", repeats=8)
     assert list(levels) == ["random", "teacher mix p=0.5", "teacher"]
     env = make_env("frozen_lake", is_slippery=False)

@@ -48,7 +48,7 @@ VARIANTS = {
             "filter_metric": "entropy_variance",
             "filter_entropy": "full",
         }
-    },  # fmt: skip
+    },
     "ragen2": {"algorithm": {"preset": "ragen2", "soft_advantage_reweight": True, "filter_loss_scaling": "linear"}},
 }
 
@@ -100,14 +100,35 @@ def test_online_k_steps(lake_root):
 def test_every_iteration_records_the_reference_metrics(lake_root):
     metrics = _metrics(lake_root, "gae")
     expected = {
-        "rollout/success_rate", "rollout/reward_mean", "rollout/reward_std", "rollout/in_group_reward_std",
-        "filter/kept_in_group_std", "rollout/response_length", "rollout/actions_per_traj",
-        "rollout/valid_action_rate", "rollout/format_error_rate", "rollout/group_pass_rate",
-        "rollout/think_distinct_rate", "actor/pg_loss", "actor/clipfrac_upper", "actor/clipfrac_lower",
-        "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr", "critic/vf_loss",
-        "critic/vf_explained_var", "time/generate", "time/update", "time/generate_tokens_per_s",
-        "time/update_tokens_per_s", "val/bandit/success", "val/bandit/pass@k", "perf/model_tflop", "perf/mfu",
-    }  # fmt: skip
+        "rollout/success_rate",
+        "rollout/reward_mean",
+        "rollout/reward_std",
+        "rollout/in_group_reward_std",
+        "filter/kept_in_group_std",
+        "rollout/response_length",
+        "rollout/actions_per_traj",
+        "rollout/valid_action_rate",
+        "rollout/format_error_rate",
+        "rollout/group_pass_rate",
+        "rollout/think_distinct_rate",
+        "actor/pg_loss",
+        "actor/clipfrac_upper",
+        "actor/clipfrac_lower",
+        "actor/ppo_kl",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/lr",
+        "critic/vf_loss",
+        "critic/vf_explained_var",
+        "time/generate",
+        "time/update",
+        "time/generate_tokens_per_s",
+        "time/update_tokens_per_s",
+        "val/bandit/success",
+        "val/bandit/pass@k",
+        "perf/model_tflop",
+        "perf/mfu",
+    }
     assert expected <= set(metrics), expected - set(metrics)
 
 

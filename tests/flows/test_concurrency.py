@@ -26,11 +26,24 @@ from tests.flows.test_resume import RUN, _overrides
 from tests.storage.synthetic import make_batch
 
 # a fresh user shell: no Prefect settings and no distributed variables left by DeepSpeed in this test process
-DROPPED_ENV = {"PREFECT_HOME", "PREFECT_API_URL", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-               "MASTER_ADDR", "MASTER_PORT"}  # fmt: skip
+DROPPED_ENV = {
+    "PREFECT_HOME",
+    "PREFECT_API_URL",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
 KEY = ["run_id", "iteration", "split", "env", "group_id", "traj_index"]
-TABLE_KEYS = {"trajectories": KEY, "turns": KEY + ["turn_index"], "metrics": ["iteration", "name"],
-              "evaluations": ["iteration", "env"], "events": ["iteration", "kind", "metric"]}  # fmt: skip
+TABLE_KEYS = {
+    "trajectories": KEY,
+    "turns": KEY + ["turn_index"],
+    "metrics": ["iteration", "name"],
+    "evaluations": ["iteration", "env"],
+    "events": ["iteration", "kind", "metric"],
+}
 WALL_CLOCK_METRICS = ("time/", "perf/")  # wall-clock figures (and the update's cost): allowed to differ between runs
 
 

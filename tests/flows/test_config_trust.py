@@ -30,13 +30,32 @@ from ragen_core.sweep import SweepError, read_sweep
 from tests.envs.user_code import unique, write_env_module
 from tests.flows.test_resume import RUN, _overrides, _ragen
 
-PLANTED_KEYS = ["model.path", "env.name", "env.val_envs", "env.options.data_file", "env.options.reward_fn",
-                "env.options.wrong_answer_fn",
-                "rollout.vllm.python", "trainer.launcher", "trainer.hostfile", "critic.path",
-                "monitor.mlflow.tracking_uri", "monitor.wandb.project", "monitor.wandb.entity"]  # fmt: skip
-SMALL = ["eval.instances=2", "rollout.env_groups=2", "rollout.group_size=4", "rollout.max_new_tokens=8",
-         "actor.mini_batch_size=4", "actor.micro_batch_size=4", "trainer.num_threads=1", "bootstrap.enabled=false",
-         "env.val_envs=[bandit]"]  # fmt: skip
+PLANTED_KEYS = [
+    "model.path",
+    "env.name",
+    "env.val_envs",
+    "env.options.data_file",
+    "env.options.reward_fn",
+    "env.options.wrong_answer_fn",
+    "rollout.vllm.python",
+    "trainer.launcher",
+    "trainer.hostfile",
+    "critic.path",
+    "monitor.mlflow.tracking_uri",
+    "monitor.wandb.project",
+    "monitor.wandb.entity",
+]
+SMALL = [
+    "eval.instances=2",
+    "rollout.env_groups=2",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=8",
+    "actor.mini_batch_size=4",
+    "actor.micro_batch_size=4",
+    "trainer.num_threads=1",
+    "bootstrap.enabled=false",
+    "env.val_envs=[bandit]",
+]
 
 
 def _script(path: Path, body: str) -> Path:
@@ -154,12 +173,17 @@ def test_trust_env_module_allows_the_stored_modules_and_nothing_else(world):
     root = world["root"]
     _plant_manifest(root, {"env.name": "absent_envs_4711:CoinEnv"})
     for command in (["resume", RUN], ["eval", RUN, "--n", "2"]):
-        line = _one_line_refusal(_cli(*command, "--trust-env-module", "--data-root", root),
-                                 "env.name: cannot import module 'absent_envs_4711'")  # fmt: skip
+        line = _one_line_refusal(
+            _cli(*command, "--trust-env-module", "--data-root", root),
+            "env.name: cannot import module 'absent_envs_4711'",
+        )
         assert "Traceback" not in line and "does not name" not in line
     _plant_manifest(root, {"env.name": "bandit", **world["plants"]["trainer.launcher"]})
-    _one_line_refusal(_cli("resume", RUN, "--trust-env-module", "--data-root", root),
-                      "sets trainer.launcher='torchrun'", "does not name a launcher")  # fmt: skip
+    _one_line_refusal(
+        _cli("resume", RUN, "--trust-env-module", "--data-root", root),
+        "sets trainer.launcher='torchrun'",
+        "does not name a launcher",
+    )
     assert not world["marker"].exists()
 
 
@@ -197,8 +221,17 @@ def test_a_resume_reads_no_outside_start_model_from_a_manifest(world):
 def test_retrain_init_run_reads_no_outside_start_model_from_a_manifest(world, tiny_model_dir, monkeypatch):
     monkeypatch.delenv(TRUSTED_PATHS_VARIABLE)
     root = world["root"]
-    args = ["retrain", "--from", f"SELECT * FROM trajectories WHERE run_id = '{RUN}'", "--init", f"run:{RUN}",
-            "--run-id", "again", "--data-root", root]  # fmt: skip
+    args = [
+        "retrain",
+        "--from",
+        f"SELECT * FROM trajectories WHERE run_id = '{RUN}'",
+        "--init",
+        f"run:{RUN}",
+        "--run-id",
+        "again",
+        "--data-root",
+        root,
+    ]
     line = _one_line_refusal(_cli(*args), f"runs/{RUN}/manifest.json names the start model", "--init")
     assert str(tiny_model_dir) in line and not (root / "runs" / "again").exists()
 
@@ -252,12 +285,20 @@ def test_retrain_and_a_resumed_sweep_never_use_a_planted_program(world, tiny_mod
         *SMALL,
         "offline.epochs=1",
     ]
-    rc, output = _ragen(retrain, root, None, api_url)  # fmt: skip
+    rc, output = _ragen(retrain, root, None, api_url)
     assert rc == 0, output[-3000:]
     config = DataLake(root).read_manifest("offline").config
     assert config["rollout"]["vllm"]["python"] is None and config["trainer"]["launcher"] == "inprocess"
-    sweep = ["sweep", "--config", "configs/bandit.yaml", *SMALL, f"model.path={tiny_model_dir}",
-             "trainer.iterations=1", "--sweep-id", "sw"]  # fmt: skip
+    sweep = [
+        "sweep",
+        "--config",
+        "configs/bandit.yaml",
+        *SMALL,
+        f"model.path={tiny_model_dir}",
+        "trainer.iterations=1",
+        "--sweep-id",
+        "sw",
+    ]
     rc, output = _ragen(sweep, root, None, api_url)
     assert rc == 0, output[-3000:]
     plan = root / "sweeps" / "sw.json"
@@ -276,8 +317,9 @@ def test_retrain_and_a_resumed_sweep_never_use_a_planted_program(world, tiny_mod
 # -- a vLLM server that exits before listening: one line naming its log (issue 39 item 2) ----------------------------
 
 
-def test_a_server_that_exits_before_listening_is_one_line_naming_its_log(world, tiny_model_dir, prefect_server,
-                                                                         monkeypatch):  # fmt: skip
+def test_a_server_that_exits_before_listening_is_one_line_naming_its_log(
+    world, tiny_model_dir, prefect_server, monkeypatch
+):
     root, api_url = world["root"], prefect_server[0].api_url
     ran = world["marker"].with_name("fake-ran")
     fake = _script(world["marker"].parent / "fake" / "python", f"touch {ran}\necho 'no vLLM engine here' >&2\nexit 3")
@@ -286,10 +328,20 @@ def test_a_server_that_exits_before_listening_is_one_line_naming_its_log(world, 
         "eval": ["eval", RUN, "--n", "2", *vllm, f"rollout.vllm.python={fake}"],  # named on the command line
         "train": ["train", "--config", "configs/bandit.yaml", "--run-id", "v", *_overrides(tiny_model_dir), *vllm],
         "resume": ["resume", "v"],
-        "retrain": ["retrain", "--from", f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND iteration = 0",
-                    "--init", f"run:{RUN}@2", "--run-id", "offline-vllm", "--config", "configs/bandit.yaml", *SMALL,
-                    *vllm],
-    }  # fmt: skip
+        "retrain": [
+            "retrain",
+            "--from",
+            f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND iteration = 0",
+            "--init",
+            f"run:{RUN}@2",
+            "--run-id",
+            "offline-vllm",
+            "--config",
+            "configs/bandit.yaml",
+            *SMALL,
+            *vllm,
+        ],
+    }
     for name, args in commands.items():
         if name != "eval":
             monkeypatch.setenv("RAGEN_VLLM_PYTHON", str(fake))  # named in the environment

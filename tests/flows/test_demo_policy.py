@@ -69,8 +69,9 @@ def test_the_demo_export_ends_its_replies_under_plain_transformers(demo_run):
     ended = 0
     for observation in observations:
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": observation}]
-        inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                               return_dict=True)  # fmt: skip
+        inputs = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         with torch.no_grad():
             output = model.generate(**inputs, do_sample=False, max_new_tokens=limit)
         reply = output[0, inputs["input_ids"].shape[1] :].tolist()

@@ -21,8 +21,9 @@ def export_and_prompts(whole_bandit_run):
     """The run's last export and its stored first-turn prompts: (observation, prompt ids) per trajectory."""
     lake = DataLake(whole_bandit_run)
     folder = lake.checkpoint_dir(RUN, 3) / "hf"
-    trajectories = lake.read_table("trajectories", RUN, columns=["env", "group_id", "traj_index", "split", "iteration",
-                                                                 "input_ids", "loss_mask"])  # fmt: skip
+    trajectories = lake.read_table(
+        "trajectories", RUN, columns=["env", "group_id", "traj_index", "split", "iteration", "input_ids", "loss_mask"]
+    )
     turns = lake.read_table("turns", RUN)
     turns = turns.filter(pc.equal(turns["turn_index"], 0)).to_pylist()
     first = {(t["iteration"], t["split"], t["env"], t["group_id"], t["traj_index"]): t["observation"] for t in turns}
@@ -63,11 +64,17 @@ def test_greedy_generation_from_the_export_is_the_run_policys_reply(export_and_p
             continue
         seen.add(tuple(stored))
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": observation}]
-        inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                               return_dict=True)  # fmt: skip
+        inputs = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         with torch.no_grad():
-            output = model.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                    eos_token_id=backend.stop_ids, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            output = model.generate(
+                **inputs,
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                eos_token_id=backend.stop_ids,
+                pad_token_id=tokenizer.pad_token_id,
+            )
         plain = output[0, inputs["input_ids"].shape[1] :].tolist()
         backend.reset()
         context = TurnContext(list(stored), None, 1, 1, True, "<think>")

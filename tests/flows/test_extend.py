@@ -82,8 +82,13 @@ def test_the_extended_run_holds_the_rows_of_the_run_configured_longer(extended, 
 
 def test_trajectories_record_the_config_that_made_them(extended, completed):
     root, whole = extended
-    hashes = {(r["iteration"], r["split"]): r["config_hash"] for r in DataLake(root).read_table("trajectories", RUN)
-              .select(["iteration", "split", "config_hash"]).to_pylist()}  # fmt: skip
+    hashes = {
+        (r["iteration"], r["split"]): r["config_hash"]
+        for r in DataLake(root)
+        .read_table("trajectories", RUN)
+        .select(["iteration", "split", "config_hash"])
+        .to_pylist()
+    }
     shorter = DataLake(completed[1]).read_manifest(RUN).config_hash
     longer = DataLake(whole).read_manifest(RUN).config_hash
     assert hashes[(0, "train")] == hashes[(1, "train")] == hashes[(2, "val")] == shorter != longer
@@ -107,8 +112,9 @@ def _quick(args, root):
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
     script = str(Path(sys.executable).with_name("ragen"))
     start = time.monotonic()
-    done = subprocess.run([script, *args, "--data-root", str(root)], capture_output=True, text=True, env=env,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [script, *args, "--data-root", str(root)], capture_output=True, text=True, env=env, timeout=120
+    )
     return done.returncode, done.stdout, done.stderr, time.monotonic() - start
 
 
@@ -172,8 +178,16 @@ def test_a_compacted_run_is_not_extended_and_keeps_every_row(tmp_path, tiny_mode
     root = tmp_path / "root"
     root.mkdir()
     overrides = [o for o in _short_overrides(tiny_model_dir) if not o.startswith(("env.val_envs", "trainer.iter"))]
-    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *overrides, "trainer.iterations=1",
-             "env.val_envs=[bandit,bandit_test]"]  # fmt: skip
+    train = [
+        "train",
+        "--config",
+        "configs/bandit.yaml",
+        "--run-id",
+        RUN,
+        *overrides,
+        "trainer.iterations=1",
+        "env.val_envs=[bandit,bandit_test]",
+    ]
     rc, output = _ragen(train, root, None, prefect_server[0].api_url)
     assert rc == 0, output[-3000:]
     rc, _, err, _ = _quick(["runs", "compact", RUN], root)

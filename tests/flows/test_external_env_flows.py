@@ -57,8 +57,18 @@ def world(request, tmp_path_factory, tiny_model_dir, prefect_server):
     plain = _ragen(["resume", RUN], killed, None, api) if trust else None  # refused: nothing runs
     rc, output = _ragen(["resume", RUN, *trust], killed, None, api)
     assert rc == 0 and "resumed at iteration 1" in output, output[-3000:]
-    yield {"kind": request.param, "name": name, "source": source, "user": user, "whole": whole, "killed": killed,
-           "plain": plain, "trust": trust, "api": api, "overrides": overrides}  # fmt: skip
+    yield {
+        "kind": request.param,
+        "name": name,
+        "source": source,
+        "user": user,
+        "whole": whole,
+        "killed": killed,
+        "plain": plain,
+        "trust": trust,
+        "api": api,
+        "overrides": overrides,
+    }
     patch.undo()
 
 
@@ -96,8 +106,12 @@ def test_a_stored_import_path_is_imported_only_when_the_user_allows_it(world):
     assert "does not name a module to import" in line and "--trust-env-module" in line
     rc, output = _ragen(["eval", RUN, "--n", "2", "--run-id", "refused"], world["killed"], None, world["api"])
     assert rc == 2 and "--trust-env-module" in _one_error_line(output)
-    rc, output = _ragen(["eval", RUN, "--n", "2", f"env.name={world['name']}", f"env.val_envs=[{world['name']}]",
-                         "--run-id", "named"], world["killed"], None, world["api"])  # fmt: skip
+    rc, output = _ragen(
+        ["eval", RUN, "--n", "2", f"env.name={world['name']}", f"env.val_envs=[{world['name']}]", "--run-id", "named"],
+        world["killed"],
+        None,
+        world["api"],
+    )
     assert rc == 0, output[-3000:]  # named again on the command line: the user's own value
 
 
@@ -105,13 +119,25 @@ def test_it_is_evaluated_retrained_offline_and_queried(world):
     root, api, name = world["killed"], world["api"], world["name"]
     rc, output = _ragen(["eval", RUN, "--n", "2", "--run-id", "ev", *world["trust"]], root, None, api)
     assert rc == 0, output[-3000:]
-    retrain = ["retrain", "--from", f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND iteration = 0",
-               "--init", f"run:{RUN}", "--run-id", "rt", "--config", "configs/bandit.yaml", *world["overrides"],
-               "offline.epochs=1"]  # fmt: skip
+    retrain = [
+        "retrain",
+        "--from",
+        f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND iteration = 0",
+        "--init",
+        f"run:{RUN}",
+        "--run-id",
+        "rt",
+        "--config",
+        "configs/bandit.yaml",
+        *world["overrides"],
+        "offline.epochs=1",
+    ]
     rc, output = _ragen(retrain, root, None, api)
     assert rc == 0, output[-3000:]
-    query = ("SELECT run_id, split, env, count(*) AS n, sum(total_reward) AS reward FROM trajectories "
-             "GROUP BY ALL ORDER BY ALL")  # fmt: skip
+    query = (
+        "SELECT run_id, split, env, count(*) AS n, sum(total_reward) AS reward FROM trajectories "
+        "GROUP BY ALL ORDER BY ALL"
+    )
     rc, output = _ragen(["sql", query, "--format", "json"], root, None, api)
     assert rc == 0, output
     rows = json.loads(output[output.index("[") :])
@@ -119,8 +145,17 @@ def test_it_is_evaluated_retrained_offline_and_queried(world):
     assert {r["env"] for r in rows} == {name}
     assert by_run[(RUN, "train")]["n"] == 3 * 2 * 4  # 3 iterations x 2 groups x 4
     assert by_run[(RUN, "val")]["n"] == 4 * 2 and by_run[("ev", "val")]["n"] == 2 and by_run[("rt", "val")]["n"] == 4
-    rc, output = _ragen(["sql", "SELECT env, split, count(*) AS n FROM trajectories WHERE run_id = 'ev' GROUP BY ALL",
-                         "--format", "json"], root, None, api)  # fmt: skip
+    rc, output = _ragen(
+        [
+            "sql",
+            "SELECT env, split, count(*) AS n FROM trajectories WHERE run_id = 'ev' GROUP BY ALL",
+            "--format",
+            "json",
+        ],
+        root,
+        None,
+        api,
+    )
     assert json.loads(output[output.index("[") :]) == [{"env": name, "split": "val", "n": 2}]
 
 
@@ -133,8 +168,9 @@ def test_a_resume_without_the_code_says_so_in_one_line(world):
         hidden.rename(world["user"])
     line = _one_error_line(output)
     source = world["source"]
-    recorded = (f"the run recorded {source['import_path']} from "
-                + ("distribution coin-dist 0.3.1" if source["distribution"] else "no distribution"))  # fmt: skip
+    recorded = f"the run recorded {source['import_path']} from " + (
+        "distribution coin-dist 0.3.1" if source["distribution"] else "no distribution"
+    )
     assert rc == 2 and recorded in line, line
     missing = "cannot import module" if world["kind"] == "module" else f"unknown environment {world['name']!r}"
     assert missing in line, line

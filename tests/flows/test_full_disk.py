@@ -32,8 +32,10 @@ def small_disk(tmp_path):
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()}): tests/storage/test_space.py covers "
-                    "a write that finds no space with a file-size limit")  # fmt: skip
+        pytest.skip(
+            f"cannot mount a tmpfs here ({done.stderr.decode().strip()}): tests/storage/test_space.py covers "
+            "a write that finds no space with a file-size limit"
+        )
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
@@ -48,8 +50,13 @@ def _ragen(args: list[str], root: Path, log: Path, api_url: str) -> tuple[int, s
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
     env["PREFECT_API_URL"] = api_url  # one server outside the small disk: the run's own writes are what fill it
     with open(log, "w") as out, open(log.with_suffix(".err"), "w") as err:
-        process = subprocess.Popen([str(Path(sys.executable).with_name("ragen")), *args, "--data-root", str(root)],
-                                   stdout=out, stderr=err, env=env, start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("ragen")), *args, "--data-root", str(root)],
+            stdout=out,
+            stderr=err,
+            env=env,
+            start_new_session=True,
+        )
         _wait_then_reap(process, 400)
     return process.returncode, log.read_text(), log.with_suffix(".err").read_text()
 

@@ -36,8 +36,14 @@ def _start(args: list[str], root: Path) -> tuple[subprocess.Popen, Path, Path]:
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
     out, err = root.parent / f"{root.name}.out", root.parent / f"{root.name}.err"
     with out.open("w") as stdout, err.open("w") as stderr:
-        process = subprocess.Popen([RAGEN, *args, "--data-root", str(root)], stdout=stdout, stderr=stderr, env=env,
-                                   cwd=PROJECT_DIR, start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            [RAGEN, *args, "--data-root", str(root)],
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            cwd=PROJECT_DIR,
+            start_new_session=True,
+        )
     return process, out, err
 
 
@@ -140,7 +146,7 @@ def test_ctrl_c_stops_a_run_cleanly_on_loopback_only_and_resume_ends_it_exactly(
     assert stderr.splitlines() == [
         f"interrupted: run {RUN} stopped{where}; last committed iteration: {last}. "
         f"Continue it with: ragen resume {RUN} --data-root {root}"
-    ]  # fmt: skip
+    ]
     assert _gone(servers, 5) == [], "the temporary Prefect server outlived the command"
 
     api_url = prefect_server[0].api_url  # the rest needs no temporary server of its own (seconds saved)
@@ -187,8 +193,9 @@ def test_a_sigkilled_run_leaves_no_prefect_server(tmp_path, tiny_model_dir, left
 
 def _server(args: list[str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
-    return subprocess.run([RAGEN, "server", *args], env=env, cwd=PROJECT_DIR, capture_output=True, text=True,
-                          timeout=400)  # fmt: skip
+    return subprocess.run(
+        [RAGEN, "server", *args], env=env, cwd=PROJECT_DIR, capture_output=True, text=True, timeout=400
+    )
 
 
 def test_server_start_stop_start_again(tmp_path):
@@ -204,9 +211,14 @@ def test_server_start_stop_start_again(tmp_path):
             sockets = _listening([server, *server.children(recursive=True)])
             assert {port for _, port, _ in sockets} == {state.port}, sockets
             assert all(ip_address(ip).is_loopback for ip, _, _ in sockets), sockets
-            inspect = subprocess.run([sys.executable, "-m", "prefect", "work-pool", "inspect", POOL],
-                                     env=base_env(Path(state.home), state.api_url), cwd=PROJECT_DIR,
-                                     capture_output=True, text=True, timeout=120)  # fmt: skip
+            inspect = subprocess.run(
+                [sys.executable, "-m", "prefect", "work-pool", "inspect", POOL],
+                env=base_env(Path(state.home), state.api_url),
+                cwd=PROJECT_DIR,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert inspect.returncode == 0 and "process" in inspect.stdout, inspect.stdout + inspect.stderr
             done = _server(["stop", "--state-dir", str(state_dir)])
             assert done.returncode == 0 and "stopped" in done.stdout, done.stdout + done.stderr

@@ -25,8 +25,17 @@ from ragen_core.training.group import process_alive
 
 pytestmark = pytest.mark.slow  # three CLI runs, two of them starting a 2-process group (about 2.5 minutes)
 RUN = "l"
-DISTRIBUTED = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PREFECT_HOME",
-               "PREFECT_API_URL", "RAGEN_FAULT"}  # fmt: skip
+DISTRIBUTED = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PREFECT_HOME",
+    "PREFECT_API_URL",
+    "RAGEN_FAULT",
+}
 LAUNCHED = ["trainer.launcher=torchrun", "trainer.nproc=2", "actor.zero_stage=2"]
 NOT_COMPARED = {"created_at", "updated_at", "config_hash"}
 LAST_BITS = ("actor/grad_norm", "actor/grad_norm_max")  # computed differently by ZeRO (see the module docstring)
@@ -65,8 +74,13 @@ def _ragen(args, root, api_url, fault=None):
     log = Path(root) / f".log-{len(list(Path(root).glob('.log-*')))}.txt"
     survivors: list[int] = []
     with open(log, "w") as handle:
-        process = subprocess.Popen([script, *args, "--data-root", str(root)], stdout=handle, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            [script, *args, "--data-root", str(root)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             process.wait(timeout=400)
             manifest = DataLake(root).read_manifest(RUN)
@@ -144,7 +158,9 @@ def test_gradient_norms_and_final_weights_match(runs):
     assert len(norms[inprocess]) == 8 and norms[inprocess].keys() == norms[launched].keys()
     for key, value in norms[inprocess].items():
         assert norms[launched][key] == pytest.approx(value, rel=1e-5), key
-    final = [load_file(root / "runs" / RUN / "checkpoints" / "iteration=4" / "hf" / "model.safetensors")
-             for root in (inprocess, launched)]  # fmt: skip
+    final = [
+        load_file(root / "runs" / RUN / "checkpoints" / "iteration=4" / "hf" / "model.safetensors")
+        for root in (inprocess, launched)
+    ]
     assert final[0].keys() == final[1].keys()
     assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])

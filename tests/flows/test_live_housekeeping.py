@@ -33,8 +33,13 @@ def _start(args: list[str], root: Path, log: Path, api_url: str) -> subprocess.P
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
     env["PREFECT_API_URL"] = api_url
     handle = open(log, "w")  # noqa: SIM115 - closed by _finish
-    process = subprocess.Popen([str(Path(sys.executable).with_name("ragen")), *args, "--data-root", str(root)],
-                               stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ragen")), *args, "--data-root", str(root)],
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     process.log = handle  # type: ignore[attr-defined]
     return process
 
@@ -87,8 +92,20 @@ def test_export_during_training_takes_the_committed_iterations_and_says_what_it_
     root, run_id = tmp_path / "lake", "live"
     overrides = [o for o in _overrides(tiny_model_dir) if not o.startswith("trainer.iterations=")]
     log = tmp_path / "train.log"
-    train = _start(["train", "--config", "configs/bandit.yaml", "--run-id", run_id, *overrides,
-                    f"trainer.iterations={ITERATIONS}"], root, log, prefect_server[0].api_url)  # fmt: skip
+    train = _start(
+        [
+            "train",
+            "--config",
+            "configs/bandit.yaml",
+            "--run-id",
+            run_id,
+            *overrides,
+            f"trainer.iterations={ITERATIONS}",
+        ],
+        root,
+        log,
+        prefect_server[0].api_url,
+    )
     lake = DataLake(root)
     try:
         _wait_for(lambda: len(_committed(lake, run_id)) >= 2, train, log, "second committed iteration")
@@ -132,7 +149,8 @@ def test_an_export_of_a_run_killed_mid_iteration_leaves_out_its_uncommitted_rows
     result = _cli("export", RUN, "--out", tmp_path / "out", "--data-root", root)
     assert result.exit_code == 0, result.output
     assert f"left out, not committed yet (a run still training or stopped mid-iteration): {RUN} iteration(s) 2" in (
-        " ".join(result.output.split()))  # fmt: skip
+        " ".join(result.output.split())
+    )
     exported = pq.read_table(sorted((tmp_path / "out").rglob("*.parquet")))
     committed = stored.filter(pc.is_in(stored["iteration"], pa.array([0, 1], stored["iteration"].type)))
     assert _rows(exported) == _rows(committed) and exported.num_rows == 2 * GROUPS * GROUP_SIZE + 2 * VAL
@@ -142,10 +160,13 @@ def test_an_export_of_a_run_killed_mid_iteration_leaves_out_its_uncommitted_rows
 
 def test_an_export_of_a_run_without_a_committed_iteration_is_refused(tmp_path):
     lake = DataLake(tmp_path / "lake")
-    lake.write_rows("metrics", "early", 0, [{"run_id": "early", "iteration": 0, "name": "m", "value": 1.0}],
-                    stage="commit")  # fmt: skip
-    _one_line_refusal(_cli("export", "early", "--out", tmp_path / "out", "--data-root", lake.root),
-                      "run 'early' has no committed iteration yet")  # fmt: skip
+    lake.write_rows(
+        "metrics", "early", 0, [{"run_id": "early", "iteration": 0, "name": "m", "value": 1.0}], stage="commit"
+    )
+    _one_line_refusal(
+        _cli("export", "early", "--out", tmp_path / "out", "--data-root", lake.root),
+        "run 'early' has no committed iteration yet",
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -154,8 +175,22 @@ def test_runs_rm_during_a_sweep_refuses_the_live_point_and_removes_a_finished_on
 ):
     root, log = tmp_path / "lake", tmp_path / "sweep.log"
     overrides = [o for o in _overrides(tiny_model_dir) if not o.startswith(("seed=", "trainer.iterations="))]
-    sweep = _start(["sweep", "--config", "configs/bandit.yaml", "--seeds", "3", "--sweep-id", "live", *overrides,
-                    "trainer.iterations=2"], root, log, prefect_server[0].api_url)  # fmt: skip
+    sweep = _start(
+        [
+            "sweep",
+            "--config",
+            "configs/bandit.yaml",
+            "--seeds",
+            "3",
+            "--sweep-id",
+            "live",
+            *overrides,
+            "trainer.iterations=2",
+        ],
+        root,
+        log,
+        prefect_server[0].api_url,
+    )
     lake = DataLake(root)
     first, second, third = "live-p000", "live-p001", "live-p002"
 
@@ -167,8 +202,12 @@ def test_runs_rm_during_a_sweep_refuses_the_live_point_and_removes_a_finished_on
             return None
 
     try:
-        _wait_for(lambda: status(first) == "completed" and status(second) == "running", sweep, log,
-                  "the second point running")  # fmt: skip
+        _wait_for(
+            lambda: status(first) == "completed" and status(second) == "running",
+            sweep,
+            log,
+            "the second point running",
+        )
         _one_line_refusal(_cli("runs", "rm", second, "--yes", "--data-root", root), "still 'running'")
         _one_line_refusal(_cli("runs", "rm", second, "--yes", "--force", "--data-root", root), second)
         removed = _cli("runs", "rm", first, "--yes", "--data-root", root)

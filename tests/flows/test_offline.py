@@ -90,20 +90,34 @@ def _assert_runs_table_lineage(lake_root, sql, checkpoint):
     from ragen_core.storage.sqldoc import named_queries
 
     lineage = "offline_mode, source_query, source_runs, source_iterations, source_trajectories, init_model, init_run, "
-    rows = query(lake_root, f"SELECT run_id, {lineage} init_iteration FROM runs WHERE run_id IN ('src', 'sft-both') "
-                 "ORDER BY run_id").to_pylist()  # fmt: skip
+    rows = query(
+        lake_root,
+        f"SELECT run_id, {lineage} init_iteration FROM runs WHERE run_id IN ('src', 'sft-both') ORDER BY run_id",
+    ).to_pylist()
     iterations = [{"run_id": "demo", "iterations": [0]}, {"run_id": "src", "iterations": [0]}]
-    assert rows[0] == {"run_id": "sft-both", "offline_mode": "sft", "source_query": sql,
-                       "source_runs": ["demo", "src"], "source_iterations": iterations, "source_trajectories": 16,
-                       "init_model": str(checkpoint.resolve() / "hf"), "init_run": "src",
-                       "init_iteration": 1}  # fmt: skip
+    assert rows[0] == {
+        "run_id": "sft-both",
+        "offline_mode": "sft",
+        "source_query": sql,
+        "source_runs": ["demo", "src"],
+        "source_iterations": iterations,
+        "source_trajectories": 16,
+        "init_model": str(checkpoint.resolve() / "hf"),
+        "init_run": "src",
+        "init_iteration": 1,
+    }
     assert rows[1]["run_id"] == "src" and all(value is None for key, value in rows[1].items() if key != "run_id")
     doc = (Path(__file__).resolve().parents[2] / "docs" / "sql.md").read_text()
     trained_from = named_queries(doc)["runs_trained_from"].replace("'sweep-a'", "$run_id")
     for source, from_checkpoint in (("src", True), ("demo", False)):
         found = query(lake_root, trained_from, params={"run_id": source}).to_pylist()
-        assert {"run_id": "sft-both", "offline_mode": "sft", "iterations_used": [0],
-                "started_from_its_checkpoint": from_checkpoint, "init_iteration": 1} in found  # fmt: skip
+        assert {
+            "run_id": "sft-both",
+            "offline_mode": "sft",
+            "iterations_used": [0],
+            "started_from_its_checkpoint": from_checkpoint,
+            "init_iteration": 1,
+        } in found
 
 
 def test_a_foreign_tokenizer_is_refused(lake_root, tiny_model_dir):
@@ -115,9 +129,13 @@ def test_a_foreign_tokenizer_is_refused(lake_root, tiny_model_dir):
     try:
         with pytest.raises(OfflineError, match="another tokenizer"):
             retrain_offline(
-                _tree(tiny_model_dir), "SELECT * FROM trajectories WHERE run_id = 'demo'", "sft",
-                str(tiny_model_dir), str(lake_root), "sft-foreign",
-            )  # fmt: skip
+                _tree(tiny_model_dir),
+                "SELECT * FROM trajectories WHERE run_id = 'demo'",
+                "sft",
+                str(tiny_model_dir),
+                str(lake_root),
+                "sft-foreign",
+            )
     finally:
         path.write_text(json.dumps(manifest))
     assert DataLake(lake_root).read_manifest("sft-foreign") is None  # refused before any compute or write
@@ -135,8 +153,12 @@ def test_readme_example_best_quarter_from_the_run_start_model(lake_root, tiny_mo
     from flows.retrain import retrain_offline
     from ragen_core.storage import query
 
-    rewards = [r["total_reward"] for r in query(lake_root, "SELECT total_reward FROM trajectories WHERE run_id = "
-                                                "'src' AND split = 'train'").to_pylist()]  # fmt: skip
+    rewards = [
+        r["total_reward"]
+        for r in query(
+            lake_root, "SELECT total_reward FROM trajectories WHERE run_id = 'src' AND split = 'train'"
+        ).to_pylist()
+    ]
     expected = sum(r >= np.quantile(rewards, 0.75) for r in rewards)
     result = retrain_offline(_tree(tiny_model_dir), TOP_QUARTER, "sft", "run:src", str(lake_root), "best25")
     assert result["trajectories"] == expected
@@ -150,21 +172,26 @@ def _lake_state(root) -> tuple:
     from ragen_core.storage import query
 
     folders = sorted(str(p.relative_to(root)) for p in root.glob("*/*"))
-    counts = {t: query(root, f"SELECT count(*) AS n FROM {t}").to_pylist()[0]["n"]
-              for t in ("trajectories", "turns", "metrics", "evaluations", "checkpoints", "runs")}  # fmt: skip
+    counts = {
+        t: query(root, f"SELECT count(*) AS n FROM {t}").to_pylist()[0]["n"]
+        for t in ("trajectories", "turns", "metrics", "evaluations", "checkpoints", "runs")
+    }
     return folders, counts
 
 
 KEYS = "SELECT 'src' AS run_id, 99 AS iteration, 'train' AS split, 'bandit' AS env, 0 AS group_id, 0 AS traj_index"
 
 
-@pytest.mark.parametrize(("sql", "message"), [
-    (KEYS, "1 of the 1 keys the selection query returned match no stored trajectory"),
-    (KEYS.replace("'src'", "'no/such run'"), "match no stored trajectory"),
-    ("UNION ALL", "1 of the "),
-    ("SELECT * FROM trajectories WHERE false", "returned no trajectories"),
-    ("SELECT nothing FROM trajectories", "the selection query failed"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        (KEYS, "1 of the 1 keys the selection query returned match no stored trajectory"),
+        (KEYS.replace("'src'", "'no/such run'"), "match no stored trajectory"),
+        ("UNION ALL", "1 of the "),
+        ("SELECT * FROM trajectories WHERE false", "returned no trajectories"),
+        ("SELECT nothing FROM trajectories", "the selection query failed"),
+    ],
+)
 def test_a_refused_retrain_creates_nothing(lake_root, tiny_model_dir, sql, message):
     from typer.testing import CliRunner
 
@@ -173,8 +200,22 @@ def test_a_refused_retrain_creates_nothing(lake_root, tiny_model_dir, sql, messa
     if sql == "UNION ALL":  # every stored key of src plus one made up: one unmatched key is refused too
         sql = f"SELECT {', '.join(TRAJECTORY_KEY)} FROM trajectories WHERE run_id = 'src' UNION ALL {KEYS}"
     before = _lake_state(lake_root)
-    result = CliRunner().invoke(app, ["retrain", "--from", sql, "--mode", "sft", "--init", str(tiny_model_dir),
-                                      "--data-root", str(lake_root), "--run-id", "refused"])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "retrain",
+            "--from",
+            sql,
+            "--mode",
+            "sft",
+            "--init",
+            str(tiny_model_dir),
+            "--data-root",
+            str(lake_root),
+            "--run-id",
+            "refused",
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and result.stderr.startswith("error:")
     assert message in " ".join(result.stderr.split())
@@ -188,9 +229,22 @@ def test_a_retrain_over_an_existing_run_or_with_a_foreign_tokenizer_creates_noth
     from ragen_cli.main import app
 
     def retrain(run_id: str):
-        return CliRunner().invoke(app, ["retrain", "--from", "SELECT * FROM trajectories WHERE run_id = 'demo'",
-                                        "--mode", "sft", "--init", str(tiny_model_dir), "--data-root", str(lake_root),
-                                        "--run-id", run_id])  # fmt: skip
+        return CliRunner().invoke(
+            app,
+            [
+                "retrain",
+                "--from",
+                "SELECT * FROM trajectories WHERE run_id = 'demo'",
+                "--mode",
+                "sft",
+                "--init",
+                str(tiny_model_dir),
+                "--data-root",
+                str(lake_root),
+                "--run-id",
+                run_id,
+            ],
+        )
 
     before = _lake_state(lake_root)
     result = retrain("src")
@@ -216,8 +270,21 @@ def test_the_cli_names_an_offline_run_s_phases(lake_root, tiny_model_dir, tmp_pa
     config = tmp_path / "offline.yaml"
     config.write_text(yaml.safe_dump(_tree(tiny_model_dir)))
     sql = "SELECT * FROM trajectories WHERE run_id = 'demo' AND split = 'train' AND iteration = 0"
-    args = ["retrain", "--from", sql, "--mode", "sft", "--init", str(tiny_model_dir), "--config", str(config),
-            "--data-root", str(lake_root), "--run-id", "sft-cli"]  # fmt: skip
+    args = [
+        "retrain",
+        "--from",
+        sql,
+        "--mode",
+        "sft",
+        "--init",
+        str(tiny_model_dir),
+        "--config",
+        str(config),
+        "--data-root",
+        str(lake_root),
+        "--run-id",
+        "sft-cli",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "validation success (before -> after offline SFT)" in result.stdout

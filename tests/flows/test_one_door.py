@@ -16,9 +16,17 @@ from ragen_core.run import entry, resume
 from ragen_core.run.requests import RunRequest
 from ragen_core.storage import DataLake
 
-TINY = ["trainer.iterations=1", "bootstrap.enabled=false", "rollout.env_groups=2", "rollout.group_size=2",
-        "rollout.max_new_tokens=6", "actor.mini_batch_size=4", "actor.micro_batch_size=4", "eval.instances=2",
-        "env.val_envs=[bandit]"]  # fmt: skip
+TINY = [
+    "trainer.iterations=1",
+    "bootstrap.enabled=false",
+    "rollout.env_groups=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=6",
+    "actor.mini_batch_size=4",
+    "actor.micro_batch_size=4",
+    "eval.instances=2",
+    "env.val_envs=[bandit]",
+]
 
 
 @pytest.fixture
@@ -48,8 +56,17 @@ ONCE = {"request": 1, "validation": 1, "lake": 1, "lock": 1, "start": 1}
 def test_ragen_train_builds_one_request_one_lake_one_lock_and_one_start(
     counted, prefect_harness, tmp_path, tiny_model_dir
 ):
-    args = ["train", "--config", "configs/bandit.yaml", "--data-root", str(tmp_path), "--run-id", "door-cli",
-            f"model.path={tiny_model_dir}", *TINY]  # fmt: skip
+    args = [
+        "train",
+        "--config",
+        "configs/bandit.yaml",
+        "--data-root",
+        str(tmp_path),
+        "--run-id",
+        "door-cli",
+        f"model.path={tiny_model_dir}",
+        *TINY,
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert dict(counted) == ONCE
@@ -61,13 +78,21 @@ def test_a_deployment_run_builds_one_request_one_lake_one_lock_and_one_start(
 ):
     from flows.train import train
 
-    result = train(config="configs/bandit.yaml", data_root=str(tmp_path), run_id="door-flow",
-                   overrides=[f"model.path={tiny_model_dir}", *TINY])  # fmt: skip
+    result = train(
+        config="configs/bandit.yaml",
+        data_root=str(tmp_path),
+        run_id="door-flow",
+        overrides=[f"model.path={tiny_model_dir}", *TINY],
+    )
     assert result["run_id"] == "door-flow"
     assert dict(counted) == ONCE
     counted.clear()
-    again = train(config="configs/bandit.yaml", data_root=str(tmp_path), run_id="door-flow",
-                  overrides=[f"model.path={tiny_model_dir}", *TINY])  # fmt: skip
+    again = train(
+        config="configs/bandit.yaml",
+        data_root=str(tmp_path),
+        run_id="door-flow",
+        overrides=[f"model.path={tiny_model_dir}", *TINY],
+    )
     assert again["completed"] is True and dict(counted) == ONCE  # a done run: decided once, nothing else
 
 

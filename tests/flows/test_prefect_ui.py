@@ -62,8 +62,14 @@ def _ragen(server, args: list[str], configured: bool = True) -> subprocess.Compl
     env = dict(server.env)
     if not configured:
         env = {k: v for k, v in env.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
-    done = subprocess.run([RAGEN, *args, "--data-root", str(server.root)], env=env, cwd=PROJECT_DIR,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [RAGEN, *args, "--data-root", str(server.root)],
+        env=env,
+        cwd=PROJECT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -138,8 +144,20 @@ def test_an_evaluation_is_named_after_its_run_id(server):
 
 
 def test_a_sweep_and_its_points_are_named_after_their_ids_and_tagged_with_the_sweep(server):
-    done = _ragen(server, ["sweep", "--config", "configs/bandit.yaml", "--grid", "seed=[5]", "--sweep-id", "ui-sweep",
-                           server.model, *TINY])  # fmt: skip
+    done = _ragen(
+        server,
+        [
+            "sweep",
+            "--config",
+            "configs/bandit.yaml",
+            "--grid",
+            "seed=[5]",
+            "--sweep-id",
+            "ui-sweep",
+            server.model,
+            *TINY,
+        ],
+    )
     # a line as each point starts and ends (and the same lines in the sweep's logs on the server)
     assert "point 1 of 1: ui-sweep-p000 · seed=5\n" in done.stdout
     assert re.search(r"point 1 of 1: ui-sweep-p000 completed in \d+ s\n", done.stdout), done.stdout
@@ -158,10 +176,24 @@ def test_deployments_expose_no_internal_parameter(server):
             name: set(client.read_deployment_by_name(name).parameter_openapi_schema["properties"])
             for name in ("train/train", "retrain_offline/retrain-offline", "sweep/sweep", "evaluate/evaluate")
         }
-    assert schemas["train/train"] == {"config", "data_root", "run_id", "force_config", "skip_iteration", "overrides",
-                                      "sweep"}  # fmt: skip
-    assert schemas["retrain_offline/retrain-offline"] == {"config", "sql", "mode", "init", "data_root", "run_id",
-                                                          "overrides"}  # fmt: skip
+    assert schemas["train/train"] == {
+        "config",
+        "data_root",
+        "run_id",
+        "force_config",
+        "skip_iteration",
+        "overrides",
+        "sweep",
+    }
+    assert schemas["retrain_offline/retrain-offline"] == {
+        "config",
+        "sql",
+        "mode",
+        "init",
+        "data_root",
+        "run_id",
+        "overrides",
+    }
     assert not any("progress" in names for names in schemas.values())
 
 

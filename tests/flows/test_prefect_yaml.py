@@ -44,5 +44,11 @@ def test_the_example_sweeps_plan_into_valid_points():
         plan = plan_sweep(base, parameters["grid"], seeds=parameters["seeds"])
         assert len(plan.points) >= 2
     scheduled = sweep["schedules"][0]["parameters"]
-    assert len(plan_sweep(load_config(PROJECT / scheduled["config"]).to_dict(), scheduled["grid"],
-                          seeds=scheduled["seeds"]).points) == 2 * 2 * 3  # fmt: skip
+    assert (
+        len(
+            plan_sweep(
+                load_config(PROJECT / scheduled["config"]).to_dict(), scheduled["grid"], seeds=scheduled["seeds"]
+            ).points
+        )
+        == 2 * 2 * 3
+    )

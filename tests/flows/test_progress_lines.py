@@ -45,8 +45,9 @@ def test_a_resume_says_where_it_goes_on_before_it_trains(root, tiny_model_dir):
     from flows.train import train
 
     assert DataLake(root).committed_iterations(RUN) == [0, 1]  # the premise: 1 update, then the final validation
-    _, events = _heard(lambda: train(_config(tiny_model_dir, 2), data_root=str(root), run_id=RUN,
-                                     force_config=["trainer.iterations"]))  # fmt: skip
+    _, events = _heard(
+        lambda: train(_config(tiny_model_dir, 2), data_root=str(root), run_id=RUN, force_config=["trainer.iterations"])
+    )
     # extended from its final validation (iteration 1), from the checkpoint its one update left, nothing to replay
     expected = f"resuming {RUN} at iteration 1 (extending it to 2 iterations): loading its checkpoint after 1 updates"
     assert events == [("step", expected), ("iteration", 1), ("iteration", 2)]

@@ -68,8 +68,11 @@ def _finished(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
 def test_completed_task_runs_are_not_logged_inside_a_run_and_failures_are(kept, monkeypatch):
     monkeypatch.delenv(ui.TASK_RUN_LEVEL_SETTING, raising=False)
     _stages(False)  # the premise: outside a run's block Prefect logs every task run's end
-    assert _finished(kept) == [(20, "Finished in state Completed"), (20, "Finished in state Completed"),
-                               (40, "Finished in state Failed")]  # fmt: skip
+    assert _finished(kept) == [
+        (20, "Finished in state Completed"),
+        (20, "Finished in state Completed"),
+        (40, "Finished in state Failed"),
+    ]
     kept.clear()
     _stages(True)
     assert _finished(kept) == [(40, "Finished in state Failed")]

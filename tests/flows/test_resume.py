@@ -14,8 +14,17 @@ from safetensors.torch import load_file
 from ragen_core.storage import DataLake
 
 RUN = "r"
-DISTRIBUTED = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PREFECT_HOME",
-               "PREFECT_API_URL", "RAGEN_FAULT"}  # fmt: skip
+DISTRIBUTED = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PREFECT_HOME",
+    "PREFECT_API_URL",
+    "RAGEN_FAULT",
+}
 # (fault, expected: killed or not). Iteration 1 is hit at every point; the checkpoint after update 2 is cut mid-save.
 FAULTS = ["rollout:inside@1", "persist:mid_write@1", "publish:after@1", "update:inside@1", "checkpoint:mid_save@2"]
 WALL_CLOCK_COLUMNS = {"created_at", "updated_at"}
@@ -94,8 +103,11 @@ def runs(tmp_path_factory, tiny_model_dir, tiny_policy, prefect_server, whole_ba
     killed = tmp_path_factory.mktemp("killed")
     log = []
     for attempt, fault in enumerate(FAULTS):
-        args = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *overrides] if attempt == 0 else [
-            "resume", RUN]  # fmt: skip
+        args = (
+            ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *overrides]
+            if attempt == 0
+            else ["resume", RUN]
+        )
         rc, output = _ragen(args, killed, fault, api_url)
         log.append((fault, rc))
         assert rc == -signal.SIGKILL, f"{fault}: exit {rc}\n{output[-3000:]}"

@@ -38,8 +38,13 @@ def _wait_for_the_handlers(process: subprocess.Popen, timeout: float = 60.0) -> 
 def test_a_long_query_stops_at_once(tmp_path, number, code, name):
     lake = DataLake(tmp_path / "lake")
     write_run(lake, make_run(0, "run-a", "bandit", iterations=1, groups=2, group_size=2))
-    process = subprocess.Popen([RAGEN, "sql", LONG, "--data-root", str(lake.root)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        [RAGEN, "sql", LONG, "--data-root", str(lake.root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _wait_for_the_handlers(process)  # a busy machine can take seconds to start Python: not the case under test
         time.sleep(2)  # the lake opening or the query running: a stop at either point says one line
@@ -63,8 +68,13 @@ def test_a_stop_at_any_point_of_the_command_says_one_line(tmp_path, delay):
     times; these delays cover the same span on a quiet machine)."""
     lake = DataLake(tmp_path / "lake")
     write_run(lake, make_run(0, "run-a", "bandit", iterations=1, groups=2, group_size=2))
-    process = subprocess.Popen([RAGEN, "sql", LONG, "--data-root", str(lake.root)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        [RAGEN, "sql", LONG, "--data-root", str(lake.root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _wait_for_the_handlers(process)
         time.sleep(delay)

@@ -48,10 +48,13 @@ def test_each_point_is_a_run_recording_its_sweep_and_overrides(swept):
         assert manifest.status == "completed"
         assert manifest.sweep == {"id": "local", "point": point.index, "overrides": point.overrides}
         assert manifest.config["algorithm"]["filter_ratio"] == [0.5, 1.0][point.index]
-    rows = query(root, """
+    rows = query(
+        root,
+        """
         SELECT r.sweep_id, r.overrides_json, count(*) AS trajectories
         FROM trajectories t JOIN runs r USING (run_id) WHERE t.split = 'train' GROUP BY ALL ORDER BY ALL
-    """).to_pylist()  # fmt: skip
+    """,
+    ).to_pylist()
     assert rows == [
         {"sweep_id": "local", "overrides_json": '["algorithm.filter_ratio=0.5"]', "trajectories": 4},
         {"sweep_id": "local", "overrides_json": '["algorithm.filter_ratio=1.0"]', "trajectories": 4},
@@ -62,14 +65,20 @@ def test_the_comparison_matches_the_lake(swept):
     root, result = swept
     assert [row["outcome"] for row in result["points"]] == ["COMPLETED", "COMPLETED"]
     for row in result["points"]:
-        val = query(root, f"""
+        val = query(
+            root,
+            f"""
             SELECT iteration, avg(success::INT) AS success FROM trajectories
             WHERE run_id = '{row["run_id"]}' AND split = 'val' GROUP BY 1 ORDER BY 1
-        """).to_pylist()  # fmt: skip
-        reward = query(root, f"""
+        """,
+        ).to_pylist()
+        reward = query(
+            root,
+            f"""
             SELECT avg(total_reward) AS r FROM trajectories
             WHERE run_id = '{row["run_id"]}' AND split = 'train' AND iteration = 0
-        """).to_pylist()[0]["r"]  # fmt: skip
+        """,
+        ).to_pylist()[0]["r"]
         assert [v["iteration"] for v in val] == [0, 1]
         assert row["val_success_first"] == pytest.approx(val[0]["success"])
         assert row["val_success"] == pytest.approx(val[1]["success"])
@@ -86,8 +95,9 @@ def test_artifacts_publish_each_iteration_and_the_comparison(swept):
     # one version per committed iteration (0: the update's iteration, 1: the final validation)
     assert sorted(a.description.rsplit(" ", 1)[1] for a in metrics) == ["0", "1"]
     final = next(a for a in metrics if a.description.endswith("iteration 1"))
-    success = query(root, "SELECT value FROM metrics WHERE run_id = 'local-p000' AND iteration = 1 AND name = "
-                          "'val/bandit/success'").to_pylist()[0]["value"]  # fmt: skip
+    success = query(
+        root, "SELECT value FROM metrics WHERE run_id = 'local-p000' AND iteration = 1 AND name = 'val/bandit/success'"
+    ).to_pylist()[0]["value"]
     assert f"| validation success (bandit) | {success:.4g} |" in final.data
 
 

@@ -229,8 +229,9 @@ def test_ragen_train_end_to_end_on_prefects_local_server(tmp_path, tiny_model_di
     # the untrained model rarely ends a reply within 6 tokens: the run warns of it, stores the event and says so
     cut = query(tmp_path, "SELECT avg(truncated::int) AS cut FROM trajectories WHERE split = 'train'").to_pylist()
     assert cut[0]["cut"] >= 0.2
-    events = query(tmp_path, "SELECT iteration, kind, value, threshold FROM events "
-                             "WHERE metric = 'rollout/truncated_rate'").to_pylist()  # fmt: skip
+    events = query(
+        tmp_path, "SELECT iteration, kind, value, threshold FROM events WHERE metric = 'rollout/truncated_rate'"
+    ).to_pylist()
     assert events == [{"iteration": 0, "kind": "early_warning", "value": cut[0]["cut"], "threshold": 0.2}]
     assert "cut at rollout.max_new_tokens=6 without ending (from the first iteration" in result.stderr
     assert "replies cut at the token limit (last validation): bandit " in result.stdout

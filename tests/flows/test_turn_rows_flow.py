@@ -13,15 +13,26 @@ from ragen_core.storage import DataLake, query
 
 TURNS = {
     "model": {},
-    "env": {"name": "sokoban", "val_envs": ["sokoban"], "max_turns": 3, "max_actions_per_turn": 1,
-            "max_actions_per_traj": 3},
-    "rollout": {"env_groups": 2, "group_size": 2, "max_new_tokens": 8, "context_window_mode": "limited_multi_turn",
-                "max_context_window": 2, "training_rows": "turn"},
+    "env": {
+        "name": "sokoban",
+        "val_envs": ["sokoban"],
+        "max_turns": 3,
+        "max_actions_per_turn": 1,
+        "max_actions_per_traj": 3,
+    },
+    "rollout": {
+        "env_groups": 2,
+        "group_size": 2,
+        "max_new_tokens": 8,
+        "context_window_mode": "limited_multi_turn",
+        "max_context_window": 2,
+        "training_rows": "turn",
+    },
     "algorithm": {"filter_ratio": 1.0},
     "actor": {"mini_batch_size": 4, "micro_batch_size": 2},
     "trainer": {"iterations": 2, "checkpoint_every": 10},
     "eval": {"every": 2, "instances": 2},
-}  # fmt: skip
+}
 
 
 def _tree(base, model_dir):
@@ -34,8 +45,10 @@ def _metrics(root, run_id):
 
 
 def _rows(root, run_id):
-    sql = (f"SELECT iteration, split, group_id, traj_index, input_ids, behavior_logprobs, total_reward "
-           f"FROM trajectories WHERE run_id = '{run_id}' ORDER BY ALL")  # fmt: skip
+    sql = (
+        f"SELECT iteration, split, group_id, traj_index, input_ids, behavior_logprobs, total_reward "
+        f"FROM trajectories WHERE run_id = '{run_id}' ORDER BY ALL"
+    )
     return query(root, sql).to_pylist()
 
 
@@ -59,11 +72,13 @@ def turn_runs(prefect_harness, tmp_path_factory, tiny_model_dir):
         with pytest.raises(RuntimeError, match="injected"):
             train(_tree(TURNS, tiny_model_dir), data_root=str(root), run_id="resumed")
     train(_tree(TURNS, tiny_model_dir), data_root=str(root), run_id="resumed")
-    entropy = {**TURNS, "rollout": {**TURNS["rollout"], "backend": "scripted", "temperature": 0.1},
-               "trainer": {"iterations": 1},
-               "env": {**TURNS["env"], "max_actions_per_turn": 2, "max_actions_per_traj": 6},  # 1 or 2 per reply
-               "algorithm": {"filter": "top_k", "filter_ratio": 0.5, "filter_metric": "entropy",
-                             "filter_entropy": "full"}}  # fmt: skip
+    entropy = {
+        **TURNS,
+        "rollout": {**TURNS["rollout"], "backend": "scripted", "temperature": 0.1},
+        "trainer": {"iterations": 1},
+        "env": {**TURNS["env"], "max_actions_per_turn": 2, "max_actions_per_traj": 6},  # 1 or 2 per reply
+        "algorithm": {"filter": "top_k", "filter_ratio": 0.5, "filter_metric": "entropy", "filter_entropy": "full"},
+    }
     train(_tree(entropy, tiny_model_dir), data_root=str(root), run_id="entropy")
     return root
 
@@ -71,8 +86,10 @@ def turn_runs(prefect_harness, tmp_path_factory, tiny_model_dir):
 def test_the_update_steps_over_the_kept_turns(turn_runs):
     metrics = _metrics(turn_runs, "whole")
     for iteration in (0, 1):
-        sql = ("SELECT num_turns, loss_mask, total_reward, group_id FROM trajectories WHERE run_id = 'whole' "
-               f"AND iteration = {iteration} AND split = 'train' AND kept")  # fmt: skip
+        sql = (
+            "SELECT num_turns, loss_mask, total_reward, group_id FROM trajectories WHERE run_id = 'whole' "
+            f"AND iteration = {iteration} AND split = 'train' AND kept"
+        )
         kept = query(turn_runs, sql).to_pylist()
         turn_rows = sum(row["num_turns"] for row in kept)
         assert turn_rows > len(kept)  # multi-turn trajectories: more turn rows than trajectories
@@ -106,8 +123,10 @@ def test_the_entropy_filter_over_turn_rows_averages_each_turns_mean(turn_runs, t
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    sql = ("SELECT group_id, input_ids, loss_mask, segment_lengths, filter_metric_value, kept FROM trajectories "
-           "WHERE run_id = 'entropy' AND split = 'train' ORDER BY group_id, traj_index")  # fmt: skip
+    sql = (
+        "SELECT group_id, input_ids, loss_mask, segment_lengths, filter_metric_value, kept FROM trajectories "
+        "WHERE run_id = 'entropy' AND split = 'train' ORDER BY group_id, traj_index"
+    )
     rows = query(turn_runs, sql).to_pylist()
     episodes: dict[int, list[float]] = {}
     token_means = []

@@ -35,8 +35,9 @@ def _last_train_run():
     from prefect.client.schemas.sorting import FlowRunSort
 
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["train"])),
-                                     sort=FlowRunSort.START_TIME_DESC, limit=5)  # fmt: skip
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["train"])), sort=FlowRunSort.START_TIME_DESC, limit=5
+        )
     return max(runs, key=lambda run: run.created)
 
 

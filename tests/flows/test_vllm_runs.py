@@ -50,8 +50,12 @@ def vllm_runs(tmp_path_factory, tiny_model_dir):
     killed = tmp_path_factory.mktemp("vllm-killed")
     gone = []  # per kill: the server gone while the rest of the trainer's process group still lived (not reaped)
     for attempt, fault in enumerate(FAULTS):
-        rc, output = _ragen(train if attempt == 0 else ["resume", RUN], killed, fault,
-                            on_exit=lambda: gone.append(_no_server_left(killed)))  # fmt: skip
+        rc, output = _ragen(
+            train if attempt == 0 else ["resume", RUN],
+            killed,
+            fault,
+            on_exit=lambda: gone.append(_no_server_left(killed)),
+        )
         assert rc == -9, f"{fault}: exit {rc}\n{output[-3000:]}"
         assert gone == [True] * (attempt + 1), f"the server outlived the trainer killed at {fault}"
     rc, output = _ragen(["resume", RUN], killed)
@@ -81,8 +85,9 @@ def test_stored_behaviour_log_probs_are_the_trainers_own(vllm_runs):
         model, tokenizer = load_policy(folder) if folder else load_policy(_start_model(whole))
         batch_rows = [r for r in rows if r["iteration"] == iteration and r["split"] == "train"]
         assert batch_rows
-        batch = collate([r["input_ids"] for r in batch_rows], [r["loss_mask"] for r in batch_rows],
-                        tokenizer.pad_token_id)  # fmt: skip
+        batch = collate(
+            [r["input_ids"] for r in batch_rows], [r["loss_mask"] for r in batch_rows], tokenizer.pad_token_id
+        )
         with torch.no_grad():
             scored, _ = token_logprobs(model, batch)
         for index, row in enumerate(batch_rows):
@@ -123,8 +128,9 @@ def test_ctrl_c_stops_the_run_and_its_server_which_listened_on_loopback_only(tmp
         _wait_for(lambda: 1 in lake.committed_iterations(RUN), process, "committed iteration 1")
         servers = server_processes(str(root))
         assert len(servers) == 1
-        sockets = [c.laddr for c in psutil.Process(servers[0]).net_connections(kind="inet")
-                   if c.status == psutil.CONN_LISTEN]  # fmt: skip
+        sockets = [
+            c.laddr for c in psutil.Process(servers[0]).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN
+        ]
         assert sockets and all(ip_address(address.ip).is_loopback for address in sockets), sockets
         os.killpg(process.pid, signal.SIGINT)
         assert process.wait(timeout=60) == 130
@@ -146,11 +152,15 @@ def server_killed(vllm_runs, tmp_path_factory, tiny_model_dir):
     train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_vllm_overrides(tiny_model_dir)]
     rc, output = _ragen(train, root, SERVER_KILLED)
     lake = DataLake(root)
-    failed = {"rc": rc, "output": output, "manifest": lake.read_manifest(RUN),
-              "committed": lake.committed_iterations(RUN),
-              "iterations": {t: sorted({r["iteration"] for r in lake.read_table(t, RUN).to_pylist()}) for t in TABLES},
-              "folders": sorted(str(p.relative_to(root)) for p in root.rglob("*iteration*1*")),
-              "servers_left": not _no_server_left(root)}  # fmt: skip
+    failed = {
+        "rc": rc,
+        "output": output,
+        "manifest": lake.read_manifest(RUN),
+        "committed": lake.committed_iterations(RUN),
+        "iterations": {t: sorted({r["iteration"] for r in lake.read_table(t, RUN).to_pylist()}) for t in TABLES},
+        "folders": sorted(str(p.relative_to(root)) for p in root.rglob("*iteration*1*")),
+        "servers_left": not _no_server_left(root),
+    }
     resumed = _ragen(["resume", RUN], root)
     assert _no_server_left(root)
     return failed, resumed, root

@@ -67,14 +67,20 @@ def in_process(device, tmp_path_factory, tiny_model_dir):
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_the_launched_group_update_equals_the_in_process_update(device, in_process, tiny_model_dir, tiny_policy,
-                                                                nproc):  # fmt: skip
+def test_the_launched_group_update_equals_the_in_process_update(
+    device, in_process, tiny_model_dir, tiny_policy, nproc
+):
     if device.cuda and torch.cuda.device_count() < nproc:
         pytest.skip(f"{nproc} processes need {nproc} GPUs; {torch.cuda.device_count()} visible")
     lake, expected, expected_metrics = in_process
     config = build_config(_tree(tiny_model_dir, "torchrun", nproc))
-    init = {"config": config.to_dict(), "data_root": str(lake.root), "run_id": RUN, "model_dir": str(tiny_model_dir),
-            "precision": "fp32"}  # fmt: skip
+    init = {
+        "config": config.to_dict(),
+        "data_root": str(lake.root),
+        "run_id": RUN,
+        "model_dir": str(tiny_model_dir),
+        "precision": "fp32",
+    }
     group = UpdateGroup.start("torchrun", nproc, None, lake.update_group_dir(RUN), init)
     try:
         assert group.world_size == nproc
@@ -90,8 +96,9 @@ def test_the_launched_group_update_equals_the_in_process_update(device, in_proce
     assert missing <= {"lm_head.weight"}, missing  # a tied output head is exported once, as the embedding
     moved = 0
     for name in expected.keys() & actual.keys():
-        torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=5e-3 * LR,
-                                   msg=lambda found, name=name: f"{name}: {found}")  # fmt: skip
+        torch.testing.assert_close(
+            actual[name], expected[name], rtol=1e-5, atol=5e-3 * LR, msg=lambda found, name=name: f"{name}: {found}"
+        )
         moved += int((expected[name] - start[name].detach()).abs().max() > 0.1 * LR)
     assert moved > 10, "the update barely moved the policy: the comparison would not tell a wrong update"
     for key, value in expected_metrics.items():

@@ -34,8 +34,9 @@ def _update(model: torch.nn.Module, batch, advantages, precision: str, optimizer
     the CPU in fp32, and the metrics."""
     optim = OptimConfig(lr, 0.0, 1.0, MICRO_BATCH, zero_stage=1, optimizer=optimizer, precision=precision)
     actor = ActorEngine(copy.deepcopy(model), optim)
-    algorithm = AlgorithmConfig(policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.001,
-                                loss_agg_mode=agg)  # fmt: skip
+    algorithm = AlgorithmConfig(
+        policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.001, loss_agg_mode=agg
+    )
     schedule = ActorConfig(mini_batch_size=8, ppo_epochs=2)
     metrics = actor.policy_update(batch, advantages, actor.score(batch), algorithm, schedule, 0)
     dtype = next(actor.module.parameters()).dtype

@@ -32,8 +32,7 @@ def test_stored_logprobs_equal_the_rescoring_on_the_device(device, tiny_model_di
     model, tokenizer = load_policy(tiny_model_dir, dtype=DTYPES[precision])
     model = model.to(device.torch).eval()
     backend = HFBackend(model, tokenizer, temperature=1.0, max_new_tokens=24)
-    spec = RolloutSpec("frozen_lake", [11, 12, 13, 14], 4, max_turns=3, max_actions_per_turn=1,
-                       max_actions_per_traj=3)  # fmt: skip
+    spec = RolloutSpec("frozen_lake", [11, 12, 13, 14], 4, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=3)
     records = run_rollouts(spec, backend, ChatFormatter(tokenizer), seed=5)
     assert any(len(r.turns) > 1 for r in records), "the untrained model should need several turns somewhere"
     batch = collate([r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id)

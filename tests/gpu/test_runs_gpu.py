@@ -44,9 +44,14 @@ def _start(args: list[str], root: Path, fault: str | None = None) -> tuple[subpr
     root.mkdir(parents=True, exist_ok=True)
     log = root / f".log-{len(list(root.glob('.log-*')))}.txt"
     with open(log, "w") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "ragen_cli.main", *args, "--data-root", str(root)],
-                                   stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ragen_cli.main", *args, "--data-root", str(root)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
     return process, log
 
 
@@ -108,13 +113,24 @@ def test_ragen_train_of_the_demo_config_lifts_bandit_success(device, tmp_path):
     validation success on Bandit rises from chance (after the random-arm bootstrap the policy picks the better arm
     about half the time) to at least 0.8 (measured on an H100: 0.434 -> 0.953 after 5 iterations)."""
     iterations = 5
-    args = ["train", "--config", "configs/bandit.yaml", "--run-id", "demo", f"trainer.iterations={iterations}",
-            "eval.instances=128", "env.val_envs=[bandit]"]  # fmt: skip
+    args = [
+        "train",
+        "--config",
+        "configs/bandit.yaml",
+        "--run-id",
+        "demo",
+        f"trainer.iterations={iterations}",
+        "eval.instances=128",
+        "env.val_envs=[bandit]",
+    ]
     started = time.monotonic()
     rc, output = _finish(*_start(args, tmp_path), device.name)
     assert rc == 0, output[-3000:]
-    rows = query(tmp_path, "SELECT iteration, avg(success::int) AS s FROM trajectories WHERE split = 'val' "
-                 "AND run_id = 'demo' GROUP BY 1 ORDER BY 1").to_pylist()  # fmt: skip
+    rows = query(
+        tmp_path,
+        "SELECT iteration, avg(success::int) AS s FROM trajectories WHERE split = 'val' "
+        "AND run_id = 'demo' GROUP BY 1 ORDER BY 1",
+    ).to_pylist()
     assert [r["iteration"] for r in rows] == [0, iterations]
     before, after = rows[0]["s"], rows[-1]["s"]
     print(

@@ -12,8 +12,26 @@ from ragen_core.monitor.reports import artifact_key
 
 # ids that lower to the same slug (a-b), ids of 128 characters, ids that look like a marked stem themselves
 LOOKALIKE = "a-b-" + hashlib.sha256(b"A.b").hexdigest()[:12]
-IDS = ["a-b", "A.b", "a_b", "a.b", "A-B", "a__b", "a-b.", "A.B", "ab", "a-b-metrics", "a", "A", "x" * 128, "X" * 128,
-       "x" * 127 + ".", LOOKALIKE, "run", "_"]  # fmt: skip
+IDS = [
+    "a-b",
+    "A.b",
+    "a_b",
+    "a.b",
+    "A-B",
+    "a__b",
+    "a-b.",
+    "A.B",
+    "ab",
+    "a-b-metrics",
+    "a",
+    "A",
+    "x" * 128,
+    "X" * 128,
+    "x" * 127 + ".",
+    LOOKALIKE,
+    "run",
+    "_",
+]
 
 
 def test_every_run_id_has_its_own_key():

@@ -115,8 +115,9 @@ def _with_success(series, success):
 def test_a_spread_that_falls_while_success_rises_is_not_warned_with_a_slip():
     """A run converging on success: reward std falls 0.4 -> 0.1 (past the 50% drop at iteration 4) while training
     success climbs 0.3 -> 0.8 (below monitor.converged_success): the signals alone warn, the success slip does not."""
-    series = _with_success(_series([0.3, 0.4, 0.35, 0.3, 0.15, 0.1], [2.0] * 6, [1.0] * 6),
-                           [0.3, 0.4, 0.5, 0.6, 0.7, 0.8])  # fmt: skip
+    series = _with_success(
+        _series([0.3, 0.4, 0.35, 0.3, 0.15, 0.1], [2.0] * 6, [1.0] * 6), [0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+    )
     assert _events(series, converged_success=0.9) == [(4, "rollout/in_group_reward_std")]
     assert _events(series, converged_success=0.9, success_slip=0.05) == []
 
@@ -150,8 +151,9 @@ def test_without_a_recorded_success_a_slip_gated_signal_is_not_warned():
 
 
 def test_a_slip_gated_warning_names_the_slip():
-    series = _with_success(_series([0.3, 0.4, 0.38, 0.3, 0.15, 0.1], [2.0] * 6, [1.0] * 6),
-                           [0.5, 0.5, 0.5, 0.45, 0.35, 0.3])  # fmt: skip
+    series = _with_success(
+        _series([0.3, 0.4, 0.38, 0.3, 0.15, 0.1], [2.0] * 6, [1.0] * 6), [0.5, 0.5, 0.5, 0.45, 0.35, 0.3]
+    )
     warning = collapse_warnings(series[:4], series[4], **MONITOR, success_slip=0.05)[0]
     assert warning.message == (
         "in-group reward std 0.15 fell more than 50% below its peak 0.4, while training success fell 0.5 -> 0.433 "

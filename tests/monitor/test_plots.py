@@ -12,9 +12,18 @@ from ragen_core.monitor.plots import NO_DATA, PANELS, PlotError, plot_runs
 from ragen_core.storage import DataLake
 
 ITERATIONS = 4
-RUN_A_METRICS = ("rollout/reward_mean", "rollout/reward_std", "rollout/in_group_reward_std", "actor/entropy",
-                 "actor/grad_norm", "actor/pg_loss", "val/bandit/pass@k", "diag/reasoning_mi_per_token",
-                 "val/bandit/teacher_agreement", "val/bandit/teacher_chance")  # fmt: skip
+RUN_A_METRICS = (
+    "rollout/reward_mean",
+    "rollout/reward_std",
+    "rollout/in_group_reward_std",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/pg_loss",
+    "val/bandit/pass@k",
+    "diag/reasoning_mi_per_token",
+    "val/bandit/teacher_agreement",
+    "val/bandit/teacher_chance",
+)
 RUN_B_METRICS = ("rollout/reward_mean", "rollout/reward_std", "rollout/in_group_reward_std", "actor/entropy")
 PANEL_SQL = {  # which metric names each panel shows, said in SQL (independent of ragen_core.monitor.plots' matching)
     "val/*/success": "regexp_matches(name, '^val/[^/]+/success$')",
@@ -69,10 +78,11 @@ def figure_lines(figure) -> dict[str, dict[tuple[str, str], list[tuple[int, floa
         if not ax.get_visible():
             continue
         out[ax.get_title()] = {
-            tuple(line.get_gid().split("|", 1)): [(int(x), float(y)) for x, y in zip(line.get_xdata(),
-                                                                                   line.get_ydata(), strict=True)]
+            tuple(line.get_gid().split("|", 1)): [
+                (int(x), float(y)) for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)
+            ]
             for line in ax.get_lines()
-        }  # fmt: skip
+        }
     return out
 
 
@@ -83,8 +93,10 @@ def test_plotted_curves_equal_the_metrics_table(lake, tmp_path):
     assert result.path == out.resolve()
     assert result.data == expected
     assert set(expected["val/*/success"]) == {
-        ("run-a", "val/bandit/success"), ("run-a", "val/bandit_test/success"), ("run-b", "val/bandit/success")
-    }  # fmt: skip
+        ("run-a", "val/bandit/success"),
+        ("run-a", "val/bandit_test/success"),
+        ("run-b", "val/bandit/success"),
+    }
     assert [it for it, _ in expected["val/*/success"][("run-b", "val/bandit/success")]] == [0, ITERATIONS - 1]
     drawn = figure_lines(result.figure)
     assert drawn == {p.title: expected[p.key] for p in PANELS if expected[p.key]}  # panels without data: not drawn

@@ -190,9 +190,11 @@ def test_template_collapse_rule():
 
 @pytest.mark.parametrize(
     "mi_metric, watched, other",
-    [("per_token", "diag/reasoning_mi_per_token", "diag/reasoning_mi"),  # the default: RAGEN-2's headline
-     ("sequence", "diag/reasoning_mi", "diag/reasoning_mi_per_token")],
-)  # fmt: skip
+    [
+        ("per_token", "diag/reasoning_mi_per_token", "diag/reasoning_mi"),  # the default: RAGEN-2's headline
+        ("sequence", "diag/reasoning_mi", "diag/reasoning_mi_per_token"),
+    ],
+)
 def test_commit_records_the_template_collapse_event(tmp_path, caplog, mi_metric, watched, other):
     overrides = ["monitor.warmup=1", "monitor.mi_drop=0.4", "monitor.mi_patience=2"]
     chosen = [] if mi_metric == "per_token" else [f"monitor.mi_metric={mi_metric}"]  # per_token: the default

@@ -51,8 +51,9 @@ def test_think_content_is_ragen2s_reasoning(tiny_policy, reply_text, think_in_pr
     reply = tuple(tokenizer.encode(reply_text))
     expected = ragen2_reasoning_text(tokenizer.decode(list(reply)), think_in_prompt)
     # RAGEN-2's ids: the stripped text tokenised again
-    assert think_content(reply, tokenizer.decode, think_in_prompt, encode) == (tuple(encode(expected)) if expected
-                                                                               else ())  # fmt: skip
+    assert think_content(reply, tokenizer.decode, think_in_prompt, encode) == (
+        tuple(encode(expected)) if expected else ()
+    )
     exact = think_content(reply, tokenizer.decode, think_in_prompt)  # token-exact: sampled ids inside the block
     if not expected:
         assert exact == ()
@@ -119,7 +120,7 @@ def test_per_token_and_summed_estimates_equal_ragen2s(seed):
     expected = ragen2_collapse(prompts, reasonings, group_ids, table)
     estimate = reasoning_mi(
         prompts, reasonings, lambda pairs: np.array([table(x, z) for x, z in pairs]), max_prompts=groups
-    )  # fmt: skip  (every prompt a candidate, as RAGEN-2)
+    )  # every prompt a candidate, as RAGEN-2
     assert estimate.mi_per_token == pytest.approx(expected["mi_estimate"], abs=1e-9)
     assert estimate.mi == pytest.approx(expected["mi_seq_estimate"], abs=1e-9)
     assert estimate.bound == pytest.approx(expected["mi_upper_bound"])
@@ -181,12 +182,19 @@ def test_sampled_turns_are_trajectory_uniform():
     [
         (["trainer.mi_multi_turn=true"], "set trainer.mi_diagnostic=true"),
         (["trainer.mi_diagnostic=true", "trainer.mi_samples=64"], "set trainer.mi_multi_turn=true"),
-        (["trainer.mi_diagnostic=true", "trainer.mi_multi_turn=true", "rollout.context_window_mode=single_turn",
-          "rollout.max_context_window=2"], "context_window_mode=single_turn"),
+        (
+            [
+                "trainer.mi_diagnostic=true",
+                "trainer.mi_multi_turn=true",
+                "rollout.context_window_mode=single_turn",
+                "rollout.max_context_window=2",
+            ],
+            "context_window_mode=single_turn",
+        ),
         (["trainer.mi_reasoning=tags"], "mi_reasoning"),
         (["monitor.mi_metric=mean"], "mi_metric"),
     ],
-)  # fmt: skip
+)
 def test_bad_mi_keys_are_refused_at_load(overrides, message):
     with pytest.raises(ConfigError, match=message):
         build_config(overrides=overrides)

@@ -23,8 +23,11 @@ def _planted(tiny_model_dir: Path, tmp_path: Path, file: str) -> Path:
     shutil.copytree(tiny_model_dir, folder)
     (folder / "evil.py").write_text(EVIL)
     config = json.loads((folder / file).read_text()) if (folder / file).is_file() else {}
-    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel",
-                          "AutoTokenizer": ["evil.EvilTokenizer", None]}  # fmt: skip
+    config["auto_map"] = {
+        "AutoConfig": "evil.EvilConfig",
+        "AutoModelForCausalLM": "evil.EvilModel",
+        "AutoTokenizer": ["evil.EvilTokenizer", None],
+    }
     if file == "config.json":
         config["model_type"] = "evil"
     (folder / file).write_text(json.dumps(config))
@@ -51,8 +54,11 @@ def test_an_unknown_architecture_is_a_clear_error(tiny_model_dir, tmp_path):
 
 def test_ragen_eval_refuses_it_in_one_line(tiny_model_dir, tmp_path):
     folder = _planted(tiny_model_dir, tmp_path, "config.json")
-    result = CliRunner().invoke(app, ["eval", str(folder), "--config", "configs/bandit.yaml", "--n", "2",
-                                      "--data-root", str(tmp_path / "lake")], input="y\n")  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        ["eval", str(folder), "--config", "configs/bandit.yaml", "--n", "2", "--data-root", str(tmp_path / "lake")],
+        input="y\n",
+    )
     assert result.exit_code != 0
     assert "declares its own code" in " ".join(result.output.split())
     assert "Traceback" not in result.output and not (folder / "RAN").exists()

@@ -28,17 +28,25 @@ def test_stored_ids_rescored_reproduce_behavior_logprobs(tiny_policy, env, mode,
     model, tokenizer = tiny_policy
     backend = HFBackend(model, tokenizer, temperature=1.0, max_new_tokens=24)
     spec = RolloutSpec(
-        env, [11, 12, 13], 4, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=3,
-        context_window_mode=mode, max_context_window=window,
-    )  # fmt: skip
+        env,
+        [11, 12, 13],
+        4,
+        max_turns=3,
+        max_actions_per_turn=1,
+        max_actions_per_traj=3,
+        context_window_mode=mode,
+        max_context_window=window,
+    )
     records = run_rollouts(spec, backend, ChatFormatter(tokenizer, reply_prefix=prefix), seed=5)
     assert any(len(r.turns) > 1 for r in records), "the untrained model should need several turns somewhere"
     assert all(turn.response.startswith(prefix) for r in records for turn in r.turns)
     assert all((r.segment_lengths is None) == (mode == "full") for r in records)
     batch = collate(
-        [r.input_ids for r in records], [r.loss_mask for r in records], tokenizer.pad_token_id,
+        [r.input_ids for r in records],
+        [r.loss_mask for r in records],
+        tokenizer.pad_token_id,
         [r.segment_lengths for r in records],
-    )  # fmt: skip
+    )
     with torch.no_grad():
         logprobs, _ = token_logprobs(model.eval(), batch)
     for row, record in enumerate(records):

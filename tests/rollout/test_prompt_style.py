@@ -19,8 +19,16 @@ ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n<think>"
 
 
 def _spec(mode="full", window=None):
-    return RolloutSpec("frozen_lake", [3, 4, 5], 2, max_turns=6, max_actions_per_turn=1, max_actions_per_traj=6,
-                       context_window_mode=mode, max_context_window=window)  # fmt: skip
+    return RolloutSpec(
+        "frozen_lake",
+        [3, 4, 5],
+        2,
+        max_turns=6,
+        max_actions_per_turn=1,
+        max_actions_per_traj=6,
+        context_window_mode=mode,
+        max_context_window=window,
+    )
 
 
 def _shown(record):
@@ -73,8 +81,9 @@ def test_compact_single_turn_window_shows_only_the_current_state(tiny_policy):
 def test_describe_random_thinks_the_goal_direction_and_acts_at_random(tiny_policy):
     _, tokenizer = tiny_policy
     spec = RolloutSpec("frozen_lake", list(range(40)), 4, max_turns=5, max_actions_per_turn=1, max_actions_per_traj=5)
-    records = run_rollouts(spec, ScriptedBackend("describe_random", tokenizer),
-                           ChatFormatter(tokenizer, reply_prefix="<think>"), seed=0)  # fmt: skip
+    records = run_rollouts(
+        spec, ScriptedBackend("describe_random", tokenizer), ChatFormatter(tokenizer, reply_prefix="<think>"), seed=0
+    )
     toward, counts = 0, {}
     for record in records:
         for turn, (state, _, _) in zip(record.turns, _shown(record), strict=True):
@@ -140,11 +149,13 @@ def test_bootstrap_key_follows_what_the_policy_does_not_its_name(tmp_path: Path,
     ("overrides", "message"),
     [
         (["bootstrap.policy=describe_random"], "bandit has none"),
-        (["env.name=frozen_lake", "bootstrap.policy=describe_random", "rollout.enable_think=false"],
-         "set rollout.enable_think=true"),
+        (
+            ["env.name=frozen_lake", "bootstrap.policy=describe_random", "rollout.enable_think=false"],
+            "set rollout.enable_think=true",
+        ),
         (["rollout.prompt_style=short"], "prompt_style"),
     ],
-)  # fmt: skip
+)
 def test_describing_bootstrap_needs_an_env_that_describes_and_thinking(overrides, message):
     with pytest.raises(Exception, match=message):
         load_config("configs/bandit.yaml", overrides)

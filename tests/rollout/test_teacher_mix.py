@@ -29,8 +29,15 @@ def _replay(record, env_name, options):
 @pytest.mark.parametrize("prob", [0.0, 0.5, 1.0])
 def test_teacher_mix_takes_the_teacher_move_at_its_rate_and_thinks_the_state(tiny_policy, env_name, options, prob):
     _, tokenizer = tiny_policy
-    spec = RolloutSpec(env_name, list(range(60)), 2, max_turns=10, max_actions_per_turn=1, max_actions_per_traj=10,
-                       env_options=options)  # fmt: skip
+    spec = RolloutSpec(
+        env_name,
+        list(range(60)),
+        2,
+        max_turns=10,
+        max_actions_per_turn=1,
+        max_actions_per_traj=10,
+        env_options=options,
+    )
     backend = ScriptedBackend("teacher_mix", tokenizer, {"teacher_prob": prob})
     records = run_rollouts(spec, backend, ChatFormatter(tokenizer, reply_prefix="<think>"), seed=0)
     agree = expected = total = 0
@@ -77,13 +84,21 @@ def test_perception_metric_against_a_hand_count():
 
 def test_a_wrong_description_is_not_right(tiny_policy):
     _, tokenizer = tiny_policy
-    spec = RolloutSpec("frozen_lake", list(range(8)), 1, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=3,
-                       env_options={"is_slippery": False})  # fmt: skip
+    spec = RolloutSpec(
+        "frozen_lake",
+        list(range(8)),
+        1,
+        max_turns=3,
+        max_actions_per_turn=1,
+        max_actions_per_traj=3,
+        env_options={"is_slippery": False},
+    )
     backend = ScriptedBackend("random", tokenizer, {})
     records = run_rollouts(spec, backend, ChatFormatter(tokenizer, reply_prefix="<think>"), seed=0)
     for record in records:
-        for turn, (_, description) in zip(record.turns, _replay(record, "frozen_lake", {"is_slippery": False}),
-                                           strict=True):  # fmt: skip
+        for turn, (_, description) in zip(
+            record.turns, _replay(record, "frozen_lake", {"is_slippery": False}), strict=True
+        ):
             assert turn.info["think_right"] == (turn.think == description)
             assert turn.think != description  # the random policy thinks no description
 

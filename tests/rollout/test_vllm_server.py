@@ -70,8 +70,14 @@ def test_greedy_replies_equal_transformers_generate(server, tiny_policy):
     for prompt, output in zip(prompts, outputs, strict=True):
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
-                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=None)  # fmt: skip
+            expected = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=24,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=None,
+            )
         assert output["token_ids"] == expected[0, len(prompt) :].tolist()
 
 
@@ -135,8 +141,10 @@ def test_replies_are_cut_after_the_first_stop_token(tiny_policy):
     _, tokenizer = tiny_policy
     stop = stop_token_ids(tokenizer)
     word = tokenizer.encode("<answer>Gold</answer>", add_special_tokens=False)
-    outputs = [{"token_ids": [*word, stop[0], 7], "logprobs": [-0.5] * len(word) + [-0.25, -3.0]},
-               {"token_ids": word, "logprobs": [-1.0] * len(word)}]  # fmt: skip
+    outputs = [
+        {"token_ids": [*word, stop[0], 7], "logprobs": [-0.5] * len(word) + [-0.25, -3.0]},
+        {"token_ids": word, "logprobs": [-1.0] * len(word)},
+    ]
     finished, capped = generations_from_outputs(outputs, tokenizer, stop)
     assert finished.token_ids == [*word, stop[0]] and finished.logprobs == [-0.5] * len(word) + [-0.25]
     assert finished.text == "<answer>Gold</answer>" and not finished.truncated
@@ -221,8 +229,7 @@ def test_the_server_dies_with_a_killed_trainer_even_behind_a_wrapper(python, tin
         print(server.score([[1, 2, 3]])[0][0], flush=True)
         time.sleep(600)
     """)
-    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                             start_new_session=True)  # fmt: skip
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert float(owner.stdout.readline()) < 0  # started through the wrapper, and answering
         assert len(server_processes(str(tmp_path))) == 2  # the wrapper's shell and the server

@@ -30,9 +30,15 @@ class Recording:
 
 def _spec(env, mode, window, actions_per_turn=1):
     return RolloutSpec(
-        env, [5, 6], 2, max_turns=MAX_TURNS, max_actions_per_turn=actions_per_turn, max_actions_per_traj=MAX_TURNS * 2,
-        context_window_mode=mode, max_context_window=window,
-    )  # fmt: skip
+        env,
+        [5, 6],
+        2,
+        max_turns=MAX_TURNS,
+        max_actions_per_turn=actions_per_turn,
+        max_actions_per_traj=MAX_TURNS * 2,
+        context_window_mode=mode,
+        max_context_window=window,
+    )
 
 
 def _segments(record):
@@ -128,8 +134,9 @@ def test_windows_over_valid_moves(tiny_policy, mode, window):
 def test_a_window_covering_every_turn_reproduces_the_full_chat(tiny_policy):
     _, tokenizer = tiny_policy
     formatter = ChatFormatter(tokenizer)
-    windowed = run_rollouts(_spec("sokoban", "limited_multi_turn", MAX_TURNS), ScriptedBackend("random", tokenizer),
-                            formatter, seed=2)  # fmt: skip
+    windowed = run_rollouts(
+        _spec("sokoban", "limited_multi_turn", MAX_TURNS), ScriptedBackend("random", tokenizer), formatter, seed=2
+    )
     full = run_rollouts(_spec("sokoban", "full", None), ScriptedBackend("random", tokenizer), formatter, seed=2)
     for w, f in zip(windowed, full, strict=True):
         assert f.segment_lengths is None and len(w.segment_lengths) == len(w.turns)

@@ -12,12 +12,23 @@ from ragen_core.run.bootstrap import bootstrap_model
 from ragen_core.storage import DataLake, query
 
 OVERRIDES = [
-    "env.options.is_slippery=false", "env.max_turns=10", "env.max_actions_per_turn=1", "rollout.prompt_style=compact",
-    "rollout.context_window_mode=single_turn", "rollout.max_context_window=1", "actor.micro_batch_size=16",
-    "actor.mini_batch_size=16", "trainer.num_threads=1", "bootstrap.enabled=true", "bootstrap.policy=teacher_mix",
-    "bootstrap.teacher_prob=1.0", "bootstrap.num_groups=48", "bootstrap.group_size=1", "bootstrap.epochs=20",
+    "env.options.is_slippery=false",
+    "env.max_turns=10",
+    "env.max_actions_per_turn=1",
+    "rollout.prompt_style=compact",
+    "rollout.context_window_mode=single_turn",
+    "rollout.max_context_window=1",
+    "actor.micro_batch_size=16",
+    "actor.mini_batch_size=16",
+    "trainer.num_threads=1",
+    "bootstrap.enabled=true",
+    "bootstrap.policy=teacher_mix",
+    "bootstrap.teacher_prob=1.0",
+    "bootstrap.num_groups=48",
+    "bootstrap.group_size=1",
+    "bootstrap.epochs=20",
     "bootstrap.batch_size=16",
-]  # fmt: skip
+]
 
 
 def test_a_bootstrap_on_clean_teacher_replies_answers_in_format(tiny_model_dir: Path, tmp_path: Path):
@@ -27,16 +38,21 @@ def test_a_bootstrap_on_clean_teacher_replies_answers_in_format(tiny_model_dir: 
     target, summary = bootstrap_model(config, lake, tiny_model_dir, report=lines.append)
     assert not summary["cached"] and summary["sft_loss_last"] < summary["sft_loss_first"] / 3
     # a line per step: what is built, the demonstrations stored, then one per epoch with the summary's losses
-    assert lines[0] == (f"bootstrap {summary['run_id']}: 48 demonstrations of the teacher_mix scripted policy on "
-                        f"{config.env.name}, then 20 SFT epoch(s)")  # fmt: skip
+    assert lines[0] == (
+        f"bootstrap {summary['run_id']}: 48 demonstrations of the teacher_mix scripted policy on "
+        f"{config.env.name}, then 20 SFT epoch(s)"
+    )
     assert re.fullmatch(r"bootstrap: demonstrations stored \(\d+ s\)", lines[1]) and len(lines) == 22
     epochs = [re.fullmatch(r"bootstrap: SFT epoch (\d+)/20, loss (\S+) \(\d+ s\)", line) for line in lines[2:]]
     assert [int(m.group(1)) for m in epochs] == list(range(1, 21))
     assert epochs[0].group(2) == f"{summary['sft_loss_first']:.3f}"
     assert epochs[-1].group(2) == f"{summary['sft_loss_last']:.3f}"
     model, tokenizer = load_policy(target)
-    rows = query(lake, "SELECT input_ids, loss_mask, segment_lengths FROM trajectories WHERE run_id = $run",
-                 params={"run": summary["run_id"]}).to_pylist()  # fmt: skip
+    rows = query(
+        lake,
+        "SELECT input_ids, loss_mask, segment_lengths FROM trajectories WHERE run_id = $run",
+        params={"run": summary["run_id"]},
+    ).to_pylist()
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     think = tokenizer.encode("The", add_special_tokens=False)[0]
     ends, firsts = [], []
@@ -62,8 +78,13 @@ def test_demonstrations_longer_than_the_token_limit_are_warned_of(tiny_model_dir
     here from the stored turns."""
     import logging
 
-    overrides = [f"model.path={tiny_model_dir}", "bootstrap.num_groups=16", "bootstrap.group_size=2",
-                 "bootstrap.epochs=1", "trainer.num_threads=1"]  # fmt: skip
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        "bootstrap.num_groups=16",
+        "bootstrap.group_size=2",
+        "bootstrap.epochs=1",
+        "trainer.num_threads=1",
+    ]
     lake = DataLake(tmp_path / "lake")
     config = load_config("configs/sudoku.yaml", [*overrides, "rollout.max_new_tokens=64"])
     with caplog.at_level(logging.WARNING, logger="ragen.bootstrap"):
@@ -77,8 +98,10 @@ def test_demonstrations_longer_than_the_token_limit_are_warned_of(tiny_model_dir
     over = sum(n > 64 for n in lengths) / len(lengths)
     assert 0 < over < 1 and max(lengths) > 64
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "ragen.bootstrap"]
-    assert warning.startswith(f"bootstrap: {over:.0%} of the demonstrated replies are longer than "
-                              f"rollout.max_new_tokens=64 (the longest {max(lengths)} tokens")  # fmt: skip
+    assert warning.startswith(
+        f"bootstrap: {over:.0%} of the demonstrated replies are longer than "
+        f"rollout.max_new_tokens=64 (the longest {max(lengths)} tokens"
+    )
     caplog.clear()
     roomy = load_config("configs/sudoku.yaml", [*overrides, f"rollout.max_new_tokens={max(lengths)}"])
     with caplog.at_level(logging.WARNING, logger="ragen.bootstrap"):

@@ -50,8 +50,13 @@ def _session(tmp_path: Path, *overrides: str) -> RunSession:
 
 
 def test_a_checkpoint_is_due_every_checkpoint_every_updates_and_after_the_last(tmp_path):
-    session = _session(tmp_path, "trainer.iterations=5", "trainer.checkpoint_every=2", "trainer.keep_last=2",
-                       "algorithm.filter_empty_stop_steps=0")  # fmt: skip
+    session = _session(
+        tmp_path,
+        "trainer.iterations=5",
+        "trainer.checkpoint_every=2",
+        "trainer.keep_last=2",
+        "algorithm.filter_empty_stop_steps=0",
+    )
     payloads = [commit_iteration(session, i, IterationState(dict(KEPT), updated=True)) for i in range(5)]
     # by hand: updates 1..5; due at 2 and 4 (every 2) and 5 (the last); the 2 newest kept
     assert session.updater.saved == [2, 4, 5]
@@ -66,8 +71,9 @@ def test_a_checkpoint_is_due_every_checkpoint_every_updates_and_after_the_last(t
 
 
 def test_the_last_update_before_an_early_stop_is_checkpointed_and_the_stop_recorded(tmp_path):
-    session = _session(tmp_path, "trainer.iterations=10", "trainer.checkpoint_every=5",
-                       "algorithm.filter_empty_stop_steps=2")  # fmt: skip
+    session = _session(
+        tmp_path, "trainer.iterations=10", "trainer.checkpoint_every=5", "algorithm.filter_empty_stop_steps=2"
+    )
     kept = [KEPT, EMPTY, KEPT, EMPTY, EMPTY]
     stops = []
     for iteration, metrics in enumerate(kept):
@@ -78,12 +84,16 @@ def test_the_last_update_before_an_early_stop_is_checkpointed_and_the_stop_recor
     assert stops == [False] * 5 and stop_early(session, 5)
     assert session.updater.saved == [5]
     assert session.lake.read_manifest(RUN).early_stop == {
-        "iteration": 5, "reason": "filter_empty_stop_steps", "steps": 2}  # fmt: skip
+        "iteration": 5,
+        "reason": "filter_empty_stop_steps",
+        "steps": 2,
+    }
 
 
 def test_an_early_stop_off_schedule_still_checkpoints_its_last_update(tmp_path):
-    session = _session(tmp_path, "trainer.iterations=10", "trainer.checkpoint_every=4",
-                       "algorithm.filter_empty_stop_steps=2")  # fmt: skip
+    session = _session(
+        tmp_path, "trainer.iterations=10", "trainer.checkpoint_every=4", "algorithm.filter_empty_stop_steps=2"
+    )
     for iteration, metrics in enumerate([KEPT, EMPTY, EMPTY]):
         commit_iteration(session, iteration, IterationState(dict(metrics), updated=True))
     assert session.updater.saved == [3]  # 3 updates: not a multiple of 4, but the last before the stop
@@ -97,7 +107,8 @@ def test_a_skipped_iteration_is_committed_with_its_quarantine_and_an_event(tmp_p
     assert session.lake.commit_payload(RUN, 1) == {"skipped": True, "quarantine": "/q/1"}
     events = session.lake.read_table("events", RUN, 1).to_pylist()
     assert [(e["kind"], e["message"]) for e in events] == [
-        ("skipped_iteration", "iteration 1 skipped on resume; its batch stays quarantined in /q/1")]  # fmt: skip
+        ("skipped_iteration", "iteration 1 skipped on resume; its batch stays quarantined in /q/1")
+    ]
     assert session.lake.read_manifest(RUN).last_committed_iteration == 1
 
 

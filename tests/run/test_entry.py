@@ -100,8 +100,9 @@ HOLD = (
 def test_a_waiting_entry_opens_the_run_once_the_other_process_is_done(tmp_path):
     """A bootstrap's build: a second run building the same bootstrap model waits for the first instead of failing."""
     project = Path(__file__).resolve().parents[2]
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "b"], stdout=subprocess.PIPE, text=True,
-                              cwd=project)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path), "b"], stdout=subprocess.PIPE, text=True, cwd=project
+    )
     try:
         assert holder.stdout.readline().strip() == "opened"
         started = time.monotonic()

@@ -66,8 +66,11 @@ def test_a_failing_row_is_where_the_run_stopped_and_the_rows_after_it_never_run(
     def fails(session, iteration, state):
         raise RuntimeError("stage broke")
 
-    table = (Step("before", lambda s, i, state: ran.append("before")), Step("breaks", fails),
-             Step("after", lambda s, i, state: ran.append("after")))  # fmt: skip
+    table = (
+        Step("before", lambda s, i, state: ran.append("before")),
+        Step("breaks", fails),
+        Step("after", lambda s, i, state: ran.append("after")),
+    )
     state = IterationState()
     with pytest.raises(RuntimeError, match="stage broke"):
         run_iteration(session, 7, table, state=state)
@@ -106,11 +109,13 @@ def test_the_real_table_trains_without_prefect_and_a_planted_stage_is_one_functi
         ["generate", "persist", "validate", "filter", "update", "planted", "commit"],
     ]
     assert [k for k in final if k.startswith("time/")] == ["time/evaluate", "time/commit"]
-    committed = query(tmp_path, "SELECT iteration, name, value FROM metrics WHERE name IN ('planted/kept_rows', "
-                      "'time/planted')").to_pylist()  # fmt: skip
+    committed = query(
+        tmp_path, "SELECT iteration, name, value FROM metrics WHERE name IN ('planted/kept_rows', 'time/planted')"
+    ).to_pylist()
     by_name = {(r["iteration"], r["name"]): r["value"] for r in committed}
-    kept = query(tmp_path, "SELECT iteration, count(*) AS n FROM trajectories WHERE split = 'train' AND kept "
-                 "GROUP BY iteration").to_pylist()  # fmt: skip
+    kept = query(
+        tmp_path, "SELECT iteration, count(*) AS n FROM trajectories WHERE split = 'train' AND kept GROUP BY iteration"
+    ).to_pylist()
     assert {(r["iteration"], "planted/kept_rows"): float(r["n"]) for r in kept} == {
         k: v for k, v in by_name.items() if k[1] == "planted/kept_rows"
     }  # the planted metric, committed, counted again from the published rows

@@ -32,11 +32,18 @@ def test_a_ctrl_c_and_an_error_raised_while_handling_it_are_interruptions():
 def test_stop_record_fields():
     where = {"iteration": 2, "stage": "evaluate"}
     assert stop_record(_raised_while_handling_ctrl_c(), where, [0, 1]) == {
-        "status": "interrupted", "interrupted_iteration": 2, "interrupted_stage": "evaluate",
-        "last_committed_iteration": 1}  # fmt: skip
+        "status": "interrupted",
+        "interrupted_iteration": 2,
+        "interrupted_stage": "evaluate",
+        "last_committed_iteration": 1,
+    }
     assert stop_record(RuntimeError("boom"), where, []) == {
-        "status": "failed", "error": "RuntimeError: boom", "failed_iteration": 2, "failed_stage": "evaluate",
-        "last_committed_iteration": None}  # fmt: skip
+        "status": "failed",
+        "error": "RuntimeError: boom",
+        "failed_iteration": 2,
+        "failed_stage": "evaluate",
+        "last_committed_iteration": None,
+    }
 
 
 def test_run_status_records_how_the_body_ended_and_always_closes_the_session(tmp_path, tiny_model_dir, monkeypatch):
@@ -63,14 +70,21 @@ def test_run_status_records_how_the_body_ended_and_always_closes_the_session(tmp
         raise RuntimeError("boom")
     manifest = lake.read_manifest("life")
     assert (manifest.status, manifest.error, manifest.failed_iteration, manifest.failed_stage) == (
-        "failed", "RuntimeError: boom", 4, "update")  # fmt: skip
+        "failed",
+        "RuntimeError: boom",
+        4,
+        "update",
+    )
     assert closed == [True, True]
 
     with pytest.raises(KeyboardInterrupt), run_status(session):
         raise KeyboardInterrupt
     manifest = lake.read_manifest("life")
     assert (manifest.status, manifest.interrupted_stage, manifest.last_committed_iteration) == (
-        "interrupted", "update", None)  # fmt: skip
+        "interrupted",
+        "update",
+        None,
+    )
     assert closed == [True, True, True]
 
 

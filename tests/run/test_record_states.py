@@ -36,7 +36,11 @@ def test_a_failure_records_where_it_stopped_and_the_last_commit(tmp_path):
     record.stopped(ValueError("bad batch"))
     stored = lake.read_manifest("life")
     assert (stored.status, stored.error, stored.failed_iteration, stored.failed_stage) == (
-        "failed", "ValueError: bad batch", 2, "update")  # fmt: skip
+        "failed",
+        "ValueError: bad batch",
+        2,
+        "update",
+    )
     assert stored.last_committed_iteration == 1
 
 
@@ -46,8 +50,7 @@ def test_an_interruption_before_any_commit_has_no_last_commit(tmp_path):
     record.position = {"iteration": 0, "stage": "generate"}
     record.stopped(KeyboardInterrupt())
     stored = lake.read_manifest("life")
-    assert (stored.status, stored.interrupted_iteration, stored.interrupted_stage) == (
-        "interrupted", 0, "generate")  # fmt: skip
+    assert (stored.status, stored.interrupted_iteration, stored.interrupted_stage) == ("interrupted", 0, "generate")
     assert stored.last_committed_iteration is None and "error" not in stored.stored()
 
 

@@ -21,8 +21,12 @@ def test_commit_writes_early_warning_events(tmp_path, caplog):
     # iteration 1 (three before the spike), 0.533 at 3, 0.433 at 4
     success = [0.6, 0.6, 0.6, 0.4, 0.3]
     for iteration, (std, grad, rate) in enumerate(zip(stds, grads, success, strict=True)):
-        metrics = {"rollout/in_group_reward_std": std, "actor/entropy": 1.0, "actor/grad_norm_max": grad,
-                   "rollout/success_rate": rate}  # fmt: skip
+        metrics = {
+            "rollout/in_group_reward_std": std,
+            "actor/entropy": 1.0,
+            "actor/grad_norm_max": grad,
+            "rollout/success_rate": rate,
+        }
         commit_iteration(session, iteration, IterationState(metrics))
     events = query(tmp_path, "SELECT iteration, kind, metric, value, threshold FROM events ORDER BY 1, 3").to_pylist()
     assert [(e["iteration"], e["kind"], e["metric"]) for e in events] == [

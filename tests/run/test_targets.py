@@ -60,14 +60,17 @@ def test_a_folder_resolves_to_itself_or_its_hf_export(tmp_path):
     assert resolve_target(str(folder), None)[0] == checkpoint_file(folder, CHECKPOINT_HF)
 
 
-@pytest.mark.parametrize(("target", "message"), [
-    ("r@3", "run 'r' has no checkpoint after 3 updates; its checkpoints: r@2, r@4 " + KEEP),
-    ("r@x", "'r@x': after '@' give the number of updates, e.g. r@10"),
-    ("fresh", "run 'fresh' has no checkpoint yet; evaluate the model it started from instead: {start}"),
-    ("ghost@2", "no run 'ghost' in {root}; `ragen runs` lists them"),
-    ("run:ghost", "no run 'ghost' in {root}; `ragen runs` lists them"),
-    ("ghost", "'ghost' is neither a run id in {root} nor a Hugging Face model folder or checkpoint folder"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("r@3", "run 'r' has no checkpoint after 3 updates; its checkpoints: r@2, r@4 " + KEEP),
+        ("r@x", "'r@x': after '@' give the number of updates, e.g. r@10"),
+        ("fresh", "run 'fresh' has no checkpoint yet; evaluate the model it started from instead: {start}"),
+        ("ghost@2", "no run 'ghost' in {root}; `ragen runs` lists them"),
+        ("run:ghost", "no run 'ghost' in {root}; `ragen runs` lists them"),
+        ("ghost", "'ghost' is neither a run id in {root} nor a Hugging Face model folder or checkpoint folder"),
+    ],
+)
 def test_an_evaluation_target_that_names_nothing_to_evaluate_says_why(tmp_path, monkeypatch, target, message):
     lake, start = _lake(tmp_path)
     monkeypatch.chdir(tmp_path)  # 'ghost' is looked for as a folder too
@@ -92,14 +95,17 @@ def test_an_init_run_resolves_to_its_start_model_or_its_checkpoint(tmp_path):
     assert resolve_init(str(start)) == start and resolve_init(start) == start
 
 
-@pytest.mark.parametrize(("init", "message"), [
-    ("run:r@x", "--init run:r@x: after '@' give the number of updates, e.g. run:r@10"),
-    ("run:a/b", "--init run:a/b: 'a/b' is not a run id (letters, digits, '.', '_', '-')"),
-    ("run:ghost", "--init run:ghost: no run 'ghost' in {root}"),
-    ("run:early", "--init run:early: run 'early' stopped before choosing its start model"),
-    ("run:r@3", "--init run:r@3: run 'r' has no checkpoint after 3 updates; its checkpoints: r@2, r@4 " + KEEP),
-    ("no\x00where", "--init 'no\\x00where' is not a folder name: it contains a NUL character"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("init", "message"),
+    [
+        ("run:r@x", "--init run:r@x: after '@' give the number of updates, e.g. run:r@10"),
+        ("run:a/b", "--init run:a/b: 'a/b' is not a run id (letters, digits, '.', '_', '-')"),
+        ("run:ghost", "--init run:ghost: no run 'ghost' in {root}"),
+        ("run:early", "--init run:early: run 'early' stopped before choosing its start model"),
+        ("run:r@3", "--init run:r@3: run 'r' has no checkpoint after 3 updates; its checkpoints: r@2, r@4 " + KEEP),
+        ("no\x00where", "--init 'no\\x00where' is not a folder name: it contains a NUL character"),
+    ],
+)
 def test_an_init_that_names_no_model_says_why(tmp_path, init, message):
     lake, _ = _lake(tmp_path)
     with pytest.raises(OfflineError) as refused:

@@ -61,8 +61,14 @@ def _check(trajectories, turns, **kwargs):
 
 
 def _key(traj_index: int, group_id: int = 0) -> dict:
-    return {"run_id": "r", "iteration": 0, "split": "train", "env": "bandit", "group_id": group_id,
-            "traj_index": traj_index}  # fmt: skip
+    return {
+        "run_id": "r",
+        "iteration": 0,
+        "split": "train",
+        "env": "bandit",
+        "group_id": group_id,
+        "traj_index": traj_index,
+    }
 
 
 def test_a_good_batch_passes(batch):
@@ -223,18 +229,42 @@ def test_filter_columns_follow_the_split_and_the_filter(batch):
 
 
 def test_small_tables_have_structure_contracts():
-    evaluation = {"run_id": "r", "iteration": 0, "env": "bandit", "instances": 4, "k": 1, "temperature": 0.5,
-                  "success_rate": 1.5, "pass_at_k": 0.5, "reward_mean": 0.1, "response_length_mean": 3.0}  # fmt: skip
+    evaluation = {
+        "run_id": "r",
+        "iteration": 0,
+        "env": "bandit",
+        "instances": 4,
+        "k": 1,
+        "temperature": 0.5,
+        "success_rate": 1.5,
+        "pass_at_k": 0.5,
+        "reward_mean": 0.1,
+        "response_length_mean": 3.0,
+    }
     from schemas.tables import CHECKPOINTS, EVALUATIONS, EVENTS
 
     report = validate_rows("evaluations", pa.Table.from_pylist([evaluation], schema=EVALUATIONS.arrow_schema))
     assert report.failed_checks() == ["evaluations.success_rate:between_0_1"]
-    checkpoint = {"run_id": "r", "iteration": 1, "format": "zip", "path": "/x", "metrics_json": "{}",
-                  "created_at": None}  # fmt: skip
+    checkpoint = {
+        "run_id": "r",
+        "iteration": 1,
+        "format": "zip",
+        "path": "/x",
+        "metrics_json": "{}",
+        "created_at": None,
+    }
     report = validate_rows("checkpoints", pa.Table.from_pylist([checkpoint], schema=CHECKPOINTS.arrow_schema))
     assert report.failed_checks() == ["checkpoints.created_at:not_null", "checkpoints.format:isin"]
-    event = {"run_id": "r", "iteration": 1, "kind": "early_warning", "metric": None, "value": None,
-             "threshold": None, "message": "m", "created_at": 0}  # fmt: skip
+    event = {
+        "run_id": "r",
+        "iteration": 1,
+        "kind": "early_warning",
+        "metric": None,
+        "value": None,
+        "threshold": None,
+        "message": "m",
+        "created_at": 0,
+    }
     report = validate_rows("events", pa.Table.from_pylist([event, event], schema=EVENTS.arrow_schema))
     assert report.failed_checks() == ["events:unique_key"]
 

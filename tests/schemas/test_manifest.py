@@ -66,17 +66,20 @@ def test_updated_without_and_with_attempt_are_copies():
         manifest.updated(seed="3")
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    ({"status": 5}, "has status = 5, not a text"),
-    ({"seed": "3"}, "has seed = '3', not an integer"),
-    ({"last_committed_iteration": True}, "has last_committed_iteration = True, not an integer"),
-    ({"config": [1, 2]}, "has config = [1, 2], not a mapping"),
-    ({"resumes": "twice"}, "has resumes = 'twice', not a list"),
-    ({"resumes": [3]}, "has resumes[0] = 3, not a mapping"),
-    ({"run_id": None}, "has run_id = None, not a text"),
-    ({"manifest_version": "2"}, "has manifest_version = '2', not a version"),
-    ({"manifest_version": 0}, "has manifest_version = 0, not a version"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"status": 5}, "has status = 5, not a text"),
+        ({"seed": "3"}, "has seed = '3', not an integer"),
+        ({"last_committed_iteration": True}, "has last_committed_iteration = True, not an integer"),
+        ({"config": [1, 2]}, "has config = [1, 2], not a mapping"),
+        ({"resumes": "twice"}, "has resumes = 'twice', not a list"),
+        ({"resumes": [3]}, "has resumes[0] = 3, not a mapping"),
+        ({"run_id": None}, "has run_id = None, not a text"),
+        ({"manifest_version": "2"}, "has manifest_version = '2', not a version"),
+        ({"manifest_version": 0}, "has manifest_version = 0, not a version"),
+    ],
+)
 def test_a_manifest_of_the_wrong_shape_is_one_line_naming_the_field(change, expected):
     with pytest.raises(ManifestError) as caught:
         RunManifest.from_stored({**OLD_TRAINING, **change})

@@ -113,65 +113,101 @@ def _mutations(t: pa.Table, u: pa.Table) -> dict:
         "NaN total reward": ((_set(t, "total_reward", 1, math.nan), u), {}, ["trajectories.total_reward:not_null"]),
         "NaN env reward": ((_set(t, "env_reward", 2, math.nan), u), {}, ["trajectories.env_reward:not_null"]),
         "NaN temperature": (
-            (_set(t, "temperature", 0, math.nan), u), {},
+            (_set(t, "temperature", 0, math.nan), u),
+            {},
             ["trajectories.temperature:gt_0", "trajectories.temperature:not_null"],  # NaN is null and fails gt 0
         ),
         "null key": ((_set(t, "group_id", 0, None), u), {}, ["trajectories.group_id:not_null"]),
         "key column missing": (
-            (t.drop_columns(["traj_index"]), u), {"known_difference": ("trajectories:unique_key",)},
+            (t.drop_columns(["traj_index"]), u),
+            {"known_difference": ("trajectories:unique_key",)},
             ["trajectories:missing_column"],
         ),
         "column of null type": (
             (t.set_column(t.schema.get_field_index("env"), "env", pa.nulls(t.num_rows)), u),
-            {"known_difference": ("trajectories.env:not_null",)}, ["trajectories.env:dtype"],
+            {"known_difference": ("trajectories.env:not_null",)},
+            ["trajectories.env:dtype"],
         ),
         "int64 token ids": (
-            (_set(t, "input_ids", 0, [1, 2], pa.list_(pa.int64())), u), {}, ["trajectories.input_ids:dtype"]
+            (_set(t, "input_ids", 0, [1, 2], pa.list_(pa.int64())), u),
+            {},
+            ["trajectories.input_ids:dtype"],
         ),
         "bad turn split": ((t, _set(u, "split", 0, "test")), {}, ["turns.split:isin"]),
         "val rows filtered": (
-            (_fill(val, "kept", True), val_turns), {"filtered": True}, ["val_rows_have_no_filter_decision"]
+            (_fill(val, "kept", True), val_turns),
+            {"filtered": True},
+            ["val_rows_have_no_filter_decision"],
         ),
         "NaN std breaks ge 0": (
-            (_fill(decided, "group_reward_std", math.nan), u), {"filtered": True},
+            (_fill(decided, "group_reward_std", math.nan), u),
+            {"filtered": True},
             ["trajectories.group_reward_std:ge_0"],
         ),
         "kept missing after the filter": (
-            (_set(decided, "kept", 2, None), u), {"filtered": True},
+            (_set(decided, "kept", 2, None), u),
+            {"filtered": True},
             ["filter_decision_constant_in_group", "train_rows_have_filter_decision"],
         ),
         "std differs in group": (
-            (_set(decided, "group_reward_std", 7, 0.25), u), {"filtered": True}, ["filter_decision_constant_in_group"]
+            (_set(decided, "group_reward_std", 7, 0.25), u),
+            {"filtered": True},
+            ["filter_decision_constant_in_group"],
         ),
         "turns of another run": (
-            (t, _fill(u, "run_id", "other")), {}, ["turn_count_matches", "turns_belong_to_trajectories"]
+            (t, _fill(u, "run_id", "other")),
+            {},
+            ["turn_count_matches", "turns_belong_to_trajectories"],
         ),
         "empty batch": ((t.slice(0, 0), u.slice(0, 0)), {}, []),
-    }  # fmt: skip
+    }
 
 
 CASES = (
-    "good multi-turn batch", "large strings are strings", "NaN total reward", "NaN env reward", "NaN temperature",
-    "null key", "key column missing", "column of null type", "int64 token ids", "bad turn split", "val rows filtered",
-    "NaN std breaks ge 0", "kept missing after the filter", "std differs in group", "turns of another run",
+    "good multi-turn batch",
+    "large strings are strings",
+    "NaN total reward",
+    "NaN env reward",
+    "NaN temperature",
+    "null key",
+    "key column missing",
+    "column of null type",
+    "int64 token ids",
+    "bad turn split",
+    "val rows filtered",
+    "NaN std breaks ge 0",
+    "kept missing after the filter",
+    "std differs in group",
+    "turns of another run",
     "empty batch",
-)  # fmt: skip
+)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_both_implementations_agree(sokoban_batch, case):
     (trajectories, turns), kwargs, expected = _mutations(*sokoban_batch)[case]
     assert _both(trajectories, turns, **kwargs) == expected
-    report = validate_trajectory_batch(trajectories, turns, GROUP_SIZE, (-20.0, 20.0), **{
-        k: v for k, v in kwargs.items() if k != "known_difference"})  # fmt: skip
+    report = validate_trajectory_batch(
+        trajectories, turns, GROUP_SIZE, (-20.0, 20.0), **{k: v for k, v in kwargs.items() if k != "known_difference"}
+    )
     # the default engine: the vectorised checks, and the libraries' second opinion merged in on a rejected batch
     assert report.failed_checks() == sorted(set(expected) | set(kwargs.get("known_difference", ())))
     assert report.engines == (["vectorised", "pandera+great_expectations"] if expected else ["vectorised"])
 
 
 def test_small_tables_agree_too():
-    row = {"run_id": "r", "iteration": 0, "env": "bandit", "instances": 4, "k": 1, "temperature": 0.5,
-           "success_rate": math.nan, "pass_at_k": 0.5, "reward_mean": 0.1, "response_length_mean": None}  # fmt: skip
+    row = {
+        "run_id": "r",
+        "iteration": 0,
+        "env": "bandit",
+        "instances": 4,
+        "k": 1,
+        "temperature": 0.5,
+        "success_rate": math.nan,
+        "pass_at_k": 0.5,
+        "reward_mean": 0.1,
+        "response_length_mean": None,
+    }
     table = pa.Table.from_pylist([row, {**row, "env": "sokoban", "k": 0}], schema=EVALUATIONS.arrow_schema)
     reports = [validate_rows("evaluations", table, engine=engine) for engine in ("vectorised", "libraries")]
     assert _findings(reports[0]) == _findings(reports[1])

@@ -122,8 +122,11 @@ class Trajectory:
         if teacher is None:
             return {}
         actions = self.turns[turn_index].actions
-        return {"teacher_actions": teacher, "teacher_agree": bool(actions) and actions[0] in teacher,
-                "teacher_chance": len(teacher) / len(MOVES)}  # fmt: skip
+        return {
+            "teacher_actions": teacher,
+            "teacher_agree": bool(actions) and actions[0] in teacher,
+            "teacher_chance": len(teacher) / len(MOVES),
+        }
 
     def turn_rows(self) -> list[dict[str, Any]]:
         key = dict(zip(("run_id", "iteration", "split", "env", "group_id", "traj_index"), self.key, strict=True))
@@ -199,8 +202,20 @@ def make_batch(
         seed = int(rng.integers(0, 10**6))
         for k in range(group_size):
             success = bool(rng.random() < success_rate)
-            batch.append(Trajectory(run_id, iteration, split, env, g, k, seed, _turns(rng, env, iteration, success),
-                                    success, token_seed=int(rng.integers(0, 2**31))))  # fmt: skip
+            batch.append(
+                Trajectory(
+                    run_id,
+                    iteration,
+                    split,
+                    env,
+                    g,
+                    k,
+                    seed,
+                    _turns(rng, env, iteration, success),
+                    success,
+                    token_seed=int(rng.integers(0, 2**31)),
+                )
+            )
     if split == "train":
         by_group = [[t for t in batch if t.group_id == g] for g in range(groups)]
         stds = [_apply_filter(group) for group in by_group]
@@ -249,9 +264,17 @@ def write_run(
     created: str = "2025-01-01T00:00:00+00:00",
 ) -> None:
     """Write a run's rows, metrics, evaluations, manifest and (``commit``) commit markers through the lake API."""
-    manifest = RunManifest(run_id=run.run_id, config=run.config, config_hash=f"h-{run.run_id}",
-                           seed=run.config["seed"], status=status, created_at=created, updated_at=created, pid=1,
-                           host="test")  # fmt: skip
+    manifest = RunManifest(
+        run_id=run.run_id,
+        config=run.config,
+        config_hash=f"h-{run.run_id}",
+        seed=run.config["seed"],
+        status=status,
+        created_at=created,
+        updated_at=created,
+        pid=1,
+        host="test",
+    )
     lake.write_manifest(run.run_id, manifest)
     for iteration in sorted(run.metrics):
         batch = [t for t in run.trajectories if t.iteration == iteration]
@@ -261,8 +284,10 @@ def write_run(
                 lake.write_rows("trajectories", run.run_id, iteration, [t.row() for t in rows], stage=stage)
                 turns = [r for t in rows for r in t.turn_rows()]
                 lake.write_rows("turns", run.run_id, iteration, turns, stage=stage)
-        metrics = [{"run_id": run.run_id, "iteration": iteration, "name": k, "value": v}
-                   for k, v in sorted(run.metrics[iteration].items())]  # fmt: skip
+        metrics = [
+            {"run_id": run.run_id, "iteration": iteration, "name": k, "value": v}
+            for k, v in sorted(run.metrics[iteration].items())
+        ]
         lake.write_rows("metrics", run.run_id, iteration, metrics, stage="commit")
         val = pa.Table.from_pylist([t.row() for t in batch if t.split == "val"], schema=TRAJECTORIES.arrow_schema)
         lake.write_rows("evaluations", run.run_id, iteration, evaluation_rows(val), stage="commit")

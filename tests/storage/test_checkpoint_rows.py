@@ -16,8 +16,10 @@ def _save(lake: DataLake, run_id: str, updates: int, complete: bool = True) -> N
     checkpoint_file(folder, CHECKPOINT_HF).mkdir(parents=True)
     if complete:
         checkpoint_file(folder, CHECKPOINT_INFO).write_text("{}")
-    rows = [checkpoint_row(run_id, updates - 1, str(folder), "deepspeed", {}),
-            checkpoint_row(run_id, updates - 1, str(checkpoint_file(folder, CHECKPOINT_HF)), "hf", {})]  # fmt: skip
+    rows = [
+        checkpoint_row(run_id, updates - 1, str(folder), "deepspeed", {}),
+        checkpoint_row(run_id, updates - 1, str(checkpoint_file(folder, CHECKPOINT_HF)), "hf", {}),
+    ]
     lake.write_rows("checkpoints", run_id, updates - 1, rows, stage=Stage.COMMIT)
 
 
@@ -39,8 +41,10 @@ def test_pruned_checkpoints_keep_their_rows_marked_unavailable(tmp_path):
     assert _available(tmp_path) == expected
     assert _available(tmp_path, "r") == {k: v for k, v in expected.items() if k[0] == "r"}
     columns = query(tmp_path, "DESCRIBE checkpoints").to_pylist()
-    assert [(c["column_name"], c["column_type"]) for c in columns][-2:] == [("created_at", "TIMESTAMP WITH TIME ZONE"),
-                                                                           ("available", "BOOLEAN")]  # fmt: skip
+    assert [(c["column_name"], c["column_type"]) for c in columns][-2:] == [
+        ("created_at", "TIMESTAMP WITH TIME ZONE"),
+        ("available", "BOOLEAN"),
+    ]
 
 
 def test_a_data_root_without_checkpoints_has_the_column_too(tmp_path):

@@ -47,8 +47,12 @@ def test_compaction_merges_each_partition_into_one_file_with_the_same_rows(lake)
 
     report = compact_run(lake, RUN)
 
-    assert {(c.table, c.iteration) for c in report.compacted} == {("trajectories", 0), ("trajectories", 1),
-                                                                  ("turns", 0), ("turns", 1)}  # fmt: skip
+    assert {(c.table, c.iteration) for c in report.compacted} == {
+        ("trajectories", 0),
+        ("trajectories", 1),
+        ("turns", 0),
+        ("turns", 1),
+    }
     assert report.files_removed == 4 and report.skipped_uncommitted == []
     for iteration in range(3):
         (merged,) = lake.partition_files("trajectories", RUN, iteration)

@@ -76,8 +76,9 @@ def test_corrupted_pages_via_the_reader_and_duckdb(lake):
 
 def test_a_duckdb_message_without_the_path_gets_the_damaged_file_added(lake):
     path = _truncate(lake)
-    error = _read_failure(duckdb.IOException("IO Error: unexpected end of stream"), "trajectories",
-                          lake.partition_files("trajectories"))  # fmt: skip
+    error = _read_failure(
+        duckdb.IOException("IO Error: unexpected end of stream"), "trajectories", lake.partition_files("trajectories")
+    )
     assert str(path) in str(error) and "unexpected end of stream" in str(error)
 
 

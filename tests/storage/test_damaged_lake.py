@@ -26,8 +26,10 @@ RUNS = {"run-a": ("bandit", 0), "run-b": ("sokoban", 1)}
 def pristine(tmp_path_factory):
     """Two runs written once through the real lake API; each test damages its own copy."""
     lake = DataLake(tmp_path_factory.mktemp("pristine") / "lake")
-    runs = {run_id: make_run(seed, run_id, env, iterations=2, groups=2, group_size=2)
-            for run_id, (env, seed) in RUNS.items()}  # fmt: skip
+    runs = {
+        run_id: make_run(seed, run_id, env, iterations=2, groups=2, group_size=2)
+        for run_id, (env, seed) in RUNS.items()
+    }
     for run in runs.values():
         write_run(lake, run)
     return lake.root, runs

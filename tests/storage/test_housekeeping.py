@@ -50,8 +50,10 @@ def test_overview_lists_status_hash_iterations_and_last_validation(tmp_path):
 def test_overview_falls_back_to_the_validation_metrics(tmp_path):
     lake = DataLake(tmp_path)
     lake.write_manifest("m", RunManifest(run_id="m", status="failed", created_at="2025-01-01T00:00:00+00:00"))
-    rows = [{"run_id": "m", "iteration": 4, "name": n, "value": v} for n, v in
-            (("val/bandit/success", 0.25), ("val/countdown/success", 0.5), ("rollout/reward_mean", 9.0))]  # fmt: skip
+    rows = [
+        {"run_id": "m", "iteration": 4, "name": n, "value": v}
+        for n, v in (("val/bandit/success", 0.25), ("val/countdown/success", 0.5), ("rollout/reward_mean", 9.0))
+    ]
     lake.write_rows("metrics", "m", 4, rows, stage="commit")
     (row,) = runs_overview(lake).to_pylist()
     assert (row["val_iteration"], row["val_success"]) == (4, "bandit 0.250, countdown 0.500")
@@ -155,10 +157,18 @@ def test_runs_rm_never_removes_a_run_whose_writer_is_alive(tmp_path):
 
     lake = DataLake(tmp_path / "lake")
     write_run(lake, make_run(0, "live", "bandit", iterations=1), status="running")
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from ragen_core.storage.locks import run_writer\n"
-        f"with run_writer({str(lake.root)!r}, 'live'):\n    print('held', flush=True); time.sleep(60)"
-    )], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from ragen_core.storage.locks import run_writer\n"
+                f"with run_writer({str(lake.root)!r}, 'live'):\n    print('held', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         before = sorted(p.relative_to(lake.root) for p in lake.root.rglob("*") if p.name != "writer.lock")

@@ -152,12 +152,21 @@ def test_checkpoints_events_and_evaluations_round_trip(tmp_path, records):
 
 def test_runs_table_is_derived_from_the_manifests_and_commits(tmp_path):
     lake = DataLake(tmp_path)
-    manifest = {"run_id": "run-a", "config": {"seed": 7}, "config_hash": "abc", "seed": 7, "versions": {"torch": "2"},
-                "status": "running", "started_at": "2025-01-01T00:00:00+00:00",
-                "updated_at": "2025-01-01T00:05:00+00:00"}  # fmt: skip
+    manifest = {
+        "run_id": "run-a",
+        "config": {"seed": 7},
+        "config_hash": "abc",
+        "seed": 7,
+        "versions": {"torch": "2"},
+        "status": "running",
+        "started_at": "2025-01-01T00:00:00+00:00",
+        "updated_at": "2025-01-01T00:05:00+00:00",
+    }
     lake.write_manifest("run-a", RunManifest(**manifest))
-    lake.write_manifest("boot", RunManifest(run_id="boot", kind="bootstrap", status="completed",
-                                            updated_at="2025-01-01T00:00:00+00:00"))  # fmt: skip
+    lake.write_manifest(
+        "boot",
+        RunManifest(run_id="boot", kind="bootstrap", status="completed", updated_at="2025-01-01T00:00:00+00:00"),
+    )
     lake.commit_iteration("run-a", 0, {})
     lake.commit_iteration("run-a", 1, {})
     rows = {r["run_id"]: r for r in lake.read_table("runs").to_pylist()}

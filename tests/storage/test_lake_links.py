@@ -158,8 +158,11 @@ def test_a_forged_merged_file_of_the_right_size_never_lets_compaction_delete_row
     (folder / COMPACTION_MARKER).write_text(json.dumps(marker))
     contents = {p: p.read_bytes() for p in parts}
     # the forged file is no part the lake published: refused as such, naming it
-    _one_line_error(_cli("runs", "compact", "runC", "--data-root", lake.root), str(folder / merged),
-                    "is not among the parts the lake published")  # fmt: skip
+    _one_line_error(
+        _cli("runs", "compact", "runC", "--data-root", lake.root),
+        str(folder / merged),
+        "is not among the parts the lake published",
+    )
     assert {p: p.read_bytes() for p in parts if p.exists()} == contents
     # a forger who also writes it into the record of published parts still deletes nothing: its rows repeat keys
     # (the rollout rows twice), which the compaction checks before anything changes

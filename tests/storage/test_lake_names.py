@@ -30,8 +30,10 @@ PROJECT = Path(__file__).resolve().parents[2]
 def pristine(tmp_path_factory):
     """Three runs written once through the lake API; each test attacks its own copy."""
     lake = DataLake(tmp_path_factory.mktemp("pristine") / "lake")
-    runs = {run_id: make_run(seed, run_id, env, iterations=1, groups=2, group_size=2)
-            for run_id, (env, seed) in RUNS.items()}  # fmt: skip
+    runs = {
+        run_id: make_run(seed, run_id, env, iterations=1, groups=2, group_size=2)
+        for run_id, (env, seed) in RUNS.items()
+    }
     for run in runs.values():
         write_run(lake, run)
     return lake.root, runs
@@ -61,8 +63,11 @@ def _one_line_error(result, *expected: str) -> None:
 
 
 def _files(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))
-            if not (p.name.endswith(".lock") or p.name == "_locks")}  # fmt: skip
+    return {
+        str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes())
+        for p in sorted(root.rglob("*"))
+        if not (p.name.endswith(".lock") or p.name == "_locks")
+    }
 
 
 def _count(lake: DataLake, run_id: str, iteration: int | None = None) -> int:
@@ -71,13 +76,22 @@ def _count(lake: DataLake, run_id: str, iteration: int | None = None) -> int:
 
 
 def _sql_count(lake: DataLake, where: str, *extra: str):
-    return _cli("sql", f"SELECT count(*) AS n FROM trajectories WHERE {where}", "--data-root", lake.root, "-f",
-                "json", *extra)  # fmt: skip
+    return _cli(
+        "sql", f"SELECT count(*) AS n FROM trajectories WHERE {where}", "--data-root", lake.root, "-f", "json", *extra
+    )
 
 
 # -- 1. a compaction marker never names a file outside its folder ----------------------------------------------------
-@pytest.mark.parametrize("name", ["{victim}", "../../../../victim.txt", "part-a/../../../../../victim.txt",
-                                  "part-x.parquet/../../../../victim.txt", "_COMPACTION.json"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    [
+        "{victim}",
+        "../../../../victim.txt",
+        "part-a/../../../../../victim.txt",
+        "part-x.parquet/../../../../victim.txt",
+        "_COMPACTION.json",
+    ],
+)
 def test_a_marker_naming_a_file_outside_its_folder_deletes_nothing(lake, tmp_path, name):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
@@ -152,9 +166,18 @@ def test_a_real_compaction_still_hides_what_it_replaced(lake):
 
 
 # -- 3. runs rm deletes only the run's own folders -------------------------------------------------------------------
-@pytest.mark.parametrize("target", ["{root}/trajectories/run_id=runA", "{root}/runs/runA/checkpoints/iteration=0",
-                                    "{root}/runs/runC/checkpoints/iteration=0/../../../runA", "{root}", "{root}/runs",
-                                    "/tmp", "relative/runs/runC/checkpoints/iteration=0"])  # fmt: skip
+@pytest.mark.parametrize(
+    "target",
+    [
+        "{root}/trajectories/run_id=runA",
+        "{root}/runs/runA/checkpoints/iteration=0",
+        "{root}/runs/runC/checkpoints/iteration=0/../../../runA",
+        "{root}",
+        "{root}/runs",
+        "/tmp",
+        "relative/runs/runC/checkpoints/iteration=0",
+    ],
+)
 def test_runs_rm_never_follows_a_checkpoint_row_out_of_the_run(lake, target):
     path = target.format(root=lake.root)
     lake.write_rows("checkpoints", "runC", 1, [checkpoint_row("runC", 1, path, "hf", {})], stage="commit")
@@ -300,8 +323,14 @@ def _on_read_only_root(root: Path, args: list[str]) -> subprocess.CompletedProce
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare to mount the data root read-only as root")
     script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
-    result = subprocess.run(["unshare", "-m", "sh", "-c", script, str(root), *command], capture_output=True,
-                            text=True, env=env, cwd=PROJECT, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, str(root), *command],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=PROJECT,
+        timeout=120,
+    )
     if "mount" in result.stderr and "Traceback" not in result.stderr and "error:" not in result.stderr:
         pytest.skip(f"cannot mount read-only here: {result.stderr.strip()}")
     return result
@@ -319,18 +348,21 @@ def test_rm_and_compact_on_a_read_only_root_fail_in_one_line(lake, command):
 
 
 # -- 11. resume of a manifest of the wrong shape: one line naming it, nothing started --------------------------------
-@pytest.mark.parametrize(("change", "expected"), [
-    ({"config": "not a mapping"}, "has config = 'not a mapping', not a mapping"),
-    ({"config": [1, 2]}, "has config = [1, 2], not a mapping"),
-    ({"resumes": "twice"}, "has resumes = 'twice', not a list"),
-    ({"last_committed_iteration": "3"}, "has last_committed_iteration = '3', not an integer"),
-    ({"last_committed_iteration": True}, "not an integer"),
-    ({"status": 5}, "has status = 5, not a text"),
-    ({"model_dir": {"a": 1}}, "has model_dir = {'a': 1}, not a text"),
-    ({"config": {}}, "holds no config to resume with"),
-    ({"config": {"trainer": "fast"}}, "trainer"),
-    (None, "is not a JSON object"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"config": "not a mapping"}, "has config = 'not a mapping', not a mapping"),
+        ({"config": [1, 2]}, "has config = [1, 2], not a mapping"),
+        ({"resumes": "twice"}, "has resumes = 'twice', not a list"),
+        ({"last_committed_iteration": "3"}, "has last_committed_iteration = '3', not an integer"),
+        ({"last_committed_iteration": True}, "not an integer"),
+        ({"status": 5}, "has status = 5, not a text"),
+        ({"model_dir": {"a": 1}}, "has model_dir = {'a': 1}, not a text"),
+        ({"config": {}}, "holds no config to resume with"),
+        ({"config": {"trainer": "fast"}}, "trainer"),
+        (None, "is not a JSON object"),
+    ],
+)
 def test_resume_of_a_manifest_of_the_wrong_shape_is_one_line(lake, change, expected):
     path = lake.run_dir("runB") / "manifest.json"
     stored = json.loads(path.read_text())

@@ -19,8 +19,10 @@ from schemas.tables import TABLES
 from tests.storage.real_lake import RUNS, configured_counts, counts_of, expected_counts, make_real_lake
 
 KEYS = ["run_id", "iteration", "split"]
-SPLIT_WORD = re.compile(r"(^|[-._ 0-9])(train|training|validation|valid|dev|val|test|testing|eval|evaluation)"
-                        r"($|[-._ 0-9])")  # datasets' split words, between its separators  # fmt: skip
+SPLIT_WORD = re.compile(
+    r"(^|[-._ 0-9])(train|training|validation|valid|dev|val|test|testing|eval|evaluation)"
+    r"($|[-._ 0-9])"
+)  # datasets' split words, between its separators
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +84,9 @@ def test_polars_reads_every_row_once(lake_root):
     assert counts_of(frame.select(KEYS).rows()) == expected_counts(lake_root, "trajectories")
     lazy = pl.scan_parquet(pattern).filter(pl.col("split") == "val").group_by("run_id").len().collect()
     expected = expected_counts(lake_root, "trajectories")
-    assert dict(lazy.rows()) == {run: sum(n for (r, _, s), n in expected.items() if r == run and s == "val")
-                                 for run in RUNS}  # fmt: skip
+    assert dict(lazy.rows()) == {
+        run: sum(n for (r, _, s), n in expected.items() if r == run and s == "val") for run in RUNS
+    }
 
 
 def test_datasets_loads_every_row_as_one_split(lake_root, tmp_path):

@@ -77,8 +77,9 @@ def _partition_to_layout_1(folder: Path) -> None:
     if marker is not None:
         replaces = [_old_part_name(n) for n in marker["replaces"]]
         (folder / marker["merged"]).rename(folder / merged_name(replaces))
-        (folder / "_COMPACTION.json").write_text(json.dumps({**marker, "merged": merged_name(replaces),
-                                                             "replaces": replaces}))  # fmt: skip
+        (folder / "_COMPACTION.json").write_text(
+            json.dumps({**marker, "merged": merged_name(replaces), "replaces": replaces})
+        )
         marker_path.unlink()
 
 
@@ -156,9 +157,17 @@ def _remove_half_then_crash(calls: int):
 
 @pytest.mark.parametrize(
     "step, calls",
-    [("fill", 1), ("fill", 9), ("commit", 1), ("commit", 14), ("remove", 2), ("remove", 20), ("remove_half", 1),
-     ("remove_half", 7)],
-)  # fmt: skip
+    [
+        ("fill", 1),
+        ("fill", 9),
+        ("commit", 1),
+        ("commit", 14),
+        ("remove", 2),
+        ("remove", 20),
+        ("remove_half", 1),
+        ("remove_half", 7),
+    ],
+)
 def test_an_interrupted_upgrade_goes_on_where_it_stopped(old_lake, original, new_lake, monkeypatch, step, calls):
     fault = {
         "fill": lambda: ("_second_name", _crash_on(calls, upgrade_module._second_name)),
@@ -209,8 +218,11 @@ def test_a_new_data_root_records_its_layout_and_a_newer_one_is_refused(tmp_path)
     lake.write_rows("metrics", "a", 0, _metrics("a", 0), stage="commit")
     assert json.loads((tmp_path / "_layout.json").read_text()) == LAYOUT_2
     (tmp_path / "_layout.json").write_text(json.dumps({"layout_version": 3}))
-    for call in (lambda: lake.read_table("metrics"), lambda: upgrade_layout(lake),
-                 lambda: lake.write_rows("metrics", "a", 1, _metrics("a", 1), stage="commit")):  # fmt: skip
+    for call in (
+        lambda: lake.read_table("metrics"),
+        lambda: upgrade_layout(lake),
+        lambda: lake.write_rows("metrics", "a", 1, _metrics("a", 1), stage="commit"),
+    ):
         with pytest.raises(LakeError, match="has lake layout 3, but this ragen-flows only knows layouts up to 2"):
             call()
     assert json.loads((tmp_path / "_layout.json").read_text()) == {"layout_version": 3}
@@ -229,8 +241,11 @@ def test_a_run_with_layout_1_folders_is_not_published_into(tmp_path):
 
 # -- every name is checked before the first change (issue 39, item 5) ------------------------------------------------
 def _tree(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.name != "_locks" and not p.name.endswith(".lock")}  # fmt: skip
+    return {
+        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.name != "_locks" and not p.name.endswith(".lock")
+    }
 
 
 def _hidden_folder(partition: Path) -> Path:
@@ -255,8 +270,11 @@ def _link(partition: Path) -> Path:
     return partition / "part-linked-00000.parquet"
 
 
-@pytest.mark.parametrize("plant", [_hidden_folder, _odd_part_name, _plain_folder, _link],
-                         ids=["hidden folder", "odd part name", "folder", "link"])  # fmt: skip
+@pytest.mark.parametrize(
+    "plant",
+    [_hidden_folder, _odd_part_name, _plain_folder, _link],
+    ids=["hidden folder", "odd part name", "folder", "link"],
+)
 def test_an_entry_the_upgrade_cannot_carry_over_is_refused_before_anything_changes(
     old_lake, original, new_lake, tmp_path, plant
 ):

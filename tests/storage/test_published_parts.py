@@ -118,9 +118,14 @@ def _record_removed(lake: DataLake) -> tuple[Path, str]:
     return stray.parent, "without a record of the parts the lake published there"
 
 
-PLANTS = {"copy": _copy, "hard link": _hard_link, "other partition's rows": _other_partitions_rows,
-          "other run's part": _other_runs_part, "replaced by a sibling": _replaced_by_a_sibling,
-          "record removed": _record_removed}  # fmt: skip
+PLANTS = {
+    "copy": _copy,
+    "hard link": _hard_link,
+    "other partition's rows": _other_partitions_rows,
+    "other run's part": _other_runs_part,
+    "replaced by a sibling": _replaced_by_a_sibling,
+    "record removed": _record_removed,
+}
 
 
 def test_the_real_lake_reads_every_configured_row_once(lake):
@@ -133,8 +138,10 @@ def test_every_reader_refuses_a_part_the_lake_did_not_publish(lake, plant, tmp_p
     stray, why = plant(lake)
     before = _files(lake.root)
     _refused(_cli("sql", "SELECT count(*) FROM trajectories", "--data-root", lake.root), str(stray), why)
-    _refused(_cli("sql", "SELECT count(*) FROM trajectories WHERE iteration = 0", "--data-root", lake.root,
-                  "--run", RUN), str(stray))  # fmt: skip
+    _refused(
+        _cli("sql", "SELECT count(*) FROM trajectories WHERE iteration = 0", "--data-root", lake.root, "--run", RUN),
+        str(stray),
+    )
     with pytest.raises(LakeError, match=str(stray)):
         lake.read_table("trajectories", RUN)
     with pytest.raises(OfflineError, match=str(stray)):  # retrain --from

@@ -41,8 +41,14 @@ def _published_snapshot(lake: DataLake) -> dict[str, str]:
 
 
 def _key(traj_index: int, group_id: int = 0) -> dict:
-    return {"run_id": RUN, "iteration": 1, "split": "train", "env": "bandit", "group_id": group_id,
-            "traj_index": traj_index}  # fmt: skip
+    return {
+        "run_id": RUN,
+        "iteration": 1,
+        "split": "train",
+        "env": "bandit",
+        "group_id": group_id,
+        "traj_index": traj_index,
+    }
 
 
 BAD_BATCHES = {

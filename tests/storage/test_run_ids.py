@@ -23,8 +23,31 @@ from schemas.manifest import RunManifest
 from tests.storage.synthetic import make_run, write_run
 
 ALLOWED = set(string.ascii_letters + string.digits + "._-")
-HOSTILE = ["a*", "a?", "a[b]", "[/x]", "../x", "..", ".", ".hidden", "-rf", "o'x", 'a"b', "a/b", "/abs", "a\\b",
-           "", " ", "a b", "a\nb", "a\x00b", "é", "x" * (RUN_ID_MAX_LENGTH + 1), "a;DROP", "$(touch x)"]  # fmt: skip
+HOSTILE = [
+    "a*",
+    "a?",
+    "a[b]",
+    "[/x]",
+    "../x",
+    "..",
+    ".",
+    ".hidden",
+    "-rf",
+    "o'x",
+    'a"b',
+    "a/b",
+    "/abs",
+    "a\\b",
+    "",
+    " ",
+    "a b",
+    "a\nb",
+    "a\x00b",
+    "é",
+    "x" * (RUN_ID_MAX_LENGTH + 1),
+    "a;DROP",
+    "$(touch x)",
+]
 COUNT = "SELECT run_id, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1"
 
 
@@ -105,10 +128,19 @@ def test_valid_ids_are_returned_unchanged(run_id):
 
 @pytest.mark.parametrize(
     ("run_id", "reason"),
-    [("a*", "contains '*'"), ("../x", "contains '/'"), (".", "starts with '.'"), ("..", "starts with '.'"),
-     (".hidden", "starts with '.'"), ("-rf", "starts with '-'"), ("", "is empty"), ("o'x", "contains \"'\""),
-     ("x" * 129, "129 characters long (at most 128)"), ("é", "contains 'é'")],
-)  # fmt: skip
+    [
+        ("a*", "contains '*'"),
+        ("../x", "contains '/'"),
+        (".", "starts with '.'"),
+        ("..", "starts with '.'"),
+        (".hidden", "starts with '.'"),
+        ("-rf", "starts with '-'"),
+        ("", "is empty"),
+        ("o'x", 'contains "\'"'),
+        ("x" * 129, "129 characters long (at most 128)"),
+        ("é", "contains 'é'"),
+    ],
+)
 def test_invalid_ids_say_what_is_wrong_and_how_to_fix_it(run_id, reason):
     with pytest.raises(InvalidRunIdError) as caught:
         validate_run_id(run_id)
@@ -173,8 +205,9 @@ def test_a_valid_id_round_trips_through_the_commands(template, run_id):
         result = _invoke("runs", "rm", "--data-root", lake.root, "--yes", "--", run_id)
         assert result.exit_code == 0, result.output
         assert query(lake, "SELECT DISTINCT run_id FROM trajectories ORDER BY 1").to_pylist() == [
-            {"run_id": "a-b"}, {"run_id": "ab"}
-        ]  # fmt: skip
+            {"run_id": "a-b"},
+            {"run_id": "ab"},
+        ]
         assert (lake.root / "runs" / "ab" / "checkpoints" / "iteration=1" / "checkpoint.json").is_file()
 
 
@@ -182,15 +215,21 @@ def test_a_valid_id_round_trips_through_the_commands(template, run_id):
 def test_a_star_cannot_touch_run_ab(lake, tmp_path):
     checkpoint = lake.root / "runs" / "ab" / "checkpoints" / "iteration=1"
     before = _snapshot(tmp_path)
-    for args in (["runs", "rm", "--data-root", lake.root, "--yes", "--force", "a*"],
-                 ["sql", "--data-root", lake.root, "--run", "a*", COUNT],
-                 ["resume", "--data-root", lake.root, "a*"]):  # fmt: skip
+    for args in (
+        ["runs", "rm", "--data-root", lake.root, "--yes", "--force", "a*"],
+        ["sql", "--data-root", lake.root, "--run", "a*", COUNT],
+        ["resume", "--data-root", lake.root, "a*"],
+    ):
         result = _invoke(*args)
         _assert_refused(result, args[0], "a*")
         assert "run id 'a*' contains '*'" in result.output
     assert _snapshot(tmp_path) == before and (checkpoint / "checkpoint.json").is_file()
-    for call in (lambda: lake.read_table("trajectories", "a*"), lambda: lake.partition_files("checkpoints", "a*"),
-                 lambda: lake.read_runs("a*"), lambda: lake.committed_iterations("a*")):  # fmt: skip
+    for call in (
+        lambda: lake.read_table("trajectories", "a*"),
+        lambda: lake.partition_files("checkpoints", "a*"),
+        lambda: lake.read_runs("a*"),
+        lambda: lake.committed_iterations("a*"),
+    ):
         with pytest.raises(InvalidRunIdError):
             call()
     # a run id that prefixes another ('a' of 'ab') lists nothing of it: the run's own folder, not a pattern
@@ -204,10 +243,13 @@ def test_the_lake_refuses_hostile_ids_before_writing(lake, tmp_path):
     """The lake's own methods are a backstop behind the entry points: nothing is written for a hostile id."""
     before = _snapshot(tmp_path)
     rows = [{"run_id": "../x", "iteration": 0, "name": "m", "value": 1.0}]
-    writes = (lambda: lake.write_manifest("../x", RunManifest(run_id="../x")),
-              lambda: lake.write_rows("metrics", "../x", 0, rows, stage="commit"),
-              lambda: lake.commit_iteration("..", 0, {}), lambda: lake.mark_stage_done("a*", 0, "rollout"),
-              lambda: lake.quarantine(".x", 0, "rollout", "{}"))  # fmt: skip
+    writes = (
+        lambda: lake.write_manifest("../x", RunManifest(run_id="../x")),
+        lambda: lake.write_rows("metrics", "../x", 0, rows, stage="commit"),
+        lambda: lake.commit_iteration("..", 0, {}),
+        lambda: lake.mark_stage_done("a*", 0, "rollout"),
+        lambda: lake.quarantine(".x", 0, "rollout", "{}"),
+    )
     for write in writes:
         with pytest.raises(InvalidRunIdError):
             write()
@@ -246,7 +288,7 @@ def test_queries_take_run_ids_as_parameters_even_when_validation_is_bypassed(lak
     hostile = "ab' OR '1'='1"
     assert query(lake, "SELECT count(*) AS n FROM trajectories WHERE run_id = ?", params=[hostile]).to_pylist() == [
         {"n": 0}
-    ]  # fmt: skip
+    ]
     with pytest.raises(OfflineError, match="returned no trajectories"):
         select_trajectories(lake, "SELECT * FROM trajectories WHERE run_id = ?", params=[hostile])
     assert compare_sweep(lake, SweepPlan(hostile, {}, [])).num_rows == 0
@@ -257,7 +299,7 @@ def test_queries_take_run_ids_as_parameters_even_when_validation_is_bypassed(lak
     rows = query(lake, SUMMARY_SQL, params={"run_id": "ab"}).to_pylist()
     assert [(r["iteration"], r["split"], r["env"], r["trajectories"]) for r in rows if r["split"] == "train"] == [
         (0, "train", "bandit", len(train))
-    ]  # fmt: skip
+    ]
     validation = [t for t in make_run(1, "ab", "bandit", 1, groups=1, group_size=2).trajectories if t.split == "val"]
     by_env = {(r["iteration"], r["env"]): r["trajectories"] for r in rows if r["split"] == "val"}
     expected = {}

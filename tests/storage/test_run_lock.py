@@ -122,7 +122,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_writing_nothing(tmp_pa
                 RUN,
                 "--data-root",
                 str(tmp_path),
-            ),  # fmt: skip
+            ),
         }
         for command, result in attempts.items():
             output = " ".join((result.stdout + result.stderr).split())  # rich may wrap the message

@@ -57,8 +57,9 @@ def test_a_registered_upgrade_function_is_applied_by_the_reader_and_the_views(ol
     renamed = tuple(ColumnSpec("metric", c.type, c.description) if c.name == "name" else c for c in METRICS_V2.columns)
     metrics_v3 = TableSpec("metrics", renamed, key=("run_id", "iteration", "metric"), version=3)
     registry = upgrade_registry()
-    registry.register(("metrics", 2))(lambda table: table.rename_columns(["metric" if n == "name" else n
-                                                                          for n in table.column_names]))  # fmt: skip
+    registry.register(("metrics", 2))(
+        lambda table: table.rename_columns(["metric" if n == "name" else n for n in table.column_names])
+    )
     v3 = DataLake(old.root, tables={**TABLES, "metrics": metrics_v3}, upgrades=registry)
     expected = [{"iteration": 0, "metric": "loss", "step": 0}, {"iteration": 1, "metric": "loss", "step": 12}]
     assert v3.read_table("metrics").select(["iteration", "metric", "step"]).to_pylist() == expected

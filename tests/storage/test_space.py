@@ -60,14 +60,17 @@ def test_a_file_size_limit_is_one_line_a_failed_run_and_a_resume_completes(tmp_p
     assert lake.committed_iterations(RUN) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize(("error", "expected"), [
-    (OSError(errno.EFBIG, "File too large"), True),
-    (OSError(errno.ENOSPC, "No space left on device"), True),
-    (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
-    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2037312 vs 2037200"), True),
-    (OSError(errno.EACCES, "Permission denied"), False),
-    (ValueError("bad value"), False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (OSError(errno.EFBIG, "File too large"), True),
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+        (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2037312 vs 2037200"), True),
+        (OSError(errno.EACCES, "Permission denied"), False),
+        (ValueError("bad value"), False),
+    ],
+)
 def test_what_counts_as_a_write_that_found_no_space(error, expected):
     assert out_of_space(error) is expected
     try:  # the same error, raised while handling another (what the orchestration layer's error carries)

@@ -15,10 +15,27 @@ from ragen_core.run.record import default_run_id
 from ragen_core.storage.names import SPLIT_SEPARATORS, SPLIT_WORDS, split_word_in, without_split_words
 
 NAMES = [
-    "bandit-1d924c33-20261125T001504", "eval-bandit-ab12cd34", "evaluate-bandit-ab12cd34", "my-test-run", "test",
-    "bandit_test-x", "x.dev", "v2-val3", "training", "retrain-sft-ab12cd34", "attest", "evalrun", "bandit_TEST",
-    "sweep-ab12cd34-p000", "bandit_tst-x", "devel-1", "validation_a", "x_valid", "testing.1", "pre-evaluation",
-]  # fmt: skip
+    "bandit-1d924c33-20261125T001504",
+    "eval-bandit-ab12cd34",
+    "evaluate-bandit-ab12cd34",
+    "my-test-run",
+    "test",
+    "bandit_test-x",
+    "x.dev",
+    "v2-val3",
+    "training",
+    "retrain-sft-ab12cd34",
+    "attest",
+    "evalrun",
+    "bandit_TEST",
+    "sweep-ab12cd34-p000",
+    "bandit_tst-x",
+    "devel-1",
+    "validation_a",
+    "x_valid",
+    "testing.1",
+    "pre-evaluation",
+]
 
 
 def test_the_split_words_and_separators_are_those_of_datasets():

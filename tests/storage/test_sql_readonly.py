@@ -31,8 +31,10 @@ def workdir(tmp_path, monkeypatch):
 
 
 def _snapshot(folder) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(folder.rglob("*"))}  # fmt: skip
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 def _victim(root) -> str:
@@ -82,10 +84,15 @@ def test_every_escape_is_refused_and_the_lake_stays_byte_identical(root, workdir
 
 @pytest.mark.parametrize(
     "statement",
-    ["SELECT * FROM read_csv('/etc/hostname')", "SELECT * FROM read_text('/etc/passwd')",
-     "SELECT * FROM glob('/etc/*')", "SELECT * FROM read_json('{root}/runs/run-a/manifest.json')",
-     "SELECT * FROM read_parquet('{root}/../*.parquet')", "SELECT * FROM sniff_csv('/etc/passwd')"],
-)  # fmt: skip
+    [
+        "SELECT * FROM read_csv('/etc/hostname')",
+        "SELECT * FROM read_text('/etc/passwd')",
+        "SELECT * FROM glob('/etc/*')",
+        "SELECT * FROM read_json('{root}/runs/run-a/manifest.json')",
+        "SELECT * FROM read_parquet('{root}/../*.parquet')",
+        "SELECT * FROM sniff_csv('/etc/passwd')",
+    ],
+)
 def test_reading_outside_the_published_files_is_refused(root, workdir, statement):
     result = CliRunner().invoke(app, ["sql", statement.format(root=root), "--data-root", str(root)])
     assert result.exit_code == 2 and "disabled by configuration" in result.stderr.replace("\n", " ")
@@ -93,9 +100,12 @@ def test_reading_outside_the_published_files_is_refused(root, workdir, statement
 
 def test_read_only_forms_still_run(root, workdir):
     before = _snapshot(root)
-    for statement in ("EXPLAIN ANALYZE SELECT count(*) FROM trajectories WHERE split = 'train'",
-                      "explain select * from turns", "PIVOT metrics ON name IN ('m') USING sum(value)",
-                      "SELECT * FROM (SELECT 1 AS x) -- ; COPY (SELECT 1) TO 'x.csv'"):  # fmt: skip
+    for statement in (
+        "EXPLAIN ANALYZE SELECT count(*) FROM trajectories WHERE split = 'train'",
+        "explain select * from turns",
+        "PIVOT metrics ON name IN ('m') USING sum(value)",
+        "SELECT * FROM (SELECT 1 AS x) -- ; COPY (SELECT 1) TO 'x.csv'",
+    ):
         result = CliRunner().invoke(app, ["sql", statement, "--data-root", str(root), "-f", "json"])
         assert result.exit_code == 0, (statement, result.output)
     assert _snapshot(root) == before and _snapshot(workdir) == {}
@@ -112,15 +122,21 @@ def test_the_connection_itself_opens_no_new_file(root, workdir):
     """Defense in depth under the parser: DuckDB may open only the views' files, spills nowhere, loads nothing."""
     before = _snapshot(root)
     con = connect(root)
-    settings = dict(con.execute(
-        "SELECT name, value FROM duckdb_settings() WHERE name IN ('temp_directory', 'enable_external_access', "
-        "'lock_configuration', 'autoload_known_extensions', 'autoinstall_known_extensions', 'allowed_directories')"
-    ).fetchall())  # fmt: skip
-    assert settings == {"temp_directory": "", "enable_external_access": "false", "lock_configuration": "true",
-                        "autoload_known_extensions": "false", "autoinstall_known_extensions": "false",
-                        "allowed_directories": "[]"}  # fmt: skip
-    for target in (f"{root}/new.csv", f"{root}/trajectories/new.parquet", ".tmp/x.csv", "x.csv",
-                   f"{_victim(root)}"):  # fmt: skip
+    settings = dict(
+        con.execute(
+            "SELECT name, value FROM duckdb_settings() WHERE name IN ('temp_directory', 'enable_external_access', "
+            "'lock_configuration', 'autoload_known_extensions', 'autoinstall_known_extensions', 'allowed_directories')"
+        ).fetchall()
+    )
+    assert settings == {
+        "temp_directory": "",
+        "enable_external_access": "false",
+        "lock_configuration": "true",
+        "autoload_known_extensions": "false",
+        "autoinstall_known_extensions": "false",
+        "allowed_directories": "[]",
+    }
+    for target in (f"{root}/new.csv", f"{root}/trajectories/new.parquet", ".tmp/x.csv", "x.csv", f"{_victim(root)}"):
         with pytest.raises(duckdb.Error):
             con.execute(f"COPY (SELECT 1 AS x) TO '{target}'")
     with pytest.raises(duckdb.Error, match="locked"):

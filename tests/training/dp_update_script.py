@@ -56,9 +56,14 @@ def run_cases(
         optim = OptimConfig(lr, 0.0, 1.0, MICRO_BATCH, zero_stage=zero_stage, optimizer=optimizer)
         actor = ActorEngine(copy.deepcopy(model), optim, keep_reference=kl_coef > 0)
         algorithm = AlgorithmConfig(
-            policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=kl_coef, entropy_coef=0.001, loss_agg_mode=agg,
+            policy_loss="ppo",
+            clip_low=0.2,
+            clip_high=0.28,
+            kl_coef=kl_coef,
+            entropy_coef=0.001,
+            loss_agg_mode=agg,
             kl_estimator="low_var_kl",
-        )  # fmt: skip
+        )
         reference = actor.score(batch, actor.reference) if kl_coef > 0 else None
         schedule = ActorConfig(mini_batch_size=8, ppo_epochs=2)
         metrics = actor.policy_update(batch, advantages, actor.score(batch), algorithm, schedule, 0, reference)

@@ -29,8 +29,14 @@ def test_set_determinism_in_a_fresh_process():
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     state = json.loads(done.stdout.strip().splitlines()[-1])
-    assert state == {"enabled": True, "warn_only": True, "fill": False, "threads": 1, "inductor_before": False,
-                     "inductor_after": False}  # fmt: skip
+    assert state == {
+        "enabled": True,
+        "warn_only": True,
+        "fill": False,
+        "threads": 1,
+        "inductor_before": False,
+        "inductor_after": False,
+    }
 
 
 def test_an_already_loaded_compiler_config_is_kept_in_step():

@@ -50,9 +50,15 @@ def test_more_ranks_than_micro_batches_all_pad():
 # -- precision ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("requested", "cuda", "bf16", "expected"),
-    [("auto", False, False, "fp32"), ("auto", True, True, "bf16"), ("auto", True, False, "fp32"),
-     ("fp32", True, True, "fp32"), ("bf16", True, True, "bf16"), ("fp16", True, False, "fp16")],
-)  # fmt: skip
+    [
+        ("auto", False, False, "fp32"),
+        ("auto", True, True, "bf16"),
+        ("auto", True, False, "fp32"),
+        ("fp32", True, True, "fp32"),
+        ("bf16", True, True, "bf16"),
+        ("fp16", True, False, "fp16"),
+    ],
+)
 def test_precision_resolution(requested, cuda, bf16, expected):
     assert resolve_precision(requested, cuda_available=cuda, bf16_supported=bf16) == expected
 
@@ -83,7 +89,11 @@ def test_deepspeed_precision_sections():
 def test_scale_out_config_is_checked_at_load_time():
     ok = build_config({}, ["trainer.launcher=torchrun", "trainer.nproc=2", "actor.zero_stage=2"])
     assert (ok.trainer.launcher, ok.trainer.nproc, ok.actor.zero_stage, ok.trainer.precision) == (
-        "torchrun", 2, 2, "auto")  # fmt: skip
+        "torchrun",
+        2,
+        2,
+        "auto",
+    )
     cases = [
         (["trainer.nproc=2"], "set trainer.launcher=torchrun or deepspeed"),
         (["trainer.launcher=torchrun", "trainer.nproc=2"], "needs actor.zero_stage 1, 2 or 3"),
@@ -136,9 +146,23 @@ def two_rank_group(tmp_path_factory, tiny_model_dir):
     out = tmp_path_factory.mktemp("dp")
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
     env["PYTHONPATH"] = str(REPO)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               str(Path(__file__).with_name("dp_update_script.py")), str(tiny_model_dir), str(out), "2,3"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(Path(__file__).with_name("dp_update_script.py")),
+        str(tiny_model_dir),
+        str(out),
+        "2,3",
+    ]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
@@ -147,8 +171,11 @@ def two_rank_group(tmp_path_factory, tiny_model_dir):
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
 def two_rank_results(request, two_rank_group):
     stage = request.param
-    return {**torch.load(two_rank_group / f"zero{stage}.pt", weights_only=False),
-            "export": two_rank_group / f"export-zero{stage}", "stage": stage}  # fmt: skip
+    return {
+        **torch.load(two_rank_group / f"zero{stage}.pt", weights_only=False),
+        "export": two_rank_group / f"export-zero{stage}",
+        "stage": stage,
+    }
 
 
 @pytest.fixture(scope="module")

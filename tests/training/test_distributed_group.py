@@ -89,8 +89,10 @@ def test_handshake_refuses_a_connection_without_the_token(tmp_path):
         return client
 
     clients = []
-    threads = [threading.Thread(target=lambda t=t, d=d: clients.append(connect(t, d))) for t, d in
-               (("guess", 0.0), ("secret", 0.5))]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda t=t, d=d: clients.append(connect(t, d)))
+        for t, d in (("guess", 0.0), ("secret", 0.5))
+    ]
     for thread in threads:
         thread.start()
     connection, hello = _accept(server, _Running(), "secret", tmp_path / "log")
@@ -115,11 +117,17 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_deepspeed_launched_group_restores_exports_and_reports_failures(tmp_path, tiny_model_dir, tiny_policy):
-    config = build_config({"model": {"path": str(tiny_model_dir)},
-                           "trainer": {"launcher": "deepspeed", "num_threads": 1}})  # fmt: skip
+    config = build_config(
+        {"model": {"path": str(tiny_model_dir)}, "trainer": {"launcher": "deepspeed", "num_threads": 1}}
+    )
     lake = DataLake(tmp_path)
-    init = {"config": config.to_dict(), "data_root": str(lake.root), "run_id": "g", "model_dir": str(tiny_model_dir),
-            "precision": "fp32"}  # fmt: skip
+    init = {
+        "config": config.to_dict(),
+        "data_root": str(lake.root),
+        "run_id": "g",
+        "model_dir": str(tiny_model_dir),
+        "precision": "fp32",
+    }
     group = UpdateGroup.start("deepspeed", 1, None, lake.update_group_dir("g"), init)
     try:
         assert group.world_size == 1 and len(group.worker_pids) == 1
@@ -147,8 +155,10 @@ def test_a_worker_exits_when_the_run_process_dies_even_while_busy():
     sleeping 120 s, as in a long update); the worker exits with code 3 within seconds."""
     parent = subprocess.Popen(["sleep", "3"])
     watched = {"host": socket.gethostname(), "pid": parent.pid, "start": process_start_time(parent.pid)}
-    code = f"import time; from ragen_core.training.worker import _watch_parent; _watch_parent({watched!r}); " \
-           "time.sleep(120)"  # fmt: skip
+    code = (
+        f"import time; from ragen_core.training.worker import _watch_parent; _watch_parent({watched!r}); "
+        "time.sleep(120)"
+    )
     worker = subprocess.Popen([sys.executable, "-c", code])
     try:
         parent.wait(timeout=30)

@@ -83,8 +83,9 @@ def uneven_batch(tiny_policy):
 
 def _sgd_engine(model: torch.nn.Module, tokens: int | None, rows: int) -> ActorEngine:
     # SGD at lr 1 without decay or clipping: the step is minus the gradient, read back from the weights
-    optim = OptimConfig(lr=1.0, weight_decay=0.0, grad_clip=1e9, micro_batch_size=rows, optimizer="sgd",
-                        micro_batch_tokens=tokens)  # fmt: skip
+    optim = OptimConfig(
+        lr=1.0, weight_decay=0.0, grad_clip=1e9, micro_batch_size=rows, optimizer="sgd", micro_batch_tokens=tokens
+    )
     return ActorEngine(copy.deepcopy(model), optim)
 
 
@@ -117,8 +118,9 @@ def test_token_budget_micro_batches_give_the_plain_gradient(tiny_policy, uneven_
     budget = int(lengths.max()) * 2  # a few passes, rows of like length together
     by_tokens, passes = _engine_gradient(model, batch, advantages, budget, len(batch))
     by_rows, row_passes = _engine_gradient(model, batch, advantages, None, 3)
-    assert len(passes) > 1 and all(len(p.rows) * int(lengths[p.rows].max()) <= budget or len(p.rows) == 1
-                                   for p in passes)  # fmt: skip
+    assert len(passes) > 1 and all(
+        len(p.rows) * int(lengths[p.rows].max()) <= budget or len(p.rows) == 1 for p in passes
+    )
     assert [p.rows for p in passes] != [p.rows for p in row_passes]
     expected = _plain_gradient(model, batch, advantages)
     assert max(float(g.abs().max()) for g in expected) > 1e-4  # a gradient worth comparing

@@ -70,14 +70,16 @@ def _kl_update(tiny_policy, batch, kl_mask):
     model, _ = tiny_policy
     optim = OptimConfig(lr=1e-2, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1)
     actor = ActorEngine(copy.deepcopy(model), optim)
-    algorithm = AlgorithmConfig(policy_loss="ppo", kl_coef=0.1, kl_estimator="k1", entropy_coef=0.0,
-                                loss_agg_mode="token-mean")  # fmt: skip
+    algorithm = AlgorithmConfig(
+        policy_loss="ppo", kl_coef=0.1, kl_estimator="k1", entropy_coef=0.0, loss_agg_mode="token-mean"
+    )
     old = actor.score(batch)
     reference = old - 0.5  # k1 = logp - ref = 0.5 on every token before the step
     zero = torch.zeros_like(batch.loss_mask)  # no policy-gradient term: the KL alone moves the weights
     before = [p.detach().clone() for p in actor.engine.module.parameters()]
-    metrics = actor.policy_update(batch, zero, old, algorithm, ActorConfig(mini_batch_size=2), 0, reference,
-                                  kl_mask=kl_mask)  # fmt: skip
+    metrics = actor.policy_update(
+        batch, zero, old, algorithm, ActorConfig(mini_batch_size=2), 0, reference, kl_mask=kl_mask
+    )
     moved = any(not torch.equal(a, p.detach()) for a, p in zip(before, actor.engine.module.parameters(), strict=True))
     return metrics, moved
 

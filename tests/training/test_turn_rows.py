@@ -166,8 +166,16 @@ def _rollouts(tiny_policy, mode, window):
 
     backend = Recording(model, tokenizer, 1.0, 12)
     backend.prompts = []
-    spec = RolloutSpec("sokoban", [5, 6], 2, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=6,
-                       context_window_mode=mode, max_context_window=window)  # fmt: skip
+    spec = RolloutSpec(
+        "sokoban",
+        [5, 6],
+        2,
+        max_turns=3,
+        max_actions_per_turn=1,
+        max_actions_per_traj=6,
+        context_window_mode=mode,
+        max_context_window=window,
+    )
     return run_rollouts(spec, backend, ChatFormatter(tokenizer), seed=3), backend.prompts
 
 

@@ -123,9 +123,12 @@ class RunTrackers:
         self.failed[name] = escape_controls(one_line(exc))
         LOGGER.warning(
             "run %s: tracker %s failed (%s: %s); it gets nothing more in this attempt. The metrics table has "
-            "every point, and the run's next attempt (a resume) logs the ones it missed", self.run_id, name, when,
+            "every point, and the run's next attempt (a resume) logs the ones it missed",
+            self.run_id,
+            name,
+            when,
             self.failed[name],
-        )  # fmt: skip
+        )
 
     def _draw_plot(self, scratch: Path) -> Path | None:
         """The run's collapse-indicator PNG (``ragen plot``'s figure) in ``scratch``; None, warned, if it fails."""

@@ -71,10 +71,15 @@ def open_wandb(run: TrackerRun) -> WandbTracker:
         mode=os.environ.get("WANDB_MODE") or DEFAULT_MODE,
         reinit="create_new",  # a process may hold several runs (tests, a sweep in one process)
         settings=wandb.Settings(
-            console="off", silent=True, disable_git=True, save_code=False, disable_job_creation=True,
-            x_disable_stats=True, x_save_requirements=False,
+            console="off",
+            silent=True,
+            disable_git=True,
+            save_code=False,
+            disable_job_creation=True,
+            x_disable_stats=True,
+            x_save_requirements=False,
         ),
-    )  # fmt: skip
+    )
     return WandbTracker(opened)
 
 

@@ -180,8 +180,10 @@ def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) ->
             _compact_tables(lake, run_id, specs, committed, report)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
-        raise LakeError(f"cannot compact run {run_id!r}: {exc.strerror or exc}{where}; the data root must be "
-                        "writable (readers still see every row exactly once)") from exc  # fmt: skip
+        raise LakeError(
+            f"cannot compact run {run_id!r}: {exc.strerror or exc}{where}; the data root must be "
+            "writable (readers still see every row exactly once)"
+        ) from exc
     return report
 
 

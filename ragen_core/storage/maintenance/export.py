@@ -111,15 +111,19 @@ def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str
     allowed = splittable_tables(lake)
     for table in tables:
         if table not in allowed:
-            raise ExportError(f"cannot export table {table!r}: an export takes a table with train and validation "
-                              f"rows ({', '.join(allowed)})")  # fmt: skip
+            raise ExportError(
+                f"cannot export table {table!r}: an export takes a table with train and validation "
+                f"rows ({', '.join(allowed)})"
+            )
     if len(set(run_ids)) != len(run_ids) or len(set(tables)) != len(tables) or not tables:
         raise ExportError("name each run and each table once (and at least one table)")
     if os.path.islink(out):
         raise ExportError(f"--out {str(out)!r} is a symbolic link; give the path of a new folder")
     if out.resolve().is_relative_to(lake.root):
-        raise ExportError(f"--out {str(out)!r} lies inside the data root {str(lake.root)!r}; the lake is read-only "
-                          "here: export elsewhere")  # fmt: skip
+        raise ExportError(
+            f"--out {str(out)!r} lies inside the data root {str(lake.root)!r}; the lake is read-only "
+            "here: export elsewhere"
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"--out {str(out)!r} exists and is not an empty folder; give a new folder")
     if not out.resolve().parent.is_dir():
@@ -161,16 +165,19 @@ def export_dataset(
             report.models = {run_id: out / exported_model_dir(run_id) for run_id in report.models}
         atomic_write_bytes(staging / "README.md", (_card(lake, report) + notes).encode())
         if _identity(staging) != identity:
-            raise ExportError(f"the export's staging folder {str(staging)!r} was replaced while it was written (by a "
-                              "link or another folder); nothing was exported: export again")  # fmt: skip
+            raise ExportError(
+                f"the export's staging folder {str(staging)!r} was replaced while it was written (by a "
+                "link or another folder); nothing was exported: export again"
+            )
         os.chmod(staging, 0o777 & ~_umask())  # the finished folder as any folder this user makes
         if out.exists():
             out.rmdir()  # empty (checked): replaced by the finished export
         os.replace(staging, out)
         staging = None
     except OSError as exc:
-        raise ExportError(f"cannot write the export to {str(out)!r}: {exc.strerror or exc}; nothing was written "
-                          "there") from exc  # fmt: skip
+        raise ExportError(
+            f"cannot write the export to {str(out)!r}: {exc.strerror or exc}; nothing was written there"
+        ) from exc
     finally:
         if staging is not None and _identity(staging) == identity:  # still the folder made here (never a link)
             shutil.rmtree(staging, ignore_errors=True)
@@ -198,8 +205,10 @@ def committed_iterations(lake: DataLake, run_ids: list[str]) -> dict[str, list[i
     committed = {run_id: lake.committed_iterations(run_id) for run_id in run_ids}
     for run_id, iterations in committed.items():
         if not iterations:
-            raise ExportError(f"run {run_id!r} has no committed iteration yet (it is in its first one, or stopped "
-                              "there): nothing of it is final; export it once it has committed one")  # fmt: skip
+            raise ExportError(
+                f"run {run_id!r} has no committed iteration yet (it is in its first one, or stopped "
+                "there): nothing of it is final; export it once it has committed one"
+            )
     return committed
 
 
@@ -230,9 +239,14 @@ def _card(lake: DataLake, report: ExportReport) -> str:
     """README.md of the export: where it came from and how to load it."""
     lines = ["# RAGEN-Flows export", "", f"From data root `{lake.root}`, runs: {', '.join(report.runs)}.", ""]
     for run_id in report.runs:
-        lines += [f"- `{run_id}`: committed iterations {_spans(report.committed[run_id])}"
-                  + (f" (left out, not committed then: {_spans(report.left_out[run_id])})"
-                     if report.left_out.get(run_id) else "")]  # fmt: skip
+        lines += [
+            f"- `{run_id}`: committed iterations {_spans(report.committed[run_id])}"
+            + (
+                f" (left out, not committed then: {_spans(report.left_out[run_id])})"
+                if report.left_out.get(run_id)
+                else ""
+            )
+        ]
     lines += [""]
     for table, counts in report.rows.items():
         shown = ", ".join(f"{split} {n}" for split, n in counts.items())

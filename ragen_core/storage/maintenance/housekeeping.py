@@ -175,8 +175,12 @@ def _check_own_folders(lake: DataLake, run_id: str) -> None:
 
 def _working_folders(root: Path, run_id: str) -> tuple[Path, ...]:
     """A run's staging, commits, quarantine and Prefect home folders."""
-    return (layout.staging_dir(root, run_id), layout.commits_dir(root, run_id), layout.quarantine_dir(root, run_id),
-            layout.prefect_home(root, run_id))  # fmt: skip
+    return (
+        layout.staging_dir(root, run_id),
+        layout.commits_dir(root, run_id),
+        layout.quarantine_dir(root, run_id),
+        layout.prefect_home(root, run_id),
+    )
 
 
 def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPlan:
@@ -248,8 +252,9 @@ def remove_run(lake: DataLake, plan: RemovalPlan) -> None:
         done = "nothing was removed;"
         if progress["deleted"]:
             done = "removal stopped half-way; run `ragen runs rm` again once"
-        raise LakeError(f"cannot remove run {run_id!r}: {exc.strerror or exc}{where}; {done} the data root can be "
-                        "written") from exc  # fmt: skip
+        raise LakeError(
+            f"cannot remove run {run_id!r}: {exc.strerror or exc}{where}; {done} the data root can be written"
+        ) from exc
 
 
 def _delete_owned(lake: DataLake, plan: RemovalPlan, progress: dict[str, bool]) -> None:

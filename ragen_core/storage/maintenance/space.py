@@ -25,8 +25,13 @@ if TYPE_CHECKING:
 
 SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # the texts libraries put in place of the errno; "unexpected pos" is torch's writer finding a write came up short
-_SPACE_TEXTS = ("no space left on device", "disk quota exceeded", "file too large", "database or disk is full",
-                "unexpected pos")  # fmt: skip
+_SPACE_TEXTS = (
+    "no space left on device",
+    "disk quota exceeded",
+    "file too large",
+    "database or disk is full",
+    "unexpected pos",
+)
 LOW_SPACE_BYTES = 1 << 20  # less free space than this under the data root counts as a full disk
 _WALK_LIMIT = 20_000  # entries looked at for a file at the size limit (a run's own folders: far fewer)
 

@@ -98,8 +98,10 @@ def old_run_folders(lake: DataLake) -> list[tuple[str, str, Path]]:
                 continue
             run_id = entry.name.removeprefix(OLD_RUN_FOLDER_PREFIX)
             if not is_valid_run_id(run_id):
-                raise LakeError(f"layout-1 folder {str(entry)!r} does not name a valid run id; move it out of the "
-                                "data root, then upgrade again")  # fmt: skip
+                raise LakeError(
+                    f"layout-1 folder {str(entry)!r} does not name a valid run id; move it out of the "
+                    "data root, then upgrade again"
+                )
             check_real_folder(entry, "partition folder")
             found.append((name, run_id, entry))
     return found
@@ -157,12 +159,16 @@ def check_old_partition(old: Path) -> None:
         except LakeError:
             regular = False
         if not regular:
-            raise LakeError(f"{str(entry)!r} in the layout-1 partition {str(old)!r} is not a regular file (a folder, "
-                            f"a link or a device); {_MOVE_OUT}")  # fmt: skip
+            raise LakeError(
+                f"{str(entry)!r} in the layout-1 partition {str(old)!r} is not a regular file (a folder, "
+                f"a link or a device); {_MOVE_OUT}"
+            )
         part_like = entry.name.startswith("part-") or entry.name.endswith(".parquet")
         if part_like and not entry.name.startswith(".") and PART_NAME.fullmatch(entry.name) is None:
-            raise LakeError(f"part file {str(entry)!r} has a name of no form the lake writes (part-<letters, digits, "
-                            f"'.', '_', '-'>.parquet); rename it or {_MOVE_OUT}")  # fmt: skip
+            raise LakeError(
+                f"part file {str(entry)!r} has a name of no form the lake writes (part-<letters, digits, "
+                f"'.', '_', '-'>.parquet); rename it or {_MOVE_OUT}"
+            )
     _new_names(old)
 
 
@@ -193,8 +199,10 @@ def _check_one_name_each(folder: Path) -> None:
         found = os.lstat(path)
         first = seen.setdefault((found.st_dev, found.st_ino), path)
         if first != path:
-            raise LakeError(f"part file {str(path)!r} is a second name (hard link) of {str(first)!r}: readers would "
-                            f"count its rows twice; {_MOVE_OUT}")  # fmt: skip
+            raise LakeError(
+                f"part file {str(path)!r} is a second name (hard link) of {str(first)!r}: readers would "
+                f"count its rows twice; {_MOVE_OUT}"
+            )
 
 
 def _record_partition(folder: Path) -> int:
@@ -272,8 +280,10 @@ def _new_names(old: Path) -> dict[str, str]:
     if marker is not None and marker["merged"] in names:
         names[marker["merged"]] = merged_name([new_part_name(n) for n in marker["replaces"]])
     if len(set(names.values())) != len(names):
-        raise LakeError(f"two files of {str(old)!r} would take the same layout-2 name; move the extra files out of "
-                        "the data root, then upgrade again")  # fmt: skip
+        raise LakeError(
+            f"two files of {str(old)!r} would take the same layout-2 name; move the extra files out of "
+            "the data root, then upgrade again"
+        )
     return names
 
 
