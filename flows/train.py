@@ -15,32 +15,17 @@ from typing import Any
 
 from flows import ui
 from ragen_core.config import RunConfig
-from ragen_core.run.procedures import Admission, Hooks, Steps, admit
+from ragen_core.run.procedures import Admission, Hooks, admit
 from ragen_core.run.procedures import train as train_procedure
 from ragen_core.run.requests import RunRequest, resolve_config, run_request
-from tasks import offline as o
 from tasks import reporting as r
-from tasks import stages as t
 from tasks.iteration import call_as_task
+from tasks.stages import call_as_session_task
 
 # The run layer's steps as Prefect tasks (each named as the function it calls) and the flows' progress.
 PREFECT = Hooks(
     call=call_as_task,
-    steps=Steps(
-        base_model_dir=t.base_model_dir,
-        bootstrap_model=t.bootstrap_model,
-        open_session=t.open_session,
-        prepare_resume=t.prepare_resume,
-        prepare_extension=t.prepare_extension,
-        reopen_final_evaluation=t.reopen_final_evaluation,
-        restore_session=t.restore_session,
-        skip_iteration=t.skip_iteration,
-        resolve_init=o.resolve_init,
-        select_trajectories=o.select_trajectories,
-        check_tokenizer=o.check_tokenizer,
-        lineage=o.lineage,
-        offline_epoch=o.offline_epoch,
-    ),
+    call_step=call_as_session_task,
     step=ui.step,
     report=ui.report,
     publish=r.publish_iteration_artifact,

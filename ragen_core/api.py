@@ -3,7 +3,7 @@
 Each function builds its command's request once (:mod:`ragen_core.run.requests`: the config validated, the run id
 checked, the lake made), admits it (the run's writer lock taken, the start decided:
 :func:`ragen_core.run.procedures.admit`) and runs the same procedure as the command's flow, each step called
-directly (:data:`ragen_core.run.procedures.DIRECT_STEPS`): a run trained here equals the same run trained by
+directly (:func:`ragen_core.run.procedures.call_step`): a run trained here equals the same run trained by
 ``ragen train``, row for row and weight for weight. A config is a YAML path, a tree (dict) or a
 :class:`~ragen_core.config.RunConfig`; ``overrides`` are ``key.sub=value`` texts. A refused input raises the
 project's own error, one line that says what to fix: :class:`~ragen_core.config.ConfigError`,

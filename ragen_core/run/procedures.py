@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ragen_core.run import bootstrap, offline, resume, session
+from ragen_core.run.clock import run_name
 from ragen_core.run.decisions import ResumePlan, Start, resume_line
 from ragen_core.run.entry import OpenRun, open_run
 from ragen_core.run.iteration import Call, IterationState, direct, run_iteration
@@ -44,50 +46,90 @@ class Unpublished:
         """Nothing."""
 
 
-def _check_tokenizer(lake: Any, table: Any, model_dir: Path) -> str:
+def check_tokenizer(lake: Any, table: Any, model_dir: Path) -> str:
+    """Refuse stored rows tokenised by another tokenizer than the model's (``ragen retrain``'s check)."""
     from ragen_core.policy import load_tokenizer
 
     return offline.check_tokenizer(lake, sorted(set(table["run_id"].to_pylist())), load_tokenizer(model_dir))
 
 
 @dataclass(frozen=True)
+class SessionStep:
+    """A step of a command outside an iteration's table (the model to start from, the bootstrap, opening or
+    restoring the session, an offline epoch): the run layer's function, and the name a Prefect task run of it
+    takes (a template over the function's parameters; the function's name when None)."""
+
+    function: Callable[..., Any]
+    run_name: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.function.__name__
+
+
+# Every session step, one row each: a procedure calls them by name (``hooks.steps.open_session(...)``), the flows
+# as Prefect tasks through one wrapper (tasks/stages.py). A new step is its function and a row here.
+SESSION_STEPS = (
+    SessionStep(session.base_model_dir),
+    SessionStep(bootstrap.bootstrap_model),
+    SessionStep(session.open_session),
+    SessionStep(resume.prepare_resume),
+    SessionStep(resume.prepare_extension),
+    SessionStep(resume.reopen_final_evaluation),
+    SessionStep(resume.restore_session),
+    SessionStep(resume.skip_iteration, run_name("skip")),
+    SessionStep(offline.resolve_init),
+    SessionStep(offline.select_trajectories),
+    SessionStep(check_tokenizer),
+    SessionStep(offline.lineage),
+    SessionStep(offline.offline_epoch, "epoch-i{epoch}"),
+)
+
+StepCall = Callable[..., Any]  # (step, *args, **kwargs) -> the step's result
+
+
+def call_step(step: SessionStep, *args: Any, **kwargs: Any) -> Any:
+    """A session step called directly (the Python API)."""
+    return step.function(*args, **kwargs)
+
+
 class Steps:
-    """The session's steps a procedure calls besides an iteration's table, each with the arguments of the run
-    layer's function it names: :data:`DIRECT_STEPS` calls those functions, the flows hand in their Prefect tasks
-    (tasks/stages.py, tasks/offline.py), named as the functions."""
+    """A table of session steps by name, each called through ``call``: ``Steps(SESSION_STEPS, call).open_session(
+    config, lake, ...)`` is ``call(<open_session's row>, config, lake, ...)``. A name not in the table is an
+    AttributeError."""
 
-    base_model_dir: Callable[..., Path] = session.base_model_dir
-    bootstrap_model: Callable[..., tuple[Path, dict[str, Any]]] = bootstrap.bootstrap_model
-    open_session: Callable[..., RunSession] = session.open_session
-    prepare_resume: Callable[..., ResumePlan] = resume.prepare_resume
-    prepare_extension: Callable[..., ResumePlan] = resume.prepare_extension
-    reopen_final_evaluation: Callable[..., list[str]] = resume.reopen_final_evaluation
-    restore_session: Callable[..., dict[str, Any]] = resume.restore_session
-    skip_iteration: Callable[..., None] = resume.skip_iteration
-    resolve_init: Callable[..., Path] = offline.resolve_init
-    select_trajectories: Callable[..., Any] = offline.select_trajectories
-    check_tokenizer: Callable[..., str] = _check_tokenizer
-    lineage: Callable[..., dict[str, Any]] = offline.lineage
-    offline_epoch: Callable[..., dict[str, float]] = offline.offline_epoch
+    def __init__(self, table: tuple[SessionStep, ...] = SESSION_STEPS, call: StepCall = call_step) -> None:
+        names = [step.name for step in table]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two session steps share a name: {sorted(names)}")
+        self._table, self._call = {step.name: step for step in table}, call
 
-
-DIRECT_STEPS = Steps()
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        table = self.__dict__.get("_table", {})
+        if name not in table:
+            raise AttributeError(f"no session step {name!r}; the steps: {', '.join(table)}")
+        return partial(self._call, table[name])
 
 
 @dataclass(frozen=True)
 class Hooks:
     """How a procedure's steps run and where its progress goes. ``call``: how a row of an iteration's table is called
-    (:func:`ragen_core.run.iteration.direct`, or the flows' Prefect task); ``steps``: the session's other steps by
-    name (:data:`DIRECT_STEPS`, or the flows' tasks); ``step``: a line about a long step; ``report``: an iteration's
-    metrics once committed; ``publish``: an iteration's metrics artifact; ``artifacts``: a background publisher of
-    them (``publish`` / ``wait``)."""
+    (:func:`ragen_core.run.iteration.direct`, or the flows' Prefect task); ``call_step``: how a row of
+    :data:`SESSION_STEPS` is called (:func:`call_step`, or the flows' Prefect task); ``step``: a line about a long
+    step; ``report``: an iteration's metrics once committed; ``publish``: an iteration's metrics artifact;
+    ``artifacts``: a background publisher of them (``publish`` / ``wait``)."""
 
     call: Call = direct
-    steps: Steps = DIRECT_STEPS
+    call_step: StepCall = call_step
     step: Callable[[str], None] = _quiet
     report: Callable[[int, dict[str, float]], None] = _quiet
     publish: Callable[[str, int, dict[str, float]], Any] = _quiet
     artifacts: Callable[[], Any] = field(default=Unpublished)
+
+    @property
+    def steps(self) -> Steps:
+        """The session steps by name, each called through ``call_step``."""
+        return Steps(SESSION_STEPS, self.call_step)
 
 
 @dataclass(frozen=True)
@@ -353,12 +395,15 @@ def _costed_epoch(steps: Steps, opened: Any, table: Any, mode: str, epoch: int) 
 
 
 __all__ = [
-    "DIRECT_STEPS",
+    "SESSION_STEPS",
     "Admission",
     "Hooks",
+    "SessionStep",
     "Steps",
     "Unpublished",
     "admit",
+    "call_step",
+    "check_tokenizer",
     "decide",
     "evaluate",
     "evaluation_result",
