@@ -12,7 +12,7 @@ from flows import ui
 from flows.train import PREFECT
 from ragen_core.run.procedures import Admission, admit
 from ragen_core.run.procedures import evaluate as evaluate_procedure
-from ragen_core.run.requests import EvalRequest, eval_request
+from ragen_core.run.requests import EvalInputs, EvalRequest, eval_request
 
 
 def _tags(request: EvalRequest) -> list[str]:
@@ -40,7 +40,8 @@ def evaluate(
     again.
     """
     ui.escape_stored_parameters()  # a run created elsewhere: its stored texts escaped first
-    request = eval_request(target, data_root, envs, n, config, overrides, run_id, trust_env_module)
+    given = dict(target=target, data_root=data_root, envs=envs, n=n, config=config, overrides=overrides)
+    request = eval_request(EvalInputs.of(**given, run_id=run_id, trust_env_module=trust_env_module))
     with ui.showing(request.run_id, _tags(request)), admit(request) as admission:  # one writer per run
         return evaluate_procedure(admission, PREFECT)
 

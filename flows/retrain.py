@@ -13,7 +13,7 @@ from flows.train import PREFECT
 from ragen_core.config import RunConfig
 from ragen_core.run.procedures import Admission, admit
 from ragen_core.run.procedures import retrain as retrain_procedure
-from ragen_core.run.requests import RetrainRequest, retrain_request
+from ragen_core.run.requests import RetrainInputs, RetrainRequest, retrain_request
 
 
 def _tags(request: RetrainRequest) -> list[str]:
@@ -24,20 +24,22 @@ def _tags(request: RetrainRequest) -> list[str]:
 def retrain_offline(
     config: RunConfig | dict[str, Any] | str | None,
     sql: str,
-    mode: str,
     init: str,
+    mode: str = "sft",
     data_root: str = "data",
     run_id: str | None = None,
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
-    """select -> check tokenizer -> session from ``init`` -> ``offline.epochs`` x (train, commit) -> validation.
+    """[the request: selection, start model, tokenizer checked] -> session from ``init`` -> ``offline.epochs`` x
+    (train, commit) -> validation.
 
     Each epoch is committed as an iteration (metrics; a checkpoint after the last one); validation runs before the
     first epoch and after the last, so the run compares with its sources in the same tables. Progress goes to the
     caller through :func:`flows.ui.watching`.
     """
     ui.escape_stored_parameters()  # a run created elsewhere: its stored texts escaped first
-    request = retrain_request(config, sql, mode, init, data_root, run_id, overrides)
+    given = dict(config=config, sql=sql, init=init, mode=mode, data_root=data_root)
+    request = retrain_request(RetrainInputs.of(**given, run_id=run_id, overrides=overrides))
     with ui.showing(request.run_id, _tags(request)), admit(request) as admission:  # one writer per run
         return retrain_procedure(admission, PREFECT)
 

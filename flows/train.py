@@ -17,7 +17,7 @@ from flows import ui
 from ragen_core.config import RunConfig
 from ragen_core.run.procedures import Admission, Hooks, admit
 from ragen_core.run.procedures import train as train_procedure
-from ragen_core.run.requests import RunRequest, resolve_config, run_request
+from ragen_core.run.requests import RunRequest, TrainInputs, resolve_config, run_request
 from tasks import reporting as r
 from tasks.iteration import call_as_task
 from tasks.stages import call_as_session_task
@@ -58,7 +58,8 @@ def train(
     sweep's point. Progress goes to the caller through :func:`flows.ui.watching`, not a parameter.
     """
     ui.escape_stored_parameters()  # a run created elsewhere: its stored texts escaped first
-    request = run_request(config, data_root, run_id, overrides, force_config, skip_iteration, sweep)
+    given = dict(config=config, data_root=data_root, run_id=run_id, force_config=force_config)
+    request = run_request(TrainInputs.of(**given, skip_iteration=skip_iteration, overrides=overrides, sweep=sweep))
     with ui.showing(request.run_id, _tags(request)), admit(request) as admission:  # one writer per run
         note = admission.run.takeover_note
         if note:

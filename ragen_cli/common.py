@@ -74,7 +74,7 @@ def data_root_path(value: Path | None) -> Path:
     error."""
     root = (value or Path(os.environ.get("RAGEN_DATA_ROOT", DEFAULT_DATA_ROOT))).resolve()
     if root.exists() and not root.is_dir():
-        fail(f"data root {str(root)!r} is a file, not a folder; pass a folder with --data-root")
+        fail(f"data root {str(root)!r} is a file, not a folder; name a folder as the data root")
     return root
 
 

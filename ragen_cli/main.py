@@ -40,6 +40,7 @@ from ragen_cli.reproduce import reproduce
 from ragen_cli.runs import runs_app
 from ragen_cli.server import server_app
 from ragen_cli.summary import metrics_line, print_run_summary, print_sweep
+from ragen_core.run.inputs import EvalInputs, ResumeInputs, RetrainInputs, TrainInputs
 
 if TYPE_CHECKING:
     from ragen_core.run.procedures import Admission
@@ -62,124 +63,83 @@ def train(
     ctx: typer.Context,
     config: Path | None = config_option(),
     data_root: DataRoot = None,
-    run_id: str | None = run_id_option(
-        "Run id (default <env>-<hash>-<time>); an existing unfinished run with the same config is resumed."
-    ),
+    run_id: str | None = run_id_option(TrainInputs.describe("run_id")),
     verbose: Verbose = False,
 ) -> None:
     """Train with StarPO / StarPO-S. Extra arguments are key.sub=value overrides, e.g. trainer.iterations=5."""
     from ragen_core.run.requests import run_request
 
-    checked_run_id(run_id)
-    request = built(lambda: run_request(config, data_root_path(data_root), run_id, list(ctx.args)))
+    given = {"config": config, "data_root": data_root_path(data_root), "run_id": run_id, "overrides": ctx.args}
+    request = built(lambda: run_request(TrainInputs.of(**given)))
     if config is None:  # `ragen train` typed to see what it does: say what it will train before it starts
         note(
             "no --config: training the built-in defaults (`ragen config show` lists them: Bandit, no bootstrap, "
             "so the untrained tiny model seldom ends its replies); the demo's is --config configs/bandit.yaml"
         )
-    writable_root(request.lake.root)  # made and proven writable once the config passed
     _run(ctx.with_resource(admitted(request)), verbose)
 
 
 @app.command(context_settings=OVERRIDES, short_help=SHORT_HELP["resume"])
 def resume(
     ctx: typer.Context,
-    run_id: str = typer.Argument(..., help="The run to continue."),
+    run_id: str = typer.Argument(..., help=ResumeInputs.describe("run_id")),
     data_root: DataRoot = None,
     force_config: str = typer.Option(
-        "",
-        "--force-config",
-        help="Comma-separated config keys (or sections) allowed "
-        "to differ from the run's, e.g. trainer.iterations,eval.",
+        "", "--force-config", help="Comma-separated: " + ResumeInputs.describe("force_config")
     ),
-    skip_iteration: bool = typer.Option(
-        False, "--skip-iteration", help="Record a quarantined iteration as skipped (no update) and go on."
-    ),
+    skip_iteration: bool = typer.Option(False, "--skip-iteration", help=ResumeInputs.describe("skip_iteration")),
     trust_env_module: TrustEnvModule = False,
     verbose: Verbose = False,
 ) -> None:
     """Continue a run from its last committed iteration, with the run's own config. Extra key.sub=value
     overrides change it (only the keys listed in --force-config), e.g. trainer.iterations=50."""
     from ragen_core.config import ConfigError
-    from ragen_core.run.requests import RequestError, resume_request
-    from ragen_core.storage import DataLake, LakeError
+    from ragen_core.run.requests import refusals, resume_request
+    from ragen_core.storage import DataLake
 
-    checked_run_id(run_id)
-    lake = DataLake(writable_root(data_root, create=False))
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
+    given = {"run_id": run_id, "data_root": data_root_path(data_root), "overrides": ctx.args}
+    inputs = built(lambda: ResumeInputs.of(**given, force_config=allowed, skip_iteration=skip_iteration))
     try:  # a manifest of the wrong shape (types, another run's id) is named, never a traceback
-        request = resume_request(run_id, lake, list(ctx.args), allowed, skip_iteration, trust_env_module)
-    except (RequestError, LakeError) as exc:
-        fail(str(exc))
+        request = resume_request(inputs.model_copy(update={"trust_env_module": trust_env_module}))
     except ConfigError as exc:
-        fail(with_recorded_code(str(exc), lake.read_manifest(run_id)))
+        fail(with_recorded_code(str(exc), DataLake(inputs.data_root).read_manifest(run_id)))
+    except refusals() as exc:
+        fail(str(exc))
     _run(ctx.with_resource(admitted(request)), verbose)
 
 
 @app.command(context_settings=OVERRIDES, short_help=SHORT_HELP["retrain"])
 def retrain(
     ctx: typer.Context,
-    sql: str = typer.Option(
-        ...,
-        "--from",
-        help="SQL selecting the trajectories (must return their key columns), "
-        "e.g. \"SELECT * FROM trajectories WHERE run_id = 'r1' AND success\".",
-    ),
-    mode: str = typer.Option(
-        "sft",
-        "--mode",
-        help="sft (cross-entropy on the replies) or pg (StarPO loss with "
-        "importance weights from the stored behaviour log-probs).",
-    ),
-    init: str = typer.Option(
-        ...,
-        "--init",
-        help="Model folder, checkpoint folder (its hf/ export), run:<id> (the "
-        "model that run started from) or run:<id>@<updates> (its checkpoint).",
-    ),
+    sql: str = typer.Option(..., "--from", help=RetrainInputs.describe("sql")),
+    mode: str = typer.Option("sft", "--mode", help=RetrainInputs.describe("mode")),
+    init: str = typer.Option(..., "--init", help=RetrainInputs.describe("init")),
     config: Path | None = config_option("YAML config (actor, algorithm, offline, eval)."),
     data_root: DataRoot = None,
-    run_id: str | None = run_id_option("Id of the new run (default retrain-<mode>-<hash>)."),
+    run_id: str | None = run_id_option(RetrainInputs.describe("run_id")),
     verbose: Verbose = False,
 ) -> None:
     """Re-train a model offline on stored trajectories, exactly as stored (no re-tokenisation), as a new run whose
     manifest records the query and the source runs. Extra key.sub=value overrides, e.g. offline.epochs=3."""
-    checked_run_id(run_id)
-    _check_init(init)
-    from ragen_core.run.offline import OfflineError, preflight
-    from ragen_core.run.record import RunExistsError
-    from ragen_core.run.requests import retrain_request
+    from ragen_core.run.requests import refusals, retrain_request
 
-    root = writable_root(existing_root(data_root), create=False)
-    request = built(lambda: retrain_request(config, sql, mode, init, root, run_id, list(ctx.args)))
-    try:  # every refusal before anything is created: no lock, no Prefect home, no manifest, no rows
-        preflight(request.lake, request.run_id, sql, init)
-    except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
-        fail(str(exc))
+    given = {"config": config, "sql": sql, "init": init, "mode": mode, "data_root": data_root_path(data_root)}
+    # every refusal before anything is created: no lock, no Prefect home, no manifest, no rows
+    request = built(lambda: retrain_request(RetrainInputs.of(**given, run_id=run_id, overrides=ctx.args)))
     admission = ctx.with_resource(admitted(request))
     start_flow_command(request.lake, request.run_id, verbose)
     from flows.retrain import retrain_admitted
 
+    root = request.lake.root
     console.print(f"offline {mode} run [bold]{request.run_id}[/] from {shown(init)} · data root {shown(root)}")
     try:
         with watch_run(lambda i, m: console.print(metrics_line(i, m))):
             result = retrain_admitted(admission)
-    except (OfflineError, RunExistsError, *user_facing_errors()) as exc:
+    except (*refusals(), *user_facing_errors()) as exc:
         fail(str(exc))
     console.print(f"trained on {result['trajectories']} stored trajectories")
     print_run_summary(request.lake, result["run_id"], None, phases=f"before -> after offline {mode.upper()}")
-
-
-def _check_init(init: str) -> None:
-    """The run named by ``--init run:<id>[@<updates>]`` is a name too: refused (the whole text) unless well formed."""
-    from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, parse_run_ref
-
-    if not init.startswith(RUN_REF_PREFIX):
-        return
-    try:
-        parse_run_ref(init)
-    except RunRefError:  # the whole text is then no run id: refused as one, with the rule
-        checked_run_id(init.removeprefix(RUN_REF_PREFIX), "--init run id")
 
 
 @app.command(context_settings=OVERRIDES, short_help=SHORT_HELP["sweep"])
@@ -265,31 +225,30 @@ def _announce(request: SweepRequest) -> None:
 @app.command("eval", context_settings=OVERRIDES, short_help=SHORT_HELP["eval"])
 def eval_command(
     ctx: typer.Context,
-    target: str = typer.Argument(..., help="RUN_ID (newest checkpoint), RUN_ID@N, a checkpoint or a model folder."),
-    env: list[str] | None = typer.Option(None, "--env", "-e", help="Validation env (repeatable; default: the run's)."),
-    n: int | None = typer.Option(None, "--n", help="Fixed validation instances per env (default: eval.instances)."),
-    config: Path | None = config_option("YAML config (default: the run's, or defaults)."),
+    target: str = typer.Argument(..., help=EvalInputs.describe("target")),
+    env: list[str] | None = typer.Option(None, "--env", "-e", help="Repeatable. " + EvalInputs.describe("envs")),
+    n: int | None = typer.Option(None, "--n", help=EvalInputs.describe("n")),
+    config: Path | None = config_option(EvalInputs.describe("config")),
     data_root: DataRoot = None,
-    run_id: str | None = run_id_option("Evaluation run id (default evaluate-<model>-<hash>)."),
+    run_id: str | None = run_id_option(EvalInputs.describe("run_id")),
     trust_env_module: TrustEnvModule = False,
     verbose: Verbose = False,
 ) -> None:
     """Evaluate a policy on fixed validation instances; the rollouts are stored as an evaluation run (query them with
     `ragen sql`). Extra key.sub=value overrides, e.g. eval.temperature=1.0 eval.k=4."""
-    from ragen_core.config import ConfigError
     from ragen_core.run.evaluation import EvaluationError
-    from ragen_core.run.requests import RequestError, eval_request
+    from ragen_core.run.requests import eval_request, refusals
     from ragen_core.storage import DataLake
 
-    checked_run_id(run_id)
-    if n is not None and n < 1:
-        fail(f"--n must be at least 1, not {n}")
-    lake = DataLake(writable_root(data_root, create=False))
+    given = {"target": target, "data_root": data_root_path(data_root), "envs": env, "n": n, "config": config}
+    inputs = built(
+        lambda: EvalInputs.of(**given, overrides=ctx.args, run_id=run_id, trust_env_module=trust_env_module)
+    )
     try:
-        request = eval_request(target, lake, env, n, config, list(ctx.args), run_id, trust_env_module)
-    except (ConfigError, EvaluationError, RequestError) as exc:
-        fail(with_recorded_code(str(exc), _target_manifest(lake, target)))
-    lake.root.mkdir(parents=True, exist_ok=True)
+        request = eval_request(inputs)
+    except refusals() as exc:
+        fail(with_recorded_code(str(exc), _target_manifest(DataLake(inputs.data_root), target)))
+    lake = request.lake
     admission = ctx.with_resource(admitted(request))
     start_flow_command(lake, "eval", verbose)
     from flows.evaluate import evaluate_admitted
@@ -331,15 +290,13 @@ def _target_manifest(lake: DataLake, target: str) -> RunManifest | None:
 
 
 def built(build: Callable[[], T], *errors: type[Exception]) -> T:
-    """The request ``build`` makes (:mod:`ragen_core.run.requests`); a config, a name or a request it refuses (and
-    ``errors``) is a user error, one line before anything starts."""
-    from ragen_core.config import ConfigError
-    from ragen_core.run.requests import RequestError
-    from ragen_core.storage import LakeError
+    """The request ``build`` makes (:mod:`ragen_core.run.requests`); an input its builder refuses
+    (:func:`~ragen_core.run.requests.refusals`, and ``errors``) is a user error, one line before anything starts."""
+    from ragen_core.run.requests import refusals
 
     try:
         return build()
-    except (ConfigError, RequestError, LakeError, *errors) as exc:
+    except (*refusals(), *errors) as exc:
         fail(str(exc))
 
 
@@ -347,14 +304,9 @@ def _run(admission: Admission, verbose: bool) -> None:
     """Run (or resume) an admitted training request through the train flow with a progress bar, then print the
     run's summary. A run the admission found done is answered before any Prefect server starts."""
     from ragen_core.run.decisions import Start
-    from ragen_core.training.precision import PrecisionError, resolve_precision
 
     request = admission.request
     lake, run_id = request.lake, request.run_id
-    try:
-        resolve_precision(request.config.trainer.precision)  # this machine can run it: checked before anything starts
-    except PrecisionError as exc:
-        fail(str(exc))
     if admission.start is Start.DONE:
         console.print(f"run {run_id} is already completed; nothing to do")
         result = {"run_id": run_id, "bootstrap": None}

@@ -112,7 +112,7 @@ def run(request: q.RunRequest, progress: Progress | None = None, step: Step | No
 
 
 def train(
-    config: q.ConfigInput,
+    config: q.ConfigInput = None,
     data_root: str | Path | DataLake = "data",
     run_id: str | None = None,
     overrides: list[str] | None = None,
@@ -125,7 +125,8 @@ def train(
     existing ``run_id`` goes on from its last committed iteration (the same config, unless ``force_config`` lists the
     keys allowed to differ); a completed one is returned as it is. ``progress(iteration, metrics)`` hears of each
     committed iteration, ``step(text)`` of each long step."""
-    request = q.run_request(config, data_root, run_id, overrides, force_config, skip_iteration)
+    given = dict(config=config, data_root=data_root, run_id=run_id, overrides=overrides, force_config=force_config)
+    request = q.run_request(q.TrainInputs.of(**given, skip_iteration=skip_iteration))
     return run(request, progress, step)
 
 
@@ -142,7 +143,10 @@ def resume(
     """Go on with a stored run with its own config, as ``ragen resume``: ``overrides`` change the keys
     ``force_config`` allows (``trainer.iterations=50`` extends a completed run); ``trust_env_module`` lets the stored
     config import the modules it names."""
-    request = q.resume_request(run_id, data_root, overrides, force_config, skip_iteration, trust_env_module)
+    given = dict(run_id=run_id, data_root=data_root, overrides=overrides, force_config=force_config)
+    request = q.resume_request(
+        q.ResumeInputs.of(**given, skip_iteration=skip_iteration, trust_env_module=trust_env_module)
+    )
     return run(request, progress, step)
 
 
@@ -161,7 +165,8 @@ def evaluate(
     """Evaluate a policy on fixed validation instances, as ``ragen eval``: ``target`` is a run id (its newest
     checkpoint; ``RUN_ID@N``: the one after N updates), a checkpoint folder or a model folder; ``envs``/``n`` the
     validation envs and instances. Stored as its own run; the same evaluation again returns the stored result."""
-    request = q.eval_request(target, data_root, envs, n, config, overrides, run_id, trust_env_module)
+    given = dict(target=target, data_root=data_root, envs=envs, n=n, config=config, overrides=overrides)
+    request = q.eval_request(q.EvalInputs.of(**given, run_id=run_id, trust_env_module=trust_env_module))
     with p.admit(request) as admission:
         details = p.evaluate(admission, _hooks(progress, step))
     base = _result(request.lake, request.run_id, details)
@@ -182,10 +187,8 @@ def retrain(
     """Re-train a model offline on the stored trajectories ``sql`` selects, as ``ragen retrain``: ``mode`` sft or pg,
     ``init`` a model or checkpoint folder, ``run:<id>`` or ``run:<id>@<updates>``; ``offline.epochs`` epochs, each
     committed as an iteration, validated before and after."""
-    from ragen_core.run.offline import preflight
-
-    request = q.retrain_request(config, sql, mode, init, data_root, run_id, overrides)
-    preflight(request.lake, request.run_id, sql, init)  # every refusal before anything is created
+    given = dict(config=config, sql=sql, init=init, mode=mode, data_root=data_root, run_id=run_id)
+    request = q.retrain_request(q.RetrainInputs.of(**given, overrides=overrides))  # every refusal, nothing created
     with p.admit(request) as admission:
         details = p.retrain(admission, _hooks(progress, step))
     return _result(request.lake, request.run_id, details)
@@ -218,7 +221,8 @@ def sweep(
         outcomes = {}
         for point in chosen:
             entry = point.manifest_entry(request.sweep_id)
-            point_request = q.run_request(point.config, request.lake, point.run_id, sweep=entry)
+            inputs = q.TrainInputs.of(config=point.config, data_root=request.lake, run_id=point.run_id, sweep=entry)
+            point_request = q.run_request(inputs)
             try:
                 run(point_request, progress, step)
             except Exception:  # a failing point is recorded (its manifest says how it ended) and the sweep goes on

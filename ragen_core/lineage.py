@@ -35,6 +35,7 @@ PLUMBING = (
     "ragen_core/findings/restamp_records.py",  # the re-stamp records and their chain
     "ragen_core/run/procedures.py",  # a command's course through the run layer (held: a run equals the flow's)
     "ragen_core/run/requests.py",  # a command's typed request, built once by whichever door
+    "ragen_core/run/inputs.py",  # what a user gives each command, one model per command
     "ragen_core/storage/",
     "ragen_core/run/decisions.py",
     "ragen_core/run/resume.py",

@@ -46,13 +46,6 @@ class Unpublished:
         """Nothing."""
 
 
-def check_tokenizer(lake: Any, table: Any, model_dir: Path) -> str:
-    """Refuse stored rows tokenised by another tokenizer than the model's (``ragen retrain``'s check)."""
-    from ragen_core.policy import load_tokenizer
-
-    return offline.check_tokenizer(lake, sorted(set(table["run_id"].to_pylist())), load_tokenizer(model_dir))
-
-
 @dataclass(frozen=True)
 class SessionStep:
     """A step of a command outside an iteration's table (the model to start from, the bootstrap, opening or
@@ -78,9 +71,6 @@ SESSION_STEPS = (
     SessionStep(resume.reopen_final_evaluation),
     SessionStep(resume.restore_session),
     SessionStep(resume.skip_iteration, run_name("skip")),
-    SessionStep(offline.resolve_init),
-    SessionStep(offline.select_trajectories),
-    SessionStep(check_tokenizer),
     SessionStep(offline.lineage),
     SessionStep(offline.offline_epoch, "epoch-i{epoch}"),
 )
@@ -354,16 +344,14 @@ def evaluation_result(request: EvalRequest, reused: bool) -> dict[str, Any]:
 
 
 def retrain(admission: Admission, hooks: Hooks) -> dict[str, Any]:
-    """select -> check tokenizer -> session from ``init`` -> ``offline.epochs`` x (train, commit) -> validation.
-    Validation runs before the first epoch and after the last, so the run compares with its sources in the same
-    tables."""
+    """session from ``init`` -> ``offline.epochs`` x (train, commit) -> validation, over the trajectories the
+    request's builder selected and checked. Validation runs before the first epoch and after the last, so the run
+    compares with its sources in the same tables."""
     request: RetrainRequest = admission.request  # type: ignore[assignment]
     lake, run_id, steps = request.lake, request.run_id, hooks.steps
     epochs = request.config.offline.epochs
     check_run_id_free(lake, run_id)
-    init_dir = steps.resolve_init(request.init, lake)
-    table = steps.select_trajectories(lake, request.sql)
-    steps.check_tokenizer(lake, table, init_dir)
+    init_dir, table = request.init_dir, request.selected  # resolved and checked by the request's builder
     hooks.step(f"{table.num_rows} stored trajectories selected; loading the model {request.init}")
     opened = steps.open_session(request.config, lake, run_id, init_dir)
     with run_status(opened):
@@ -403,7 +391,6 @@ __all__ = [
     "Unpublished",
     "admit",
     "call_step",
-    "check_tokenizer",
     "decide",
     "evaluate",
     "evaluation_result",

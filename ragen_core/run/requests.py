@@ -2,34 +2,80 @@
 flow run, the Python API :mod:`ragen_core.api`) and handed down as it is (a sweep's, which stands above the run
 layer: :class:`ragen_core.sweep.SweepRequest`).
 
-A builder turns what a user gives (a config path, tree or :class:`RunConfig` and ``key.sub=value`` overrides, a
-data root, a run id ...) into a frozen request: the run id checked before anything is read or created, the config
-validated once through :mod:`ragen_core.run.checks` (a :class:`RunConfig` without overrides is used as it is), the
-data root's :class:`~ragen_core.storage.DataLake` made once (:func:`ragen_core.run.entry.run_lake`). Nothing below a
-builder validates a config, makes a lake or checks an id again. A request's :meth:`parameters` are its plain form,
-what a deployment's form holds and what Prefect's UI shows of a flow run.
+What a user gives a command is one model per command (:mod:`ragen_core.run.inputs`: pydantic, as the config): its
+fields are the flow's parameters (a deployment's form), the API function's arguments and the command line's options,
+each described once there (tests/flows/test_inputs.py holds every door's signature to its model). A builder turns the
+inputs into a frozen request and is the one place that checks them, so every door refuses the same input with the
+same message: the run id checked before anything is read or created, the config validated once through
+:mod:`ragen_core.run.checks` (a :class:`RunConfig` without overrides is used as it is), the precision this machine can
+run, the data root proven writable (made when the command may make it) and its :class:`~ragen_core.storage.DataLake`
+made once, and a re-training's selection, start model and tokenizer checked. Nothing below a builder validates a
+config, makes a lake or checks an id again. A request's :meth:`parameters` are its plain form, what Prefect's UI
+shows of a flow run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from ragen_core.config import RunConfig
 from ragen_core.run.checks import build_run_config, build_stored_run_config, load_run_config, manifest_config
 from ragen_core.run.entry import check_run_id, run_lake
 from ragen_core.run.evaluation import evaluation_config, evaluation_run_id, resolve_target
+from ragen_core.run.inputs import EvalInputs, RequestError, ResumeInputs, RetrainInputs, TrainInputs
 from ragen_core.run.record import default_run_id
 from ragen_core.storage import DataLake
+from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, parse_run_ref
 
 ConfigInput = RunConfig | dict[str, Any] | str | Path | None
 OFFLINE_MODES = ("sft", "pg")
 
 
-class RequestError(ValueError):
-    """What a user asked for cannot be a request (a run to resume that is not there, an unknown mode): one line that
-    says how to fix it."""
+def _check_precision(config: RunConfig) -> None:
+    """The config's ``trainer.precision`` runs on this machine (bf16/fp16 need CUDA): else
+    :class:`~ragen_core.training.precision.PrecisionError`, which says what to set instead."""
+    from ragen_core.training.precision import resolve_precision  # torch, imported when a request is built
+
+    resolve_precision(config.trainer.precision)
+
+
+def writable_lake(data_root: str | Path | DataLake, create: bool) -> DataLake:
+    """The lake of ``data_root``, its folder proven writable by creating and removing a temporary file in it (made
+    first when ``create``), so a read-only or impossible root is refused before any compute is spent."""
+    lake = run_lake(data_root)
+    root = Path(lake.root)
+    if root.exists() and not root.is_dir():
+        raise RequestError(f"data root {str(root)!r} is a file, not a folder; name a folder as the data root")
+    try:
+        if create:
+            root.mkdir(parents=True, exist_ok=True)
+        if root.is_dir():
+            with tempfile.TemporaryFile(dir=root, prefix=".ragen-write-check-"):
+                pass
+    except OSError as exc:
+        raise RequestError(
+            f"data root {str(root)!r} cannot be written ({exc.strerror or exc}); name a writable folder as the data "
+            "root"
+        ) from None
+    return lake
+
+
+def refusals() -> tuple[type[Exception], ...]:
+    """The errors a builder refuses an input with, each one line that says what to fix: a door shows them as they
+    are (the command line on stderr, the API raised, a deployment's flow run failed with the message)."""
+    from ragen_core.config import ConfigError
+    from ragen_core.run.evaluation import EvaluationError
+    from ragen_core.run.offline import OfflineError
+    from ragen_core.run.record import RunExistsError
+    from ragen_core.storage import LakeError
+    from ragen_core.training.precision import PrecisionError
+
+    return ConfigError, RequestError, LakeError, PrecisionError, OfflineError, RunExistsError, EvaluationError
 
 
 def resolve_config(config: ConfigInput, overrides: list[str] | None = None) -> RunConfig:
@@ -69,22 +115,17 @@ class RunRequest:
         }
 
 
-def run_request(
-    config: ConfigInput,
-    data_root: str | Path | DataLake = "data",
-    run_id: str | None = None,
-    overrides: list[str] | None = None,
-    force_config: list[str] | tuple[str, ...] | None = None,
-    skip_iteration: bool = False,
-    sweep: dict[str, Any] | None = None,
-) -> RunRequest:
+def run_request(inputs: TrainInputs) -> RunRequest:
     """The request of a run to train (or resume: an existing ``run_id`` goes on with the given config). The run id is
-    checked before the config is read; without one it is derived (``<env>-<hash>-<time>``)."""
-    check_run_id(run_id)  # a name, never a pattern or a path: refused before anything is read or created
-    run_config = resolve_config(config, overrides)
-    lake = run_lake(data_root)
-    run_id = check_run_id(run_id or default_run_id(run_config))
-    return RunRequest(run_config, lake, run_id, tuple(force_config or ()), skip_iteration, sweep)
+    checked before the config is read; without one it is derived (``<env>-<hash>-<time>``). The data root is made
+    and proven writable once the config passed."""
+    check_run_id(inputs.run_id)  # a name, never a pattern or a path: refused before anything is read or created
+    run_config = resolve_config(inputs.config, inputs.overrides)
+    _check_precision(run_config)
+    lake = writable_lake(inputs.data_root, create=True)
+    run_id = check_run_id(inputs.run_id or default_run_id(run_config))
+    force = tuple(inputs.force_config or ())
+    return RunRequest(run_config, lake, run_id, force, inputs.skip_iteration, inputs.sweep)
 
 
 def trusted_kinds(trust_env_module: bool) -> frozenset[str]:
@@ -93,20 +134,13 @@ def trusted_kinds(trust_env_module: bool) -> frozenset[str]:
     return frozenset({"module"}) if trust_env_module else frozenset()
 
 
-def resume_request(
-    run_id: str,
-    data_root: str | Path | DataLake = "data",
-    overrides: list[str] | None = None,
-    force_config: list[str] | tuple[str, ...] | None = None,
-    skip_iteration: bool = False,
-    trust_env_module: bool = False,
-) -> RunRequest:
+def resume_request(inputs: ResumeInputs) -> RunRequest:
     """The request that goes on with a stored run with its own config (read from its manifest and held to the trust
     rules of a config read from the data root; ``overrides`` change it where ``force_config`` allows). Raises
     :class:`RequestError` (no such run, or no config to resume with), :class:`~ragen_core.config.ConfigError`,
     :class:`~ragen_core.storage.LakeError`."""
-    check_run_id(run_id)
-    lake = run_lake(data_root)
+    run_id = check_run_id(inputs.run_id)
+    lake = writable_lake(inputs.data_root, create=False)
     manifest = lake.read_manifest(run_id) if lake.root.is_dir() else None
     if manifest is None:
         raise RequestError(
@@ -117,8 +151,10 @@ def resume_request(
             f"the manifest of run {run_id!r} holds no config to resume with; start the run again with ragen train"
         )
     stored = manifest_config(lake, run_id, manifest.config)  # a program it names, not named again: refused
-    run_config = build_stored_run_config(stored, list(overrides or []), trusted_kinds(trust_env_module))
-    return RunRequest(run_config, lake, run_id, tuple(force_config or ()), skip_iteration)
+    trusted = trusted_kinds(inputs.trust_env_module)
+    run_config = build_stored_run_config(stored, list(inputs.overrides or []), trusted)
+    _check_precision(run_config)
+    return RunRequest(run_config, lake, run_id, tuple(inputs.force_config or ()), inputs.skip_iteration)
 
 
 @dataclass(frozen=True)
@@ -143,28 +179,21 @@ class EvalRequest:
         }
 
 
-def eval_request(
-    target: str,
-    data_root: str | Path | DataLake = "data",
-    envs: list[str] | None = None,
-    n: int | None = None,
-    config: str | Path | None = None,
-    overrides: list[str] | None = None,
-    run_id: str | None = None,
-    trust_env_module: bool = False,
-) -> EvalRequest:
+def eval_request(inputs: EvalInputs) -> EvalRequest:
     """The request of an evaluation of ``target`` (a run id, ``RUN_ID@N``, a checkpoint or a model folder): the base
     config is the source run's, or ``config`` (a YAML path), with ``envs``, ``n`` and ``overrides`` set. Raises
     :class:`~ragen_core.run.evaluation.EvaluationError`, :class:`~ragen_core.config.ConfigError`."""
-    check_run_id(run_id)
-    if n is not None and n < 1:
-        raise RequestError(f"n (the validation instances per env) must be at least 1, not {n}")
-    lake = run_lake(data_root)
+    check_run_id(inputs.run_id)
+    if inputs.n is not None and inputs.n < 1:
+        raise RequestError(f"n (the validation instances per env) must be at least 1, not {inputs.n}")
+    lake = writable_lake(inputs.data_root, create=False)
     known = lake if lake.root.is_dir() else None  # a data root not made yet holds no run to read
-    model_dir, base, which = resolve_target(target, known)
-    run_config = evaluation_config(base, envs, n, config, overrides, trusted_kinds(trust_env_module))
-    run_id = check_run_id(run_id or evaluation_run_id(which, run_config, known))
-    return EvalRequest(run_config, lake, run_id, target, which, model_dir)
+    model_dir, base, which = resolve_target(inputs.target, known)
+    trusted = trusted_kinds(inputs.trust_env_module)
+    run_config = evaluation_config(base, inputs.envs, inputs.n, inputs.config, inputs.overrides, trusted)
+    run_id = check_run_id(inputs.run_id or evaluation_run_id(which, run_config, known))
+    lake = writable_lake(lake, create=True)  # the evaluation is stored as a run: its root made once it passed
+    return EvalRequest(run_config, lake, run_id, inputs.target, which, model_dir)
 
 
 @dataclass(frozen=True)
@@ -179,6 +208,8 @@ class RetrainRequest:
     sql: str
     mode: str
     init: str
+    init_dir: Path = field(compare=False)  # the model folder ``init`` names, resolved by the builder
+    selected: pa.Table = field(compare=False, repr=False)  # the stored trajectories ``sql`` selects, checked
 
     def parameters(self) -> dict[str, Any]:
         """The request as the ``retrain_offline`` flow's plain parameters."""
@@ -192,36 +223,61 @@ class RetrainRequest:
         }
 
 
-def retrain_request(
-    config: ConfigInput,
-    sql: str,
-    mode: str,
-    init: str,
-    data_root: str | Path | DataLake = "data",
-    run_id: str | None = None,
-    overrides: list[str] | None = None,
-) -> RetrainRequest:
-    """The request of an offline re-training; the run id defaults to ``retrain-<mode>-<hash of the config given>``."""
-    check_run_id(run_id)
-    if mode not in OFFLINE_MODES:
-        raise RequestError(f"mode must be sft or pg, not {mode!r}")
-    given = resolve_config(config, overrides)
-    run_id = check_run_id(run_id or f"retrain-{mode}-{given.config_hash()[:8]}")
+def retrain_request(inputs: RetrainInputs) -> RetrainRequest:
+    """The request of an offline re-training, every refusal made before anything is created: the run id (default
+    ``retrain-<mode>-<hash of the config given>``) well formed, free and written by no live process, the mode, the
+    data root there and writable, ``init`` a model, the query selecting stored trajectories tokenised by that model's
+    tokenizer (:func:`ragen_core.run.offline.preflight`). Raises :class:`RequestError`,
+    :class:`~ragen_core.run.offline.OfflineError`, :class:`~ragen_core.config.ConfigError`,
+    :class:`~ragen_core.storage.LakeError`."""
+    from ragen_core.run.offline import preflight
+
+    check_run_id(inputs.run_id)
+    _check_init(inputs.init)
+    if inputs.mode not in OFFLINE_MODES:
+        raise RequestError(f"mode must be sft or pg, not {inputs.mode!r}")
+    given = resolve_config(inputs.config, inputs.overrides)
+    _check_precision(given)
+    run_id = check_run_id(inputs.run_id or f"retrain-{inputs.mode}-{given.config_hash()[:8]}")
     epochs = given.offline.epochs  # each epoch is committed as an iteration: the run has `epochs` iterations
     trainer = given.trainer.model_copy(update={"iterations": epochs})  # both validated positive integers
     run_config = given.model_copy(update={"trainer": trainer})
-    return RetrainRequest(run_config, run_lake(data_root), run_id, sql, mode, init)
+    root = Path(run_lake(inputs.data_root).root)
+    if not root.is_dir():
+        raise RequestError(
+            f"data root {str(root)!r} does not exist; name the data root that holds the trajectories (or train first)"
+        )
+    lake = writable_lake(inputs.data_root, create=False)
+    init_dir, table = preflight(lake, run_id, inputs.sql, inputs.init)
+    return RetrainRequest(run_config, lake, run_id, inputs.sql, inputs.mode, inputs.init, init_dir, table)
+
+
+def _check_init(init: str) -> None:
+    """The run named by ``init`` = ``run:<id>[@<updates>]`` is a name too: refused (the whole text) unless well
+    formed."""
+    if not init.startswith(RUN_REF_PREFIX):
+        return
+    try:
+        parse_run_ref(init)
+    except RunRefError:  # the whole text is then no run id: refused as one, with the rule
+        check_run_id(init.removeprefix(RUN_REF_PREFIX), "init run id")
 
 
 __all__ = [
+    "EvalInputs",
     "EvalRequest",
     "RequestError",
+    "ResumeInputs",
+    "RetrainInputs",
     "RetrainRequest",
     "RunRequest",
+    "TrainInputs",
     "eval_request",
     "resolve_config",
+    "refusals",
     "resume_request",
     "retrain_request",
     "run_request",
     "trusted_kinds",
+    "writable_lake",
 ]

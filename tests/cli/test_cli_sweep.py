@@ -42,7 +42,7 @@ def test_eval_refuses_unknown_targets_envs_and_sizes(tmp_path):
     result = _invoke("eval", "no-such-run", "--data-root", str(tmp_path))
     assert result.exit_code == 2 and "neither a run id" in result.output
     result = _invoke("eval", "x", "--n", "0", "--data-root", str(tmp_path))
-    assert result.exit_code == 2 and "--n must be at least 1" in result.output
+    assert result.exit_code == 2 and "n (the validation instances per env) must be at least 1, not 0" in result.output
 
 
 def test_server_status_and_stop_without_a_server(tmp_path):

@@ -46,7 +46,7 @@ def test_pg_on_the_stored_batch_reproduces_the_online_update(lake_root, tiny_mod
     from flows.retrain import retrain_offline
 
     sql = "SELECT * FROM trajectories WHERE run_id = 'src' AND iteration = 0 AND split = 'train' AND kept"
-    result = retrain_offline(_tree(tiny_model_dir), sql, "pg", str(tiny_model_dir), str(lake_root), "pg-replay")
+    result = retrain_offline(_tree(tiny_model_dir), sql, str(tiny_model_dir), "pg", str(lake_root), "pg-replay")
     assert result["trajectories"] == 8
     online, offline = _weights(lake_root, "src", 1), _weights(lake_root, "pg-replay", 1)
     initial = load_file(tiny_model_dir / "model.safetensors")
@@ -63,7 +63,7 @@ def test_pg_refuses_scripted_rows(lake_root, tiny_model_dir):
 
     sql = "SELECT * FROM trajectories WHERE run_id = 'demo' AND split = 'train'"
     with pytest.raises(OfflineError, match="scripted.*--mode sft"):
-        retrain_offline(_tree(tiny_model_dir), sql, "pg", str(tiny_model_dir), str(lake_root), "pg-scripted")
+        retrain_offline(_tree(tiny_model_dir), sql, str(tiny_model_dir), "pg", str(lake_root), "pg-scripted")
 
 
 def test_sft_across_two_runs_records_both_in_its_lineage(lake_root, tiny_model_dir):
@@ -71,7 +71,7 @@ def test_sft_across_two_runs_records_both_in_its_lineage(lake_root, tiny_model_d
 
     sql = "SELECT * FROM trajectories WHERE run_id IN ('src', 'demo') AND split = 'train' AND iteration = 0"
     checkpoint = lake_root / "runs" / "src" / "checkpoints" / "iteration=1"  # start from a checkpoint (its hf export)
-    result = retrain_offline(_tree(tiny_model_dir), sql, "sft", str(checkpoint), str(lake_root), "sft-both")
+    result = retrain_offline(_tree(tiny_model_dir), sql, str(checkpoint), "sft", str(lake_root), "sft-both")
     assert result["trajectories"] == 16
     manifest = DataLake(lake_root).read_manifest("sft-both")
     assert manifest.kind == "offline" and manifest.status == "completed"
@@ -131,8 +131,8 @@ def test_a_foreign_tokenizer_is_refused(lake_root, tiny_model_dir):
             retrain_offline(
                 _tree(tiny_model_dir),
                 "SELECT * FROM trajectories WHERE run_id = 'demo'",
-                "sft",
                 str(tiny_model_dir),
+                "sft",
                 str(lake_root),
                 "sft-foreign",
             )
@@ -160,7 +160,7 @@ def test_readme_example_best_quarter_from_the_run_start_model(lake_root, tiny_mo
         ).to_pylist()
     ]
     expected = sum(r >= np.quantile(rewards, 0.75) for r in rewards)
-    result = retrain_offline(_tree(tiny_model_dir), TOP_QUARTER, "sft", "run:src", str(lake_root), "best25")
+    result = retrain_offline(_tree(tiny_model_dir), TOP_QUARTER, "run:src", "sft", str(lake_root), "best25")
     assert result["trajectories"] == expected
     lineage = DataLake(lake_root).read_manifest("best25").lineage
     assert lineage["init"] == str(tiny_model_dir.resolve()) and lineage["source_runs"] == ["src"]

@@ -2,7 +2,8 @@
 deployments and process worker) through Prefect's client: flow runs named after their run ids and tagged (env,
 preset, sweep), task runs named with their iteration, the iteration summaries and the early warnings in the run's
 logs (while the terminal shows each line once, as before), the run's UI address printed by the command,
-deployments whose parameter schemas hold no internal parameter, and an async run's lanes side by side."""
+deployments whose parameter schemas hold no internal parameter, an async run's lanes side by side, and one bad input
+refused with one message by the command, the API and a deployment."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+import ragen_core
 from ragen_cli.local_server import PROJECT_DIR, alive, start_worker, stop_process
+from ragen_core.run.requests import refusals
 from ragen_core.storage import DataLake, query
 from tests.flows.test_async import async_overrides
 
@@ -271,3 +275,68 @@ def test_a_deployment_runs_an_async_run_with_two_batches_ahead(server, tmp_path,
     _overlap(_task_runs(server, "async-dep"), 2, range(1, 2))
     rows = query(tmp_path, "SELECT DISTINCT iteration, policy_version FROM trajectories WHERE split = 'train'")
     assert sorted((r["iteration"], r["policy_version"]) for r in rows.to_pylist()) == [(0, 0), (1, 0), (2, 0), (3, 1)]
+
+
+# Every door refuses the same input the same way (issue 53, section 3): one bad input sent through the ``ragen``
+# command, the Python API and a run of the ``train`` deployment is refused by the request's builder with one
+# message, word for word, and nothing is written to the data root: a data root that is a file, and a precision this
+# machine cannot run (checked before only by the command line; skipped where a CUDA device is visible).
+
+REFUSED_TINY = ["trainer.iterations=1", "bootstrap.enabled=false", "rollout.env_groups=2", "eval.instances=2"]
+
+
+def _through_the_command(server, data_root, overrides: list[str]) -> str:
+    done = subprocess.run(
+        [RAGEN, "train", "--config", "configs/bandit.yaml", "--data-root", str(data_root), *overrides],
+        env=dict(server.env),
+        cwd=PROJECT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    return line.removeprefix("error: ")
+
+
+def _through_the_api(data_root, overrides: list[str]) -> str:
+    with pytest.raises(refusals()) as refused:
+        ragen_core.train(str(PROJECT_DIR / "configs" / "bandit.yaml"), data_root, overrides=overrides)
+    return str(refused.value)
+
+
+def _through_a_deployment(server, data_root, overrides: list[str]) -> str:
+    from prefect.deployments import run_deployment
+
+    parameters = {"config": "configs/bandit.yaml", "data_root": str(data_root), "overrides": overrides}
+    with _client(server) as client:
+        flow_run = run_deployment("train/train", parameters=parameters, timeout=0)
+        deadline = time.monotonic() + 300
+        while (state := client.read_flow_run(flow_run.id).state).type.value not in FINAL:
+            assert time.monotonic() < deadline, f"the deployment run did not finish: {state.type.value}"
+            time.sleep(1)
+    assert state.type.value == "FAILED", state
+    return state.message
+
+
+def _refused_alike(server, data_root, overrides: list[str]) -> str:
+    said = _through_the_command(server, data_root, overrides)
+    assert _through_the_api(data_root, overrides) == said
+    assert said in _through_a_deployment(server, data_root, overrides)
+    return said
+
+
+def test_a_data_root_that_is_a_file_is_refused_alike_by_every_door(server, tmp_path):
+    data_root = tmp_path / "lake.txt"
+    data_root.write_text("not a folder\n")
+    said = _refused_alike(server, data_root, [server.model, *REFUSED_TINY])
+    assert said == f"data root {str(data_root)!r} is a file, not a folder; name a folder as the data root"
+    assert data_root.read_text() == "not a folder\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device runs bf16: the input is then no mistake")
+def test_a_precision_this_machine_cannot_run_is_refused_alike_by_every_door(server, tmp_path):
+    data_root = tmp_path / "lake"
+    said = _refused_alike(server, data_root, [server.model, *REFUSED_TINY, "trainer.precision=bf16"])
+    assert said.startswith("trainer.precision=bf16 needs a CUDA GPU and none is visible")
+    assert not data_root.exists()  # refused before the data root was made

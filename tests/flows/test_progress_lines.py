@@ -70,7 +70,7 @@ def test_an_offline_retraining_says_each_of_its_steps(root, tiny_model_dir):
 
     sql = f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND split = 'train'"
     (count,) = query(root, sql.replace("*", "count(*) AS n", 1)).column("n").to_pylist()
-    _, events = _heard(lambda: retrain_offline(_config(tiny_model_dir, 1), sql, "sft", f"run:{RUN}", str(root), "re"))
+    _, events = _heard(lambda: retrain_offline(_config(tiny_model_dir, 1), sql, f"run:{RUN}", "sft", str(root), "re"))
     texts = [value if kind == "step" else f"<iteration {value}>" for kind, value in events]
     assert [text for text in texts if not text.startswith("bandit: success")] == [
         f"{count} stored trajectories selected; loading the model run:{RUN}",

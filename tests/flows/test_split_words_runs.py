@@ -41,7 +41,7 @@ def every_kind(prefect_harness, tmp_path_factory, tiny_model_dir) -> tuple[Path,
     trained = train(_config(tiny_model_dir, "bandit_test"), data_root=str(root))["run_id"]
     evaluated = evaluate(trained, n=2, data_root=str(root))["run_id"]
     sql = f"SELECT * FROM trajectories WHERE run_id = '{trained}' AND split = 'train'"
-    retrained = retrain_offline(_config(tiny_model_dir, "bandit"), sql, "sft", f"run:{trained}", str(root))["run_id"]
+    retrained = retrain_offline(_config(tiny_model_dir, "bandit"), sql, f"run:{trained}", "sft", str(root))["run_id"]
     swept = sweep(_config(tiny_model_dir, "bandit"), grid=["algorithm.filter_ratio=[0.5,1.0]"], data_root=str(root))
     kinds = {"train": trained, "eval": evaluated, "retrain": retrained}
     kinds.update({f"sweep {p['run_id']}": p["run_id"] for p in swept["points"]})

@@ -110,13 +110,13 @@ def _commands(root: Path, out: Path, run_id: str) -> dict[str, list]:
 
 def _assert_refused(result, command: str, run_id: str) -> None:
     """Refused as a user error (status 2, no traceback) for the id itself: the validator's message for ``run_id``,
-    naming it as the command's run id, sweep id or --init run id, not some later failure."""
+    naming it as the command's run id, sweep id or init run id, not some later failure."""
     assert result.exit_code == 2, (command, result.output, result.exception)
     assert isinstance(result.exception, SystemExit), (command, result.exception)  # a user error, no traceback
     assert "Traceback" not in result.output
     with pytest.raises(InvalidRunIdError) as caught:
         validate_run_id(run_id)
-    what = "sweep id" if command == "sweep" else "--init run id" if "--init" in command else "run id"
+    what = "sweep id" if command == "sweep" else "init run id" if "--init" in command else "run id"
     assert f"error: {what} {str(caught.value).removeprefix('run id ')}" in result.output, (command, result.output)
 
 
