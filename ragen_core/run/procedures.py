@@ -1,11 +1,11 @@
-"""A command's course through the run layer, whoever calls it: the Prefect flows (each step a task, progress to
-Prefect's UI and the command's terminal) or the Python API (:mod:`ragen_core.api`: each step called directly).
+"""What each command does once its request is built: ``train``, ``evaluate`` and ``retrain``, the same code whether
+the Prefect flows call it (each step a Prefect task, progress shown in Prefect's UI and the terminal) or the Python
+API does (:mod:`ragen_core.api`: each step a plain call).
 
-A request (:mod:`ragen_core.run.requests`) is admitted once per process (:func:`admit`): its run opened for writing
-(:func:`ragen_core.run.entry.open_run`, the writer lock taken) and, for a run to train, its start decided
-(fresh / over / resume / extend / done). A procedure takes the admission and :class:`Hooks` (how a table step is
-called, how the session's other steps are called, where progress goes) and never validates a config, makes a lake,
-takes a lock or decides a start again.
+Before a procedure runs, :func:`admit` takes the run's writer lock (one process writes a run at a time) and, for
+training, decides how the run starts: fresh, over again, resumed, extended or already done. A procedure receives
+that admission and a :class:`Hooks` (how to call each step, where progress goes); it does not validate a config,
+make a lake, take a lock or decide the start again.
 """
 
 from __future__ import annotations
