@@ -30,7 +30,7 @@ def check_run_id(run_id: str | None, what: str = "run id") -> str | None:
 
 
 def run_lake(data_root: str | Path | DataLake) -> DataLake:
-    """The lake of ``data_root`` (a path), or ``data_root`` itself when it is one already: made once per entry."""
+    """The lake of ``data_root`` (a path), or ``data_root`` itself when it already is a lake."""
     return data_root if isinstance(data_root, DataLake) else DataLake(data_root)
 
 

@@ -124,8 +124,8 @@ class Hooks:
 
 @dataclass(frozen=True)
 class Admission:
-    """A request admitted in this process: its run open for writing (the writer lock held) and, for a run to train,
-    its start decided. Made only by :func:`admit`, for the length of its ``with`` block."""
+    """A request this process may now carry out: it holds the run's writer lock and, for training, knows how the
+    run starts. Only :func:`admit` makes one, valid inside its ``with`` block."""
 
     request: Request
     run: OpenRun
@@ -133,15 +133,16 @@ class Admission:
 
 
 def decide(request: RunRequest) -> Start:
-    """The start of a run to train: fresh, over (it stopped in its bootstrap), resume, extend or done (reads only)."""
+    """How a training run starts: fresh, over again (it stopped in its bootstrap), resumed, extended or already done.
+    Reads the lake, writes nothing."""
     manifest = request.lake.read_manifest(request.run_id)
     return resume.decide_run_start(request.lake, manifest, request.config, request.run_id, list(request.force_config))
 
 
 @contextmanager
 def admit(request: Request, command: list[str] | None = None) -> Iterator[Admission]:
-    """Open ``request``'s run for the ``with`` block (its writer lock taken once: another process is refused,
-    naming the holder) and decide a training run's start under it."""
+    """Hold ``request``'s run for the ``with`` block: take its writer lock (another process holding it is refused,
+    by name) and, for training, decide how the run starts while holding it."""
     with open_run(request.lake, request.run_id, command) as run:
         yield Admission(request, run, decide(request) if isinstance(request, RunRequest) else None)
 

@@ -1,17 +1,21 @@
-"""A command's typed request, built once by whichever door starts it (the ``ragen`` command, a Prefect deployment's
-flow run, the Python API :mod:`ragen_core.api`) and handed down as it is (a sweep's, which stands above the run
-layer: :class:`ragen_core.sweep.SweepRequest`).
+"""Requests: what a command was asked to do, checked and ready to run.
 
-What a user gives a command is one model per command (:mod:`ragen_core.run.inputs`: pydantic, as the config): its
-fields are the flow's parameters (a deployment's form), the API function's arguments and the command line's options,
-each described once there (tests/flows/test_inputs.py holds every door's signature to its model). A builder turns the
-inputs into a frozen request and is the one place that checks them, so every door refuses the same input with the
-same message: the run id checked before anything is read or created, the config validated once through
-:mod:`ragen_core.run.checks` (a :class:`RunConfig` without overrides is used as it is), the precision this machine can
-run, the data root proven writable (made when the command may make it) and its :class:`~ragen_core.storage.DataLake`
-made once, and a re-training's selection, start model and tokenizer checked. Nothing below a builder validates a
-config, makes a lake or checks an id again. A request's :meth:`parameters` are its plain form, what Prefect's UI
-shows of a flow run.
+Each command's inputs are one pydantic model (:mod:`ragen_core.run.inputs`) whose fields are the flow's parameters,
+the API function's arguments and the command line's options (tests/flows/test_inputs.py holds the three to it). A
+builder here turns the inputs into a frozen request, and it is the only place that checks them, so the command line,
+the API and a deployment refuse a bad input with the same message before anything is written:
+
+- the run id is a plain name (checked before anything is read or created);
+- the config is valid (validated once, through :mod:`ragen_core.run.checks`; a :class:`RunConfig` given without
+  overrides is used as it is);
+- this machine can run the config's precision;
+- the data root is a folder that can be written (made when the command may make it);
+- for a re-training, the start model exists, the query selects stored trajectories, and their tokenizer is the
+  model's.
+
+Code below a builder never validates a config, makes a :class:`~ragen_core.storage.DataLake` or checks an id again.
+A sweep's request stands above the run layer (:class:`ragen_core.sweep.SweepRequest`). A request's
+:meth:`parameters` are its plain form, what Prefect's UI shows of a flow run.
 """
 
 from __future__ import annotations
@@ -116,9 +120,8 @@ class RunRequest:
 
 
 def run_request(inputs: TrainInputs) -> RunRequest:
-    """The request of a run to train (or resume: an existing ``run_id`` goes on with the given config). The run id is
-    checked before the config is read; without one it is derived (``<env>-<hash>-<time>``). The data root is made
-    and proven writable once the config passed."""
+    """The request to train a run (an existing ``run_id`` goes on with the given config). Without a run id one is
+    derived (``<env>-<hash>-<time>``). The data root is made only once the config is valid."""
     check_run_id(inputs.run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(inputs.config, inputs.overrides)
     _check_precision(run_config)
