@@ -257,12 +257,21 @@ def test_a_probe_fails_on_a_moved_payout_and_refuses_a_file_it_never_ran(clone, 
     assert any("critic.py: the probe did not exercise it" in line for line in result.problems())
 
 
-def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fingerprints(clone, tmp_path):
+@pytest.fixture(scope="module")
+def added(clone, tmp_path_factory):
+    """One probe, from the base to the commit that adds the finding ``probe_new`` on top of the cast that moves
+    nothing, shared by the two tests below (a probe costs two sides of real runs)."""
     repo, commits = clone
-    result = probe(
-        repo, commits["base"], commits["same"], tmp_path / "probe", log=lambda _: None, only=["probe_tiny"], paths=()
-    )
+    work = tmp_path_factory.mktemp("added") / "probe"
+    only = ["probe_tiny", "probe_new"]
+    return work, probe(repo, commits["base"], commits["added"], work, log=lambda _: None, only=only, paths=())
+
+
+def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fingerprints(clone, added):
+    repo, commits = clone
+    _, result = added
     assert result.passed, result.problems()
+    assert "ragen_core/envs/bandit.py" in result.changed  # the cast, run by the finding's point
     rows = {t.table: t.old_rows for t in result.tables}
     # one point: 1 iteration of 2 groups x 4 trained and validations of 4 instances at iterations 0 and 1, and the
     # bootstrap's own rows; every row compared
@@ -275,17 +284,15 @@ def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fing
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record))
     assert [r["to"]["commit"] for r in reaches(result.old.fingerprint, result.new.fingerprint, repo)] == [
-        commits["same"]
+        commits["added"]
     ]
     assert reaches(result.new.fingerprint, result.old.fingerprint, repo) is None  # a record vouches one way
-    assert stamped_commit(repo, result.old.fingerprint, commits["base"]) == commits["same"]
+    assert stamped_commit(repo, result.old.fingerprint, commits["base"]) == commits["added"]
 
 
-def test_a_finding_the_new_commit_adds_runs_on_its_side_alone_and_is_named_in_the_record(clone, tmp_path):
+def test_a_finding_the_new_commit_adds_runs_on_its_side_alone_and_is_named_in_the_record(clone, added, tmp_path):
     repo, commits = clone
-    work = tmp_path / "probe"
-    only = ["probe_tiny", "probe_new"]
-    result = probe(repo, commits["base"], commits["added"], work, log=lambda _: None, only=only, paths=())
+    work, result = added
     assert result.passed, result.problems()
     assert result.findings == ["probe_tiny"] and result.added == ["probe_new"]
     # compared: the common finding's rows only, as many on both sides; the new one ran into a root of its own
@@ -295,6 +302,7 @@ def test_a_finding_the_new_commit_adds_runs_on_its_side_alone_and_is_named_in_th
     assert not (work / "old" / "out" / "probe_new-quick.json").exists()
     assert "probe-new-quick" in json.dumps(sorted(p.name for p in (work / "new" / "added" / "runs").iterdir()))
     assert record_of(result)["new_findings"] == ["probe_new"]
+    only = ["probe_tiny", "probe_new"]
     with pytest.raises(RestampError, match="no longer registers probe_new"):  # and the other way round
         probe(repo, commits["added"], commits["base"], tmp_path / "back", log=lambda _: None, only=only, paths=())
 
