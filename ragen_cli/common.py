@@ -79,22 +79,15 @@ def data_root_path(value: Path | None) -> Path:
 
 
 def writable_root(value: Path | None, create: bool = True) -> Path:
-    """The data root of a command that writes: created when missing (``create``), and proven writable by creating
-    and removing a temporary file in it, so a read-only or impossible root fails before any compute is spent."""
-    import tempfile
+    """The data root of a command that writes: created when missing (``create``), and proven writable before any
+    compute is spent (:func:`ragen_core.run.requests.writable_lake`, the request builders' own check)."""
+    from ragen_core.run.requests import RequestError, writable_lake
 
     root = data_root_path(value)
     try:
-        if create:
-            root.mkdir(parents=True, exist_ok=True)
-        if root.is_dir():
-            with tempfile.TemporaryFile(dir=root, prefix=".ragen-write-check-"):
-                pass
-    except OSError as exc:
-        fail(
-            f"data root {str(root)!r} cannot be written ({exc.strerror or exc}); pass a writable folder with "
-            "--data-root"
-        )
+        writable_lake(root, create)
+    except RequestError as exc:
+        fail(str(exc))
     return root
 
 

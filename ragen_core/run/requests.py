@@ -195,7 +195,8 @@ def eval_request(inputs: EvalInputs) -> EvalRequest:
     trusted = trusted_kinds(inputs.trust_env_module)
     run_config = evaluation_config(base, inputs.envs, inputs.n, inputs.config, inputs.overrides, trusted)
     run_id = check_run_id(inputs.run_id or evaluation_run_id(which, run_config, known))
-    lake = writable_lake(lake, create=True)  # the evaluation is stored as a run: its root made once it passed
+    if not lake.root.is_dir():  # the evaluation is stored as a run: its root made once it passed
+        writable_lake(lake, create=True)
     return EvalRequest(run_config, lake, run_id, inputs.target, which, model_dir)
 
 
@@ -245,12 +246,13 @@ def retrain_request(inputs: RetrainInputs) -> RetrainRequest:
     epochs = given.offline.epochs  # each epoch is committed as an iteration: the run has `epochs` iterations
     trainer = given.trainer.model_copy(update={"iterations": epochs})  # both validated positive integers
     run_config = given.model_copy(update={"trainer": trainer})
-    root = Path(run_lake(inputs.data_root).root)
-    if not root.is_dir():
+    lake = run_lake(inputs.data_root)
+    if not Path(lake.root).is_dir():
         raise RequestError(
-            f"data root {str(root)!r} does not exist; name the data root that holds the trajectories (or train first)"
+            f"data root {str(lake.root)!r} does not exist; name the data root that holds the trajectories (or train "
+            "first)"
         )
-    lake = writable_lake(inputs.data_root, create=False)
+    writable_lake(lake, create=False)
     init_dir, table = preflight(lake, run_id, inputs.sql, inputs.init)
     return RetrainRequest(run_config, lake, run_id, inputs.sql, inputs.mode, inputs.init, init_dir, table)
 

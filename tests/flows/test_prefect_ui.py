@@ -306,15 +306,10 @@ def _through_the_api(data_root, overrides: list[str]) -> str:
 
 
 def _through_a_deployment(server, data_root, overrides: list[str]) -> str:
-    from prefect.deployments import run_deployment
-
     parameters = {"config": "configs/bandit.yaml", "data_root": str(data_root), "overrides": overrides}
+    flow_run = _run_deployment(server, parameters)
     with _client(server) as client:
-        flow_run = run_deployment("train/train", parameters=parameters, timeout=0)
-        deadline = time.monotonic() + 300
-        while (state := client.read_flow_run(flow_run.id).state).type.value not in FINAL:
-            assert time.monotonic() < deadline, f"the deployment run did not finish: {state.type.value}"
-            time.sleep(1)
+        state = client.read_flow_run(flow_run.id).state
     assert state.type.value == "FAILED", state
     return state.message
 
