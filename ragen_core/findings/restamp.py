@@ -202,7 +202,9 @@ def run_side(
         shutil.rmtree(run)
     run.mkdir()
     root = ["--data-root", str(run / "data")]
-    commands = {"the findings' points": ["reproduce", "--all", "--quick", *root, "--out-dir", str(run / "out")]}
+    commands = {}
+    if _registered(side.tree, added):  # none when the probe runs its paths alone
+        commands["the findings' points"] = ["reproduce", "--all", "--quick", *root, "--out-dir", str(run / "out")]
     commands |= {f"probe path {path}": [*args[:1], *root, *args[1:]] for path, args in (paths or {}).items()}
     specs = side.tree / "configs" / "findings"
     for finding in added:
@@ -294,10 +296,11 @@ def probe(
     only: Sequence[str] | None = None,
     paths: Sequence[str] | None = None,
 ) -> ProbeResult:
-    """Run the probe of every registered finding (or those in ``only``) and every probe path of the new commit's
-    :data:`PATHS` (or those in ``paths``) at ``from_commit`` and at ``to_commit`` in ``work`` and compare them
-    (:class:`ProbeResult`). Refuses, before any run, a pair of commits with no changed counted file, and a change
-    of a finding's spec, config or defaults (its spec digest under the old fingerprint moves)."""
+    """Run the probe of every registered finding (or those in ``only``: an empty list probes the paths alone) and
+    every probe path of the new commit's :data:`PATHS` (or those in ``paths``) at ``from_commit`` and at
+    ``to_commit`` in ``work`` and compare them (:class:`ProbeResult`). Refuses, before any run, a pair of commits
+    with no changed counted file, and a change of a finding's spec, config or defaults (its spec digest under the
+    old fingerprint moves)."""
     started = time.monotonic()
     work.mkdir(parents=True, exist_ok=True)
     launcher = work / "launch.py"
@@ -362,7 +365,7 @@ def _probe_specs(old: Side, new: Side, launcher: Path, only: Sequence[str] | Non
     findings = write_probe_specs(old.tree)
     if sorted(set(write_probe_specs(new.tree)) - set(added)) != sorted(findings):
         raise RestampError("the two commits register other findings")
-    if only:
+    if only is not None:
         keep = set(only) | {_runs_of(new.tree, name) for name in only} - {None}
         for side in (old, new):  # the other findings' specs left out of the probe's trees
             for name in (set(findings) | set(added)) - keep:
@@ -386,6 +389,12 @@ def _compare_analyses(old: Side, new: Side, findings: Sequence[str]) -> tuple[di
         sweeps = tuple(a["sweeps"].values())
         points[name] = sorted(label for run, label in old_labels.items() if run.startswith(sweeps))
     return numbers, points
+
+
+def _registered(tree: Path, besides: Sequence[str] = ()) -> bool:
+    """Whether the checkout at ``tree`` registers a finding (a spec under ``configs/findings``) other than
+    ``besides``."""
+    return any(path.stem not in besides for path in (tree / "configs" / "findings").glob("*.yaml"))
 
 
 def _runs_of(tree: Path, name: str) -> str | None:

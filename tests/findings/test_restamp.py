@@ -323,13 +323,15 @@ def test_a_probe_refuses_a_changed_default_before_any_run(clone, tmp_path):
 
 
 def test_a_probe_path_vouches_for_code_that_no_finding_runs(clone, tmp_path):
-    """The dataset env's change runs in no finding (a probe of the finding alone refuses it, as the moved payout's
-    probe refuses the critic's line), but the ``dataset`` probe path runs it: the probe then passes."""
+    """The dataset env's change runs in no finding (a probe of the findings would refuse it, as the moved payout's
+    probe refuses the critic's line), but the ``dataset`` probe path runs it: a probe of that path alone (``only``
+    empty: no finding's runs) passes."""
     repo, commits = clone
     args = (repo, commits["base"], commits["dataset"])
-    result = probe(*args, tmp_path / "path", log=lambda _: None, only=["probe_tiny"], paths=["dataset"])
+    result = probe(*args, tmp_path / "path", log=lambda _: None, only=[], paths=["dataset"])
     assert result.passed, result.problems()
     assert list(result.changed) == ["ragen_core/envs/dataset.py"]
+    assert result.findings == [] and result.points == {}
     record = record_of(result)
     assert record["paths"]["dataset"][:4] == [
         "--config",
@@ -337,13 +339,16 @@ def test_a_probe_path_vouches_for_code_that_no_finding_runs(clone, tmp_path):
         "--run-id",
         "probe-dataset",
     ]
-    # the path's run is in both lakes and compared: the finding's point, its bootstrap, and the path's train run
-    labels = set(run_labels(result.new.lake).values())
-    assert labels == {"probe-tiny-quick-starpo-s#p0", "bootstrap#1", "train#1"}
+    # the path's run alone is in both lakes, and its rows are compared: as many on both sides, all equal
+    assert set(run_labels(result.new.lake).values()) == {"train#1"}
+    compared = {t.table: t for t in result.tables}
+    assert compared["trajectories"].old_rows == compared["trajectories"].new_rows > 0
+    assert all(t.equal for t in result.tables)
     path_rows = query(result.new.lake, "SELECT count(*) AS n FROM trajectories WHERE run_id = 'probe-dataset'")
-    assert path_rows.to_pylist()[0]["n"] > 0
+    assert path_rows.to_pylist()[0]["n"] == compared["trajectories"].new_rows
     covered = executed_lines(tmp_path / "path" / "coverage.data", result.new.tree)
-    assert covered.get("ragen_core/envs/dataset.py")  # the path ran it: the finding's point plays the bandit only
+    assert covered.get("ragen_core/envs/dataset.py")  # the path ran it
+    assert not (tmp_path / "path" / "new" / "out").exists()  # no finding's numbers were made
 
 
 def test_probe_paths_are_read_from_the_checkout_and_unknown_ones_refused(tmp_path):
