@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -66,25 +68,25 @@ def _sweep_command(root: Path, model_dir: Path, sweep_id: str, grid: str) -> lis
     ]
 
 
-def _client(env: dict[str, str], code: str) -> str:
-    """Run a few lines against the server with Prefect's client, in a process of its own (the test process may hold
-    Prefect's test harness)."""
-    script = "from prefect.client.orchestration import get_client\nfrom prefect import states\n" + code
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=PROJECT_DIR, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.strip()
+@contextmanager
+def _client(server) -> Iterator:
+    """Prefect's client on the session's server, in this process (as tests/flows/test_prefect_ui.py reads it): the
+    server's address set for the block only, over whatever Prefect settings (a test harness) this process holds. A
+    process of its own per read cost ~3 s of imports each, ~10 of them here (the kill test polled through them)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: server.state.api_url}), get_client(sync_client=True) as client:
+        yield client
 
 
-def _flow_run_state(env: dict[str, str], name: str) -> str:
-    code = f"""
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
-with get_client(sync_client=True) as client:
-    runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[{name!r}])))
-    print(json.dumps([[str(r.id), r.state.type.value] for r in runs]))
-"""
-    return json.loads(_client(env, "import json\n" + code))
+def _flow_run_state(server, name: str) -> list[list[str]]:
+    """[flow run id, state type] of each flow run named ``name``."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with _client(server) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+    return [[str(r.id), r.state.type.value] for r in runs]
 
 
 def _rows(root: Path, run_id: str, table: str) -> list[dict]:
@@ -107,17 +109,16 @@ def _duplicates(root: Path, run_id: str) -> dict[str, int]:
 
 
 def test_prefect_yaml_deploys_the_four_flows_with_the_pool_pull_step_and_schedule(server):
-    code = """
-import json
-with get_client(sync_client=True) as client:
-    out = {}
-    for d in client.read_deployments():
-        flow = client.read_flow(d.flow_id)
-        out[f"{flow.name}/{d.name}"] = {"pool": d.work_pool_name, "pull": d.pull_steps, "entrypoint": d.entrypoint,
-            "schedules": [{"active": s.active, "parameters": s.parameters} for s in d.schedules]}
-    print(json.dumps(out))
-"""
-    deployments = json.loads(_client(server.env, code))
+    with _client(server) as client:
+        deployments = {}
+        for d in client.read_deployments():
+            deployments[f"{client.read_flow(d.flow_id).name}/{d.name}"] = {
+                "pool": d.work_pool_name,
+                "pull": d.pull_steps,
+                "entrypoint": d.entrypoint,
+                "schedules": [{"active": s.active, "parameters": s.parameters} for s in d.schedules],
+            }
+    deployments = json.loads(json.dumps(deployments))  # plain data, as the server sent it
     assert set(deployments) == {"train/train", "sweep/sweep", "evaluate/evaluate", "retrain_offline/retrain-offline"}
     for name, info in deployments.items():
         assert info["pool"] == "local-process", name
@@ -168,7 +169,7 @@ def test_a_two_point_sweep_runs_as_deployment_runs(server, tmp_path_factory, tin
         },
     ]
     for run_id in ("srv-p000", "srv-p001"):  # each point ran as a flow run of the train deployment, on the worker
-        assert [state for _, state in _flow_run_state(env, run_id)] == ["COMPLETED"]
+        assert [state for _, state in _flow_run_state(server, run_id)] == ["COMPLETED"]
         manifest = DataLake(root).read_manifest(run_id)
         assert manifest.pid != os.getpid() and "prefect" in " ".join(manifest.command)
     server.reference = root  # the kill test compares with srv-p000
@@ -200,16 +201,13 @@ def test_a_killed_worker_and_a_retried_flow_run_complete_the_point_without_dupli
     assert not alive(flow_pid)
     committed_at_kill = lake.committed_iterations(run_id)
     assert committed_at_kill[-1] < 3, "the point finished before the kill; the test would prove nothing"
-    [(flow_run_id, state_type)] = _flow_run_state(env, run_id)
+    [(flow_run_id, state_type)] = _flow_run_state(server, run_id)
     assert state_type == "RUNNING"  # nobody told the server: this is what a crashed worker leaves
     # what Prefect's zombie-run automation does after missed heartbeats, then the user's retry
-    _client(
-        env,
-        f"""
-with get_client(sync_client=True) as client:
-    client.set_flow_run_state({flow_run_id!r}, states.Crashed(message="worker killed"), force=True)
-""",
-    )
+    from prefect import states
+
+    with _client(server) as client:
+        client.set_flow_run_state(flow_run_id, states.Crashed(message="worker killed"), force=True)
     retry = subprocess.run(
         [sys.executable, "-m", "prefect", "flow-run", "retry", flow_run_id],
         env=env,
@@ -220,8 +218,8 @@ with get_client(sync_client=True) as client:
     )
     assert retry.returncode == 0, retry.stdout + retry.stderr
     server.workers.append(start_worker(env, server.state_dir / "worker-2.log").pid)
-    while [s for _, s in _flow_run_state(env, run_id)] != ["COMPLETED"]:
-        assert time.monotonic() < deadline, f"the retried flow run did not complete: {_flow_run_state(env, run_id)}"
+    while [s for _, s in _flow_run_state(server, run_id)] != ["COMPLETED"]:
+        assert time.monotonic() < deadline, f"the retried flow run did not complete: {_flow_run_state(server, run_id)}"
         time.sleep(1)
     sweep.wait(timeout=120)
 

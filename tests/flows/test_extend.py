@@ -46,19 +46,33 @@ def _copy(pristine, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def extended(completed, prefect_server, whole_bandit_run):
+def extended(tmp_path_factory, completed, prefect_server, whole_bandit_run):
+    """The completed run extended by one iteration (`ragen resume --force-config ...`), on its own root. While the
+    extension runs, `ragen runs compact` of the run is asked from another process (issue 51): the extension then
+    also shows that a refused compaction beside it changes nothing of what it makes (bitwise, below), and one
+    extension serves both (before, the compaction test ran a second one, ~13 s). Returns (root, the reference run,
+    (status, stdout, stderr) of the compaction, the extension's pid)."""
+    from tests.flows.test_live_housekeeping import _finish, _start, _wait_for
+
     root, _ = completed
-    rc, output = _ragen(["resume", RUN, *EXTEND], root, None, prefect_server[0].api_url)
-    assert rc == 0, output[-3000:]
+    log = tmp_path_factory.mktemp("extension") / "extend.log"
+    extension = _start(["resume", RUN, *EXTEND], root, log, prefect_server[0].api_url)
+    try:
+        _wait_for(lambda: _writer_pid(root) == extension.pid, extension, log, "the extension's writer lock")
+        rc, out, err, _ = _quick(["runs", "compact", RUN], root)
+    finally:
+        status = _finish(extension)
+    output = log.read_text()
+    assert status == 0, output[-3000:]
     assert "resumed at iteration 2" in output and "Traceback" not in output
     # said before it trains (issue 40 s4 item 3): the line comes before iteration 2's line, not only at the end
     said = output.index(f"resuming {RUN} at iteration 2 (extending it to 3 iterations): loading its checkpoint")
     assert said < output.index("iter   2")
-    return root, whole_bandit_run
+    return root, whole_bandit_run, (rc, out, err), extension.pid
 
 
 def test_the_extended_run_has_bitwise_the_weights_of_the_run_configured_longer(extended):
-    root, whole = extended
+    root, whole, _, _ = extended
     expected, actual = _weights(whole), _weights(root)  # checkpoints/iteration=3/hf: after the 3rd update
     assert expected.keys() == actual.keys()
     assert all(torch.equal(expected[name], actual[name]) for name in expected)
@@ -72,7 +86,7 @@ def _rows_without(root, table, column):
 @pytest.mark.parametrize("table", ["trajectories", "turns", "metrics", "evaluations"])
 def test_the_extended_run_holds_the_rows_of_the_run_configured_longer(extended, table):
     """eval.every=1, so the longer run also validated at iteration 2: even the validation rows agree."""
-    root, whole = extended
+    root, whole, _, _ = extended
     expected, actual = _rows(whole, table), _rows(root, table)
     assert len(actual) == len(set(actual)) == len(expected)
     if table == "trajectories":  # each row records the hash of the config that made it
@@ -81,7 +95,7 @@ def test_the_extended_run_holds_the_rows_of_the_run_configured_longer(extended, 
 
 
 def test_trajectories_record_the_config_that_made_them(extended, completed):
-    root, whole = extended
+    root, whole, _, _ = extended
     hashes = {
         (r["iteration"], r["split"]): r["config_hash"]
         for r in DataLake(root)
@@ -96,7 +110,7 @@ def test_trajectories_record_the_config_that_made_them(extended, completed):
 
 
 def test_the_extended_run_is_completed_with_the_longer_config(extended):
-    root, whole = extended
+    root, whole, _, _ = extended
     lake = DataLake(root)
     manifest = lake.read_manifest(RUN)
     assert manifest.status == "completed"
@@ -116,6 +130,21 @@ def _quick(args, root):
         [script, *args, "--data-root", str(root)], capture_output=True, text=True, env=env, timeout=120
     )
     return done.returncode, done.stdout, done.stderr, time.monotonic() - start
+
+
+def _here(args, root):
+    """The CLI's own code for a command that must answer before any flow, invoked in this process: (exit status,
+    stdout, stderr, seconds). A command's own start (~4 s of imports, the same for every command) is measured once
+    through a real process (:func:`_quick`, the completed run's answer); each refusal here skips it."""
+    from typer.testing import CliRunner
+
+    from ragen_cli.main import app
+
+    start = time.monotonic()
+    result = CliRunner().invoke(app, [*args, "--data-root", str(root)])
+    seconds = time.monotonic() - start
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result.exit_code, result.stdout, result.stderr, seconds
 
 
 def _state(root):
@@ -149,7 +178,7 @@ def test_a_completed_run_answers_nothing_to_do_at_once_without_a_server(complete
 def test_a_refused_extension_is_one_line_at_once_and_changes_nothing(completed, tmp_path, args, message):
     root = _copy(completed[1], tmp_path)
     before = _state(root)
-    rc, out, err, seconds = _quick(args, root)
+    rc, out, err, seconds = _here(args, root)
     assert rc != 0
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err + out, err
     assert seconds < QUICK_SECONDS, seconds
@@ -190,7 +219,7 @@ def test_a_compacted_run_is_not_extended_and_keeps_every_row(tmp_path, tiny_mode
     ]
     rc, output = _ragen(train, root, None, prefect_server[0].api_url)
     assert rc == 0, output[-3000:]
-    rc, _, err, _ = _quick(["runs", "compact", RUN], root)
+    rc, _, err, _ = _here(["runs", "compact", RUN], root)
     assert rc == 0, err
     lake = DataLake(root)
     final = lake.committed_iterations(RUN)[-1]
@@ -198,7 +227,7 @@ def test_a_compacted_run_is_not_extended_and_keeps_every_row(tmp_path, tiny_mode
     rows = {table: _rows(root, table) for table in ("trajectories", "turns", "metrics", "evaluations")}
     before = _state(root)
     extend = ["--force-config", "trainer.iterations", "trainer.iterations=2"]
-    rc, out, err, _ = _quick(["resume", RUN, *extend], root)
+    rc, out, err, _ = _here(["resume", RUN, *extend], root)
     assert rc != 0 and "was compacted" in err and "model.path=" in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
     assert _state(root) == before
@@ -212,24 +241,14 @@ def _writer_pid(root) -> int | None:
     return holder.get("pid") if holder else None
 
 
-def test_a_compaction_beside_a_running_extension_is_refused_naming_it_and_the_extension_completes(
-    completed, tmp_path, prefect_server
-):
+def test_a_compaction_beside_a_running_extension_is_refused_naming_it_and_the_extension_completes(extended):
     """Issue 51: `ragen runs compact` while an extension runs used to return 0 and leave the run `failed` (its
     final iteration merged under the extension's feet). It now refuses in one line, naming the extension's process,
-    and the extension completes."""
-    from tests.flows.test_live_housekeeping import _finish, _start, _wait_for
-
-    root = _copy(completed[1], tmp_path)
-    log = tmp_path / "extend.log"
-    extension = _start(["resume", RUN, *EXTEND], root, log, prefect_server[0].api_url)
-    try:
-        _wait_for(lambda: _writer_pid(root) == extension.pid, extension, log, "the extension's writer lock")
-        rc, out, err, _ = _quick(["runs", "compact", RUN], root)
-    finally:
-        assert _finish(extension) == 0, log.read_text()[-3000:]
+    and the extension completes (the extension of the ``extended`` fixture, asked to compact while it held the run's
+    writer lock; the tests above find it bitwise the run configured longer)."""
+    root, _, (rc, out, err), pid = extended
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err + out, err
-    assert f"cannot compact run '{RUN}' now: it is being written by pid {extension.pid}" in err
+    assert f"cannot compact run '{RUN}' now: it is being written by pid {pid}" in err
     lake = DataLake(root)
     assert lake.read_manifest(RUN).status == "completed" and lake.committed_iterations(RUN) == [0, 1, 2, 3]
 

@@ -214,23 +214,39 @@ def _run_deployment(server, parameters: dict):
     return flow_run
 
 
-def test_a_deployment_run_without_a_run_id_is_renamed_to_the_id_it_derives_and_tagged(server, tmp_path):
-    parameters = {"config": "configs/bandit.yaml", "data_root": str(tmp_path), "overrides": [server.model, *TINY]}
-    flow_run = _run_deployment(server, parameters)
-    [run_id] = [row["run_id"] for row in query(tmp_path, "SELECT run_id FROM runs").to_pylist()]
+# One run of the ``train`` deployment on the process worker, read by the next two tests: an async run (two batches
+# ahead) started without a run id, so the flow derives its id (one deployment run where two proved the same: the
+# naming and tagging, and the lanes side by side).
+DEPLOYED_ITERATIONS = 4
+
+
+@pytest.fixture(scope="module")
+def deployed(server, tmp_path_factory, tiny_model_dir):
+    """The deployment run (waited for) and its data root."""
+    root = tmp_path_factory.mktemp("ui-deployed")
+    overrides = async_overrides(tiny_model_dir, staleness=2, iterations=DEPLOYED_ITERATIONS, eval_every=10)
+    parameters = {"config": "configs/bandit.yaml", "data_root": str(root), "overrides": overrides}
+    return SimpleNamespace(flow_run=_run_deployment(server, parameters), root=root)
+
+
+def test_a_deployment_run_without_a_run_id_is_renamed_to_the_id_it_derives_and_tagged(server, deployed):
+    flow_run, root = deployed.flow_run, deployed.root
+    [run_id] = [row["run_id"] for row in query(root, "SELECT run_id FROM runs").to_pylist()]
     assert run_id.startswith("bandit-") and run_id != flow_run.name  # derived by the flow, not Prefect's random name
     seen = _seen(server, run_id)
+    # a summary line per iteration, and one for the validation after the last update
+    summaries = [f"iter {i:>3}" for i in range(DEPLOYED_ITERATIONS + 1)]
     # the worker's flow-run process sends its logs in batches, the last ones as it exits, which can be after the run
-    # is COMPLETED: wait (up to a minute) for the two summary lines before reading the logs
+    # is COMPLETED: wait (up to a minute) for the summary lines before reading the logs
     deadline = time.monotonic() + 60
-    while sum(name == "ragen.run" for name, _, _ in seen["logs"]) < 2 and time.monotonic() < deadline:
+    while sum(name == "ragen.run" for name, _, _ in seen["logs"]) < len(summaries) and time.monotonic() < deadline:
         time.sleep(1)
         seen = _seen(server, run_id)
     assert seen["id"] == str(flow_run.id) and seen["state"] == "COMPLETED"
     assert seen["tags"] == {"ragen", "env:bandit", "preset:starpo_s"}
     assert {"generate-i0", "update-i0", "commit-i1"} <= seen["tasks"]
-    assert [m.split(" · ")[0] for name, _, m in seen["logs"] if name == "ragen.run"] == ["iter   0", "iter   1"]
-    assert DataLake(tmp_path).read_manifest(run_id).pid != os.getpid()  # run by the worker, not here
+    assert [m.split(" · ")[0] for name, _, m in seen["logs"] if name == "ragen.run"] == summaries
+    assert DataLake(root).read_manifest(run_id).pid != os.getpid()  # run by the worker, not here
 
 
 # An async run (trainer.max_staleness): the sampler lane's task runs of batch n + k run while the update task run of
@@ -268,12 +284,10 @@ def test_a_command_line_async_run_shows_the_lanes_side_by_side(server, tiny_mode
     _overlap(_task_runs(server, "async-ui"), 1, range(1, 3))
 
 
-def test_a_deployment_runs_an_async_run_with_two_batches_ahead(server, tmp_path, tiny_model_dir):
-    overrides = async_overrides(tiny_model_dir, staleness=2, iterations=4, eval_every=10)
-    parameters = {"config": "configs/bandit.yaml", "data_root": str(tmp_path), "run_id": "async-dep"}
-    _run_deployment(server, {**parameters, "overrides": overrides})
-    _overlap(_task_runs(server, "async-dep"), 2, range(1, 2))
-    rows = query(tmp_path, "SELECT DISTINCT iteration, policy_version FROM trajectories WHERE split = 'train'")
+def test_a_deployment_runs_an_async_run_with_two_batches_ahead(server, deployed):
+    [run_id] = [row["run_id"] for row in query(deployed.root, "SELECT run_id FROM runs").to_pylist()]
+    _overlap(_task_runs(server, run_id), 2, range(1, 2))
+    rows = query(deployed.root, "SELECT DISTINCT iteration, policy_version FROM trajectories WHERE split = 'train'")
     assert sorted((r["iteration"], r["policy_version"]) for r in rows.to_pylist()) == [(0, 0), (1, 0), (2, 0), (3, 1)]
 
 
