@@ -7,6 +7,7 @@ evaluation and offline re-training: whatever ends the body, the manifest says so
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 import platform
@@ -38,6 +39,7 @@ from ragen_core.storage.names import without_split_words
 from schemas.manifest import RunManifest
 
 if TYPE_CHECKING:
+    from ragen_core.envs.external import CodeSource
     from ragen_core.run.session import RunSession
 
 
@@ -178,18 +180,37 @@ def code_sources(config: RunConfig) -> dict[str, dict[str, str | None]]:
     """Where the code a run plays comes from, by what the config names it: every env (``env.name``,
     ``env.val_envs``) and the env's ``reward_fn`` and ``wrong_answer_fn``, each with its import path and the
     distribution (name, version) that installed it (None: a module on the import path, installed by none). The
-    config names only code already checked to import (``run.checks``)."""
+    config names only code already checked to import (``run.checks``). Each answer is kept for the life of the
+    process (:func:`_env_source`)."""
     from ragen_core.envs import env_factory
-    from ragen_core.envs.external import code_source, env_source, import_object
 
     sources = {}
     for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
-        sources[name] = env_source(name, env_factory(name)).to_dict()
+        sources[name] = _env_source(name, env_factory(name)).to_dict()
     for key in ("reward_fn", "wrong_answer_fn"):  # the dataset env's functions
         function = config.env.options.get(key)
         if isinstance(function, str):
-            sources[function] = code_source(import_object(function, f"env.options.{key}")).to_dict()
+            sources[function] = _function_source(function, key).to_dict()
     return sources
+
+
+@functools.cache
+def _env_source(name: str, factory: Any) -> CodeSource:
+    """:func:`ragen_core.envs.external.env_source`, once per env and factory in a process. Finding the distribution
+    that installed a module reads every installed distribution's file list (about a quarter of a tiny run's own
+    time, twice per run); the answer cannot change while the process has the module imported."""
+    from ragen_core.envs.external import env_source
+
+    return env_source(name, factory)
+
+
+@functools.cache
+def _function_source(path: str, key: str) -> CodeSource:
+    """:func:`ragen_core.envs.external.code_source` of the function at ``path`` (the env option ``key``), once per
+    process (:func:`_env_source`)."""
+    from ragen_core.envs.external import code_source, import_object
+
+    return code_source(import_object(path, f"env.options.{key}"))
 
 
 def recorded_code(manifest: RunManifest) -> str:

@@ -66,6 +66,22 @@ def test_a_run_records_where_its_env_code_comes_from(on_path):
     assert default_run_id(config).startswith("CoinEnv-")  # a run id takes no ':'
 
 
+def test_a_processes_runs_look_up_where_their_code_comes_from_once(on_path, monkeypatch):
+    """The distributions are read once per env in a process (each manifest of every run asks again): the second
+    answer is the first's, and reads none."""
+    from importlib import metadata
+
+    reads = []
+    read = metadata.packages_distributions
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: reads.append(1) or read())
+    path = write_env_module(on_path, unique("user_envs"))
+    config = build_run_config(overrides=[f"env.name={path}", "env.val_envs=[bandit]"])
+    first = code_sources(config)
+    assert len(reads) >= 1 and first[path] == env_source(path, env_factory(path)).to_dict()
+    reads.clear()
+    assert code_sources(config) == first and reads == []
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
