@@ -3,6 +3,7 @@ lake, the picture is a PNG, and bad names or outputs are refused before any comp
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from importlib import metadata
@@ -14,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from ragen_cli.main import app
-from ragen_core.findings import load_finding, plan_finding
+from ragen_core.findings import load_finding, plan_finding, registered, run_spec
 from ragen_core.findings.analysis import Context, replay_warnings
 from ragen_core.findings.provenance import code_fingerprint
 from ragen_core.findings.spec import REPO_ROOT, spec_digest
@@ -27,28 +28,47 @@ def _invoke(*args: str):
     return CliRunner().invoke(app, list(args))
 
 
+# The findings whose runs play a multi-turn env (FrozenLake, Sokoban): their validation is held out by map
+MULTI_TURN = {
+    "multiturn_learning",
+    "echo_trap_multiturn",
+    "early_warnings_multiturn",
+    "filtering_multiturn",
+    "reasoning_multiturn",
+    "async_staleness_frozenlake",
+}
+
+
+# Every registered finding; echo_trap first (its test also pays the module's first flow and imports), the
+# asynchronous ones, the dearest, last
+FINDINGS = sorted(registered(), key=lambda name: (name.startswith("async_staleness"), name != "echo_trap", name))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _installed_distributions_read_once():
+    """A run's manifest names the distribution of its env's code (``importlib.metadata.packages_distributions``, a
+    scan of every installed distribution's files: about a second a call on two busy cores, two calls a run). Nothing
+    is installed while this module runs, so the scan is made once and its answer, the same mapping, served after."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(metadata, "packages_distributions", functools.cache(metadata.packages_distributions))
+        yield
+
+
 @pytest.fixture(scope="module")
-def reproduced(prefect_harness, tmp_path_factory):
-    """echo_trap, early_warnings (on echo_trap's runs), filtering, reasoning, multiturn_learning and the multi-turn
-    echo_trap, early_warnings, filtering and reasoning, each --quick, in one lake."""
-    root = tmp_path_factory.mktemp("findings-lake")
-    out = tmp_path_factory.mktemp("findings-out")
-    results = {}
-    for name in (
-        "echo_trap",
-        "early_warnings",
-        "filtering",
-        "reasoning",
-        "multiturn_learning",
-        "echo_trap_multiturn",
-        "early_warnings_multiturn",
-        "filtering_multiturn",
-        "reasoning_multiturn",
-    ):
+def lake(prefect_harness, tmp_path_factory):
+    """One data root for every finding of the module, the folder of their pictures and numbers, and the findings
+    reproduced so far: each is reproduced once, ``--quick``, by the first test that reads it (:func:`_reproduced`)."""
+    return tmp_path_factory.mktemp("findings-lake"), tmp_path_factory.mktemp("findings-out"), {}
+
+
+def _reproduced(lake, name: str) -> tuple[dict, str]:
+    """``ragen reproduce NAME --quick`` into the module's lake (once): its JSON and its output."""
+    root, out, results = lake
+    if name not in results:
         result = _invoke("reproduce", name, "--quick", "--data-root", str(root), "--out", str(out / f"{name}.png"))
         assert result.exit_code == 0, result.output
         results[name] = (json.loads((out / f"{name}.json").read_text()), result.output)
-    return root, out, results
+    return results[name]
 
 
 def _runs(name: str, variant: str | None = None) -> list[str]:
@@ -60,27 +80,29 @@ def _sql(root, sql: str, runs: list[str]) -> list[dict]:
     return query(root, sql, params={"runs": runs}).to_pylist()
 
 
-def test_each_finding_writes_its_png_and_numbers(reproduced):
-    _, out, results = reproduced
-    for name, (numbers, output) in results.items():
-        data = (out / f"{name}.png").read_bytes()
-        assert data.startswith(PNG_MAGIC) and len(data) > 10_000
-        assert numbers["finding"] == name and numbers["quick"] is True
-        assert numbers["versions"]["torch"] == metadata.version("torch")  # provenance: the libraries and the code
-        assert set(numbers["code"]) == {"commit", "dirty", "fingerprint"}
-        assert numbers["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()  # the machine kind
-        assert numbers["code"]["fingerprint"] == code_fingerprint(REPO_ROOT)
-        assert numbers["spec_digest"] == spec_digest(load_finding(name))
-        # validation held out by map: the multi-turn findings' runs never met a validation map in training
-        assert bool(numbers["held_out"]) == ("multiturn" in name), (name, numbers["held_out"])
-        for label, held in numbers["held_out"].items():
-            assert held["held_out"] == "maps" and held["val_seen_in_training"]["max"] == 0.0, (name, label, held)
-        assert f"wrote {out / f'{name}.png'}" in output.replace("\n", "")
+@pytest.mark.parametrize("name", FINDINGS)
+def test_each_finding_writes_its_png_and_numbers(lake, name):
+    """Every registered finding, one test each (each pays for its own runs; those of a ``runs_of`` finding are
+    reused when already made)."""
+    numbers, output = _reproduced(lake, name)
+    out = lake[1]
+    data = (out / f"{name}.png").read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+    assert numbers["finding"] == name and numbers["quick"] is True
+    assert numbers["versions"]["torch"] == metadata.version("torch")  # provenance: the libraries and the code
+    assert set(numbers["code"]) == {"commit", "dirty", "fingerprint"}
+    assert numbers["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()  # the machine kind
+    assert numbers["code"]["fingerprint"] == code_fingerprint(REPO_ROOT)
+    assert numbers["spec_digest"] == spec_digest(load_finding(name))
+    # validation held out by map: the multi-turn findings' runs never met a validation map in training
+    assert bool(numbers["held_out"]) == (name in MULTI_TURN), (name, numbers["held_out"])
+    for label, held in numbers["held_out"].items():
+        assert held["held_out"] == "maps" and held["val_seen_in_training"]["max"] == 0.0, (name, label, held)
+    assert f"wrote {out / f'{name}.png'}" in output.replace("\n", "")
 
 
-def test_echo_trap_validation_and_group_std_match_the_trajectories(reproduced):
-    root, _, results = reproduced
-    numbers = results["echo_trap"][0]["numbers"]
+def test_echo_trap_validation_and_group_std_match_the_trajectories(lake):
+    root, numbers = lake[0], _reproduced(lake, "echo_trap")[0]["numbers"]
     for variant in ("starpo", "starpo_s"):
         runs = _runs("echo_trap", variant)
         finals = _sql(
@@ -110,9 +132,8 @@ def test_echo_trap_validation_and_group_std_match_the_trajectories(reproduced):
         assert [p["mean"] for p in curve] == pytest.approx([row["sd"] for row in stds])
 
 
-def test_the_replayed_detector_gives_exactly_the_recorded_events(reproduced):
-    root, _, results = reproduced
-    numbers = results["early_warnings"][0]["numbers"]
+def test_the_replayed_detector_gives_exactly_the_recorded_events(lake):
+    root, numbers = lake[0], _reproduced(lake, "early_warnings")[0]["numbers"]
     runs = _runs("echo_trap")
     assert sorted(numbers["collapse_iteration"]) == sorted(runs)
     frame = query(
@@ -139,9 +160,8 @@ def test_the_replayed_detector_gives_exactly_the_recorded_events(reproduced):
     assert recorded > 0  # the quick spec's hair-trigger thresholds make the runs warn: the comparison is not empty
 
 
-def test_filtering_tokens_and_times_match_the_lake(reproduced):
-    root, _, results = reproduced
-    numbers = results["filtering"][0]["numbers"]
+def test_filtering_tokens_and_times_match_the_lake(lake):
+    root, numbers = lake[0], _reproduced(lake, "filtering")[0]["numbers"]
     for ratio in ("0.25", "0.5", "1.0"):
         arm = numbers["arms"][f"algorithm.filter_ratio={ratio}"]
         runs = [
@@ -175,9 +195,8 @@ def test_filtering_tokens_and_times_match_the_lake(reproduced):
     assert kept["0.25"] < kept["1.0"]  # 1 of 2 groups kept against both
 
 
-def test_reasoning_think_length_matches_the_turns(reproduced):
-    root, _, results = reproduced
-    numbers = results["reasoning"][0]["numbers"]
+def test_reasoning_think_length_matches_the_turns(lake):
+    root, numbers = lake[0], _reproduced(lake, "reasoning")[0]["numbers"]
     for variant in ("format_penalty", "no_format_penalty"):
         runs = _runs("reasoning", variant)
         turns = _sql(
@@ -191,8 +210,9 @@ def test_reasoning_think_length_matches_the_turns(reproduced):
         assert [p["mean"] for p in curve] == pytest.approx([np.mean(by_iteration[i]) for i in sorted(by_iteration)])
 
 
-def test_reproducing_again_reuses_the_completed_runs(reproduced):
-    root, out, _ = reproduced
+def test_reproducing_again_reuses_the_completed_runs(lake):
+    root, out, _ = lake
+    _reproduced(lake, "echo_trap")
     before = _sql(
         root, "SELECT run_id, updated_at FROM runs WHERE list_contains($runs, run_id) ORDER BY 1", _runs("echo_trap")
     )
@@ -254,21 +274,44 @@ def test_a_re_stamp_asked_wrongly_is_one_error_line_before_any_probe(args, messa
     assert not Path("w").exists()  # no probe folder made
 
 
-def test_all_reproduces_every_finding_into_one_folder_with_one_code_version(reproduced, tmp_path):
-    """--all after the fixture's findings: their completed runs are reused (diversity's are made), every registered
-    finding's numbers and picture land in --out-dir, all with the code version the command started with."""
-    from ragen_core.findings import registered
+def test_all_reproduces_every_finding_into_one_folder_with_one_code_version(lake, tmp_path, monkeypatch):
+    """--all: every registered finding, each checked before any compute, its sweeps asked for in turn, then its
+    numbers and picture in --out-dir, all with the code version the command started with. The sweeps are the NAME
+    command's own (``_run_sweeps``): test_each_finding ran them for every finding into this lake and
+    test_reproducing_again shows that a completed run is reused, not redone; here a stand-in records what --all asks
+    of them, once it has found every point of the finding already completed in the lake (what the sweeps would
+    reuse), so this test pays for the analyses and pictures only. Its numbers are those of the NAME commands."""
+    from ragen_cli import reproduce as command
 
-    root, _, _ = reproduced
+    root = lake[0]
+    alone = {name: _reproduced(lake, name)[0] for name in registered()}  # made by test_each_finding in a full run
+    asked = []
+
+    def completed_sweeps(plans, into, flow, verbose):
+        runs = [point.run_id for item in plans for point in item.plan.points]
+        status = _sql(into.root, "SELECT run_id, status FROM runs WHERE list_contains($runs, run_id)", runs)
+        assert {row["run_id"]: row["status"] for row in status} == dict.fromkeys(runs, "completed"), flow
+        asked.append((flow, [item.plan.sweep_id for item in plans]))
+
+    monkeypatch.setattr(command, "_run_sweeps", completed_sweeps)
     for bad in (["echo_trap", "--all"], ["--all", "--out", str(tmp_path / "x.png")]):
         result = _invoke("reproduce", *bad, "--data-root", str(root))
         assert result.exit_code == 2 and "--all" in result.output, result.output
+    assert not asked  # refused before any sweep
     result = _invoke("reproduce", "--all", "--quick", "--data-root", str(root), "--out-dir", str(tmp_path))
     assert result.exit_code == 0, result.output
+    expected = [
+        (f"reproduce-{name}", [item.plan.sweep_id for item in plan_finding(run_spec(load_finding(name)), quick=True)])
+        for name in registered()
+    ]
+    assert asked == expected  # every registered finding's own sweeps, one after another
     written = {name: json.loads((tmp_path / f"{name}-quick.json").read_text()) for name in registered()}
-    assert all((tmp_path / f"{name}-quick.png").is_file() for name in written)
+    assert all((tmp_path / f"{name}-quick.png").read_bytes().startswith(PNG_MAGIC) for name in written)
     assert len({json.dumps(numbers["code"], sort_keys=True) for numbers in written.values()}) == 1
     assert all(numbers["spec_digest"] == spec_digest(load_finding(name)) for name, numbers in written.items())
+    for name, numbers in written.items():  # the same runs analysed the same way as by the finding's own command
+        assert numbers["command"] == f"ragen reproduce {name} --quick" and numbers["quick"] is True
+        assert (numbers["numbers"], numbers["held_out"]) == (alone[name]["numbers"], alone[name]["held_out"]), name
 
 
 def _context(root, name: str):
@@ -278,10 +321,11 @@ def _context(root, name: str):
     return load_context(DataLake(root), spec, plan_finding(spec, quick=True))
 
 
-def test_the_learning_analysis_reads_validation_before_and_after(reproduced):
+def test_the_learning_analysis_reads_validation_before_and_after(lake):
     from ragen_core.findings import ANALYSES
 
-    root = reproduced[0]
+    root = lake[0]
+    _reproduced(lake, "echo_trap")
     numbers = ANALYSES["learning"](_context(root, "echo_trap"))
     for variant in ("starpo", "starpo_s"):
         firsts = _sql(
@@ -311,11 +355,10 @@ def _sokoban_description(grid: str) -> str:
     return f"The box is {way(player, box)}. The target is {way(box, target)}."
 
 
-def test_multiturn_learning_bootstraps_a_weak_prior_and_reads_lift_and_agreement(reproduced):
+def test_multiturn_learning_bootstraps_a_weak_prior_and_reads_lift_and_agreement(lake):
     from tests.envs.test_frozen_lake import _goal_from_render
 
-    root, _, results = reproduced
-    numbers = results["multiturn_learning"][0]["numbers"]
+    root, numbers = lake[0], _reproduced(lake, "multiturn_learning")[0]["numbers"]
     assert sorted(numbers["arms"]) == ["frozen_lake", "frozen_lake_history", "sokoban", "sokoban_history"]
     describe = {"frozen_lake": _goal_from_render, "sokoban": _sokoban_description}
     bootstraps = {}
@@ -365,10 +408,11 @@ def test_multiturn_learning_bootstraps_a_weak_prior_and_reads_lift_and_agreement
     assert len(set(bootstraps.values())) == 4  # one per env and context: a history arm has a bootstrap of its own
 
 
-def test_the_diversity_analysis_times_runs_by_their_stage_seconds(reproduced):
+def test_the_diversity_analysis_times_runs_by_their_stage_seconds(lake):
     from ragen_core.findings import ANALYSES
 
-    root = reproduced[0]
+    root = lake[0]
+    _reproduced(lake, "filtering")
     numbers = ANALYSES["diversity"](_context(root, "filtering"))
     seconds = _sql(
         root,
