@@ -3,7 +3,6 @@ lake, the picture is a PNG, and bad names or outputs are refused before any comp
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from importlib import metadata
@@ -42,16 +41,6 @@ MULTI_TURN = {
 # Every registered finding; echo_trap first (its test also pays the module's first flow and imports), the
 # asynchronous ones, the dearest, last
 FINDINGS = sorted(registered(), key=lambda name: (name.startswith("async_staleness"), name != "echo_trap", name))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _installed_distributions_read_once():
-    """A run's manifest names the distribution of its env's code (``importlib.metadata.packages_distributions``, a
-    scan of every installed distribution's files: about a second a call on two busy cores, two calls a run). Nothing
-    is installed while this module runs, so the scan is made once and its answer, the same mapping, served after."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(metadata, "packages_distributions", functools.cache(metadata.packages_distributions))
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -274,37 +263,26 @@ def test_a_re_stamp_asked_wrongly_is_one_error_line_before_any_probe(args, messa
     assert not Path("w").exists()  # no probe folder made
 
 
-def test_all_reproduces_every_finding_into_one_folder_with_one_code_version(lake, tmp_path, monkeypatch):
-    """--all: every registered finding, each checked before any compute, its sweeps asked for in turn, then its
-    numbers and picture in --out-dir, all with the code version the command started with. The sweeps are the NAME
-    command's own (``_run_sweeps``): test_each_finding ran them for every finding into this lake and
-    test_reproducing_again shows that a completed run is reused, not redone; here a stand-in records what --all asks
-    of them, once it has found every point of the finding already completed in the lake (what the sweeps would
-    reuse), so this test pays for the analyses and pictures only. Its numbers are those of the NAME commands."""
-    from ragen_cli import reproduce as command
-
+def test_all_reproduces_every_finding_into_one_folder_with_one_code_version(lake, tmp_path):
+    """--all after every finding's own command (test_each_finding, into this lake): each finding's completed runs
+    are reused, not made again, and its numbers and picture land in --out-dir, the numbers those of the finding's
+    own command, all with the code version the command started with."""
     root = lake[0]
     alone = {name: _reproduced(lake, name)[0] for name in registered()}  # made by test_each_finding in a full run
-    asked = []
-
-    def completed_sweeps(plans, into, flow, verbose):
-        runs = [point.run_id for item in plans for point in item.plan.points]
-        status = _sql(into.root, "SELECT run_id, status FROM runs WHERE list_contains($runs, run_id)", runs)
-        assert {row["run_id"]: row["status"] for row in status} == dict.fromkeys(runs, "completed"), flow
-        asked.append((flow, [item.plan.sweep_id for item in plans]))
-
-    monkeypatch.setattr(command, "_run_sweeps", completed_sweeps)
+    runs = [
+        p.run_id
+        for name in registered()
+        for item in plan_finding(run_spec(load_finding(name)), quick=True)
+        for p in item.plan.points
+    ]
+    made = "SELECT run_id, updated_at FROM runs WHERE list_contains($runs, run_id) ORDER BY 1"
+    before = _sql(root, made, runs)
     for bad in (["echo_trap", "--all"], ["--all", "--out", str(tmp_path / "x.png")]):
         result = _invoke("reproduce", *bad, "--data-root", str(root))
         assert result.exit_code == 2 and "--all" in result.output, result.output
-    assert not asked  # refused before any sweep
     result = _invoke("reproduce", "--all", "--quick", "--data-root", str(root), "--out-dir", str(tmp_path))
     assert result.exit_code == 0, result.output
-    expected = [
-        (f"reproduce-{name}", [item.plan.sweep_id for item in plan_finding(run_spec(load_finding(name)), quick=True)])
-        for name in registered()
-    ]
-    assert asked == expected  # every registered finding's own sweeps, one after another
+    assert _sql(root, made, runs) == before and len(before) == len(set(runs))  # every point reused, none redone
     written = {name: json.loads((tmp_path / f"{name}-quick.json").read_text()) for name in registered()}
     assert all((tmp_path / f"{name}-quick.png").read_bytes().startswith(PNG_MAGIC) for name in written)
     assert len({json.dumps(numbers["code"], sort_keys=True) for numbers in written.values()}) == 1
