@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,7 +21,8 @@ from ragen_core.storage import DataLake, LakeError, Stage
 from ragen_core.storage.files import MAX_JSON_BYTES
 from ragen_core.storage.layout import published_part_name
 from ragen_core.storage.parts import COMPACTION_MARKER, merged_name, record_parts
-from tests.flows.test_concurrency import _train
+from tests.flows.test_concurrency import DROPPED_ENV
+from tests.flows.test_resume import _overrides
 from tests.storage import test_lake_names as lake_names
 from tests.storage.test_lake_names import _cli, _files, _one_line_error, _sql_count
 
@@ -79,14 +82,21 @@ def test_a_linked_run_folder_takes_no_lock_and_no_write(lake, tmp_path):
 
 
 # -- a run's staging, commits and checkpoints: never written or cleared through a link -------------------------------
-def test_ragen_train_never_clears_a_linked_staging_folder(tmp_path, tiny_model_dir):
+def test_ragen_train_never_clears_a_linked_staging_folder(prefect_harness, tmp_path, tiny_model_dir):
     """The attack as found: `_staging/<run>` a link to a folder with numbered subfolders; a real `ragen train` of
-    that run used to delete them (each committed iteration's staging is removed)."""
+    that run used to delete them (each committed iteration's staging is removed). The command talks to the
+    session's Prefect server (the attack is on the lake, not on Prefect): no temporary server of its own to start."""
+    from prefect.settings import PREFECT_API_URL
+
     root = tmp_path / "lake"
     (root / "_staging").mkdir(parents=True)
     victim, before = _victim_tree(tmp_path)
     (root / "_staging" / "runZ").symlink_to(victim, target_is_directory=True)
-    output, _ = _train(root, "runZ", tiny_model_dir).communicate(timeout=400)
+    script = shutil.which("ragen") or str(Path(sys.executable).parent / "ragen")
+    command = [script, "train", "--config", "configs/bandit.yaml", "--data-root", str(root), "--run-id", "runZ"]
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV} | {"PREFECT_API_URL": PREFECT_API_URL.value()}
+    done = subprocess.run(command + _overrides(tiny_model_dir), capture_output=True, text=True, env=env, timeout=400)
+    output = done.stdout + done.stderr
     assert _files(victim) == before, output[-3000:]
     assert "_staging/runZ' is a symbolic link" in output and "Traceback" not in output, output[-3000:]
 
