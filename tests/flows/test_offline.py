@@ -172,10 +172,9 @@ def _lake_state(root) -> tuple:
     from ragen_core.storage import query
 
     folders = sorted(str(p.relative_to(root)) for p in root.glob("*/*"))
-    counts = {
-        t: query(root, f"SELECT count(*) AS n FROM {t}").to_pylist()[0]["n"]
-        for t in ("trajectories", "turns", "metrics", "evaluations", "checkpoints", "runs")
-    }
+    tables = ("trajectories", "turns", "metrics", "evaluations", "checkpoints", "runs")
+    # one query for all six counts: each query opens the lake's views anew (~0.15 s), six of them cost ~1 s a state
+    counts = query(root, "SELECT " + ", ".join(f"(SELECT count(*) FROM {t}) AS {t}" for t in tables)).to_pylist()[0]
     return folders, counts
 
 
