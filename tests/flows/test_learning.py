@@ -7,7 +7,10 @@ from ragen_core.storage import query
 
 pytestmark = pytest.mark.slow
 
-ITERATIONS = 12
+# 8 iterations, not the 12 this test ran before: the lift is already far past its bar (validation success after 8,
+# seeds 0-5 of the config: 0.94-0.98 against the bar of 0.85, ~4.5 binomial SDs at 128 instances; seed 3 after 6
+# iterations was 0.78, so 6 would not do)
+ITERATIONS = 8
 
 
 def test_starpo_s_lifts_bandit_validation_success(prefect_harness, tmp_path):
@@ -31,7 +34,7 @@ def test_starpo_s_lifts_bandit_validation_success(prefect_harness, tmp_path):
     assert [r["iteration"] for r in rows] == [0, ITERATIONS]
     before, after = rows[0]["s"], rows[1]["s"]
     # After the random-arm bootstrap the policy picks the better arm about half the time (observed ~0.48);
-    # StarPO-S must lift it to at least 0.85 (observed ~0.99 at this length).
+    # StarPO-S must lift it to at least 0.85 (observed 0.94-0.98 at this length, seed 0: 0.97).
     assert 0.3 < before < 0.7
     assert after >= 0.85
     demos = query(
