@@ -190,20 +190,21 @@ def run_side(
     log: Callable[[str], None],
     paths: dict[str, list[str]] | None = None,
     added: Sequence[str] = (),
+    points: bool = True,
 ):
-    """``ragen reproduce --all --quick`` of the side's own checkout on the probe specs, then the probe ``paths``'
-    runs (:func:`probe_paths`) one after the other, their data root at ``work/run/data`` (the same path for both
-    sides, then moved to ``work/<name>``), under coverage when asked. The ``added`` findings (registered by this
-    side alone) are left out of that and run last, each ``ragen reproduce NAME --quick`` into ``work/run/added`` (a
-    finding that analyses another's runs, into the compared data root, where those runs are): their rows are not
-    compared, but their code ran."""
+    """``ragen reproduce --all --quick`` of the side's own checkout on the probe specs (unless ``points`` is False:
+    a probe of its paths alone), then the probe ``paths``' runs (:func:`probe_paths`) one after the other, their
+    data root at ``work/run/data`` (the same path for both sides, then moved to ``work/<name>``), under coverage
+    when asked. The ``added`` findings (registered by this side alone) are left out of that and run last, each
+    ``ragen reproduce NAME --quick`` into ``work/run/added`` (a finding that analyses another's runs, into the
+    compared data root, where those runs are): their rows are not compared, but their code ran."""
     run = work / "run"
     if run.exists():
         shutil.rmtree(run)
     run.mkdir()
     root = ["--data-root", str(run / "data")]
     commands = {}
-    if _registered(side.tree, added):  # none when the probe runs its paths alone
+    if points:  # no finding's points when the probe runs its paths alone
         commands["the findings' points"] = ["reproduce", "--all", "--quick", *root, "--out-dir", str(run / "out")]
     commands |= {f"probe path {path}": [*args[:1], *root, *args[1:]] for path, args in (paths or {}).items()}
     specs = side.tree / "configs" / "findings"
@@ -316,8 +317,8 @@ def probe(
     runs = probe_paths(new.tree, paths)
     coverage = work / "coverage.data"
     coverage.unlink(missing_ok=True)
-    run_side(old, launcher, work, "old", None, log, runs)
-    run_side(new, launcher, work, "new", coverage, log, runs, added)
+    run_side(old, launcher, work, "old", None, log, runs, points=bool(findings))
+    run_side(new, launcher, work, "new", coverage, log, runs, added, points=bool(findings))
     log("probe: comparing the two lakes row by row")
     tables = compare_lakes(old.lake, new.lake)
     numbers, points = _compare_analyses(old, new, findings)
@@ -389,12 +390,6 @@ def _compare_analyses(old: Side, new: Side, findings: Sequence[str]) -> tuple[di
         sweeps = tuple(a["sweeps"].values())
         points[name] = sorted(label for run, label in old_labels.items() if run.startswith(sweeps))
     return numbers, points
-
-
-def _registered(tree: Path, besides: Sequence[str] = ()) -> bool:
-    """Whether the checkout at ``tree`` registers a finding (a spec under ``configs/findings``) other than
-    ``besides``."""
-    return any(path.stem not in besides for path in (tree / "configs" / "findings").glob("*.yaml"))
 
 
 def _runs_of(tree: Path, name: str) -> str | None:

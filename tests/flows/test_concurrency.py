@@ -47,15 +47,20 @@ TABLE_KEYS = {
 WALL_CLOCK_METRICS = ("time/", "perf/")  # wall-clock figures (and the update's cost): allowed to differ between runs
 
 
-def _train(root: Path, run_id: str, model_dir: Path, seed: int | None = None) -> subprocess.Popen:
+def _train(
+    root: Path, run_id: str, model_dir: Path, seed: int | None = None, api_url: str | None = None
+) -> subprocess.Popen:
     """`ragen train` of the exact-resume tests' config (tests/flows/test_resume.py; another ``seed`` if given), from
-    a fresh user shell: no Prefect settings, so the command starts its own temporary server in its own home."""
+    a fresh user shell: no Prefect settings, so the command starts its own temporary server in its own home (or,
+    with ``api_url``, talks to that server)."""
     script = shutil.which("ragen") or str(Path(sys.executable).parent / "ragen")
     overrides = _overrides(model_dir)
     if seed is not None:
         overrides = [o for o in overrides if not o.startswith("seed=")] + [f"seed={seed}"]
     command = [script, "train", "--config", "configs/bandit.yaml", "--data-root", str(root), "--run-id", run_id]
-    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV} | (
+        {"PREFECT_API_URL": api_url} if api_url else {}
+    )
     return subprocess.Popen(command + overrides, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 

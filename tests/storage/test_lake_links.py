@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,8 +19,7 @@ from ragen_core.storage import DataLake, LakeError, Stage
 from ragen_core.storage.files import MAX_JSON_BYTES
 from ragen_core.storage.layout import published_part_name
 from ragen_core.storage.parts import COMPACTION_MARKER, merged_name, record_parts
-from tests.flows.test_concurrency import DROPPED_ENV
-from tests.flows.test_resume import _overrides
+from tests.flows.test_concurrency import _train
 from tests.storage import test_lake_names as lake_names
 from tests.storage.test_lake_names import _cli, _files, _one_line_error, _sql_count
 
@@ -92,11 +89,7 @@ def test_ragen_train_never_clears_a_linked_staging_folder(prefect_harness, tmp_p
     (root / "_staging").mkdir(parents=True)
     victim, before = _victim_tree(tmp_path)
     (root / "_staging" / "runZ").symlink_to(victim, target_is_directory=True)
-    script = shutil.which("ragen") or str(Path(sys.executable).parent / "ragen")
-    command = [script, "train", "--config", "configs/bandit.yaml", "--data-root", str(root), "--run-id", "runZ"]
-    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV} | {"PREFECT_API_URL": PREFECT_API_URL.value()}
-    done = subprocess.run(command + _overrides(tiny_model_dir), capture_output=True, text=True, env=env, timeout=400)
-    output = done.stdout + done.stderr
+    output, _ = _train(root, "runZ", tiny_model_dir, api_url=PREFECT_API_URL.value()).communicate(timeout=400)
     assert _files(victim) == before, output[-3000:]
     assert "_staging/runZ' is a symbolic link" in output and "Traceback" not in output, output[-3000:]
 
