@@ -7,7 +7,9 @@ with their results ``RunResult``, ``EvalResult``, ``SweepResult``. They are impo
 package stays light (every command, flow and worker imports it first).
 """
 
+import importlib.abc
 import os
+import sys
 from typing import Any
 
 # OpenMP threads that wait for work spin by default; on a machine shared with other jobs a process's spinning threads
@@ -16,6 +18,28 @@ from typing import Any
 # Set before torch loads its OpenMP runtime (which reads the variable once, when it loads): every command, flow and
 # worker of the project imports this package first, and the processes they start inherit it. A user's own setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+class _NoMlflowForDeepSpeed(importlib.abc.MetaPathFinder):
+    """Refuses MLflow to DeepSpeed's autotuner alone. DeepSpeed imports its autotuner with its config, and the
+    autotuner imports MLflow when it is installed (the ``trackers`` extra) to log autotuning experiments, which this
+    project never runs: MLflow, and pandas under it, took 2-3 s of every process that imports DeepSpeed (a command
+    that trains, each rank of a launched group, every test worker). Refused, the autotuner's ``try: import mlflow``
+    fails and it logs nothing. Any other importer (the MLflow tracker) gets MLflow as usual, and where MLflow is
+    already imported the autotuner gets it too (Python looks in ``sys.modules`` before asking finders)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> None:
+        if name == "mlflow":
+            frame = sys._getframe(1)
+            while frame is not None:
+                if frame.f_globals.get("__name__") == "deepspeed.autotuning.autotuner":
+                    raise ModuleNotFoundError("MLflow is not imported for DeepSpeed's autotuner", name=name)
+                frame = frame.f_back
+        return None
+
+
+if not any(isinstance(finder, _NoMlflowForDeepSpeed) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _NoMlflowForDeepSpeed())
 
 # the package's name -> the API's
 API = {

@@ -379,6 +379,8 @@ LEFT JOIN collapse c USING (run_id)
 WHERE r.sweep_id = $sweep_id
 """
 
+COMPARISON_TABLES = ("runs", "metrics", "evaluations", "events")  # the tables it reads: views of these alone
+
 COMPARISON_SCHEMA = pa.schema(
     [
         ("point", pa.int32()),
@@ -399,7 +401,8 @@ def compare_sweep(lake: DataLake, plan: SweepPlan) -> pa.Table:
     (mean over the validation envs), the last training iteration's mean reward, and Echo-Trap warnings.
 
     Points that never started have status ``pending`` and nulls."""
-    found = {row["run_id"]: row for row in query(lake, COMPARISON_SQL, params={"sweep_id": plan.sweep_id}).to_pylist()}
+    stored = query(lake, COMPARISON_SQL, params={"sweep_id": plan.sweep_id}, tables=COMPARISON_TABLES)
+    found = {row["run_id"]: row for row in stored.to_pylist()}
     rows = []
     for point in plan.points:
         row = found.get(point.run_id, {})

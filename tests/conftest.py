@@ -106,12 +106,16 @@ def tiny_policy(tiny_model_dir: Path):
 
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
-    """A temporary Prefect server and database for flow tests."""
+    """A temporary Prefect server and database for flow tests, in the place of the temporary server a command starts
+    for itself: flow runs send it no heartbeats, as they send none to a command's own (ragen_cli.launch._heartbeats:
+    each flow run would wait up to a second at its end for Prefect's heartbeat thread)."""
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect_home"))
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=180):
-        yield
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            yield
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,11 @@
 """The project's processes wait passively on a shared machine: OpenMP's wait policy is set before torch loads its
 runtime (which reads it once), by whichever door a process comes in (the CLI, a flow run, the update group's worker),
-and a user's own setting is kept."""
+and a user's own setting is kept. And DeepSpeed, imported after the package, leaves MLflow unimported (its
+autotuner would import it, ~2-3 s a process) while MLflow stays importable for the MLflow tracker."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -36,3 +38,27 @@ def test_openmp_waits_passively_unless_the_user_says_otherwise(door, given, expe
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines() == [f"policy at torch import: {expected}"]
+
+
+MLFLOW_PROBE = """
+import sys
+import ragen_core
+{first}
+import deepspeed.autotuning.autotuner as autotuner
+print("mlflow imported:", "mlflow" in sys.modules, "autotuner has it:", autotuner.has_mlflow)
+import mlflow
+print("then:", mlflow.__name__, hasattr(mlflow, "start_run"))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="no MLflow (make install-trackers)")
+@pytest.mark.parametrize(("first", "has"), [("", False), ("import mlflow", True)])
+def test_deepspeed_is_imported_without_mlflow_and_mlflow_still_imports(first, has):
+    result = subprocess.run(
+        [sys.executable, "-c", MLFLOW_PROBE.format(first=first)], capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [
+        f"mlflow imported: {has} autotuner has it: {has}",  # imported before DeepSpeed: the autotuner gets it
+        "then: mlflow True",
+    ]

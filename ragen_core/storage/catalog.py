@@ -98,12 +98,38 @@ def _files_sql(files: list[Path]) -> str:
     return "[" + ", ".join(_quote(str(f)) for f in files) + "]"
 
 
+# Footers already checked by this process: (path, table, its schema version here, the file's stat) -> (the file's
+# schema version, whether an upgrade function renamed its columns when it was checked). A long-lived reader (`ragen
+# view`, a sweep's comparisons, `reproduce --all`) queries the same files again and again; their footers are read and
+# checked once. A file written, replaced or removed since has another stat (size, mtime and ctime in ns, inode), so
+# it is checked again: the same identity the reader already trusts to see a file replaced while a query reads it.
+_CHECKED_FOOTERS: dict[tuple[Any, ...], tuple[int, bool]] = {}
+_CHECKED_LIMIT = 200_000  # entries (~200 bytes each); the cache starts over beyond it
+
+
+def _stat_key(path: Path, spec: TableSpec) -> tuple[Any, ...] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None  # gone or unreadable: the footer read below says which
+    identity = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+    return (str(path), spec.name, spec.version, *identity)
+
+
 def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[int]:
     """The schema versions of the table's files (1 for files without one), from their footers, which are also held
     to the layout's row rules (:func:`ragen_core.storage.layout.check_footer`: the NOT NULL columns present, the rows
-    of the folder's run and iteration); a damaged, too-new or misplaced file raises, naming it."""
+    of the folder's run and iteration); a damaged, too-new or misplaced file raises, naming it. A file this process
+    checked before and that has not changed since is not read again (:data:`_CHECKED_FOOTERS`)."""
     versions = set()
     for path in files:
+        key = _stat_key(path, spec)
+        known = _CHECKED_FOOTERS.get(key) if key is not None else None
+        if known is not None:
+            version, renamed = known
+            if renamed == needs_function(lake.upgrades, spec.name, version, spec.version):
+                versions.add(version)
+                continue
         try:
             metadata = footer(path)
         except VanishedFileError:
@@ -115,8 +141,13 @@ def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[in
             check_readable(spec, version)
         except SchemaVersionError as exc:  # a newer file, or a version that is no number
             raise LakeError(f"cannot read {str(path)!r}: {exc}") from exc
-        check_footer(path, spec, metadata, needs_function(lake.upgrades, spec.name, version, spec.version))
+        renamed = needs_function(lake.upgrades, spec.name, version, spec.version)
+        check_footer(path, spec, metadata, renamed)
         versions.add(version)
+        if key is not None and key == _stat_key(path, spec):  # unchanged while it was read
+            if len(_CHECKED_FOOTERS) >= _CHECKED_LIMIT:
+                _CHECKED_FOOTERS.clear()
+            _CHECKED_FOOTERS[key] = (version, renamed)
     return versions
 
 

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from ragen_cli.main import app
 from ragen_core.storage import DataLake, LakeError, checkpoint_row, query
+from ragen_core.storage.layout import parts_record_of
 from ragen_core.storage.parts import COMPACTION_MARKER, merged_name
 from tests.storage.synthetic import make_run, write_run
 
@@ -239,6 +240,31 @@ def test_a_part_file_missing_a_not_null_column_fails_instead_of_reading_nulls(la
     _one_line_error(_sql_count(lake, "success IS NULL"), str(path), "lacks the NOT NULL column(s) ['success']")
     with pytest.raises(LakeError, match="success"):
         lake.read_table("trajectories", "runB")
+
+
+def test_a_footer_checked_once_is_checked_again_when_its_file_changes(lake, monkeypatch):
+    """A process keeps the footers it checked (a viewer, a sweep query the same files again and again); a part file
+    rewritten since, even with its old modification time put back, is read and refused again."""
+    from ragen_core.storage import catalog
+
+    reads: list[Path] = []
+    monkeypatch.setattr(catalog, "footer", lambda path: reads.append(path) or pq.read_metadata(path))
+    result = _sql_count(lake, "run_id = 'runB'")
+    assert result.exit_code == 0 and json.loads(result.stdout) == [{"n": _count(lake, "runB")}]
+    parquet = sorted(lake.root.rglob("*.parquet"))
+    assert sorted(reads) == parquet  # every part file of the data root, once
+    again = _sql_count(lake, "run_id = 'runB'")
+    assert again.stdout == result.stdout and len(reads) == len(parquet)  # none read twice
+    path = lake.partition_files("trajectories", "runB", 0)[0]
+    before = path.stat()
+    _rewrite(path, lambda t: t.drop_columns(["success"]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    record = parts_record_of(path.parent)  # and the partition's record vouches for its new size
+    payload = json.loads(record.read_text())
+    payload["parts"][path.name] = path.stat().st_size
+    record.write_text(json.dumps(payload))
+    _one_line_error(_sql_count(lake, "true"), str(path), "lacks the NOT NULL column(s) ['success']")
+    assert reads[len(parquet) :] == [path]  # the changed file alone is read again
 
 
 def test_nulls_in_a_not_null_column_fail_too(lake):
