@@ -175,9 +175,9 @@ TINY = """\
       variants: {starpo_s: [algorithm.preset=starpo_s]}
       seeds: 1
       quick:
-        overrides: [trainer.iterations=1, bootstrap.enabled=false, rollout.env_groups=2, rollout.group_size=4,
-                    rollout.max_new_tokens=8, actor.mini_batch_size=8, actor.micro_batch_size=8, eval.every=1,
-                    eval.instances=4]
+        overrides: [trainer.iterations=1, bootstrap.enabled=false, rollout.env_groups=2, rollout.group_size=2,
+                    rollout.max_new_tokens=8, actor.mini_batch_size=4, actor.micro_batch_size=4, eval.every=1,
+                    eval.instances=2]
 """
 
 
@@ -273,9 +273,9 @@ def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fing
     assert result.passed, result.problems()
     assert "ragen_core/envs/bandit.py" in result.changed  # the cast, run by the finding's point
     rows = {t.table: t.old_rows for t in result.tables}
-    # one point: 1 iteration of 2 groups x 4 trained and validations of 4 instances at iterations 0 and 1, and the
+    # one point: 1 iteration of 2 groups x 2 trained and validations of 2 instances at iterations 0 and 1, and the
     # bootstrap's own rows; every row compared
-    assert rows["trajectories"] >= 2 * 4 * 2 + 2 * 4 and rows["metrics"] > 0
+    assert rows["trajectories"] >= 2 * 2 + 2 * 2 and rows["metrics"] > 0
     assert result.points["probe_tiny"] == ["probe-tiny-quick-starpo-s#p0"]
     record = record_of(result)
     assert record["from"] == {"commit": commits["base"], "fingerprint": result.old.fingerprint}
@@ -347,7 +347,8 @@ def test_a_probe_path_vouches_for_code_that_no_finding_runs(clone, tmp_path):
     path_rows = query(result.new.lake, "SELECT count(*) AS n FROM trajectories WHERE run_id = 'probe-dataset'")
     assert path_rows.to_pylist()[0]["n"] == compared["trajectories"].new_rows
     covered = executed_lines(tmp_path / "path" / "coverage.data", result.new.tree)
-    assert covered.get("ragen_core/envs/dataset.py")  # the path ran it
+    assert list(covered) == ["ragen_core/envs/dataset.py"] and covered["ragen_core/envs/dataset.py"]  # it ran it,
+    # and coverage measured the changed file alone (tracing every line of ragen_core cost each command ~45%)
     assert not (tmp_path / "path" / "new" / "out").exists()  # no finding's numbers were made
 
 
