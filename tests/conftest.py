@@ -54,7 +54,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - x
             return SERVER_SCOPE if file in server_files else file
 
         def _assign_work_unit(self, node) -> None:  # noqa: ANN001 - xdist's WorkerController
-            # the server's files are the longest unit by far (877 of 2,301 test-seconds on 2026-11-30): first, not
+            # the server's files are the longest unit by far (886 of 2,292 test-seconds on 2026-11-30): first, not
             # last, so the other worker's files fill the time beside them instead of one worker finishing alone
             if SERVER_SCOPE in self.workqueue:
                 self.workqueue.move_to_end(SERVER_SCOPE, last=False)
