@@ -192,15 +192,15 @@ def run_side(
     paths: dict[str, list[str]] | None = None,
     added: Sequence[str] = (),
     points: bool = True,
-    measured: Sequence[Path] | None = None,
+    measured: Sequence[Path] = (),
 ):
     """``ragen reproduce --all --quick`` of the side's own checkout on the probe specs (unless ``points`` is False:
     a probe of its paths alone), then the probe ``paths``' runs (:func:`probe_paths`) one after the other, their
     data root at ``work/run/data`` (the same path for both sides, then moved to ``work/<name>``), under coverage
-    when asked (of the ``measured`` files alone when given; of none when that is empty). The ``added`` findings
-    (registered by this side alone) are left out of that and run last, each ``ragen reproduce NAME --quick`` into
-    ``work/run/added`` (a finding that analyses another's runs, into the compared data root, where those runs are):
-    their rows are not compared, but their code ran."""
+    when asked (``coverage``: its data file; it measures the ``measured`` files alone, and does not run when there
+    are none). The ``added`` findings (registered by this side alone) are left out of that and run last, each
+    ``ragen reproduce NAME --quick`` into ``work/run/added`` (a finding that analyses another's runs, into the
+    compared data root, where those runs are): their rows are not compared, but their code ran."""
     run = work / "run"
     if run.exists():
         shutil.rmtree(run)
@@ -223,8 +223,8 @@ def run_side(
                 hidden = specs / f"{what.removeprefix('new finding ')}.added"
                 hidden.rename(hidden.with_suffix(".yaml"))
             command = [str(launcher), str(side.tree), *args]
-            if coverage is not None and (measured is None or measured):
-                include = ",".join(map(str, measured)) if measured is not None else str(side.tree / "ragen_core" / "*")
+            if coverage is not None and measured:
+                include = ",".join(map(str, measured))
                 measure = ["-m", "coverage", "run", "--append", f"--data-file={coverage}", f"--include={include}"]
                 command = [*measure, *command]
             output.write(f"$ ragen {' '.join(args)}\n")

@@ -109,7 +109,7 @@ _CHECKED_LIMIT = 200_000  # entries (~200 bytes each); the cache starts over bey
 
 def _stat_key(path: Path, spec: TableSpec) -> tuple[Any, ...] | None:
     try:
-        found = os.stat(path)
+        found = os.lstat(path)
     except OSError:
         return None  # gone or unreadable: the footer read below says which
     identity = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
