@@ -98,22 +98,26 @@ def _files_sql(files: list[Path]) -> str:
     return "[" + ", ".join(_quote(str(f)) for f in files) + "]"
 
 
-# Footers already checked by this process: (path, table, its schema version here, the file's stat) -> (the file's
-# schema version, whether an upgrade function renamed its columns when it was checked). A long-lived reader (`ragen
-# view`, a sweep's comparisons, `reproduce --all`) queries the same files again and again; their footers are read and
-# checked once. A file written, replaced or removed since has another stat (size, mtime and ctime in ns, inode), so
-# it is checked again: the same identity the reader already trusts to see a file replaced while a query reads it.
+# Footers already checked by this process: (path, table, its schema version here, the file's :func:`_identity`) ->
+# (the file's schema version, whether an upgrade function renamed its columns when it was checked). A long-lived
+# reader (`ragen view`, a sweep's comparisons, `reproduce --all`) queries the same files again and again; their
+# footers are read and checked once. A file written, replaced or removed since has another identity, so it is checked
+# again: the identity the reader already trusts to see a file replaced while a query reads it.
 _CHECKED_FOOTERS: dict[tuple[Any, ...], tuple[int, bool]] = {}
 _CHECKED_LIMIT = 200_000  # entries (~200 bytes each); the cache starts over beyond it
 
 
-def _stat_key(path: Path, spec: TableSpec) -> tuple[Any, ...] | None:
+FileIdentity = tuple[int, int, int, int] | None
+
+
+def _identity(path: Path) -> FileIdentity:
+    """Which file ``path`` names now (None: none). A writer that removes or replaces a listed file changes it, even
+    when the same name is published again before a reader looks (a redone stage)."""
     try:
         found = os.lstat(path)
-    except OSError:
-        return None  # gone or unreadable: the footer read below says which
-    identity = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
-    return (str(path), spec.name, spec.version, *identity)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino, found.st_mtime_ns, found.st_ctime_ns
 
 
 def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[int]:
@@ -123,8 +127,9 @@ def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[in
     checked before and that has not changed since is not read again (:data:`_CHECKED_FOOTERS`)."""
     versions = set()
     for path in files:
-        key = _stat_key(path, spec)
-        known = _CHECKED_FOOTERS.get(key) if key is not None else None
+        identity = _identity(path)
+        key = (str(path), spec.name, spec.version, identity)
+        known = _CHECKED_FOOTERS.get(key) if identity is not None else None
         if known is not None:
             version, renamed = known
             if renamed == needs_function(lake.upgrades, spec.name, version, spec.version):
@@ -144,7 +149,7 @@ def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[in
         renamed = needs_function(lake.upgrades, spec.name, version, spec.version)
         check_footer(path, spec, metadata, renamed)
         versions.add(version)
-        if key is not None and key == _stat_key(path, spec):  # unchanged while it was read
+        if identity is not None and identity == _identity(path):  # unchanged while it was read
             if len(_CHECKED_FOOTERS) >= _CHECKED_LIMIT:
                 _CHECKED_FOOTERS.clear()
             _CHECKED_FOOTERS[key] = (version, renamed)
@@ -224,19 +229,6 @@ def read_manifests(lake: DataLake, run_id: str | None = None) -> tuple[pa.Table,
             problems.append(f"manifest {str(path)!r} cannot be read as a runs row: {exc!r}")
             rows.append(_broken_row(lake, path, problems[-1]))
     return runs_table(rows), problems
-
-
-FileIdentity = tuple[int, int, int, int] | None
-
-
-def _identity(path: Path) -> FileIdentity:
-    """Which file ``path`` names now (None: none). A writer that removes or replaces a listed file changes it, even
-    when the same name is published again before a reader looks (a redone stage)."""
-    try:
-        found = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return found.st_dev, found.st_ino, found.st_mtime_ns, found.st_ctime_ns
 
 
 def _changed(files: dict[Path, FileIdentity]) -> list[Path]:
