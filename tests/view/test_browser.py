@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.view.conftest import PLANTED_RUN, REAL_RUN, REPO, SCRIPT_CONFIG, SCRIPT_REPLY, tree_digest
 
@@ -32,10 +33,22 @@ def texts(browser, selector: str) -> list[str]:
     return [e.text for e in browser.find_elements(By.CSS_SELECTOR, selector)]
 
 
+def follow(browser, by: str, value: str) -> None:
+    """Click what leads to another page, then wait until that page has replaced this one and finished loading.
+
+    Chromedriver may return from a click on a form's submit button before the navigation begins, so a lookup right
+    after it can find the old page's element, which goes stale under it (CI saw that once)."""
+    old = browser.find_element(By.TAG_NAME, "html")
+    browser.find_element(by, value).click()
+    wait = WebDriverWait(browser, 60)
+    wait.until(expected_conditions.staleness_of(old))
+    wait.until(lambda b: b.execute_script("return document.readyState") == "complete")
+
+
 def test_runs_to_a_failed_trajectory_with_its_coloured_tokens(browser, viewer, view_root):
     browser.get(viewer.url)
     assert REAL_RUN in texts(browser, "a.run-link") and PLANTED_RUN in texts(browser, "a.run-link")
-    browser.find_element(By.LINK_TEXT, REAL_RUN).click()
+    follow(browser, By.LINK_TEXT, REAL_RUN)
 
     # the run's curves: the validation success chart holds one point per validated iteration, with its value
     assert browser.find_element(By.ID, "run-id").text == REAL_RUN
@@ -50,12 +63,12 @@ def test_runs_to_a_failed_trajectory_with_its_coloured_tokens(browser, viewer, v
     assert browser.find_elements(By.CSS_SELECTOR, 'figure[data-metric="actor/entropy"] polyline')
 
     # an iteration: the count under its filters equals SQL's
-    browser.find_element(By.CSS_SELECTOR, "a.iteration-link[href$='/iterations/1']").click()
+    follow(browser, By.CSS_SELECTOR, "a.iteration-link[href$='/iterations/1']")
     count = sql(view_root, f"SELECT count(*) AS n FROM trajectories WHERE run_id = '{REAL_RUN}' AND iteration = 1")
     assert browser.find_element(By.ID, "count").text.startswith(f"{count[0]['n']} trajectories")
     Select(browser.find_element(By.NAME, "success")).select_by_value("no")
     Select(browser.find_element(By.NAME, "split")).select_by_value("train")
-    browser.find_element(By.ID, "apply").click()
+    follow(browser, By.ID, "apply")
     failed = sql(
         view_root,
         f"SELECT group_id, traj_index, total_reward FROM trajectories WHERE run_id = "
@@ -68,7 +81,7 @@ def test_runs_to_a_failed_trajectory_with_its_coloured_tokens(browser, viewer, v
 
     # a failed trajectory: its rewards, and one coloured span per trained token
     first = failed[0]
-    browser.find_element(By.CSS_SELECTOR, "a.trajectory-link").click()
+    follow(browser, By.CSS_SELECTOR, "a.trajectory-link")
     assert browser.find_element(By.ID, "outcome").text == "failure"
     assert float(browser.find_element(By.ID, "total-reward").text) == float(f"{first['total_reward']:.6g}")
     row = sql(
@@ -82,7 +95,7 @@ def test_runs_to_a_failed_trajectory_with_its_coloured_tokens(browser, viewer, v
     assert browser.find_elements(By.CSS_SELECTOR, "table.grid td.tile.player"), "the Sokoban room is drawn"
 
     # the sampler log-prob colouring: each token's bucket and tooltip from its stored log-prob
-    browser.find_element(By.LINK_TEXT, "sampler log-prob").click()
+    follow(browser, By.LINK_TEXT, "sampler log-prob")
     spans = browser.find_elements(By.CSS_SELECTOR, "p.tokens span.tok")
     assert len(spans) == len(trained)
     for span, position in zip(spans, trained, strict=True):
@@ -93,7 +106,7 @@ def test_runs_to_a_failed_trajectory_with_its_coloured_tokens(browser, viewer, v
         assert f"log-prob {logprob:.4g}" in span.get_attribute("title")
 
     # the advantage colouring: a token of each reply carries the update's advantage (GRPO over its group)
-    browser.find_element(By.LINK_TEXT, "advantage").click()
+    follow(browser, By.LINK_TEXT, "advantage")
     spans = browser.find_elements(By.CSS_SELECTOR, "p.tokens span.tok")
     assert len(spans) == len(trained)
     group = sql(
@@ -115,8 +128,8 @@ def test_runs_to_a_failed_trajectory_with_its_coloured_tokens(browser, viewer, v
 def test_a_planted_script_is_shown_as_text_and_never_runs(browser, viewer):
     browser.get(viewer.url.rstrip("/") + f"/runs/{PLANTED_RUN}/iterations/0")
     Select(browser.find_element(By.NAME, "split")).select_by_value("train")
-    browser.find_element(By.ID, "apply").click()
-    browser.find_element(By.CSS_SELECTOR, "a.trajectory-link").click()
+    follow(browser, By.ID, "apply")
+    follow(browser, By.CSS_SELECTOR, "a.trajectory-link")
     assert SCRIPT_REPLY in texts(browser, "dd.think")
     assert browser.execute_script("return window.__pwned === undefined")
     browser.get(viewer.url.rstrip("/") + f"/runs/{PLANTED_RUN}")
