@@ -15,6 +15,7 @@ machines), so a probe compares two codes, never two machines.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -44,6 +45,7 @@ from ragen_core.findings.bitwise import (
 from ragen_core.findings.changes import changed_counted_files, executed_lines, reformatted, unexercised
 from ragen_core.findings.provenance import code_fingerprint, library_versions, machine
 from ragen_core.findings.restamp_records import RECORDS, reaches, record_path, records, stamped_commit
+from ragen_core.storage.files import atomic_write_bytes
 
 # The probe's settings on top of each finding's own ``quick`` overrides: every point (the spec's seeds, not quick's),
 # the bootstrap on but short, so that each point bootstraps, validates and updates at least once.
@@ -163,6 +165,7 @@ class Side:
     lake: Path = Path()  # set once its runs are done
     out: Path = Path()
     seconds: float = 0.0
+    reused: bool = False  # its runs are those of an earlier probe in the same folder (:func:`side_stamp`)
 
 
 def _child_env(tree: Path) -> dict[str, str]:
@@ -182,6 +185,43 @@ def spec_digests(side: Side, launcher: Path, fingerprint: str | None = None) -> 
     return json.loads(done.stdout)
 
 
+# The environment variables a side's stamp records: those that can change what its runs compute
+STAMPED_VARIABLES = ("OMP_", "MKL_", "TORCH_", "CUBLAS_", "CUDA_", "DS_", "RAGEN_")
+# The file in a side's folder that says what made its runs (written once they all succeeded)
+SIDE_STAMP = "side.json"
+
+
+def side_stamp(side: Side, launcher: Path, commands: dict[str, list[str]]) -> dict[str, Any]:
+    """Everything a side's rows depend on besides its data: the commit and its fingerprint, the commands (with the
+    data-root path), the probe specs written into its tree, the launcher, the interpreter, the library versions, the
+    machine kind and the environment variables that steer the kernels. An earlier side with an equal stamp wrote the
+    rows this side would write, bit for bit (the premise of the whole probe)."""
+    specs = hashlib.sha256()
+    for path in sorted((side.tree / "configs" / "findings").glob("*.yaml")):
+        specs.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return {
+        "commit": side.commit,
+        "fingerprint": side.fingerprint,
+        "commands": commands,
+        "specs": specs.hexdigest(),
+        "launcher": hashlib.sha256(launcher.read_bytes()).hexdigest(),
+        "python": sys.executable,
+        "versions": library_versions(),
+        "cpu": machine(),
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(STAMPED_VARIABLES)},
+    }
+
+
+def stamped_side(target: Path, stamp: dict[str, Any]) -> float | None:
+    """The seconds of the side in ``target`` when its stamp equals ``stamp`` (None: none there, or another)."""
+    try:
+        earlier = json.loads((target / SIDE_STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    seconds = earlier.pop("seconds", None) if isinstance(earlier, dict) else None
+    return float(seconds) if earlier == stamp and isinstance(seconds, (int, float)) else None
+
+
 def run_side(
     side: Side,
     launcher: Path,
@@ -193,6 +233,7 @@ def run_side(
     added: Sequence[str] = (),
     points: bool = True,
     measured: Sequence[Path] = (),
+    reuse: bool = False,
 ):
     """``ragen reproduce --all --quick`` of the side's own checkout on the probe specs (unless ``points`` is False:
     a probe of its paths alone), then the probe ``paths``' runs (:func:`probe_paths`) one after the other, their
@@ -200,11 +241,12 @@ def run_side(
     when asked (``coverage``: its data file; it measures the ``measured`` files alone, and does not run when there
     are none). The ``added`` findings (registered by this side alone) are left out of that and run last, each
     ``ragen reproduce NAME --quick`` into ``work/run/added`` (a finding that analyses another's runs, into the
-    compared data root, where those runs are): their rows are not compared, but their code ran."""
+    compared data root, where those runs are): their rows are not compared, but their code ran.
+
+    With ``reuse``, a side already in ``work/<name>`` whose stamp (:func:`side_stamp`) equals this one's is kept
+    instead of run again: a probe run again in the same folder (say after a fix to the new commit) runs its new side
+    alone."""
     run = work / "run"
-    if run.exists():
-        shutil.rmtree(run)
-    run.mkdir()
     root = ["--data-root", str(run / "data")]
     commands = {}
     if points:  # no finding's points when the probe runs its paths alone
@@ -214,6 +256,21 @@ def run_side(
     for finding in added:
         own = ["--data-root", str(run / ("data" if _runs_of(side.tree, finding) else "added"))]
         commands[f"new finding {finding}"] = ["reproduce", finding, "--quick", *own, "--out-dir", str(run / "out")]
+    target = work / name
+    stamp = side_stamp(side, launcher, commands)
+    seconds = stamped_side(target, stamp) if reuse else None
+    if seconds is not None:
+        log(
+            f"probe: {name} side ({side.commit[:12]}) reused from {target}: the same commit, specs, commands, "
+            "libraries and machine ran there"
+        )
+        side.seconds, side.reused = seconds, True
+        side.lake, side.out = target / "data", target / "out"
+        return
+    if run.exists():
+        shutil.rmtree(run)
+    run.mkdir()
+    for finding in added:
         (specs / f"{finding}.yaml").rename(specs / f"{finding}.added")  # not one of --all's findings
     log(f"probe: {name} side ({side.commit[:12]}, fingerprint {side.fingerprint}) runs every point and path")
     started = time.monotonic()
@@ -242,11 +299,11 @@ def run_side(
                     f"the {name} side's runs failed in {what} (exit {done.returncode}); its output: {work / name}.log"
                 )
     side.seconds = round(time.monotonic() - started, 1)
-    target = work / name
     if target.exists():
         shutil.rmtree(target)
     run.rename(target)
     side.lake, side.out = target / "data", target / "out"
+    atomic_write_bytes(target / SIDE_STAMP, json.dumps({**stamp, "seconds": side.seconds}, indent=1).encode())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -324,7 +381,7 @@ def probe(
     measured = [new.tree / name for name, lines in changed.items() if lines is not None and name not in same]
     coverage = work / "coverage.data"
     coverage.unlink(missing_ok=True)
-    run_side(old, launcher, work, "old", None, log, runs, points=bool(findings))
+    run_side(old, launcher, work, "old", None, log, runs, points=bool(findings), reuse=True)
     run_side(new, launcher, work, "new", coverage, log, runs, added, points=bool(findings), measured=measured)
     log("probe: comparing the two lakes row by row")
     tables = compare_lakes(old.lake, new.lake)
@@ -434,6 +491,7 @@ def record_of(result: ProbeResult) -> dict[str, Any]:
         "changed_files": {name: (None if lines is None else len(lines)) for name, lines in result.changed.items()},
         "same_syntax_files": result.same,
         "seconds": {"old": result.old.seconds, "new": result.new.seconds, "total": result.seconds},
+        "old_side_reused": result.old.reused,
         "cpu": machine(),
         "versions": library_versions(),
     }

@@ -17,7 +17,9 @@ import pytest
 from ragen_core.findings.bitwise import compare_numbers, compare_tables, run_labels
 from ragen_core.findings.changes import executed_lines, reformatted, same_syntax, unexercised
 from ragen_core.findings.restamp import (
+    SIDE_STAMP,
     RestampError,
+    Side,
     changed_counted_files,
     probe,
     probe_overrides,
@@ -25,7 +27,9 @@ from ragen_core.findings.restamp import (
     reaches,
     record_of,
     record_path,
+    side_stamp,
     stamped_commit,
+    stamped_side,
 )
 from ragen_core.findings.spec import REPO_ROOT
 from ragen_core.storage import query
@@ -164,6 +168,40 @@ def test_a_reformatted_file_needs_no_executed_line_but_a_changed_one_does(tmp_pa
     assert unexercised(changed, {}, new, []) == {"ragen_core/envs/pick.py": "no line of it ran"}
 
 
+def test_a_side_is_reused_only_under_an_equal_stamp(tmp_path, monkeypatch):
+    """The stamp of a side's runs: an earlier side is kept only when its commit, commands, probe specs, launcher and
+    steering environment are all those of now; any one of them changed, or its stamp file unreadable, runs it again."""
+    tree, target = tmp_path / "code-old", tmp_path / "old"
+    (tree / "configs" / "findings").mkdir(parents=True)
+    spec = tree / "configs" / "findings" / "a.yaml"
+    spec.write_text("finding: {claim: x}\n")
+    launcher = tmp_path / "launch.py"
+    launcher.write_text("print(1)\n")
+    side = Side("c" * 40, "f" * 16, tree)
+    commands = {"the findings' points": ["reproduce", "--all", "--quick", "--data-root", str(tmp_path / "run/data")]}
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    stamp = side_stamp(side, launcher, commands)
+    target.mkdir()
+    (target / SIDE_STAMP).write_text(json.dumps({**stamp, "seconds": 12.5}))
+    assert stamped_side(target, side_stamp(side, launcher, commands)) == 12.5
+    assert stamped_side(target, side_stamp(side, launcher, {**commands, "probe path x": ["train"]})) is None
+    assert stamped_side(target, side_stamp(Side("d" * 40, "f" * 16, tree), launcher, commands)) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert stamped_side(target, side_stamp(side, launcher, commands)) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    spec.write_text("finding: {claim: y}\n")
+    assert stamped_side(target, side_stamp(side, launcher, commands)) is None
+    spec.write_text("finding: {claim: x}\n")
+    launcher.write_text("print(2)\n")
+    assert stamped_side(target, side_stamp(side, launcher, commands)) is None
+    launcher.write_text("print(1)\n")
+    assert stamped_side(target, side_stamp(side, launcher, commands)) == 12.5  # all back: kept again
+    (target / SIDE_STAMP).write_text("{not json")
+    assert stamped_side(target, stamp) is None
+    (target / SIDE_STAMP).unlink()
+    assert stamped_side(target, stamp) is None
+
+
 # -- probes of real runs, on a clone ---------------------------------------------------------------------------------
 
 TINY = """\
@@ -241,11 +279,26 @@ def test_changed_counted_files_follow_the_code_form_not_the_words(clone, tmp_pat
     assert list(changed_counted_files(old, new)) == ["ragen_core/envs/bandit.py"]
 
 
-def test_a_probe_fails_on_a_moved_payout_and_refuses_a_file_it_never_ran(clone, tmp_path):
+@pytest.fixture(scope="module")
+def probe_folder(tmp_path_factory) -> Path:
+    """The folder the two probes from the base commit share, as a user's ``--work-dir`` run again."""
+    return tmp_path_factory.mktemp("probes") / "probe"
+
+
+@pytest.fixture(scope="module")
+def moved(clone, probe_folder):
+    """The probe from the base to the moved payout, the first in the shared folder: it runs both sides."""
     repo, commits = clone
+    lines: list[str] = []
     result = probe(
-        repo, commits["base"], commits["moved"], tmp_path / "probe", log=lambda _: None, only=["probe_tiny"], paths=()
+        repo, commits["base"], commits["moved"], probe_folder, log=lines.append, only=["probe_tiny"], paths=()
     )
+    return result, lines
+
+
+def test_a_probe_fails_on_a_moved_payout_and_refuses_a_file_it_never_ran(moved):
+    result, lines = moved
+    assert not result.old.reused and not any("reused" in line for line in lines)  # the folder's first probe
     assert not result.equal and not result.passed
     differing = {t.table: t for t in result.tables if not t.equal}
     assert {"trajectories", "turns"} <= set(differing), [t.summary() for t in result.tables]
@@ -258,19 +311,26 @@ def test_a_probe_fails_on_a_moved_payout_and_refuses_a_file_it_never_ran(clone, 
 
 
 @pytest.fixture(scope="module")
-def added(clone, tmp_path_factory):
+def added(clone, moved, probe_folder):
     """One probe, from the base to the commit that adds the finding ``probe_new`` on top of the cast that moves
-    nothing, shared by the two tests below (a probe costs two sides of real runs)."""
+    nothing, shared by the two tests below (a probe costs two sides of real runs). It runs in the folder of the
+    moved payout's probe, from the same base and on the same finding: the old side is that probe's, reused."""
     repo, commits = clone
-    work = tmp_path_factory.mktemp("added") / "probe"
     only = ["probe_tiny", "probe_new"]
-    return work, probe(repo, commits["base"], commits["added"], work, log=lambda _: None, only=only, paths=())
+    return probe_folder, probe(
+        repo, commits["base"], commits["added"], probe_folder, log=lambda _: None, only=only, paths=()
+    )
 
 
-def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fingerprints(clone, added):
+def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fingerprints(clone, moved, added):
     repo, commits = clone
     _, result = added
     assert result.passed, result.problems()
+    # its old side is the moved payout's probe's (the same commit, specs, commands, libraries and machine), whose
+    # rows the new side's equal (the comparison below); the record says so
+    first, _ = moved
+    assert result.old.reused and result.old.seconds == first.old.seconds and not result.new.reused
+    assert result.old.lake == first.old.lake
     assert "ragen_core/envs/bandit.py" in result.changed  # the cast, run by the finding's point
     rows = {t.table: t.old_rows for t in result.tables}
     # one point: 1 iteration of 2 groups x 2 trained and validations of 2 instances at iterations 0 and 1, and the
@@ -278,6 +338,7 @@ def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fing
     assert rows["trajectories"] >= 2 * 2 + 2 * 2 and rows["metrics"] > 0
     assert result.points["probe_tiny"] == ["probe-tiny-quick-starpo-s#p0"]
     record = record_of(result)
+    assert record["old_side_reused"] is True and record["seconds"]["old"] == first.old.seconds
     assert record["from"] == {"commit": commits["base"], "fingerprint": result.old.fingerprint}
     assert record["to"]["fingerprint"] == result.new.fingerprint != result.old.fingerprint
     path = record_path(repo, record)
