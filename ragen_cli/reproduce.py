@@ -23,7 +23,10 @@ RESTAMP_HELP = (
 )
 
 FROM_HELP = "With --restamp: the commit whose code made the numbers (default: the findings' own)."
-WORK_DIR_HELP = "With --restamp: the probe's folder (default a new temporary one, removed after)."
+WORK_DIR_HELP = (
+    "With --restamp: the probe's folder (default a new temporary one, removed after). Run again in the same folder, "
+    "a probe keeps the old side it already ran when nothing it depends on changed."
+)
 
 
 def reproduce(
@@ -254,7 +257,8 @@ def _restamp_probe(from_commit: str, work: Path, keep: bool) -> None:
             console.print(f"[red]refused:[/] {escape(line)}", highlight=False)
         fail(
             f"not re-stamped: {len(result.problems())} finding(s) above (the probe's folder: {work}); "
-            "regenerate the findings (ragen reproduce --all --out-dir docs/findings)"
+            "regenerate the findings (ragen reproduce --all --out-dir docs/findings), or fix the change and run "
+            f"ragen reproduce --restamp --from {from_commit} --work-dir {work} (its old side is kept)"
         )
     record = record_of(result)
     path = record_path(REPO_ROOT, record)
