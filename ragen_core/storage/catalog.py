@@ -42,7 +42,7 @@ from ragen_core.storage.names import is_valid_run_id
 from ragen_core.storage.reader import by_partition, relist
 from ragen_core.storage.relocation import located_form
 from ragen_core.storage.runs import manifest_row, runs_table
-from ragen_core.storage.statements import QueryRefused, check_read_only
+from ragen_core.storage.statements import QueryRefused, check_read_only, referenced_tables
 from ragen_core.storage.trust import check_footer, check_manifest, check_regular_file, footer
 from schemas.manifest import RunManifest
 from schemas.tables import ColumnSpec, TableSpec
@@ -476,20 +476,31 @@ def query(
     is DuckDB's: it bounds the memory of the query's operators (joins, sorts, aggregates; nothing spills to disk),
     not a single value a function builds. ``iteration`` (with ``run_id``) scopes the Parquet tables to that one
     partition and ``tables`` names the only tables that get a view: a reader of one iteration of a big lake (the
-    rollout viewer's pages) lists and opens that partition's files alone.
+    rollout viewer's pages) lists and opens that partition's files alone. Without ``tables``, the views are those of
+    the tables the statement names (:func:`~ragen_core.storage.statements.referenced_tables`): a query of
+    ``metrics`` lists no trajectory file; when its parse tree cannot tell, or a name is still unknown, every table's.
     """
     check_limits(timeout, memory_limit)
     if iteration is not None and run_id is None:
         raise ValueError("iteration= scopes one run's partition: give run_id= too")
     lake = root if isinstance(root, DataLake) else DataLake(root)
     statement = check_read_only(sql)  # what runs is the text DuckDB's parser classified, never the raw input
-    for attempt in range(VANISHED_ATTEMPTS):
+    named = referenced_tables(statement) if tables is None else None
+    narrowed = named is not None
+    if narrowed:
+        tables = tuple(name for name in lake.tables if name in named)
+    attempt = 0
+    while attempt < VANISHED_ATTEMPTS:
         con, files = _open(lake, run_id, broken_manifests, memory_limit, iteration, tables)  # files: those read
         try:
             return _interruptible(con, statement, params, timeout)
         except duckdb.Error as exc:
+            if narrowed and isinstance(exc, duckdb.CatalogException):  # a name the tree did not show: every view
+                narrowed, tables = False, None
+                continue
+            attempt += 1
             changed = _changed(files)  # a writer removed or replaced a file the views read: list again
-            if changed and attempt + 1 < VANISHED_ATTEMPTS:
+            if changed and attempt < VANISHED_ATTEMPTS:
                 continue
             if changed:  # DuckDB reports a listed file that is gone as a pattern it may not expand, or worse
                 raise VanishedFileError(changed[0]) from exc

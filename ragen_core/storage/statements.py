@@ -108,11 +108,7 @@ def _keywords(sql: str) -> set[str]:
 
 def _check_select(sql: str) -> None:
     """Refuse a SELECT statement whose parse tree holds anything but read-only query nodes."""
-    con = _parser()
-    try:
-        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
-    finally:
-        con.close()
+    tree = _serialized(sql)
     if not tree.get("error"):
         writing = sorted({kind for kind in _node_types(tree) if kind not in READ_ONLY_NODES})
         if writing:
@@ -122,6 +118,47 @@ def _check_select(sql: str) -> None:
     writing = sorted(_keywords(sql) & WRITING_KEYWORDS)  # DuckDB cannot serialize it: no writing keyword at all
     if writing:
         raise QueryRefused(f"a query containing {', '.join(w.upper() for w in writing)} is refused: {HINT}")
+
+
+def _serialized(sql: str) -> dict[str, Any]:
+    """DuckDB's parse tree of ``sql`` (``json_serialize_sql``); ``{"error": true, ...}`` where it cannot serialize."""
+    con = _parser()
+    try:
+        return json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    finally:
+        con.close()
+
+
+def _dicts(tree: Any) -> Iterator[dict[str, Any]]:
+    """Every mapping anywhere in a serialized parse tree."""
+    if isinstance(tree, dict):
+        yield tree
+        for value in tree.values():
+            yield from _dicts(value)
+    elif isinstance(tree, list):
+        for value in tree:
+            yield from _dicts(value)
+
+
+def referenced_tables(sql: str) -> frozenset[str] | None:
+    """The names (lower-case: DuckDB's names ignore case, quoted or not) that a query reads as tables, from its parse
+    tree: every ``FROM``/``JOIN`` source at any depth, CTE names included. None when the tree cannot say which
+    tables the query sees: a table function (``duckdb_views()``), a ``SHOW``/``DESCRIBE``/``SUMMARIZE``, a qualified
+    name (``information_schema.tables``, ``main.runs``) or a statement DuckDB cannot serialize (``EXPLAIN``). A reader
+    that gives a query the views of these tables alone must give it all of them when a name is still unknown."""
+    tree = _serialized(sql)
+    if tree.get("error"):
+        return None
+    names = set()
+    for node in _dicts(tree):
+        kind = node.get("type")
+        if kind in ("TABLE_FUNCTION", "SHOW_REF"):
+            return None
+        if kind == "BASE_TABLE":
+            if node.get("schema_name") or node.get("catalog_name"):
+                return None
+            names.add(str(node.get("table_name", "")).lower())
+    return frozenset(names)
 
 
 def _explained(sql: str) -> tuple[str, str]:

@@ -100,3 +100,67 @@ def test_a_query_scoped_to_one_iteration_lists_that_partition_and_only_the_table
         query(lake, "SELECT count(*) FROM metrics", run_id="run-a", iteration=1, tables=("trajectories",))
     with pytest.raises(ValueError, match="give run_id= too"):
         query(lake, "SELECT 1", iteration=1)
+
+
+@pytest.mark.parametrize(
+    ("statement", "named"),
+    [
+        ("SELECT count(*) FROM metrics", {"metrics"}),
+        ('SELECT * FROM "Trajectories" t JOIN RUNS r USING (run_id)', {"trajectories", "runs"}),
+        (
+            "WITH t AS (SELECT run_id FROM turns) SELECT (SELECT count(*) FROM events) AS n FROM t "
+            "WHERE run_id IN (SELECT run_id FROM evaluations)",
+            {"t", "turns", "events", "evaluations"},
+        ),
+        ("SELECT 1", set()),
+        ("SELECT * FROM duckdb_views()", None),  # a table function: the tree cannot say what it shows
+        ("SELECT * FROM information_schema.tables", None),
+        ("SELECT * FROM main.metrics", None),
+        ("SHOW TABLES", None),
+        ("DESCRIBE turns", None),
+        ("EXPLAIN SELECT * FROM metrics", None),
+    ],
+)
+def test_the_tables_a_statement_names_come_from_its_parse_tree(statement, named):
+    from ragen_core.storage.statements import referenced_tables
+
+    assert referenced_tables(statement) == (None if named is None else frozenset(named))
+
+
+def _views_made(monkeypatch) -> list[str]:
+    from ragen_core.storage import catalog
+
+    made: list[str] = []
+    create = catalog._create_view
+    monkeypatch.setattr(
+        catalog, "_create_view", lambda con, lake, spec, *a: made.append(spec.name) or create(con, lake, spec, *a)
+    )
+    return made
+
+
+def test_a_query_opens_the_views_of_the_tables_it_names_alone(lake, monkeypatch):
+    every = connect(lake)  # every view, made before the count of views starts
+    metrics = every.execute("SELECT count(*) FROM metrics WHERE run_id = 'run-a'").fetchone()[0]
+    turns = every.execute("SELECT count(*) FROM turns").fetchone()[0]
+    made = _views_made(monkeypatch)
+    assert query(lake, "SELECT count(*) AS n FROM metrics WHERE run_id = 'run-a'")["n"].to_pylist() == [metrics]
+    assert made == ["metrics"]
+    made.clear()
+    rows = query(lake, "SELECT (SELECT count(*) FROM turns) AS n FROM runs WHERE run_id = 'run-a'")["n"].to_pylist()
+    assert rows == [turns] and sorted(made) == ["runs", "turns"]
+    made.clear()  # a statement whose tree cannot say: every table's view, so the catalog lists them all
+    shown = query(lake, "SELECT view_name FROM duckdb_views() WHERE NOT internal")["view_name"].to_pylist()
+    assert set(lake.tables) <= set(shown) and sorted(made) == sorted(lake.tables)
+
+
+def test_a_name_the_parse_tree_missed_gets_every_view_and_a_wrong_one_keeps_duckdbs_message(lake, monkeypatch):
+    from ragen_core.storage import catalog
+
+    expected = connect(lake).execute("SELECT count(*) FROM metrics").fetchone()[0]
+    monkeypatch.setattr(catalog, "referenced_tables", lambda statement: frozenset())  # a tree that shows no table
+    made = _views_made(monkeypatch)
+    assert query(lake, "SELECT count(*) AS n FROM metrics")["n"].to_pylist() == [expected] and expected > 0
+    assert made == list(lake.tables)  # none for the first try, then every view for the second
+    monkeypatch.undo()
+    with pytest.raises(duckdb.CatalogException, match='Did you mean "metrics"'):  # suggested from every view
+        query(lake, "SELECT * FROM metric")
