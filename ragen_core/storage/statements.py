@@ -15,6 +15,7 @@ which are SELECT statements by type. So:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -82,17 +83,23 @@ def _one_statement(sql: str) -> duckdb.Statement:
     return statements[0]
 
 
-def _node_types(tree: Any) -> Iterator[str]:
-    """Every query-node type (``..._NODE``) anywhere in a serialized parse tree."""
+def _dicts(tree: Any) -> Iterator[dict[str, Any]]:
+    """Every mapping anywhere in a serialized parse tree."""
     if isinstance(tree, dict):
-        kind = tree.get("type")
-        if isinstance(kind, str) and kind.endswith("_NODE"):
-            yield kind
+        yield tree
         for value in tree.values():
-            yield from _node_types(value)
+            yield from _dicts(value)
     elif isinstance(tree, list):
         for value in tree:
-            yield from _node_types(value)
+            yield from _dicts(value)
+
+
+def _node_types(tree: Any) -> Iterator[str]:
+    """Every query-node type (``..._NODE``) anywhere in a serialized parse tree."""
+    for node in _dicts(tree):
+        kind = node.get("type")
+        if isinstance(kind, str) and kind.endswith("_NODE"):
+            yield kind
 
 
 def _keywords(sql: str) -> set[str]:
@@ -120,24 +127,16 @@ def _check_select(sql: str) -> None:
         raise QueryRefused(f"a query containing {', '.join(w.upper() for w in writing)} is refused: {HINT}")
 
 
+@functools.lru_cache(maxsize=256)
 def _serialized(sql: str) -> dict[str, Any]:
-    """DuckDB's parse tree of ``sql`` (``json_serialize_sql``); ``{"error": true, ...}`` where it cannot serialize."""
+    """DuckDB's parse tree of ``sql`` (``json_serialize_sql``); ``{"error": true, ...}`` where it cannot serialize.
+    Kept per statement text (the read-only check and :func:`referenced_tables` read the same tree of each query);
+    callers only read it."""
     con = _parser()
     try:
         return json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
     finally:
         con.close()
-
-
-def _dicts(tree: Any) -> Iterator[dict[str, Any]]:
-    """Every mapping anywhere in a serialized parse tree."""
-    if isinstance(tree, dict):
-        yield tree
-        for value in tree.values():
-            yield from _dicts(value)
-    elif isinstance(tree, list):
-        for value in tree:
-            yield from _dicts(value)
 
 
 def referenced_tables(sql: str) -> frozenset[str] | None:
