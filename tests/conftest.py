@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -28,6 +30,7 @@ from ragen_core.config import TinyModelConfig  # noqa: E402
 
 SERVER_FIXTURES = ("prefect_server", "whole_bandit_run")  # the session's `ragen server`, and the run made on it
 SERVER_SCOPE = "prefect-server"
+_CPU = pytest.StashKey[tuple]()  # the CPU inventory's sampler and the moment it started (RAGEN_TEST_CPU)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist (a lent GPU machine's image) pytest skips it
@@ -135,6 +138,42 @@ def prefect_server(tmp_path_factory):
     stop(state_dir)
     assert not alive(state.server_pid), "the Prefect server outlived `stop`"
     assert not (state.worker_pid and alive(state.worker_pid)), "the worker outlived `stop`"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``RAGEN_TEST_CPU=1``: the controller counts the CPU of every process the run starts (tests/cpu_inventory.py)
+    and prints where it went at the end; another value is a path for every process as JSON as well."""
+    from tests import cpu_inventory
+
+    wanted = os.environ.get(cpu_inventory.VARIABLE)
+    if not wanted or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if not cpu_inventory.PROC.is_dir():
+        print(f"note: {cpu_inventory.VARIABLE} reads /proc, which this machine has not; no CPU inventory")
+        return
+    config.stash[_CPU] = (cpu_inventory.Sampler(os.environ["RAGEN_TEST_SESSION"]).start(), time.monotonic())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    if _CPU not in config.stash:
+        return
+    import resource
+
+    from tests import cpu_inventory
+
+    sampler, started = config.stash[_CPU]
+    seen = sampler.stop()
+    own = resource.getrusage(resource.RUSAGE_SELF)  # this process's environment lacks the mark: counted here
+    argv = [sys.executable, "-m", "pytest"]
+    seen.append(cpu_inventory.Seen(os.getpid(), argv, None, own.ru_utime + own.ru_stime))
+    lines = cpu_inventory.summary(seen, time.monotonic() - started, os.cpu_count() or 1)
+    terminalreporter.section("CPU by process kind")
+    for line in lines:
+        terminalreporter.write_line(line)
+    target = os.environ[cpu_inventory.VARIABLE]
+    if target != "1":
+        cpu_inventory.write(seen, Path(target))
+        terminalreporter.write_line(f"every process: {target}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
