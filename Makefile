@@ -74,7 +74,8 @@ demo: $(STAMP)
 # processes and servers often enough that a second worker fills the gaps on two cores. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 # The vLLM tests (a real vLLM server) run when the vLLM environment exists and are skipped, with a note, when not.
-# The run ends with its slowest tests (TEST_DURATIONS of them; 0: none), where the suite's time goes.
+# The run ends with its slowest tests (TEST_DURATIONS of them; 0: none), where the suite's time goes; with
+# RAGEN_TEST_CPU=1 in the environment it also ends with the CPU its processes spent, by kind (tests/cpu_inventory.py).
 TEST_DURATIONS ?= 20
 test: $(STAMP) $(TRACKERS_STAMP)
 	@test -f $(VLLM_STAMP) || echo "note: no vLLM environment, so the vLLM tests are skipped; 'make install-vllm' builds it"

@@ -94,7 +94,10 @@ def summary(seen: list[Seen], wall: float, cores: int) -> list[str]:
         if row == "ragen commands":
             split = ", ".join(f"{name} {cpu:,.0f}" for name, cpu in sorted(commands.items(), key=lambda c: -c[1]))
             lines.append(f"{'':22}{split}")
-    lines.append("  processes started by the tests of each file (CPU s; the largest 12):")
+    lines.append(
+        "  processes started by the tests of each file (CPU s; the largest 12; a server a session fixture starts"
+    )
+    lines.append("  counts for the file of the first test that needed it, with every request it then serves):")
     for file, cpu in sorted(files.items(), key=lambda item: -item[1])[:12]:
         lines.append(f"  {cpu:8,.0f} s  {file}")
     return lines

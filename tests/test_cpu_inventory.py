@@ -57,7 +57,10 @@ def test_the_table_adds_the_rows_and_the_files():
     assert "        10 s  50%     3  ragen commands" in lines
     assert any(line.strip() == "train 9, eval 1" for line in lines)
     assert "        10 s  50%     1  pytest workers (the tests' own code)" in lines
-    files = lines[lines.index("  processes started by the tests of each file (CPU s; the largest 12):") + 1 :]
+    files = lines[
+        lines.index("  counts for the file of the first test that needed it, with every request it then serves):")
+        + 1 :
+    ]
     assert files == ["         7 s  tests/a.py", "         3 s  tests/b.py"]  # the workers' own CPU is no file's
 
 
