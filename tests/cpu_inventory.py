@@ -3,24 +3,24 @@
 The suite is bound by the CPU on two cores (docs/development.md, "Where the suite's time goes"), so its wall time is
 the CPU its processes spend, over the cores. The test durations say which test waited; this says which processes
 worked: the tests' own code in the pytest workers, each ``ragen`` command a test starts, Prefect servers, the
-flow-run processes of deployments, sampler processes, launched update ranks. A thread of the controller reads
-``/proc`` twice a second and keeps, for every process that carries the session's mark (``RAGEN_TEST_SESSION``, which
-every process the tests start inherits), its last CPU time; a process is seen from its first sample to its last, so
-one that lives under half a second may be missed and each loses under half a second at its end. Linux only.
+flow-run processes of deployments, sampler processes, launched update ranks. A thread of the controller looks at the
+machine's processes twice a second (psutil, as tests/vllm_env.py finds a session's servers) and keeps, for every one
+that carries the session's mark (``RAGEN_TEST_SESSION``, which every process the tests start inherits), its last CPU
+time; a process is seen from its first sample to its last, so one that lives under half a second may be missed and
+each loses under half a second at its end.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
 VARIABLE = "RAGEN_TEST_CPU"  # "1": print the table at the end; another value: also write every process there (JSON)
-PROC = Path("/proc")
 
 
 @dataclass
@@ -48,7 +48,7 @@ def kind(argv: list[str]) -> str:
         return "Prefect flow-run processes (deployments)"
     if "prefect" in line:
         return "Prefect CLI and workers"
-    if "coverage run" in line or "launch.py" in line and "code-" in line:
+    if "coverage run" in line or ("launch.py" in line and "code-" in line):
         return "re-stamp probe commands"
     if "ragen_core.run.sampler" in line or "ragen_core.run.learner" in line or "run/learner.py" in line:
         return "sampler and learner processes"
@@ -103,45 +103,14 @@ def summary(seen: list[Seen], wall: float, cores: int) -> list[str]:
     return lines
 
 
-def _stat(pid: str) -> tuple[float, str] | None:
-    """(CPU seconds, start time in ticks) of ``pid``, or None when it is gone."""
-    try:
-        text = (PROC / pid / "stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2 :].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks, fields[19]
-
-
-def _marked(pid: str, mark: bytes) -> tuple[list[str], str | None] | None:
-    """(argv, the test it was started in) of a process carrying ``mark`` in its environment, else None."""
-    try:
-        environ = (PROC / pid / "environ").read_bytes().split(b"\0")
-        if mark not in environ:
-            return None
-    except OSError:
-        return None
-    argv = _argv(pid)
-    test = next((e[20:].decode(errors="replace") for e in environ if e.startswith(b"PYTEST_CURRENT_TEST=")), None)
-    return argv, test
-
-
-def _argv(pid: str) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in (PROC / pid / "cmdline").read_bytes().split(b"\0") if a]
-    except OSError:
-        return []
-
-
 class Sampler:
-    """The thread that reads ``/proc`` every ``every`` seconds until :meth:`stop`."""
+    """The thread that looks at every process (psutil) every ``every`` seconds until :meth:`stop`."""
 
     def __init__(self, session_mark: str, every: float = 0.5) -> None:
-        self.mark = f"RAGEN_TEST_SESSION={session_mark}".encode()
+        self.mark = session_mark
         self.every = every
-        self.seen: dict[tuple[int, str], Seen] = {}
-        self._skip: set[tuple[str, str]] = set()  # processes without the mark, by (pid, start)
+        self.seen: dict[tuple[int, float], Seen] = {}
+        self._skip: set[tuple[int, float]] = set()  # processes without the mark, by (pid, start)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="test-cpu-inventory", daemon=True)
 
@@ -160,29 +129,27 @@ class Sampler:
             self.sample()
 
     def sample(self) -> None:
-        for pid in _pids():
-            stat = _stat(pid)
-            if stat is None:
-                continue
-            cpu, started = stat
-            key = (int(pid), started)
+        for process in psutil.process_iter(["cmdline", "cpu_times", "create_time"]):
+            info = process.info
+            if info["cpu_times"] is None or info["create_time"] is None:
+                continue  # gone, or not ours to read
+            key = (process.pid, info["create_time"])
+            cpu = info["cpu_times"].user + info["cpu_times"].system
+            argv = info["cmdline"] or []
             if key in self.seen:  # its command line again: one read between fork and exec shows the parent's
                 self.seen[key].cpu = cpu
-                self.seen[key].argv = _argv(pid) or self.seen[key].argv
+                self.seen[key].argv = argv or self.seen[key].argv
                 continue
-            if (pid, started) in self._skip:
+            if key in self._skip or not argv:  # no command line: a process about to exit, looked at again next time
                 continue
-            marked = _marked(pid, self.mark)
-            if marked is None:
-                self._skip.add((pid, started))
+            try:
+                environ = process.environ()
+            except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue
-            argv, test = marked
-            if argv:  # none: a process about to exit, looked at again next time
-                self.seen[key] = Seen(int(pid), argv, test, cpu)
-
-
-def _pids() -> Iterator[str]:
-    return (name for name in os.listdir(PROC) if name.isdigit())
+            if environ.get("RAGEN_TEST_SESSION") != self.mark:
+                self._skip.add(key)
+                continue
+            self.seen[key] = Seen(process.pid, argv, environ.get("PYTEST_CURRENT_TEST"), cpu)
 
 
 def write(seen: list[Seen], path: Path) -> None:
