@@ -21,6 +21,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from ragen_core import stops
+
 if TYPE_CHECKING:
     from ragen_core.storage import DataLake
 
@@ -76,6 +78,7 @@ def note_stop(exc: BaseException) -> None:
         signum = getattr(current, "signal", None)
         if signum in (signal.SIGINT, signal.SIGTERM):
             _state["requested"], _state["signal"] = True, int(signum)
+            stops.request()
             return
         seen.add(id(current))
         current = current.__cause__ or current.__context__
@@ -111,6 +114,7 @@ def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
         os._exit(exit_code())
     _state["requested"] = True
     _state["signal"] = signum
+    stops.request()  # kept even where a library swallows the exception below (the core's long waits look here)
     mute_console_logs()
     raise KeyboardInterrupt
 

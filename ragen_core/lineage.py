@@ -47,6 +47,7 @@ PLUMBING = (
     "ragen_core/run/entry.py",
     "ragen_core/run/record.py",
     "ragen_core/run/chat.py",
+    "ragen_core/stops.py",  # the record that the process was asked to stop
 )
 
 

@@ -17,7 +17,14 @@ from tests.test_architecture import ROOT, _imports
 BELOW_THE_CLI = ("ragen_core", "schemas", "tasks", "flows")
 # lowest first; a unit imports only units of lower floors (docs/architecture.md draws them)
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("ragen_core.registry", "ragen_core.seeding", "ragen_core.faults", "ragen_core.native_ops", "ragen_core.lineage"),
+    (
+        "ragen_core.registry",
+        "ragen_core.seeding",
+        "ragen_core.faults",
+        "ragen_core.native_ops",
+        "ragen_core.lineage",
+        "ragen_core.stops",
+    ),
     ("schemas", "ragen_core.config"),
     ("ragen_core.agent", "ragen_core.envs", "ragen_core.algos"),
     ("ragen_core.policy", "ragen_core.storage"),

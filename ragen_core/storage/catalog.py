@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -35,6 +36,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from ragen_core import stops
 from ragen_core.storage.files import VANISHED_ATTEMPTS, LakeError, VanishedFileError, damaged_files, read_json
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import manifest_file, run_dir
@@ -76,12 +78,15 @@ def _column_sql(column: ColumnSpec, oldest_version: int) -> str:
     return name
 
 
-def _interrupted(exc: duckdb.Error) -> bool:
-    """Whether DuckDB failed because a Ctrl-C or SIGTERM landed while it was calling back into Python (binding a
-    view over a registered Arrow table, a Python function): its handler's ``KeyboardInterrupt`` comes back wrapped
-    in DuckDB's own error (``Invalid Input Error: ... failed: KeyboardInterrupt``), with no cause attached, so its
-    text is all that says so. Such a failure is the stop, never a read failure of the lake."""
-    return "KeyboardInterrupt" in str(exc)
+def _interrupted(exc: Exception) -> bool:
+    """Whether DuckDB failed because a Ctrl-C or SIGTERM landed inside one of its calls. Its handler's
+    ``KeyboardInterrupt`` comes back as DuckDB's own error, with no cause attached, so the text is all that says so:
+    wrapped (``Invalid Input Error: ... failed: KeyboardInterrupt``) when DuckDB was calling back into Python (binding
+    a view over a registered Arrow table, a Python function), or a ``RuntimeError('Query interrupted')`` when it
+    checked for signals while running a statement on this thread. Such a failure is the stop, never a read failure
+    of the lake."""
+    text = str(exc)
+    return "KeyboardInterrupt" in text if isinstance(exc, duckdb.Error) else text == "Query interrupted"
 
 
 def _read_failure(exc: duckdb.Error, table: str, files: list[Path]) -> LakeError:
@@ -348,6 +353,27 @@ def _open(
 ) -> tuple[duckdb.DuckDBPyConnection, dict[Path, FileIdentity]]:
     no_extensions = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     con = duckdb.connect(":memory:", config=no_extensions)
+    try:
+        return con, _views(con, lake, run_id, broken_manifests, memory_limit, iteration, tables)
+    except (duckdb.Error, RuntimeError) as exc:
+        with contextlib.suppress(duckdb.Error):
+            con.close()
+        if _interrupted(exc):
+            raise KeyboardInterrupt from exc  # the stop, whichever of DuckDB's calls it landed in
+        raise
+
+
+def _views(
+    con: duckdb.DuckDBPyConnection,
+    lake: DataLake,
+    run_id: str | None,
+    broken_manifests: str,
+    memory_limit: str | None,
+    iteration: int | None,
+    tables: tuple[str, ...] | None,
+) -> dict[Path, FileIdentity]:
+    """Create the views of ``lake``'s tables on ``con`` and lock it down; the files they read, each with its
+    identity when listed."""
     files: dict[Path, FileIdentity] = {}
     for spec in lake.tables.values():
         if tables is not None and spec.name not in tables:
@@ -361,7 +387,7 @@ def _open(
     if memory_limit is not None:  # checked by check_limits: a size, never other SQL
         con.execute(f"SET memory_limit = '{memory_limit}'")
     _lock_down(con, list(files))
-    return con, files
+    return files
 
 
 def connect(
@@ -405,12 +431,16 @@ def _interruptible(
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
             outcome["error"] = exc
 
-    worker = threading.Thread(target=work, name="ragen-query", daemon=True)
-    worker.start()
     deadline = None if timeout is None else time.monotonic() + timeout
+    worker = threading.Thread(target=work, name="ragen-query", daemon=True)
     try:
+        if stops.requested():  # the stop came before, and a library swallowed its exception: no query to start
+            raise KeyboardInterrupt
+        worker.start()
         while worker.is_alive():
             worker.join(0.05)
+            if stops.requested() and worker.is_alive():  # a stop whose exception did not reach this thread
+                raise KeyboardInterrupt
             if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
                 raise QueryTimeout(
                     f"the query ran past its time limit of {timeout:g} s and was stopped; give it more time "
@@ -418,15 +448,26 @@ def _interruptible(
                     "Timeout",
                 )
     except BaseException:
-        try:
-            con.interrupt()
-        except duckdb.Error:  # the query is between two calls of the connection: it ends by itself
-            pass
-        worker.join(INTERRUPT_GRACE)  # a daemon: the process does not wait for a query that ignores the interrupt
+        _interrupt(con, worker)
         raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["table"]
+
+
+def _interrupt(con: duckdb.DuckDBPyConnection, worker: threading.Thread) -> None:
+    """Stop the worker's query and give it ``INTERRUPT_GRACE`` seconds to let go. The interrupt is sent again while
+    the worker runs: one sent before its query began (a stop in the worker's first instants) is lost on an idle
+    connection."""
+    give_up = time.monotonic() + INTERRUPT_GRACE
+    while True:
+        try:
+            con.interrupt()
+        except duckdb.Error:  # the query is between two calls of the connection: it ends by itself
+            pass
+        if not worker.is_alive() or time.monotonic() >= give_up:
+            return  # a daemon: the process does not wait for a query that ignores the interrupt
+        worker.join(0.05)
 
 
 class QueryError(LakeError):
