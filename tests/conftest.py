@@ -91,6 +91,18 @@ def trusted_test_folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def no_stop_left_recorded():
+    """A test leaves no stop recorded in its worker (:mod:`ragen_core.stops`): every later query of the worker would
+    take it for a Ctrl-C. A test that records one isolates the record (monkeypatch) or clears it."""
+    from ragen_core import stops
+
+    yield
+    if stops.requested():
+        stops.clear()
+        pytest.fail("the test left a stop recorded in ragen_core.stops (isolate it with monkeypatch or clear it)")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default tiny model, built once for the whole session."""

@@ -232,8 +232,10 @@ def test_a_sigterm_prefect_caught_first_still_exits_143(monkeypatch):
     from prefect.exceptions import TerminationSignal
 
     from ragen_cli import interrupts
+    from ragen_core import stops
 
     monkeypatch.setattr(interrupts, "_state", {"requested": False, "reported": False, "signal": signal.SIGINT})
+    monkeypatch.setattr(stops, "_state", {"stop": False})  # this worker's own record stays as it was
     try:
         try:
             raise TerminationSignal(signal=signal.SIGTERM)
@@ -243,8 +245,10 @@ def test_a_sigterm_prefect_caught_first_still_exits_143(monkeypatch):
         wrapped.__context__ = TerminationSignal(signal=signal.SIGTERM)
         interrupts.note_stop(wrapped)
     assert interrupts.requested() and interrupts.exit_code() == 143 and interrupts.signal_name() == "SIGTERM"
+    assert stops.requested()  # recorded for the core's waits (a query) too
     interrupts.note_stop(TerminationSignal(signal=signal.SIGINT))  # already noted: unchanged
     assert interrupts.exit_code() == 143
     monkeypatch.setattr(interrupts, "_state", {"requested": False, "reported": False, "signal": signal.SIGINT})
+    monkeypatch.setattr(stops, "_state", {"stop": False})
     interrupts.note_stop(RuntimeError("an ordinary failure"))
-    assert not interrupts.requested() and interrupts.exit_code() == 130
+    assert not interrupts.requested() and interrupts.exit_code() == 130 and not stops.requested()
