@@ -247,7 +247,7 @@ def query(
     """One read-only SQL query over the lake's tables (docs/sql.md), as ``ragen sql``: every run, or only
     ``run_id``; ``params`` bind ``?`` / ``$name`` placeholders. The result as an Arrow table, a pandas DataFrame or
     a DuckDB relation (``form``). A query that DuckDB cannot run raises
-    :class:`~ragen_core.storage.catalog.QueryError` (a ``LakeError``) in one line, DuckDB's kind of error in its
+    :class:`~ragen_core.storage.running.QueryError` (a ``LakeError``) in one line, DuckDB's kind of error in its
     ``kind``; one still running after ``timeout`` seconds is stopped (``QueryTimeout``); ``memory_limit`` bounds its
     operators' memory (DuckDB's ``memory_limit``; None: DuckDB's default, 80% of the machine's)."""
     lake = _existing(data_root)

@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 from ragen_core import stops
-from ragen_core.storage import DataLake, catalog
+from ragen_core.storage import DataLake, catalog, running
 from tests.storage.synthetic import make_run, write_run
 
 RAGEN = str(Path(sys.executable).with_name("ragen"))
@@ -187,7 +187,7 @@ def test_a_stop_recorded_while_the_query_runs_ends_it(lake):
     stops.request()
     waiting.join(30)
     assert not waiting.is_alive() and isinstance(result["raised"], KeyboardInterrupt), result
-    assert result["at"] - sent < catalog.INTERRUPT_GRACE + 2
+    assert result["at"] - sent < running.INTERRUPT_GRACE + 2
 
 
 class _StopWhileLocking:
