@@ -26,7 +26,7 @@ from ragen_core import stops
 if TYPE_CHECKING:
     from ragen_core.storage import DataLake
 
-_state: dict[str, bool | int] = {"requested": False, "reported": False, "signal": signal.SIGINT}
+_state: dict[str, bool | int] = {"reported": False, "signal": signal.SIGINT}  # whether a stop came: ragen_core.stops
 _last_resort: list[Callable[[], None]] = []
 
 
@@ -52,7 +52,7 @@ def _skip_finalization() -> None:
     """After a Ctrl-C, once the exit handlers ran (Prefect's reports, the temporary server stopped), end the process
     without the interpreter's finalization: tearing down torch and DeepSpeed takes seconds (over ten on a loaded
     machine) and has nothing left to save."""
-    if _state["requested"]:
+    if stops.requested():
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -70,14 +70,14 @@ def note_stop(exc: BaseException) -> None:
     """A stop signal the orchestration layer caught before our handler did (Prefect turns a SIGTERM that lands inside
     a flow run into its own exception carrying the ``signal``) counts as that signal: the command then reports and
     exits as for it (143 for SIGTERM), not as for a Ctrl-C."""
-    if _state["requested"]:
+    if stops.requested():
         return
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         signum = getattr(current, "signal", None)
         if signum in (signal.SIGINT, signal.SIGTERM):
-            _state["requested"], _state["signal"] = True, int(signum)
+            _state["signal"] = int(signum)
             stops.request()
             return
         seen.add(id(current))
@@ -86,7 +86,7 @@ def note_stop(exc: BaseException) -> None:
 
 def requested() -> bool:
     """Whether a Ctrl-C arrived."""
-    return _state["requested"]
+    return stops.requested()
 
 
 def report(message: str) -> None:
@@ -100,7 +100,7 @@ def report(message: str) -> None:
 
 
 def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
-    if _state["requested"]:
+    if stops.requested():
         os.write(
             2,
             f"\nsecond {signal_name()}: stopping now, without cleaning up (`ragen resume` continues the "
@@ -112,7 +112,6 @@ def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
             except Exception:  # noqa: BLE001 - best effort on the way out; nothing may keep us from exiting
                 pass
         os._exit(exit_code())
-    _state["requested"] = True
     _state["signal"] = signum
     stops.request()  # kept even where a library swallows the exception below (the core's long waits look here)
     mute_console_logs()

@@ -234,7 +234,7 @@ def test_a_sigterm_prefect_caught_first_still_exits_143(monkeypatch):
     from ragen_cli import interrupts
     from ragen_core import stops
 
-    monkeypatch.setattr(interrupts, "_state", {"requested": False, "reported": False, "signal": signal.SIGINT})
+    monkeypatch.setattr(interrupts, "_state", {"reported": False, "signal": signal.SIGINT})
     monkeypatch.setattr(stops, "_state", {"stop": False})  # this worker's own record stays as it was
     try:
         try:
@@ -248,7 +248,7 @@ def test_a_sigterm_prefect_caught_first_still_exits_143(monkeypatch):
     assert stops.requested()  # recorded for the core's waits (a query) too
     interrupts.note_stop(TerminationSignal(signal=signal.SIGINT))  # already noted: unchanged
     assert interrupts.exit_code() == 143
-    monkeypatch.setattr(interrupts, "_state", {"requested": False, "reported": False, "signal": signal.SIGINT})
+    monkeypatch.setattr(interrupts, "_state", {"reported": False, "signal": signal.SIGINT})
     monkeypatch.setattr(stops, "_state", {"stop": False})
     interrupts.note_stop(RuntimeError("an ordinary failure"))
     assert not interrupts.requested() and interrupts.exit_code() == 130 and not stops.requested()
