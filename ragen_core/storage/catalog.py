@@ -1,7 +1,9 @@
 """DuckDB over the lake: one view per table across every run (``SELECT ... FROM trajectories``).
 
-- Parquet tables: a view over the published files (``read_parquet`` of the table's glob, by column name). Tables
-  with no files yet are empty views with the right columns, so queries never fail on a fresh root.
+- Parquet tables: a view over the published files (``read_parquet`` of the listed files, by column name; each path
+  with its glob characters escaped, so a data root at ``data[1]`` never reads a sibling ``data1``). Tables with no
+  files yet are empty views with the right columns, so queries never fail on a fresh root. The files of a partition
+  hold no key twice (:mod:`ragen_core.storage.keys`: their footers' key ranges, the keys read where they overlap).
 - ``runs``: the rows derived from the run manifests (:mod:`ragen_core.storage.runs`), registered as an Arrow table.
 - Older ``schema_version`` files: columns added since are null or their default (``COALESCE``), the same rule as
   the Python reader. When a version step needs a registered upgrade function (renames, type changes), the view is
@@ -25,7 +27,9 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ import duckdb
 import pyarrow as pa
 
 from ragen_core.storage.files import VANISHED_ATTEMPTS, LakeError, VanishedFileError, damaged_files, read_json
+from ragen_core.storage.keys import Bounds, check_files, key_bounds, overlapping
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import manifest_file, run_dir
 from ragen_core.storage.names import is_valid_run_id
@@ -84,8 +89,20 @@ def _read_failure(exc: duckdb.Error, table: str, files: list[Path]) -> LakeError
     return LakeError(f"cannot read table {table!r} from {len(files)} file(s): {message}")
 
 
-def _files_sql(files: list[Path]) -> str:
-    return "[" + ", ".join(_quote(str(f)) for f in files) + "]"
+def _list_sql(texts: Iterable[str]) -> str:
+    return "[" + ", ".join(_quote(text) for text in texts) + "]"
+
+
+def _pattern(path: Path) -> str:
+    """``path`` as a ``read_parquet`` argument that names that one file: DuckDB expands ``*``, ``?`` and ``[...]`` in
+    its path arguments, so a data root at ``/x/data[1]`` read a sibling ``/x/data1``'s files; they are escaped."""
+    return glob.escape(str(path))
+
+
+def _nameable(path: Path) -> bool:
+    """Whether DuckDB can be handed ``path``: its glob takes ``\\`` for a folder separator, so a path holding both a
+    backslash and a glob character names no file (a table with such a file is read by the Python reader)."""
+    return "\\" not in str(path) or _pattern(path) == str(path)
 
 
 # Footers already checked by this process: (path, table, its schema version here, the file's :func:`_identity`) ->
@@ -93,7 +110,7 @@ def _files_sql(files: list[Path]) -> str:
 # reader (`ragen view`, a sweep's comparisons, `reproduce --all`) queries the same files again and again; their
 # footers are read and checked once. A file written, replaced or removed since has another identity, so it is checked
 # again: the identity the reader already trusts to see a file replaced while a query reads it.
-_CHECKED_FOOTERS: dict[tuple[Any, ...], tuple[int, bool]] = {}
+_CHECKED_FOOTERS: dict[tuple[Any, ...], tuple[int, bool, Bounds]] = {}
 _CHECKED_LIMIT = 200_000  # entries (~200 bytes each); the cache starts over beyond it
 
 
@@ -110,18 +127,19 @@ def _identity(path: Path) -> FileIdentity:
     return found.st_dev, found.st_ino, found.st_mtime_ns, found.st_ctime_ns
 
 
-def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[int]:
+def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path], bounds: dict[Path, Bounds]) -> set[int]:
     """The schema versions of the table's files (1 for files without one), from their footers, which are also held
     to the layout's row rules (:func:`ragen_core.storage.layout.check_footer`: the NOT NULL columns present, the rows
-    of the folder's run and iteration); a damaged, too-new or misplaced file raises, naming it. A file this process
-    checked before and that has not changed since is not read again (:data:`_CHECKED_FOOTERS`)."""
+    of the folder's run and iteration); a damaged, too-new or misplaced file raises, naming it. Each file's key
+    bounds go into ``bounds`` (:func:`~ragen_core.storage.keys.key_bounds`). A file this process checked before and
+    that has not changed since is not read again (:data:`_CHECKED_FOOTERS`)."""
     versions = set()
     for path in files:
         identity = _identity(path)
         key = (str(path), spec.name, spec.version, identity)
         known = _CHECKED_FOOTERS.get(key) if identity is not None else None
         if known is not None:
-            version, renamed = known
+            version, renamed, bounds[path] = known
             if renamed == needs_function(lake.upgrades, spec.name, version, spec.version):
                 versions.add(version)
                 continue
@@ -139,15 +157,17 @@ def _file_versions(lake: DataLake, spec: TableSpec, files: list[Path]) -> set[in
         renamed = needs_function(lake.upgrades, spec.name, version, spec.version)
         check_footer(path, spec, metadata, renamed)
         versions.add(version)
+        bounds[path] = key_bounds(spec, metadata)
         if identity is not None and identity == _identity(path):  # unchanged while it was read
             if len(_CHECKED_FOOTERS) >= _CHECKED_LIMIT:
                 _CHECKED_FOOTERS.clear()
-            _CHECKED_FOOTERS[key] = (version, renamed)
+            _CHECKED_FOOTERS[key] = (version, renamed, bounds[path])
     return versions
 
 
 def _checked_files(lake: DataLake, spec: TableSpec, files: list[Path]) -> tuple[list[Path], set[int]]:
-    """The table's visible ``files`` with their footers checked (:func:`_file_versions`), and their schema versions.
+    """The table's visible ``files`` with their footers checked (:func:`_file_versions`), and their schema versions;
+    the files of a partition whose key bounds overlap are checked to share no key (:mod:`ragen_core.storage.keys`).
     A partition with a file that vanished since the listing (a compaction's last step, a redo) is listed again and
     checked whole from the fresh listing: a view holds each partition whole or not at all."""
     checked: list[Path] = []
@@ -155,7 +175,9 @@ def _checked_files(lake: DataLake, spec: TableSpec, files: list[Path]) -> tuple[
     for partition in by_partition(files):
         for attempt in range(VANISHED_ATTEMPTS):
             try:
-                versions |= _file_versions(lake, spec, partition)
+                bounds: dict[Path, Bounds] = {}
+                versions |= _file_versions(lake, spec, partition, bounds)
+                check_files(spec, overlapping(bounds), lake.upgrades)
                 break
             except VanishedFileError:
                 if attempt + 1 == VANISHED_ATTEMPTS:
@@ -254,11 +276,12 @@ def _create_view(
     if not files:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
         return
-    if _needs_python_upgrade(lake, spec, versions):
+    if _needs_python_upgrade(lake, spec, versions) or not all(_nameable(path) for path in files):
         _register_rows(con, name, lake.read_table(name, run_id, iteration))
         return
     columns = ", ".join(_column_sql(c, min(versions)) for c in spec.columns)
-    files_sql = f"read_parquet({_files_sql(files)}, union_by_name=true, hive_partitioning=false)"
+    patterns = _list_sql(_pattern(path) for path in files)
+    files_sql = f"read_parquet({patterns}, union_by_name=true, hive_partitioning=false)"
     try:
         con.execute(
             f"CREATE VIEW {name} AS SELECT {columns} FROM "
@@ -317,8 +340,10 @@ def _add_computed(con: duckdb.DuckDBPyConnection, lake: DataLake, spec: TableSpe
 
 def _lock_down(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
     """From now on the connection opens only ``files`` (the views' Parquet files: exact paths, not folders, so no
-    new file can be created anywhere), spills nothing to disk, loads no extension, and its settings cannot change."""
-    con.execute(f"SET allowed_paths = {_files_sql(files)}")
+    new file can be created anywhere), spills nothing to disk, loads no extension, and its settings cannot change.
+    DuckDB holds both the pattern a view names (:func:`_pattern`) and each file it expands to against the list."""
+    allowed = dict.fromkeys(text for path in files for text in (str(path), _pattern(path)))
+    con.execute(f"SET allowed_paths = {_list_sql(allowed)}")
     con.execute("SET allowed_directories = []")
     con.execute("SET temp_directory = ''")
     con.execute("SET autoinstall_known_extensions = false")

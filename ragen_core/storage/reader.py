@@ -13,7 +13,9 @@
    them is :mod:`ragen_core.storage.parts`';
 3. **read** each partition whole (:func:`read_rows`, :func:`read_part`): every file in the table's current schema
    (an older ``schema_version`` upgraded, :func:`~ragen_core.storage.files.read_table_file`), its rows those of its
-   folder's run and iteration, its NOT NULL columns without nulls (:func:`~ragen_core.storage.trust.check_rows`).
+   folder's run and iteration, its NOT NULL columns without nulls (:func:`~ragen_core.storage.trust.check_rows`), and
+   no two rows of the partition with the same key (:func:`~ragen_core.storage.keys.check_unique_keys`: a copy in
+   other bytes, which the records and the byte comparison let through).
 
 A file that vanishes meanwhile was removed by a writer's atomic step (a compaction deleting the parts its merged file
 replaced, a redo discarding a stage, a run's removal), never damage: a listing that finds one lists again, and a
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ragen_core.storage.files import VANISHED_ATTEMPTS, LakeError, VanishedFileError, read_json, read_table_file
+from ragen_core.storage.keys import check_unique_keys
 from ragen_core.storage.layout import (
     PART_NAME,
     compaction_marker,
@@ -295,7 +298,9 @@ def _read_partition(lake: DataLake, spec: TableSpec, files: list[Path]) -> list[
     compaction deleted the parts it had merged, a redo discarded a stage): read whole from the fresh listing."""
     for attempt in range(VANISHED_ATTEMPTS):
         try:
-            return [read_part(path, spec, lake.upgrades) for path in files]
+            tables = [read_part(path, spec, lake.upgrades) for path in files]
+            check_unique_keys(spec, list(zip(files, tables, strict=True)))  # every row once, by its key
+            return tables
         except VanishedFileError:
             if attempt + 1 == VANISHED_ATTEMPTS:
                 raise

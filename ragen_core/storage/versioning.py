@@ -12,6 +12,7 @@ until then)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -36,9 +37,10 @@ def layout_state(root: Path) -> tuple[int | None, bool]:
     payload = read_json(path)
     version = payload.get("layout_version") if isinstance(payload, dict) else None
     if not isinstance(version, int) or isinstance(version, bool):
-        raise LakeError(
+        raise LakeError(  # the text a data root of this layout records, with its records of published parts kept on
             f"layout file {str(path)!r} has no integer layout_version; it was changed by hand: write "
-            f'{{"layout_version": {LAYOUT_VERSION}}} into it if the data root is of this layout'
+            f"{json.dumps(layout_payload())} into it if the data root is of this layout, then run `ragen "
+            "upgrade-lake`, which records the published parts of any partition that has no record of them"
         )
     if version > LAYOUT_VERSION:
         raise LakeError(
@@ -48,13 +50,18 @@ def layout_state(root: Path) -> tuple[int | None, bool]:
     return version, payload.get("part_records") is True
 
 
-def record_layout(root: Path, part_records: bool = True) -> None:
-    """Write ``_layout.json`` with the current version (atomically); ``part_records``: every partition has its
-    record of published parts."""
+def layout_payload(part_records: bool = True) -> dict[str, object]:
+    """What ``_layout.json`` says: the current version; ``part_records``: every partition has its record of published
+    parts."""
     payload: dict[str, object] = {"layout_version": LAYOUT_VERSION}
     if part_records:
         payload["part_records"] = True
-    atomic_write_json(layout_file(root), payload)
+    return payload
+
+
+def record_layout(root: Path, part_records: bool = True) -> None:
+    """Write ``_layout.json`` (:func:`layout_payload`, atomically)."""
+    atomic_write_json(layout_file(root), layout_payload(part_records))
 
 
 def check_publishable(root: Path, table_dirs: Iterable[Path], run_id: str) -> None:

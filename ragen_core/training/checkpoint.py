@@ -35,10 +35,13 @@ update group hands the new weights to the rollout side through it after every up
 from __future__ import annotations
 
 import copy
+import glob
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -306,12 +309,27 @@ def _load_engine(owner: ActorEngine | CriticEngine, path: Path, role: str) -> No
     """Load one engine's DeepSpeed state from the checkpoint folder ``path`` (explicit tag, never the ``latest``
     file), reading the state files without running code from them."""
     folder, state = checkpoint_file(path, role), engine_state_dir(path, role)
-    with safe_engine_loading(owner.engine):
+    with safe_engine_loading(owner.engine), _literal_folder(owner.engine):
         load_path, _ = owner.engine.load_checkpoint(
             str(folder), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
         )
     if load_path is None:
         raise CheckpointError(f"DeepSpeed could not load the {role} state in {str(state)!r}")
+
+
+@contextmanager
+def _literal_folder(engine: Any) -> Iterator[None]:
+    """Within the block, DeepSpeed finds the model state files of a checkpoint in its folder taken literally.
+
+    ``DeepSpeedEngine._get_all_ckpt_names`` globs ``<folder>/<tag>/mp_rank_*_model_states.pt`` with the folder as
+    part of the pattern, so a data root named ``data[1]`` matched a sibling ``data1``'s files (or none); the folder
+    is escaped here, and only the file name stays a pattern."""
+    found = engine._get_all_ckpt_names
+    engine._get_all_ckpt_names = lambda folder, tag: found(glob.escape(str(folder)), tag)
+    try:
+        yield
+    finally:
+        del engine._get_all_ckpt_names  # the instance attribute: the class's method shows again
 
 
 # -- ranks -------------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ request is one line on stderr, exit status 2, nothing written."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,21 @@ def test_export_loads_with_one_line_as_train_and_validation(lake_root, tmp_path)
         cache_dir=str(tmp_path / "hf"),
     )
     assert {k: v.num_rows for k, v in by_files.items()} == {k: v.num_rows for k, v in loaded.items()}
+
+
+def test_the_printed_line_loads_an_export_whose_path_holds_glob_characters(lake_root, tmp_path):
+    """Issue 66: ``datasets`` expands ``[...]`` in ``data_dir``, so the line printed for ``out[1]`` loaded a sibling
+    export at ``out1`` (or nothing); the line names the folder escaped."""
+    sibling, out = tmp_path / "out1", tmp_path / "out[1]"
+    assert _cli("export", RUNS[0], "--out", sibling, "--data-root", lake_root).exit_code == 0
+    result = _cli("export", *RUNS, "--out", out, "--data-root", lake_root)
+    assert result.exit_code == 0, result.output
+    [line] = {m.group(0) for m in re.finditer(r'load_dataset\("parquet", data_dir="[^"]+"\)', result.output)}
+    assert f"`{line}`" in (out / "README.md").read_text()
+    data_dir = re.search(r'data_dir="([^"]+)"', line).group(1)
+    loaded = datasets.load_dataset("parquet", data_dir=data_dir, cache_dir=str(tmp_path / "hf"))
+    for split, value in (("train", "train"), ("validation", "val")):
+        assert loaded[split].num_rows == sum(_split_counts(lake_root, "trajectories", RUNS, value).values())
 
 
 def test_export_of_two_tables_gives_one_dataset_folder_each(lake_root, tmp_path):

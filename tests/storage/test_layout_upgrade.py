@@ -8,6 +8,7 @@ naming kept for these tests (stage names, compaction markers and merged-file nam
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -121,6 +122,21 @@ def test_upgrade_lake_keeps_every_row_once(old_lake, original, new_lake):
     assert again.exit_code == 0 and "already has lake layout 2" in again.output
 
 
+def test_upgrade_lake_refuses_a_layout_1_partition_holding_a_re_encoded_copy(old_lake):
+    """Issue 66: the upgrade records every part it moves as published; a copy in other bytes (the rows of a part,
+    written again gzip-compressed under the next part number) is refused before anything changes, naming both."""
+    folder = old_lake / "trajectories" / f"run_id={RUNS[1]}" / "iteration=1"
+    source, stray = folder / "part-rollout-00000.parquet", folder / "part-rollout-00001.parquet"
+    pq.write_table(pq.read_table(source), stray, compression="gzip")
+    before = sorted(str(p.relative_to(old_lake)) for p in old_lake.rglob("*"))
+    result = CliRunner().invoke(app, ["upgrade-lake", "--data-root", str(old_lake)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    message = " ".join(result.stderr.split())
+    assert str(source) in message and str(stray) in message and "rows of the same key" in message
+    assert sorted(str(p.relative_to(old_lake)) for p in old_lake.rglob("*")) == before  # nothing changed
+
+
 class Crash(Exception):
     pass
 
@@ -226,6 +242,26 @@ def test_a_new_data_root_records_its_layout_and_a_newer_one_is_refused(tmp_path)
         with pytest.raises(LakeError, match="has lake layout 3, but this ragen-flows only knows layouts up to 2"):
             call()
     assert json.loads((tmp_path / "_layout.json").read_text()) == {"layout_version": 3}
+
+
+def test_a_damaged_layout_file_names_the_text_that_keeps_the_records_on(tmp_path):
+    """Issue 66: the advice used to be ``{"layout_version": 2}``, which turns the records of published parts off (a
+    partition without one was then read whole, copies included). The text it names now is what a data root of this
+    layout records; written back, a partition whose record is gone stays refused."""
+    lake = DataLake(tmp_path)
+    lake.write_rows("metrics", "a", 0, _metrics("a", 0), stage="commit")
+    (tmp_path / "_layout.json").write_text(json.dumps({"layout": 2}))
+    with pytest.raises(LakeError, match="no integer layout_version") as refused:
+        lake.read_table("metrics")
+    suggested = re.search(r"write (\{.*?\}) into it", str(refused.value)).group(1)
+    assert json.loads(suggested) == LAYOUT_2
+    assert "ragen upgrade-lake" in str(refused.value)
+    (tmp_path / "_layout.json").write_text(suggested)
+    assert lake.read_table("metrics").num_rows == 1
+    (record,) = (tmp_path / "_commits" / "a" / "parts" / "metrics").iterdir()
+    record.unlink()  # the records deleted, as in the issue: the partition is refused, not read whole
+    with pytest.raises(LakeError, match="without a record of the parts the lake published there"):
+        lake.read_table("metrics")
 
 
 def test_a_run_with_layout_1_folders_is_not_published_into(tmp_path):

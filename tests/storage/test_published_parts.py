@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -259,8 +260,6 @@ def test_a_copied_part_counts_once_whatever_the_records_say(lake, forge, tmp_pat
 def test_compaction_refuses_rows_that_repeat_a_key_in_other_bytes(lake):
     """A copy re-encoded (other bytes, the same rows) and recorded: the merge, which would make the duplicates
     permanent, refuses the partition before anything is written."""
-    import pyarrow.parquet as pq
-
     source = _rollout_part(lake)
     stray = source.with_name(published_part_name(Stage.ROLLOUT, 1))
     pq.write_table(pq.read_table(source), stray, compression="none")  # the same rows, other bytes
@@ -270,5 +269,85 @@ def test_compaction_refuses_rows_that_repeat_a_key_in_other_bytes(lake):
     payload["parts"][stray.name] = stray.stat().st_size
     record.write_text(json.dumps(payload))
     before = _files(lake.root)
-    _refused(_cli("runs", "compact", RUN, "--data-root", lake.root), "held by more than one row", str(stray.parent))
+    _refused(_cli("runs", "compact", RUN, "--data-root", lake.root), "hold rows of the same key", str(stray))
     assert _files(lake.root) == before
+
+
+# -- issue 66: a copy in other bytes repeats the keys of the part it copies -----------------------------------------
+def _re_encoded(lake: DataLake, statistics: bool = True) -> tuple[Path, Path]:
+    """The rollout part read and written again gzip-compressed under the next part number (other bytes, the same
+    rows); ``statistics=False`` writes no footer statistics, so no key range tells the two files apart."""
+    source = _rollout_part(lake)
+    stray = source.with_name(published_part_name(Stage.ROLLOUT, 1))
+    pq.write_table(pq.read_table(source), stray, compression="gzip", write_statistics=statistics)
+    assert stray.read_bytes() != source.read_bytes()
+    return source, stray
+
+
+def _forge_entry(stray: Path) -> None:
+    record = parts_record_of(stray.parent)
+    payload = json.loads(record.read_text())
+    payload["parts"][stray.name] = stray.stat().st_size
+    record.write_text(json.dumps(payload))
+
+
+def _re_encoded_forged(lake: DataLake) -> tuple[Path, Path]:
+    source, stray = _re_encoded(lake)
+    _forge_entry(stray)
+    return source, stray
+
+
+def _re_encoded_without_statistics(lake: DataLake) -> tuple[Path, Path]:
+    source, stray = _re_encoded(lake, statistics=False)
+    _forge_entry(stray)
+    return source, stray
+
+
+def _re_encoded_records_removed(lake: DataLake) -> tuple[Path, Path]:
+    """The legacy layout text an error used to suggest (no records kept), the records deleted, then the copy."""
+    _as_written_before_records(lake.root)
+    return _re_encoded(lake)
+
+
+RE_ENCODED = {
+    "forged record": _re_encoded_forged,
+    "no statistics, forged record": _re_encoded_without_statistics,
+    "records removed": _re_encoded_records_removed,
+}
+
+
+@pytest.mark.parametrize("forge", RE_ENCODED.values(), ids=RE_ENCODED.keys())
+def test_a_re_encoded_copy_counts_once_whatever_the_records_say(lake, forge, tmp_path):
+    """Before: `ragen sql` counted the copy's rows (train rows twice), `ragen export` exported them, `ragen retrain
+    --from` selected them, the trainer read them and `ragen upgrade-lake` recorded the copy. Each now refuses in one
+    line naming both files, and nothing is written."""
+    source, stray = forge(lake)
+    before = _files(lake.root)
+    why = "hold rows of the same key in table 'trajectories'"
+    sql = ("sql", "SELECT count(*) FROM trajectories WHERE split = 'train'", "--data-root", lake.root)
+    _refused(_cli(*sql), str(source), str(stray), why, "move the copy out of the data root")
+    _refused(_cli(*sql, "--run", RUN), str(stray), why)
+    _refused(_cli("export", RUN, "--out", tmp_path / "out", "--data-root", lake.root), str(stray), why)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(OfflineError, match=str(stray)):  # retrain --from
+        select_trajectories(lake, "SELECT * FROM trajectories WHERE split = 'train'")
+    with pytest.raises(LakeError, match=why):  # the trainer's reader
+        lake.read_table("trajectories", RUN, ITERATION)
+    _refused(_cli("runs", "compact", RUN, "--data-root", lake.root), str(stray), why)
+    if forge is _re_encoded_records_removed:  # the upgrade would record the copy as published
+        _refused(_cli("upgrade-lake", "--data-root", lake.root), str(stray), why)
+        assert not (lake.root / "_commits" / RUN / "parts").exists()
+    assert _files(lake.root) == before
+    # the other run and the other tables still answer, with their configured counts
+    assert _count(lake.root, "--run", RUNS[0]) == _configured(RUNS[0])
+    assert query(lake, "SELECT count(*) AS n FROM turns").to_pylist()[0]["n"] > 0
+    stray.unlink()  # the copy moved out: every row counts once again
+    assert _count(lake.root) == _configured()
+
+
+def test_ragen_runs_refuses_a_re_encoded_copy_of_a_table_it_reads(lake):
+    (source,) = lake.partition_files("evaluations", RUNS[0], ITERATION)
+    stray = source.with_name("part-copy-00000.parquet")
+    pq.write_table(pq.read_table(source), stray, compression="gzip")
+    _forge_entry(stray)
+    _refused(_cli("runs", "--data-root", lake.root), str(source), str(stray), "same key in table 'evaluations'")

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ragen_core.storage.files import (
     LakeError,
@@ -174,9 +173,7 @@ def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) ->
     try:
         with run_lock(lake, run_id), _sole_writer(lake, run_id):
             for spec in specs:  # the whole run's layout, markers and keys checked before anything changes
-                lake.partition_files(spec.name, run_id)
-                if spec.name in UNIQUE_KEYED:
-                    _check_keys_once(lake.read_table(spec.name, run_id, columns=list(spec.key)), spec, lake)
+                lake.read_table(spec.name, run_id)  # the read path refuses a key held twice (storage.keys)
             _compact_tables(lake, run_id, specs, committed, report)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
@@ -185,29 +182,6 @@ def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) ->
             "writable (readers still see every row exactly once)"
         ) from exc
     return report
-
-
-UNIQUE_KEYED = ("trajectories", "turns", "metrics")  # tables whose every row has a key of its own
-
-
-def _check_keys_once(rows: pa.Table, spec: TableSpec, lake: DataLake) -> None:
-    """Refuse a run's rows of ``spec``'s table in which two share the table's key (a part copied and re-encoded, a
-    forged record: the readers would count those rows twice, and a merge would make it permanent), naming the first
-    partition that holds a repeated key."""
-    if rows.num_rows == 0:
-        return
-    keys = list(spec.key)
-    counted = rows.group_by(keys).aggregate([([], "count_all")])
-    repeated = counted.filter(pc.greater(counted["count_all"], 1))
-    if repeated.num_rows == 0:
-        return
-    first = repeated.sort_by("iteration").slice(0, 1).to_pylist()[0]
-    folder = lake.partition_dir(spec.name, first["run_id"], first["iteration"])
-    raise LakeError(
-        f"{repeated.num_rows} key(s) of {spec.name} in {str(folder)!r} are held by more than one row "
-        f"({', '.join(keys)}): a part was copied or its record forged; move the copy out of the data root, then "
-        "compact again"
-    )
 
 
 @contextmanager

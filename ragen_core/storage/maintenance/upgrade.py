@@ -16,8 +16,10 @@ layout-1 folders, naming this upgrade. Layout 1 to 2 (:mod:`ragen_core.storage.l
 
 Every name is checked before the first change: an entry of a layout-1 run or partition folder that the upgrade
 cannot carry over (a folder, hidden or not, a link, a device, a part file of no name the lake writes such as
-``part-a b.parquet``, two files taking one new name) and a layout-2 partition without a record where one file has
-two names raise a :class:`LakeError` naming it, with nothing changed (``ragen upgrade-lake``: one line, exit 2).
+``part-a b.parquet``, two files taking one new name), a partition of either layout where two files hold rows of the
+same key (a copy, re-encoded or not: :mod:`ragen_core.storage.keys`) and a layout-2 partition without a record where
+one file has two names raise a :class:`LakeError` naming it, with nothing changed (``ragen upgrade-lake``: one line,
+exit 2).
 
 The files themselves are not rewritten: each gets a second name (a hard link; a copy where the file system has
 none). One partition at a time, under the run's housekeeping and writer locks:
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragen_core.storage.files import LakeError, atomic_write_json, fsync_dir, read_json
+from ragen_core.storage.keys import check_files
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import (
     ITERATION_FOLDER,
@@ -57,7 +60,7 @@ from ragen_core.storage.layout import (
 from ragen_core.storage.locks import run_lock, run_writer
 from ragen_core.storage.names import is_valid_run_id
 from ragen_core.storage.parts import merged_name, record_parts
-from ragen_core.storage.reader import check_no_copies, read_record
+from ragen_core.storage.reader import read_record, trusted_parts
 from ragen_core.storage.trust import (
     check_marker,
     check_real_folder,
@@ -118,8 +121,9 @@ def upgrade_layout(lake: DataLake) -> LayoutUpgrade:
     for table, run_id, folder in old_run_folders(lake):
         by_run.setdefault(run_id, []).append((table, folder))
     for folders in by_run.values():
-        for _, folder in folders:
+        for table, folder in folders:
             check_old_run_folder(folder)
+            check_old_keys(lake, table, folder)
     unrecorded = _unrecorded_partitions(lake)
     for run_id, folders in sorted(by_run.items()):
         with run_writer(lake.root, run_id, ["ragen", "upgrade-lake"]), run_lock(lake, run_id):
@@ -172,9 +176,21 @@ def check_old_partition(old: Path) -> None:
     _new_names(old)
 
 
+def check_old_keys(lake: DataLake, table: str, folder: Path) -> None:
+    """Before the first change: in each partition of a layout-1 run folder, no two of the part files that readers
+    take (those a compaction marker hides left out) hold rows of the same key: a copy, in the same bytes or
+    re-encoded, would be recorded as published (:func:`ragen_core.storage.keys.check_files` names both files)."""
+    for entry in sorted(folder.iterdir()):
+        marker = _old_marker(entry)
+        files = part_files(entry)
+        if marker is not None and marker["merged"] in {path.name for path in files}:
+            files = [path for path in files if path.name not in marker["replaces"]]
+        check_files(lake.spec(table), files, lake.upgrades)
+
+
 def _unrecorded_partitions(lake: DataLake) -> dict[str, list[Path]]:
     """The layout-2 partitions holding part files but no record of published parts, by run (checked to the layout
-    first: names, no links)."""
+    first: names, no links; no two of the files a reader would take hold the same bytes or rows of the same key)."""
     found: dict[str, list[Path]] = {}
     for name, spec in sorted(lake.tables.items()):
         table_dir = lake.table_dir(name)
@@ -187,7 +203,8 @@ def _unrecorded_partitions(lake: DataLake) -> dict[str, list[Path]]:
             for _, folder in iteration_folders(entry):
                 if part_files(folder) and read_record(parts_record_of(folder)) is None:
                     _check_one_name_each(folder)
-                    check_no_copies(part_files(folder))  # a copy is never recorded as published
+                    # a copy is never recorded as published: neither of the same bytes nor of the same keys
+                    check_files(spec, trusted_parts(part_files(folder), spec, False), lake.upgrades)
                     found.setdefault(run_id, []).append(folder)
     return found
 
