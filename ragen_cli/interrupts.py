@@ -162,7 +162,8 @@ def start_command_server(home: Path) -> None:
 
 
 def report_interrupted(lake: DataLake, run_id: str) -> None:
-    """The one line of a Ctrl-C'd run: where it stopped (from its manifest) and how to continue it."""
+    """The one line of a Ctrl-C'd run: where it stopped (from its manifest) and how to continue it; or that it had
+    completed (a stop while it closed, after its last commit: nothing to continue)."""
     from ragen_core.storage import LakeError
 
     try:
@@ -173,6 +174,9 @@ def report_interrupted(lake: DataLake, run_id: str) -> None:
     if manifest is not None:
         iteration, stage = manifest.interrupted_iteration, manifest.interrupted_stage
         last = manifest.last_committed_iteration
+    if manifest is not None and manifest.status == "completed":  # the stop came once everything was committed
+        report(f"interrupted: run {run_id} had completed (last committed iteration: {last}); nothing to continue")
+        return
     where = ""
     if iteration is not None and (last is None or iteration > last):  # not when it came after the commit
         where = f" in iteration {iteration} ({stage})"

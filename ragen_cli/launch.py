@@ -16,6 +16,7 @@ from rich.text import Text
 from ragen_cli.common import console, fail, printable, shown
 
 if TYPE_CHECKING:
+    from ragen_core.config import RunConfig
     from ragen_core.run.procedures import Admission, Request
     from ragen_core.storage import DataLake
 
@@ -179,17 +180,19 @@ def _quiet_deepspeed() -> None:
 
 
 def user_facing_errors() -> tuple[type[BaseException], ...]:
-    """Errors about the user's data, setup or code (a damaged lake or checkpoint, a missing model, a vLLM server that
-    cannot start or died: its message names its log; an env or reward function of the user's own that raised or
-    returned the wrong thing): their message says what is wrong and what to do, so the command prints it alone.
-    Anything else is a bug and keeps its traceback."""
+    """Errors about the user's data, setup or code (a damaged lake or checkpoint, a missing model, a vLLM server or
+    an async run's sampler process that cannot start or died: its message names its log; an env or reward function
+    of the user's own that raised or returned the wrong thing): their message says what is wrong and what to do, so
+    the command prints it alone. Anything else is a bug and keeps its traceback."""
     from ragen_core.envs.external import UserCodeError
     from ragen_core.policy.loading import PolicyLoadError
     from ragen_core.rollout.vllm_backend import BackendUnavailable, VLLMServerError
+    from ragen_core.run.sampler import SamplerError
     from ragen_core.storage import LakeError
     from ragen_core.training.checkpoint import CheckpointError
 
-    return LakeError, PolicyLoadError, CheckpointError, BackendUnavailable, VLLMServerError, UserCodeError
+    errors = LakeError, PolicyLoadError, CheckpointError, BackendUnavailable, VLLMServerError, UserCodeError
+    return (*errors, SamplerError)
 
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
@@ -223,3 +226,34 @@ def _hide_run_logs() -> None:
     for handler in terminal_handlers([logging.getLogger()]):
         handler.addFilter(_NoRunRecords())
     logging.raiseExceptions = False
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask, as torch and a container's limit see them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def overlap_hint(config: RunConfig, cores: int, load: float) -> str | None:
+    """A note for an async run (``trainer.max_staleness >= 1``) with the Hugging Face sampler process, when the
+    machine cannot run its two lanes side by side: fewer free cores (``cores`` less the one-minute ``load``) than the
+    learner's threads (``trainer.num_threads``; torch's default: every core) and the sampler's
+    (``rollout.sampler_threads``) together. The lanes then take turns on the cores and the overlap gains little; the
+    note says what to set. None when they fit, or when the run is synchronous or samples elsewhere (a vLLM server)."""
+    if config.trainer.max_staleness < 1 or config.rollout.backend != "hf":
+        return None
+    learner = config.trainer.num_threads or cores
+    sampler = config.rollout.sampler_threads
+    free = max(cores - load, 0.0)
+    if learner + sampler <= free + 0.5:  # half a core of noise is still room
+        return None
+    return (
+        f"trainer.max_staleness={config.trainer.max_staleness} overlaps two lanes, the learner "
+        f"(trainer.num_threads={config.trainer.num_threads or f'torch default, {cores}'}) and the sampler process "
+        f"(rollout.sampler_threads={sampler}): {learner + sampler} threads, and this machine has {free:.1f} free "
+        f"core(s) of {cores} (one-minute load {load:.1f}), so the lanes will mostly take turns and the run gains "
+        "little over a synchronous one; on 2 idle cores trainer.num_threads=1 with rollout.sampler_threads=1 "
+        'overlaps (docs/async.md, "Threads and cores")'
+    )

@@ -29,7 +29,16 @@ from ragen_cli.common import (
 from ragen_cli.config import config_app
 from ragen_cli.entry import SHORT_HELP, app, run_app
 from ragen_cli.export import export, upgrade_lake
-from ragen_cli.launch import admitted, print_step, start_flow_command, user_facing_errors, watch_points, watch_run
+from ragen_cli.launch import (
+    admitted,
+    available_cores,
+    overlap_hint,
+    print_step,
+    start_flow_command,
+    user_facing_errors,
+    watch_points,
+    watch_run,
+)
 from ragen_cli.reading import plot, sql, view
 from ragen_cli.reproduce import reproduce
 from ragen_cli.runs import runs_app
@@ -304,9 +313,14 @@ def _run(admission: Admission, verbose: bool) -> None:
     request = admission.request
     lake, run_id = request.lake, request.run_id
     if admission.start is Start.DONE:
-        console.print(f"run {run_id} is already completed; nothing to do")
+        from ragen_core.run.decisions import done_line
+        from ragen_core.run.resume import record_done
+
+        console.print(done_line(run_id, record_done(lake, run_id)))  # a stop after its last commit: recorded now
         result = {"run_id": run_id, "bootstrap": None}
     else:
+        if hint := overlap_hint(request.config, available_cores(), os.getloadavg()[0]):
+            note(hint)
         start_flow_command(lake, run_id, verbose)
         console.print(f"run [bold]{run_id}[/] · config {request.config.config_hash()} · data root {shown(lake.root)}")
         result = _train_with_progress(admission)

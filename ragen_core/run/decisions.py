@@ -23,6 +23,10 @@ class ResumeError(RuntimeError):
     """The run cannot be resumed as asked; the message says why and what to do."""
 
 
+class ExtensionUndone(ResumeError):
+    """An extension failed before it committed a new iteration and was undone: the run is completed, as it was."""
+
+
 class Start(str, Enum):
     """How a ``train`` call begins."""
 
@@ -59,6 +63,18 @@ def resume_line(run_id: str, plan: ResumePlan, extending_to: int | None = None) 
     replay = f", then replaying {replayed} committed update(s) from their stored batches" if replayed else ""
     more = f" (extending it to {extending_to} iterations)" if extending_to is not None else ""
     return f"resuming {run_id} at iteration {plan.next_iteration}{more}: loading {weights}{replay}"
+
+
+def done_line(run_id: str, was: str | None) -> str:
+    """What resuming a run that is done says: nothing to do, or, when its manifest said ``was`` instead of completed
+    (a stop after its last commit; ``running``: its writer died there), that it is recorded completed now."""
+    if was is None:
+        return f"run {run_id} is already completed; nothing to do"
+    why = "its writer died" if was == "running" else "it was stopped"
+    return (
+        f"run {run_id} had committed every iteration and its final validation, but its manifest said {was!r} ({why} "
+        "after its last commit); it is recorded completed now, with nothing left to do"
+    )
 
 
 def decide_start(

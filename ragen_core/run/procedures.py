@@ -19,7 +19,7 @@ from typing import Any
 
 from ragen_core.run import bootstrap, offline, resume, session
 from ragen_core.run.clock import run_name
-from ragen_core.run.decisions import ResumePlan, Start, resume_line
+from ragen_core.run.decisions import ResumePlan, Start, done_line, resume_line
 from ragen_core.run.entry import OpenRun, open_run
 from ragen_core.run.iteration import Call, IterationState, direct, run_iteration
 from ragen_core.run.overlap import overlapped_iterations
@@ -238,6 +238,9 @@ def _open(admission: Admission, hooks: Hooks) -> Opened:
     config, lake, run_id = request.config, request.lake, request.run_id
     manifest = lake.read_manifest(run_id)
     if start is Start.DONE:
+        was = resume.record_done(lake, run_id)  # a stop after its last commit left another status
+        if was is not None:
+            hooks.step(done_line(run_id, was))
         return None, None, {"completed": True, "bootstrap": manifest.bootstrap}
     if start in (Start.FRESH, Start.OVER):
         session, summary = _start(request, manifest, hooks)
@@ -257,7 +260,8 @@ def _open(admission: Admission, hooks: Hooks) -> Opened:
 def _extend(request: RunRequest, manifest: RunManifest, hooks: Hooks) -> Opened:
     """A completed run given more iterations: the session is opened and restored first; until then a failure puts
     the stored manifest back (the run stays completed, with its config) and the lake is untouched. Only then is the
-    final validation reopened as the next training iteration."""
+    final validation reopened as the next training iteration; a failure before that iteration commits puts the
+    run back as it was too (the session's record undoes it: :func:`ragen_core.run.resume.undo_extension`)."""
     config, lake, run_id, steps = request.config, request.lake, request.run_id, hooks.steps
     plan = steps.prepare_extension(lake, manifest, config, run_id)
     hooks.step(resume_line(run_id, plan, config.trainer.iterations))
@@ -271,10 +275,12 @@ def _extend(request: RunRequest, manifest: RunManifest, hooks: Hooks) -> Opened:
         lake.write_manifest(run_id, manifest)
         raise
     try:
-        steps.reopen_final_evaluation(opened, plan)
+        steps.reopen_final_evaluation(opened, plan, manifest)
     except BaseException as exc:
-        opened.record.stopped(exc)
+        undone = opened.record.stopped(exc)
         opened.close()
+        if undone is not None:
+            raise undone from exc
         raise
     info = {"bootstrap": manifest.bootstrap, "resumed": {**restored, "extended_from": plan.next_iteration}}
     return opened, plan, info

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -69,6 +69,9 @@ class RunRecord:
     manifest: RunManifest
     metric_history: list[dict[str, float]] = field(default_factory=list)  # committed iterations' metrics, in order
     position: dict[str, Any] = field(default_factory=dict)  # iteration and stage now running (for failure reports)
+    # an extension's undo (ragen_core.run.resume.undo_extension): given the failure's line, it puts the completed run
+    # back as it was and returns the error to raise instead, or returns None when it can no longer (see stopped())
+    undo: Callable[[str], BaseException | None] | None = None
 
     def update(self, attempt: dict[str, Any] | None = None, **changes: Any) -> None:
         """Change manifest fields (and, with ``attempt``, this attempt's entry of ``resumes`` when the run was
@@ -83,43 +86,61 @@ class RunRecord:
         gives it back to record the failure."""
         hold_reserve(reserve_file(self.lake, self.run_id))
 
-    def stopped(self, exc: BaseException) -> None:
+    def stopped(self, exc: BaseException) -> BaseException | None:
         """Record that ``exc`` stopped the run (see :func:`stop_record`); a write that found no space is recorded
         as that, in the line the command prints. With the disk full, the space the run held back
         (:meth:`hold_reserve`) is given back so the manifest can still be written; should even that fail, the error
-        goes on unrecorded (the manifest keeps its last state) rather than be replaced by that one."""
+        goes on unrecorded (the manifest keeps its last state) rather than be replaced by that one.
+
+        A failed extension whose :attr:`undo` puts the completed run back records nothing: the error to raise
+        instead (its line says so) is returned. Else None."""
         record = stop_record(exc, self.position, self.lake.committed_iterations(self.run_id))
-        if record["status"] == "failed" and space_failure(self.lake.root, self.run_id, exc) is not None:
-            record["error"] = space_message(self.run_id, written_what(exc, self.position))
+        space = record["status"] == "failed" and space_failure(self.lake.root, self.run_id, exc) is not None
+        if space:
             release_reserve(reserve_file(self.lake, self.run_id))  # room for the manifest's new copy
+        if record["status"] == "failed" and self.undo is not None:
+            undone = self.undo(space_message(None, written_what(exc, self.position)) if space else record["error"])
+            if undone is not None:
+                return undone
+        if space:
+            record["error"] = space_message(self.run_id, written_what(exc, self.position))
         try:
             self.update(**record)
         except OSError:
             if record.get("error", "").startswith(SPACE_PREFIX):
-                return
+                return None
             raise
+        return None
 
 
 @contextmanager
 def run_status(session: RunSession) -> Iterator[RunSession]:
-    """The body of a run: ``completed`` when it returns, ``failed`` / ``interrupted`` (where, and the last committed
-    iteration) when it raises; the session's updater and rollout engine are closed either way, then its trackers
-    end their runs with that status (and the run's plot)."""
+    """The body of a run: ``completed`` as soon as it returns (everything is committed: a stop that lands while the
+    session closes, such as joining an async run's sampler process, changes none of it), ``failed`` /
+    ``interrupted`` (where, and the last committed iteration) when it raises, or put back as it was (a failed
+    extension: :meth:`RunRecord.stopped`, whose error is raised instead). The session's updater and rollout engine are
+    closed either way, then its trackers end their runs with that status (and the run's plot)."""
     session.record.hold_reserve()
     status: RunEnd = "completed"
     try:
         yield session
     except BaseException as exc:
         status = "interrupted" if interrupted(exc) else "failed"  # what stopped() records, even if it cannot
-        session.record.stopped(exc)
+        undone = session.record.stopped(exc)
+        if undone is not None:
+            status = "completed"
+            raise undone from exc
         raise
+    else:
+        session.record.update(status="completed")
     finally:
         try:
-            session.close()
+            try:
+                session.close()
+            finally:
+                session.trackers.finish(status)
         finally:
-            session.trackers.finish(status)
-        release_reserve(reserve_file(session.lake, session.run_id))  # held only while the run runs
-    session.record.update(status="completed")
+            release_reserve(reserve_file(session.lake, session.run_id))  # held only while the run runs
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -14,13 +14,17 @@ update, metrics and (when due) checkpoint. A resumed run (the decisions are :mod
 Extending a completed run (more ``trainer.iterations``) is a resume whose last committed iteration, the final
 validation (no update), is reopened: its validation rows stay and are reused, its commit is withdrawn, and the
 iteration is run again as a training iteration, as the run configured longer from the start ran it. Nothing is
-changed before the session is open and restored (:func:`prepare_extension`, then :func:`reopen_final_evaluation`).
+changed before the session is open and restored (:func:`prepare_extension`, then :func:`reopen_final_evaluation`);
+the reopened final validation is kept in memory until the iteration commits again, so an extension that fails before
+then puts the completed run back as it was (:func:`undo_extension`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +32,7 @@ from ragen_core.config import RunConfig
 from ragen_core.config.trust import TRUSTED_PATHS_VARIABLE, trusted_path
 from ragen_core.envs.external import metric_env_name
 from ragen_core.run.decisions import (
+    ExtensionUndone,
     ResumeError,
     ResumePlan,
     Start,
@@ -37,12 +42,23 @@ from ragen_core.run.decisions import (
     final_evaluation,
     plan_resume,
 )
+from ragen_core.run.record import STOP_FIELDS, utc_now
 from ragen_core.storage import DataLake, Stage, event_row
-from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file, compaction_marker, manifest_file
+from ragen_core.storage.files import discard
+from ragen_core.storage.layout import (
+    CHECKPOINT_HF,
+    checkpoint_file,
+    compaction_marker,
+    manifest_file,
+    published_by_stage,
+)
 from ragen_core.storage.locks import run_lock
+from ragen_core.storage.maintenance.space import SPACE_PREFIX
 from schemas.manifest import RunManifest
 
 if TYPE_CHECKING:  # the session (torch, the engines) is not imported by the CLI's quick answers, which use this module
+    import pyarrow as pa
+
     from ragen_core.run.session import RunSession
 
 
@@ -58,6 +74,22 @@ def decide_run_start(
     if start == Start.EXTEND:
         refuse_compacted_final(lake, run_id, committed[-1])
     return start
+
+
+def record_done(lake: DataLake, run_id: str) -> str | None:
+    """A run decided done (every iteration and its final validation committed) whose manifest does not say so: a
+    stop that landed after its last commit left it ``interrupted`` (or ``failed``), or its writer died there and left
+    it ``running`` (the caller holds the run's writer lock, so no writer lives). It is recorded ``completed`` now, its
+    stop fields removed; nothing else is left to do. Returns the status it had, None when it said completed."""
+    manifest = lake.read_manifest(run_id)
+    if manifest is None or manifest.status == "completed":
+        return None
+    stop = [name for name in STOP_FIELDS if name != "last_committed_iteration"]
+    done = manifest.without("error", *stop).updated(
+        status="completed", last_committed_iteration=lake.committed_iterations(run_id)[-1], updated_at=utc_now()
+    )
+    lake.write_manifest(run_id, done)
+    return manifest.status
 
 
 def check_stored_start_model(lake: DataLake, run_id: str, manifest: RunManifest, config: RunConfig) -> None:
@@ -112,15 +144,32 @@ def prepare_extension(lake: DataLake, manifest: RunManifest, config: RunConfig, 
     return dataclasses.replace(plan, reused_stages=[Stage.evaluation(env) for env in envs])
 
 
-def reopen_final_evaluation(session: RunSession, plan: ResumePlan) -> list[str]:
+@dataclass(frozen=True)
+class ReopenedFinal:
+    """A committed final validation as an extension found it: its iteration, its validation stages (reused), its
+    commit's payload and rows (by table) and the run's manifest before the extension; what :func:`undo_extension`
+    puts back."""
+
+    iteration: int
+    reused_stages: list[str]
+    payload: dict[str, Any]
+    rows: dict[str, pa.Table]
+    manifest: RunManifest
+
+
+def reopen_final_evaluation(session: RunSession, plan: ResumePlan, stored: RunManifest) -> list[str]:
     """Turn the committed final validation (iteration ``plan.next_iteration``) back into an uncommitted iteration
     whose validation stages finished: each env's stage is marked done with its committed ``val/<env>/*`` metrics
     (so the iteration reuses them), then the commit marker is withdrawn and the iteration's commit rows (metrics,
     evaluations, events) are discarded. A crash midway leaves either the completed run or an interrupted one that
-    ``ragen resume`` continues. Returns the reused stages."""
+    ``ragen resume`` continues. The final validation as it was, with ``stored`` (the run's manifest before the
+    extension), is kept for the session's record to put back should the extension fail before the iteration
+    commits again (:func:`undo_extension`). Returns the reused stages."""
     lake, run_id, iteration = session.lake, session.run_id, plan.next_iteration
     with run_lock(lake, run_id):  # no compaction while the iteration is reopened (it merges committed files only)
         refuse_compacted_final(lake, run_id, iteration)  # compacted since the command decided to extend
+        rows = _commit_rows(lake, run_id, iteration)
+        final = ReopenedFinal(iteration, plan.reused_stages, lake.commit_payload(run_id, iteration), rows, stored)
         metrics = lake.read_table("metrics", run_id, iteration, columns=["name", "value"]).to_pylist()
         for stage in plan.reused_stages:
             env = stage.removeprefix(Stage.evaluation(""))
@@ -130,11 +179,54 @@ def reopen_final_evaluation(session: RunSession, plan: ResumePlan) -> list[str]:
             lake.mark_stage_done(run_id, iteration, stage, {"metrics": values})
         lake.commit_marker(run_id, iteration).unlink()
         reused = lake.discard_uncommitted(run_id, iteration)
+    session.record.undo = functools.partial(undo_extension, session, final)
     session.record.update(
         attempt={"extended_from": iteration, "reused_stages": reused},
         last_committed_iteration=iteration - 1 if iteration else None,
     )
     return reused
+
+
+def _commit_rows(lake: DataLake, run_id: str, iteration: int) -> dict[str, pa.Table]:
+    """The rows the commit of ``iteration`` published, by table (the tables whose files of that iteration the
+    commit published; a final validation's other files are its validation stages', which the extension keeps)."""
+    rows = {}
+    for table in sorted(name for name, spec in lake.tables.items() if spec.source == "parquet"):
+        files = lake.partition_files(table, run_id, iteration)
+        if files and all(published_by_stage(path.name, [Stage.COMMIT]) for path in files):
+            rows[table] = lake.read_table(table, run_id, iteration)
+    return rows
+
+
+def undo_extension(session: RunSession, final: ReopenedFinal, error: str) -> ExtensionUndone | None:
+    """After ``error`` (its line) stopped an extension before it committed its reopened iteration: put the run back
+    as it was before the extension (what that iteration published and staged discarded, its final validation's
+    commit rows and marker written again, a checkpoint the extension completed removed, the stored manifest back:
+    completed, its config) and return the error that says so. None, with nothing changed, once the iteration is
+    committed (the run is then the longer run, which ``ragen resume`` continues) or when the lake cannot be put
+    back (the disk still full: the failed extension is recorded as such, and resumable)."""
+    lake, run_id, iteration = session.lake, session.run_id, final.iteration
+    if iteration in lake.committed_iterations(run_id):
+        return None
+    try:
+        with run_lock(lake, run_id):
+            lake.discard_uncommitted(run_id, iteration, keep={iteration: final.reused_stages})
+            for table, rows in final.rows.items():
+                lake.write_rows(table, run_id, iteration, rows, stage=Stage.COMMIT, publish=False)
+            lake.publish(run_id, iteration, Stage.COMMIT)
+            lake.commit_iteration(run_id, iteration, final.payload)
+        for updates, folder in lake.list_checkpoints(run_id):
+            if updates > iteration:  # the extension's, of updates the run no longer has
+                discard(folder)
+        lake.write_manifest(run_id, final.manifest)
+    except Exception:  # noqa: BLE001 - whatever keeps it from being put back, the extension's own failure is told
+        return None
+    session.record.manifest = final.manifest
+    again = "" if error.startswith(SPACE_PREFIX) else "; run the command again to extend it"
+    return ExtensionUndone(
+        f"{error}. The extension was undone: run {run_id} is left completed at {iteration} iterations, as it was "
+        f"(its config and every committed row){again}"
+    )
 
 
 def prepare_resume(lake: DataLake, config: RunConfig, run_id: str, skip_iteration: bool) -> ResumePlan:

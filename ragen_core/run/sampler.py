@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from ragen_core.rollout.types import Generation, TurnContext
+from ragen_core.rollout.vllm_backend import _fate, _last_line  # a dead sampler is told in a dead vLLM server's words
 from ragen_core.training.handoff import SharedWeights, WeightLayout
 
 STARTUP_TIMEOUT_S = 300.0
@@ -103,7 +104,8 @@ class SamplerProcess:
         return ProcessBackend(self, (temperature, max_new_tokens, top_p, top_k))
 
     def _call(self, kind: str, payload: Any, timeout: float | None = None) -> Any:
-        """Send one request and wait for its answer; the child's failure, or its death, is a :class:`SamplerError`."""
+        """Send one request and wait for its answer; the child's failure, or its death, is a :class:`SamplerError`
+        whose one line names the process and its log, as a vLLM server's death is told."""
         try:
             self.connection.send((kind, payload))
             if timeout is not None and not self.connection.poll(timeout):
@@ -111,14 +113,13 @@ class SamplerProcess:
                     f"the sampler process did not answer {kind!r} within {timeout:.0f} s (its log: {self.log})"
                 )
             status, answer = self.connection.recv()
-        except (EOFError, OSError) as exc:
-            code = self.process.poll()
+        except (EOFError, OSError) as exc:  # its end of the socket closed: the child is gone
             raise SamplerError(
-                f"the sampler process died (exit code {code}) during {kind!r}: {exc or type(exc).__name__}; its log: "
-                f"{self.log}"
+                f"the sampler process (pid {self.process.pid}) {_fate(self.process)} during {kind!r} "
+                f"({exc or type(exc).__name__}); see its log {self.log}{_last_line(self.log)}"
             ) from None
         if status == "error":
-            raise SamplerError(f"the sampler process failed in {kind!r}: {answer}")
+            raise SamplerError(f"the sampler process failed in {kind!r}: {answer}; see its log {self.log}")
         return answer
 
     def close(self) -> None:

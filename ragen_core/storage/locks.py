@@ -189,6 +189,21 @@ def check_not_held(root: Path, run_id: str) -> None:
         os.close(descriptor)  # drops the probe's lock, if it got one
 
 
+def writer_gone(root: Path, run_id: str) -> bool:
+    """Whether no live process, this one included, holds the writer lock of ``run_id`` (every writer holds it while
+    it runs): a manifest that still says ``running`` then outlived a writer that died (SIGKILL, a lost machine).
+    False when the lock is held or cannot be probed."""
+    path = lock_path(Path(root).resolve(), run_id)
+    with _held_guard:
+        if path in _held:
+            return False
+    try:
+        check_not_held(root, run_id)
+    except LakeError:  # held (RunLockedError names the holder), or the lock file cannot be opened
+        return False
+    return True
+
+
 def _names(path: Path, descriptor: int) -> bool:
     """Whether ``path`` still names the open file ``descriptor``."""
     try:

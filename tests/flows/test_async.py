@@ -1,20 +1,28 @@
 """An async run (``trainer.max_staleness=2``) killed (SIGKILL, via RAGEN_FAULT) at three points and resumed each time
 ends bitwise equal to the async run that never stopped, and the batches it had finished are kept and used, never
-regenerated. Both runs are the real command, talking to the test session's Prefect server (a temporary server per
+regenerated; so does one whose sampler process was SIGKILLed (the command says so in one line). An async run stopped
+(Ctrl-C, SIGTERM) right after its last commit ends completed or interrupted, never `running`, and a resume leaves it
+completed. Every run is the real command, talking to the test session's Prefect server (a temporary server per
 command costs seconds each and is tested elsewhere: tests/flows/test_interrupts.py)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from ragen_core.storage import DataLake, Stage, query
 from ragen_core.storage.layout import published_by_stage
+from tests.flows.test_resume import DISTRIBUTED, _ragen, _rows
 from tests.flows.test_resume import _overrides as resume_overrides
-from tests.flows.test_resume import _ragen, _rows
 
 RUN = "r"  # tests.flows.test_resume._rows reads this run
 ITERATIONS = 5
@@ -129,3 +137,126 @@ def test_every_table_holds_exactly_the_same_rows(whole, killed, table):
     expected, actual = _rows(whole, table), _rows(killed[0], table)
     assert len(actual) == len(set(actual)) == len(expected)
     assert actual == expected
+
+
+def _start(args: list[str], root) -> tuple[subprocess.Popen, Path]:
+    """`ragen <args>` in a session of its own (its own process group, as a terminal's job), talking to the session's
+    Prefect server; stdout and stderr to files: (the process, the stderr file)."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED} | {"PREFECT_API_URL": _api_url()}
+    err = Path(root).with_suffix(".err")
+    with open(Path(root).with_suffix(".out"), "w") as stdout, open(err, "w") as stderr:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("ragen")), *args, "--data-root", str(root)],
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            start_new_session=True,
+        )
+    return process, err
+
+
+def _wait_for(condition, process: subprocess.Popen, what: str, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the command exited ({process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize(
+    ("signum", "delay"),
+    [(signal.SIGINT, 0.0), (signal.SIGTERM, 0.25)],
+    ids=["ctrl-c-at-the-last-commit", "sigterm-while-it-closes"],
+)
+def test_an_async_run_stopped_after_its_last_commit_ends_completed_or_interrupted_and_resume_completes_it(
+    tmp_path, tiny_model_dir, prefect_harness, signum, delay
+):
+    """Issue 66, item 4: a stop right after an async run's last commit (its final validation) used to leave it
+    `running` for good when it landed while the run closed (joining its sampler process), and `interrupted` with
+    every iteration committed when it landed in the commit's last steps, which `ragen resume` then called "already
+    completed" and left so. Ctrl-C (the whole process group) right at the commit marker, and SIGTERM (the command
+    alone) a moment later: the run ends completed or interrupted, and a resume leaves it completed."""
+    root = tmp_path / "stopped"
+    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *async_overrides(tiny_model_dir, 1, 2, 1)]
+    process, err = _start(train, root)
+    try:
+        lake = DataLake(root)
+        _wait_for(lambda: 2 in lake.committed_iterations(RUN), process, "the final validation's commit")
+        time.sleep(delay)
+        if signum == signal.SIGINT:
+            os.killpg(process.pid, signum)  # what Ctrl-C on the terminal does: the whole foreground group
+        else:
+            os.kill(process.pid, signum)
+        assert process.wait(timeout=120) == 128 + signum
+    finally:
+        _reap(process)
+    stderr = err.read_text()
+    assert "Traceback" not in stderr and len(_said(err)) == 1, stderr[-3000:]
+    manifest = lake.read_manifest(RUN)
+    assert lake.committed_iterations(RUN) == [0, 1, 2]
+    assert manifest.status in ("completed", "interrupted"), manifest
+    assert manifest.last_committed_iteration == 2, manifest
+
+    rc, output = _ragen(["resume", RUN], root, api_url=_api_url())
+    assert rc == 0, output[-3000:]
+    if manifest.status == "completed":
+        assert f"run {RUN} is already completed; nothing to do" in output, output[-3000:]
+    else:
+        assert "is recorded completed now" in output and "already completed" not in output, output[-3000:]
+    resumed = lake.read_manifest(RUN)
+    assert resumed.status == "completed" and resumed.last_committed_iteration == 2, resumed
+    assert resumed.interrupted_iteration is None and resumed.interrupted_stage is None
+    assert lake.committed_iterations(RUN) == [0, 1, 2]
+
+
+def _said(err: Path) -> list[str]:
+    """The command's lines on stderr but its notes (the overlap hint of a loaded machine: ragen_cli.launch)."""
+    return [line for line in err.read_text().splitlines() if line.strip() and not line.startswith("note: ")]
+
+
+def _reap(process: subprocess.Popen) -> None:
+    """Kill whatever the command left in its process group."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_a_killed_sampler_process_is_one_line_naming_it_and_its_log_and_resume_is_bitwise(
+    whole, tmp_path_factory, tiny_model_dir, prefect_harness
+):
+    """Issue 66, item 4: the sampler process SIGKILLed while the run trains (after commit 1, batch 3 sampled ahead)
+    stops the command with one line naming the process and its log (it was a 406-line traceback), exit status 2,
+    the run `failed` with that line; `ragen resume` then ends it bitwise the async run that never stopped."""
+    root = tmp_path_factory.mktemp("sampler-killed")
+    process, err = _start(_train(tiny_model_dir), root)
+    lake = DataLake(root)
+    try:
+        _wait_for(lambda: 1 in lake.committed_iterations(RUN), process, "the commit of iteration 1")
+        [sampler] = [
+            child
+            for child in psutil.Process(process.pid).children(recursive=True)
+            if "ragen_core.run.sampler" in child.cmdline()
+        ]
+        sampler.kill()
+        assert process.wait(timeout=300) == 2
+    finally:
+        _reap(process)
+    stderr = err.read_text()
+    log = root / "runs" / RUN / "sampler" / "sampler.log"
+    assert "Traceback" not in stderr and len(_said(err)) == 1, stderr[-3000:]
+    [line] = _said(err)
+    assert line.startswith(f"error: the sampler process (pid {sampler.pid}) died (killed by SIGKILL) during "), line
+    assert f"see its log {log}" in line, line
+    manifest = lake.read_manifest(RUN)
+    assert manifest.status == "failed" and manifest.error.startswith("SamplerError: the sampler process"), manifest
+    assert lake.committed_iterations(RUN)[-1] < ITERATIONS  # it stopped part-way
+
+    rc, output = _ragen(["resume", RUN], root, api_url=_api_url())
+    assert rc == 0, output[-3000:]
+    assert lake.read_manifest(RUN).status == "completed"
+    folder = f"runs/{RUN}/checkpoints/iteration={ITERATIONS}/hf/model.safetensors"
+    expected, actual = load_file(whole / folder), load_file(root / folder)
+    assert expected.keys() == actual.keys() and all(torch.equal(expected[k], actual[k]) for k in expected)
+    for table in ("trajectories", "turns", "metrics", "evaluations"):
+        assert _rows(root, table) == _rows(whole, table), table

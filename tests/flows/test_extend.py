@@ -278,3 +278,105 @@ def test_an_extension_started_during_a_compaction_is_refused_at_once_and_changes
     assert rc != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err + out, err
     assert f"is being written by pid {os.getpid()}" in err
     assert _state(root) == before
+
+
+LIMIT_KB = 2000  # tests/storage/test_space.py's: below a checkpoint's engine state, above every Parquet file
+
+
+def _exact_rows(root, table):
+    """Every row of the run's ``table``, every column (wall-clock times included), sorted."""
+    return sorted(repr(sorted(row.items())) for row in DataLake(root).read_table(table, RUN).to_pylist())
+
+
+def _limited(args, root, api_url, limit_kb):
+    """The real CLI under a file-size limit (``ulimit -f``: a write past it fails as on a full disk), talking to the
+    session's Prefect server (outside the limit): (exit status, stdout, stderr)."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED} | {"PREFECT_API_URL": api_url}
+    script = str(Path(sys.executable).with_name("ragen"))
+    command = ["bash", "-c", f'ulimit -f {limit_kb}; exec "$0" "$@"', script, *args, "--data-root", str(root)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_an_extension_that_finds_no_space_leaves_the_run_completed_unshortened_and_can_be_tried_again(
+    completed, tmp_path, prefect_server, whole_bandit_run
+):
+    """Issue 66, item 6: the extension's commit of iteration 2 saves the checkpoint after the 3rd update, which the
+    file-size limit cuts. The run stays as it was: completed, its config, its final validation committed (iteration 2
+    with its rows), not `failed` at iteration 1 with the longer config; the error is one line. Without the limit the
+    same extension then gives bitwise the run configured longer."""
+    from ragen_core.storage.maintenance.space import SPACE_PREFIX
+
+    root = _copy(completed[1], tmp_path)
+    before = _state(root)
+    tables = ("trajectories", "turns", "metrics", "evaluations", "events", "checkpoints")
+    rows = {table: _exact_rows(root, table) for table in tables}
+    rc, out, err = _limited(["resume", RUN, *EXTEND], root, prefect_server[0].api_url, LIMIT_KB)
+    assert rc == 2, (out + err)[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {SPACE_PREFIX} while writing "), err[-3000:]
+    assert "Traceback" not in out + err
+    assert "free space or raise the limit (ulimit -f), then run the command again" in lines[0], lines[0]
+    assert lines[0].endswith(
+        f"The extension was undone: run {RUN} is left completed at 2 iterations, as it was (its config and every "
+        "committed row)"
+    ), lines[0]
+    lake = DataLake(root)
+    manifest = lake.read_manifest(RUN)
+    assert (manifest.status, manifest.last_committed_iteration) == ("completed", 2), manifest
+    assert _state(root) == before  # the stored manifest (old config and hash), the same commits and payloads
+    assert {table: _exact_rows(root, table) for table in tables} == rows  # every committed row, no new one
+    assert lake.finished_stages(RUN, 2) == [] and lake.finished_stages(RUN, 3) == []
+
+    rc, output = _ragen(["resume", RUN, *EXTEND], root, None, prefect_server[0].api_url)
+    assert rc == 0, output[-3000:]
+    assert lake.read_manifest(RUN).status == "completed" and lake.committed_iterations(RUN) == [0, 1, 2, 3]
+    expected, actual = _weights(whole_bandit_run), _weights(root)
+    assert expected.keys() == actual.keys() and all(torch.equal(expected[k], actual[k]) for k in expected)
+    for table in ("turns", "metrics", "evaluations"):
+        assert _rows(root, table) == _rows(whole_bandit_run, table), table
+
+
+def _status_listed(root) -> str:
+    rc, out, err, _ = _quick(["runs", "--format", "json"], root)
+    assert rc == 0, err
+    [row] = [row for row in json.loads(out) if row["run_id"] == RUN]
+    return row["status"]
+
+
+def test_a_running_status_whose_writer_died_after_its_last_commit_is_interrupted_and_resume_completes_it(
+    completed, tmp_path
+):
+    """Issue 66, item 4: a run whose writer died after its last commit (every iteration and the final validation
+    committed) keeps a manifest saying `running` with a dead pid. `ragen runs` lists it interrupted (running only
+    while a process holds its writer lock), `ragen runs rm` removes it without --force, and `ragen resume` records it
+    completed instead of answering "already completed" and leaving it running."""
+    from ragen_core.run.entry import open_run
+    from ragen_core.storage.maintenance import runs_overview
+
+    root = _copy(completed[1], tmp_path)
+    lake = DataLake(root)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has any more
+    stored = lake.read_manifest(RUN)
+    lake.write_manifest(RUN, stored.updated(status="running", pid=gone.pid))
+    with open_run(lake, RUN):  # a live writer (this process): still running
+        overview = runs_overview(lake).to_pylist()
+        assert [row["status"] for row in overview if row["run_id"] == RUN] == ["running"]
+        assert _status_listed(root) == "running"
+    assert _status_listed(root) == "interrupted"
+
+    removed = _copy(root, tmp_path / "other")
+    rc, out, err, _ = _quick(["runs", "rm", RUN, "--yes"], removed)
+    assert rc == 0 and f"removed run {RUN}" in out, err
+    assert "(status interrupted)" in out, out
+
+    rc, out, err, seconds = _quick(["resume", RUN], root)
+    assert rc == 0 and "already completed" not in out, out + err
+    assert f"run {RUN} had committed every iteration and its final validation, but its manifest said 'running'" in out
+    manifest = lake.read_manifest(RUN)
+    assert (manifest.status, manifest.last_committed_iteration) == ("completed", 2), manifest
+    assert manifest.config == stored.config and lake.committed_iterations(RUN) == [0, 1, 2]
+    assert seconds < QUICK_SECONDS and not (root / "_prefect").exists()  # no flow, no Prefect server
+    rc, out, _, _ = _quick(["resume", RUN], root)
+    assert rc == 0 and f"run {RUN} is already completed; nothing to do" in out

@@ -134,7 +134,7 @@ def test_an_extension_reopens_the_final_validation_keeping_its_rows_as_a_finishe
     plan = prepare_extension(lake, session.record.manifest, longer, RUN)
     assert (plan.next_iteration, plan.checkpoint_updates, plan.replay) == (2, 2, [])
     session.record.manifest = session.record.manifest.updated(resumes=[{}])  # the attempt a resume appends
-    reused = reopen_final_evaluation(session, plan)
+    reused = reopen_final_evaluation(session, plan, lake.read_manifest(RUN))
     assert reused == [Stage.evaluation("bandit")]
     assert lake.committed_iterations(RUN) == [0, 1]
     # the validation's metrics go back to its finished stage (only its own env's), its commit rows are gone
@@ -146,3 +146,76 @@ def test_an_extension_reopens_the_final_validation_keeping_its_rows_as_a_finishe
     manifest = lake.read_manifest(RUN)
     assert manifest.last_committed_iteration == 1
     assert manifest.resumes[-1] == {"extended_from": 2, "reused_stages": [Stage.evaluation("bandit")]}
+
+
+def _every_row(lake: DataLake) -> dict[str, list[str]]:
+    """Every published row of the run, by table, every column, sorted."""
+    tables = sorted(name for name, spec in lake.tables.items() if spec.source == "parquet")
+    return {t: sorted(repr(sorted(r.items())) for r in lake.read_table(t, RUN).to_pylist()) for t in tables}
+
+
+def _reopened_run(tmp_path: Path, records: Any) -> tuple[RunSession, RunManifest, tuple[dict, dict]]:
+    """A completed 2-iteration run (its final validation committed as iteration 2), extended to 4: its session opened
+    with the longer config and its final validation reopened. Returns the session, the run's manifest, and its rows
+    and final commit payload, before the extension."""
+    session = _session(tmp_path, "trainer.iterations=2", "trainer.checkpoint_every=1")
+    lake = session.lake
+    for iteration in range(2):
+        commit_iteration(session, iteration, IterationState({**KEPT, "actor/loss": float(iteration)}, updated=True))
+    meta = BatchMeta.validation(RUN, 2, 1.0, "hash")
+    BatchPipeline(lake, meta, Stage.evaluation("bandit"), BatchRules(2, (-1.0, 1.0))).run(records)
+    commit_iteration(session, 2, IterationState({"val/bandit/success": 0.5, "time/evaluate": 3.0}))
+    session.record.update(status="completed")
+    stored, before = lake.read_manifest(RUN), (_every_row(lake), lake.commit_payload(RUN, 2))
+    longer = build_config({}, ["monitor.tensorboard=false", "trainer.iterations=4", "trainer.checkpoint_every=1"])
+    plan = prepare_extension(lake, stored, longer, RUN)
+    session.record.update(status="running", config=longer.to_dict(), resumes=[{}])  # what the session opened with
+    reopen_final_evaluation(session, plan, stored)
+    return session, stored, before
+
+
+def test_an_extension_that_fails_before_its_first_commit_is_undone_and_the_run_stays_completed(tmp_path, records):
+    """Issue 66, item 6: the extension's iteration 2 published a batch and completed a checkpoint (3 updates), then a
+    write found no space before its commit. The run is put back: the final validation committed again with its very
+    rows and payload, the extension's batch and checkpoint gone, the stored manifest back; the error says so."""
+    import errno
+
+    from ragen_core.run.decisions import ExtensionUndone
+    from ragen_core.storage import event_row
+    from ragen_core.storage.maintenance.space import SPACE_PREFIX
+
+    session, stored, (rows, payload) = _reopened_run(tmp_path, records)
+    lake = session.lake
+    row = event_row(RUN, 2, "extension", "a row the extension's batch published")
+    lake.write_rows("events", RUN, 2, [row], stage=Stage.ROLLOUT)
+    session.updater.save(3, {})  # the checkpoint after the extension's update, complete
+    assert lake.committed_iterations(RUN) == [0, 1] and _every_row(lake) != rows
+
+    undone = session.record.stopped(OSError(errno.ENOSPC, "No space left on device"))
+    assert isinstance(undone, ExtensionUndone)
+    message = str(undone)
+    assert message.startswith(f"{SPACE_PREFIX} while writing ") and "\n" not in message
+    assert message.endswith(
+        f"The extension was undone: run {RUN} is left completed at 2 iterations, as it was (its config and every "
+        "committed row)"
+    )
+    assert lake.committed_iterations(RUN) == [0, 1, 2]
+    assert lake.commit_payload(RUN, 2) == payload and payload["updated"] is False
+    assert lake.read_manifest(RUN) == stored and stored.status == "completed"
+    assert _every_row(lake) == rows  # the final validation's rows as they were, the extension's gone
+    assert [updates for updates, _ in lake.list_checkpoints(RUN)] == [1, 2]
+    assert lake.finished_stages(RUN, 2) == []
+
+
+def test_an_extension_that_fails_after_its_first_commit_is_the_longer_run_failed_and_resumable(tmp_path, records):
+    """Once the reopened iteration is committed as a training iteration, the final validation it replaced is gone for
+    good: a later failure is recorded as any run's (failed, the longer config, its last commit), never undone."""
+    session, stored, _ = _reopened_run(tmp_path, records)
+    lake = session.lake
+    commit_iteration(session, 2, IterationState({**KEPT, "actor/loss": 2.0}, updated=True))
+    assert session.record.stopped(RuntimeError("the env fell over")) is None
+    manifest = lake.read_manifest(RUN)
+    assert (manifest.status, manifest.last_committed_iteration) == ("failed", 2)
+    assert manifest.error == "RuntimeError: the env fell over"
+    assert manifest.config["trainer"]["iterations"] == 4 != stored.config["trainer"]["iterations"]
+    assert lake.committed_iterations(RUN) == [0, 1, 2] and lake.commit_payload(RUN, 2)["updated"] is True

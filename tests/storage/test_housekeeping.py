@@ -1,6 +1,8 @@
 """The runs overview and the removal of a whole run (what it owns, refusals, a crash half-way)."""
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -82,12 +84,35 @@ def test_remove_deletes_everything_the_run_owns_and_nothing_else(tmp_path):
         plan_removal(lake, "gone")
 
 
-def test_a_running_run_is_refused_unless_forced(tmp_path):
+def _hold_writer(lake: DataLake, run_id: str) -> subprocess.Popen:
+    """Another process holding ``run_id``'s writer lock (a live writer), once it says so."""
+    code = (
+        "import time; from ragen_core.storage.locks import run_writer\n"
+        f"with run_writer({str(lake.root)!r}, {run_id!r}):\n    print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_running_run_is_refused_while_its_writer_lives_and_is_interrupted_once_it_died(tmp_path):
+    """Issue 66: `running` is what a manifest says while its writer lives; once no process holds the run's writer
+    lock (the writer was SIGKILLed after its last commit), the run is listed and removed as interrupted, no --force."""
     lake = DataLake(tmp_path)
     write_run(lake, make_run(5, "live", "bandit", 1), status="running")
-    with pytest.raises(RunActiveError, match="still 'running'.*--force"):
-        plan_removal(lake, "live")
-    remove_run(lake, plan_removal(lake, "live", force=True))
+    holder = _hold_writer(lake, "live")
+    try:
+        with pytest.raises(RunActiveError, match="still 'running'.*--force"):
+            plan_removal(lake, "live")
+        assert [row["status"] for row in runs_overview(lake).to_pylist()] == ["running"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [row["status"] for row in runs_overview(lake).to_pylist()] == ["interrupted"]
+    assert lake.read_manifest("live").status == "running"  # listed as what it is; the manifest is not rewritten
+    plan = plan_removal(lake, "live")
+    assert plan.status == "interrupted"
+    remove_run(lake, plan)
     assert not (tmp_path / "runs" / "live").exists()
 
 

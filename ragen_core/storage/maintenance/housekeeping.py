@@ -31,7 +31,7 @@ from ragen_core.storage import layout
 from ragen_core.storage.catalog import query
 from ragen_core.storage.files import LakeError, read_parquet
 from ragen_core.storage.lake import DataLake
-from ragen_core.storage.locks import run_lock, run_writer
+from ragen_core.storage.locks import run_lock, run_writer, writer_gone
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
 from ragen_core.storage.reader import StrayPartError
 from ragen_core.storage.trust import check_real_folder, checkpoint_folder
@@ -73,9 +73,19 @@ def runs_overview(lake: DataLake) -> pa.Table:
     """One row per run (manifest): kind, status, config hash, committed iterations, the validation success of the
     last validated iteration (from ``evaluations``, else the ``val/<env>/success`` metrics), the mean model FLOPs
     utilisation of its updates (``perf/mfu``; null for a run without updates), created_at. A manifest
-    that cannot be read is a row with status ``broken`` (the other runs stay listed). Only the tables it reads get a
-    view: a big lake's trajectories and turns are not listed for it."""
-    return query(lake, RUNS_OVERVIEW_SQL, broken_manifests="row", tables=("runs", "metrics", "evaluations"))
+    that cannot be read is a row with status ``broken`` (the other runs stay listed); one that says ``running``
+    while no process holds the run's writer lock is a run whose writer died: ``interrupted`` (:func:`writer_gone`).
+    Only the tables it reads get a view: a big lake's trajectories and turns are not listed for it."""
+    overview = query(lake, RUNS_OVERVIEW_SQL, broken_manifests="row", tables=("runs", "metrics", "evaluations"))
+    runs, statuses = overview.column("run_id").to_pylist(), overview.column("status").to_pylist()
+    shown = [
+        "interrupted" if status == "running" and writer_gone(lake.root, run) else status
+        for run, status in zip(runs, statuses, strict=True)
+    ]
+    if shown == statuses:
+        return overview
+    column = overview.schema.get_field_index("status")
+    return overview.set_column(column, "status", pa.array(shown, overview.schema.field("status").type))
 
 
 def runs_with_data(lake: DataLake) -> set[str]:
@@ -192,6 +202,8 @@ def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPla
         raise RunNotFoundError(f"unknown run {run_id!r} in {lake.root}; runs: {listed}")
     manifest = lake.read_manifest(run_id)
     status = manifest.status if manifest is not None else None
+    if status == "running" and writer_gone(lake.root, run_id):
+        status = "interrupted"  # its writer died without updating its status
     if manifest is not None and status == "running" and not force:
         raise RunActiveError(
             f"run {run_id!r} is still 'running' according to its manifest (pid {manifest.pid} on "
