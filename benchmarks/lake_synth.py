@@ -106,6 +106,8 @@ def make_batch(
         "policy_version": np.full(n, iteration, np.int32),
         "filter_metric_value": pa.array(np.where(split == "train", std, np.nan), from_pandas=True),  # ranked by std
         "segment_lengths": pa.nulls(n, pa.list_(pa.int32())),  # full context mode: one sequence per row
+        "end_reason": np.where(success, "success", "turn_limit").astype(object),
+        "final_state": np.full(n, "#####", dtype=object),
         "behavior_source": np.full(n, "policy", dtype=object),
         "temperature": np.where(split == "train", 1.0, 0.5).astype(np.float32),
         "config_hash": np.full(n, "bench", dtype=object),

@@ -171,10 +171,30 @@ TRAJECTORIES = TableSpec(
             True,
             added_in=2,
         ),
+        ColumnSpec(
+            "end_reason",
+            pa.string(),
+            "Why the trajectory ended: 'success' (the env counts it solved); the env's word for a loss when it "
+            "ended the episode unsolved ('failure' by default; frozen_lake 'hole', bandit 'worse_arm', countdown "
+            "'wrong_answer', game_2048 'no_moves'); 'env_step_limit' (the env's own step limit); 'action_budget' "
+            "(env.max_actions_per_traj used); then, when the turns ran out (env.max_turns): 'token_limit' (the last "
+            "reply was cut at rollout.max_new_tokens), 'format_error' (the last reply drew the format penalty) or "
+            "'turn_limit'. Null in rows stored before it was kept.",
+            True,
+            added_in=3,
+        ),
+        ColumnSpec(
+            "final_state",
+            pa.string(),
+            "The env's state after the last step (the text its last step returned; the reset's when no action "
+            "ran): how the episode ended, which no turn's observation shows. Null in rows stored before it was kept.",
+            True,
+            added_in=3,
+        ),
     ),
     key=TRAJECTORY_KEY,
-    version=2,
-    description="One row per trajectory: scores, filter decision and the token-exact training sequence.",
+    version=3,
+    description="One row per trajectory: scores, filter decision, how it ended and the token-exact training sequence.",
 )
 
 TURNS = TableSpec(

@@ -238,7 +238,32 @@ def test_env_options_are_checked_against_every_env_the_run_plays(tmp_path):
         "env.options={num_boxes: 2}",
         "env.val_envs=[sokoban, bandit]",
     )
-    assert "environment 'bandit' does not accept these options ['num_boxes']" in message
+    assert (
+        "environment 'bandit' does not take the option(s) num_boxes (it takes high_name, high_prob, high_reward, "
+        "low_name, low_reward, name): remove or rename env.options.num_boxes"
+    ) in message
+
+
+def test_an_unknown_env_option_is_named_with_the_ones_the_env_takes():
+    """Only the unknown options are named, with the options the env takes, in one line (the message once listed
+    every option given, valid ones included, and named the culprit only in a trailing TypeError); a class of the
+    user's own is read from its own signature."""
+    from ragen_core.envs import make_env
+    from ragen_core.envs.base import TextEnv, accepted_options
+
+    with pytest.raises(ValueError) as caught:
+        make_env("frozen_lake", size=4, is_slipery=False, colour="red")
+    assert str(caught.value) == (
+        "environment 'frozen_lake' does not take the option(s) colour, is_slipery (it takes desc, is_slippery, "
+        "name, p, size, success_rate): remove or rename env.options.colour"
+    )
+
+    class Strict(TextEnv):
+        def __init__(self, sides: int = 2, *, label: str = "") -> None:
+            self.sides, self.label = sides, label
+
+    assert accepted_options(Strict) == ["label", "sides"]
+    assert accepted_options(lambda **kw: Strict(**kw)) is None  # cannot be told: no class to read
 
 
 def test_env_options_within_their_bounds_load():

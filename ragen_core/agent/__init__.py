@@ -4,6 +4,7 @@ from ragen_core.agent.parsing import ACTION_SEPARATOR, ParsedResponse, parse_res
 from ragen_core.agent.prompts import (
     PROMPT_STYLES,
     ChatFormatter,
+    PromptTooLong,
     first_user_message,
     history_block,
     reply_prefix,
@@ -17,6 +18,7 @@ __all__ = [
     "PROMPT_STYLES",
     "ChatFormatter",
     "ParsedResponse",
+    "PromptTooLong",
     "first_user_message",
     "history_block",
     "parse_response",

@@ -87,15 +87,36 @@ def reply_prefix(enable_think: bool, think_prefix: bool) -> str:
     return THINK_PREFIX if enable_think and think_prefix else ""
 
 
+class PromptTooLong(ValueError):
+    """A text to encode that the model's context cannot hold, told by its length in characters alone (it is not
+    tokenised): ``characters`` > ``context_tokens`` x ``chars_per_token`` x 2, where ``chars_per_token`` is the
+    longest token of the tokenizer's vocabulary in characters (so every token spells at most that many; the 2 leaves
+    room for a normaliser that joins characters, NFC's accents)."""
+
+    def __init__(self, characters: int, context_tokens: int, chars_per_token: int) -> None:
+        super().__init__(
+            f"{characters:,} characters, more than the model's context of {context_tokens:,} tokens can hold (a "
+            f"token of its tokenizer spells at most {chars_per_token} characters)"
+        )
+        self.characters, self.context_tokens, self.chars_per_token = characters, context_tokens, chars_per_token
+
+
 class ChatFormatter:
     """Turns chat messages into token ids with the tokenizer's own chat template.
 
     ``reply_prefix`` (see :func:`reply_prefix`) ends every prompt, after the assistant header: it is part of the
     prompt (never trained), and the reply the parser reads is the prefix followed by the generated text. ``style``
-    (:data:`PROMPT_STYLES`) is how the user messages are written; the ``compact`` style has no system message."""
+    (:data:`PROMPT_STYLES`) is how the user messages are written; the ``compact`` style has no system message.
+    ``context_tokens``: the model's context (None: unknown, unchecked); a text far too long for it is refused before
+    it is tokenised (:class:`PromptTooLong`), and the rollouts refuse a prompt of more tokens than it."""
 
     def __init__(
-        self, tokenizer: Any, system_prompt: str = SYSTEM_PROMPT, reply_prefix: str = "", style: str = "full"
+        self,
+        tokenizer: Any,
+        system_prompt: str = SYSTEM_PROMPT,
+        reply_prefix: str = "",
+        style: str = "full",
+        context_tokens: int | None = None,
     ) -> None:
         if style not in PROMPT_STYLES:
             raise ValueError(f"unknown prompt style {style!r}; use one of {', '.join(PROMPT_STYLES)}")
@@ -111,6 +132,8 @@ class ChatFormatter:
         self.reply_prefix = reply_prefix
         self.style = style
         self._eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
+        self.context_tokens = context_tokens
+        self._chars_per_token: int | None = None  # the longest token in characters, found at the first check
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -121,8 +144,20 @@ class ChatFormatter:
         return [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` with no special tokens added (special-token text is recognised)."""
+        """Token ids of ``text`` with no special tokens added (special-token text is recognised); a text the
+        model's context cannot hold by its length alone is refused first (:class:`PromptTooLong`), never tokenised
+        (10 MB of text would take minutes and gigabytes to)."""
+        if self.context_tokens is not None and len(text) > 2 * self.context_tokens * self.chars_per_token:
+            raise PromptTooLong(len(text), self.context_tokens, self.chars_per_token)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    @property
+    def chars_per_token(self) -> int:
+        """The most characters one token of the tokenizer spells: its vocabulary's longest entry (a byte-level
+        entry holds one character per byte, so at least as many as the text it decodes to)."""
+        if self._chars_per_token is None:
+            self._chars_per_token = max(1, max(map(len, self.tokenizer.get_vocab()), default=1))
+        return self._chars_per_token
 
     def start(self, user_text: str) -> list[int]:
         """Ids of the system message, the first user message, the assistant header and the reply prefix."""

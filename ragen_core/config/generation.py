@@ -71,6 +71,14 @@ class EnvConfig(Section):
         "stored-config trust rules (docs/security.md).",
         json_schema_extra=trusted_entries(data_file="path", reward_fn="module", wrong_answer_fn="module"),
     )
+    user_code_timeout_s: Annotated[float, Field(gt=0, le=86400)] | None = Field(
+        300.0,
+        description="Seconds one call of your own code may take (an env class's reset or step, the dataset env's "
+        "reward function; its first rows' check too): a call still running then fails the run in one line naming "
+        "it and its rollout row, instead of a silent hang. Your code runs in a thread of its own for this; null "
+        "calls it in the rollout's thread with no limit (for code that needs the main thread, e.g. signal.alarm). "
+        "Built-in envs never use it.",
+    )
 
     @property
     def validation_envs(self) -> list[str]:

@@ -98,6 +98,8 @@ LATER_KEYS: dict[str, Any] = {
     "rollout.sampler_threads": 1,
     "algorithm.off_policy_correction": "none",
     "algorithm.is_cap": None,
+    # a run that ends behaves as before; only code that never returns (which hung the run for ever) now fails it
+    "env.user_code_timeout_s": 300.0,
 }
 
 

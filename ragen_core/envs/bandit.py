@@ -90,6 +90,10 @@ class BanditEnv(TextEnv):
     def success(self) -> bool:
         return self._pulled == self.better_arm
 
+    def end_reason(self) -> str:
+        """``"worse_arm"`` when the pull was not the better arm, else ``"success"``."""
+        return "success" if self.success else "worse_arm"
+
     def reward_bounds(self, max_actions: int) -> tuple[float, float]:
         payouts = [self.low_reward, self.high_reward, 0.0]
         return min(payouts), max(payouts)

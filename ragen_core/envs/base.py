@@ -8,7 +8,9 @@ name (the agent layer parses replies, splits multi-action turns and enforces bud
 
 from __future__ import annotations
 
+import inspect
 import math
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -100,6 +102,18 @@ class TextEnv(ABC):
         """Lowest and highest total env reward a trajectory of ``max_actions`` actions can collect."""
         raise NotImplementedError(f"{type(self).__name__} does not declare its reward bounds")
 
+    def end_reason(self) -> str:
+        """Why the env ended the episode, asked once a step returned ``terminated``: ``"success"`` when solved, else
+        ``"failure"``; an env that knows how it was lost names it (FrozenLake's ``"hole"``). Stored as the
+        trajectory's ``end_reason`` (the rollout names the other ends: turns, actions, format, token limit)."""
+        return "success" if self.success else "failure"
+
+    def user_code(self, action: str) -> str | None:
+        """The user's own code a step with ``action`` would run, named for its errors (the dataset env's reward
+        function on its row), or None: a built-in env's step runs only this project's code. The rollouts run a step
+        that names one under ``env.user_code_timeout_s``; an env class of the user's own is always run so."""
+        return None
+
     def success_from_reward(self, env_reward: float) -> bool | None:
         """Whether a trajectory with this total env reward must be a success (True), must not be (False), or None
         when the reward does not imply it (the default). The data contracts check stored rows against it."""
@@ -182,10 +196,37 @@ def env_factory(name: str, what: str = "env.name") -> EnvFactory:
     )
 
 
+def accepted_options(factory: EnvFactory) -> list[str] | None:
+    """The option names ``factory`` (an env class, or a function passing ``**overrides`` on to the class its return
+    annotation names) takes, sorted; None when that cannot be told (a ``**kwargs`` of its own, no annotation)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            target = typing.get_type_hints(factory).get("return") if inspect.isfunction(factory) else None
+            if not (isinstance(target, type) and issubclass(target, TextEnv)):
+                return None
+            parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError, NameError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return sorted(p.name for p in parameters if p.kind in kinds)
+
+
 def make_env(name: str, **overrides: Any) -> TextEnv:
-    """Build the environment ``name`` (:func:`env_factory`); ``overrides`` replace its default settings."""
+    """Build the environment ``name`` (:func:`env_factory`); ``overrides`` replace its default settings. An option
+    it does not take is a ``ValueError`` of one line naming the unknown option(s) and the ones it takes."""
     factory = env_factory(name)
     try:
         return factory(**overrides)
     except TypeError as exc:
-        raise ValueError(f"environment {name!r} does not accept these options {sorted(overrides)}: {exc}") from None
+        accepted = accepted_options(factory)
+        unknown = sorted(set(overrides) - set(accepted)) if accepted is not None else []
+        if not unknown:  # raised inside the env (a value of the wrong type, say): its own words
+            raise ValueError(f"environment {name!r} cannot be built with options {sorted(overrides)}: {exc}") from None
+        takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
+        raise ValueError(
+            f"environment {name!r} does not take the option(s) {', '.join(unknown)} ({takes}): remove or rename "
+            f"env.options.{unknown[0]}"
+        ) from None

@@ -290,6 +290,10 @@ class CountdownEnv(TextEnv):
     def success(self) -> bool:
         return self._answered is not None and self._answered == self.correct_reward
 
+    def end_reason(self) -> str:
+        """``"wrong_answer"`` when the equation did not reach the target with the given numbers, else ``"success"``."""
+        return "success" if self.success else "wrong_answer"
+
     def reward_bounds(self, max_actions: int) -> tuple[float, float]:
         return 0.0, max(self.correct_reward, self.format_reward)
 

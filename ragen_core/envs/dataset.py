@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -30,7 +31,16 @@ from typing import Any
 import numpy as np
 
 from ragen_core.envs.base import StepResult, TextEnv, register_env
-from ragen_core.envs.external import FUNCTION_EXAMPLE, UserCodeError, import_object, is_number, one_line, shown
+from ragen_core.envs.external import (
+    FUNCTION_EXAMPLE,
+    UserCodeError,
+    as_number,
+    failure,
+    guarded_call,
+    import_object,
+    shown,
+)
+from ragen_core.envs.watchdog import Watchdog
 
 DATASET_ENV = "dataset"
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -188,46 +198,63 @@ class DatasetEnv(TextEnv):
         """The answer as written (stripped); None when empty."""
         return text.strip() or None
 
+    def _reward_call(self, answer: str) -> str:
+        """The reward function's call on ``answer`` and the current row, named for its errors."""
+        where = f"row {self.row_number} of {self.data_file}, answer {shown(answer, 40)}"
+        return f"reward function {self.reward_fn} on {where}"
+
+    def user_code(self, action: str) -> str | None:
+        """A step with an answer calls the reward function (named with its row and the answer); an empty one
+        does not."""
+        answer = self.parse_action(action)
+        return None if answer is None or self.row is None or self.solved else self._reward_call(answer)
+
     def score(self, answer: str) -> tuple[float, str]:
-        """(score, feedback) of ``answer`` by the reward function, checked: a number within ``reward_range``; a
-        :class:`~ragen_core.envs.external.UserCodeError` of one line naming the function, the row and the answer
-        when it raises or returns anything else."""
+        """(score, feedback) of ``answer`` by the reward function, checked: a finite number within ``reward_range``
+        (numpy's numbers taken as Python's); a :class:`~ragen_core.envs.external.UserCodeError` of one line naming the
+        function, the row and the answer when it raises (``sys.exit`` included) or returns anything else."""
         row = self._require_row()
         columns = {key: value for key, value in row.items() if key != self.prompt_column}
-        where = f"row {self.row_number} of {self.data_file}, answer {shown(answer, 40)}"
-        called = f"reward function {self.reward_fn} on {where},"
+        called = self._reward_call(answer) + ","
         try:
             result = self.reward(answer, **columns)
-        except Exception as exc:
-            raise UserCodeError(f"{called} raised {one_line(exc)}") from exc
+        except (Exception, SystemExit) as exc:  # sys.exit in the user's function is its error, never the process's
+            raise failure(called, exc) from exc
         score, feedback = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
-        if not is_number(score):
+        number = as_number(score)
+        if number is None:
             raise UserCodeError(f"{called} returned {shown(result)}: return a number, or (number, feedback text)")
+        if not math.isfinite(number):
+            raise UserCodeError(f"{called} returned {shown(result)}: a score is a finite number")
         low, high = self.reward_range
-        if not low <= float(score) <= high:
-            raise UserCodeError(
-                f"{called} returned {float(score):g}, outside env.options.reward_range [{low:g}, {high:g}]"
-            )
-        return float(score), str(feedback) if feedback is not None else f"Your answer scored {float(score):g}."
+        if not low <= number <= high:
+            raise UserCodeError(f"{called} returned {number:g}, outside env.options.reward_range [{low:g}, {high:g}]")
+        return number, str(feedback) if feedback is not None else f"Your answer scored {number:g}."
 
-    def check_reward(self, rows: int = 3) -> None:
-        """Score the first ``rows`` rows' reference answers (``answer_column``) with the reward function, and draw a
-        wrong answer for each with ``wrong_answer_fn``, before any compute: a function that raises or returns what
-        it must not is a ``ValueError`` of one line (``env.options.reward_fn: ...``). Without an answer column the
-        reward function is not called."""
-        for seed in range(min(rows, len(self.rows))):
-            self.reset(seed)
-            try:
-                if self.answer_column is not None:
-                    self.score(self._answer(self._require_row()))
-            except UserCodeError as exc:
-                raise ValueError(f"env.options.reward_fn: {exc} (the row's {self.answer_column!r} scored)") from None
-            try:
-                if self.wrong is not None:
-                    self.sample_action(np.random.default_rng(seed))
-            except UserCodeError as exc:
-                raise ValueError(f"env.options.wrong_answer_fn: {exc}") from None
+    def check_reward(self, rows: int = 3, timeout_s: float | None = None) -> None:
+        """Score the first ``rows`` rows' reference answers (``answer_column``) with the reward function, each call
+        within ``timeout_s`` (``env.user_code_timeout_s``), and draw a wrong answer for each with ``wrong_answer_fn``,
+        before any compute: a function that raises, does not return or returns what it must not is a ``ValueError``
+        of one line (``env.options.reward_fn: ...``). Without an answer column the reward function is not called."""
+        with Watchdog(timeout_s) as watchdog:
+            for seed in range(min(rows, len(self.rows))):
+                self._check_row(seed, watchdog)
         self.row, self.row_number = None, 0
+
+    def _check_row(self, seed: int, watchdog: Watchdog) -> None:
+        """:meth:`check_reward` of row ``seed``."""
+        self.reset(seed)
+        try:
+            if self.answer_column is not None:
+                answer = self._answer(self._require_row())
+                guarded_call(self._reward_call(answer), self.score, answer, watchdog)
+        except UserCodeError as exc:
+            raise ValueError(f"env.options.reward_fn: {exc} (the row's {self.answer_column!r} scored)") from None
+        try:
+            if self.wrong is not None:
+                self.sample_action(np.random.default_rng(seed))
+        except UserCodeError as exc:
+            raise ValueError(f"env.options.wrong_answer_fn: {exc}") from None
 
     def step(self, action: str) -> StepResult:
         self._require_row()
@@ -277,8 +304,8 @@ class DatasetEnv(TextEnv):
         called = f"wrong-answer function {self.wrong_answer_fn} on row {self.row_number} of {self.data_file}"
         try:
             answer = self.wrong(rng, **columns)
-        except Exception as exc:
-            raise UserCodeError(f"{called} raised {one_line(exc)}") from exc
+        except (Exception, SystemExit) as exc:
+            raise failure(called, exc) from exc
         if not isinstance(answer, str) or not answer.strip():
             raise UserCodeError(f"{called} returned {shown(answer)}: return the answer's text")
         return answer.strip()

@@ -11,7 +11,10 @@ before anything is imported.
 Every failure is a ``ValueError`` of one line that says what to do: a malformed path, a module that cannot be
 imported (missing, or raising while it imports), a missing attribute, a class that is not a text environment. While
 a run plays an environment of the user's own, :func:`env_reset` and :func:`env_step` turn what its code raises or
-wrongly returns into a :class:`UserCodeError` of one line naming the class, the call and the error.
+wrongly returns into a :class:`UserCodeError` of one line naming the class, the call and the error; given a
+:class:`~ragen_core.envs.watchdog.Watchdog` (``env.user_code_timeout_s``), they run the user's code under its time
+limit, and a call that does not return, or that exits the process (``sys.exit``), is such an error too, naming the
+rollout's row.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import importlib
 import inspect
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
@@ -28,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ragen_core.envs.base import StepResult, TextEnv
+from ragen_core.envs.watchdog import Overran, Watchdog
 
 ENTRY_POINT_GROUP = "ragen.envs"
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -88,29 +93,63 @@ def _users(env: Any) -> bool:
     return type(env).__module__.partition(".")[0] != "ragen_core"
 
 
-def _call(env: Any, method: str, argument: Any) -> tuple[str, Any]:
-    """(what was called, its result) of ``env.<method>(argument)``; what the user's code raises is one line."""
-    called = f"environment {type(env).__module__}:{type(env).__qualname__}.{method}({shown(argument, 40)})"
+TIMEOUT_KEY = "env.user_code_timeout_s"  # the config key of the limit, named in the message of a call that overran
+Where = Callable[[], str] | None  # the rollout's row of a call (env, seed, group, trajectory, turn), said on demand
+
+
+def _at(where: Where) -> str:
+    return f" ({where()})" if where is not None else ""
+
+
+def failure(called: str, exc: BaseException, where: Where = None) -> UserCodeError:
+    """The one-line error of the user's code ``called`` that raised ``exc``: ``sys.exit`` (a ``SystemExit``) is
+    named as the exit it asked for, with the row (``where``); anything else as its type and message."""
+    if isinstance(exc, SystemExit):
+        return UserCodeError(f"{called} called sys.exit({exc.code!r}){_at(where)}: return a value, never exit")
+    return UserCodeError(f"{called} raised {one_line(exc)}")
+
+
+def guarded_call(
+    called: str, function: Callable[[Any], Any], argument: Any, watchdog: Watchdog | None, where: Where = None
+) -> Any:
+    """``function(argument)``, the user's code ``called``, under the ``watchdog``'s time limit (None: in this
+    thread, no limit). What it raises, ``sys.exit`` included, and a call still running when its time is up are each
+    a :class:`UserCodeError` of one line; a :class:`UserCodeError` it raises (the dataset env's reward, already
+    named) passes as it is, and so does a stop of the process (Ctrl-C)."""
     try:
-        return called, getattr(env, method)(argument)
-    except UserCodeError:  # the dataset env's reward, already named
-        raise
-    except Exception as exc:
-        raise UserCodeError(f"{called} raised {one_line(exc)}") from exc
+        returned, result = (watchdog or Watchdog(None)).call(function, argument)
+    except Overran:
+        raise UserCodeError(
+            f"{called} did not return within {watchdog.timeout_s:g} s{_at(where)}: it may hang; if it only needs "
+            f"longer, raise {TIMEOUT_KEY}"
+        ) from None
+    if returned:
+        return result
+    if isinstance(result, UserCodeError):
+        raise result
+    raise failure(called, result, where) from result
 
 
-def is_number(value: Any) -> bool:
-    """Whether a value a user's function returned is a reward: an int or float (numpy's float64 too), not a bool,
-    not NaN."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+def _called(env: Any, method: str, argument: Any) -> str:
+    return f"environment {type(env).__module__}:{type(env).__qualname__}.{method}({shown(argument, 40)})"
 
 
-def env_reset(env: TextEnv, seed: int) -> tuple[str, dict[str, Any]]:
-    """``env.reset(seed)``; for an environment of the user's own, a :class:`UserCodeError` of one line when it
-    raises or returns other than ``(observation text, info dict)``."""
+def as_number(value: Any) -> float | None:
+    """The reward a user's function returned, as a float: an int or float, or numpy's integer and floating scalars
+    (``np.int64``, ``np.float32``; converted exactly: every float32 is a float64), never a bool; None otherwise."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        return None
+    return float(value)
+
+
+def env_reset(env: TextEnv, seed: int, watchdog: Watchdog | None = None, where: Where = None) -> tuple[str, dict]:
+    """``env.reset(seed)``; for an environment of the user's own (run under the ``watchdog``: :func:`guarded_call`),
+    a :class:`UserCodeError` of one line when it raises, does not return or returns other than ``(observation
+    text, info dict)``."""
     if not _users(env):
         return env.reset(seed)
-    called, result = _call(env, "reset", seed)
+    called = _called(env, "reset", seed)
+    result = guarded_call(called, env.reset, seed, watchdog, where)
     if not (
         isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], str) and isinstance(result[1], dict)
     ):
@@ -118,17 +157,25 @@ def env_reset(env: TextEnv, seed: int) -> tuple[str, dict[str, Any]]:
     return result
 
 
-def env_step(env: TextEnv, action: str) -> StepResult:
-    """``env.step(action)``; for an environment of the user's own, a :class:`UserCodeError` of one line when it
-    raises or returns other than ``(observation text, reward number, terminated, truncated, info dict)``."""
+def env_step(env: TextEnv, action: str, watchdog: Watchdog | None = None, where: Where = None) -> StepResult:
+    """``env.step(action)``. For an environment of the user's own, run under the ``watchdog`` (:func:`guarded_call`;
+    ``where`` names the rollout's row in its errors): a :class:`UserCodeError` of one line when it raises, does not
+    return, or returns other than ``(observation text, reward number, terminated, truncated, info dict)`` or a
+    reward that is not finite; numpy's numbers and booleans are taken as Python's. A built-in env whose step runs
+    the user's code (:meth:`~ragen_core.envs.base.TextEnv.user_code`: the dataset env's reward function) runs under
+    the same limit; any other built-in step is called as it is."""
     if not _users(env):
-        return env.step(action)
-    called, result = _call(env, "step", action)
+        called = env.user_code(action)
+        if called is None:
+            return env.step(action)
+        return guarded_call(called, env.step, action, watchdog, where)
+    called = _called(env, "step", action)
+    result = guarded_call(called, env.step, action, watchdog, where)
     if not (
         isinstance(result, tuple)
         and len(result) == 5
         and isinstance(result[0], str)
-        and is_number(result[1])
+        and as_number(result[1]) is not None
         and all(isinstance(flag, bool | np.bool_) for flag in result[2:4])
         and isinstance(result[4], dict)
     ):
@@ -136,7 +183,11 @@ def env_step(env: TextEnv, action: str) -> StepResult:
             f"{called} returned {shown(result)}: return (observation text, reward number, terminated bool, "
             "truncated bool, info dict)"
         )
-    return result
+    text, reward, terminated, truncated, info = result
+    number = as_number(reward)
+    if not math.isfinite(number):
+        raise UserCodeError(f"{called} returned the reward {number!r}{_at(where)}: a reward is a finite number")
+    return text, number, bool(terminated), bool(truncated), info
 
 
 def import_module(module: str, what: str) -> Any:
@@ -249,8 +300,10 @@ def env_source(name: str, factory: Any) -> CodeSource:
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "TIMEOUT_KEY",
     "CodeSource",
     "UserCodeError",
+    "as_number",
     "check_env_class",
     "check_import_path",
     "code_source",
@@ -259,6 +312,8 @@ __all__ = [
     "env_source",
     "env_step",
     "external_env_class",
+    "failure",
+    "guarded_call",
     "import_object",
     "is_import_path",
     "metric_env_name",

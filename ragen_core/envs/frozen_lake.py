@@ -202,6 +202,10 @@ class FrozenLakeEnv(TextEnv):
     def success(self) -> bool:
         return self._lake is not None and self._tile() == "G"
 
+    def end_reason(self) -> str:
+        """``"hole"`` when the player fell into one, else the base reason (``"success"`` on the goal)."""
+        return "hole" if self._lake is not None and self._tile() == "H" else super().end_reason()
+
     def reward_bounds(self, max_actions: int) -> tuple[float, float]:
         return 0.0, 1.0
 

@@ -323,6 +323,10 @@ class Game2048Env(TextEnv):
     def success(self) -> bool:
         return bool(self.grid) and max(self.grid) >= self.target
 
+    def end_reason(self) -> str:
+        """``"no_moves"`` when no move changes the grid any more (the game is lost), else ``"success"``."""
+        return "success" if self.success else "no_moves"
+
     def reward_bounds(self, max_actions: int) -> tuple[float, float]:
         """The merge sum of one move is at most the sum of the tiles, which starts at most 8 and grows by at most 4
         per move."""

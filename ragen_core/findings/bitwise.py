@@ -26,7 +26,8 @@ TABLES = ("metrics", "trajectories", "turns", "events", "evaluations")
 
 
 class ComparisonError(RuntimeError):
-    """Two lakes that cannot be compared (other columns, runs of another probe)."""
+    """Two lakes that cannot be compared (a column of the old lake missing from the new one, runs of another
+    probe)."""
 
 
 def _canonical(value: Any) -> Any:
@@ -53,6 +54,8 @@ class TableDiff:
     only_new: list[tuple] = field(default_factory=list)
     cells: list[tuple[tuple, str, Any, Any]] = field(default_factory=list)  # key, column, old, new
     differing_cells: int = 0
+    # columns only the new lake holds (a column the new code added): listed, never compared, no difference
+    new_columns: list[str] = field(default_factory=list)
 
     @property
     def equal(self) -> bool:
@@ -60,7 +63,8 @@ class TableDiff:
 
     def summary(self) -> str:
         if self.equal:
-            return f"{self.table}: {self.old_rows} rows equal"
+            added = f" (new columns, not compared: {', '.join(self.new_columns)})" if self.new_columns else ""
+            return f"{self.table}: {self.old_rows} rows equal{added}"
         parts = []
         if self.only_old:
             parts.append(f"{len(self.only_old)} row(s) only in the old lake (first {self.only_old[0]})")
@@ -76,12 +80,18 @@ def compare_tables(
     name: str, old: pa.Table, new: pa.Table, key: Sequence[str], skip: Iterable[str] = (), shown: int = 5
 ) -> TableDiff:
     """Every row of ``old`` and ``new`` matched by ``key`` and compared column by column, bitwise (floats by their
-    bytes), but for the columns in ``skip``. A key that occurs twice on one side is a difference too."""
+    bytes), but for the columns in ``skip``. A key that occurs twice on one side is a difference too. Every column of
+    ``old`` must be in ``new`` (a :class:`ComparisonError` names the missing ones); a column only ``new`` holds (the
+    new code stores something more) is listed in :attr:`TableDiff.new_columns` and not compared."""
     skipped = set(skip)
     columns = [c for c in old.column_names if c not in skipped]
-    if sorted(columns) != sorted(c for c in new.column_names if c not in skipped):
-        raise ComparisonError(f"{name}: the two lakes have other columns ({old.column_names} vs {new.column_names})")
+    dropped = [c for c in columns if c not in new.column_names]
+    if dropped:
+        raise ComparisonError(
+            f"{name}: the new lake lacks the old lake's columns {dropped} ({old.column_names} vs {new.column_names})"
+        )
     diff = TableDiff(name, old.num_rows, new.num_rows)
+    diff.new_columns = [c for c in new.column_names if c not in skipped and c not in old.column_names]
     sides = []
     for table in (old, new):
         rows: dict[tuple, dict[str, Any]] = {}
@@ -125,14 +135,32 @@ def run_labels(lake_root: Path) -> dict[str, str]:
     return labels
 
 
+def stored_columns(root: Path | Any, table: str) -> set[str] | None:
+    """The columns the part files of ``table`` hold in the lake at ``root`` (a data root or a ``DataLake``; None:
+    it has no such file). A query returns the current schema's columns whatever the files hold (a column added
+    since is null in an older file), so the old lake of a re-stamp is compared on what it stored, never on the
+    nulls of a column its code did not have."""
+    import pyarrow.parquet as pq
+
+    from ragen_core.storage import DataLake
+
+    lake = root if isinstance(root, DataLake) else DataLake(root)
+    files = lake.partition_files(table)
+    return set().union(*(pq.read_schema(path).names for path in files)) if files else None
+
+
 def _lake_table(lake_root: Path, table: str, labels: dict[str, str]) -> pa.Table:
-    """A table of the lake with every run id replaced by its label (and, for metrics, the timing rows left out)."""
+    """A table of the lake, the columns its files store (:func:`stored_columns`), with every run id replaced by its
+    label (and, for metrics, the timing rows left out)."""
     from ragen_core.storage import query
 
     sql = f"SELECT * FROM {table}"  # noqa: S608  (a name from TABLES, never from a user)
     if table == "metrics":
         sql += " WHERE NOT (" + " OR ".join("starts_with(name, ?)" for _ in TIMING_METRICS) + ")"
     data = query(lake_root, sql, params=list(TIMING_METRICS) if table == "metrics" else None)
+    stored = stored_columns(lake_root, table)
+    if stored is not None:
+        data = data.select([c for c in data.column_names if c in stored])
     if "run_id" in data.column_names:
         ids = [labels.get(r, r) for r in data.column("run_id").to_pylist()]
         data = data.set_column(data.column_names.index("run_id"), "run_id", pa.array(ids, pa.string()))
@@ -141,7 +169,8 @@ def _lake_table(lake_root: Path, table: str, labels: dict[str, str]) -> pa.Table
 
 def compare_lakes(old_root: Path, new_root: Path, tables: Sequence[str] = TABLES) -> list[TableDiff]:
     """Every table of ``tables`` of the two lakes, row by row and bit by bit (:func:`compare_tables`), runs matched by
-    :func:`run_labels`, the timing keys (:data:`TIMING_METRICS`, :data:`TIMING_COLUMNS`) left out."""
+    :func:`run_labels`, the timing keys (:data:`TIMING_METRICS`, :data:`TIMING_COLUMNS`) left out; each lake as its
+    files store it (:func:`stored_columns`), so a column the new code added is listed, not compared."""
     from schemas.tables import TABLES as SPECS
 
     old_labels, new_labels = run_labels(old_root), run_labels(new_root)
@@ -204,4 +233,5 @@ __all__ = [
     "compare_tables",
     "relabelled",
     "run_labels",
+    "stored_columns",
 ]

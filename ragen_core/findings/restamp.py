@@ -483,6 +483,7 @@ def record_of(result: ProbeResult) -> dict[str, Any]:
         "points": result.points,
         "paths": {name: args[1:] for name, args in result.paths.items()},
         "rows": {t.table: t.old_rows for t in result.tables},
+        "new_columns": {t.table: t.new_columns for t in result.tables if t.new_columns},
         "excluded": {
             "metrics": list(TIMING_METRICS),
             "columns": TIMING_COLUMNS,

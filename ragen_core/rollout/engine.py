@@ -6,7 +6,10 @@ the sampled reply ids (trained: loss mask 1) and the tokenised environment text 
 (:mod:`ragen_core.rollout.windows`): each turn's window prompt (mask 0) and reply (mask 1) form their own sequence,
 stored back to back in the trajectory's row with ``segment_lengths``; the update scores each reply in its own window.
 The engine is environment-agnostic: multi-action turns, the per-trajectory action budget and the format penalty are
-enforced here for every env.
+enforced here for every env, and so are the limits on what an env gives back: the user's own code runs under
+``user_code_timeout_s`` (:func:`ragen_core.envs.external.env_step`), and a prompt longer than the model's context is
+refused before it is sampled from (:class:`PromptTooLongError`). Each trajectory records how it ended
+(:data:`END_REASONS`) and the env's state after its last step.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Any, Protocol
 
 from ragen_core.agent import (
     ChatFormatter,
+    ParsedResponse,
+    PromptTooLong,
     first_user_message,
     parse_response,
     rules_text,
@@ -24,8 +29,9 @@ from ragen_core.agent import (
     turn_penalty,
 )
 from ragen_core.envs import make_env
-from ragen_core.envs.external import env_reset, env_step
+from ragen_core.envs.external import UserCodeError, env_reset, env_step
 from ragen_core.envs.held_out import Split, split_seeds
+from ragen_core.envs.watchdog import Watchdog
 from ragen_core.rollout.scripted import has_teacher
 from ragen_core.rollout.types import Generation, TrajectoryRecord, TurnContext, TurnRecord
 from ragen_core.rollout.windows import PastTurn, WindowPrompter
@@ -59,6 +65,27 @@ class RolloutSpec:
     # Whose maps to draw, for an env that holds out maps (ragen_core.envs.held_out): a seed drawing a map of the
     # other side is replaced by the next seed of its stream that does not. None plays the seeds as given.
     split: Split | None = None
+    # Seconds one call of the user's own code (an env class's reset / step, a reward function) may take; None: no
+    # limit, called in the rollout's thread (env.user_code_timeout_s)
+    user_code_timeout_s: float | None = None
+
+
+# How a trajectory ended (the trajectories table's end_reason), besides the env's own word for a loss when it ended the
+# episode (TextEnv.end_reason: "failure" by default, FrozenLake's "hole", ...), in the order they are decided.
+END_REASONS = {
+    "success": "the env counts the instance solved",
+    "env_step_limit": "the env's own step limit cut the episode (its truncated flag)",
+    "action_budget": "env.max_actions_per_traj actions were taken",
+    "token_limit": "the turns ran out and the last reply was cut at rollout.max_new_tokens",
+    "format_error": "the turns ran out and the last reply drew the format penalty (tags broken, or no valid action)",
+    "turn_limit": "env.max_turns replies were given",
+}
+
+
+class PromptTooLongError(UserCodeError):
+    """An env's text makes a prompt longer than the model's context: one line naming the env, the row and the turn,
+    raised before the prompt is sampled from (a longer prompt is the env's error, never a reason to train on
+    millions of tokens)."""
 
 
 class _Slot:
@@ -91,7 +118,8 @@ def run_rollouts(
     if reset is not None:
         reset()
     try:
-        records = _roll_out(spec, backend, formatter, seed)
+        with Watchdog(spec.user_code_timeout_s) as watchdog:  # its worker starts at the user's first call, if any
+            records = _roll_out(spec, backend, formatter, seed, watchdog)
     except BaseException:
         if reset is not None:
             with contextlib.suppress(Exception):
@@ -103,7 +131,7 @@ def run_rollouts(
 
 
 def _roll_out(
-    spec: RolloutSpec, backend: RolloutBackend, formatter: ChatFormatter, seed: int
+    spec: RolloutSpec, backend: RolloutBackend, formatter: ChatFormatter, seed: int, watchdog: Watchdog
 ) -> list[TrajectoryRecord]:
     slots: list[_Slot] = []
     seeds = spec.group_seeds
@@ -121,7 +149,7 @@ def _roll_out(
                 behavior_logprobs=[] if backend.behavior_source == "policy" else None,
             )
             slot = _Slot(record, env, spec.max_actions_per_traj)
-            slot.state, _ = env_reset(env, env_seed)
+            slot.state, _ = env_reset(env, env_seed, watchdog, lambda r=record: _row(r))
             slots.append(slot)
 
     encoded: dict[tuple[str, bool, bool], list[int]] = {}  # group members mostly see the same text: encode once
@@ -136,10 +164,7 @@ def _roll_out(
         active = [slot for slot in slots if not slot.done]
         if not active:
             break
-        prompts = [
-            _window_prompt(slot, prompter) if prompter else _extend_prompt(slot, turn, spec, formatter, encoded)
-            for slot in active
-        ]
+        prompts = [_prompt(slot, turn, spec, formatter, encoded, prompter) for slot in active]
         contexts = [
             TurnContext(
                 ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think, formatter.reply_prefix
@@ -148,15 +173,52 @@ def _roll_out(
         ]
         generations = backend.generate(contexts, derive_seed(seed, turn))
         for slot, (_, observation), generation in zip(active, prompts, generations, strict=True):
-            _apply_reply(slot, turn, observation, generation, spec, formatter.reply_prefix)
+            _apply_reply(slot, turn, observation, generation, spec, watchdog, formatter.reply_prefix)
             if prompter is not None:
                 _close_segment(slot, generation)
     return [slot.record for slot in slots]
 
 
-def _window_prompt(slot: _Slot, prompter: WindowPrompter) -> tuple[list[int], str]:
-    """Windowed modes: start the turn's own sequence in the row with its window prompt (mask 0)."""
+def _row(record: TrajectoryRecord, turn: int | None = None) -> str:
+    """The rollout row of a trajectory (and turn), as the lake's columns name it, for errors."""
+    at = f"env {record.env}, env_seed {record.env_seed}, group_id {record.group_id}, traj_index {record.traj_index}"
+    return at if turn is None else f"{at}, turn_index {turn}"
+
+
+def _prompt(
+    slot: _Slot,
+    turn: int,
+    spec: RolloutSpec,
+    formatter: ChatFormatter,
+    encoded: dict[tuple[str, bool, bool], list[int]],
+    prompter: WindowPrompter | None,
+) -> tuple[list[int], str]:
+    """The turn's prompt (:func:`_window_prompt` or :func:`_extend_prompt`), refused with a
+    :class:`PromptTooLongError` when it is longer than the model's context (``formatter.context_tokens``): by its
+    characters before it is tokenised, else by its tokens before it is sampled from."""
+    limit = formatter.context_tokens
+    try:
+        ids, text = (
+            _window_prompt(slot, prompter, limit) if prompter else _extend_prompt(slot, turn, spec, formatter, encoded)
+        )
+    except PromptTooLong as exc:
+        too_long = f"would be {exc}"
+    else:
+        if limit is None or len(ids) <= limit:
+            return ids, text
+        too_long = f"is {len(ids):,} tokens, longer than the model's context of {limit:,} tokens"
+    raise PromptTooLongError(
+        f"the prompt of turn_index {turn} ({_row(slot.record)}) {too_long}: the env's text is too long for the "
+        "model; shorten what the env renders (or show fewer turns: env.max_turns, rollout.context_window_mode)"
+    )
+
+
+def _window_prompt(slot: _Slot, prompter: WindowPrompter, limit: int | None = None) -> tuple[list[int], str]:
+    """Windowed modes: start the turn's own sequence in the row with its window prompt (mask 0); a prompt of more
+    than ``limit`` tokens is returned, unstored, for the caller to refuse."""
     ids, text = prompter.prompt(slot.env, slot.past, slot.state, slot.actions_left)
+    if limit is not None and len(ids) > limit:
+        return ids, text
     record = slot.record
     slot.segment_start = len(record.input_ids)
     record.input_ids.extend(ids)
@@ -211,6 +273,9 @@ def _extend_prompt(
     if ids is None:
         ids = formatter.start(text) if turn == 0 else formatter.continue_after(text, slot.last_reply_finished)
         encoded[key] = ids
+    limit = formatter.context_tokens
+    if limit is not None and len(record.input_ids) + len(ids) > limit:  # unstored: the caller refuses it
+        return record.input_ids + ids, text
     record.input_ids.extend(ids)
     record.loss_mask.extend([0] * len(ids))
     if record.behavior_logprobs is not None:
@@ -219,10 +284,17 @@ def _extend_prompt(
 
 
 def _apply_reply(
-    slot: _Slot, turn: int, observation: str, generation: Generation, spec: RolloutSpec, prefix: str = ""
+    slot: _Slot,
+    turn: int,
+    observation: str,
+    generation: Generation,
+    spec: RolloutSpec,
+    watchdog: Watchdog,
+    prefix: str = "",
 ) -> None:
     """Record the reply's tokens, parse it (``prefix``, which ended the prompt, followed by the generated text), step
-    the env with its valid actions and score the turn."""
+    the env with its valid actions (the user's code under the ``watchdog``), score the turn and, when it ends the
+    trajectory, record how (:func:`_end_reason`) and the env's state after it."""
     record = slot.record
     slot.shown = (slot.state, slot.actions_left)  # what this turn's prompt showed, before the env steps
     record.input_ids.extend(generation.token_ids)
@@ -240,15 +312,15 @@ def _apply_reply(
     )
     teacher = _teacher_agreement(slot.env, slot.actions_left, parsed.actions)  # before the env steps
     teacher.update(_perception(slot.env, parsed.think, spec.enable_think))
-    reward, terminated, executed, infos = 0.0, False, [], []
+    reward, terminated, truncated, executed, infos = 0.0, False, False, [], []
+    where = lambda: _row(record, turn)  # noqa: E731 - said only when the user's code fails
     for action in parsed.actions:
-        slot.state, step_reward, terminated, truncated, info = env_step(slot.env, action)
+        slot.state, step_reward, terminated, truncated, info = env_step(slot.env, action, watchdog, where)
         reward += step_reward
         executed.append(action)
         infos.append(info)
         slot.actions_left -= 1
         if terminated or truncated:
-            terminated = True
             break
     penalty = turn_penalty(parsed, spec.format_penalty)
     record.env_reward += reward
@@ -256,7 +328,10 @@ def _apply_reply(
     record.num_actions += len(executed)
     record.success = bool(slot.env.success)
     slot.last_reward = reward
-    slot.done = terminated or slot.actions_left <= 0 or turn + 1 >= spec.max_turns
+    slot.done = terminated or truncated or slot.actions_left <= 0 or turn + 1 >= spec.max_turns
+    if slot.done:
+        record.end_reason = _end_reason(slot, terminated, truncated, parsed, generation.truncated)
+        record.final_state = slot.state
     record.turns.append(
         TurnRecord(
             turn_index=turn,
@@ -275,6 +350,22 @@ def _apply_reply(
             info={"action_is_effective": [bool(i.get("action_is_effective", True)) for i in infos], **teacher},
         )
     )
+
+
+def _end_reason(slot: _Slot, terminated: bool, truncated: bool, parsed: ParsedResponse, reply_cut: bool) -> str:
+    """Why the trajectory ended after this turn (:data:`END_REASONS`; the env's own word when it ended the episode
+    unsolved: :meth:`~ragen_core.envs.base.TextEnv.end_reason`)."""
+    if terminated:
+        return str(slot.env.end_reason())
+    if slot.env.success:
+        return "success"
+    if truncated:
+        return "env_step_limit"
+    if slot.actions_left <= 0:
+        return "action_budget"
+    if reply_cut:
+        return "token_limit"
+    return "turn_limit" if parsed.valid else "format_error"
 
 
 def _perception(env: Any, think: str, enable_think: bool) -> dict[str, Any]:

@@ -89,6 +89,8 @@ def trajectories_table(records: list[TrajectoryRecord], meta: BatchMeta) -> pa.T
         "behavior_logprobs": [r.behavior_logprobs for r in records],
         "filter_metric_value": [None] * len(records),
         "segment_lengths": [r.segment_lengths for r in records],
+        "end_reason": [r.end_reason for r in records],
+        "final_state": [r.final_state for r in records],
     }
     return pa.Table.from_pydict(columns, schema=TRAJECTORIES.arrow_schema)
 

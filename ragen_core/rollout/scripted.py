@@ -20,6 +20,7 @@ import numpy as np
 
 from ragen_core.envs import TextEnv
 from ragen_core.envs.external import env_step
+from ragen_core.envs.watchdog import Watchdog
 from ragen_core.registry import Registry
 from ragen_core.rollout.types import Generation, TurnContext
 
@@ -109,10 +110,12 @@ def play_scripted(
     limits: tuple[int, int, int],
     enable_think: bool = True,
     on_reply: Callable[[ScriptedReply], None] | None = None,
+    watchdog: Watchdog | None = None,
 ) -> bool:
     """Play one episode of a reset ``env`` with a scripted ``policy`` under the rollout engine's limits
     ``(max_turns, max_actions_per_turn, max_actions_per_traj)``, without a tokenizer or a prompt (the policies read
-    the env, never the prompt); ``on_reply`` sees each reply. Returns whether the episode succeeded."""
+    the env, never the prompt); ``on_reply`` sees each reply; the user's own env steps under the ``watchdog``.
+    Returns whether the episode succeeded."""
     max_turns, per_turn, actions_left = limits
     for _ in range(max_turns):
         reply = policy(TurnContext([], env, actions_left, per_turn, enable_think), rng)
@@ -120,7 +123,7 @@ def play_scripted(
         if on_reply is not None:
             on_reply(reply)
         for action in reply.actions[: max(1, min(per_turn, actions_left))]:
-            _, _, terminated, truncated, _ = env_step(env, action)
+            _, _, terminated, truncated, _ = env_step(env, action, watchdog)
             actions_left -= 1
             if terminated or truncated or actions_left <= 0:
                 return bool(env.success)

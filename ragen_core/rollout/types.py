@@ -73,6 +73,8 @@ class TrajectoryRecord:
     format_penalty: float = 0.0
     num_actions: int = 0
     segment_lengths: list[int] | None = None
+    end_reason: str = ""  # why the trajectory ended (ragen_core.rollout.engine.END_REASONS, or the env's own word)
+    final_state: str = ""  # the env's state after the last step: what the last turn's actions led to
 
     @property
     def total_reward(self) -> float:

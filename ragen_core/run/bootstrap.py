@@ -26,6 +26,7 @@ import numpy as np
 from ragen_core.config import RunConfig
 from ragen_core.envs.external import env_reset
 from ragen_core.envs.held_out import holds_out_maps
+from ragen_core.envs.watchdog import Watchdog
 from ragen_core.faults import maybe_fail
 from ragen_core.lineage import lineage_root
 from ragen_core.policy import load_policy, save_policy, tokenizer_fingerprint
@@ -36,7 +37,7 @@ from ragen_core.run.batches import BatchPipeline, BatchRules
 from ragen_core.run.entry import open_run
 from ragen_core.run.offline import check_tokenizer, select_trajectories
 from ragen_core.run.record import library_versions, utc_now
-from ragen_core.run.session import chat_formatter, scripted_options
+from ragen_core.run.session import chat_formatter, prompt_context, scripted_options
 from ragen_core.run.stages import rollout_spec
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import DataLake, Stage, query
@@ -67,16 +68,18 @@ def policy_fingerprint(config: RunConfig) -> str:
     digest = hashlib.sha256()
     env = make_env(config.env.name, **config.env.options)
     limits = (config.env.max_turns, config.env.max_actions_per_turn, config.env.max_actions_per_traj)
-    for episode in range(FINGERPRINT_EPISODES):
-        env_reset(env, derive_seed(0, "fingerprint", episode))
-        play_scripted(
-            env,
-            policy,
-            rng,
-            limits,
-            config.rollout.enable_think,
-            lambda reply: digest.update(json.dumps([reply.think, reply.actions]).encode()),
-        )
+    with Watchdog(config.env.user_code_timeout_s) as watchdog:  # an env of the user's own: its calls time-limited
+        for episode in range(FINGERPRINT_EPISODES):
+            env_reset(env, derive_seed(0, "fingerprint", episode), watchdog)
+            play_scripted(
+                env,
+                policy,
+                rng,
+                limits,
+                config.rollout.enable_think,
+                lambda reply: digest.update(json.dumps([reply.think, reply.actions]).encode()),
+                watchdog,
+            )
     return digest.hexdigest()[:16]
 
 
@@ -174,7 +177,7 @@ def _build(
         f"bootstrap {run_id}: {settings.num_groups * settings.group_size} demonstrations of the "
         f"{settings.policy} scripted policy on {config.env.name}, then {settings.epochs} SFT epoch(s)"
     )
-    _demonstrations(config, lake, run_id, tokenizer)
+    _demonstrations(config, lake, run_id, tokenizer, prompt_context(config, model))
     report(f"bootstrap: demonstrations stored ({time.monotonic() - started:.0f} s)")
     maybe_fail("bootstrap", "demos")  # demonstrations published; no model yet
     # The supervised step is offline re-training (ragen_core.run.offline) on the demonstration run, selected by SQL:
@@ -208,10 +211,13 @@ def _build(
     return target, summary
 
 
-def _demonstrations(config: RunConfig, lake: DataLake, run_id: str, tokenizer: Any) -> None:
-    """The scripted policy's demonstrations through the batch pipeline (staged, validated, published)."""
+def _demonstrations(
+    config: RunConfig, lake: DataLake, run_id: str, tokenizer: Any, context_tokens: int | None
+) -> None:
+    """The scripted policy's demonstrations through the batch pipeline (staged, validated, published); a prompt
+    longer than the model's ``context_tokens`` is refused."""
     settings = config.bootstrap
-    formatter = chat_formatter(config, tokenizer)
+    formatter = chat_formatter(config, tokenizer, context_tokens)
     seed = bootstrap_seed(config)
     seeds = derive_seeds(seed, settings.num_groups, "bootstrap")
     spec = rollout_spec(config, config.env.name, seeds, settings.group_size, "train")

@@ -46,18 +46,37 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
 
 
 def build_stored_run_config(
-    stored: StoredConfig, overrides: list[str] | None = None, trusted_kinds: frozenset[str] = frozenset()
+    stored: StoredConfig,
+    overrides: list[str] | None = None,
+    trusted_kinds: frozenset[str] = frozenset(),
+    unused: frozenset[str] = frozenset(),
 ) -> RunConfig:
     """The config of a tree read from the data root (``stored``, with the keys it predates filled in as the run
     behaved: :func:`ragen_core.config.stored_config`) plus the user's ``key.sub=value`` overrides, as
     :func:`build_run_config`; then :func:`ragen_core.config.trust.check_stored_trust`: a program, module, host or
     outside folder the file names and the user did not is refused (:class:`UntrustedConfigError`), except the kinds
-    of ``trusted_kinds`` (``{"module"}``: the user's ``--trust-env-module``). The trust check comes first: a module a
-    refused file names is never imported."""
+    of ``trusted_kinds`` (``{"module"}``: the user's ``--trust-env-module``) and the keys the caller never uses
+    (``unused``: dotted, e.g. a chat built from the env section alone uses no ``model.path``). The trust check comes
+    first: a module a refused file names is never imported."""
     overrides = list(overrides or [])
     config = build_config(stored_config(stored.tree), overrides)
-    check_stored_trust(config, stored, named_keys(overrides), trusted_kinds)  # before any name is looked up
+    check_stored_trust(config, stored, named_keys(overrides) | unused, trusted_kinds)  # before any name is looked up
     return check_registered(config)  # (which imports the modules of the environments it names)
+
+
+def stored_trust_refusals(
+    stored: StoredConfig, trusted_kinds: frozenset[str] = frozenset(), unused: frozenset[str] = frozenset()
+) -> list[UntrustedConfigError]:
+    """Every refusal :func:`build_stored_run_config` would meet, one per key (the check stops at the first; asked
+    again with that key set aside, it names the next), found without importing or reading anything ``stored``
+    names: for a message that says at once all the user has to allow."""
+    config, refused = build_config(stored_config(stored.tree)), []
+    while True:
+        try:
+            check_stored_trust(config, stored, set(unused) | {exc.key for exc in refused}, trusted_kinds)
+            return refused
+        except UntrustedConfigError as exc:
+            refused.append(exc)
 
 
 def manifest_config(lake: DataLake, run_id: str, tree: dict[str, Any]) -> StoredConfig:
@@ -154,7 +173,7 @@ def _check_env_options(config: RunConfig) -> None:
         try:
             env = make_env(name, **options)
             if isinstance(env, DatasetEnv):  # its reward function scores the first rows' answers here
-                env.check_reward()
+                env.check_reward(timeout_s=config.env.user_code_timeout_s)
         except ValueError as exc:  # an error that names its key (env.options.reward_fn: ...) needs no prefix
             raise ValueError(str(exc) if str(exc).startswith("env.options.") else f"options: {exc}") from None
 

@@ -178,10 +178,23 @@ def scripted_options(config: RunConfig) -> dict[str, Any]:
     return {"teacher_prob": config.bootstrap.teacher_prob}
 
 
-def chat_formatter(config: RunConfig, tokenizer: Any) -> ChatFormatter:
-    """The prompts of the config's rollouts: its prompt style and reply prefix over the tokenizer's chat template."""
+def chat_formatter(config: RunConfig, tokenizer: Any, context_tokens: int | None = None) -> ChatFormatter:
+    """The prompts of the config's rollouts: its prompt style and reply prefix over the tokenizer's chat template; a
+    prompt longer than ``context_tokens`` (:func:`prompt_context`) is refused by the rollouts."""
     prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
-    return ChatFormatter(tokenizer, reply_prefix=prefix, style=config.rollout.prompt_style)
+    return ChatFormatter(
+        tokenizer, reply_prefix=prefix, style=config.rollout.prompt_style, context_tokens=context_tokens
+    )
+
+
+def prompt_context(config: RunConfig, model: Any) -> int | None:
+    """The most tokens a prompt may hold: the model's context (its config's ``max_position_embeddings``), or the
+    vLLM server's ``rollout.vllm.max_model_len`` when that is set and smaller; None when neither is known."""
+    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None)]
+    if config.rollout.backend == "vllm":
+        limits.append(config.rollout.vllm.max_model_len)
+    known = [limit for limit in limits if isinstance(limit, int) and limit > 0]
+    return min(known) if known else None
 
 
 def _rollout_policy(
@@ -189,7 +202,9 @@ def _rollout_policy(
 ) -> RolloutPolicy:
     """The rollout side of a new session (the updater's model, or a copy of it; a vLLM engine when configured)."""
     model, tokenizer = updater.rollout_policy(model_dir, torch_dtype(precision))
-    policy = RolloutPolicy(model_dir, tokenizer, chat_formatter(config, tokenizer), model)
+    policy = RolloutPolicy(
+        model_dir, tokenizer, chat_formatter(config, tokenizer, prompt_context(config, model)), model
+    )
     policy.scripted_options = scripted_options(config)
     try:
         if config.trainer.max_staleness and config.rollout.backend == "hf":

@@ -85,6 +85,7 @@ def rollout_spec(
         context_window_mode=config.rollout.context_window_mode,
         max_context_window=config.rollout.max_context_window,
         split=split if config.eval.held_out == "maps" else None,
+        user_code_timeout_s=config.env.user_code_timeout_s,
     )
 
 

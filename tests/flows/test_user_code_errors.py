@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
+import time
 
 import pytest
 
@@ -21,6 +23,9 @@ from tests.envs.user_code import unique, write_env_module
 from tests.flows.test_resume import _overrides, _ragen
 
 REWARDS = '''
+import sys
+import threading
+
 CALLS = [0]
 
 
@@ -30,6 +35,14 @@ def raises(completion, solution, **columns):
 
 def text(completion, solution, **columns):
     return "1.0"
+
+
+def exits(completion, solution, **columns):
+    sys.exit(7)
+
+
+def stuck(completion, solution, **columns):
+    threading.Event().wait()  # never returns
 
 
 def late(completion, solution, **columns):
@@ -96,6 +109,32 @@ def test_a_reward_failing_on_the_first_rows_is_one_line_before_anything_exists(u
     assert [p.name for p in root.iterdir()] == [".log-0.txt"]  # the CLI's own log of this test: nothing else
 
 
+@pytest.mark.parametrize(
+    ("function", "limit", "said"),
+    [
+        ("exits", [], ", called sys.exit(7): return a value, never exit"),
+        (
+            "stuck",
+            ["env.user_code_timeout_s=1"],
+            " did not return within 1 s: it may hang; if it only needs longer, raise env.user_code_timeout_s",
+        ),
+    ],
+)
+def test_a_reward_that_exits_or_never_returns_is_one_line_not_an_exit_or_a_hang(user, tmp_path, function, limit, said):
+    # issue 66: sys.exit(7) in the reward ended the command with status 7 and no word; one that never returned hung
+    root = tmp_path / "root"
+    root.mkdir()
+    started = time.monotonic()
+    rc, output = _ragen(["train", *DATASET, f"env.options.reward_fn={user[1]}:{function}", *limit], root)
+    expected = (
+        f"error: invalid config: env.options.reward_fn: reward function {user[1]}:{function} on row 1 of "
+        f"examples/arithmetic/prompts.jsonl, answer '12'{said} (the row's 'solution' scored)"
+    )
+    assert rc == 2 and _errors(output) == [expected], output[-3000:]
+    assert time.monotonic() - started < 120  # the stuck call abandoned: the command ends at once after its line
+    assert [p.name for p in root.iterdir()] == [".log-0.txt"]
+
+
 def test_a_reward_failing_during_the_run_is_one_line_and_the_run_records_it(user, tmp_path, prefect_server):
     rc, output = _ragen(
         ["train", *DATASET, f"env.options.reward_fn={user[1]}:late", "--run-id", "late"],
@@ -133,6 +172,8 @@ def test_a_reward_no_reply_reaches_is_warned_about(user, tmp_path, tiny_model_di
 
 
 BROKEN = """
+import threading
+
 from {module} import CoinEnv
 
 
@@ -149,6 +190,16 @@ class ListEnv(CoinEnv):
 class ResetEnv(CoinEnv):
     def reset(self, seed):
         return self.render()
+
+
+class StuckEnv(CoinEnv):
+    def step(self, action):
+        threading.Event().wait()  # never returns
+
+
+class HugeEnv(CoinEnv):
+    def render(self):
+        return "x" * (10 * 2**20)  # a state of 10 MB
 """
 
 
@@ -206,3 +257,45 @@ def test_a_users_env_raising_in_a_run_is_one_line(envs, tmp_path, tiny_model_dir
     assert lines[0].endswith("') raised RuntimeError: the board fell over"), lines
     manifest = json.loads((tmp_path / "runs" / "raising" / "manifest.json").read_text())
     assert manifest["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    ("env_class", "limit", "said"),
+    [
+        (
+            "StuckEnv",
+            ["env.user_code_timeout_s=1"],
+            r"environment {name}\.step\('(heads|tails)'\) did not return within 1 s \(env {name}, env_seed \d+, "
+            r"group_id \d+, traj_index \d+, turn_index 0\): it may hang; if it only needs longer, raise "
+            r"env\.user_code_timeout_s",
+        ),
+        (
+            "HugeEnv",
+            [],
+            r"the prompt of turn_index 0 \(env {name}, env_seed \d+, group_id 0, traj_index 0\) would be [\d,]+ "
+            r"characters, more than the model's context of 4,096 tokens can hold .*: the env's text is too long for "
+            r"the model; .*",
+        ),
+    ],
+)
+def test_a_users_env_that_hangs_or_floods_the_prompt_fails_the_run_in_one_line(
+    envs, tmp_path, tiny_model_dir, prefect_server, env_class, limit, said
+):
+    # issue 66: a step that never returned hung the run silently; a 10 MB state became a 10-million-token prompt
+    name = f"{envs}:{env_class}"
+    overrides = [o for o in _overrides(tiny_model_dir) if not o.startswith("env.")]
+    overrides += [f"env.name={name}", f"env.val_envs=[{name}]", "rollout.backend=scripted", *limit]
+    overrides += ["rollout.scripted_policy=expert"]
+    started = time.monotonic()
+    rc, output = _ragen(
+        ["train", "--config", "configs/bandit.yaml", "--run-id", "stuck", *overrides],
+        tmp_path,
+        api_url=prefect_server[0].api_url,
+    )
+    lines = _errors(output)
+    assert rc != 0 and len(lines) == 1, output[-3000:]
+    assert re.fullmatch("error: " + said.format(name=re.escape(name)), lines[0]), lines
+    assert time.monotonic() - started < 300  # it ends: the stuck call is abandoned as the command exits
+    manifest = json.loads((tmp_path / "runs" / "stuck" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and lines[0].removeprefix("error: ") in json.dumps(manifest)
+    assert query(tmp_path, "SELECT count(*) AS n FROM trajectories").to_pylist() == [{"n": 0}]  # the lake reads
