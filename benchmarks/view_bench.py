@@ -75,17 +75,20 @@ def pages(lake: DataLake, iterations: int) -> dict[str, str]:
 
 def time_pages(root: Path, paths: dict[str, str], repeat: int) -> dict[str, dict[str, float]]:
     """Each page fetched ``repeat`` times (after one untimed fetch that loads the app's imports), by name."""
-    process, url = spawn(root, cwd=HERE.parent)
-    url = url.rstrip("/")
+    process, printed = spawn(root, cwd=HERE.parent)
+    url = printed.split("/?", 1)[0]
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())  # the cookie of the token's visit
     try:
+        with opener.open(printed, timeout=300) as answer:
+            answer.read()
         timings = {}
         for name, path in paths.items():
-            with urllib.request.urlopen(url + path, timeout=300) as answer:  # warm-up: imports, tokenizer cache
+            with opener.open(url + path, timeout=300) as answer:  # warm-up: imports, tokenizer cache, filter server
                 answer.read()
             seconds = []
             for _ in range(repeat):
                 started = time.perf_counter()
-                with urllib.request.urlopen(url + path, timeout=300) as answer:
+                with opener.open(url + path, timeout=300) as answer:
                     body = answer.read()
                     if answer.status != 200 or b'id="error"' in body:
                         raise RuntimeError(f"page {name} ({path}) failed: {body[-1500:]!r}")

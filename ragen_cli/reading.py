@@ -104,7 +104,7 @@ def view(
     data_root: DataRoot = None,
     port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port)."),
     host: str = typer.Option(
-        "127.0.0.1", "--host", help="Address to listen on; beyond loopback the URL printed holds an access token."
+        "127.0.0.1", "--host", help="Address to listen on (beyond loopback: reachable from elsewhere)."
     ),
     open_browser: bool = typer.Option(
         None, "--open/--no-open", help="Open the URL in a browser (default: when this machine has a desktop)."
@@ -112,7 +112,8 @@ def view(
 ) -> None:
     """Serve a local web viewer of the data root: runs (curves, config diffs), iterations (groups, trajectories
     sorted and filtered, SQL WHERE included) and trajectories (the chat the model saw, each token coloured by loss
-    mask, sampler log-prob or advantage; the env's grid). It reads the lake and writes nothing; Ctrl-C stops it."""
+    mask, sampler log-prob or advantage; the env's grid). It reads the lake and writes nothing; Ctrl-C stops it. The
+    URL it prints holds a token made at each start (open it as printed: a request without it is refused)."""
     from ragen_view.server import ViewError, bind, has_display, serve
 
     root = existing_root(data_root)

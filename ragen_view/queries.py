@@ -6,20 +6,25 @@ DuckDB), a trajectory's page its one row and its turns. No page reads a run whol
 trajectories opens as fast as one of a demo (benchmarks/view_bench.py). Values from the user (a run id, an env, a
 seed, a sort key, bounds) reach DuckDB as parameters or as names picked from fixed lists, never as SQL text; the
 one exception is the ``where`` filter of the iteration page, which is SQL by design and is held to the rules of
-``ragen sql`` (one read-only query, over a locked-down connection that holds the partition's views only).
+``ragen sql`` (one read-only query, over a locked-down connection that holds the partition's views only), in a
+process of its own bounded in memory and time (:mod:`ragen_view.sandbox`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 
 from ragen_core.storage import DataLake, query
 from ragen_core.storage.maintenance import runs_overview
+from ragen_view import describe, sandbox
 
 PAGE_SIZE = 50
 # The curves of a run's page, in their order: (metric name or a pattern with <env>, title). Each is drawn when the
@@ -60,6 +65,8 @@ SORTS = {
 }
 QUERY_TIMEOUT_S = 60.0  # a page's query (a WHERE filter of the user's included) stops after this long
 QUERY_MEMORY = "4GB"  # and its joins, sorts and aggregates use at most this much
+QUERY_MEMORY_BYTES = 4 * 10**9  # a user's filter runs in a process whose memory may grow by this much (sandbox.py)
+PARTITION_TABLES = ("trajectories", "turns")  # the only views an iteration's queries (a filter's included) get
 TRAJECTORY_COLUMNS = (
     "split, env, group_id, traj_index, env_seed, num_turns, num_actions, env_reward, format_penalty, total_reward, "
     "success, truncated, response_length, group_reward_std, kept, policy_version, staleness, behavior_source, "
@@ -156,6 +163,10 @@ def runs(lake: DataLake) -> list[dict[str, Any]]:
         row["env"] = (config.get("env") or {}).get("name")
         algorithm = config.get("algorithm") or {}
         row["algorithm"] = " ".join(str(v) for v in (algorithm.get("preset"), algorithm.get("adv_estimator")) if v)
+        if row["kind"] == "bootstrap":  # it trains on demonstrations: the config's algorithm is its RL run's
+            row["algorithm"] = "SFT"
+        row["what"] = describe.what(row["kind"], config)
+        row["schedule"] = describe.schedule(row["kind"], config)
     return overview
 
 
@@ -174,6 +185,8 @@ def run(lake: DataLake, run_id: str) -> dict[str, Any]:
         raise NotFound(f"no run {run_id!r} in this data root")
     row = found[0]
     row["config"] = _config(row.get("config_json"))
+    row["what"] = describe.what(row["kind"], row["config"], detailed=True)
+    row["schedule"] = describe.schedule(row["kind"], row["config"])
     return row
 
 
@@ -273,21 +286,29 @@ def iterations(lake: DataLake, run_id: str) -> list[dict[str, Any]]:
     committed = set(lake.committed_iterations(run_id))
     rows = [r for r in _rows(table) if r["iteration"] in committed]  # a crash's uncommitted metrics: no page
     seen = {r["iteration"] for r in rows}
-    rows += [{"iteration": i} for i in sorted(committed - seen)]
+    # a committed iteration that logged no metrics (a bootstrap's demonstrations): its numbers are empty cells
+    rows += [{**dict.fromkeys(table.column_names), "iteration": i} for i in sorted(committed - seen)]
     return sorted(rows, key=lambda r: r["iteration"])
 
 
-def _scoped(lake: DataLake, sql: str, run_id: str, iteration: int, params: list[Any] | None = None) -> pa.Table:
+def _scoped(
+    lake: DataLake | Path,
+    sql: str,
+    run_id: str,
+    iteration: int,
+    params: list[Any] | None = None,
+    timeout: float | None = None,
+) -> pa.Table:
     """A query over one iteration's partition of ``trajectories`` and ``turns`` (no other table has a view), within
-    :data:`QUERY_TIMEOUT_S` and :data:`QUERY_MEMORY`."""
+    ``timeout`` seconds (None: :data:`QUERY_TIMEOUT_S`) and :data:`QUERY_MEMORY`."""
     return query(
         lake,
         sql,
         run_id=run_id,
         iteration=iteration,
         params=params,
-        tables=("trajectories", "turns"),
-        timeout=QUERY_TIMEOUT_S,
+        tables=PARTITION_TABLES,
+        timeout=QUERY_TIMEOUT_S if timeout is None else timeout,
         memory_limit=QUERY_MEMORY,
     )
 
@@ -327,14 +348,39 @@ def trajectories(
     page: int = 0,
 ) -> Page:
     """One page (:data:`PAGE_SIZE` rows) of the iteration's trajectories under ``filters``, sorted by ``sort`` (a key
-    of :data:`SORTS`)."""
+    of :data:`SORTS`). With a ``where`` filter the queries run in a process of their own, bounded in memory and time
+    (:mod:`ragen_view.sandbox`), and a mistake in it is placed in the filter's own text (its line and column)."""
     if sort not in SORTS:
         raise ValueError(f"unknown sort {sort!r}; sort by one of: {', '.join(SORTS)}")
     where, params = filters.sql()
     order = ", ".join(f"{c.strip()} {'DESC' if descending else 'ASC'} NULLS LAST" for c in SORTS[sort].split(","))
-    total = _scoped(lake, f"SELECT count(*) AS n FROM ({FILTERABLE}) WHERE {where}", run_id, iteration, params)
+    if filters.where is None:
+        return _page(lake, run_id, iteration, where, params, order, (page, PAGE_SIZE), QUERY_TIMEOUT_S)
+    limits = sandbox.Limits(QUERY_TIMEOUT_S, QUERY_MEMORY_BYTES)
+    paging = (page, PAGE_SIZE)  # this process's values, handed to the child (which imported its module afresh)
+    try:
+        return sandbox.run(limits, _page, lake.root, run_id, iteration, where, params, order, paging, limits.timeout_s)
+    except duckdb.Error as exc:
+        raise placed(exc, where, filters.where) from None
+
+
+def _page(
+    lake: DataLake | Path,
+    run_id: str,
+    iteration: int,
+    where: str,
+    params: list[Any],
+    order: str,
+    paging: tuple[int, int],
+    timeout: float,
+) -> Page:
+    """The rows under the WHERE clause ``where`` counted, and the page ``paging = (page, size)`` of them (clamped to
+    the pages there are) in the order ``order``, each query within ``timeout`` seconds."""
+    page, size = paging
+    counted = f"SELECT count(*) AS n FROM ({FILTERABLE}) WHERE {where}"
+    total = _scoped(lake, counted, run_id, iteration, params, timeout)
     count = int(total["n"][0].as_py())
-    pages = max(1, math.ceil(count / PAGE_SIZE))
+    pages = max(1, math.ceil(count / size))
     page = min(max(page, 0), pages - 1)
     rows = _scoped(
         lake,
@@ -342,9 +388,39 @@ def trajectories(
         f"ORDER BY {order}, split, env, group_id, traj_index LIMIT ? OFFSET ?",
         run_id,
         iteration,
-        [*params, PAGE_SIZE, page * PAGE_SIZE],
+        [*params, size, page * size],
+        timeout,
     )
     return Page(_rows(rows), count, page, pages)
+
+
+_QUOTE = re.compile(r"^LINE (\d+): ")  # DuckDB's quote of the failing line, a caret line under it
+
+
+def placed(exc: duckdb.Error, where: str, text: str) -> duckdb.Error:
+    """``exc`` (a query whose WHERE clause ``where`` holds the user's filter ``text`` on lines of its own) with
+    DuckDB's quote of the failing line, and the caret under it, told as a place in ``text``: its line and column, or
+    its end (the parenthesis that closes it). The same class of error, so callers tell them apart as before."""
+    lines = str(exc).splitlines()
+    first = where[: where.index(f"(\n{text}\n)")].count("\n") + 2  # the statement's line of the filter's first
+    own = text.splitlines()
+    for index, line in enumerate(lines[:-1]):
+        quoted, caret = _QUOTE.match(line), lines[index + 1]
+        if not quoted or not caret.strip() or set(caret.strip()) != {"^"}:
+            continue
+        number = int(quoted.group(1)) - first + 1  # the line of the filter
+        head = [part.strip() for part in lines[:index] if part.strip()]
+        if number > len(own):
+            head[:1] = [re.sub(r' at or near "\)"$', "", part) for part in head[:1]]
+            said = "at the end of the filter"
+        else:
+            snippet, offset = line[quoted.end() :], caret.index("^") - quoted.end()
+            if snippet.startswith("..."):  # DuckDB cut the line's start: find where its quote begins
+                offset += max(own[number - 1].find(snippet[3:].removesuffix("...")), 0) - 3
+            said = f"at line {number}, column {offset + 1} of the filter"
+        rest = "".join("\n" + part for part in lines[index + 2 :])
+        return type(exc)(f"{' '.join(head)} ({said}){rest}")
+    return exc
 
 
 def trajectory(

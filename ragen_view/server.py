@@ -24,12 +24,14 @@ class ViewError(Exception):
 
 @dataclass
 class Binding:
-    """The bound socket, its URL (with the access token when bound beyond loopback) and whether it is loopback."""
+    """The bound socket and its port, its URL (holding the access token of this start), the token, and whether it
+    is loopback."""
 
     sock: socket.socket
     url: str
-    token: str | None
+    token: str
     loopback: bool
+    port: int
 
 
 def is_loopback(host: str) -> bool:
@@ -45,7 +47,8 @@ def is_loopback(host: str) -> bool:
 
 
 def bind(host: str, port: int) -> Binding:
-    """A listening socket on ``host``:``port`` (0: any free port); beyond loopback, a fresh access token."""
+    """A listening socket on ``host``:``port`` (0: any free port) and a fresh access token, on loopback too: another
+    user of this machine can reach a loopback port."""
     if not 0 <= port <= 65535:
         raise ViewError(f"--port must be 0-65535 (0: any free port), not {port}")
     loopback = is_loopback(host)
@@ -63,12 +66,11 @@ def bind(host: str, port: int) -> Binding:
     sock.listen(128)
     sock.set_inheritable(True)
     bound = sock.getsockname()[1]
-    token = None if loopback else secrets.token_urlsafe(24)
+    token = secrets.token_urlsafe(24)
     shown = f"[{address}]" if family == socket.AF_INET6 else address
     if not loopback and address in ("0.0.0.0", "::"):
         shown = socket.gethostname()
-    url = f"http://{shown}:{bound}/" + (f"?token={token}" if token else "")
-    return Binding(sock, url, token, loopback)
+    return Binding(sock, f"http://{shown}:{bound}/?token={token}", token, loopback, bound)
 
 
 def has_display() -> bool:
@@ -80,9 +82,10 @@ def serve(root: Path, binding: Binding, open_browser: bool) -> None:
     """Serve the viewer of ``root`` on ``binding`` until Ctrl-C or SIGTERM."""
     import uvicorn
 
+    from ragen_view.access import cookie_name
     from ragen_view.app import create_app
 
-    app = create_app(root, token=binding.token, loopback=binding.loopback)
+    app = create_app(root, token=binding.token, loopback=binding.loopback, cookie=cookie_name(binding.port))
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     if open_browser:

@@ -1,22 +1,29 @@
 """The viewer's fixtures: a lake with a real run (the `train` flow on Sokoban with the tiny model) and planted runs
-(hand-made rows, some holding HTML and script), ``ragen view`` started as users start it, and a headless Chromium
-(Debian's, through its chromedriver: `make install-browser`)."""
+(hand-made rows, some holding HTML and script), a demo-like lake (the demo config's bootstrap run, then its trained
+run), ``ragen view`` started as users start it, and a headless Chromium (Debian's, through its chromedriver: `make
+install-browser`)."""
 
 from __future__ import annotations
 
 import hashlib
+import http.cookiejar
 import os
 import shutil
 import signal
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import yaml
 
 from ragen_core.storage import DataLake
 from tests.storage.synthetic import make_run, write_run
 
 REAL_RUN = "soko-real"
+DEMO_RUN = "demo"
 PLANTED_RUN = "planted"
 SCRIPT_REPLY = "<script>window.__pwned = 1</script><b>bold?</b>"
 SCRIPT_CONFIG = '<img src=x onerror="window.__pwned = 2">'
@@ -43,6 +50,19 @@ def real_config(model_dir: Path) -> dict:
     }
 
 
+def demo_config(model_dir: Path) -> dict:
+    """The demo's config (configs/bandit.yaml: a bootstrap on scripted demonstrations, then StarPO-S), smaller: one
+    iteration, and 64 validation instances of each of its two validation envs (an iteration's groups: 130 rows)."""
+    config = yaml.safe_load((REPO / "configs" / "bandit.yaml").read_text())
+    config["model"] = {"path": str(model_dir)}
+    config["rollout"].update(env_groups=2, group_size=4)
+    config["actor"].update(mini_batch_size=8, micro_batch_size=8)
+    config["trainer"]["iterations"] = 1
+    config["eval"] = {"every": 1, "instances": 64}
+    config["bootstrap"].update(num_groups=4, group_size=2, epochs=1)
+    return config
+
+
 def planted_run():
     """A hand-made Bandit run whose first reply holds HTML and script, whose config holds an HTML value, and whose
     advantages follow GRPO (the estimator named in its config)."""
@@ -65,6 +85,16 @@ def view_root(tmp_path_factory, tiny_model_dir, prefect_harness) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def demo_root(tmp_path_factory, tiny_model_dir, prefect_harness) -> Path:
+    """A data root as the demo leaves it: the bootstrap run (demonstrations, no metrics) and the trained run."""
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("view-demo") / "lake"
+    train(demo_config(tiny_model_dir), data_root=str(root), run_id=DEMO_RUN)
+    return root
+
+
 def tree_digest(root: Path) -> str:
     """A hash of every path, kind, size, mtime and content under ``root``: any write there changes it."""
     digest = hashlib.sha256()
@@ -77,10 +107,22 @@ def tree_digest(root: Path) -> str:
 
 
 class Viewer:
-    """A running ``ragen view`` process and its URL."""
+    """A running ``ragen view`` process, the URL it printed (with its access token), the address without the token
+    (``base``: ``http://host:port``) and the token."""
 
     def __init__(self, process: subprocess.Popen, url: str) -> None:
         self.process, self.url = process, url
+        parts = urlsplit(url)
+        self.base = f"{parts.scheme}://{parts.netloc}"
+        self.token = parse_qs(parts.query).get("token", [""])[0]
+
+    def opener(self, visit: bool = True) -> urllib.request.OpenerDirector:
+        """A client that keeps cookies as a browser does, having opened the printed URL (``visit``) as users do."""
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        if visit:
+            with opener.open(self.url, timeout=120) as answer:
+                answer.read()
+        return opener
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGINT)
@@ -99,6 +141,23 @@ def start_viewer(root: Path, *args: str) -> Viewer:
         return Viewer(*spawn(root, *args, cwd=REPO))
     except RuntimeError as exc:
         raise AssertionError(str(exc)) from None
+
+
+def fetch(opener: urllib.request.OpenerDirector, url: str, timeout: float = 120) -> tuple[int, str]:
+    """The status and body of ``url`` (an error status too, as the page the viewer sent)."""
+    try:
+        with opener.open(url, timeout=timeout) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture(scope="session")
+def demo_viewer(demo_root):
+    """``ragen view`` of the demo-like root."""
+    running = start_viewer(demo_root)
+    yield running
+    running.stop()
 
 
 @pytest.fixture(scope="session")

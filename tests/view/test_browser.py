@@ -8,12 +8,21 @@ import json
 import math
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from tests.view.conftest import PLANTED_RUN, REAL_RUN, REPO, SCRIPT_CONFIG, SCRIPT_REPLY, tree_digest
+from tests.view.conftest import (
+    PLANTED_RUN,
+    REAL_RUN,
+    REPO,
+    SCRIPT_CONFIG,
+    SCRIPT_REPLY,
+    start_viewer,
+    tree_digest,
+)
 
 
 def sql(root, statement: str) -> list[dict]:
@@ -125,14 +134,21 @@ def test_runs_to_a_failed_trajectory_with_its_coloured_tokens(browser, viewer, v
         assert "dropped" in browser.find_element(By.ID, "advantage-missing").text
 
 
+def visit(browser, viewer, path: str) -> None:
+    """Open the viewer's page ``path`` as a user does: the printed URL first (its token leaves a cookie), then the
+    page."""
+    browser.get(viewer.url)
+    browser.get(viewer.base + path)
+
+
 def test_a_planted_script_is_shown_as_text_and_never_runs(browser, viewer):
-    browser.get(viewer.url.rstrip("/") + f"/runs/{PLANTED_RUN}/iterations/0")
+    visit(browser, viewer, f"/runs/{PLANTED_RUN}/iterations/0")
     Select(browser.find_element(By.NAME, "split")).select_by_value("train")
     follow(browser, By.ID, "apply")
     follow(browser, By.CSS_SELECTOR, "a.trajectory-link")
     assert SCRIPT_REPLY in texts(browser, "dd.think")
     assert browser.execute_script("return window.__pwned === undefined")
-    browser.get(viewer.url.rstrip("/") + f"/runs/{PLANTED_RUN}")
+    browser.get(viewer.base + f"/runs/{PLANTED_RUN}")
     browser.find_element(By.CSS_SELECTOR, "details summary").click()
     assert any(SCRIPT_CONFIG in t for t in texts(browser, "table.config td"))
     assert browser.execute_script("return window.__pwned === undefined")
@@ -142,7 +158,32 @@ def test_a_planted_script_is_shown_as_text_and_never_runs(browser, viewer):
 def test_the_viewer_writes_nothing(browser, viewer, view_root):
     """Every page above, then the root's tree hashed again (runs in this module's order: last)."""
     trajectory = f"/runs/{REAL_RUN}/iterations/0/trajectory?split=val&env=sokoban&group=0&traj=0&colour=advantage"
-    for path in ("", f"/runs/{REAL_RUN}", f"/compare?run={REAL_RUN}&run={PLANTED_RUN}", trajectory):
-        browser.get(viewer.url.rstrip("/") + path)
+    browser.get(viewer.url)
+    for path in ("/", f"/runs/{REAL_RUN}", f"/compare?run={REAL_RUN}&run={PLANTED_RUN}", trajectory):
+        browser.get(viewer.base + path)
         assert not browser.find_elements(By.ID, "error"), (path, browser.page_source[-2000:])
     assert tree_digest(view_root) == viewer.before
+
+
+def test_the_token_is_asked_for_once_then_kept_in_a_cookie(browser, view_root):
+    """Another user of the machine can reach a loopback port: the printed URL holds a token made at this start, a
+    request without it is a 403 that says how to get in, and the first visit with it leaves an HttpOnly,
+    SameSite=Strict cookie by which the links work."""
+    viewer = start_viewer(view_root)
+    try:
+        assert len(viewer.token) >= 24, viewer.url
+        browser.get(viewer.base + f"/runs/{REAL_RUN}")
+        assert browser.find_element(By.ID, "forbidden").text == "This viewer needs its access token"
+        said = browser.find_element(By.TAG_NAME, "body").text
+        assert "the URL that ragen view printed when it started" in said and "?token=" in said
+        assert str(view_root) not in browser.page_source and REAL_RUN not in browser.page_source
+        browser.get(viewer.base + f"/runs/{REAL_RUN}?token=not-this-one")
+        assert "not this viewer's" in browser.find_element(By.ID, "forbidden").text
+        browser.get(viewer.url)
+        assert browser.current_url == viewer.base + "/", "the token leaves the address once the cookie holds it"
+        cookie = browser.get_cookie(f"ragen_view_token_{urlsplit(viewer.url).port}")
+        assert cookie["value"] == viewer.token and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        follow(browser, By.LINK_TEXT, REAL_RUN)
+        assert browser.find_element(By.ID, "run-id").text == REAL_RUN
+    finally:
+        viewer.stop()

@@ -4,14 +4,20 @@ loopback (its token) and of one on loopback (the Host it answers); bad addresses
 
 from __future__ import annotations
 
+import html
 import math
+import re
 import statistics
+import time
 
+import duckdb
+import psutil
 import pytest
 from fastapi.testclient import TestClient
 
-from ragen_core.storage import DataLake
-from ragen_view import queries, render, tokens
+from ragen_core.storage import DataLake, QueryTimeout
+from ragen_core.storage.statements import one_line
+from ragen_view import describe, queries, render, sandbox, tokens
 from ragen_view.app import create_app
 from tests.storage.synthetic import write_run
 from tests.view.conftest import PLANTED_RUN, SCRIPT_REPLY, planted_run
@@ -43,7 +49,9 @@ def test_filters_sort_and_pages_match_the_rows_written(planted, monkeypatch):
     assert last.page == page.pages - 1 and len(last.rows) == len(rows) - 5 * (page.pages - 1)
     where = queries.Filters(where="num_turns >= 2 AND total_reward > -1 -- a comment eats its line only")
     wanted = _expected(run, 0, lambda t: len(t.turns) >= 2 and t.total_reward > -1)
-    assert queries.trajectories(lake, PLANTED_RUN, 0, where).total == len(wanted)
+    found = queries.trajectories(lake, PLANTED_RUN, 0, where)  # a SQL filter: paged in its own process, as here
+    assert found.total == len(wanted) and len(found.rows) == min(5, len(wanted))
+    assert found.pages == max(1, math.ceil(len(wanted) / 5))
     bounded = queries.Filters(min_reward=0.0, max_length=30)
     wanted = _expected(run, 0, lambda t: t.total_reward >= 0 and t.response_length <= 30)
     assert queries.trajectories(lake, PLANTED_RUN, 0, bounded).total == len(wanted)
@@ -241,3 +249,105 @@ def test_a_runs_events_are_listed_escaped(tmp_path):
     page = TestClient(create_app(lake.root), base_url="http://127.0.0.1").get(f"/runs/{PLANTED_RUN}")
     assert page.status_code == 200 and 'id="events"' in page.text
     assert "&lt;b&gt;std&lt;/b&gt; collapsed" in page.text and "rollout/in_group_reward_std" in page.text
+
+
+def test_a_filters_mistake_is_placed_in_its_own_text(planted):
+    lake, _ = planted
+    for where, line, spot, error in (
+        ("num_turns > 'x'", 1, "'x'", duckdb.ConversionException),
+        ("num_turns > 1\nAND AND total_reward > 0", 2, "AND total", duckdb.ParserException),
+        ("num_turns > 1 AND " * 8 + "AND total_reward > 0", 1, "AND total", duckdb.ParserException),  # a long line
+    ):
+        column = where.splitlines()[line - 1].index(spot) + 1
+        with pytest.raises(error) as raised:
+            queries.trajectories(lake, PLANTED_RUN, 0, queries.Filters(where=where))
+        assert one_line(str(raised.value)).endswith(f"(at line {line}, column {column} of the filter)"), raised.value
+    with pytest.raises(duckdb.ParserException, match=r"^Parser Error: syntax error \(at the end of the filter\)$"):
+        queries.trajectories(lake, PLANTED_RUN, 0, queries.Filters(where="num_turns = 1 AND ("))
+
+
+def test_a_bad_filters_page_leads_back_to_the_iteration_without_it(planted):
+    lake, _ = planted
+    client = TestClient(create_app(lake.root), base_url="http://127.0.0.1")
+    iteration = f"/runs/{PLANTED_RUN}/iterations/0"
+    for query, back in (
+        ("split=train&where=num_turns+%3E+%27x%27&page_no=2", "split=train"),
+        ("success=maybe&kept=yes", "kept=yes"),
+        ("sort=input_ids&desc=1&env=bandit", "env=bandit"),
+    ):
+        answer = client.get(f"{iteration}?{query}")
+        assert answer.status_code == 400, query
+        link = re.search(r'<a id="back" href="([^"]*)">back to iteration 0, without ', answer.text)
+        assert link and html.unescape(link.group(1)) == f"{iteration}?{back}#trajectories", query
+
+
+def test_on_loopback_too_every_request_needs_the_token(planted):
+    lake, _ = planted
+    client = TestClient(create_app(lake.root, token="s3cret", cookie="view_8765"), base_url="http://127.0.0.1:8765")
+    refused = client.get(f"/runs/{PLANTED_RUN}")
+    assert refused.status_code == 403 and "needs its access token" in refused.text
+    assert "<code>ragen view</code> printed" in refused.text and str(lake.root) not in refused.text
+    assert "not this viewer's" in client.get("/?token=s3cre").text
+    answer = client.get(f"/runs/{PLANTED_RUN}?token=s3cret&metric=x", follow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["location"] == f"/runs/{PLANTED_RUN}?metric=x"
+    cookie = answer.headers["set-cookie"]
+    assert cookie.startswith("view_8765=s3cret;") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert client.get(f"/runs/{PLANTED_RUN}").status_code == 200  # the cookie it set
+    assert TestClient(create_app(lake.root, token="s3cret"), base_url="http://x.example").get("/").status_code == 403
+
+
+def test_a_runs_schedule_is_in_its_facts_and_in_the_runs_list(tmp_path):
+    run = planted_run()
+    run.config["trainer"] = {"max_staleness": 2}
+    run.config["algorithm"]["off_policy_correction"] = "decoupled"
+    lake = DataLake(tmp_path)
+    write_run(lake, run)
+    client = TestClient(create_app(lake.root), base_url="http://127.0.0.1")
+    listed = client.get("/").text
+    assert '<td class="schedule">asynchronous, staleness up to 2, decoupled off-policy correction</td>' in listed
+    facts = client.get(f"/runs/{PLANTED_RUN}").text
+    assert "<code>trainer.max_staleness=2</code>, <code>algorithm.off_policy_correction=decoupled</code>" in facts
+    assert f'<dd id="kind">train — {describe.KINDS["train"]}</dd>' in facts
+
+
+def test_a_filter_that_runs_too_long_is_stopped(planted, monkeypatch):
+    lake, _ = planted
+    monkeypatch.setattr(queries, "QUERY_TIMEOUT_S", 0.5)
+    endless = queries.Filters(where="(SELECT sum(x) FROM range(1000000000000) t(x)) > 0")
+    started = time.monotonic()
+    with pytest.raises(QueryTimeout, match=r"^out of time \(a filter's query may run 0.5 s here\): narrow it$"):
+        queries.trajectories(lake, PLANTED_RUN, 0, endless)
+    assert time.monotonic() - started < sandbox.KILL_GRACE_S
+
+
+def test_a_filters_process_that_does_not_stop_at_its_time_limit_ends_all_the_same():
+    started = time.monotonic()
+    with pytest.raises(QueryTimeout, match="out of time"):
+        sandbox.run(sandbox.Limits(0.5, 10**9), time.sleep, 600)  # sleeps past any interrupt of DuckDB's
+    assert sandbox.KILL_GRACE_S < time.monotonic() - started < sandbox.KILL_GRACE_S + 3
+    server = psutil.Process(sandbox.SERVER.process.pid)
+    while server.children() and time.monotonic() - started < sandbox.KILL_GRACE_S + 8:
+        time.sleep(0.1)
+    assert not server.children(), "the child ended at its alarm"
+
+
+def test_a_filters_answer_is_rebuilt_from_plain_values_only():
+    """The child's answer holds rows read from the data root: the viewer rebuilds lists, dicts, dates and the page,
+    and refuses a pickle naming anything else (it would be called as the pickle says) without calling it."""
+    import datetime
+    import os
+    import pickle
+
+    from ragen_core.storage import QueryError
+    from ragen_view.queries import Page
+    from ragen_view.sandbox import plain_values
+
+    page = Page([{"env": "bandit", "at": datetime.datetime(2026, 12, 6, 7, 0), "actions": [1, 2]}], 1, 0, 1)
+    assert plain_values(pickle.dumps(("result", page))) == ("result", page)
+
+    class Planted:
+        def __reduce__(self):
+            return (os.getpid, ())
+
+    with pytest.raises(QueryError, match=r"may not hold posix\.getpid"):
+        plain_values(pickle.dumps(("result", Planted())))
