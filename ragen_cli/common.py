@@ -19,9 +19,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-# emoji=False: text from users (paths, run:<id>: in messages) is shown as typed, never as emoji (':ab:' is one)
-console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)  # piped output: wide tables
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
+# emoji=False: text from users (paths, run:<id>: in messages) is shown as typed, never as emoji (':ab:' is one).
+# Piped output (a file, grep): tables 160 columns wide, and a line of text never wrapped (soft_wrap), whatever its
+# length, so that a grep for an iteration's line finds all of it.
+console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=not sys.stdout.isatty(), emoji=False)
+err_console = Console(
+    stderr=True, width=None if sys.stderr.isatty() else 160, soft_wrap=not sys.stderr.isatty(), emoji=False
+)
 DEFAULT_DATA_ROOT = "data"
 
 

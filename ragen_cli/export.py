@@ -49,6 +49,8 @@ def export(
         where = "none (no checkpoint)" if policy is None else str(policy)
         hint = "" if policy is None or report.models_copied else " (not copied: --model copies it into the export)"
         console.print(f"policy of {escape(run_id)}: {escape(where)}{hint}", highlight=False)
+    for run_id, reason in report.chats_left_out.items():
+        console.print(f"README.md leaves out the chat of {escape(run_id)}: {escape(reason)}", highlight=False)
     console.print(
         f"how to prompt each run's policy (system prompt, messages, a transformers snippet): "
         f"{escape(str(report.out / 'README.md'))}",

@@ -303,8 +303,10 @@ def export(
     trusted = frozenset({"module"}) if trust_env_module else frozenset()
     policies = policy_folders(lake, ids)  # looked up once: the README names the copies --model makes of them
     copies = {run_id: exported_model_dir(run_id) for run_id in policies} if model else None
-    notes = export_notes(lake, ids, trusted, copies)
-    return export_dataset(lake, Path(out), ids, chosen, notes, model, policies)
+    notes = export_notes(lake, ids, trusted, copies, Path(out).resolve())
+    report = export_dataset(lake, Path(out), ids, chosen, notes.markdown, model, policies)
+    report.chats_left_out = notes.left_out
+    return report
 
 
 def describe_config(config: q.ConfigInput = None, overrides: list[str] | None = None) -> list:

@@ -170,7 +170,13 @@ def trusted_path(path: str, root: Path) -> bool:
 
 
 class UntrustedConfigError(ConfigError):
-    """A config read from the data root names a program, module, host or outside folder the user did not name."""
+    """A config read from the data root names a program, module, host or outside folder the user did not name:
+    ``key`` (dotted), its :data:`KINDS` ``kind`` and the stored ``value``, for a command with its own way to allow
+    it."""
+
+    def __init__(self, message: str, key: str = "", kind: str = "", value: Any = None) -> None:
+        super().__init__(message)
+        self.key, self.kind, self.value = key, kind, value
 
 
 @dataclass(frozen=True)
@@ -216,5 +222,8 @@ def check_stored_trust(
         env = f" (or set {declared.env} to it)" if declared.env else ""
         raise UntrustedConfigError(
             f"{stored.source} sets {declared.key}={value!r}; a config stored in the data root does not name "
-            f"{KINDS[declared.kind].names}: pass {again} again to use it{env}{KINDS[declared.kind].allow}"
+            f"{KINDS[declared.kind].names}: pass {again} again to use it{env}{KINDS[declared.kind].allow}",
+            declared.key,
+            declared.kind,
+            value,
         )

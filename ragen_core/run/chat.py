@@ -6,15 +6,18 @@ cannot drift from what the policy was trained on."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragen_core.agent.prompts import SYSTEM_PROMPT, reply_prefix
 from ragen_core.config import RunConfig
-from ragen_core.config.trust import UntrustedConfigError
+from ragen_core.config.trust import TRUST_MODULE_FLAG, TRUSTED_PATHS_VARIABLE, UntrustedConfigError, trusted_keys
 from ragen_core.envs import make_env
 from ragen_core.envs.held_out import validation_seeds
 from ragen_core.rollout.engine import opening_message
-from ragen_core.run.checks import build_stored_run_config, manifest_config
+from ragen_core.run.checks import build_stored_run_config, manifest_config, stored_trust_refusals
 from ragen_core.storage import DataLake
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
 
@@ -42,16 +45,19 @@ def validation_instance(config: RunConfig, env_name: str) -> int:
     return validation_seeds(config, env_name)[0]
 
 
-def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None) -> str:
+def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None, export_dir: Path | None = None) -> str:
     """A README section: how to prompt the policy of ``run_id`` (its checkpoint's Hugging Face export at
-    ``model_dir``, when it has one), with the first turn of its first validation instance as the example and a
-    runnable ``transformers`` snippet."""
+    ``model_dir``, when it has one; a path relative to ``export_dir`` for its copy in the export), with the first
+    turn of its first validation instance as the example and a ``transformers`` snippet that runs from any folder."""
     env_name = config.env.name
     seed = validation_instance(config, env_name)
     messages = first_chat(config, env_name, seed)
     prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
     system = "none (`rollout.prompt_style=compact`)" if len(messages) == 1 else f"`{messages[0]['content']}`"
-    where = str(model_dir) if model_dir is not None else "<the run's checkpoint>/hf"
+    if model_dir is None:
+        where, export_dir = "<the run's checkpoint>/hf", None
+    else:  # a copy in the export: relative to its folder; else the checkpoint's folder, from anywhere
+        where = str(model_dir) if export_dir is not None else os.path.abspath(model_dir)
     lines = [
         f"## Prompting the policy of `{run_id}`",
         "",
@@ -64,9 +70,7 @@ def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None) -> str
         "next user message.",
         "",
         "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        "",
-        f"model_dir = {json.dumps(where)}",
+        *_model_dir_lines(where, export_dir),
         "tokenizer = AutoTokenizer.from_pretrained(model_dir)",
         "model = AutoModelForCausalLM.from_pretrained(model_dir)",
         f"messages = {json.dumps(messages, indent=4)}",
@@ -80,15 +84,57 @@ def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None) -> str
     return "\n".join(lines)
 
 
-def _untrusted(exc: UntrustedConfigError) -> str:
-    """Why a run's chat is left out of an export, and the one way the export takes to write it."""
-    text = str(exc)
-    key = text.split(" sets ", 1)[1].split("=", 1)[0] if " sets " in text else "a key"
+# The stored keys the chat never uses: it is built from the env section alone (the env, its options, the prompts),
+# never loads the model, starts a program, a launcher or a host, nor logs to a tracker, so the export needs no
+# permission for the keys of the other sections.
+CHAT_UNUSED_KEYS = frozenset(key.key for key in trusted_keys(RunConfig) if not key.key.startswith("env."))
+
+
+def _model_dir_lines(where: str, export_dir: Path | None) -> list[str]:
+    """The snippet's first lines: its imports and ``model_dir``, the policy's folder. A copy in the export is named
+    from the export's folder, written out absolute (a relative path would be looked up from wherever the snippet
+    runs, and transformers takes a missing folder for a hub id); a moved export changes one line."""
+    imports = ["from transformers import AutoModelForCausalLM, AutoTokenizer", ""]
+    if export_dir is None:
+        return [*imports, f"model_dir = {json.dumps(where)}"]
+    return [
+        "import os",
+        "",
+        *imports,
+        f"export_dir = {json.dumps(str(export_dir))}  # this export's folder (moved: its new place)",
+        f"model_dir = os.path.join(export_dir, {json.dumps(Path(where).as_posix())})",
+        "if not os.path.isdir(model_dir):",
+        '    raise SystemExit(f"no policy at {model_dir}: set export_dir to the folder of this README")',
+    ]
+
+
+def untrusted_advice(refused: list[UntrustedConfigError]) -> str:
+    """Why a run's chat is left out of an export (every refused key) and the one command that writes it: a folder
+    listed in :data:`~ragen_core.config.trust.TRUSTED_PATHS_VARIABLE` for a file outside the data root,
+    ``--trust-env-module`` for a module of the user's own."""
+    reasons, fixes = [], []
+    for exc in refused:
+        shown = json.dumps(exc.value)
+        if exc.kind == "path":
+            reasons.append(f"reads a file outside the data root ({exc.key}={shown})")
+            folder = shlex.quote(os.path.dirname(os.path.abspath(os.path.expanduser(str(exc.value)))))
+            fixes.append(f"{TRUSTED_PATHS_VARIABLE}={folder} in the environment")
+        else:
+            reasons.append(f"names code of its own ({exc.key}={shown})")
+            fixes.append(f"`{TRUST_MODULE_FLAG}`")
     return (
-        f"its stored config names code of its own ({key}), which `ragen export` does not import unless asked: run "
-        "the export again with `--trust-env-module` to import the modules the stored config names "
-        "(docs/security.md)."
+        f"its stored config {' and '.join(dict.fromkeys(reasons))}, which `ragen export` does not use unless "
+        f"allowed: export again with {' and '.join(dict.fromkeys(fixes))} (docs/security.md)"
     )
+
+
+@dataclass
+class ExportNotes:
+    """The README sections of ``ragen export`` (:func:`export_notes`) and the runs whose chat they leave out, each
+    with the reason and what makes the export write it."""
+
+    markdown: str
+    left_out: dict[str, str] = field(default_factory=dict)
 
 
 def export_notes(
@@ -96,13 +142,17 @@ def export_notes(
     run_ids: list[str],
     trusted_kinds: frozenset[str] = frozenset(),
     copies: dict[str, Path] | None = None,
-) -> str:
+    export_dir: Path | None = None,
+) -> ExportNotes:
     """The README sections of ``ragen export`` on prompting each run's policy (:func:`chat_markdown`), its newest
-    checkpoint's export as the model (or, for a run in ``copies``, its copy in the export: a path relative to the
-    export's folder); a run whose manifest holds no config (a bootstrap's) is said to have none, and
-    one whose stored config names code or files from outside (an env ``package.module:Class``, a reward function)
-    is said to be left out, unless the user allowed that kind (``trusted_kinds``: ``{"module"}`` for ``ragen export
-    --trust-env-module``): building its env would import what a file of the data root names."""
+    checkpoint's export as the model (or, for a run in ``copies``, its copy in the export: a path relative to
+    ``export_dir``, the export's folder); a run whose manifest holds no config (a bootstrap's) is said to have none,
+    and one whose stored config names code or files from outside (an env ``package.module:Class``, a reward
+    function, a data file) is left out, with the reason (:func:`untrusted_advice`), unless the user allowed that kind
+    (``trusted_kinds``: ``{"module"}`` for ``ragen export --trust-env-module``): building its env would import or
+    read what a file of the data root names. The keys the chat never uses (:data:`CHAT_UNUSED_KEYS`) need no
+    permission."""
+    notes = ExportNotes("")
     sections = []
     for run_id in dict.fromkeys(run_ids):
         manifest = lake.read_manifest(run_id)
@@ -110,12 +160,17 @@ def export_notes(
         if tree is None:
             sections.append(f"## Prompting the policy of `{run_id}`\n\nIts manifest holds no config.\n")
             continue
+        stored = manifest_config(lake, run_id, tree)
         try:  # the trust check first: a stored env or reward of the user's own code is never imported here
-            config = build_stored_run_config(manifest_config(lake, run_id, tree), trusted_kinds=trusted_kinds)
-        except UntrustedConfigError as exc:
-            sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {_untrusted(exc)}\n")
+            config = build_stored_run_config(stored, trusted_kinds=trusted_kinds, unused=CHAT_UNUSED_KEYS)
+        except UntrustedConfigError:
+            refused = stored_trust_refusals(stored, trusted_kinds, CHAT_UNUSED_KEYS)
+            notes.left_out[run_id] = untrusted_advice(refused)
+            sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {notes.left_out[run_id]}.\n")
             continue
         newest = lake.latest_checkpoint(run_id)
         where = checkpoint_file(newest[1], CHECKPOINT_HF) if newest else None
-        sections.append(chat_markdown(config, run_id, (copies or {}).get(run_id, where)))
-    return "\n".join(sections)
+        copy = (copies or {}).get(run_id)
+        sections.append(chat_markdown(config, run_id, copy or where, export_dir if copy else None))
+    notes.markdown = "\n".join(sections)
+    return notes

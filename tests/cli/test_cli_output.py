@@ -3,6 +3,7 @@ exit (never into the result on stdout), and a user's mistake shows no traceback.
 
 import json
 import os
+import re
 
 import pyarrow as pa
 import pytest
@@ -276,8 +277,10 @@ def _op_files_written_since(start_ns: int) -> list[str]:
 
 def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, tiny_model_dir):
     """DeepSpeed's accelerator warning (when DS_ACCELERATOR is not set) and its "built successfully" line are not
-    shown by `ragen train`; the run's own lines are. The run, started as a user starts it (no TORCH_EXTENSIONS_DIR),
-    uses the comm op ``make install`` built: it compiles nothing (no file of the op's folder written)."""
+    shown by `ragen train`; the run's own lines are, each iteration's on one line however long (its output is a
+    pipe: the lines of three validation envs once wrapped at 160 columns, and grep lost their ends). The run,
+    started as a user starts it (no TORCH_EXTENSIONS_DIR), uses the comm op ``make install`` built: it compiles
+    nothing (no file of the op's folder written)."""
     import subprocess
     import sys
     import time
@@ -306,12 +309,16 @@ def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, ti
         "actor.mini_batch_size=8",
         "actor.micro_batch_size=8",
         "eval.instances=4",
-        "env.val_envs=[bandit]",
+        "env.val_envs=[bandit, bandit_test, bandit_reversed]",
     ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "iter   0" in done.stdout and "validation success" in done.stdout
+    lines = [line for line in done.stdout.splitlines() if "/success " in line]
+    assert [line[:8] for line in lines] == ["iter   0", "iter   1"], done.stdout
+    assert max(len(line) for line in lines) > 160
+    assert all(re.search(r" · bandit_reversed/success [\d.]+ · bandit_test/success [\d.]+$", line) for line in lines)
     assert "Setting accelerator" not in output and "built successfully" not in output, output[:2000]
     assert not _op_files_written_since(start_ns), "the run compiled DeepSpeed's op, not make install's"
 

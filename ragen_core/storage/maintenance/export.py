@@ -20,6 +20,7 @@ nothing.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import stat
@@ -57,6 +58,9 @@ class ExportReport:
     # --model, else where it lies in the data root; a run without a checkpoint has none
     models: dict[str, Path] = field(default_factory=dict)
     models_copied: bool = False
+    # the runs whose chat the README leaves out (a stored config naming code or files from outside), each with the
+    # reason and what makes the export write it
+    chats_left_out: dict[str, str] = field(default_factory=dict)
 
 
 EXPORT_MODELS = "models"  # the export's folder of each run's policy (--model): models/<run id>/
@@ -231,8 +235,9 @@ def _write_table(lake: DataLake, table: str, report: ExportReport, folder: Path)
 
 
 def load_line(folder: Path) -> str:
-    """The one line that loads an exported table."""
-    return f'load_dataset("parquet", data_dir="{folder}")'
+    """The one line that loads an exported table. ``datasets`` expands ``*``, ``?`` and ``[...]`` in ``data_dir``, so
+    the folder is named with them escaped: ``out[1]`` would load a sibling ``out1``."""
+    return f'load_dataset("parquet", data_dir="{glob.escape(str(folder))}")'
 
 
 def _card(lake: DataLake, report: ExportReport) -> str:
