@@ -10,7 +10,7 @@ PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP := $(VENV)/.installed
 DATA_ROOT ?= data
 
-.PHONY: install install-vllm install-trackers install-browser view demo test test-busy test-all lint clean server server-stop bench device-bundle test-gpu
+.PHONY: install install-vllm install-trackers install-browser view demo test test-quick test-busy test-all lint clean server server-stop bench device-bundle test-gpu
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -76,13 +76,22 @@ TEST_WORKERS ?= 2
 # The vLLM tests (a real vLLM server) run when the vLLM environment exists and are skipped, with a note, when not.
 # The run ends with its slowest tests (TEST_DURATIONS of them; 0: none), where the suite's time goes; with
 # RAGEN_TEST_CPU=1 in the environment it also ends with the CPU its processes spent, by kind (tests/cpu_inventory.py).
-TEST_DURATIONS ?= 20
+TEST_DURATIONS ?= 15
 test: $(STAMP) $(TRACKERS_STAMP)
 	@test -f $(VLLM_STAMP) || echo "note: no vLLM environment, so the vLLM tests are skipped; 'make install-vllm' builds it"
 	@test -x /usr/bin/chromedriver || echo "note: no Chromium, so the viewer's browser tests are skipped; 'make install-browser' installs it"
 	$(if $(wildcard $(VLLM_STAMP)),RAGEN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python) \
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_DURATIONS)),,--durations=$(TEST_DURATIONS)) \
 	  $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
+
+# The day-to-day subset (docs/development.md, "Tests"): the tests that start no Prefect server (neither the session's
+# `ragen server` nor Prefect's test harness), no process of the project (a `ragen` command, a launched update group,
+# a re-stamp probe), no vLLM server and no browser, chosen by their markers (pyproject.toml; tests/conftest.py marks
+# a test by the fixtures it uses). `make test`, which CI runs, stays the whole suite.
+QUICK_MARKERS ?= not (server or prefect or process or slow or vllm or gpu or browser)
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_DURATIONS)),,--durations=$(TEST_DURATIONS)) \
+	  $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) -m "$(QUICK_MARKERS)" tests
 
 # The suite on a busy machine: `make test` beside $(HOGS) processes that spin on the CPU (a machine shared with other
 # jobs); the project's processes must keep their results and their time limits there too.

@@ -41,10 +41,13 @@ class GroupCase:
 
 @dataclass
 class _RolloutCopy:
-    """The run's rollout side as a launched session holds it: a separate copy of the policy, no vLLM server."""
+    """The run's rollout side as a launched session holds it: a separate copy of the policy, no sampler to hand the
+    new weights on to (:class:`ragen_core.training.updater.RolloutSide`)."""
 
     model: torch.nn.Module
-    engine: Any = None
+
+    def take(self, weights: Any) -> None:
+        """No sampler reads anything but the copy."""
 
 
 def measure(case: GroupCase) -> dict[str, Any]:

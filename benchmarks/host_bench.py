@@ -60,7 +60,7 @@ import ragen_core
 from transformers import AutoTokenizer
 from ragen_core.run.requests import resolve_config
 from ragen_core.storage import DataLake
-from ragen_core.training.inputs import update_inputs
+from ragen_core.update.inputs import update_inputs
 ragen_core.train(args["config"], args["root"], "host", args["overrides"])
 config = resolve_config(args["config"], args["overrides"])
 lake, pad = DataLake(args["root"]), AutoTokenizer.from_pretrained(args["model"]).pad_token_id

@@ -76,7 +76,7 @@ def filler_ids(tokenizer: Any) -> np.ndarray:
 def synthetic_rollouts() -> Iterator[None]:
     """Within the block, every run of this process samples with :class:`SyntheticBackend` (training and validation
     rollouts; a launched update group's processes sample nothing)."""
-    from ragen_core.run.session import RolloutPolicy
+    from ragen_core.rollout.policy import RolloutPolicy
 
     def backend(policy: RolloutPolicy, rollout: Any, temperature: float) -> SyntheticBackend:
         return SyntheticBackend(policy.tokenizer, rollout.max_new_tokens)

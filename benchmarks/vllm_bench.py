@@ -91,7 +91,7 @@ def measure_push(data_root: Path, overrides: tuple[str, ...], threads: int) -> d
     def timed_sync(self: Any, rollout: Any) -> None:
         started = time.perf_counter()
         original(self, rollout)
-        if rollout.engine is not None:
+        if getattr(rollout.sampler, "server", None) is not None:  # the vLLM sampler (ragen_core.rollout.samplers)
             pushes.append(time.perf_counter() - started)
 
     case = FlowCase("vllm-demo", (f"trainer.num_threads={threads}", "rollout.backend=vllm", *overrides), data_root)

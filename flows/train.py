@@ -1,11 +1,13 @@
-"""The ``train`` flow (fresh or resumed): two doors onto one procedure (:func:`ragen_core.run.procedures.train`).
+"""The ``train`` flow (fresh or resumed): two doors onto one course, the stages of
+:func:`ragen_core.run.procedures.train` (open the session, the schedule's iterations, the final validation, close).
 
 - :func:`train`, plain parameters (a deployment's form, a sweep's point, Python): the request is built here, once,
   and admitted (the run's writer lock taken, its start decided) in the flow run;
 - :func:`train_admitted`, an admitted request (the ``ragen`` command, which built and admitted it before starting
   Prefect): nothing is built, taken or decided again.
 
-Both run the procedure with :data:`PREFECT`: each step a Prefect task, progress to Prefect's UI and the caller.
+Both run the stages with :data:`PREFECT`: each step a Prefect task, progress to Prefect's UI and the caller. The
+Python API runs the same stages with direct calls (:func:`ragen_core.run.procedures.train`): the same run, bitwise.
 """
 
 from __future__ import annotations
@@ -15,8 +17,16 @@ from typing import Any
 
 from flows import ui
 from ragen_core.config import RunConfig
-from ragen_core.run.procedures import Admission, Hooks, admit
-from ragen_core.run.procedures import train as train_procedure
+from ragen_core.run.procedures import (
+    Admission,
+    Hooks,
+    admit,
+    open_training,
+    restore_training,
+    training_iterations,
+    validate_final_policy,
+)
+from ragen_core.run.record import run_status
 from ragen_core.run.requests import RunRequest, TrainInputs, resolve_config, run_request
 from tasks import reporting as r
 from tasks.iteration import call_as_task
@@ -37,6 +47,19 @@ __all__ = ["PREFECT", "resolve_config", "train", "train_admitted"]
 
 def _tags(request: RunRequest) -> list[str]:
     return ui.run_tags(request.config.env.name, request.config.algorithm.preset, (request.sweep or {}).get("id"))
+
+
+def _stages(admission: Admission) -> dict[str, Any]:
+    """The run, stage by stage, each stage's steps Prefect tasks: the result of
+    :func:`ragen_core.run.procedures.train`."""
+    run = open_training(admission, PREFECT)  # [bootstrap] -> session; resumed or extended; none when already done
+    if run.session is None:
+        return run.result
+    with run_status(run.session):  # closed however it ends: the manifest says how
+        first = restore_training(run, PREFECT)  # a resumed run's checkpoint and replayed updates
+        final = training_iterations(run.session, first, PREFECT)  # trainer.iterations x the iteration's table
+        validate_final_policy(run.session, final, PREFECT)  # committed as its own iteration
+    return {**run.result, "first_iteration": first}
 
 
 @ui.flow(name="train", flow_run_name=ui.named_after("run_id"), validate_parameters=False)
@@ -64,7 +87,7 @@ def train(
         note = admission.run.takeover_note
         if note:
             logging.getLogger(__name__).warning(note)
-        return train_procedure(admission, PREFECT)
+        return _stages(admission)
 
 
 @ui.flow(name="train", flow_run_name=ui.named_after_request("admission"), validate_parameters=False)
@@ -72,4 +95,4 @@ def train_admitted(admission: Admission) -> dict[str, Any]:
     """The ``train`` flow of a request its caller built and admitted (the ``ragen`` command, holding the run's
     writer lock with its start decided): Prefect's UI shows the request's plain parameters."""
     with ui.showing(admission.request.run_id, _tags(admission.request)):
-        return train_procedure(admission, PREFECT)
+        return _stages(admission)

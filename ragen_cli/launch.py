@@ -186,8 +186,8 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
     the command prints it alone. Anything else is a bug and keeps its traceback."""
     from ragen_core.envs.external import UserCodeError
     from ragen_core.policy.loading import PolicyLoadError
+    from ragen_core.rollout.sampler import SamplerError
     from ragen_core.rollout.vllm_backend import BackendUnavailable, VLLMServerError
-    from ragen_core.run.sampler import SamplerError
     from ragen_core.storage import LakeError
     from ragen_core.training.checkpoint import CheckpointError
 
@@ -242,7 +242,10 @@ def overlap_hint(config: RunConfig, cores: int, load: float) -> str | None:
     learner's threads (``trainer.num_threads``; torch's default: every core) and the sampler's
     (``rollout.sampler_threads``) together. The lanes then take turns on the cores and the overlap gains little; the
     note says what to set. None when they fit, or when the run is synchronous or samples elsewhere (a vLLM server)."""
-    if config.trainer.max_staleness < 1 or config.rollout.backend != "hf":
+    from ragen_core.run.schedule import Schedule
+
+    schedule = Schedule.of(config)
+    if not schedule.samples_beside_learner or config.rollout.backend != "hf":
         return None
     learner = config.trainer.num_threads or cores
     sampler = config.rollout.sampler_threads
@@ -250,7 +253,7 @@ def overlap_hint(config: RunConfig, cores: int, load: float) -> str | None:
     if learner + sampler <= free + 0.5:  # half a core of noise is still room
         return None
     return (
-        f"trainer.max_staleness={config.trainer.max_staleness} overlaps two lanes, the learner "
+        f"trainer.max_staleness={schedule.staleness} overlaps two lanes, the learner "
         f"(trainer.num_threads={config.trainer.num_threads or f'torch default, {cores}'}) and the sampler process "
         f"(rollout.sampler_threads={sampler}): {learner + sampler} threads, and this machine has {free:.1f} free "
         f"core(s) of {cores} (one-minute load {load:.1f}), so the lanes will mostly take turns and the run gains "

@@ -30,6 +30,7 @@ PLUMBING = (
     "ragen_core/lineage.py",  # this list, the fingerprint and the chain of re-stamp records
     "ragen_core/findings/provenance.py",  # the versions and the machine a finding records
     "ragen_core/findings/restamp.py",  # the probe that runs two commits side by side, and its records
+    "ragen_core/findings/restamp_sides.py",  # the probe's two sides: each commit's tree and its runs
     "ragen_core/findings/bitwise.py",  # the probe's comparison of two lakes
     "ragen_core/findings/changes.py",  # which counted files a change touched, and whether the probe ran them
     "ragen_core/findings/restamp_records.py",  # the re-stamp records and their chain
@@ -39,7 +40,8 @@ PLUMBING = (
     "ragen_core/storage/",
     "ragen_core/run/decisions.py",
     "ragen_core/run/resume.py",
-    "ragen_core/sweep.py",
+    "ragen_core/sweep/",  # the sweep package: plans, their store and comparison, the request and course
+    "ragen_core/sweep.py",  # the same, a module until issue 67: an older checkout's (a re-stamp's old side)
     "ragen_core/monitor/trackers/",
     "ragen_core/monitor/plots.py",
     "ragen_core/monitor/tensorboard_sink.py",

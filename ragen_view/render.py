@@ -1,13 +1,15 @@
 """What the pages draw, as plain data for the templates (which escape every text): line charts as SVG coordinates,
-and an env's state as a grid of tiles where the env renders one (Sokoban, FrozenLake)."""
+and an env's state as a board of tiles where the env declares how its grid is drawn (its ``grid_legend``: Sokoban,
+FrozenLake, any registered env that has one). Nothing here names an env."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ragen_core.envs.frozen_lake import SYMBOLS as FROZEN_LAKE
-from ragen_core.envs.sokoban import CLASSIC_SYMBOLS, NEW_VOCAB_SYMBOLS, SokobanSymbols
+from ragen_core.envs import make_env, registered_envs
+from ragen_core.envs.base import Tile
 
 WIDTH, HEIGHT = 420, 220
 LEFT, RIGHT, TOP, BOTTOM = 56, 12, 12, 28
@@ -83,46 +85,44 @@ def chart(title: str, metric: str, series: dict[str, list[tuple[int, float]]], c
     return drawn
 
 
-# Tile classes of the grid envs: each symbol of the env's render to the CSS class of its tile.
-def _sokoban(symbols: SokobanSymbols) -> dict[str, str]:
-    return {
-        symbols.wall: "wall",
-        symbols.floor: "floor",
-        symbols.target: "target",
-        symbols.box: "box",
-        symbols.box_on_target: "box-on-target",
-        symbols.player: "player",
-        symbols.player_on_target: "player-on-target",
-    }
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a drawn board: the symbol read from the observation, its tile (the env's legend: name, colour,
+    label) and the ink its symbol is written in on that colour."""
+
+    symbol: str
+    tile: Tile
+    ink: str
 
 
-FROZEN_LAKE_TILES = {
-    FROZEN_LAKE["player"]: "player",
-    FROZEN_LAKE["frozen"]: "ice",
-    FROZEN_LAKE["hole"]: "hole",
-    FROZEN_LAKE["goal"]: "goal",
-    FROZEN_LAKE["player_in_hole"]: "player-in-hole",
-    FROZEN_LAKE["player_on_goal"]: "player-on-goal",
-}
+def legend_of(env: str) -> tuple[Tile, ...]:
+    """The tile legend (:attr:`TextEnv.grid_legend`) of the env this project registers as ``env``, built by name with
+    its default options; () when it draws no grid or cannot be built without options. An env of the user's own code
+    (an import path, an installed distribution's entry point) is never imported by the viewer (docs/security.md):
+    () too, and its states are shown as text."""
+    if env not in registered_envs():
+        return ()
+    try:
+        return tuple(make_env(env).grid_legend)
+    except ValueError:  # an env that needs its options (a data file, say) to be built: no board
+        return ()
 
 
-def tiles_of(env: str) -> dict[str, str] | None:
-    """The tile classes of an env's grid by its registered name (None: the env draws no grid)."""
-    if env.startswith("sokoban_new_vocab"):
-        return _sokoban(NEW_VOCAB_SYMBOLS)
-    if env.startswith("sokoban"):
-        return _sokoban(CLASSIC_SYMBOLS)
-    if env.startswith("frozen_lake"):
-        return FROZEN_LAKE_TILES
-    return None
+def ink(colour: str) -> str:
+    """The colour a symbol is readable in on a tile of ``colour`` (``#rrggbb``): near-black on a light tile, white on
+    a dark one (WCAG's relative luminance, over its usual threshold)."""
+    channels = [int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    return "#111111" if luminance > 0.179 else "#ffffff"
 
 
-def grid(env: str, observation: str | None) -> list[list[tuple[str, str]]] | None:
-    """The env's state in ``observation`` as rows of ``(symbol, tile class)``: the longest block of two or more
-    consecutive lines of one length made only of the env's symbols; None when the env draws no grid or the
-    observation holds none."""
-    tiles = tiles_of(env)
-    if tiles is None or not observation:
+def grid(legend: Sequence[Tile], observation: str | None) -> list[list[Cell]] | None:
+    """The env's state in ``observation`` as rows of cells drawn by ``legend``: the longest block of two or more
+    consecutive lines of one length made only of the legend's symbols; None when the legend is empty (the env draws
+    no grid) or the observation holds none."""
+    tiles = {tile.symbol: tile for tile in legend}
+    if not tiles or not observation:
         return None
     best: list[str] = []
     block: list[str] = []
@@ -136,4 +136,4 @@ def grid(env: str, observation: str | None) -> list[list[tuple[str, str]]] | Non
         block = [line] if line and set(line) <= tiles.keys() else []
     if not best:
         return None
-    return [[(symbol, tiles[symbol]) for symbol in line] for line in best]
+    return [[Cell(symbol, tiles[symbol], ink(tiles[symbol].colour)) for symbol in line] for line in best]

@@ -167,7 +167,8 @@ def trajectory_page(
             "reading the run's validations", queries.same_instance, site.lake, run_id, split, env, group, traj
         )
         others = [i for i in others if i != iteration]
-    grids = {t.index: render.grid(env, (t.row or {}).get("observation")) for t in view.turns}
+    legend = render.legend_of(env)
+    grids = {t.index: render.grid(legend, (t.row or {}).get("observation")) for t in view.turns}
     return site.page(
         request,
         "trajectory.html",
@@ -181,6 +182,7 @@ def trajectory_page(
         advantage_missing=why,
         advantage_note=note,
         grids=grids,
+        final_grid=render.grid(legend, found.get("final_state")),
         others=others,
         key={"split": split, "env": env, "group": group, "traj": traj},
     )

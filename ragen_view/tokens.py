@@ -3,10 +3,12 @@ saw (each turn's context, then its reply), and each reply token with the values 
 (the loss mask), the sampler's log-prob, and the advantage the update gave it.
 
 The advantage is not stored: it is recomputed here as the update computed it, from the same inputs
-(:func:`ragen_core.training.inputs.update_inputs`: the iteration's kept training rows, in the update's order) by the
-same functions (the run's advantage estimator, then RAGEN-2's scalings). Where the update's advantage needs what the
-lake does not keep (a critic's values, the reference policy's log-probs for a KL in the reward, the proximal
-policy's for an off-policy weight), the viewer says so instead of showing a different number.
+(:func:`ragen_core.update.inputs.update_inputs`: the iteration's kept training rows, in the update's order, each
+row's trajectory named by its key) by the same function (:func:`ragen_core.update.advantages.update_advantages`: the
+run's advantage estimator, then RAGEN-2's scalings). The viewer imports nothing of ``ragen_core.training``
+(tests/test_architecture_layers.py). Where the update's advantage needs what the lake does not keep (a critic's
+values, the reference policy's log-probs for a KL in the reward, the proximal policy's for an off-policy weight),
+the viewer says so instead of showing a different number.
 """
 
 from __future__ import annotations
@@ -15,10 +17,16 @@ import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ragen_core.storage import DataLake
 from ragen_core.storage.statements import one_line
+
+if TYPE_CHECKING:  # torch and the config load with the first advantage asked for, not with the viewer
+    import torch
+
+    from ragen_core.config import RunConfig
+    from ragen_core.update.inputs import UpdateInputs
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 REPLACEMENT = "\ufffd"  # what a decoder shows for the bytes of a character not yet complete
@@ -221,17 +229,51 @@ def advantages(
     key: tuple[int, int],
 ) -> tuple[list[float], str | None]:
     """The advantage of each token of the training row ``key`` = (group_id, traj_index) of a ``train`` run (its
-    ``kind``) as the update of ``iteration`` computed it (the estimator, then the soft reweighting and the filter's
-    loss scaling; 0 outside the loss mask), and a note on what it leaves out (an off-policy correction's weights) or
-    None; :class:`AdvantageUnavailable` when it cannot be recomputed from the lake (why, in its message). The pad id
-    of the batch is 0: padding is outside every row's tokens and moves no advantage."""
-    import pyarrow.compute as pc
+    ``kind``) as the update of ``iteration`` computed it (:func:`batch_advantages`; 0 outside the loss mask), and a
+    note on what it leaves out (an off-policy correction's weights) or None; :class:`AdvantageUnavailable` when it
+    cannot be recomputed from the lake (why, in its message)."""
+    config = _trained_config(config_tree, kind)
+    found = batch_advantages(lake, run_id, iteration, config)
+    if found is None or key not in found[0].keys:
+        raise AdvantageUnavailable(
+            "no update trained on it: the variance filter dropped its group (or the row was never kept)"
+        )
+    inputs, values = found
+    index = list(inputs.keys).index(key)
+    length = int(inputs.batch.attention_mask[index].sum())
+    note = None
+    if config.algorithm.off_policy_correction != "none":
+        note = (
+            f"shown before the {config.algorithm.off_policy_correction} correction's per-token importance weight (the "
+            "proximal policy's log-probs it needs are not kept)"
+        )
+    return [float(v) for v in values[index, :length]], note
 
+
+def batch_advantages(
+    lake: DataLake, run_id: str, iteration: int, config: RunConfig
+) -> tuple[UpdateInputs, torch.Tensor] | None:
+    """The inputs of ``iteration``'s update (``config``: the run's) and the advantages (B, T) it trained on, as the
+    update made them: :func:`ragen_core.update.inputs.update_inputs`, then
+    :func:`ragen_core.update.advantages.update_advantages`; None when the filter kept no group (no update). The pad
+    id of the batch is 0: padding is outside every row's tokens and moves no advantage."""
+    from ragen_core.update.advantages import token_rewards_for, update_advantages
+    from ragen_core.update.inputs import update_inputs
+
+    inputs = update_inputs(lake, run_id, iteration, config, 0)
+    if inputs is None:
+        return None
+    values, _ = update_advantages(config.algorithm, inputs, token_rewards_for(inputs, config.algorithm.reward_level))
+    return inputs, values
+
+
+def _trained_config(config_tree: dict[str, Any], kind: str) -> RunConfig:
+    """The stored config of a run whose update's advantages the lake can recompute; :class:`AdvantageUnavailable`
+    saying why for any other (a run that makes no StarPO update, a config that does not load here, an update that
+    needed what the lake does not keep)."""
     from ragen_core.algos.advantages import needs_critic
     from ragen_core.config.errors import ConfigError
     from ragen_core.config.loading import build_config, stored_config
-    from ragen_core.training.inputs import update_inputs
-    from ragen_core.training.starpo import compute_advantages, scaled_advantages, token_rewards_for
 
     if kind != "train":
         raise AdvantageUnavailable(f"a {kind} run makes no StarPO update (its training is not on advantages)")
@@ -249,26 +291,4 @@ def advantages(
         raise AdvantageUnavailable("the KL penalty in the reward needs the reference policy's log-probs")
     if config.rollout.training_rows == "turn":
         raise AdvantageUnavailable("this run trained on one row per turn (rollout.training_rows=turn)")
-    rows = lake.read_table("trajectories", run_id, iteration)
-    kept = rows.filter(pc.and_(pc.equal(rows["split"], "train"), pc.fill_null(rows["kept"], False)))
-    order = kept.sort_by([("group_id", "ascending"), ("traj_index", "ascending")])  # update_inputs' order
-    keys = list(zip(order["group_id"].to_pylist(), order["traj_index"].to_pylist(), strict=True))
-    if key not in keys:
-        raise AdvantageUnavailable(
-            "no update trained on it: the variance filter dropped its group (or the row was never kept)"
-        )
-    inputs = update_inputs(lake, run_id, iteration, config, 0)
-    if inputs is None:
-        raise AdvantageUnavailable("the filter kept no group in this iteration: no update")
-    token_rewards = token_rewards_for(inputs, algorithm.reward_level)
-    values, _ = compute_advantages(algorithm, token_rewards, inputs.batch.loss_mask, inputs.group_index, None)
-    values = scaled_advantages(config, values, token_rewards, inputs, {})
-    index = keys.index(key)
-    length = int(inputs.batch.attention_mask[index].sum())
-    note = None
-    if algorithm.off_policy_correction != "none":
-        note = (
-            f"shown before the {algorithm.off_policy_correction} correction's per-token importance weight (the "
-            "proximal policy's log-probs it needs are not kept)"
-        )
-    return [float(v) for v in values[index, :length]], note
+    return config

@@ -30,6 +30,13 @@ from ragen_core.config import TinyModelConfig  # noqa: E402
 
 SERVER_FIXTURES = ("prefect_server", "whole_bandit_run")  # the session's `ragen server`, and the run made on it
 SERVER_SCOPE = "prefect-server"
+# Markers a test gets from the fixtures it uses (pyproject.toml describes them; `make test-quick` leaves them out):
+# what it stands on says what it costs, so no list of test files has to follow the tests.
+FIXTURE_MARKERS = {
+    **{name: "server" for name in SERVER_FIXTURES},
+    "prefect_harness": "prefect",  # Prefect's test harness: a temporary Prefect server, flows run in this process
+    "browser": "browser",  # a headless Chromium (tests/view/conftest.py)
+}
 _CPU = pytest.StashKey[tuple]()  # the CPU inventory's sampler and the moment it started (RAGEN_TEST_CPU)
 
 
@@ -150,6 +157,14 @@ def prefect_server(tmp_path_factory):
     stop(state_dir)
     assert not alive(state.server_pid), "the Prefect server outlived `stop`"
     assert not (state.worker_pid and alive(state.worker_pid)), "the worker outlived `stop`"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test marked by the fixtures it uses, directly or through others (:data:`FIXTURE_MARKERS`)."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for marker in sorted({FIXTURE_MARKERS[name] for name in used & FIXTURE_MARKERS.keys()}):
+            item.add_marker(marker)
 
 
 def pytest_configure(config: pytest.Config) -> None:

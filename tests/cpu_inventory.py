@@ -50,7 +50,7 @@ def kind(argv: list[str]) -> str:
         return "Prefect CLI and workers"
     if "coverage run" in line or ("launch.py" in line and "code-" in line):
         return "re-stamp probe commands"
-    if "ragen_core.run.sampler" in line or "ragen_core.run.learner" in line or "run/learner.py" in line:
+    if "ragen_core.rollout.sampler" in line or "ragen_core.run.learner" in line or "run/learner.py" in line:
         return "sampler and learner processes"
     if "ragen_core.training.worker" in line or "torch.distributed.run" in line or "deepspeed" in line:
         return "launched update ranks"

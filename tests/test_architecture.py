@@ -5,8 +5,8 @@
 - outside ``ragen_core/storage`` no code spells a lake file name, marker or top-level folder;
 - outside ``ragen_core/storage/layout.py`` no code joins a lake name (a literal or a layout constant) onto a path;
 - tasks are thin: each task's name is the name of the core function it calls;
-- no function holds more than 50 statements in ragen_core/, flows/, ragen_cli/, tasks/ and schemas/ (statements,
-  not lines: the formatter lays lines out, the count stays).
+- no function holds more than 50 statements in ragen_core/, flows/, ragen_cli/, ragen_view/, tasks/ and schemas/
+  (statements, not lines: the formatter lays lines out, the count stays).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LOWER = ("agent", "algos", "envs", "policy", "rollout", "storage", "training")
+LOWER = ("agent", "algos", "envs", "policy", "rollout", "storage", "training", "update")
 LAKE_TOKENS = (
     "_DONE",
     "_commits",
@@ -49,6 +49,7 @@ LAKE_FOLDERS = {
     "_prefect",
 }
 MAX_STATEMENTS = 50  # per function: the longest held 47 when the rule moved from 60 lines to statements
+STATEMENT_COUNTED = ("ragen_core", "flows", "ragen_cli", "ragen_view", "tasks", "schemas")  # the folders it holds in
 LAYOUT = ROOT / "ragen_core" / "storage" / "layout.py"
 
 
@@ -186,7 +187,7 @@ def lake_paths_joined(tree: ast.Module) -> list[tuple[int, str]]:
 def test_only_storage_spells_lake_file_names():
     offenders = [
         (path.name, line, token)
-        for path in _modules("ragen_core", "flows", "ragen_cli", "tasks")
+        for path in _modules("ragen_core", "flows", "ragen_cli", "ragen_view", "tasks")
         if not path.is_relative_to(ROOT / "ragen_core" / "storage")
         for line, token in lake_tokens_spelled(_tree(path))
     ]
@@ -198,7 +199,7 @@ def test_only_the_layout_joins_lake_names_onto_paths():
     storage's own included, builds a lake path with ``/`` from a literal name or from one of the layout's names."""
     offenders = [
         (str(path.relative_to(ROOT)), line, what)
-        for path in _modules("ragen_core", "flows", "ragen_cli", "tasks", "schemas")
+        for path in _modules("ragen_core", "flows", "ragen_cli", "ragen_view", "tasks", "schemas")
         if path != LAYOUT
         for line, what in lake_paths_joined(_tree(path))
     ]
@@ -282,7 +283,7 @@ def _statements(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 def test_no_function_holds_more_than_fifty_statements():
     long = [
         (str(p.relative_to(ROOT)), node.name, _statements(node))
-        for p in _modules("ragen_core", "flows", "ragen_cli", "tasks", "schemas")
+        for p in _modules(*STATEMENT_COUNTED)
         for node in ast.walk(_tree(p))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _statements(node) > MAX_STATEMENTS
     ]

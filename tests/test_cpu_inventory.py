@@ -25,7 +25,7 @@ PYTHON = "/venv/bin/python"
         ([PYTHON, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"], "Prefect servers"),
         ([PYTHON, "/venv/lib/site-packages/prefect/engine.py"], "Prefect flow-run processes (deployments)"),
         ([PYTHON, "-m", "prefect", "worker", "start"], "Prefect CLI and workers"),
-        ([PYTHON, "-m", "ragen_core.run.sampler", "21"], "sampler and learner processes"),
+        ([PYTHON, "-m", "ragen_core.rollout.sampler", "21"], "sampler and learner processes"),
         ([PYTHON, "-m", "ragen_core.training.worker", "--control-file", "f"], "launched update ranks"),
         ([PYTHON, "-m", "coverage", "run", "--append", "launch.py"], "re-stamp probe commands"),
         ([PYTHON, "-c", "print(1)"], "other processes"),
@@ -64,6 +64,7 @@ def test_the_table_adds_the_rows_and_the_files():
     assert files == ["         7 s  tests/a.py", "         3 s  tests/b.py"]  # the workers' own CPU is no file's
 
 
+@pytest.mark.process  # spinning child processes
 def test_the_sampler_counts_a_marked_child_and_leaves_an_unmarked_one_out():
     mark = f"inventory-test-{os.getpid()}"
     spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ntime.sleep(1.5)"

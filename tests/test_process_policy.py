@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.process  # a fresh process per door
+
 # Records the wait policy at the moment torch is first imported, then imports the door and something that loads torch.
 PROBE = """
 import os, sys

@@ -3,6 +3,7 @@
 from ragen_core.algos.advantages import (
     ADVANTAGES,
     bi_level_gae_advantage,
+    critic_free_estimators,
     discounted_returns,
     gae_advantage,
     group_mean_std,
@@ -65,6 +66,7 @@ __all__ = [
     "apply_kl_penalty",
     "behaviour_weights",
     "bi_level_gae_advantage",
+    "critic_free_estimators",
     "discounted_returns",
     "dual_clip_loss",
     "entropy_from_logits",

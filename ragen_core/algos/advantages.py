@@ -31,6 +31,12 @@ def needs_critic(estimator: str) -> bool:
     return estimator in ADVANTAGES and "values" in keyword_parameters(ADVANTAGES.get(estimator))
 
 
+def critic_free_estimators() -> list[str]:
+    """The registered advantage estimators that need no value model, sorted: what a run without a critic (an
+    offline ``pg`` re-training) may choose."""
+    return [name for name in ADVANTAGES.names() if not needs_critic(name)]
+
+
 def _group_sums(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(group_sum (B,), group_size (B,), inverse (B,))``: each trajectory's group total and member count."""
     _, inverse, counts = torch.unique(group_index, return_inverse=True, return_counts=True)
@@ -86,7 +92,7 @@ def _require_values(values: torch.Tensor | None, estimator: str) -> torch.Tensor
     if values is None:
         raise ValueError(
             f"advantage estimator {estimator!r} needs critic values: pass values=(B, T) from the critic, or choose "
-            "an estimator without a critic (grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline)"
+            f"an estimator without a critic ({', '.join(critic_free_estimators())})"
         )
     return values
 

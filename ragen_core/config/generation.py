@@ -139,10 +139,11 @@ class RolloutConfig(Section):
 
     env_groups: PositiveInt = Field(8, description="Initial states (groups) per iteration (paper: P=8).")
     group_size: PositiveInt = Field(16, description="Rollouts per initial state; members share the env seed (N=16).")
-    backend: Literal["hf", "vllm", "scripted"] = Field(
+    backend: str = Field(
         "hf",
-        description="'hf': the policy samples through Hugging Face generate; 'vllm': through a vLLM rollout server "
-        "(`make install-vllm`; see rollout.vllm); 'scripted': a Python policy.",
+        description="A registered rollout backend (ragen_core.rollout.samplers): 'hf', the policy samples through "
+        "Hugging Face generate; 'vllm', through a vLLM rollout server (`make install-vllm`; see rollout.vllm); "
+        "'scripted', a Python policy.",
     )
     vllm: VLLMConfig = Field(default_factory=lambda: VLLMConfig(), description="The vLLM server (backend='vllm').")
     scripted_policy: str = Field("random", description="Scripted policy name when backend='scripted'.")

@@ -119,7 +119,9 @@ def _check_mi(config: RunConfig) -> None:
 
 
 def _check_async(config: RunConfig) -> None:
-    """What an asynchronous run (``trainer.max_staleness`` >= 1) and the off-policy correction need (load time)."""
+    """What an asynchronous run (``trainer.max_staleness`` >= 1) and the off-policy correction need (load time). The
+    stages an async run cannot run are refused by the run's config check, from the rows of the iteration's table that
+    say so (``ragen_core.run.schedule.SyncOnly``)."""
     algorithm, staleness = config.algorithm, config.trainer.max_staleness
     if algorithm.off_policy_correction != "none" and config.rollout.backend == "scripted":
         raise ValueError(
@@ -133,12 +135,6 @@ def _check_async(config: RunConfig) -> None:
             f"algorithm.filter_entropy=full scores each batch with the policy that sampled it, which an async run "
             f"(trainer.max_staleness={staleness}) keeps only in its sampler: use filter_entropy=sampled (the stored "
             "log-probs' estimate) or trainer.max_staleness=0"
-        )
-    if config.trainer.mi_diagnostic:
-        raise ValueError(
-            f"trainer.mi_diagnostic scores each batch with the policy that sampled it, which an async run "
-            f"(trainer.max_staleness={staleness}) keeps only in its sampler: set trainer.max_staleness=0 to run the "
-            "diagnostic"
         )
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,10 +49,44 @@ def bounded_reward(option: str, value: Any) -> float:
     return float(bounded(option, value, -MAX_ENV_REWARD, MAX_ENV_REWARD, integer=False))
 
 
+@dataclass(frozen=True)
+class Tile:
+    """How one kind of cell of a grid state is drawn: the character the env renders it as, its name (a lower-case
+    word: the drawn tile's class), its colour (``#rrggbb``) and what it is in words (the prompt's legend, the drawn
+    tile's tooltip)."""
+
+    symbol: str
+    name: str
+    colour: str
+    label: str
+
+    def __post_init__(self) -> None:
+        if len(self.symbol) != 1 or self.symbol.isspace():
+            raise ValueError(f"a tile's symbol is one visible character, got {self.symbol!r}")
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", self.name):
+            raise ValueError(f"a tile's name is a lower-case word (letters, digits and '-'), got {self.name!r}")
+        if not re.fullmatch(r"#[0-9a-fA-F]{6}", self.colour):
+            raise ValueError(f"a tile's colour is written #rrggbb, got {self.colour!r}")
+
+
+def legend_text(legend: Sequence[Tile]) -> str:
+    """A grid legend in words, as a prompt states it: ``symbol: label, ...`` in the legend's order."""
+    return ", ".join(f"{tile.symbol}: {tile.label}" for tile in legend)
+
+
+def legend_symbols(legend: Sequence[Tile]) -> str:
+    """A grid legend's symbols, in its order (what an env with a legend declares as its ``grid_symbols``)."""
+    return "".join(tile.symbol for tile in legend)
+
+
 class TextEnv(ABC):
     """A seeded, text-rendered environment. Subclasses set ``name`` and implement the abstract methods."""
 
     name: str = "base"
+    # How a grid state is drawn (FrozenLake, Sokoban): one Tile per kind of cell. `ragen view` draws an observation's
+    # rows made only of these symbols as a board of these tiles; empty for envs whose state is not a grid (shown as
+    # text). An env with a legend declares its symbols as grid_symbols (legend_symbols; tests/envs/test_legend.py).
+    grid_legend: tuple[Tile, ...] = ()
     # Characters of the cells of a grid state (FrozenLake, Sokoban): the tiny model's tokenizer never merges two of
     # them, so every cell is one token (ragen_core/policy/tiny.py). Empty for envs whose state is not a grid.
     grid_symbols: str = ""

@@ -17,12 +17,21 @@ from typing import Any
 
 import numpy as np
 
-from ragen_core.envs.base import StepResult, TextEnv, bounded, register_env
+from ragen_core.envs.base import StepResult, TextEnv, Tile, bounded, legend_symbols, legend_text, register_env
 from ragen_core.seeding import derive_seed
 
 # Action names in Gymnasium's order: 0 Left, 1 Down, 2 Right, 3 Up.
 ACTIONS = ("Left", "Down", "Right", "Up")
 SYMBOLS = {"player": "P", "frozen": "_", "hole": "O", "goal": "G", "player_in_hole": "X", "player_on_goal": "\u221a"}
+# How each cell is drawn, in the order the prompt's legend states them (its labels are the legend's words).
+LEGEND = (
+    Tile(SYMBOLS["player"], "player", "#2563eb", "you"),
+    Tile(SYMBOLS["frozen"], "ice", "#e0f2fe", "frozen ice"),
+    Tile(SYMBOLS["hole"], "hole", "#1e3a8a", "hole"),
+    Tile(SYMBOLS["goal"], "goal", "#fde68a", "goal"),
+    Tile(SYMBOLS["player_in_hole"], "player-in-hole", "#b91c1c", "you in a hole"),
+    Tile(SYMBOLS["player_on_goal"], "player-on-goal", "#16a34a", "you on the goal"),
+)
 
 
 def goal_reachable(rows: list[str]) -> bool:
@@ -72,7 +81,8 @@ def _map_rows(desc: Any) -> list[str]:
 class FrozenLakeEnv(TextEnv):
     """A seeded FrozenLake map over Gymnasium's dynamics, rendered as a character grid."""
 
-    grid_symbols = "".join(SYMBOLS.values())
+    grid_legend = LEGEND
+    grid_symbols = legend_symbols(LEGEND)
     held_out_maps = True  # 4x4 lakes drawn with p=0.8: seeds meet the same lake
 
     def __init__(
@@ -169,17 +179,7 @@ class FrozenLakeEnv(TextEnv):
             if self.is_slippery
             else ""
         )
-        legend = ", ".join(
-            f"{SYMBOLS[k]}: {v}"
-            for k, v in (
-                ("player", "you"),
-                ("frozen", "frozen ice"),
-                ("hole", "hole"),
-                ("goal", "goal"),
-                ("player_in_hole", "you in a hole"),
-                ("player_on_goal", "you on the goal"),
-            )
-        )
+        legend = legend_text(self.grid_legend)
         return (
             "You are walking on a frozen lake and must reach the goal without falling into a hole. "
             f"{slip}Reaching the goal gives reward 1.\nThe symbols of the state are: {legend}."

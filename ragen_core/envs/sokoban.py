@@ -15,10 +15,20 @@ registered here as ``sokoban_coord``, which its base config trains on).
 from __future__ import annotations
 
 import json
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from ragen_core.envs.base import MAX_ENV_STEPS, StepResult, TextEnv, bounded, bounded_reward, register_env
+from ragen_core.envs.base import (
+    MAX_ENV_STEPS,
+    StepResult,
+    TextEnv,
+    Tile,
+    bounded,
+    bounded_reward,
+    legend_symbols,
+    legend_text,
+    register_env,
+)
 from ragen_core.envs.sokoban_rooms import (
     GENERATORS,
     MOVES,
@@ -42,12 +52,21 @@ class SokobanSymbols:
     player: str
     player_on_target: str
 
-    def legend(self) -> str:
+    def tiles(self) -> tuple[Tile, ...]:
+        """How each cell kind is drawn, in the order of the fields (the env's ``grid_legend``)."""
         return (
-            f"{self.wall}: wall, {self.floor}: empty floor, {self.target}: target, {self.box}: box, "
-            f"{self.box_on_target}: box on target, {self.player}: you (the player), "
-            f"{self.player_on_target}: you standing on a target"
+            Tile(self.wall, "wall", "#57534e", "wall"),
+            Tile(self.floor, "floor", "#e0f2fe", "empty floor"),
+            Tile(self.target, "target", "#fde68a", "target"),
+            Tile(self.box, "box", "#b45309", "box"),
+            Tile(self.box_on_target, "box-on-target", "#15803d", "box on target"),
+            Tile(self.player, "player", "#2563eb", "you (the player)"),
+            Tile(self.player_on_target, "player-on-target", "#2563eb", "you standing on a target"),
         )
+
+    def legend(self) -> str:
+        """The symbols in words, as the prompt states them (the tiles' labels)."""
+        return legend_text(self.tiles())
 
 
 OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
@@ -123,7 +142,8 @@ class SokobanEnv(TextEnv):
         # RAGEN (gym-sokoban's env) walks int(1.7 * (height + width)) steps when carving the topology.
         self.num_gen_steps = num_gen_steps if num_gen_steps is not None else int(1.7 * (height + width))
         self.symbols = symbols
-        self.grid_symbols = "".join(astuple(symbols))
+        self.grid_legend = symbols.tiles()
+        self.grid_symbols = legend_symbols(self.grid_legend)
         self.step_penalty, self.solved_reward = step_penalty, solved_reward
         self.box_on_target_reward, self.box_off_target_penalty = box_on_target_reward, box_off_target_penalty
         self.room: Room | None = None

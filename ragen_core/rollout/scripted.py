@@ -14,7 +14,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from ragen_core.envs.external import env_step
 from ragen_core.envs.watchdog import Watchdog
 from ragen_core.registry import Registry
 from ragen_core.rollout.types import Generation, TurnContext
+
+if TYPE_CHECKING:
+    from ragen_core.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,11 @@ def get_scripted_policy(name: str, **options: Any) -> ScriptedPolicy:
     policy = _POLICIES.get(name)
     accepted = {key: value for key, value in options.items() if key in inspect.signature(policy).parameters}
     return functools.partial(policy, **accepted) if accepted else policy
+
+
+def scripted_options(config: RunConfig) -> dict[str, Any]:
+    """The options the config gives scripted policies (``teacher_mix``'s ``teacher_prob``)."""
+    return {"teacher_prob": config.bootstrap.teacher_prob}
 
 
 def registered_scripted_policies() -> list[str]:

@@ -14,7 +14,9 @@ this one):
 - :mod:`~ragen_core.run.decisions`: fresh / over / resume / done and the resume plan, pure functions of what is
   stored;
 - :mod:`~ragen_core.run.record`: the manifest and the run's status (running -> completed / failed / interrupted);
-- :mod:`~ragen_core.run.session`: the session (config, lake, run id, rollout policy, updater, record);
+- :mod:`~ragen_core.run.session`: the session (config, lake, run id, schedule, rollout policy, updater, record);
+- :mod:`~ragen_core.run.schedule`: the run's schedule, synchronous or overlapped, chosen once from
+  ``trainer.max_staleness`` (its one reader); :mod:`~ragen_core.run.overlap` runs the iterations as it says;
 - :mod:`~ragen_core.run.batches`: the batch pipeline every stored batch passes (stage -> validate -> filter ->
   publish);
 - :mod:`~ragen_core.run.stages`: the stages of one iteration and their tables, which
@@ -23,6 +25,7 @@ this one):
 - :mod:`~ragen_core.run.bootstrap`, :mod:`~ragen_core.run.evaluation`, :mod:`~ragen_core.run.offline`: the bootstrap,
   stand-alone evaluation and offline re-training; :mod:`~ragen_core.run.chat`: the chat a trained policy is sent.
 
-The entry point of a launched update group's processes is :mod:`ragen_core.training.worker` (it imports only config,
-storage and training).
+The rollout side (backends, the sampler process, the rollout policy, the weight hand-off) is the rollout room,
+:mod:`ragen_core.rollout` (an async run's sampler process is ``python -m ragen_core.rollout.sampler``). The entry
+point of a launched update group's processes is :mod:`ragen_core.training.worker`.
 """

@@ -57,17 +57,17 @@ class BatchRules:
     group_size: int
     bounds: tuple[float, float]
     success_rule: Callable[[float], bool | None] | None = None
-    max_staleness: int = 0  # iteration - policy_version of every row lies in [0, max_staleness]
+    staleness: int = 0  # iteration - policy_version of every row lies in [0, staleness]
 
     @classmethod
-    def of(cls, config: RunConfig, env_name: str, group_size: int, max_staleness: int = 0) -> BatchRules:
+    def of(cls, config: RunConfig, env_name: str, group_size: int, staleness: int = 0) -> BatchRules:
         """The rules of ``env_name`` under the config's limits: env reward bounds plus the worst format penalties;
-        ``max_staleness``: how much older than its iteration a row's policy may be (training batches of an async run:
-        ``trainer.max_staleness``)."""
+        ``staleness``: how much older than its iteration a row's policy may be (training batches of an async run:
+        its schedule's k)."""
         env = make_env(env_name, **config.env.options)
         low, high = env.reward_bounds(config.env.max_actions_per_traj)
         bounds = (low + config.env.max_turns * config.rollout.format_penalty, high)
-        return cls(group_size, bounds, env.success_from_reward, max_staleness)
+        return cls(group_size, bounds, env.success_from_reward, staleness)
 
 
 class BatchPipeline:
@@ -121,7 +121,7 @@ class BatchPipeline:
                 rules.group_size,
                 rules.bounds,
                 success_rule=rules.success_rule,
-                max_staleness=rules.max_staleness,
+                max_staleness=rules.staleness,
             )
         if not report.ok:
             self.lake.stage_table(run_id, iteration, self.stage, "trajectories", trajectories, strict=False)

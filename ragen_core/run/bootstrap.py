@@ -32,12 +32,12 @@ from ragen_core.lineage import lineage_root
 from ragen_core.policy import load_policy, save_policy, tokenizer_fingerprint
 from ragen_core.rollout import ScriptedBackend, get_scripted_policy, run_rollouts
 from ragen_core.rollout.records import BatchMeta
-from ragen_core.rollout.scripted import play_scripted
+from ragen_core.rollout.scripted import play_scripted, scripted_options
 from ragen_core.run.batches import BatchPipeline, BatchRules
 from ragen_core.run.entry import open_run
 from ragen_core.run.offline import check_tokenizer, select_trajectories
 from ragen_core.run.record import library_versions, utc_now
-from ragen_core.run.session import chat_formatter, prompt_context, scripted_options
+from ragen_core.run.session import chat_formatter, prompt_context
 from ragen_core.run.stages import rollout_spec
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import DataLake, Stage, query

@@ -28,7 +28,10 @@ from ragen_core.envs import TextEnv, env_factory, make_env
 from ragen_core.envs.dataset import DatasetEnv
 from ragen_core.envs.external import metric_env_name
 from ragen_core.monitor.trackers import check_trackers
+from ragen_core.rollout.samplers import BACKENDS
 from ragen_core.rollout.scripted import has_teacher, registered_scripted_policies
+from ragen_core.run.schedule import Schedule
+from ragen_core.run.stages import ITERATION
 from ragen_core.storage import DataLake
 from ragen_core.storage.layout import manifest_file
 
@@ -94,6 +97,7 @@ def check_registered(config: RunConfig) -> RunConfig:
         ("env", _check_env_options),  # before the checks below build envs with the options
         ("<root>", _check_registered_names),
         ("<root>", _check_critic_batches),
+        ("<root>", _check_schedule),
     )
     for location, check in checks:
         try:
@@ -115,6 +119,14 @@ def _check_filter(config: RunConfig) -> None:
     )
 
 
+def _check_schedule(config: RunConfig) -> None:
+    """An async run turns on no stage of the iteration that only a synchronous run can run (the rows that say why:
+    :meth:`ragen_core.run.schedule.Schedule.refusals`)."""
+    refusals = Schedule.of(config).refusals(config, ITERATION)
+    if refusals:
+        raise ValueError(refusals[0])
+
+
 def _check_critic_batches(config: RunConfig) -> None:
     """An estimator that takes the critic's values gets a critic, whose mini-batch holds whole micro-batches."""
     critic_mini = config.critic.mini_batch_size or config.actor.mini_batch_size
@@ -131,6 +143,7 @@ def _check_registered_names(config: RunConfig) -> None:
     for key, name, registry in (
         ("algorithm.adv_estimator", config.algorithm.adv_estimator, ADVANTAGES),
         ("algorithm.policy_loss", config.algorithm.policy_loss, POLICY_LOSSES),
+        ("rollout.backend", config.rollout.backend, BACKENDS),
     ):
         if name not in registry:
             raise ValueError(f"{key}: unknown name {name!r}; registered: {', '.join(registry.names())}")

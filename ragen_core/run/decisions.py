@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.config import RunConfig, stored_config
+from ragen_core.run.schedule import Schedule
 from schemas.manifest import RunManifest
 
 
@@ -108,14 +109,9 @@ def decide_start(
         return Start.DONE  # stopped early (filter_empty_stop_steps), then validated: more iterations change nothing
     if final == iterations:
         return Start.DONE
-    staleness = config.trainer.max_staleness
-    if staleness:
-        raise ResumeError(
-            f"run {manifest.run_id!r} cannot be extended asynchronously (trainer.max_staleness={staleness}): its "
-            f"iterations {final}..{final + staleness - 1} would train on batches sampled by policies before its "
-            "last, which are gone. Start a new run from its last checkpoint (model.path=...), or extend it "
-            "synchronously with --force-config trainer.max_staleness and trainer.max_staleness=0"
-        )
+    refusal = Schedule.of(config).extension_refusal(manifest.run_id, final)
+    if refusal is not None:
+        raise ResumeError(refusal)
     return Start.EXTEND
 
 
@@ -173,30 +169,19 @@ def stops_early(history: list[dict[str, float]], empty_stop_steps: int) -> bool:
     return empty_stop_steps > 0 and empty_filter_streak(history) >= empty_stop_steps
 
 
-def batches_ahead(next_iteration: int, config: RunConfig) -> range:
-    """The iterations after ``next_iteration`` whose training batches an async run's resume there keeps and uses
-    (``trainer.max_staleness`` - 1 of them): the commit of ``next_iteration - 1`` waited for them, and the policies
-    that sampled them are gone (:mod:`ragen_core.run.overlap`). Empty for a synchronous run."""
-    end = min(next_iteration + config.trainer.max_staleness, config.trainer.iterations)
-    return range(next_iteration + 1, max(end, next_iteration + 1))
-
-
 def check_resumable(
     plan: ResumePlan,
     run_id: str,
     skip_iteration: bool,
     quarantined_ahead: str | None = None,
-    max_staleness: int = 0,
+    schedule: Schedule = Schedule(),
 ) -> None:
     """Refuse to redo a quarantined batch: the same seeds would regenerate the same batch. ``quarantined_ahead``: a
-    quarantined batch of a later iteration (an async run samples ahead); an async run (``max_staleness``) skips
-    none: the iterations after a skipped one would lack the batches its schedule needs."""
-    if plan.quarantined and skip_iteration and max_staleness:
-        raise ResumeError(
-            f"iteration {plan.next_iteration} of run {run_id!r} was quarantined ({plan.quarantined}); an async run "
-            f"(trainer.max_staleness={max_staleness}) cannot skip an iteration: the batches after it were to be "
-            "sampled by policies it never made. Fix the cause (environment, reward bounds, contracts), then resume"
-        )
+    quarantined batch of a later iteration (an async run samples ahead); an async run's ``schedule`` skips none:
+    the iterations after a skipped one would lack the batches it needs."""
+    refusal = schedule.skip_refusal(run_id, plan.next_iteration, plan.quarantined) if plan.quarantined else None
+    if refusal is not None and skip_iteration:
+        raise ResumeError(refusal)
     if quarantined_ahead:
         raise ResumeError(
             f"a training batch that run {run_id!r} sampled ahead of iteration {plan.next_iteration} was quarantined "

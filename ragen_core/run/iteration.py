@@ -5,18 +5,24 @@ their rows name. :func:`run_iteration` walks a table: each step that is due runs
 ``time/<stage>``, and the manifest's position if it fails) through ``call``, which calls the function here
 (:func:`direct`, the runs of tests/run) or as a Prefect task (``tasks.iteration.call_as_task``, the flows). A stage is
 therefore one function over ``(session, iteration, state)`` and one row; the steps hand each other what they make
-through the :class:`IterationState`.
+through the :class:`IterationState`. A row of the iteration's table also says its lane (:class:`~ragen_core.run.
+schedule.Lane`), from which an async run's lanes are derived (:meth:`ragen_core.run.schedule.Schedule.lanes`), or
+why an async run cannot run it (:class:`~ragen_core.run.schedule.SyncOnly`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ragen_core.rollout import TrajectoryRecord
 from ragen_core.run.batches import BatchPipeline
 from ragen_core.run.clock import StageClock
-from ragen_core.run.session import RunSession
+from ragen_core.run.schedule import Lane, SyncOnly
+
+if TYPE_CHECKING:  # the session holds its schedule, whose runner walks these rows
+    from ragen_core.run.session import RunSession
 
 
 @dataclass
@@ -30,8 +36,8 @@ class IterationState:
     batch: BatchPipeline | None = None  # the training batch: persist -> validate -> filter
 
 
-StepFunction = Callable[[RunSession, int, IterationState], object]
-Due = Callable[[RunSession, int, IterationState], bool]
+StepFunction = Callable[["RunSession", int, IterationState], object]
+Due = Callable[["RunSession", int, IterationState], bool]
 
 
 def always(session: RunSession, iteration: int, state: IterationState) -> bool:
@@ -42,14 +48,17 @@ def always(session: RunSession, iteration: int, state: IterationState) -> bool:
 @dataclass(frozen=True)
 class Step:
     """One row of an iteration's table: the stage's one name (the clock's ``time/<stage>``, the manifest's position
-    of a failed run, the task run ``<stage>-i<n>``), its function (a Prefect task is named as it) and when it runs."""
+    of a failed run, the task run ``<stage>-i<n>``), its function (a Prefect task is named as it), when it runs, its
+    lane in an async run (the iteration's rows each name one) and, for a row an async run cannot run, why."""
 
     stage: str
     function: StepFunction
     when: Due = always
+    lane: Lane | None = None
+    sync_only: SyncOnly | None = None
 
 
-Call = Callable[[Step, RunSession, int, IterationState], object]
+Call = Callable[[Step, "RunSession", int, IterationState], object]
 
 
 def direct(step: Step, session: RunSession, iteration: int, state: IterationState) -> object:

@@ -22,11 +22,11 @@ from ragen_core.run.clock import run_name
 from ragen_core.run.decisions import ResumePlan, Start, done_line, resume_line
 from ragen_core.run.entry import OpenRun, open_run
 from ragen_core.run.iteration import Call, IterationState, direct, run_iteration
-from ragen_core.run.overlap import overlapped_iterations
+from ragen_core.run.overlap import run_iterations
 from ragen_core.run.record import RunRecord, check_run_id_free, new_manifest, run_status
 from ragen_core.run.requests import EvalRequest, RetrainRequest, RunRequest
 from ragen_core.run.session import RunSession
-from ragen_core.run.stages import COMMIT, EVALUATION, FINAL_VALIDATION, ITERATION, stop_early
+from ragen_core.run.stages import COMMIT, EVALUATION, FINAL_VALIDATION
 from schemas.manifest import RunManifest
 
 Request = RunRequest | EvalRequest | RetrainRequest
@@ -151,9 +151,34 @@ Opened = tuple[RunSession | None, ResumePlan | None, dict[str, Any]]
 
 
 def train(admission: Admission, hooks: Hooks) -> dict[str, Any]:
-    """Train (or go on with) an admitted run: open, [restore], iterations, final validation. The result: the run id,
-    the data root, ``iterations`` and what the start did (``completed``, ``bootstrap``, ``resumed``,
-    ``first_iteration``)."""
+    """Train (or go on with) an admitted run, stage by stage: open, [restore], iterations, final validation, close.
+    The result: the run id, the data root, ``iterations`` and what the start did (``completed``, ``bootstrap``,
+    ``resumed``, ``first_iteration``). The ``train`` flow's body is these stages, in this order (flows/train.py;
+    tests/flows/test_train_stages.py holds the two to one course)."""
+    run = open_training(admission, hooks)
+    if run.session is None:  # already done
+        return run.result
+    with run_status(run.session):  # closed however it ends: the manifest says how
+        first = restore_training(run, hooks)
+        final = training_iterations(run.session, first, hooks)
+        validate_final_policy(run.session, final, hooks)
+    return {**run.result, "first_iteration": first}
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """A training run once opened (:func:`open_training`): its request, its session (None when the run was already
+    done), what a resumed or extended run restores (None for a fresh run) and the result so far."""
+
+    request: RunRequest
+    session: RunSession | None
+    plan: ResumePlan | None
+    result: dict[str, Any]
+
+
+def open_training(admission: Admission, hooks: Hooks) -> TrainingRun:
+    """The first stage of training: the session of a fresh run (after its bootstrap), of a resumed run or of an
+    extended one; none when the run is already done."""
     request = admission.request
     session, plan, info = _open(admission, hooks)
     result = {
@@ -162,15 +187,28 @@ def train(admission: Admission, hooks: Hooks) -> dict[str, Any]:
         "iterations": request.config.trainer.iterations,
         **info,
     }
-    if session is None:
-        return result
-    with run_status(session):
-        if request.sweep is not None:
-            session.record.update(sweep=request.sweep)
-        first = _restored_start(session, plan, result, hooks)
-        final = _iterations(session, first, hooks)
-        hooks.report(final, final_evaluation(session, final, hooks))
-    return {**result, "first_iteration": first}
+    return TrainingRun(request, session, plan, result)
+
+
+def restore_training(run: TrainingRun, hooks: Hooks) -> int:
+    """Inside the run's status: a sweep's point recorded, a resumed run's state restored (what it restored goes into
+    ``run.result``); the first iteration to run."""
+    if run.request.sweep is not None:
+        run.session.record.update(sweep=run.request.sweep)
+    return _restored_start(run.session, run.plan, run.result, hooks)
+
+
+def training_iterations(session: RunSession, first: int, hooks: Hooks) -> int:
+    """The run's iterations from ``first``, as its schedule runs them; the iteration the final validation is
+    committed as."""
+    return _iterations(session, first, hooks)
+
+
+def validate_final_policy(session: RunSession, iteration: int, hooks: Hooks) -> dict[str, float]:
+    """The last stage of training: the final policy's validation, committed as ``iteration`` and reported."""
+    metrics = final_evaluation(session, iteration, hooks)
+    hooks.report(iteration, metrics)
+    return metrics
 
 
 def _restored_start(session: RunSession, plan: ResumePlan | None, result: dict[str, Any], hooks: Hooks) -> int:
@@ -188,9 +226,9 @@ def _restored_start(session: RunSession, plan: ResumePlan | None, result: dict[s
 
 
 def _iterations(session: RunSession, first: int, hooks: Hooks) -> int:
-    """The training iterations from ``first`` (synchronous, or overlapped when ``trainer.max_staleness`` >= 1:
-    :mod:`ragen_core.run.overlap`), each reported and its artifact published in the background once committed; the
-    iteration the final validation is committed as (earlier when ``stop_early`` says so)."""
+    """The training iterations from ``first``, as the session's schedule runs them (synchronous, or overlapped:
+    :func:`ragen_core.run.overlap.run_iterations`), each reported and its artifact published in the background once
+    committed; the iteration the final validation is committed as (earlier when ``stop_early`` says so)."""
     artifacts = hooks.artifacts()
 
     def committed(iteration: int, metrics: dict[str, float]) -> None:
@@ -198,26 +236,12 @@ def _iterations(session: RunSession, first: int, hooks: Hooks) -> int:
         hooks.report(iteration, metrics)
 
     try:
-        if session.config.trainer.max_staleness:
-            final = overlapped_iterations(session, first, hooks.call, committed)
-        else:
-            final = _synchronous_iterations(session, first, hooks.call, committed)
+        final = run_iterations(session, first, hooks.call, committed)
     except BaseException:
         artifacts.wait(raise_error=False)
         raise
     artifacts.wait()
     return final
-
-
-def _synchronous_iterations(
-    session: RunSession, first: int, call: Call, committed: Callable[[int, dict[str, float]], None]
-) -> int:
-    """Each iteration's table in turn from ``first``; the final validation's iteration."""
-    for iteration in range(first, session.config.trainer.iterations):
-        if stop_early(session, iteration):  # filter_empty_stop_steps: the final validation comes here
-            return iteration
-        committed(iteration, run_iteration(session, iteration, ITERATION, call=call))
-    return session.config.trainer.iterations
 
 
 def final_evaluation(
@@ -395,6 +419,7 @@ __all__ = [
     "Hooks",
     "SessionStep",
     "Steps",
+    "TrainingRun",
     "Unpublished",
     "admit",
     "call_step",
@@ -402,6 +427,10 @@ __all__ = [
     "evaluate",
     "evaluation_result",
     "final_evaluation",
+    "open_training",
+    "restore_training",
     "retrain",
     "train",
+    "training_iterations",
+    "validate_final_policy",
 ]

@@ -36,13 +36,13 @@ from ragen_core.run.decisions import (
     ResumeError,
     ResumePlan,
     Start,
-    batches_ahead,
     check_resumable,
     decide_start,
     final_evaluation,
     plan_resume,
 )
 from ragen_core.run.record import STOP_FIELDS, utc_now
+from ragen_core.run.schedule import Schedule
 from ragen_core.storage import DataLake, Stage, event_row
 from ragen_core.storage.files import discard
 from ragen_core.storage.layout import (
@@ -238,10 +238,11 @@ def prepare_resume(lake: DataLake, config: RunConfig, run_id: str, skip_iteratio
     quarantine = lake.quarantine_dir(run_id, len(committed), Stage.ROLLOUT)
     quarantined = str(quarantine) if quarantine.is_dir() else None
     plan = plan_resume(run_id, config, committed, skipped, lake.list_checkpoints(run_id), quarantined)
-    staleness, following = config.trainer.max_staleness, batches_ahead(plan.next_iteration, config)
-    sampled = range(plan.next_iteration + 1, plan.next_iteration + 1 + staleness)  # what the lanes sampled ahead
+    schedule = Schedule.of(config)
+    following = schedule.batches_ahead(plan.next_iteration, config.trainer.iterations)
+    sampled = schedule.sampled_ahead(plan.next_iteration)  # what the lanes may have sampled ahead
     ahead = (lake.quarantine_dir(run_id, i, Stage.ROLLOUT) for i in sampled)
-    check_resumable(plan, run_id, skip_iteration, next((str(q) for q in ahead if q.is_dir()), None), staleness)
+    check_resumable(plan, run_id, skip_iteration, next((str(q) for q in ahead if q.is_dir()), None), schedule)
     keep = {plan.next_iteration: lake.finished_stages(run_id, plan.next_iteration)}
     keep.update({i: [Stage.ROLLOUT] for i in following})  # an async run's batches sampled ahead: kept and used
     reused = lake.discard_uncommitted(run_id, plan.next_iteration, keep)

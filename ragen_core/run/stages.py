@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,7 +53,7 @@ from ragen_core.rollout.records import BatchMeta
 from ragen_core.run.batches import BatchPipeline, BatchRules, TrajectoryEntropy
 from ragen_core.run.decisions import stops_early
 from ragen_core.run.iteration import IterationState, Step
-from ragen_core.run.session import RunSession
+from ragen_core.run.schedule import Lane, SyncOnly, sampling_version
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import Stage, checkpoint_row, evaluation_rows, event_row
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
@@ -61,6 +61,9 @@ from ragen_core.training.entropy import trajectory_entropy
 from ragen_core.training.rows import TokenRows
 from ragen_core.training.turn_rows import turn_entropy
 from ragen_core.training.updater import SKIPPED
+
+if TYPE_CHECKING:  # the session holds its schedule, which runs these rows
+    from ragen_core.run.session import RunSession
 
 LOGGER = logging.getLogger("ragen.monitor")
 
@@ -103,17 +106,11 @@ def generate_rollouts(session: RunSession, iteration: int, state: IterationState
 
 def training_batch(session: RunSession, iteration: int) -> BatchPipeline:
     """The batch pipeline of ``iteration``'s training rollouts."""
-    config, staleness = session.config, session.config.trainer.max_staleness
+    config, staleness = session.config, session.schedule.staleness
     version = sampling_version(iteration, staleness)
     meta = BatchMeta.training(session.run_id, iteration, config.rollout.temperature, session.config_hash, version)
     rules = BatchRules.of(config, config.env.name, config.rollout.group_size, staleness)
     return BatchPipeline(session.lake, meta, Stage.ROLLOUT, rules)
-
-
-def sampling_version(iteration: int, max_staleness: int) -> int:
-    """The policy version (updates received) that samples ``iteration``'s training batch: the policy after update
-    ``iteration - max_staleness``, the start policy for the first ``max_staleness`` batches (0: its own)."""
-    return max(0, iteration - max_staleness)
 
 
 def persist(session: RunSession, iteration: int, state: IterationState) -> dict[str, Any]:
@@ -242,10 +239,11 @@ def update_policy(session: RunSession, iteration: int, state: IterationState) ->
     """Stage 5: the StarPO update (actor, and critic when the estimator needs one) on the iteration's kept rows, by
     the session's updater; the rollout side then samples from the new weights. When the filter kept no group
     (RAGEN's ``empty_after_filter``) nothing is trained: the policy stays as it is (the iteration still counts as
-    updated: its commit saves a checkpoint when one is due). An async run's sampler gets the new weights at the
-    hand-off after the commit (:mod:`ragen_core.run.overlap`), not here, while it still samples with the old ones."""
+    updated: its commit saves a checkpoint when one is due). When the new weights reach the rollout side is the
+    schedule's: here (synchronous), or at the hand-off before the commit (:mod:`ragen_core.run.overlap`), while the
+    sampler still samples with the old ones."""
     metrics = session.updater.update(iteration)
-    if metrics != SKIPPED and not session.config.trainer.max_staleness:  # an async run hands off after its commit
+    if metrics != SKIPPED and session.schedule.syncs_after_update:
         session.updater.sync(session.policy)
     state.metrics.update(metrics)
     state.updated = True
@@ -438,18 +436,25 @@ def diagnostic_on(session: RunSession, iteration: int, state: IterationState) ->
     return session.config.trainer.mi_diagnostic
 
 
-EVALUATION = Step("evaluate", evaluate)
-COMMIT = Step("commit", commit_iteration)
+EVALUATION = Step("evaluate", evaluate, lane=Lane.LEARNER)
+COMMIT = Step("commit", commit_iteration, lane=Lane.COMMIT)
+# the MI diagnostic scores the batch with the policy that sampled it: an async run's learner no longer holds it
+SAMPLING_POLICY = SyncOnly(
+    "trainer.mi_diagnostic",
+    "scores each batch with the policy that sampled it, which an async run keeps only in its sampler",
+)
 
-# One StarPO iteration, in run order: a row's stage names its clock key, its task run and the manifest's position.
+# One StarPO iteration, in run order: a row's stage names its clock key, its task run and the manifest's position;
+# its lane, where an async run runs it (ragen_core.run.schedule: the lanes are derived from this table).
 ITERATION: tuple[Step, ...] = (
-    Step("evaluate", evaluate, when=evaluation_due),  # of the policy after `iteration` updates
-    Step("generate", generate_rollouts),
-    Step("persist", persist),
-    Step("validate", validate),
-    Step("filter", filter_and_publish),
-    Step("diagnose", diagnose_reasoning, when=diagnostic_on),  # by the policy that sampled the batch, so before update
-    Step("update", update_policy),
+    Step("evaluate", evaluate, when=evaluation_due, lane=Lane.LEARNER),  # of the policy after `iteration` updates
+    Step("generate", generate_rollouts, lane=Lane.SAMPLER),
+    Step("persist", persist, lane=Lane.SAMPLER),
+    Step("validate", validate, lane=Lane.SAMPLER),
+    Step("filter", filter_and_publish, lane=Lane.SAMPLER),
+    # by the policy that sampled the batch, so before the update (synchronous runs only: SAMPLING_POLICY)
+    Step("diagnose", diagnose_reasoning, when=diagnostic_on, lane=Lane.SAMPLER, sync_only=SAMPLING_POLICY),
+    Step("update", update_policy, lane=Lane.LEARNER),
     COMMIT,
 )
 # The validation of the final policy, committed as its own iteration (iteration = number of updates).

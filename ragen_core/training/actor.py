@@ -21,7 +21,7 @@ import torch
 
 from ragen_core.algos import POLICY_LOSSES, aggregate_loss, kl_penalty
 from ragen_core.algos.losses import trained_sequences
-from ragen_core.training.batch import TokenBatch, token_logprobs, trained_columns
+from ragen_core.training.batch import token_logprobs, trained_columns
 from ragen_core.training.cost import ModelShape, PassTally
 from ragen_core.training.distributed import ensure_single_process_env
 from ragen_core.training.parallel import (
@@ -33,6 +33,7 @@ from ragen_core.training.parallel import (
     shard_micro_batches,
 )
 from ragen_core.training.precision import precision_config, torch_dtype
+from ragen_core.update.rows import TokenBatch
 
 if TYPE_CHECKING:
     from ragen_core.config import ActorConfig, AlgorithmConfig

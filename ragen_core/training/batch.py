@@ -3,45 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ragen_core.algos import entropy_from_logprobs
-
-
-@dataclass
-class TokenBatch:
-    """Right-padded trajectories. ``loss_mask[b, t]`` marks tokens the policy produced (trained on);
-    position t's log-prob is that of ``input_ids[b, t]`` given the tokens before it (column 0 is always 0).
-
-    ``position_ids`` is set when some row packs several independent sequences (the windowed context modes): the
-    positions restart at 0 at each sequence, and the model then attends only within a sequence (see
-    :func:`model_inputs`)."""
-
-    input_ids: torch.Tensor  # (B, T) long
-    attention_mask: torch.Tensor  # (B, T) long
-    loss_mask: torch.Tensor  # (B, T) float
-    position_ids: torch.Tensor | None = None  # (B, T) long, packed rows only
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> TokenBatch:
-        """The same batch on ``device`` (itself when it is already there); ``non_blocking``: the host does not wait
-        for a copy to a GPU (safe from pageable memory, which is staged at once)."""
-        tensors = [self.input_ids, self.attention_mask, self.loss_mask, self.position_ids]
-        moved = [t.to(device, non_blocking=non_blocking) if t is not None else None for t in tensors]
-        return TokenBatch(*moved)
-
-    def select(self, rows: torch.Tensor | list[int]) -> TokenBatch:
-        rows = torch.as_tensor(rows, dtype=torch.long)
-        width = int(self.attention_mask[rows].sum(dim=1).max())
-        positions = self.position_ids[rows, :width] if self.position_ids is not None else None
-        return TokenBatch(
-            self.input_ids[rows, :width], self.attention_mask[rows, :width], self.loss_mask[rows, :width], positions
-        )
+from ragen_core.update.rows import TokenBatch
 
 
 def packed_positions(segment_lengths: Sequence[int], width: int) -> torch.Tensor:

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from ragen_core.training.batch import TokenBatch
 from ragen_core.training.parallel import all_reduce_max, all_reduce_sums, data_parallel_world
+from ragen_core.update.rows import TokenBatch
 
 # Dense bf16/fp16 peaks (TFLOP/s, no sparsity) from the vendors' data sheets, by a word of the device's name.
 PEAK_TFLOPS = {

@@ -24,9 +24,10 @@ from ragen_core.training.actor import (
     micro_batch_passes,
     optimizer_step,
 )
-from ragen_core.training.batch import TokenBatch, per_token_outputs
+from ragen_core.training.batch import per_token_outputs
 from ragen_core.training.distributed import ensure_single_process_env
 from ragen_core.training.parallel import MicroBatchPlan, all_reduce_sum, all_reduce_sums, data_parallel_world
+from ragen_core.update.rows import TokenBatch
 
 if TYPE_CHECKING:
     from ragen_core.config import AlgorithmConfig, CriticConfig

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ragen_core.training.batch import token_logprobs
-from ragen_core.training.rows import TokenRows
+from ragen_core.update.rows import TokenRows
 
 
 class _Tempered(torch.nn.Module):

@@ -6,7 +6,7 @@ The run's process (the Prefect flow) keeps the rollout side; the update stage is
 group reads that iteration's published, kept batch from the lake) and, on a restore, the checkpoint to start from;
 the group answers with the metrics, writes checkpoints exactly as :mod:`ragen_core.training.checkpoint` lays them
 out, and after every update hands the new weights to the rollout side in a shared-memory buffer
-(:mod:`ragen_core.training.handoff`; a Hugging Face export only on a restore, at checkpoints, or when asked).
+(:mod:`ragen_core.rollout.handoff`; a Hugging Face export only on a restore, at checkpoints, or when asked).
 
 Control channel: this process listens on 127.0.0.1 (an OS-chosen port); rank 0 connects, proves it knows a random
 token (handed over in a 0600 file under the run folder, never on a command line), then reads one JSON command per
@@ -33,6 +33,9 @@ from ragen_core.training import worker as worker_entry
 
 START_TIMEOUT_S = 900.0  # a first DeepSpeed start may compile its CPU ops (about a minute each on 2 cores)
 STOP_TIMEOUT_S = 60.0
+# torchrun's log folder (per start: <rendezvous id>_*/attempt_0/<rank>/, a failed rank's error.json), in the run's
+# group folder: without --log-dir torchrun makes a <TMPDIR>/torchelastic_* of its own per start and never removes it
+TORCHRUN_LOGS = "torchelastic"
 WORKER_MODULE = worker_entry.__name__  # the group's processes run it (an import the layer checks see)
 # Variables of this process's own one-process DeepSpeed world, or of a fault injection meant for this process; the
 # launcher sets the group's own rank variables.
@@ -56,7 +59,8 @@ class GroupError(RuntimeError):
 
 
 def launch_command(launcher: str, nproc: int, master_port: int, control_file: Path, hostfile: str | None) -> list[str]:
-    """The command line that starts the group (``python -m`` the launcher, so the run's interpreter is used)."""
+    """The command line that starts the group (``python -m`` the launcher, so the run's interpreter is used); its
+    files beside ``control_file``, in the run's update-group folder."""
     worker = ["--control-file", str(control_file)]
     if launcher == "torchrun":
         return [
@@ -71,6 +75,8 @@ def launch_command(launcher: str, nproc: int, master_port: int, control_file: Pa
             "127.0.0.1",
             "--master_port",
             str(master_port),
+            "--log-dir",
+            str(control_file.parent / TORCHRUN_LOGS),
             "-m",
             WORKER_MODULE,
             *worker,

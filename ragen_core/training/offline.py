@@ -14,10 +14,11 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from ragen_core.algos import needs_critic
+from ragen_core.algos import critic_free_estimators, needs_critic
 from ragen_core.config import RunConfig
-from ragen_core.training.rows import TokenRows
-from ragen_core.training.starpo import UpdateInputs, compute_advantages, token_rewards_for
+from ragen_core.update.advantages import compute_advantages, token_rewards_for
+from ragen_core.update.inputs import UpdateInputs
+from ragen_core.update.rows import TokenRows
 from schemas.tables import TRAJECTORY_KEY
 
 
@@ -58,11 +59,13 @@ def behavior_logprobs(table: pa.Table, tokens: TokenRows, width: int) -> torch.T
 
 def pg_update(config: RunConfig, actor: Any, table: pa.Table, pad_token_id: int, seed: int) -> dict[str, float]:
     """One offline policy-gradient pass: StarPO's loss with the stored behaviour log-probs as the old policy."""
+    estimator = config.algorithm.adv_estimator
+    if needs_critic(estimator):
+        free = ", ".join(critic_free_estimators())
+        raise OfflineError(f"offline pg uses an estimator without a critic ({free}), not {estimator}")
     inputs = offline_inputs(table, pad_token_id, behaviour=True)
     mask, old = inputs.batch.loss_mask, inputs.behavior_logprobs
     token_rewards = token_rewards_for(inputs, "trajectory")
-    if needs_critic(config.algorithm.adv_estimator):
-        raise OfflineError("offline pg uses critic-free estimators (grpo, rloo, reinforce_plus_plus...), not gae")
     advantages, _ = compute_advantages(config.algorithm, token_rewards, mask, inputs.group_index, None)
     algorithm = config.algorithm
     if config.offline.is_bound is not None:  # the importance weight of a negative advantage bounded by dual clip

@@ -1,68 +1,26 @@
 """One StarPO update, as the paper defines it, over a batch of kept trajectories.
 
 score (old and reference log-probs) -> token rewards (trajectory score on the last assistant token, or each turn's
-reward on that turn's last token) -> [KL in the reward] -> [critic values] -> advantages (registered estimator) ->
-[off-policy importance weights on the advantages] -> actor PPO steps (registered policy loss) -> [critic steps towards
-the returns]. Each step is a small function so the equations can be tested on their own; :func:`starpo_update` chains
-them.
+reward on that turn's last token) -> [KL in the reward] -> [critic values] -> advantages (the registered estimator,
+then RAGEN-2's scalings: :func:`ragen_core.update.advantages.update_advantages`, by which the viewer shows a token's
+advantage too) -> [off-policy importance weights on the advantages] -> actor PPO steps (registered policy loss) ->
+[critic steps towards the returns]. Each step is a small function so the equations can be tested on their own;
+:func:`starpo_update` chains them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
 
-from ragen_core.algos import (
-    ADVANTAGES,
-    apply_kl_penalty,
-    behaviour_weights,
-    needs_critic,
-    place_turn_rewards,
-    value_metrics,
-)
+from ragen_core.algos import apply_kl_penalty, behaviour_weights, needs_critic, value_metrics
 from ragen_core.algos.masked import masked_mean
-from ragen_core.algos.reweighting import filter_loss_scale, soft_advantage_weights
 from ragen_core.config import AlgorithmConfig, CriticConfig, RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.seeding import derive_seed
 from ragen_core.training.actor import ActorEngine
-from ragen_core.training.batch import TokenBatch
 from ragen_core.training.critic import CriticEngine
-
-
-@dataclass(frozen=True)
-class UpdateInputs:
-    """The kept trajectories of one iteration, as the update needs them."""
-
-    batch: TokenBatch
-    scores: torch.Tensor  # (B,) trajectory scores (env rewards + format penalties)
-    group_index: torch.Tensor  # (B,) initial-state group of each trajectory
-    turn_rewards: Sequence[Sequence[float]] | None = None  # per trajectory, each turn's reward + penalty
-    behavior_logprobs: torch.Tensor | None = None  # (B, T) the sampler's stored log-probs; None: some row has none
-    kept_group_share: float = 1.0  # groups the filter kept / groups of the iteration (filter_loss_scaling)
-    episode_index: torch.Tensor | None = None  # (B,) turn rows: each row's trajectory; None: rows are trajectories
-    kl_mask: torch.Tensor | None = None  # (B, T) the tokens the KL term covers (algorithm.kl_span); None: all trained
-
-
-def trajectory_token_rewards(loss_mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    """(B, T) token rewards with each trajectory's score on its last assistant token."""
-    token_rewards = torch.zeros_like(loss_mask, dtype=torch.float32)
-    last_token = (loss_mask * torch.arange(loss_mask.shape[1])).argmax(dim=1)  # (B,)
-    token_rewards[torch.arange(loss_mask.shape[0]), last_token] = scores.float()
-    return token_rewards
-
-
-def token_rewards_for(inputs: UpdateInputs, reward_level: str) -> torch.Tensor:
-    """Token rewards at the configured level ('trajectory' or 'turn'); both sum to the trajectory scores."""
-    if reward_level == "trajectory":
-        return trajectory_token_rewards(inputs.batch.loss_mask, inputs.scores)
-    if reward_level == "turn":
-        if inputs.turn_rewards is None:
-            raise ValueError("reward_level='turn' needs the per-turn rewards of every trajectory")
-        return place_turn_rewards(inputs.batch.loss_mask, inputs.turn_rewards)
-    raise ValueError(f"unknown reward_level {reward_level!r}; use 'trajectory' or 'turn'")
+from ragen_core.update.advantages import token_rewards_for, update_advantages
+from ragen_core.update.inputs import UpdateInputs
 
 
 def critic_schedule(config: RunConfig) -> CriticConfig:
@@ -74,50 +32,6 @@ def critic_schedule(config: RunConfig) -> CriticConfig:
             "ppo_epochs": critic.ppo_epochs or actor.ppo_epochs,
         }
     )
-
-
-def compute_advantages(
-    algorithm: AlgorithmConfig,
-    token_rewards: torch.Tensor,
-    mask: torch.Tensor,
-    groups: torch.Tensor,
-    values: torch.Tensor | None,
-    episode_index: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns (B, T) from the registered estimator ``algorithm.adv_estimator``, which reads the
-    options it declares from ``algorithm``; ``values`` reach the critic estimators and ``episode_index`` (turn rows)
-    lets GRPO count each trajectory once in its group statistics."""
-    return ADVANTAGES.call(
-        algorithm.adv_estimator, algorithm, token_rewards, mask, groups, values=values, episode_index=episode_index
-    )
-
-
-def scaled_advantages(
-    config: RunConfig,
-    advantages: torch.Tensor,
-    token_rewards: torch.Tensor,
-    inputs: UpdateInputs,
-    metrics: dict[str, float],
-) -> torch.Tensor:
-    """RAGEN-2's scalings after the estimator, in its order: the soft reweighting by group reward std
-    (``soft_advantage_reweight``, over the summed token rewards GRPO normalised), then ``filter_loss_scaling`` by
-    the share of groups the filter kept. Their factors are logged in ``metrics``."""
-    algorithm = config.algorithm
-    if algorithm.soft_advantage_reweight:
-        weights = soft_advantage_weights(token_rewards.sum(dim=-1), inputs.group_index, inputs.episode_index)
-        advantages = advantages * weights.unsqueeze(-1).to(advantages.dtype)
-        metrics.update(
-            {
-                "actor/soft_reweight_min": float(weights.min()),
-                "actor/soft_reweight_max": float(weights.max()),
-                "actor/soft_reweight_mean": float(weights.mean()),
-            }
-        )
-    if algorithm.filter_loss_scaling != "none":
-        scale = filter_loss_scale(algorithm.filter_loss_scaling, inputs.kept_group_share)
-        advantages = advantages * scale
-        metrics["actor/filter_loss_scale"] = scale
-    return advantages
 
 
 def reuses_behavior_logprobs(config: RunConfig, inputs: UpdateInputs, precision: str) -> bool:
@@ -212,10 +126,7 @@ def starpo_update(
     if critic_needed and critic is None:
         raise ValueError(f"adv_estimator {algorithm.adv_estimator!r} needs a critic; the session has none")
     values = critic.values(batch) if critic_needed else None
-    advantages, returns = compute_advantages(
-        algorithm, token_rewards, mask, inputs.group_index, values, inputs.episode_index
-    )
-    advantages = scaled_advantages(config, advantages, token_rewards, inputs, metrics)
+    advantages, returns = update_advantages(algorithm, inputs, token_rewards, values, metrics)
     metrics["actor/advantage_mean"] = float(masked_mean(advantages, mask))
     metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))
     advantages = corrected_advantages(algorithm, advantages, old_logprobs, inputs, metrics)

@@ -4,41 +4,22 @@ In the windowed context modes a trajectory's stored row packs one sequence per t
 0, then its reply, mask 1) back to back, with ``segment_lengths``. RAGEN-2 (``ragen/llm_agent/ctx_manager.py``,
 ``_build_single_turn_samples`` / ``_build_limited_multi_turn_samples``) trains each turn as its own sample carrying
 the episode's reward on its last token, so the update's rows are turns: the loss aggregation and the mini-batches
-count turn rows. This module cuts the stored rows into those turn rows. Nothing is re-tokenised or rebuilt: each turn
-row is exactly the token ids the policy was prompted with and sampled at that turn, with the sampler's stored
-log-probs of them, so the lake's rows stay the only source of truth (a resume replays the same rows).
+count turn rows. :func:`ragen_core.update.rows.turn_rows_of_table` cuts the stored rows into those turn rows (for the
+update's inputs and for this module). Nothing is re-tokenised or rebuilt: each turn row is exactly the token ids the
+policy was prompted with and sampled at that turn, with the sampler's stored log-probs of them, so the lake's rows
+stay the only source of truth (a resume replays the same rows). This module holds the entropy filter's view of them:
+an episode's entropy as the mean over its turn rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from ragen_core.training.rows import TokenRows, policy_sampled
-
-
-@dataclass(frozen=True)
-class TurnRows:
-    """The turn rows of some trajectory rows, in (trajectory, turn) order: ``tokens`` (their log-probs only when every
-    trajectory row was sampled by the policy); ``trajectory[i]`` is the position of turn row i's trajectory among
-    the rows cut, ``turn[i]`` its turn within it."""
-
-    tokens: TokenRows
-    trajectory: np.ndarray
-    turn: np.ndarray
-
-
-def turn_rows_of_table(rows: pa.Table) -> TurnRows:
-    """Each stored windowed ``trajectories`` row cut at its ``segment_lengths`` into one row per turn (its window
-    prompt and its reply; :meth:`TokenRows.turns`), with the behaviour log-probs only when every row was sampled by
-    the policy (``behavior_source = 'policy'``). A full-context row (no segments) is refused: its turns share one
-    sequence."""
-    tokens, trajectory, turn = TokenRows.from_table(rows, logprobs=policy_sampled(rows)).turns()
-    return TurnRows(tokens, trajectory, turn)
+from ragen_core.update.rows import TurnRows, turn_rows_of_table
 
 
 def mean_over_turns(turn_values: torch.Tensor, trajectory: np.ndarray, trajectories: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ A run updates its policy through an :class:`Updater` and never asks where the en
   copy of the policy for the rollouts that takes the group's new weights from shared memory after every update
   (:mod:`ragen_core.training.handoff`).
 
-Both read an iteration's kept rows from the lake (:mod:`ragen_core.training.inputs`), save checkpoints laid out as
+Both read an iteration's kept rows from the lake (:mod:`ragen_core.update.inputs`), save checkpoints laid out as
 :mod:`ragen_core.training.checkpoint` does, restore from one (replaying later committed updates from their stored
 batches) and bring the rollout side to the new weights (:meth:`Updater.sync`; a vLLM server reloads an export and is
 checked against the trainer's model).
@@ -18,6 +18,7 @@ checked against the trainer's model).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,26 +29,30 @@ from ragen_core.agent.spans import think_mask
 from ragen_core.algos.advantages import needs_critic
 from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
+from ragen_core.rollout.handoff import SharedWeights, WeightLayout
+from ragen_core.rollout.sampling import NewWeights
 from ragen_core.storage import DataLake
 from ragen_core.training.actor import ActorEngine
 from ragen_core.training.checkpoint import export_policy, load_checkpoint, load_exported_weights, save_checkpoint
 from ragen_core.training.cost import UpdateClock, critic_passes
 from ragen_core.training.critic import CriticEngine
 from ragen_core.training.engines import start_engines
-from ragen_core.training.handoff import SharedWeights, WeightLayout
-from ragen_core.training.inputs import update_inputs
 from ragen_core.training.precision import torch_dtype
 from ragen_core.training.starpo import critic_schedule, starpo_update
+from ragen_core.update.inputs import update_inputs
 
 SKIPPED = {"actor/skipped_update": 1.0}  # the filter kept no group (RAGEN's empty_after_filter): nothing trained
 
 
 class RolloutSide(Protocol):
-    """What an updater syncs after an update: the policy the Hugging Face backend samples from, and a vLLM rollout
-    server (``load_weights(folder, reference=model)``) or None."""
+    """What an updater syncs after an update (:class:`ragen_core.rollout.policy.RolloutPolicy`): the rollout copy of
+    the policy, which the updater brings to the new weights, and ``take``, which hands them on to the samplers."""
 
     model: torch.nn.Module
-    engine: Any
+
+    def take(self, weights: NewWeights) -> None:
+        """The new weights, held by ``model`` now."""
+        ...
 
 
 class Updater(Protocol):
@@ -140,10 +145,10 @@ class InProcessUpdater:
         return export_policy(self.actor, self.tokenizer, self.lake.policy_export_dir(self.run_id), self.reply_prefix)
 
     def sync(self, rollout: RolloutSide) -> None:
-        if rollout.engine is not None:
-            rollout.engine.load_weights(self.export(), reference=self.actor.module)
-        elif rollout.model is not self.actor.module:  # a separate copy (not how a run builds it, but kept exact)
-            load_exported_weights(rollout.model, self.export())
+        export = functools.cache(self.export)  # once at most, when the copy or a sampler (a vLLM server) reads it
+        if rollout.model is not self.actor.module:  # a separate copy (not how a run builds it, but kept exact)
+            load_exported_weights(rollout.model, export())
+        rollout.take(NewWeights(rollout.model, export))
 
     def rollout_policy(self, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
         return self.actor.module, self.tokenizer  # the rollouts sample from the actor's own module
@@ -163,7 +168,7 @@ class InProcessUpdater:
 class LaunchedUpdater:
     """The engines in a launched group of processes; this process sends commands and brings its rollout copy to the
     group's newest weights: from the shared-memory buffer rank 0 writes after every update
-    (:mod:`ragen_core.training.handoff`), or from the export a restore writes. A vLLM rollout side also gets an
+    (:mod:`ragen_core.rollout.handoff`), or from the export a restore writes. A vLLM rollout side also gets an
     export after every update (its server reloads a folder)."""
 
     def __init__(self, group: Any, launcher: str, nproc: int, exports: bool = False) -> None:
@@ -218,8 +223,7 @@ class LaunchedUpdater:
             load_exported_weights(rollout.model, self.weights)
         else:
             return
-        if rollout.engine is not None:
-            rollout.engine.load_weights(self.weights, reference=rollout.model)
+        rollout.take(NewWeights(rollout.model, functools.partial(_exported, self.weights)))
         self.weights, self.shared_fresh = None, False
 
     def rollout_policy(self, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
@@ -233,6 +237,13 @@ class LaunchedUpdater:
 
     def close(self) -> None:
         self.group.stop()
+
+
+def _exported(folder: Path | None) -> Path:
+    """The group's export of the weights it handed over; none was asked for when only shared memory carried them."""
+    if folder is None:
+        raise RuntimeError("the launched group handed these weights over in shared memory, without an export")
+    return folder
 
 
 def start_updater(

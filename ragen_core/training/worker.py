@@ -5,7 +5,7 @@ connects to the run's process, every rank builds the engines on ``init``, then e
 ``update``, ``save``, ``stop``) read by rank 0 is broadcast and executed by all ranks in lockstep:
 
 - ``update``: the StarPO update on the iteration's published, kept rows read from the lake, then the new weights for
-  the rollout side: copied into the shared-memory buffer rank 0 keeps (:mod:`ragen_core.training.handoff`), and
+  the rollout side: copied into the shared-memory buffer rank 0 keeps (:mod:`ragen_core.rollout.handoff`), and
   written as a Hugging Face export only when the command asks (a vLLM rollout server reloads a folder);
 - ``restore``: load a checkpoint and replay committed updates from their stored batches, then the export;
 - ``save``: a checkpoint, laid out exactly as in one process.
@@ -41,7 +41,7 @@ class _Worker:
     rank: int = 0
     updater: Any = None  # ragen_core.training.updater.InProcessUpdater
     hands_off: bool = False  # every rank: whether updates end with a hand-off (a collective under ZeRO-3)
-    shared: Any = None  # rank 0: ragen_core.training.handoff.SharedWeights
+    shared: Any = None  # rank 0: ragen_core.rollout.handoff.SharedWeights
 
 
 _SHARED_FILES: list[Path] = []  # removed if this process must exit because the run's process is gone
@@ -73,9 +73,9 @@ def _init(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from ragen_core.config import build_config
+    from ragen_core.rollout.handoff import SharedWeights, WeightLayout
     from ragen_core.storage import DataLake
     from ragen_core.training.engines import set_determinism
-    from ragen_core.training.handoff import SharedWeights, WeightLayout
     from ragen_core.training.updater import InProcessUpdater
 
     config = build_config(command["config"])
@@ -110,8 +110,6 @@ def thread_settings(torch: Any) -> dict[str, Any]:
 def _update(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
     """The update, then the new weights into the shared buffer (every rank takes part: ZeRO-3 gathers them) and,
     when asked, a Hugging Face export. The reply carries the two times (``timing``) for the benchmarks."""
-    from ragen_core.training.handoff import full_parameters
-
     started = time.perf_counter()
     metrics = worker.updater.update(int(command["iteration"]))
     updated = time.perf_counter()
@@ -140,6 +138,18 @@ def _execute(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
     if op == "save":
         return {"path": str(updater.save(int(command["updates"]), command["extra"]))}
     raise ValueError(f"unknown command {op!r}")
+
+
+def full_parameters(actor: Any) -> dict[str, Any] | None:
+    """The actor's whole parameters by name, on rank 0 (None on the others). Every rank must call it: under ZeRO-3
+    the partitioned weights are gathered (a collective); otherwise they are the module's own tensors."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if actor.engine.zero_optimization_partition_weights():
+        state = actor.engine._zero3_consolidated_16bit_state_dict()  # DeepSpeed's gather, complete on rank 0
+        return dict(state) if rank == 0 else None
+    return dict(actor.module.named_parameters()) if rank == 0 else None
 
 
 class _Channel:

@@ -9,6 +9,7 @@ from ragen_core.algos import (
     POLICY_LOSSES,
     STRATEGIES,
     bi_level_gae_advantage,
+    critic_free_estimators,
     gae_advantage,
     grpo_advantage,
     needs_critic,
@@ -267,6 +268,34 @@ def test_an_estimator_that_takes_values_needs_a_critic():
     configs = {name: build_config(overrides=[f"algorithm.adv_estimator={name}"]) for name in ADVANTAGES.names()}
     critics = {name for name, config in configs.items() if needs_critic(config.algorithm.adv_estimator)}
     assert critics == {"gae", "bi_level_gae"}
+
+
+def test_the_estimators_without_a_critic_are_derived_from_the_registry():
+    """The one list of critic-free estimators (an error's advice, offline pg's refusal) follows the registry: a newly
+    registered estimator joins it unless it takes ``values=``."""
+    assert critic_free_estimators() == ["grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"]
+
+    def free(token_rewards, response_mask, group_index):
+        return token_rewards, token_rewards
+
+    def critic(token_rewards, response_mask, group_index, values=None):
+        return token_rewards, token_rewards
+
+    ADVANTAGES.add("planted_free", free)
+    ADVANTAGES.add("planted_critic", critic)
+    try:
+        assert critic_free_estimators() == [
+            "grpo",
+            "planted_free",
+            "reinforce_plus_plus",
+            "reinforce_plus_plus_baseline",
+            "rloo",
+        ]
+        with pytest.raises(ValueError, match=r"without a critic \(grpo, planted_free, reinforce_plus_plus, "):
+            gae_advantage(REWARDS, MASK, ONE_GROUP)
+    finally:
+        ADVANTAGES.remove("planted_free")
+        ADVANTAGES.remove("planted_critic")
 
 
 def test_every_declared_option_is_an_algorithm_field():

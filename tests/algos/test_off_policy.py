@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from ragen_core.algos import behaviour_weights, dual_clip_loss, ppo_clip_loss
 from ragen_core.config import RunConfig, build_config
 from ragen_core.training import ActorEngine, OptimConfig, collate
-from ragen_core.training.starpo import UpdateInputs, reuses_behavior_logprobs, starpo_update, uses_stored_logprobs
+from ragen_core.training.starpo import reuses_behavior_logprobs, starpo_update, uses_stored_logprobs
+from ragen_core.update.inputs import UpdateInputs
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 

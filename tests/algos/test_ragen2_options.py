@@ -17,8 +17,9 @@ from ragen_core.config import PRESETS, ConfigError
 from ragen_core.run.batches import filter_inputs
 from ragen_core.run.checks import build_run_config as build_config
 from ragen_core.training.entropy import trajectory_entropy
-from ragen_core.training.rows import TokenRows
-from ragen_core.training.starpo import UpdateInputs, scaled_advantages
+from ragen_core.update.advantages import scaled_advantages
+from ragen_core.update.inputs import UpdateInputs
+from ragen_core.update.rows import TokenRows
 from tests.algos.filter_config import filter_section
 
 # ---- a port of RAGEN-2's rollout_filter.py (its _select_top_groups for top_p / top_k, and the group scores of its
@@ -167,13 +168,13 @@ def test_scaled_advantages_applies_both_in_ragen2s_order():
     advantages = torch.ones(4, 2)
     inputs = UpdateInputs(batch=None, scores=token_rewards.sum(-1), group_index=groups, kept_group_share=0.64)
     metrics: dict[str, float] = {}
-    out = scaled_advantages(config, advantages, token_rewards, inputs, metrics)
+    out = scaled_advantages(config.algorithm, advantages, token_rewards, inputs, metrics)
     std0, std1 = math.sqrt(2.0), math.sqrt(0.5)  # unbiased stds of (2, 0) and (1, 0)
     expected = [std0 / (std0 + 1e-6) * 0.8] * 2 + [std1 / (std0 + 1e-6) * 0.8] * 2  # sqrt(0.64) = 0.8
     assert out[:, 0].tolist() == pytest.approx(expected, rel=1e-6)
     assert metrics["actor/filter_loss_scale"] == pytest.approx(0.8)
     assert metrics["actor/soft_reweight_min"] == pytest.approx(0.5, rel=1e-5)
-    untouched = scaled_advantages(build_config(), advantages, token_rewards, inputs, {})
+    untouched = scaled_advantages(build_config().algorithm, advantages, token_rewards, inputs, {})
     assert torch.equal(untouched, advantages)
 
 

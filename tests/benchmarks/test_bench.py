@@ -99,6 +99,7 @@ def test_trl_time_ratio_is_ours_over_trl_without_our_validation():
     assert result["trl"]["success_gain_per_minute"] == pytest.approx(0.5 / (8.0 / 60.0))
 
 
+@pytest.mark.slow  # the bench's quick sections: 20-50 s
 def test_quick_rollout_and_update_write_the_results(tmp_path, monkeypatch):
     import torch
 

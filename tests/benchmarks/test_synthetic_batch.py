@@ -67,6 +67,7 @@ def test_the_filler_opens_no_tag_and_holds_no_special_token(tiny_policy):
     assert all("<" not in tokenizer.decode([i]) and ">" not in tokenizer.decode([i]) for i in ids.tolist())
 
 
+@pytest.mark.process  # another process
 def test_the_same_seeds_give_the_same_batch_in_another_process(tiny_policy, tiny_model_dir):
     """What the in-process and the launched bench both rely on: nothing but the seeds decides the batch."""
     _, tokenizer = tiny_policy

@@ -71,6 +71,7 @@ def test_cpu_summary_has_no_busy_share():
     assert "busy" not in markdown(summary)
 
 
+@pytest.mark.slow  # a profiled DeepSpeed update: 30-100 s
 def test_a_real_update_is_profiled_on_its_call_only(tiny_policy):
     """Two policy updates of a DeepSpeed engine on the CPU: only the second is traced; its operators' own times
     add up to (nearly all of) the update's wall time, the GEMMs and the optimizer step are found."""
@@ -109,6 +110,7 @@ def test_from_profiler_reads_a_cpu_trace():
     assert summary["optimizer_step_s"] is None
 
 
+@pytest.mark.process  # the bench in a subprocess
 def test_the_bench_profiles_its_second_update_stage_and_counts_the_flops_it_ran(tmp_path):
     """`gpu_update_bench --profile` on the CPU (tiny shape): the in-process update stage of iteration 1 is traced,
     and the bench's FLOPs count no re-scoring pass where the run took the sampler's log-probs (fp32 on the CPU: the

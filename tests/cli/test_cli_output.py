@@ -275,6 +275,7 @@ def _op_files_written_since(start_ns: int) -> list[str]:
     return [str(p) for p in files if p.stat().st_mtime_ns >= start_ns]
 
 
+@pytest.mark.process  # a ragen train in a subprocess
 def test_a_run_prints_no_third_party_noise_at_the_default_verbosity(tmp_path, tiny_model_dir):
     """DeepSpeed's accelerator warning (when DS_ACCELERATOR is not set) and its "built successfully" line are not
     shown by `ragen train`; the run's own lines are, each iteration's on one line however long (its output is a

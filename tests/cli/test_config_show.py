@@ -16,6 +16,8 @@ from pydantic import BaseModel
 
 from ragen_core.config import RunConfig
 
+pytestmark = pytest.mark.process  # the real command in a subprocess
+
 PROJECT = Path(__file__).resolve().parents[2]
 BANDIT = PROJECT / "configs" / "bandit.yaml"
 

@@ -39,6 +39,7 @@ def test_the_note_says_when_the_lanes_need_more_cores_than_are_free(config, core
         assert says in hint and "trainer.num_threads=1 with rollout.sampler_threads=1" in hint
 
 
+@pytest.mark.server  # a ragen train with its own Prefect server
 def test_ragen_train_prints_the_note_on_stderr_before_the_run(tmp_path, tiny_model_dir):
     """64 learner threads fit no machine this runs on: the note comes first, on stderr, and the run goes on."""
     args = [

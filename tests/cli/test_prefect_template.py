@@ -37,6 +37,7 @@ def cache(tmp_path, monkeypatch):
     return prefect_template.template_dir()
 
 
+@pytest.mark.server  # temporary Prefect servers
 def test_a_bad_template_is_replaced_by_a_fresh_database_and_the_next_server_starts_from_it(tmp_path, cache):
     _bogus_template(cache / "prefect.db")
     first, second = tmp_path / "first", tmp_path / "second"

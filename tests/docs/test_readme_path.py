@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # a fresh shell and make
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(sys.prefix)  # the environment `make install` made (the tests run in it)
 

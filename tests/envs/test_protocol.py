@@ -91,6 +91,7 @@ def test_same_seed_same_instance_and_trajectory_in_process(name):
     assert _trajectory_digest(name, range(30)) != _trajectory_digest(name, range(30, 60))
 
 
+@pytest.mark.process  # a process per environment
 def test_same_seed_same_trajectory_across_processes():
     code = (
         "import json, sys; from tests.envs.test_protocol import _trajectory_digest, ALL_ENVS;"

@@ -264,6 +264,7 @@ def clone(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     return repo, commits
 
 
+@pytest.mark.process  # a git clone and re-stamp probes
 def test_changed_counted_files_follow_the_code_form_not_the_words(clone, tmp_path):
     repo, commits = clone
     old, new = tmp_path / "old", tmp_path / "new"
@@ -296,6 +297,7 @@ def moved(clone, probe_folder):
     return result, lines
 
 
+@pytest.mark.process  # a git clone and re-stamp probes
 def test_a_probe_fails_on_a_moved_payout_and_refuses_a_file_it_never_ran(moved):
     result, lines = moved
     assert not result.old.reused and not any("reused" in line for line in lines)  # the folder's first probe
@@ -322,6 +324,7 @@ def added(clone, moved, probe_folder):
     )
 
 
+@pytest.mark.process  # a git clone and re-stamp probes
 def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fingerprints(clone, moved, added):
     repo, commits = clone
     _, result = added
@@ -351,6 +354,7 @@ def test_a_probe_passes_an_edit_that_moves_nothing_and_its_record_links_the_fing
     assert stamped_commit(repo, result.old.fingerprint, commits["base"]) == commits["added"]
 
 
+@pytest.mark.process  # a git clone and re-stamp probes
 def test_a_finding_the_new_commit_adds_runs_on_its_side_alone_and_is_named_in_the_record(clone, added, tmp_path):
     repo, commits = clone
     work, result = added
@@ -368,6 +372,7 @@ def test_a_finding_the_new_commit_adds_runs_on_its_side_alone_and_is_named_in_th
         probe(repo, commits["added"], commits["base"], tmp_path / "back", log=lambda _: None, only=only, paths=())
 
 
+@pytest.mark.process  # a git clone and re-stamp probes
 def test_a_probe_refuses_a_changed_default_before_any_run(clone, tmp_path):
     repo, commits = clone
     _git(repo, "checkout", "-q", commits["base"])
@@ -383,6 +388,7 @@ def test_a_probe_refuses_a_changed_default_before_any_run(clone, tmp_path):
     assert not (tmp_path / "probe" / "old.log").exists()  # refused before any run
 
 
+@pytest.mark.process  # a git clone and re-stamp probes
 def test_a_probe_path_vouches_for_code_that_no_finding_runs(clone, tmp_path):
     """The dataset env's change runs in no finding (a probe of the findings would refuse it, as the moved payout's
     probe refuses the critic's line), but the ``dataset`` probe path runs it: a probe of that path alone (``only``
@@ -415,7 +421,7 @@ def test_a_probe_path_vouches_for_code_that_no_finding_runs(clone, tmp_path):
 
 def test_probe_paths_are_read_from_the_checkout_and_unknown_ones_refused(tmp_path):
     paths = probe_paths(REPO_ROOT)
-    assert {"dataset", "async", "async_tis", "diagnostics"} <= set(paths)
+    assert {"dataset", "async", "async_tis", "diagnostics", "launched"} <= set(paths)
     assert all(args[:2] == ["train", "--config"] and (REPO_ROOT / args[2]).is_file() for args in paths.values())
     assert probe_paths(REPO_ROOT, ["async"]) == {"async": paths["async"]}
     with pytest.raises(RestampError, match=r"unknown probe path\(s\) \['nope'\]"):

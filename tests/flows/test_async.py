@@ -236,7 +236,7 @@ def test_a_killed_sampler_process_is_one_line_naming_it_and_its_log_and_resume_i
         [sampler] = [
             child
             for child in psutil.Process(process.pid).children(recursive=True)
-            if "ragen_core.run.sampler" in child.cmdline()
+            if "ragen_core.rollout.sampler" in child.cmdline()
         ]
         sampler.kill()
         assert process.wait(timeout=300) == 2

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fastapi.encoders import jsonable_encoder
 
 from flows.ui import ShownFlow
@@ -30,6 +31,7 @@ def test_other_values_still_go_through_prefects_conversion_and_texts_are_escaped
     assert stored == {"root": "/tmp/x", "pair": [1, 2], "text": "a\\x1b[31mb"}
 
 
+@pytest.mark.process  # a fresh process
 def test_a_flows_json_parameters_import_no_fastapi():
     code = (
         "import sys\n"

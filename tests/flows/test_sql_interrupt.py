@@ -64,6 +64,7 @@ def _wait_for_the_handlers(process: subprocess.Popen, timeout: float = 60.0) -> 
     raise AssertionError("the command did not install its signal handlers in time")
 
 
+@pytest.mark.process  # a ragen sql process, signalled
 @pytest.mark.parametrize(
     ("number", "code", "name"), [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")]
 )
@@ -87,6 +88,7 @@ def test_a_long_query_stops_at_once(tmp_path, number, code, name):
     assert err.strip().splitlines() == [f"interrupted ({name})"] and "Traceback" not in out + err
 
 
+@pytest.mark.process  # a ragen sql process, signalled
 @pytest.mark.parametrize("delay", [0.0, 0.25, 0.5, 1.0, 1.5])
 def test_a_stop_at_any_point_of_the_command_says_one_line(tmp_path, delay):
     """SIGTERM from the moment the handlers are in place through opening the lake and starting the query: one line,

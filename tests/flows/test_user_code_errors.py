@@ -22,6 +22,8 @@ from ragen_core.storage import query
 from tests.envs.user_code import unique, write_env_module
 from tests.flows.test_resume import _overrides, _ragen
 
+pytestmark = pytest.mark.process  # ragen train in a subprocess
+
 REWARDS = '''
 import sys
 import threading

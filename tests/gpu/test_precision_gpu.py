@@ -20,7 +20,7 @@ import torch
 from ragen_core.algos import grpo_advantage
 from ragen_core.config import ActorConfig, AlgorithmConfig
 from ragen_core.training import ActorEngine, OptimConfig
-from ragen_core.training.starpo import trajectory_token_rewards
+from ragen_core.update.advantages import trajectory_token_rewards
 from tests.training.dp_update_script import ACTOR_CASES, MICRO_BATCH, fixed_batch
 
 pytestmark = pytest.mark.gpu

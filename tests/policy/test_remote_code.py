@@ -52,6 +52,7 @@ def test_an_unknown_architecture_is_a_clear_error(tiny_model_dir, tmp_path):
         load_policy(folder)
 
 
+@pytest.mark.server  # a ragen eval with its own Prefect server
 def test_ragen_eval_refuses_it_in_one_line(tiny_model_dir, tmp_path):
     folder = _planted(tiny_model_dir, tmp_path, "config.json")
     result = CliRunner().invoke(

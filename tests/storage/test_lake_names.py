@@ -362,6 +362,7 @@ def _on_read_only_root(root: Path, args: list[str]) -> subprocess.CompletedProce
     return result
 
 
+@pytest.mark.process  # the real ragen in a subprocess
 @pytest.mark.parametrize("command", ["rm", "compact"])
 def test_rm_and_compact_on_a_read_only_root_fail_in_one_line(lake, command):
     before = _files(lake.root)

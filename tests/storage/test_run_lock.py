@@ -30,6 +30,8 @@ from ragen_core.storage.locks import (
 )
 from schemas.manifest import RunManifest
 
+pytestmark = pytest.mark.process  # writers in other processes
+
 RUN = "r"
 HOLDER = textwrap.dedent(
     """

@@ -19,7 +19,7 @@ from ragen_core.algos import grpo_advantage
 from ragen_core.config import ActorConfig, AlgorithmConfig, CriticConfig
 from ragen_core.training import ActorEngine, CriticEngine, OptimConfig, ValueModel, collate
 from ragen_core.training.checkpoint import export_policy
-from ragen_core.training.starpo import trajectory_token_rewards
+from ragen_core.update.advantages import trajectory_token_rewards
 
 # (name, optimizer, lr, loss aggregation, KL coefficient): 8 rows in micro-batches of 3 -> 3 micro-batches per
 # mini-batch, so with 2 ranks one rank runs a zero-weight padding pass; 2 PPO epochs -> 2 optimizer steps.

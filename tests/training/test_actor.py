@@ -9,7 +9,7 @@ from ragen_core.config import ActorConfig, AlgorithmConfig
 from ragen_core.rollout import RolloutSpec, ScriptedBackend, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.training import ActorEngine, OptimConfig, collate, token_logprobs, update_schedule
-from ragen_core.training.starpo import trajectory_token_rewards
+from ragen_core.update.advantages import trajectory_token_rewards
 
 ALGORITHM = AlgorithmConfig(
     policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.001, loss_agg_mode="token-mean"

@@ -21,8 +21,10 @@ from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.training import ActorEngine, OptimConfig, collate, token_logprobs, update_schedule
 from ragen_core.training.actor import GAP_METRIC
 from ragen_core.training.batch import LogprobEntropy, trained_columns
-from ragen_core.training.rows import TokenRows
-from ragen_core.training.starpo import UpdateInputs, reuses_behavior_logprobs, starpo_update, trajectory_token_rewards
+from ragen_core.training.starpo import reuses_behavior_logprobs, starpo_update
+from ragen_core.update.advantages import trajectory_token_rewards
+from ragen_core.update.inputs import UpdateInputs
+from ragen_core.update.rows import TokenRows
 
 ALGORITHM = AlgorithmConfig(
     policy_loss="ppo", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.001, loss_agg_mode="token-mean"

@@ -21,7 +21,7 @@ from ragen_core.training.checkpoint import (
     save_checkpoint,
 )
 from ragen_core.training.critic import CriticEngine, ValueModel
-from ragen_core.training.starpo import trajectory_token_rewards
+from ragen_core.update.advantages import trajectory_token_rewards
 from tests.training.dp_update_script import fixed_batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,6 +139,7 @@ print("SAVED")
 """
 
 
+@pytest.mark.process  # a save in a process killed midway
 def test_a_save_killed_midway_leaves_no_checkpoint(tmp_path, tiny_policy, tiny_model_dir):
     # this process builds an engine first, so DeepSpeed's comm op is compiled before anything is killed
     actor = _actor(tiny_policy)

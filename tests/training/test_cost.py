@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ragen_core.training import ActorEngine, OptimConfig, collate, token_logprobs
-from ragen_core.training.batch import TokenBatch, trained_columns
+from ragen_core.training.batch import trained_columns
 from ragen_core.training.cost import (
     ModelShape,
     PassTally,
@@ -21,6 +21,7 @@ from ragen_core.training.cost import (
     matmul_peak_tflops,
     sequence_squares,
 )
+from ragen_core.update.rows import TokenBatch
 
 # hidden 64 = 4 heads x 16, 2 key/value heads, MLP 128, vocabulary 100, 2 layers
 SHAPE = dict(

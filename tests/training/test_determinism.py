@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process  # a fresh process
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import json, sys, torch

@@ -115,7 +115,7 @@ def test_bf16_engine_steps_with_fp32_master_weights(tiny_policy):
     model, tokenizer = tiny_policy
     batch, scores, groups = fixed_batch(tokenizer.pad_token_id)
     from ragen_core.algos import grpo_advantage
-    from ragen_core.training.starpo import trajectory_token_rewards
+    from ragen_core.update.advantages import trajectory_token_rewards
 
     advantages, _ = grpo_advantage(trajectory_token_rewards(batch.loss_mask, scores), batch.loss_mask, groups)
     algorithm = AlgorithmConfig(
@@ -184,6 +184,7 @@ def in_process_results(tiny_policy):
     return run_cases(model, tokenizer, zero_stage=0)
 
 
+@pytest.mark.process  # a 2-rank torchrun group
 @pytest.mark.parametrize("case", [name for name, *_ in ACTOR_CASES] + ["critic"])
 def test_two_rank_update_equals_the_in_process_update(two_rank_results, in_process_results, tiny_policy, case):
     """Same batch, same start weights: the update over 2 ranks (gloo, ZeRO-2 and ZeRO-3, a padding pass on one rank)
@@ -214,6 +215,7 @@ def test_two_rank_update_equals_the_in_process_update(two_rank_results, in_proce
         assert actual["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.process  # a 2-rank torchrun group
 def test_the_policy_export_gathers_the_whole_model(two_rank_results):
     """The rollout side's Hugging Face export, written by the 2-rank group (under ZeRO-3 gathered from the
     partitions), holds exactly the group's weights and loads into a fresh model."""

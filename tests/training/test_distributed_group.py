@@ -1,5 +1,6 @@
-"""The launched update group's plumbing: launch commands, the token handshake, and a real group started by the
-``deepspeed`` launcher that restores, exports, reports a failing command with the worker's traceback and ends."""
+"""The launched update group's plumbing: launch commands, the token handshake, a real group started by the
+``deepspeed`` launcher that restores, exports, reports a failing command with the worker's traceback and ends, and a
+real ``torchrun`` group whose launcher files stay in the run's folder (no ``/tmp/torchelastic_*`` left behind)."""
 
 import json
 import os
@@ -32,6 +33,7 @@ def test_launch_commands(tmp_path):
     assert torchrun[torchrun.index("--nproc_per_node") + 1] == "2"
     assert torchrun[torchrun.index("--master_addr") + 1] == "127.0.0.1"  # the group listens on loopback only
     assert torchrun[-4:] == ["-m", "ragen_core.training.worker", "--control-file", str(control)]
+    assert torchrun[torchrun.index("--log-dir") + 1] == str(tmp_path / "torchelastic")  # the run's group folder
     hosts = tmp_path / "hostfile"
     deepspeed = launch_command("deepspeed", 4, 29500, control, str(hosts))
     assert deepspeed[1:3] == ["-m", "deepspeed.launcher.runner"]
@@ -116,6 +118,7 @@ def _alive(pid: int) -> bool:
         return False  # gone in between
 
 
+@pytest.mark.process  # a launched group
 def test_a_deepspeed_launched_group_restores_exports_and_reports_failures(tmp_path, tiny_model_dir, tiny_policy):
     config = build_config(
         {"model": {"path": str(tiny_model_dir)}, "trainer": {"launcher": "deepspeed", "num_threads": 1}}
@@ -150,6 +153,7 @@ def test_a_deepspeed_launched_group_restores_exports_and_reports_failures(tmp_pa
         group.stop()
 
 
+@pytest.mark.process  # a worker process
 def test_a_worker_exits_when_the_run_process_dies_even_while_busy():
     """The watchdog every worker runs: its 'run process' (here a short sleep) ends while the worker is busy (here
     sleeping 120 s, as in a long update); the worker exits with code 3 within seconds."""
@@ -166,3 +170,33 @@ def test_a_worker_exits_when_the_run_process_dies_even_while_busy():
     finally:
         worker.kill()
         worker.wait()
+
+
+@pytest.mark.process  # a launched group
+def test_a_torchrun_launched_group_keeps_its_launcher_files_in_the_run_folder(tmp_path, monkeypatch, tiny_model_dir):
+    """torchrun makes a log folder per start (its ranks' error files): without ``--log-dir`` a
+    ``<TMPDIR>/torchelastic_*`` that no one removes; here it lies in the run's update-group folder, and nothing is
+    left in the temporary folder once the group has stopped."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))  # the group's processes make their temporary folders here
+    config = build_config(
+        {"model": {"path": str(tiny_model_dir)}, "trainer": {"launcher": "torchrun", "num_threads": 1}}
+    )
+    lake = DataLake(tmp_path / "data")
+    init = {
+        "config": config.to_dict(),
+        "data_root": str(lake.root),
+        "run_id": "t",
+        "model_dir": str(tiny_model_dir),
+        "precision": "fp32",
+    }
+    folder = lake.update_group_dir("t")
+    group = UpdateGroup.start("torchrun", 1, None, folder, init)
+    try:
+        assert group.world_size == 1
+    finally:
+        group.stop()
+    assert sorted(p.name for p in temporary.glob("torchelastic_*")) == []
+    attempts = list((folder / "torchelastic").glob("*/attempt_0"))
+    assert len(attempts) == 1, sorted(map(str, (folder / "torchelastic").rglob("*")))  # this start's, in the run

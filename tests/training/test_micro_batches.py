@@ -14,7 +14,7 @@ from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.training import ActorEngine, OptimConfig, collate
 from ragen_core.training.actor import micro_batch_passes
 from ragen_core.training.parallel import MicroBatchPlan, micro_batches, shard_micro_batches
-from ragen_core.training.starpo import trajectory_token_rewards
+from ragen_core.update.advantages import trajectory_token_rewards
 
 # entropy off: the gradient is then the surrogate's alone, A * grad(log p) at ratio 1 (inside the clip range)
 ALGORITHM = AlgorithmConfig(

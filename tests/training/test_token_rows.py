@@ -13,9 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragen_core.training.batch import TokenBatch, collate
-from ragen_core.training.rows import TokenRows
-from ragen_core.training.turn_rows import TurnRows, sampled_turn_entropy
+from ragen_core.training.batch import collate
+from ragen_core.training.turn_rows import sampled_turn_entropy
+from ragen_core.update.rows import TokenBatch, TokenRows, TurnRows
 
 
 def _row(draw, windowed: bool, all_windowed: bool) -> dict:

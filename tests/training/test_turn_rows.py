@@ -21,9 +21,9 @@ from ragen_core.rollout import RolloutSpec, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
 from ragen_core.rollout.records import BatchMeta, trajectories_table
 from ragen_core.training.batch import collate, token_logprobs
-from ragen_core.training.inputs import turn_update_inputs
-from ragen_core.training.rows import TokenRows
-from ragen_core.training.turn_rows import turn_entropy, turn_rows_of_table
+from ragen_core.training.turn_rows import turn_entropy
+from ragen_core.update.inputs import turn_update_inputs
+from ragen_core.update.rows import TokenRows, turn_rows_of_table
 
 
 def _rows(tokens: TokenRows) -> tuple[list[list[int]], list[list[int]]]:

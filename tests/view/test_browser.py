@@ -102,6 +102,9 @@ def test_runs_to_a_failed_trajectory_with_its_coloured_tokens(browser, viewer, v
     trained = [p for p, m in enumerate(row["loss_mask"]) if m == 1]
     assert len(browser.find_elements(By.CSS_SELECTOR, "p.tokens span.tok.trained")) == len(trained)
     assert browser.find_elements(By.CSS_SELECTOR, "table.grid td.tile.player"), "the Sokoban room is drawn"
+    # in the env's own colours (its grid_legend), which the pages' CSP lets through as SVG fills (no inline style)
+    wall = browser.find_element(By.CSS_SELECTOR, "table.grid td.tile.wall rect")
+    assert wall.value_of_css_property("fill") == "rgb(87, 83, 78)"  # Sokoban's wall tile, #57534e
 
     # the sampler log-prob colouring: each token's bucket and tooltip from its stored log-prob
     follow(browser, By.LINK_TEXT, "sampler log-prob")

@@ -153,10 +153,16 @@ def test_text_split_over_tokens_is_shown_whole(tiny_model_dir):
 
 def test_grids_of_the_grid_envs_and_none_elsewhere():
     observation = "You are P.\nState:\n######\n#_P__#\n#_X__#\n#__O_#\n######\n10 actions left."
-    drawn = render.grid("sokoban", observation)
-    assert len(drawn) == 5 and [tile for _, tile in drawn[1]] == ["wall", "floor", "player", "floor", "floor", "wall"]
-    assert render.grid("frozen_lake", "State:\n_G_O\n__O_\nO__P\nO_O_\nok")[2][3] == ("P", "player")
-    assert render.grid("bandit", observation) is None and render.grid("sokoban", "no room here") is None
+    sokoban = render.legend_of("sokoban")
+    drawn = render.grid(sokoban, observation)
+    names = [cell.tile.name for cell in drawn[1]]
+    assert len(drawn) == 5 and names == ["wall", "floor", "player", "floor", "floor", "wall"]
+    cell = render.grid(render.legend_of("frozen_lake"), "State:\n_G_O\n__O_\nO__P\nO_O_\nok")[2][3]
+    assert (cell.symbol, cell.tile.name, cell.ink) == ("P", "player", "#ffffff")  # white on the player's blue
+    assert render.legend_of("bandit") == () and render.grid((), observation) is None
+    assert render.grid(sokoban, "no room here") is None
+    assert render.legend_of("dataset") == ()  # an env that needs its options to be built draws no board
+    assert (render.ink("#000000"), render.ink("#ffffff"), render.ink("#e0f2fe")) == ("#ffffff", "#111111", "#111111")
 
 
 def test_a_chart_places_its_points_by_value():

@@ -2,20 +2,23 @@
 
 With ``trainer.max_staleness`` >= 1 the learner updates while the next batches are generated. Generation in the
 learner's own process would share its interpreter and its copy of the weights (which the update changes in place),
-so the Hugging Face backend runs in a child process of its own (``python -m ragen_core.run.sampler``), holding its
-own copy of the policy in ``rollout.sampler_threads`` torch threads. The run's process keeps the environments and
-the rollout loop (:func:`ragen_core.rollout.run_rollouts`): it only sends each turn's prompts, and the child sends
-back the sampled replies with their log-probs, exactly as :class:`~ragen_core.rollout.hf_backend.HFBackend` makes
-them in the learner's process.
+so the Hugging Face backend runs in a child process of its own (``python -m ragen_core.rollout.sampler``, the name an
+async run's sampler process goes by: :data:`PROGRAM`), holding its own copy of the policy in
+``rollout.sampler_threads`` torch threads. The run's process keeps the environments and the rollout loop
+(:func:`ragen_core.rollout.run_rollouts`): it only sends each turn's prompts, and the child sends back the sampled
+replies with their log-probs, exactly as :class:`~ragen_core.rollout.hf_backend.HFBackend` makes them in the learner's
+process. :class:`SamplerProcess` is a :class:`~ragen_core.rollout.sampling.Sampler`.
 
 Weights reach the child at the hand-off after an update (:meth:`SamplerProcess.load`): the run's process copies its
-rollout model into a shared-memory buffer (:mod:`ragen_core.training.handoff`), the child copies the buffer into its
+rollout model into a shared-memory buffer (:mod:`ragen_core.rollout.handoff`), the child copies the buffer into its
 model. The bytes are the module's own, so the sampler computes with exactly the weights of the policy version the
 schedule names; with a fixed thread count its batches are reproducible, which an async run's exact resume needs.
 
-The child is started with ``start_new_session=False`` (a kill of the command's process group takes it along) and
-exits when the run's process goes away (its end of the socket closes). Messages are pickled over a socket pair
-between these two processes only: nothing read from the data root is unpickled.
+The child is started in a session of its own (``start_new_session=True``): a Ctrl-C in the terminal, which reaches
+the command's whole process group, reaches the learner alone, which then stops the child
+(:meth:`SamplerProcess.close`). The child exits when the run's process goes away (its end of the socket closes).
+Messages are pickled over a socket pair between these two processes only: nothing read from the data root is
+unpickled.
 """
 
 from __future__ import annotations
@@ -32,11 +35,15 @@ from typing import Any
 
 import torch
 
+from ragen_core.rollout.handoff import SharedWeights, WeightLayout
+from ragen_core.rollout.sampling import NewWeights, Sampling
 from ragen_core.rollout.types import Generation, TurnContext
 from ragen_core.rollout.vllm_backend import _fate, _last_line  # a dead sampler is told in a dead vLLM server's words
-from ragen_core.training.handoff import SharedWeights, WeightLayout
 
 STARTUP_TIMEOUT_S = 300.0
+# The program the child runs: the run layer's name for an async run's sampler process (ps and the tests find it by
+# it), whose body is :func:`main` here.
+PROGRAM = "ragen_core.rollout.sampler"
 
 
 class SamplerError(RuntimeError):
@@ -44,7 +51,10 @@ class SamplerError(RuntimeError):
 
 
 class SamplerProcess:
-    """The child process that samples with its own copy of the policy."""
+    """The child process that samples with its own copy of the policy (a :class:`~ragen_core.rollout.sampling.Sampler`
+    whose replies carry their log-probs)."""
+
+    behavior_source = "policy"
 
     def __init__(self, process: subprocess.Popen, connection: Connection, shared: SharedWeights, log: Path) -> None:
         self.process, self.connection, self.shared, self.log = process, connection, shared, log
@@ -62,7 +72,7 @@ class SamplerProcess:
         try:
             with open(log, "ab") as stderr:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "ragen_core.run.sampler", str(child.fileno())],
+                    [sys.executable, "-m", PROGRAM, str(child.fileno())],
                     pass_fds=(child.fileno(),),
                     stdin=subprocess.DEVNULL,
                     stdout=stderr,
@@ -94,14 +104,23 @@ class SamplerProcess:
             shared.unlink()  # both processes have it mapped: nothing is left behind when either dies
         return sampler
 
-    def load(self, module: torch.nn.Module) -> None:
-        """Hand ``module``'s weights to the sampler (the policy version its next batch is sampled with)."""
-        self.shared.write(dict(module.named_parameters()))
+    def load(self, weights: NewWeights) -> None:
+        """Hand the weights of ``weights.module`` to the child (the policy version its next batch is sampled with)."""
+        self.shared.write(dict(weights.module.named_parameters()))
         self._call("load", None)
 
-    def backend(self, temperature: float, max_new_tokens: int, top_p: float, top_k: int) -> ProcessBackend:
-        """A rollout backend that samples in this process's child (the settings of :class:`HFBackend`)."""
-        return ProcessBackend(self, (temperature, max_new_tokens, top_p, top_k))
+    def generate(self, contexts: list[TurnContext], seed: int, sampling: Sampling) -> list[Generation]:
+        """One reply per context, sampled in the child from ``seed`` at ``sampling`` (the environment stays here).
+        Each prompt goes with its list's identity in this process: the engine extends a rollout's prompt list in
+        place from turn to turn, and the backend continues a turn's key/value cache only for the same list
+        (:mod:`~ragen_core.rollout.kv_reuse`), so the child keeps one list per identity and extends it the same way."""
+        settings = (sampling.temperature, sampling.max_new_tokens, sampling.top_p, sampling.top_k)
+        plain = [(id(context.prompt_ids), dataclasses.replace(context, env=None)) for context in contexts]
+        return self._call("generate", (settings, plain, seed))
+
+    def reset(self) -> None:
+        """Forget the child's per-rollout key/value caches and prompt lists (as :meth:`HFBackend.reset`)."""
+        self._call("reset", None)
 
     def _call(self, kind: str, payload: Any, timeout: float | None = None) -> Any:
         """Send one request and wait for its answer; the child's failure, or its death, is a :class:`SamplerError`
@@ -133,27 +152,6 @@ class SamplerProcess:
                 self.process.wait()
         self.connection.close()
         self.shared.unlink()
-
-
-@dataclasses.dataclass(frozen=True)
-class ProcessBackend:
-    """:class:`~ragen_core.rollout.hf_backend.HFBackend`'s interface over a :class:`SamplerProcess`."""
-
-    sampler: SamplerProcess
-    settings: tuple[float, int, float, int]  # temperature, max_new_tokens, top_p, top_k
-    behavior_source = "policy"
-
-    def reset(self) -> None:
-        """Forget the child's per-rollout key/value caches (as :meth:`HFBackend.reset`)."""
-        self.sampler._call("reset", None)
-
-    def generate(self, contexts: list[TurnContext], seed: int) -> list[Generation]:
-        """One reply per context, sampled in the child from ``seed`` (the environment stays here). Each prompt goes
-        with its list's identity in this process: the engine extends a rollout's prompt list in place from turn to
-        turn, and the backend continues a turn's key/value cache only for the same list (:mod:`kv_reuse`), so the
-        child keeps one list per identity and extends it the same way."""
-        plain = [(id(context.prompt_ids), dataclasses.replace(context, env=None)) for context in contexts]
-        return self.sampler._call("generate", (self.settings, plain, seed))
 
 
 class _Prompts:
@@ -226,7 +224,7 @@ def _serve(connection: Connection) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m ragen_core.run.sampler FD``: serve the parent on the inherited socket ``FD``."""
+    """The child's program (``python -m`` :data:`PROGRAM` ``FD``): serve the parent on the inherited socket ``FD``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     connection = Connection(int(argv[0]))
     _serve(connection)

@@ -8,12 +8,12 @@ import sys
 import pytest
 import torch
 
-from ragen_core.training.handoff import SharedWeights, WeightLayout
+from ragen_core.rollout.handoff import SharedWeights, WeightLayout
 
 WRITER = """
 import sys, torch
 from ragen_core.policy import load_policy
-from ragen_core.training.handoff import SharedWeights, WeightLayout
+from ragen_core.rollout.handoff import SharedWeights, WeightLayout
 model, _ = load_policy(sys.argv[1])
 shared = SharedWeights.attach(sys.argv[2], WeightLayout.of_module(model))
 generator = torch.Generator().manual_seed(7)
@@ -24,6 +24,7 @@ shared.write(dict(model.named_parameters()))
 """
 
 
+@pytest.mark.process  # a writer process
 def test_weights_written_by_another_process_arrive_exactly(tmp_path, tiny_model_dir, tiny_policy):
     model, _ = tiny_policy
     layout = WeightLayout.of_module(model)

@@ -1,17 +1,19 @@
-"""Handing a launched group's new weights to the rollout side through shared memory, not a Hugging Face export.
+"""Handing new weights to a copy of the policy in another process through shared memory, not a Hugging Face export.
 
-After every update of a launched group (:mod:`ragen_core.training.group`) the run's process needs the new policy in
-its rollout copy. Writing a Hugging Face folder (``save_pretrained``, tokenizer, fsync, rename) and reading it back
-(safetensors, copy) costs two full passes through the file system per update: on one H100 it made the launched
-update 4.2x the in-process one at a 0.47B model. Instead, rank 0 keeps one flat buffer of the policy's weights in a
-shared-memory file (``/dev/shm``, else the system's temporary folder), mapped by both processes: after an update it
-copies the weights in (one memory copy; from a GPU one device-to-host copy), and the run's process copies them out
-into its rollout model (one host copy, or one host-to-device copy). The bytes are the module's own, so the rollout
-copy equals the trainer's exactly, as after an export. Exports to disk remain at checkpoints (their ``hf/`` folder),
-on a restore, and after every update when the rollout side needs a folder (a vLLM server reloads one).
+Two hand-offs use it, both into the rollout side. A launched update group (:mod:`ragen_core.training.group`) hands
+the run's process its new weights after every update: writing a Hugging Face folder (``save_pretrained``, tokenizer,
+fsync, rename) and reading it back (safetensors, copy) costs two full passes through the file system per update (on
+one H100 it made the launched update 4.2x the in-process one at a 0.47B model). And the run's process hands an async
+run's sampler process (:mod:`ragen_core.rollout.sampler`) the policy it samples the next batch with. Instead of a
+folder, the writer keeps one flat buffer of the policy's weights in a shared-memory file (``/dev/shm``, else the
+system's temporary folder), mapped by both processes: it copies the weights in (one memory copy; from a GPU one
+device-to-host copy), and the reader copies them out into its model (one host copy, or one host-to-device copy). The
+bytes are the module's own, so the copy equals the writer's exactly, as after an export. Exports to disk remain at
+checkpoints (their ``hf/`` folder), on a restore, and after every update when the rollout side needs a folder (a
+vLLM server reloads one).
 
-The file is created by rank 0 (readable by this user only), mapped by the run's process and then unlinked by it at
-once: the memory lives as long as either mapping, and nothing is left behind when either process dies.
+The file is created by the writer (readable by this user only), mapped by the reader and then unlinked at once: the
+memory lives as long as either mapping, and nothing is left behind when either process dies.
 """
 
 from __future__ import annotations
@@ -146,18 +148,6 @@ class SharedWeights:
     def unlink(self) -> None:
         """Remove the file's name (the mappings stay valid until both processes drop them)."""
         self.path.unlink(missing_ok=True)
-
-
-def full_parameters(actor: Any) -> dict[str, torch.Tensor] | None:
-    """The actor's whole parameters by name, on rank 0 (None on the others). Every rank must call it: under ZeRO-3
-    the partitioned weights are gathered (a collective); otherwise they are the module's own tensors."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    if actor.engine.zero_optimization_partition_weights():
-        state = actor.engine._zero3_consolidated_16bit_state_dict()  # DeepSpeed's gather, complete on rank 0
-        return dict(state) if rank == 0 else None
-    return dict(actor.module.named_parameters()) if rank == 0 else None
 
 
 def _reserve(path: Path, nbytes: int) -> None:

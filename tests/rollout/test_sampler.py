@@ -14,11 +14,19 @@ import pytest
 import torch
 
 from ragen_core.agent import ChatFormatter
-from ragen_core.rollout import RolloutSpec, run_rollouts
+from ragen_core.rollout import NewWeights, RolloutSpec, SamplerBackend, Sampling, run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
-from ragen_core.run.sampler import SamplerError, SamplerProcess
+from ragen_core.rollout.sampler import SamplerError, SamplerProcess
+
+pytestmark = pytest.mark.process  # sampler and learner processes
 
 SPEC = RolloutSpec("sokoban", [5, 6], 2, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4)
+AT = Sampling(1.0, 12)  # temperature 1, 12 new tokens, no top-p, no top-k
+
+
+def _backend(sampler: SamplerProcess) -> SamplerBackend:
+    """The rollout engine's backend over the sampler process (what a session's training backend is)."""
+    return SamplerBackend(sampler, AT)
 
 
 def _replies(records):
@@ -39,9 +47,9 @@ def sampler(tiny_model_dir, tiny_policy, tmp_path_factory):
 def test_the_sampler_process_samples_what_the_learners_process_samples(sampler, tiny_policy):
     model, tokenizer = tiny_policy
     formatter = ChatFormatter(tokenizer)
-    sampler.load(model)
+    sampler.load(NewWeights(model))
     here = run_rollouts(SPEC, HFBackend(model, tokenizer, 1.0, 12), formatter, seed=11)
-    there = run_rollouts(SPEC, sampler.backend(1.0, 12, 1.0, 0), formatter, seed=11)
+    there = run_rollouts(SPEC, _backend(sampler), formatter, seed=11)
     assert _replies(there) == _replies(here)
     assert [r.total_reward for r in there] == [r.total_reward for r in here]
 
@@ -53,13 +61,13 @@ def test_the_hand_off_gives_the_sampler_the_new_weights_and_nothing_else(sampler
     with torch.no_grad():
         for parameter in changed.parameters():
             parameter.mul_(1.5)
-    before = run_rollouts(SPEC, sampler.backend(1.0, 12, 1.0, 0), formatter, seed=4)
-    sampler.load(changed)
-    after = run_rollouts(SPEC, sampler.backend(1.0, 12, 1.0, 0), formatter, seed=4)
+    before = run_rollouts(SPEC, _backend(sampler), formatter, seed=4)
+    sampler.load(NewWeights(changed))
+    after = run_rollouts(SPEC, _backend(sampler), formatter, seed=4)
     expected = run_rollouts(SPEC, HFBackend(changed, tokenizer, 1.0, 12), formatter, seed=4)
     assert _replies(after) == _replies(expected) != _replies(before)
-    sampler.load(model)
-    again = run_rollouts(SPEC, sampler.backend(1.0, 12, 1.0, 0), formatter, seed=4)
+    sampler.load(NewWeights(model))
+    again = run_rollouts(SPEC, _backend(sampler), formatter, seed=4)
     assert _replies(again) == _replies(before)
 
 
@@ -70,7 +78,7 @@ def test_a_dead_sampler_is_one_error_naming_its_exit_and_log(tiny_model_dir, tin
         process.process.kill()
         process.process.wait()
         with pytest.raises(SamplerError) as caught:
-            run_rollouts(SPEC, process.backend(1.0, 12, 1.0, 0), ChatFormatter(tokenizer), seed=0)
+            run_rollouts(SPEC, _backend(process), ChatFormatter(tokenizer), seed=0)
         message = str(caught.value)
         # the words of a dead vLLM server (ragen_core.rollout.vllm_backend): its fate, its log, the log's last line
         assert message.startswith(f"the sampler process (pid {process.process.pid}) died (killed by SIGKILL) during ")
@@ -87,12 +95,13 @@ from pathlib import Path
 import torch
 
 from ragen_core.policy import load_policy
-from ragen_core.run.sampler import SamplerProcess
+from ragen_core.rollout import NewWeights
+from ragen_core.rollout.sampler import SamplerProcess
 
 torch.set_num_threads(1)
 model, _ = load_policy(sys.argv[1])
 sampler = SamplerProcess.start(Path(sys.argv[1]), model, 1, Path(sys.argv[2]))
-sampler.load(model)
+sampler.load(NewWeights(model))
 try:  # the pid told inside: the test's Ctrl-C may come as soon as it is read
     print(sampler.process.pid, flush=True)
     while True:

@@ -1,10 +1,14 @@
 """An iteration's update inputs, read from the lake: the published training rows the filter kept.
 
 The one-process updater and every rank of a launched group read them the same way, so both update on the same
-batch in the same order.
+batch in the same order; so does the viewer, which shows each token's advantage in that update
+(:func:`ragen_core.update.advantages.update_advantages`) and finds a trajectory's row by the inputs' ``keys``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,9 +16,22 @@ import torch
 
 from ragen_core.config import RunConfig
 from ragen_core.storage import DataLake
-from ragen_core.training.rows import TokenRows, policy_sampled
-from ragen_core.training.starpo import UpdateInputs
-from ragen_core.training.turn_rows import turn_rows_of_table
+from ragen_core.update.rows import TokenBatch, TokenRows, policy_sampled, turn_rows_of_table
+
+
+@dataclass(frozen=True)
+class UpdateInputs:
+    """The kept trajectories of one iteration, as the update needs them."""
+
+    batch: TokenBatch
+    scores: torch.Tensor  # (B,) trajectory scores (env rewards + format penalties)
+    group_index: torch.Tensor  # (B,) initial-state group of each trajectory
+    turn_rewards: Sequence[Sequence[float]] | None = None  # per trajectory, each turn's reward + penalty
+    behavior_logprobs: torch.Tensor | None = None  # (B, T) the sampler's stored log-probs; None: some row has none
+    kept_group_share: float = 1.0  # groups the filter kept / groups of the iteration (filter_loss_scaling)
+    episode_index: torch.Tensor | None = None  # (B,) turn rows: each row's trajectory; None: rows are trajectories
+    kl_mask: torch.Tensor | None = None  # (B, T) the tokens the KL term covers (algorithm.kl_span); None: all trained
+    keys: Sequence[tuple[int, int]] = ()  # each row's trajectory (group_id, traj_index); empty: rows not of the lake
 
 
 def update_inputs(
@@ -43,6 +60,7 @@ def update_inputs(
         return turn_update_inputs(rows, pad_token_id, kept_share)
     tokens = TokenRows.from_table(rows, logprobs=policy_sampled(rows))
     batch = tokens.batch(pad_token_id)
+    keys = trajectory_keys(rows)
     turn_rewards = None
     if config.algorithm.reward_level == "turn":
         turns = lake.read_table("turns", run_id, iteration).to_pandas()
@@ -51,7 +69,6 @@ def update_inputs(
             key: list(group["reward"] + group["penalty"])
             for key, group in turns.groupby(["group_id", "traj_index"], sort=False)
         }
-        keys = zip(rows["group_id"].to_pylist(), rows["traj_index"].to_pylist(), strict=True)
         turn_rewards = [by_key[key] for key in keys]
     return UpdateInputs(
         batch=batch,
@@ -60,15 +77,22 @@ def update_inputs(
         turn_rewards=turn_rewards,
         behavior_logprobs=tokens.padded_logprobs(batch.loss_mask.shape[1]),
         kept_group_share=kept_share,
+        keys=keys,
     )
+
+
+def trajectory_keys(rows: pa.Table) -> list[tuple[int, int]]:
+    """``(group_id, traj_index)`` of each row of a table of one iteration's training rows, in its order."""
+    return list(zip(rows["group_id"].to_pylist(), rows["traj_index"].to_pylist(), strict=True))
 
 
 def turn_update_inputs(rows: pa.Table, pad_token_id: int, kept_share: float) -> UpdateInputs:
     """``rollout.training_rows=turn``: every turn of the kept trajectories ``rows`` (in their order) is its own
-    training row (:mod:`ragen_core.training.turn_rows`), carrying its trajectory's score and group, with its
-    trajectory as ``episode_index`` (GRPO's statistics count each trajectory once, as RAGEN-2's)."""
+    training row (:func:`ragen_core.update.rows.turn_rows_of_table`), carrying its trajectory's score, group and key,
+    with its trajectory as ``episode_index`` (GRPO's statistics count each trajectory once, as RAGEN-2's)."""
     turns = turn_rows_of_table(rows)
     batch = turns.tokens.batch(pad_token_id)
+    keys = trajectory_keys(rows)
     index = torch.tensor(turns.trajectory, dtype=torch.long)
     return UpdateInputs(
         batch=batch,
@@ -77,4 +101,5 @@ def turn_update_inputs(rows: pa.Table, pad_token_id: int, kept_share: float) -> 
         behavior_logprobs=turns.tokens.padded_logprobs(batch.loss_mask.shape[1]),
         kept_group_share=kept_share,
         episode_index=index,
+        keys=[keys[i] for i in turns.trajectory],
     )

@@ -1,0 +1,243 @@
+"""The rollout backends, registered by the name ``rollout.backend`` gives: each opens a
+:class:`~ragen_core.rollout.sampling.Sampler` for a session.
+
+- ``hf``: Hugging Face ``generate`` in this process, from the rollout copy of the policy (:class:`HFSampler`); when
+  the run samples its training batches beside the learner (an async run), they come from a sampler process of its
+  own instead (:class:`~ragen_core.rollout.sampler.SamplerProcess`), since the update changes the copy in place;
+- ``vllm``: the vLLM rollout server, started with the session (:class:`VLLMSampler`); it holds a copy of its own, so
+  it samples beside the learner as it is;
+- ``scripted``: a registered Python policy (:class:`ScriptedSampler`, no weights).
+
+A new backend is a sampler class and one registration, :func:`register_backend`; the config checks
+``rollout.backend`` against :data:`BACKENDS` (``ragen_core.run.checks``), and nothing in ``ragen_core/run`` names a
+backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ragen_core.config import RunConfig
+from ragen_core.registry import Registry
+from ragen_core.rollout.sampling import NewWeights, Sampler, Sampling
+from ragen_core.rollout.scripted import ScriptedBackend, scripted_options
+from ragen_core.rollout.types import Generation, TurnContext
+from ragen_core.storage import DataLake
+
+if TYPE_CHECKING:  # torch and transformers load with the first sampler, not with the registry the config checks
+    from ragen_core.rollout.hf_backend import HFBackend
+
+
+@dataclass(frozen=True)
+class RolloutSetup:
+    """What a backend opens its sampler with: the run's config, its lake and id (where a process or server keeps its
+    log), the model the run started from (its folder), the rollout copy of the policy (``model``, at the start
+    weights) with its tokenizer, and the precision the run computes in."""
+
+    config: RunConfig
+    lake: DataLake
+    run_id: str
+    model_dir: Path
+    model: Any  # torch.nn.Module
+    tokenizer: Any
+    precision: str
+
+
+Opener = Callable[[RolloutSetup], Sampler]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A registered backend: ``open`` makes the session's sampler; ``beside_learner``, when given, makes the sampler of
+    an async run's training batches, for a backend whose own sampler reads the learner's module (which the update
+    changes while the batches are sampled); ``check``, when given, says before the session loads anything that what
+    the backend needs is there (raising what says how to get it)."""
+
+    open: Opener
+    beside_learner: Opener | None = None
+    check: Callable[[RunConfig, Path], None] | None = None
+
+
+BACKENDS: Registry[Backend] = Registry("rollout backend")
+
+
+def register_backend(
+    name: str, *, beside_learner: Opener | None = None, check: Callable[[RunConfig, Path], None] | None = None
+) -> Callable[[Opener], Opener]:
+    """Decorator: register the decorated opener as the backend ``name`` (``rollout.backend=name``), with the
+    :class:`Backend`'s optional ``beside_learner`` and ``check``."""
+
+    def decorator(opener: Opener) -> Opener:
+        BACKENDS.add(name, Backend(opener, beside_learner, check))
+        return opener
+
+    return decorator
+
+
+class HFSampler:
+    """Hugging Face ``generate`` in this process, from ``model`` (the rollout copy: the learner's own module in
+    process, or the copy a launched group's weights reach), one :class:`HFBackend` per sampling settings."""
+
+    behavior_source = "policy"
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self._backends: dict[Sampling, HFBackend] = {}
+
+    def generate(self, contexts: list[TurnContext], seed: int, sampling: Sampling) -> list[Generation]:
+        """One reply per context, from the model at ``sampling``."""
+        backend = self._backends.get(sampling)
+        if backend is None:
+            from ragen_core.rollout.hf_backend import HFBackend
+
+            backend = HFBackend(
+                self.model,
+                self.tokenizer,
+                sampling.temperature,
+                sampling.max_new_tokens,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+            )
+            self._backends[sampling] = backend
+        return backend.generate(contexts, seed)
+
+    def reset(self) -> None:
+        """Forget every backend's per-rollout key/value caches."""
+        for backend in self._backends.values():
+            backend.reset()
+
+    def load(self, weights: NewWeights) -> None:
+        """Nothing to copy: the sampler reads the rollout copy, which holds the new weights already."""
+        if weights.module is not self.model:
+            raise ValueError("the Hugging Face sampler reads the session's rollout copy; it was handed another module")
+
+    def close(self) -> None:
+        """Nothing runs apart from this process."""
+        self._backends.clear()
+
+
+class VLLMSampler:
+    """The session's vLLM rollout server (:class:`~ragen_core.rollout.vllm_backend.VLLMServer`)."""
+
+    behavior_source = "policy"
+
+    def __init__(self, server: Any, tokenizer: Any) -> None:
+        self.server, self.tokenizer = server, tokenizer
+
+    def generate(self, contexts: list[TurnContext], seed: int, sampling: Sampling) -> list[Generation]:
+        """One reply per context, sampled by the server at ``sampling``."""
+        from ragen_core.rollout.vllm_backend import VLLMBackend
+
+        backend = VLLMBackend(
+            self.server,
+            self.tokenizer,
+            sampling.temperature,
+            sampling.max_new_tokens,
+            sampling.top_p,
+            sampling.top_k,
+        )
+        return backend.generate(contexts, seed)
+
+    def reset(self) -> None:
+        """The server forgets its cached prefixes (before and after every rollout)."""
+        self.server.reset_prefix_cache()
+
+    def load(self, weights: NewWeights) -> None:
+        """The server reloads the weights' export and is checked against ``weights.module``."""
+        self.server.load_weights(weights.export(), reference=weights.module)
+
+    def close(self) -> None:
+        """Stop the server (idempotent)."""
+        self.server.close()
+
+
+class ScriptedSampler:
+    """Replies written by the registered scripted policy ``policy`` (``rollout.scripted_policy``), with ``options``
+    (:func:`scripted_options`); no weights, no log-probs."""
+
+    behavior_source = "scripted"
+
+    def __init__(self, policy: str, tokenizer: Any, options: dict[str, Any]) -> None:
+        self.backend = ScriptedBackend(policy, tokenizer, options)
+
+    def generate(self, contexts: list[TurnContext], seed: int, sampling: Sampling) -> list[Generation]:
+        """One scripted reply per context (the sampling settings do not apply)."""
+        return self.backend.generate(contexts, seed)
+
+    def load(self, weights: NewWeights) -> None:
+        """A scripted policy has no weights."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def sampler_process(setup: RolloutSetup) -> Sampler:
+    """The Hugging Face backend in a sampler process of its own (``rollout.sampler_threads`` torch threads, its log
+    under the run's folder), at the rollout copy's weights once the session hands them over."""
+    from ragen_core.rollout.sampler import SamplerProcess
+
+    folder = setup.lake.sampler_dir(setup.run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    threads = setup.config.rollout.sampler_threads
+    return SamplerProcess.start(setup.model_dir, setup.model, threads, folder / "sampler.log")
+
+
+@register_backend("hf", beside_learner=sampler_process)
+def hf_sampler(setup: RolloutSetup) -> Sampler:
+    """Hugging Face ``generate`` from the rollout copy."""
+    return HFSampler(setup.model, setup.tokenizer)
+
+
+def check_vllm(config: RunConfig, data_root: Path) -> None:
+    """The vLLM environment is built (else :class:`~ragen_core.rollout.vllm_backend.BackendUnavailable`, how to)."""
+    from ragen_core.rollout.vllm_backend import vllm_python
+
+    vllm_python(config.rollout.vllm.python, data_root)
+
+
+@register_backend("vllm", check=check_vllm)
+def vllm_sampler(setup: RolloutSetup) -> Sampler:
+    """The run's vLLM rollout server, checked to compute what the rollout copy computes."""
+    server = start_vllm_server(
+        setup.config, setup.lake.vllm_server_dir(setup.run_id), setup.model_dir, setup.precision, setup.lake.root
+    )
+    try:
+        server.check_weights(setup.model)  # the server computes what the trainer's model computes
+    except BaseException:
+        server.close()
+        raise
+    return VLLMSampler(server, setup.tokenizer)
+
+
+@register_backend("scripted")
+def scripted_sampler(setup: RolloutSetup) -> Sampler:
+    """The config's scripted policy."""
+    return ScriptedSampler(setup.config.rollout.scripted_policy, setup.tokenizer, scripted_options(setup.config))
+
+
+def start_vllm_server(
+    config: RunConfig, folder: Path, model_dir: Path, precision: str, data_root: Path | None = None
+) -> Any:
+    """The run's vLLM rollout server on ``model_dir`` (``rollout.vllm``; its log in ``folder``; no vLLM environment
+    found inside ``data_root`` is taken for the default one)."""
+    from ragen_core.rollout.vllm_backend import VLLMServer, vllm_python
+
+    settings = config.rollout.vllm
+    return VLLMServer.start(
+        vllm_python(settings.python, data_root),
+        model_dir,
+        folder,
+        dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision],
+        seed=config.seed,
+        enforce_eager=settings.enforce_eager,
+        prefix_caching=settings.prefix_caching,
+        max_model_len=settings.max_model_len,
+        kv_cache_gib=settings.kv_cache_gib,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        startup_timeout=settings.startup_timeout,
+        check_tolerance=settings.check_tolerance,
+    )
