@@ -4,6 +4,8 @@ server, export, upgrade-lake, config show."""
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -338,12 +340,26 @@ def _run(admission: Admission, verbose: bool) -> None:
         fail(f"the run's summary cannot be read: {exc}")
 
 
+def _failed_extension(lake: DataLake, run_id: str, message: str) -> str:
+    """The line for an extension that a want of space stopped: the space line's advice (resume the run) would find
+    an undone extension's run completed, so it says what became of the run and names the command to run again."""
+    head = message.split(": free space", 1)[0]
+    again = shlex.join(["ragen", *sys.argv[1:]])
+    manifest = lake.read_manifest(run_id)
+    if manifest is not None and manifest.status == "completed":  # undone: the run as it was before the extension
+        return (
+            f"{head}: the extension was undone, run {run_id} is completed as it was; free space or raise the limit "
+            f"(ulimit -f), then extend it again: `{again}`"
+        )
+    return f"{head}: free space or raise the limit (ulimit -f), then run the same command again: `{again}`"
+
+
 def _train_with_progress(admission: Admission) -> dict:
     """The train flow under a progress bar; a user's error is one line, a Ctrl-C a one-line report (exit 130)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flows.train import train_admitted
-    from ragen_core.run.decisions import ResumeError
+    from ragen_core.run.decisions import ResumeError, Start
 
     lake, run_id = admission.request.lake, admission.request.run_id
     columns = (
@@ -378,6 +394,8 @@ def _train_with_progress(admission: Admission) -> dict:
                 message = space_failure(lake.root, run_id, exc, started)  # a full disk or a file-size limit: one line
                 if message is None:
                     raise
+                if admission.start is Start.EXTEND:
+                    message = _failed_extension(lake, run_id, message)
                 progress.stop()
                 import logging
 

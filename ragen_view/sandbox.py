@@ -37,6 +37,11 @@ import pyarrow as pa
 from ragen_core.storage import LakeError, QueryError, QueryRefused, QueryTimeout
 
 KILL_GRACE_S = 5.0  # past the time limit (when the child's queries stop themselves) the viewer waits this long more
+# Filters running at once, each in a child whose memory may grow by Limits.memory_bytes: together they are bounded
+# too (8 at once reached 6.3 GB of children on a 24 GB machine). Another waits this long for a place, then is refused.
+MAX_RUNNING = 2
+PLACE_WAIT_S = 5.0
+_PLACES = threading.BoundedSemaphore(MAX_RUNNING)
 REBUILT = {cls.__name__: cls for cls in (QueryRefused, QueryTimeout, QueryError, LakeError, ValueError)}
 OUT_OF_MEMORY = ("OutOfMemoryException", "MemoryError")
 Result = TypeVar("Result")
@@ -100,7 +105,22 @@ SERVER = _Server()
 def run(limits: Limits, call: Callable[..., Result], *args: Any) -> Result:
     """``call(*args)`` (a module-level function and picklable arguments) in a child process within ``limits``: its
     result, or what it raised as the same class here (DuckDB's error classes, :class:`QueryRefused`, ...); running
-    past the time limit raises :class:`QueryTimeout`, needing more memory a :class:`QueryError`, each saying so."""
+    past the time limit raises :class:`QueryTimeout`, needing more memory a :class:`QueryError`, each saying so. At
+    most :data:`MAX_RUNNING` run at once: a call that finds no place within :data:`PLACE_WAIT_S` is a
+    :class:`QueryError` saying so."""
+    if not _PLACES.acquire(timeout=PLACE_WAIT_S):
+        raise QueryError(
+            f"the viewer runs {MAX_RUNNING} filters at once (each may use {limits.memory_bytes / 1e9:g} GB), and "
+            "they are all busy: try again when one has ended",
+            "Busy",
+        )
+    try:
+        return _run(limits, call, *args)
+    finally:
+        _PLACES.release()
+
+
+def _run(limits: Limits, call: Callable[..., Result], *args: Any) -> Result:
     connection = SERVER.connect(call.__module__)
     try:
         connection.send((limits, call, args))

@@ -20,7 +20,7 @@ from ragen_core.config.optimisation import TrainerConfig
 from ragen_core.config.trust import TRUSTED_PATHS_VARIABLE, trusted_path
 from ragen_core.policy import tokenizer_fingerprint
 from ragen_core.seeding import derive_seed
-from ragen_core.storage import DataLake, query
+from ragen_core.storage import DataLake, LakeError, QueryError, QueryRefused, query
 from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file, manifest_file
 from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, is_valid_run_id, parse_run_ref
 from ragen_core.training.offline import OfflineError, pg_update, sft_update
@@ -39,6 +39,8 @@ def select_trajectories(lake: DataLake, sql: str, params: list | dict | None = N
     try:
         selected = query(lake, f"SELECT DISTINCT {keys} FROM ({sql}) AS selection", params=params)
     except Exception as exc:  # noqa: BLE001  (DuckDB raises several error types; all mean the same to the user)
+        if isinstance(exc, LakeError) and not isinstance(exc, QueryError | QueryRefused):
+            raise  # the lake's own refusal (rows a copy would count twice, a damaged file): no query fixes it
         raise OfflineError(f"the selection query failed: {exc}; it must return the columns {keys}") from exc
     if selected.num_rows == 0:
         raise OfflineError(f"the selection query returned no trajectories: {sql}")

@@ -222,7 +222,11 @@ def undo_extension(session: RunSession, final: ReopenedFinal, error: str) -> Ext
     except Exception:  # noqa: BLE001 - whatever keeps it from being put back, the extension's own failure is told
         return None
     session.record.manifest = final.manifest
-    again = "" if error.startswith(SPACE_PREFIX) else "; run the command again to extend it"
+    if error.startswith(SPACE_PREFIX):  # its advice (resume the run) would find it completed: extend it again
+        error = error.split(": free space", 1)[0]
+        again = "; free space or raise the limit (ulimit -f), then run the same command again to extend it"
+    else:
+        again = "; run the same command again to extend it"
     return ExtensionUndone(
         f"{error}. The extension was undone: run {run_id} is left completed at {iteration} iterations, as it was "
         f"(its config and every committed row){again}"

@@ -94,7 +94,7 @@ def test_runs_lists_every_run(root):
     assert [(r["run_id"], r["status"], r["iterations"]) for r in rows] == [
         ("run-a", "completed", 2),
         ("run-b", "completed", 2),
-        ("live", "running", 2),
+        ("live", "interrupted", 2),  # its manifest says running, and no process holds its writer lock: it died
     ]
     assert rows[0]["val_success"].startswith("bandit ") and rows[0]["created_at"] == "2025-01-01 00:00:00"
     table = _invoke("runs", "--data-root", root)
@@ -108,14 +108,14 @@ def test_runs_lists_every_run(root):
 def test_runs_rm_asks_refuses_and_removes(root):
     result = _invoke("runs", "rm", "nope", "--data-root", root)
     assert result.exit_code == 2 and "unknown run 'nope'" in result.output
-    result = _invoke("runs", "rm", "live", "--data-root", root)
-    assert result.exit_code == 2 and "--force" in result.output
     result = _invoke("runs", "rm", "run-a", "--data-root", root, input="n\n")
     assert result.exit_code == 1 and "nothing removed" in result.output and "trajectories: 16 row(s)" in result.output
     assert (root / "runs" / "run-a").is_dir()
     result = _invoke("runs", "rm", "run-a", "--data-root", root, input="y\n")
     assert result.exit_code == 0 and "removed run run-a" in result.output
-    result = _invoke("runs", "rm", "live", "--data-root", root, "--force", "--yes")
+    # 'running' with no live writer is a run that died: removed as any other (one whose writer lives is refused,
+    # --force or not: tests/storage/test_housekeeping.py)
+    result = _invoke("runs", "rm", "live", "--data-root", root, "--yes")
     assert result.exit_code == 0, result.output
     assert query(root, "SELECT DISTINCT run_id FROM turns").to_pylist() == [{"run_id": "run-b"}]
     assert sorted(p.name for p in (root / "runs").iterdir()) == ["run-b"]
@@ -144,3 +144,28 @@ def test_a_precision_this_machine_cannot_run_is_refused_before_anything_starts(t
     assert "Traceback" not in result.output
     assert not (root / "runs" / "p" / "manifest.json").exists()
     assert not (root / "_prefect").exists()  # no Prefect server was started
+
+
+def test_an_extension_stopped_by_a_full_disk_names_what_became_of_the_run_and_the_command_again(tmp_path, monkeypatch):
+    """A want of space the command itself detects after an extension (its own line, not the run's): undone, the run
+    is completed as it was and the line names the extension's own command (the plain advice, `ragen resume <id>`,
+    found the run completed and did nothing); a longer run that failed after its first new commit is continued by
+    the same command."""
+    from ragen_cli.main import _failed_extension
+    from ragen_core.storage.maintenance.space import SPACE_PREFIX, space_message
+
+    lake = two_finished_runs(tmp_path)
+    command = ["ragen", "resume", "run-a", "--data-root", "my lake", "--force-config", "trainer.iterations"]
+    monkeypatch.setattr("sys.argv", [*command, "trainer.iterations=5"])
+    said = _failed_extension(lake, "run-a", space_message("run-a", "the run's files"))
+    assert said == (
+        f"{SPACE_PREFIX} while writing the run's files: the extension was undone, run run-a is completed as it was; "
+        "free space or raise the limit (ulimit -f), then extend it again: `ragen resume run-a --data-root 'my lake' "
+        "--force-config trainer.iterations trainer.iterations=5`"
+    )
+    write_run(lake, make_run(4, "longer", "bandit", 1), status="failed")
+    said = _failed_extension(lake, "longer", space_message("longer", "the run's files"))
+    assert said.endswith(
+        "then run the same command again: `ragen resume run-a --data-root 'my lake' --force-config "
+        "trainer.iterations trainer.iterations=5`"
+    )

@@ -4,19 +4,22 @@ within ``env.user_code_timeout_s``, and Ctrl-C still stops the wait; ``sys.exit(
 ``np.int64`` / ``np.float32`` rewards are numbers, converted exactly; an infinite or NaN reward is one line at the
 step.
 
-The stuck code spins in pure Python (nothing can interrupt it from outside its thread) until the test releases it,
-so no abandoned thread outlives its test.
+The stuck code waits on an event that nothing but the test sets (no exception from outside its thread can reach it,
+and it takes no CPU while it waits, as a spin would for the whole limit), so no abandoned thread outlives its test.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import struct
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -44,8 +47,7 @@ RELEASE = threading.Event()  # the test sets it: the stuck code then returns
 
 
 def _spin():
-    while not RELEASE.is_set():  # pure Python: no thread but its own can stop it
-        pass
+    RELEASE.wait()  # no thread but its own can end the wait early: it returns when the test sets the event
 
 
 class StuckEnv(CoinEnv):
@@ -215,25 +217,44 @@ def test_a_reward_function_that_never_returns_is_refused_at_config_time(user):
     )
 
 
-def test_ctrl_c_stops_the_wait_for_a_call_that_never_returns(user):
+def test_ctrl_c_stops_the_wait_for_a_call_that_never_returns(user, tmp_path):
+    """A real Ctrl-C (SIGINT to a process whose main thread waits for the stuck call) ends the wait at once, in a
+    process of its own (a pytest-xdist worker ignores SIGINT); a stop whose exception went elsewhere (recorded by a
+    command's handler) ends it too."""
+    script = (
+        "import sys, time\n"
+        "from ragen_core.envs import make_env\n"
+        "from ragen_core.envs.external import env_reset, env_step\n"
+        "from ragen_core.envs.watchdog import Watchdog\n"
+        f"env = make_env({user['module'] + ':StuckEnv'!r})\n"
+        "env_reset(env, 3)\n"
+        "print('waiting', flush=True)\n"
+        "started = time.monotonic()\n"
+        "try:\n"
+        "    env_step(env, 'tails', Watchdog(600.0))\n"
+        "except KeyboardInterrupt:\n"
+        "    print(f'stopped after {time.monotonic() - started:.2f} s', flush=True)\n"
+    )
+    repo = str(Path(__file__).resolve().parents[2])
+    paths = os.pathsep.join([str(tmp_path), repo, os.environ.get("PYTHONPATH", "")])
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": paths}
+    )
+    try:
+        assert child.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)
+        child.send_signal(signal.SIGINT)
+        said, _ = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert said.startswith("stopped after ") and float(said.split()[2]) < 5, said  # at once, not at 600 s
     env = make_env(f"{user['module']}:StuckEnv")
     env_reset(env, 3)
-    main = threading.main_thread().ident
-    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))  # a real Ctrl-C, on the main thread
-    started = time.monotonic()
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            env_step(env, "tails", Watchdog(600.0))
-    finally:
-        timer.cancel()
-    assert time.monotonic() - started < 5  # at once, not after the 600 s limit
-    # a stop whose exception went elsewhere (recorded by the command's handler) ends the wait too
     recorder = threading.Timer(0.3, stops.request)
     recorder.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            env_step(env, "tails", Watchdog(600.0))
+            env_step(env, "tails", Watchdog(30.0))
     finally:
         recorder.cancel()
         stops.clear()

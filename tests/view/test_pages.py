@@ -357,3 +357,32 @@ def test_a_filters_answer_is_rebuilt_from_plain_values_only():
 
     with pytest.raises(QueryError, match=r"may not hold posix\.getpid"):
         plain_values(pickle.dumps(("result", Planted())))
+
+
+def test_filters_run_two_at_a_time_and_a_third_is_refused_in_one_line(planted, monkeypatch):
+    """Each filter runs in a child whose memory may grow by 4 GB: eight at once took 6.3 GB of children (issue 66's
+    re-probe). Two run at once; a third waits briefly for a place, then is refused, saying why; a place freed is
+    taken again."""
+    import threading
+
+    from ragen_core.storage import QueryError
+    from ragen_view import sandbox
+
+    lake, run = planted
+    monkeypatch.setattr(sandbox, "PLACE_WAIT_S", 0.2)
+    where = queries.Filters(where="total_reward > -1")
+    assert sandbox.MAX_RUNNING == 2
+    held = [sandbox._PLACES.acquire(timeout=1) for _ in range(sandbox.MAX_RUNNING)]  # two filters running
+    assert held == [True, True]
+    try:
+        started = time.monotonic()
+        with pytest.raises(QueryError, match=r"^the viewer runs 2 filters at once \(each may use 4 GB\), and they"):
+            queries.trajectories(lake, PLANTED_RUN, 0, where)
+        assert time.monotonic() - started < 5
+        threading.Timer(0.05, sandbox._PLACES.release).start()  # one ends while the next waits: it runs
+        monkeypatch.setattr(sandbox, "PLACE_WAIT_S", 5.0)
+        assert queries.trajectories(lake, PLANTED_RUN, 0, where).total == len(
+            _expected(run, 0, lambda t: t.total_reward > -1)
+        )
+    finally:
+        sandbox._PLACES.release()
