@@ -26,6 +26,7 @@ SHORT_HELP = {
     "export": "Write runs' rows as a dataset folder (load_dataset('parquet', data_dir=...)).",
     "reproduce": "Reproduce one of the paper's findings at tiny scale (--list lists them).",
     "config": "Show the config's keys: value, default and meaning.",
+    "env": "Serve an environment over HTTP (OpenEnv's protocol) for runs to play with env.remote.",
     "server": "A local Prefect server and worker for the deployments in prefect.yaml.",
     "upgrade-lake": "Bring a data root written by an older ragen-flows to the current layout.",
 }

@@ -182,8 +182,10 @@ def _quiet_deepspeed() -> None:
 def user_facing_errors() -> tuple[type[BaseException], ...]:
     """Errors about the user's data, setup or code (a damaged lake or checkpoint, a missing model, a vLLM server or
     an async run's sampler process that cannot start or died: its message names its log; an env or reward function
-    of the user's own that raised or returned the wrong thing): their message says what is wrong and what to do, so
+    of the user's own that raised or returned the wrong thing; a model whose chat template cannot carry a tool env's
+    chat token-exactly): their message says what is wrong and what to do, so
     the command prints it alone. Anything else is a bug and keeps its traceback."""
+    from ragen_core.agent import TemplateError
     from ragen_core.envs.external import UserCodeError
     from ragen_core.policy.loading import PolicyLoadError
     from ragen_core.rollout.sampler import SamplerError
@@ -192,7 +194,7 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
     from ragen_core.training.checkpoint import CheckpointError
 
     errors = LakeError, PolicyLoadError, CheckpointError, BackendUnavailable, VLLMServerError, UserCodeError
-    return (*errors, SamplerError)
+    return (*errors, SamplerError, TemplateError)
 
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")

@@ -1,5 +1,5 @@
 """The ``ragen`` command line: train, resume, retrain, sweep, eval, sql, plot, reproduce, runs (list, rm, compact),
-server, export, upgrade-lake, config show."""
+server, export, upgrade-lake, config show, env serve."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from ragen_cli.common import (
 )
 from ragen_cli.config import config_app
 from ragen_cli.entry import SHORT_HELP, app, run_app
+from ragen_cli.envs import env_app
 from ragen_cli.export import export, upgrade_lake
 from ragen_cli.launch import (
     admitted,
@@ -59,6 +60,7 @@ T = TypeVar("T")
 app.add_typer(server_app, name="server", short_help=SHORT_HELP["server"])
 app.add_typer(runs_app, name="runs", short_help=SHORT_HELP["runs"])
 app.add_typer(config_app, name="config", short_help=SHORT_HELP["config"])
+app.add_typer(env_app, name="env", short_help=SHORT_HELP["env"])
 app.command(short_help=SHORT_HELP["reproduce"])(reproduce)
 app.command(short_help=SHORT_HELP["export"])(export)
 app.command("upgrade-lake", short_help=SHORT_HELP["upgrade-lake"])(upgrade_lake)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,9 @@ if TYPE_CHECKING:  # torch and the config load with the first advantage asked fo
     from ragen_core.update.inputs import UpdateInputs
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+# A user turn made of tool results, as Qwen2.5's template (and the tiny default's) renders the tool messages
+TOOL_RESULT = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+TOOL_RESPONSE = re.compile(r"(?:\s*<tool_response>\n.*?\n</tool_response>)+\s*", re.DOTALL)
 REPLACEMENT = "\ufffd"  # what a decoder shows for the bytes of a character not yet complete
 LEVELS = 9  # colour buckets per scale (CSS classes lp-0..8, adv-0..8)
 
@@ -99,8 +103,9 @@ def tokenizer_of(model_dir: str) -> Any:
 
 
 def _messages(text: str) -> list[Message]:
-    """A chat template's rendered context as its messages (``<|im_start|>role ... <|im_end|>``); the text as one
-    ``context`` message when it has no such markers."""
+    """A chat template's rendered context as its messages (``<|im_start|>role ... <|im_end|>``), a user turn of tool
+    results (``<tool_response>`` blocks) as one ``tool`` message per result; the text as one ``context`` message when
+    it has no such markers."""
     if IM_START not in text:
         return [Message("context", text)] if text else []
     messages = []
@@ -109,7 +114,11 @@ def _messages(text: str) -> list[Message]:
         messages.append(Message("context", head))
     for chunk in chunks:
         role, _, body = chunk.partition("\n")
-        messages.append(Message(role.strip() or "context", body.replace(IM_END, "").strip("\n")))
+        body = body.replace(IM_END, "").strip("\n")
+        if role.strip() == "user" and TOOL_RESPONSE.fullmatch(body):  # a tool env's results (Qwen2.5's template)
+            messages += [Message("tool", result) for result in TOOL_RESULT.findall(body)]
+        else:
+            messages.append(Message(role.strip() or "context", body))
     return messages
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.tables import TRAJECTORIES, TRAJECTORY_KEY
+from schemas.tables import TOOL_ERRORS, TRAJECTORIES, TRAJECTORY_KEY
 
 SEMANTIC_CHECKS = (
     "loss_mask_length_matches_input_ids",
@@ -45,6 +45,7 @@ SEMANTIC_CHECKS = (
     "train_rows_have_filter_decision",
     "filter_decision_constant_in_group",
     "policy_version_within_staleness",
+    "tool_calls_consistent",
 )
 GROUP_COLUMNS = ["run_id", "iteration", "split", "env", "group_id"]
 REWARD_TOLERANCE = 1e-6
@@ -116,7 +117,42 @@ def trajectory_summary(
         counts = turns.select(list(TRAJECTORY_KEY)).to_pandas().value_counts().rename("turn_rows").reset_index()
         frame = frame.merge(counts, on=list(TRAJECTORY_KEY), how="left")
         frame["turn_rows"] = frame["turn_rows"].fillna(0)
+        frame = frame.merge(_bad_tool_turns(turns), on=list(TRAJECTORY_KEY), how="left")
+        frame["bad_tool_turns"] = frame["bad_tool_turns"].fillna(0)
     return frame
+
+
+_RAN = (None, "raised", "timeout")  # the errors of a call whose tool ran
+
+
+def tool_calls_problem(calls: list[dict[str, Any]] | None, actions: list[str] | None) -> bool:
+    """Whether a turn's ``tool_calls`` break the rules of the column: an error named in
+    :data:`~schemas.tables.TOOL_ERRORS` (or none), a name unless the call did not parse, a result and arguments,
+    finite non-negative seconds that are 0 for a call that did not run, and as many calls that ran as the turn has
+    actions. A null list (an env without tools) breaks none."""
+    if calls is None:
+        return False
+    ran = 0
+    for call in calls:
+        error, seconds = call["error"], call["duration_s"]
+        if error is not None and error not in TOOL_ERRORS or call["name"] is None and error != "bad_json":
+            return True
+        if call["result"] is None or call["arguments"] is None or seconds is None or not np.isfinite(seconds):
+            return True
+        if seconds < 0 or error not in _RAN and seconds != 0:
+            return True
+        ran += error in _RAN
+    return ran != len(actions or [])
+
+
+def _bad_tool_turns(turns: pa.Table) -> pd.DataFrame:
+    """Per trajectory key, how many of its turns break :func:`tool_calls_problem`."""
+    keys = list(TRAJECTORY_KEY)
+    frame = turns.select(keys).to_pandas()
+    calls = turns["tool_calls"].to_pylist() if "tool_calls" in turns.column_names else [None] * turns.num_rows
+    actions = turns["actions"].to_pylist()
+    frame["bad_tool_turns"] = [int(tool_calls_problem(c, a)) for c, a in zip(calls, actions, strict=True)]
+    return frame.groupby(keys, dropna=False, as_index=False)["bad_tool_turns"].sum()
 
 
 @lru_cache(maxsize=1)
@@ -182,6 +218,7 @@ def _optional_expectations(with_turns: bool, with_success: bool, filtered: bool)
         items.append(("success_matches_reward", success))
     if with_turns:
         items.append(("turn_count_matches", pair(column_A="num_turns", column_B="turn_rows")))
+        items.append(("tool_calls_consistent", in_set(column="bad_tool_turns", value_set=[0])))
     if filtered:
         items += [
             ("train_rows_have_filter_decision", gxe.ExpectColumnValuesToNotBeNull(column="kept", **train)),

@@ -24,6 +24,26 @@ SCHEMA_VERSION = 1
 """The first schema version of every table (tables bump their own ``TableSpec.version`` independently)."""
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+# What went wrong with a tool env's call, the turns table's tool_calls.error (ragen_core.tools.calls: CallRecord)
+TOOL_ERRORS = {
+    "bad_json": "the call did not parse (not JSON, no name, a tag not closed)",
+    "unknown_tool": "the call named no tool of the env",
+    "bad_arguments": "the arguments do not fit the tool's schema (missing, unknown or of the wrong type)",
+    "raised": "the tool raised an exception",
+    "timeout": "the tool did not return within env.tool_timeout_s",
+    "not_run": "the call came after the reply's budget (env.max_actions_per_turn, the actions left) or the end, or "
+    "in a reply that broke the format (rollout.reply_format)",
+}
+# One call of a tool env's reply (ragen_core.tools.CallRecord), an item of the turns table's tool_calls.
+TOOL_CALL = pa.struct(
+    [
+        ("name", pa.string()),
+        ("arguments", pa.string()),
+        ("result", pa.string()),
+        ("error", pa.string()),
+        ("duration_s", pa.float64()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -176,7 +196,8 @@ TRAJECTORIES = TableSpec(
             pa.string(),
             "Why the trajectory ended: 'success' (the env counts it solved); the env's word for a loss when it "
             "ended the episode unsolved ('failure' by default; frozen_lake 'hole', bandit 'worse_arm', countdown "
-            "'wrong_answer', game_2048 'no_moves'); 'env_step_limit' (the env's own step limit); 'action_budget' "
+            "and calculator 'wrong_answer', game_2048 'no_moves'); 'env_step_limit' (the env's own step limit); "
+            "'action_budget' "
             "(env.max_actions_per_traj used); then, when the turns ran out (env.max_turns): 'token_limit' (the last "
             "reply was cut at rollout.max_new_tokens), 'format_error' (the last reply drew the format penalty) or "
             "'turn_limit'. Null in rows stored before it was kept.",
@@ -224,9 +245,22 @@ TURNS = TableSpec(
             "Extra step information (JSON): action_is_effective per executed action; "
             "teacher_actions, teacher_agree, teacher_chance where the env has a teacher.",
         ),
+        ColumnSpec(
+            "tool_calls",
+            pa.list_(TOOL_CALL),
+            "A tool env's calls of this reply, in order, run or not: the tool's name (null when the call did not "
+            "parse), its arguments as JSON (the call's text when it did not parse), the result the agent was told "
+            "(the tool's text, or the error), the error (null when it ran well; "
+            + ", ".join(f"'{kind}': {meaning}" for kind, meaning in TOOL_ERRORS.items())
+            + ") and duration_s, the wall-clock seconds it ran (0 when not run; the one field two equal runs differ "
+            "in). Null for envs without tools and in rows stored before it was kept.",
+            True,
+            added_in=2,
+        ),
     ),
     key=TRAJECTORY_KEY + ("turn_index",),
-    description="One row per turn of every trajectory: what the model saw, said and did.",
+    version=2,
+    description="One row per turn of every trajectory: what the model saw, said and did (and a tool env's calls).",
 )
 
 METRICS = TableSpec(

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.tables import TRAJECTORY_KEY, TableSpec
+from schemas.tables import TOOL_ERRORS, TRAJECTORY_KEY, TableSpec
 
 GROUP_COLUMNS = ("run_id", "iteration", "split", "env", "group_id")
 REWARD_TOLERANCE = 1e-6
@@ -334,7 +334,36 @@ def _turn_checks(trajectories: pa.Table, turns: pa.Table) -> tuple[list[tuple[st
     first = np.zeros(len(turn_codes), dtype=bool)
     first[np.unique(turn_codes, return_index=True)[1]] = True  # one row per distinct key, at its first appearance
     orphans = key_records(turns, TRAJECTORY_KEY, orphan & first) if orphan.any() else []
-    return [("turn_count_matches", "num_turns,turn_rows", num_turns != turn_rows)], orphans
+    checks = [("turn_count_matches", "num_turns,turn_rows", num_turns != turn_rows)]
+    if "tool_calls" in turns.column_names:
+        bad_turns = np.bincount(turn_codes, weights=_bad_tool_turns(turns), minlength=size)[trajectory_codes]
+        checks.append(("tool_calls_consistent", "bad_tool_turns", bad_turns > 0))  # as the summary names it
+    return checks, orphans
+
+
+def _bad_tool_turns(turns: pa.Table) -> np.ndarray:
+    """Per turn row, 1.0 when its ``tool_calls`` break the column's rules (those of
+    :func:`schemas.suites.tool_calls_problem`, computed on the flattened structs), else 0.0."""
+    calls = turns["tool_calls"].combine_chunks()
+    items = pc.list_flatten(calls)
+    parents = _numpy(pc.list_parent_indices(calls)).astype(np.int64)
+    error = items.field("error")
+    seconds = _numpy(items.field("duration_s").cast(pa.float64()), fill=np.nan).astype(np.float64)
+    ran = _numpy(pc.or_kleene(pc.is_null(error), pc.is_in(error, value_set=pa.array(["raised", "timeout"]))), False)
+    known = _numpy(pc.or_kleene(pc.is_null(error), pc.is_in(error, value_set=pa.array(list(TOOL_ERRORS)))), False)
+    unnamed = _numpy(
+        pc.and_(pc.is_null(items.field("name")), pc.invert(pc.fill_null(pc.equal(error, "bad_json"), False))), False
+    )
+    missing = _numpy(pc.or_(pc.is_null(items.field("result")), pc.is_null(items.field("arguments"))), False)
+    with np.errstate(invalid="ignore"):
+        bad_seconds = ~np.isfinite(seconds) | (seconds < 0) | (~ran & (seconds != 0))
+    bad_item = ~known | unnamed | missing | bad_seconds
+    rows = turns.num_rows
+    bad = np.bincount(parents, weights=bad_item.astype(np.float64), minlength=rows) > 0
+    ran_count = np.bincount(parents, weights=ran.astype(np.float64), minlength=rows)
+    actions = _numpy(pc.list_value_length(turns["actions"]), fill=0).astype(np.float64)
+    listed = _numpy(pc.is_valid(calls), False)
+    return (listed & (bad | (ran_count != actions))).astype(np.float64)
 
 
 def check_semantics(

@@ -30,6 +30,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "ragen_core.stops",
     ),
     ("schemas", "ragen_core.config"),
+    ("ragen_core.tools",),  # tools as data: schemas of typed functions, call parsers, call records
     ("ragen_core.agent", "ragen_core.envs", "ragen_core.algos"),
     ("ragen_core.policy", "ragen_core.storage"),
     ("ragen_core.update",),

@@ -12,6 +12,7 @@ from ragen_core.agent.prompts import (
     turn_message,
 )
 from ragen_core.agent.templates import base_chat_template, export_chat_template
+from ragen_core.agent.tool_chat import TemplateError, ToolChat, first_tool_message
 
 __all__ = [
     "ACTION_SEPARATOR",
@@ -19,6 +20,9 @@ __all__ = [
     "ChatFormatter",
     "ParsedResponse",
     "PromptTooLong",
+    "TemplateError",
+    "ToolChat",
+    "first_tool_message",
     "first_user_message",
     "history_block",
     "parse_response",

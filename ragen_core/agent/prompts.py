@@ -143,6 +143,15 @@ class ChatFormatter:
     def _system(self) -> list[dict[str, str]]:
         return [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
 
+    def system_messages(self) -> list[dict[str, str]]:
+        """The chat's opening system message (none in the ``compact`` style)."""
+        return self._system()
+
+    @property
+    def eos_text(self) -> str | None:
+        """The text of the tokenizer's end-of-sequence token (None when it has none)."""
+        return self._eos_text
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special tokens added (special-token text is recognised); a text the
         model's context cannot hold by its length alone is refused first (:class:`PromptTooLong`), never tokenised

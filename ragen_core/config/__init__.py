@@ -18,7 +18,14 @@ algorithm section and its presets), :mod:`.optimisation` (actor, critic, offline
 from ragen_core.config.algorithm import PRESET_NAMES, PRESETS, AlgorithmConfig, preset_field
 from ragen_core.config.base import MAX_COUNT, MAX_NEW_TOKENS, PositiveInt
 from ragen_core.config.errors import ConfigError
-from ragen_core.config.generation import EnvConfig, ModelConfig, RolloutConfig, TinyModelConfig, VLLMConfig
+from ragen_core.config.generation import (
+    EnvConfig,
+    McpServerConfig,
+    ModelConfig,
+    RolloutConfig,
+    TinyModelConfig,
+    VLLMConfig,
+)
 from ragen_core.config.loading import (
     STORED_CONFIG_FALLBACKS,
     apply_overrides,
@@ -48,6 +55,7 @@ __all__ = [
     "CriticConfig",
     "EnvConfig",
     "EvalConfig",
+    "McpServerConfig",
     "ModelConfig",
     "MonitorConfig",
     "OfflineConfig",

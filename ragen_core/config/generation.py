@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ragen_core.config.base import MAX_COUNT, MAX_NEW_TOKENS, MAX_SCALE, PositiveInt, Section, Seed
 from ragen_core.config.trust import trusted_entries, trusted_only
@@ -47,6 +48,41 @@ class ModelConfig(Section):
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny default model.")
 
 
+class McpServerConfig(Section):
+    """An MCP server whose tools a tool env's agent calls (``env.mcp``; docs/environments.md, "Tools from an MCP
+    server"): the command that starts it, spoken to over its stdin and stdout (the stdio transport)."""
+
+    command: list[str] = Field(
+        ...,
+        min_length=1,
+        description="The program that starts the server and its arguments, e.g. [python, my_server.py] or [npx, "
+        "-y, @modelcontextprotocol/server-everything]; the program is looked up on PATH.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables of the server, beside the few it inherits (HOME, LOGNAME, PATH, SHELL, "
+        "TERM, USER: the mcp SDK's rule, so a secret of the run's environment reaches it only when named here).",
+    )
+    cwd: str | None = Field(None, description="The folder the server starts in; null: the run's own.")
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command_is_a_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(
+                f"is a list of strings, the program and its arguments (e.g. [python, server.py]), not the text "
+                f"{value!r}"
+            )
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command_names_a_program(cls, value: list[str]) -> list[str]:
+        if not value[0].strip():
+            raise ValueError("starts with the program to run, not an empty text")
+        return value
+
+
 class EnvConfig(Section):
     """The training environment and the per-trajectory interaction limits (enforced by the rollout layer)."""
 
@@ -77,12 +113,82 @@ class EnvConfig(Section):
         "reward function; its first rows' check too): a call still running then fails the run in one line naming "
         "it and its rollout row, instead of a silent hang. Your code runs in a thread of its own for this; null "
         "calls it in the rollout's thread with no limit (for code that needs the main thread, e.g. signal.alarm). "
-        "Built-in envs never use it.",
+        "Built-in envs never use it; an env played on a server (env.remote) has each call's answer within it.",
     )
+    tool_timeout_s: Annotated[float, Field(gt=0, le=86400)] | None = Field(
+        10.0,
+        description="A tool env (docs/environments.md, 'Tool environments'): seconds one tool call may run. A call "
+        "still running then is abandoned (its thread ends with the process): the agent reads 'error: <tool> did not "
+        "return within N s', the turn's tool_calls keep it (error 'timeout') and the run an events row; the run goes "
+        "on. null: no limit. Envs without tools never use it.",
+    )
+    remote: str | None = Field(
+        None,
+        description="URL of an env server that plays env.name (http://127.0.0.1:PORT, started with `ragen env "
+        "serve NAME`): the rollouts reset and step that env over HTTP (OpenEnv's protocol) instead of in this "
+        "process, each call within env.user_code_timeout_s; validation envs of another name still run here. "
+        "null: in this process. A stored config's host other than this machine's loopback is used only when named "
+        "again (docs/security.md).",
+        json_schema_extra=trusted_only("host"),
+    )
+    mcp: McpServerConfig | None = Field(
+        None,
+        description="An MCP server whose tools join a tool env's (docs/environments.md, 'Tools from an MCP "
+        "server'): {command: [program, args...], env: {NAME: value}, cwd: folder}, started once per process and "
+        "spoken to over stdio. Its tools' names, descriptions and input schemas are the agent's tool schemas (a tool "
+        "of an env tool's name replaces it), each call runs on the server within env.tool_timeout_s, an error it "
+        "answers is the agent's to read; a server that cannot start (within env.user_code_timeout_s) or dies stops "
+        "the run in one line. null: the env's own tools only, and out of the config hash. A stored config's server "
+        "is started only when named again (docs/security.md).",
+        json_schema_extra=trusted_only("program"),
+    )
+
+    @field_validator("remote")
+    @classmethod
+    def _remote_is_a_server_url(cls, value: str | None) -> str | None:
+        return None if value is None else server_url(value)
+
+    @model_validator(mode="after")
+    def _mcp_tools_join_an_env_played_here(self) -> EnvConfig:
+        if self.mcp is not None and self.remote is not None:
+            raise ValueError(
+                "env.mcp gives tools to a tool env played in this process, and env.remote plays env.name on a "
+                "server: set one of them"
+            )
+        return self
 
     @property
     def validation_envs(self) -> list[str]:
         return list(self.val_envs) if self.val_envs else [self.name]
+
+    def remote_for(self, name: str) -> str | None:
+        """The URL of the server that plays env ``name`` (``remote``, for env.name), or None: played here."""
+        return self.remote if name == self.name else None
+
+
+def server_url(text: str) -> str:
+    """``text`` as the URL of a server, ``http(s)://host[:port]`` (a trailing ``/`` dropped); a ValueError naming
+    what is wrong otherwise (a path, a query, credentials, another scheme)."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # a port that is no number, or out of range, raises here
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not a URL: {exc}") from None
+    wrong = [
+        what
+        for what, there in (
+            ("a scheme other than http or https", parts.scheme not in ("http", "https")),
+            ("no host", not parts.hostname),
+            ("port 0", port == 0),
+            ("credentials", parts.username is not None or parts.password is not None),
+            ("a path", parts.path not in ("", "/")),
+            ("a query or fragment", bool(parts.query or parts.fragment)),
+        )
+        if there
+    ]
+    if wrong:
+        raise ValueError(f"{text!r} has {', '.join(wrong)}: write http://HOST:PORT (e.g. http://127.0.0.1:8000)")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 class VLLMConfig(Section):
@@ -188,6 +294,13 @@ class RolloutConfig(Section):
         None,
         description="Turns in the window, the current one included (1: only the current turn); required by "
         "limited_multi_turn and single_turn, unused by full.",
+    )
+    tool_parser: str = Field(
+        "hermes",
+        description="A tool env: the format the model writes its tool calls in, a registered parser "
+        '(ragen_core.tools.parsers): \'hermes\', Hermes / Qwen2.5\'s <tool_call>{"name": ..., "arguments": '
+        "{...}}</tool_call> (the tiny default's template); 'llama3_json', Llama 3.1's {\"name\": ..., "
+        '"parameters": {...}} per line. Envs without tools never use it.',
     )
     training_rows: Literal["trajectory", "turn"] = Field(
         "trajectory",

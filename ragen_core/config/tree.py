@@ -77,6 +77,12 @@ class RunConfig(Section):
     def config_hash(self) -> str:
         """Stable 16-hex-digit digest of the resolved config (sorted-key JSON), keys of :data:`LATER_KEYS` left out
         at the value that behaves as before they existed."""
+        payload = json.dumps(self.hashed_tree(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def hashed_tree(self) -> dict[str, Any]:
+        """The resolved tree as :meth:`config_hash` digests it: each key of :data:`LATER_KEYS` left out at the value
+        that behaves as before it existed (what other identities, such as a bootstrap's, take from the config)."""
         tree = self.to_dict()
         for dotted, neutral in LATER_KEYS.items():
             *sections, name = dotted.split(".")
@@ -85,8 +91,7 @@ class RunConfig(Section):
                 section = section[part]
             if section.get(name, neutral) == neutral:
                 section.pop(name, None)
-        payload = json.dumps(tree, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return tree
 
 
 # Keys added after runs and findings stored their config hashes, each with the value at which a config behaves exactly
@@ -100,6 +105,11 @@ LATER_KEYS: dict[str, Any] = {
     "algorithm.is_cap": None,
     # a run that ends behaves as before; only code that never returns (which hung the run for ever) now fails it
     "env.user_code_timeout_s": 300.0,
+    # read only by tool envs (docs/environments.md, "Tool environments"), which no earlier run played
+    "env.tool_timeout_s": 10.0,
+    "rollout.tool_parser": "hermes",
+    "env.remote": None,  # the env played in this process, as before
+    "env.mcp": None,  # the env's own tools only, as before
 }
 
 

@@ -12,7 +12,8 @@ What "harmless" means is the key's kind (:data:`KINDS`): a program, a hostfile o
 a module only as a name (no ``pkg.module:Class``): an environment of this project or one that an installed
 distribution registers (entry points of ``ragen.envs``), which the user installed as they installed this project;
 a tracking URI only as a store inside those folders (a server, a database host, a service is named by the user); a
-tracker's account or project only at its default. The user allows every stored module at once with
+tracker's account or project only at its default; a server to connect to (an env server) only on this machine's
+loopback interface. The user allows every stored module at once with
 :data:`TRUST_MODULE_FLAG`. A new key plugs in by its declaration, e.g.
 ``name: str = Field("bandit", json_schema_extra=trusted_only("module"))``; entries of a dict field (the env's
 options) by :func:`trusted_entries`.
@@ -20,6 +21,7 @@ options) by :func:`trusted_entries`.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -55,6 +57,22 @@ def _registered_name(value: Any, default: Any, root: Path) -> bool:
         return True
     names = value if isinstance(value, list) else [value]
     return all(isinstance(name, str) and ":" not in name and "/" not in name for name in names)
+
+
+def loopback_host(url: str) -> bool:
+    """Whether ``url`` names a server on this machine's loopback interface (``127.0.0.0/8``, ``::1``,
+    ``localhost``): a stored URL of one reaches nothing outside the machine."""
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: resolved elsewhere, so it may be any host
+        return False
+
+
+def _loopback_server(value: Any, default: Any, root: Path) -> bool:
+    return value is None or value == default or loopback_host(str(value))
 
 
 def local_store_path(uri: str) -> str | None:
@@ -102,6 +120,7 @@ KINDS: dict[str, TrustKind] = {
     ),
     "tracker": TrustKind("a tracking server or a store outside the data root", _local_tracking_store),
     "account": TrustKind("an account or project of a tracking service to log metrics under", _at_default),
+    "host": TrustKind("a host other than this machine's loopback to connect to", _loopback_server),
 }
 
 
@@ -217,7 +236,9 @@ def check_stored_trust(
             continue  # the user's own value (the same or another): nothing of the file is used
         if declared.env and os.environ.get(declared.env) == str(value):
             continue
-        shown = json.dumps(value, separators=(",", ":")) if isinstance(value, list) else value
+        if isinstance(value, BaseModel):  # a section (env.mcp): named again as its JSON, which the override reads
+            value = value.model_dump(mode="json")
+        shown = json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else value
         again = shlex.quote(f"{declared.key}={shown}")
         env = f" (or set {declared.env} to it)" if declared.env else ""
         raise UntrustedConfigError(

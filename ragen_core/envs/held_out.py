@@ -19,7 +19,7 @@ import json
 from typing import Any, Literal
 
 from ragen_core.config import RunConfig
-from ragen_core.envs.base import make_env
+from ragen_core.envs.remote import open_env
 from ragen_core.seeding import derive_seed, derive_seeds
 
 Split = Literal["train", "val"]
@@ -31,10 +31,12 @@ class HeldOutError(ValueError):
     """An env whose maps cannot be split (too few distinct maps, or none of one side within the draws)."""
 
 
-def holds_out_maps(env_name: str, options: dict[str, Any] | None = None) -> bool:
-    """Whether ``env_name`` (with ``options``) draws maps split between training and validation (its
-    ``held_out_maps``)."""
-    return bool(getattr(make_env(env_name, **(options or {})), "held_out_maps", False))
+def holds_out_maps(
+    env_name: str, options: dict[str, Any] | None = None, remote: str | None = None, timeout_s: float | None = None
+) -> bool:
+    """Whether ``env_name`` (with ``options``; played on the server ``remote``, when given) draws maps split between
+    training and validation (its ``held_out_maps``)."""
+    return bool(getattr(open_env(env_name, options, remote, timeout_s), "held_out_maps", False))
 
 
 def is_validation_map(key: str) -> bool:
@@ -42,18 +44,26 @@ def is_validation_map(key: str) -> bool:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % BUCKETS == 0
 
 
-def split_seeds(env_name: str, options: dict[str, Any] | None, seeds: list[int], split: Split) -> list[int]:
+def split_seeds(
+    env_name: str,
+    options: dict[str, Any] | None,
+    seeds: list[int],
+    split: Split,
+    remote: str | None = None,
+    timeout_s: float | None = None,
+) -> list[int]:
     """``seeds`` with each replaced, where needed, by the first seed of its stream whose map belongs to ``split``
-    (unchanged for an env that does not hold out maps)."""
-    if not holds_out_maps(env_name, options):
+    (unchanged for an env that does not hold out maps); ``remote``: the server that plays the env (``env.remote``),
+    its calls within ``timeout_s``."""
+    if not holds_out_maps(env_name, options, remote, timeout_s):
         return list(seeds)
     shown = json.dumps(options or {}, sort_keys=True, default=str)
-    known = _SPLITS.setdefault((env_name, shown, split), {})
+    known = _SPLITS.setdefault((env_name, shown, split), {})  # the same maps whether played here or on a server
     missing = [int(seed) for seed in seeds if int(seed) not in known]
     if missing:  # one env for the seeds not split before (building an env per seed cost more than the splits)
         if len(known) > MAX_KNOWN:
             known.clear()
-        env = make_env(env_name, **json.loads(shown))
+        env = open_env(env_name, json.loads(shown), remote, timeout_s)
         known.update({seed: _split_seed(env, env_name, seed, split) for seed in missing})
     return [known[int(seed)] for seed in seeds]
 
@@ -64,7 +74,8 @@ def validation_seeds(config: RunConfig, env_name: str) -> list[int]:
     seeds = derive_seeds(config.eval.seed, config.eval.instances, "val", env_name)
     if config.eval.held_out != "maps":
         return seeds
-    return split_seeds(env_name, dict(config.env.options), seeds, "val")
+    remote = (config.env.remote_for(env_name), config.env.user_code_timeout_s)
+    return split_seeds(env_name, dict(config.env.options), seeds, "val", *remote)
 
 
 _SPLITS: dict[tuple[str, str, str], dict[int, int]] = {}  # (env, options, split) -> {seed: the seed it moves to}

@@ -18,7 +18,9 @@ import pyarrow as pa
 # The one declared list of what may differ between two runs that computed the same numbers: wall-clock times, the
 # rates derived from them and the moments rows were written. Nothing else is ever excluded from a comparison.
 TIMING_METRICS = ("time/", "perf/")  # metric-name prefixes: stage seconds, tokens per second, the update's cost
-TIMING_COLUMNS = {"events": ("created_at",)}  # per table: columns holding a moment of writing
+# per table: columns holding a moment of writing, and "column.field" for a field of a list of structs (the seconds a
+# tool env's tool ran)
+TIMING_COLUMNS = {"events": ("created_at",), "turns": ("tool_calls.duration_s",)}
 TIMING_NUMBERS = re.compile(r"(^|/|_)(seconds|minutes|per_minute)(_|$)|^time/")  # analysis keys (filtering, diversity)
 
 # The tables compared row by row, each by its key (schemas/tables.py): what a finding's numbers are made from.
@@ -82,8 +84,13 @@ def compare_tables(
     """Every row of ``old`` and ``new`` matched by ``key`` and compared column by column, bitwise (floats by their
     bytes), but for the columns in ``skip``. A key that occurs twice on one side is a difference too. Every column of
     ``old`` must be in ``new`` (a :class:`ComparisonError` names the missing ones); a column only ``new`` holds (the
-    new code stores something more) is listed in :attr:`TableDiff.new_columns` and not compared."""
-    skipped = set(skip)
+    new code stores something more) is listed in :attr:`TableDiff.new_columns` and not compared. A ``column.field`` of
+    ``skip`` leaves that field of each struct of a list column out of the comparison."""
+    skipped = {column for column in skip if "." not in column}
+    fields: dict[str, set[str]] = {}  # a list column -> the fields of its structs left out
+    for dotted in (column for column in skip if "." in column):
+        column, item = dotted.split(".", 1)
+        fields.setdefault(column, set()).add(item)
     columns = [c for c in old.column_names if c not in skipped]
     dropped = [c for c in columns if c not in new.column_names]
     if dropped:
@@ -96,6 +103,9 @@ def compare_tables(
     for table in (old, new):
         rows: dict[tuple, dict[str, Any]] = {}
         for row in table.select(columns).to_pylist():
+            for column, items in fields.items():
+                if isinstance(row.get(column), list):
+                    row[column] = [{k: v for k, v in i.items() if k not in items} for i in row[column]]
             ident = tuple(row[k] for k in key)
             if ident in rows:  # a duplicated key: the row counts twice, which is never equal
                 ident = (*ident, f"duplicate #{sum(1 for r in rows if r[: len(key)] == ident)}")

@@ -47,8 +47,10 @@ from ragen_core.findings.restamp_sides import (
     STAMPED_VARIABLES,
     RestampError,
     Side,
+    SidePaths,
     checkouts,
     export_commit,
+    path_servers,
     probe_overrides,
     probe_paths,
     run_side,
@@ -79,6 +81,7 @@ class ProbeResult:
     paths: dict[str, list[str]] = field(default_factory=dict)  # probe path -> its run's arguments
     added: list[str] = field(default_factory=list)  # findings only the new commit registers, run on its side alone
     same: list[str] = field(default_factory=list)  # changed files whose syntax tree is unchanged (a reformat)
+    fresh_paths: list[str] = field(default_factory=list)  # probe paths run on the new side alone (not compared)
 
     @property
     def equal(self) -> bool:
@@ -128,21 +131,27 @@ def probe(
         )
     findings, added = _probe_specs(old, new, launcher, only)
     runs = probe_paths(new.tree, paths)
+    fresh = sorted(set(runs) - set(probe_paths(old.tree)))  # paths the old commit's file does not declare
+    servers = path_servers(new.tree)
     same = reformatted(changed, old.tree, new.tree)
     # coverage measures only the files whose executed lines the probe asks about (a changed statement, not a removed
     # file nor one whose syntax is unchanged): tracing every line of ragen_core made each command ~45% slower
     measured = [new.tree / name for name, lines in changed.items() if lines is not None and name not in same]
     coverage = work / "coverage.data"
     coverage.unlink(missing_ok=True)
-    run_side(old, launcher, work, "old", None, log, runs, points=bool(findings), reuse=True)
-    run_side(new, launcher, work, "new", coverage, log, runs, added, points=bool(findings), measured=measured)
+    shared = SidePaths({n: a for n, a in runs.items() if n not in fresh}, (), servers)
+    run_side(old, launcher, work, "old", None, log, shared, points=bool(findings), reuse=True)
+    both = SidePaths(runs, fresh, servers)
+    run_side(new, launcher, work, "new", coverage, log, both, added, points=bool(findings), measured=measured)
     log("probe: comparing the two lakes row by row")
     tables = compare_lakes(old.lake, new.lake)
     numbers, points = _compare_analyses(old, new, findings)
     executed = executed_lines(coverage, new.tree) if coverage.exists() else {}
     missing = unexercised(changed, executed, new.tree, same)
     seconds = round(time.monotonic() - started, 1)
-    return ProbeResult(old, new, findings, tables, numbers, changed, missing, points, seconds, runs, added, same)
+    return ProbeResult(
+        old, new, findings, tables, numbers, changed, missing, points, seconds, runs, added, same, fresh
+    )
 
 
 def _probe_specs(old: Side, new: Side, launcher: Path, only: Sequence[str] | None) -> tuple[list[str], list[str]]:
@@ -216,6 +225,7 @@ def record_of(result: ProbeResult) -> dict[str, Any]:
         "new_findings": result.added,
         "points": result.points,
         "paths": {name: args[1:] for name, args in result.paths.items()},
+        "new_paths": result.fresh_paths,
         "rows": {t.table: t.old_rows for t in result.tables},
         "new_columns": {t.table: t.new_columns for t in result.tables if t.new_columns},
         "excluded": {

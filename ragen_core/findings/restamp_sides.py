@@ -9,12 +9,13 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,14 +81,25 @@ def write_probe_specs(tree: Path) -> list[str]:
     return names
 
 
-def probe_paths(tree: Path, names: Sequence[str] | None = None) -> dict[str, list[str]]:
-    """The probe paths of the checkout at ``tree`` (:data:`PATHS`), or only those in ``names``: name -> the
-    ``ragen train`` arguments of its run but the data root. A missing file means no path."""
+def _declared(tree: Path) -> dict[str, Any]:
     path = tree / PATHS
     loaded = yaml.safe_load(path.read_text()) if path.exists() else {"paths": {}}
     declared = loaded.get("paths") if isinstance(loaded, dict) else None
     if not isinstance(declared, dict):
         raise RestampError(f"{PATHS}: write paths: {{name: {{config: ..., overrides: [...]}}}}")
+    for name, path_spec in declared.items():
+        if not isinstance(path_spec, dict) or not isinstance(path_spec.get("config"), str):
+            raise RestampError(f"{PATHS}: path {name!r} needs config: <a YAML file> and overrides: [key=value, ...]")
+        serve = path_spec.get("serve")
+        if serve is not None and not (isinstance(serve, list) and serve and all(isinstance(a, str) for a in serve)):
+            raise RestampError(f"{PATHS}: path {name!r}: serve: is the list of `ragen env serve` arguments")
+    return declared
+
+
+def probe_paths(tree: Path, names: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """The probe paths of the checkout at ``tree`` (:data:`PATHS`), or only those in ``names``: name -> the
+    ``ragen train`` arguments of its run but the data root. A missing file means no path."""
+    declared = _declared(tree)
     unknown = sorted(set(names or ()) - set(declared))
     if unknown:
         raise RestampError(f"unknown probe path(s) {unknown}; {PATHS} declares: {', '.join(declared) or 'none'}")
@@ -95,11 +107,50 @@ def probe_paths(tree: Path, names: Sequence[str] | None = None) -> dict[str, lis
     for name, path_spec in declared.items():
         if names is not None and name not in names:
             continue
-        if not isinstance(path_spec, dict) or not isinstance(path_spec.get("config"), str):
-            raise RestampError(f"{PATHS}: path {name!r} needs config: <a YAML file> and overrides: [key=value, ...]")
         overrides = [str(o) for o in path_spec.get("overrides") or []]
         runs[name] = ["train", "--config", path_spec["config"], "--run-id", f"probe-{name}", *overrides]
     return runs
+
+
+def path_servers(tree: Path) -> dict[str, list[str]]:
+    """The env servers of the checkout's probe paths: name -> the ``ragen env serve`` arguments of a path that
+    declares ``serve:`` (its overrides name the server's URL as ``env.remote``, its port fixed in the file so that
+    both sides' configs are equal). The probe starts the server, under the same coverage as the run, before the
+    path's run and stops it (SIGINT, as Ctrl-C) once the run ends."""
+    return {name: list(spec["serve"]) for name, spec in _declared(tree).items() if spec.get("serve")}
+
+
+def _start_server(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """A path's env server started in its own session, writing to ``log``, once it printed its URL (at most
+    120 s; a server that stops or never says it listens is a RestampError with its log)."""
+    with open(log, "w") as handle:
+        server = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and server.poll() is None:
+        if "ragen env serve: http" in log.read_text(errors="replace"):
+            return server
+        time.sleep(0.1)
+    _stop_server(server)
+    raise RestampError(f"a probe path's env server did not start; its output: {log}")
+
+
+def _stop_server(server: subprocess.Popen) -> None:
+    """Ctrl-C to the server (its coverage data is then written), SIGKILL after 30 s; reaped either way."""
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
 
 
 LAUNCHER = '''"""Runs the ragen command of the checkout named first (written by a re-stamp probe)."""
@@ -194,6 +245,33 @@ def stamped_side(target: Path, stamp: dict[str, Any]) -> float | None:
     return float(seconds) if earlier == stamp and isinstance(seconds, (int, float)) else None
 
 
+@dataclass
+class SidePaths:
+    """The probe paths a side runs: ``runs`` (name -> the ``ragen train`` arguments but the data root), those of
+    them ``fresh`` to this side (paths the old commit's file does not declare: run on the new side alone, into
+    ``work/run/added``, their rows not compared but their code measured, as for an added finding), and the env
+    ``servers`` some of them play (:func:`path_servers`)."""
+
+    runs: dict[str, list[str]] = field(default_factory=dict)
+    fresh: Sequence[str] = ()
+    servers: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _side_commands(run: Path, tree: Path, paths: SidePaths, added: Sequence[str], points: bool) -> dict[str, list]:
+    root = ["--data-root", str(run / "data")]
+    commands = {}
+    if points:  # no finding's points when the probe runs its paths alone
+        commands["the findings' points"] = ["reproduce", "--all", "--quick", *root, "--out-dir", str(run / "out")]
+    for path, args in paths.runs.items():
+        fresh = path in paths.fresh
+        own = ["--data-root", str(run / ("added" if fresh else "data"))]
+        commands[f"{'new ' if fresh else ''}probe path {path}"] = [*args[:1], *own, *args[1:]]
+    for finding in added:
+        own = ["--data-root", str(run / ("data" if runs_of(tree, finding) else "added"))]
+        commands[f"new finding {finding}"] = ["reproduce", finding, "--quick", *own, "--out-dir", str(run / "out")]
+    return commands
+
+
 def run_side(
     side: Side,
     launcher: Path,
@@ -201,14 +279,14 @@ def run_side(
     name: str,
     coverage: Path | None,
     log: Callable[[str], None],
-    paths: dict[str, list[str]] | None = None,
+    paths: SidePaths | None = None,
     added: Sequence[str] = (),
     points: bool = True,
     measured: Sequence[Path] = (),
     reuse: bool = False,
 ):
     """``ragen reproduce --all --quick`` of the side's own checkout on the probe specs (unless ``points`` is False:
-    a probe of its paths alone), then the probe ``paths``' runs (:func:`probe_paths`) one after the other, their
+    a probe of its paths alone), then the probe ``paths``' runs (:class:`SidePaths`) one after the other, their
     data root at ``work/run/data`` (the same path for both sides, then moved to ``work/<name>``), under coverage
     when asked (``coverage``: its data file; it measures the ``measured`` files alone, and does not run when there
     are none). The ``added`` findings (registered by this side alone) are left out of that and run last, each
@@ -219,17 +297,13 @@ def run_side(
     instead of run again: a probe run again in the same folder (say after a fix to the new commit) runs its new side
     alone."""
     run = work / "run"
-    root = ["--data-root", str(run / "data")]
-    commands = {}
-    if points:  # no finding's points when the probe runs its paths alone
-        commands["the findings' points"] = ["reproduce", "--all", "--quick", *root, "--out-dir", str(run / "out")]
-    commands |= {f"probe path {path}": [*args[:1], *root, *args[1:]] for path, args in (paths or {}).items()}
+    paths = paths or SidePaths()
     specs = side.tree / "configs" / "findings"
-    for finding in added:
-        own = ["--data-root", str(run / ("data" if runs_of(side.tree, finding) else "added"))]
-        commands[f"new finding {finding}"] = ["reproduce", finding, "--quick", *own, "--out-dir", str(run / "out")]
+    commands = _side_commands(run, side.tree, paths, added, points)
     target = work / name
     stamp = side_stamp(side, launcher, commands)
+    if paths.servers:  # a stamp without servers stays the one earlier probes wrote
+        stamp["servers"] = paths.servers
     seconds = stamped_side(target, stamp) if reuse else None
     if seconds is not None:
         log(
@@ -246,36 +320,63 @@ def run_side(
         (specs / f"{finding}.yaml").rename(specs / f"{finding}.added")  # not one of --all's findings
     log(f"probe: {name} side ({side.commit[:12]}, fingerprint {side.fingerprint}) runs every point and path")
     started = time.monotonic()
+    prefix = [sys.executable]
+    if coverage is not None and measured:
+        include = ",".join(map(str, measured))
+        prefix += ["-m", "coverage", "run", "--append", f"--data-file={coverage}", f"--include={include}"]
     with open(work / f"{name}.log", "w") as output:
         for what, args in commands.items():
-            if what.startswith("new finding "):  # back in place for its own run
-                hidden = specs / f"{what.removeprefix('new finding ')}.added"
-                hidden.rename(hidden.with_suffix(".yaml"))
-            command = [str(launcher), str(side.tree), *args]
-            if coverage is not None and measured:
-                include = ",".join(map(str, measured))
-                measure = ["-m", "coverage", "run", "--append", f"--data-file={coverage}", f"--include={include}"]
-                command = [*measure, *command]
-            output.write(f"$ ragen {' '.join(args)}\n")
-            output.flush()
-            done = subprocess.run(
-                [sys.executable, *command],
-                cwd=side.tree,
-                env=_child_env(side.tree),
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-            if done.returncode != 0:
-                raise RestampError(
-                    f"the {name} side's runs failed in {what} (exit {done.returncode}); its output: {work / name}.log"
-                )
+            _run_command(side, launcher, prefix, what, args, paths.servers, output, work / name)
     side.seconds = round(time.monotonic() - started, 1)
     if target.exists():
         shutil.rmtree(target)
     run.rename(target)
     side.lake, side.out = target / "data", target / "out"
     atomic_write_bytes(target / SIDE_STAMP, json.dumps({**stamp, "seconds": side.seconds}, indent=1).encode())
+
+
+def _run_command(
+    side: Side,
+    launcher: Path,
+    prefix: list[str],
+    what: str,
+    args: list[str],
+    servers: dict[str, list[str]],
+    output: Any,
+    name_path: Path,
+) -> None:
+    """One command of a side (its env server first, when its path declares one), its output into ``output``."""
+    specs = side.tree / "configs" / "findings"
+    if what.startswith("new finding "):  # back in place for its own run
+        hidden = specs / f"{what.removeprefix('new finding ')}.added"
+        hidden.rename(hidden.with_suffix(".yaml"))
+    serve = servers.get(what.removeprefix("new ").removeprefix("probe path ")) if "probe path " in what else None
+    server = None
+    if serve:
+        output.write(f"$ ragen env serve {' '.join(serve)}\n")
+        output.flush()
+        log = name_path.with_name(f"{name_path.name}-server.log")
+        server = _start_server(
+            [*prefix, str(launcher), str(side.tree), "env", "serve", *serve], side.tree, _child_env(side.tree), log
+        )
+    try:
+        output.write(f"$ ragen {' '.join(args)}\n")
+        output.flush()
+        done = subprocess.run(
+            [*prefix, str(launcher), str(side.tree), *args],
+            cwd=side.tree,
+            env=_child_env(side.tree),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        if server is not None:
+            _stop_server(server)
+    if done.returncode != 0:
+        raise RestampError(
+            f"the {name_path.name} side's runs failed in {what} (exit {done.returncode}); its output: {name_path}.log"
+        )
 
 
 def checkouts(repo: Path, commits: Sequence[str], work: Path) -> tuple[Side, Side]:
@@ -306,9 +407,11 @@ __all__ = [
     "STAMPED_VARIABLES",
     "RestampError",
     "Side",
+    "SidePaths",
     "checkouts",
     "export_commit",
     "probe_overrides",
+    "path_servers",
     "probe_paths",
     "run_side",
     "runs_of",

@@ -47,7 +47,57 @@ def rollout_metrics(trajectories: pa.Table, turns: pa.Table, prefix: str = "roll
     metrics.update(think_diversity(turns, prefix))
     metrics.update(teacher_agreement(turns, prefix))
     metrics.update(perception(turns, prefix))
+    metrics.update(tool_use(turns, prefix))
     return metrics
+
+
+FAILURES = "tool_failures"  # prefix/tool_failures/<tool>: the calls of a tool that raised or ran past its time
+
+
+def tool_use(turns: pa.Table, prefix: str) -> dict[str, float]:
+    """A tool env's calls (the turns' ``tool_calls``): calls per turn (``prefix/tool_calls``), the share of calls
+    with an error of any kind (``prefix/tool_error_rate``: the agent's malformed calls, the tools' failures, calls not
+    run) and, per tool that failed (raised, or ran past ``env.tool_timeout_s``), how many calls did
+    (``prefix/tool_failures/<tool>``); none for envs without tools, and no error rate for turns that called
+    nothing (a share of no calls)."""
+    if "tool_calls" not in turns.column_names:
+        return {}
+    per_turn = [calls for calls in turns["tool_calls"].to_pylist() if calls is not None]
+    if not per_turn:
+        return {}
+    calls = [call for turn in per_turn for call in turn]
+    metrics = {f"{prefix}/tool_calls": _mean(np.array([len(turn) for turn in per_turn], dtype=float))}
+    if calls:  # a share of no calls is no number: left out, as the metrics of a diagnostic with nothing to measure
+        errors = np.array([call["error"] is not None for call in calls], dtype=float)
+        metrics[f"{prefix}/tool_error_rate"] = _mean(errors)
+    for call in calls:
+        if call["error"] in ("raised", "timeout"):
+            key = f"{prefix}/{FAILURES}/{call['name']}"
+            metrics[key] = metrics.get(key, 0.0) + 1.0
+    return metrics
+
+
+def tool_failure_events(metrics: dict[str, float]) -> list[tuple[str, float, str]]:
+    """``(metric, calls, message)`` for each tool whose calls failed in the iteration's rollouts
+    (``.../tool_failures/<tool>``, :func:`tool_use`): the run's ``tool_error`` events (one per tool and rollout kind;
+    the agent was told each error and the run went on)."""
+    events = []
+    for key in sorted(k for k in metrics if f"/{FAILURES}/" in k):
+        stem, tool = key.split(f"/{FAILURES}/")
+        where = "training" if stem == "rollout" else f"validation ({stem})"
+        message = (
+            f"{metrics[key]:g} call(s) of the tool {tool} raised or ran past env.tool_timeout_s in the {where} "
+            "rollouts (each agent was told its error); which and why: SELECT turn_index, c.arguments, c.result "
+            f"FROM turns, unnest(tool_calls) AS u(c) WHERE c.name = '{_sql_text(tool)}' AND c.error IN ('raised', "
+            "'timeout')"
+        )
+        events.append((key, metrics[key], message))
+    return events
+
+
+def _sql_text(text: str) -> str:
+    """``text`` inside an SQL string literal (its quotes doubled): a tool's name is shown in a query, never run."""
+    return text.replace("'", "''")
 
 
 def perception(turns: pa.Table, prefix: str) -> dict[str, float]:
@@ -394,4 +444,5 @@ def validation_metrics(trajectories: pa.Table, turns: pa.Table, env: str) -> dic
         f"val/{env}/truncated_rate": _mean(trajectories["truncated"].to_numpy(zero_copy_only=False).astype(float)),
         **teacher_agreement(turns, f"val/{env}"),
         **perception(turns, f"val/{env}"),
+        **tool_use(turns, f"val/{env}"),
     }

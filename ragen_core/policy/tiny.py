@@ -26,17 +26,12 @@ import numpy as np
 import torch
 
 from ragen_core.agent.prompts import SYSTEM_PROMPT, first_user_message, turn_message
+from ragen_core.agent.templates import TINY_CHAT_TEMPLATE
 from ragen_core.config import TinyModelConfig
 from ragen_core.envs import make_env
 from ragen_core.policy.loading import save_policy
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 # Qwen2's pre-tokenisation regex (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX).
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
 TOKENIZER_CORPUS_VERSION = 3  # 3: one token per grid cell
@@ -124,7 +119,7 @@ def train_tokenizer(vocab_size: int, one_token_per_cell: bool = True):
         unk_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
     )
-    wrapped.chat_template = CHATML_TEMPLATE
+    wrapped.chat_template = TINY_CHAT_TEMPLATE
     return wrapped
 
 

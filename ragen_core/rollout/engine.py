@@ -9,7 +9,9 @@ The engine is environment-agnostic: multi-action turns, the per-trajectory actio
 enforced here for every env, and so are the limits on what an env gives back: the user's own code runs under
 ``user_code_timeout_s`` (:func:`ragen_core.envs.external.env_step`), and a prompt longer than the model's context is
 refused before it is sampled from (:class:`PromptTooLongError`). Each trajectory records how it ended
-(:data:`END_REASONS`) and the env's state after its last step.
+(:data:`END_REASONS`) and the env's state after its last step. A tool env (:class:`~ragen_core.envs.ToolEnv`) is
+rolled out the same way, its prompts and replies in the model's own tool-call format
+(:mod:`ragen_core.rollout.tool_turns`; full context mode only).
 """
 
 from __future__ import annotations
@@ -22,18 +24,22 @@ from ragen_core.agent import (
     ChatFormatter,
     ParsedResponse,
     PromptTooLong,
+    first_tool_message,
     first_user_message,
     parse_response,
     rules_text,
     turn_message,
     turn_penalty,
 )
-from ragen_core.envs import make_env
+from ragen_core.config import McpServerConfig
 from ragen_core.envs.external import UserCodeError, env_reset, env_step
 from ragen_core.envs.held_out import Split, split_seeds
+from ragen_core.envs.mcp_tools import with_mcp_tools
+from ragen_core.envs.remote import open_env
 from ragen_core.envs.watchdog import Watchdog
 from ragen_core.rollout.scripted import has_teacher
-from ragen_core.rollout.types import Generation, TrajectoryRecord, TurnContext, TurnRecord
+from ragen_core.rollout.tool_turns import ToolSlot, ToolTurns, next_messages, open_tool_turns, read_reply, run_calls
+from ragen_core.rollout.types import Generation, TrajectoryRecord, TurnContext, TurnOutcome, TurnRecord
 from ragen_core.rollout.windows import PastTurn, WindowPrompter
 from ragen_core.seeding import derive_seed
 
@@ -68,6 +74,13 @@ class RolloutSpec:
     # Seconds one call of the user's own code (an env class's reset / step, a reward function) may take; None: no
     # limit, called in the rollout's thread (env.user_code_timeout_s)
     user_code_timeout_s: float | None = None
+    # The URL of the env server that plays env_name (env.remote; its calls within user_code_timeout_s), or None: the
+    # env is built in this process
+    env_remote: str | None = None
+    tool_timeout_s: float | None = 10.0  # a tool env: seconds one tool call may run (env.tool_timeout_s)
+    tool_parser: str = "hermes"  # a tool env: the model's tool-call format (rollout.tool_parser)
+    # A tool env: the MCP server whose tools join the env's (env.mcp; ragen_core.envs.mcp_tools), or None
+    env_mcp: McpServerConfig | None = None
 
 
 # How a trajectory ended (the trajectories table's end_reason), besides the env's own word for a loss when it ended the
@@ -102,6 +115,7 @@ class _Slot:
         self.past: list[PastTurn] = []  # windowed modes: the finished turns
         self.segment_start = 0  # windowed modes: where the current turn's sequence starts in the row
         self.shown: tuple[str, int] = ("", actions_left)  # the state and budget the current turn's prompt showed
+        self.chat: ToolSlot | None = None  # a tool env: the trajectory's chat (ragen_core.rollout.tool_turns)
 
 
 def run_rollouts(
@@ -118,8 +132,9 @@ def run_rollouts(
     if reset is not None:
         reset()
     try:
-        with Watchdog(spec.user_code_timeout_s) as watchdog:  # its worker starts at the user's first call, if any
-            records = _roll_out(spec, backend, formatter, seed, watchdog)
+        # each watchdog's worker starts at the first call it runs, if any: the user's code, a tool env's tools
+        with Watchdog(spec.user_code_timeout_s) as watchdog, Watchdog(spec.tool_timeout_s) as tool_watchdog:
+            records = _roll_out(spec, backend, formatter, seed, (watchdog, tool_watchdog))
     except BaseException:
         if reset is not None:
             with contextlib.suppress(Exception):
@@ -131,15 +146,22 @@ def run_rollouts(
 
 
 def _roll_out(
-    spec: RolloutSpec, backend: RolloutBackend, formatter: ChatFormatter, seed: int, watchdog: Watchdog
+    spec: RolloutSpec,
+    backend: RolloutBackend,
+    formatter: ChatFormatter,
+    seed: int,
+    watchdogs: tuple[Watchdog, Watchdog],
 ) -> list[TrajectoryRecord]:
+    watchdog = watchdogs[0]
     slots: list[_Slot] = []
     seeds = spec.group_seeds
     if spec.split is not None:
-        seeds = split_seeds(spec.env_name, spec.env_options, seeds, spec.split)
+        remote = (spec.env_remote, spec.user_code_timeout_s)
+        seeds = split_seeds(spec.env_name, spec.env_options, seeds, spec.split, *remote)
     for group_id, env_seed in enumerate(seeds):
         for traj_index in range(spec.group_size):
-            env = make_env(spec.env_name, **(spec.env_options or {}))
+            env = open_env(spec.env_name, spec.env_options, spec.env_remote, spec.user_code_timeout_s)
+            env = with_mcp_tools(env, spec.env_mcp, spec.tool_timeout_s, spec.user_code_timeout_s)
             record = TrajectoryRecord(
                 env=spec.env_name,
                 group_id=group_id,
@@ -154,6 +176,9 @@ def _roll_out(
 
     encoded: dict[tuple[str, bool, bool], list[int]] = {}  # group members mostly see the same text: encode once
     prompter = None
+    tools = open_tool_turns(slots[0].env, formatter, spec, watchdogs[1]) if slots else None
+    for slot in slots if tools is not None else ():
+        slot.chat = ToolSlot()
     if spec.context_window_mode != "full":
         if spec.max_context_window is None:
             raise ValueError(f"context window mode {spec.context_window_mode!r} needs max_context_window")
@@ -164,15 +189,17 @@ def _roll_out(
         active = [slot for slot in slots if not slot.done]
         if not active:
             break
-        prompts = [_prompt(slot, turn, spec, formatter, encoded, prompter) for slot in active]
+        prompts = [_prompt(slot, turn, spec, formatter, encoded, prompter, tools) for slot in active]
+        limits = (spec.max_actions_per_turn, spec.enable_think, formatter.reply_prefix, spec.tool_parser)
         contexts = [
-            TurnContext(
-                ids, slot.env, slot.actions_left, spec.max_actions_per_turn, spec.enable_think, formatter.reply_prefix
-            )
+            TurnContext(ids, slot.env, slot.actions_left, *limits)
             for slot, (ids, _) in zip(active, prompts, strict=True)
         ]
         generations = backend.generate(contexts, derive_seed(seed, turn))
         for slot, (_, observation), generation in zip(active, prompts, generations, strict=True):
+            if tools is not None:
+                _apply_tool_reply(slot, turn, observation, generation, spec, tools, formatter.reply_prefix)
+                continue
             _apply_reply(slot, turn, observation, generation, spec, watchdog, formatter.reply_prefix)
             if prompter is not None:
                 _close_segment(slot, generation)
@@ -192,15 +219,24 @@ def _prompt(
     formatter: ChatFormatter,
     encoded: dict[tuple[str, bool, bool], list[int]],
     prompter: WindowPrompter | None,
+    tools: ToolTurns | None = None,
 ) -> tuple[list[int], str]:
-    """The turn's prompt (:func:`_window_prompt` or :func:`_extend_prompt`), refused with a
-    :class:`PromptTooLongError` when it is longer than the model's context (``formatter.context_tokens``): by its
-    characters before it is tokenised, else by its tokens before it is sampled from."""
+    """The turn's prompt (:func:`_window_prompt`, a tool env's :meth:`ToolTurns.prompt` or :func:`_extend_prompt`),
+    refused with a :class:`PromptTooLongError` when it is longer than the model's context
+    (``formatter.context_tokens``): by its characters before it is tokenised, else by its tokens before it is sampled
+    from."""
     limit = formatter.context_tokens
     try:
-        ids, text = (
-            _window_prompt(slot, prompter, limit) if prompter else _extend_prompt(slot, turn, spec, formatter, encoded)
-        )
+        if tools is not None:
+            style, budget = formatter.style, spec.max_actions_per_turn
+            first = first_tool_message(rules_text(slot.env, style), slot.state, budget) if turn == 0 else None
+            ids, text = tools.prompt(slot.chat, slot.record, first, limit)
+        else:
+            ids, text = (
+                _window_prompt(slot, prompter, limit)
+                if prompter
+                else _extend_prompt(slot, turn, spec, formatter, encoded)
+            )
     except PromptTooLong as exc:
         too_long = f"would be {exc}"
     else:
@@ -219,12 +255,8 @@ def _window_prompt(slot: _Slot, prompter: WindowPrompter, limit: int | None = No
     ids, text = prompter.prompt(slot.env, slot.past, slot.state, slot.actions_left)
     if limit is not None and len(ids) > limit:
         return ids, text
-    record = slot.record
-    slot.segment_start = len(record.input_ids)
-    record.input_ids.extend(ids)
-    record.loss_mask.extend([0] * len(ids))
-    if record.behavior_logprobs is not None:
-        record.behavior_logprobs.extend([0.0] * len(ids))
+    slot.segment_start = len(slot.record.input_ids)
+    slot.record.add_context(ids)
     return ids, text
 
 
@@ -276,10 +308,7 @@ def _extend_prompt(
     limit = formatter.context_tokens
     if limit is not None and len(record.input_ids) + len(ids) > limit:  # unstored: the caller refuses it
         return record.input_ids + ids, text
-    record.input_ids.extend(ids)
-    record.loss_mask.extend([0] * len(ids))
-    if record.behavior_logprobs is not None:
-        record.behavior_logprobs.extend([0.0] * len(ids))
+    record.add_context(ids)
     return record.input_ids, text
 
 
@@ -296,17 +325,8 @@ def _apply_reply(
     the env with its valid actions (the user's code under the ``watchdog``), score the turn and, when it ends the
     trajectory, record how (:func:`_end_reason`) and the env's state after it."""
     record = slot.record
-    slot.shown = (slot.state, slot.actions_left)  # what this turn's prompt showed, before the env steps
-    record.input_ids.extend(generation.token_ids)
-    record.loss_mask.extend([1] * len(generation.token_ids))
-    if record.behavior_logprobs is not None:
-        if generation.logprobs is None:
-            raise ValueError("a policy backend returned a reply without log-probs")
-        record.behavior_logprobs.extend(generation.logprobs)
-    slot.last_reply_finished = not generation.truncated
-
+    reply = _take_reply(slot, generation, prefix)
     budget = min(spec.max_actions_per_turn, slot.actions_left)
-    reply = prefix + generation.text
     parsed = parse_response(
         reply, slot.env.parse_action, budget, spec.enable_think, spec.reply_format, not generation.truncated
     )
@@ -322,16 +342,51 @@ def _apply_reply(
         slot.actions_left -= 1
         if terminated or truncated:
             break
+    outcome = TurnOutcome(parsed, reward, terminated, truncated, executed, infos)
+    _close_turn(slot, turn, observation, reply, generation, spec, outcome, teacher)
+
+
+def _take_reply(slot: _Slot, generation: Generation, prefix: str) -> str:
+    """Append the reply's sampled tokens to the slot's sequence (mask 1, with the sampler's log-probs) and return the
+    reply as parsed: ``prefix`` (which ended the prompt) followed by the generated text."""
+    record = slot.record
+    slot.shown = (slot.state, slot.actions_left)  # what this turn's prompt showed, before the env steps
+    record.input_ids.extend(generation.token_ids)
+    record.loss_mask.extend([1] * len(generation.token_ids))
+    if record.behavior_logprobs is not None:
+        if generation.logprobs is None:
+            raise ValueError("a policy backend returned a reply without log-probs")
+        record.behavior_logprobs.extend(generation.logprobs)
+    slot.last_reply_finished = not generation.truncated
+    return prefix + generation.text
+
+
+def _close_turn(
+    slot: _Slot,
+    turn: int,
+    observation: str,
+    reply: str,
+    generation: Generation,
+    spec: RolloutSpec,
+    outcome: TurnOutcome,
+    info: dict[str, Any],
+) -> None:
+    """Score the turn (its env reward and format penalty), decide whether the trajectory ends after it (and how:
+    :func:`_end_reason`) and keep its :class:`TurnRecord`; ``outcome`` holds what the reply's actions did (a tool
+    env's also its calls' records)."""
+    record, parsed, reward = slot.record, outcome.parsed, outcome.reward
+    terminated, truncated = outcome.terminated, outcome.truncated
     penalty = turn_penalty(parsed, spec.format_penalty)
     record.env_reward += reward
     record.format_penalty += penalty
-    record.num_actions += len(executed)
+    record.num_actions += len(outcome.executed)
     record.success = bool(slot.env.success)
     slot.last_reward = reward
     slot.done = terminated or truncated or slot.actions_left <= 0 or turn + 1 >= spec.max_turns
     if slot.done:
         record.end_reason = _end_reason(slot, terminated, truncated, parsed, generation.truncated)
         record.final_state = slot.state
+    effective = [bool(i.get("action_is_effective", True)) for i in outcome.infos]
     record.turns.append(
         TurnRecord(
             turn_index=turn,
@@ -339,7 +394,7 @@ def _apply_reply(
             response=reply,
             think=parsed.think,
             answer=parsed.answer,
-            actions=executed,
+            actions=outcome.executed,
             valid=parsed.valid,
             format_ok=parsed.format_ok,
             reward=reward,
@@ -347,9 +402,35 @@ def _apply_reply(
             done=slot.done,
             truncated=generation.truncated,
             response_tokens=len(generation.token_ids),
-            info={"action_is_effective": [bool(i.get("action_is_effective", True)) for i in infos], **teacher},
+            info={"action_is_effective": effective, **info},
+            tool_calls=None if slot.chat is None else [r.row() for r in outcome.records],
         )
     )
+
+
+def _apply_tool_reply(
+    slot: _Slot,
+    turn: int,
+    observation: str,
+    generation: Generation,
+    spec: RolloutSpec,
+    tools: ToolTurns,
+    prefix: str,
+) -> None:
+    """A tool env's reply: record its tokens, read its calls in the model's format, run them through the env within
+    the turn's budget (:func:`~ragen_core.rollout.tool_turns.run_calls`), keep the env's answers as the messages that
+    open the next turn, and close the turn as any other (:func:`_close_turn`)."""
+    reply = _take_reply(slot, generation, prefix)
+    chat = slot.chat
+    strict, finished = spec.reply_format == "strict", not generation.truncated
+    read, parsed = read_reply(tools, slot.env, reply, spec.enable_think, strict, finished)
+    outcome = run_calls(tools, slot.env, read, parsed, min(spec.max_actions_per_turn, slot.actions_left))
+    slot.actions_left -= len(outcome.executed)
+    if outcome.state is not None:
+        slot.state = outcome.state
+    chat.seen = tools.chat.seen_after(chat.seen, generation.text, finished)
+    chat.reply, chat.pending = reply, next_messages(tools, outcome, spec.enable_think)
+    _close_turn(slot, turn, observation, reply, generation, spec, outcome, {})
 
 
 def _end_reason(slot: _Slot, terminated: bool, truncated: bool, parsed: ParsedResponse, reply_cut: bool) -> str:

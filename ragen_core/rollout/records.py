@@ -119,5 +119,6 @@ def turns_table(records: list[TrajectoryRecord], meta: BatchMeta) -> pa.Table:
         "truncated": [t.truncated for _, t in rows],
         "response_tokens": [t.response_tokens for _, t in rows],
         "info": [json.dumps(t.info, sort_keys=True) for _, t in rows],
+        "tool_calls": [t.tool_calls for _, t in rows],
     }
     return pa.Table.from_pydict(columns, schema=TURNS.arrow_schema)

@@ -20,9 +20,11 @@ import numpy as np
 
 from ragen_core.envs import TextEnv
 from ragen_core.envs.external import env_step
+from ragen_core.envs.tool_env import is_tool_env
 from ragen_core.envs.watchdog import Watchdog
 from ragen_core.registry import Registry
 from ragen_core.rollout.types import Generation, TurnContext
+from ragen_core.tools import ToolCall, tool_parser
 
 if TYPE_CHECKING:
     from ragen_core.config import RunConfig
@@ -148,6 +150,15 @@ def format_reply(actions: list[str], enable_think: bool, think: str | None = Non
     return f"<think>{think}</think><answer>{answer}</answer>"
 
 
+def format_tool_reply(calls: list[str], enable_think: bool, parser: str, think: str | None = None) -> str:
+    """A well-formed reply of a tool env making ``calls`` (their :meth:`ToolCall.text`) in the format of ``parser``
+    (``rollout.tool_parser``), after thinking ``think`` when replies think (default: "I will call <names>.")."""
+    parsed = [ToolCall.from_text(call) for call in calls]
+    if enable_think and think is None:
+        think = f"I will call {', then '.join(call.name for call in parsed)}."
+    return tool_parser(parser).write(parsed, think if enable_think else None)
+
+
 class ScriptedBackend:
     """Writes replies with a scripted policy and tokenises them (plus the stop token) like sampled replies."""
 
@@ -164,7 +175,10 @@ class ScriptedBackend:
             reply = self.policy(context, rng)
             if not isinstance(reply, ScriptedReply):
                 reply = ScriptedReply(list(reply))
-            text = format_reply(reply.actions, context.enable_think, reply.think)
+            if is_tool_env(context.env):
+                text = format_tool_reply(reply.actions, context.enable_think, context.tool_parser, reply.think)
+            else:
+                text = format_reply(reply.actions, context.enable_think, reply.think)
             if context.reply_prefix and text.startswith(context.reply_prefix):  # the prompt already ends with it
                 text = text[len(context.reply_prefix) :]
             ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.tokenizer.eos_token_id]

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragen_core.agent import ParsedResponse
+from ragen_core.tools import CallRecord
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -27,6 +30,7 @@ class TurnContext:
     max_actions_per_turn: int
     enable_think: bool
     reply_prefix: str = ""  # what the prompt ended with: the reply (as parsed) is this plus the generated text
+    tool_parser: str = "hermes"  # a tool env: the format its calls are written in (rollout.tool_parser)
 
 
 @dataclass
@@ -47,6 +51,25 @@ class TurnRecord:
     truncated: bool
     response_tokens: int
     info: dict[str, Any] = field(default_factory=dict)
+    tool_calls: list[dict[str, Any]] | None = None  # a tool env: each call's record (ragen_core.tools.CallRecord)
+
+
+@dataclass
+class TurnOutcome:
+    """What a reply's actions did: the reply as parsed (its format penalty and the end reason read it), the env
+    reward collected, whether the env ended the episode (``terminated``) or cut it (``truncated``), the actions run
+    (canonical names; a tool env's calls as JSON), each step's info, and a tool env's records of every call read (run
+    or not) and its text after the last call run (None: none ran)."""
+
+    parsed: ParsedResponse
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    executed: list[str] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    records: list[CallRecord] = field(default_factory=list)
+    state: str | None = None
+    calls_read: int = 0  # a tool env: the calls the parser found in the reply, run or not
 
 
 @dataclass
@@ -75,6 +98,14 @@ class TrajectoryRecord:
     segment_lengths: list[int] | None = None
     end_reason: str = ""  # why the trajectory ended (ragen_core.rollout.engine.END_REASONS, or the env's own word)
     final_state: str = ""  # the env's state after the last step: what the last turn's actions led to
+
+    def add_context(self, ids: list[int]) -> None:
+        """Append ``ids``, text the policy did not write (a prompt, the env's messages), to the sequence: loss mask 0,
+        log-prob 0."""
+        self.input_ids.extend(ids)
+        self.loss_mask.extend([0] * len(ids))
+        if self.behavior_logprobs is not None:
+            self.behavior_logprobs.extend([0.0] * len(ids))
 
     @property
     def total_reward(self) -> float:

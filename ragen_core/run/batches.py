@@ -26,7 +26,7 @@ import torch
 from ragen_core.algos import FilterSettings, apply_filter, filter_metric
 from ragen_core.algos.filters import ENTROPY_METRICS
 from ragen_core.config import RunConfig
-from ragen_core.envs import make_env
+from ragen_core.envs.remote import open_env
 from ragen_core.rollout import TrajectoryRecord
 from ragen_core.rollout.records import BatchMeta, trajectories_table, turns_table
 from ragen_core.storage import DataLake, LakeError
@@ -64,7 +64,7 @@ class BatchRules:
         """The rules of ``env_name`` under the config's limits: env reward bounds plus the worst format penalties;
         ``staleness``: how much older than its iteration a row's policy may be (training batches of an async run:
         its schedule's k)."""
-        env = make_env(env_name, **config.env.options)
+        env = open_env(env_name, config.env.options, config.env.remote_for(env_name), config.env.user_code_timeout_s)
         low, high = env.reward_bounds(config.env.max_actions_per_traj)
         bounds = (low + config.env.max_turns * config.rollout.format_penalty, high)
         return cls(group_size, bounds, env.success_from_reward, staleness)

@@ -61,12 +61,14 @@ def policy_fingerprint(config: RunConfig) -> str:
     """What the bootstrap's scripted policy does, as a digest: its replies (thinking and actions) over
     ``FINGERPRINT_EPISODES`` fixed episodes of the run's env, played with its options. A policy whose code changed
     writes other replies, so the bootstrap cache never reuses a model built from another policy's demonstrations."""
-    from ragen_core.envs import make_env
+    from ragen_core.envs.mcp_tools import with_mcp_tools
+    from ragen_core.envs.remote import open_env
 
     policy = get_scripted_policy(config.bootstrap.policy, **scripted_options(config))
     rng = np.random.default_rng(0)
     digest = hashlib.sha256()
-    env = make_env(config.env.name, **config.env.options)
+    env = open_env(config.env.name, config.env.options, config.env.remote, config.env.user_code_timeout_s)
+    env = with_mcp_tools(env, config.env.mcp, config.env.tool_timeout_s, config.env.user_code_timeout_s)
     limits = (config.env.max_turns, config.env.max_actions_per_turn, config.env.max_actions_per_traj)
     with Watchdog(config.env.user_code_timeout_s) as watchdog:  # an env of the user's own: its calls time-limited
         for episode in range(FINGERPRINT_EPISODES):
@@ -103,7 +105,9 @@ def bootstrap_key(config: RunConfig, base_dir: Path, root: Path | None = None, c
         "bootstrap": config.bootstrap.model_dump(mode="json", exclude={"seed", *scripted_options(config)}),
         "policy_behaviour": policy_fingerprint(config),
         "policy_options": policy_options(config),
-        "env": config.env.model_dump(mode="json"),
+        # the env as the config hash sees it: a key added later counts only once set, and where the env is played
+        # (env.remote: a server that serves this env, checked before anything starts) is not what it is
+        "env": {k: v for k, v in config.hashed_tree()["env"].items() if k != "remote"},
         "think": config.rollout.enable_think,
         "think_prefix": config.rollout.think_prefix,
         "seed": bootstrap_seed(config),

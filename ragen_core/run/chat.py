@@ -11,11 +11,14 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ragen_core.agent.prompts import SYSTEM_PROMPT, reply_prefix
-from ragen_core.config import RunConfig
+from ragen_core.agent.prompts import SYSTEM_PROMPT, reply_prefix, rules_text
+from ragen_core.agent.tool_chat import first_tool_message
+from ragen_core.config import ConfigError, RunConfig
 from ragen_core.config.trust import TRUST_MODULE_FLAG, TRUSTED_PATHS_VARIABLE, UntrustedConfigError, trusted_keys
 from ragen_core.envs import make_env
 from ragen_core.envs.held_out import validation_seeds
+from ragen_core.envs.remote import RemoteEnvError, open_env
+from ragen_core.envs.tool_env import is_tool_env
 from ragen_core.rollout.engine import opening_message
 from ragen_core.run.checks import build_stored_run_config, manifest_config, stored_trust_refusals
 from ragen_core.storage import DataLake
@@ -25,7 +28,8 @@ from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
 def first_chat(config: RunConfig, env_name: str, env_seed: int) -> list[dict[str, str]]:
     """The messages of the first turn of ``env_name``'s instance ``env_seed`` as the run's rollouts build them: the
     system prompt (none with ``rollout.prompt_style=compact``) and the first user message."""
-    env = make_env(env_name, **dict(config.env.options))
+    remote = (config.env.remote_for(env_name), config.env.user_code_timeout_s)
+    env = open_env(env_name, dict(config.env.options), *remote)
     state, _ = env.reset(env_seed)
     style = config.rollout.prompt_style
     user = opening_message(
@@ -36,6 +40,8 @@ def first_chat(config: RunConfig, env_name: str, env_seed: int) -> list[dict[str
         config.rollout.enable_think,
         style,
     )
+    if is_tool_env(env):  # a tool env's first message, as its rollouts write it (the tools go in tools=)
+        user = first_tool_message(rules_text(env, style), state, config.env.max_actions_per_turn)
     system = [] if style == "compact" else [{"role": "system", "content": SYSTEM_PROMPT}]
     return [*system, {"role": "user", "content": user}]
 
@@ -52,6 +58,7 @@ def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None, export
     env_name = config.env.name
     seed = validation_instance(config, env_name)
     messages = first_chat(config, env_name, seed)
+    tools = _tools_lines(config, env_name)
     prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
     system = "none (`rollout.prompt_style=compact`)" if len(messages) == 1 else f"`{messages[0]['content']}`"
     if model_dir is None:
@@ -74,8 +81,9 @@ def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None, export
         "tokenizer = AutoTokenizer.from_pretrained(model_dir)",
         "model = AutoModelForCausalLM.from_pretrained(model_dir)",
         f"messages = {json.dumps(messages, indent=4)}",
+        *tools,
         "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, "
-        'return_tensors="pt")',
+        f'return_tensors="pt"{", tools=tools" if tools else ""})',
         f"output = model.generate(**inputs, max_new_tokens={config.rollout.max_new_tokens}, do_sample=False)",
         'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
         "```",
@@ -88,6 +96,16 @@ def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None, export
 # never loads the model, starts a program, a launcher or a host, nor logs to a tracker, so the export needs no
 # permission for the keys of the other sections.
 CHAT_UNUSED_KEYS = frozenset(key.key for key in trusted_keys(RunConfig) if not key.key.startswith("env."))
+
+
+def _tools_lines(config: RunConfig, env_name: str) -> list[str]:
+    """The snippet's ``tools`` (the function schemas a tool env's rollouts render with the chat template, its calls
+    then read in ``rollout.tool_parser``'s format); none for other envs."""
+    env = make_env(env_name, **config.env.options) if config.env.remote_for(env_name) is None else None
+    if not is_tool_env(env):
+        return []
+    note = f"# its calls come back in the {config.rollout.tool_parser} format; each result as a tool message"
+    return [f"tools = {json.dumps(env.tool_schemas(), indent=4)}  {note}"]
 
 
 def _model_dir_lines(where: str, export_dir: Path | None) -> list[str]:
@@ -168,9 +186,29 @@ def export_notes(
             notes.left_out[run_id] = untrusted_advice(refused)
             sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {notes.left_out[run_id]}.\n")
             continue
+        except ConfigError as exc:  # its env server did not answer (the run's check asks it): the rows still export
+            notes.left_out[run_id] = _unanswered(tree, exc)
+            sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {notes.left_out[run_id]}.\n")
+            continue
         newest = lake.latest_checkpoint(run_id)
         where = checkpoint_file(newest[1], CHECKPOINT_HF) if newest else None
         copy = (copies or {}).get(run_id)
-        sections.append(chat_markdown(config, run_id, copy or where, export_dir if copy else None))
+        try:
+            sections.append(chat_markdown(config, run_id, copy or where, export_dir if copy else None))
+        except RemoteEnvError as exc:
+            notes.left_out[run_id] = _unanswered(tree, exc)
+            sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {notes.left_out[run_id]}.\n")
     notes.markdown = "\n".join(sections)
     return notes
+
+
+def _unanswered(tree: dict, exc: Exception) -> str:
+    """Why a run's chat is left out when its env is played on a server (``env.remote``) that did not answer; any
+    other error of its config is raised again."""
+    remote = (tree.get("env") or {}).get("remote")
+    if not remote or "env server" not in str(exc):
+        raise exc
+    return (
+        f"its env is played on the env server {remote}, which did not answer (its first turn is the server's to "
+        "say): start the server (`ragen env serve ...`), then export again"
+    )

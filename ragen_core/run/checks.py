@@ -27,6 +27,9 @@ from ragen_core.config.trust import StoredConfig, UntrustedConfigError, check_st
 from ragen_core.envs import TextEnv, env_factory, make_env
 from ragen_core.envs.dataset import DatasetEnv
 from ragen_core.envs.external import metric_env_name
+from ragen_core.envs.mcp_tools import McpServerError, mcp_server
+from ragen_core.envs.remote import RemoteEnvError, open_env, served_env
+from ragen_core.envs.tool_env import ToolEnv, is_tool_env
 from ragen_core.monitor.trackers import check_trackers
 from ragen_core.rollout.samplers import BACKENDS
 from ragen_core.rollout.scripted import has_teacher, registered_scripted_policies
@@ -34,6 +37,7 @@ from ragen_core.run.schedule import Schedule
 from ragen_core.run.stages import ITERATION
 from ragen_core.storage import DataLake
 from ragen_core.storage.layout import manifest_file
+from ragen_core.tools import TOOL_PARSERS
 
 
 def build_run_config(tree: dict[str, Any] | None = None, overrides: list[str] | None = None) -> RunConfig:
@@ -94,9 +98,12 @@ def check_registered(config: RunConfig) -> RunConfig:
     checks: tuple[tuple[str, Callable[[RunConfig], None]], ...] = (
         ("algorithm", _check_filter),
         ("<root>", _check_envs),
+        ("<root>", _check_remote_env),
         ("env", _check_env_options),  # before the checks below build envs with the options
+        ("<root>", _check_mcp),
         ("<root>", _check_registered_names),
         ("<root>", _check_critic_batches),
+        ("<root>", _check_tools),
         ("<root>", _check_schedule),
     )
     for location, check in checks:
@@ -166,7 +173,8 @@ def _check_envs(config: RunConfig) -> None:
     env is one line before any compute (its options are :func:`_check_env_options`'s); two validation envs whose
     metric names (:func:`~ragen_core.envs.external.metric_env_name`) are one are refused."""
     for key, name in [("env.name", config.env.name)] + [("env.val_envs", n) for n in config.env.val_envs or []]:
-        env_factory(name, key)
+        if config.env.remote_for(name) is None:  # an env played on a server is the server's to build
+            env_factory(name, key)
     named: dict[str, str] = {}
     for name in config.env.validation_envs:
         other = named.setdefault(metric_env_name(name), name)
@@ -177,12 +185,26 @@ def _check_envs(config: RunConfig) -> None:
             )
 
 
+def _check_remote_env(config: RunConfig) -> None:
+    """``env.remote`` serves env.name with env.options: asked of the server (``GET /ragen/env``) before any compute,
+    so a server that is down or serves another env is one line, nothing started."""
+    if config.env.remote is None:
+        return
+    try:  # asked now, not from what this process heard before (a Python API or a worker runs many runs)
+        served_env(config.env.remote, config.env.user_code_timeout_s, fresh=True)
+        open_env(config.env.name, dict(config.env.options), config.env.remote, config.env.user_code_timeout_s)
+    except RemoteEnvError as exc:
+        raise ValueError(f"env.remote: {exc}") from None
+
+
 def _check_env_options(config: RunConfig) -> None:
     """``env.options`` builds every env the run plays (training and validation: each gets the options), so an option
     an env does not take, or a number out of its bounds (a board side of 1e9), is said here, before any compute; the
     dataset env's reward function scores its first rows' reference answers (:meth:`DatasetEnv.check_reward`)."""
     options = dict(config.env.options)
     for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
+        if config.env.remote_for(name) is not None:  # the server built it with its options (_check_remote_env)
+            continue
         try:
             env = make_env(name, **options)
             if isinstance(env, DatasetEnv):  # its reward function scores the first rows' answers here
@@ -191,10 +213,51 @@ def _check_env_options(config: RunConfig) -> None:
             raise ValueError(str(exc) if str(exc).startswith("env.options.") else f"options: {exc}") from None
 
 
+def _check_mcp(config: RunConfig) -> None:
+    """``env.mcp`` gives its tools to a tool env (played in this process: the config refuses it beside env.remote),
+    and its server starts and lists its tools (the process keeps it for the run): a server that cannot start is one
+    line before any compute."""
+    if config.env.mcp is None:
+        return
+    if not is_tool_env(make_env(config.env.name, **config.env.options)):
+        raise ValueError(
+            f"env.mcp gives its tools to a tool env's agent, and {config.env.name} acts by no tool calls (calculator "
+            "does; docs/environments.md, 'Tool environments')"
+        )
+    try:
+        mcp_server(config.env.mcp, config.env.user_code_timeout_s)
+    except McpServerError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _check_tools(config: RunConfig) -> None:
+    """``rollout.tool_parser`` is a registered parser, each tool env the run plays has tools a schema can state
+    (their names and signatures: :meth:`~ragen_core.envs.ToolEnv.tools`), and it is played with its whole chat (a
+    windowed context would re-render it: the replies' tokens would not be the sampled ones)."""
+    if config.rollout.tool_parser not in TOOL_PARSERS:
+        names = ", ".join(TOOL_PARSERS.names())
+        raise ValueError(
+            f"rollout.tool_parser: unknown tool-call parser {config.rollout.tool_parser!r}; registered: {names}"
+        )
+    mode = config.rollout.context_window_mode
+    for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
+        if config.env.remote_for(name) is not None:  # a served env is never a tool env (the server refuses those)
+            continue
+        factory = env_factory(name)
+        if not (isinstance(factory, type) and issubclass(factory, ToolEnv)):  # other envs: nothing built here
+            continue
+        make_env(name, **config.env.options).tools()  # a ValueError of one line for a tool no schema can state
+        if mode != "full":
+            raise ValueError(
+                f"rollout.context_window_mode={mode}: {name} is a tool env, played with its whole chat (a window "
+                "would re-render it instead of the sampled tokens): use full"
+            )
+
+
 def _check_teacher_policy(config: RunConfig, key: str) -> None:
     """``teacher_mix`` draws the teacher's moves: every env it plays must have a teacher."""
     for name in {config.env.name, *(config.env.val_envs or [])} if key.startswith("rollout") else {config.env.name}:
-        if not has_teacher(make_env(name, **config.env.options)):
+        if not has_teacher(_env(config, name)):
             raise ValueError(
                 f"{key}: teacher_mix draws the teacher's moves, and {name} has no teacher (frozen_lake and sokoban "
                 "have one); use the random policy"
@@ -203,7 +266,7 @@ def _check_teacher_policy(config: RunConfig, key: str) -> None:
 
 def _check_describing_policy(config: RunConfig, key: str) -> None:
     """``describe_random`` writes the env's state descriptions as thinking: the env must have some, replies think."""
-    env_type = type(make_env(config.env.name, **config.env.options))
+    env_type = type(_env(config, config.env.name))
     if env_type.describe is TextEnv.describe:
         raise ValueError(
             f"{key}: describe_random writes the env's state descriptions, and {config.env.name} has none "
@@ -211,6 +274,11 @@ def _check_describing_policy(config: RunConfig, key: str) -> None:
         )
     if not config.rollout.enable_think:
         raise ValueError(f"{key}: describe_random writes its descriptions as thinking: set rollout.enable_think=true")
+
+
+def _env(config: RunConfig, name: str) -> TextEnv:
+    """Env ``name`` of the run, with its options: built here, or the client of the server that plays it."""
+    return open_env(name, dict(config.env.options), config.env.remote_for(name), config.env.user_code_timeout_s)
 
 
 __all__ = [

@@ -200,13 +200,18 @@ def library_versions() -> dict[str, str]:
 def code_sources(config: RunConfig) -> dict[str, dict[str, str | None]]:
     """Where the code a run plays comes from, by what the config names it: every env (``env.name``,
     ``env.val_envs``) and the env's ``reward_fn`` and ``wrong_answer_fn``, each with its import path and the
-    distribution (name, version) that installed it (None: a module on the import path, installed by none). The
-    config names only code already checked to import (``run.checks``). Each answer is kept for the life of the
-    process (:func:`_env_source`)."""
+    distribution (name, version) that installed it (None: a module on the import path, installed by none); an env
+    played on a server (``env.remote``) as the server says, with its URL. The config names only code already checked
+    to import (``run.checks``). Each answer is kept for the life of the process (:func:`_env_source`)."""
     from ragen_core.envs import env_factory
+    from ragen_core.envs.remote import served_env
 
     sources = {}
     for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
+        remote = config.env.remote_for(name)
+        if remote is not None:  # the server's code, as it says (GET /ragen/env), and the server
+            sources[name] = {**served_env(remote, config.env.user_code_timeout_s).source, "remote": remote}
+            continue
         sources[name] = _env_source(name, env_factory(name)).to_dict()
     for key in ("reward_fn", "wrong_answer_fn"):  # the dataset env's functions
         function = config.env.options.get(key)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ragen_core.agent import ChatFormatter, reply_prefix
 from ragen_core.config import RunConfig
+from ragen_core.envs.mcp_tools import close_mcp_servers
 from ragen_core.monitor.trackers import RunTrackers
 from ragen_core.policy import ensure_tiny_model, tokenizer_fingerprint
 from ragen_core.rollout.policy import RolloutPolicy, check_backend, open_rollout_policy
@@ -60,12 +61,15 @@ class RunSession:
         return self.policy.tokenizer
 
     def close(self) -> None:
-        """Stop the launched update group and the vLLM server, if any (idempotent; the server even when the group's
-        stop fails)."""
+        """Stop the launched update group, the vLLM server and the MCP servers (``env.mcp``), if any (idempotent; the
+        servers even when the group's stop fails)."""
         try:
             self.updater.close()
         finally:
-            self.policy.close()
+            try:
+                self.policy.close()
+            finally:
+                close_mcp_servers()
 
 
 def base_model_dir(config: RunConfig, lake: DataLake) -> Path:

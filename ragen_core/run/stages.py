@@ -44,6 +44,7 @@ from ragen_core.monitor.metrics import (
     rollout_metrics,
     template_collapse_warnings,
     throughput_metrics,
+    tool_failure_events,
     truncation_warnings,
     unreached_warnings,
     validation_metrics,
@@ -89,6 +90,10 @@ def rollout_spec(
         max_context_window=config.rollout.max_context_window,
         split=split if config.eval.held_out == "maps" else None,
         user_code_timeout_s=config.env.user_code_timeout_s,
+        tool_timeout_s=config.env.tool_timeout_s,
+        tool_parser=config.rollout.tool_parser,
+        env_remote=config.env.remote_for(env_name),
+        env_mcp=config.env.mcp,
     )
 
 
@@ -397,6 +402,10 @@ def commit_iteration(session: RunSession, iteration: int, state: IterationState)
     rows = [{"run_id": run_id, "iteration": iteration, "name": n, "value": float(metrics[n])} for n in names]
     lake.write_rows("metrics", run_id, iteration, rows, stage=Stage.COMMIT, publish=False)
     events = record_warnings(session, iteration, metrics)
+    events += [
+        event_row(run_id, iteration, "tool_error", message, metric, value)
+        for metric, value, message in tool_failure_events(metrics)
+    ]
     if metrics.get("actor/skipped_update"):  # RAGEN's empty_after_filter: recorded so SQL can find such iterations
         message = "the filter kept no group, so this iteration trained nothing"
         events.append(event_row(run_id, iteration, "empty_after_filter", message, "filter/kept_groups", 0.0))

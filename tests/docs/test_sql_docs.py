@@ -21,7 +21,12 @@ from schemas.tables import TABLES
 from tests.storage.synthetic import PROMPT_TOKENS, SyntheticRun, Trajectory, make_run, write_run
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sql.md"
-RUNS = (("sweep-a", "sokoban", 0.5), ("sweep-b", "sokoban", 1.0), ("bandit-demo", "bandit", 0.5))
+RUNS = (
+    ("sweep-a", "sokoban", 0.5),
+    ("sweep-b", "sokoban", 1.0),
+    ("bandit-demo", "bandit", 0.5),
+    ("tools-demo", "calculator", 1.0),
+)
 # offline runs (ragen retrain): mode, (source run, first iteration taken) pairs, start model (a run's checkpoint or
 # a model folder outside the data root)
 OFFLINE = (
@@ -334,6 +339,26 @@ def teacher_agreement(runs):
     ]
 
 
+def tool_failures(runs):
+    """Per tool (None for calls that did not parse), turn index and policy version of the training turns: the calls,
+    the tools' failures (raised, timeout) and every call with an error; the most failures first."""
+    counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for t in _trajectories(runs):
+        if t.split != "train":
+            continue
+        for index, turn in enumerate(t.turns):
+            for call in turn.tool_calls or []:
+                row = counts[(call["name"], index, t.iteration)]  # policy_version = iteration in these runs
+                row[0] += 1
+                row[1] += call["error"] in ("raised", "timeout")
+                row[2] += call["error"] is not None
+    order = sorted(counts.items(), key=lambda kv: (-kv[1][1], -kv[1][2], kv[0][0] is None, kv[0][0] or "", *kv[0][1:]))
+    return [
+        {"tool": k[0], "turn_index": k[1], "policy_version": k[2], "calls": v[0], "failures": v[1], "errors": v[2]}
+        for k, v in order
+    ]
+
+
 EXPECTED = {
     f.__name__: f
     for f in (
@@ -351,6 +376,7 @@ EXPECTED = {
         sweep_points,
         runs_trained_from,
         teacher_agreement,
+        tool_failures,
     )
 }
 

@@ -58,3 +58,19 @@ def test_an_old_lake_compares_on_the_columns_it_stored(tmp_path):
     assert not any(d.new_columns for name, d in diffs.items() if name != "trajectories")
     with pytest.raises(ComparisonError, match=r"lacks the old lake's columns \['end_reason', 'final_state'\]"):
         compare_lakes(new.root, old.root)  # the other way round, the new lake's columns were dropped
+
+
+def _calls(seconds: float, result: str = "3") -> pa.Table:
+    call = {"name": "calculate", "arguments": "{}", "result": result, "error": None, "duration_s": seconds}
+    kind = pa.list_(pa.struct([(f, pa.float64() if f == "duration_s" else pa.string()) for f in call]))
+    return pa.table({"k": [0, 1], "tool_calls": pa.array([[call], None], kind)})
+
+
+def test_a_tool_s_seconds_are_timing_and_every_other_field_of_its_call_is_compared():
+    skip = ("tool_calls.duration_s",)
+    diff = compare_tables("turns", _calls(0.01), _calls(0.02), KEY, skip)
+    assert diff.equal and diff.table == "turns"  # the table keeps its name whatever the timing columns are
+    assert diff.summary().startswith("turns: 2 rows equal")
+    diff = compare_tables("turns", _calls(0.01), _calls(0.01, result="4"), KEY, skip)
+    assert not diff.equal and diff.differing_cells == 1 and diff.cells[0][:2] == ((0,), "tool_calls")
+    assert not compare_tables("turns", _calls(0.01), _calls(0.02), KEY).equal  # not skipped: seconds differ

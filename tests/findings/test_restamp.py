@@ -6,6 +6,7 @@ moves nothing. The probes run on a clone of this repository with a finding of on
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import textwrap
 from pathlib import Path
@@ -417,6 +418,40 @@ def test_a_probe_path_vouches_for_code_that_no_finding_runs(clone, tmp_path):
     assert list(covered) == ["ragen_core/envs/dataset.py"] and covered["ragen_core/envs/dataset.py"]  # it ran it,
     # and coverage measured the changed file alone (tracing every line of ragen_core cost each command ~45%)
     assert not (tmp_path / "path" / "new" / "out").exists()  # no finding's numbers were made
+
+
+SERVED_PATH = """
+  served:     # a path the new commit adds, played over HTTP by an env server the probe starts
+    config: configs/bandit.yaml
+    serve: [bandit, --port, "{port}"]
+    overrides: [env.remote=http://127.0.0.1:{port}, bootstrap.enabled=false, trainer.iterations=1,
+                rollout.env_groups=2, rollout.group_size=2, rollout.max_new_tokens=8, actor.mini_batch_size=4,
+                actor.micro_batch_size=4, eval.every=1, eval.instances=2, trainer.num_threads=1]
+"""
+
+
+@pytest.mark.process  # a git clone, a re-stamp probe and an env server
+def test_a_probe_path_the_new_commit_adds_runs_on_its_side_alone_with_its_env_server(clone, tmp_path):
+    """A path the old commit's file does not declare is the new commit's alone (its features may not exist before
+    it): the old side never runs it, the new side runs it into its own data root, under the env server the path
+    names, and the rows compared are those of the paths both sides declare."""
+    repo, commits = clone
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        port = probe_socket.getsockname()[1]
+    _git(repo, "checkout", "-q", commits["dataset"])
+    with open(repo / "configs" / "restamp" / "paths.yaml", "a") as paths_file:
+        paths_file.write(SERVED_PATH.format(port=port))
+    fresh = _commit(repo, "a probe path the new commit adds, with its env server")
+    work = tmp_path / "fresh"
+    result = probe(repo, commits["base"], fresh, work, log=lambda _: None, only=[], paths=["dataset", "served"])
+    assert result.passed, result.problems()
+    assert result.fresh_paths == ["served"] and record_of(result)["new_paths"] == ["served"]
+    assert set(run_labels(result.old.lake)) == set(run_labels(result.new.lake)) == {"probe-dataset"}
+    served = query(work / "new" / "added", "SELECT count(*) AS n FROM trajectories WHERE run_id = 'probe-served'")
+    assert served.to_pylist()[0]["n"] > 0  # played over HTTP: the server answered every reset and step
+    assert "ragen env serve bandit" not in (work / "old.log").read_text()
+    assert f"ragen env serve: http://127.0.0.1:{port}" in (work / "new-server.log").read_text()
 
 
 def test_probe_paths_are_read_from_the_checkout_and_unknown_ones_refused(tmp_path):

@@ -2,7 +2,7 @@
 (tests/flows/conftest.py's run ``r``: 3 iterations, checkpoints after 2 and 3 updates, started from the tiny model).
 
 Every key declared ``trusted_only`` (a program, a launcher, a hostfile, a folder outside the data root, a tracking
-server, a tracker's project or entity) is planted in
+server, a tracker's project or entity, an env server beyond loopback) is planted in
 the run's manifest and refused by ``ragen eval``, ``ragen resume`` and an extension (``resume`` with
 ``--force-config``) before anything starts, in one line naming the file, the key and how to allow it; a stored sweep
 plan naming one is refused when read back, and a sweep resumed over it, and ``ragen retrain --init run:r`` beside it,
@@ -37,6 +37,8 @@ PLANTED_KEYS = [
     "env.options.data_file",
     "env.options.reward_fn",
     "env.options.wrong_answer_fn",
+    "env.remote",
+    "env.mcp",
     "rollout.vllm.python",
     "trainer.launcher",
     "trainer.hostfile",
@@ -91,6 +93,8 @@ def world(whole_bandit_run, tiny_model_dir, tmp_path, monkeypatch):
         "env.options.data_file": {"env.options.data_file": str(outside / "secrets.jsonl")},
         "env.options.reward_fn": {"env.options.reward_fn": f"{planted}:CoinEnv"},
         "env.options.wrong_answer_fn": {"env.options.wrong_answer_fn": f"{planted}:CoinEnv"},
+        "env.remote": {"env.remote": "http://evil.example:8000"},  # a host beyond this machine's loopback
+        "env.mcp": {"env.mcp": {"command": [str(evil)], "env": {}, "cwd": None}},  # a program, started at the check
         "rollout.vllm.python": {"rollout.backend": "vllm", "rollout.vllm.python": str(evil)},
         "trainer.launcher": {"trainer.launcher": "torchrun"},
         "trainer.hostfile": {"trainer.launcher": "deepspeed", "trainer.hostfile": str(hosts), "actor.zero_stage": 1},

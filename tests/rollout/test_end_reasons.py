@@ -25,6 +25,7 @@ LOSS_WORDS = {
     "bandit_reversed": "worse_arm",
     "countdown": "wrong_answer",
     "game_2048": "no_moves",
+    "calculator": "wrong_answer",
 }
 DATASET = {
     "data_file": "examples/arithmetic/prompts.jsonl",

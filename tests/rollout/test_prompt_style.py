@@ -129,6 +129,10 @@ def test_bootstrap_key_covers_the_prompts_and_the_shared_seed(tmp_path: Path):
     assert bootstrap_key(_frozenlake("bootstrap.teacher_prob=0.9"), tmp_path) == key
     mixes = [_frozenlake("bootstrap.policy=teacher_mix", f"bootstrap.teacher_prob={p}") for p in (0.5, 0.51)]
     assert len({key, *(bootstrap_key(c, tmp_path) for c in mixes)}) == 3
+    # env keys added later count only once moved off the value that behaves as before they existed
+    assert bootstrap_key(_frozenlake("env.user_code_timeout_s=300", "env.tool_timeout_s=10"), tmp_path) == key
+    assert bootstrap_key(_frozenlake("env.user_code_timeout_s=20"), tmp_path) != key
+    assert not {"tool_timeout_s", "remote", "mcp", "user_code_timeout_s"} & set(base.hashed_tree()["env"])
 
 
 def test_bootstrap_key_follows_what_the_policy_does_not_its_name(tmp_path: Path, monkeypatch):

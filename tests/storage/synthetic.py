@@ -34,6 +34,7 @@ class Turn:
     penalty: float
     format_ok: bool
     response_tokens: int
+    tool_calls: list[dict[str, Any]] | None = None  # a tool env's calls (the calculator runs)
 
     @property
     def response(self) -> str:
@@ -147,6 +148,7 @@ class Trajectory:
                 "truncated": False,
                 "response_tokens": t.response_tokens,
                 "info": json.dumps(self.turn_info(i), sort_keys=True),
+                "tool_calls": t.tool_calls,
             }
             for i, t in enumerate(self.turns)
         ]
@@ -174,7 +176,33 @@ def _turns(rng: np.random.Generator, env: str, iteration: int, success: bool) ->
         else:
             reward = -0.1 * len(actions) + (10.0 if success and i == len(plan) - 1 else 0.0)
         turns.append(Turn(think, " || ".join(actions), actions, reward, 0.0, True, tokens))
+    if env == "calculator":
+        for turn in turns:
+            turn.tool_calls = _tool_calls(rng, turn.actions)
     return turns
+
+
+TOOLS = ("calculate", "answer")
+
+
+def _tool_calls(rng: np.random.Generator, actions: list[str]) -> list[dict[str, Any]]:
+    """A tool env's calls for a turn of these actions: one call per action that ran (now and then raising), and a
+    reply without actions one call that did not parse; the column's rules hold (schemas.suites.tool_calls_problem)."""
+    if not actions:
+        return [{"name": None, "arguments": "{", "result": "error: not JSON", "error": "bad_json", "duration_s": 0.0}]
+    calls = []
+    for action in actions:
+        raised = bool(rng.random() < 0.3)
+        calls.append(
+            {
+                "name": TOOLS[int(rng.integers(len(TOOLS)))],
+                "arguments": json.dumps({"expression": action}),
+                "result": "error: raised ValueError" if raised else "42",
+                "error": "raised" if raised else None,
+                "duration_s": float(rng.integers(1, 100)) / 1000,
+            }
+        )
+    return calls
 
 
 def _apply_filter(group: list[Trajectory]) -> float:
