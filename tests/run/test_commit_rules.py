@@ -196,9 +196,10 @@ def test_an_extension_that_fails_before_its_first_commit_is_undone_and_the_run_s
     message = str(undone)
     assert message.startswith(f"{SPACE_PREFIX} while writing ") and "\n" not in message
     assert message.endswith(
-        f"The extension was undone: run {RUN} is left completed at 2 iterations, as it was (its config and every "
-        "committed row)"
+        f". The extension was undone: run {RUN} is left completed at 2 iterations, as it was (its config and every "
+        "committed row); free space or raise the limit (ulimit -f), then run the same command again to extend it"
     )
+    assert message.count("free space") == 1  # the space line's own advice (resume the run) is not said too
     assert lake.committed_iterations(RUN) == [0, 1, 2]
     assert lake.commit_payload(RUN, 2) == payload and payload["updated"] is False
     assert lake.read_manifest(RUN) == stored and stored.status == "completed"
