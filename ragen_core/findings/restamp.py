@@ -139,8 +139,9 @@ def probe(
     measured = [new.tree / name for name, lines in changed.items() if lines is not None and name not in same]
     coverage = work / "coverage.data"
     coverage.unlink(missing_ok=True)
-    shared = SidePaths({n: a for n, a in runs.items() if n not in fresh}, (), servers)
-    run_side(old, launcher, work, "old", None, log, shared, points=bool(findings), reuse=True)
+    shared = {n: a for n, a in runs.items() if n not in fresh}
+    old_paths = SidePaths(shared, (), {n: s for n, s in servers.items() if n in shared})
+    run_side(old, launcher, work, "old", None, log, old_paths, points=bool(findings), reuse=True)
     both = SidePaths(runs, fresh, servers)
     run_side(new, launcher, work, "new", coverage, log, both, added, points=bool(findings), measured=measured)
     log("probe: comparing the two lakes row by row")
