@@ -45,16 +45,25 @@ def env_serve(
     option: list[str] | None = typer.Option(
         None, "--option", "-o", help="An env option key=value (a YAML value, as env.options.key=value); repeatable."
     ),
+    max_episodes: int = typer.Option(
+        2048,
+        "--max-episodes",
+        help="Episodes held at once (env instances); beyond, the least recently used is let go (a run's client "
+        "releases its own, and rebuilds one let go).",
+    ),
 ) -> None:
     """Serve an env over HTTP, OpenEnv's protocol (/reset, /step, /state, /health, /schema, /ws): a fresh env per
     episode, many episodes at once. A run plays it with env.remote=URL (its env.name and env.options the served
     ones). It prints its URL; Ctrl-C stops it."""
     from ragen_core.envs.serving import EnvServer, serve
+    from ragen_view.access import is_loopback_host
     from ragen_view.server import ViewError, bind
 
     options = env_options(option or [])
+    if max_episodes < 1:
+        fail(f"--max-episodes must be at least 1, not {max_episodes}")
     try:
-        server = EnvServer(name, options)
+        server = EnvServer(name, options, max_episodes)
     except ValueError as exc:  # unknown, not importable, no TextEnv, an option it does not take
         fail(str(exc))
     try:
@@ -69,7 +78,7 @@ def env_serve(
         highlight=False,
         soft_wrap=True,
     )
-    serve(server, binding.sock)
+    serve(server, binding.sock, is_loopback_host if binding.loopback else None)  # loopback: no DNS rebinding
 
 
 __all__ = ["env_app", "env_options"]

@@ -114,6 +114,10 @@ class RunManifest(BaseModel):
         "trajectories, init, init_run, init_iteration)."
     )
     evaluated: dict[str, Any] | None = _field("An evaluation run's: target, model (RUN@N or folder) and model_dir.")
+    mcp_tools: list[dict[str, Any]] | None = _field(
+        "A run with env.mcp: the OpenAI function schemas of its MCP server's tools, as listed when its session opened "
+        "(the export's snippet joins them to the env's own)."
+    )
 
     @model_validator(mode="before")
     @classmethod

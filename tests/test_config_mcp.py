@@ -14,7 +14,7 @@ import yaml
 from ragen_core.config import ConfigError, RunConfig, build_config, parse_override
 from ragen_core.config.trust import StoredConfig, UntrustedConfigError, check_stored_trust, trusted_keys
 from ragen_core.envs.mcp_tools import close_mcp_servers
-from ragen_core.run.checks import build_run_config
+from ragen_core.run.checks import build_run_config, check_run_start
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SERVER = Path(__file__).resolve().parent / "envs" / "mcp_calculator_server.py"
@@ -40,14 +40,16 @@ def test_null_is_the_default_and_leaves_every_config_hash_as_it_was(shipped):
 
 
 def test_the_key_is_recorded_as_given():
-    config = build_config(None, ["env.mcp={command: [python, s.py, --x], env: {TOKEN: abc}, cwd: /srv}"])
+    given = "env.mcp={command: [python, s.py, --x], env: {MODE: fast}, pass_env: [TOKEN], cwd: /srv}"
+    config = build_config(None, [given])
     assert config.to_dict()["env"]["mcp"] == {
         "command": ["python", "s.py", "--x"],
-        "env": {"TOKEN": "abc"},
+        "env": {"MODE": "fast"},
+        "pass_env": ["TOKEN"],  # a name: the value is read from the run's environment when the server starts
         "cwd": "/srv",
     }
     bare = build_config(None, ["env.mcp={command: [my-server]}"])
-    assert bare.to_dict()["env"]["mcp"] == {"command": ["my-server"], "env": {}, "cwd": None}
+    assert bare.to_dict()["env"]["mcp"] == {"command": ["my-server"], "env": {}, "pass_env": [], "cwd": None}
 
 
 @pytest.mark.parametrize(
@@ -60,6 +62,9 @@ def test_the_key_is_recorded_as_given():
         ("{env: {A: b}}", "env.mcp.command: required"),
         ("{command: [x], args: [y]}", "env.mcp.args: unknown key"),
         ("{command: [x], env: {A: [1]}}", "env.mcp.env.A: Input should be a valid string"),
+        ("{command: [x], pass_env: [API-TOKEN]}", "env.mcp.pass_env: 'API-TOKEN' is no environment variable's name"),
+        ("{command: [x], pass_env: TOKEN}", "env.mcp.pass_env: Input should be a valid list"),
+        ("{command: [x], env: {T: v}, pass_env: [T]}", "env.mcp: T is in both env and pass_env: set one of them"),
         ("[python, server.py]", "env.mcp: Input should be a valid dictionary"),
     ],
 )
@@ -77,7 +82,7 @@ def test_a_stored_config_starts_its_server_only_when_named_again(tmp_path):
     with pytest.raises(UntrustedConfigError) as caught:
         check_stored_trust(config, stored, set())
     message = str(caught.value)
-    again = 'env.mcp={"command":["python","/tmp/x.py"],"env":{},"cwd":null}'
+    again = 'env.mcp={"command":["python","/tmp/x.py"],"env":{},"pass_env":[],"cwd":null}'
     assert message.endswith(f"does not name a program to run: pass {shlex.quote(again)} again to use it")
     path, value = parse_override(again)  # what the message says to pass is the stored value
     assert build_config(None, [again]).env.mcp == config.env.mcp and path == ["env", "mcp"] and value["cwd"] is None
@@ -86,8 +91,9 @@ def test_a_stored_config_starts_its_server_only_when_named_again(tmp_path):
 
 
 def _last_line(overrides: list[str]) -> str:
+    """The last line of the refusal when a run starts (loading the config starts no server: test_config_remote)."""
     with pytest.raises(ConfigError) as caught:
-        build_run_config(None, overrides)
+        check_run_start(build_run_config(None, overrides))
     return str(caught.value).splitlines()[-1].strip()
 
 
@@ -111,6 +117,17 @@ def test_the_run_s_check_starts_the_server_and_one_that_cannot_start_is_one_line
         "the MCP server `ragen-no-such-mcp-server` (env.mcp) could not start: FileNotFoundError: [Errno 2] No such "
         "file or directory: 'ragen-no-such-mcp-server'"
     )
-    config = build_run_config(None, ["env.name=calculator", f"env.mcp={{command: [{sys.executable}, {SERVER}]}}"])
+    config = check_run_start(
+        build_run_config(None, ["env.name=calculator", f"env.mcp={{command: [{sys.executable}, {SERVER}]}}"])
+    )
     assert config.env.mcp.command == [sys.executable, str(SERVER)]
     close_mcp_servers()
+
+
+def test_a_pass_env_name_not_set_is_one_line_when_the_run_starts(monkeypatch):
+    monkeypatch.delenv("RAGEN_NO_SUCH_MCP_TOKEN", raising=False)
+    server = f"env.mcp={{command: [{sys.executable}, {SERVER}], pass_env: [RAGEN_NO_SUCH_MCP_TOKEN]}}"
+    assert _last_line(["env.name=calculator", server]) == (
+        f"the MCP server `{sys.executable} {SERVER}` (env.mcp) could not start: env.mcp.pass_env names "
+        "RAGEN_NO_SUCH_MCP_TOKEN, not set in this process's environment"
+    )

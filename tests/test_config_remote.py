@@ -1,8 +1,10 @@
 """``env.remote``: a server URL or null, out of the config hash at null, a host that a stored config names only on
-this machine's loopback (docs/security.md), and a server the run's check asks before anything starts."""
+this machine's loopback (docs/security.md), and a server asked when a run starts (before any compute), never when a
+config is only loaded or shown."""
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import yaml
 
 from ragen_core.config import ConfigError, RunConfig, build_config
 from ragen_core.config.trust import StoredConfig, UntrustedConfigError, check_stored_trust, trusted_keys
-from ragen_core.run.checks import build_run_config
+from ragen_core.run.checks import build_run_config, check_run_start
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -92,14 +94,43 @@ def test_a_stored_config_reaches_only_this_machine_s_loopback_unless_named_again
     check_stored_trust(config, StoredConfig(config.to_dict(), "m", tmp_path), {"env.remote"})  # named again
 
 
-def test_the_run_s_check_asks_the_server_and_a_missing_one_is_one_line():
+def _dead_port() -> int:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return probe.getsockname()[1]
+
+
+def test_loading_a_config_asks_no_server_the_run_s_start_does_and_a_missing_one_is_one_line():
+    url = f"http://127.0.0.1:{_dead_port()}"
+    config = build_run_config(None, [f"env.remote={url}", "rollout.scripted_policy=teacher_mix"])  # nothing asked
+    assert config.env.remote == url
     with pytest.raises(ConfigError) as caught:
-        build_run_config(None, [f"env.remote=http://127.0.0.1:{port}"])
+        check_run_start(config)
     line = str(caught.value).splitlines()[-1].strip()
-    assert line.startswith(f"env.remote: the env server http://127.0.0.1:{port} is unreachable on GET /ragen/env")
+    assert line.startswith(f"env.remote: the env server {url} is unreachable on GET /ragen/env")
+
+
+def test_config_show_asks_no_server_and_train_fails_in_one_line_before_any_compute(tmp_path):
+    """``ragen config show`` with a server that is down shows the config; ``ragen train`` with it stops in one line
+    before anything is made (not even the data root)."""
+    from typer.testing import CliRunner
+
+    from ragen_cli.main import app
+
+    remote = f"env.remote=http://127.0.0.1:{_dead_port()}"
+    shown = CliRunner().invoke(app, ["config", "show", "--config", "configs/frozenlake.yaml", remote, "-f", "json"])
+    assert shown.exit_code == 0, shown.output
+    assert {"key": "env.remote", "value": remote.split("=", 1)[1]}.items() <= next(
+        row for row in json.loads(shown.stdout) if row["key"] == "env.remote"
+    ).items()
+    root = tmp_path / "root"
+    trained = CliRunner().invoke(
+        app, ["train", "--config", "configs/frozenlake.yaml", "--data-root", str(root), remote]
+    )
+    lines = trained.stderr.strip().splitlines()
+    assert trained.exit_code == 2 and len(lines) == 1, trained.output
+    assert lines[0].startswith("error: ") and "is unreachable on GET /ragen/env" in lines[0]
+    assert not root.exists()
 
 
 @pytest.mark.process
@@ -108,9 +139,10 @@ def test_the_check_asks_the_server_each_time_not_what_the_process_heard_before(t
 
     process, url = serve("bandit", tmp_path / "bandit.log")
     try:
-        assert build_run_config(None, [f"env.remote={url}"]).env.remote == url
+        assert check_run_start(build_run_config(None, [f"env.remote={url}"])).env.remote == url
     finally:
         stop(process)
-    with pytest.raises(ConfigError) as caught:  # the same process, the server gone: asked again, refused
-        build_run_config(None, [f"env.remote={url}"])
+    config = build_run_config(None, [f"env.remote={url}"])  # the same process, the server gone: loads, asks nothing
+    with pytest.raises(ConfigError) as caught:  # asked again when the run starts: refused
+        check_run_start(config)
     assert f"env.remote: the env server {url} is unreachable on GET /ragen/env" in str(caught.value)

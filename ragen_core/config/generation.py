@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -48,6 +49,9 @@ class ModelConfig(Section):
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny default model.")
 
 
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # an environment variable's name (env.mcp.pass_env)
+
+
 class McpServerConfig(Section):
     """An MCP server whose tools a tool env's agent calls (``env.mcp``; docs/environments.md, "Tools from an MCP
     server"): the command that starts it, spoken to over its stdin and stdout (the stdio transport)."""
@@ -60,8 +64,15 @@ class McpServerConfig(Section):
     )
     env: dict[str, str] = Field(
         default_factory=dict,
-        description="Environment variables of the server, beside the few it inherits (HOME, LOGNAME, PATH, SHELL, "
-        "TERM, USER: the mcp SDK's rule, so a secret of the run's environment reaches it only when named here).",
+        description="Environment variables of the server, by name and value, beside the few it inherits (HOME, "
+        "LOGNAME, PATH, SHELL, TERM, USER: the mcp SDK's rule). Their values are stored in the run's config (its "
+        "manifest, the runs table, the trackers' params): nothing secret here; a secret goes in pass_env.",
+    )
+    pass_env: list[str] = Field(
+        default_factory=list,
+        description="Names of environment variables passed to the server from the run's own environment (e.g. "
+        "[API_TOKEN]): their values are read when the server starts and never stored; a name not set then is one "
+        "line when the run starts.",
     )
     cwd: str | None = Field(None, description="The folder the server starts in; null: the run's own.")
 
@@ -81,6 +92,21 @@ class McpServerConfig(Section):
         if not value[0].strip():
             raise ValueError("starts with the program to run, not an empty text")
         return value
+
+    @field_validator("pass_env")
+    @classmethod
+    def _pass_env_names_variables(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not VARIABLE_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is no environment variable's name (letters, digits, _; not a digit first)")
+        return list(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _each_variable_once(self) -> McpServerConfig:
+        both = [name for name in self.pass_env if name in self.env]
+        if both:
+            raise ValueError(f"{', '.join(both)} is in both env and pass_env: set one of them")
+        return self
 
 
 class EnvConfig(Section):
@@ -133,13 +159,14 @@ class EnvConfig(Section):
     )
     mcp: McpServerConfig | None = Field(
         None,
-        description="An MCP server whose tools join a tool env's (docs/environments.md, 'Tools from an MCP "
-        "server'): {command: [program, args...], env: {NAME: value}, cwd: folder}, started once per process and "
-        "spoken to over stdio. Its tools' names, descriptions and input schemas are the agent's tool schemas (a tool "
-        "of an env tool's name replaces it), each call runs on the server within env.tool_timeout_s, an error it "
-        "answers is the agent's to read; a server that cannot start (within env.user_code_timeout_s) or dies stops "
-        "the run in one line. null: the env's own tools only, and out of the config hash. A stored config's server "
-        "is started only when named again (docs/security.md).",
+        description="An MCP server whose tools join a tool env's (docs/environments.md, 'Tools from an MCP server'): "
+        "{command: [program, args...], env: {NAME: value}, pass_env: [NAME, ...], cwd: folder}, started once per "
+        "process and spoken to over stdio (pass_env: variables passed from the run's environment by name, their "
+        "values never stored; env's values are stored with the config). Its tools' names, descriptions and input "
+        "schemas are the agent's tool schemas (a tool of an env tool's name replaces it), each call runs on the "
+        "server within env.tool_timeout_s, an error it answers is the agent's to read; a server that cannot start"
+        " (within env.user_code_timeout_s) or dies stops the run in one line. null: the env's own tools only, and"
+        " out of the config hash. A stored config's server is started only when named again (docs/security.md).",
         json_schema_extra=trusted_only("program"),
     )
 

@@ -18,10 +18,15 @@ naming the command and the server's last line on stderr (:class:`McpServerError`
 temporary file, not the run's terminal.
 
 The MCP client is asynchronous: each server lives in a thread of its own with its own event loop
-(:class:`McpServer`), and the rollouts' threads hand it their calls. One server per process and command
-(:func:`mcp_server`): a process forked from one starts its own. It stops when the run's session closes
-(:func:`close_mcp_servers`) or the process exits; a server whose client died without stopping it reads the end of its
-stdin and exits (what MCP's stdio transport asks of it).
+(:class:`McpServer`), and the rollouts' threads hand it their calls. One server per process and config
+(:func:`mcp_server`): a process forked from one starts its own. Each run's session holds the server of its config
+(:func:`hold_mcp_server`) and lets it go when it closes (:meth:`McpHold.release`): the server stops when no session
+of the process holds it any more, so runs one after another, or side by side, in one process (the Python API, a
+worker) each have theirs; every server stops when the process exits (:func:`close_mcp_servers`), and a server whose
+client died without stopping it reads the end of its stdin and exits (what MCP's stdio transport asks of it).
+
+The server's environment is ``env.mcp.env`` (values stored in the run's config: nothing secret) and the variables
+``env.mcp.pass_env`` names, read from this process's environment when the server starts and stored nowhere.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from operator import attrgetter
+from typing import Any, TypeVar
 
 from ragen_core.config import McpServerConfig
 from ragen_core.envs.external import UserCodeError, one_line
@@ -51,6 +57,7 @@ REQUEST_GRACE_S = 5.0
 # Seconds a stopping server is given, on top of the SDK's own bounded shutdown (stdin closed, then SIGTERM, SIGKILL).
 STOP_WAIT_S = 10.0
 STDERR_TAIL = 4096  # bytes of the server's stderr read for its last line
+T = TypeVar("T")
 
 
 class McpServerError(UserCodeError):
@@ -73,7 +80,9 @@ class McpServer:
     thread. Build it with :func:`mcp_server`."""
 
     def __init__(self, config: McpServerConfig, start_timeout_s: float | None) -> None:
-        self.config, self.pid = config, os.getpid()
+        self.config, self.pid, self.key = config, os.getpid(), config.model_dump_json()
+        self.holders = 0  # the sessions that hold it (hold_mcp_server), counted under _SERVERS_LOCK
+        self._environment = self._variables()  # before anything starts: a pass_env name not set is one line
         self.listed: list[Any] = []  # the server's tools (mcp's Tool models), in its order
         self.failure: str | None = None  # why the server is gone, once it is
         self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
@@ -97,6 +106,27 @@ class McpServer:
     def named(self) -> str:
         """The server, as a message names it."""
         return f"the MCP server `{command_text(self.config)}` (env.mcp)"
+
+    def _variables(self) -> dict[str, str] | None:
+        """The server's own environment variables: ``env.mcp.pass_env``'s from this process's environment, then
+        ``env.mcp.env``'s; None for none (the SDK's few inherited ones only)."""
+        missing = [name for name in self.config.pass_env if name not in os.environ]
+        if missing:
+            raise McpServerError(
+                f"{self.named()} could not start: env.mcp.pass_env names {', '.join(missing)}, not set in this "
+                "process's environment"
+            )
+        return {**{name: os.environ[name] for name in self.config.pass_env}, **self.config.env} or None
+
+    @property
+    def is_gone(self) -> bool:
+        """Whether the server died or was stopped (its loop ended, with or without a failure said)."""
+        return self.failure is not None or self._ended.is_set()
+
+    def stopped(self) -> McpServerError | None:
+        """The error that stops the run when the server is gone (:meth:`gone`), else None: the tool env's failure
+        hook, asked after each call."""
+        return self.gone() if self.is_gone else None
 
     def gone(self) -> McpServerError:
         """The error of a server that is gone (it died, or was stopped)."""
@@ -129,7 +159,7 @@ class McpServer:
         self._loop, self._stop, self._task = asyncio.get_running_loop(), asyncio.Event(), asyncio.current_task()
         config = self.config
         parameters = StdioServerParameters(
-            command=config.command[0], args=config.command[1:], env=dict(config.env) or None, cwd=config.cwd
+            command=config.command[0], args=config.command[1:], env=self._environment, cwd=config.cwd
         )
         try:  # the transport given as such, for the server's stderr to go to its file, not the run's terminal
             async with Client(stdio_client(parameters, errlog=self._stderr)) as client:
@@ -144,7 +174,7 @@ class McpServer:
         """The text of the server's answer to ``name(arguments)``; :class:`McpToolError` when it answers an error,
         :class:`McpServerError` when it is gone. The request is cancelled ``REQUEST_GRACE_S`` after ``timeout_s``
         (None: never)."""
-        if self.failure is not None or self._ended.is_set() or self._loop is None:
+        if self.is_gone or self._loop is None:
             raise self.gone()
         limit = None if timeout_s is None else timeout_s + REQUEST_GRACE_S
         try:
@@ -217,23 +247,70 @@ def result_text(result: Any) -> str:
     return "\n".join(parts)
 
 
-_SERVERS: dict[str, McpServer] = {}  # by the config's JSON: one server per process and command
+_SERVERS: dict[str, McpServer] = {}  # by the config's JSON: one server per process and config
 _SERVERS_LOCK = threading.Lock()
 
 
 def mcp_server(config: McpServerConfig, start_timeout_s: float | None) -> McpServer:
-    """The running server of ``config`` in this process, started (and its tools listed) at the first ask; one that
-    died is started again at the next run's ask (:func:`close_mcp_servers` forgets it)."""
-    key = config.model_dump_json()
+    """The running server of ``config`` in this process, started (and its tools listed) at the first ask (the run's
+    check; the rollouts then ask again). One that is gone is started again when no session holds it; one a session
+    holds stays as it is, gone or not, until the session lets it go (its calls stop that run)."""
     with _SERVERS_LOCK:
-        server = _SERVERS.get(key)
-        if server is None or server.pid != os.getpid():  # a forked process starts its own
-            server = _SERVERS[key] = McpServer(config, start_timeout_s)
-        return server
+        return _server(config, start_timeout_s, fresh=False)
+
+
+def _server(config: McpServerConfig, start_timeout_s: float | None, fresh: bool) -> McpServer:
+    """:func:`mcp_server` under ``_SERVERS_LOCK``; ``fresh``: a gone server is replaced even when held."""
+    key = config.model_dump_json()
+    server = _SERVERS.get(key)
+    if server is not None and server.pid == os.getpid():  # a forked process starts its own
+        if not server.is_gone or (server.holders and not fresh):
+            return server
+        if not server.holders:  # gone and held by no session: its thread and file let go
+            server.close()
+    server = _SERVERS[key] = McpServer(config, start_timeout_s)
+    return server
+
+
+class McpHold:
+    """A run session's hold on the MCP server of its ``env.mcp`` (:func:`hold_mcp_server`): the server stays while
+    any session of the process holds it; :meth:`release` lets it go, and stops it when no other session holds it."""
+
+    def __init__(self, server: McpServer) -> None:
+        self.server, self._released = server, False
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The schemas of the server's tools, as the rollouts give them to the agent (a run's manifest records them,
+        for the export's snippet: :mod:`ragen_core.run.chat`)."""
+        return [mcp_tool(self.server, listed, None).schema() for listed in self.server.listed]
+
+    def release(self) -> None:
+        """Let the server go (idempotent): stopped when no other session holds it."""
+        with _SERVERS_LOCK:
+            if self._released:
+                return
+            self._released, server = True, self.server
+            server.holders -= 1
+            if server.holders > 0:
+                return
+            if _SERVERS.get(server.key) is server:
+                del _SERVERS[server.key]
+        server.close()
+
+
+def hold_mcp_server(config: McpServerConfig | None, start_timeout_s: float | None) -> McpHold | None:
+    """A run session's hold on the running server of ``config`` (:func:`mcp_server`; one that is gone started
+    again); None without a server (``env.mcp`` null)."""
+    if config is None:
+        return None
+    with _SERVERS_LOCK:
+        server = _server(config, start_timeout_s, fresh=True)
+        server.holders += 1
+        return McpHold(server)
 
 
 def close_mcp_servers() -> None:
-    """Stop every server this process started (a run's end; the process's exit)."""
+    """Stop every server this process started, held or not (the process's exit)."""
     with _SERVERS_LOCK:
         servers = [s for s in _SERVERS.values() if s.pid == os.getpid()]
         _SERVERS.clear()
@@ -252,15 +329,23 @@ def mcp_tool(server: McpServer, listed: Any, timeout_s: float | None) -> Tool:
     return Tool(listed.name, description, dict(listed.input_schema), function)
 
 
-def _call_server(server: McpServer, name: str, timeout_s: float | None, **arguments: Any) -> str:
-    return server.call(name, arguments, timeout_s)
+def _call_server(server: McpServer, tool: str, timeout_s: float | None, /, **arguments: Any) -> str:
+    """A call of ``tool`` with ``arguments`` (of any names: ``name``, ``server`` and ``timeout_s`` too, the
+    parameters before them being positional only)."""
+    return server.call(tool, arguments, timeout_s)
 
 
-def merged_tools(own: list[Tool], served: list[Tool]) -> list[Tool]:
-    """The env's tools with the server's: one of an env tool's name in its place, the others after, in order."""
-    by_name = {tool.name: tool for tool in served}
-    merged = [by_name.pop(tool.name, tool) for tool in own]
-    return [*merged, *(tool for tool in served if tool.name in by_name)]
+def merged_tools(own: list[T], served: list[T], name: Callable[[T], str] = attrgetter("name")) -> list[T]:
+    """The env's tools with the server's: one of an env tool's name in its place, the others after, in order
+    (:class:`Tool` objects, or their schemas with ``name`` the function's name: :func:`schema_name`)."""
+    by_name = {name(tool): tool for tool in served}
+    merged = [by_name.pop(name(tool), tool) for tool in own]
+    return [*merged, *(tool for tool in served if name(tool) in by_name)]
+
+
+def schema_name(schema: dict[str, Any]) -> str:
+    """The tool's name in its OpenAI function schema."""
+    return schema["function"]["name"]
 
 
 def with_mcp_tools(
@@ -273,20 +358,23 @@ def with_mcp_tools(
         return env
     server = mcp_server(config, start_timeout_s)
     served = [mcp_tool(server, listed, tool_timeout_s) for listed in server.listed]
-    env.use_tools(merged_tools(env.tools(), served), lambda: server.gone() if server.failure is not None else None)
+    env.use_tools(merged_tools(env.tools(), served), server.stopped)
     return env
 
 
 __all__ = [
     "REQUEST_GRACE_S",
+    "McpHold",
     "McpServer",
     "McpServerError",
     "McpToolError",
     "close_mcp_servers",
     "command_text",
+    "hold_mcp_server",
     "mcp_server",
     "mcp_tool",
     "merged_tools",
     "result_text",
+    "schema_name",
     "with_mcp_tools",
 ]

@@ -13,7 +13,9 @@ description) has the served class's answer.
 Every episode has an id (a fresh one per reset) and every step its index, so no call is ever applied twice: a call
 whose connection broke is sent again at once and then for a few seconds (:data:`RETRY_DELAYS`: a server restarting),
 a step the server had applied answers from its record, and an episode the server no longer holds (it restarted, or
-let the episode go) is rebuilt from its seed and the actions it took, then checked against the state it had. A call
+let the episode go) is rebuilt from its seed and the actions it took, then checked against the state it had. The
+episode a client is done with (it resets again, is closed or is garbage) is named to the server at the next reset
+there (``"release"``), so the server holds about the episodes being played, not every one a run ever played. A call
 that gets no answer within the run's ``env.user_code_timeout_s``, a server still unreachable after the retries, or an
 env that raised on the server stops the run in one line (:class:`RemoteEnvError`) naming the server and the call;
 the run is ``failed`` at its last commit and ``ragen resume`` continues it once the server is back.
@@ -27,6 +29,8 @@ import json
 import threading
 import time
 import uuid
+import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -188,6 +192,26 @@ def check_served(served: ServedEnv, name: str, options: dict[str, Any]) -> None:
         )
 
 
+_RELEASED: dict[str, deque[str]] = {}  # by server URL: the episodes clients are done with, named at the next reset
+
+
+def _release_later(url: str, episode_id: str) -> None:
+    """Note that the client of episode ``episode_id`` is done with it (a finalizer may call it: nothing is sent, no
+    lock is taken; the next reset on ``url`` names it)."""
+    _RELEASED.setdefault(url, deque()).append(episode_id)
+
+
+def _released(url: str) -> list[str]:
+    """The episodes on ``url`` that clients are done with, taken from the list (a reset names them to the server)."""
+    pending, taken = _RELEASED.get(url), []
+    while pending:
+        try:
+            taken.append(pending.popleft())
+        except IndexError:  # another thread took the last one
+            break
+    return taken
+
+
 def open_env(
     name: str, options: dict[str, Any] | None = None, remote: str | None = None, timeout_s: float | None = None
 ) -> TextEnv:
@@ -208,6 +232,9 @@ class RemoteEnv(TextEnv):
         self.served, self.timeout_s = served, timeout_s
         self.name, self.held_out_maps = served.name, served.held_out_maps
         self._episode: str | None = None
+        self._release: weakref.finalize | None = (
+            None  # notes the episode as done with: at the next reset, or when gone
+        )
         self._seed = 0
         self._actions: list[str] = []  # the actions the episode took, in order (a rebuilt episode replays them)
         self._facts: dict[str, Any] = {}  # the last answer's observation
@@ -216,9 +243,23 @@ class RemoteEnv(TextEnv):
     # -- the protocol ----------------------------------------------------------------------------------------------
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
+        self.close()  # the episode before: released with this reset
         self._seed, self._episode, self._actions = int(seed), uuid.uuid4().hex, []
-        self._take(self._post("/reset", {"seed": self._seed, "episode_id": self._episode}), reset=True)
+        self._release = weakref.finalize(self, _release_later, self.served.url, self._episode)
+        self._release.atexit = False  # a process that ends sends nothing: its server lets the episodes go by age
+        body: dict[str, Any] = {"seed": self._seed, "episode_id": self._episode}
+        released = _released(self.served.url)
+        try:
+            self._take(self._post("/reset", {**body, "release": released} if released else body), reset=True)
+        except BaseException:  # named again at the next reset
+            _RELEASED.setdefault(self.served.url, deque()).extend(released)
+            raise
         return self._facts["text"], dict(self._facts["info"])
+
+    def close(self) -> None:
+        """Done with the episode: the server is told at the next reset on it (this client's, or another's)."""
+        if self._release is not None:
+            self._release()
 
     def step(self, action: str) -> StepResult:
         body = {"action": {"action": action}, "episode_id": self._episode, "step_index": len(self._actions)}

@@ -5,46 +5,29 @@ The routes are OpenEnv's: ``POST /reset`` (``{"seed", "episode_id"}``), ``POST /
 "Left"}, "episode_id", "step_index"}``), ``GET /state?episode_id=``, ``GET /health``, ``GET /metadata``, ``GET
 /schema`` and the session socket ``/ws`` (``reset`` / ``step`` / ``state`` / ``close`` messages, one episode per
 connection), each answer ``{"observation": {...}, "reward", "done"}``. Beyond them, ``GET /ragen/env`` says what is
-served and ``POST /ragen/call`` asks the calls that take an argument (:mod:`ragen_core.envs.remote`).
+served (and how many episodes it holds) and ``POST /ragen/call`` asks the calls that take an argument
+(:mod:`ragen_core.envs.remote`); a reset may name the episodes its client is done with (``"release": [ids]``).
 
-Every reset builds a fresh env (:func:`~ragen_core.envs.base.make_env` with the served options) under an episode
-id, so many episodes run at once (a run's ``env_groups x group_size``); the least recently used beyond
-:data:`MAX_EPISODES` is let go, and a client rebuilds it. A step names its index: one sent again after a broken
-connection is answered from its record, never applied twice. The env's calls are served one at a time, as the
-rollouts call an env in process, and what the env raises or wrongly returns is answered with status 500 and the one
-line the run then stops with.
+Every reset builds a fresh env under an episode id (:mod:`ragen_core.envs.episodes`), so many episodes run at once
+(a run's ``env_groups x group_size``), each episode's calls one at a time in a worker thread, the episodes side by
+side: a slow env holds up its own episode only. A step names its index: one sent again after a broken connection is
+answered from its record, never applied twice. What the env raises or wrongly returns is answered with status 500
+and the one line the run then stops with. A server bound to loopback answers only requests that name a loopback
+host (``Host``), so that a web page elsewhere cannot reach it through DNS rebinding.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 import socket
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, Field
 
-from ragen_core.envs.base import TextEnv, env_factory, make_env
-from ragen_core.envs.external import UserCodeError, env_reset, env_source, env_step, one_line, shown
-from ragen_core.envs.remote import CONFLICT, GONE, OPTIONAL_METHODS, PROTOCOL
-from ragen_core.envs.tool_env import is_tool_env
-
-MAX_EPISODES = 16_384  # episodes held at once (each an env instance); the least recently used beyond is let go
-BAD_REQUEST = 422
-
-
-class Refused(Exception):
-    """A request answered with an error ``status`` and one line (``message``)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, " ".join(message.split())
+from ragen_core.envs.episodes import BAD_REQUEST, MAX_EPISODES, EnvServer, Refused, jsonable
+from ragen_core.envs.external import shown
 
 
 # The wire's shapes, as GET /schema shows them (OpenEnv's action / observation / state schemas)
@@ -82,200 +65,6 @@ class EpisodeState(BaseModel):
 
     episode_id: str | None = None
     step_count: int = 0
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` as JSON's types: numpy's numbers as Python's, tuples as lists, keys as text, anything else as its
-    text."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [jsonable(item) for item in value]
-    if isinstance(value, dict):
-        return {str(key): jsonable(item) for key, item in value.items()}
-    return str(value)
-
-
-@dataclass
-class Episode:
-    """One episode: its env, its seed, the steps it took and the last step's action and answer."""
-
-    env: TextEnv
-    seed: int
-    steps: int = 0
-    last: tuple[str, dict[str, Any]] | None = None
-
-
-def _generator(state: Any) -> np.random.Generator:
-    """The numpy generator in ``state`` (a bit generator's ``state`` dict), for the served env's sample_action."""
-    kinds = {"PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM, "Philox": np.random.Philox}
-    kinds.update(SFC64=np.random.SFC64, MT19937=np.random.MT19937)
-    kind = kinds.get(state.get("bit_generator")) if isinstance(state, dict) else None
-    if kind is None:
-        raise Refused(BAD_REQUEST, f"sample_action takes a numpy bit generator's state ({', '.join(kinds)})")
-    bit_generator = kind()
-    try:
-        bit_generator.state = state
-    except (TypeError, ValueError, KeyError) as exc:
-        raise Refused(BAD_REQUEST, f"sample_action: not a {state['bit_generator']} state: {one_line(exc)}") from None
-    return np.random.Generator(bit_generator)
-
-
-# The calls POST /ragen/call answers: a method of the env, given the request's argument
-CALLS: dict[str, Callable[[TextEnv, Any], Any]] = {
-    "teacher_actions": lambda env, argument: env.teacher_actions(int(argument)),
-    "expert_plan": lambda env, argument: list(env.expert_plan(int(argument))),
-    "parse_action": lambda env, argument: env.parse_action(str(argument)),
-    "reward_bounds": lambda env, argument: list(env.reward_bounds(int(argument))),
-    "success_from_reward": lambda env, argument: env.success_from_reward(float(argument)),
-    "end_reason": lambda env, argument: env.end_reason(),
-    "describe": lambda env, argument: env.describe(),
-}
-
-
-class EnvServer:
-    """The episodes of env ``name`` built with ``options`` (module docstring); its calls served one at a time."""
-
-    def __init__(self, name: str, options: dict[str, Any] | None = None, capacity: int = MAX_EPISODES) -> None:
-        factory = env_factory(name, "ragen env serve")  # a ValueError of one line: unknown, or not importable
-        self.name, self.options, self.capacity = name, dict(options or {}), capacity
-        try:  # the options checked once, before serving (a fresh env answers reward_bounds too)
-            self.probe = make_env(name, **self.options)
-        except ValueError:
-            raise
-        except Exception as exc:  # the env's own constructor raised: one line, never a traceback
-            raise ValueError(f"environment {name!r} raised when built: {one_line(exc)}") from None
-        if is_tool_env(self.probe):  # its tools' schemas and calls are not on the wire: the client would play text
-            raise ValueError(f"{name} is a tool env, played in the run's process only: train it without env.remote")
-        self.server = uuid.uuid4().hex
-        self.methods = [m for m in OPTIONAL_METHODS if getattr(type(self.probe), m) is not getattr(TextEnv, m)]
-        self.source = env_source(name, factory).to_dict()
-        self._episodes: OrderedDict[str, Episode] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def facts(self) -> dict[str, Any]:
-        """``GET /ragen/env``: what this server serves."""
-        return {
-            "protocol": PROTOCOL,
-            "server": self.server,
-            "env": self.name,
-            "options": jsonable(self.options),
-            "held_out_maps": bool(self.probe.held_out_maps),
-            "methods": self.methods,
-            "source": self.source,
-        }
-
-    def _guarded(self, called: str, function: Callable[[], Any]) -> Any:
-        """``function()``; what the env raises is :class:`Refused` (500) naming the env and ``called``."""
-        try:
-            return function()
-        except UserCodeError as exc:
-            raise Refused(500, str(exc)) from None
-        except Exception as exc:  # the env's own error, said in one line to the client, which stops its run with it
-            raise Refused(500, f"environment {self.name} {called} raised {one_line(exc)}") from None
-
-    def reset(self, seed: int | None, episode_id: str | None) -> dict[str, Any]:
-        """A fresh env reset with ``seed`` (None: one drawn) as episode ``episode_id`` (None: a new id)."""
-        seed = secrets.randbelow(2**32) if seed is None else seed
-        episode_id = episode_id or uuid.uuid4().hex
-        with self._lock:
-            env = self._guarded("when built", lambda: make_env(self.name, **self.options))
-            text, info = self._guarded(f"reset({seed})", lambda: env_reset(env, seed))
-            episode = Episode(env, seed)
-            self._episodes[episode_id] = episode
-            self._episodes.move_to_end(episode_id)
-            while len(self._episodes) > self.capacity:
-                self._episodes.popitem(last=False)
-            return self._guarded(f"after reset({seed})", lambda: self._answer(episode_id, episode, text, info))
-
-    def step(self, episode_id: str, action: str, step_index: int | None) -> dict[str, Any]:
-        """``action`` applied to the episode, once: a step sent again (its index and action) answers from its
-        record; another index than the episode's is refused (409)."""
-        with self._lock:
-            episode = self._episode(episode_id)
-            if step_index is not None and step_index != episode.steps:
-                if step_index == episode.steps - 1 and episode.last is not None and episode.last[0] == action:
-                    return episode.last[1]
-                raise Refused(CONFLICT, f"episode {episode_id} is at step_index {episode.steps}, not {step_index}")
-            called = f"step({shown(action, 40)})"
-            text, reward, terminated, truncated, info = self._guarded(called, lambda: env_step(episode.env, action))
-            episode.steps += 1
-            answer = self._guarded(
-                f"after {called}",
-                lambda: self._answer(episode_id, episode, text, info, float(reward), terminated, truncated),
-            )
-            episode.last = (action, answer)
-            return answer
-
-    def call(self, method: str, argument: Any, episode_id: str | None, step_index: int | None) -> dict[str, Any]:
-        """``POST /ragen/call``: ``method(argument)`` of the episode's env (None: of a fresh env, for answers that
-        depend on no state), or sample_action with the generator state ``argument`` (answered with its new state)."""
-        if method not in CALLS and method != "sample_action":
-            raise Refused(BAD_REQUEST, f"unknown call {method!r}; known: {', '.join([*CALLS, 'sample_action'])}")
-        with self._lock:
-            episode = None if episode_id is None else self._episode(episode_id)
-            if episode is not None and step_index is not None and step_index != episode.steps:
-                raise Refused(CONFLICT, f"episode {episode_id} is at step_index {episode.steps}, not {step_index}")
-            env = self.probe if episode is None else episode.env
-            called = f"{method}({shown(argument, 40)})"
-            if method == "sample_action":
-                rng = _generator(argument)
-                value = self._guarded(called, lambda: env.sample_action(rng))
-                return {"value": jsonable(value), "rng": rng.bit_generator.state}
-            return {"value": jsonable(self._guarded(called, lambda: CALLS[method](env, argument)))}
-
-    def state(self, episode_id: str) -> dict[str, Any]:
-        """``GET /state``: the episode's id and steps."""
-        with self._lock:
-            return {"episode_id": episode_id, "step_count": self._episode(episode_id).steps}
-
-    def drop(self, episode_id: str) -> None:
-        """Let the episode go (its session closed)."""
-        with self._lock:
-            self._episodes.pop(episode_id, None)
-
-    def _episode(self, episode_id: str) -> Episode:
-        episode = self._episodes.get(episode_id)
-        if episode is None:
-            raise Refused(GONE, f"no episode {episode_id!r} on this server (it started again, or let it go)")
-        self._episodes.move_to_end(episode_id)
-        return episode
-
-    def _answer(
-        self,
-        episode_id: str,
-        episode: Episode,
-        text: str,
-        info: dict[str, Any],
-        reward: float | None = None,
-        terminated: bool = False,
-        truncated: bool = False,
-    ) -> dict[str, Any]:
-        """The answer of a reset (``reward`` None) or a step: the observation with the state's facts."""
-        env = episode.env
-        observation = {
-            "text": text,
-            "info": jsonable(info),
-            "episode_id": episode_id,
-            "seed": episode.seed,
-            "step_index": episode.steps,
-            "env": self.name,
-            "server": self.server,
-            "success": bool(env.success),
-            "terminated": bool(terminated),
-            "truncated": bool(truncated),
-            "action_names": list(env.action_names),
-            "render": env.render(),
-            "describe": env.describe() if "describe" in self.methods else None,
-            "end_reason": str(env.end_reason()) if terminated else None,
-        }
-        if reward is None:
-            held_out = bool(env.held_out_maps)
-            observation.update(instruction=env.instruction(), brief=env.brief(), map_key=None)
-            observation["map_key"] = env.map_key() if held_out else None
-        return {"observation": observation, "reward": reward, "done": bool(terminated or truncated)}
 
 
 # -- the HTTP routes (Starlette's, imported when a server starts: a run that plays an env in process never does) ------
@@ -329,10 +118,18 @@ async def _answered(function: Callable[..., Any], *arguments: Any) -> Any:
 async def _reset(request: Any) -> Any:
     try:
         body = await _body(request)
-        arguments = (_field(body, "seed", int), _field(body, "episode_id", str))
+        arguments = (_field(body, "seed", int), _field(body, "episode_id", str), _released(body))
     except Refused as exc:
         return _json({"detail": exc.message}, exc.status)
     return await _answered(request.app.state.env.reset, *arguments)
+
+
+def _released(body: dict[str, Any]) -> list[str]:
+    """The episodes a reset names as done with (``"release": [ids]``; none when absent)."""
+    released = _field(body, "release", list) or []
+    if not all(isinstance(episode_id, str) for episode_id in released):
+        raise Refused(BAD_REQUEST, f"release must be a list of episode ids, got {shown(released, 40)}")
+    return released
 
 
 async def _step(request: Any) -> Any:
@@ -417,7 +214,7 @@ async def _session_reply(server: EnvServer, episode_id: str, text: str) -> dict[
         elif kind == "step":
             answer = await run_in_threadpool(server.step, episode_id, _action(data), None)
         elif kind == "state":
-            return {"type": "state", "data": server.state(episode_id)}
+            return {"type": "state", "data": await run_in_threadpool(server.state, episode_id)}
         elif kind == "close":
             return None
         else:
@@ -428,8 +225,9 @@ async def _session_reply(server: EnvServer, episode_id: str, text: str) -> dict[
     return {"type": "observation", "data": answer}
 
 
-def create_app(server: EnvServer) -> Any:
-    """The server's ASGI app (Starlette): the routes above, over ``server``."""
+def create_app(server: EnvServer, allowed_host: Callable[[str], bool] | None = None) -> Any:
+    """The server's ASGI app (Starlette): the routes above, over ``server``; with ``allowed_host``, a request whose
+    ``Host`` it refuses is answered 403 (a socket refused), before any route."""
     from starlette.applications import Starlette
     from starlette.routing import Route, WebSocketRoute
 
@@ -446,15 +244,36 @@ def create_app(server: EnvServer) -> Any:
     ]
     app = Starlette(routes=routes)
     app.state.env = server
-    return app
+    return app if allowed_host is None else _host_guard(app, allowed_host)
 
 
-def serve(server: EnvServer, sock: socket.socket) -> None:
-    """Serve ``server`` on the listening socket ``sock`` until Ctrl-C or SIGTERM."""
+def _host_guard(app: Any, allowed_host: Callable[[str], bool]) -> Any:
+    """``app`` behind a check of each request's ``Host`` header (``allowed_host``); its ``state`` is ``app``'s."""
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = dict(scope.get("headers") or ()).get(b"host", b"").decode("latin-1")
+            if not allowed_host(host):
+                if scope["type"] == "websocket":  # closed before it is accepted: the client is answered 403
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                await _json({"detail": "this env server answers requests for a loopback host only"}, 403)(
+                    scope, receive, send
+                )
+                return
+        await app(scope, receive, send)
+
+    guarded.state = app.state  # type: ignore[attr-defined]
+    return guarded
+
+
+def serve(server: EnvServer, sock: socket.socket, allowed_host: Callable[[str], bool] | None = None) -> None:
+    """Serve ``server`` on the listening socket ``sock`` until Ctrl-C or SIGTERM (``allowed_host``: the ``Host``
+    headers answered, :func:`create_app`)."""
     import uvicorn
 
     config = uvicorn.Config(
-        create_app(server),
+        create_app(server, allowed_host),
         log_level="warning",
         access_log=False,
         lifespan="off",

@@ -10,6 +10,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ragen_core.agent.prompts import SYSTEM_PROMPT, reply_prefix, rules_text
 from ragen_core.agent.tool_chat import first_tool_message
@@ -17,6 +18,7 @@ from ragen_core.config import ConfigError, RunConfig
 from ragen_core.config.trust import TRUST_MODULE_FLAG, TRUSTED_PATHS_VARIABLE, UntrustedConfigError, trusted_keys
 from ragen_core.envs import make_env
 from ragen_core.envs.held_out import validation_seeds
+from ragen_core.envs.mcp_tools import merged_tools, schema_name
 from ragen_core.envs.remote import RemoteEnvError, open_env
 from ragen_core.envs.tool_env import is_tool_env
 from ragen_core.rollout.engine import opening_message
@@ -51,14 +53,22 @@ def validation_instance(config: RunConfig, env_name: str) -> int:
     return validation_seeds(config, env_name)[0]
 
 
-def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None, export_dir: Path | None = None) -> str:
+def chat_markdown(
+    config: RunConfig,
+    run_id: str,
+    model_dir: Path | None,
+    export_dir: Path | None = None,
+    mcp_tools: list[dict[str, Any]] | None = None,
+) -> str:
     """A README section: how to prompt the policy of ``run_id`` (its checkpoint's Hugging Face export at
     ``model_dir``, when it has one; a path relative to ``export_dir`` for its copy in the export), with the first
-    turn of its first validation instance as the example and a ``transformers`` snippet that runs from any folder."""
+    turn of its first validation instance as the example and a ``transformers`` snippet that runs from any folder.
+    ``mcp_tools``: the schemas of the tools of the run's MCP server (``env.mcp``), as its manifest recorded them,
+    joined to a tool env's own as its rollouts joined them; the server itself is never started here."""
     env_name = config.env.name
     seed = validation_instance(config, env_name)
     messages = first_chat(config, env_name, seed)
-    tools = _tools_lines(config, env_name)
+    tools = _tools_lines(config, env_name, mcp_tools)
     prefix = reply_prefix(config.rollout.enable_think, config.rollout.think_prefix)
     system = "none (`rollout.prompt_style=compact`)" if len(messages) == 1 else f"`{messages[0]['content']}`"
     if model_dir is None:
@@ -95,17 +105,22 @@ def chat_markdown(config: RunConfig, run_id: str, model_dir: Path | None, export
 # The stored keys the chat never uses: it is built from the env section alone (the env, its options, the prompts),
 # never loads the model, starts a program, a launcher or a host, nor logs to a tracker, so the export needs no
 # permission for the keys of the other sections.
-CHAT_UNUSED_KEYS = frozenset(key.key for key in trusted_keys(RunConfig) if not key.key.startswith("env."))
+# The MCP server of env.mcp is never started either: its tools are those the run's manifest recorded (mcp_tools).
+CHAT_UNUSED_KEYS = frozenset(
+    key.key for key in trusted_keys(RunConfig) if not key.key.startswith("env.") or key.key == "env.mcp"
+)
 
 
-def _tools_lines(config: RunConfig, env_name: str) -> list[str]:
+def _tools_lines(config: RunConfig, env_name: str, mcp_tools: list[dict[str, Any]] | None = None) -> list[str]:
     """The snippet's ``tools`` (the function schemas a tool env's rollouts render with the chat template, its calls
-    then read in ``rollout.tool_parser``'s format); none for other envs."""
+    then read in ``rollout.tool_parser``'s format), with the MCP server's (``mcp_tools``) joined as the rollouts
+    joined them; none for other envs."""
     env = make_env(env_name, **config.env.options) if config.env.remote_for(env_name) is None else None
     if not is_tool_env(env):
         return []
+    schemas = merged_tools(env.tool_schemas(), list(mcp_tools or []), schema_name)
     note = f"# its calls come back in the {config.rollout.tool_parser} format; each result as a tool message"
-    return [f"tools = {json.dumps(env.tool_schemas(), indent=4)}  {note}"]
+    return [f"tools = {json.dumps(schemas, indent=4)}  {note}"]
 
 
 def _model_dir_lines(where: str, export_dir: Path | None) -> list[str]:
@@ -179,8 +194,9 @@ def export_notes(
             sections.append(f"## Prompting the policy of `{run_id}`\n\nIts manifest holds no config.\n")
             continue
         stored = manifest_config(lake, run_id, tree)
+        unserved = ["env.mcp=null"] if (tree.get("env") or {}).get("mcp") is not None else []  # never started here
         try:  # the trust check first: a stored env or reward of the user's own code is never imported here
-            config = build_stored_run_config(stored, trusted_kinds=trusted_kinds, unused=CHAT_UNUSED_KEYS)
+            config = build_stored_run_config(stored, unserved, trusted_kinds=trusted_kinds, unused=CHAT_UNUSED_KEYS)
         except UntrustedConfigError:
             refused = stored_trust_refusals(stored, trusted_kinds, CHAT_UNUSED_KEYS)
             notes.left_out[run_id] = untrusted_advice(refused)
@@ -194,12 +210,23 @@ def export_notes(
         where = checkpoint_file(newest[1], CHECKPOINT_HF) if newest else None
         copy = (copies or {}).get(run_id)
         try:
-            sections.append(chat_markdown(config, run_id, copy or where, export_dir if copy else None))
+            section = chat_markdown(config, run_id, copy or where, export_dir if copy else None, manifest.mcp_tools)
+            sections.append(section + (_unrecorded_tools(tree) if unserved and manifest.mcp_tools is None else ""))
         except RemoteEnvError as exc:
             notes.left_out[run_id] = _unanswered(tree, exc)
             sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {notes.left_out[run_id]}.\n")
     notes.markdown = "\n".join(sections)
     return notes
+
+
+def _unrecorded_tools(tree: dict) -> str:
+    """The note of a run with an MCP server whose manifest records no tools (it stopped before its session opened):
+    the snippet's ``tools`` are the env's own only."""
+    command = shlex.join((tree.get("env") or {}).get("mcp", {}).get("command") or [])
+    return (
+        f"\nIts agent also had the tools of the MCP server `{command}` (env.mcp), which its manifest does not "
+        "record: add their schemas to `tools` (the server's `tools/list`; one of an env tool's name in its place).\n"
+    )
 
 
 def _unanswered(tree: dict, exc: Exception) -> str:

@@ -6,7 +6,8 @@ their packages) and the rules that hang on what they are (a critic's batches for
 teacher for teacher_mix) are checked here, after pydantic has validated the tree, by :func:`check_registered`.
 :func:`build_run_config` and :func:`load_run_config` do both; every entry that builds a config for a run (the CLI,
 the flows, sweeps, findings) goes through them, so a bad name fails at load time with the same one-line message,
-before any compute.
+before any compute. Loading a config reaches nothing outside the process: what it names there (the server of
+``env.remote``, the MCP server program of ``env.mcp``) is asked by :func:`check_run_start` when a run starts.
 
 A config read back from the data root (a run's manifest, a stored sweep plan) is built by
 :func:`build_stored_run_config`, which also refuses a stored value of a key that names a program, a module, hosts or
@@ -98,14 +99,31 @@ def check_registered(config: RunConfig) -> RunConfig:
     checks: tuple[tuple[str, Callable[[RunConfig], None]], ...] = (
         ("algorithm", _check_filter),
         ("<root>", _check_envs),
-        ("<root>", _check_remote_env),
         ("env", _check_env_options),  # before the checks below build envs with the options
-        ("<root>", _check_mcp),
         ("<root>", _check_registered_names),
         ("<root>", _check_critic_batches),
         ("<root>", _check_tools),
         ("<root>", _check_schedule),
     )
+    return _checked(config, checks)
+
+
+def check_run_start(config: RunConfig) -> RunConfig:
+    """Return ``config`` when what it names outside this process answers: the server of ``env.remote`` serves the
+    run's env (and has what a scripted policy asks of it), the MCP server of ``env.mcp`` starts and lists its tools
+    (the process keeps it for the run). Asked when a run starts (train, resume, eval, retrain: the request builders
+    of :mod:`ragen_core.run.requests`), before any compute, never when a config is only loaded (``ragen config
+    show``, a sweep's plan): loading a config starts nothing and asks no server. Else the :class:`ConfigError`."""
+    checks: tuple[tuple[str, Callable[[RunConfig], None]], ...] = (
+        ("<root>", _check_remote_env),
+        ("<root>", _check_mcp),
+        ("<root>", lambda checked: _check_scripted_policies(checked, remote=True)),
+    )
+    return _checked(config, checks)
+
+
+def _checked(config: RunConfig, checks: tuple[tuple[str, Callable[[RunConfig], None]], ...]) -> RunConfig:
+    """``config`` once each check passed; the first ValueError as the :class:`ConfigError` at its location."""
     for location, check in checks:
         try:
             check(config)
@@ -155,16 +173,24 @@ def _check_registered_names(config: RunConfig) -> None:
         if name not in registry:
             raise ValueError(f"{key}: unknown name {name!r}; registered: {', '.join(registry.names())}")
     policies = registered_scripted_policies()
-    for key, name in (
-        ("rollout.scripted_policy", config.rollout.scripted_policy),
-        ("bootstrap.policy", config.bootstrap.policy),
-    ):
+    for key, name in _scripted_policies(config):
         if name not in policies:
             raise ValueError(f"{key}: unknown scripted policy {name!r}; registered: {', '.join(policies)}")
+    _check_scripted_policies(config, remote=False)
+
+
+def _scripted_policies(config: RunConfig) -> tuple[tuple[str, str], ...]:
+    return (("rollout.scripted_policy", config.rollout.scripted_policy), ("bootstrap.policy", config.bootstrap.policy))
+
+
+def _check_scripted_policies(config: RunConfig, remote: bool) -> None:
+    """The envs a scripted policy plays have what it draws: those played here (``remote`` False, when the config is
+    loaded) or those a server plays (``remote`` True, asked of the server when the run starts)."""
+    for key, name in _scripted_policies(config):
         if name == "describe_random":
-            _check_describing_policy(config, key)
+            _check_describing_policy(config, key, remote)
         if name == "teacher_mix":
-            _check_teacher_policy(config, key)
+            _check_teacher_policy(config, key, remote)
 
 
 def _check_envs(config: RunConfig) -> None:
@@ -186,8 +212,8 @@ def _check_envs(config: RunConfig) -> None:
 
 
 def _check_remote_env(config: RunConfig) -> None:
-    """``env.remote`` serves env.name with env.options: asked of the server (``GET /ragen/env``) before any compute,
-    so a server that is down or serves another env is one line, nothing started."""
+    """``env.remote`` serves env.name with env.options: asked of the server (``GET /ragen/env``) when the run starts,
+    before any compute, so a server that is down or serves another env is one line, nothing started."""
     if config.env.remote is None:
         return
     try:  # asked now, not from what this process heard before (a Python API or a worker runs many runs)
@@ -203,7 +229,7 @@ def _check_env_options(config: RunConfig) -> None:
     dataset env's reward function scores its first rows' reference answers (:meth:`DatasetEnv.check_reward`)."""
     options = dict(config.env.options)
     for name in dict.fromkeys([config.env.name, *(config.env.val_envs or [])]):
-        if config.env.remote_for(name) is not None:  # the server built it with its options (_check_remote_env)
+        if config.env.remote_for(name) is not None:  # the server built it with its options (check_run_start)
             continue
         try:
             env = make_env(name, **options)
@@ -254,9 +280,12 @@ def _check_tools(config: RunConfig) -> None:
             )
 
 
-def _check_teacher_policy(config: RunConfig, key: str) -> None:
-    """``teacher_mix`` draws the teacher's moves: every env it plays must have a teacher."""
+def _check_teacher_policy(config: RunConfig, key: str, remote: bool) -> None:
+    """``teacher_mix`` draws the teacher's moves: every env it plays (here, or on a server: ``remote``) must have a
+    teacher."""
     for name in {config.env.name, *(config.env.val_envs or [])} if key.startswith("rollout") else {config.env.name}:
+        if (config.env.remote_for(name) is not None) != remote:
+            continue
         if not has_teacher(_env(config, name)):
             raise ValueError(
                 f"{key}: teacher_mix draws the teacher's moves, and {name} has no teacher (frozen_lake and sokoban "
@@ -264,15 +293,16 @@ def _check_teacher_policy(config: RunConfig, key: str) -> None:
             )
 
 
-def _check_describing_policy(config: RunConfig, key: str) -> None:
-    """``describe_random`` writes the env's state descriptions as thinking: the env must have some, replies think."""
-    env_type = type(_env(config, config.env.name))
-    if env_type.describe is TextEnv.describe:
-        raise ValueError(
-            f"{key}: describe_random writes the env's state descriptions, and {config.env.name} has none "
-            "(frozen_lake has them); use the random policy"
-        )
-    if not config.rollout.enable_think:
+def _check_describing_policy(config: RunConfig, key: str, remote: bool) -> None:
+    """``describe_random`` writes the env's state descriptions as thinking: the env (here, or on a server:
+    ``remote``) must have some, replies think."""
+    if (config.env.remote_for(config.env.name) is not None) == remote:
+        if type(_env(config, config.env.name)).describe is TextEnv.describe:
+            raise ValueError(
+                f"{key}: describe_random writes the env's state descriptions, and {config.env.name} has none "
+                "(frozen_lake has them); use the random policy"
+            )
+    if not remote and not config.rollout.enable_think:
         raise ValueError(f"{key}: describe_random writes its descriptions as thinking: set rollout.enable_think=true")
 
 
@@ -288,6 +318,7 @@ __all__ = [
     "build_run_config",
     "build_stored_run_config",
     "check_registered",
+    "check_run_start",
     "load_run_config",
     "manifest_config",
 ]

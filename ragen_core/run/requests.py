@@ -9,6 +9,8 @@ the API and a deployment refuse a bad input with the same message before anythin
 - the config is valid (validated once, through :mod:`ragen_core.run.checks`; a :class:`RunConfig` given without
   overrides is used as it is);
 - this machine can run the config's precision;
+- what the config names outside this process answers (an env server, an MCP server:
+  :func:`~ragen_core.run.checks.check_run_start`), asked when a run starts, never when a config is only loaded;
 - the data root is a folder that can be written (made when the command may make it);
 - for a re-training, the start model exists, the query selects stored trajectories, and their tokenizer is the
   model's.
@@ -28,7 +30,13 @@ from typing import Any
 import pyarrow as pa
 
 from ragen_core.config import RunConfig
-from ragen_core.run.checks import build_run_config, build_stored_run_config, load_run_config, manifest_config
+from ragen_core.run.checks import (
+    build_run_config,
+    build_stored_run_config,
+    check_run_start,
+    load_run_config,
+    manifest_config,
+)
 from ragen_core.run.entry import check_run_id, run_lake
 from ragen_core.run.evaluation import evaluation_config, evaluation_run_id, resolve_target
 from ragen_core.run.inputs import EvalInputs, RequestError, ResumeInputs, RetrainInputs, TrainInputs
@@ -125,6 +133,7 @@ def run_request(inputs: TrainInputs) -> RunRequest:
     check_run_id(inputs.run_id)  # a name, never a pattern or a path: refused before anything is read or created
     run_config = resolve_config(inputs.config, inputs.overrides)
     _check_precision(run_config)
+    check_run_start(run_config)
     lake = writable_lake(inputs.data_root, create=True)
     run_id = check_run_id(inputs.run_id or default_run_id(run_config))
     force = tuple(inputs.force_config or ())
@@ -157,6 +166,7 @@ def resume_request(inputs: ResumeInputs) -> RunRequest:
     trusted = trusted_kinds(inputs.trust_env_module)
     run_config = build_stored_run_config(stored, list(inputs.overrides or []), trusted)
     _check_precision(run_config)
+    check_run_start(run_config)
     return RunRequest(run_config, lake, run_id, tuple(inputs.force_config or ()), inputs.skip_iteration)
 
 
@@ -193,7 +203,9 @@ def eval_request(inputs: EvalInputs) -> EvalRequest:
     known = lake if lake.root.is_dir() else None  # a data root not made yet holds no run to read
     model_dir, base, which = resolve_target(inputs.target, known)
     trusted = trusted_kinds(inputs.trust_env_module)
-    run_config = evaluation_config(base, inputs.envs, inputs.n, inputs.config, inputs.overrides, trusted)
+    run_config = check_run_start(
+        evaluation_config(base, inputs.envs, inputs.n, inputs.config, inputs.overrides, trusted)
+    )
     run_id = check_run_id(inputs.run_id or evaluation_run_id(which, run_config, known))
     if not lake.root.is_dir():  # the evaluation is stored as a run: its root made once it passed
         writable_lake(lake, create=True)
@@ -254,6 +266,7 @@ def retrain_request(inputs: RetrainInputs) -> RetrainRequest:
         )
     writable_lake(lake, create=False)
     init_dir, table = preflight(lake, run_id, inputs.sql, inputs.init)
+    check_run_start(run_config)  # last: it may start an MCP server program
     return RetrainRequest(run_config, lake, run_id, inputs.sql, inputs.mode, inputs.init, init_dir, table)
 
 

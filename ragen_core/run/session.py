@@ -15,7 +15,7 @@ from typing import Any
 
 from ragen_core.agent import ChatFormatter, reply_prefix
 from ragen_core.config import RunConfig
-from ragen_core.envs.mcp_tools import close_mcp_servers
+from ragen_core.envs.mcp_tools import McpHold, hold_mcp_server
 from ragen_core.monitor.trackers import RunTrackers
 from ragen_core.policy import ensure_tiny_model, tokenizer_fingerprint
 from ragen_core.rollout.policy import RolloutPolicy, check_backend, open_rollout_policy
@@ -41,9 +41,11 @@ class RunSession:
         updater: Updater,
         record: RunRecord,
         schedule: Schedule | None = None,
+        mcp: McpHold | None = None,
     ) -> None:
         self.config, self.lake, self.run_id = config, lake, run_id
         self.policy, self.updater, self.record = policy, updater, record
+        self.mcp = mcp  # its hold on the MCP server of env.mcp, if any: let go when it closes
         self.schedule = Schedule.of(config) if schedule is None else schedule  # chosen once, when the session opens
         self.last_commit: float | None = None  # perf_counter() at this process's last commit (time/step)
         # started at the first commit, when a sweep's point is recorded in the manifest
@@ -61,15 +63,17 @@ class RunSession:
         return self.policy.tokenizer
 
     def close(self) -> None:
-        """Stop the launched update group, the vLLM server and the MCP servers (``env.mcp``), if any (idempotent; the
-        servers even when the group's stop fails)."""
+        """Stop the launched update group and the vLLM server, and let go of the MCP server (``env.mcp``: stopped
+        unless another session of the process holds it), if any (idempotent; the server even when the group's stop
+        fails)."""
         try:
             self.updater.close()
         finally:
             try:
                 self.policy.close()
             finally:
-                close_mcp_servers()
+                if self.mcp is not None:
+                    self.mcp.release()
 
 
 def base_model_dir(config: RunConfig, lake: DataLake) -> Path:
@@ -91,25 +95,29 @@ def open_session(
     """Choose the run's schedule, start the updater from ``start_model_dir`` (engines here, or the launched group),
     the rollout side, and write the run manifest (``resumed``: the stored manifest of a resumed run, kept and marked
     running again, with this attempt appended to ``resumes``). ``training=False`` (evaluation runs) skips the KL
-    reference copy and the critic."""
+    reference copy and the critic. The session holds the MCP server of ``env.mcp`` (started by the run's check) and
+    its manifest records the server's tools (``mcp_tools``: their schemas, for the export's snippet)."""
     check_backend(config, lake.root)  # fail before loading anything when what the backend needs is missing
     schedule = Schedule.of(config)
     set_determinism(config)
     precision = resolve_precision(config.trainer.precision)
     updater = start_updater(config, lake, run_id, start_model_dir, precision, training)
-    policy = None
+    policy = mcp = None
     try:
+        mcp = hold_mcp_server(config.env.mcp, config.env.user_code_timeout_s)
         policy = _rollout_policy(config, lake, run_id, updater, start_model_dir, precision, schedule)
         record = RunRecord(lake, run_id, _opening_manifest(config, run_id, start_model_dir, command, resumed, policy))
         group = updater.describe()
         where = {"precision": precision, **({"update_group": group} if group else {})}
-        record.update(attempt=where, **where)
+        record.update(attempt=where, **where, **({"mcp_tools": mcp.tool_schemas()} if mcp is not None else {}))
     except BaseException:
+        if mcp is not None:
+            mcp.release()
         if policy is not None:
             policy.close()
         updater.close()
         raise
-    return RunSession(config, lake, run_id, policy, updater, record, schedule)
+    return RunSession(config, lake, run_id, policy, updater, record, schedule, mcp)
 
 
 def _opening_manifest(

@@ -5,7 +5,8 @@ JSON, the result the agent was told, the error, the seconds it ran), so which to
 query. Errors are of two kinds: the agent's (:data:`MALFORMED`: a call that does not parse, names no tool or does
 not fit its schema), a format error that draws the format penalty; and the tool's (:data:`FAILED`: it raised, or
 ran past ``env.tool_timeout_s``), which the agent is told and the run records as an ``events`` row, never a failed
-or hung run.
+or hung run. A record's text is valid UTF-8, as the table stores it: text a tool or its error wrote that is not (a
+lone surrogate, as a file name read with ``surrogateescape`` holds) is kept and told with backslash escapes.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class CallRecord:
     """One call of a reply as the ``turns`` table's ``tool_calls`` keeps it: the tool's name (None when the call did
     not parse), its arguments as JSON (the call's text when it did not parse), the text the agent was told (the
     tool's result, or the error), the error (a key of :data:`TOOL_ERRORS`, None when it ran well) and the wall-clock
-    seconds the tool ran (0 when it did not run)."""
+    seconds the tool ran (0 when it did not run). Text that is not valid UTF-8 is escaped (module docstring)."""
 
     name: str | None
     arguments: str
@@ -58,6 +59,8 @@ class CallRecord:
     def __post_init__(self) -> None:
         if self.error is not None and self.error not in TOOL_ERRORS:
             raise ValueError(f"unknown tool error {self.error!r}; errors: {', '.join(TOOL_ERRORS)}")
+        for key in ("name", "arguments", "result"):
+            object.__setattr__(self, key, storable(getattr(self, key)))
 
     @classmethod
     def of(cls, call: Any, result: str, error: str | None = None, duration_s: float = 0.0) -> CallRecord:
@@ -69,4 +72,16 @@ class CallRecord:
         return asdict(self)
 
 
-__all__ = ["FAILED", "MALFORMED", "TOOL_ERRORS", "CallRecord", "ToolResult"]
+def storable(text: str | None) -> str | None:
+    """``text`` when it is valid UTF-8 (as every string a table stores must be), else with each character that is
+    not (a lone surrogate) written as its backslash escape (``\\udcff``)."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+__all__ = ["FAILED", "MALFORMED", "TOOL_ERRORS", "CallRecord", "ToolResult", "storable"]

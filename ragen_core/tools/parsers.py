@@ -7,6 +7,10 @@ object ``{"name": ..., "parameters": {...}}``, one per line. An unknown name is 
 ones. Each parser reads a reply into its thinking, its calls (each parsed, or why it is not: bad JSON, no name)
 and whether the reply has the format: under the strict reading (``rollout.reply_format``) a reply is only its
 thinking (when replies think) and its calls, and it ended; the lenient one finds the calls anywhere.
+
+A call does not parse (``bad_json``, the agent's error, never an exception) when it is not JSON, is longer than
+:data:`MAX_CALL_CHARS` characters, nests objects and arrays deeper than :data:`MAX_DEPTH` levels, or holds text that
+is not valid UTF-8 (a lone surrogate such as ``"\\ud800"``, which no table can store).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any, Protocol
 from ragen_core.registry import Registry
 
 _THINK = re.compile(r"^\s*<think>(.*?)</think>", re.DOTALL)
+MAX_CALL_CHARS = 100_000  # one call's JSON: far over any reply's; bounds the work on text from outside (served envs)
+MAX_DEPTH = 32  # levels of objects and arrays in one call (the call's object is 1, its arguments 2)
 
 
 @dataclass(frozen=True)
@@ -65,11 +71,21 @@ class ToolReply:
 
 
 def read_call(text: str, arguments_key: str = "arguments") -> tuple[ToolCall | None, str]:
-    """A call written as JSON, ``{"name": ..., "<arguments_key>": {...}}``, or None and what is wrong with it."""
+    """A call written as JSON, ``{"name": ..., "<arguments_key>": {...}}``, or None and what is wrong with it (in
+    one line; the module docstring says what does not parse)."""
+    if len(text) > MAX_CALL_CHARS:
+        return None, f"longer than {MAX_CALL_CHARS:,} characters"
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         return None, f"not valid JSON ({exc.msg} at character {exc.pos})"
+    except RecursionError:
+        return None, f"not valid JSON (nested deeper than {MAX_DEPTH} levels)"
+    except ValueError as exc:  # an integer of more digits than int() converts
+        return None, f"not valid JSON ({str(exc).split(':')[0][:100]})"
+    problem = _unstorable(value)
+    if problem:
+        return None, problem
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None, 'not an object with a "name" string'
     arguments = value.get(arguments_key, {})
@@ -79,6 +95,23 @@ def read_call(text: str, arguments_key: str = "arguments") -> tuple[ToolCall | N
     if extra:
         return None, f"unexpected key(s) {', '.join(extra)} beside name and {arguments_key}"
     return ToolCall(value["name"], arguments), ""
+
+
+def _unstorable(value: Any) -> str:
+    """Why a parsed call cannot be kept (nested deeper than :data:`MAX_DEPTH`, or text that is not valid UTF-8: a
+    lone surrogate), or ""."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+            stack += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"holds text that is not valid UTF-8 (the lone surrogate \\u{ord(exc.object[exc.start]):04x})"
+    return ""
 
 
 class ToolParser(Protocol):
@@ -177,6 +210,8 @@ class Llama3JsonParser:
 
 
 __all__ = [
+    "MAX_CALL_CHARS",
+    "MAX_DEPTH",
     "TOOL_PARSERS",
     "CallBlock",
     "HermesParser",

@@ -4,10 +4,12 @@ A tool is a function with type hints and a docstring: ``inspect.signature`` and 
 schema (``str`` -> ``string``, ``int`` -> ``integer``, ``float`` -> ``number``, ``bool`` -> ``boolean``,
 ``list[T]`` -> ``array``, ``dict[str, T]`` -> ``object``, ``Literal[...]`` -> ``enum``, ``T | None`` -> the type or
 null), the docstring's first paragraph the description, and its ``Args:`` section (Google style) or ``:param x:``
-lines (Sphinx style) each argument's. A parameter without a default is required; no other argument is accepted.
-The schema is what a chat template renders with ``tools=`` (``{"type": "function", "function": {name,
-description, parameters}}``), and :func:`check_arguments` holds a model's call to it, so a call of the wrong shape
-is the agent's error, told to it in one line, never the tool's.
+lines (Sphinx style) each argument's. A parameter without a default is required; no other argument is accepted
+(the schema says ``"additionalProperties": false``). The schema is what a chat template renders with ``tools=``
+(``{"type": "function", "function": {name, description, parameters}}``), and :func:`check_arguments` holds a
+model's call to it, so a call of the wrong shape is the agent's error, told to it in one line, never the tool's. A
+schema written elsewhere (an MCP server's ``inputSchema``) is read as JSON Schema reads it: an argument it does not
+list is accepted unless its ``additionalProperties`` is false, and checked against it when it is a schema.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def function_tool(function: Callable[..., Any], name: str | None = None) -> Tool
         properties[parameter.name] = schema
         if parameter.default is inspect.Parameter.empty:
             required.append(parameter.name)
-    parameters = {"type": "object", "properties": properties, "required": required}
+    parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
     return Tool(label, description or label, parameters, function)
 
 
@@ -135,25 +137,33 @@ def docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
 
 def check_arguments(tool: Tool, arguments: Any) -> str | None:
     """What is wrong with ``arguments`` (a model's call of ``tool``, parsed from JSON) for the tool's schema, in one
-    line, or None when they fit: an object, every required argument given, no other, each of its type."""
+    line, or None when they fit: an object, every required argument given, each of its type, and no other where the
+    schema's ``additionalProperties`` is false (another is checked against it when it is a schema, else accepted)."""
     if not isinstance(arguments, dict):
         return f"{tool.name}: the arguments must be a JSON object, got {_shown(arguments)}"
-    properties = tool.parameters.get("properties", {})
+    properties = tool.parameters.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
     missing = [name for name in tool.parameters.get("required", []) if name not in arguments]
     if missing:
         return f"{tool.name}: missing argument(s) {', '.join(missing)}"
+    others = tool.parameters.get("additionalProperties", True)
     unknown = sorted(set(arguments) - set(properties))
-    if unknown:
+    if unknown and others is False:
         return f"{tool.name}: unknown argument(s) {', '.join(unknown)}; it takes {', '.join(properties) or 'none'}"
     for name, value in arguments.items():
-        problem = value_problem(properties[name], value)
+        problem = value_problem(properties.get(name, others), value)
         if problem is not None:
             return f"{tool.name}: argument {name!r} {problem}"
     return None
 
 
-def value_problem(schema: dict[str, Any], value: Any) -> str | None:
-    """Why ``value`` does not fit ``schema`` (the subset :func:`json_schema` writes), or None."""
+def value_problem(schema: dict[str, Any] | bool, value: Any) -> str | None:
+    """Why ``value`` does not fit ``schema`` (the subset :func:`json_schema` writes; ``false`` accepts no value,
+    ``true`` or anything else but an object every value), or None."""
+    if schema is False:
+        return f"is not accepted, got {_shown(value)}"
+    if not isinstance(schema, dict):
+        return None
     if "enum" in schema and value not in schema["enum"]:
         return f"must be one of {', '.join(map(repr, schema['enum']))}, got {_shown(value)}"
     kinds = schema.get("type")

@@ -2,9 +2,11 @@
 
 It offers ``calculate(expression)``: integers with + - * / and parentheses, evaluated exactly by its own small
 evaluator (nothing of ragen's). Run as ``python mcp_calculator_server.py [TAG] [--extras]``: ``TAG`` only marks the
-process for the tests' ``ps``; ``--extras`` adds ``wait(seconds)`` (a slow tool) and ``crash()`` (the process
-exits at once). Each call of ``calculate`` is appended to the file ``MCP_CALL_LOG`` names, when set, as a JSON line
-``{"expression": ..., "result": ...}`` (the result, or ``error: ...``), so a test sees what the server itself did.
+process for the tests' ``ps``; ``--extras`` adds ``wait(seconds)`` (a slow tool), ``crash()`` (the process exits
+at once) and ``variable(name)`` (the value of one of the server's environment variables: an argument named ``name``,
+and what ``env.mcp.pass_env`` passed). Each call of ``calculate`` is appended to the file ``MCP_CALL_LOG`` names,
+when set, as a JSON line ``{"expression": ..., "result": ...}`` (the result, or ``error: ...``), so a test sees what
+the server itself did.
 """
 
 from __future__ import annotations
@@ -79,8 +81,14 @@ def crash() -> str:
     os._exit(3)
 
 
+def variable(name: str) -> str:
+    """The value of the server's environment variable ``name``, or ``<unset>``."""
+    return os.environ.get(name, "<unset>")
+
+
 if __name__ == "__main__":
     if "--extras" in sys.argv:
         server.add_tool(wait)
         server.add_tool(crash)
+        server.add_tool(variable)
     server.run("stdio")

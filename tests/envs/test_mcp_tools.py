@@ -19,6 +19,7 @@ from ragen_core.envs import make_env
 from ragen_core.envs.mcp_tools import (
     McpServerError,
     close_mcp_servers,
+    hold_mcp_server,
     mcp_server,
     merged_tools,
     result_text,
@@ -45,6 +46,11 @@ def _processes(tag: str) -> list[psutil.Process]:
     return found
 
 
+def _result(env, tool: str, **arguments: object) -> str:
+    """What the agent reads of a call of ``tool``."""
+    return env.call(ToolCall(tool, arguments))[4]["tool_call"]["result"]
+
+
 @pytest.fixture
 def served(tmp_path):
     """A calculator env with the tools of a fresh server (its tag, its call log); the server stopped after."""
@@ -61,7 +67,7 @@ def test_the_server_s_listing_is_the_agent_s_tool_schemas(served):
     assert len(_processes(tag)) == 1
     schemas = env.tool_schemas()
     # the env's calculate replaced in its place by the server's; answer stays the env's; the server's others follow
-    assert [s["function"]["name"] for s in schemas] == ["calculate", "answer", "wait", "crash"]
+    assert [s["function"]["name"] for s in schemas] == ["calculate", "answer", "wait", "crash", "variable"]
     assert schemas[0] == {
         "type": "function",
         "function": {
@@ -118,6 +124,72 @@ def test_an_error_the_server_answers_is_the_agent_s_to_read(served):
     _, _, _, _, info = env.call(ToolCall("calculate", {"expression": "9 - 10"}))
     assert info["tool_call"]["result"] == "-1"
     assert len(log.read_text().splitlines()) == 2  # the division and the subtraction; the bad call never went
+
+
+def test_a_tool_argument_may_have_any_name(served):
+    """An argument called ``name`` (or ``server``, ``timeout_s``) reaches the tool, not the call's own parameters."""
+    env, _, _ = served
+    _, _, _, _, info = env.call(ToolCall("variable", {"name": "MCP_CALL_LOG"}))
+    assert info["tool_call"]["error"] is None and info["tool_call"]["result"].endswith("calls.jsonl")
+
+
+def test_pass_env_gives_the_server_the_run_s_variables_by_name_and_stores_no_value(monkeypatch):
+    monkeypatch.setenv("RAGEN_MCP_TEST_TOKEN", "s3cret-value")
+    tag = f"mcp-test-{uuid.uuid4().hex}"
+    command = [sys.executable, str(SERVER), tag, "--extras"]
+    config = McpServerConfig(command=command, pass_env=["RAGEN_MCP_TEST_TOKEN"], env={"PLAIN": "shown"})
+    assert "s3cret-value" not in config.model_dump_json()  # the run's config holds the name only
+    env = with_mcp_tools(make_env("calculator"), config, 10.0, START_S)
+    env.reset(0)
+    asked = {name: _result(env, "variable", name=name) for name in ("PLAIN", "RAGEN_MCP_TEST_TOKEN")}
+    assert asked == {"PLAIN": "shown", "RAGEN_MCP_TEST_TOKEN": "s3cret-value"}
+    bare = with_mcp_tools(make_env("calculator"), McpServerConfig(command=command), 10.0, START_S)
+    bare.reset(0)  # without pass_env the variable stays the run's (the SDK passes a few of its own only)
+    assert _result(bare, "variable", name="RAGEN_MCP_TEST_TOKEN") == "<unset>"
+    close_mcp_servers()
+    monkeypatch.delenv("RAGEN_MCP_TEST_TOKEN")
+    with pytest.raises(McpServerError) as caught:  # a name not set: one line, before anything starts
+        mcp_server(config, START_S)
+    assert str(caught.value) == (
+        f"the MCP server `{sys.executable} {SERVER} {tag} --extras` (env.mcp) could not start: env.mcp.pass_env names "
+        "RAGEN_MCP_TEST_TOKEN, not set in this process's environment"
+    )
+    assert _processes(tag) == []
+
+
+def test_a_session_stops_only_a_server_no_other_session_holds():
+    """Two runs' sessions in one process (the Python API, a worker): the first to close leaves the server to the
+    other, whose calls go on; the last one stops it; a later run's session starts it again."""
+    tag = f"mcp-test-{uuid.uuid4().hex}"
+    config = _server_config(tag)
+    first, second = hold_mcp_server(config, START_S), hold_mcp_server(config, START_S)
+    assert first.server is second.server and mcp_server(config, START_S) is first.server
+    assert [s["function"]["name"] for s in first.tool_schemas()] == ["calculate", "wait", "crash", "variable"]
+    env = with_mcp_tools(make_env("calculator"), config, 10.0, START_S)
+    env.reset(0)
+    first.release()
+    first.release()  # idempotent: the other session's hold stays
+    assert _result(env, "calculate", expression="6 * 7") == "42"
+    second.release()
+    assert _processes(tag) == []
+    with pytest.raises(McpServerError, match="is gone: it was stopped"):
+        env.call(ToolCall("calculate", {"expression": "1 + 1"}))
+    later = hold_mcp_server(config, START_S)
+    assert later.server is not first.server and len(_processes(tag)) == 1
+    later.release()
+    assert _processes(tag) == [] and hold_mcp_server(None, START_S) is None
+
+
+def test_a_server_whose_loop_ended_stops_the_run(served):
+    """A server whose loop ended without a failure said (``_ended``) is gone: the call stops the run."""
+    env, _, _ = served
+    server = mcp_server(_server_config(served[1], served[2]), START_S)
+    server._ended.set()
+    try:
+        with pytest.raises(McpServerError, match="is gone: it was stopped"):
+            env.call(ToolCall("calculate", {"expression": "1 + 1"}))
+    finally:
+        server._ended.clear()
 
 
 def test_a_call_past_the_tool_timeout_is_a_timeout_and_the_server_goes_on(served):

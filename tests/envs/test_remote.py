@@ -7,9 +7,11 @@ the call."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -242,6 +244,75 @@ def test_a_server_that_does_not_answer_in_time_is_one_line_and_the_call_is_not_r
         assert stop(process, signal.SIGKILL) == -signal.SIGKILL  # its env still sleeps: stopped by its PID
 
 
+def _held(url: str) -> int:
+    status, facts = _http(url, "/ragen/env")
+    assert status == 200
+    return facts["episodes"]["held"]
+
+
+def test_a_run_s_resets_leave_on_the_server_only_the_episodes_being_played(tmp_path, tiny_policy):
+    """A client releases its episode when it resets again, is closed or is garbage (named at the next reset): many
+    resets, and a run's worth of rollouts, leave on the server only the episodes still played."""
+    _, tokenizer = tiny_policy
+    process, url = serve("bandit", tmp_path / "bandit.log")
+    try:
+        env = open_env("bandit", {}, url, 30.0)
+        for seed in range(10):
+            env.reset(seed)
+        assert _held(url) == 1  # each reset released the episode before it
+        env.close()
+        spec = RolloutSpec("bandit", [1, 2, 3], 2, 1, 1, 1, env_remote=url, user_code_timeout_s=30.0)
+        formatter, backend = ChatFormatter(tokenizer), ScriptedBackend("random", tokenizer)
+        for iteration in range(4):
+            assert len(run_rollouts(spec, backend, formatter, seed=iteration)) == 6
+            assert _held(url) == 6  # this iteration's envs; the ones before were released at its first reset
+    finally:
+        stop(process)
+
+
+def test_a_slow_call_of_one_episode_holds_up_no_other(tmp_path):
+    """Episodes are independent envs: while one episode's step hangs on the server, another episode resets and
+    steps, and the server answers its other routes."""
+    (tmp_path / "doors_mod.py").write_text(RAISING_ENV)
+    process, url = serve("doors_mod:Fragile", tmp_path / "doors.log", env={"PYTHONPATH": _on_path(tmp_path)})
+
+    def hang() -> None:
+        try:
+            _http(url, "/step", {"action": {"action": "wait"}, "episode_id": "slow", "step_index": 0})
+        except Exception:  # noqa: BLE001 - the server is killed under it
+            pass
+
+    try:
+        assert _http(url, "/reset", {"seed": 0, "episode_id": "slow"})[0] == 200
+        threading.Thread(target=hang, daemon=True).start()
+        time.sleep(1.0)  # the slow episode's env now sleeps in its step
+        started = time.monotonic()
+        env = open_env("doors_mod:Fragile", {}, url, 5.0)  # one wait of the server's old lock: 5 s, then an error
+        assert env.reset(1) == ("Two doors.", {"success": False})
+        assert env.step("left")[1:3] == (1.0, True)
+        assert _http(url, "/state?episode_id=slow") == (200, {"episode_id": "slow", "step_count": 0})
+        assert time.monotonic() - started < 5
+    finally:
+        assert stop(process, signal.SIGKILL) == -signal.SIGKILL  # its env still sleeps: stopped by its PID
+
+
+def test_a_loopback_server_answers_only_requests_for_a_loopback_host(servers):
+    """DNS rebinding: a page of evil.example whose name comes to point at 127.0.0.1 reaches the port, not the env."""
+    port = port_of(servers["bandit"])
+    for host, expected in (("evil.example", 403), (f"evil.example:{port}", 403), (f"127.0.0.1:{port}", 200)):
+        for path in ("/health", "/ragen/env"):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                connection.request("GET", path, headers={"Host": host})
+                assert connection.getresponse().status == expected, (host, path)
+            finally:
+                connection.close()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("GET", "/health", headers={"Host": f"localhost:{port}"})
+    assert connection.getresponse().status == 200
+    connection.close()
+
+
 def _on_path(folder) -> str:
     """``folder`` first on the server's import path (before this checkout's, where the tests run from one)."""
     return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
@@ -261,6 +332,7 @@ def test_the_command_refuses_in_one_line_what_it_cannot_serve(tmp_path):
         (["env", "serve", "frozen_lake", "-o", "size=1e9"], "size"),
         (["env", "serve", "frozen_lake", "-o", "nothing"], "--option nothing: write key=value"),
         (["env", "serve", "frozen_lake", "--port", "70000"], "--port must be 0-65535"),
+        (["env", "serve", "bandit", "--max-episodes", "0"], "--max-episodes must be at least 1, not 0"),
     ):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2, result.output

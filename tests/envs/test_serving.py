@@ -1,5 +1,6 @@
 """The env server's episodes (``ragen_core.envs.serving.EnvServer``), called as its routes call them: one fresh env
-per reset, a step applied once whatever is sent again, an episode let go beyond the server's capacity, the calls
+per reset, a step applied once whatever is sent again, an episode let go when its client releases it or beyond
+the server's capacity, the calls
 that take an argument, the env's own random draws with the client's generator (over the HTTP routes:
 tests/envs/test_remote.py)."""
 
@@ -46,6 +47,17 @@ def test_episodes_beyond_the_capacity_are_let_go_oldest_first():
     server.drop("c")
     with pytest.raises(Refused):
         server.state("c")
+
+
+def test_a_reset_lets_go_the_episodes_its_client_is_done_with():
+    server = EnvServer("bandit")
+    for episode in ("a", "b"):
+        server.reset(1, episode)
+    server.reset(2, "c", release=["a", "b", "never-held"])  # an id the server does not hold is nothing
+    assert server.held == 1 and server.facts()["episodes"] == {"held": 1, "capacity": server.capacity}
+    with pytest.raises(Refused) as gone:
+        server.step("a", "Arm1", 0)
+    assert gone.value.status == GONE
 
 
 def test_what_the_server_serves_and_the_methods_it_asks_the_env():

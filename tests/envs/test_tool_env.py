@@ -82,6 +82,7 @@ def test_methods_then_functions_are_the_tools():
                 "type": "object",
                 "properties": {"amount": {"type": "integer", "description": "what to add"}},
                 "required": ["amount"],
+                "additionalProperties": False,
             },
         },
     }

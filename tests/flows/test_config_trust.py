@@ -94,7 +94,7 @@ def world(whole_bandit_run, tiny_model_dir, tmp_path, monkeypatch):
         "env.options.reward_fn": {"env.options.reward_fn": f"{planted}:CoinEnv"},
         "env.options.wrong_answer_fn": {"env.options.wrong_answer_fn": f"{planted}:CoinEnv"},
         "env.remote": {"env.remote": "http://evil.example:8000"},  # a host beyond this machine's loopback
-        "env.mcp": {"env.mcp": {"command": [str(evil)], "env": {}, "cwd": None}},  # a program, started at the check
+        "env.mcp": {"env.mcp": {"command": [str(evil)], "env": {}, "pass_env": [], "cwd": None}},  # a program to start
         "rollout.vllm.python": {"rollout.backend": "vllm", "rollout.vllm.python": str(evil)},
         "trainer.launcher": {"trainer.launcher": "torchrun"},
         "trainer.hostfile": {"trainer.launcher": "deepspeed", "trainer.hostfile": str(hosts), "actor.zero_stage": 1},

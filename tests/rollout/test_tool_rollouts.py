@@ -147,6 +147,69 @@ def test_malformed_calls_are_the_agent_s_errors_and_the_run_goes_on(tiny_policy)
     assert table.column("tool_calls").to_pylist() == [turn.tool_calls for turn in record.turns]
 
 
+def test_a_call_holding_a_lone_surrogate_is_bad_json_and_the_turns_are_stored(tiny_policy):
+    tokenizer = tiny_policy[1]
+    lone = '<tool_call>{"name":"calculate","arguments":{"expression":"\\ud800"}}</tool_call>'  # the reply's text
+    replies = [lone, _call("calculate", expression="1 + 2")]
+    spec = _spec(max_turns=2, max_actions_per_traj=2, format_penalty=-0.1)
+    record = run_rollouts(spec, _scripted(replies)(tokenizer), ChatFormatter(tokenizer, style="compact"), 0)[0]
+    first, second = record.turns
+    assert first.tool_calls == [
+        {
+            "name": None,
+            "arguments": '{"name":"calculate","arguments":{"expression":"\\ud800"}}',
+            "result": "error: the tool call does not parse: holds text that is not valid UTF-8 (the lone surrogate "
+            "\\ud800)",
+            "error": "bad_json",
+            "duration_s": 0.0,
+        }
+    ]
+    assert (first.valid, first.penalty, first.actions) == (False, -0.1, [])
+    assert second.observation == first.tool_calls[0]["result"] and second.tool_calls[0]["result"] == "3"
+    table = turns_table([record], BatchMeta.training("r", 0, 1.0, "h"))  # raised UnicodeEncodeError before
+    assert table.column("tool_calls").to_pylist() == [turn.tool_calls for turn in record.turns]
+
+
+class Files(ToolEnv):
+    """A tool whose result and error hold a lone surrogate (a file name read with surrogateescape)."""
+
+    def reset(self, seed):
+        return "Files.", {"success": False}
+
+    def render(self):
+        return "Files."
+
+    def instruction(self):
+        return "Call ls."
+
+    @property
+    def success(self):
+        return False
+
+    def reward_bounds(self, max_actions):
+        return 0.0, 0.0
+
+    @tool
+    def ls(self, fail: bool) -> str:
+        """List the files."""
+        name = b"report-\xff.txt".decode("utf-8", "surrogateescape")
+        if fail:
+            raise FileNotFoundError(name)
+        return name
+
+
+def test_a_tool_s_text_that_is_not_utf_8_is_told_escaped_and_stored(tiny_policy):
+    tokenizer = tiny_policy[1]
+    spec = RolloutSpec(f"{__name__}:Files", [0], 1, 3, 1, 3, enable_think=False)
+    replies = [_call("ls", fail=False), _call("ls", fail=True), _call("ls", fail=False)]
+    (record,) = run_rollouts(spec, _scripted(replies)(tokenizer), ChatFormatter(tokenizer), 0)
+    results = [turn.tool_calls[0]["result"] for turn in record.turns]
+    assert results[:2] == ["report-\\udcff.txt", "error: ls raised FileNotFoundError: report-\\udcff.txt"]
+    assert [turn.observation for turn in record.turns[1:]] == results[:2]  # what the agent read, as stored
+    table = turns_table([record], BatchMeta.training("r", 0, 1.0, "h"))
+    assert table.column("tool_calls").to_pylist() == [turn.tool_calls for turn in record.turns]
+
+
 class Sleepy(ToolEnv):
     """A tool that sleeps as long as it is asked: past env.tool_timeout_s it is abandoned."""
 

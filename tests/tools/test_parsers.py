@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from ragen_core.tools import TOOL_PARSERS, ToolCall, tool_parser
-from ragen_core.tools.parsers import read_call
+from ragen_core.tools.parsers import MAX_CALL_CHARS, MAX_DEPTH, read_call
 
+NOT_UTF_8 = "holds text that is not valid UTF-8 (the lone surrogate"
 CALC = '{"name": "calculate", "arguments": {"expression": "947 + 2444"}}'
 
 
@@ -95,3 +96,43 @@ def test_a_call_is_one_canonical_line_read_back_exactly():
     assert read_call("{}") == (None, 'not an object with a "name" string')
     with pytest.raises(ValueError, match="not a tool call: not valid JSON"):
         ToolCall.from_text("calculate(1)")
+
+
+@pytest.mark.parametrize(
+    ("inside", "detail"),
+    [
+        # JSON's escapes may write a lone surrogate, which is no UTF-8 text: no table could store the call
+        ('{"name":"calculate","arguments":{"expression":"\\ud800"}}', f"{NOT_UTF_8} \\ud800)"),
+        ('{"name": "calc\\udfff", "arguments": {}}', f"{NOT_UTF_8} \\udfff)"),
+        ('{"name": "calculate", "arguments": {"\\udc80": 1}}', f"{NOT_UTF_8} \\udc80)"),
+        # what json.loads raises beside JSONDecodeError: too deep for its recursion, an integer of over 4,300 digits
+        ('{"name": "answer", "arguments": {"value": ' + "[" * 50_000, "not valid JSON (nested deeper than 32 levels)"),
+        (
+            '{"name": "answer", "arguments": {"value": ' + "9" * 5000 + "}}",
+            "not valid JSON (Exceeds the limit (4300 digits) for integer string conversion)",
+        ),
+        # parsed, yet deeper than MAX_DEPTH: the call's object is level 1, its arguments 2, so 31 lists more is 33
+        ('{"name": "answer", "arguments": {"value": ' + "[" * 31 + "]" * 31 + "}}", "nested deeper than 32 levels"),
+        ('{"name": "answer", "arguments": {"value": "' + "x" * 100_000 + '"}}', "longer than 100,000 characters"),
+    ],
+)
+def test_a_call_json_cannot_hold_is_bad_json_never_an_exception(inside, detail):
+    (block,) = _read(f"<tool_call>\n{inside}\n</tool_call>").blocks
+    assert (block.call, block.error, block.detail) == (None, "bad_json", detail)
+    (line,) = tool_parser("llama3_json").read(inside.replace('"arguments"', '"parameters"'), False, True, True).blocks
+    assert (line.call, line.error, line.detail) == (None, "bad_json", detail)
+    with pytest.raises(ValueError, match=r"^not a tool call: "):
+        ToolCall.from_text(inside)
+
+
+def test_the_limits_are_where_the_docstring_says_and_what_fits_them_parses():
+    assert (MAX_DEPTH, MAX_CALL_CHARS) == (32, 100_000)
+    deepest = '{"name": "answer", "arguments": {"value": ' + "[" * 30 + "]" * 30 + "}}"  # 32 levels
+    nested: list = []
+    for _ in range(29):
+        nested = [nested]  # 30 lists, one in another
+    assert read_call(deepest) == (ToolCall("answer", {"value": nested}), "")
+    # a surrogate pair written as escapes is one character of UTF-8 text: it parses, and its line is UTF-8
+    call, problem = read_call('{"name": "answer", "arguments": {"value": "\\ud83d\\ude00"}}')
+    assert (call, problem) == (ToolCall("answer", {"value": "\U0001f600"}), "")
+    assert call.text().encode("utf-8") == b'{"name": "answer", "arguments": {"value": "\xf0\x9f\x98\x80"}}'

@@ -7,7 +7,7 @@ from typing import Literal
 
 import pytest
 
-from ragen_core.tools import check_arguments, function_tool
+from ragen_core.tools import Tool, check_arguments, function_tool
 from ragen_core.tools.schema import docstring_parts
 
 
@@ -53,6 +53,7 @@ def test_a_typed_function_becomes_the_schema_written_by_hand():
                     },
                 },
                 "required": ["query"],
+                "additionalProperties": False,
             },
         },
     }
@@ -66,6 +67,7 @@ def test_a_typed_function_becomes_the_schema_written_by_hand():
             "strict": {"type": "boolean", "description": "refuse estimates"},
         },
         "required": ["grams", "scale", "strict"],
+        "additionalProperties": False,
     }
 
 
@@ -154,3 +156,58 @@ def test_a_name_outside_openai_s_rule_is_refused(name):
         f"tool name {name!r}: a tool's name is 1 to 64 letters, digits, _ or - (OpenAI's rule)"
     )
     assert function_tool(search, name="web-search_2").name == "web-search_2"
+
+
+def _listed(parameters):
+    """A tool whose schema was written elsewhere (an MCP server's inputSchema), as listed."""
+    return Tool("fetch", "Fetch a page.", parameters, lambda **arguments: "")
+
+
+@pytest.mark.parametrize(
+    ("parameters", "arguments", "problem"),
+    [
+        # JSON Schema: a key the schema does not list is accepted, unless additionalProperties is false
+        ({"type": "object", "additionalProperties": True}, {"url": "a", "depth": 2}, None),
+        ({"type": "object"}, {"url": "a"}, None),
+        ({"type": "object", "properties": {"url": {"type": "string"}}}, {"url": "a", "depth": 2}, None),
+        (
+            {"type": "object", "properties": {"url": {"type": "string"}}},
+            {"url": 3},
+            ("fetch: argument 'url' must be a string, got 3"),
+        ),
+        (
+            {"type": "object", "properties": {"url": {"type": "string"}}, "additionalProperties": False},
+            {"url": "a", "depth": 2},
+            "fetch: unknown argument(s) depth; it takes url",
+        ),
+        (
+            {"type": "object", "additionalProperties": False},
+            {"depth": 2},
+            "fetch: unknown argument(s) depth; it takes none",
+        ),
+        # additionalProperties as a schema: the other keys are held to it
+        ({"type": "object", "additionalProperties": {"type": "integer"}}, {"depth": 2}, None),
+        (
+            {"type": "object", "additionalProperties": {"type": "integer"}},
+            {"depth": "2"},
+            ("fetch: argument 'depth' must be an integer, got '2'"),
+        ),
+        # a schema of true accepts any value, false none
+        ({"type": "object", "properties": {"url": True, "depth": False}}, {"url": [1]}, None),
+        (
+            {"type": "object", "properties": {"url": True, "depth": False}},
+            {"depth": 1},
+            ("fetch: argument 'depth' is not accepted, got 1"),
+        ),
+        ({"type": "object", "properties": "url", "required": ["url"]}, {}, "fetch: missing argument(s) url"),
+    ],
+)
+def test_a_listed_schema_is_read_as_json_schema_reads_it(parameters, arguments, problem):
+    assert check_arguments(_listed(parameters), arguments) == problem
+
+
+def test_a_function_s_schema_refuses_other_arguments():
+    assert function_tool(search).parameters["additionalProperties"] is False
+    assert check_arguments(function_tool(search), {"query": "cats", "colour": "red"}) == (
+        "search: unknown argument(s) colour; it takes query, limit, mode, tags"
+    )
