@@ -150,6 +150,7 @@ def _turns_table(rng, traj, actions_per_turn, format_ok, rewards, penalties, rep
         "truncated": np.zeros(total, bool),
         "response_tokens": replies.ravel().astype(np.int32),
         "info": np.full(total, '{"action_is_effective": true}', dtype=object),
+        "tool_calls": pa.nulls(total, TURNS.arrow_schema.field("tool_calls").type),  # a grid env calls no tool
     }
     return pa.table(columns, schema=TURNS.arrow_schema)
 
