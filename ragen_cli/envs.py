@@ -19,17 +19,18 @@ env_app = typer.Typer(
 def env_options(given: list[str]) -> dict[str, Any]:
     """``key=value`` options (YAML values, as ``env.options.key=value`` overrides read them) as a dict; a malformed
     one is one line."""
-    import yaml
+    from ragen_core.config import ConfigError
+    from ragen_core.config.yaml_text import load_yaml
 
     options: dict[str, Any] = {}
     for text in given:
         key, equals, value = text.partition("=")
         if not equals or not key.strip() or not key.strip().isidentifier():
             fail(f"--option {shown(text)}: write key=value (e.g. --option size=6)")
-        try:
-            options[key.strip()] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError as exc:
-            fail(f"--option {shown(text)}: the value is not YAML: {' '.join(str(exc).split())}")
+        try:  # the reader of config files and overrides: bounded, no key given twice
+            options[key.strip()] = load_yaml(value, f"the value of --option {shown(text)}") if value.strip() else ""
+        except ConfigError as exc:
+            fail(str(exc))
     return options
 
 
