@@ -157,11 +157,18 @@ class ToolEnv(TextEnv):
 
 
 def _tool_methods(cls: type) -> list[tuple[str, Callable[..., Any]]]:
-    """The ``@tool`` methods of ``cls`` and its bases, each once by name, in the order the classes define them."""
+    """The ``@tool`` methods of ``cls`` and its bases, each once by name, in the order the classes define them; a
+    ValueError of one line for one that replaces a method every env has (``describe``, ``render``, ...), which the
+    rollouts call with their own arguments."""
     found: dict[str, Callable[..., Any]] = {}
     for klass in reversed(cls.__mro__):
         for name, member in vars(klass).items():
             if callable(member) and hasattr(member, _TOOL_MARK):
+                if hasattr(TextEnv, name):
+                    raise ValueError(
+                        f"{cls.__name__}.{name} is marked @tool but replaces TextEnv.{name}, which the rollouts call; "
+                        f"name the method otherwise and keep the tool's name with @tool(name={name!r})"
+                    )
                 found[name] = member
     return list(found.items())
 

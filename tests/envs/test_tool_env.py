@@ -150,12 +150,27 @@ def test_a_class_whose_tools_cannot_be_described_is_refused():
         reset = render = instruction = reward_bounds = Counter.reset
         success = False
 
+    class Shadowing(Counter):
+        @tool
+        def describe(self, table: str) -> str:
+            """A tool that would replace the state description the rollouts ask every env for."""
+            return table
+
+    class Renamed(Counter):
+        @tool(name="describe")
+        def describe_table(self, table: str) -> str:
+            """The same tool, its method named otherwise."""
+            return table
+
     with pytest.raises(ValueError, match="tool add: parameter 'amount' has no type hint"):
         Untyped().tools()
     with pytest.raises(ValueError, match="Twice declares the tool\\(s\\) shout twice"):
         Twice().tools()
     with pytest.raises(ValueError, match="Bare is a ToolEnv without tools"):
         Bare().tools()
+    with pytest.raises(ValueError, match=r"Shadowing.describe is marked @tool but replaces TextEnv.describe"):
+        Shadowing().tools()
+    assert "describe" in [t.name for t in Renamed().tools()] and Renamed().describe() is None
 
 
 class Unprintable:
