@@ -26,6 +26,8 @@ LOSS_WORDS = {
     "countdown": "wrong_answer",
     "game_2048": "no_moves",
     "calculator": "wrong_answer",
+    "sql_agent": "wrong_answer",
+    "search_qa": "wrong_answer",
 }
 DATASET = {
     "data_file": "examples/arithmetic/prompts.jsonl",
