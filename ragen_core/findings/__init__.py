@@ -3,6 +3,7 @@
 
 from ragen_core.findings import multiturn as _multiturn  # noqa: F401  (registers the analyses they define)
 from ragen_core.findings import studies as _studies  # noqa: F401
+from ragen_core.findings import tool_use as _tool_use  # noqa: F401
 from ragen_core.findings.analysis import ANALYSES, Context, load_context, spread
 from ragen_core.findings.spec import (
     FINDINGS_DIR,

@@ -197,16 +197,56 @@ def _draw_multiturn(figure, numbers: dict[str, Any]) -> None:
                 ax.legend(fontsize="x-small")
 
 
+def _draw_tool_use(figure, numbers: dict[str, Any]) -> None:
+    """One row per arm: validation success against the measured reference levels; the shares of the calls (the
+    first call the teacher's, its tool, its shape; the literals copied from the question; malformed calls, episodes
+    cut); tool calls per episode."""
+    arms = numbers.get("arms", {})
+    axes = figure.subplots(max(1, len(arms)), 3, squeeze=False)
+    for row, (label, arm) in enumerate(arms.items()):
+        left, middle, right = axes[row]
+        curves = arm["curves"]
+        lifted = f"StarPO-S ({arm['lifted_runs']}/{len(arm['runs'])} lifted)"
+        _series_panel(left, curves[arm["val_key"]], lifted, "C0", f"{label}|{arm['val_key']}")
+        for index, (ref, level) in enumerate(arm.get("references", {}).items()):
+            left.axhline(level, color="grey", linestyle=("--", ":", "-.")[index % 3], label=f"{ref} {level:.2f}")
+        left.set_title(f"{label}: validation success ({arm['verdict']})", fontsize="small")
+        shares = (
+            ("first_call_is_teacher", "C1", "-"),
+            ("first_tool_is_teacher", "C1", ":"),
+            ("first_shape_is_teacher", "C1", "--"),
+            ("literals_from_question", "C4", "-"),
+            ("malformed_share", "C3", "-"),
+            ("truncated_share", "C3", ":"),
+        )
+        for key, colour, style in shares:
+            _series_panel(middle, curves.get(key, []), key.replace("_", " "), colour, f"{label}|{key}", style)
+        middle.set_title(f"{label}: the calls", fontsize="small")
+        _series_panel(right, curves.get("calls_per_episode", []), "calls per episode", "C2", f"{label}|calls")
+        right.set_title(f"{label}: tool calls per episode", fontsize="small")
+        for ax in (left, middle):
+            ax.set_ylim(-0.02, 1.02)
+        for ax in (left, middle, right):
+            ax.set_xlabel("iteration")
+            ax.grid(True, alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize="x-small")
+
+
+ROW_DRAWN = {"multiturn": (_draw_multiturn, 2), "tool_use": (_draw_tool_use, 3)}  # one row of panels per arm
+
+
 def draw_finding(result: dict[str, Any], title: str):
     """The finding's figure (a matplotlib Figure on an Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    if result["analysis"] == "multiturn":
+    if result["analysis"] in ROW_DRAWN:
+        draw, columns = ROW_DRAWN[result["analysis"]]
         arms = len(result["numbers"].get("arms", {}))
-        figure = Figure(figsize=(12.0, 3.2 * max(1, arms)), layout="constrained")
+        figure = Figure(figsize=(6.0 * columns, 3.2 * max(1, arms)), layout="constrained")
         FigureCanvasAgg(figure)
-        _draw_multiturn(figure, result["numbers"])
+        draw(figure, result["numbers"])
         figure.suptitle(textwrap.fill(title, 110), fontsize="medium")
         return figure
 
