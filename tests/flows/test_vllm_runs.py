@@ -41,11 +41,17 @@ def _no_server_left(root, within=15.0):
 
 
 @pytest.fixture(scope="module")
-def vllm_whole(tmp_path_factory, tiny_model_dir):
+def api_url(prefect_server) -> str:
+    """The session's Prefect server, which the commands below talk to instead of each starting a temporary one."""
+    return prefect_server[0].api_url
+
+
+@pytest.fixture(scope="module")
+def vllm_whole(tmp_path_factory, tiny_model_dir, api_url):
     """The run that never stopped, by the real command: its data root."""
     require_vllm_python()
     whole = tmp_path_factory.mktemp("vllm-whole")
-    rc, output = _ragen(_train(tiny_model_dir), whole)
+    rc, output = _ragen(_train(tiny_model_dir), whole, None, api_url)
     assert rc == 0, output[-3000:]
     assert _no_server_left(whole), "the server outlived a finished run"
     return whole
@@ -125,13 +131,13 @@ def test_ctrl_c_stops_the_run_and_its_server_which_listened_on_loopback_only(tmp
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory, tiny_model_dir):
+def killed(tmp_path_factory, tiny_model_dir, api_url):
     """The run ``vllm_whole`` makes, SIGKILLed inside the update of iteration 1: (its data root, its exit status and
     output, whether its server was gone while the rest of its process group still lived, before it was reaped)."""
     require_vllm_python()
     root = tmp_path_factory.mktemp("vllm-killed")
     gone = []
-    rc, output = _ragen(_train(tiny_model_dir), root, FAULT, on_exit=lambda: gone.append(_no_server_left(root)))
+    rc, output = _ragen(_train(tiny_model_dir), root, FAULT, api_url, lambda: gone.append(_no_server_left(root)))
     return root, rc, output, gone
 
 
@@ -142,20 +148,20 @@ def test_a_trainer_killed_inside_an_update_takes_its_server_with_it(killed):
 
 
 @pytest.fixture(scope="module")
-def killed_resumed(killed):
+def killed_resumed(killed, api_url):
     """The killed run resumed: (its exit status and output, the data root)."""
     root = killed[0]
-    rc, output = _ragen(["resume", RUN], root)
+    rc, output = _ragen(["resume", RUN], root, None, api_url)
     assert _no_server_left(root)
     return rc, output, root
 
 
 @pytest.fixture(scope="module")
-def server_killed(tmp_path_factory, tiny_model_dir):
+def server_killed(tmp_path_factory, tiny_model_dir, api_url):
     """The run of ``vllm_whole`` whose server is SIGKILLed under it at the first request of iteration 1, then
     resumed: (what the failed command printed and left, what the resume printed, the data root)."""
     root = tmp_path_factory.mktemp("vllm-server-killed")
-    rc, output = _ragen(_train(tiny_model_dir), root, SERVER_KILLED)
+    rc, output = _ragen(_train(tiny_model_dir), root, SERVER_KILLED, api_url)
     lake = DataLake(root)
     failed = {
         "rc": rc,
@@ -166,7 +172,7 @@ def server_killed(tmp_path_factory, tiny_model_dir):
         "folders": sorted(str(p.relative_to(root)) for p in root.rglob("*iteration*1*")),
         "servers_left": not _no_server_left(root),
     }
-    resumed = _ragen(["resume", RUN], root)
+    resumed = _ragen(["resume", RUN], root, None, api_url)
     assert _no_server_left(root)
     return failed, resumed, root
 
