@@ -299,7 +299,7 @@ def export(
     from ragen_core.storage.maintenance.export import check_export, export_dataset, exported_model_dir, policy_folders
 
     lake, ids, chosen = _existing(data_root), _ids(run_ids), list(tables or ["trajectories"])
-    check_export(lake, Path(out), ids, chosen)  # a bad request is refused before the README's notes are built
+    check_export(lake, Path(out), ids, chosen, model)  # a bad request is refused before the README's notes are built
     trusted = frozenset({"module"}) if trust_env_module else frozenset()
     policies = policy_folders(lake, ids)  # looked up once: the README names the copies --model makes of them
     copies = {run_id: exported_model_dir(run_id) for run_id in policies} if model else None

@@ -79,7 +79,7 @@ COLUMN_RULES: dict[str, dict[str, tuple[tuple[str, str, tuple[Any, ...]], ...]]]
         "pass_at_k": _SHARE,
         "response_length_mean": _NON_NEGATIVE,
     },
-    "checkpoints": {"iteration": _NON_NEGATIVE, "format": (("isin", "isin", (["deepspeed", "hf"],)),)},
+    "checkpoints": {"iteration": _NON_NEGATIVE, "format": (("isin", "isin", (["deepspeed", "hf", "lora"],)),)},
     "events": {"iteration": _NON_NEGATIVE},
     "runs": {
         "status": (("isin", "isin", (["running", "completed", "failed", "interrupted", "deleting"],)),),

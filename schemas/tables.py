@@ -365,8 +365,13 @@ CHECKPOINTS = TableSpec(
     (
         _RUN,
         ColumnSpec("iteration", pa.int32(), "Iteration after whose update the weights were saved."),
-        ColumnSpec("format", pa.string(), "'deepspeed' (engine + optimizer state, for resume) or 'hf' (weights)."),
-        ColumnSpec("path", pa.string(), "Checkpoint folder."),
+        ColumnSpec(
+            "format",
+            pa.string(),
+            "'deepspeed' (engine + optimizer state, for resume), 'hf' (weights) or, for a run with actor.lora, 'lora' "
+            "(the adapters, trained on the run's start model).",
+        ),
+        ColumnSpec("path", pa.string(), "Checkpoint folder (its hf/ or adapter/ folder for those formats)."),
         ColumnSpec("metrics_json", pa.string(), "The iteration's metrics at save time, as JSON."),
         ColumnSpec("created_at", TIMESTAMP, "When the checkpoint was written (UTC)."),
     ),

@@ -35,7 +35,14 @@ from ragen_core.config.loading import (
     stored_config,
 )
 from ragen_core.config.monitoring import EvalConfig, MonitorConfig
-from ragen_core.config.optimisation import ActorConfig, BootstrapConfig, CriticConfig, OfflineConfig, TrainerConfig
+from ragen_core.config.optimisation import (
+    ActorConfig,
+    BootstrapConfig,
+    CriticConfig,
+    LoraConfig,
+    OfflineConfig,
+    TrainerConfig,
+)
 from ragen_core.config.tree import RunConfig
 from ragen_core.config.yaml_text import YAML_MAX_BYTES, YAML_MAX_DEPTH, YAML_MAX_NODES, load_yaml, read_yaml_file
 
@@ -55,6 +62,7 @@ __all__ = [
     "CriticConfig",
     "EnvConfig",
     "EvalConfig",
+    "LoraConfig",
     "McpServerConfig",
     "ModelConfig",
     "MonitorConfig",

@@ -3,12 +3,52 @@ bootstrap."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, model_validator
+from pydantic import Field, NonNegativeInt, field_validator, model_validator
 
 from ragen_core.config.base import MAX_COUNT, MAX_SCALE, LearningRate, PositiveInt, Scale, Section, Seed
 from ragen_core.config.trust import trusted_only
+
+# vLLM serves adapters on the attention and MLP projections only, and a LoRA on a head tied to the embedding (the
+# tiny model's) would change the embedding too
+LORA_REFUSED_MODULES = ("lm_head", "embed_tokens")
+
+
+class LoraConfig(Section):
+    """LoRA adapters on the policy (PEFT): the start model frozen as the base, only the adapters trained."""
+
+    rank: int = Field(
+        ..., gt=0, le=512, description="Rank r of every adapter (required: actor.lora.rank=8 alone turns LoRA on)."
+    )
+    alpha: PositiveInt = Field(16, description="Scale numerator: an adapter adds (alpha / rank) * B A x.")
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapters' input in training passes (0: none; > 0 is reseeded per update, so a "
+        "resume stays exact).",
+    )
+    target_modules: Literal["all-linear"] | list[str] = Field(
+        "all-linear",
+        description="The linear layers that get an adapter: 'all-linear' (every linear layer but the output head) or "
+        "names of layers (a name matches every layer whose dotted path ends with it, e.g. [q_proj, v_proj]).",
+    )
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _linear_layers_only(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "all-linear":
+            raise ValueError(f"{value!r} is neither 'all-linear' nor a list of layer names (e.g. [q_proj, v_proj])")
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty list adapts nothing: name layers (e.g. [q_proj, v_proj]) or use 'all-linear'")
+        for name in value if isinstance(value, list) else []:
+            if not isinstance(name, str) or not name.strip(". ") or name.split(".")[-1] in LORA_REFUSED_MODULES:
+                raise ValueError(
+                    f"{name!r} is no layer an adapter may go on: name linear projections such as q_proj or "
+                    f"down_proj (never {' or '.join(LORA_REFUSED_MODULES)}), or use 'all-linear'"
+                )
+        return value
 
 
 class ActorConfig(Section):
@@ -57,6 +97,12 @@ class ActorConfig(Section):
         description="PPO's old log-probs: 'auto' takes the sampler's stored behaviour log-probs when they are exactly "
         "the policy's (rollout.backend=hf, temperature 1, no top-k/top-p, fp32, only policy rows) and re-scores "
         "otherwise; 'always' takes them whenever the rows have them; 'never' re-scores the batch (one more forward).",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train LoRA adapters on the frozen start model instead of every weight (docs/lora.md): the KL "
+        "reference is the policy with its adapters off, checkpoints hold the adapters. null (default): full "
+        "fine-tuning, and out of the config hash.",
     )
 
 

@@ -57,6 +57,7 @@ class RunConfig(Section):
             )
         _check_mi(self)
         _check_async(self)
+        _check_lora(self)
         if self.rollout.training_rows == "turn" and algorithm.reward_level == "turn":
             raise ValueError(
                 "rollout.training_rows=turn gives every turn row its trajectory's score (RAGEN-2); "
@@ -110,6 +111,7 @@ LATER_KEYS: dict[str, Any] = {
     "rollout.tool_parser": "hermes",
     "env.remote": None,  # the env played in this process, as before
     "env.mcp": None,  # the env's own tools only, as before
+    "actor.lora": None,  # full fine-tuning, as before
 }
 
 
@@ -145,6 +147,29 @@ def _check_async(config: RunConfig) -> None:
             f"algorithm.filter_entropy=full scores each batch with the policy that sampled it, which an async run "
             f"(trainer.max_staleness={staleness}) keeps only in its sampler: use filter_entropy=sampled (the stored "
             "log-probs' estimate) or trainer.max_staleness=0"
+        )
+
+
+def _check_lora(config: RunConfig) -> None:
+    """What LoRA training (``actor.lora``) does not run with yet: adapters are trained and sampled only by the run's
+    own process, from the learner's module (checked at load time)."""
+    if config.actor.lora is None:
+        return
+    later = "comes in a later increment (docs/lora.md)"
+    if config.rollout.backend == "vllm":
+        raise ValueError(
+            f"actor.lora with rollout.backend=vllm: serving the adapters from vLLM {later}; use rollout.backend=hf, "
+            "or actor.lora=null"
+        )
+    if config.trainer.launcher != "inprocess":
+        raise ValueError(
+            f"actor.lora with trainer.launcher={config.trainer.launcher}: handing adapters to a launched group "
+            f"{later}; use trainer.launcher=inprocess, or actor.lora=null"
+        )
+    if config.trainer.max_staleness:
+        raise ValueError(
+            f"actor.lora with trainer.max_staleness={config.trainer.max_staleness}: an async run's sampler process "
+            f"taking the adapters {later}; use trainer.max_staleness=0, or actor.lora=null"
         )
 
 

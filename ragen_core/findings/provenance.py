@@ -12,7 +12,7 @@ from typing import Any
 from ragen_core.lineage import PLUMBING, code_fingerprint, code_form
 
 # The distributions whose versions can change a finding's numbers (kernels, tokenizers, samplers, the engine).
-DISTRIBUTIONS = ("torch", "transformers", "deepspeed", "numpy", "tokenizers", "pyarrow", "duckdb", "prefect")
+DISTRIBUTIONS = ("torch", "transformers", "deepspeed", "numpy", "tokenizers", "pyarrow", "duckdb", "prefect", "peft")
 
 
 def _git(root: Path, *args: str) -> str | None:

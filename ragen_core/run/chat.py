@@ -24,7 +24,7 @@ from ragen_core.envs.tool_env import is_tool_env
 from ragen_core.rollout.engine import opening_message
 from ragen_core.run.checks import build_stored_run_config, manifest_config, stored_trust_refusals
 from ragen_core.storage import DataLake
-from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
+from ragen_core.storage.layout import CHECKPOINT_ADAPTER, CHECKPOINT_HF, checkpoint_file
 
 
 def first_chat(config: RunConfig, env_name: str, env_seed: int) -> list[dict[str, str]]:
@@ -207,6 +207,10 @@ def export_notes(
             sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {notes.left_out[run_id]}.\n")
             continue
         newest = lake.latest_checkpoint(run_id)
+        if newest and checkpoint_file(newest[1], CHECKPOINT_ADAPTER).is_dir():
+            notes.left_out[run_id] = "its policy is LoRA adapters (actor.lora), which a later increment exports"
+            sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {notes.left_out[run_id]}.\n")
+            continue
         where = checkpoint_file(newest[1], CHECKPOINT_HF) if newest else None
         copy = (copies or {}).get(run_id)
         try:

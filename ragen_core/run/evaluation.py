@@ -22,7 +22,7 @@ from ragen_core.run.checks import (
     load_run_config,
     manifest_config,
 )
-from ragen_core.run.offline import OfflineError, missing_checkpoint, resolve_init
+from ragen_core.run.offline import AdapterCheckpointError, OfflineError, missing_checkpoint, resolve_init
 from ragen_core.storage import DataLake
 from ragen_core.storage.names import (
     RUN_REF_PREFIX,
@@ -74,6 +74,8 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, StoredConf
         raise EvaluationError(f"no run {run_id!r} in {where}; `ragen runs` lists them")
     try:
         return resolve_init(target), None, str(Path(target).expanduser().resolve())
+    except AdapterCheckpointError as exc:
+        raise EvaluationError(str(exc)) from None
     except OfflineError:
         raise EvaluationError(
             f"{target!r} is neither a run id in {lake.root if lake else 'the data root'} nor a Hugging Face model "

@@ -19,9 +19,10 @@ import pyarrow as pa
 from ragen_core.config.optimisation import TrainerConfig
 from ragen_core.config.trust import TRUSTED_PATHS_VARIABLE, trusted_path
 from ragen_core.policy import tokenizer_fingerprint
+from ragen_core.policy.lora import ADAPTER_CONFIG
 from ragen_core.seeding import derive_seed
 from ragen_core.storage import DataLake, LakeError, QueryError, QueryRefused, query
-from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file, manifest_file
+from ragen_core.storage.layout import CHECKPOINT_ADAPTER, CHECKPOINT_HF, checkpoint_file, manifest_file
 from ragen_core.storage.names import RUN_REF_PREFIX, RunRefError, is_valid_run_id, parse_run_ref
 from ragen_core.training.offline import OfflineError, pg_update, sft_update
 from schemas.manifest import RunManifest
@@ -120,7 +121,8 @@ def lineage(sql: str, table: pa.Table, mode: str, init: Path, lake: DataLake | N
 
 def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
     """A model folder to start from: a Hugging Face model dir, one of our checkpoints (its ``hf/`` export), or
-    ``run:<run_id>`` (the model that run started from) / ``run:<run_id>@<updates>`` (that run's checkpoint)."""
+    ``run:<run_id>`` (the model that run started from) / ``run:<run_id>@<updates>`` (that run's checkpoint). A
+    checkpoint of LoRA adapters is refused (:class:`AdapterCheckpointError`) until they can be read back."""
     text = str(path)
     if text.startswith(RUN_REF_PREFIX):
         if lake is None:
@@ -146,7 +148,17 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
         return checkpoint_file(path, CHECKPOINT_HF)
     if (path / "config.json").is_file():
         return path
+    if checkpoint_file(path, CHECKPOINT_ADAPTER).is_dir() or (path / ADAPTER_CONFIG).is_file():
+        raise AdapterCheckpointError(
+            f"{str(path)!r} holds LoRA adapters (a run trained with actor.lora): starting from, evaluating or "
+            "exporting them as a policy comes in a later increment (docs/lora.md); run:<id> names the run's start "
+            "model"
+        )
     raise OfflineError(f"--init {str(path)!r} is neither a Hugging Face model folder nor a ragen-flows checkpoint")
+
+
+class AdapterCheckpointError(OfflineError):
+    """A checkpoint of LoRA adapters named where a whole policy is read (not yet supported)."""
 
 
 def missing_checkpoint(lake: DataLake, run_id: str, updates: int, manifest: RunManifest) -> str:

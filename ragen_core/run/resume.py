@@ -46,6 +46,7 @@ from ragen_core.run.schedule import Schedule
 from ragen_core.storage import DataLake, Stage, event_row
 from ragen_core.storage.files import discard
 from ragen_core.storage.layout import (
+    CHECKPOINT_ADAPTER,
     CHECKPOINT_HF,
     checkpoint_file,
     compaction_marker,
@@ -123,6 +124,8 @@ def refuse_compacted_final(lake: DataLake, run_id: str, iteration: int) -> None:
     if compacted:
         latest = lake.latest_checkpoint(run_id)
         start = f"model.path={checkpoint_file(latest[1], CHECKPOINT_HF)}" if latest else "a new run"
+        if latest and checkpoint_file(latest[1], CHECKPOINT_ADAPTER).is_dir():
+            start = "a new run (starting one from LoRA adapters comes in a later increment, docs/lora.md)"
         raise ResumeError(
             f"run {run_id!r} cannot be extended: its final iteration {iteration} was compacted (`ragen runs compact`; "
             f"tables {', '.join(compacted)}). Start a new run from its last checkpoint instead: {start}"

@@ -57,7 +57,7 @@ from ragen_core.run.iteration import IterationState, Step
 from ragen_core.run.schedule import Lane, SyncOnly, sampling_version
 from ragen_core.seeding import derive_seed, derive_seeds
 from ragen_core.storage import Stage, checkpoint_row, evaluation_rows, event_row
-from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
+from ragen_core.storage.layout import CHECKPOINT_ADAPTER, CHECKPOINT_HF, checkpoint_file
 from ragen_core.training.entropy import trajectory_entropy
 from ragen_core.training.rows import TokenRows
 from ragen_core.training.turn_rows import turn_entropy
@@ -372,9 +372,10 @@ def save_checkpoint_if_due(session: RunSession, iteration: int, metrics: dict[st
     run_id = session.run_id
     extra = {"config_hash": session.config_hash, "metrics": {k: v for k, v in metrics.items() if "/" in k}}
     path = session.updater.save(updates, extra)
+    policy, kind = (CHECKPOINT_ADAPTER, "lora") if session.config.actor.lora is not None else (CHECKPOINT_HF, "hf")
     rows = [
         checkpoint_row(run_id, iteration, str(path), "deepspeed", extra["metrics"]),
-        checkpoint_row(run_id, iteration, str(checkpoint_file(path, CHECKPOINT_HF)), "hf", extra["metrics"]),
+        checkpoint_row(run_id, iteration, str(checkpoint_file(path, policy)), kind, extra["metrics"]),
     ]
     session.lake.write_rows("checkpoints", run_id, iteration, rows, stage=Stage.COMMIT, publish=False)
     session.lake.prune_checkpoints(run_id, trainer.keep_last)

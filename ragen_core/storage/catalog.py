@@ -318,9 +318,10 @@ def _kept_checkpoints(lake: DataLake, run_id: str | None) -> pa.Table:
 
 
 def _checkpoint_columns(con: duckdb.DuckDBPyConnection, lake: DataLake, run_id: str | None) -> str:
-    """``available``: a row's folder (``.../iteration=<n>``, or its ``hf/`` export) is a complete checkpoint now."""
+    """``available``: a row's folder (``.../iteration=<n>``, or its ``hf/`` export or ``adapter/``) is a complete
+    checkpoint now."""
     con.register("_checkpoints_kept", _kept_checkpoints(lake, run_id))
-    updates = r"TRY_CAST(regexp_extract(s.path, '/iteration=([0-9]+)(/hf)?$', 1) AS BIGINT)"
+    updates = r"TRY_CAST(regexp_extract(s.path, '/iteration=([0-9]+)(/hf|/adapter)?$', 1) AS BIGINT)"
     return (
         f"EXISTS (SELECT 1 FROM _checkpoints_kept k WHERE k.run_id = s.run_id AND k.updates = {updates}) AS available"
     )

@@ -22,7 +22,8 @@ Layout 2 under the data root::
                                                                    to record its failure when the disk fills
                                                                    (``space``)
     runs/<run_id>/checkpoints/iteration=<n>/                       a checkpoint after n updates: checkpoint.json,
-                                                                   actor/, critic/, hf/ (``training.checkpoint``)
+                                                                   actor/, critic/, hf/ (or under LoRA adapter/)
+                                                                   (``training.checkpoint``)
     runs/<run_id>/update_group/policy/                             a launched update group's logs and policy export
     runs/<run_id>/vllm_server/                                     the run's vLLM rollout server's log
     runs/<run_id>/tensorboard/                                     the metrics as TensorBoard event files
@@ -105,6 +106,7 @@ DELETING_PREFIX = ".deleting-"  # a run's table folder being removed (hidden: re
 # inside a checkpoint folder (ragen_core.training.checkpoint writes them)
 CHECKPOINT_INFO = "checkpoint.json"  # written last into a checkpoint folder: its presence marks the folder complete
 CHECKPOINT_HF = "hf"  # the Hugging Face export of the policy
+CHECKPOINT_ADAPTER = "adapter"  # under LoRA, in place of hf/: the PEFT adapters and the tokenizer
 CHECKPOINT_ACTOR = "actor"  # DeepSpeed engine states
 CHECKPOINT_CRITIC = "critic"
 CHECKPOINT_ENGINE_STATE = "state"  # DeepSpeed's tag: the sub-folder of actor/ and critic/ it writes
@@ -310,8 +312,8 @@ def checkpoint_folder_name(updates: int) -> str:
 
 def checkpoint_file(folder: Path, name: str) -> Path:
     """A part of a checkpoint folder (or of its temporary sibling): :data:`CHECKPOINT_INFO`, :data:`CHECKPOINT_HF`,
-    :data:`CHECKPOINT_ACTOR`, :data:`CHECKPOINT_CRITIC`."""
-    if name not in (CHECKPOINT_INFO, CHECKPOINT_HF, CHECKPOINT_ACTOR, CHECKPOINT_CRITIC):
+    :data:`CHECKPOINT_ADAPTER`, :data:`CHECKPOINT_ACTOR`, :data:`CHECKPOINT_CRITIC`."""
+    if name not in (CHECKPOINT_INFO, CHECKPOINT_HF, CHECKPOINT_ADAPTER, CHECKPOINT_ACTOR, CHECKPOINT_CRITIC):
         raise ValueError(f"{name!r} is no part of a checkpoint")
     return Path(folder) / name
 

@@ -46,9 +46,9 @@ its account. The rules:
 - **Manifests** (``runs/<id>/manifest.json``): a regular file in a folder named by a valid run id, a JSON object
   whose ``run_id`` is that folder's name, of the shape :class:`schemas.manifest.RunManifest` declares (each field
   of its type; a manifest of a newer ``manifest_version`` is refused, saying to upgrade).
-- **Checkpoint rows**: a row of run R names ``runs/R/checkpoints/iteration=<n>`` or its ``hf/`` export. Under this
-  data root, exactly that folder (no link on the way); elsewhere (a data root that was moved or copied), a path
-  that ends so, and the lake never touches it.
+- **Checkpoint rows**: a row of run R names ``runs/R/checkpoints/iteration=<n>``, its ``hf/`` export or its
+  ``adapter/`` (LoRA). Under this data root, exactly that folder (no link on the way); elsewhere (a data root that
+  was moved or copied), a path that ends so, and the lake never touches it.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ import pyarrow.parquet as pq
 
 from ragen_core.storage.files import LakeError, VanishedFileError, parquet_errors, read_parquet
 from ragen_core.storage.layout import (
+    CHECKPOINT_ADAPTER,
     CHECKPOINT_HF,
     CHECKPOINTS,
     ITERATION_FOLDER,
@@ -383,7 +384,7 @@ def checkpoint_folder(root: Path, run_id: str, stored: Any, source: Path) -> Pat
     if not isinstance(stored, str) or not stored or "\x00" in stored:
         raise bad("not a path")
     path = Path(stored)
-    parts = path.parts[:-1] if path.name == CHECKPOINT_HF else path.parts
+    parts = path.parts[:-1] if path.name in (CHECKPOINT_HF, CHECKPOINT_ADAPTER) else path.parts
     if not path.is_absolute() or ".." in path.parts or len(parts) < 5:
         raise bad("not an absolute path of a checkpoint folder")
     tail = parts[-4:]

@@ -21,6 +21,7 @@ import torch
 
 from ragen_core.algos import POLICY_LOSSES, aggregate_loss, kl_penalty
 from ragen_core.algos.losses import trained_sequences
+from ragen_core.policy.lora import forward_of, weights_digest, wrap_lora
 from ragen_core.training.batch import token_logprobs, trained_columns
 from ragen_core.training.cost import ModelShape, PassTally
 from ragen_core.training.distributed import ensure_single_process_env
@@ -36,7 +37,7 @@ from ragen_core.training.precision import precision_config, torch_dtype
 from ragen_core.update.rows import TokenBatch
 
 if TYPE_CHECKING:
-    from ragen_core.config import ActorConfig, AlgorithmConfig
+    from ragen_core.config import ActorConfig, AlgorithmConfig, LoraConfig
 
 
 @dataclass(frozen=True)
@@ -99,11 +100,13 @@ def deepspeed_config(optim: OptimConfig) -> dict[str, Any]:
 
 
 def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
-    """The torch optimizer handed to DeepSpeed (no compiled op needed)."""
+    """The torch optimizer handed to DeepSpeed (no compiled op needed), over the trainable parameters only (under
+    LoRA the adapters; otherwise every parameter, in the module's order)."""
+    trained = [p for p in model.parameters() if p.requires_grad]
     if optim.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+        return torch.optim.AdamW(trained, lr=optim.lr, weight_decay=optim.weight_decay)
     if optim.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+        return torch.optim.SGD(trained, lr=optim.lr, weight_decay=optim.weight_decay)
     raise ValueError(f"unknown optimizer {optim.optimizer!r}; use 'adamw' or 'sgd'")
 
 
@@ -164,20 +167,35 @@ def check_data_parallel(optim: OptimConfig) -> None:
 class ActorEngine:
     """Owns the policy's DeepSpeed engine (and, when KL is on, a frozen reference copy)."""
 
-    def __init__(self, model: torch.nn.Module, optim: OptimConfig, keep_reference: bool = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optim: OptimConfig,
+        keep_reference: bool = False,
+        lora: LoraConfig | None = None,
+        lora_seed: int = 0,
+    ) -> None:
+        """With ``lora``, ``model`` becomes the frozen base of fresh adapters (:func:`wrap_lora`, seeded by
+        ``lora_seed``) and only they are trained; ``keep_reference`` then keeps no copy: the KL reference is the
+        policy with its adapters off (:meth:`reference_logprobs`)."""
         ensure_single_process_env()
         import deepspeed
 
         self.optim = optim
         self.tally = PassTally(ModelShape.of(model))  # the FLOPs of its passes, for the update's perf/* metrics
         prepare_model(model, optim)
-        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if keep_reference else None
+        self.adapter = lora is not None
+        self.base_digest = weights_digest(model) if lora is not None else None  # what a checkpoint's base must be
+        if lora is not None:
+            model = wrap_lora(model, lora, lora_seed)  # before DeepSpeed: its parameters are the adapters' too
+        keep = keep_reference and lora is None
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if keep else None
         optimizer = build_optimizer(model, optim)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(optim))
         check_data_parallel(optim)
         self.device = torch.device(self.engine.device)
         # Hugging Face causal LMs that take logits_to_keep project only the positions the update trains on
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.keeps_logits = "logits_to_keep" in inspect.signature(forward_of(model)).parameters
         if self.reference is not None:  # where and in what precision the policy runs
             self.reference.to(device=self.device, dtype=torch_dtype(optim.precision))
 
@@ -212,6 +230,16 @@ class ActorEngine:
                 out[plan.rows, : logprobs.shape[1]] = logprobs.to(out.device)
         model.train(was_training)
         return all_reduce_sum(out, self.device)
+
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor | None:
+        """Log-probs (B, T) of the batch under the KL reference: the frozen copy of the start policy, or under LoRA
+        the policy with its adapters off (the frozen start model itself); None when the engine keeps neither."""
+        if self.reference is not None:
+            return self.score(batch, self.reference)
+        if self.adapter:
+            with self.module.disable_adapter():
+                return self.score(batch)
+        return None
 
     def policy_update(
         self,

@@ -12,6 +12,11 @@ that removing the run removes its checkpoints)::
                             ``AutoModelForCausalLM.from_pretrained`` and vLLM load it; its chat template ends the
                             generation prompt with the run's reply prefix (``<think>``), as training prompts do
                             (:mod:`ragen_core.agent.templates`)
+        adapter/            under LoRA (``actor.lora``), in place of ``hf/``: PEFT's ``save_pretrained`` of the
+                            adapters (``adapter_config.json``, ``adapter_model.safetensors``) and the tokenizer; the
+                            engine state then holds the adapters (and the optimizer's state of them) only, and
+                            ``checkpoint.json`` records the adapters' settings and the sha256 of the base weights,
+                            which a load onto another base refuses
 
 A save is atomic: everything is built in a hidden sibling of the folder, fsynced, then renamed into place, so a
 checkpoint folder the lake lists is always complete. Hidden leftovers of a crash are ignored by the readers and
@@ -49,10 +54,12 @@ from typing import Any
 from ragen_core.agent.templates import export_chat_template
 from ragen_core.faults import maybe_fail
 from ragen_core.policy.loading import follow_umask
+from ragen_core.policy.lora import adapter_settings, save_adapter
 from ragen_core.storage.files import TRASH_PREFIX, fsync_dir
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import (
     CHECKPOINT_ACTOR,
+    CHECKPOINT_ADAPTER,
     CHECKPOINT_CRITIC,
     CHECKPOINT_ENGINE_STATE,
     CHECKPOINT_HF,
@@ -112,17 +119,18 @@ def save_checkpoint(
         _clean_leftovers(final.parent)
         temp.mkdir(parents=True)
     _barrier()
-    actor.engine.save_checkpoint(str(checkpoint_file(temp, CHECKPOINT_ACTOR)), tag=ENGINE_TAG, save_latest=False)
+    actor_state = str(checkpoint_file(temp, CHECKPOINT_ACTOR))
+    with _trainable_state(actor):  # under LoRA the frozen base is the start model: its weights are not saved again
+        actor.engine.save_checkpoint(
+            actor_state, tag=ENGINE_TAG, save_latest=False, exclude_frozen_parameters=actor.adapter
+        )
     if critic is not None:
         critic.engine.save_checkpoint(str(checkpoint_file(temp, CHECKPOINT_CRITIC)), tag=ENGINE_TAG, save_latest=False)
     maybe_fail("checkpoint", "mid_save", iteration)
     state_dict = _full_state_dict(actor)  # every rank (a collective under ZeRO-3)
     _barrier()  # every rank's shard is written before rank 0 takes the digests
     if _rank() == 0:
-        export = checkpoint_file(temp, CHECKPOINT_HF)
-        actor.module.save_pretrained(str(export), state_dict=state_dict)
-        save_tokenizer(tokenizer, export, reply_prefix)
-        follow_umask(export)  # transformers writes the weights 0600
+        _save_policy(actor, temp, state_dict, tokenizer, reply_prefix)
         info["files"] = tree_digests(temp, skip=(INFO_FILE,))  # what a load checks before reading anything
         text = json.dumps(info, indent=2, sort_keys=True, default=_json_value)
         checkpoint_file(temp, INFO_FILE).write_text(text)  # last: its presence marks the folder complete
@@ -130,6 +138,40 @@ def save_checkpoint(
         _replace_dir(temp, final)
     _barrier()
     return final
+
+
+def _save_policy(actor: ActorEngine, folder: Path, state_dict: Any, tokenizer: Any, reply_prefix: str) -> None:
+    """The checkpoint's policy with ``tokenizer``: the Hugging Face export (``hf/``), or the adapters
+    (``adapter/``) of a LoRA engine."""
+    if actor.adapter:
+        target = checkpoint_file(folder, CHECKPOINT_ADAPTER)
+        save_adapter(actor.module, target)
+    else:
+        target = checkpoint_file(folder, CHECKPOINT_HF)
+        actor.module.save_pretrained(str(target), state_dict=state_dict)
+    save_tokenizer(tokenizer, target, reply_prefix)
+    follow_umask(target)  # transformers and PEFT write the weights 0600
+
+
+@contextmanager
+def _trainable_state(actor: ActorEngine) -> Iterator[None]:
+    """Within the block, a LoRA engine's saved module state leaves out every frozen weight. DeepSpeed's
+    ``exclude_frozen_parameters`` leaves out the names ``named_parameters`` lists, not a tied alias of one: the output
+    head tied to the embedding (the tiny model's, Qwen2.5-0.5B's) would be saved whole."""
+    if not actor.adapter:
+        yield
+        return
+    engine, own = actor.engine, actor.engine.module_state_dict
+
+    def trainable(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        frozen = {n for n, p in engine.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        return {name: value for name, value in own(*args, **kwargs).items() if name not in frozen}
+
+    engine.module_state_dict = trainable
+    try:
+        yield
+    finally:
+        del engine.module_state_dict  # the instance attribute: the class's method shows again
 
 
 def save_tokenizer(tokenizer: Any, folder: str | Path, reply_prefix: str = "") -> None:
@@ -145,7 +187,12 @@ def export_policy(actor: ActorEngine, tokenizer: Any, folder: str | Path, reply_
     """Write the policy and ``tokenizer`` as a Hugging Face folder at ``folder``, atomically replacing what is there
     (built in a hidden sibling, fsynced, renamed); its chat template ends the generation prompt with
     ``reply_prefix``, as :func:`save_checkpoint`'s export does. Call it on every rank under a launcher; rank 0
-    writes."""
+    writes. A LoRA engine's whole policy is not exported yet (a :class:`CheckpointError`)."""
+    if actor.adapter:
+        raise CheckpointError(
+            "exporting a LoRA policy (actor.lora) as a whole Hugging Face folder comes in a later increment "
+            "(docs/lora.md); its checkpoints hold the adapters in adapter/"
+        )
     folder = Path(folder)
     state_dict = _full_state_dict(actor)
     if _rank() == 0:
@@ -190,18 +237,25 @@ def _full_state_dict(actor: ActorEngine) -> dict[str, Any] | None:
     None otherwise, where ``save_pretrained`` reads the unpartitioned module itself."""
     if not actor.engine.zero_optimization_partition_weights():
         return None
-    return actor.engine._zero3_consolidated_16bit_state_dict()  # DeepSpeed's gather; in the model's own dtype
+    # DeepSpeed's gather, in the model's own dtype
+    return actor.engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=actor.adapter)
 
 
 def _info(
     run_id: str, iteration: int, actor: ActorEngine, critic: CriticEngine | None, extra: dict[str, Any]
 ) -> dict[str, Any]:
-    """The content of ``checkpoint.json``."""
+    """The content of ``checkpoint.json`` (PEFT's version: None where it is not installed, for a run without LoRA)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import deepspeed
     import torch
     import transformers
 
-    return {
+    try:
+        peft = version("peft")
+    except PackageNotFoundError:
+        peft = None
+    info = {
         "format_version": FORMAT_VERSION,
         "run_id": run_id,
         "iteration": iteration,
@@ -214,9 +268,14 @@ def _info(
             "torch": torch.__version__,
             "deepspeed": deepspeed.__version__,
             "transformers": transformers.__version__,
+            "peft": peft,
         },
         "extra": extra,
     }
+    if actor.adapter:
+        info["lora"] = adapter_settings(actor.module)
+        info["base_model"] = {"sha256": actor.base_digest}
+    return info
 
 
 def _json_value(value: Any) -> Any:
@@ -262,14 +321,17 @@ def load_checkpoint(path: str | Path, actor: ActorEngine, critic: CriticEngine |
     """Restore the engines' exact state (weights, optimizer, lr scheduler, step counters); return the checkpoint's
     ``checkpoint.json``.
 
-    The engines must be built with the same model shape and optimizer settings as the saved ones (a mismatch raises).
-    A checkpoint with a critic may be loaded without one (actor only); the reverse raises a :class:`CheckpointError`.
+    The engines must be built with the same model shape and optimizer settings as the saved ones (a mismatch raises);
+    a LoRA checkpoint, with the same adapters on the same base weights (its sha256), whose frozen weights the engine
+    keeps as they are. A checkpoint with a critic may be loaded without one (actor only); the reverse raises a
+    :class:`CheckpointError`.
     Every file of the engine folders loaded is checked against its recorded sha256 first, and the state files are
     read without running code (see the module's docstring); a damaged or foreign file is a :class:`CheckpointError`
     naming it (a digest mismatch is found before any engine is changed).
     """
     path = Path(path)
     info = read_checkpoint_info(path)
+    _check_adapters(path, info, actor)
     engines: dict[str, ActorEngine | CriticEngine] = {CHECKPOINT_ACTOR: actor}
     if critic is not None:
         if not info.get("has_critic") or not checkpoint_file(path, CHECKPOINT_CRITIC).is_dir():
@@ -305,13 +367,62 @@ def _verify_files(path: Path, info: dict[str, Any], roles: tuple[str, ...]) -> N
         )
 
 
+def _check_adapters(path: Path, info: dict[str, Any], actor: ActorEngine) -> None:
+    """A LoRA checkpoint loads only into a LoRA engine with the same adapters on the same base weights, and a full
+    one only into a full engine (a :class:`CheckpointError` before any engine is changed)."""
+    saved = info.get("lora")
+    if saved is None and not actor.adapter:
+        return
+    if saved is None or not actor.adapter:
+        held = "LoRA adapters" if saved is not None else "a fully fine-tuned policy"
+        engine = "a full fine-tuning engine" if saved is not None else "a LoRA engine"
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds {held} but was loaded into {engine}: resume with the run's own actor.lora"
+        )
+    own = adapter_settings(actor.module)
+    if saved != own:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds adapters {saved}, the engine {own}: resume with the run's own actor.lora"
+        )
+    base = (info.get("base_model") or {}).get("sha256")
+    if base != actor.base_digest:
+        raise CheckpointError(
+            f"the adapters of checkpoint {str(path)!r} were trained on another base model (sha256 of its weights "
+            f"{base}, the engine's {actor.base_digest}): start from the run's own start model"
+        )
+
+
+def _adapter_load(src: dict[str, Any], dst: Any) -> None:
+    """DeepSpeed's ``custom_load_fn`` for a LoRA actor: the state must hold exactly the engine's tensors but its frozen
+    weights (the adapters and the buffers); they are loaded, the frozen base kept. A strict load, keyed to what
+    :func:`save_checkpoint` leaves out."""
+    frozen = {name for name, p in dst.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    expected, given = set(dst.state_dict()) - frozen, set(src)
+    if given != expected:
+        missing, foreign = sorted(expected - given), sorted(given - expected)
+        what = f"lacks {len(missing)} tensors of the adapters (e.g. {missing[0]})" if missing else ""
+        what += (" and " if missing and foreign else "") + (
+            f"holds {len(foreign)} tensors the engine does not train (e.g. {foreign[0]})" if foreign else ""
+        )
+        raise CheckpointError(
+            f"the LoRA actor state {what}: it was saved with other adapters, or damaged; resume with the run's own "
+            "actor.lora, or delete the checkpoint (a resume then starts from an earlier one)"
+        )
+    dst.load_state_dict(src, strict=False)
+
+
 def _load_engine(owner: ActorEngine | CriticEngine, path: Path, role: str) -> None:
     """Load one engine's DeepSpeed state from the checkpoint folder ``path`` (explicit tag, never the ``latest``
     file), reading the state files without running code from them."""
     folder, state = checkpoint_file(path, role), engine_state_dir(path, role)
+    adapters = isinstance(owner, ActorEngine) and owner.adapter
     with safe_engine_loading(owner.engine), _literal_folder(owner.engine):
         load_path, _ = owner.engine.load_checkpoint(
-            str(folder), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+            str(folder),
+            tag=ENGINE_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+            custom_load_fn=_adapter_load if adapters else None,
         )
     if load_path is None:
         raise CheckpointError(f"DeepSpeed could not load the {role} state in {str(state)!r}")

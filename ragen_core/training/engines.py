@@ -8,6 +8,7 @@ from typing import Any
 
 from ragen_core.algos import needs_critic
 from ragen_core.config import RunConfig
+from ragen_core.seeding import derive_seed
 from ragen_core.training.actor import ActorEngine, OptimConfig
 from ragen_core.training.critic import CriticEngine, ValueModel
 from ragen_core.training.precision import torch_dtype
@@ -84,12 +85,14 @@ def start_engines(
     config: RunConfig, start_model_dir: Path, precision: str, training: bool = True
 ) -> tuple[ActorEngine, CriticEngine | None, Any]:
     """(actor, critic or None, tokenizer) from ``start_model_dir``. ``training=False`` (evaluation) skips the KL
-    reference copy and the critic."""
+    reference copy and the critic. With ``actor.lora`` the start model is the adapters' frozen base; the critic stays
+    a whole model of its own, fully trained."""
     from ragen_core.policy import load_policy
 
     model, tokenizer = load_policy(start_model_dir, dtype=torch_dtype(precision))
-    keep_reference = training and config.algorithm.kl_coef > 0
-    actor = ActorEngine(model, actor_optim(config, precision), keep_reference=keep_reference)
+    lora, lora_seed = config.actor.lora, derive_seed(config.seed, 0, "lora_init")
+    keep_reference = training and config.algorithm.kl_coef > 0 and lora is None  # LoRA: the adapters off
+    actor = ActorEngine(model, actor_optim(config, precision), keep_reference, lora, lora_seed)
     critic = None
     if training and needs_critic(config.algorithm.adv_estimator):
         critic = build_critic_engine(config, start_model_dir, precision)

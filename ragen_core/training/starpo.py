@@ -113,7 +113,7 @@ def starpo_update(
     mask = batch.loss_mask
     reuse = uses_stored_logprobs(config, inputs, actor.optim.precision)
     old_logprobs = inputs.behavior_logprobs if reuse and inputs.behavior_logprobs is not None else actor.score(batch)
-    ref_logprobs = actor.score(batch, actor.reference) if algorithm.kl_coef > 0 and actor.reference else None
+    ref_logprobs = actor.reference_logprobs(batch) if algorithm.kl_coef > 0 else None
     token_rewards = token_rewards_for(inputs, algorithm.reward_level)
     metrics: dict[str, float] = {}
     if algorithm.kl_mode == "reward" and ref_logprobs is not None:

@@ -31,6 +31,7 @@ from ragen_core.config import RunConfig
 from ragen_core.faults import maybe_fail
 from ragen_core.rollout.handoff import SharedWeights, WeightLayout
 from ragen_core.rollout.sampling import NewWeights
+from ragen_core.seeding import derive_seed
 from ragen_core.storage import DataLake
 from ragen_core.training.actor import ActorEngine
 from ragen_core.training.checkpoint import export_policy, load_checkpoint, load_exported_weights, save_checkpoint
@@ -120,6 +121,9 @@ class InProcessUpdater:
                 batch = inputs.batch
                 mask = think_mask(batch.input_ids.tolist(), batch.loss_mask.tolist(), self.tokenizer.decode)
                 inputs = dataclasses.replace(inputs, kl_mask=torch.from_numpy(mask))
+            lora = self.config.actor.lora
+            if lora is not None and lora.dropout > 0:  # a resume replays updates without the generation's reseed
+                torch.manual_seed(derive_seed(self.config.seed, iteration, "update_dropout"))
             metrics = starpo_update(self.config, self.actor, self.critic, inputs, iteration)
             if self.critic is not None and needs_critic(algorithm.adv_estimator):
                 clock.add(critic_passes(self.critic.module, inputs.batch, critic_schedule(self.config).ppo_epochs))

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from ragen_core.storage.files import LakeError, atomic_write_bytes, atomic_write_parquet
 from ragen_core.storage.lake import DataLake
-from ragen_core.storage.layout import CHECKPOINT_HF, checkpoint_file
+from ragen_core.storage.layout import CHECKPOINT_ADAPTER, CHECKPOINT_HF, checkpoint_file
 from ragen_core.storage.names import validate_run_id
 
 SPLITS = {"train": "train", "validation": "val"}  # the dataset's split: the lake's `split` value
@@ -81,6 +81,13 @@ def policy_folders(lake: DataLake, run_ids: list[str]) -> dict[str, Path]:
     return found
 
 
+def adapter_runs(lake: DataLake, run_ids: list[str]) -> list[str]:
+    """The runs whose newest complete checkpoint holds LoRA adapters (``adapter/``) in place of a Hugging Face
+    export."""
+    newest = {run_id: lake.latest_checkpoint(run_id) for run_id in dict.fromkeys(run_ids)}
+    return [run for run, found in newest.items() if found and checkpoint_file(found[1], CHECKPOINT_ADAPTER).is_dir()]
+
+
 def _copy_policy(source: Path, target: Path) -> None:
     """The regular files of ``source`` (a policy folder of the lake) copied to ``target``; a link in it (which could
     point anywhere) is refused, naming it, rather than followed."""
@@ -100,9 +107,10 @@ def splittable_tables(lake: DataLake) -> list[str]:
     return [n for n, s in lake.tables.items() if s.source == "parquet" and "split" in s.column_names]
 
 
-def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str]) -> None:
+def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str], models: bool = False) -> None:
     """Refuse a bad export before anything is written: no or unknown runs, unknown or unsplittable tables, an
-    ``out`` that is inside the data root, a link, a file or a non-empty folder."""
+    ``out`` that is inside the data root, a link, a file or a non-empty folder; with ``models``, a run whose policy
+    is LoRA adapters."""
     if not run_ids:
         raise ExportError("name at least one run to export (`ragen runs` lists them)")
     from ragen_core.storage.maintenance.housekeeping import runs_with_data
@@ -121,6 +129,12 @@ def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str
             )
     if len(set(run_ids)) != len(run_ids) or len(set(tables)) != len(tables) or not tables:
         raise ExportError("name each run and each table once (and at least one table)")
+    adapted = adapter_runs(lake, run_ids) if models else []
+    if adapted:
+        raise ExportError(
+            f"--model: run {adapted[0]!r} trained LoRA adapters (actor.lora); exporting them comes in a later "
+            "increment (docs/lora.md): export its rows without --model"
+        )
     if os.path.islink(out):
         raise ExportError(f"--out {str(out)!r} is a symbolic link; give the path of a new folder")
     if out.resolve().is_relative_to(lake.root):
@@ -147,7 +161,7 @@ def export_dataset(
     markdown for its README (how to prompt each run's policy: :func:`ragen_core.run.chat.export_notes`); with
     ``models``, each run's policy (``policies``, default :func:`policy_folders`) copied to ``models/<run id>/`` in
     it."""
-    check_export(lake, out, run_ids, tables)
+    check_export(lake, out, run_ids, tables, models)
     out = out.resolve()
     report = ExportReport(out, list(run_ids), committed=committed_iterations(lake, run_ids))
     report.models = policy_folders(lake, run_ids) if policies is None else dict(policies)
