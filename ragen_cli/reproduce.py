@@ -116,8 +116,32 @@ def _checked_out(out: Path, root: Path) -> Path:
         fail(str(exc))
 
 
+def _completed(plans: list, lake: DataLake) -> bool:
+    """Whether every point of every sweep has a completed run already, its sweep recorded with the same spec: the
+    sweeps would run nothing (so no flow, and no Prefect server, is started for them)."""
+    from ragen_core.storage import LakeError
+    from ragen_core.sweep import sweep_file
+
+    for item in plans:
+        path = sweep_file(lake, item.plan.sweep_id)
+        try:
+            if not path.is_file() or json.loads(path.read_text()).get("spec") != item.plan.spec:
+                return False
+            manifests = [lake.read_manifest(point.run_id) for point in item.plan.points]
+        except (LakeError, OSError, ValueError):  # the sweep flow says what is wrong with them
+            return False
+        if any(m is None or m.status != "completed" for m in manifests):
+            return False
+    return True
+
+
 def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
-    """Every variant's sweep as local subflows; completed points are skipped, failed ones resumed."""
+    """Every variant's sweep as local subflows; completed points are skipped, failed ones resumed. When every point
+    has completed, nothing is started: the numbers are read from the lake."""
+    if _completed(plans, lake):
+        points = sum(len(item.plan.points) for item in plans)
+        console.print(f"{name.removeprefix('reproduce-')}: its {points} run(s) completed in {escape(str(lake.root))}")
+        return
     from ragen_cli.launch import start_flow_command, watch_points
 
     start_flow_command(lake, name, verbose)
