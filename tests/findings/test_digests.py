@@ -67,6 +67,13 @@ def test_every_re_stamp_record_vouches_for_a_whole_passed_probe_on_one_machine()
         assert record["cpu"]["model"] and record["cpu"]["torch_capability"], where
 
 
+# Envs whose first observation is not the whole instance: sql_agent shows the question, not the tables it asks about,
+# so a validation question's words may have been met in training over other tables ("How many staff joined in or
+# after 2009?"); its instances are held out by question and rows (tests/envs/test_sql_agent.py), and the overlap of its
+# first observations is reported, not zero (docs/findings.md, "Agents that use tools")
+QUESTION_ONLY = {"sql_agent"}
+
+
 def test_held_out_validation_met_no_training_map():
     """Every arm of a finding on a map env validated on maps its run never trained on (nor its bootstrap)."""
     checked = 0
@@ -74,5 +81,6 @@ def test_held_out_validation_met_no_training_map():
         for arm, overlap in (json.loads(path.read_text()).get("held_out") or {}).items():
             checked += 1
             assert overlap["held_out"] == "maps", f"{path.stem} {arm}: {overlap}"
-            assert overlap["val_seen_in_training"]["max"] == 0.0, f"{path.stem} {arm}: {overlap}"
+            if arm.split(" / ")[-1] not in QUESTION_ONLY:
+                assert overlap["val_seen_in_training"]["max"] == 0.0, f"{path.stem} {arm}: {overlap}"
     assert checked
