@@ -101,7 +101,10 @@ def _perception_curve(series: dict[str, list[tuple[int, float]]]) -> list[dict[s
     return [{"iteration": i, **spread(v)} for i, v in sorted(by_iteration.items())]
 
 
-def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any]:
+def arm_lifts(ctx: Context, arm: Arm, min_lift: float) -> dict[str, Any]:
+    """An arm's validation success before and after RL: its env, each run's :func:`lift`, how many lifted and the
+    verdict ("reproduced" when every run lifts, "partly" when some do, "not reproduced" when none does), and the
+    spreads of the first, final and lift values over its runs (the head of an arm's numbers)."""
     config = arm.config
     if config is None:
         raise ValueError(f"arm {arm.label!r} has no config: arms come from a finding's sweep plans (arms_of)")
@@ -113,9 +116,6 @@ def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any
     }
     lifted = sum(r["lifted"] for r in runs.values())
     verdict = "reproduced" if lifted == len(runs) and runs else "partly" if lifted else "not reproduced"
-    names = (key, f"val/{env_name}/{AGREEMENT}", f"val/{env_name}/{CHANCE}", f"val/{env_name}/{PERCEPTION}")
-    seen = perception(ctx, arm, env_name)
-    overlap = validation_overlap(ctx, arm, env_name)
     return {
         "env": env_name,
         "env_options": dict(config.env.options),
@@ -127,6 +127,17 @@ def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any
         "val_success_first": spread([r["first"] for r in runs.values()]),
         "val_success_final": spread([r["final"] for r in runs.values()]),
         "lift": spread([r["lift"] for r in runs.values()]),
+    }
+
+
+def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any]:
+    head = arm_lifts(ctx, arm, min_lift)
+    config, env_name, key = arm.config, head["env"], head["val_key"]
+    names = (key, f"val/{env_name}/{AGREEMENT}", f"val/{env_name}/{CHANCE}", f"val/{env_name}/{PERCEPTION}")
+    seen = perception(ctx, arm, env_name)
+    overlap = validation_overlap(ctx, arm, env_name)
+    return {
+        **head,
         "agreement_first": spread([first_value(ctx, run, names[1]) for run in arm.run_ids]),
         "agreement_final": spread([last_value(ctx, run, names[1]) for run in arm.run_ids]),
         "chance": spread([first_value(ctx, run, names[2]) for run in arm.run_ids]),

@@ -23,8 +23,8 @@ import re
 from typing import Any
 
 from ragen_core.envs import make_env
-from ragen_core.findings.analysis import Arm, Context, curve, first_value, last_value, register, spread
-from ragen_core.findings.multiturn import lift, reference_levels
+from ragen_core.findings.analysis import Arm, Context, curve, register, spread
+from ragen_core.findings.multiturn import arm_lifts, reference_levels
 from ragen_core.storage import query
 from ragen_core.tools.calls import MALFORMED
 from ragen_core.tools.parsers import ToolCall
@@ -153,34 +153,14 @@ def _ends(points: dict[int, dict[str, float]]) -> dict[str, dict[str, float | No
 
 
 def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any]:
-    config = arm.config
-    if config is None:
-        raise ValueError(f"arm {arm.label!r} has no config: arms come from a finding's sweep plans (arms_of)")
-    env_name = config.env.name
-    key = f"val/{env_name}/success"
-    episodes = config.eval.instances * config.eval.k
+    head = arm_lifts(ctx, arm, min_lift)
+    config, env_name, runs = arm.config, head["env"], head["runs"]
     series = call_measures(ctx, arm, env_name)
-    runs = {}
-    for run in arm.run_ids:
+    for run, numbers in runs.items():
         ends = _ends(series[run])
-        runs[run] = {
-            **lift(first_value(ctx, run, key), last_value(ctx, run, key), episodes, min_lift),
-            "measures_first": ends["first"],
-            "measures_final": ends["final"],
-        }
-    lifted = sum(r["lifted"] for r in runs.values())
-    verdict = "reproduced" if lifted == len(runs) and runs else "partly" if lifted else "not reproduced"
+        numbers.update(measures_first=ends["first"], measures_final=ends["final"])
     return {
-        "env": env_name,
-        "env_options": dict(config.env.options),
-        "val_key": key,
-        "episodes": episodes,
-        "verdict": verdict,
-        "lifted_runs": lifted,
-        "runs": runs,
-        "val_success_first": spread([r["first"] for r in runs.values()]),
-        "val_success_final": spread([r["final"] for r in runs.values()]),
-        "lift": spread([r["lift"] for r in runs.values()]),
+        **head,
         **{
             f"{measure}_{end}": spread([r[f"measures_{end}"].get(measure) for r in runs.values()])
             for measure in MEASURES
@@ -188,7 +168,10 @@ def _arm(ctx: Context, arm: Arm, repeats: int, min_lift: float) -> dict[str, Any
         },
         "held_out": config.eval.held_out,
         "references": reference_levels(config, env_name, repeats),
-        "curves": {key: curve(ctx, arm, key), **{m: _measure_curve(series, m) for m in MEASURES}},
+        "curves": {
+            head["val_key"]: curve(ctx, arm, head["val_key"]),
+            **{m: _measure_curve(series, m) for m in MEASURES},
+        },
     }
 
 
