@@ -105,7 +105,7 @@ def literals_copied(arguments: str | None, observation: str) -> tuple[int, int]:
 
 
 def call_measures(ctx: Context, arm: Arm, env_name: str) -> dict[str, dict[int, dict[str, float]]]:
-    """Per run, per validation iteration: the five measures of the module docstring (run ids, env and the error
+    """Per run, per validation iteration: the seven measures of the module docstring (run ids, env and the error
     names are bound parameters)."""
     config = arm.config
     params = {"runs": list(arm.run_ids), "env": env_name}
