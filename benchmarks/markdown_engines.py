@@ -311,3 +311,37 @@ def async_section(section: dict[str, Any] | None) -> list[str]:
             f"| {fmt_spread(case['parallel_capacity']) if 'parallel_capacity' in case else '-'} |"
         )
     return lines + [""]
+
+
+def lora_section(section: dict[str, Any] | None) -> list[str]:
+    """LoRA adapters against full fine-tuning (benchmarks/lora_bench.py)."""
+    lines = ["## 2c. LoRA adapters against full fine-tuning", ""]
+    if not section:
+        return lines + ["Not run.", ""]
+    lines += [
+        f"Machine: {machine_line(section)}.",
+        "",
+        "configs/bandit.yaml's batch (8 x 16 rollouts, the filter keeping 25%), sampled, stored and filtered by the "
+        "stages, then updated by the update stage's own call; each side in a process of its own, run alternately. "
+        "LoRA adapts every linear layer (`all-linear`, alpha = 2 x rank). Optimizer state: AdamW's two moments of "
+        "every trainable parameter. Sampling: the batch's rollout, persist, validate and filter stages (LoRA "
+        "generates through the unmerged adapters). Update speed and peak RSS relative to full fine-tuning.",
+        "",
+        "| model | side | trainable parameters | optimizer state MiB | update tokens/s | vs full | sampling s "
+        "| peak RSS MiB | vs full |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case in section["cases"]:
+        for side, n in case["sides"].items():
+            speed, rss = ("1", "1") if side == "full" else (n["update_speed_vs_full"], n["peak_rss_vs_full"])
+            lines.append(
+                f"| {case['shape']} ({case['parameters'] / 1e6:.1f}M) | {side} | {n['trainable_parameters']:,} "
+                f"| {n['optimizer_state_bytes'] / 2**20:.1f} | {fmt_spread(n['update_tokens_per_s'])} "
+                f"| {_ratio(speed)} | {fmt_spread(n['sampling_seconds'])} | {fmt_spread(n['peak_rss_mib'])} "
+                f"| {_ratio(rss)} |"
+            )
+    return lines + [""]
+
+
+def _ratio(value: float | str) -> str:
+    return value if isinstance(value, str) else f"{value:.2f}"

@@ -49,7 +49,24 @@ def flatten(details: dict[str, Any]) -> dict[str, Any]:
     _flatten_async(details.get("async"), flat)
     _flatten_view(details.get("view"), flat)
     _flatten_host(details.get("host"), flat)
+    _flatten_lora(details.get("lora"), flat)
     return flat
+
+
+def _flatten_lora(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    """Per shape and side: trainable parameters, optimizer-state bytes, update tokens/s, peak RSS, and the LoRA
+    sides' ratios to full fine-tuning."""
+    for case in (section or {}).get("cases", []):
+        for side, numbers in case["sides"].items():
+            prefix = f"lora.{case['shape']}.{side}"
+            flat[f"{prefix}.trainable_parameters"] = numbers["trainable_parameters"]
+            flat[f"{prefix}.optimizer_state_bytes"] = numbers["optimizer_state_bytes"]
+            flat[f"{prefix}.update_tokens_per_s"] = numbers["update_tokens_per_s"]["median"]
+            flat[f"{prefix}.peak_rss_mib"] = numbers["peak_rss_mib"]["median"]
+            flat[f"{prefix}.sampling_s"] = numbers["sampling_seconds"]["median"]
+            if side != "full":
+                for ratio in ("update_speed_vs_full", "peak_rss_vs_full", "optimizer_state_vs_full"):
+                    flat[f"{prefix}.{ratio}"] = numbers[ratio]
 
 
 def _flatten_host(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:

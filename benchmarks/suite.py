@@ -53,6 +53,7 @@ class Sizes:
     host_shapes: tuple[str, ...] = ()  # benchmarks/host_bench.py's shapes: the host's share, before and after
     host_iterations: int = 5
     host_pairs: int = 2
+    lora_cases: tuple[tuple[str, int, int], ...] = ()  # (shape, pairs, repeats): LoRA vs full fine-tuning
 
 
 FULL = Sizes(
@@ -87,6 +88,7 @@ FULL = Sizes(
     async_cases=(("20m", "sokoban", 4, 4, 3, 48, 6, 2, "always"), ("20m", "sokoban", 4, 4, 3, 48, 6, 2, "auto")),
     view_trajectories=1_000_000,  # issue 52's lake: a page in under a second
     host_shapes=("demo", "sokoban", "sokoban_turn_rows"),  # ~1 min per pair of runs on 2 cores
+    lora_cases=(("20m", 2, 3),),  # three sides (full, rank 8, rank 32) x 2 processes, ~1 min each on 2 cores
 )
 QUICK = Sizes(
     rollout_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
@@ -110,9 +112,10 @@ QUICK = Sizes(
     host_shapes=("demo",),
     host_iterations=3,
     host_pairs=1,
+    lora_cases=(("tiny", 1, 2),),
 )
 GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
-SECTIONS = ("flow", "peer", "rollout", "update", "group", "async", "host", "lake", "view", "vllm")
+SECTIONS = ("flow", "peer", "rollout", "update", "group", "lora", "async", "host", "lake", "view", "vllm")
 
 
 def _stamp(device: str) -> dict[str, Any]:
@@ -237,6 +240,19 @@ def run_group_section(sizes: Sizes, threads: int) -> dict[str, Any]:
     started = time.perf_counter()
     cases = [
         measure(GroupCase(shape, sizes.repeats_override or repeats, threads)) for shape, repeats in sizes.group_shapes
+    ]
+    return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
+
+
+def run_lora_section(sizes: Sizes, threads: int) -> dict[str, Any]:
+    """Issue 69, item 4: LoRA adapters (ranks 8 and 32, every linear layer) against full fine-tuning on one real
+    batch: trainable parameters, optimizer-state bytes, update tokens/s, sampling seconds, peak RSS (each side in a
+    process of its own)."""
+    from benchmarks.lora_bench import measure
+
+    started = time.perf_counter()
+    cases = [
+        measure(shape, pairs, sizes.repeats_override or repeats, threads) for shape, pairs, repeats in sizes.lora_cases
     ]
     return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
 

@@ -22,7 +22,13 @@ def export(
     model: bool = typer.Option(
         False,
         "--model",
-        help="Copy each run's policy (its newest checkpoint's Hugging Face folder) to OUT/models/<run>.",
+        help="Copy each run's policy (its newest checkpoint's Hugging Face folder, or a LoRA run's adapters) to "
+        "OUT/models/<run>.",
+    ),
+    merge: bool = typer.Option(
+        False,
+        "--merge",
+        help="With --model: a LoRA run's adapters merged into its start model, a whole Hugging Face folder.",
     ),
 ) -> None:
     """Write runs' rows as a dataset folder with train and validation splits: load_dataset("parquet",
@@ -36,7 +42,7 @@ def export(
         checked_run_id(run_id)
     root = existing_root(data_root)
     try:
-        report = export_runs(list(run_ids), out, root, table, trust_env_module, model)  # checked before the README
+        report = export_runs(list(run_ids), out, root, table, trust_env_module, model, merge)  # checked first
     except (LakeError, ConfigError) as exc:
         fail(str(exc))
     for name, rows in report.rows.items():

@@ -20,6 +20,7 @@ project's own error, one line that says what to fix: :class:`~ragen_core.config.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,13 +286,15 @@ def export(
     tables: list[str] | None = None,
     trust_env_module: bool = False,
     model: bool = False,
+    merge: bool = False,
 ):
     """Write runs' rows as a Hugging Face dataset folder at ``out`` (new or empty, outside the data root), as ``ragen
     export``: splits train and validation of each table in ``tables`` (default ``trajectories``; several: a folder
     per table), committed iterations only, and a README with the exact chat that prompts each run's policy (a run of
     an env or reward of the user's own code only with ``trust_env_module``, which imports the modules its stored
     config names, as ``--trust-env-module``); with ``model``, each run's policy (its newest checkpoint's Hugging
-    Face folder) copied to ``models/<run id>/``, as ``--model``. Returns the
+    Face folder, or a LoRA run's adapters) copied to ``models/<run id>/``, as ``--model``; with ``merge`` too, a
+    LoRA run's adapters merged into its start model there, a whole Hugging Face folder (``--merge``). Returns the
     :class:`~ragen_core.storage.maintenance.export.ExportReport` (rows per table and split, the folders, the
     iterations left out, each run's policy folder); a bad request raises its ``ExportError`` (a ``LakeError``)
     before anything is written."""
@@ -299,14 +302,41 @@ def export(
     from ragen_core.storage.maintenance.export import check_export, export_dataset, exported_model_dir, policy_folders
 
     lake, ids, chosen = _existing(data_root), _ids(run_ids), list(tables or ["trajectories"])
-    check_export(lake, Path(out), ids, chosen, model)  # a bad request is refused before the README's notes are built
+    if merge and not model:
+        raise LakeError("--merge writes each LoRA run's merged model into the export: give --model with it")
+    check_export(lake, Path(out), ids, chosen)  # a bad request is refused before the README's notes are built
     trusted = frozenset({"module"}) if trust_env_module else frozenset()
     policies = policy_folders(lake, ids)  # looked up once: the README names the copies --model makes of them
     copies = {run_id: exported_model_dir(run_id) for run_id in policies} if model else None
-    notes = export_notes(lake, ids, trusted, copies, Path(out).resolve())
-    report = export_dataset(lake, Path(out), ids, chosen, notes.markdown, model, policies)
+    with tempfile.TemporaryDirectory(prefix=".ragen-merge-", dir=Path(out).resolve().parent) as scratch:
+        merged = _merged_policies(lake, ids, Path(scratch)) if merge else {}  # before anything is written at out
+        notes = export_notes(lake, ids, trusted, copies, Path(out).resolve(), merged=set(merged))
+        report = export_dataset(lake, Path(out), ids, chosen, notes.markdown, model, {**policies, **merged})
     report.chats_left_out = notes.left_out
     return report
+
+
+def _merged_policies(lake: DataLake, run_ids: list[str], scratch: Path) -> dict[str, Path]:
+    """Each LoRA run's adapters (its newest checkpoint's) merged into the start model of its run, written under
+    ``scratch``: the folders ``--merge`` exports in place of the adapters. The start model is read as ``--init``
+    reads it: inside the data root or a trusted folder only."""
+    from ragen_core.policy import PolicyLoadError
+    from ragen_core.policy.lora import write_merged
+    from ragen_core.run.offline import OfflineError, resolve_init
+    from ragen_core.storage.maintenance.export import ExportError, adapter_runs
+
+    merged = {}
+    for run_id in adapter_runs(lake, run_ids):
+        try:
+            start = resolve_init(f"run:{run_id}@{lake.latest_checkpoint(run_id)[0]}", lake)
+        except OfflineError as exc:
+            raise ExportError(f"--merge: {exc}") from None
+        merged[run_id] = scratch / run_id
+        try:
+            write_merged(start.model_dir, start.adapter, merged[run_id])
+        except PolicyLoadError as exc:
+            raise ExportError(f"--merge: run {run_id!r}: {exc}") from None
+    return merged
 
 
 def describe_config(config: q.ConfigInput = None, overrides: list[str] | None = None) -> list:

@@ -1,5 +1,6 @@
 """``actor.lora``: out of the config hash at null (every stored run and finding keeps its hash), in it when set; a bad
-value, and a setting this increment does not train adapters with, refused in one line naming the key."""
+value, and a setting this increment does not train or read adapters with, refused in one line naming the key; so is
+``model.adapter``'s."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ def test_lora_keys_are_later_keys_out_of_the_hash():
         (["actor.lora.rank=4", "rollout.backend=vllm"], "actor.lora with rollout.backend=vllm"),
         (["actor.lora.rank=4", "trainer.launcher=torchrun"], "actor.lora with trainer.launcher=torchrun"),
         (["actor.lora.rank=4", "trainer.max_staleness=1"], "actor.lora with trainer.max_staleness=1"),
+        (["model.adapter=/a", "rollout.backend=vllm"], "model.adapter with rollout.backend=vllm: serving adapters"),
+        (["model.adapter=/a", "trainer.launcher=deepspeed"], "model.adapter with trainer.launcher=deepspeed"),
+        (["model.adapter=/a", "trainer.max_staleness=2"], "model.adapter with trainer.max_staleness=2"),
     ],
 )
 def test_a_wrong_or_unsupported_lora_setting_is_refused_in_one_line(overrides, said):
@@ -54,6 +58,13 @@ def test_a_wrong_or_unsupported_lora_setting_is_refused_in_one_line(overrides, s
     message = str(caught.value)
     assert said in message
     assert len(message.strip().splitlines()) == 2  # "invalid config:" and the one line naming the key
+
+
+def test_model_adapter_is_a_later_key_out_of_the_hash():
+    assert LATER_KEYS["model.adapter"] is None and build_config().model.adapter is None
+    assert "adapter" not in build_config().hashed_tree()["model"]
+    assert build_config(overrides=["model.adapter=null"]).config_hash() == DEFAULT_HASH_BEFORE
+    assert build_config(overrides=["model.adapter=/adapters/a"]).config_hash() != DEFAULT_HASH_BEFORE
 
 
 def test_target_modules_take_layer_names():

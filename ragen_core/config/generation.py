@@ -47,6 +47,13 @@ class ModelConfig(Section):
         json_schema_extra=trusted_only("path"),
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny default model.")
+    adapter: str | None = Field(
+        None,
+        description="A LoRA adapter folder (PEFT's adapter_config.json and adapter_model.safetensors, e.g. a "
+        "checkpoint's adapter/) on the start model: with actor.lora it starts the trained adapters (the same rank, "
+        "alpha and layers), without it is merged into the start model's weights (docs/lora.md). None: no adapter.",
+        json_schema_extra=trusted_only("path"),
+    )
 
 
 VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # an environment variable's name (env.mcp.pass_env)

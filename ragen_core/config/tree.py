@@ -112,6 +112,7 @@ LATER_KEYS: dict[str, Any] = {
     "env.remote": None,  # the env played in this process, as before
     "env.mcp": None,  # the env's own tools only, as before
     "actor.lora": None,  # full fine-tuning, as before
+    "model.adapter": None,  # the start model alone, as before
 }
 
 
@@ -151,25 +152,29 @@ def _check_async(config: RunConfig) -> None:
 
 
 def _check_lora(config: RunConfig) -> None:
-    """What LoRA training (``actor.lora``) does not run with yet: adapters are trained and sampled only by the run's
-    own process, from the learner's module (checked at load time)."""
-    if config.actor.lora is None:
-        return
-    later = "comes in a later increment (docs/lora.md)"
+    """What LoRA training (``actor.lora``) and a start from adapters (``model.adapter``) do not run with yet:
+    adapters are trained, read and sampled only by the run's own process, from the learner's module (checked at load
+    time)."""
+    for key, value in (("actor.lora", config.actor.lora), ("model.adapter", config.model.adapter)):
+        if value is not None:
+            _check_adapter_setup(config, key)
+
+
+def _check_adapter_setup(config: RunConfig, key: str) -> None:
+    later, off = "comes in a later increment (docs/lora.md)", f"{key}=null"
     if config.rollout.backend == "vllm":
         raise ValueError(
-            f"actor.lora with rollout.backend=vllm: serving the adapters from vLLM {later}; use rollout.backend=hf, "
-            "or actor.lora=null"
+            f"{key} with rollout.backend=vllm: serving adapters from vLLM {later}; use rollout.backend=hf, or {off}"
         )
     if config.trainer.launcher != "inprocess":
         raise ValueError(
-            f"actor.lora with trainer.launcher={config.trainer.launcher}: handing adapters to a launched group "
-            f"{later}; use trainer.launcher=inprocess, or actor.lora=null"
+            f"{key} with trainer.launcher={config.trainer.launcher}: handing adapters to a launched group {later}; "
+            f"use trainer.launcher=inprocess, or {off}"
         )
     if config.trainer.max_staleness:
         raise ValueError(
-            f"actor.lora with trainer.max_staleness={config.trainer.max_staleness}: an async run's sampler process "
-            f"taking the adapters {later}; use trainer.max_staleness=0, or actor.lora=null"
+            f"{key} with trainer.max_staleness={config.trainer.max_staleness}: an async run's sampler process "
+            f"taking adapters {later}; use trainer.max_staleness=0, or {off}"
         )
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 ADAPTER_MARK = "lora_"  # in the name of every adapter parameter (``...q_proj.lora_A.default.weight``)
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's file of the adapters' settings, beside their weights
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's file of the adapters' weights (the only format read here)
 
 
 def wrap_lora(model: torch.nn.Module, settings: LoraConfig, seed: int) -> Any:
@@ -104,3 +105,106 @@ def save_adapter(model: Any, folder: str | Path) -> None:
     """PEFT's ``save_pretrained`` of the adapters only (``adapter_config.json``, ``adapter_model.safetensors``);
     the embedding is never saved, so PEFT asks no hub whether the base model changed it."""
     model.save_pretrained(str(folder), save_embedding_layers=False)
+
+
+def read_adapter(folder: str | Path) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(PEFT's ``LoraConfig``, the weights by PEFT's key) of a LoRA adapter folder (``model.adapter``), read without
+    running code: the settings as JSON, the weights from safetensors. A folder that is no LoRA adapter, or whose
+    weights are only in a pickled format (``adapter_model.bin``), is a :class:`PolicyLoadError` naming it."""
+    import peft
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not (folder / name).is_file():
+            raise PolicyLoadError(
+                f"model.adapter {str(folder)!r} has no {name}: name a LoRA adapter folder as PEFT's save_pretrained "
+                "writes it (a LoRA run's checkpoint holds one in adapter/; weights in a pickled format are never read)"
+            )
+    try:
+        config = peft.LoraConfig.from_pretrained(str(folder))
+    except (ValueError, TypeError, KeyError, OSError) as exc:  # damaged JSON, unknown keys, another peft_type
+        raise PolicyLoadError(f"model.adapter {str(folder)!r}: {ADAPTER_CONFIG} is no LoRA config ({exc})") from None
+    if not isinstance(config, peft.LoraConfig):
+        raise PolicyLoadError(
+            f"model.adapter {str(folder)!r} holds a {config.peft_type} adapter; only LoRA adapters are read"
+        )
+    try:
+        return config, load_file(str(folder / ADAPTER_WEIGHTS))
+    except (SafetensorError, OSError) as exc:
+        raise PolicyLoadError(f"model.adapter {str(folder)!r}: {ADAPTER_WEIGHTS} is damaged ({exc})") from None
+
+
+def attach_adapter(model: torch.nn.Module, folder: str | Path) -> Any:
+    """``model`` wrapped with the adapters of ``folder`` (:func:`read_adapter`), as PEFT's ``from_pretrained`` would
+    load them; the global random stream is left as it was."""
+    import peft
+
+    config, weights = read_adapter(folder)
+    config.inference_mode = True
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        wrapped = peft.get_peft_model(model, config)
+    _load_weights(wrapped, weights, folder)
+    return wrapped
+
+
+def merge_adapter(model: torch.nn.Module, folder: str | Path) -> torch.nn.Module:
+    """``model`` with the adapters of ``folder`` merged into its weights (``W + (alpha / r) B A``): a plain model of
+    the same architecture, whose outputs equal the adapted model's up to rounding; every weight requires gradients
+    again (the wrap froze them), as in a model just loaded."""
+    return attach_adapter(model, folder).merge_and_unload().requires_grad_(True)
+
+
+def start_adapters(wrapped: Any, folder: str | Path) -> None:
+    """Load the weights of the adapter folder ``folder`` into ``wrapped`` (:func:`wrap_lora`'s model, of the run's
+    ``actor.lora``): the folder's rank, alpha and adapted layers must be those of the run's adapters, else a
+    :class:`PolicyLoadError` saying which settings continue it."""
+    config, weights = read_adapter(folder)
+    own = wrapped.peft_config["default"]
+    if (config.r, config.lora_alpha) != (own.r, own.lora_alpha):
+        raise PolicyLoadError(
+            f"model.adapter {str(folder)!r} has rank {config.r} and alpha {config.lora_alpha}, actor.lora rank "
+            f"{own.r} and alpha {own.lora_alpha}: set actor.lora.rank={config.r} actor.lora.alpha={config.lora_alpha} "
+            "to train it on, or actor.lora=null to merge it into the start model"
+        )
+    _load_weights(wrapped, weights, folder)
+
+
+def _load_weights(wrapped: Any, weights: dict[str, torch.Tensor], folder: str | Path) -> None:
+    """A strict load of PEFT-keyed adapter weights: exactly the wrapped model's adapter tensors, of their shapes."""
+    import peft
+
+    expected, given = set(peft.get_peft_model_state_dict(wrapped)), set(weights)
+    if given != expected:
+        missing, foreign = sorted(expected - given), sorted(given - expected)
+        what = f"lacks {len(missing)} of its adapter tensors (e.g. {missing[0]})" if missing else ""
+        what += (" and " if missing and foreign else "") + (
+            f"holds {len(foreign)} tensors the model has no adapter for (e.g. {foreign[0]})" if foreign else ""
+        )
+        raise PolicyLoadError(
+            f"model.adapter {str(folder)!r} {what}: it adapts other layers (actor.lora.target_modules) or another "
+            "architecture than the start model"
+        )
+    shapes = dict(wrapped.named_parameters())
+    for key, tensor in weights.items():
+        name = key.replace(".weight", ".default.weight") if ".lora_" in key else key
+        if name in shapes and tuple(shapes[name].shape) != tuple(tensor.shape):
+            raise PolicyLoadError(
+                f"model.adapter {str(folder)!r}: {key} has shape {tuple(tensor.shape)}, the model's "
+                f"{tuple(shapes[name].shape)}: it was trained on another model (or another rank)"
+            )
+    with torch.no_grad():
+        peft.set_peft_model_state_dict(wrapped, weights)
+
+
+def write_merged(base_dir: str | Path, adapter: str | Path, out: str | Path) -> None:
+    """A whole Hugging Face folder at ``out``: the model of ``base_dir`` (in its stored dtype) with the adapters of
+    ``adapter`` merged into its weights, and the adapter folder's tokenizer (a checkpoint's: its chat template ends
+    in the run's reply prefix). Loads with ``AutoModelForCausalLM`` alone; its outputs equal the adapted model's up
+    to rounding."""
+    from ragen_core.policy.loading import load_causal_lm, load_tokenizer, save_policy
+
+    model = merge_adapter(load_causal_lm(base_dir, dtype="auto"), adapter)
+    save_policy(model, load_tokenizer(adapter), out)

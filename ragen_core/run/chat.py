@@ -59,12 +59,14 @@ def chat_markdown(
     model_dir: Path | None,
     export_dir: Path | None = None,
     mcp_tools: list[dict[str, Any]] | None = None,
+    base_dir: str | None = None,
 ) -> str:
     """A README section: how to prompt the policy of ``run_id`` (its checkpoint's Hugging Face export at
     ``model_dir``, when it has one; a path relative to ``export_dir`` for its copy in the export), with the first
     turn of its first validation instance as the example and a ``transformers`` snippet that runs from any folder.
     ``mcp_tools``: the schemas of the tools of the run's MCP server (``env.mcp``), as its manifest recorded them,
-    joined to a tool env's own as its rollouts joined them; the server itself is never started here."""
+    joined to a tool env's own as its rollouts joined them; the server itself is never started here. ``base_dir``:
+    the policy is LoRA adapters (``model_dir`` their folder) on that model, which the snippet loads with PEFT."""
     env_name = config.env.name
     seed = validation_instance(config, env_name)
     messages = first_chat(config, env_name, seed)
@@ -89,7 +91,7 @@ def chat_markdown(
         "```python",
         *_model_dir_lines(where, export_dir),
         "tokenizer = AutoTokenizer.from_pretrained(model_dir)",
-        "model = AutoModelForCausalLM.from_pretrained(model_dir)",
+        *_model_lines(base_dir),
         f"messages = {json.dumps(messages, indent=4)}",
         *tools,
         "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, "
@@ -121,6 +123,18 @@ def _tools_lines(config: RunConfig, env_name: str, mcp_tools: list[dict[str, Any
     schemas = merged_tools(env.tool_schemas(), list(mcp_tools or []), schema_name)
     note = f"# its calls come back in the {config.rollout.tool_parser} format; each result as a tool message"
     return [f"tools = {json.dumps(schemas, indent=4)}  {note}"]
+
+
+def _model_lines(base_dir: str | None) -> list[str]:
+    """The snippet's model: the folder's own, or (LoRA) the run's start model with the folder's adapters on it."""
+    if base_dir is None:
+        return ["model = AutoModelForCausalLM.from_pretrained(model_dir)"]
+    return [
+        "from peft import PeftModel  # the policy is LoRA adapters on the run's start model",
+        "",
+        f"base_dir = {json.dumps(base_dir)}  # the run's start model (its manifest's model_dir)",
+        "model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), model_dir)",
+    ]
 
 
 def _model_dir_lines(where: str, export_dir: Path | None) -> list[str]:
@@ -176,6 +190,7 @@ def export_notes(
     trusted_kinds: frozenset[str] = frozenset(),
     copies: dict[str, Path] | None = None,
     export_dir: Path | None = None,
+    merged: set[str] | frozenset[str] = frozenset(),
 ) -> ExportNotes:
     """The README sections of ``ragen export`` on prompting each run's policy (:func:`chat_markdown`), its newest
     checkpoint's export as the model (or, for a run in ``copies``, its copy in the export: a path relative to
@@ -184,7 +199,8 @@ def export_notes(
     function, a data file) is left out, with the reason (:func:`untrusted_advice`), unless the user allowed that kind
     (``trusted_kinds``: ``{"module"}`` for ``ragen export --trust-env-module``): building its env would import or
     read what a file of the data root names. The keys the chat never uses (:data:`CHAT_UNUSED_KEYS`) need no
-    permission."""
+    permission. A LoRA run's policy is its adapters on its start model (the manifest's ``model_dir``), loaded with
+    PEFT, unless it is in ``merged`` (its copy is the merged model)."""
     notes = ExportNotes("")
     sections = []
     for run_id in dict.fromkeys(run_ids):
@@ -207,14 +223,14 @@ def export_notes(
             sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {notes.left_out[run_id]}.\n")
             continue
         newest = lake.latest_checkpoint(run_id)
-        if newest and checkpoint_file(newest[1], CHECKPOINT_ADAPTER).is_dir():
-            notes.left_out[run_id] = "its policy is LoRA adapters (actor.lora), which a later increment exports"
-            sections.append(f"## Prompting the policy of `{run_id}`\n\nNot written out: {notes.left_out[run_id]}.\n")
-            continue
-        where = checkpoint_file(newest[1], CHECKPOINT_HF) if newest else None
+        adapted = newest is not None and checkpoint_file(newest[1], CHECKPOINT_ADAPTER).is_dir()
+        where = checkpoint_file(newest[1], CHECKPOINT_ADAPTER if adapted else CHECKPOINT_HF) if newest else None
         copy = (copies or {}).get(run_id)
+        base = manifest.model_dir if adapted and not (copy and run_id in merged) else None
         try:
-            section = chat_markdown(config, run_id, copy or where, export_dir if copy else None, manifest.mcp_tools)
+            section = chat_markdown(
+                config, run_id, copy or where, export_dir if copy else None, manifest.mcp_tools, base
+            )
             sections.append(section + (_unrecorded_tools(tree) if unserved and manifest.mcp_tools is None else ""))
         except RemoteEnvError as exc:
             notes.left_out[run_id] = _unanswered(tree, exc)

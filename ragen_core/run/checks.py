@@ -118,8 +118,18 @@ def check_run_start(config: RunConfig) -> RunConfig:
         ("<root>", _check_remote_env),
         ("<root>", _check_mcp),
         ("<root>", lambda checked: _check_scripted_policies(checked, remote=True)),
+        ("model", _check_adapter),
     )
     return _checked(config, checks)
+
+
+def _check_adapter(config: RunConfig) -> None:
+    """``model.adapter`` names a LoRA adapter folder whose files read (its settings and weights), before any
+    model loads: a wrong folder is one line, not a failed run."""
+    if config.model.adapter is not None:
+        from ragen_core.policy.lora import read_adapter
+
+        read_adapter(Path(config.model.adapter).expanduser())
 
 
 def _checked(config: RunConfig, checks: tuple[tuple[str, Callable[[RunConfig], None]], ...]) -> RunConfig:

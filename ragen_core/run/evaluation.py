@@ -22,7 +22,13 @@ from ragen_core.run.checks import (
     load_run_config,
     manifest_config,
 )
-from ragen_core.run.offline import AdapterCheckpointError, OfflineError, missing_checkpoint, resolve_init
+from ragen_core.run.offline import (
+    AdapterCheckpointError,
+    OfflineError,
+    StartPolicy,
+    missing_checkpoint,
+    resolve_init,
+)
 from ragen_core.storage import DataLake
 from ragen_core.storage.names import (
     RUN_REF_PREFIX,
@@ -38,13 +44,13 @@ class EvaluationError(ValueError):
     """An evaluation target or request that cannot run (unknown run, no checkpoint, unknown env)."""
 
 
-def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, StoredConfig | None, str]:
-    """(model folder, the source run's stored config or None, a description) of ``target``.
+def resolve_target(target: str, lake: DataLake | None) -> tuple[StartPolicy, StoredConfig | None, str]:
+    """(the policy, the source run's stored config or None, a description) of ``target``.
 
-    A run id resolves to its newest checkpoint's ``hf/`` export (``RUN_ID@N``: the checkpoint after N updates), and
-    its config becomes the evaluation's base (same prompt format and limits), read from its manifest: a program or
-    outside folder it names is used only when the user names it again (:func:`evaluation_config`). Anything else
-    must be a folder.
+    A run id resolves to its newest checkpoint's ``hf/`` export, or its LoRA adapters on the run's start model
+    (``RUN_ID@N``: the checkpoint after N updates), and its config becomes the evaluation's base (same prompt format
+    and limits), read from its manifest: a program or outside folder it names is used only when the user names it
+    again (:func:`evaluation_config`). Anything else must be a folder.
     """
     run_id, updates = split_run_ref(target)
     known = lake is not None and is_valid_run_id(run_id)  # else: a folder
@@ -68,12 +74,15 @@ def resolve_target(target: str, lake: DataLake | None) -> tuple[Path, StoredConf
                 )
             folder, which = newest[1], f"{run_id}@{newest[0]}"
         stored = manifest_config(lake, run_id, manifest.config) if manifest.config is not None else None
-        return resolve_init(folder), stored, which
+        try:
+            return resolve_init(folder, lake), stored, which
+        except AdapterCheckpointError as exc:  # its adapters' base: outside the data root, not named again
+            raise EvaluationError(str(exc)) from None
     if target.startswith(RUN_REF_PREFIX) or updates:
         where = lake.root if lake else "the data root"
         raise EvaluationError(f"no run {run_id!r} in {where}; `ragen runs` lists them")
     try:
-        return resolve_init(target), None, str(Path(target).expanduser().resolve())
+        return resolve_init(target, lake), None, str(Path(target).expanduser().resolve())
     except AdapterCheckpointError as exc:
         raise EvaluationError(str(exc)) from None
     except OfflineError:

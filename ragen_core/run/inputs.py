@@ -102,8 +102,8 @@ class RetrainInputs(CommandInputs):
         "\"SELECT * FROM trajectories WHERE run_id = 'r1' AND success\"."
     )
     init: str = Field(
-        description="Model folder, checkpoint folder (its hf/ export), run:<id> (the model that run started from) "
-        "or run:<id>@<updates> (its checkpoint)."
+        description="Model folder, checkpoint folder (its hf/ export, or a LoRA run's adapters on its start model), "
+        "run:<id> (the model that run started from) or run:<id>@<updates> (its checkpoint)."
     )
     mode: str = Field(
         "sft",

@@ -10,7 +10,9 @@ that produced them: each run manifest records its tokenizer's fingerprint and re
 
 from __future__ import annotations
 
+import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +63,10 @@ def select_trajectories(lake: DataLake, sql: str, params: list | dict | None = N
     return table.sort_by([(k, "ascending") for k in TRAJECTORY_KEY])
 
 
-def preflight(lake: DataLake, run_id: str, sql: str, init: str) -> tuple[Path, pa.Table]:
+def preflight(lake: DataLake, run_id: str, sql: str, init: str) -> tuple[StartPolicy, pa.Table]:
     """Everything that can refuse a re-training before it creates anything: no live process writes the run (the
     refusal names it, as train and resume do), the run id is free, ``init`` names a model, the query selects stored
-    trajectories, and they were tokenised by the model's tokenizer. Returns the model folder and the selected rows;
+    trajectories, and they were tokenised by the model's tokenizer. Returns the start policy and the selected rows;
     raises :class:`OfflineError`, :class:`~ragen_core.storage.locks.RunLockedError` (or the lake's error)
     otherwise."""
     from ragen_core.policy import load_tokenizer
@@ -73,10 +75,10 @@ def preflight(lake: DataLake, run_id: str, sql: str, init: str) -> tuple[Path, p
 
     check_not_held(lake.root, run_id)  # a run its writer holds: name the writer, not just "already exists"
     check_run_id_free(lake, run_id)
-    init_dir = resolve_init(init, lake)
+    start = resolve_init(init, lake)
     table = select_trajectories(lake, sql)
-    check_tokenizer(lake, sorted(set(table["run_id"].to_pylist())), load_tokenizer(init_dir))
-    return init_dir, table
+    check_tokenizer(lake, sorted(set(table["run_id"].to_pylist())), load_tokenizer(start.model_dir))
+    return start, table
 
 
 def check_tokenizer(lake: DataLake, runs: list[str], tokenizer: Any) -> str:
@@ -119,10 +121,24 @@ def lineage(sql: str, table: pa.Table, mode: str, init: Path, lake: DataLake | N
     }
 
 
-def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
-    """A model folder to start from: a Hugging Face model dir, one of our checkpoints (its ``hf/`` export), or
-    ``run:<run_id>`` (the model that run started from) / ``run:<run_id>@<updates>`` (that run's checkpoint). A
-    checkpoint of LoRA adapters is refused (:class:`AdapterCheckpointError`) until they can be read back."""
+@dataclass(frozen=True)
+class StartPolicy:
+    """A policy to start from or to evaluate: a Hugging Face model folder and, for LoRA adapters, their folder on it
+    (what ``model.adapter`` names)."""
+
+    model_dir: Path
+    adapter: Path | None = None
+
+    def adapter_override(self) -> str:
+        """The ``model.adapter`` override that puts this policy's adapter (or none) on its model folder."""
+        return f"model.adapter={json.dumps(str(self.adapter)) if self.adapter is not None else 'null'}"
+
+
+def resolve_init(path: str | Path, lake: DataLake | None = None) -> StartPolicy:
+    """The policy to start from: a Hugging Face model dir, one of our checkpoints (its ``hf/`` export, or its LoRA
+    adapters in ``adapter/`` on the start model of its run), or ``run:<run_id>`` (the model that run started from) /
+    ``run:<run_id>@<updates>`` (that run's checkpoint). Adapters outside ``lake``'s runs name no base model: an
+    :class:`AdapterCheckpointError` says how to name it."""
     text = str(path)
     if text.startswith(RUN_REF_PREFIX):
         if lake is None:
@@ -145,20 +161,38 @@ def resolve_init(path: str | Path, lake: DataLake | None = None) -> Path:
         raise OfflineError(f"--init {str(path)!r} is not a folder name: it contains a NUL character")
     path = Path(path).expanduser().resolve()
     if (checkpoint_file(path, CHECKPOINT_HF) / "config.json").is_file():
-        return checkpoint_file(path, CHECKPOINT_HF)
+        return StartPolicy(checkpoint_file(path, CHECKPOINT_HF))
     if (path / "config.json").is_file():
-        return path
-    if checkpoint_file(path, CHECKPOINT_ADAPTER).is_dir() or (path / ADAPTER_CONFIG).is_file():
-        raise AdapterCheckpointError(
-            f"{str(path)!r} holds LoRA adapters (a run trained with actor.lora): starting from, evaluating or "
-            "exporting them as a policy comes in a later increment (docs/lora.md); run:<id> names the run's start "
-            "model"
-        )
+        return StartPolicy(path)
+    if checkpoint_file(path, CHECKPOINT_ADAPTER).is_dir():
+        return _adapter_policy(checkpoint_file(path, CHECKPOINT_ADAPTER), lake)
+    if (path / ADAPTER_CONFIG).is_file():
+        return _adapter_policy(path, lake)
     raise OfflineError(f"--init {str(path)!r} is neither a Hugging Face model folder nor a ragen-flows checkpoint")
 
 
+def _adapter_policy(adapter: Path, lake: DataLake | None) -> StartPolicy:
+    """LoRA adapters of a checkpoint of ``lake`` on the start model of their run, which its manifest names: read only
+    inside the data root or a folder the user trusts (as ``run:<id>`` reads it); else the user names it."""
+    run_id, _ = lake.checkpoint_origin(adapter) if lake is not None else (None, None)
+    manifest = lake.read_manifest(run_id) if lake is not None and run_id is not None else None
+    named = "name that model folder yourself, as the model to start from or to evaluate (--init FOLDER, ragen eval "
+    named += f"FOLDER), with {shlex.quote('model.adapter=' + str(adapter))}"
+    if lake is None or manifest is None or not manifest.model_dir:
+        raise AdapterCheckpointError(
+            f"{str(adapter)!r} holds LoRA adapters but no run of the data root names the model they adapt: {named}"
+        )
+    if not trusted_path(manifest.model_dir, lake.root):
+        raise AdapterCheckpointError(
+            f"{str(adapter)!r} holds LoRA adapters on {manifest.model_dir!r}, the start model of run {run_id!r}, "
+            f"outside the data root, which a manifest does not name: {named} (or list its folder in "
+            f"{TRUSTED_PATHS_VARIABLE})"
+        )
+    return StartPolicy(resolve_init(manifest.model_dir).model_dir, adapter)
+
+
 class AdapterCheckpointError(OfflineError):
-    """A checkpoint of LoRA adapters named where a whole policy is read (not yet supported)."""
+    """LoRA adapters named where their base model cannot be found (outside the data root's runs)."""
 
 
 def missing_checkpoint(lake: DataLake, run_id: str, updates: int, manifest: RunManifest) -> str:

@@ -348,6 +348,8 @@ def evaluate(admission: Admission, hooks: Hooks) -> dict[str, Any]:
     )
     with run_status(opened):
         evaluated = {"target": request.target, "model": request.which, "model_dir": str(request.model_dir)}
+        if request.config.model.adapter is not None:  # LoRA adapters on model_dir
+            evaluated["adapter"] = request.config.model.adapter
         opened.record.update(kind="evaluation", evaluated=evaluated)
         state = IterationState(tell=hooks.step)
         for step in FINAL_VALIDATION:  # untimed: an evaluation run's metrics are its validation's
@@ -386,7 +388,9 @@ def retrain(admission: Admission, hooks: Hooks) -> dict[str, Any]:
     hooks.step(f"{table.num_rows} stored trajectories selected; loading the model {request.init}")
     opened = steps.open_session(request.config, lake, run_id, init_dir)
     with run_status(opened):
-        opened.record.update(kind="offline", lineage=steps.lineage(request.sql, table, request.mode, init_dir, lake))
+        adapter = request.config.model.adapter  # LoRA adapters on init_dir: the policy started from is theirs
+        init = Path(adapter) if adapter is not None else init_dir
+        opened.record.update(kind="offline", lineage=steps.lineage(request.sql, table, request.mode, init, lake))
         for epoch in range(epochs):
             state = IterationState(updated=True, tell=hooks.step)  # each epoch trains: its commit saves when due
             if epoch == 0:

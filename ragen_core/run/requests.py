@@ -201,15 +201,19 @@ def eval_request(inputs: EvalInputs) -> EvalRequest:
         raise RequestError(f"n (the validation instances per env) must be at least 1, not {inputs.n}")
     lake = writable_lake(inputs.data_root, create=False)
     known = lake if lake.root.is_dir() else None  # a data root not made yet holds no run to read
-    model_dir, base, which = resolve_target(inputs.target, known)
+    start, base, which = resolve_target(inputs.target, known)
     trusted = trusted_kinds(inputs.trust_env_module)
-    run_config = check_run_start(
-        evaluation_config(base, inputs.envs, inputs.n, inputs.config, inputs.overrides, trusted)
-    )
+    overrides = list(inputs.overrides or [])
+    named = any(o.split("=", 1)[0].strip() == "model.adapter" for o in overrides)
+    if named and start.adapter is not None:
+        raise RequestError(f"{inputs.target} names LoRA adapters, and model.adapter names others: give one of the two")
+    if not named:  # the target's adapters (or none), never the source run's own model.adapter
+        overrides.insert(0, start.adapter_override())
+    run_config = check_run_start(evaluation_config(base, inputs.envs, inputs.n, inputs.config, overrides, trusted))
     run_id = check_run_id(inputs.run_id or evaluation_run_id(which, run_config, known))
     if not lake.root.is_dir():  # the evaluation is stored as a run: its root made once it passed
         writable_lake(lake, create=True)
-    return EvalRequest(run_config, lake, run_id, inputs.target, which, model_dir)
+    return EvalRequest(run_config, lake, run_id, inputs.target, which, start.model_dir)
 
 
 @dataclass(frozen=True)
@@ -224,7 +228,7 @@ class RetrainRequest:
     sql: str
     mode: str
     init: str
-    init_dir: Path = field(compare=False)  # the model folder ``init`` names, resolved by the builder
+    init_dir: Path = field(compare=False)  # the model folder ``init`` names (its adapters: model.adapter), resolved
     selected: pa.Table = field(compare=False, repr=False)  # the stored trajectories ``sql`` selects, checked
 
     def parameters(self) -> dict[str, Any]:
@@ -265,9 +269,15 @@ def retrain_request(inputs: RetrainInputs) -> RetrainRequest:
             "first)"
         )
     writable_lake(lake, create=False)
-    init_dir, table = preflight(lake, run_id, inputs.sql, inputs.init)
+    start, table = preflight(lake, run_id, inputs.sql, inputs.init)
+    if start.adapter is not None:  # LoRA adapters on their run's start model (docs/lora.md)
+        if run_config.model.adapter is not None:
+            raise RequestError(
+                f"--init {inputs.init} names LoRA adapters, and model.adapter names others: give one of the two"
+            )
+        run_config = build_run_config(run_config.to_dict(), [start.adapter_override()])
     check_run_start(run_config)  # last: it may start an MCP server program
-    return RetrainRequest(run_config, lake, run_id, inputs.sql, inputs.mode, inputs.init, init_dir, table)
+    return RetrainRequest(run_config, lake, run_id, inputs.sql, inputs.mode, inputs.init, start.model_dir, table)
 
 
 def _check_init(init: str) -> None:

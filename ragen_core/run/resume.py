@@ -125,7 +125,9 @@ def refuse_compacted_final(lake: DataLake, run_id: str, iteration: int) -> None:
         latest = lake.latest_checkpoint(run_id)
         start = f"model.path={checkpoint_file(latest[1], CHECKPOINT_HF)}" if latest else "a new run"
         if latest and checkpoint_file(latest[1], CHECKPOINT_ADAPTER).is_dir():
-            start = "a new run (starting one from LoRA adapters comes in a later increment, docs/lora.md)"
+            manifest, adapter = lake.read_manifest(run_id), checkpoint_file(latest[1], CHECKPOINT_ADAPTER)
+            base = manifest.model_dir if manifest is not None and manifest.model_dir else "<its start model>"
+            start = f"model.path={base} model.adapter={adapter}"
         raise ResumeError(
             f"run {run_id!r} cannot be extended: its final iteration {iteration} was compacted (`ragen runs compact`; "
             f"tables {', '.join(compacted)}). Start a new run from its last checkpoint instead: {start}"

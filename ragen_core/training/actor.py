@@ -21,7 +21,7 @@ import torch
 
 from ragen_core.algos import POLICY_LOSSES, aggregate_loss, kl_penalty
 from ragen_core.algos.losses import trained_sequences
-from ragen_core.policy.lora import forward_of, weights_digest, wrap_lora
+from ragen_core.policy.lora import forward_of, start_adapters, weights_digest, wrap_lora
 from ragen_core.training.batch import token_logprobs, trained_columns
 from ragen_core.training.cost import ModelShape, PassTally
 from ragen_core.training.distributed import ensure_single_process_env
@@ -37,6 +37,8 @@ from ragen_core.training.precision import precision_config, torch_dtype
 from ragen_core.update.rows import TokenBatch
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ragen_core.config import ActorConfig, AlgorithmConfig, LoraConfig
 
 
@@ -174,10 +176,12 @@ class ActorEngine:
         keep_reference: bool = False,
         lora: LoraConfig | None = None,
         lora_seed: int = 0,
+        start_adapter: Path | None = None,
     ) -> None:
         """With ``lora``, ``model`` becomes the frozen base of fresh adapters (:func:`wrap_lora`, seeded by
-        ``lora_seed``) and only they are trained; ``keep_reference`` then keeps no copy: the KL reference is the
-        policy with its adapters off (:meth:`reference_logprobs`)."""
+        ``lora_seed``; ``start_adapter``: their start weights from that adapter folder instead) and only they are
+        trained; ``keep_reference`` then keeps no copy: the KL reference is the policy with its adapters off
+        (:meth:`reference_logprobs`)."""
         ensure_single_process_env()
         import deepspeed
 
@@ -188,6 +192,8 @@ class ActorEngine:
         self.base_digest = weights_digest(model) if lora is not None else None  # what a checkpoint's base must be
         if lora is not None:
             model = wrap_lora(model, lora, lora_seed)  # before DeepSpeed: its parameters are the adapters' too
+            if start_adapter is not None:
+                start_adapters(model, start_adapter)
         keep = keep_reference and lora is None
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if keep else None
         optimizer = build_optimizer(model, optim)

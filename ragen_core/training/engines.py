@@ -86,14 +86,43 @@ def start_engines(
 ) -> tuple[ActorEngine, CriticEngine | None, Any]:
     """(actor, critic or None, tokenizer) from ``start_model_dir``. ``training=False`` (evaluation) skips the KL
     reference copy and the critic. With ``actor.lora`` the start model is the adapters' frozen base; the critic stays
-    a whole model of its own, fully trained."""
+    a whole model of its own, fully trained. With ``model.adapter`` the adapter folder is checked against the start
+    model (:func:`check_adapter_base`), then starts the trained adapters (``actor.lora``) or is merged into the start
+    model (no ``actor.lora``); the critic's backbone stays the start model without it."""
     from ragen_core.policy import load_policy
+    from ragen_core.policy.lora import merge_adapter
 
     model, tokenizer = load_policy(start_model_dir, dtype=torch_dtype(precision))
     lora, lora_seed = config.actor.lora, derive_seed(config.seed, 0, "lora_init")
+    adapter = Path(config.model.adapter).expanduser().resolve() if config.model.adapter else None
+    if adapter is not None:
+        check_adapter_base(adapter, model)
+        if lora is None:
+            model = merge_adapter(model, adapter)
     keep_reference = training and config.algorithm.kl_coef > 0 and lora is None  # LoRA: the adapters off
-    actor = ActorEngine(model, actor_optim(config, precision), keep_reference, lora, lora_seed)
+    start = adapter if lora is not None else None
+    actor = ActorEngine(model, actor_optim(config, precision), keep_reference, lora, lora_seed, start)
     critic = None
     if training and needs_critic(config.algorithm.adv_estimator):
         critic = build_critic_engine(config, start_model_dir, precision)
     return actor, critic, tokenizer
+
+
+def check_adapter_base(adapter: Path, model: Any) -> None:
+    """Adapters from one of our LoRA checkpoints (``<checkpoint>/adapter``, whose ``checkpoint.json`` records the
+    sha256 of the weights they were trained on) go only onto that base: another start model is a
+    :class:`~ragen_core.policy.PolicyLoadError` naming both digests. Adapters from elsewhere record no base."""
+    from ragen_core.policy import PolicyLoadError
+    from ragen_core.policy.lora import weights_digest
+    from ragen_core.storage.layout import CHECKPOINT_ADAPTER, CHECKPOINT_INFO, checkpoint_file
+    from ragen_core.training.checkpoint import read_checkpoint_info
+
+    if adapter.name != CHECKPOINT_ADAPTER or not checkpoint_file(adapter.parent, CHECKPOINT_INFO).is_file():
+        return
+    expected = (read_checkpoint_info(adapter.parent).get("base_model") or {}).get("sha256")
+    own = weights_digest(model)
+    if expected and expected != own:
+        raise PolicyLoadError(
+            f"model.adapter {str(adapter)!r} was trained on another base model (sha256 of its weights {expected}, "
+            f"the start model's {own}): set model.path to the start model of its run (`ragen runs show RUN`)"
+        )

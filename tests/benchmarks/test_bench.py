@@ -154,3 +154,27 @@ def test_the_host_share_sums_the_host_parts_over_the_step():
     assert result["host_s"] == pytest.approx(0.8)  # (1.0 + 0.6) / 2
     assert result["time/step"] == pytest.approx(3.0)
     assert result["host_share"] == pytest.approx(0.8 / 3.0)
+
+
+@pytest.mark.slow  # two real sessions of the tiny model: ~30 s
+def test_the_lora_bench_counts_trainable_parameters_and_adam_state_by_hand(tiny_model_dir):
+    import torch
+
+    from benchmarks.lora_bench import run_side
+    from ragen_core.policy import load_policy
+
+    threads = torch.get_num_threads()
+    try:
+        full, lora = (run_side(side, tiny_model_dir, repeats=1, threads=1) for side in ("full", "lora-8"))
+    finally:
+        torch.set_num_threads(threads)
+    model, _ = load_policy(tiny_model_dir)
+    distinct = {id(p): p.numel() for p in model.parameters()}  # the tied head and embedding once
+    linear = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name != "lm_head"]
+    adapters = sum(8 * (m.in_features + m.out_features) for m in linear)  # A: r x in, B: out x r
+    assert full["trainable_parameters"] == sum(distinct.values())
+    assert lora["trainable_parameters"] == adapters
+    assert full["optimizer_state_bytes"] == 2 * 4 * sum(distinct.values())  # AdamW's two fp32 moments
+    assert lora["optimizer_state_bytes"] == 2 * 4 * adapters
+    assert full["trained_tokens"] == lora["trained_tokens"] > 0  # the same batch on both sides
+    assert len(full["update_seconds"]) == len(lora["update_seconds"]) == 1

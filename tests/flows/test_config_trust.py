@@ -32,6 +32,7 @@ from tests.flows.test_resume import RUN, _overrides, _ragen
 
 PLANTED_KEYS = [
     "model.path",
+    "model.adapter",
     "env.name",
     "env.val_envs",
     "env.options.data_file",
@@ -99,6 +100,7 @@ def world(whole_bandit_run, tiny_model_dir, tmp_path, monkeypatch):
         "trainer.launcher": {"trainer.launcher": "torchrun"},
         "trainer.hostfile": {"trainer.launcher": "deepspeed", "trainer.hostfile": str(hosts), "actor.zero_stage": 1},
         "critic.path": {"critic.path": str(outside)},
+        "model.adapter": {"model.adapter": str(outside)},
         "monitor.mlflow.tracking_uri": {"monitor.mlflow.tracking_uri": "http://evil.example:5000"},
         "monitor.wandb.project": {"monitor.wandb.project": "evil-project"},
         "monitor.wandb.entity": {"monitor.wandb.entity": "evil-team"},
@@ -160,6 +162,9 @@ def test_every_key_that_names_a_program_or_an_outside_folder_is_declared():
 def test_a_planted_key_is_refused_before_anything_starts(world, key, command):
     root = world["root"]
     manifest = _plant_manifest(root, world["plants"][key])
+    if key == "model.adapter" and command[0] == "eval":
+        _an_evaluation_never_reads_the_stored_adapter(world, command, manifest)
+        return
     named = ["trainer.launcher=deepspeed"] if key == "trainer.hostfile" else []  # the launcher named, not the hosts
     before = sorted(p.relative_to(root) for p in (root / "runs").iterdir())
     result = _cli(*command, *named, "--data-root", root)
@@ -270,6 +275,19 @@ def test_a_benign_stored_config_and_a_value_named_again_still_run(world, tiny_mo
     rc, output = _ragen([*extend, f"model.path={tiny_model_dir}"], root, None, api_url)
     assert rc == 0 and "resumed at iteration 3" in output, output[-3000:]
     assert max(DataLake(root).committed_iterations(RUN)) == 4  # 3 (the final validation) trained, 4 validated
+
+
+def _an_evaluation_never_reads_the_stored_adapter(world, command, manifest: bytes) -> None:
+    """An evaluation evaluates its target's policy: the stored run's model.adapter (merged into the start model of
+    that run, so already in its checkpoints) is replaced by the target's own adapters, here none; nothing from
+    outside the data root is read, and the request builds."""
+    from ragen_core.run.inputs import EvalInputs
+    from ragen_core.run.requests import eval_request
+
+    root = world["root"]
+    request = eval_request(EvalInputs(target=command[1], data_root=root, n=2))
+    assert request.config.model.adapter is None and "adapter" not in request.config.hashed_tree()["model"]
+    assert (root / "runs" / RUN / "manifest.json").read_bytes() == manifest and not world["marker"].exists()
 
 
 def test_retrain_and_a_resumed_sweep_never_use_a_planted_program(world, tiny_model_dir, prefect_server):

@@ -1,9 +1,11 @@
 """Exact resume of a LoRA run (actor.lora, with adapter dropout and a KL term): killed inside an update and mid
 checkpoint save, then resumed, it ends with bitwise the same adapters and the same rows as the run that never
-stopped; its rows were sampled in process from the learner's PEFT module. Its checkpoints are `lora` rows, and a
-command that would read them as a whole policy refuses them in one line."""
+stopped; its rows were sampled in process from the learner's PEFT module. Its checkpoints are `lora` rows, read back
+as the adapters on the run's start model (tests/flows/test_lora_policy.py: what eval, retrain and export do with
+them)."""
 
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,11 +64,9 @@ def test_tables_hold_exactly_the_same_rows(lora_runs, table):
         assert any("actor/kl_loss" in row for row in actual)  # the adapters-off reference took part
 
 
-def test_the_checkpoints_are_lora_rows_and_refused_as_a_whole_policy(lora_runs, tmp_path):
-    from ragen_core.api import export
+def test_the_checkpoints_are_lora_rows_read_back_as_adapters_on_the_start_model(lora_runs, tmp_path):
     from ragen_core.run.evaluation import resolve_target
-    from ragen_core.run.offline import AdapterCheckpointError, resolve_init
-    from ragen_core.storage.maintenance.export import ExportError
+    from ragen_core.run.offline import StartPolicy, resolve_init
 
     _, killed = lora_runs
     lake = DataLake(killed)
@@ -84,12 +84,7 @@ def test_the_checkpoints_are_lora_rows_and_refused_as_a_whole_policy(lora_runs, 
         lake.checkpoint_dir(RUN, 2),
         folder,
     }
+    policy = StartPolicy(Path(manifest.model_dir), folder / "adapter")  # the adapters on the run's start model
     for target in (f"run:{RUN}@3", str(folder), str(folder / "adapter")):
-        with pytest.raises(AdapterCheckpointError, match="holds LoRA adapters .* comes in a later increment"):
-            resolve_init(target, lake)
-    with pytest.raises(AdapterCheckpointError, match="later increment"):
-        resolve_target(RUN, lake)
-    with pytest.raises(ExportError, match=f"--model: run '{RUN}' trained LoRA adapters"):
-        export(RUN, tmp_path / "with-model", lake, model=True)
-    report = export(RUN, tmp_path / "rows", lake)
-    assert "its policy is LoRA adapters" in report.chats_left_out[RUN]
+        assert resolve_init(target, lake) == policy
+    assert resolve_target(RUN, lake)[::2] == (policy, f"{RUN}@3")

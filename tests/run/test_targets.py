@@ -10,7 +10,7 @@ import pytest
 
 from ragen_core.config import build_config
 from ragen_core.run.evaluation import EvaluationError, evaluation_config, evaluation_run_id, resolve_target
-from ragen_core.run.offline import OfflineError, resolve_init
+from ragen_core.run.offline import OfflineError, StartPolicy, resolve_init
 from ragen_core.storage import DataLake
 from ragen_core.storage.layout import CHECKPOINT_HF, CHECKPOINT_INFO, checkpoint_file
 from schemas.manifest import RunManifest
@@ -47,17 +47,18 @@ def test_a_run_resolves_to_its_newest_checkpoint_or_the_one_named_with_its_confi
     lake, _ = _lake(tmp_path)
     four = checkpoint_file(lake.checkpoint_dir("r", 4), CHECKPOINT_HF)
     model_dir, base, which = resolve_target("r", lake)
-    assert (model_dir, which) == (four, "r@4")
+    assert (model_dir, which) == (StartPolicy(four), "r@4")
     assert base.tree["trainer"]["iterations"] == 4 and base.source == "runs/r/manifest.json"
-    assert resolve_target("r@2", lake)[::2] == (checkpoint_file(lake.checkpoint_dir("r", 2), CHECKPOINT_HF), "r@2")
+    two = StartPolicy(checkpoint_file(lake.checkpoint_dir("r", 2), CHECKPOINT_HF))
+    assert resolve_target("r@2", lake)[::2] == (two, "r@2")
     assert resolve_target("run:r@2", lake)[2] == "r@2"
 
 
 def test_a_folder_resolves_to_itself_or_its_hf_export(tmp_path):
     lake, start = _lake(tmp_path)
-    assert resolve_target(str(start), lake) == (start, None, str(start))
+    assert resolve_target(str(start), lake) == (StartPolicy(start), None, str(start))
     folder = lake.checkpoint_dir("r", 2)
-    assert resolve_target(str(folder), None)[0] == checkpoint_file(folder, CHECKPOINT_HF)
+    assert resolve_target(str(folder), None)[0] == StartPolicy(checkpoint_file(folder, CHECKPOINT_HF))
 
 
 @pytest.mark.parametrize(
@@ -90,9 +91,10 @@ def test_without_a_data_root_a_target_is_a_folder(tmp_path, monkeypatch):
 
 def test_an_init_run_resolves_to_its_start_model_or_its_checkpoint(tmp_path):
     lake, start = _lake(tmp_path)
-    assert resolve_init("run:r", lake) == start
-    assert resolve_init("run:r@4", lake) == checkpoint_file(lake.checkpoint_dir("r", 4), CHECKPOINT_HF)
-    assert resolve_init(str(start)) == start and resolve_init(start) == start
+    assert resolve_init("run:r", lake) == StartPolicy(start)
+    assert resolve_init("run:r@4", lake) == StartPolicy(checkpoint_file(lake.checkpoint_dir("r", 4), CHECKPOINT_HF))
+    assert resolve_init(str(start)) == StartPolicy(start) == resolve_init(start)
+    assert resolve_init(start).adapter is None
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ holds the adapters alone and resumes bitwise."""
 import copy
 import inspect
 import json
+import re
 
 import pytest
 import torch
@@ -186,3 +187,81 @@ def test_a_full_checkpoint_is_refused_by_a_lora_engine(tmp_path, tiny_policy):
     assert "lora" not in read_checkpoint_info(path)
     with pytest.raises(CheckpointError, match="holds a fully fine-tuned policy but was loaded into a LoRA engine"):
         load_checkpoint(path, _lora_actor(start))
+
+
+def _saved_adapter(tmp_path, tiny_policy, update_batch):
+    """A trained LoRA actor's checkpoint, its adapter folder and the batch's log-probs under PEFT's own load of it."""
+    from peft import PeftModel
+
+    start, tokenizer = tiny_policy
+    actor = _lora_actor(start)
+    _train(update_batch, actor, seed=1)
+    path = save_checkpoint(DataLake(tmp_path), RUN, 1, actor, None, tokenizer, {})
+    peft_model = PeftModel.from_pretrained(copy.deepcopy(start), str(path / "adapter")).eval()
+    return path / "adapter", actor.score(update_batch[0], peft_model)
+
+
+def test_an_adapter_folder_starts_the_trained_adapters_or_is_merged(
+    tmp_path, tiny_model_dir, tiny_policy, update_batch
+):
+    adapter, expected = _saved_adapter(tmp_path, tiny_policy, update_batch)
+    batch = update_batch[0]
+    base = [f"model.adapter={json.dumps(str(adapter))}", "actor.mini_batch_size=4", "actor.micro_batch_size=4"]
+    trained_on, _, _ = start_engines(build_config(overrides=[*base, "actor.lora.rank=4"]), tiny_model_dir, "fp32")
+    mask = batch.loss_mask.bool()  # the scored columns (the rest are not computed by the engine's own passes)
+    assert torch.equal(trained_on.score(batch)[mask], expected[mask])  # the adapters' own weights, unmerged: bitwise
+    assert trained_on.adapter and all(
+        ".lora_" in n for n, p in trained_on.module.named_parameters() if p.requires_grad
+    )
+    merged, _, _ = start_engines(build_config(overrides=base), tiny_model_dir, "fp32")
+    assert not merged.adapter and not adapter_names(merged.module)  # a plain model, every weight trained
+    assert all(p.requires_grad for p in merged.module.parameters())
+    gap = float((merged.score(batch) - expected)[mask].abs().max())
+    plain = float((ActorEngine(copy.deepcopy(tiny_policy[0]), OPTIM).score(batch) - expected)[mask].abs().max())
+    assert gap < 1e-5 < plain  # W + (alpha / r) B A: the adapted model's outputs up to rounding, not the base's
+
+
+def test_an_adapter_that_does_not_fit_is_one_line_naming_the_settings(
+    tmp_path, tiny_model_dir, tiny_policy, update_batch
+):
+    adapter, _ = _saved_adapter(tmp_path, tiny_policy, update_batch)
+    common = [f"model.adapter={json.dumps(str(adapter))}", "actor.mini_batch_size=4", "actor.micro_batch_size=4"]
+    with pytest.raises(PolicyLoadError, match=r"has rank 4 and alpha 16, actor.lora rank 8 .*actor.lora.rank=4"):
+        start_engines(build_config(overrides=[*common, "actor.lora.rank=8"]), tiny_model_dir, "fp32")
+    narrow = [*common, "actor.lora.rank=4", "actor.lora.target_modules=[q_proj]"]
+    with pytest.raises(PolicyLoadError, match=r"holds 24 tensors the model has no adapter for .*target_modules"):
+        start_engines(build_config(overrides=narrow), tiny_model_dir, "fp32")
+    other = tmp_path / "other-base"
+    model, tokenizer = tiny_policy
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        next(changed.parameters()).add_(1e-3)
+    changed.save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    with pytest.raises(
+        PolicyLoadError, match=r"was trained on another base model \(sha256 of its weights [0-9a-f]{64}"
+    ):
+        start_engines(build_config(overrides=common), other, "fp32")
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda f: (f / "adapter_model.safetensors").unlink(),
+            "has no adapter_model.safetensors: name a LoRA adapter",
+        ),
+        (lambda f: (f / "adapter_config.json").write_text("{"), "adapter_config.json is no LoRA config"),
+        (lambda f: (f / "adapter_model.safetensors").write_bytes(b"\0" * 9), "adapter_model.safetensors is damaged"),
+        (lambda f: (f / "adapter_config.json").unlink(), "has no adapter_config.json"),
+    ],
+    ids=["pickled-only", "config-json", "weights", "no-config"],
+)
+def test_a_damaged_adapter_folder_is_refused_when_the_run_starts(tmp_path, tiny_policy, update_batch, damage, message):
+    from ragen_core.config import ConfigError
+    from ragen_core.run.checks import check_run_start
+
+    adapter, _ = _saved_adapter(tmp_path, tiny_policy, update_batch)
+    damage(adapter)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_run_start(build_config(overrides=[f"model.adapter={json.dumps(str(adapter))}"]))

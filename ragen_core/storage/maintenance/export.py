@@ -72,12 +72,14 @@ def exported_model_dir(run_id: str) -> Path:
 
 
 def policy_folders(lake: DataLake, run_ids: list[str]) -> dict[str, Path]:
-    """Each run's policy: the Hugging Face folder of its newest complete checkpoint (runs without one left out)."""
+    """Each run's policy: the Hugging Face folder of its newest complete checkpoint, or its LoRA adapters' folder
+    (``adapter/``, for a run trained with ``actor.lora``); runs without a checkpoint left out."""
     found = {}
     for run_id in dict.fromkeys(run_ids):
         newest = lake.latest_checkpoint(run_id)
-        if newest is not None and checkpoint_file(newest[1], CHECKPOINT_HF).is_dir():
-            found[run_id] = checkpoint_file(newest[1], CHECKPOINT_HF)
+        for kind in (CHECKPOINT_HF, CHECKPOINT_ADAPTER):
+            if newest is not None and checkpoint_file(newest[1], kind).is_dir():
+                found[run_id] = checkpoint_file(newest[1], kind)
     return found
 
 
@@ -107,10 +109,9 @@ def splittable_tables(lake: DataLake) -> list[str]:
     return [n for n, s in lake.tables.items() if s.source == "parquet" and "split" in s.column_names]
 
 
-def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str], models: bool = False) -> None:
+def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str]) -> None:
     """Refuse a bad export before anything is written: no or unknown runs, unknown or unsplittable tables, an
-    ``out`` that is inside the data root, a link, a file or a non-empty folder; with ``models``, a run whose policy
-    is LoRA adapters."""
+    ``out`` that is inside the data root, a link, a file or a non-empty folder."""
     if not run_ids:
         raise ExportError("name at least one run to export (`ragen runs` lists them)")
     from ragen_core.storage.maintenance.housekeeping import runs_with_data
@@ -129,12 +130,6 @@ def check_export(lake: DataLake, out: Path, run_ids: list[str], tables: list[str
             )
     if len(set(run_ids)) != len(run_ids) or len(set(tables)) != len(tables) or not tables:
         raise ExportError("name each run and each table once (and at least one table)")
-    adapted = adapter_runs(lake, run_ids) if models else []
-    if adapted:
-        raise ExportError(
-            f"--model: run {adapted[0]!r} trained LoRA adapters (actor.lora); exporting them comes in a later "
-            "increment (docs/lora.md): export its rows without --model"
-        )
     if os.path.islink(out):
         raise ExportError(f"--out {str(out)!r} is a symbolic link; give the path of a new folder")
     if out.resolve().is_relative_to(lake.root):
@@ -161,7 +156,7 @@ def export_dataset(
     markdown for its README (how to prompt each run's policy: :func:`ragen_core.run.chat.export_notes`); with
     ``models``, each run's policy (``policies``, default :func:`policy_folders`) copied to ``models/<run id>/`` in
     it."""
-    check_export(lake, out, run_ids, tables, models)
+    check_export(lake, out, run_ids, tables)
     out = out.resolve()
     report = ExportReport(out, list(run_ids), committed=committed_iterations(lake, run_ids))
     report.models = policy_folders(lake, run_ids) if policies is None else dict(policies)
