@@ -315,7 +315,7 @@ def async_section(section: dict[str, Any] | None) -> list[str]:
 
 def lora_section(section: dict[str, Any] | None) -> list[str]:
     """LoRA adapters against full fine-tuning (benchmarks/lora_bench.py)."""
-    lines = ["## 2c. LoRA adapters against full fine-tuning", ""]
+    lines = ["## 2d. LoRA adapters against full fine-tuning", ""]
     if not section:
         return lines + ["Not run.", ""]
     lines += [
