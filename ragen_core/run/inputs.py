@@ -83,7 +83,10 @@ class ResumeInputs(CommandInputs):
 class EvalInputs(CommandInputs):
     """``ragen eval``, the ``evaluate`` flow and :func:`ragen_core.api.evaluate`."""
 
-    target: str = Field(description="RUN_ID (newest checkpoint), RUN_ID@N, a checkpoint or a model folder.")
+    target: str = Field(
+        description="RUN_ID (newest checkpoint; a LoRA run's: its adapters on its start model), RUN_ID@N, a "
+        "checkpoint or a model folder."
+    )
     data_root: Any = Field("data", description=DATA_ROOT)
     envs: list[str] | None = Field(None, description="Validation envs (default: the run's).")
     n: int | None = Field(None, description="Fixed validation instances per env (default: eval.instances).")
