@@ -172,17 +172,26 @@ def start_adapters(wrapped: Any, folder: str | Path) -> None:
     _load_weights(wrapped, weights, folder)
 
 
+def key_mismatch(expected: set[str], given: set[str], lacking: str, foreign: str) -> str:
+    """How a strict load's ``given`` tensor names differ from the ``expected`` ones, for its error line ("" when
+    equal): ``lacks N <lacking> (e.g. ...)`` and/or ``holds N tensors <foreign> (e.g. ...)``."""
+    missing, extra = sorted(expected - given), sorted(given - expected)
+    parts = [f"lacks {len(missing)} {lacking} (e.g. {missing[0]})"] if missing else []
+    parts += [f"holds {len(extra)} tensors {foreign} (e.g. {extra[0]})"] if extra else []
+    return " and ".join(parts)
+
+
 def _load_weights(wrapped: Any, weights: dict[str, torch.Tensor], folder: str | Path) -> None:
     """A strict load of PEFT-keyed adapter weights: exactly the wrapped model's adapter tensors, of their shapes."""
     import peft
 
-    expected, given = set(peft.get_peft_model_state_dict(wrapped)), set(weights)
-    if given != expected:
-        missing, foreign = sorted(expected - given), sorted(given - expected)
-        what = f"lacks {len(missing)} of its adapter tensors (e.g. {missing[0]})" if missing else ""
-        what += (" and " if missing and foreign else "") + (
-            f"holds {len(foreign)} tensors the model has no adapter for (e.g. {foreign[0]})" if foreign else ""
-        )
+    what = key_mismatch(
+        set(peft.get_peft_model_state_dict(wrapped)),
+        set(weights),
+        "of its adapter tensors",
+        "the model has no adapter for",
+    )
+    if what:
         raise PolicyLoadError(
             f"model.adapter {str(folder)!r} {what}: it adapts other layers (actor.lora.target_modules) or another "
             "architecture than the start model"

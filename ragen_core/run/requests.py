@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from ragen_core.config import RunConfig
+from ragen_core.config.trust import named_keys
 from ragen_core.run.checks import (
     build_run_config,
     build_stored_run_config,
@@ -204,7 +205,7 @@ def eval_request(inputs: EvalInputs) -> EvalRequest:
     start, base, which = resolve_target(inputs.target, known)
     trusted = trusted_kinds(inputs.trust_env_module)
     overrides = list(inputs.overrides or [])
-    named = any(o.split("=", 1)[0].strip() == "model.adapter" for o in overrides)
+    named = bool({"model", "model.adapter"} & named_keys(overrides))
     if named and start.adapter is not None:
         raise RequestError(f"{inputs.target} names LoRA adapters, and model.adapter names others: give one of the two")
     if not named:  # the target's adapters (or none), never the source run's own model.adapter

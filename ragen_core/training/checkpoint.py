@@ -54,7 +54,7 @@ from typing import Any
 from ragen_core.agent.templates import export_chat_template
 from ragen_core.faults import maybe_fail
 from ragen_core.policy.loading import follow_umask
-from ragen_core.policy.lora import adapter_settings, save_adapter
+from ragen_core.policy.lora import adapter_settings, key_mismatch, save_adapter
 from ragen_core.storage.files import TRASH_PREFIX, fsync_dir
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import (
@@ -397,13 +397,10 @@ def _adapter_load(src: dict[str, Any], dst: Any) -> None:
     weights (the adapters and the buffers); they are loaded, the frozen base kept. A strict load, keyed to what
     :func:`save_checkpoint` leaves out."""
     frozen = {name for name, p in dst.named_parameters(remove_duplicate=False) if not p.requires_grad}
-    expected, given = set(dst.state_dict()) - frozen, set(src)
-    if given != expected:
-        missing, foreign = sorted(expected - given), sorted(given - expected)
-        what = f"lacks {len(missing)} tensors of the adapters (e.g. {missing[0]})" if missing else ""
-        what += (" and " if missing and foreign else "") + (
-            f"holds {len(foreign)} tensors the engine does not train (e.g. {foreign[0]})" if foreign else ""
-        )
+    what = key_mismatch(
+        set(dst.state_dict()) - frozen, set(src), "tensors of the adapters", "the engine does not train"
+    )
+    if what:
         raise CheckpointError(
             f"the LoRA actor state {what}: it was saved with other adapters, or damaged; resume with the run's own "
             "actor.lora, or delete the checkpoint (a resume then starts from an earlier one)"
