@@ -113,6 +113,7 @@ def overrides(args: argparse.Namespace, model_dir: Path) -> list[str]:
         "eval.instances=16",
         "bootstrap.enabled=false",
         *case_overrides(args),
+        *([f"actor.lora.rank={args.lora_rank}", "actor.lora.alpha=32"] if args.lora_rank else []),
     ]
 
 
@@ -201,6 +202,7 @@ def main() -> None:
         help="Token budget per pass (actor.micro_batch_tokens); 0: passes of --micro-batch-size rows.",
     )
     parser.add_argument("--gradient-checkpointing", action="store_true", help="actor.gradient_checkpointing=true")
+    parser.add_argument("--lora-rank", type=int, help="Train LoRA adapters of this rank on every linear layer.")
     parser.add_argument("--precision", default="auto", help="auto (bf16 on a capable GPU), bf16, fp16 or fp32.")
     parser.add_argument("--peak-tflops", type=float, help="Per-GPU peak for the MFU (default: from the GPU's name).")
     parser.add_argument(

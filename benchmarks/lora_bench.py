@@ -7,7 +7,11 @@ train on the same rows: the bench checks the trained token counts agree), then t
 batch with the update stage's own call (:func:`ragen_core.run.stages.update_policy`). It reports the trainable
 parameters, the optimizer state's bytes (AdamW's two moments of every trainable parameter, read from the engine's
 optimizer), the update's trained tokens per second, the sampling stage's seconds (the rollouts' generation through
-the adapters) and the process's peak RSS. The sides run alternately, ``pairs`` times each; ratios are of medians.
+the adapters) and the process's peak RSS. Then the hand-off an async run makes after every update: the updated
+policy into a sampler process of its own (:class:`ragen_core.rollout.sampler.SamplerProcess`; a LoRA policy hands
+over its adapters alone), timed ``repeats`` times, with its bytes and its share of an iteration (the hand-off's
+median over the sampling stages' seconds plus the update's median). The sides run alternately, ``pairs`` times
+each; ratios are of medians.
 
     python -m benchmarks.lora_bench --shape 20m --pairs 2 --repeats 3
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,6 +78,7 @@ def run_side(side: str, model_dir: Path, repeats: int, threads: int) -> dict[str
                 stages.update_policy(session, 0, IterationState())
                 seconds.append(time.perf_counter() - started)
             state_bytes = _optimizer_state_bytes(actor.engine.optimizer)
+            handoff_seconds, handoff_bytes = _handoff(actor.module, model_dir, repeats, Path(root))
         finally:
             session.close()
     return {
@@ -83,8 +89,29 @@ def run_side(side: str, model_dir: Path, repeats: int, threads: int) -> dict[str
         "trained_tokens": tokens,
         "update_seconds": seconds,
         "sampling_seconds": sampling,
+        "handoff_seconds": handoff_seconds,
+        "handoff_bytes": handoff_bytes,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def _handoff(module: Any, model_dir: Path, repeats: int, folder: Path) -> tuple[list[float], int]:
+    """``repeats`` timed hand-offs of ``module`` to a sampler process (after one untimed): their seconds, and the bytes
+    each copies (the shared buffer: the adapters alone for a LoRA policy)."""
+    from ragen_core.rollout import NewWeights
+    from ragen_core.rollout.sampler import SamplerProcess
+
+    sampler = SamplerProcess.start(model_dir, module, 1, folder / "sampler.log")
+    try:
+        sampler.load(NewWeights(module, version=1))
+        seconds = []
+        for version in range(2, repeats + 2):
+            started = time.perf_counter()
+            sampler.load(NewWeights(module, version=version))
+            seconds.append(time.perf_counter() - started)
+        return seconds, sampler.shared.layout.nbytes
+    finally:
+        sampler.close()
 
 
 def measure(shape: str, pairs: int, repeats: int, threads: int) -> dict[str, Any]:
@@ -117,6 +144,8 @@ def measure(shape: str, pairs: int, repeats: int, threads: int) -> dict[str, Any
             "update_tokens_per_s": spread(rates),
             "update_seconds": [s for run in done for s in run["update_seconds"]],
             "sampling_seconds": spread([run["sampling_seconds"] for run in done]),
+            "handoff_seconds": spread([s for run in done for s in run["handoff_seconds"]]),
+            "handoff_bytes": done[0]["handoff_bytes"],
             "peak_rss_mib": spread([run["peak_rss_mib"] for run in done]),
         }
     full = result["sides"]["full"]
@@ -125,6 +154,8 @@ def measure(shape: str, pairs: int, repeats: int, threads: int) -> dict[str, Any
         numbers["update_speed_vs_full"] = speed / full["update_tokens_per_s"]["median"]
         numbers["peak_rss_vs_full"] = numbers["peak_rss_mib"]["median"] / full["peak_rss_mib"]["median"]
         numbers["optimizer_state_vs_full"] = numbers["optimizer_state_bytes"] / full["optimizer_state_bytes"]
+        iteration = numbers["sampling_seconds"]["median"] + statistics.median(numbers["update_seconds"])
+        numbers["handoff_share"] = numbers["handoff_seconds"]["median"] / iteration
     return result
 
 

@@ -340,6 +340,25 @@ def lora_section(section: dict[str, Any] | None) -> list[str]:
                 f"| {_ratio(speed)} | {fmt_spread(n['sampling_seconds'])} | {fmt_spread(n['peak_rss_mib'])} "
                 f"| {_ratio(rss)} |"
             )
+    handoffs = [
+        (case, side, n) for case in section["cases"] for side, n in case["sides"].items() if "handoff_share" in n
+    ]
+    if handoffs:
+        lines += [
+            "",
+            "The hand-off an async run makes after every update, into its sampler process (shared memory; a LoRA "
+            "policy hands over its adapters alone), and its share of an iteration (the sampling stages plus the "
+            "update):",
+            "",
+            "| model | side | bytes handed over | hand-off ms | share of an iteration |",
+            "|---|---|---|---|---|",
+        ]
+        for case, side, n in handoffs:
+            seconds = n["handoff_seconds"]
+            lines.append(
+                f"| {case['shape']} | {side} | {n['handoff_bytes']:,} | {seconds['median'] * 1000:.1f} "
+                f"({seconds['min'] * 1000:.1f}-{seconds['max'] * 1000:.1f}) | {n['handoff_share']:.2%} |"
+            )
     return lines + [""]
 
 

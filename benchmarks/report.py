@@ -64,6 +64,10 @@ def _flatten_lora(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:
             flat[f"{prefix}.update_tokens_per_s"] = numbers["update_tokens_per_s"]["median"]
             flat[f"{prefix}.peak_rss_mib"] = numbers["peak_rss_mib"]["median"]
             flat[f"{prefix}.sampling_s"] = numbers["sampling_seconds"]["median"]
+            if "handoff_seconds" in numbers:  # benches before the hand-off was measured lack it
+                flat[f"{prefix}.handoff_s"] = numbers["handoff_seconds"]["median"]
+                flat[f"{prefix}.handoff_bytes"] = numbers["handoff_bytes"]
+                flat[f"{prefix}.handoff_share"] = numbers["handoff_share"]
             if side != "full":
                 for ratio in ("update_speed_vs_full", "peak_rss_vs_full", "optimizer_state_vs_full"):
                     flat[f"{prefix}.{ratio}"] = numbers[ratio]

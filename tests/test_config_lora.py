@@ -44,12 +44,6 @@ def test_lora_keys_are_later_keys_out_of_the_hash():
         (["actor.lora.rank=4", "actor.lora.target_modules=[]"], "actor.lora.target_modules: an empty list"),
         (["actor.lora.rank=4", "actor.lora.target_modules=all"], "'all' is neither 'all-linear' nor a list"),
         (["actor.lora.rank=4", "actor.lora.r=4"], "actor.lora.r: unknown key"),
-        (["actor.lora.rank=4", "rollout.backend=vllm"], "actor.lora with rollout.backend=vllm"),
-        (["actor.lora.rank=4", "trainer.launcher=torchrun"], "actor.lora with trainer.launcher=torchrun"),
-        (["actor.lora.rank=4", "trainer.max_staleness=1"], "actor.lora with trainer.max_staleness=1"),
-        (["model.adapter=/a", "rollout.backend=vllm"], "model.adapter with rollout.backend=vllm: serving adapters"),
-        (["model.adapter=/a", "trainer.launcher=deepspeed"], "model.adapter with trainer.launcher=deepspeed"),
-        (["model.adapter=/a", "trainer.max_staleness=2"], "model.adapter with trainer.max_staleness=2"),
     ],
 )
 def test_a_wrong_or_unsupported_lora_setting_is_refused_in_one_line(overrides, said):

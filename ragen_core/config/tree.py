@@ -57,7 +57,6 @@ class RunConfig(Section):
             )
         _check_mi(self)
         _check_async(self)
-        _check_lora(self)
         if self.rollout.training_rows == "turn" and algorithm.reward_level == "turn":
             raise ValueError(
                 "rollout.training_rows=turn gives every turn row its trajectory's score (RAGEN-2); "
@@ -148,33 +147,6 @@ def _check_async(config: RunConfig) -> None:
             f"algorithm.filter_entropy=full scores each batch with the policy that sampled it, which an async run "
             f"(trainer.max_staleness={staleness}) keeps only in its sampler: use filter_entropy=sampled (the stored "
             "log-probs' estimate) or trainer.max_staleness=0"
-        )
-
-
-def _check_lora(config: RunConfig) -> None:
-    """What LoRA training (``actor.lora``) and a start from adapters (``model.adapter``) do not run with yet:
-    adapters are trained, read and sampled only by the run's own process, from the learner's module (checked at load
-    time)."""
-    for key, value in (("actor.lora", config.actor.lora), ("model.adapter", config.model.adapter)):
-        if value is not None:
-            _check_adapter_setup(config, key)
-
-
-def _check_adapter_setup(config: RunConfig, key: str) -> None:
-    later, off = "comes in a later increment (docs/lora.md)", f"{key}=null"
-    if config.rollout.backend == "vllm":
-        raise ValueError(
-            f"{key} with rollout.backend=vllm: serving adapters from vLLM {later}; use rollout.backend=hf, or {off}"
-        )
-    if config.trainer.launcher != "inprocess":
-        raise ValueError(
-            f"{key} with trainer.launcher={config.trainer.launcher}: handing adapters to a launched group {later}; "
-            f"use trainer.launcher=inprocess, or {off}"
-        )
-    if config.trainer.max_staleness:
-        raise ValueError(
-            f"{key} with trainer.max_staleness={config.trainer.max_staleness}: an async run's sampler process "
-            f"taking adapters {later}; use trainer.max_staleness=0, or {off}"
         )
 
 

@@ -49,6 +49,27 @@ def wrap_lora(model: torch.nn.Module, settings: LoraConfig, seed: int) -> Any:
         return peft.get_peft_model(model, config)
 
 
+def wrap_like(model: torch.nn.Module, settings: dict[str, Any]) -> Any:
+    """``model`` wrapped with adapters of the ``settings`` another copy's :func:`adapter_settings` reports (the same
+    layers, by their full paths; rank, alpha, dropout), so the two copies' parameters have the same names and shapes;
+    the adapters' weights are to be copied in (this draws them from a fixed seed, leaving the global stream as it
+    was)."""
+    import peft
+
+    config = peft.LoraConfig(
+        r=int(settings["rank"]),
+        lora_alpha=int(settings["alpha"]),
+        lora_dropout=float(settings["dropout"]),
+        target_modules=list(settings["target_modules"]),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        torch.manual_seed(0)
+        return peft.get_peft_model(model, config)
+
+
 def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
     """Each name must end the dotted path of a linear layer (PEFT's rule), or the adapters would silently skip it."""
     linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
@@ -101,10 +122,12 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def save_adapter(model: Any, folder: str | Path) -> None:
+def save_adapter(model: Any, folder: str | Path, state_dict: dict[str, Any] | None = None) -> None:
     """PEFT's ``save_pretrained`` of the adapters only (``adapter_config.json``, ``adapter_model.safetensors``);
-    the embedding is never saved, so PEFT asks no hub whether the base model changed it."""
-    model.save_pretrained(str(folder), save_embedding_layers=False)
+    the embedding is never saved, so PEFT asks no hub whether the base model changed it. ``state_dict``: the
+    weights to save where the module's own are partitioned (ZeRO-3's gather)."""
+    extra = {"state_dict": state_dict} if state_dict is not None else {}
+    model.save_pretrained(str(folder), save_embedding_layers=False, **extra)
 
 
 def read_adapter(folder: str | Path) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -169,6 +192,13 @@ def start_adapters(wrapped: Any, folder: str | Path) -> None:
             f"{own.r} and alpha {own.lora_alpha}: set actor.lora.rank={config.r} actor.lora.alpha={config.lora_alpha} "
             "to train it on, or actor.lora=null to merge it into the start model"
         )
+    _load_weights(wrapped, weights, folder)
+
+
+def load_adapter_weights(wrapped: Any, folder: str | Path) -> None:
+    """Copy the weights of the adapter folder ``folder`` (a LoRA policy's export, of the same adapters) into
+    ``wrapped`` in place: a strict load (:func:`read_adapter`'s checks, then every adapter tensor, of its shape)."""
+    _, weights = read_adapter(folder)
     _load_weights(wrapped, weights, folder)
 
 

@@ -12,6 +12,10 @@ bytes are the module's own, so the copy equals the writer's exactly, as after an
 checkpoints (their ``hf/`` folder), on a restore, and after every update when the rollout side needs a folder (a
 vLLM server reloads one).
 
+A LoRA policy (``actor.lora``) hands over its adapters only (a layout of the trainable parameters,
+``trainable_only``): megabytes, not the model. Its frozen base never changes in a run, so the copy gets it once, when
+the copy is made.
+
 The file is created by the writer (readable by this user only), mapped by the reader and then unlinked at once: the
 memory lives as long as either mapping, and nothing is left behind when either process dies.
 """
@@ -50,25 +54,31 @@ class WeightEntry:
 
 @dataclass(frozen=True)
 class WeightLayout:
-    """The parameters of a module (tied ones once, in ``named_parameters`` order) laid out in one flat buffer."""
+    """The parameters of a module (tied ones once, in ``named_parameters`` order) laid out in one flat buffer: all of
+    them, or with ``trainable_only`` those that require gradients (a LoRA policy's adapters)."""
 
     entries: tuple[WeightEntry, ...]
     nbytes: int
+    trainable_only: bool = False
 
     @classmethod
-    def of_module(cls, module: torch.nn.Module) -> WeightLayout:
-        """The layout of ``module``'s parameters (their full shapes also where ZeRO-3 partitions them)."""
+    def of_module(cls, module: torch.nn.Module, trainable_only: bool = False) -> WeightLayout:
+        """The layout of ``module``'s parameters, or of its trainable ones (their full shapes also where ZeRO-3
+        partitions them)."""
         entries, offset = [], 0
         for name, parameter in module.named_parameters():
+            if trainable_only and not parameter.requires_grad:
+                continue
             shape = tuple(getattr(parameter, "ds_shape", None) or parameter.shape)  # ZeRO-3 keeps the full shape
             entry = WeightEntry(name, shape, str(parameter.dtype).removeprefix("torch."), offset)
             entries.append(entry)
             offset += -(-entry.nbytes // ALIGN) * ALIGN
-        return cls(tuple(entries), offset)
+        return cls(tuple(entries), offset, trainable_only)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able form (sent over the group's control channel)."""
-        return {"nbytes": self.nbytes, "entries": [[e.name, list(e.shape), e.dtype, e.offset] for e in self.entries]}
+        entries = [[e.name, list(e.shape), e.dtype, e.offset] for e in self.entries]
+        return {"nbytes": self.nbytes, "entries": entries, "trainable_only": self.trainable_only}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WeightLayout:
@@ -76,12 +86,13 @@ class WeightLayout:
         entries = tuple(
             WeightEntry(str(n), tuple(int(s) for s in shape), str(d), int(o)) for n, shape, d, o in data["entries"]
         )
-        return cls(entries, int(data["nbytes"]))
+        return cls(entries, int(data["nbytes"]), bool(data.get("trainable_only", False)))
 
     def check_matches(self, module: torch.nn.Module) -> None:
-        """Raise ``ValueError`` naming the first difference when ``module``'s parameters are not this layout's
-        (names and shapes; a dtype may differ, the copy converts it)."""
-        own = [(e.name, e.shape) for e in WeightLayout.of_module(module).entries]
+        """Raise ``ValueError`` naming the first difference when ``module``'s parameters (its trainable ones, for a
+        ``trainable_only`` layout) are not this layout's (names and shapes; a dtype may differ, the copy converts
+        it)."""
+        own = [(e.name, e.shape) for e in WeightLayout.of_module(module, self.trainable_only).entries]
         theirs = [(e.name, e.shape) for e in self.entries]
         if own != theirs:
             mismatch = next((a for a, b in zip(own, theirs, strict=False) if a != b), (own + theirs)[-1])
@@ -140,10 +151,12 @@ class SharedWeights:
 
     @torch.no_grad()
     def read_into(self, module: torch.nn.Module) -> None:
-        """Copy the buffer into ``module``'s parameters in place (on their device; the layout is checked first)."""
+        """Copy the buffer into ``module``'s parameters in place (on their device; the layout is checked first): all
+        of them, or the trainable ones of a ``trainable_only`` layout, the others left as they are."""
         self.layout.check_matches(module)
-        for name, parameter in module.named_parameters():
-            parameter.copy_(self._views[name], non_blocking=False)
+        parameters = dict(module.named_parameters())
+        for name, view in self._views.items():
+            parameters[name].copy_(view, non_blocking=False)
 
     def unlink(self) -> None:
         """Remove the file's name (the mappings stay valid until both processes drop them)."""

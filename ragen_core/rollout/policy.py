@@ -9,6 +9,7 @@ module opens a second one that holds a copy of its own (the Hugging Face backend
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ class RolloutPolicy:
 
     def __post_init__(self) -> None:
         start = self.model_dir
-        self.current = NewWeights(self.model, lambda: start)
+        self.current = NewWeights(self.model, lambda: start, version=0)
 
     def backend(self, rollout: RolloutConfig, temperature: float) -> SamplerBackend:
         """The session's sampler at the config's settings and ``temperature`` (the rollout engine's backend)."""
@@ -54,6 +55,11 @@ class RolloutPolicy:
         sampler takes them. A training sampler of its own takes them only at the hand-off (:meth:`hand_off`)."""
         self.current = weights
         self.sampler.load(weights)
+
+    def relabel(self, version: int) -> None:
+        """The weights the samplers hold stand for policy ``version`` from now on, unchanged (an iteration skipped on
+        resume trained nothing): the session's sampler takes them again under that version."""
+        self.take(dataclasses.replace(self.current, version=version))
 
     def hand_off(self) -> None:
         """The training sampler of its own, if any, takes the weights the session's sampler holds (an async run's

@@ -12,7 +12,9 @@ process. :class:`SamplerProcess` is a :class:`~ragen_core.rollout.sampling.Sampl
 Weights reach the child at the hand-off after an update (:meth:`SamplerProcess.load`): the run's process copies its
 rollout model into a shared-memory buffer (:mod:`ragen_core.rollout.handoff`), the child copies the buffer into its
 model. The bytes are the module's own, so the sampler computes with exactly the weights of the policy version the
-schedule names; with a fixed thread count its batches are reproducible, which an async run's exact resume needs.
+schedule names; with a fixed thread count its batches are reproducible, which an async run's exact resume needs. A
+LoRA policy (a PEFT wrap) is copied whole once, when the child starts (its base, through a buffer dropped after the
+start), and the child wraps its model with the same adapters; every hand-off after that carries the adapters only.
 
 The child is started in a session of its own (``start_new_session=True``): a Ctrl-C in the terminal, which reaches
 the command's whole process group, reaches the learner alone, which then stops the child
@@ -35,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ragen_core.policy.lora import adapter_settings, is_adapted
 from ragen_core.rollout.handoff import SharedWeights, WeightLayout
 from ragen_core.rollout.sampling import NewWeights, Sampling
 from ragen_core.rollout.types import Generation, TurnContext
@@ -58,6 +61,7 @@ class SamplerProcess:
 
     def __init__(self, process: subprocess.Popen, connection: Connection, shared: SharedWeights, log: Path) -> None:
         self.process, self.connection, self.shared, self.log = process, connection, shared, log
+        self.version: int | None = 0  # what the child holds: the session's start weights until a load confirms more
 
     @classmethod
     def start(cls, model_dir: Path, module: torch.nn.Module, threads: int, log: Path) -> SamplerProcess:
@@ -66,7 +70,8 @@ class SamplerProcess:
         goes to ``log``. Waits until the child has loaded the model. The child is in a session of its own, so a
         Ctrl-C meant for the run reaches the learner alone (which then stops the child in :meth:`close`); when the
         learner dies, the child reads the end of its socket and exits."""
-        layout = WeightLayout.of_module(module)
+        adapted = is_adapted(module)
+        layout = WeightLayout.of_module(module, trainable_only=adapted)  # a LoRA policy hands over its adapters
         shared = SharedWeights.create(layout)
         parent, child = socket.socketpair()
         try:
@@ -95,19 +100,27 @@ class SamplerProcess:
             "weights": str(shared.path),
             "layout": layout.to_json(),
         }
+        whole = None
         try:
+            if adapted:  # the base, once: the child wraps its model as this one and copies it all in
+                whole = SharedWeights.create(WeightLayout.of_module(module))
+                whole.write(dict(module.named_parameters()))
+                init.update(lora=adapter_settings(module), whole=str(whole.path), whole_layout=whole.layout.to_json())
             sampler._call("init", init, timeout=STARTUP_TIMEOUT_S)
         except BaseException:
             sampler.close()
             raise
         finally:
             shared.unlink()  # both processes have it mapped: nothing is left behind when either dies
+            if whole is not None:
+                whole.unlink()  # the child has read it: its memory goes with this last mapping
         return sampler
 
     def load(self, weights: NewWeights) -> None:
         """Hand the weights of ``weights.module`` to the child (the policy version its next batch is sampled with)."""
         self.shared.write(dict(weights.module.named_parameters()))
-        self._call("load", None)
+        self.version = None  # until the child confirms the copy
+        self.version = self._call("load", weights.version)
 
     def generate(self, contexts: list[TurnContext], seed: int, sampling: Sampling) -> list[Generation]:
         """One reply per context, sampled in the child from ``seed`` at ``sampling`` (the environment stays here).
@@ -171,10 +184,27 @@ class _Prompts:
         return dataclasses.replace(context, prompt_ids=old)
 
 
+def _init(payload: dict[str, Any]) -> tuple[Any, Any, SharedWeights]:
+    """The child's model (at the learner's dtype, on the first GPU if any; a LoRA policy's wrapped with the same
+    adapters and its whole weights copied in), its tokenizer and the mapped hand-off buffer."""
+    from ragen_core.policy import load_policy
+    from ragen_core.policy.lora import wrap_like
+
+    torch.set_num_threads(int(payload["threads"]))
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    dtype = getattr(torch, payload["dtype"])
+    model, tokenizer = load_policy(payload["model_dir"], dtype=dtype)
+    if "lora" in payload:
+        model = wrap_like(model, payload["lora"]).to(dtype)  # PEFT makes fp32 adapters: the learner's dtype instead
+        SharedWeights.attach(payload["whole"], WeightLayout.from_json(payload["whole_layout"])).read_into(model)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    model = model.to(device).eval()
+    return model, tokenizer, SharedWeights.attach(payload["weights"], WeightLayout.from_json(payload["layout"]))
+
+
 def _serve(connection: Connection) -> None:
     """The child's loop: ``init`` (load the model, map the weights), then ``load``, ``generate``, ``reset`` until
     ``stop`` or the parent's end closes."""
-    from ragen_core.policy import load_policy
     from ragen_core.rollout.hf_backend import HFBackend
 
     model: Any = None
@@ -190,15 +220,10 @@ def _serve(connection: Connection) -> None:
         try:
             answer: Any = None
             if kind == "init":
-                torch.set_num_threads(int(payload["threads"]))
-                torch._C._set_deterministic_algorithms(True, warn_only=True)
-                dtype = getattr(torch, payload["dtype"])
-                model, tokenizer = load_policy(payload["model_dir"], dtype=dtype)
-                device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-                model = model.to(device).eval()
-                shared = SharedWeights.attach(payload["weights"], WeightLayout.from_json(payload["layout"]))
+                model, tokenizer, shared = _init(payload)
             elif kind == "load" and shared is not None:
                 shared.read_into(model)
+                answer = payload  # the version the buffer held, now the model's
             elif kind == "generate":
                 settings, contexts, seed = payload
                 backend = backends.get(settings)

@@ -44,18 +44,42 @@ def _no_export() -> Path:
 @dataclass(frozen=True)
 class NewWeights:
     """New weights of the policy, as the updater hands them to the rollout side: ``module``, the rollout copy that
-    holds them, and ``export()``, their Hugging Face folder (written when first asked: a server reloads a folder,
-    a sampler that reads the module never asks)."""
+    holds them, ``export()``, their Hugging Face folder (written when first asked: a server reloads a folder,
+    a sampler that reads the module never asks), and ``version``, the updates they have received (the policy
+    version the rows they sample carry; None where nobody counts, as for a copy made by hand)."""
 
     module: Any  # torch.nn.Module
     export: Callable[[], Path] = _no_export
+    version: int | None = None
+
+
+class PolicyVersionError(RuntimeError):
+    """A training batch was about to be sampled, or was sampled, by weights of another policy version than the
+    schedule names (a hand-off missed or come in the middle of the batch): nothing of the batch is stored."""
+
+
+def check_version(backend: SamplerBackend, expected: int, what: str) -> None:
+    """The contract between the schedule and the rollout side: ``backend``'s sampler holds the policy after
+    ``expected`` updates, the version the rows of ``what`` will carry; else a :class:`PolicyVersionError` in one
+    line. A sampler that counts no versions (a scripted policy, a backend of a user's own without ``version``) is
+    not checked."""
+    held = backend.version
+    if held is not None and held != expected:
+        raise PolicyVersionError(
+            f"{what} is sampled by the policy after {expected} updates, but its sampler holds the weights after "
+            f"{held}: a weight hand-off was missed or came in the middle of the batch; nothing of the batch is "
+            "stored, and `ragen resume` samples it again"
+        )
 
 
 class Sampler(Protocol):
     """Where a run's replies are sampled. ``behavior_source`` says what its replies carry: ``"policy"``, the
     sampler's log-prob of every token; ``"scripted"``, none. A sampler may also define ``reset()``: it forgets what
     it keeps between the turns of a rollout (key/value caches, a server's prefix cache), and the engine calls it
-    before and after every rollout, so no rollout depends on what the sampler did before it."""
+    before and after every rollout, so no rollout depends on what the sampler did before it. A sampler of weights
+    also keeps ``version``: the updates the weights it samples with have received (``NewWeights.version`` of its last
+    :meth:`load`), which :func:`check_version` holds against the schedule's; None, or no such attribute: not
+    counted."""
 
     behavior_source: str
 
@@ -85,6 +109,11 @@ class SamplerBackend:
     def behavior_source(self) -> str:
         """What the sampler's replies carry (:class:`Sampler`)."""
         return self.sampler.behavior_source
+
+    @property
+    def version(self) -> int | None:
+        """The policy version the sampler holds (:class:`Sampler`; None: not counted)."""
+        return getattr(self.sampler, "version", None)
 
     def generate(self, contexts: list[TurnContext], seed: int) -> list[Generation]:
         """One reply per context, sampled at this backend's settings."""

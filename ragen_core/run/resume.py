@@ -263,6 +263,7 @@ def restore_session(session: RunSession, plan: ResumePlan) -> dict[str, Any]:
     and replays the later committed updates from their stored batches, the rollout side takes the weights, and the
     collapse monitor gets its metric history back."""
     session.updater.restore(plan.checkpoint, plan.replay)
+    session.updater.version = plan.next_iteration  # every committed iteration's update, a skipped one's included
     session.updater.sync(session.policy)
     trained = plan.training_iterations(session.config)
     session.record.metric_history = metric_history(session.lake, session.run_id, trained)
@@ -296,3 +297,6 @@ def skip_iteration(session: RunSession, iteration: int, quarantined: str) -> Non
     session.lake.write_rows("events", session.run_id, iteration, [row], stage=Stage.SKIP)
     session.lake.commit_iteration(session.run_id, iteration, {"skipped": True, "quarantine": quarantined})
     session.record.update(last_committed_iteration=iteration)
+    session.updater.version = iteration + 1  # the next batch's policy version moves on; its weights do not
+    if session.policy is not None:  # a session that samples
+        session.policy.relabel(iteration + 1)

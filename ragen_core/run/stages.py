@@ -51,6 +51,7 @@ from ragen_core.monitor.metrics import (
 )
 from ragen_core.rollout import RolloutSpec, TrajectoryRecord, run_rollouts
 from ragen_core.rollout.records import BatchMeta
+from ragen_core.rollout.sampling import check_version
 from ragen_core.run.batches import BatchPipeline, BatchRules, TrajectoryEntropy
 from ragen_core.run.decisions import stops_early
 from ragen_core.run.iteration import IterationState, Step
@@ -103,7 +104,10 @@ def generate_rollouts(session: RunSession, iteration: int, state: IterationState
     seeds = derive_seeds(config.seed, config.rollout.env_groups, iteration, "env_seeds")
     spec = rollout_spec(config, config.env.name, seeds, config.rollout.group_size, "train")
     backend = session.policy.training_backend(config.rollout)
+    version, what = session.schedule.sampling_version(iteration), f"iteration {iteration}'s training batch"
+    check_version(backend, version, what)  # the weights the schedule names, before any compute
     records = run_rollouts(spec, backend, session.policy.formatter, derive_seed(config.seed, iteration, "rollout"))
+    check_version(backend, version, what)  # and no hand-off came in the middle of the batch
     maybe_fail("rollout", "inside", iteration)  # rollouts in memory, nothing written yet
     state.records = records
     return records

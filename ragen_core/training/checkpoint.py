@@ -54,7 +54,14 @@ from typing import Any
 from ragen_core.agent.templates import export_chat_template
 from ragen_core.faults import maybe_fail
 from ragen_core.policy.loading import follow_umask
-from ragen_core.policy.lora import adapter_settings, key_mismatch, save_adapter
+from ragen_core.policy.lora import (
+    ADAPTER_CONFIG,
+    adapter_settings,
+    is_adapted,
+    key_mismatch,
+    load_adapter_weights,
+    save_adapter,
+)
 from ragen_core.storage.files import TRASH_PREFIX, fsync_dir
 from ragen_core.storage.lake import DataLake
 from ragen_core.storage.layout import (
@@ -145,7 +152,7 @@ def _save_policy(actor: ActorEngine, folder: Path, state_dict: Any, tokenizer: A
     (``adapter/``) of a LoRA engine."""
     if actor.adapter:
         target = checkpoint_file(folder, CHECKPOINT_ADAPTER)
-        save_adapter(actor.module, target)
+        save_adapter(actor.module, target, state_dict)
     else:
         target = checkpoint_file(folder, CHECKPOINT_HF)
         actor.module.save_pretrained(str(target), state_dict=state_dict)
@@ -187,21 +194,20 @@ def export_policy(actor: ActorEngine, tokenizer: Any, folder: str | Path, reply_
     """Write the policy and ``tokenizer`` as a Hugging Face folder at ``folder``, atomically replacing what is there
     (built in a hidden sibling, fsynced, renamed); its chat template ends the generation prompt with
     ``reply_prefix``, as :func:`save_checkpoint`'s export does. Call it on every rank under a launcher; rank 0
-    writes. A LoRA engine's whole policy is not exported yet (a :class:`CheckpointError`)."""
-    if actor.adapter:
-        raise CheckpointError(
-            "exporting a LoRA policy (actor.lora) as a whole Hugging Face folder comes in a later increment "
-            "(docs/lora.md); its checkpoints hold the adapters in adapter/"
-        )
+    writes. A LoRA engine's policy is its adapters: the folder is PEFT's adapter folder (``adapter_config.json``,
+    ``adapter_model.safetensors``), which :func:`load_exported_weights` reads into a copy with the same adapters."""
     folder = Path(folder)
     state_dict = _full_state_dict(actor)
     if _rank() == 0:
         temp = folder.with_name(_TEMP_PREFIX + folder.name)
         shutil.rmtree(temp, ignore_errors=True)
         temp.parent.mkdir(parents=True, exist_ok=True)
-        actor.module.save_pretrained(str(temp), state_dict=state_dict)
+        if actor.adapter:
+            save_adapter(actor.module, temp, state_dict)
+        else:
+            actor.module.save_pretrained(str(temp), state_dict=state_dict)
         save_tokenizer(tokenizer, temp, reply_prefix)
-        follow_umask(temp)  # transformers writes the weights 0600
+        follow_umask(temp)  # transformers and PEFT write the weights 0600
         _fsync_tree(temp)
         _replace_dir(temp, folder)
     _barrier()
@@ -210,11 +216,15 @@ def export_policy(actor: ActorEngine, tokenizer: Any, folder: str | Path, reply_
 
 def load_exported_weights(model: Any, folder: str | Path) -> None:
     """Copy the weights of a Hugging Face export (``*.safetensors`` in ``folder``) into ``model`` in place, on its
-    device and in its dtype. Every parameter of ``model`` must be in the export (tied weights count once)."""
+    device and in its dtype. Every parameter of ``model`` must be in the export (tied weights count once). A LoRA
+    policy's export (an adapter folder) goes into a model wrapped with the same adapters, its base kept."""
     import torch
     from safetensors.torch import load_file
 
     folder = Path(folder)
+    if (folder / ADAPTER_CONFIG).is_file() and is_adapted(model):
+        load_adapter_weights(model, folder)
+        return
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{str(folder)!r} holds no *.safetensors weights; is it a Hugging Face export?")

@@ -108,6 +108,25 @@ def start_engines(
     return actor, critic, tokenizer
 
 
+def policy_copy(config: RunConfig, start_model_dir: Path, dtype: Any) -> tuple[Any, Any]:
+    """(model, tokenizer): a copy of the run's start policy outside the engines, built as :func:`start_engines` builds
+    the actor's (a launched group's rollout copy): ``model.adapter`` merged without ``actor.lora``; with it, the
+    run's adapters on the start model (their weights come with the group's hand-offs), in ``dtype`` throughout."""
+    from ragen_core.policy import load_policy
+    from ragen_core.policy.lora import merge_adapter, start_adapters, wrap_lora
+
+    model, tokenizer = load_policy(start_model_dir, dtype=dtype)
+    lora = config.actor.lora
+    adapter = Path(config.model.adapter).expanduser().resolve() if config.model.adapter else None
+    if adapter is not None and lora is None:
+        model = merge_adapter(model, adapter)
+    if lora is not None:
+        model = wrap_lora(model, lora, derive_seed(config.seed, 0, "lora_init")).to(dtype)
+        if adapter is not None:
+            start_adapters(model, adapter)
+    return model, tokenizer
+
+
 def check_adapter_base(adapter: Path, model: Any) -> None:
     """Adapters from one of our LoRA checkpoints (``<checkpoint>/adapter``, whose ``checkpoint.json`` records the
     sha256 of the weights they were trained on) go only onto that base: another start model is a

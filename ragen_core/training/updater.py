@@ -37,7 +37,7 @@ from ragen_core.training.actor import ActorEngine
 from ragen_core.training.checkpoint import export_policy, load_checkpoint, load_exported_weights, save_checkpoint
 from ragen_core.training.cost import UpdateClock, critic_passes
 from ragen_core.training.critic import CriticEngine
-from ragen_core.training.engines import start_engines
+from ragen_core.training.engines import policy_copy, start_engines
 from ragen_core.training.precision import torch_dtype
 from ragen_core.training.starpo import critic_schedule, starpo_update
 from ragen_core.update.inputs import update_inputs
@@ -57,7 +57,12 @@ class RolloutSide(Protocol):
 
 
 class Updater(Protocol):
-    """The training side of a run."""
+    """The training side of a run. ``version`` is the policy version its weights stand for, which every hand-off to
+    the rollout side carries (:class:`~ragen_core.rollout.sampling.NewWeights`): iteration n's update makes it
+    n + 1 (whether or not the filter kept anything to train on); a resume sets it to the iterations committed (one
+    skipped on resume counts: it changed no weight)."""
+
+    version: int
 
     def update(self, iteration: int) -> dict[str, float]:
         """One StarPO update on ``iteration``'s published, kept rows; its metrics (``SKIPPED`` if none was kept)."""
@@ -68,7 +73,8 @@ class Updater(Protocol):
         ...
 
     def restore(self, checkpoint: Path | None, replay: list[int]) -> None:
-        """Load ``checkpoint`` (None: keep the start weights), then replay the updates of ``replay`` in order."""
+        """Load ``checkpoint`` (None: keep the start weights), then replay the updates of ``replay`` in order (the
+        caller sets :attr:`version` to the iterations they stand for)."""
         ...
 
     def sync(self, rollout: RolloutSide) -> None:
@@ -102,6 +108,7 @@ class InProcessUpdater:
     ) -> None:
         self.config, self.lake, self.run_id = config, lake, run_id
         self.actor, self.critic, self.tokenizer = actor, critic, tokenizer
+        self.version = 0  # the policy version the weights stand for (:class:`Updater`)
 
     @classmethod
     def start(
@@ -112,6 +119,7 @@ class InProcessUpdater:
         return cls(config, lake, run_id, actor, critic, tokenizer)
 
     def update(self, iteration: int) -> dict[str, float]:
+        self.version = iteration + 1  # whether or not the filter kept anything to train on
         with self.clock() as clock:  # from the lake read to the last optimizer step
             inputs = update_inputs(self.lake, self.run_id, iteration, self.config, self.tokenizer.pad_token_id)
             if inputs is None:
@@ -152,7 +160,7 @@ class InProcessUpdater:
         export = functools.cache(self.export)  # once at most, when the copy or a sampler (a vLLM server) reads it
         if rollout.model is not self.actor.module:  # a separate copy (not how a run builds it, but kept exact)
             load_exported_weights(rollout.model, export())
-        rollout.take(NewWeights(rollout.model, export))
+        rollout.take(NewWeights(rollout.model, export, self.version))
 
     def rollout_policy(self, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
         return self.actor.module, self.tokenizer  # the rollouts sample from the actor's own module
@@ -175,12 +183,14 @@ class LaunchedUpdater:
     (:mod:`ragen_core.rollout.handoff`), or from the export a restore writes. A vLLM rollout side also gets an
     export after every update (its server reloads a folder)."""
 
-    def __init__(self, group: Any, launcher: str, nproc: int, exports: bool = False) -> None:
-        self.group, self.launcher, self.nproc = group, launcher, nproc
+    def __init__(self, group: Any, config: RunConfig, exports: bool = False) -> None:
+        self.group, self.config = group, config
+        self.launcher, self.nproc = config.trainer.launcher, config.trainer.nproc
         self.exports = exports  # a Hugging Face export after every update (the rollout side needs a folder)
         self.weights: Path | None = None  # the group's newest export, not yet synced
         self.shared: SharedWeights | None = None  # the group's weights buffer, mapped here
         self.shared_fresh = False  # the buffer holds weights the rollout side has not taken yet
+        self.version = 0  # the policy version the group's weights stand for (:class:`Updater`)
         ready = group.ready.get("shared_weights")
         if ready:
             self.shared = SharedWeights.attach(ready["path"], WeightLayout.from_json(ready["layout"]))
@@ -203,7 +213,8 @@ class LaunchedUpdater:
         folder = lake.update_group_dir(run_id)
         group = UpdateGroup.start(trainer.launcher, trainer.nproc, trainer.hostfile, folder, init)
         try:
-            return cls(group, trainer.launcher, trainer.nproc, exports=config.rollout.backend == "vllm")
+            # a vLLM server reloads a whole policy from its export; a LoRA policy's adapters it gets from the copy
+            return cls(group, config, exports=config.rollout.backend == "vllm" and config.actor.lora is None)
         except BaseException:
             group.stop()
             raise
@@ -211,6 +222,7 @@ class LaunchedUpdater:
     def update(self, iteration: int) -> dict[str, float]:
         metrics, weights = self.group.update(iteration, export=self.exports or self.shared is None)
         self.weights, self.shared_fresh = weights, self.shared is not None
+        self.version = iteration + 1
         maybe_fail("update", "inside", iteration)  # the group has stepped; nothing is saved or committed
         return metrics
 
@@ -227,13 +239,13 @@ class LaunchedUpdater:
             load_exported_weights(rollout.model, self.weights)
         else:
             return
-        rollout.take(NewWeights(rollout.model, functools.partial(_exported, self.weights)))
+        rollout.take(NewWeights(rollout.model, functools.partial(_exported, self.weights), self.version))
         self.weights, self.shared_fresh = None, False
 
     def rollout_policy(self, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
-        from ragen_core.policy import load_policy
-
-        model, tokenizer = load_policy(model_dir, dtype=dtype)
+        model, tokenizer = policy_copy(
+            self.config, model_dir, dtype
+        )  # the start policy, as the group's ranks build it
         return model.to(rollout_device()).eval(), tokenizer
 
     def describe(self) -> dict[str, Any] | None:

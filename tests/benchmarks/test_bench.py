@@ -156,7 +156,7 @@ def test_the_host_share_sums_the_host_parts_over_the_step():
     assert result["host_share"] == pytest.approx(0.8 / 3.0)
 
 
-@pytest.mark.slow  # two real sessions of the tiny model: ~30 s
+@pytest.mark.slow  # two real sessions of the tiny model and their sampler processes: ~40 s
 def test_the_lora_bench_counts_trainable_parameters_and_adam_state_by_hand(tiny_model_dir):
     import torch
 
@@ -178,3 +178,9 @@ def test_the_lora_bench_counts_trainable_parameters_and_adam_state_by_hand(tiny_
     assert lora["optimizer_state_bytes"] == 2 * 4 * adapters
     assert full["trained_tokens"] == lora["trained_tokens"] > 0  # the same batch on both sides
     assert len(full["update_seconds"]) == len(lora["update_seconds"]) == 1
+    # the hand-off copies every parameter, or the adapters alone, each tensor padded to 64 bytes (fp32: 16 numbers)
+    padded = [-(-n // 16) * 16 for n in distinct.values()]
+    pieces = [-(-(8 * m.in_features) // 16) * 16 + -(-(8 * m.out_features) // 16) * 16 for m in linear]
+    assert full["handoff_bytes"] == 4 * sum(padded)
+    assert lora["handoff_bytes"] == 4 * sum(pieces)
+    assert len(full["handoff_seconds"]) == len(lora["handoff_seconds"]) == 1

@@ -1,6 +1,7 @@
 """The generated tool tasks' configs trained end to end, each through another of the doors users take (tiny sizes: a
 four-demonstration bootstrap, one StarPO-S iteration): `configs/sql_agent.yaml` as a run of the `train` deployment
-on the session's Prefect server and process worker, `configs/search_qa.yaml` through the Python API
+on the session's Prefect server and process worker (with LoRA adapters, `actor.lora.rank=4`, on the bootstrap's
+model), `configs/search_qa.yaml` through the Python API
 (`ragen_core.train`); `configs/calculator.yaml` goes through `ragen train` in tests/flows/test_calculator_flow.py.
 Each run's tool calls are rows of the lake: the bootstrap's demonstrations call the task's own tools, and every
 turn of the trained run keeps its calls."""
@@ -63,7 +64,7 @@ def sql_root(prefect_server, tmp_path_factory, tiny_model_dir) -> Path:
         "config": "configs/sql_agent.yaml",
         "data_root": str(root),
         "run_id": "sql",
-        "overrides": _tiny(tiny_model_dir),
+        "overrides": [*_tiny(tiny_model_dir), "actor.lora.rank=4"],  # LoRA through a deployment, on the bootstrap
     }
     try:
         assert _deployed(state.api_url, parameters) == "COMPLETED"
@@ -71,6 +72,8 @@ def sql_root(prefect_server, tmp_path_factory, tiny_model_dir) -> Path:
         if worker is not None:
             stop_process(worker, signal.SIGINT)
     assert DataLake(root).read_manifest("sql").pid != os.getpid()  # run by the worker, not here
+    formats = query(root, "SELECT DISTINCT format FROM checkpoints WHERE run_id = 'sql' ORDER BY 1")["format"]
+    assert formats.to_pylist() == ["deepspeed", "lora"]  # the RL stage trained adapters on the bootstrap's model
     return root
 
 

@@ -154,3 +154,54 @@ def test_the_sampler_exits_when_its_learner_is_killed(tiny_model_dir, tmp_path):
     os.kill(learner.pid, signal.SIGKILL)
     learner.wait(timeout=30)
     assert _wait_gone(child, 30)
+
+
+def _adapted(model_dir, seed: int):
+    """The model of ``model_dir`` with rank-4 adapters on the attention projections whose B matrices are not zero (so
+    the adapted model differs from its base). Loaded from its folder as the sampler process loads it: MKL's results
+    may change in the last bit with the weights' alignment in memory, which a copy made here would change."""
+    from ragen_core.config import LoraConfig
+    from ragen_core.policy import load_policy
+    from ragen_core.policy.lora import wrap_lora
+
+    settings = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    wrapped = wrap_lora(load_policy(model_dir)[0], settings, seed).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return wrapped
+
+
+def test_a_lora_policy_is_copied_whole_once_then_handed_over_by_its_adapters_alone(
+    tiny_model_dir, tiny_policy, tmp_path
+):
+    from ragen_core.policy.lora import adapter_names
+
+    model, tokenizer = tiny_policy
+    formatter = ChatFormatter(tokenizer)
+    first, second = _adapted(tiny_model_dir, 1), _adapted(tiny_model_dir, 2)
+    with torch.no_grad():  # a base the start model's folder does not hold: only the start's whole copy brings it
+        first.get_base_model().model.norm.weight.mul_(1.25)
+        second.get_base_model().model.norm.weight.copy_(first.get_base_model().model.norm.weight)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    process = SamplerProcess.start(tiny_model_dir, first, 1, tmp_path / "sampler.log")
+    try:
+        layout = process.shared.layout
+        assert layout.trainable_only and [e.name for e in layout.entries] == adapter_names(first)
+        trained = sum(p.numel() * p.element_size() for p in first.parameters() if p.requires_grad)
+        whole = sum(p.numel() * p.element_size() for p in first.parameters())
+        assert trained <= layout.nbytes < trained + 64 * len(layout.entries) < whole / 10  # adapters, not the model
+        assert not list(Path("/dev/shm").glob(f"ragen-weights-{os.getpid()}-*"))  # both buffers' names removed
+        for adapted in (first, second):
+            process.load(NewWeights(adapted))
+            there = run_rollouts(SPEC, _backend(process), formatter, seed=3)
+            here = run_rollouts(SPEC, HFBackend(adapted, tokenizer, 1.0, 12), formatter, seed=3)
+            assert _replies(there) == _replies(here)
+        base = run_rollouts(SPEC, HFBackend(model, tokenizer, 1.0, 12), formatter, seed=3)
+        assert _replies(there) != _replies(base)
+    finally:
+        process.close()
+        torch.set_num_threads(threads)
