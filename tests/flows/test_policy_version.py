@@ -2,10 +2,11 @@
 policy version its rows will carry. Planted faults: a hand-off the updater never made (sync: the rollout side keeps
 the weights before the update, a LoRA run's base model), and a hand-off the async run's sampler process never took.
 Each stops the run in one line before any row of the batch is stored; the resume without the fault completes with
-exactly the rows of the run that never met it."""
+exactly the rows of the run that never met it (trained through the Python API, ``ragen_core.train``)."""
 
 import pytest
 
+import ragen_core
 from ragen_core.rollout.policy import RolloutPolicy
 from ragen_core.rollout.sampling import PolicyVersionError
 from ragen_core.storage import DataLake
@@ -62,6 +63,6 @@ def test_a_batch_the_schedule_does_not_match_is_refused_before_any_row_is_stored
     assert {row["iteration"] for row in trained if row["split"] == "train"} <= set(range(iteration))
     train(config, data_root=str(tmp_path / "planted"), run_id="v")  # resumed, without the fault
     assert lake.read_manifest("v").status == "completed"
-    train(config, data_root=str(tmp_path / "whole"), run_id="v")
+    assert ragen_core.train(config, tmp_path / "whole", "v").status == "completed"  # the Python API's door
     for table in ("trajectories", "turns", "evaluations"):
         assert _rows(tmp_path / "planted", "v", table) == _rows(tmp_path / "whole", "v", table), table
