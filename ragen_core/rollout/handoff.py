@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from ragen_core.policy.lora import is_adapted
+
 ALIGN = 64  # bytes: every tensor starts on a cache line (and on its dtype's alignment)
 SHM_FOLDER = Path("/dev/shm")
 
@@ -62,9 +64,12 @@ class WeightLayout:
     trainable_only: bool = False
 
     @classmethod
-    def of_module(cls, module: torch.nn.Module, trainable_only: bool = False) -> WeightLayout:
+    def of_module(cls, module: torch.nn.Module, trainable_only: bool | None = None) -> WeightLayout:
         """The layout of ``module``'s parameters, or of its trainable ones (their full shapes also where ZeRO-3
-        partitions them)."""
+        partitions them). By default, what a hand-off carries: the trainable ones of a LoRA policy (a PEFT wrap,
+        whose frozen base never changes in a run), every one of any other module."""
+        if trainable_only is None:
+            trainable_only = is_adapted(module)
         entries, offset = [], 0
         for name, parameter in module.named_parameters():
             if trainable_only and not parameter.requires_grad:

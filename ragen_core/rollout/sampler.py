@@ -71,7 +71,7 @@ class SamplerProcess:
         Ctrl-C meant for the run reaches the learner alone (which then stops the child in :meth:`close`); when the
         learner dies, the child reads the end of its socket and exits."""
         adapted = is_adapted(module)
-        layout = WeightLayout.of_module(module, trainable_only=adapted)  # a LoRA policy hands over its adapters
+        layout = WeightLayout.of_module(module)  # what a hand-off carries: a LoRA policy's adapters alone
         shared = SharedWeights.create(layout)
         parent, child = socket.socketpair()
         try:
@@ -103,7 +103,7 @@ class SamplerProcess:
         whole = None
         try:
             if adapted:  # the base, once: the child wraps its model as this one and copies it all in
-                whole = SharedWeights.create(WeightLayout.of_module(module))
+                whole = SharedWeights.create(WeightLayout.of_module(module, trainable_only=False))
                 whole.write(dict(module.named_parameters()))
                 init.update(lora=adapter_settings(module), whole=str(whole.path), whole_layout=whole.layout.to_json())
             sampler._call("init", init, timeout=STARTUP_TIMEOUT_S)

@@ -213,8 +213,7 @@ class LaunchedUpdater:
         folder = lake.update_group_dir(run_id)
         group = UpdateGroup.start(trainer.launcher, trainer.nproc, trainer.hostfile, folder, init)
         try:
-            # a vLLM server reloads a whole policy from its export; a LoRA policy's adapters it gets from the copy
-            return cls(group, config, exports=config.rollout.backend == "vllm" and config.actor.lora is None)
+            return cls(group, config, exports=config.rollout.backend == "vllm")
         except BaseException:
             group.stop()
             raise

@@ -88,8 +88,7 @@ def _init(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
     worker.hands_off = bool(command.get("shared_weights"))
     if worker.hands_off and worker.rank == 0:
         try:
-            actor = worker.updater.actor  # a LoRA policy hands over its adapters only
-            worker.shared = SharedWeights.create(WeightLayout.of_module(actor.module, trainable_only=actor.adapter))
+            worker.shared = SharedWeights.create(WeightLayout.of_module(worker.updater.actor.module))
         except OSError as exc:  # no room: the run's process then asks for an export after every update
             print(f"no shared-memory weight hand-off ({exc}); exporting after every update", file=sys.stderr)
         else:
@@ -142,14 +141,13 @@ def _execute(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
 
 
 def full_parameters(actor: Any) -> dict[str, Any] | None:
-    """The actor's whole parameters by name (a LoRA actor's trainable ones: its adapters), on rank 0 (None on the
-    others). Every rank must call it: under ZeRO-3 the partitioned weights are gathered (a collective; a LoRA
-    actor's frozen base is left out); otherwise they are the module's own tensors."""
+    """The actor's whole parameters by name, on rank 0 (None on the others). Every rank must call it: under ZeRO-3
+    the partitioned weights are gathered (a collective); otherwise they are the module's own tensors."""
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    if actor.engine.zero_optimization_partition_weights():  # DeepSpeed's gather, complete on rank 0
-        state = actor.engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=actor.adapter)
+    if actor.engine.zero_optimization_partition_weights():
+        state = actor.engine._zero3_consolidated_16bit_state_dict()  # DeepSpeed's gather, complete on rank 0
         return dict(state) if rank == 0 else None
     return dict(actor.module.named_parameters()) if rank == 0 else None
 
