@@ -30,13 +30,11 @@ except ImportError:  # pragma: no cover - pip vendors it
 
 # Not carried (size), imported by nothing the device check runs: Prefect's CLI, deployments and notification blocks,
 # the Great Expectations re-check of a rejected batch (schemas/suites.py), the MCP client of env.mcp
-# (envs/mcp_tools.py imports it when a run names a server), the BM25 index of the search_qa env (built on its
-# first search), and PEFT (policy/lora.py imports it when a run sets actor.lora; the LoRA device check is a later
-# increment of issue 69).
+# (envs/mcp_tools.py imports it when a run names a server) and the BM25 index of the search_qa env (built on its
+# first search). PEFT is carried: the `lora` step trains adapters.
 LEFT_OUT = {
     "mcp",
     "bm25s",
-    "peft",
     "great-expectations",
     "apprise",
     "altair",

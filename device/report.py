@@ -4,8 +4,8 @@
     python report.py results OUT PROJ                                 # OUT/RESULTS-gpu.md and OUT/RESULTS.md
 
 ``results`` writes the "GPU device check" section (the machine, the gpu tests' outcome, the update benchmark in
-process, launched and on multi-turn Sokoban rows, the profiled update, the short train; the steps of every call with
-this bundle) as ``OUT/RESULTS-gpu.md``, and ``OUT/RESULTS.md``: the carried project's
+process, with LoRA adapters of rank 8, launched and on multi-turn Sokoban rows, the profiled update, the short train;
+the steps of every call with this bundle) as ``OUT/RESULTS-gpu.md``, and ``OUT/RESULTS.md``: the carried project's
 ``benchmarks/RESULTS.md`` with that section put between its ``device_check`` markers, ready to commit. Run with the
 project on ``PYTHONPATH`` (it reads the benchmark's own table layout).
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 BEGIN, END = "<!-- device_check:begin -->", "<!-- device_check:end -->"
+LORA_RANK = 8  # run.sh's lora step: gpu_update_bench --lora-rank 8 (the result file does not name the rank)
 
 
 def train_figures(root: Path, run_id: str, seconds: float) -> dict[str, Any]:
@@ -83,10 +84,32 @@ def steady_update_s(path: Path) -> float | None:
     return sum(row["update_s"] for row in steady) / len(steady) if steady else None
 
 
+def update_ratio(base: Path, other: Path) -> float | None:
+    """``other``'s steady update time over ``base``'s (None unless both ran)."""
+    ours, theirs = steady_update_s(other), steady_update_s(base)
+    return ours / theirs if ours is not None and theirs else None
+
+
 def launched_ratio(inprocess: Path, launched: Path) -> float | None:
     """The launched group's steady update time over the in-process one (None unless both ran)."""
-    ours, theirs = steady_update_s(launched), steady_update_s(inprocess)
-    return ours / theirs if ours is not None and theirs else None
+    return update_ratio(inprocess, launched)
+
+
+def _lora_lines(out: Path) -> list[str]:
+    """The LoRA bench beside the full fine-tuning one, or nothing when its step did not run. The bench counts a
+    full update's FLOPs (6 N per token) either way, so its TFLOP/s and MFU compare the two update times."""
+    path = out / "bench-lora.json"
+    if not path.is_file():
+        return []
+    lines = _bench_lines(path, f"gpu_update_bench `--lora-rank {LORA_RANK}` (LoRA rank {LORA_RANK}), in-process")
+    ratio = update_ratio(out / "bench-inprocess.json", path)
+    if ratio is not None:
+        lines += [
+            f"**LoRA rank {LORA_RANK} / full fine-tuning steady update time**: {ratio:.2f} (the same batch; the "
+            "LoRA TFLOP/s and MFU count a full update's FLOPs, so they compare the times).",
+            "",
+        ]
+    return lines
 
 
 def section(out: Path) -> str:
@@ -101,12 +124,15 @@ def section(out: Path) -> str:
         "",
         f"Run {time.strftime('%Y-%m-%d', time.gmtime())} on **{machine.get('gpu') or 'no GPU (CPU stand-in)'}**, "
         f"torch {machine.get('torch')}, transformers {machine.get('transformers')}, "
-        f"DeepSpeed {machine.get('deepspeed')}, Python {machine.get('python')}.",
+        f"DeepSpeed {machine.get('deepspeed')}, "
+        + (f"PEFT {machine['peft']}, " if machine.get("peft") else "")
+        + f"Python {machine.get('python')}.",
         "",
         f"- `pytest -m gpu tests/gpu`: {tests or 'no summary (see log.txt)'}",
         "",
     ]
     lines += _bench_lines(out / "bench-inprocess.json", "gpu_update_bench, in-process")
+    lines += _lora_lines(out)
     lines += _bench_lines(out / "bench-torchrun.json", "gpu_update_bench, `--launcher torchrun --nproc 1`")
     ratio = launched_ratio(out / "bench-inprocess.json", out / "bench-torchrun.json")
     if ratio is not None:

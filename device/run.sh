@@ -10,7 +10,8 @@
 #   setup     pip install of whl/ into a site folder, then depcheck.py (gaps filled from whl-fallback/)
 #   imports   every main module imports (DeepSpeed's accelerator named)
 #   bench     python -m benchmarks.gpu_update_bench (0.5B, in-process, synthetic batch) -> $OUT/bench-inprocess.json
-#   launched  the same with --launcher torchrun --nproc 1                         -> $OUT/bench-torchrun.json
+#   lora      bench with --lora-rank 8: LoRA adapters (PEFT), not every weight    -> $OUT/bench-lora.json
+#   launched  bench with --launcher torchrun --nproc 1                            -> $OUT/bench-torchrun.json
 #   sokoban   the in-process bench on multi-turn Sokoban rows (1-2k tokens)       -> $OUT/bench-sokoban.json
 #   profile   the in-process bench, its second update traced by torch.profiler   -> $OUT/profile/profile.{json,md}
 #   tests     pytest -m gpu tests/gpu                                             -> $OUT/gpu-tests.txt
@@ -18,11 +19,11 @@
 #   report    the figures as RESULTS.md's GPU section                             -> $OUT/RESULTS.md, RESULTS-gpu.md
 # Always: $OUT/log.txt (everything) and $OUT/summary.txt (one line per step: rc, limit, seconds).
 #
-# On an H100 all of it takes ~9 minutes, more than one command of the device tool may, so it runs as two calls on
+# On an H100 all of it takes ~10 minutes, more than one command of the device tool may, so it runs as two calls on
 # the same warm machine (a machine's /tmp outlives a call; the second call reuses the first's site folder and its
 # report carries the first call's figures: $DEVRUN_TMP/ragen-devrun-keep, per bundle):
-#   DEVRUN_SKIP="tests train" bash .devrun/run.sh                    # the figures (~5 min)
-#   DEVRUN_SKIP="imports bench launched sokoban profile" bash .devrun/run.sh   # the tests and the train (~5 min)
+#   DEVRUN_SKIP="tests train" bash .devrun/run.sh                         # the figures (~6 min)
+#   DEVRUN_SKIP="imports bench lora launched sokoban profile" bash .devrun/run.sh   # the tests and the train (~5 min)
 # Knobs (environment): DEVRUN_DEVICE (cuda | cpu), DEVRUN_BUDGET_S (470), DEVRUN_TIME_SCALE (1; multiplies every
 # limit, e.g. 6 on a 2-core CPU), DEVRUN_PYTHON (python3), DEVRUN_TMP (/tmp), DEVRUN_SKIP (steps to skip, e.g.
 # "launched train"), DEVRUN_BENCH_ARGS (--iterations 3; on cpu --shape tiny --iterations 2 --peak-tflops 1),
@@ -85,7 +86,8 @@ now() { date +%s; }
 say() { echo "$*" | tee -a "$LOG"; }
 # limit WANT RESERVE: WANT seconds (scaled), or less, keeping RESERVE seconds (scaled) of the budget for later steps;
 # never below 20 s. The reserves set the priorities when time is short (expected on an H100: setup and imports ~1
-# minute, tests ~3, each bench 1-2, train ~40 s): tests, then the in-process bench, the launched one, the train.
+# minute, tests ~3, each bench 1-2, train ~40 s): tests, then the in-process bench, the LoRA one, the launched one,
+# the train.
 limit() {
   local want=$(($1 * SCALE)) left=$((DEADLINE - $(now) - $2 * SCALE))
   ((left < want)) && want=$left
@@ -122,11 +124,11 @@ keep() {
     if [[ -e "$OUT/$file" ]]; then cp -r "$OUT/$file" "$KEEP/results/"; fi
   done
 }
-declare -A OUTPUTS=([env]="machine.json" [bench]="bench-inprocess.json" [launched]="bench-torchrun.json"
-  [sokoban]="bench-sokoban.json" [profile]="profile" [tests]="gpu-tests.txt gpu-tests-summary.txt"
-  [train]="train.json")
+declare -A OUTPUTS=([env]="machine.json" [bench]="bench-inprocess.json" [lora]="bench-lora.json"
+  [launched]="bench-torchrun.json" [sokoban]="bench-sokoban.json" [profile]="profile"
+  [tests]="gpu-tests.txt gpu-tests-summary.txt" [train]="train.json")
 # the time the later steps that will run need at least (unscaled seconds; skipped steps need none)
-declare -A LEAST=([launched]=90 [sokoban]=60 [profile]=45 [tests]=150 [train]=45)
+declare -A LEAST=([lora]=60 [launched]=90 [sokoban]=60 [profile]=45 [tests]=150 [train]=45)
 reserve() {
   local total=0 name
   for name in "$@"; do [[ "$SKIP" == *" $name "* ]] || total=$((total + LEAST[$name])); done
@@ -143,7 +145,8 @@ step env "$(limit 30 440)" "
 import importlib.metadata as md, json, platform, sys, torch
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 info = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda, 'gpu': gpu,
-        'gpus': torch.cuda.device_count(), 'transformers': md.version('transformers'), 'deepspeed': '0.19.8 (carried)'}
+        'gpus': torch.cuda.device_count(), 'transformers': md.version('transformers'), 'deepspeed': '0.19.8 (carried)',
+        'peft': '0.21.2 (carried)'}
 print(json.dumps(info))
 json.dump(info, open(sys.argv[1], 'w'), indent=2)
 for n in ('transformers', 'tokenizers', 'accelerate', 'numpy', 'pandas', 'pyarrow', 'safetensors', 'pyyaml', 'typer',
@@ -166,11 +169,12 @@ step imports "$(limit 60 380)" "
   $PY - <<'EOF'
 import importlib, time
 started = time.time()
-names = ['torch', 'transformers', 'deepspeed', 'prefect', 'prefect.server.api.server', 'duckdb', 'pyarrow', 'pandas',
-         'pydantic', 'pandera.pandas', 'gymnasium', 'fastapi', 'sqlalchemy', 'uvicorn', 'aiosqlite', 'psutil',
-         'ragen_core.storage', 'ragen_core.config', 'ragen_core.policy', 'ragen_core.training.actor',
-         'ragen_core.training.group', 'ragen_core.training.worker', 'schemas.contracts', 'flows.train',
-         'ragen_cli.main', 'benchmarks.gpu_update_bench', 'benchmarks.synthetic_batch', 'tests.gpu.conftest']
+names = ['torch', 'transformers', 'deepspeed', 'peft', 'prefect', 'prefect.server.api.server', 'duckdb', 'pyarrow',
+         'pandas', 'pydantic', 'pandera.pandas', 'gymnasium', 'fastapi', 'sqlalchemy', 'uvicorn', 'aiosqlite',
+         'psutil', 'ragen_core.storage', 'ragen_core.config', 'ragen_core.policy', 'ragen_core.policy.lora',
+         'ragen_core.training.actor', 'ragen_core.training.group', 'ragen_core.training.worker', 'schemas.contracts',
+         'flows.train', 'ragen_cli.main', 'benchmarks.gpu_update_bench', 'benchmarks.synthetic_batch',
+         'tests.gpu.conftest']
 failed = []
 for name in names:
     try:
@@ -207,7 +211,8 @@ bench() {  # bench NAME LIMIT OUTFILE EXTRA-ARGS
   rm -rf "${TMPD:?}/$1"
 }
 # each step keeps the least time of the later steps that run (reserve); a step that cannot have it all is cut short
-bench bench "$(limit 150 "$(reserve launched sokoban profile tests train)")" bench-inprocess.json ""
+bench bench "$(limit 150 "$(reserve lora launched sokoban profile tests train)")" bench-inprocess.json ""
+bench lora "$(limit 120 "$(reserve launched sokoban profile tests train)")" bench-lora.json "--lora-rank 8"
 bench launched "$(limit 150 "$(reserve sokoban profile tests train)")" bench-torchrun.json "--launcher torchrun --nproc 1"
 bench sokoban "$(limit 120 "$(reserve profile tests train)")" bench-sokoban.json "--case sokoban"
 bench profile "$(limit 90 "$(reserve tests train)")" "" "--iterations 2 --no-report --profile '$OUT/profile'"

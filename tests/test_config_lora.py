@@ -44,8 +44,6 @@ def test_lora_keys_are_later_keys_out_of_the_hash():
         (["actor.lora.rank=4", "actor.lora.target_modules=[]"], "actor.lora.target_modules: an empty list"),
         (["actor.lora.rank=4", "actor.lora.target_modules=all"], "'all' is neither 'all-linear' nor a list"),
         (["actor.lora.rank=4", "actor.lora.r=4"], "actor.lora.r: unknown key"),
-        (["actor.lora.rank=4", "rollout.backend=vllm"], "actor.lora with rollout.backend=vllm"),
-        (["model.adapter=/a", "rollout.backend=vllm"], "model.adapter with rollout.backend=vllm: serving adapters"),
     ],
 )
 def test_a_wrong_or_unsupported_lora_setting_is_refused_in_one_line(overrides, said):

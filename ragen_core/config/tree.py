@@ -57,7 +57,6 @@ class RunConfig(Section):
             )
         _check_mi(self)
         _check_async(self)
-        _check_lora(self)
         if self.rollout.training_rows == "turn" and algorithm.reward_level == "turn":
             raise ValueError(
                 "rollout.training_rows=turn gives every turn row its trajectory's score (RAGEN-2); "
@@ -149,17 +148,6 @@ def _check_async(config: RunConfig) -> None:
             f"(trainer.max_staleness={staleness}) keeps only in its sampler: use filter_entropy=sampled (the stored "
             "log-probs' estimate) or trainer.max_staleness=0"
         )
-
-
-def _check_lora(config: RunConfig) -> None:
-    """What LoRA training (``actor.lora``) and a start from adapters (``model.adapter``) do not run with yet: a vLLM
-    rollout server (checked at load time)."""
-    for key, value in (("actor.lora", config.actor.lora), ("model.adapter", config.model.adapter)):
-        if value is not None and config.rollout.backend == "vllm":
-            raise ValueError(
-                f"{key} with rollout.backend=vllm: serving adapters from vLLM comes in a later increment "
-                f"(docs/lora.md); use rollout.backend=hf, or {key}=null"
-            )
 
 
 def _check_scale_out(config: RunConfig) -> None:

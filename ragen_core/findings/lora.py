@@ -14,7 +14,7 @@ from typing import Any
 
 from ragen_core.findings.analysis import Context, register, spread
 from ragen_core.findings.figures import PANELS, VAL
-from ragen_core.findings.studies import async_staleness
+from ragen_core.findings.studies import async_staleness, mark_within_spread
 
 FULL = "full"  # the variant that fine-tunes every weight (actor.lora null)
 UPDATE = "time/update"
@@ -39,13 +39,5 @@ def lora(ctx: Context) -> dict[str, Any]:
         updates = [[v for _, v in ctx.series(run, UPDATE)] for run in arm.run_ids]
         numbers["update_seconds_per_iteration"] = spread([sum(u) / len(u) if u else None for u in updates])
         arms[arm.label] = numbers
-    full = next((a for a in ctx.arms if a.variant == FULL), None)
-    if full is not None:
-        low, high = arms[full.label]["val_success_final"]["min"], arms[full.label]["val_success_final"]["max"]
-        for numbers in arms.values():
-            mean = numbers["val_success_final"]["mean"]
-            numbers["within_full_spread"] = None if None in (mean, low, high) else bool(low <= mean <= high)
-    curves = {arm.label: {ctx.val_key: result["curves"][arm.label][ctx.val_key]} for arm in ctx.arms}
-    for arm in ctx.arms:
-        curves[arm.label]["time/step"] = result["curves"][arm.label]["time/step"]
-    return {"val_env": ctx.val_env, "arms": arms, "curves": curves}
+    mark_within_spread(ctx, arms, FULL, "within_full_spread")
+    return {"val_env": ctx.val_env, "arms": arms, "curves": result["curves"]}  # validation and time/step

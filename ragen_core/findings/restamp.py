@@ -138,7 +138,8 @@ def probe(
     # file nor one whose syntax is unchanged): tracing every line of ragen_core made each command ~45% slower
     measured = [new.tree / name for name, lines in changed.items() if lines is not None and name not in same]
     coverage = work / "coverage.data"
-    coverage.unlink(missing_ok=True)
+    for stale in (coverage, *work.glob(f"{coverage.name}.*")):  # an earlier probe's in this folder
+        stale.unlink(missing_ok=True)
     shared = {n: a for n, a in runs.items() if n not in fresh}
     old_paths = SidePaths(shared, (), {n: s for n, s in servers.items() if n in shared})
     run_side(old, launcher, work, "old", None, log, old_paths, points=bool(findings), reuse=True)

@@ -322,17 +322,44 @@ def run_side(
     started = time.monotonic()
     prefix = [sys.executable]
     if coverage is not None and measured:
-        include = ",".join(map(str, measured))
-        prefix += ["-m", "coverage", "run", "--append", f"--data-file={coverage}", f"--include={include}"]
+        prefix += ["-m", "coverage", "run", f"--rcfile={coverage_settings(coverage, measured)}"]
     with open(work / f"{name}.log", "w") as output:
         for what, args in commands.items():
             _run_command(side, launcher, prefix, what, args, paths.servers, output, work / name)
+    if coverage is not None and measured:
+        combine_measurements(coverage)
     side.seconds = round(time.monotonic() - started, 1)
     if target.exists():
         shutil.rmtree(target)
     run.rename(target)
     side.lake, side.out = target / "data", target / "out"
     atomic_write_bytes(target / SIDE_STAMP, json.dumps({**stamp, "seconds": side.seconds}, indent=1).encode())
+
+
+def coverage_settings(coverage: Path, measured: Sequence[Path]) -> Path:
+    """coverage.py's settings for a side (written beside its data file): the ``measured`` files alone, in the run's
+    process and in every Python process it starts (``patch = subprocess``: the launched group's ranks, the sampler
+    process, the vLLM server when its environment has coverage.py too), each writing a data file of its own beside
+    ``coverage`` that :func:`combine_measurements` adds in; ``_exit`` and ``sigterm``: a process ending by
+    ``os._exit`` or SIGTERM saves its data first."""
+    include = "".join(f"\n    {path}" for path in measured)
+    settings = coverage.with_suffix(".rc")
+    settings.write_text(
+        f"[run]\ndata_file = {coverage}\ninclude ={include}\npatch =\n    subprocess\n    _exit\nsigterm = true\n"
+    )
+    return settings
+
+
+def combine_measurements(coverage: Path) -> None:
+    """Add the data files of the side's child processes (``<coverage>.<host>.<pid>.<random>``) into ``coverage``; a
+    child killed before it saved left none, and its lines count as not run."""
+    done = subprocess.run(
+        [sys.executable, "-m", "coverage", "combine", "--append", f"--data-file={coverage}", str(coverage.parent)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0 and "No data to combine" not in done.stdout + done.stderr:
+        raise RestampError(f"coverage could not combine the probe's measurements: {done.stderr.strip()[-300:]}")
 
 
 def _run_command(

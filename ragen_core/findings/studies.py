@@ -218,6 +218,18 @@ def _wall_minutes(ctx: Context, run_id: str) -> float | None:
     return sum(steps) / 60.0 if steps else None
 
 
+def mark_within_spread(ctx: Context, arms: dict[str, dict[str, Any]], variant: str, key: str) -> None:
+    """With an arm of ``variant`` (the reference), each arm's ``key``: whether its mean final validation success lies
+    within the reference arm's min..max over seeds (None where a number is missing)."""
+    reference = next((a for a in ctx.arms if a.variant == variant), None)
+    if reference is None:
+        return
+    low, high = (arms[reference.label]["val_success_final"][k] for k in ("min", "max"))
+    for numbers in arms.values():
+        mean = numbers["val_success_final"]["mean"]
+        numbers[key] = None if None in (mean, low, high) else bool(low <= mean <= high)
+
+
 @register("async_staleness")
 def async_staleness(ctx: Context) -> dict[str, Any]:
     """Per arm (``trainer.max_staleness``): validation success before RL and at the end (held-out instances for the
@@ -246,11 +258,6 @@ def async_staleness(ctx: Context) -> dict[str, Any]:
             "staleness_mean": spread([staleness.get(r, {}).get("mean_staleness") for r in arm.run_ids]),
             "staleness_max": max((staleness.get(r, {}).get("max_staleness") or 0 for r in arm.run_ids), default=0),
         }
-    sync = next((a for a in ctx.arms if a.variant == "sync"), None)
-    if sync is not None:
-        low, high = arms[sync.label]["val_success_final"]["min"], arms[sync.label]["val_success_final"]["max"]
-        for numbers in arms.values():
-            mean = numbers["val_success_final"]["mean"]
-            numbers["within_sync_spread"] = None if None in (mean, low, high) else bool(low <= mean <= high)
+    mark_within_spread(ctx, arms, "sync", "within_sync_spread")
     curves = {arm.label: {ctx.val_key: curve(ctx, arm, ctx.val_key), STEP: curve(ctx, arm, STEP)} for arm in ctx.arms}
     return {"val_env": ctx.val_env, "arms": arms, "curves": curves}

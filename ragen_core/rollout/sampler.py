@@ -119,8 +119,7 @@ class SamplerProcess:
     def load(self, weights: NewWeights) -> None:
         """Hand the weights of ``weights.module`` to the child (the policy version its next batch is sampled with)."""
         self.shared.write(dict(weights.module.named_parameters()))
-        self.version = None  # until the child confirms the copy
-        self.version = self._call("load", weights.version)
+        self.version = self._call("load", weights.version)  # the child's echo (a failed load keeps the old one)
 
     def generate(self, contexts: list[TurnContext], seed: int, sampling: Sampling) -> list[Generation]:
         """One reply per context, sampled in the child from ``seed`` at ``sampling`` (the environment stays here).

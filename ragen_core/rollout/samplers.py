@@ -15,6 +15,7 @@ backend.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from ragen_core.rollout.sampling import NewWeights, Sampler, Sampling
 from ragen_core.rollout.scripted import ScriptedBackend, scripted_options
 from ragen_core.rollout.types import Generation, TurnContext
 from ragen_core.storage import DataLake
+from ragen_core.storage.layout import served_adapter_dir, served_adapter_versions, served_start_dir
 
 if TYPE_CHECKING:  # torch and transformers load with the first sampler, not with the registry the config checks
     from ragen_core.rollout.hf_backend import HFBackend
@@ -35,7 +37,9 @@ if TYPE_CHECKING:  # torch and transformers load with the first sampler, not wit
 class RolloutSetup:
     """What a backend opens its sampler with: the run's config, its lake and id (where a process or server keeps its
     log), the model the run started from (its folder), the rollout copy of the policy (``model``, at the start
-    weights) with its tokenizer, and the precision the run computes in."""
+    weights) with its tokenizer, the precision the run computes in, and how many policy versions the run's batches
+    may be sampled by at once (the schedule's: its staleness bound + 1; a vLLM server keeps that many LoRA versions
+    resident)."""
 
     config: RunConfig
     lake: DataLake
@@ -44,6 +48,7 @@ class RolloutSetup:
     model: Any  # torch.nn.Module
     tokenizer: Any
     precision: str
+    versions: int = 1  # the policy versions a batch may be sampled by at once: the schedule's staleness + 1
 
 
 Opener = Callable[[RolloutSetup], Sampler]
@@ -122,12 +127,16 @@ class HFSampler:
 
 
 class VLLMSampler:
-    """The session's vLLM rollout server (:class:`~ragen_core.rollout.vllm_backend.VLLMServer`)."""
+    """The session's vLLM rollout server (:class:`~ragen_core.rollout.vllm_backend.VLLMServer`). For a LoRA policy
+    (``adapters``: the server's folder, where each version's adapter folder is written) the server keeps the base
+    model resident and the adapters of the last ``keep`` versions beside it; every request names the version the
+    sampler holds."""
 
     behavior_source = "policy"
 
-    def __init__(self, server: Any, tokenizer: Any) -> None:
+    def __init__(self, server: Any, tokenizer: Any, adapters: Path | None = None, keep: int = 1) -> None:
         self.server, self.tokenizer = server, tokenizer
+        self.adapters, self.keep = adapters, keep
         self.version: int | None = 0  # the server starts on the start weights
 
     def generate(self, contexts: list[TurnContext], seed: int, sampling: Sampling) -> list[Generation]:
@@ -141,6 +150,7 @@ class VLLMSampler:
             sampling.max_new_tokens,
             sampling.top_p,
             sampling.top_k,
+            adapter=self.version if self.adapters is not None else None,
         )
         return backend.generate(contexts, seed)
 
@@ -149,8 +159,22 @@ class VLLMSampler:
         self.server.reset_prefix_cache()
 
     def load(self, weights: NewWeights) -> None:
-        """The server reloads the weights' export and is checked against ``weights.module``."""
-        self.server.load_weights(weights.export(), reference=weights.module)
+        """The server reloads the weights' export and is checked against ``weights.module``; a LoRA policy's
+        adapters (megabytes) are written from the module and loaded as their version's, the older ones unloaded."""
+        if self.adapters is None:
+            self.server.load_weights(weights.export(), reference=weights.module)
+        elif weights.version is None:
+            raise ValueError("a LoRA policy's adapters are served by version: the hand-off must name its version")
+        else:
+            from ragen_core.policy.lora import save_adapter
+
+            folder = served_adapter_dir(self.adapters, weights.version)
+            shutil.rmtree(folder, ignore_errors=True)  # a version handed over again (a resume) is written afresh
+            save_adapter(weights.module, folder)
+            self.server.load_adapter(folder, weights.version, self.keep, reference=weights.module)
+            for old in served_adapter_versions(self.adapters):  # read by the server, which unloaded them too
+                if old <= weights.version - self.keep:
+                    shutil.rmtree(served_adapter_dir(self.adapters, old), ignore_errors=True)
         self.version = weights.version
 
     def close(self) -> None:
@@ -204,16 +228,28 @@ def check_vllm(config: RunConfig, data_root: Path) -> None:
 
 @register_backend("vllm", check=check_vllm)
 def vllm_sampler(setup: RolloutSetup) -> Sampler:
-    """The run's vLLM rollout server, checked to compute what the rollout copy computes."""
-    server = start_vllm_server(
-        setup.config, setup.lake.vllm_server_dir(setup.run_id), setup.model_dir, setup.precision, setup.lake.root
-    )
+    """The run's vLLM rollout server, checked to compute what the rollout copy computes: the start model (with
+    ``model.adapter`` merged into it, a folder written for the server), and for a LoRA policy its start adapters,
+    loaded as version 0."""
+    config, folder = setup.config, setup.lake.vllm_server_dir(setup.run_id)
+    start = setup.model_dir
+    if config.model.adapter is not None and config.actor.lora is None:  # the rollout copy holds the merged model
+        from ragen_core.policy.loading import save_policy
+
+        start = served_start_dir(folder)
+        shutil.rmtree(start, ignore_errors=True)
+        save_policy(setup.model, setup.tokenizer, start)
+    server = start_vllm_server(config, folder, start, setup.precision, setup.lake.root, setup.versions)
     try:
-        server.check_weights(setup.model)  # the server computes what the trainer's model computes
+        if config.actor.lora is None:
+            server.check_weights(setup.model)  # the server computes what the trainer's model computes
+            return VLLMSampler(server, setup.tokenizer)
+        sampler = VLLMSampler(server, setup.tokenizer, folder, keep=setup.versions)
+        sampler.load(NewWeights(setup.model, version=0))  # the start adapters, checked as every version is
+        return sampler
     except BaseException:
         server.close()
         raise
-    return VLLMSampler(server, setup.tokenizer)
 
 
 @register_backend("scripted")
@@ -223,13 +259,18 @@ def scripted_sampler(setup: RolloutSetup) -> Sampler:
 
 
 def start_vllm_server(
-    config: RunConfig, folder: Path, model_dir: Path, precision: str, data_root: Path | None = None
+    config: RunConfig,
+    folder: Path,
+    model_dir: Path,
+    precision: str,
+    data_root: Path | None = None,
+    versions: int = 1,
 ) -> Any:
     """The run's vLLM rollout server on ``model_dir`` (``rollout.vllm``; its log in ``folder``; no vLLM environment
-    found inside ``data_root`` is taken for the default one)."""
-    from ragen_core.rollout.vllm_backend import VLLMServer, vllm_python
+    found inside ``data_root`` is taken for the default one); a LoRA policy's ``versions`` resident at once."""
+    from ragen_core.rollout.vllm_backend import VLLMServer, served_lora_rank, vllm_python
 
-    settings = config.rollout.vllm
+    settings, lora = config.rollout.vllm, config.actor.lora
     return VLLMServer.start(
         vllm_python(settings.python, data_root),
         model_dir,
@@ -244,4 +285,6 @@ def start_vllm_server(
         tensor_parallel_size=settings.tensor_parallel_size,
         startup_timeout=settings.startup_timeout,
         check_tolerance=settings.check_tolerance,
+        max_lora_rank=served_lora_rank(lora.rank) if lora is not None else None,
+        max_loras=versions,  # the versions a run's batches may be sampled by at once
     )

@@ -63,7 +63,7 @@ def check_version(backend: SamplerBackend, expected: int, what: str) -> None:
     ``expected`` updates, the version the rows of ``what`` will carry; else a :class:`PolicyVersionError` in one
     line. A sampler that counts no versions (a scripted policy, a backend of a user's own without ``version``) is
     not checked."""
-    held = backend.version
+    held = getattr(backend, "version", None)
     if held is not None and held != expected:
         raise PolicyVersionError(
             f"{what} is sampled by the policy after {expected} updates, but its sampler holds the weights after "

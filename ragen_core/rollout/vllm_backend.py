@@ -122,10 +122,14 @@ class VLLMServer:
         tensor_parallel_size: int = 1,
         startup_timeout: float = 600.0,
         check_tolerance: float | None = None,
+        max_lora_rank: int | None = None,
+        max_loras: int = 1,
     ) -> VLLMServer:
         """Start the server on ``model_dir`` and wait until its engine is ready (``folder``: its log). Raises
         :class:`BackendUnavailable` when it dies or is not ready within ``startup_timeout`` seconds.
-        ``check_tolerance``: what the weight check accepts (None: 1e-4 in float32, 0.1 in half precision)."""
+        ``check_tolerance``: what the weight check accepts (None: 1e-4 in float32, 0.1 in half precision).
+        ``max_lora_rank``: serve a LoRA policy's adapters (:meth:`load_adapter`) up to that rank (one of vLLM's
+        allowed values, :func:`served_lora_rank`), ``max_loras`` versions resident at once."""
         tolerance = check_tolerance if check_tolerance is not None else (1e-4 if dtype == "float32" else 0.1)
         folder.mkdir(parents=True, exist_ok=True)
         log_path = folder / "server.log"
@@ -144,6 +148,8 @@ class VLLMServer:
             "--kv-cache-gib": kv_cache_gib,
             "--enforce-eager": enforce_eager,
             "--prefix-caching": prefix_caching,
+            "--max-lora-rank": max_lora_rank,
+            "--max-loras": max_loras if max_lora_rank else None,
         }
         command = [str(python), "-I", str(SERVER_PROGRAM), *_arguments(options)]
         process = _spawn(command, token, log_path, lifeline_read, lifeline)
@@ -216,19 +222,34 @@ class VLLMServer:
                 )
             time.sleep(0.5)
 
-    def generate(self, prompts: list[list[int]], sampling: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One completion per prompt (``sampling``: one settings dict each, see the server's ``/generate``)."""
+    def generate(
+        self, prompts: list[list[int]], sampling: list[dict[str, Any]], adapter: int | None = None
+    ) -> list[dict[str, Any]]:
+        """One completion per prompt (``sampling``: one settings dict each, see the server's ``/generate``), by the
+        base model or the adapters of version ``adapter``."""
         if not prompts:
             return []
-        return self._request("/generate", {"prompts": prompts, "sampling": sampling})["outputs"]
+        body = {"prompts": prompts, "sampling": sampling, "adapter": adapter}
+        return self._request("/generate", body)["outputs"]
 
     def reset_prefix_cache(self) -> None:
         """Forget the server's cached prefixes."""
         self._request("/reset_prefix_cache", {})
 
-    def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        """The served model's log-prob of every token after the first of each sequence (temperature 1)."""
-        return self._request("/score", {"sequences": sequences})["logprobs"]
+    def score(self, sequences: list[list[int]], adapter: int | None = None) -> list[list[float]]:
+        """The served model's log-prob of every token after the first of each sequence (temperature 1): the base
+        model's, or with the adapters of version ``adapter``."""
+        return self._request("/score", {"sequences": sequences, "adapter": adapter})["logprobs"]
+
+    def load_adapter(self, folder: Path, version: int, keep: int, reference: Any = None) -> float:
+        """Load the adapters of policy ``version`` from their PEFT folder beside the resident base model, unloading
+        the versions older than the last ``keep``; with ``reference`` (the trainer's adapted model), check that the
+        server scores with these adapters as the reference does. Returns the largest log-prob difference."""
+        started = time.perf_counter()
+        self._request("/load_adapter", {"path": str(Path(folder).resolve()), "version": version, "keep": keep})
+        difference = 0.0 if reference is None else self.check_weights(reference, adapter=version)
+        self.push_seconds.append(time.perf_counter() - started)
+        return difference
 
     def load_weights(self, folder: Path, reference: Any = None) -> float:
         """Reload the policy from the Hugging Face export in ``folder``; with ``reference`` (the trainer's model),
@@ -240,12 +261,12 @@ class VLLMServer:
         self.push_seconds.append(time.perf_counter() - started)
         return difference
 
-    def check_weights(self, reference: Any, tolerance: float | None = None) -> float:
-        """Largest log-prob difference between the server and ``reference`` on a fixed probe sequence; an error above
-        ``tolerance`` (None: the server's own)."""
+    def check_weights(self, reference: Any, tolerance: float | None = None, adapter: int | None = None) -> float:
+        """Largest log-prob difference between the server (with the adapters of version ``adapter``, if given) and
+        ``reference`` on a fixed probe sequence; an error above ``tolerance`` (None: the server's own)."""
         tolerance = self.tolerance if tolerance is None else tolerance
         probe = probe_sequence(reference)
-        served = self.score([probe])[0]
+        served = self.score([probe], adapter)[0]
         expected = reference_logprobs(reference, probe)
         difference = max(abs(a - b) for a, b in zip(served, expected, strict=True))
         if not difference <= tolerance:
@@ -388,6 +409,14 @@ def _last_line(path: Path) -> str:
     return f" (its last line: {last[:200]}{'...' if len(last) > 200 else ''})"
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM 0.32 accepts
+
+
+def served_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that serves adapters of ``rank`` (it refuses other values)."""
+    return next(allowed for allowed in VLLM_LORA_RANKS if allowed >= rank)
+
+
 def probe_sequence(model: Any, length: int = PROBE_LENGTH) -> list[int]:
     """A fixed pseudo-random token sequence within the model's vocabulary (the same for every push)."""
     import torch
@@ -427,9 +456,11 @@ class VLLMBackend:
         max_new_tokens: int,
         top_p: float = 1.0,
         top_k: int = 0,
+        adapter: int | None = None,
     ) -> None:
         self.server = server
         self.tokenizer = tokenizer
+        self.adapter = adapter  # the adapter version every request names (None: the served model itself)
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.max_new_tokens = max_new_tokens
         self.stop_ids = stop_token_ids(tokenizer)
@@ -457,7 +488,8 @@ class VLLMBackend:
     def generate(self, contexts: list[TurnContext], seed: int) -> list[Generation]:
         """Sample one reply per context; every request is seeded from ``seed`` and its index."""
         maybe_kill_helper("rollout", "server_killed", self.server.process.pid)  # tests: the server dies mid-rollout
-        outputs = self.server.generate([list(c.prompt_ids) for c in contexts], self.sampling(len(contexts), seed))
+        prompts = [list(c.prompt_ids) for c in contexts]
+        outputs = self.server.generate(prompts, self.sampling(len(contexts), seed), self.adapter)
         return generations_from_outputs(outputs, self.tokenizer, self.stop_ids)
 
 

@@ -16,6 +16,10 @@ token the trainer passed in ``RAGEN_VLLM_TOKEN``, so no other local process can 
 - ``POST /score``: ``{"sequences": [[token ids]]}`` -> ``{"logprobs": [[...]]}``: the model's log-prob of every token
   after the first (temperature 1), to check the server scores with the trainer's weights.
 - ``POST /load_weights``: ``{"path": folder}``: reload the policy in place from a Hugging Face export.
+- ``POST /load_adapter``: ``{"path": folder, "version": n, "keep": k}`` (a server started with ``--max-lora-rank``):
+  load a LoRA policy's adapters of version ``n`` from their PEFT folder beside the resident base model, and unload
+  the versions older than ``n - k + 1``; ``/generate`` and ``/score`` then name the version they sample or score with
+  (``"adapter": n``; none: the base model), so every request says which adapters it uses.
 - ``POST /reset_prefix_cache``: forget the cached prefixes (the trainer calls it before and after every rollout).
 - ``POST /shutdown``: answer, then exit.
 
@@ -56,6 +60,7 @@ class _State:
         self.error = ""
         self.lock = threading.Lock()  # one engine call at a time
         self.stop = threading.Event()
+        self.adapters: dict[int, Any] = {}  # version -> its LoRARequest, while resident
 
 
 STATE: _State
@@ -84,7 +89,7 @@ def generate(body: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"{len(prompts)} prompts but {len(specs)} sampling settings")
     requests = [{"prompt_token_ids": [int(token) for token in prompt]} for prompt in prompts]
     params = [_sampling_params(vllm, spec) for spec in specs]
-    outputs = STATE.llm.generate(requests, params, use_tqdm=False)
+    outputs = STATE.llm.generate(requests, params, use_tqdm=False, lora_request=_adapter(body))
     answers = []
     for output in outputs:
         completion = output.outputs[0]
@@ -101,12 +106,45 @@ def score(body: dict[str, Any]) -> dict[str, Any]:
 
     sequences = [[int(token) for token in sequence] for sequence in body["sequences"]]
     params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
-    outputs = STATE.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+    requests = [{"prompt_token_ids": s} for s in sequences]
+    outputs = STATE.llm.generate(requests, params, use_tqdm=False, lora_request=_adapter(body))
     answers = []
     for sequence, output in zip(sequences, outputs, strict=True):
         positions = output.prompt_logprobs  # the first is None (no context)
         answers.append([float(positions[i][token].logprob) for i, token in enumerate(sequence) if i > 0])
     return {"logprobs": answers}
+
+
+def _adapter(body: dict[str, Any]) -> Any:
+    """The LoRARequest of the adapter version a request names (None: the base model); a version not resident is an
+    error naming the resident ones."""
+    version = body.get("adapter")
+    if version is None:
+        return None
+    request = STATE.adapters.get(int(version))
+    if request is None:
+        raise ValueError(f"adapter version {version} is not loaded (resident: {sorted(STATE.adapters)})")
+    return request
+
+
+def load_adapter(body: dict[str, Any]) -> dict[str, Any]:
+    """Load the adapters of version ``version`` from the PEFT folder ``path`` (read once, now: the folder may be
+    replaced after), then unload the versions older than the last ``keep``."""
+    from vllm.lora.request import LoRARequest
+
+    started = time.perf_counter()
+    version, keep = int(body["version"]), int(body.get("keep", 1))
+    old = STATE.adapters.pop(version, None)
+    if old is not None:  # the same version again (a resume, a relabel): its new files replace the old
+        STATE.llm.llm_engine.remove_lora(old.lora_int_id)
+    request = LoRARequest(f"policy-v{version}", version + 1, str(body["path"]))  # vLLM's ids start at 1
+    if not STATE.llm.llm_engine.add_lora(request):
+        raise ValueError(f"vLLM did not load the adapters of version {version} from {body['path']}")
+    STATE.adapters[version] = request
+    for stale in [v for v in STATE.adapters if v <= version - keep]:
+        STATE.llm.llm_engine.remove_lora(STATE.adapters.pop(stale).lora_int_id)
+    STATE.llm.reset_prefix_cache()
+    return {"seconds": time.perf_counter() - started, "resident": sorted(STATE.adapters)}
 
 
 def _repack_output_head(worker: Any) -> int:
@@ -144,6 +182,7 @@ ROUTES = {
     "/generate": generate,
     "/score": score,
     "/load_weights": load_weights,
+    "/load_adapter": load_adapter,
     "/reset_prefix_cache": reset_prefix_cache,
 }
 
@@ -212,10 +251,21 @@ class Handler(BaseHTTPRequestHandler):
 def _end_group(code: int) -> None:
     """Exit at once with everything this server started (its process group)."""
     sys.stdout.flush()
+    _save_coverage()
     try:
         os.killpg(os.getpgid(0), signal.SIGKILL)
     finally:
         os._exit(code)
+
+
+def _save_coverage() -> None:
+    """Under coverage.py (a re-stamp probe measuring the server program), save what it measured now: the group's
+    SIGKILL below ends this process too, before any exit handler runs."""
+    coverage = sys.modules.get("coverage")
+    current = coverage.Coverage.current() if coverage is not None else None
+    if current is not None:
+        current.stop()
+        current.save()
 
 
 def _watch_trainer(lifeline: int) -> None:
@@ -244,6 +294,9 @@ def _build_engine(args: argparse.Namespace) -> Any:
         options["kv_cache_memory_bytes"] = 1024**3
     else:
         options["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.max_lora_rank:  # a LoRA policy: its adapters by version beside the resident base model
+        options.update(enable_lora=True, max_lora_rank=args.max_lora_rank, max_loras=args.max_loras)
+        options["max_cpu_loras"] = args.max_loras
     return vllm.LLM(
         model=args.model,
         tokenizer=args.model,
@@ -274,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.4)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--prefix-caching", action="store_true")
+    parser.add_argument("--max-lora-rank", type=int, default=None, help="serve LoRA adapters up to this rank")
+    parser.add_argument("--max-loras", type=int, default=1, help="adapter versions resident at once")
     args = parser.parse_args(argv)
 
     global STATE
@@ -296,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         STATE.llm = _build_engine(args)
+        if args.max_lora_rank:
+            print(f"vllm server: LoRA adapters up to rank {args.max_lora_rank}, {args.max_loras} version(s) resident")
         STATE.state = "ready"
         print("vllm server: ready", flush=True)
     except Exception as exc:

@@ -169,7 +169,7 @@ def _rollout_policy(
     """The rollout side of a new session (the updater's model, or a copy of it), opened by the rollout room: the
     backend's sampler, and a sampler of its own beside the learner when the schedule samples there."""
     model, tokenizer = updater.rollout_policy(model_dir, torch_dtype(precision))
-    setup = RolloutSetup(config, lake, run_id, model_dir, model, tokenizer, precision)
+    setup = RolloutSetup(config, lake, run_id, model_dir, model, tokenizer, precision, schedule.staleness + 1)
     formatter = chat_formatter(config, tokenizer, prompt_context(config, model))
     return open_rollout_policy(setup, formatter, beside_learner=schedule.samples_beside_learner)
 

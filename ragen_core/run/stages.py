@@ -252,8 +252,11 @@ def update_policy(session: RunSession, iteration: int, state: IterationState) ->
     schedule's: here (synchronous), or at the hand-off before the commit (:mod:`ragen_core.run.overlap`), while the
     sampler still samples with the old ones."""
     metrics = session.updater.update(iteration)
-    if metrics != SKIPPED and session.schedule.syncs_after_update:
-        session.updater.sync(session.policy)
+    if session.schedule.syncs_after_update:
+        if metrics == SKIPPED:  # the weights stay; the samplers hold them as the next policy version
+            session.policy.relabel(session.updater.version)
+        else:
+            session.updater.sync(session.policy)
     state.metrics.update(metrics)
     state.updated = True
     return metrics

@@ -98,6 +98,8 @@ CHECKPOINTS = "checkpoints"
 UPDATE_GROUP = "update_group"
 POLICY_EXPORT = "policy"
 VLLM_SERVER = "vllm_server"
+SERVED_ADAPTER_PREFIX = "adapter-v"  # + a policy version: the adapters a vLLM server loaded for that version
+SERVED_START = "start"  # the start model a vLLM server loads when the run merged model.adapter into it
 SAMPLER = "sampler"
 TENSORBOARD = "tensorboard"
 TRACKERS = "trackers"
@@ -298,6 +300,23 @@ def run_subdir(root: Path, run_id: str, name: str) -> Path:
     if name not in (CHECKPOINTS, UPDATE_GROUP, VLLM_SERVER, SAMPLER, TENSORBOARD, TRACKERS):
         raise ValueError(f"{name!r} is no folder of a run")
     return run_dir(root, run_id) / name
+
+
+def served_adapter_dir(server_folder: Path, version: int) -> Path:
+    """The adapter folder of policy ``version`` that a vLLM server of a LoRA run loads (in its folder)."""
+    return server_folder / f"{SERVED_ADAPTER_PREFIX}{int(version)}"
+
+
+def served_adapter_versions(server_folder: Path) -> list[int]:
+    """The versions whose adapter folders are in a vLLM server's folder, in order."""
+    suffixes = (p.name.removeprefix(SERVED_ADAPTER_PREFIX) for p in server_folder.glob(f"{SERVED_ADAPTER_PREFIX}*"))
+    return sorted(int(suffix) for suffix in suffixes if suffix.isdigit())
+
+
+def served_start_dir(server_folder: Path) -> Path:
+    """The start model a vLLM server loads where the run's start model is not a folder of its own (``model.adapter``
+    merged into it)."""
+    return server_folder / SERVED_START
 
 
 def policy_export_dir(update_group_folder: Path) -> Path:

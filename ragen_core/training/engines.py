@@ -93,8 +93,7 @@ def start_engines(
     from ragen_core.policy.lora import merge_adapter
 
     model, tokenizer = load_policy(start_model_dir, dtype=torch_dtype(precision))
-    lora, lora_seed = config.actor.lora, derive_seed(config.seed, 0, "lora_init")
-    adapter = Path(config.model.adapter).expanduser().resolve() if config.model.adapter else None
+    lora, lora_seed, adapter = _adapters(config)
     if adapter is not None:
         check_adapter_base(adapter, model)
         if lora is None:
@@ -116,15 +115,21 @@ def policy_copy(config: RunConfig, start_model_dir: Path, dtype: Any) -> tuple[A
     from ragen_core.policy.lora import merge_adapter, start_adapters, wrap_lora
 
     model, tokenizer = load_policy(start_model_dir, dtype=dtype)
-    lora = config.actor.lora
-    adapter = Path(config.model.adapter).expanduser().resolve() if config.model.adapter else None
+    lora, lora_seed, adapter = _adapters(config)
     if adapter is not None and lora is None:
         model = merge_adapter(model, adapter)
     if lora is not None:
-        model = wrap_lora(model, lora, derive_seed(config.seed, 0, "lora_init")).to(dtype)
+        model = wrap_lora(model, lora, lora_seed).to(dtype)
         if adapter is not None:
             start_adapters(model, adapter)
     return model, tokenizer
+
+
+def _adapters(config: RunConfig) -> tuple[Any, int, Path | None]:
+    """The run's ``actor.lora`` (None: full fine-tuning), the seed its adapters are drawn from, and ``model.adapter``
+    resolved (None: none): what the engines and a rollout copy both build the policy from."""
+    adapter = Path(config.model.adapter).expanduser().resolve() if config.model.adapter else None
+    return config.actor.lora, derive_seed(config.seed, 0, "lora_init"), adapter
 
 
 def check_adapter_base(adapter: Path, model: Any) -> None:

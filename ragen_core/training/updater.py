@@ -213,7 +213,8 @@ class LaunchedUpdater:
         folder = lake.update_group_dir(run_id)
         group = UpdateGroup.start(trainer.launcher, trainer.nproc, trainer.hostfile, folder, init)
         try:
-            return cls(group, config, exports=config.rollout.backend == "vllm")
+            # a vLLM server reloads a whole policy from its export; a LoRA policy's adapters it gets from the copy
+            return cls(group, config, exports=config.rollout.backend == "vllm" and config.actor.lora is None)
         except BaseException:
             group.stop()
             raise

@@ -141,13 +141,14 @@ def _execute(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
 
 
 def full_parameters(actor: Any) -> dict[str, Any] | None:
-    """The actor's whole parameters by name, on rank 0 (None on the others). Every rank must call it: under ZeRO-3
-    the partitioned weights are gathered (a collective); otherwise they are the module's own tensors."""
+    """The actor's whole parameters by name (a LoRA actor's trainable ones: its adapters), on rank 0 (None on the
+    others). Every rank must call it: under ZeRO-3 the partitioned weights are gathered (a collective; a LoRA
+    actor's frozen base is left out); otherwise they are the module's own tensors."""
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    if actor.engine.zero_optimization_partition_weights():
-        state = actor.engine._zero3_consolidated_16bit_state_dict()  # DeepSpeed's gather, complete on rank 0
+    if actor.engine.zero_optimization_partition_weights():  # DeepSpeed's gather, complete on rank 0
+        state = actor.engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=actor.adapter)
         return dict(state) if rank == 0 else None
     return dict(actor.module.named_parameters()) if rank == 0 else None
 

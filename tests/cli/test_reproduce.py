@@ -36,6 +36,7 @@ HELD_OUT = {
     "filtering_multiturn",
     "reasoning_multiturn",
     "async_staleness_frozenlake",
+    "lora_frozenlake",
     "tool_use",
 }
 

@@ -97,9 +97,8 @@ def test_every_training_row_was_sampled_by_the_adapters_of_its_policy_version(ru
 
 
 def test_zero3_and_async_runs_train_the_same_adapters_as_the_in_process_run(runs):
-    """ZeRO-3 gathers the policy from the ranks' partitions for the hand-off (which copies the adapters out of it) and
-    the adapters for the checkpoint: they land on the in-process run's up to float32 reduction order. The async run
-    samples other batches, so its adapters differ."""
+    """ZeRO-3 gathers the adapters from the ranks' partitions for the hand-off and the checkpoint: they land on the
+    in-process run's up to float32 reduction order. The async run samples other batches, so its adapters differ."""
     expected = _adapters(runs["inprocess"])
     zero3 = _adapters(runs["zero3"])
     assert zero3.keys() == expected.keys()
