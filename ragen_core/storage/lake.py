@@ -428,7 +428,11 @@ class DataLake:
 
     # -- commits and manifest ----------------------------------------------------------------------------------
     def commit_iteration(self, run_id: str, iteration: int, payload: dict[str, Any]) -> None:
-        """Mark the iteration committed, then drop its staging folder."""
+        """Mark the iteration committed, then drop its staging folder. A writer whose lease on the run was taken
+        over (:func:`ragen_core.storage.locks.check_writing`) is refused first."""
+        from ragen_core.storage.locks import check_writing
+
+        check_writing(self.root, run_id)
         atomic_write_json(self.commit_marker(run_id, iteration), payload)
         shutil.rmtree(self._staging(run_id, iteration), ignore_errors=True)
 

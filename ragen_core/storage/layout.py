@@ -18,6 +18,7 @@ Layout 2 under the data root::
     quarantine/run_id=<id>/iteration=<n>/<stage>/report.json       batches that failed validation, with the report
     runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
     runs/<run_id>/writer.lock                                      held by the run's one writer (``locks``)
+    runs/<run_id>/writer.lease                                     its lease, which holds across hosts (``lease``)
     runs/<run_id>/.space-reserve                                   disk space a running run holds back, released
                                                                    to record its failure when the disk fills
                                                                    (``space``)
@@ -93,6 +94,7 @@ DONE_MARKER = "_DONE.json"  # a stage finished: its result payload
 QUARANTINE_REPORT = "report.json"
 MANIFEST = "manifest.json"
 WRITER_LOCK = "writer.lock"
+WRITER_LEASE = "writer.lease"
 SPACE_RESERVE = ".space-reserve"  # hidden: no reader lists it
 CHECKPOINTS = "checkpoints"
 UPDATE_GROUP = "update_group"
@@ -287,6 +289,11 @@ def space_reserve_file(run_folder: Path) -> Path:
 def writer_lock_file(root: Path, run_id: str) -> Path:
     """The writer lock of a run (:mod:`ragen_core.storage.locks`)."""
     return run_dir(root, run_id) / WRITER_LOCK
+
+
+def writer_lease_file(lock_file: Path) -> Path:
+    """The writer lease beside a run's writer lock file (:mod:`ragen_core.storage.lease`)."""
+    return lock_file.with_name(WRITER_LEASE)
 
 
 def housekeeping_lock_file(root: Path, run_id: str) -> Path:

@@ -9,7 +9,9 @@ file whose lock is free was therefore left by a holder that died: the new holder
 The lock belongs to the head process of a run: the descriptor is not inherited by the processes it launches (an
 update group started by torchrun or the DeepSpeed launcher), and nested acquisitions of the same run in one process
 (the CLI, then the flow it calls) share the one lock. On a data root shared over NFS the lock works where the NFS
-server supports locking (Linux maps ``flock`` onto NFS byte-range locks).
+server supports locking (Linux maps ``flock`` onto NFS byte-range locks). Because some shared filesystems accept
+``flock`` silently as a lock of one host, a writer also holds the run's lease (:mod:`ragen_core.storage.lease`),
+which holds across hosts on any of them; a writer whose lease was taken over stops before its next commit.
 
 Beside it, a run's housekeeping lock (``_locks/<run_id>.lock``, :func:`run_lock`): held by whatever rewrites or
 removes a run's committed files (compaction, removal, the layout upgrade) and by a resume while it reopens an
@@ -34,7 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ragen_core.storage.files import LakeError
-from ragen_core.storage.layout import housekeeping_lock_file, manifest_file, writer_lock_file
+from ragen_core.storage.layout import housekeeping_lock_file, manifest_file, writer_lease_file, writer_lock_file
+from ragen_core.storage.lease import Lease, claim, read_lease, stale
 from ragen_core.storage.trust import check_real_folder, check_real_folders, check_regular_file
 
 if TYPE_CHECKING:
@@ -57,6 +60,7 @@ class RunLock:
     descriptor: int
     holder: dict[str, Any]
     taken_over: dict[str, Any] | None = None
+    lease: Lease | None = None  # the half that holds across hosts
 
 
 _held: dict[Path, RunLock] = {}  # this process's locks, by file: a run has one taker per process
@@ -115,6 +119,13 @@ def locked_message(run_id: str, path: Path, holder: dict[str, Any] | None) -> st
     who += f", since {holder.get('since')})"
     text = f"run {run_id!r} is being written by {who}: `{holder.get('command')}`. "
     here = holder.get("host") == socket.gethostname()
+    renewed, seconds = holder.get("renewed_at"), holder.get("seconds")
+    if not here and isinstance(renewed, (int, float)) and isinstance(seconds, (int, float)):
+        left = max(0.0, renewed + seconds - datetime.now(timezone.utc).timestamp())
+        text += (
+            f"Its lease was renewed {max(0.0, seconds - left):.0f} s ago; if that host is gone, the run can be "
+            f"resumed here once the lease has gone {seconds:g} s without renewal (in {left:.0f} s). "
+        )
     if here and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]):
         return text + (
             f"That process is gone, but a process it started still holds {path} open (find it with `fuser -v "
@@ -187,6 +198,9 @@ def check_not_held(root: Path, run_id: str) -> None:
         raise LakeError(f"cannot lock {path} of run {run_id!r}: {exc.strerror}") from None
     finally:
         os.close(descriptor)  # drops the probe's lock, if it got one
+    lease = read_lease(writer_lease_file(path))  # another host's writer, which this host's flock does not see
+    if lease is not None and not stale(lease):
+        raise RunLockedError(locked_message(run_id, path, lease))
 
 
 def writer_gone(root: Path, run_id: str) -> bool:
@@ -202,6 +216,15 @@ def writer_gone(root: Path, run_id: str) -> bool:
     except LakeError:  # held (RunLockedError names the holder), or the lock file cannot be opened
         return False
     return True
+
+
+def check_writing(root: Path, run_id: str) -> None:
+    """Before a commit of ``run_id``: when this process writes the run (holds its lock), refuse
+    (:class:`~ragen_core.storage.lease.LeaseLostError`) if its lease was taken over or expired; else nothing."""
+    with _held_guard:
+        lock = _held.get(lock_path(Path(root).resolve(), run_id))
+    if lock is not None and lock.lease is not None:
+        lock.lease.check()
 
 
 def _names(path: Path, descriptor: int) -> bool:
@@ -227,11 +250,18 @@ def acquire(root: Path, run_id: str, command: list[str] | None = None, wait: boo
             "by its entry, and the open run handed down"
         )
     descriptor = _open_locked(path, run_id, wait)  # outside the guard: a waiting taker must not block the others
-    stale = read_holder(path)  # a record under a free lock: its holder died without releasing it
     holder = holder_record(run_id, command)
+    try:
+        lease, stale_lease = claim(
+            writer_lease_file(path), holder, lambda record: RunLockedError(locked_message(run_id, path, record))
+        )
+    except BaseException:
+        os.close(descriptor)  # the flock goes with it; nothing was written
+        raise
+    dead = read_holder(path) or stale_lease  # a record under a free lock: its holder died without releasing it
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, json.dumps(holder, sort_keys=True).encode(), 0)
-    lock = RunLock(run_id, path, descriptor, holder, taken_over=stale)
+    lock = RunLock(run_id, path, descriptor, holder, taken_over=dead, lease=lease)
     with _held_guard:
         _held[path] = lock
     return lock
@@ -246,6 +276,8 @@ def release(lock: RunLock) -> None:
         if _held.get(lock.path) is lock:
             _held.pop(lock.path)
         try:
+            if lock.lease is not None:
+                lock.lease.release()  # before the flock: a taker here then finds no lease of a live holder
             os.ftruncate(lock.descriptor, 0)  # cleared first: a record under a free lock means a dead holder
             if not manifest_file(lock.path.parent).exists():  # removed while still locked (see _open_locked)
                 lock.path.unlink(missing_ok=True)

@@ -39,7 +39,9 @@ its account. The rules:
 - **A run's working folders** (``runs/<id>/``, its ``checkpoints/``, ``_staging/<id>/`` and its iteration and stage
   folders, ``_commits/<id>/``, ``quarantine/``) and **lock files** (``runs/<id>/writer.lock``, ``_locks/<id>.lock``)
   are no links either (:func:`check_real_folders`): writers fill and clear them, and a lock's holder record truncates
-  its file, so a link would take writes or deletions out of the data root.
+  its file, so a link would take writes or deletions out of the data root. The writer lease
+  (``runs/<id>/writer.lease``) is created by ``link`` of a new file and renewed through its holder's open
+  descriptor, never written through its name.
 - **JSON files** of the lake are regular files of at most 64 MB, parsed with a bounded nesting
   (:func:`ragen_core.storage.files.read_json`). Before compaction deletes the files a marker replaces, the merged
   file must hold their very rows, not just as many (:mod:`ragen_core.storage.maintenance.compaction`).

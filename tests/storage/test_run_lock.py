@@ -18,6 +18,7 @@ import pytest
 from ragen_core.config import build_config
 from ragen_core.run.record import new_manifest
 from ragen_core.storage import DataLake
+from ragen_core.storage.lease import read_lease
 from ragen_core.storage.locks import (
     RunLockedError,
     acquire,
@@ -84,10 +85,14 @@ def _ragen(*args: str) -> subprocess.CompletedProcess:
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
-    """Every path under ``root`` with its modification time, size and content digest."""
+    """Every path under ``root`` with its modification time, size and content digest; the writer lease, which its
+    holder renews, by its holder's token alone."""
     found = {}
     for path in sorted(root.rglob("*")):
         stat = path.stat()
+        if path.name == "writer.lease":
+            found[str(path.relative_to(root))] = (0, stat.st_size, read_lease(path)["token"])
+            continue
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
         found[str(path.relative_to(root))] = (stat.st_mtime_ns, stat.st_size, digest)
     return found

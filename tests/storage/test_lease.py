@@ -1,0 +1,206 @@
+"""The writer lock across hosts (issue 70): processes that stand for other hosts (each its own host name, on a
+filesystem whose ``flock`` holds on one host only: the processes drop it, as some network filesystems silently do)
+share one data root. The lease alone keeps one writer per run: a second host is refused naming the first; a killed
+host's run is taken over only once its lease expired; a holder stopped past its lease finds it taken and does not
+commit; of many claimants of an expired lease exactly one wins."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ragen_core.storage.files import LakeError
+from ragen_core.storage.layout import writer_lease_file
+from ragen_core.storage.lease import lease_seconds, read_lease, stale
+from ragen_core.storage.locks import lock_path
+
+pytestmark = pytest.mark.process  # writers in other processes
+
+RUN = "r"
+LEASE_S = 2.0
+# Another host: its own name, and a filesystem that drops flock across hosts (flock does nothing at all here, which
+# is what a host sees of another host's flock on such a filesystem)
+OTHER_HOST = textwrap.dedent(
+    """
+    import fcntl, socket, sys
+    socket.gethostname = lambda: sys.argv[1]
+    fcntl.flock = lambda *args: None
+    """
+)
+HOLD = OTHER_HOST + textwrap.dedent(
+    """
+    from ragen_core.storage import DataLake
+    from ragen_core.storage.locks import acquire
+    lock = acquire(sys.argv[2], sys.argv[3], command=["writer-on-" + sys.argv[1]])
+    print("held", flush=True)
+    sys.stdin.readline()  # the test says when to commit
+    try:
+        DataLake(sys.argv[2]).commit_iteration(sys.argv[3], 0, {"by": sys.argv[1]})
+    except Exception as exc:
+        print(type(exc).__name__, exc, flush=True)
+    else:
+        print("committed", flush=True)
+    """
+)
+TAKE = OTHER_HOST + textwrap.dedent(
+    """
+    import time
+    from ragen_core.storage.locks import RunLockedError, acquire, takeover_note
+    if len(sys.argv) > 4:
+        time.sleep(max(0.0, float(sys.argv[4]) - time.time()))  # all claimants at once
+    try:
+        lock = acquire(sys.argv[2], sys.argv[3], command=["writer-on-" + sys.argv[1]])
+    except RunLockedError as exc:
+        print("refused", exc, flush=True)
+    else:
+        print("won", lock.lease.record["token"], takeover_note(lock), flush=True)
+        time.sleep(float(sys.argv[5]) if len(sys.argv) > 5 else 0)
+    """
+)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "RAGEN_LOCK_LEASE_S": str(LEASE_S)}
+
+
+def _project() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _holder(root: Path, host: str) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD, host, str(root), RUN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=_project(),
+        env=_env(),
+    )
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def _take(root: Path, host: str, *extra: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", TAKE, host, str(root), RUN, *extra],
+        capture_output=True,
+        text=True,
+        cwd=_project(),
+        env=_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def _lease(root: Path) -> dict:
+    return read_lease(writer_lease_file(lock_path(root, RUN)))
+
+
+def test_a_writer_on_another_host_is_refused_naming_the_holder(tmp_path):
+    holder = _holder(tmp_path, "node-a")
+    try:
+        before = _lease(tmp_path)
+        assert before["host"] == "node-a" and before["pid"] == holder.pid and before["seconds"] == LEASE_S
+        answer = _take(tmp_path, "node-b")
+        assert answer.startswith("refused run 'r' is being written by pid")
+        assert f"pid {holder.pid} on host node-a" in answer and "writer-on-node-a" in answer
+        assert "if that host is gone, the run can be resumed here once the lease has gone 2 s" in answer
+        after = _lease(tmp_path)
+        assert after["token"] == before["token"]  # the refused writer changed nothing
+        assert sorted(p.name for p in lock_path(tmp_path, RUN).parent.iterdir()) == ["writer.lease", "writer.lock"]
+        time.sleep(LEASE_S * 1.5)  # the holder renews: still refused after the lease's length
+        assert _take(tmp_path, "node-b").startswith("refused")
+        assert _lease(tmp_path)["renewed_at"] > before["renewed_at"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_killed_host_s_run_is_taken_over_once_its_lease_expired(tmp_path):
+    holder = _holder(tmp_path, "node-a")
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    killed_at = time.time()
+    lease = _lease(tmp_path)
+    assert not stale(lease)
+    first = _take(tmp_path, "node-b")
+    if time.time() - lease["renewed_at"] < LEASE_S:  # asked within the lease: refused
+        assert first.startswith("refused") and "on host node-a" in first
+    time.sleep(max(0.0, lease["renewed_at"] + LEASE_S + 0.2 - time.time()))
+    assert stale(lease) and time.time() - killed_at < 10
+    answer = _take(tmp_path, "node-b")
+    assert answer.startswith("won ")
+    assert f"left by pid {holder.pid} on host node-a" in answer
+
+
+def test_a_holder_stopped_past_its_lease_finds_it_taken_and_does_not_commit(tmp_path):
+    holder = _holder(tmp_path, "node-a")
+    try:
+        holder.send_signal(signal.SIGSTOP)  # a stalled host: no renewal
+        time.sleep(LEASE_S + 0.5)
+        taker = subprocess.Popen(  # node-b takes the run and keeps it
+            [sys.executable, "-c", TAKE, "node-b", str(tmp_path), RUN, "0", "30"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=_project(),
+            env=_env(),
+        )
+        assert taker.stdout.readline().startswith("won ")
+        holder.send_signal(signal.SIGCONT)
+        holder.stdin.write("commit\n")
+        holder.stdin.flush()
+        said = holder.stdout.readline().strip()
+        assert said.startswith("LeaseLostError this process no longer holds the writer lease of run 'r'"), said
+        assert "taken over by pid" in said and "on host node-b" in said or "not renewed for more than" in said
+        marker = tmp_path / "_commits" / RUN / "iteration=0.json"
+        assert not marker.exists()  # nothing committed by the writer that lost the run
+        assert _lease(tmp_path)["host"] == "node-b"  # and the holder's renewals did not take it back
+        taker.kill()
+        taker.wait()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_of_many_claimants_of_an_expired_lease_exactly_one_wins(tmp_path):
+    holder = _holder(tmp_path, "node-a")
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    time.sleep(LEASE_S + 0.3)
+    start = time.time() + 3.0  # every claimant started and imported by then
+    claimants = [
+        subprocess.Popen(
+            [sys.executable, "-c", TAKE, f"node-{i}", str(tmp_path), RUN, str(start), "5"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=_project(),
+            env=_env(),
+        )
+        for i in range(6)
+    ]
+    answers = [c.communicate(timeout=120)[0].strip() for c in claimants]
+    winners = [a for a in answers if a.startswith("won ")]
+    assert len(winners) == 1, answers
+    assert all(a.startswith("refused") for a in answers if a not in winners), answers
+    left = sorted(p.name for p in lock_path(tmp_path, RUN).parent.iterdir())
+    assert left == ["writer.lease", "writer.lock"]  # no claimant's new file nor a lease set aside is left behind
+
+
+def test_the_lease_length_is_checked(monkeypatch):
+    for bad in ("soon", "0", "1e9"):
+        monkeypatch.setenv("RAGEN_LOCK_LEASE_S", bad)
+        with pytest.raises(LakeError, match=f"RAGEN_LOCK_LEASE_S='{bad}'"):
+            lease_seconds()
+    monkeypatch.setenv("RAGEN_LOCK_LEASE_S", "45")
+    assert lease_seconds() == 45.0
+    monkeypatch.delenv("RAGEN_LOCK_LEASE_S")
+    assert lease_seconds() == 60.0
