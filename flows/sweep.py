@@ -138,6 +138,7 @@ def _run_deployments(request: SweepRequest, chosen: list[SweepPoint], root: str)
     logger = get_run_logger()
     logger.info("sweep %s: submitted %d point(s) to %s", request.sweep_id, len(submitted), request.deployment)
     outcomes: dict[str, str] = {}
+    writing: set[str] = set()  # points whose run a writer was seen to hold
     with get_client(sync_client=True) as client:
         while len(outcomes) < len(submitted):
             for run_id, flow_run_id in submitted.items():
@@ -147,6 +148,34 @@ def _run_deployments(request: SweepRequest, chosen: list[SweepPoint], root: str)
                 if state is not None and state.type.value in FINAL_STATES:
                     outcomes[run_id] = state.type.value
                     ui.step(f"point {len(outcomes)} of {len(submitted)} done: {run_id} {state.type.value.lower()}")
+                elif _writer_lost(request, run_id, writing):
+                    _crashed(client, flow_run_id, run_id)
+                    outcomes[run_id] = "CRASHED"
+                    ui.step(
+                        f"point {len(outcomes)} of {len(submitted)}: {run_id} lost its writer (its worker or host "
+                        "died); running the sweep again resumes it"
+                    )
             if len(outcomes) < len(submitted):
                 time.sleep(request.poll_seconds)
     return outcomes
+
+
+def _writer_lost(request: SweepRequest, run_id: str, writing: set[str]) -> bool:
+    """Whether the point's run, once seen held by its writer, is interrupted (its manifest says ``running``, no
+    writer holds it): the process that wrote it died with its worker or host, so its flow run will never end by
+    itself. A writer on another host holds it until its lease expires (docs/lake.md)."""
+    from ragen_core.storage.locks import writer_gone
+    from ragen_core.storage.maintenance.housekeeping import interrupted_run
+
+    if not writer_gone(request.lake.root, run_id):
+        writing.add(run_id)
+        return False
+    return run_id in writing and interrupted_run(request.lake, run_id)  # unseen: not started yet
+
+
+def _crashed(client: Any, flow_run_id: Any, run_id: str) -> None:
+    """Mark a point's flow run crashed (its process is gone, and nothing else would end it)."""
+    from prefect.states import Crashed
+
+    message = f"run {run_id} lost its writer: its worker or host died; `ragen resume {run_id}` or the sweep resumes it"
+    client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)

@@ -193,6 +193,14 @@ def _working_folders(root: Path, run_id: str) -> tuple[Path, ...]:
     )
 
 
+def interrupted_run(lake: DataLake, run_id: str) -> bool:
+    """Whether the run's manifest says ``running`` while no process holds its writer lock: its writer died (a
+    SIGKILL, a worker or host lost) without updating its status. A writer on another host holds the run until its
+    lease expires (:mod:`ragen_core.storage.lease`)."""
+    manifest = lake.read_manifest(run_id)
+    return manifest is not None and manifest.status == "running" and writer_gone(lake.root, run_id)
+
+
 def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPlan:
     """What ``remove_run`` would delete; refuses an unknown run, and a running one unless ``force``."""
     validate_run_id(run_id)
@@ -203,7 +211,7 @@ def plan_removal(lake: DataLake, run_id: str, force: bool = False) -> RemovalPla
     manifest = lake.read_manifest(run_id)
     status = manifest.status if manifest is not None else None
     if status == "running" and writer_gone(lake.root, run_id):
-        status = "interrupted"  # its writer died without updating its status
+        status = "interrupted"  # its writer died without updating its status (:func:`interrupted_run`)
     if manifest is not None and status == "running" and not force:
         raise RunActiveError(
             f"run {run_id!r} is still 'running' according to its manifest (pid {manifest.pid} on "
