@@ -115,7 +115,7 @@ def _run_deployments(request: SweepRequest, chosen: list[SweepPoint], root: str)
     from prefect.deployments import run_deployment
     from prefect.runtime import flow_run as this_run
 
-    submitted = {}
+    submitted, since = {}, time.time()  # no attempt of this submission started before ``since``
     for point in chosen:
         # Prefect's client retries a request whose answer timed out (a busy server): without a key, a retried create
         # whose first attempt did land makes a second flow run of the point. One key per point and sweep flow run: a
@@ -148,7 +148,7 @@ def _run_deployments(request: SweepRequest, chosen: list[SweepPoint], root: str)
                 if state is not None and state.type.value in FINAL_STATES:
                     outcomes[run_id] = state.type.value
                     ui.step(f"point {len(outcomes)} of {len(submitted)} done: {run_id} {state.type.value.lower()}")
-                elif _writer_lost(request, run_id, writing):
+                elif _writer_lost(request, run_id, writing, since):
                     _crashed(client, flow_run_id, run_id)
                     outcomes[run_id] = "CRASHED"
                     ui.step(
@@ -160,17 +160,27 @@ def _run_deployments(request: SweepRequest, chosen: list[SweepPoint], root: str)
     return outcomes
 
 
-def _writer_lost(request: SweepRequest, run_id: str, writing: set[str]) -> bool:
-    """Whether the point's run, once seen held by its writer, is interrupted (its manifest says ``running``, no
-    writer holds it): the process that wrote it died with its worker or host, so its flow run will never end by
-    itself. A writer on another host holds it until its lease expires (docs/lake.md)."""
+def _writer_lost(request: SweepRequest, run_id: str, writing: set[str], since: float) -> bool:
+    """Whether this submission's attempt at the point is interrupted (its manifest says ``running``, no writer holds
+    the run): the process that wrote it died with its worker or host, so its flow run will never end by itself. The
+    attempt is this submission's when a writer was seen holding the run, or when its manifest was written after
+    ``since`` (a short attempt between two looks); an older attempt's manifest, left ``running`` by an earlier loss,
+    waits for this submission's writer. A writer on another host holds the run until its lease expires
+    (docs/lake.md, "One data root shared by several hosts")."""
+    from datetime import datetime
+
     from ragen_core.storage.locks import writer_gone
     from ragen_core.storage.maintenance.housekeeping import interrupted_run
 
     if not writer_gone(request.lake.root, run_id):
         writing.add(run_id)
         return False
-    return run_id in writing and interrupted_run(request.lake, run_id)  # unseen: not started yet
+    if not interrupted_run(request.lake, run_id):
+        return False
+    if run_id in writing:
+        return True
+    written = request.lake.read_manifest(run_id).updated_at
+    return written is not None and datetime.fromisoformat(written).timestamp() >= int(since)  # stored to the second
 
 
 def _crashed(client: Any, flow_run_id: Any, run_id: str) -> None:

@@ -122,7 +122,7 @@ def test_prefect_yaml_deploys_the_four_flows_with_the_pool_pull_step_and_schedul
     assert set(deployments) == {"train/train", "sweep/sweep", "evaluate/evaluate", "retrain_offline/retrain-offline"}
     for name, info in deployments.items():
         assert info["pool"] == "local-process", name
-        assert info["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(PROJECT_DIR)}}]
+        assert info["pull"] == [{"ragen_cli.deploy_steps.set_project_directory": {"default": str(PROJECT_DIR)}}]
     assert deployments["train/train"]["entrypoint"] == "flows/train.py:train"
     [schedule] = deployments["sweep/sweep"]["schedules"]
     assert schedule["active"] is False and schedule["parameters"]["deployment"] == "train/train"

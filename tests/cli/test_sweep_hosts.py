@@ -29,7 +29,8 @@ SWEEP = "hosts"
 GRID = "algorithm.filter_ratio=[0.25,0.5,0.75,1.0]"
 POINTS = [f"{SWEEP}-p{i:03d}" for i in range(4)]
 # what a worker's checkout needs to run the flows (the other host's copy of the project)
-CHECKOUT = ("flows", "tasks", "ragen_core", "schemas", "configs", "examples", "prefect.yaml", "pyproject.toml")
+CHECKOUT = ("flows", "tasks", "ragen_core", "ragen_cli", "schemas", "configs", "examples", "prefect.yaml")
+CHECKOUT += ("pyproject.toml",)
 
 
 def _copy_checkout(target: Path) -> Path:

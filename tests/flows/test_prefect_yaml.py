@@ -7,6 +7,7 @@ import importlib
 import inspect
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ragen_core.config import load_config
@@ -33,8 +34,26 @@ def test_every_deployment_names_a_flow_and_passes_only_its_parameters():
         for parameters in parameter_sets:
             assert set(parameters) <= accepted, (deployment["name"], set(parameters) - accepted)
         assert deployment["work_pool"]["name"] == "local-process"
-    step = {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $RAGEN_PROJECT_DIR }}"}}
+    step = {"ragen_cli.deploy_steps.set_project_directory": {"default": "{{ $RAGEN_PROJECT_DIR }}"}}
     assert SPEC["pull"] == [step]
+
+
+def test_the_pull_step_takes_the_worker_host_s_checkout_at_run_time(tmp_path, monkeypatch):
+    from ragen_cli.deploy_steps import set_project_directory
+
+    here, there = tmp_path / "deployed", tmp_path / "this-host"
+    for folder in (here, there):
+        (folder / "flows").mkdir(parents=True)
+        (folder / "flows" / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAGEN_PROJECT_DIR", str(there))  # the worker's environment on its host
+    assert set_project_directory(str(here)) == {"directory": str(there)} and Path.cwd() == there
+    monkeypatch.delenv("RAGEN_PROJECT_DIR")
+    assert set_project_directory(str(here)) == {"directory": str(here)} and Path.cwd() == here
+    monkeypatch.setenv("RAGEN_PROJECT_DIR", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match="holds no checkout of ragen-flows .* set RAGEN_PROJECT_DIR"):
+        set_project_directory(str(here))
+    assert Path.cwd() == here  # refused before any change
 
 
 def test_the_example_sweeps_plan_into_valid_points():
