@@ -138,7 +138,6 @@ def _run_deployments(request: SweepRequest, chosen: list[SweepPoint], root: str)
     logger = get_run_logger()
     logger.info("sweep %s: submitted %d point(s) to %s", request.sweep_id, len(submitted), request.deployment)
     outcomes: dict[str, str] = {}
-    writing: set[str] = set()  # points whose run a writer was seen to hold
     with get_client(sync_client=True) as client:
         while len(outcomes) < len(submitted):
             for run_id, flow_run_id in submitted.items():
@@ -148,7 +147,7 @@ def _run_deployments(request: SweepRequest, chosen: list[SweepPoint], root: str)
                 if state is not None and state.type.value in FINAL_STATES:
                     outcomes[run_id] = state.type.value
                     ui.step(f"point {len(outcomes)} of {len(submitted)} done: {run_id} {state.type.value.lower()}")
-                elif _writer_lost(request, run_id, writing, since):
+                elif state is not None and state.type.value == "RUNNING" and _writer_lost(request, run_id, since):
                     _crashed(client, flow_run_id, run_id)
                     outcomes[run_id] = "CRASHED"
                     ui.step(
@@ -160,27 +159,21 @@ def _run_deployments(request: SweepRequest, chosen: list[SweepPoint], root: str)
     return outcomes
 
 
-def _writer_lost(request: SweepRequest, run_id: str, writing: set[str], since: float) -> bool:
-    """Whether this submission's attempt at the point is interrupted (its manifest says ``running``, no writer holds
-    the run): the process that wrote it died with its worker or host, so its flow run will never end by itself. The
-    attempt is this submission's when a writer was seen holding the run, or when its manifest was written after
-    ``since`` (a short attempt between two looks); an older attempt's manifest, left ``running`` by an earlier loss,
-    waits for this submission's writer. A writer on another host holds the run until its lease expires
-    (docs/lake.md, "One data root shared by several hosts")."""
+def _writer_lost(request: SweepRequest, run_id: str, since: float) -> bool:
+    """Whether this submission's attempt at a point whose flow run is running is interrupted: its manifest, written
+    since the submission (at ``since``: not an earlier attempt's, left ``running`` by an earlier loss), says
+    ``running`` and no writer holds the run. The process that wrote it died with its worker or host, so its flow run
+    will never end by itself. A writer on another machine holds the run until its lease expires (docs/lake.md, "One
+    data root shared by several hosts")."""
     from datetime import datetime
 
-    from ragen_core.storage.locks import writer_gone
     from ragen_core.storage.maintenance.housekeeping import interrupted_run
 
-    if not writer_gone(request.lake.root, run_id):
-        writing.add(run_id)
+    manifest = request.lake.read_manifest(run_id)
+    written = manifest.updated_at if manifest is not None else None
+    if written is None or datetime.fromisoformat(written).timestamp() < int(since):  # stored to the second
         return False
-    if not interrupted_run(request.lake, run_id):
-        return False
-    if run_id in writing:
-        return True
-    written = request.lake.read_manifest(run_id).updated_at
-    return written is not None and datetime.fromisoformat(written).timestamp() >= int(since)  # stored to the second
+    return interrupted_run(request.lake, run_id)
 
 
 def _crashed(client: Any, flow_run_id: Any, run_id: str) -> None:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 from ragen_core.config import RunConfig
 from ragen_core.monitor.trackers.base import RunEnd
 from ragen_core.storage import DataLake
+from ragen_core.storage.lease import LeaseLostError
+from ragen_core.storage.locks import lost_writing
 from ragen_core.storage.maintenance.space import (
     SPACE_PREFIX,
     hold_reserve,
@@ -94,6 +96,8 @@ class RunRecord:
 
         A failed extension whose :attr:`undo` puts the completed run back records nothing: the error to raise
         instead (its line says so) is returned. Else None."""
+        if isinstance(exc, LeaseLostError):  # another machine writes the run now: this process records nothing
+            return None
         record = stop_record(exc, self.position, self.lake.committed_iterations(self.run_id))
         space = record["status"] == "failed" and space_failure(self.lake.root, self.run_id, exc) is not None
         if space:
@@ -140,7 +144,8 @@ def run_status(session: RunSession) -> Iterator[RunSession]:
             finally:
                 session.trackers.finish(status)
         finally:
-            release_reserve(reserve_file(session.lake, session.run_id))  # held only while the run runs
+            if not lost_writing(session.lake.root, session.run_id):  # else the reserve is the new writer's
+                release_reserve(reserve_file(session.lake, session.run_id))  # held only while the run runs
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

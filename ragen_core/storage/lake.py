@@ -39,6 +39,7 @@ from ragen_core.storage.layout import (
     published_name_of,
     staged_part_name,
 )
+from ragen_core.storage.locks import check_writing
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
 from ragen_core.storage.parts import check_not_superseded, record_parts
 from ragen_core.storage.reader import read_rows, visible_files
@@ -263,6 +264,7 @@ class DataLake:
 
     def mark_stage_done(self, run_id: str, iteration: int, stage: str, payload: dict[str, Any] | None = None) -> None:
         """Record that a stage finished (after its publish) with its result payload: a resume reuses it."""
+        check_writing(self.root, run_id)  # a writer whose lease was taken over writes nothing
         atomic_write_json(layout.done_marker(self.stage_dir(run_id, iteration, stage)), payload or {})
 
     def stage_result(self, run_id: str, iteration: int, stage: str) -> dict[str, Any] | None:
@@ -286,6 +288,7 @@ class DataLake:
         staged or published file of those iterations is discarded (renamed to a hidden name first, so readers stop
         seeing it at once). ``keep`` (iteration -> stages) says instead which finished stages of which iterations
         stay (an async run's training batches sampled ahead; an early stop's none)."""
+        check_writing(self.root, run_id)  # a writer whose lease was taken over writes nothing
         if any(i >= from_iteration for i in self.committed_iterations(run_id)):
             raise LakeError(f"refusing to discard committed iterations >= {from_iteration} of run {run_id!r}")
         if keep is None:
@@ -318,6 +321,7 @@ class DataLake:
     def publish(self, run_id: str, iteration: int, stage: str, tables: Sequence[str] | None = None) -> list[Path]:
         """Move a stage's staged files (of ``tables``, default all) into the table partitions, one atomic rename
         per file; return the published paths."""
+        check_writing(self.root, run_id)  # a writer whose lease was taken over writes nothing
         source = self.stage_dir(run_id, iteration, stage)
         folders = sorted(p for p in source.iterdir() if p.is_dir()) if source.is_dir() else []
         self.check_layout(run_id)
@@ -430,8 +434,6 @@ class DataLake:
     def commit_iteration(self, run_id: str, iteration: int, payload: dict[str, Any]) -> None:
         """Mark the iteration committed, then drop its staging folder. A writer whose lease on the run was taken
         over (:func:`ragen_core.storage.locks.check_writing`) is refused first."""
-        from ragen_core.storage.locks import check_writing
-
         check_writing(self.root, run_id)
         atomic_write_json(self.commit_marker(run_id, iteration), payload)
         shutil.rmtree(self._staging(run_id, iteration), ignore_errors=True)
@@ -460,6 +462,7 @@ class DataLake:
     def write_manifest(self, run_id: str, manifest: RunManifest) -> None:
         """Write the run's manifest (atomically), with the JSON keys of its fields (:meth:`RunManifest.stored`); the
         folders it names inside the data root relative to it (:mod:`ragen_core.storage.relocation`)."""
+        check_writing(self.root, run_id)  # a writer whose lease was taken over writes nothing
         atomic_write_json(layout.manifest_file(self.run_dir(run_id)), stored_form(manifest.stored(), self.root))
 
     def read_manifest(self, run_id: str) -> RunManifest | None:

@@ -9,23 +9,26 @@ host is read whole by another that opens it afterwards.
 
 - **Claim.** The record (host, pid, token, when it was renewed, for how long it holds) is written into a file of a
   unique name, then linked to ``writer.lease``: of two claimants only one link succeeds.
-- **Renew.** A thread of the holder rewrites the record in place every ``seconds / 6`` (``fsync``-ed); a record not
-  renewed for ``seconds`` has expired.
-- **Take over.** A lease of this host, once its flock is free (the holder is gone), or another host's that expired,
-  is stale: the claimant
-  renames it aside under its own token, checks that what it moved is the lease it judged (else it puts the name back),
-  and claims afresh. A live lease of another host refuses the run, naming host and process.
-- **Fence.** A holder that finds its lease renamed away, or that could not renew it for ``seconds`` (a process
-  stopped, a filesystem that hung), has lost it: :meth:`Lease.check`, called before every commit, refuses to commit.
+- **Renew.** A thread of the holder rewrites the record in place every ``seconds / 6`` (``fsync``-ed); a claimant
+  takes a record not renewed for ``seconds`` as expired, while the holder itself stops trusting its lease after
+  ``seconds / 2`` without a renewal it saw succeed: the half between covers a slow write and the hosts' clocks.
+- **Take over.** A lease of this machine (the same kernel: its boot id, else its host name), once its flock is free
+  (the holder is gone), or another machine's that expired, is stale: the claimant renames it aside under its own
+  token, checks that what it moved is the lease it judged (else it puts the name back), and claims afresh. A live
+  lease of another machine refuses the run, naming host and process (a waiting taker waits for it instead).
+- **Fence.** Every write of the run's lake by the holder first reads the lease back (:meth:`Lease.check`): a lease
+  renamed away, or one not renewed for ``seconds / 2`` (a process stopped, a filesystem that hung), is lost, and the
+  holder is refused the write; its run's end is not recorded either (the new holder writes the run).
 
 The lease assumes the hosts' clocks agree to within a small part of ``seconds`` (NTP): an expiry is judged by the
 claimant's clock against the holder's record. ``RAGEN_LOCK_LEASE_S`` sets ``seconds`` (default 60): a killed
-writer's run can be taken over from another host that long after its last renewal (on its own host at once).
+writer's run can be taken over from another machine that long after its last renewal (on its own at once).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -42,10 +45,12 @@ from ragen_core.storage.files import LakeError
 LEASE_ENV = "RAGEN_LOCK_LEASE_S"
 DEFAULT_SECONDS = 60.0
 RECORD_BYTES = 4096  # a record is padded to this length, so a renewal rewrites it in place without truncating
+COMMAND_CHARS = 400  # the holder's command as the record keeps it (escaped, at most 6 bytes a character)
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 class LeaseLostError(LakeError):
-    """This process's writer lease was taken over or could not be renewed: it must not commit."""
+    """This process's writer lease was taken over or could not be renewed: it must not write the run."""
 
 
 def lease_seconds() -> float:
@@ -60,23 +65,38 @@ def lease_seconds() -> float:
     return seconds
 
 
+def machine() -> str:
+    """This machine as a lease names it: the kernel's boot id (processes that share a kernel share its flocks, also
+    in containers of different host names), else the host name."""
+    try:
+        return BOOT_ID.read_text().strip() or socket.gethostname()
+    except OSError:
+        return socket.gethostname()
+
+
 def _encoded(record: dict[str, Any]) -> bytes:
     """The record as JSON padded with spaces to :data:`RECORD_BYTES`: every write of it covers the whole file, so a
     reader sees the old record or the new one, never an emptied file (the command is cut to keep it short)."""
-    record["command"] = str(record.get("command", ""))[:1000]
+    record["command"] = str(record.get("command", ""))[:COMMAND_CHARS]
     data = json.dumps(record, sort_keys=True).encode()
     if len(data) >= RECORD_BYTES:
-        raise LakeError(f"a writer lease record is {len(data)} bytes, over {RECORD_BYTES}: shorten the run's command")
+        raise LakeError(f"a writer lease record is {len(data)} bytes, over {RECORD_BYTES}: shorten the host's name")
     return data.ljust(RECORD_BYTES)
 
 
 def read_lease(path: Path) -> dict[str, Any] | None:
-    """The record of the lease at ``path``; None when absent or not a record (damaged, planted, half written)."""
+    """The record of the lease at ``path``; None when absent or not a record (damaged, planted, half written, a link
+    or a FIFO in its place: never followed, never waited on)."""
     try:
-        with open(path, "rb") as handle:
-            text = handle.read(RECORD_BYTES)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
+    try:
+        text = os.read(descriptor, RECORD_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
     try:
         record = json.loads(text) if text.strip() else None
     except (ValueError, RecursionError):
@@ -86,9 +106,9 @@ def read_lease(path: Path) -> dict[str, Any] | None:
 
 def stale(record: dict[str, Any], now: float | None = None) -> bool:
     """Whether a lease record no longer holds, for a caller that holds (or has probed free) the run's ``flock`` on
-    this host: a lease of this host then outlived its holder (the kernel dropped the holder's flock); another host's
-    holds until it goes ``seconds`` without renewal. A record without those fields holds nothing."""
-    if record.get("host") == socket.gethostname():
+    this machine: a lease of this machine then outlived its holder (the kernel dropped the holder's flock); another
+    machine's holds until it goes ``seconds`` without renewal. A record without those fields holds nothing."""
+    if record.get("machine", record.get("host")) == machine():
         return True
     renewed, seconds = record.get("renewed_at"), record.get("seconds")
     if not isinstance(renewed, (int, float)) or not isinstance(seconds, (int, float)):
@@ -104,7 +124,7 @@ class Lease:
     record: dict[str, Any]
     descriptor: int
     seconds: float
-    renewed: float = field(default_factory=time.monotonic)  # when a renewal last succeeded (monotonic clock)
+    confirmed: float = field(default_factory=time.monotonic)  # before the last renewal seen to succeed (monotonic)
     lost: str | None = None
     guard: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -116,88 +136,110 @@ class Lease:
         while not self.stop.wait(self.seconds / 6):
             with self.guard:
                 self._renew()
-            if self.lost:
-                return
+                if self.lost:
+                    return
 
-    def _ours(self) -> bool:
-        try:
-            on_disk = os.stat(self.path)
-        except OSError:
-            return False
-        mine = os.fstat(self.descriptor)
-        return (on_disk.st_dev, on_disk.st_ino) == (mine.st_dev, mine.st_ino)
+    def _taken(self) -> str | None:
+        """None while ``writer.lease`` holds this lease's token (read back, not from a cached stat); else why not.
+        An absent or unreadable file is looked at again a moment later: a claimant may be putting it back."""
+        for _ in range(2):
+            current = read_lease(self.path)
+            if current is not None and current.get("token") == self.record["token"]:
+                return None
+            if current is not None:
+                return f"taken over by pid {current.get('pid')} on host {current.get('host')}"
+            time.sleep(0.2)
+        return "its file was removed"
 
     def _renew(self) -> None:
-        """Rewrite the record with a new renewal time, unless the lease is no longer ours (then it is lost)."""
+        """Under :attr:`guard`: rewrite the record with a new renewal time, unless the lease is lost (taken over, or
+        not renewed for half its length: another machine may be taking it now)."""
         if self.lost:
             return
-        if not self._ours():
-            taker = read_lease(self.path) or {}
-            self.lost = f"taken over by pid {taker.get('pid')} on host {taker.get('host')}"
+        if time.monotonic() - self.confirmed > self.seconds / 2:
+            self.lost = f"not renewed for more than {self.seconds / 2:g} s (this process was stopped or the disk hung)"
             return
-        if time.monotonic() - self.renewed > self.seconds:  # expired here: another host may be taking it now
-            self.lost = f"not renewed for more than {self.seconds:g} s (this process was stopped or the disk hung)"
+        self.lost = self._taken()
+        if self.lost:
             return
+        started = time.monotonic()  # the renewal holds from before its time is stamped
         self.record["renewed_at"] = time.time()
-        data = _encoded(self.record)
         try:
-            os.pwrite(self.descriptor, data, 0)  # the whole padded record: never a moment without one
+            os.pwrite(self.descriptor, _encoded(self.record), 0)  # the whole padded record: never without one
             os.fsync(self.descriptor)
-        except OSError as exc:  # tried again at the next turn, until the lease expires here
-            del exc
-            return
-        self.renewed = time.monotonic()
+        except OSError as exc:
+            if exc.errno in (errno.ESTALE, errno.ENOENT):  # the file was removed on the server
+                self.lost = "its file was removed"
+            return  # else tried again at the next turn, until half the lease has passed
+        self.confirmed = started
 
     def check(self) -> None:
-        """Refuse (:class:`LeaseLostError`) when the lease is lost; renew it first when half its time has passed
-        since the last renewal (a commit after a long stage)."""
+        """Refuse (:class:`LeaseLostError`) when the lease is lost; else read it back (renewing it when a renewal is
+        due), so that a lease taken over is seen at the holder's next write."""
         with self.guard:
-            if not self.lost and time.monotonic() - self.renewed > self.seconds / 2:
-                self._renew()
+            if not self.lost:
+                if time.monotonic() - self.confirmed > self.seconds / 6:
+                    self._renew()
+                else:
+                    self.lost = self._taken()
             if self.lost:
                 run = self.record["run_id"]
                 raise LeaseLostError(
                     f"this process no longer holds the writer lease of run {run!r} ({self.lost}): it stops without "
-                    f"committing; the new holder writes the run (`ragen resume {run}` once it ends)"
+                    f"writing; the new holder writes the run (`ragen resume {run}` once it ends)"
                 )
 
     def release(self) -> None:
-        """Stop renewing; remove the lease when it is still ours."""
+        """Stop renewing; remove the lease when it is still this one and still trusted (a holder stalled past half
+        its lease leaves it to its expiry: another machine may have taken it)."""
         self.stop.set()
         with self.guard:
             try:
-                if not self.lost and self._ours():
+                trusted = time.monotonic() - self.confirmed <= self.seconds / 2
+                if not self.lost and trusted and self._taken() is None:
                     self.path.unlink(missing_ok=True)
             finally:
+                self.lost = self.lost or "released"  # the renewal thread stops before touching the descriptor
                 os.close(self.descriptor)
 
 
 def claim(
-    path: Path, holder: dict[str, Any], refuse: Callable[[dict[str, Any]], Exception]
+    path: Path, holder: dict[str, Any], refuse: Callable[[dict[str, Any]], Exception], wait: bool = False
 ) -> tuple[Lease, dict[str, Any] | None]:
     """Take the lease at ``path`` for ``holder`` (its record: run_id, pid, host, ...): (the lease, renewing, and the
-    record of a stale lease taken over, or None). A live lease raises ``refuse(its record)``. The caller holds the
-    run's flock on this host (:func:`stale`)."""
+    record of a stale lease taken over, or None). A live lease raises ``refuse(its record)``, or with ``wait`` is
+    waited for (until released or expired). The caller holds the run's flock on this machine (:func:`stale`)."""
     seconds = lease_seconds()
-    taken_over = None
-    for _ in range(20):
-        record = {**holder, "token": uuid.uuid4().hex, "renewed_at": time.time(), "seconds": seconds}
+    taken_over, attempts = None, 0
+    while True:
+        record = {**holder, "machine": machine(), "token": uuid.uuid4().hex, "renewed_at": time.time()}
+        record["seconds"] = seconds
         descriptor = _link_new(path, record)
         if descriptor is not None:
             lease = Lease(path, record, descriptor, seconds)
             lease.start()
+            _remove_leftovers(path, seconds)
             return lease, taken_over
+        attempts += 1
         current = read_lease(path)
         if current is None:
-            if _young(path, seconds):  # being written, or just released: look again
+            if _young(path, seconds) and attempts < 100:  # being written, or just released: look again
                 time.sleep(0.05)
                 continue
             current = {}  # a file that is no record, older than a lease: nothing holds it
         if not stale(current):
-            raise refuse(current)
-        if _set_aside(path, current, record["token"], refuse):
-            taken_over = current or taken_over
-    raise LakeError(f"cannot take the writer lease {path}: other processes keep changing it; try again")
+            if not wait:
+                raise refuse(current)
+            time.sleep(min(2.0, seconds / 6))
+            continue
+        try:
+            if _set_aside(path, current, record["token"], refuse):
+                taken_over = current or taken_over
+        except LakeError:  # it moved a live lease (a faster claimant's) and put it back
+            if not wait:
+                raise
+        if attempts > 200:
+            raise LakeError(f"cannot take the writer lease {path}: other processes keep changing it; try again")
 
 
 def _link_new(path: Path, record: dict[str, Any]) -> int | None:
@@ -227,9 +269,18 @@ def _link_new(path: Path, record: dict[str, Any]) -> int | None:
 
 def _young(path: Path, seconds: float) -> bool:
     try:
-        return time.time() - os.stat(path).st_mtime < seconds
+        return time.time() - os.lstat(path).st_mtime < seconds
     except FileNotFoundError:
         return True
+
+
+def _remove_leftovers(path: Path, seconds: float) -> None:
+    """Files a killed claimant left beside the lease (``writer.lease.<token>``, ``writer.lease.stale-<token>``),
+    once older than a lease: nobody uses them any more."""
+    for leftover in path.parent.glob(f"{path.name}.*"):
+        with contextlib.suppress(OSError):
+            if time.time() - os.lstat(leftover).st_mtime > seconds:
+                leftover.unlink()
 
 
 def _set_aside(path: Path, judged: dict[str, Any], token: str, refuse: Callable[[dict[str, Any]], Exception]) -> bool:

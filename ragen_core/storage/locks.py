@@ -218,6 +218,28 @@ def writer_gone(root: Path, run_id: str) -> bool:
     return True
 
 
+def _take(path: Path, run_id: str, holder: dict[str, Any], wait: bool) -> tuple[int, Lease, dict[str, Any] | None]:
+    """The flock, then the lease: (the lock file's descriptor, the lease, a stale lease's record). A run folder
+    removed meanwhile (its holder released a run without a manifest) starts the take over."""
+    for _ in range(LOCK_ATTEMPTS):
+        descriptor = _open_locked(path, run_id, wait)  # outside the guard: a waiting taker must not block the others
+        try:
+            lease, stale_lease = claim(
+                writer_lease_file(path),
+                holder,
+                lambda record: RunLockedError(locked_message(run_id, path, record)),
+                wait,
+            )
+        except FileNotFoundError:
+            os.close(descriptor)
+            continue
+        except BaseException:
+            os.close(descriptor)  # the flock goes with it; nothing was written
+            raise
+        return descriptor, lease, stale_lease
+    raise LakeError(f"cannot lock {path} of run {run_id!r}: other processes keep removing it; try again")
+
+
 def check_writing(root: Path, run_id: str) -> None:
     """Before a commit of ``run_id``: when this process writes the run (holds its lock), refuse
     (:class:`~ragen_core.storage.lease.LeaseLostError`) if its lease was taken over or expired; else nothing."""
@@ -225,6 +247,13 @@ def check_writing(root: Path, run_id: str) -> None:
         lock = _held.get(lock_path(Path(root).resolve(), run_id))
     if lock is not None and lock.lease is not None:
         lock.lease.check()
+
+
+def lost_writing(root: Path, run_id: str) -> bool:
+    """Whether this process held the writer lock of ``run_id`` and lost its lease (another machine writes the run)."""
+    with _held_guard:
+        lock = _held.get(lock_path(Path(root).resolve(), run_id))
+    return lock is not None and lock.lease is not None and lock.lease.lost not in (None, "released")
 
 
 def _names(path: Path, descriptor: int) -> bool:
@@ -249,18 +278,16 @@ def acquire(root: Path, run_id: str, command: list[str] | None = None, wait: boo
             f"run {run_id!r} is already open for writing in this process (pid {os.getpid()}): a run is opened once, "
             "by its entry, and the open run handed down"
         )
-    descriptor = _open_locked(path, run_id, wait)  # outside the guard: a waiting taker must not block the others
     holder = holder_record(run_id, command)
+    descriptor, lease, stale_lease = _take(path, run_id, holder, wait)
     try:
-        lease, stale_lease = claim(
-            writer_lease_file(path), holder, lambda record: RunLockedError(locked_message(run_id, path, record))
-        )
+        dead = read_holder(path) or stale_lease  # a record under a free lock: its holder died without releasing it
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, json.dumps(holder, sort_keys=True).encode(), 0)
     except BaseException:
-        os.close(descriptor)  # the flock goes with it; nothing was written
+        lease.release()
+        os.close(descriptor)
         raise
-    dead = read_holder(path) or stale_lease  # a record under a free lock: its holder died without releasing it
-    os.ftruncate(descriptor, 0)
-    os.pwrite(descriptor, json.dumps(holder, sort_keys=True).encode(), 0)
     lock = RunLock(run_id, path, descriptor, holder, taken_over=dead, lease=lease)
     with _held_guard:
         _held[path] = lock

@@ -25,12 +25,14 @@ pytestmark = pytest.mark.process  # writers in other processes
 
 RUN = "r"
 LEASE_S = 2.0
-# Another host: its own name, and a filesystem that drops flock across hosts (flock does nothing at all here, which
-# is what a host sees of another host's flock on such a filesystem)
+# Another host: its own name and kernel, and a filesystem that drops flock across hosts (flock does nothing at all
+# here, which is what a host sees of another host's flock on such a filesystem)
 OTHER_HOST = textwrap.dedent(
     """
     import fcntl, socket, sys
+    import ragen_core.storage.lease as lease
     socket.gethostname = lambda: sys.argv[1]
+    lease.machine = lambda: sys.argv[1]  # another machine's kernel (its boot id)
     fcntl.flock = lambda *args: None
     """
 )
@@ -40,13 +42,29 @@ HOLD = OTHER_HOST + textwrap.dedent(
     from ragen_core.storage.locks import acquire
     lock = acquire(sys.argv[2], sys.argv[3], command=["writer-on-" + sys.argv[1]])
     print("held", flush=True)
-    sys.stdin.readline()  # the test says when to commit
-    try:
-        DataLake(sys.argv[2]).commit_iteration(sys.argv[3], 0, {"by": sys.argv[1]})
-    except Exception as exc:
-        print(type(exc).__name__, exc, flush=True)
-    else:
-        print("committed", flush=True)
+    if sys.stdin.readline().strip() == "release":  # the test says when to commit, or to let go
+        from ragen_core.storage.locks import release
+        release(lock)
+        print("released", flush=True)
+        sys.exit(0)
+    lake = DataLake(sys.argv[2])
+    for write in (lambda: lake.commit_iteration(sys.argv[3], 0, {"by": sys.argv[1]}),
+                  lambda: lake.mark_stage_done(sys.argv[3], 0, "validate")):
+        try:
+            write()
+        except Exception as exc:
+            print(type(exc).__name__, exc, flush=True)
+        else:
+            print("written", flush=True)
+    """
+)
+WAIT = OTHER_HOST + textwrap.dedent(
+    """
+    import time
+    from ragen_core.storage.locks import acquire
+    started = time.monotonic()
+    lock = acquire(sys.argv[2], sys.argv[3], command=["writer-on-" + sys.argv[1]], wait=True)
+    print("won after", round(time.monotonic() - started, 1), lock.taken_over, flush=True)
     """
 )
 TAKE = OTHER_HOST + textwrap.dedent(
@@ -160,14 +178,41 @@ def test_a_holder_stopped_past_its_lease_finds_it_taken_and_does_not_commit(tmp_
         said = holder.stdout.readline().strip()
         assert said.startswith("LeaseLostError this process no longer holds the writer lease of run 'r'"), said
         assert "taken over by pid" in said and "on host node-b" in said or "not renewed for more than" in said
+        assert holder.stdout.readline().startswith("LeaseLostError")  # nor any other write of the run's lake
         marker = tmp_path / "_commits" / RUN / "iteration=0.json"
         assert not marker.exists()  # nothing committed by the writer that lost the run
+        assert not (tmp_path / "_staging").exists() or not list((tmp_path / "_staging").rglob("*validate*"))
         assert _lease(tmp_path)["host"] == "node-b"  # and the holder's renewals did not take it back
         taker.kill()
         taker.wait()
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_waiting_writer_waits_for_another_machine_s_lease_then_takes_the_run(tmp_path):
+    holder = _holder(tmp_path, "node-a")
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", WAIT, "node-b", str(tmp_path), RUN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=_project(),
+        env=_env(),
+    )
+    try:
+        time.sleep(LEASE_S * 2)  # the holder renews: the waiter keeps waiting, past the lease's length
+        assert waiter.poll() is None
+        holder.stdin.write("release\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "released"
+        said, errors = waiter.communicate(timeout=60)
+        assert said.startswith("won after") and said.strip().endswith("None"), said + errors  # released, not stale
+        assert float(said.split()[2]) > LEASE_S  # it waited past a lease that was renewed
+    finally:
+        for process in (holder, waiter):
+            process.kill()
+            process.wait()
 
 
 def test_of_many_claimants_of_an_expired_lease_exactly_one_wins(tmp_path):
