@@ -126,7 +126,7 @@ class Lease:
     seconds: float
     confirmed: float = field(default_factory=time.monotonic)  # before the last renewal seen to succeed (monotonic)
     lost: str | None = None
-    guard: threading.Lock = field(default_factory=threading.Lock)
+    guard: Any = field(default_factory=threading.Lock)  # threading.Lock (a factory, not a type pydantic knows)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
