@@ -9,16 +9,17 @@ host is read whole by another that opens it afterwards.
 
 - **Claim.** The record (host, pid, token, when it was renewed, for how long it holds) is written into a file of a
   unique name, then linked to ``writer.lease``: of two claimants only one link succeeds.
-- **Renew.** A thread of the holder rewrites the record in place every ``seconds / 6`` (``fsync``-ed); a claimant
-  takes a record not renewed for ``seconds`` as expired, while the holder itself stops trusting its lease after
-  ``seconds / 2`` without a renewal it saw succeed: the half between covers a slow write and the hosts' clocks.
+- **Renew.** A thread of the holder rewrites the record in place every ``seconds / 6`` (``fsync``-ed), each time
+  with a new token; a claimant takes a record not renewed for ``seconds`` as expired.
 - **Take over.** A lease of this machine (the same kernel: its boot id, else its host name), once its flock is free
   (the holder is gone), or another machine's that expired, is stale: the claimant renames it aside under its own
-  token, checks that what it moved is the lease it judged (else it puts the name back), and claims afresh. A live
-  lease of another machine refuses the run, naming host and process (a waiting taker waits for it instead).
-- **Fence.** Every write of the run's lake by the holder first reads the lease back (:meth:`Lease.check`): a lease
-  renamed away, or one not renewed for ``seconds / 2`` (a process stopped, a filesystem that hung), is lost, and the
-  holder is refused the write; its run's end is not recorded either (the new holder writes the run).
+  token and checks that what it moved still holds the token it judged (a holder that renewed meanwhile wrote a new
+  one: the claimant puts it back), then claims afresh. A live lease of another machine refuses the run, naming host
+  and process (a waiting taker waits for it instead).
+- **Fence.** Before every write of the run's lake the holder reads its lease back (:meth:`Lease.check`): a lease no
+  longer holding its token was taken over, and the holder is refused the write; its run's end is not recorded
+  either (the new holder writes the run). A holder that was only stopped for a while (Ctrl-Z, then ``fg``) and
+  finds its lease still there renews it and goes on.
 
 The lease assumes the hosts' clocks agree to within a small part of ``seconds`` (NTP): an expiry is judged by the
 claimant's clock against the holder's record. ``RAGEN_LOCK_LEASE_S`` sets ``seconds`` (default 60): a killed
@@ -124,7 +125,7 @@ class Lease:
     record: dict[str, Any]
     descriptor: int
     seconds: float
-    confirmed: float = field(default_factory=time.monotonic)  # before the last renewal seen to succeed (monotonic)
+    confirmed: float = field(default_factory=time.monotonic)  # when the last renewal began that succeeded
     lost: str | None = None
     guard: Any = field(default_factory=threading.Lock)  # threading.Lock (a factory, not a type pydantic knows)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -152,30 +153,27 @@ class Lease:
         return "its file was removed"
 
     def _renew(self) -> None:
-        """Under :attr:`guard`: rewrite the record with a new renewal time, unless the lease is lost (taken over, or
-        not renewed for half its length: another machine may be taking it now)."""
+        """Under :attr:`guard`: rewrite the record with a new token and renewal time, unless the lease was taken over
+        (then it is lost). A claimant that judged the old record moves a lease whose token it no longer finds back."""
         if self.lost:
-            return
-        if time.monotonic() - self.confirmed > self.seconds / 2:
-            self.lost = f"not renewed for more than {self.seconds / 2:g} s (this process was stopped or the disk hung)"
             return
         self.lost = self._taken()
         if self.lost:
             return
-        started = time.monotonic()  # the renewal holds from before its time is stamped
-        self.record["renewed_at"] = time.time()
+        started = time.monotonic()
+        self.record.update(token=uuid.uuid4().hex, renewed_at=time.time())
         try:
             os.pwrite(self.descriptor, _encoded(self.record), 0)  # the whole padded record: never without one
             os.fsync(self.descriptor)
         except OSError as exc:
             if exc.errno in (errno.ESTALE, errno.ENOENT):  # the file was removed on the server
                 self.lost = "its file was removed"
-            return  # else tried again at the next turn, until half the lease has passed
+            return  # else tried again at the next turn
         self.confirmed = started
 
     def check(self) -> None:
-        """Refuse (:class:`LeaseLostError`) when the lease is lost; else read it back (renewing it when a renewal is
-        due), so that a lease taken over is seen at the holder's next write."""
+        """Refuse (:class:`LeaseLostError`) when the lease was taken over; else (renewing it when a renewal is due)
+        go on: a lease taken over is seen at the holder's next write."""
         with self.guard:
             if not self.lost:
                 if time.monotonic() - self.confirmed > self.seconds / 6:
@@ -190,14 +188,19 @@ class Lease:
                 )
 
     def release(self) -> None:
-        """Stop renewing; remove the lease when it is still this one and still trusted (a holder stalled past half
-        its lease leaves it to its expiry: another machine may have taken it)."""
+        """Stop renewing; remove the lease when it is still this one: moved aside first and its token checked, so that
+        a lease another machine claimed meanwhile is put back, never deleted."""
         self.stop.set()
         with self.guard:
             try:
-                trusted = time.monotonic() - self.confirmed <= self.seconds / 2
-                if not self.lost and trusted and self._taken() is None:
-                    self.path.unlink(missing_ok=True)
+                if not self.lost:
+                    aside = self.path.with_name(f"{self.path.name}.stale-{self.record['token']}")
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rename(self.path, aside)
+                        if (read_lease(aside) or {}).get("token") != self.record["token"]:
+                            with contextlib.suppress(FileExistsError):
+                                os.link(aside, self.path)  # another's: back where it was
+                        aside.unlink(missing_ok=True)
             finally:
                 self.lost = self.lost or "released"  # the renewal thread stops before touching the descriptor
                 os.close(self.descriptor)

@@ -132,7 +132,7 @@ def test_a_writer_on_another_host_is_refused_naming_the_holder(tmp_path):
         assert f"pid {holder.pid} on host node-a" in answer and "writer-on-node-a" in answer
         assert "if that host is gone, the run can be resumed here once the lease has gone 2 s" in answer
         after = _lease(tmp_path)
-        assert after["token"] == before["token"]  # the refused writer changed nothing
+        assert after["pid"] == before["pid"] and after["host"] == "node-a"  # the refused writer changed nothing
         assert sorted(p.name for p in lock_path(tmp_path, RUN).parent.iterdir()) == ["writer.lease", "writer.lock"]
         time.sleep(LEASE_S * 1.5)  # the holder renews: still refused after the lease's length
         assert _take(tmp_path, "node-b").startswith("refused")
@@ -185,6 +185,25 @@ def test_a_holder_stopped_past_its_lease_finds_it_taken_and_does_not_commit(tmp_
         assert _lease(tmp_path)["host"] == "node-b"  # and the holder's renewals did not take it back
         taker.kill()
         taker.wait()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_holder_stopped_past_its_lease_that_nobody_took_goes_on(tmp_path):
+    """Ctrl-Z, then `fg` minutes later: nobody took the run meanwhile, so the holder renews its lease and writes."""
+    holder = _holder(tmp_path, "node-a")
+    try:
+        token = _lease(tmp_path)["token"]
+        holder.send_signal(signal.SIGSTOP)
+        time.sleep(LEASE_S * 2)
+        holder.send_signal(signal.SIGCONT)
+        holder.stdin.write("commit\n")
+        holder.stdin.flush()
+        assert [holder.stdout.readline().strip() for _ in range(2)] == ["written", "written"]
+        assert (tmp_path / "_commits" / RUN / "iteration=0.json").is_file()
+        renewed = _lease(tmp_path)
+        assert renewed["host"] == "node-a" and renewed["token"] != token  # every renewal writes a new token
     finally:
         holder.kill()
         holder.wait()
