@@ -86,12 +86,13 @@ def _ragen(*args: str) -> subprocess.CompletedProcess:
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
     """Every path under ``root`` with its modification time, size and content digest; the writer lease, which its
-    holder renews, by its holder's token alone."""
+    holder renews (a new token each time), by its holder's pid and host alone."""
     found = {}
     for path in sorted(root.rglob("*")):
         stat = path.stat()
         if path.name == "writer.lease":
-            found[str(path.relative_to(root))] = (0, stat.st_size, read_lease(path)["token"])
+            holder = read_lease(path)
+            found[str(path.relative_to(root))] = (holder["pid"], stat.st_size, holder["host"])
             continue
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
         found[str(path.relative_to(root))] = (stat.st_mtime_ns, stat.st_size, digest)
