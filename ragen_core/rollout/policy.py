@@ -57,9 +57,15 @@ class RolloutPolicy:
         self.sampler.load(weights)
 
     def relabel(self, version: int) -> None:
-        """The weights the samplers hold stand for policy ``version`` from now on, unchanged (an iteration skipped on
-        resume trained nothing): the session's sampler takes them again under that version."""
-        self.take(dataclasses.replace(self.current, version=version))
+        """The weights the samplers hold stand for policy ``version`` from now on, unchanged (an iteration that
+        trained nothing: skipped on resume, or its filter kept no group): the session's sampler relabels them
+        (``relabel(weights)``, a sampler that would otherwise reload them: the vLLM server) or takes them again."""
+        self.current = dataclasses.replace(self.current, version=version)
+        relabel = getattr(self.sampler, "relabel", None)
+        if relabel is not None:
+            relabel(self.current)
+        else:
+            self.sampler.load(self.current)
 
     def hand_off(self) -> None:
         """The training sampler of its own, if any, takes the weights the session's sampler holds (an async run's

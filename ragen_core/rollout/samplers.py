@@ -177,6 +177,15 @@ class VLLMSampler:
                     shutil.rmtree(served_adapter_dir(self.adapters, old), ignore_errors=True)
         self.version = weights.version
 
+    def relabel(self, weights: NewWeights) -> None:
+        """The weights the server holds stand for ``weights.version`` now, unchanged: nothing is reloaded (the
+        version 0 export names the start model folder, not the merged start the server loaded); a LoRA policy's
+        adapters are loaded again under the new version, which every request names."""
+        if self.adapters is not None:
+            self.load(weights)
+        else:
+            self.version = weights.version
+
     def close(self) -> None:
         """Stop the server (idempotent)."""
         self.server.close()
