@@ -109,12 +109,12 @@ def base_env(home: Path, api_url: str | None = None) -> dict[str, str]:
     return env
 
 
-def _spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+def _spawn(command: list[str], env: dict[str, str], log: Path, cwd: Path = PROJECT_DIR) -> subprocess.Popen:
     with log.open("ab") as sink:  # the child keeps its own descriptor
         return subprocess.Popen(
             command,
             env=env,
-            cwd=PROJECT_DIR,
+            cwd=cwd,
             stdout=sink,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

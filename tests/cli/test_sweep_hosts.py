@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ragen_cli.local_server import PROJECT_DIR, alive, base_env, start, stop, stop_process
+from ragen_cli.local_server import PROJECT_DIR, _spawn, alive, base_env, start, stop, stop_process
 from ragen_core.storage import DataLake, query
 from tests.cli.test_server import POINT_OVERRIDES, RAGEN, _duplicates
 
@@ -47,16 +47,8 @@ def _worker(env: dict[str, str], folder: Path, home: Path, log: Path) -> subproc
     """`prefect worker start --pool local-process --limit 1` of a host whose checkout is ``folder``."""
     home.mkdir(parents=True, exist_ok=True)
     own = {**env, "RAGEN_PROJECT_DIR": str(folder), "PREFECT_HOME": str(home)}
-    with log.open("ab") as sink:
-        return subprocess.Popen(
-            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process", "--limit", "1"],
-            env=own,
-            cwd=folder,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process", "--limit", "1"]
+    return _spawn(command, own, log, cwd=folder)  # in its own session, as `ragen server start` starts its worker
 
 
 def _sweep(env: dict[str, str], root: Path, model_dir: Path) -> list[str]:

@@ -92,15 +92,20 @@ def _project() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def _holder(root: Path, host: str) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [sys.executable, "-c", HOLD, host, str(root), RUN],
-        stdin=subprocess.PIPE,
+def _start(script: str, host: str, root: Path, *extra: str, **pipes: int) -> subprocess.Popen:
+    """``script`` in a process standing for ``host`` on the data root ``root`` (its output piped, as text)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, host, str(root), RUN, *extra],
         stdout=subprocess.PIPE,
         text=True,
         cwd=_project(),
         env=_env(),
+        **pipes,
     )
+
+
+def _holder(root: Path, host: str) -> subprocess.Popen:
+    process = _start(HOLD, host, root, stdin=subprocess.PIPE)
     assert process.stdout.readline().strip() == "held"
     return process
 
@@ -164,13 +169,7 @@ def test_a_holder_stopped_past_its_lease_finds_it_taken_and_does_not_commit(tmp_
     try:
         holder.send_signal(signal.SIGSTOP)  # a stalled host: no renewal
         time.sleep(LEASE_S + 0.5)
-        taker = subprocess.Popen(  # node-b takes the run and keeps it
-            [sys.executable, "-c", TAKE, "node-b", str(tmp_path), RUN, "0", "30"],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=_project(),
-            env=_env(),
-        )
+        taker = _start(TAKE, "node-b", tmp_path, "0", "30")  # node-b takes the run and keeps it
         assert taker.stdout.readline().startswith("won ")
         holder.send_signal(signal.SIGCONT)
         holder.stdin.write("commit\n")
@@ -211,14 +210,7 @@ def test_a_holder_stopped_past_its_lease_that_nobody_took_goes_on(tmp_path):
 
 def test_a_waiting_writer_waits_for_another_machine_s_lease_then_takes_the_run(tmp_path):
     holder = _holder(tmp_path, "node-a")
-    waiter = subprocess.Popen(
-        [sys.executable, "-c", WAIT, "node-b", str(tmp_path), RUN],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=_project(),
-        env=_env(),
-    )
+    waiter = _start(WAIT, "node-b", tmp_path, stderr=subprocess.PIPE)
     try:
         time.sleep(LEASE_S * 2)  # the holder renews: the waiter keeps waiting, past the lease's length
         assert waiter.poll() is None
@@ -240,17 +232,7 @@ def test_of_many_claimants_of_an_expired_lease_exactly_one_wins(tmp_path):
     holder.wait()
     time.sleep(LEASE_S + 0.3)
     start = time.time() + 3.0  # every claimant started and imported by then
-    claimants = [
-        subprocess.Popen(
-            [sys.executable, "-c", TAKE, f"node-{i}", str(tmp_path), RUN, str(start), "5"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=_project(),
-            env=_env(),
-        )
-        for i in range(6)
-    ]
+    claimants = [_start(TAKE, f"node-{i}", tmp_path, str(start), "5", stderr=subprocess.PIPE) for i in range(6)]
     answers = [c.communicate(timeout=120)[0].strip() for c in claimants]
     winners = [a for a in answers if a.startswith("won ")]
     assert len(winners) == 1, answers
