@@ -27,6 +27,7 @@ SHORT_HELP = {
     "reproduce": "Reproduce one of the paper's findings at tiny scale (--list lists them).",
     "config": "Show the config's keys: value, default and meaning.",
     "env": "Serve an environment over HTTP (OpenEnv's protocol) for runs to play with env.remote.",
+    "group": "Join this host's ranks to a run's update group on several nodes (trainer.nnodes).",
     "server": "A local Prefect server and worker for the deployments in prefect.yaml.",
     "upgrade-lake": "Bring a data root written by an older ragen-flows to the current layout.",
 }

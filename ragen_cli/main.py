@@ -32,6 +32,7 @@ from ragen_cli.config import config_app
 from ragen_cli.entry import SHORT_HELP, app, run_app
 from ragen_cli.envs import env_app
 from ragen_cli.export import export, upgrade_lake
+from ragen_cli.group import group_app
 from ragen_cli.launch import (
     admitted,
     available_cores,
@@ -61,6 +62,7 @@ app.add_typer(server_app, name="server", short_help=SHORT_HELP["server"])
 app.add_typer(runs_app, name="runs", short_help=SHORT_HELP["runs"])
 app.add_typer(config_app, name="config", short_help=SHORT_HELP["config"])
 app.add_typer(env_app, name="env", short_help=SHORT_HELP["env"])
+app.add_typer(group_app, name="group", short_help=SHORT_HELP["group"])
 app.command(short_help=SHORT_HELP["reproduce"])(reproduce)
 app.command(short_help=SHORT_HELP["export"])(export)
 app.command("upgrade-lake", short_help=SHORT_HELP["upgrade-lake"])(upgrade_lake)

@@ -3,6 +3,7 @@ bootstrap."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, field_validator, model_validator
@@ -143,6 +144,21 @@ class OfflineConfig(Section):
     )
 
 
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\]")
+
+
+def rendezvous_address(endpoint: str) -> tuple[str, int]:
+    """The host and port of ``trainer.rdzv_endpoint`` (``HOST:PORT``, an IPv6 address in brackets); ValueError
+    naming the expected form otherwise."""
+    host, _, port = endpoint.rpartition(":")
+    if not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"rendezvous endpoint {endpoint!r} is not HOST:PORT: give node 0's host name or address and a free port "
+            "1-65535, e.g. node0.cluster:29400 or [fd00::1]:29400"
+        )
+    return host.strip("[]"), int(port)
+
+
 class TrainerConfig(Section):
     """The iteration loop."""
 
@@ -161,6 +177,20 @@ class TrainerConfig(Section):
     )
     nproc: PositiveInt = Field(
         1, description="Processes of the launched update group per node (one per GPU); needs a launcher if > 1."
+    )
+    nnodes: PositiveInt = Field(
+        1,
+        le=MAX_COUNT,
+        description="Nodes of the launched update group (launcher=torchrun): this run's host is node 0 and starts "
+        "its trainer.nproc ranks; each other node joins with `ragen group join` (docs/cluster.md). Ranks are fixed by "
+        "node (node r holds ranks r*nproc .. r*nproc+nproc-1), so the update equals one node's with as many ranks.",
+    )
+    rdzv_endpoint: str | None = Field(
+        None,
+        description="HOST:PORT where the other nodes meet node 0 (torchrun's static rendezvous: node 0 listens on "
+        "PORT, the others connect to HOST:PORT); needed when trainer.nnodes > 1. Reach it only from the cluster's "
+        "network.",
+        json_schema_extra=trusted_only("rendezvous"),
     )
     hostfile: str | None = Field(
         None,
@@ -213,6 +243,13 @@ class TrainerConfig(Section):
         "batch's turns with a reasoning. Each is scored under min(mi_prompts, draws) prompts.",
     )
 
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str | None) -> str | None:
+        if value is not None:
+            rendezvous_address(value)
+        return value
+
     @model_validator(mode="after")
     def _check_launcher(self) -> TrainerConfig:
         if self.nproc > 1 and self.launcher == "inprocess":
@@ -221,6 +258,16 @@ class TrainerConfig(Section):
             )
         if self.hostfile is not None and self.launcher != "deepspeed":
             raise ValueError("trainer.hostfile needs the DeepSpeed launcher: set trainer.launcher=deepspeed")
+        if self.nnodes > 1 and self.launcher != "torchrun":
+            raise ValueError(
+                f"trainer.nnodes={self.nnodes} needs torchrun's rendezvous: set trainer.launcher=torchrun (the "
+                "DeepSpeed launcher spans nodes by trainer.hostfile)"
+            )
+        if (self.nnodes > 1) != (self.rdzv_endpoint is not None):
+            raise ValueError(
+                "trainer.nnodes > 1 and trainer.rdzv_endpoint=HOST:PORT go together: set both (several nodes) or "
+                "neither (one node)"
+            )
         # whether the machine can run the precision is not the config's business (a CPU head node plans bf16 runs):
         # the commands check it before they start (ragen_core.training.precision.resolve_precision)
         return self

@@ -158,7 +158,7 @@ def _check_scale_out(config: RunConfig) -> None:
             "actor.zero_stage=3 shards the weights over the processes of a launched group (and would slow every "
             "in-process generation): set trainer.launcher=torchrun or deepspeed, or use actor.zero_stage 0-2"
         )
-    if (trainer.nproc > 1 or trainer.hostfile) and stage == 0:
+    if (trainer.nproc > 1 or trainer.nnodes > 1 or trainer.hostfile) and stage == 0:
         raise ValueError(
             "a data-parallel update over several processes needs actor.zero_stage 1, 2 or 3 (ZeRO-0 would log only "
             "one rank's gradient norm)"

@@ -112,6 +112,7 @@ KINDS: dict[str, TrustKind] = {
     "program": TrustKind("a program to run", _at_default),
     "launcher": TrustKind("a launcher that starts processes", _at_default),
     "hostfile": TrustKind("hosts to start processes on", _at_default),
+    "rendezvous": TrustKind("an address where the update group's nodes meet", _at_default),
     "path": TrustKind(
         "a folder outside the data root", _inside_trusted_folder, f" (or list its folder in {TRUSTED_PATHS_VARIABLE})"
     ),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import secrets
 import socket
@@ -29,7 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragen_core.config.optimisation import rendezvous_address
 from ragen_core.training import worker as worker_entry
+
+LOG = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 900.0  # a first DeepSpeed start may compile its CPU ops (about a minute each on 2 cores)
 STOP_TIMEOUT_S = 60.0
@@ -58,29 +62,22 @@ class GroupError(RuntimeError):
     """The update group failed to start, failed a command or died; the message holds the end of its log."""
 
 
-def launch_command(launcher: str, nproc: int, master_port: int, control_file: Path, hostfile: str | None) -> list[str]:
+def launch_command(
+    launcher: str,
+    nproc: int,
+    master_port: int,
+    control_file: Path,
+    hostfile: str | None,
+    nnodes: int = 1,
+    master_addr: str = "127.0.0.1",
+) -> list[str]:
     """The command line that starts the group (``python -m`` the launcher, so the run's interpreter is used); its
-    files beside ``control_file``, in the run's update-group folder."""
+    files beside ``control_file``, in the run's update-group folder. With ``nnodes`` > 1 (torchrun) this host is
+    node 0 and listens at ``master_addr:master_port`` for the others (:func:`join_command`)."""
     worker = ["--control-file", str(control_file)]
     if launcher == "torchrun":
-        return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc_per_node",
-            str(nproc),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(master_port),
-            "--log-dir",
-            str(control_file.parent / TORCHRUN_LOGS),
-            "-m",
-            WORKER_MODULE,
-            *worker,
-        ]
+        logs = control_file.parent / TORCHRUN_LOGS
+        return torchrun_command(nproc, nnodes, 0, (master_addr, master_port), logs, worker)
     if launcher == "deepspeed":
         nodes = ["--hostfile", str(Path(hostfile).expanduser().resolve())] if hostfile else []
         return [
@@ -98,6 +95,97 @@ def launch_command(launcher: str, nproc: int, master_port: int, control_file: Pa
             *worker,
         ]
     raise ValueError(f"unknown launcher {launcher!r}; use 'torchrun' or 'deepspeed'")
+
+
+def torchrun_command(
+    nproc: int, nnodes: int, node_rank: int, master: tuple[str, int], log_dir: Path, worker: list[str]
+) -> list[str]:
+    """torchrun's command line for node ``node_rank`` of ``nnodes``: the static rendezvous at ``master`` (node 0's
+    agent listens there), so node r's local ranks are the global ranks r*nproc .. r*nproc+nproc-1 on every start."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        master[0],
+        "--master_port",
+        str(master[1]),
+        "--log-dir",
+        str(log_dir),
+        "-m",
+        WORKER_MODULE,
+        *worker,
+    ]
+
+
+def check_join(endpoint: str, nnodes: int, node_rank: int, nproc: int) -> tuple[str, int]:
+    """ValueError in one line unless a node can join as asked (before anything starts); the endpoint's host and
+    port otherwise."""
+    if nnodes < 2:
+        raise ValueError(f"--nnodes {nnodes}: a group with a joining node has at least 2 (the run's trainer.nnodes)")
+    if not 0 < node_rank < nnodes:
+        raise ValueError(
+            f"node rank {node_rank} is not one of the joining nodes 1..{nnodes - 1}: node 0 is the run's own host "
+            f"(give --node-rank 1..{nnodes - 1}, e.g. $SLURM_NODEID on the other nodes)"
+        )
+    if nproc < 1:
+        raise ValueError(f"--nproc must be at least 1 (the run's trainer.nproc), not {nproc}")
+    return rendezvous_address(endpoint)
+
+
+def join_command(endpoint: str, nnodes: int, node_rank: int, nproc: int, log_dir: Path) -> list[str]:
+    """The command another node runs to add its ``nproc`` ranks to a run's update group (``ragen group join``):
+    node ``node_rank`` (1 .. nnodes-1) of the group whose node 0 listens at ``endpoint``. Its workers take every
+    command from rank 0 (on the run's host); they read no control file and hold no token."""
+    master = check_join(endpoint, nnodes, node_rank, nproc)
+    return torchrun_command(nproc, nnodes, node_rank, master, log_dir, ["--join"])
+
+
+def join_hint(endpoint: str | None, nnodes: int, nproc: int) -> str:
+    """The command line the other nodes run to join (for the run's message and docs)."""
+    return f"ragen group join {endpoint} --nnodes {nnodes} --node-rank <1..{nnodes - 1}> --nproc {nproc}"
+
+
+def run_node(endpoint: str, nnodes: int, node_rank: int, nproc: int) -> int:
+    """Join this host's ``nproc`` ranks to a run's update group as node ``node_rank`` and serve it until the run
+    stops the group (its session ends: exit code 0) or the group fails (the launcher's non-zero code). SIGINT,
+    SIGTERM and SIGHUP are passed on to the launcher, which stops its workers. torchrun's log folder is a temporary
+    one, removed at the end (the workers' output goes to this process's stdout and stderr)."""
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ragen-node-") as logs:
+        command = join_command(endpoint, nnodes, node_rank, nproc, Path(logs))
+        env = group_environment()
+        if "RAGEN_FAULT" in os.environ:  # a fault injected into this node's own command is meant for its ranks
+            env["RAGEN_FAULT"] = os.environ["RAGEN_FAULT"]
+        process = subprocess.Popen(command, env=env)
+
+        def forward(signum: int, _frame: Any) -> None:
+            process.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return process.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            _end(process)
+
+
+def group_environment() -> dict[str, str]:
+    """The environment a group's processes start with: this process's, less the variables of its own one-process
+    world or of a fault meant for it, with DeepSpeed's CPU accelerator where there is no GPU."""
+    env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
+    if not _cuda_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator (gloo), without its probing warning
+    return env
 
 
 def process_start_time(pid: int) -> str | None:
@@ -146,10 +234,21 @@ class UpdateGroup:
 
     # -- start ---------------------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, launcher: str, nproc: int, hostfile: str | None, folder: Path, init: dict[str, Any]) -> UpdateGroup:
+    def start(
+        cls,
+        launcher: str,
+        nproc: int,
+        hostfile: str | None,
+        folder: Path,
+        init: dict[str, Any],
+        nnodes: int = 1,
+        endpoint: str | None = None,
+    ) -> UpdateGroup:
         """Launch the group, wait for rank 0 to connect, and send it ``init`` (config, data root, run id, start model,
         precision): every rank builds its engines. ``folder`` (the lake's update-group folder of the run) takes the
-        control file and the log. Raises :class:`GroupError` if the group does not come up."""
+        control file and the log. With ``nnodes`` > 1 this host is node 0 at ``endpoint`` and rank 0 connects once
+        every other node has joined (:func:`join_command`). Raises :class:`GroupError` if the group does not come
+        up."""
         from ragen_core.training.distributed import free_port
 
         folder.mkdir(parents=True, exist_ok=True)
@@ -163,14 +262,18 @@ class UpdateGroup:
         with os.fdopen(descriptor, "w") as handle:
             json.dump({"address": ["127.0.0.1", server.getsockname()[1]], "token": token, "parent": parent}, handle)
         log = folder / f"group-{os.getpid()}.log"
-        env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
-        if not _cuda_available():
-            env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator (gloo), without its probing warning
-        command = launch_command(launcher, nproc, free_port(), control, hostfile)
+        master = rendezvous_address(endpoint) if endpoint else ("127.0.0.1", free_port())
+        command = launch_command(launcher, nproc, master[1], control, hostfile, nnodes, master[0])
         with open(log, "ab") as output:
             output.write(f"$ {' '.join(command)}\n".encode())
+            if nnodes > 1:
+                joining = f"{nnodes - 1} more node(s) to join at {endpoint}"
+                LOG.warning("update group: waiting for %s: on each, `%s`", joining, join_hint(endpoint, nnodes, nproc))
+                output.write(f"waiting for {joining}\n".encode())
             output.flush()
-            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
+            process = subprocess.Popen(
+                command, stdout=output, stderr=subprocess.STDOUT, env=group_environment(), cwd=os.getcwd()
+            )
         try:
             connection, hello = _accept(server, process, token, log)
         except BaseException:

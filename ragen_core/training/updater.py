@@ -185,7 +185,7 @@ class LaunchedUpdater:
 
     def __init__(self, group: Any, config: RunConfig, exports: bool = False) -> None:
         self.group, self.config = group, config
-        self.launcher, self.nproc = config.trainer.launcher, config.trainer.nproc
+        self.launcher, self.nproc, self.nnodes = config.trainer.launcher, config.trainer.nproc, config.trainer.nnodes
         self.exports = exports  # a Hugging Face export after every update (the rollout side needs a folder)
         self.weights: Path | None = None  # the group's newest export, not yet synced
         self.shared: SharedWeights | None = None  # the group's weights buffer, mapped here
@@ -198,7 +198,8 @@ class LaunchedUpdater:
 
     @classmethod
     def start(cls, config: RunConfig, lake: DataLake, run_id: str, model_dir: Path, precision: str) -> LaunchedUpdater:
-        """Launch ``trainer.nproc`` processes per node; every rank builds its engines from ``model_dir``."""
+        """Launch ``trainer.nproc`` processes per node (this host's; with ``trainer.nnodes`` > 1 the other nodes join
+        at ``trainer.rdzv_endpoint``); every rank builds its engines from ``model_dir``."""
         from ragen_core.training.group import UpdateGroup
 
         trainer = config.trainer
@@ -211,7 +212,9 @@ class LaunchedUpdater:
             "shared_weights": True,
         }
         folder = lake.update_group_dir(run_id)
-        group = UpdateGroup.start(trainer.launcher, trainer.nproc, trainer.hostfile, folder, init)
+        group = UpdateGroup.start(
+            trainer.launcher, trainer.nproc, trainer.hostfile, folder, init, trainer.nnodes, trainer.rdzv_endpoint
+        )
         try:
             # a vLLM server reloads a whole policy from its export; a LoRA policy's adapters it gets from the copy
             return cls(group, config, exports=config.rollout.backend == "vllm" and config.actor.lora is None)
@@ -249,7 +252,7 @@ class LaunchedUpdater:
         return model.to(rollout_device()).eval(), tokenizer
 
     def describe(self) -> dict[str, Any] | None:
-        return {"launcher": self.launcher, "nproc": self.nproc, **self.group.describe()}
+        return {"launcher": self.launcher, "nproc": self.nproc, "nnodes": self.nnodes, **self.group.describe()}
 
     def close(self) -> None:
         self.group.stop()

@@ -1,6 +1,8 @@
-"""A process of the launched update group: ``python -m ragen_core.training.worker --control-file FILE``.
+"""A process of the launched update group: ``python -m ragen_core.training.worker --control-file FILE`` on the
+run's host, ``... --join`` on another node of the group.
 
-Started by ``torchrun`` or the ``deepspeed`` launcher (see :mod:`ragen_core.training.group`), never by hand. Rank 0
+Started by ``torchrun`` or the ``deepspeed`` launcher (see :mod:`ragen_core.training.group`; on the other nodes by
+``ragen group join``), never by hand. Rank 0 (on the run's host, the only rank that reads the control file)
 connects to the run's process, every rank builds the engines on ``init``, then each command (``restore``,
 ``update``, ``save``, ``stop``) read by rank 0 is broadcast and executed by all ranks in lockstep:
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -29,6 +32,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ragen_core.faults import maybe_kill_helper
 
 WATCH_INTERVAL_S = 0.5
 
@@ -39,6 +44,7 @@ class _Worker:
     buffer the new weights are handed over in."""
 
     rank: int = 0
+    joined: bool = False  # a rank of another node (``ragen group join``), not of the run's host
     updater: Any = None  # ragen_core.training.updater.InProcessUpdater
     hands_off: bool = False  # every rank: whether updates end with a hand-off (a collective under ZeRO-3)
     shared: Any = None  # rank 0: ragen_core.rollout.handoff.SharedWeights
@@ -111,6 +117,9 @@ def _update(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
     """The update, then the new weights into the shared buffer (every rank takes part: ZeRO-3 gathers them) and,
     when asked, a Hugging Face export. The reply carries the two times (``timing``) for the benchmarks."""
     started = time.perf_counter()
+    # RAGEN_FAULT=update:node@N on a joined node: the node dies mid-update (its launcher's group, then this rank)
+    if worker.joined and maybe_kill_helper("update", "node", os.getpgid(os.getppid()), int(command["iteration"])):
+        os.kill(os.getpid(), signal.SIGKILL)
     metrics = worker.updater.update(int(command["iteration"]))
     updated = time.perf_counter()
     if worker.hands_off:
@@ -172,10 +181,16 @@ class _Channel:
 def main(argv: list[str] | None = None) -> int:
     """Join the group, then serve commands until ``stop`` (or the run's process is gone)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--control-file", required=True, help="JSON file with the control address and token")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--control-file", help="JSON file with the control address and token (the run's host)")
+    where.add_argument("--join", action="store_true", help="a rank of another node: every command comes from rank 0")
     args = parser.parse_args(argv)
-    control = json.loads(Path(args.control_file).read_text())
-    _watch_parent(control["parent"])
+    control = json.loads(Path(args.control_file).read_text()) if args.control_file else None
+    if control is not None:
+        _watch_parent(control["parent"])
+    elif os.environ.get("RANK") == "0":
+        print("rank 0 runs on the run's own host (node 0): join other nodes with --node-rank >= 1", file=sys.stderr)
+        return 2
 
     import deepspeed
     import torch.distributed as dist
@@ -196,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "hosts": [i[1] for i in identity],
         }
         channel = _Channel(control["address"], hello)
-    worker = _Worker(rank=rank)
+    worker = _Worker(rank=rank, joined=control is None)
     while True:
         box = [channel.receive() if channel else None]
         dist.broadcast_object_list(box, src=0)
