@@ -112,6 +112,8 @@ LATER_KEYS: dict[str, Any] = {
     "env.mcp": None,  # the env's own tools only, as before
     "actor.lora": None,  # full fine-tuning, as before
     "model.adapter": None,  # the start model alone, as before
+    "trainer.nnodes": 1,  # the launched group on this host alone, as before
+    "trainer.rdzv_endpoint": None,
 }
 
 
