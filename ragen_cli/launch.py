@@ -181,7 +181,8 @@ def _quiet_deepspeed() -> None:
 
 def user_facing_errors() -> tuple[type[BaseException], ...]:
     """Errors about the user's data, setup or code (a damaged lake or checkpoint, a missing model, a vLLM server or
-    an async run's sampler process that cannot start or died: its message names its log; a batch about to be sampled
+    an async run's sampler process that cannot start or died: its message names its log; an update group that lost a
+    rank on another node; a batch about to be sampled
     by another policy version than the schedule's, refused before its rows are stored; an env or reward function
     of the user's own that raised or returned the wrong thing; a model whose chat template cannot carry a tool env's
     chat token-exactly): their message says what is wrong and what to do, so
@@ -194,9 +195,10 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
     from ragen_core.rollout.vllm_backend import BackendUnavailable, VLLMServerError
     from ragen_core.storage import LakeError
     from ragen_core.training.checkpoint import CheckpointError
+    from ragen_core.training.group import GroupLostError
 
     errors = LakeError, PolicyLoadError, CheckpointError, BackendUnavailable, VLLMServerError, UserCodeError
-    return (*errors, SamplerError, TemplateError, PolicyVersionError)
+    return (*errors, SamplerError, TemplateError, PolicyVersionError, GroupLostError)
 
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")

@@ -82,14 +82,15 @@ class RunConfig(Section):
 
     def hashed_tree(self) -> dict[str, Any]:
         """The resolved tree as :meth:`config_hash` digests it: each key of :data:`LATER_KEYS` left out at the value
-        that behaves as before it existed (what other identities, such as a bootstrap's, take from the config)."""
+        that behaves as before it existed, the :data:`PLACEMENT_KEYS` at any value (what other identities, such as a
+        bootstrap's, take from the config)."""
         tree = self.to_dict()
-        for dotted, neutral in LATER_KEYS.items():
+        for dotted in [*LATER_KEYS, *PLACEMENT_KEYS]:
             *sections, name = dotted.split(".")
             section = tree
             for part in sections:
                 section = section[part]
-            if section.get(name, neutral) == neutral:
+            if dotted in PLACEMENT_KEYS or section.get(name, LATER_KEYS[dotted]) == LATER_KEYS[dotted]:
                 section.pop(name, None)
         return tree
 
@@ -113,8 +114,10 @@ LATER_KEYS: dict[str, Any] = {
     "actor.lora": None,  # full fine-tuning, as before
     "model.adapter": None,  # the start model alone, as before
     "trainer.nnodes": 1,  # the launched group on this host alone, as before
-    "trainer.rdzv_endpoint": None,
 }
+# Keys that say where a run's processes meet, never what they compute: left out of the config hash and free to differ
+# on resume (a requeued job's node 0 may be another host).
+PLACEMENT_KEYS = ("trainer.rdzv_endpoint",)
 
 
 def _check_mi(config: RunConfig) -> None:

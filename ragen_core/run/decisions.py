@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.config import RunConfig, stored_config
+from ragen_core.config.tree import PLACEMENT_KEYS
 from ragen_core.run.schedule import Schedule
 from schemas.manifest import RunManifest
 
@@ -215,13 +216,16 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two resolved config trees.
 
     A key the old tree lacks (a run started before the key existed) counts as unchanged when the new value is that
-    key's default: the run behaved as the default says."""
+    key's default: the run behaved as the default says. Where the processes meet (:data:`PLACEMENT_KEYS`) is no
+    change."""
     before, after = flatten(stored_config(old)), flatten(new)
     defaults = flatten(RunConfig().to_dict())
     return sorted(
         k
         for k in set(before) | set(after)
-        if before.get(k) != after.get(k) and not (k not in before and k in defaults and after.get(k) == defaults[k])
+        if before.get(k) != after.get(k)
+        and k not in PLACEMENT_KEYS
+        and not (k not in before and k in defaults and after.get(k) == defaults[k])
     )
 
 

@@ -62,6 +62,11 @@ class GroupError(RuntimeError):
     """The update group failed to start, failed a command or died; the message holds the end of its log."""
 
 
+class GroupLostError(GroupError):
+    """The group lost a rank (a node died or its network failed): a one-line message that names the broken
+    connection and says how to go on; the ranks' tracebacks are in the group's log."""
+
+
 def launch_command(
     launcher: str,
     nproc: int,
@@ -323,6 +328,8 @@ class UpdateGroup:
         reply = json.loads(line)
         if not reply.get("ok"):
             self._stopped = True  # a failing group ends itself
+            if reply.get("lost"):
+                raise GroupLostError(self._lost_message(op, reply["lost"]))
             raise GroupError(f"the update group failed {op!r}:\n{reply.get('error')}\n(log: {self.log})")
         return reply
 
@@ -376,6 +383,14 @@ class UpdateGroup:
             _end(self.process)
         self.connection.close()
         atexit.unregister(self.stop)
+
+    def _lost_message(self, op: str, peer: str) -> str:
+        hosts = ", ".join(f"rank {rank} on {host}" for rank, host in enumerate(self.hosts))
+        return (
+            f"the update group lost a rank during {op!r}: its connection to {peer} broke, so a node of the group "
+            f"died or lost the network ({hosts}; log: {self.log}). Start that node's `ragen group join` again, then "
+            "resume the run (naming trainer.launcher and trainer.rdzv_endpoint again): it continues bitwise"
+        )
 
     def _died(self, what: str) -> GroupError:
         self._stopped = True

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -178,6 +179,48 @@ class _Channel:
         return json.loads(line) if line else {"op": "stop"}  # the run's process closed the connection: stop
 
 
+def _serve(worker: _Worker, channel: _Channel | None, dist: Any) -> None:
+    """Take each command from rank 0 (broadcast) and run it in lockstep until ``stop``. Any failure, the broadcast
+    included (a rank of another node that died between two commands), ends this process: rank 0 first reports it,
+    saying whether the group lost a rank (:func:`lost_peer`)."""
+    while True:
+        try:
+            box = [channel.receive() if channel else None]
+            dist.broadcast_object_list(box, src=0)
+            command = box[0]
+            if command["op"] == "stop":
+                return
+            reply = {"ok": True, **_execute(worker, command)}
+        except Exception as exc:  # noqa: BLE001  (any failure ends the group; rank 0 reports it first)
+            error = f"rank {worker.rank}: {traceback.format_exc()}"
+            print(error, file=sys.stderr, flush=True)
+            if channel:
+                channel.send({"ok": False, "error": error, "lost": lost_peer(exc)})
+            os._exit(1)
+        if channel:
+            channel.send(reply)
+
+
+# What the collective backends raise when the other end of a connection is gone (gloo: "Read error [ADDR]:PORT:
+# Connection reset by peer", "Connection closed by peer [ADDR]:PORT", a broken pipe, a timeout; NCCL: the remote
+# process exited or a network error)
+_LOST = re.compile(
+    r"connection (?:reset|closed) by peer|broken pipe|socket timeout|timed out|remote process exited|network error",
+    re.IGNORECASE,
+)
+_PEER = re.compile(r"\[([0-9A-Fa-f:.]+)\]:\d+")
+
+
+def lost_peer(exc: BaseException) -> str | None:
+    """When ``exc`` says that a collective lost its connection to another rank: that rank's address where the
+    backend names it (else "another rank"); None for any other failure."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or not _LOST.search(text):
+        return None
+    peer = _PEER.search(text)
+    return peer.group(1) if peer else "another rank"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Join the group, then serve commands until ``stop`` (or the run's process is gone)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -211,23 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             "hosts": [i[1] for i in identity],
         }
         channel = _Channel(control["address"], hello)
-    worker = _Worker(rank=rank, joined=control is None)
-    while True:
-        box = [channel.receive() if channel else None]
-        dist.broadcast_object_list(box, src=0)
-        command = box[0]
-        if command["op"] == "stop":
-            break
-        try:
-            reply = {"ok": True, **_execute(worker, command)}
-        except Exception:  # noqa: BLE001  (any failure ends the group; rank 0 reports it first)
-            error = f"rank {rank}: {traceback.format_exc()}"
-            print(error, file=sys.stderr, flush=True)
-            if channel:
-                channel.send({"ok": False, "error": error})
-            os._exit(1)
-        if channel:
-            channel.send(reply)
+    _serve(_Worker(rank=rank, joined=control is None), channel, dist)
     for path in _SHARED_FILES:
         path.unlink(missing_ok=True)
     dist.destroy_process_group()

@@ -42,6 +42,7 @@ PLANTED_KEYS = [
     "env.mcp",
     "rollout.vllm.python",
     "trainer.launcher",
+    "trainer.rdzv_endpoint",
     "trainer.hostfile",
     "critic.path",
     "monitor.mlflow.tracking_uri",
@@ -99,6 +100,12 @@ def world(whole_bandit_run, tiny_model_dir, tmp_path, monkeypatch):
         "rollout.vllm.python": {"rollout.backend": "vllm", "rollout.vllm.python": str(evil)},
         "trainer.launcher": {"trainer.launcher": "torchrun"},
         "trainer.hostfile": {"trainer.launcher": "deepspeed", "trainer.hostfile": str(hosts), "actor.zero_stage": 1},
+        "trainer.rdzv_endpoint": {  # where the update group's nodes meet: another host's port
+            "trainer.launcher": "torchrun",
+            "trainer.nnodes": 2,
+            "trainer.rdzv_endpoint": "evil.example:29400",
+            "actor.zero_stage": 1,
+        },
         "critic.path": {"critic.path": str(outside)},
         "model.adapter": {"model.adapter": str(outside)},
         "monitor.mlflow.tracking_uri": {"monitor.mlflow.tracking_uri": "http://evil.example:5000"},
@@ -165,7 +172,8 @@ def test_a_planted_key_is_refused_before_anything_starts(world, key, command):
     if key == "model.adapter" and command[0] == "eval":
         _an_evaluation_never_reads_the_stored_adapter(world, command, manifest)
         return
-    named = ["trainer.launcher=deepspeed"] if key == "trainer.hostfile" else []  # the launcher named, not the hosts
+    launchers = {"trainer.hostfile": "deepspeed", "trainer.rdzv_endpoint": "torchrun"}
+    named = [f"trainer.launcher={launchers[key]}"] if key in launchers else []  # the launcher named, not the hosts
     before = sorted(p.relative_to(root) for p in (root / "runs").iterdir())
     result = _cli(*command, *named, "--data-root", root)
     value = dict(world["plants"][key])[key]
@@ -256,7 +264,8 @@ def test_a_stored_sweep_plan_naming_a_program_is_refused_when_read_back(world, k
     stored = json.loads(path.read_text())
     _set(stored["points"][1]["config"], world["plants"][key])
     path.write_text(json.dumps(stored))
-    named = "trainer.launcher" if key == "trainer.hostfile" else key  # a hostfile comes with its launcher, first
+    # hosts come with their launcher, which is checked first
+    named = "trainer.launcher" if key in ("trainer.hostfile", "trainer.rdzv_endpoint") else key
     with pytest.raises(SweepError, match=rf"^sweeps/sw\.json sets {named}=.*does not name .*pass '?{named}="):
         read_sweep(lake, "sw")
 
