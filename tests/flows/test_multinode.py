@@ -9,6 +9,7 @@ node with two ranks.
 """
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -24,27 +25,36 @@ from ragen_core.training.group import process_alive
 from tests.flows.test_launcher import DISTRIBUTED, RUN, _overrides, _ragen, _rows
 
 pytestmark = pytest.mark.slow  # a one-node run, a two-node run killed with its node and its resume (about 2.5 min)
+CLUSTER = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
 ONE_NODE = ["trainer.launcher=torchrun", "trainer.nproc=2", "actor.zero_stage=2"]
 
 
-def _two_nodes(port):
-    endpoint = f"trainer.rdzv_endpoint=127.0.0.1:{port}"
-    return ["trainer.launcher=torchrun", "trainer.nproc=1", "trainer.nnodes=2", endpoint, "actor.zero_stage=2"]
+def _documented(port):
+    """docs/cluster.md's commands for two nodes, as the test runs them on loopback: the blocks of "The update on
+    several nodes" (the first: start and join; the second: resume and join again), node0 -> 127.0.0.1, its port ->
+    ``port``, ``<run id>`` -> the test's run. Returns {"train": args, "join": args, "resume": args} (no "ragen")."""
+    section = CLUSTER.read_text().split("## The update on several nodes", 1)[1]
+    blocks = [block.split("```", 1)[0] for block in section.split("```bash")[1:3]]
+    commands = {}
+    for block in blocks:
+        block = block.replace("node0:29400", f"127.0.0.1:{port}").replace("<run id>", RUN)
+        for line in block.splitlines():
+            if line.startswith("ragen "):
+                commands[line.split()[1]] = shlex.split(line)[1:]
+    assert set(commands) == {"train", "group", "resume"}, commands
+    return commands
 
 
 def _join(folder, port, fault=None):
-    """`ragen group join` as the other host runs it: its own working folder, its own session (its death kills its
-    launcher's group, never the test)."""
+    """docs/cluster.md's `ragen group join` as the other host runs it: its own working folder, its own session (its
+    death kills its launcher's group, never the test)."""
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
     if fault:
         env["RAGEN_FAULT"] = fault
     folder.mkdir(exist_ok=True)
     log = open(folder / f"join-{port}.log", "w")  # noqa: SIM115 (closed by _finish)
-    script = str(Path(sys.executable).with_name("ragen"))
-    command = [script, "group", "join", f"127.0.0.1:{port}", "--nnodes", "2", "--node-rank", "1", "--nproc", "1"]
-    process = subprocess.Popen(
-        command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    command = [str(Path(sys.executable).with_name("ragen")), *_documented(port)["group"]]
+    process = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return process, log
 
 
@@ -68,22 +78,20 @@ def runs(tmp_path_factory, tiny_model_dir, tiny_policy, prefect_server):
     # DeepSpeed compiles a CPU op at its first engine: build it here, never inside a process that gets killed
     ActorEngine(tiny_policy[0], OptimConfig(lr=1e-3, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1))
     api_url = prefect_server[0].api_url
-    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *_overrides(tiny_model_dir)]
+    small = ["--run-id", RUN, *_overrides(tiny_model_dir)]
     one_node = tmp_path_factory.mktemp("one_node")
-    rc, output, _ = _ragen([*train, *ONE_NODE], one_node, api_url)
+    rc, output, _ = _ragen(["train", "--config", "configs/bandit.yaml", *small, *ONE_NODE], one_node, api_url)
     assert rc == 0, output[-3000:]
     two_nodes, node1 = tmp_path_factory.mktemp("two_nodes"), tmp_path_factory.mktemp("node1")
     port = free_port()
     join = _join(node1, port, fault="update:node@3")  # started before the run: it waits for node 0
-    killed = _ragen([*train, *_two_nodes(port)], two_nodes, api_url)
+    killed = _ragen([*_documented(port)["train"], *small], two_nodes, api_url)
     killed_join = _finish(join)
     killed_manifest = DataLake(two_nodes).read_manifest(RUN)
     killed_committed = DataLake(two_nodes).committed_iterations(RUN)
     port = free_port()  # a requeued job's node 0 may listen elsewhere: the endpoint is no part of the config
     join = _join(node1, port)
-    resumed = _ragen(
-        ["resume", RUN, "trainer.launcher=torchrun", f"trainer.rdzv_endpoint=127.0.0.1:{port}"], two_nodes, api_url
-    )
+    resumed = _ragen(_documented(port)["resume"], two_nodes, api_url)
     return {
         "one_node": one_node,
         "two_nodes": two_nodes,
