@@ -7,7 +7,8 @@
     python -m benchmarks --device cuda      # item 7 on a GPU: rollout and update on a ~0.5B model in bf16
 
 Sections: flow (orchestration overhead, Parquet share, memory), peer (TRL side by side), rollout, update (with its
-share of the measured matmul peak), group (the launched update group against the in-process update), lora (LoRA
+share of the measured matmul peak), group (the launched update group against the in-process update), nodes (the
+group on two nodes against one node of two ranks), lora (LoRA
 adapters against full fine-tuning: memory and update speed), async
 (asynchronous StarPO against the synchronous iteration, equal work), lake
 (DuckDB at 10^4..10^6 turns), view (`ragen view`'s pages on a 10^6-trajectory lake),
@@ -95,6 +96,7 @@ def run_sections(args: argparse.Namespace, data_root: Path, started: float) -> t
         "rollout": lambda: suite.run_rollout_section(sizes, args.device, args.threads),
         "update": lambda: suite.run_update_section(sizes, args.device, args.threads, args.peak_tflops),
         "group": lambda: suite.run_group_section(sizes, args.threads),
+        "nodes": lambda: suite.run_nodes_section(sizes, args.threads),
         "lora": lambda: suite.run_lora_section(sizes, args.threads),
         "async": lambda: suite.run_async_section(sizes, data_root, args.threads),
         "host": lambda: suite.run_host_section(sizes, data_root),

@@ -73,6 +73,33 @@ def group_section(section: dict[str, Any] | None) -> list[str]:
     return lines + [""]
 
 
+def nodes_section(section: dict[str, Any] | None) -> list[str]:
+    """The update group on two nodes against one node of two ranks (benchmarks/nodes_bench.py)."""
+    lines = ["### Two nodes", ""]
+    if not section:
+        return lines + ["Not run.", ""]
+    lines += [
+        f"Machine: {machine_line(section)}.",
+        "",
+        "The same update on one stored batch of configs/bandit.yaml, ZeRO-2, by a group of two ranks on one node "
+        "(`trainer.nproc=2`) and by two nodes of one rank, node 1 joined by `ragen group join` from a folder of its "
+        "own (docs/cluster.md); both groups up at once, interleaved, each update ending with the new weights in this "
+        "process's rollout copy. On one machine both talk over loopback: the ratio is what joining costs, not a "
+        "network (across hosts, add the gradients' all-reduce over the link). Same weights: the two rollout copies "
+        "bitwise equal after the last update.",
+        "",
+        "| model (parameters) | one node s | two nodes s | two nodes / one node | trained tokens | same weights |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in section["cases"]:
+        lines.append(
+            f"| {case['shape']} ({case['parameters'] / 1e6:.1f}M) | {fmt_spread(case['seconds']['one_node'])} "
+            f"| {fmt_spread(case['seconds']['two_nodes'])} | {fmt_spread(case['ratio'])} | {case['trained_tokens']} "
+            f"| {'yes' if case['same_weights'] else 'NO'} |"
+        )
+    return lines + [""]
+
+
 def vllm_summary(section: dict[str, Any] | None, flat: dict[str, Any]) -> list[str]:
     if not section:
         return []

@@ -122,7 +122,8 @@ def _flatten_async(section: dict[str, Any] | None, flat: dict[str, Any]) -> None
 
 def _flatten_peak_and_group(details: dict[str, Any], flat: dict[str, Any]) -> None:
     """``update_peak_share`` (the largest model's update over the measured matmul peak) and
-    ``launched_group_update_ratio`` (the largest model's group / in-process update time), per shape too."""
+    ``launched_group_update_ratio`` (the largest model's group / in-process update time) and ``nodes_update_ratio``
+    (the largest model's two-node / one-node update time), per shape too."""
     flat.setdefault("update_peak_share", None)
     shared = [c for c in _cases(details, "update") if "peak_share" in c]
     for case in shared:
@@ -140,6 +141,14 @@ def _flatten_peak_and_group(details: dict[str, Any], flat: dict[str, Any]) -> No
         flat[f"{prefix}.export_handoff"] = case["export_ratio"]["median"]
     if group:
         flat["launched_group_update_ratio"] = max(group, key=lambda c: c["parameters"])["ratio"]["median"]
+    nodes = _cases(details, "nodes")
+    for case in nodes:
+        prefix = f"nodes_update_ratio.{case['shape']}"
+        flat[prefix] = case["ratio"]["median"]
+        flat[f"{prefix}.min"], flat[f"{prefix}.max"] = case["ratio"]["min"], case["ratio"]["max"]
+        flat[f"{prefix}.same_weights"] = case["same_weights"]
+    if nodes:
+        flat["nodes_update_ratio"] = max(nodes, key=lambda c: c["parameters"])["ratio"]["median"]
 
 
 def _flatten_vllm(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:

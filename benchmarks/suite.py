@@ -45,6 +45,7 @@ class Sizes:
     vllm_push_overrides: tuple[str, ...] = ()  # the demo run whose weight pushes are timed
     repeats_override: int | None = None  # --repeats: every ratio
     group_shapes: tuple[tuple[str, int], ...] = ()  # (shape, repeats): launched group vs in-process update
+    nodes_shapes: tuple[tuple[str, int], ...] = ()  # (shape, repeats): the group on two nodes vs one node of two ranks
     # (shape, env, groups, group_size, max_turns, max_new_tokens, iterations, pairs, the async side's
     # actor.reuse_behavior_logprobs): async vs sync
     async_cases: tuple[tuple[str, str, int, int, int, int, int, int, str], ...] = ()
@@ -82,6 +83,7 @@ FULL = Sizes(
     ),
     vllm_push_overrides=("trainer.iterations=8", "eval.every=4", "eval.instances=64"),
     group_shapes=(("20m", 3),),  # ~3 x 3 updates of ~10-20 s on 2 cores
+    nodes_shapes=(("20m", 3),),  # two groups of two ranks, ~2 x 4 updates
     # multi-turn, ~3 min per run on 2 cores: first the target's case at equal work (the async side takes the stored
     # log-probs as PPO's old ones, as the sync side does), then the async side re-scoring its batch (its default:
     # one more forward per update, what the decoupled correction needs too)
@@ -106,6 +108,7 @@ QUICK = Sizes(
     vllm_cases=(("tiny", "bandit", 2, 8, 3), ("tiny", "sokoban", 1, 4, 3)),
     vllm_push_overrides=("trainer.iterations=3", "eval.every=3", "eval.instances=16"),
     group_shapes=(("tiny", 3),),
+    nodes_shapes=(("tiny", 3),),
     async_cases=(("tiny", "sokoban", 2, 4, 3, 16, 4, 3, "always"),),
     view_trajectories=10_000,
     view_iterations=5,
@@ -115,7 +118,7 @@ QUICK = Sizes(
     lora_cases=(("tiny", 1, 2),),
 )
 GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
-SECTIONS = ("flow", "peer", "rollout", "update", "group", "lora", "async", "host", "lake", "view", "vllm")
+SECTIONS = ("flow", "peer", "rollout", "update", "group", "nodes", "lora", "async", "host", "lake", "view", "vllm")
 
 
 def _stamp(device: str) -> dict[str, Any]:
@@ -240,6 +243,18 @@ def run_group_section(sizes: Sizes, threads: int) -> dict[str, Any]:
     started = time.perf_counter()
     cases = [
         measure(GroupCase(shape, sizes.repeats_override or repeats, threads)) for shape, repeats in sizes.group_shapes
+    ]
+    return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
+
+
+def run_nodes_section(sizes: Sizes, threads: int) -> dict[str, Any]:
+    """Issue 70, item 6: the update group on two nodes (node 1 joined by `ragen group join`) against one node of two
+    ranks, same batch, same threads, interleaved; and whether both end with the same weights."""
+    from benchmarks.nodes_bench import NodesCase, measure
+
+    started = time.perf_counter()
+    cases = [
+        measure(NodesCase(shape, sizes.repeats_override or repeats, threads)) for shape, repeats in sizes.nodes_shapes
     ]
     return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
 

@@ -36,3 +36,23 @@ def test_the_peak_share_is_model_flops_over_the_median_time_and_the_peak():
     details = {"update": {"machine": {}, "cases": [row]}}
     assert flatten(details)["update_peak_share"] == pytest.approx(0.5)
     assert flatten({})["update_peak_share"] is None and flatten({})["launched_group_update_ratio"] is None
+
+
+def test_the_nodes_ratio_is_per_repeat_two_node_time_over_one_node_time():
+    from benchmarks.markdown_engines import nodes_section
+    from benchmarks.nodes_bench import NodesCase
+    from benchmarks.nodes_bench import summarise as nodes_summarise
+
+    timings = {"one_node": [(2.0, 40), (4.0, 40), (5.0, 40)], "two_nodes": [(2.4, 40), (4.0, 40), (5.5, 40)]}
+    hosts = {"one_node": ["vm", "vm"], "two_nodes": ["vm", "vm"]}
+    result = nodes_summarise(NodesCase("tiny", 3, 1), timings, True, hosts, 1000)
+    assert result["ratio"]["median"] == pytest.approx(1.1)  # of 1.2, 1.0, 1.1
+    assert result["ratio"]["min"] == pytest.approx(1.0) and result["ratio"]["max"] == pytest.approx(1.2)
+    assert result["same_tokens"] and result["same_weights"] and result["trained_tokens"] == 40
+    flat = flatten({"nodes": {"cases": [result]}})
+    assert flat["nodes_update_ratio"] == pytest.approx(1.1) and flat["nodes_update_ratio.tiny.same_weights"] is True
+    assert "nodes_update_ratio" not in flatten({})
+    from benchmarks.suite import _stamp
+
+    table = nodes_section({**_stamp("cpu"), "threads": 1, "cases": [{**result, "same_weights": False}]})
+    assert table[-2].endswith("| 40 | NO |")  # a difference in the weights is shown, never hidden
