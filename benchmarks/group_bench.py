@@ -40,7 +40,7 @@ class GroupCase:
 
 
 @dataclass
-class _RolloutCopy:
+class RolloutCopy:
     """The run's rollout side as a launched session holds it: a separate copy of the policy, no sampler to hand the
     new weights on to (:class:`ragen_core.training.updater.RolloutSide`)."""
 
@@ -74,7 +74,7 @@ def measure(case: GroupCase) -> dict[str, Any]:
         try:
             make_batch(session, 0)
             group = LaunchedUpdater.start(launched_config, lake, session.run_id, folder, "fp32")
-            rollout = _RolloutCopy(group.rollout_policy(folder, torch.float32)[0])
+            rollout = RolloutCopy(group.rollout_policy(folder, torch.float32)[0])
 
             def inprocess() -> int:
                 return int(stages.update_policy(session, 0, IterationState())["actor/trained_tokens"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import interleave, spread
-from benchmarks.group_bench import _RolloutCopy
+from benchmarks.group_bench import RolloutCopy
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,11 @@ class NodesCase:
 
 
 def _join(endpoint: str, folder: Path) -> subprocess.Popen:
-    """`ragen group join ENDPOINT --nnodes 2 --node-rank 1` from ``folder``, in a session of its own."""
+    """`ragen group join ENDPOINT --nnodes 2 --node-rank 1 --nproc 1` from ``folder``, in a session of its own."""
     script = Path(sys.executable).with_name("ragen")
     command = [str(script), "group", "join", endpoint, "--nnodes", "2", "--node-rank", "1", "--nproc", "1"]
-    log = open(folder / "join.log", "w")  # noqa: SIM115 (the child holds it; closed with this process)
-    return subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(folder / "join.log", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def measure(case: NodesCase) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def measure(case: NodesCase) -> dict[str, Any]:
             join = _join(endpoint, node1)
             groups["two_nodes"] = LaunchedUpdater.start(sides["two_nodes"], lake, session.run_id, folder, "fp32")
             copies = {
-                name: _RolloutCopy(group.rollout_policy(folder, torch.float32)[0]) for name, group in groups.items()
+                name: RolloutCopy(group.rollout_policy(folder, torch.float32)[0]) for name, group in groups.items()
             }
 
             def side(name: str):
@@ -109,7 +110,7 @@ def measure(case: NodesCase) -> dict[str, Any]:
                 try:
                     join.wait(timeout=60)
                 except subprocess.TimeoutExpired:
-                    os.killpg(join.pid, 9)
+                    os.killpg(join.pid, signal.SIGKILL)
     return summarise(case, timings, same, hosts, parameters)
 
 

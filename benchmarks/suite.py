@@ -240,11 +240,9 @@ def run_group_section(sizes: Sizes, threads: int) -> dict[str, Any]:
     batch, same threads, interleaved; and the group with the export hand-off it used before."""
     from benchmarks.group_bench import GroupCase, measure
 
-    started = time.perf_counter()
-    cases = [
-        measure(GroupCase(shape, sizes.repeats_override or repeats, threads)) for shape, repeats in sizes.group_shapes
-    ]
-    return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
+    return _shape_cases(
+        sizes.group_shapes, lambda shape, repeats: measure(GroupCase(shape, repeats, threads)), sizes, threads
+    )
 
 
 def run_nodes_section(sizes: Sizes, threads: int) -> dict[str, Any]:
@@ -252,10 +250,15 @@ def run_nodes_section(sizes: Sizes, threads: int) -> dict[str, Any]:
     ranks, same batch, same threads, interleaved; and whether both end with the same weights."""
     from benchmarks.nodes_bench import NodesCase, measure
 
+    return _shape_cases(
+        sizes.nodes_shapes, lambda shape, repeats: measure(NodesCase(shape, repeats, threads)), sizes, threads
+    )
+
+
+def _shape_cases(shapes: tuple[tuple[str, int], ...], measure: Any, sizes: Sizes, threads: int) -> dict[str, Any]:
+    """A section of one measurement per (shape, repeats), --repeats overriding the repeats, with its machine."""
     started = time.perf_counter()
-    cases = [
-        measure(NodesCase(shape, sizes.repeats_override or repeats, threads)) for shape, repeats in sizes.nodes_shapes
-    ]
+    cases = [measure(shape, sizes.repeats_override or repeats) for shape, repeats in shapes]
     return {**_stamp("cpu"), "threads": threads, "cases": cases, "seconds": time.perf_counter() - started}
 
 

@@ -84,6 +84,13 @@ def note_stop(exc: BaseException) -> None:
         current = current.__cause__ or current.__context__
 
 
+def note_signal(signum: int) -> None:
+    """A stop signal a command passed on to a child instead of stopping itself (``ragen group join``): the command
+    reports and exits as for it (130 for Ctrl-C, 143 for SIGTERM)."""
+    _state["signal"] = int(signum)
+    stops.request()
+
+
 def requested() -> bool:
     """Whether a Ctrl-C arrived."""
     return stops.requested()

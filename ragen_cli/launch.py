@@ -181,12 +181,12 @@ def _quiet_deepspeed() -> None:
 
 def user_facing_errors() -> tuple[type[BaseException], ...]:
     """Errors about the user's data, setup or code (a damaged lake or checkpoint, a missing model, a vLLM server or
-    an async run's sampler process that cannot start or died: its message names its log; an update group that lost a
-    rank on another node; a batch about to be sampled
-    by another policy version than the schedule's, refused before its rows are stored; an env or reward function
-    of the user's own that raised or returned the wrong thing; a model whose chat template cannot carry a tool env's
-    chat token-exactly): their message says what is wrong and what to do, so
-    the command prints it alone. Anything else is a bug and keeps its traceback."""
+    an async run's sampler process that cannot start or died: its message names its log; an update group on several
+    nodes that did not come up or lost a node; a batch about to be sampled by another policy version than the
+    schedule's, refused before its rows are stored; an env or reward function of the user's own that raised or
+    returned the wrong thing; a model whose chat template cannot carry a tool env's chat token-exactly): their
+    message says what is wrong and what to do, so the command prints it alone. Anything else is a bug and keeps its
+    traceback."""
     from ragen_core.agent import TemplateError
     from ragen_core.envs.external import UserCodeError
     from ragen_core.policy.loading import PolicyLoadError
@@ -195,10 +195,10 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
     from ragen_core.rollout.vllm_backend import BackendUnavailable, VLLMServerError
     from ragen_core.storage import LakeError
     from ragen_core.training.checkpoint import CheckpointError
-    from ragen_core.training.group import GroupLostError
+    from ragen_core.training.group import GroupNodeError
 
     errors = LakeError, PolicyLoadError, CheckpointError, BackendUnavailable, VLLMServerError, UserCodeError
-    return (*errors, SamplerError, TemplateError, PolicyVersionError, GroupLostError)
+    return (*errors, SamplerError, TemplateError, PolicyVersionError, GroupNodeError)
 
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")

@@ -151,7 +151,7 @@ def rendezvous_address(endpoint: str) -> tuple[str, int]:
     """The host and port of ``trainer.rdzv_endpoint`` (``HOST:PORT``, an IPv6 address in brackets); ValueError
     naming the expected form otherwise."""
     host, _, port = endpoint.rpartition(":")
-    if not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
+    if not _HOST.fullmatch(host) or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
         raise ValueError(
             f"rendezvous endpoint {endpoint!r} is not HOST:PORT: give node 0's host name or address and a free port "
             "1-65535, e.g. node0.cluster:29400 or [fd00::1]:29400"

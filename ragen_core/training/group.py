@@ -14,6 +14,11 @@ line and broadcasts it to the other ranks. The group's life is tied to this proc
 the connection closes, and every worker on this host exits within a second of this process's death (it watches
 this process's pid and start time), so a SIGKILL of the run leaves no orphans. Any failure inside the group ends
 the group; this side then raises :class:`GroupError` with the end of the group's log.
+
+Several nodes (``trainer.nnodes`` > 1, torchrun): this host is node 0, its launcher listens at
+``trainer.rdzv_endpoint`` and the other nodes join there (:mod:`ragen_core.training.nodes`); rank 0 connects once
+every rank is up. A group on several nodes that does not come up, or that ends during a command, is a
+:class:`GroupNodeError`: one line saying what and how to go on.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +68,39 @@ class GroupError(RuntimeError):
     """The update group failed to start, failed a command or died; the message holds the end of its log."""
 
 
-class GroupLostError(GroupError):
-    """The group lost a rank (a node died or its network failed): a one-line message that names the broken
-    connection and says how to go on; the ranks' tracebacks are in the group's log."""
+class GroupNodeError(GroupError):
+    """A group on several nodes did not come up (a node did not join, or joined with other ranks) or ended during a
+    command (a node died or lost the network): a one-line message that says what and how to go on; the ranks'
+    tracebacks are in the group's log."""
+
+
+RESUME_HINT = "resume the run naming trainer.launcher and trainer.rdzv_endpoint again: it continues bitwise"
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a group's ranks run: ``nnodes`` nodes of ``nproc`` ranks, the other nodes joining at ``endpoint``."""
+
+    nnodes: int = 1
+    nproc: int = 1
+    endpoint: str | None = None
+
+    def hint(self) -> str:
+        """The command line each other node runs to join (for the run's messages)."""
+        rank = f"<1..{self.nnodes - 1}>"
+        return f"ragen group join {self.endpoint} --nnodes {self.nnodes} --node-rank {rank} --nproc {self.nproc}"
+
+    def not_up(self, log: Path, reason: str) -> GroupNodeError:
+        return GroupNodeError(
+            f"the update group on {self.nnodes} nodes did not come up at {self.endpoint}: {reason}. On each other "
+            f"node run `{self.hint()}` (each with its own node rank; they wait 600 s for one another); log: {log}"
+        )
+
+    def ended(self, log: Path, what: str) -> GroupNodeError:
+        return GroupNodeError(
+            f"the update group on {self.nnodes} nodes ended: {what}, so a node died, lost the network or failed "
+            f"(log: {log}). Start `ragen group join` again on every other node, then {RESUME_HINT}"
+        )
 
 
 def launch_command(
@@ -129,61 +165,6 @@ def torchrun_command(
     ]
 
 
-def check_join(endpoint: str, nnodes: int, node_rank: int, nproc: int) -> tuple[str, int]:
-    """ValueError in one line unless a node can join as asked (before anything starts); the endpoint's host and
-    port otherwise."""
-    if nnodes < 2:
-        raise ValueError(f"--nnodes {nnodes}: a group with a joining node has at least 2 (the run's trainer.nnodes)")
-    if not 0 < node_rank < nnodes:
-        raise ValueError(
-            f"node rank {node_rank} is not one of the joining nodes 1..{nnodes - 1}: node 0 is the run's own host "
-            f"(give --node-rank 1..{nnodes - 1}, e.g. $SLURM_NODEID on the other nodes)"
-        )
-    if nproc < 1:
-        raise ValueError(f"--nproc must be at least 1 (the run's trainer.nproc), not {nproc}")
-    return rendezvous_address(endpoint)
-
-
-def join_command(endpoint: str, nnodes: int, node_rank: int, nproc: int, log_dir: Path) -> list[str]:
-    """The command another node runs to add its ``nproc`` ranks to a run's update group (``ragen group join``):
-    node ``node_rank`` (1 .. nnodes-1) of the group whose node 0 listens at ``endpoint``. Its workers take every
-    command from rank 0 (on the run's host); they read no control file and hold no token."""
-    master = check_join(endpoint, nnodes, node_rank, nproc)
-    return torchrun_command(nproc, nnodes, node_rank, master, log_dir, ["--join"])
-
-
-def join_hint(endpoint: str | None, nnodes: int, nproc: int) -> str:
-    """The command line the other nodes run to join (for the run's message and docs)."""
-    return f"ragen group join {endpoint} --nnodes {nnodes} --node-rank <1..{nnodes - 1}> --nproc {nproc}"
-
-
-def run_node(endpoint: str, nnodes: int, node_rank: int, nproc: int) -> int:
-    """Join this host's ``nproc`` ranks to a run's update group as node ``node_rank`` and serve it until the run
-    stops the group (its session ends: exit code 0) or the group fails (the launcher's non-zero code). SIGINT,
-    SIGTERM and SIGHUP are passed on to the launcher, which stops its workers. torchrun's log folder is a temporary
-    one, removed at the end (the workers' output goes to this process's stdout and stderr)."""
-    import signal
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="ragen-node-") as logs:
-        command = join_command(endpoint, nnodes, node_rank, nproc, Path(logs))
-        env = group_environment()
-        if "RAGEN_FAULT" in os.environ:  # a fault injected into this node's own command is meant for its ranks
-            env["RAGEN_FAULT"] = os.environ["RAGEN_FAULT"]
-        process = subprocess.Popen(command, env=env)
-
-        def forward(signum: int, _frame: Any) -> None:
-            process.send_signal(signum)
-
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        try:
-            return process.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            _end(process)
-
-
 def group_environment() -> dict[str, str]:
     """The environment a group's processes start with: this process's, less the variables of its own one-process
     world or of a fault meant for it, with DeepSpeed's CPU accelerator where there is no GPU."""
@@ -226,8 +207,15 @@ def _stat_fields(pid: int) -> list[str] | None:
 class UpdateGroup:
     """This process's handle on a running group: send commands, get replies, stop it."""
 
-    def __init__(self, process: subprocess.Popen, connection: socket.socket, log: Path, hello: dict[str, Any]):
-        self.process, self.connection, self.log = process, connection, log
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        connection: socket.socket,
+        log: Path,
+        hello: dict[str, Any],
+        span: Span = Span(),
+    ):
+        self.process, self.connection, self.log, self.span = process, connection, log, span
         self.world_size = int(hello["world_size"])
         self.worker_pids = [int(pid) for pid in hello["pids"]]
         self.hosts = list(hello["hosts"])
@@ -252,8 +240,8 @@ class UpdateGroup:
         """Launch the group, wait for rank 0 to connect, and send it ``init`` (config, data root, run id, start model,
         precision): every rank builds its engines. ``folder`` (the lake's update-group folder of the run) takes the
         control file and the log. With ``nnodes`` > 1 this host is node 0 at ``endpoint`` and rank 0 connects once
-        every other node has joined (:func:`join_command`). Raises :class:`GroupError` if the group does not come
-        up."""
+        every other node has joined (:mod:`ragen_core.training.nodes`). Raises :class:`GroupError` if the group does
+        not come up (:class:`GroupNodeError` when another node did not join as the config says)."""
         from ragen_core.training.distributed import free_port
 
         folder.mkdir(parents=True, exist_ok=True)
@@ -267,27 +255,36 @@ class UpdateGroup:
         with os.fdopen(descriptor, "w") as handle:
             json.dump({"address": ["127.0.0.1", server.getsockname()[1]], "token": token, "parent": parent}, handle)
         log = folder / f"group-{os.getpid()}.log"
+        span = Span(nnodes, nproc, endpoint)
         master = rendezvous_address(endpoint) if endpoint else ("127.0.0.1", free_port())
         command = launch_command(launcher, nproc, master[1], control, hostfile, nnodes, master[0])
         with open(log, "ab") as output:
             output.write(f"$ {' '.join(command)}\n".encode())
             if nnodes > 1:
-                joining = f"{nnodes - 1} more node(s) to join at {endpoint}"
-                LOG.warning("update group: waiting for %s: on each, `%s`", joining, join_hint(endpoint, nnodes, nproc))
-                output.write(f"waiting for {joining}\n".encode())
+                LOG.warning("update group: waiting for %d more node(s): on each, `%s`", nnodes - 1, span.hint())
             output.flush()
             process = subprocess.Popen(
                 command, stdout=output, stderr=subprocess.STDOUT, env=group_environment(), cwd=os.getcwd()
             )
         try:
             connection, hello = _accept(server, process, token, log)
+        except GroupError:
+            end_launcher(process)
+            if nnodes > 1:  # most often a node that did not join: say so in one line
+                raise span.not_up(log, _last_error(log) or f"the launcher exited ({process.returncode})") from None
+            raise
         except BaseException:
-            _end(process)
+            end_launcher(process)
             raise
         finally:
             server.close()
             control.unlink(missing_ok=True)
-        group = cls(process, connection, log, hello)
+        group = cls(process, connection, log, hello, span)
+        if group.world_size != nnodes * nproc:  # the ranks check it too: a joined node's other --nproc
+            group.stop()
+            raise span.not_up(
+                log, f"{group.world_size} ranks joined, not trainer.nnodes x trainer.nproc = {nnodes * nproc}"
+            )
         try:
             group.ready = group.call({"op": "init", **init})
         except BaseException:
@@ -328,8 +325,8 @@ class UpdateGroup:
         reply = json.loads(line)
         if not reply.get("ok"):
             self._stopped = True  # a failing group ends itself
-            if reply.get("lost"):
-                raise GroupLostError(self._lost_message(op, reply["lost"]))
+            if reply.get("lost") and self.span.nnodes > 1:
+                raise self.span.ended(self.log, f"a rank's connection to {reply['lost']} broke during {op!r}")
             raise GroupError(f"the update group failed {op!r}:\n{reply.get('error')}\n(log: {self.log})")
         return reply
 
@@ -359,6 +356,7 @@ class UpdateGroup:
     def describe(self) -> dict[str, Any]:
         """What the run manifest records about the group."""
         return {
+            "nnodes": self.span.nnodes,
             "world_size": self.world_size,
             "launcher_pid": self.process.pid,
             "worker_pids": self.worker_pids,
@@ -380,21 +378,15 @@ class UpdateGroup:
         try:
             self.process.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            _end(self.process)
+            end_launcher(self.process)
         self.connection.close()
         atexit.unregister(self.stop)
 
-    def _lost_message(self, op: str, peer: str) -> str:
-        hosts = ", ".join(f"rank {rank} on {host}" for rank, host in enumerate(self.hosts))
-        return (
-            f"the update group lost a rank during {op!r}: its connection to {peer} broke, so a node of the group "
-            f"died or lost the network ({hosts}; log: {self.log}). Start that node's `ragen group join` again, then "
-            "resume the run (naming trainer.launcher and trainer.rdzv_endpoint again): it continues bitwise"
-        )
-
     def _died(self, what: str) -> GroupError:
         self._stopped = True
-        _end(self.process)
+        end_launcher(self.process)
+        if self.span.nnodes > 1:
+            return self.span.ended(self.log, what)
         return GroupError(f"the update group died: {what}. End of its log ({self.log}):\n{_tail(self.log)}")
 
 
@@ -436,7 +428,7 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _end(process: subprocess.Popen) -> None:
+def end_launcher(process: subprocess.Popen) -> None:
     """Terminate the launcher (it forwards the signal to its workers), then kill it if it lingers."""
     if process.poll() is not None:
         return
@@ -446,6 +438,15 @@ def _end(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=20)
+
+
+def _last_error(log: Path) -> str:
+    """The last ``error:`` line a rank wrote to the group's log (say, a node that joined with other ranks)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip()[len("error: ") :] for line in reversed(lines) if line.strip().startswith("error: ")), "")
 
 
 def _tail(log: Path, lines: int = 40) -> str:

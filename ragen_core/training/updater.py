@@ -185,7 +185,7 @@ class LaunchedUpdater:
 
     def __init__(self, group: Any, config: RunConfig, exports: bool = False) -> None:
         self.group, self.config = group, config
-        self.launcher, self.nproc, self.nnodes = config.trainer.launcher, config.trainer.nproc, config.trainer.nnodes
+        self.launcher, self.nproc = config.trainer.launcher, config.trainer.nproc
         self.exports = exports  # a Hugging Face export after every update (the rollout side needs a folder)
         self.weights: Path | None = None  # the group's newest export, not yet synced
         self.shared: SharedWeights | None = None  # the group's weights buffer, mapped here
@@ -252,7 +252,7 @@ class LaunchedUpdater:
         return model.to(rollout_device()).eval(), tokenizer
 
     def describe(self) -> dict[str, Any] | None:
-        return {"launcher": self.launcher, "nproc": self.nproc, "nnodes": self.nnodes, **self.group.describe()}
+        return {"launcher": self.launcher, "nproc": self.nproc, **self.group.describe()}
 
     def close(self) -> None:
         self.group.stop()

@@ -21,6 +21,7 @@ Any exception ends the group (rank 0 reports it first); the run's process then f
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -34,9 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ragen_core.faults import maybe_kill_helper
+from ragen_core.faults import ENV_VAR, fault_matches
 
 WATCH_INTERVAL_S = 0.5
+WATCH_ENDPOINT_S = 5.0  # a joined rank's look at node 0's endpoint
+COLLECTIVE_TIMEOUT_S = 24 * 3600.0  # see main()
 
 
 @dataclass
@@ -71,6 +74,45 @@ def _watch_parent(parent: dict[str, Any]) -> None:
         os._exit(3)  # no clean-up: the run that owned this group is gone
 
     threading.Thread(target=watch, name="ragen-parent-watch", daemon=True).start()
+
+
+def _node_fault(iteration: int) -> None:
+    """``RAGEN_FAULT=update:node@N`` on a joined node: the node dies in update N (its launcher, then this rank)."""
+    if fault_matches(os.environ.get(ENV_VAR), "update", "node", iteration) and os.getppid() != 1:
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _watch_endpoint(host: str, port: int, interval: float = WATCH_ENDPOINT_S, misses: int = 3) -> None:
+    """On a joined node: exit when node 0's rendezvous endpoint stops answering ``misses`` times in a row (node 0's
+    launcher is gone with its run), so a rank waiting in a collective that would block until the group's timeout
+    (NCCL's) releases its node at once."""
+
+    def watch() -> None:
+        missed = 0
+        while missed < misses:
+            time.sleep(interval)
+            try:
+                socket.create_connection((host, port), timeout=interval).close()
+                missed = 0
+            except OSError:
+                missed += 1
+        print(f"error: node 0's endpoint {host}:{port} is gone (its run ended): this rank exits", file=sys.stderr)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="ragen-node0-watch", daemon=True).start()
+
+
+def _check_world() -> str | None:
+    """Why this group cannot run (every node must hold as many ranks: torchrun numbers a node's ranks after the
+    ranks of the nodes before it); None when it can. From torchrun's variables, before any collective."""
+    world, nodes, local = (int(os.environ.get(k, "0")) for k in ("WORLD_SIZE", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+    if nodes and local and world != nodes * local:
+        return (
+            f"the group's {nodes} nodes hold {world} ranks, this one {local}: give every `ragen group join` --nproc "
+            "equal to the run's trainer.nproc"
+        )
+    return None
 
 
 def _init(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
@@ -118,9 +160,8 @@ def _update(worker: _Worker, command: dict[str, Any]) -> dict[str, Any]:
     """The update, then the new weights into the shared buffer (every rank takes part: ZeRO-3 gathers them) and,
     when asked, a Hugging Face export. The reply carries the two times (``timing``) for the benchmarks."""
     started = time.perf_counter()
-    # RAGEN_FAULT=update:node@N on a joined node: the node dies mid-update (its launcher's group, then this rank)
-    if worker.joined and maybe_kill_helper("update", "node", os.getpgid(os.getppid()), int(command["iteration"])):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if worker.joined:
+        _node_fault(int(command["iteration"]))
     metrics = worker.updater.update(int(command["iteration"]))
     updated = time.perf_counter()
     if worker.hands_off:
@@ -202,12 +243,9 @@ def _serve(worker: _Worker, channel: _Channel | None, dist: Any) -> None:
 
 
 # What the collective backends raise when the other end of a connection is gone (gloo: "Read error [ADDR]:PORT:
-# Connection reset by peer", "Connection closed by peer [ADDR]:PORT", a broken pipe, a timeout; NCCL: the remote
-# process exited or a network error)
-_LOST = re.compile(
-    r"connection (?:reset|closed) by peer|broken pipe|socket timeout|timed out|remote process exited|network error",
-    re.IGNORECASE,
-)
+# Connection reset by peer", "Connection closed by peer [ADDR]:PORT", a broken pipe; NCCL: "a network error or a
+# remote process exiting prematurely"). A timeout is not one: a rank that is slow or stuck is another failure.
+_LOST = re.compile(r"connection (?:reset|closed) by peer|broken pipe|remote process exit|network error", re.IGNORECASE)
 _PEER = re.compile(r"\[([0-9A-Fa-f:.]+)\]:\d+")
 
 
@@ -234,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     elif os.environ.get("RANK") == "0":
         print("rank 0 runs on the run's own host (node 0): join other nodes with --node-rank >= 1", file=sys.stderr)
         return 2
+    else:
+        _watch_endpoint(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    mismatch = _check_world()
+    if mismatch:
+        print(f"error: {mismatch}", file=sys.stderr)
+        return 2
 
     import deepspeed
     import torch.distributed as dist
@@ -241,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if get_accelerator().device_name() == "cuda":
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    deepspeed.init_distributed()
+    # ranks wait for the next command inside a broadcast for as long as the rollouts between two updates take: the
+    # group's timeout must outlast them (DeepSpeed's default, 10 minutes, would end a group with longer rollouts); a
+    # dead rank is noticed by its connection's end, node 0's death by the watchers
+    deepspeed.init_distributed(timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     identity = [None] * world
     dist.all_gather_object(identity, (os.getpid(), socket.gethostname()))

@@ -21,6 +21,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -180,28 +181,32 @@ def test_gradient_norms_and_final_weights_match(runs):
 def _documented(port):
     """docs/cluster.md's commands for two nodes, as the test runs them on loopback: the blocks of "The update on
     several nodes" (the first: start and join; the second: resume and join again), node0 -> 127.0.0.1, its port ->
-    ``port``, ``<run id>`` -> the test's run. Returns {"train": args, "join": args, "resume": args} (no "ragen")."""
+    ``port``, ``<run id>`` -> the test's run. Returns {"train": args, "group": args, "resume": args} (no "ragen");
+    both blocks' join lines must be the same line."""
     section = CLUSTER.read_text().split("## The update on several nodes", 1)[1]
     blocks = [block.split("```", 1)[0] for block in section.split("```bash")[1:3]]
-    commands = {}
+    lines = []
     for block in blocks:
         block = block.replace("node0:29400", f"127.0.0.1:{port}").replace("<run id>", RUN)
-        for line in block.splitlines():
-            if line.startswith("ragen "):
-                commands[line.split()[1]] = shlex.split(line)[1:]
-    assert set(commands) == {"train", "group", "resume"}, commands
+        lines += [shlex.split(line)[1:] for line in block.splitlines() if line.startswith("ragen ")]
+    commands = {line[0]: line for line in lines}
+    assert len(lines) == 4 and set(commands) == {"train", "group", "resume"}, lines
+    assert [line for line in lines if line[0] == "group"] == [commands["group"]] * 2, lines
     return commands
 
 
-def _join(folder, port, fault=None):
-    """docs/cluster.md's `ragen group join` as the other host runs it: its own working folder, its own session (its
-    death kills its launcher's group, never the test)."""
+def _join(folder, port, fault=None, nproc=None):
+    """docs/cluster.md's `ragen group join` as the other host runs it (``nproc``: another --nproc than the run's):
+    its own working folder, its own session (never the test's)."""
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
     if fault:
         env["RAGEN_FAULT"] = fault
     folder.mkdir(exist_ok=True)
+    args = _documented(port)["group"]
+    if nproc is not None:
+        args[args.index("--nproc") + 1] = nproc
     log = open(folder / f"join-{port}.log", "w")  # noqa: SIM115 (closed by _finish)
-    command = [str(Path(sys.executable).with_name("ragen")), *_documented(port)["group"]]
+    command = [str(Path(sys.executable).with_name("ragen")), *args]
     process = subprocess.Popen(
         command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -235,8 +240,11 @@ def nodes(runs, tmp_path_factory, tiny_model_dir, prefect_server):
     killed_manifest = DataLake(two_nodes).read_manifest(RUN)
     killed_committed = DataLake(two_nodes).committed_iterations(RUN)
     port = free_port()  # a requeued job's node 0 may listen elsewhere: the endpoint is no part of the config
-    join = _join(node1, port)
+    joins = []  # node 0 first this time: node 1 joins once the resume has started
+    later = threading.Timer(5.0, lambda: joins.append(_join(node1, port)))
+    later.start()
     resumed = _ragen(_documented(port)["resume"], two_nodes, api_url)
+    later.join()
     return {
         "one_node": runs[1],
         "two_nodes": two_nodes,
@@ -245,7 +253,7 @@ def nodes(runs, tmp_path_factory, tiny_model_dir, prefect_server):
         "killed_manifest": killed_manifest,
         "killed_committed": killed_committed,
         "resumed": resumed,
-        "resumed_join": _finish(join),
+        "resumed_join": _finish(joins[0]),
     }
 
 
@@ -253,10 +261,13 @@ def test_a_node_killed_mid_update_stops_the_run_in_one_line(nodes):
     rc, output, _ = nodes["killed"]
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert rc == 2 and len(errors) == 1, output[-3000:]
-    assert "the update group lost a rank during 'update'" in errors[0] and "127.0.0.1" in errors[0]
-    assert "Traceback" not in output
-    join_rc, join_output = nodes["killed_join"]
-    assert join_rc == -signal.SIGKILL, join_output[-2000:]  # the node died whole: its `ragen group join` too
+    assert errors[0].startswith("error: the update group on 2 nodes ended: a rank's connection to 127.0.0.1 broke")
+    assert "Start `ragen group join` again on every other node" in errors[0] and "Traceback" not in output
+    join_rc, join_output = nodes["killed_join"]  # its launcher and its rank died: `ragen group join` says so
+    errors = [line for line in join_output.splitlines() if line.startswith("error:")]
+    assert join_rc == 2 and len(errors) == 1 and "Traceback" not in join_output, join_output[-2000:]
+    assert errors[0].startswith(f"error: node 1's ranks ended with exit code {-signal.SIGKILL}")
+    assert Path(errors[0].split("its log: ", 1)[1].split(". ", 1)[0]).is_file()  # kept, named
     manifest = nodes["killed_manifest"]
     assert manifest.status == "failed"
     assert nodes["killed_committed"] == [0, 1, 2]  # iteration 3's update never finished
@@ -271,6 +282,7 @@ def test_the_run_resumes_with_the_node_joining_again(nodes):
     assert rc == 0, output[-3000:]
     join_rc, join_output = nodes["resumed_join"]
     assert join_rc == 0 and "the run stopped its update group; node 1 is done" in join_output, join_output[-2000:]
+    assert "Traceback" not in join_output and "error" not in join_output  # the ranks' output is in its log
     manifest = DataLake(nodes["two_nodes"]).read_manifest(RUN)
     assert manifest.status == "completed"
     attempt = manifest.resumes[-1]
@@ -298,3 +310,19 @@ def test_final_weights_equal_one_node_with_two_ranks_bit_for_bit(nodes):
     ]
     grad = sorted(key for key in norms[0] if key[1].startswith("actor/grad_norm"))
     assert len(grad) == 8 and all(norms[0][key] == norms[1][key] for key in grad)  # the same ZeRO-2 reduction
+
+
+def test_a_node_with_other_ranks_than_the_run_is_refused_in_one_line(tmp_path, tiny_model_dir, prefect_server):
+    """Node 0 with 1 rank and a node joining with 2 would make 3 ranks, numbered after one another: every rank
+    refuses the group before any collective, and both commands say why in one line."""
+    port = free_port()
+    join = _join(tmp_path / "node1", port, nproc="2")  # the documented join with another --nproc than the run's
+    train = [*_documented(port)["train"], "--run-id", RUN, *_overrides(tiny_model_dir)]
+    (tmp_path / "root").mkdir()
+    rc, output, _ = _ragen(train, tmp_path / "root", prefect_server[0].api_url)
+    join_rc, join_output = _finish(join)
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in output, output[-3000:]
+    assert "did not come up at 127.0.0.1:" in errors[0] and "the group's 2 nodes hold 3 ranks, this one 1" in errors[0]
+    errors = [line for line in join_output.splitlines() if line.startswith("error:")]
+    assert join_rc == 2 and len(errors) == 1 and "the group's 2 nodes hold 3 ranks, this one 2" in errors[0]

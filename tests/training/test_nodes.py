@@ -1,9 +1,12 @@
-"""The update group across nodes, without starting one (tests/flows/test_multinode.py starts two on loopback): the
+"""The update group across nodes, without starting one (tests/flows/test_launcher.py starts two on loopback): the
 endpoint's form, the config's checks, the endpoint left out of the config hash and of a resume's changes, the two
-torchrun command lines (node 0's and a joining node's) and the reading of a lost connection."""
+torchrun command lines (node 0's and a joining node's), the reading of a lost connection, the ranks' check of the
+world size and a joined rank's watch on node 0's endpoint."""
 
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,8 +14,9 @@ import pytest
 from ragen_core.config import ConfigError, build_config
 from ragen_core.config.optimisation import rendezvous_address
 from ragen_core.run.decisions import config_changes
-from ragen_core.training.group import check_join, join_command, launch_command
-from ragen_core.training.worker import lost_peer
+from ragen_core.training.group import launch_command
+from ragen_core.training.nodes import check_join, join_command
+from ragen_core.training.worker import _check_world, lost_peer
 
 TWO_NODES = ["trainer.launcher=torchrun", "trainer.nnodes=2", "actor.zero_stage=2"]
 
@@ -31,7 +35,20 @@ def test_an_endpoint_is_host_and_port(endpoint, address):
 
 
 @pytest.mark.parametrize(
-    "endpoint", ["node0", ":29400", "node0:0", "node0:65536", "node0:-1", "-x:29400", "a b:1", "fd00::1:29400", "h:1a"]
+    "endpoint",
+    [
+        "node0",
+        ":29400",
+        "node0:0",
+        "node0:65536",
+        "node0:-1",
+        "-x:29400",
+        "a b:1",
+        "fd00::1:29400",
+        "h:1a",
+        "n:²",
+        "n:٣",
+    ],
 )
 def test_a_malformed_endpoint_is_refused_naming_the_form(endpoint):
     with pytest.raises(ValueError, match=r"is not HOST:PORT: .* e\.g\. node0\.cluster:29400"):
@@ -118,8 +135,11 @@ def test_a_lost_connection_is_told_from_any_other_failure():
     )
     assert lost_peer(gloo) == "10.1.2.3"
     assert lost_peer(RuntimeError("[pair.cc:598] Connection closed by peer [127.0.0.1]:40000")) == "127.0.0.1"
-    assert lost_peer(RuntimeError("NCCL error: remote process exited or there was a network error")) == "another rank"
+    nccl = "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely."
+    assert lost_peer(RuntimeError(nccl)) == "another rank"
     assert lost_peer(RuntimeError("Expected all tensors to be on the same device")) is None
+    # a timeout is no lost connection: a slow or stuck rank is another failure
+    assert lost_peer(RuntimeError("[gloo] Timed out waiting 600000ms for recv operation to complete")) is None
     assert lost_peer(ValueError("Connection reset by peer")) is None  # not what a collective raises
 
 
@@ -135,3 +155,47 @@ def test_a_worker_joined_as_rank_zero_stops_at_once(tmp_path):
         timeout=60,
     )
     assert done.returncode == 2 and "rank 0 runs on the run's own host" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("world", "nodes", "local", "refused"),
+    [
+        ("2", "2", "1", False),
+        ("8", "2", "4", False),
+        ("3", "2", "1", True),
+        ("3", "2", "2", True),
+        (None, None, None, False),
+    ],
+)
+def test_every_node_must_hold_as_many_ranks(monkeypatch, world, nodes, local, refused):
+    """torchrun numbers a node's ranks after those of the nodes before it: a joined node with another --nproc would
+    shift every rank (node 0 with 1 rank and a node with 2 make 3), so each rank refuses such a group."""
+    for name, value in (("WORLD_SIZE", world), ("GROUP_WORLD_SIZE", nodes), ("LOCAL_WORLD_SIZE", local)):
+        monkeypatch.delenv(name, raising=False) if value is None else monkeypatch.setenv(name, value)
+    why = _check_world()
+    assert (why is not None) == refused
+    if refused:
+        assert f"the group's 2 nodes hold {world} ranks, this one {local}" in why and "--nproc" in why
+
+
+def test_a_joined_rank_exits_when_node_zero_is_gone():
+    """The watch of a joined rank: while node 0's endpoint answers it stays; once it is gone (3 misses) it exits."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    program = (
+        "import time; from ragen_core.training.worker import _watch_endpoint\n"
+        f"_watch_endpoint('127.0.0.1', {port}, interval=0.2, misses=3)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", program], stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)
+        assert child.poll() is None  # the endpoint answers: the rank stays
+        listener.close()
+        started = time.monotonic()
+        assert child.wait(timeout=30) == 3
+        assert time.monotonic() - started < 10
+        assert f"node 0's endpoint 127.0.0.1:{port} is gone" in child.stderr.read()
+    finally:
+        child.kill()
+        listener.close()
