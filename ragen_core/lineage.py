@@ -50,6 +50,9 @@ PLUMBING = (
     "ragen_core/run/record.py",
     "ragen_core/run/chat.py",
     "ragen_core/stops.py",  # the record that the process was asked to stop
+    # another node's `ragen group join`: its arguments, signals and log (the ranks it starts run the counted
+    # training/worker.py, numbered by the counted training/group.py's torchrun command)
+    "ragen_core/training/nodes.py",
 )
 
 
