@@ -30,6 +30,7 @@ def test_a_join_that_cannot_be_is_one_line_and_starts_nothing(args, needle, monk
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
 
 
+@pytest.mark.process  # the `ragen` command line
 def test_the_ranks_per_node_are_never_assumed():
     """--nproc has no default: a node that joined with another count than the run's trainer.nproc would shift every
     rank (the ranks refuse such a group), so the command asks for it; the real command line's one line."""

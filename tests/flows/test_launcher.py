@@ -33,7 +33,7 @@ from ragen_core.storage import DataLake
 from ragen_core.training.distributed import free_port
 from ragen_core.training.group import process_alive
 
-pytestmark = pytest.mark.slow  # five CLI runs, four of them starting a 2-process group (about 3.5 minutes)
+pytestmark = pytest.mark.slow  # six CLI runs starting a 2-process group, one refused (about 4 minutes)
 RUN = "l"
 DISTRIBUTED = {
     "RANK",

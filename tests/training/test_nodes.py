@@ -143,6 +143,7 @@ def test_a_lost_connection_is_told_from_any_other_failure():
     assert lost_peer(ValueError("Connection reset by peer")) is None  # not what a collective raises
 
 
+@pytest.mark.process  # the worker program
 def test_a_worker_joined_as_rank_zero_stops_at_once(tmp_path):
     """A join whose node would hold rank 0 (never the case through `ragen group join`) exits before any import."""
     env = {"RANK": "0", "PATH": "/usr/bin:/bin"}
@@ -178,6 +179,7 @@ def test_every_node_must_hold_as_many_ranks(monkeypatch, world, nodes, local, re
         assert f"the group's 2 nodes hold {world} ranks, this one {local}" in why and "--nproc" in why
 
 
+@pytest.mark.process  # a rank's watch in a process of its own
 def test_a_joined_rank_exits_when_node_zero_is_gone():
     """The watch of a joined rank: while node 0's endpoint answers it stays; once it is gone (3 misses) it exits."""
     listener = socket.create_server(("127.0.0.1", 0))
