@@ -280,7 +280,7 @@ class UpdateGroup:
             server.close()
             control.unlink(missing_ok=True)
         group = cls(process, connection, log, hello, span)
-        if group.world_size != nnodes * nproc:  # the ranks check it too: a joined node's other --nproc
+        if nnodes > 1 and group.world_size != nnodes * nproc:  # the ranks check it too (a hostfile sets its own)
             group.stop()
             raise span.not_up(
                 log, f"{group.world_size} ranks joined, not trainer.nnodes x trainer.nproc = {nnodes * nproc}"
