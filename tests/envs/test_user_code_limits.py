@@ -26,7 +26,7 @@ import pytest
 from ragen_core import stops
 from ragen_core.config import ConfigError
 from ragen_core.config.loading import build_config
-from ragen_core.config.tree import LATER_KEYS
+from ragen_core.config.tree import LATER_KEYS, PLACEMENT_KEYS
 from ragen_core.envs import make_env
 from ragen_core.envs.external import UserCodeError, env_reset, env_step
 from ragen_core.envs.watchdog import Overran, Watchdog
@@ -363,7 +363,7 @@ def test_the_time_limit_is_a_config_key_out_of_the_hash_at_its_default():
     assert default.env.user_code_timeout_s == 300.0
     # the hash of the tree without the key (and the other later keys at their neutral values), as before it existed
     tree = default.to_dict()
-    for dotted in LATER_KEYS:
+    for dotted in (*LATER_KEYS, *PLACEMENT_KEYS):  # and where the processes meet, at any value
         section, name = dotted.split(".")
         del tree[section][name]
     payload = json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()
