@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from ragen_core.config.optimisation import rendezvous_address
 from ragen_core.training.group import end_launcher, group_environment, torchrun_command
 
 JOIN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_GRACE_S = 10.0  # how long a launcher has to stop after a passed-on signal before it is killed
 
 
 def check_join(endpoint: str, nnodes: int, node_rank: int, nproc: int) -> tuple[str, int]:
@@ -91,7 +93,7 @@ def run_node(endpoint: str, nnodes: int, node_rank: int, nproc: int) -> NodeEnd:
             )
             if received:  # a signal that came while it started
                 process.send_signal(received[0])
-            code = process.wait()
+            code = _wait(process, received)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -101,6 +103,21 @@ def run_node(endpoint: str, nnodes: int, node_rank: int, nproc: int) -> NodeEnd:
         shutil.rmtree(folder, ignore_errors=True)
         return NodeEnd(0, None, None)
     return NodeEnd(code, received[0] if received else None, log)
+
+
+def _wait(process: subprocess.Popen, received: list[int]) -> int:
+    """The launcher's exit code; once a signal was passed on, the launcher is killed if it has not exited within
+    :data:`STOP_GRACE_S` (torchrun waiting at the rendezvous is in a call that runs no signal handler until the wait
+    ends, 600 s later; its ranks, once started, it stops on the signal itself)."""
+    deadline = None
+    while True:
+        try:
+            return process.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if received and deadline is None:
+                deadline = time.monotonic() + STOP_GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                process.kill()
 
 
 def _die_with_parent() -> None:
