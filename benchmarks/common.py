@@ -233,3 +233,21 @@ def replace_marked_section(path: Path, begin: str, end: str, section: str) -> No
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+def shape_bench_main(doc: str, measure: Callable[[str, int, int], dict[str, Any]], threads_help: str) -> None:
+    """The command line of a side-by-side benchmark over one model shape (``--shape``, ``--repeats``, ``--threads``):
+    ``measure(shape, repeats, threads)``'s result printed as JSON."""
+    import argparse
+    import json
+
+    import torch
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--shape", default="20m", help="Model shape from benchmarks/models.py (tiny, 20m, 0.5b).")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help=threads_help)
+    args = parser.parse_args()
+    quiet_libraries("cpu")
+    torch.set_num_threads(args.threads)
+    print(json.dumps(measure(args.shape, args.repeats, args.threads), indent=1, default=str))

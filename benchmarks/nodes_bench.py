@@ -17,8 +17,6 @@ network: add its time (the gradient bytes over the link's bandwidth) to the two-
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import subprocess
@@ -30,7 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import interleave, spread
+from benchmarks.common import interleave, shape_bench_main, spread
 from benchmarks.group_bench import RolloutCopy
 
 
@@ -136,16 +134,11 @@ def summarise(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="20m", help="Model shape from benchmarks/models.py (tiny, 20m, 0.5b).")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of every rank.")
-    args = parser.parse_args()
-    from benchmarks.common import quiet_libraries
-
-    quiet_libraries("cpu")
-    torch.set_num_threads(args.threads)
-    print(json.dumps(measure(NodesCase(args.shape, args.repeats, args.threads)), indent=1, default=str))
+    shape_bench_main(
+        __doc__,
+        lambda shape, repeats, threads: measure(NodesCase(shape, repeats, threads)),
+        "torch threads of every rank.",
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_core.config.optimisation import rendezvous_address
-from ragen_core.training.group import end_launcher, group_environment, torchrun_command
+from ragen_core.training.group import _last_error, end_launcher, group_environment, torchrun_command
 
 JOIN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_GRACE_S = 10.0  # how long a launcher has to stop after a passed-on signal before it is killed
@@ -132,10 +132,14 @@ def _die_with_parent() -> None:
 
 
 def last_error(log: Path | None) -> str:
-    """The last line of a node's log that says what failed (a rank's ``error:`` line, else the last line)."""
+    """What a node's log says failed: a rank's ``error:`` line (the group's own reading of it), else the last line."""
+    if log is None:
+        return ""
+    reason = _last_error(log)
+    if reason:
+        return reason
     try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()] if log else []
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return ""
-    errors = [line.removeprefix("error:").strip() for line in lines if line.startswith("error:")]
-    return (errors or lines or [""])[-1]
+    return lines[-1] if lines else ""
