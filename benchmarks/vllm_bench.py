@@ -22,7 +22,8 @@ from benchmarks.rollout_bench import CASES, BareGenerate, _Recorder, spec_for
 from ragen_core.agent import ChatFormatter
 from ragen_core.rollout import run_rollouts
 from ragen_core.rollout.hf_backend import HFBackend
-from ragen_core.rollout.vllm_backend import VLLMBackend, VLLMServer, vllm_python
+from ragen_core.rollout.vllm_backend import VLLMBackend
+from ragen_core.rollout.vllm_local import VLLMServer, vllm_python
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ SHORT_HELP = {
     "config": "Show the config's keys: value, default and meaning.",
     "env": "Serve an environment over HTTP (OpenEnv's protocol) for runs to play with env.remote.",
     "group": "Join this host's ranks to a run's update group on several nodes (trainer.nnodes).",
+    "rollout": "Serve the policy with vLLM on another host for runs to sample from (rollout.vllm.servers).",
     "server": "A local Prefect server and worker for the deployments in prefect.yaml.",
     "upgrade-lake": "Bring a data root written by an older ragen-flows to the current layout.",
 }

@@ -192,7 +192,7 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
     from ragen_core.policy.loading import PolicyLoadError
     from ragen_core.rollout.sampler import SamplerError
     from ragen_core.rollout.sampling import PolicyVersionError
-    from ragen_core.rollout.vllm_backend import BackendUnavailable, VLLMServerError
+    from ragen_core.rollout.vllm_client import BackendUnavailable, VLLMServerError
     from ragen_core.storage import LakeError
     from ragen_core.training.checkpoint import CheckpointError
     from ragen_core.training.group import GroupNodeError

@@ -45,6 +45,7 @@ from ragen_cli.launch import (
 )
 from ragen_cli.reading import plot, sql, view
 from ragen_cli.reproduce import reproduce
+from ragen_cli.rollout import rollout_app
 from ragen_cli.runs import runs_app
 from ragen_cli.server import server_app
 from ragen_cli.summary import metrics_line, print_run_summary, print_sweep
@@ -63,6 +64,7 @@ app.add_typer(runs_app, name="runs", short_help=SHORT_HELP["runs"])
 app.add_typer(config_app, name="config", short_help=SHORT_HELP["config"])
 app.add_typer(env_app, name="env", short_help=SHORT_HELP["env"])
 app.add_typer(group_app, name="group", short_help=SHORT_HELP["group"])
+app.add_typer(rollout_app, name="rollout", short_help=SHORT_HELP["rollout"])
 app.command(short_help=SHORT_HELP["reproduce"])(reproduce)
 app.command(short_help=SHORT_HELP["export"])(export)
 app.command("upgrade-lake", short_help=SHORT_HELP["upgrade-lake"])(upgrade_lake)

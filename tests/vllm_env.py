@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ragen_core.rollout.vllm_backend import BackendUnavailable, vllm_python
+from ragen_core.rollout.vllm_local import BackendUnavailable, vllm_python
 
 REQUIRED = "RAGEN_REQUIRE_VLLM"  # set by CI: a missing vLLM environment fails these tests instead of skipping them
 

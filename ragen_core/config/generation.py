@@ -225,6 +225,9 @@ def server_url(text: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+MAX_SERVERS = 1024  # rollout servers (and shards) of one run
+
+
 class VLLMConfig(Section):
     """The vLLM rollout server (``rollout.backend: vllm``): started with the run from the vLLM environment
     (``make install-vllm``), weights pushed after every update and checked."""
@@ -272,6 +275,47 @@ class VLLMConfig(Section):
         description="After every weight push the server scores a probe sequence; the largest log-prob difference "
         "from the trainer's model must stay within this. None: 1e-4 in float32, 0.1 in bf16/fp16.",
     )
+    servers: list[str] = Field(
+        default_factory=lambda: ["local"],
+        min_length=1,
+        max_length=MAX_SERVERS,
+        description="The rollout servers: 'local', one the run starts (the settings above), and/or the URLs "
+        "(http://HOST:PORT) of servers started elsewhere with `ragen rollout serve` (docs/cluster.md; the token in "
+        "$RAGEN_ROLLOUT_TOKEN on both sides). Where the rollouts are sampled, never what: free to change on resume. "
+        "A stored config's host other than this machine's loopback is used only when named again.",
+        json_schema_extra=trusted_only("host"),
+    )
+    shards: PositiveInt = Field(
+        1,
+        le=MAX_SERVERS,
+        description="Parts each turn's requests are split into (group g in part g mod shards), each served as one "
+        "request, part k by server k mod (servers): at least the number of servers. A run's rows depend on shards, "
+        "never on how many servers serve them (one server with shards=2 stores the rows of two).",
+    )
+    on_server_loss: Literal["stop", "continue"] = Field(
+        "stop",
+        description="A server that dies or fails a request: 'stop' the iteration in one line naming it (`ragen "
+        "resume` continues bitwise once it is back, or on the other servers); 'continue' on the others, its parts "
+        "moved to them (not bitwise: a part moved mid-rollout recomputes the prefixes the lost server cached).",
+    )
+
+    @field_validator("servers")
+    @classmethod
+    def _server_entries(cls, value: list[str]) -> list[str]:
+        return [entry if entry == "local" else server_url(entry) for entry in value]
+
+    @model_validator(mode="after")
+    def _enough_shards(self) -> VLLMConfig:
+        if self.shards < len(self.servers):
+            raise ValueError(
+                f"rollout.vllm.shards={self.shards} keeps at most {self.shards} of the {len(self.servers)} servers "
+                f"busy: set rollout.vllm.shards to at least {len(self.servers)} (a multiple of the servers balances "
+                "them)"
+            )
+        remote = [entry for entry in self.servers if entry != "local"]
+        if len(set(remote)) != len(remote):
+            raise ValueError("rollout.vllm.servers names a server twice: list each URL once")
+        return self
 
 
 class RolloutConfig(Section):

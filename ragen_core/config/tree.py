@@ -114,10 +114,11 @@ LATER_KEYS: dict[str, Any] = {
     "actor.lora": None,  # full fine-tuning, as before
     "model.adapter": None,  # the start model alone, as before
     "trainer.nnodes": 1,  # the launched group on this host alone, as before
+    "rollout.vllm.shards": 1,  # each turn's requests as one, as before
 }
 # Keys that say where a run's processes meet, never what they compute: left out of the config hash and free to differ
 # on resume (a requeued job's node 0 may be another host).
-PLACEMENT_KEYS = ("trainer.rdzv_endpoint",)
+PLACEMENT_KEYS = ("trainer.rdzv_endpoint", "rollout.vllm.servers", "rollout.vllm.on_server_loss")
 
 
 def _check_mi(config: RunConfig) -> None:

@@ -192,7 +192,7 @@ def _roll_out(
         prompts = [_prompt(slot, turn, spec, formatter, encoded, prompter, tools) for slot in active]
         limits = (spec.max_actions_per_turn, spec.enable_think, formatter.reply_prefix, spec.tool_parser)
         contexts = [
-            TurnContext(ids, slot.env, slot.actions_left, *limits)
+            TurnContext(ids, slot.env, slot.actions_left, *limits, group=slot.record.group_id)
             for slot, (ids, _) in zip(active, prompts, strict=True)
         ]
         generations = backend.generate(contexts, derive_seed(seed, turn))

@@ -41,7 +41,10 @@ from ragen_core.policy.lora import adapter_settings, is_adapted
 from ragen_core.rollout.handoff import SharedWeights, WeightLayout
 from ragen_core.rollout.sampling import NewWeights, Sampling
 from ragen_core.rollout.types import Generation, TurnContext
-from ragen_core.rollout.vllm_backend import _fate, _last_line  # a dead sampler is told in a dead vLLM server's words
+from ragen_core.rollout.vllm_local import (  # a dead sampler is told in a dead vLLM server's words
+    last_line,
+    process_fate,
+)
 
 STARTUP_TIMEOUT_S = 300.0
 # The program the child runs: the run layer's name for an async run's sampler process (ps and the tests find it by
@@ -146,8 +149,8 @@ class SamplerProcess:
             status, answer = self.connection.recv()
         except (EOFError, OSError) as exc:  # its end of the socket closed: the child is gone
             raise SamplerError(
-                f"the sampler process (pid {self.process.pid}) {_fate(self.process)} during {kind!r} "
-                f"({exc or type(exc).__name__}); see its log {self.log}{_last_line(self.log)}"
+                f"the sampler process (pid {self.process.pid}) {process_fate(self.process)} during {kind!r} "
+                f"({exc or type(exc).__name__}); see its log {self.log}{last_line(self.log)}"
             ) from None
         if status == "error":
             raise SamplerError(f"the sampler process failed in {kind!r}: {answer}; see its log {self.log}")

@@ -16,6 +16,7 @@ backend.
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,8 +128,8 @@ class HFSampler:
 
 
 class VLLMSampler:
-    """The session's vLLM rollout server (:class:`~ragen_core.rollout.vllm_backend.VLLMServer`). For a LoRA policy
-    (``adapters``: the server's folder, where each version's adapter folder is written) the server keeps the base
+    """The session's vLLM rollout servers (a :class:`~ragen_core.rollout.vllm_backend.ServerPool`). For a LoRA policy
+    (``adapters``: the run's server folder, where each version's adapter folder is written) the servers keep the base
     model resident and the adapters of the last ``keep`` versions beside it; every request names the version the
     sampler holds."""
 
@@ -229,17 +230,22 @@ def hf_sampler(setup: RolloutSetup) -> Sampler:
 
 
 def check_vllm(config: RunConfig, data_root: Path) -> None:
-    """The vLLM environment is built (else :class:`~ragen_core.rollout.vllm_backend.BackendUnavailable`, how to)."""
-    from ragen_core.rollout.vllm_backend import vllm_python
+    """The vLLM environment is built when the run starts a server, and the rollout token is set when it uses servers
+    started elsewhere (else :class:`~ragen_core.rollout.vllm_client.BackendUnavailable`, how to)."""
+    from ragen_core.rollout.vllm_client import rollout_token
+    from ragen_core.rollout.vllm_local import vllm_python
 
-    vllm_python(config.rollout.vllm.python, data_root)
+    if "local" in config.rollout.vllm.servers:
+        vllm_python(config.rollout.vllm.python, data_root)
+    if any(entry != "local" for entry in config.rollout.vllm.servers):
+        rollout_token()
 
 
 @register_backend("vllm", check=check_vllm)
 def vllm_sampler(setup: RolloutSetup) -> Sampler:
-    """The run's vLLM rollout server, checked to compute what the rollout copy computes: the start model (with
-    ``model.adapter`` merged into it, a folder written for the server), and for a LoRA policy its start adapters,
-    loaded as version 0."""
+    """The run's vLLM rollout servers (``rollout.vllm.servers``), each checked to compute what the rollout copy
+    computes: the start model (with ``model.adapter`` merged into it, a folder written for the servers; pushed into
+    the servers started elsewhere), and for a LoRA policy its start adapters, loaded as version 0."""
     config, folder = setup.config, setup.lake.vllm_server_dir(setup.run_id)
     start = setup.model_dir
     if config.model.adapter is not None and config.actor.lora is None:  # the rollout copy holds the merged model
@@ -248,16 +254,21 @@ def vllm_sampler(setup: RolloutSetup) -> Sampler:
         start = served_start_dir(folder)
         shutil.rmtree(start, ignore_errors=True)
         save_policy(setup.model, setup.tokenizer, start)
-    server = start_vllm_server(config, folder, start, setup.precision, setup.lake.root, setup.versions)
+    pool = open_servers(config, folder, start, setup.precision, setup.lake.root, setup.versions)
     try:
         if config.actor.lora is None:
-            server.check_weights(setup.model)  # the server computes what the trainer's model computes
-            return VLLMSampler(server, setup.tokenizer)
-        sampler = VLLMSampler(server, setup.tokenizer, folder, keep=setup.versions)
+            from ragen_core.rollout.vllm_client import RemoteServer
+
+            for server in pool.servers:  # one started elsewhere holds whatever it was started on or last given
+                if isinstance(server, RemoteServer):
+                    server.load_weights(start)
+            pool.check_weights(setup.model)  # every server computes what the trainer's model computes
+            return VLLMSampler(pool, setup.tokenizer)
+        sampler = VLLMSampler(pool, setup.tokenizer, folder, keep=setup.versions)
         sampler.load(NewWeights(setup.model, version=0))  # the start adapters, checked as every version is
         return sampler
     except BaseException:
-        server.close()
+        pool.close()
         raise
 
 
@@ -267,7 +278,7 @@ def scripted_sampler(setup: RolloutSetup) -> Sampler:
     return ScriptedSampler(setup.config.rollout.scripted_policy, setup.tokenizer, scripted_options(setup.config))
 
 
-def start_vllm_server(
+def open_servers(
     config: RunConfig,
     folder: Path,
     model_dir: Path,
@@ -275,16 +286,78 @@ def start_vllm_server(
     data_root: Path | None = None,
     versions: int = 1,
 ) -> Any:
-    """The run's vLLM rollout server on ``model_dir`` (``rollout.vllm``; its log in ``folder``; no vLLM environment
-    found inside ``data_root`` is taken for the default one); a LoRA policy's ``versions`` resident at once."""
-    from ragen_core.rollout.vllm_backend import VLLMServer, served_lora_rank, vllm_python
+    """The run's rollout servers as one :class:`~ragen_core.rollout.vllm_backend.ServerPool`: each ``local`` entry
+    started on ``model_dir`` (all at once; logs in ``folder``), each URL connected to and checked to serve the run's
+    precision (and a LoRA policy's rank, ``versions`` resident at once)."""
+    from ragen_core.rollout.vllm_backend import ServerPool, served_lora_rank
+    from ragen_core.rollout.vllm_client import PRECISIONS, RemoteServer, rollout_token
+
+    settings, lora = config.rollout.vllm, config.actor.lora
+    entries = settings.servers
+    several = len(entries) > 1
+
+    def one(number: int, entry: str) -> Any:
+        name = f"the vLLM server {number + 1} of {len(entries)}" if several else "the vLLM server"
+        if entry == "local":
+            log = "server.log" if number == 0 else f"server-{number + 1}.log"
+            return start_vllm_server(config, folder, model_dir, precision, data_root, versions, name, log)
+        tolerance = settings.check_tolerance or (1e-4 if precision == "fp32" else 0.1)
+        return RemoteServer.connect(
+            entry,
+            rollout_token(),
+            f"{name} at {entry}" if several else f"the vLLM server at {entry}",
+            dtype=PRECISIONS[precision],
+            lora_rank=served_lora_rank(lora.rank) if lora is not None else None,
+            loras=versions,
+            tolerance=tolerance,
+        )
+
+    servers: list[Any] = [None] * len(entries)
+    errors: list[BaseException] = []
+
+    def open_one(number: int) -> None:
+        try:
+            servers[number] = one(number, entries[number])
+        except BaseException as exc:  # noqa: BLE001 - raised below, once every start has ended
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one, args=(n,), daemon=True) for n in range(1, len(entries))]
+    for thread in threads:
+        thread.start()
+    open_one(0)
+    for thread in threads:
+        thread.join()
+    if errors:
+        for server in servers:
+            if server is not None:
+                server.close()
+        raise errors[0]
+    return ServerPool(servers, settings.shards, settings.on_server_loss)
+
+
+def start_vllm_server(
+    config: RunConfig,
+    folder: Path,
+    model_dir: Path,
+    precision: str,
+    data_root: Path | None = None,
+    versions: int = 1,
+    name: str = "the vLLM server",
+    log_name: str = "server.log",
+) -> Any:
+    """A vLLM rollout server the run starts on ``model_dir`` (``rollout.vllm``; its log ``folder/log_name``; no vLLM
+    environment found inside ``data_root`` is taken for the default one); a LoRA policy's ``versions`` resident at
+    once."""
+    from ragen_core.rollout.vllm_backend import served_lora_rank
+    from ragen_core.rollout.vllm_client import PRECISIONS
+    from ragen_core.rollout.vllm_local import VLLMServer, vllm_python
 
     settings, lora = config.rollout.vllm, config.actor.lora
     return VLLMServer.start(
         vllm_python(settings.python, data_root),
         model_dir,
         folder,
-        dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision],
+        dtype=PRECISIONS[precision],
         seed=config.seed,
         enforce_eager=settings.enforce_eager,
         prefix_caching=settings.prefix_caching,
@@ -296,4 +369,6 @@ def start_vllm_server(
         check_tolerance=settings.check_tolerance,
         max_lora_rank=served_lora_rank(lora.rank) if lora is not None else None,
         max_loras=versions,  # the versions a run's batches may be sampled by at once
+        name=name,
+        log_name=log_name,
     )

@@ -31,6 +31,7 @@ class TurnContext:
     enable_think: bool
     reply_prefix: str = ""  # what the prompt ended with: the reply (as parsed) is this plus the generated text
     tool_parser: str = "hermes"  # a tool env: the format its calls are written in (rollout.tool_parser)
+    group: int = 0  # the trajectory's group (a sharded backend serves a group's requests together)
 
 
 @dataclass

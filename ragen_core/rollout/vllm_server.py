@@ -1,21 +1,28 @@
 """The vLLM rollout server: a small HTTP program run by the vLLM environment's Python (``make install-vllm``).
 
 Never imported by the trainer (its environment has no vLLM, and vLLM's pins clash with Prefect's): the trainer starts
-this file as a program (:class:`ragen_core.rollout.vllm_backend.VLLMServer`) and talks JSON to it over 127.0.0.1.
-It imports only the standard library and vLLM, so it runs from any checkout or installed copy of this package.
+this file as a program (:class:`ragen_core.rollout.vllm_local.VLLMServer`) and talks JSON to it over 127.0.0.1, or
+``ragen rollout serve`` runs it on another host (``--host``, ``--port``) for runs to use
+(:class:`ragen_core.rollout.vllm_client.RemoteServer`). It imports only the standard library and vLLM, so it runs
+from any checkout or installed copy of this package.
 
 Endpoints (``POST`` bodies and answers are JSON; every ``POST`` must carry ``Authorization: Bearer <token>``, the
-token the trainer passed in ``RAGEN_VLLM_TOKEN``, so no other local process can drive or stop the server):
+token given in ``RAGEN_VLLM_TOKEN``, so no other process can drive or stop the server):
 
-- ``GET /health``: ``{"state": "loading" | "ready" | "failed", "pid", "token_digest", "error"}``; the trainer checks
-  the pid and the digest of its token, so a server someone else runs on the port is never taken for its own.
+- ``GET /health``: ``{"state": "loading" | "ready" | "failed", "pid", "token_digest", "error", "dtype",
+  "max_lora_rank", "max_loras", "weights"}``; the trainer checks the digest of its token (and, for a server it
+  started, the pid), so a server someone else runs on the port is never taken for its own, and the settings a run
+  needs.
 - ``POST /generate``: ``{"prompts": [[token ids]], "sampling": [{"temperature", "top_p", "top_k", "max_tokens",
-  "seed", "stop_token_ids"}]}`` -> ``{"outputs": [{"token_ids", "logprobs"}]}``: one sampled completion per prompt,
+  "seed", "stop_token_ids"}], "weights": tag, "salt": text}`` -> ``{"outputs": [{"token_ids", "logprobs"}]}``: one
+  sampled completion per prompt by the weights tagged ``tag`` (answered 409 when the server holds others: it was
+  restarted, or another client pushed since), its prefixes cached apart from requests of another ``salt``,
   the sampler's log-prob of each sampled token (``logprobs_mode="processed_logprobs"``: after temperature and
   top-k/top-p, as the trainer records them).
 - ``POST /score``: ``{"sequences": [[token ids]]}`` -> ``{"logprobs": [[...]]}``: the model's log-prob of every token
   after the first (temperature 1), to check the server scores with the trainer's weights.
-- ``POST /load_weights``: ``{"path": folder}``: reload the policy in place from a Hugging Face export.
+- ``POST /load_weights``: ``{"path": folder, "tag": tag}``: reload the policy in place from a Hugging Face export;
+  later requests name ``tag``.
 - ``POST /load_adapter``: ``{"path": folder, "version": n, "keep": k}`` (a server started with ``--max-lora-rank``):
   load a LoRA policy's adapters of version ``n`` from their PEFT folder beside the resident base model, and unload
   the versions older than ``n - k + 1``; ``/generate`` and ``/score`` then name the version they sample or score with
@@ -25,7 +32,8 @@ token the trainer passed in ``RAGEN_VLLM_TOKEN``, so no other local process can 
 
 The engine runs in this one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), in a process group of its own; a watchdog
 ends the group when the trainer that started it is gone (killed, crashed: the pipe only the trainer holds open
-reaches end-of-file), so no server outlives its run.
+reaches end-of-file), so no server outlives its run. Started by ``ragen rollout serve`` (no lifeline), it runs until
+SIGINT/SIGTERM or ``/shutdown``.
 
 Two defects of vLLM 0.32's CPU path are worked around here: the tied output head keeps its old pre-packed weights
 after an in-place reload (it is re-packed after every reload), and a seeded request whose prefill is split over
@@ -40,6 +48,7 @@ import hmac
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -50,11 +59,17 @@ from typing import Any
 MAX_BODY_BYTES = 512 * 1024 * 1024  # a batch of prompts as JSON; far above any rollout's
 
 
+class WeightsConflict(Exception):
+    """A request names weights the server no longer holds (answered 409)."""
+
+
 class _State:
     """What the handlers share: the engine (once loaded), its lock and the server's status."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, settings: dict[str, Any] | None = None) -> None:
         self.token = token
+        self.settings = settings or {}  # what /health reports of how the engine serves (dtype, LoRA)
+        self.weights = f"start-{os.urandom(8).hex()}"  # the tag of the weights held: a restart holds another
         self.llm: Any = None
         self.state = "loading"
         self.error = ""
@@ -85,9 +100,17 @@ def generate(body: dict[str, Any]) -> dict[str, Any]:
     import vllm
 
     prompts, specs = body["prompts"], body["sampling"]
+    if body.get("weights") is not None and body["weights"] != STATE.weights:
+        raise WeightsConflict(
+            "this server holds other weights than the client pushed last (it was restarted, or another run pushed its "
+            "own): `ragen resume` pushes the run's weights again"
+        )
     if len(prompts) != len(specs):
         raise ValueError(f"{len(prompts)} prompts but {len(specs)} sampling settings")
     requests = [{"prompt_token_ids": [int(token) for token in prompt]} for prompt in prompts]
+    if body.get("salt"):
+        for request in requests:
+            request["cache_salt"] = str(body["salt"])
     params = [_sampling_params(vllm, spec) for spec in specs]
     outputs = STATE.llm.generate(requests, params, use_tqdm=False, lora_request=_adapter(body))
     answers = []
@@ -169,6 +192,7 @@ def load_weights(body: dict[str, Any]) -> dict[str, Any]:
     STATE.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(body["path"])})
     STATE.llm.collective_rpc(_repack_output_head)
     STATE.llm.reset_prefix_cache()
+    STATE.weights = str(body.get("tag") or f"unnamed-{os.urandom(8).hex()}")
     return {"seconds": time.perf_counter() - started}
 
 
@@ -208,7 +232,8 @@ class Handler(BaseHTTPRequestHandler):
             self._answer(404, {"error": f"no such endpoint: {self.path}"})
             return
         digest = hashlib.sha256(STATE.token.encode()).hexdigest()
-        self._answer(200, {"state": STATE.state, "pid": os.getpid(), "token_digest": digest, "error": STATE.error})
+        health = {"state": STATE.state, "pid": os.getpid(), "token_digest": digest, "error": STATE.error}
+        self._answer(200, {**health, **STATE.settings, "weights": STATE.weights})
 
     def do_POST(self) -> None:  # noqa: N802 - the base class's name
         if not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {STATE.token}"):
@@ -240,6 +265,9 @@ class Handler(BaseHTTPRequestHandler):
         try:
             with STATE.lock:
                 answer = route(body)
+        except WeightsConflict as exc:
+            self._answer(409, {"error": str(exc)})
+            return
         except Exception as exc:  # the trainer gets the error; the log gets the traceback
             traceback.print_exc()
             sys.stdout.flush()
@@ -249,11 +277,13 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _end_group(code: int) -> None:
-    """Exit at once with everything this server started (its process group)."""
+    """Exit at once with everything this server started: its process group when it leads one (started by a trainer,
+    or by a shell as a job of its own), else itself alone (a batch script's group is the script's)."""
     sys.stdout.flush()
     _save_coverage()
     try:
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        if os.getpgid(0) == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
     finally:
         os._exit(code)
 
@@ -315,10 +345,15 @@ def _build_engine(args: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="RAGEN-Flows' vLLM rollout server (started by the trainer)")
+    parser = argparse.ArgumentParser(
+        description="RAGEN-Flows' vLLM rollout server (a trainer or `ragen rollout serve`)"
+    )
     parser.add_argument("--model", required=True)
-    parser.add_argument("--ready-file", required=True, help="where to write the port and pid once listening")
-    parser.add_argument("--lifeline-fd", type=int, required=True, help="a pipe's read end; end-of-file: stop")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: one the OS picks)")
+    parser.add_argument("--listen-fd", type=int, default=None, help="a listening socket to serve (instead of binding)")
+    parser.add_argument("--ready-file", default=None, help="where to write the port and pid once listening")
+    parser.add_argument("--lifeline-fd", type=int, default=None, help="a pipe's read end; end-of-file: stop")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -332,22 +367,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     global STATE
-    STATE = _State(os.environ.pop("RAGEN_VLLM_TOKEN", ""))
+    served = {"dtype": args.dtype, "max_lora_rank": args.max_lora_rank, "max_loras": args.max_loras}
+    STATE = _State(os.environ.pop("RAGEN_VLLM_TOKEN", ""), served)
     if not STATE.token:
-        print("vllm server: RAGEN_VLLM_TOKEN is not set (the trainer starts this program)", file=sys.stderr)
+        print(
+            "vllm server: RAGEN_VLLM_TOKEN is not set (a trainer or `ragen rollout serve` starts it)", file=sys.stderr
+        )
         return 2
-    threading.Thread(target=_watch_trainer, args=(args.lifeline_fd,), daemon=True).start()
+    if args.lifeline_fd is not None:
+        threading.Thread(target=_watch_trainer, args=(args.lifeline_fd,), daemon=True).start()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: STATE.stop.set())
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer((args.host, args.port), Handler, bind_and_activate=args.listen_fd is None)
+    if args.listen_fd is not None:  # bound by `ragen rollout serve`, which checked the address first
+        server.socket.close()
+        server.socket = socket.socket(fileno=args.listen_fd)
+        server.server_address = server.socket.getsockname()
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    temporary = f"{args.ready_file}.{os.getpid()}.tmp"
-    with open(temporary, "w") as handle:
-        json.dump({"port": server.server_address[1], "pid": os.getpid()}, handle)
-    os.replace(temporary, args.ready_file)
-    print(f"vllm server: listening on 127.0.0.1:{server.server_address[1]}, loading {args.model}", flush=True)
+    if args.ready_file is not None:
+        temporary = f"{args.ready_file}.{os.getpid()}.tmp"
+        with open(temporary, "w") as handle:
+            json.dump({"port": server.server_address[1], "pid": os.getpid()}, handle)
+        os.replace(temporary, args.ready_file)
+    print(f"vllm server: listening on {args.host}:{server.server_address[1]}, loading {args.model}", flush=True)
 
     try:
         STATE.llm = _build_engine(args)

@@ -150,7 +150,7 @@ def _one_line_refusal(result, *expected: str) -> str:
 def test_every_key_that_names_a_program_or_an_outside_folder_is_declared():
     """The audit, as data: these are the keys of the config that name a program, a launcher, hosts or a folder."""
     assert [k.key for k in trusted_keys(RunConfig)] == PLANTED_KEYS
-    from ragen_core.rollout.vllm_backend import VLLM_ENV_VARIABLE
+    from ragen_core.rollout.vllm_local import VLLM_ENV_VARIABLE
 
     assert {k.key: k.env for k in trusted_keys(RunConfig)}["rollout.vllm.python"] == VLLM_ENV_VARIABLE
 

@@ -18,7 +18,8 @@ import torch
 from ragen_core.agent import ChatFormatter
 from ragen_core.policy import load_policy
 from ragen_core.rollout import RolloutSpec, run_rollouts
-from ragen_core.rollout.vllm_backend import VLLMBackend, VLLMServer
+from ragen_core.rollout.vllm_backend import VLLMBackend
+from ragen_core.rollout.vllm_local import VLLMServer
 from ragen_core.training import collate, token_logprobs
 from tests.vllm_env import require_vllm_python, server_processes
 

@@ -10,7 +10,7 @@ import pytest
 
 from ragen_core.agent import ChatFormatter
 from ragen_core.rollout import RolloutSpec, run_rollouts
-from ragen_core.rollout.vllm_backend import _fate
+from ragen_core.rollout.vllm_local import process_fate as _fate
 
 
 def _process(code: str) -> subprocess.Popen:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ragen_core.rollout.vllm_backend import VLLM_ENV_FOLDER, BackendUnavailable, vllm_python
+from ragen_core.rollout.vllm_local import VLLM_ENV_FOLDER, BackendUnavailable, vllm_python
 
 
 def _planted(root: Path) -> Path:

@@ -21,15 +21,9 @@ from ragen_core.agent import ChatFormatter
 from ragen_core.policy import load_policy
 from ragen_core.rollout import RolloutSpec, run_rollouts
 from ragen_core.rollout.hf_backend import stop_token_ids
-from ragen_core.rollout.vllm_backend import (
-    BackendUnavailable,
-    VLLMBackend,
-    VLLMServer,
-    VLLMServerError,
-    generations_from_outputs,
-    reference_logprobs,
-    vllm_python,
-)
+from ragen_core.rollout.vllm_backend import VLLMBackend, generations_from_outputs, reference_logprobs
+from ragen_core.rollout.vllm_client import BackendUnavailable, VLLMServerError
+from ragen_core.rollout.vllm_local import VLLMServer, vllm_python
 from tests.vllm_env import require_vllm_python, server_processes
 
 pytestmark = pytest.mark.vllm
@@ -223,7 +217,7 @@ def test_the_server_dies_with_a_killed_trainer_even_behind_a_wrapper(python, tin
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from ragen_core.rollout.vllm_backend import VLLMServer
+        from ragen_core.rollout.vllm_local import VLLMServer
         server = VLLMServer.start(Path({str(wrapper)!r}), Path({str(tiny_model_dir)!r}), Path({str(tmp_path)!r}),
                                   enforce_eager=True)
         print(server.score([[1, 2, 3]])[0][0], flush=True)
