@@ -75,7 +75,9 @@ def run_flow(
     futures). The flow itself runs each iteration as a group of tasks of ``train`` with the state ``quote``-d.
     """
     import flows.train as train_module
+    import ragen_core.run.overlap as overlap_module
     import ragen_core.run.procedures as procedure_module
+    import ragen_core.run.stages as stages_module
     import ragen_core.storage.lake as lake_module
     import tasks.iteration as task_module
     from flows.ui import watching
@@ -86,7 +88,7 @@ def run_flow(
     rows: list[dict[str, Any]] = []
     sampler = RssSampler()
     original_iteration = procedure_module.run_iteration
-    tables = {table: timed_steps(clock, getattr(procedure_module, table)) for table in TABLES}
+    tables = {table: timed_steps(clock, getattr(stages_module, table)) for table in TABLES}
     previous_design = None
     if variant:
         from prefect import flow
@@ -119,7 +121,16 @@ def run_flow(
         rows.append(row)
         return metrics
 
-    patches = [patched(procedure_module, table, steps) for table, steps in tables.items()]
+    original_iterations = procedure_module.run_iterations
+
+    def timed_iterations(session: Any, first: int, *rest: Any) -> int:  # the iterations of the timed table
+        return original_iterations(session, first, *rest, table=tables["ITERATION"])
+
+    patches = [
+        patched(procedure_module, "FINAL_VALIDATION", tables["FINAL_VALIDATION"]),
+        patched(procedure_module, "run_iterations", timed_iterations),
+        patched(overlap_module, "run_iteration", timed_iteration),
+    ]
     patches.append(
         patched(lake_module, "atomic_write_parquet", parquet.wrap("parquet", lake_module.atomic_write_parquet))
     )

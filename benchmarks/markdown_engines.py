@@ -100,6 +100,40 @@ def nodes_section(section: dict[str, Any] | None) -> list[str]:
     return lines + [""]
 
 
+def servers_section(section: dict[str, Any] | None) -> list[str]:
+    """Rollouts on two vLLM servers against one, and the weight push to both (benchmarks/servers_bench.py)."""
+    lines = ["### Two rollout servers", ""]
+    if not section:
+        return lines + ["Not run.", ""]
+    lines += [
+        f"Machine: {machine_line(section)}.",
+        "",
+        "The same rollouts through a pool of one vLLM server and of two (both `rollout.vllm.shards=2`: each turn in "
+        "the same two parts, so both sample the same tokens and log-probs: `same`), interleaved; groups per second. "
+        "Both servers share this machine's cores: the ratio is what a part per server costs or saves with no more "
+        "hardware (across hosts each server brings its own). Push: a demo run on one server and on two, each weight "
+        "push's seconds and share of its iteration.",
+        "",
+        "| model (parameters) | case | one server groups/s | two servers groups/s | two / one | same |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in section["cases"]:
+        parameters = section["parameters"][case["shape"]]
+        lines.append(
+            f"| {case['shape']} ({parameters / 1e6:.1f}M) | {case['case']} ({case['groups']}x{case['group_size']}, "
+            f"{case['turns']} turns) | {fmt_spread(case['one_groups_per_s'])} | {fmt_spread(case['two_groups_per_s'])}"
+            f" | {fmt_spread(case['two_over_one'])} | {'yes' if case['same_rollouts'] else 'NO'} |"
+        )
+    lines += ["", "| servers | push s | push share of its iteration | iterations |", "|---|---|---|---|"]
+    for side, push in section["push"].items():
+        if push["push_share"]:
+            lines.append(
+                f"| {side} | {fmt_spread(push['push_seconds'])} | {fmt_spread(push['push_share'], 1, True)} "
+                f"| {push['iterations']} |"
+            )
+    return lines + [""]
+
+
 def vllm_summary(section: dict[str, Any] | None, flat: dict[str, Any]) -> list[str]:
     if not section:
         return []

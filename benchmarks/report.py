@@ -46,6 +46,7 @@ def flatten(details: dict[str, Any]) -> dict[str, Any]:
     _flatten_lake(details.get("lake"), flat)
     _flatten_gpu(details.get("gpu"), flat)
     _flatten_vllm(details.get("vllm"), flat)
+    _flatten_servers(details.get("servers"), flat)
     _flatten_async(details.get("async"), flat)
     _flatten_view(details.get("view"), flat)
     _flatten_host(details.get("host"), flat)
@@ -169,6 +170,25 @@ def _flatten_vllm(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:
         flat["weight_push_share"] = push["push_share"]["median"]
         flat["vllm.weight_push_s"] = push["push_seconds"]["median"]
         flat["vllm.iteration_wall_s"] = push["iteration_wall_s"]["median"]
+
+
+def _flatten_servers(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    """Per case: two servers' groups per second over one server's (``servers_rollout_ratio``: the largest model's
+    multi-turn case) and whether both sampled the same rollouts; per side: a push's seconds and share."""
+    if not section:
+        return
+    for case in section["cases"]:
+        prefix = f"servers_rollout_ratio.{case['shape']}.{case['case']}"
+        flat[prefix] = case["two_over_one"]["median"]
+        flat[f"{prefix}.min"], flat[f"{prefix}.max"] = case["two_over_one"]["min"], case["two_over_one"]["max"]
+        flat[f"{prefix}.same_rollouts"] = case["same_rollouts"]
+    if section["cases"]:
+        largest = max(section["cases"], key=lambda c: (section["parameters"][c["shape"]], c["turns"]))
+        flat["servers_rollout_ratio"] = largest["two_over_one"]["median"]
+    for side, push in section["push"].items():
+        if push["push_share"]:
+            flat[f"servers_push_share.{side}"] = push["push_share"]["median"]
+            flat[f"servers_push_s.{side}"] = push["push_seconds"]["median"]
 
 
 def _flatten_flow(flow: dict[str, Any] | None, flat: dict[str, Any]) -> None:

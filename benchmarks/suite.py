@@ -46,6 +46,7 @@ class Sizes:
     repeats_override: int | None = None  # --repeats: every ratio
     group_shapes: tuple[tuple[str, int], ...] = ()  # (shape, repeats): launched group vs in-process update
     nodes_shapes: tuple[tuple[str, int], ...] = ()  # (shape, repeats): the group on two nodes vs one node of two ranks
+    servers_cases: tuple[tuple[str, str, int, int, int], ...] = ()  # (shape, case, groups, group_size, repeats)
     # (shape, env, groups, group_size, max_turns, max_new_tokens, iterations, pairs, the async side's
     # actor.reuse_behavior_logprobs): async vs sync
     async_cases: tuple[tuple[str, str, int, int, int, int, int, int, str], ...] = ()
@@ -84,6 +85,7 @@ FULL = Sizes(
     vllm_push_overrides=("trainer.iterations=8", "eval.every=4", "eval.instances=64"),
     group_shapes=(("20m", 3),),  # ~3 x 3 updates of ~10-20 s on 2 cores
     nodes_shapes=(("20m", 3),),  # two groups of two ranks, ~2 x 4 updates
+    servers_cases=(("tiny", "sokoban", 4, 8, 3), ("20m", "sokoban", 4, 8, 3)),  # two vLLM servers vs one
     # multi-turn, ~3 min per run on 2 cores: first the target's case at equal work (the async side takes the stored
     # log-probs as PPO's old ones, as the sync side does), then the async side re-scoring its batch (its default:
     # one more forward per update, what the decoupled correction needs too)
@@ -109,6 +111,7 @@ QUICK = Sizes(
     vllm_push_overrides=("trainer.iterations=3", "eval.every=3", "eval.instances=16"),
     group_shapes=(("tiny", 3),),
     nodes_shapes=(("tiny", 3),),
+    servers_cases=(("tiny", "bandit", 2, 8, 3),),
     async_cases=(("tiny", "sokoban", 2, 4, 3, 16, 4, 3, "always"),),
     view_trajectories=10_000,
     view_iterations=5,
@@ -118,7 +121,21 @@ QUICK = Sizes(
     lora_cases=(("tiny", 1, 2),),
 )
 GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
-SECTIONS = ("flow", "peer", "rollout", "update", "group", "nodes", "lora", "async", "host", "lake", "view", "vllm")
+SECTIONS = (
+    "flow",
+    "peer",
+    "rollout",
+    "update",
+    "group",
+    "nodes",
+    "lora",
+    "async",
+    "host",
+    "lake",
+    "view",
+    "vllm",
+    "servers",
+)
 
 
 def _stamp(device: str) -> dict[str, Any]:
@@ -301,6 +318,20 @@ def run_vllm_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, A
     cases = [
         VLLMCase(shape, case, groups, size, sizes.repeats_override or repeats)
         for shape, case, groups, size, repeats in sizes.vllm_cases
+    ]
+    result = run(cases, data_root, (*sizes.common_overrides, *sizes.vllm_push_overrides), threads)
+    return {**_stamp("cpu"), "threads": threads, **result, "seconds": time.perf_counter() - started}
+
+
+def run_servers_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str, Any]:
+    """Issue 70, item 6: rollouts on two vLLM servers against one at equal work (groups per second, the same rows),
+    and a weight push to two servers against one (its share of the iteration); needs `make install-vllm`."""
+    from benchmarks.servers_bench import ServersCase, run
+
+    started = time.perf_counter()
+    cases = [
+        ServersCase(shape, case, groups, size, sizes.repeats_override or repeats)
+        for shape, case, groups, size, repeats in sizes.servers_cases
     ]
     result = run(cases, data_root, (*sizes.common_overrides, *sizes.vllm_push_overrides), threads)
     return {**_stamp("cpu"), "threads": threads, **result, "seconds": time.perf_counter() - started}

@@ -75,6 +75,10 @@ def _loopback_server(value: Any, default: Any, root: Path) -> bool:
     return value is None or value == default or loopback_host(str(value))
 
 
+def _own_servers(value: Any, default: Any, root: Path) -> bool:
+    return all(entry == "local" or loopback_host(str(entry)) for entry in value or ())
+
+
 def local_store_path(uri: str) -> str | None:
     """The file or folder a tracking URI names on this machine (a plain path, ``file:``, ``sqlite:///``), or None
     for a URI that names a host or a service (``http(s)://``, ``databricks``, ``postgresql://``, ...)."""
@@ -122,6 +126,7 @@ KINDS: dict[str, TrustKind] = {
     "tracker": TrustKind("a tracking server or a store outside the data root", _local_tracking_store),
     "account": TrustKind("an account or project of a tracking service to log metrics under", _at_default),
     "host": TrustKind("a host other than this machine's loopback to connect to", _loopback_server),
+    "servers": TrustKind("rollout servers beyond this machine's loopback to send the run's token to", _own_servers),
 }
 
 

@@ -232,20 +232,23 @@ def hf_sampler(setup: RolloutSetup) -> Sampler:
 def check_vllm(config: RunConfig, data_root: Path) -> None:
     """The vLLM environment is built when the run starts a server, and the rollout token is set when it uses servers
     started elsewhere (else :class:`~ragen_core.rollout.vllm_client.BackendUnavailable`, how to)."""
-    from ragen_core.rollout.vllm_client import rollout_token
+    from ragen_core.rollout.vllm_client import RemoteServer, rollout_token
     from ragen_core.rollout.vllm_local import vllm_python
 
     if "local" in config.rollout.vllm.servers:
         vllm_python(config.rollout.vllm.python, data_root)
-    if any(entry != "local" for entry in config.rollout.vllm.servers):
-        rollout_token()
+    remote = [entry for entry in config.rollout.vllm.servers if entry != "local"]
+    token = rollout_token() if remote else ""
+    for entry in remote:  # each answers and knows the token (its settings are checked when the run connects)
+        RemoteServer(entry, token, f"the vLLM server at {entry}").known_health()
 
 
 @register_backend("vllm", check=check_vllm)
 def vllm_sampler(setup: RolloutSetup) -> Sampler:
     """The run's vLLM rollout servers (``rollout.vllm.servers``), each checked to compute what the rollout copy
     computes: the start model (with ``model.adapter`` merged into it, a folder written for the servers; pushed into
-    the servers started elsewhere), and for a LoRA policy its start adapters, loaded as version 0."""
+    the servers started elsewhere), and for a LoRA policy its start adapters, loaded as version 0 (a server started
+    elsewhere must have been started on the policy's base model: the check after the load says so otherwise)."""
     config, folder = setup.config, setup.lake.vllm_server_dir(setup.run_id)
     start = setup.model_dir
     if config.model.adapter is not None and config.actor.lora is None:  # the rollout copy holds the merged model
@@ -256,9 +259,9 @@ def vllm_sampler(setup: RolloutSetup) -> Sampler:
         save_policy(setup.model, setup.tokenizer, start)
     pool = open_servers(config, folder, start, setup.precision, setup.lake.root, setup.versions)
     try:
-        if config.actor.lora is None:
-            from ragen_core.rollout.vllm_client import RemoteServer
+        from ragen_core.rollout.vllm_client import RemoteServer
 
+        if config.actor.lora is None:  # (a LoRA policy's base is the model a server was started on: checked below)
             for server in pool.servers:  # one started elsewhere holds whatever it was started on or last given
                 if isinstance(server, RemoteServer):
                     server.load_weights(start)
@@ -310,6 +313,7 @@ def open_servers(
             lora_rank=served_lora_rank(lora.rank) if lora is not None else None,
             loras=versions,
             tolerance=tolerance,
+            timeout=settings.startup_timeout,  # a server its host started with the run may still be loading
         )
 
     servers: list[Any] = [None] * len(entries)

@@ -85,6 +85,7 @@ class ServerPool:
         if shards < len(servers):
             raise ValueError(f"{shards} shard(s) keep at most {shards} of {len(servers)} servers busy")
         self.servers, self.shards, self.on_loss = list(servers), shards, on_loss
+        self._listed_last = servers[-1]  # the server the tests' fault point kills
         self.push_seconds: list[float] = []  # time of each push to every server (reload + check, all at once)
 
     def generate(
@@ -191,8 +192,11 @@ class ServerPool:
         return max(value for value in found if value is not None)
 
     def helper_group(self) -> int | None:
-        """The process group the tests' fault point kills: the last server's, when it runs on this machine."""
-        return getattr(self.servers[-1], "helper_group", lambda: None)()
+        """The process group the tests' fault point kills: the last server listed, while it serves and runs on this
+        machine (once dropped, nothing)."""
+        if self._listed_last not in self.servers:
+            return None
+        return getattr(self._listed_last, "helper_group", lambda: None)()
 
     def close(self) -> None:
         """Stop the servers this run started (idempotent); those started elsewhere keep running."""

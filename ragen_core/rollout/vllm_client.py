@@ -216,15 +216,7 @@ class RemoteServer(ServerClient):
         server = cls(url, token, name, tolerance)
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                health = server.health()
-            except VLLMServerError as exc:
-                raise BackendUnavailable(f"{exc}: start it there (docs/cluster.md)") from None
-            if not server._ours(health):
-                raise BackendUnavailable(
-                    f"{name} does not know this run's {ROLLOUT_TOKEN_VARIABLE}: start `ragen rollout serve` with the "
-                    "same value in its environment"
-                )
+            health = server.known_health()
             if health.get("state") == "ready":
                 break
             if health.get("state") == "failed" or time.monotonic() > deadline:
@@ -233,6 +225,20 @@ class RemoteServer(ServerClient):
         server._check_settings(health, dtype, lora_rank, loras)
         server.weights, server.pid = health.get("weights"), health.get("pid")
         return server
+
+    def known_health(self) -> dict[str, Any]:
+        """The server's ``/health``, once it answers and knows the run's token; else :class:`BackendUnavailable`
+        (asked before a run loads anything, and when it connects)."""
+        try:
+            health = self.health()
+        except VLLMServerError as exc:
+            raise BackendUnavailable(str(exc)) from None
+        if not self._ours(health):
+            raise BackendUnavailable(
+                f"{self.name} does not know this run's {ROLLOUT_TOKEN_VARIABLE}: start `ragen rollout serve` there "
+                "with the same value in its environment"
+            )
+        return health
 
     def _check_settings(self, health: dict[str, Any], dtype: str, lora_rank: int | None, loras: int) -> None:
         wrong = []

@@ -277,15 +277,33 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _end_group(code: int) -> None:
-    """Exit at once with everything this server started: its process group when it leads one (started by a trainer,
-    or by a shell as a job of its own), else itself alone (a batch script's group is the script's)."""
+    """Exit at once with ``code`` and everything this server started: the rest of its process group when it leads
+    one (started by a trainer, or by a shell as a job of its own), SIGKILLed; nothing else when it does not (a batch
+    script's group is the script's)."""
     sys.stdout.flush()
     _save_coverage()
     try:
         if os.getpgid(0) == os.getpid():
-            os.killpg(os.getpid(), signal.SIGKILL)
+            for pid in _group_members(os.getpid()):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
     finally:
         os._exit(code)
+
+
+def _group_members(group: int) -> list[int]:
+    """The other processes of process group ``group`` (from /proc: vLLM's servers run on Linux)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if os.getpgid(int(entry)) == group:
+                    members.append(int(entry))
+            except OSError:
+                continue
+    return members
 
 
 def _save_coverage() -> None:
@@ -344,7 +362,7 @@ def _build_engine(args: argparse.Namespace) -> Any:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="RAGEN-Flows' vLLM rollout server (a trainer or `ragen rollout serve`)"
     )
@@ -364,8 +382,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix-caching", action="store_true")
     parser.add_argument("--max-lora-rank", type=int, default=None, help="serve LoRA adapters up to this rank")
     parser.add_argument("--max-loras", type=int, default=1, help="adapter versions resident at once")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _listen(args: argparse.Namespace) -> ThreadingHTTPServer:
+    """The HTTP server, serving in a thread: on the socket ``ragen rollout serve`` bound (it checked the address
+    first), else bound here; its port written to the ready file of a trainer that waits for it."""
+    server = ThreadingHTTPServer((args.host, args.port), Handler, bind_and_activate=args.listen_fd is None)
+    if args.listen_fd is not None:
+        server.socket.close()
+        server.socket = socket.socket(fileno=args.listen_fd)
+        server.server_address = server.socket.getsockname()
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    if args.ready_file is not None:
+        temporary = f"{args.ready_file}.{os.getpid()}.tmp"
+        with open(temporary, "w") as handle:
+            json.dump({"port": server.server_address[1], "pid": os.getpid()}, handle)
+        os.replace(temporary, args.ready_file)
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     global STATE
     served = {"dtype": args.dtype, "max_lora_rank": args.max_lora_rank, "max_loras": args.max_loras}
     STATE = _State(os.environ.pop("RAGEN_VLLM_TOKEN", ""), served)
@@ -378,19 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_watch_trainer, args=(args.lifeline_fd,), daemon=True).start()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: STATE.stop.set())
-
-    server = ThreadingHTTPServer((args.host, args.port), Handler, bind_and_activate=args.listen_fd is None)
-    if args.listen_fd is not None:  # bound by `ragen rollout serve`, which checked the address first
-        server.socket.close()
-        server.socket = socket.socket(fileno=args.listen_fd)
-        server.server_address = server.socket.getsockname()
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    if args.ready_file is not None:
-        temporary = f"{args.ready_file}.{os.getpid()}.tmp"
-        with open(temporary, "w") as handle:
-            json.dump({"port": server.server_address[1], "pid": os.getpid()}, handle)
-        os.replace(temporary, args.ready_file)
+    server = _listen(args)
     print(f"vllm server: listening on {args.host}:{server.server_address[1]}, loading {args.model}", flush=True)
 
     try:

@@ -41,6 +41,7 @@ PLANTED_KEYS = [
     "env.remote",
     "env.mcp",
     "rollout.vllm.python",
+    "rollout.vllm.servers",
     "trainer.launcher",
     "trainer.rdzv_endpoint",
     "trainer.hostfile",
@@ -98,6 +99,11 @@ def world(whole_bandit_run, tiny_model_dir, tmp_path, monkeypatch):
         "env.remote": {"env.remote": "http://evil.example:8000"},  # a host beyond this machine's loopback
         "env.mcp": {"env.mcp": {"command": [str(evil)], "env": {}, "pass_env": [], "cwd": None}},  # a program to start
         "rollout.vllm.python": {"rollout.backend": "vllm", "rollout.vllm.python": str(evil)},
+        "rollout.vllm.servers": {  # a rollout server on another host: the run would send it its token
+            "rollout.backend": "vllm",
+            "rollout.vllm.servers": ["local", "http://evil.example:8000"],
+            "rollout.vllm.shards": 2,
+        },
         "trainer.launcher": {"trainer.launcher": "torchrun"},
         "trainer.hostfile": {"trainer.launcher": "deepspeed", "trainer.hostfile": str(hosts), "actor.zero_stage": 1},
         "trainer.rdzv_endpoint": {  # where the update group's nodes meet: another host's port

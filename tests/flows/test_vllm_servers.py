@@ -1,0 +1,269 @@
+"""Several vLLM rollout servers (issue 70): the run's own server and one started as another host starts it, by
+docs/cluster.md's `ragen rollout serve` (its own session and working folder, on loopback), through the real command
+and the whole iteration flow on multi-turn FrozenLake.
+
+- A run on two servers stores exactly the rows (and ends on exactly the weights) of the same run on one server with
+  the same ``rollout.vllm.shards``; the other host's server received the run's weights and outlives the run.
+- The other host's server SIGKILLed in the middle of iteration 2's rollouts stops the run in one line naming it, with
+  nothing of the iteration stored; started again, ``ragen resume`` ends bitwise like the run that never stopped, and
+  so does a resume on the run's own server alone.
+- ``rollout.vllm.on_server_loss=continue``: the run goes on without the lost server, saying so once.
+
+Skipped without the vLLM environment (`make install-vllm`); CI sets ``RAGEN_REQUIRE_VLLM=1`` and builds it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ragen_core.storage import DataLake
+from tests.flows.test_resume import RUN, _ragen, _rows
+from tests.vllm_env import require_vllm_python
+
+pytestmark = [pytest.mark.vllm, pytest.mark.process]
+CLUSTER = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
+TOKEN = "test-rollout-token-0123456789"
+TABLES = ["trajectories", "turns", "metrics", "evaluations"]
+KILLED = "rollout:server_killed@2"  # the last server listed (the other host's) SIGKILLed at iteration 2's first turn
+
+
+def _documented() -> tuple[list[str], list[str]]:
+    """docs/cluster.md's two commands of "Rollout servers on other hosts": (``rollout serve`` args, ``train`` args),
+    without "ragen" (the test fills in the model, the port and 127.0.0.1)."""
+    section = CLUSTER.read_text().split("## Rollout servers on other hosts", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    lines = [shlex.split(line)[1:] for line in block.splitlines() if line.startswith("ragen ")]
+    assert [line[0] for line in lines] == ["rollout", "train"], lines
+    return lines[0], lines[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class OtherHost:
+    """docs/cluster.md's `ragen rollout serve` as another host runs it: its own session and working folder."""
+
+    def __init__(self, folder: Path, model_dir: Path, port: int) -> None:
+        self.folder, self.model_dir, self.port = folder, model_dir, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> OtherHost:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        args, _ = _documented()
+        args = [str(self.model_dir) if a == "/shared/models/Qwen2.5-0.5B-Instruct" else a for a in args]
+        args = ["127.0.0.1" if a == "0.0.0.0" else str(self.port) if a == "8000" else a for a in args]
+        env = {**os.environ, "RAGEN_ROLLOUT_TOKEN": TOKEN}
+        log = open(self.folder / "serve.log", "ab")  # noqa: SIM115 - the server's, kept open while it runs
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("ragen")), *args, "--enforce-eager"],
+            cwd=self.folder,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 300
+        while self.health().get("state") != "ready":
+            assert self.process.poll() is None, (self.folder / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the rollout server was not ready in 300 s"
+            time.sleep(0.5)
+        return self
+
+    def health(self) -> dict:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as answer:
+                return json.loads(answer.read())
+        except OSError:
+            return {}
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rollout_token():
+    """The run's side of the shared token (every `ragen` command of this module inherits it)."""
+    before = os.environ.get("RAGEN_ROLLOUT_TOKEN")
+    os.environ["RAGEN_ROLLOUT_TOKEN"] = TOKEN
+    yield
+    if before is None:
+        os.environ.pop("RAGEN_ROLLOUT_TOKEN", None)
+    else:
+        os.environ["RAGEN_ROLLOUT_TOKEN"] = before
+
+
+@pytest.fixture(scope="module")
+def api_url(prefect_server) -> str:
+    return prefect_server[0].api_url
+
+
+def _train(model_dir: Path, servers: str, *extra: str) -> list[str]:
+    """docs/cluster.md's train line, small: the test's model, run id and servers, 3 iterations of 4-turn episodes."""
+    _, documented = _documented()
+    args = [a for a in documented if not a.startswith(("model.path=", "rollout.vllm.servers=", "--run-id"))]
+    args = [a for a in args if a != "lake-2x"]
+    return [
+        *args,
+        "--run-id",
+        RUN,
+        f"model.path={model_dir}",
+        f"rollout.vllm.servers={servers}",
+        "rollout.vllm.enforce_eager=true",
+        "seed=3",
+        "env.max_turns=4",
+        "rollout.env_groups=4",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "actor.mini_batch_size=8",
+        "actor.micro_batch_size=8",
+        "trainer.iterations=3",
+        "trainer.num_threads=1",
+        "trainer.checkpoint_every=1",
+        "eval.every=3",
+        "eval.instances=2",
+        "bootstrap.enabled=false",
+        "monitor.truncated_share=null",
+        *extra,
+    ]
+
+
+def _weights(root: Path) -> dict:
+    return load_file(root / "runs" / RUN / "checkpoints" / "iteration=3" / "hf" / "model.safetensors")
+
+
+def _same_as(expected: Path, root: Path) -> None:
+    """Every table's rows (but wall-clock columns) and the final weights of ``root``'s run equal ``expected``'s."""
+    for table in TABLES:
+        wanted, found = _rows(expected, table), _rows(root, table)
+        assert found == wanted and len(found) == len(set(found)) > 0, table
+    before, after = _weights(expected), _weights(root)
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert DataLake(root).read_manifest(RUN).status == "completed"
+
+
+@pytest.fixture(scope="module")
+def one_server(tmp_path_factory, tiny_model_dir, api_url) -> Path:
+    """The run on its own server alone, two shards: its data root."""
+    require_vllm_python()
+    root = tmp_path_factory.mktemp("one-server")
+    rc, output = _ragen(_train(tiny_model_dir, "[local]"), root, None, api_url)
+    assert rc == 0, output[-3000:]
+    return root
+
+
+@pytest.fixture(scope="module")
+def other_host(tmp_path_factory, tiny_model_dir):
+    require_vllm_python()
+    host = OtherHost(tmp_path_factory.mktemp("other-host"), tiny_model_dir, _free_port()).start()
+    yield host
+    host.stop()
+
+
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory, tiny_model_dir, api_url, other_host):
+    """The same run on its own server and the other host's: (data root, the other server's health before, after)."""
+    root = tmp_path_factory.mktemp("two-servers")
+    before = other_host.health()
+    rc, output = _ragen(_train(tiny_model_dir, f"[local,{other_host.url}]"), root, None, api_url)
+    assert rc == 0, output[-3000:]
+    return root, before, other_host.health()
+
+
+def test_two_servers_store_the_rows_and_weights_of_one(one_server, two_servers):
+    root, _, _ = two_servers
+    _same_as(one_server, root)
+    served = [r for r in DataLake(root).read_table("turns", RUN).to_pylist() if r["turn_index"] == 3]
+    assert served, "no trajectory reached its fourth turn: the prefixes cached per part went untested"
+
+
+def test_the_other_hosts_server_took_the_runs_weights_and_outlives_the_run(two_servers, other_host):
+    _, before, after = two_servers
+    assert before["state"] == after["state"] == "ready" and other_host.process.poll() is None
+    assert before["pid"] == after["pid"]  # the same server: the run stopped nothing of another host's
+    assert after["weights"] != before["weights"] and not after["weights"].startswith("start-")  # pushed to
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, tiny_model_dir, api_url, other_host):
+    """The two-server run whose other-host server is SIGKILLed at iteration 2's first turn; then that server started
+    again (same port) and the run resumed, and a copy of the stopped run resumed on the
+    run's own server alone: (what the failed command printed and left, the resume's output, its root, the copy's)."""
+    root = tmp_path_factory.mktemp("server-killed")
+    servers = f"[local,{other_host.url}]"
+    rc, output = _ragen(_train(tiny_model_dir, servers), root, KILLED, api_url)
+    lake = DataLake(root)
+    failed = {
+        "rc": rc,
+        "output": output,
+        "manifest": lake.read_manifest(RUN),
+        "committed": lake.committed_iterations(RUN),
+        "iterations": {t: sorted({r["iteration"] for r in lake.read_table(t, RUN).to_pylist()}) for t in TABLES},
+    }
+    fewer = tmp_path_factory.mktemp("fewer-servers") / "root"
+    shutil.copytree(root, fewer)
+    other_host.start()  # its host starts it again
+    resumed = _ragen(["resume", RUN], root, None, api_url)  # the stored servers: this machine's loopback
+    on_one = _ragen(["resume", RUN, "rollout.vllm.servers=[local]"], fewer, None, api_url)
+    return failed, resumed, root, on_one, fewer
+
+
+def test_a_lost_server_stops_the_run_in_one_line_naming_it(killed, other_host):
+    failed = killed[0]
+    errors = [line for line in failed["output"].splitlines() if line.startswith("error:")]
+    assert failed["rc"] == 2 and len(errors) == 1 and "Traceback" not in failed["output"], failed["output"][-3000:]
+    assert errors[0].startswith(f"error: the vLLM server 2 of 2 at {other_host.url} did not answer on /generate ("), (
+        errors[0]
+    )
+    assert errors[0].endswith("is `ragen rollout serve` still running there?"), errors[0]
+    assert failed["manifest"].status == "failed" and failed["manifest"].failed_iteration == 2
+    assert failed["committed"] == [0, 1]
+    assert failed["iterations"]["trajectories"] == [0, 1]  # nothing of iteration 2
+
+
+def test_the_resume_with_the_server_back_ends_bitwise_like_the_run_that_never_stopped(one_server, killed):
+    _, (rc, output), root, _, _ = killed
+    assert rc == 0 and "resumed at iteration 2" in output, output[-3000:]
+    _same_as(one_server, root)
+
+
+def test_a_resume_on_fewer_servers_ends_bitwise_too(one_server, killed):
+    _, _, _, (rc, output), fewer = killed
+    assert rc == 0 and "resumed at iteration 2" in output, output[-3000:]
+    _same_as(one_server, fewer)
+
+
+def test_on_server_loss_continue_goes_on_without_the_lost_server(tmp_path, tiny_model_dir, api_url, other_host):
+    if other_host.process.poll() is not None:  # the kill above took it: its host starts it again
+        other_host.start()
+    extra = "rollout.vllm.on_server_loss=continue"
+    rc, output = _ragen(_train(tiny_model_dir, f"[local,{other_host.url}]", extra), tmp_path, KILLED, api_url)
+    assert rc == 0, output[-3000:]
+    warnings = [line for line in output.splitlines() if line.startswith("warning: the vLLM server 2 of 2")]
+    assert len(warnings) == 1 and "continuing on the other 1 server(s)" in warnings[0], output[-3000:]
+    lake = DataLake(tmp_path)
+    assert lake.committed_iterations(RUN) == [0, 1, 2, 3]
+    assert lake.read_manifest(RUN).status == "completed"

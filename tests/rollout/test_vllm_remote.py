@@ -1,0 +1,135 @@
+"""A rollout server started elsewhere (`ragen rollout serve`, run as another host runs it: tests/flows/
+test_vllm_servers.py's OtherHost), against the client a run connects with: a server that does not know the run's
+token, serves another precision or too small a LoRA rank is refused in one line saying what to change; one that was
+restarted after the run pushed its weights refuses the run's next request instead of sampling with its start weights;
+and the pool routes part k of each turn to server k mod (servers), each part one request with its own cache salt,
+the answers back in prompt order."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragen_core.rollout.vllm_backend import ServerPool
+from ragen_core.rollout.vllm_client import BackendUnavailable, RemoteServer, VLLMServerError
+from tests.flows.test_vllm_servers import TOKEN, OtherHost, _free_port
+from tests.vllm_env import require_vllm_python
+
+
+@pytest.fixture(scope="module")
+def other_host(tmp_path_factory, tiny_model_dir):
+    require_vllm_python()
+    host = OtherHost(tmp_path_factory.mktemp("other-host"), tiny_model_dir, _free_port()).start()
+    yield host
+    host.stop()
+
+
+def _connect(host: OtherHost, token: str = TOKEN, **settings) -> RemoteServer:
+    settings = {"dtype": "float32", **settings}
+    return RemoteServer.connect(host.url, token, f"the vLLM server at {host.url}", **settings)
+
+
+@pytest.mark.vllm
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("token", "settings", "said"),
+    [
+        ("another-token-0123456789", {}, "does not know this run's RAGEN_ROLLOUT_TOKEN"),
+        (TOKEN, {"dtype": "bfloat16"}, "serves float32, the run trains in bfloat16: start it with --dtype bfloat16"),
+        (TOKEN, {"lora_rank": 8}, "it serves adapters up to rank 0: start it with --max-lora-rank 8"),
+    ],
+)
+def test_a_server_that_cannot_serve_the_run_is_refused_saying_what_to_change(other_host, token, settings, said):
+    with pytest.raises(BackendUnavailable) as caught:
+        _connect(other_host, token, **settings)
+    message = str(caught.value)
+    assert message.startswith(f"the vLLM server at {other_host.url}") and said in message and "\n" not in message
+    assert TOKEN not in message and "another-token" not in message  # no token in an error
+
+
+@pytest.mark.vllm
+@pytest.mark.process
+def test_no_server_at_the_url_is_one_line(tiny_model_dir):
+    url = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(BackendUnavailable) as caught:
+        RemoteServer.connect(url, TOKEN, f"the vLLM server at {url}", dtype="float32")
+    assert str(caught.value).startswith(f"the vLLM server at {url} did not answer on /health (")
+
+
+@pytest.mark.vllm
+@pytest.mark.process
+def test_a_restarted_server_refuses_the_runs_next_request(other_host, tiny_model_dir, tiny_policy):
+    model, _ = tiny_policy
+    server = _connect(other_host)
+    server.load_weights(tiny_model_dir, reference=model)  # the run's push: a tag of its own
+    sampling = [{"temperature": 1.0, "max_tokens": 4, "seed": 1, "stop_token_ids": []}]
+    assert len(server.generate([[1, 2, 3]], sampling)[0]["token_ids"]) == 4
+    other_host.stop()
+    other_host.start()  # its host starts it again: on its start weights
+    with pytest.raises(VLLMServerError) as caught:
+        server.generate([[1, 2, 3]], sampling)
+    assert str(caught.value) == (
+        f"the vLLM server at {other_host.url} answered 409 to /generate: this server holds other weights than the "
+        "client pushed last (it was restarted, or another run pushed its own): `ragen resume` pushes the run's "
+        "weights again"
+    )
+
+
+class Recorder:
+    """Stands for a server in the pool's routing: records each request and answers with the prompt's first id; with
+    ``fail``, fails every request as a dead server does."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.requests, self.fail, self.closed = [], fail, False
+
+    def generate(self, prompts, sampling, adapter=None, salt=None):
+        self.requests.append(([p[0] for p in prompts], [s["seed"] for s in sampling], adapter, salt))
+        if self.fail:
+            raise VLLMServerError("the vLLM server 2 of 2 at http://127.0.0.1:9 did not answer on /generate (refused)")
+        return [{"token_ids": [p[0]], "logprobs": [0.0]} for p in prompts]
+
+    def close(self):
+        self.closed = True
+
+
+GROUPS = [0, 0, 1, 1, 2, 2, 3, 4]  # group g in part g mod 3: part 0 holds prompts 0, 1, 6; part 1 2, 3, 7; part 2 4, 5
+
+
+def _turn(pool):
+    prompts = [[100 + i] for i in range(len(GROUPS))]
+    sampling = [{"seed": 10 + i} for i in range(len(GROUPS))]
+    outputs = pool.generate(prompts, sampling, 7, GROUPS)
+    assert [o["token_ids"][0] for o in outputs] == [100 + i for i in range(len(GROUPS))]  # in prompt order
+
+
+def test_part_k_of_a_turn_goes_to_server_k_mod_servers_with_its_own_salt():
+    a, b = Recorder(), Recorder()
+    _turn(ServerPool([a, b], shards=3))
+    assert a.requests == [([100, 101, 106], [10, 11, 16], 7, "shard-0"), ([104, 105], [14, 15], 7, "shard-2")]
+    assert b.requests == [([102, 103, 107], [12, 13, 17], 7, "shard-1")]  # seeds stay with their prompts
+
+
+def test_one_part_is_the_whole_turn_in_one_request_without_a_salt():
+    one = Recorder()
+    _turn(ServerPool([one]))
+    assert one.requests == [(list(range(100, 108)), list(range(10, 18)), 7, None)]
+
+
+def test_a_lost_server_stops_the_turn_unless_the_run_continues_without_it(capsys):
+    a, b = Recorder(), Recorder(fail=True)
+    with pytest.raises(VLLMServerError, match="did not answer on /generate"):
+        _turn(ServerPool([a, b], shards=3))
+    a, b = Recorder(), Recorder(fail=True)
+    pool = ServerPool([a, b], shards=3, on_loss="continue")
+    _turn(pool)  # every prompt answered, in order
+    assert pool.servers == [a] and b.closed
+    # b failed part 1; a, now the only server, serves it (parts 0 and 2 it had served already are not sent again)
+    assert [request[3] for request in a.requests] == ["shard-0", "shard-2", "shard-1"]
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert warning == [
+        "warning: the vLLM server 2 of 2 at http://127.0.0.1:9 did not answer on /generate (refused); continuing on "
+        "the other 1 server(s) (rollout.vllm.on_server_loss=continue: this run's rows may differ from a run that "
+        "kept it)"
+    ]
+    alone = ServerPool([Recorder(fail=True)], on_loss="continue")
+    with pytest.raises(VLLMServerError):  # no other server to continue on
+        _turn(alone)
