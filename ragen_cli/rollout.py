@@ -74,6 +74,8 @@ def rollout_serve(
     ]
     if any(problems):
         fail("; ".join(problem for problem in problems if problem))
+    if python is not None and not (python.is_file() and os.access(python, os.X_OK)):
+        fail(f"--python {shown(str(python))} is not an executable Python (the vLLM environment's: make install-vllm)")
     try:
         token = rollout_token()
         program = vllm_python(str(python) if python is not None else None)

@@ -282,7 +282,7 @@ class VLLMConfig(Section):
         description="The rollout servers: 'local', one the run starts (the settings above), and/or the URLs "
         "(http://HOST:PORT) of servers started elsewhere with `ragen rollout serve` (docs/cluster.md; the token in "
         "$RAGEN_ROLLOUT_TOKEN on both sides). Where the rollouts are sampled, never what: free to change on resume. "
-        "A stored config's servers on other hosts are used only when named again (the run sends them its token).",
+        "A stored config's URLs are used only when named again (the run sends them its token).",
         json_schema_extra=trusted_only("servers"),
     )
     shards: PositiveInt = Field(

@@ -76,7 +76,7 @@ def _loopback_server(value: Any, default: Any, root: Path) -> bool:
 
 
 def _own_servers(value: Any, default: Any, root: Path) -> bool:
-    return all(entry == "local" or loopback_host(str(entry)) for entry in value or ())
+    return all(entry == "local" for entry in value or ())  # a loopback port may be another user's: not harmless
 
 
 def local_store_path(uri: str) -> str | None:
@@ -126,7 +126,7 @@ KINDS: dict[str, TrustKind] = {
     "tracker": TrustKind("a tracking server or a store outside the data root", _local_tracking_store),
     "account": TrustKind("an account or project of a tracking service to log metrics under", _at_default),
     "host": TrustKind("a host other than this machine's loopback to connect to", _loopback_server),
-    "servers": TrustKind("rollout servers beyond this machine's loopback to send the run's token to", _own_servers),
+    "servers": TrustKind("rollout servers other than the run's own to send its token to", _own_servers),
 }
 
 

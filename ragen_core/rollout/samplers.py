@@ -317,26 +317,45 @@ def open_servers(
         )
 
     servers: list[Any] = [None] * len(entries)
-    errors: list[BaseException] = []
+    errors: list[Exception] = []
 
     def open_one(number: int) -> None:
         try:
             servers[number] = one(number, entries[number])
-        except BaseException as exc:  # noqa: BLE001 - raised below, once every start has ended
+        except Exception as exc:  # noqa: BLE001 - raised below, once every start has ended
             errors.append(exc)
 
     threads = [threading.Thread(target=open_one, args=(n,), daemon=True) for n in range(1, len(entries))]
-    for thread in threads:
-        thread.start()
-    open_one(0)
-    for thread in threads:
-        thread.join()
-    if errors:
+    try:
+        for thread in threads:
+            thread.start()
+        open_one(0)
+        for thread in threads:
+            thread.join()
+        if not errors:
+            return ServerPool(_distinct(servers, entries), settings.shards, settings.on_server_loss)
+        raise errors[0]
+    except BaseException:  # a failed start, or Ctrl-C at once (a server still starting ends with this process)
         for server in servers:
             if server is not None:
                 server.close()
-        raise errors[0]
-    return ServerPool(servers, settings.shards, settings.on_server_loss)
+        raise
+
+
+def _distinct(servers: list[Any], entries: list[str]) -> list[Any]:
+    """``servers``, once no two entries reached the same server (each holds a random tag of its own; a URL spelt
+    two ways would see its weights pushed twice and refuse every request); else BackendUnavailable."""
+    from ragen_core.rollout.vllm_client import BackendUnavailable
+
+    seen: dict[str, str] = {}
+    for server, entry in zip(servers, entries, strict=True):
+        if server.weights is not None and server.weights in seen:
+            raise BackendUnavailable(
+                f"rollout.vllm.servers lists one server twice ({seen[server.weights]} and {entry} answer as the same "
+                "server): list it once"
+            )
+        seen[server.weights] = entry
+    return servers
 
 
 def start_vllm_server(

@@ -86,6 +86,7 @@ class ServerPool:
             raise ValueError(f"{shards} shard(s) keep at most {shards} of {len(servers)} servers busy")
         self.servers, self.shards, self.on_loss = list(servers), shards, on_loss
         self._listed_last = servers[-1]  # the server the tests' fault point kills
+        self._dropping = threading.Lock()  # two lanes of an async run may see one server fail at once
         self.push_seconds: list[float] = []  # time of each push to every server (reload + check, all at once)
 
     def generate(
@@ -136,9 +137,18 @@ class ServerPool:
         for thread in threads:
             thread.join()
         for server, error in zip(servers, errors, strict=True):
-            if error is None:
-                continue
-            if not isinstance(error, VLLMServerError) or self.on_loss != "continue" or len(self.servers) == 1:
+            if error is not None:
+                self._drop(server, error)
+        return results
+
+    def _drop(self, server: ServerClient, error: BaseException) -> None:
+        """Drop ``server`` for ``error`` under ``on_loss=continue`` when it is lost (gone, restarted) and others
+        remain; else raise ``error`` (a request the server refused is no lost server)."""
+        lost = isinstance(error, VLLMServerError) and error.lost
+        with self._dropping:
+            if server not in self.servers:  # the other lane dropped it already
+                return
+            if not lost or self.on_loss != "continue" or len(self.servers) == 1:
                 raise error
             self.servers.remove(server)
             server.close()
@@ -148,7 +158,6 @@ class ServerPool:
                 file=sys.stderr,
                 flush=True,
             )
-        return results
 
     def reset_prefix_cache(self) -> None:
         """Every server forgets its cached prefixes."""

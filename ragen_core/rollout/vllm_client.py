@@ -33,10 +33,20 @@ from typing import Any
 
 ROLLOUT_TOKEN_VARIABLE = "RAGEN_ROLLOUT_TOKEN"  # the secret a run and the servers started elsewhere share
 MIN_TOKEN_LENGTH = 16
+UNLOADED = "unloaded"  # the tag a client names while a push it made has not completed: no server holds it
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # the run's precision -> vLLM's dtype
 
-# Requests to the server never go through a proxy (http_proxy and friends would send cluster traffic elsewhere).
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A rollout server never redirects: an answer that does is an error, never followed (the token would go along)."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None
+
+
+# Requests to the server never go through a proxy (http_proxy and friends would send cluster traffic elsewhere) and
+# never follow a redirect.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
 class BackendUnavailable(RuntimeError):
@@ -44,7 +54,13 @@ class BackendUnavailable(RuntimeError):
 
 
 class VLLMServerError(RuntimeError):
-    """A vLLM server failed a request, died or holds other weights; the message names it (and its log)."""
+    """A vLLM server failed a request, died or holds other weights; the message names it (and its log). ``lost``:
+    the server is gone or no longer holds the run's weights (no answer, a cut connection, a restart), rather than
+    refusing this one request."""
+
+    def __init__(self, message: str, lost: bool = False) -> None:
+        super().__init__(message)
+        self.lost = lost
 
 
 def rollout_token() -> str:
@@ -79,22 +95,32 @@ class ServerClient:
         return ""
 
     def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 3600.0) -> dict[str, Any]:
+        """``GET path`` (no body: ``/health``, which carries no token, so a URL that is not the server learns
+        nothing) or ``POST path`` with ``body`` and the token; the answer's JSON object."""
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"}
+        headers = {"Content-Type": "application/json"}
+        if body is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
         method = "GET" if body is None else "POST"
         request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers, method=method)
         try:
             with _DIRECT.open(request, timeout=timeout) as answer:
-                return json.loads(answer.read())
+                found = json.loads(answer.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")
             try:
                 detail = json.loads(detail).get("error", detail)
-            except ValueError:
-                pass
-            raise VLLMServerError(f"{self.name} answered {exc.code} to {path}: {detail}{self._where()}") from None
+            except (ValueError, AttributeError):
+                detail = detail[:200]
+            where = f"{self.name} answered {exc.code} to {path}: {detail}{self._where()}"
+            raise VLLMServerError(where, lost=exc.code == 409) from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as exc:
-            raise VLLMServerError(self._lost(path, exc)) from None
+            raise VLLMServerError(self._lost(path, exc), lost=True) from None
+        except ValueError:  # JSON that is not: another program answers at the URL
+            found = None
+        if not isinstance(found, dict):
+            raise VLLMServerError(f"{self.name} answered {path} with no rollout server's JSON: is it one?", lost=True)
+        return found
 
     def health(self, timeout: float = 10.0) -> dict[str, Any]:
         """The server's ``/health`` answer (state, pid, token digest, dtype, LoRA settings, weights tag)."""
@@ -136,7 +162,11 @@ class ServerClient:
         the versions older than the last ``keep``; with ``reference`` (the trainer's adapted model), check that the
         server scores with these adapters as the reference does. Returns the largest log-prob difference."""
         started = time.perf_counter()
-        self._request("/load_adapter", {"path": str(Path(folder).resolve()), "version": version, "keep": keep})
+        tag = secrets.token_hex(8)
+        self.weights = UNLOADED  # whatever happens below, the adapters the server holds are no longer the ones tagged
+        body = {"path": str(Path(folder).resolve()), "version": version, "keep": keep, "tag": tag}
+        self._request("/load_adapter", body)
+        self.weights = tag
         difference = 0.0 if reference is None else self.check_weights(reference, adapter=version)
         self.push_seconds.append(time.perf_counter() - started)
         return difference
@@ -148,7 +178,7 @@ class ServerClient:
         :class:`VLLMServerError`."""
         started = time.perf_counter()
         tag = secrets.token_hex(8)
-        self.weights = None  # whatever happens below, the weights the server holds are no longer the ones tagged
+        self.weights = UNLOADED  # whatever happens below, the weights the server holds are no longer the ones tagged
         self._request("/load_weights", {"path": str(Path(folder).resolve()), "tag": tag})
         self.weights = tag
         difference = 0.0 if reference is None else self.check_weights(reference)

@@ -23,10 +23,11 @@ token given in ``RAGEN_VLLM_TOKEN``, so no other process can drive or stop the s
   after the first (temperature 1), to check the server scores with the trainer's weights.
 - ``POST /load_weights``: ``{"path": folder, "tag": tag}``: reload the policy in place from a Hugging Face export;
   later requests name ``tag``.
-- ``POST /load_adapter``: ``{"path": folder, "version": n, "keep": k}`` (a server started with ``--max-lora-rank``):
-  load a LoRA policy's adapters of version ``n`` from their PEFT folder beside the resident base model, and unload
-  the versions older than ``n - k + 1``; ``/generate`` and ``/score`` then name the version they sample or score with
-  (``"adapter": n``; none: the base model), so every request says which adapters it uses.
+- ``POST /load_adapter``: ``{"path": folder, "version": n, "keep": k, "tag": tag}`` (a server started with
+  ``--max-lora-rank``): load a LoRA policy's adapters of version ``n`` from their PEFT folder beside the resident
+  base model, and unload the versions older than ``n - k + 1``; ``/generate`` and ``/score`` then name the version
+  they sample or score with (``"adapter": n``; none: the base model), so every request says which adapters it uses;
+  later requests name ``tag``.
 - ``POST /reset_prefix_cache``: forget the cached prefixes (the trainer calls it before and after every rollout).
 - ``POST /shutdown``: answer, then exit.
 
@@ -79,6 +80,7 @@ class _State:
 
 
 STATE: _State
+END_GROUP = False  # whether the server ends its whole process group when it stops (a trainer's server)
 
 
 def _sampling_params(vllm: Any, spec: dict[str, Any]) -> Any:
@@ -156,6 +158,7 @@ def load_adapter(body: dict[str, Any]) -> dict[str, Any]:
     from vllm.lora.request import LoRARequest
 
     started = time.perf_counter()
+    STATE.weights = f"reloading-{os.urandom(8).hex()}"
     version, keep = int(body["version"]), int(body.get("keep", 1))
     old = STATE.adapters.pop(version, None)
     if old is not None:  # the same version again (a resume, a relabel): its new files replace the old
@@ -167,6 +170,7 @@ def load_adapter(body: dict[str, Any]) -> dict[str, Any]:
     for stale in [v for v in STATE.adapters if v <= version - keep]:
         STATE.llm.llm_engine.remove_lora(STATE.adapters.pop(stale).lora_int_id)
     STATE.llm.reset_prefix_cache()
+    STATE.weights = str(body.get("tag") or f"unnamed-{os.urandom(8).hex()}")
     return {"seconds": time.perf_counter() - started, "resident": sorted(STATE.adapters)}
 
 
@@ -189,6 +193,7 @@ def _repack_output_head(worker: Any) -> int:
 def load_weights(body: dict[str, Any]) -> dict[str, Any]:
     """Reload the weights in place from the Hugging Face export at ``path``."""
     started = time.perf_counter()
+    STATE.weights = f"reloading-{os.urandom(8).hex()}"  # a reload that fails half-way holds no client's weights
     STATE.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(body["path"])})
     STATE.llm.collective_rpc(_repack_output_head)
     STATE.llm.reset_prefix_cache()
@@ -277,33 +282,40 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _end_group(code: int) -> None:
-    """Exit at once with ``code`` and everything this server started: the rest of its process group when it leads
-    one (started by a trainer, or by a shell as a job of its own), SIGKILLed; nothing else when it does not (a batch
-    script's group is the script's)."""
+    """Exit at once with everything this server started. Started by a trainer (``--lifeline-fd``), in a process group
+    of its own that it (or a wrapper script before it) leads: the whole group, SIGKILLed. Started by ``ragen rollout
+    serve``, whose group may hold a shell's pipeline: its own child processes (vLLM's workers), then itself with
+    ``code``."""
     sys.stdout.flush()
     _save_coverage()
     try:
-        if os.getpgid(0) == os.getpid():
-            for pid in _group_members(os.getpid()):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        if END_GROUP:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        for pid in _children(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
     finally:
         os._exit(code)
 
 
-def _group_members(group: int) -> list[int]:
-    """The other processes of process group ``group`` (from /proc: vLLM's servers run on Linux)."""
-    members = []
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent``, and theirs (from /proc: vLLM's servers run on Linux)."""
+    parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if os.getpgid(int(entry)) == group:
-                    members.append(int(entry))
-            except OSError:
-                continue
-    return members
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [parent]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _save_coverage() -> None:
@@ -405,7 +417,7 @@ def _listen(args: argparse.Namespace) -> ThreadingHTTPServer:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    global STATE
+    global STATE, END_GROUP
     served = {"dtype": args.dtype, "max_lora_rank": args.max_lora_rank, "max_loras": args.max_loras}
     STATE = _State(os.environ.pop("RAGEN_VLLM_TOKEN", ""), served)
     if not STATE.token:
@@ -414,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.lifeline_fd is not None:
+        END_GROUP = True  # a trainer's server: its group is its own
         threading.Thread(target=_watch_trainer, args=(args.lifeline_fd,), daemon=True).start()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: STATE.stop.set())

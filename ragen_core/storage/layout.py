@@ -43,7 +43,7 @@ upgrade (:mod:`ragen_core.storage.maintenance.upgrade`). The names are chosen fo
 
 Three folders are handed whole to the component that works in them: ``update_group/`` to the launched update group
 (:mod:`ragen_core.training.group`: its control file, ``group-<pid>.log``, torchrun's ``torchelastic/``; the policy
-export inside it is the layout's), ``vllm_server/`` to the rollout server (:mod:`ragen_core.rollout.vllm_backend`:
+export inside it is the layout's), ``vllm_server/`` to the rollout server (:mod:`ragen_core.rollout.vllm_local`:
 ``server.log``, its ready file) and ``trackers/`` to the experiment trackers (:mod:`ragen_core.monitor.trackers`:
 their stores and the file of their run ids). Those files are the components' own, which nothing of the lake reads
 back, so they name them.

@@ -5,8 +5,9 @@ and the whole iteration flow on multi-turn FrozenLake.
 - A run on two servers stores exactly the rows (and ends on exactly the weights) of the same run on one server with
   the same ``rollout.vllm.shards``; the other host's server received the run's weights and outlives the run.
 - The other host's server SIGKILLed in the middle of iteration 2's rollouts stops the run in one line naming it, with
-  nothing of the iteration stored; started again, ``ragen resume`` ends bitwise like the run that never stopped, and
-  so does a resume on the run's own server alone.
+  nothing of the iteration stored; started again, ``ragen resume`` (naming the servers again: a stored config sends
+  the token to no URL by itself) ends bitwise like the run that never stopped, and so does a resume on the run's own
+  server alone; a resume that does not name them is refused in one line.
 - ``rollout.vllm.on_server_loss=continue``: the run goes on without the lost server, saying so once.
 
 Skipped without the vLLM environment (`make install-vllm`); CI sets ``RAGEN_REQUIRE_VLLM=1`` and builds it."""
@@ -210,7 +211,7 @@ def test_the_other_hosts_server_took_the_runs_weights_and_outlives_the_run(two_s
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory, tiny_model_dir, api_url, other_host):
     """The two-server run whose other-host server is SIGKILLed at iteration 2's first turn; then that server started
-    again (same port) and the run resumed, and a copy of the stopped run resumed on the
+    again (same port) and the run resumed naming the servers again, and a copy of the stopped run resumed on the
     run's own server alone: (what the failed command printed and left, the resume's output, its root, the copy's)."""
     root = tmp_path_factory.mktemp("server-killed")
     servers = f"[local,{other_host.url}]"
@@ -226,7 +227,7 @@ def killed(tmp_path_factory, tiny_model_dir, api_url, other_host):
     fewer = tmp_path_factory.mktemp("fewer-servers") / "root"
     shutil.copytree(root, fewer)
     other_host.start()  # its host starts it again
-    resumed = _ragen(["resume", RUN], root, None, api_url)  # the stored servers: this machine's loopback
+    resumed = _ragen(["resume", RUN, f"rollout.vllm.servers={servers}"], root, None, api_url)  # named again
     on_one = _ragen(["resume", RUN, "rollout.vllm.servers=[local]"], fewer, None, api_url)
     return failed, resumed, root, on_one, fewer
 
@@ -254,6 +255,17 @@ def test_a_resume_on_fewer_servers_ends_bitwise_too(one_server, killed):
     _, _, _, (rc, output), fewer = killed
     assert rc == 0 and "resumed at iteration 2" in output, output[-3000:]
     _same_as(one_server, fewer)
+
+
+def test_a_resume_that_does_not_name_the_servers_again_is_refused_in_one_line(killed, api_url):
+    root = killed[2]
+    rc, output = _ragen(["resume", RUN], root, None, api_url)
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert rc == 2 and len(errors) == 1 and "sets rollout.vllm.servers=['local', 'http://127.0.0.1:" in errors[0], (
+        output[-3000:]
+    )
+    assert "pass 'rollout.vllm.servers=[\"local\",\"http://127.0.0.1:" in errors[0], errors[0]
+    assert DataLake(root).read_manifest(RUN).status == "completed"  # the refusal changed nothing
 
 
 def test_on_server_loss_continue_goes_on_without_the_lost_server(tmp_path, tiny_model_dir, api_url, other_host):

@@ -80,7 +80,7 @@ def test_a_dead_sampler_is_one_error_naming_its_exit_and_log(tiny_model_dir, tin
         with pytest.raises(SamplerError) as caught:
             run_rollouts(SPEC, _backend(process), ChatFormatter(tokenizer), seed=0)
         message = str(caught.value)
-        # the words of a dead vLLM server (ragen_core.rollout.vllm_backend): its fate, its log, the log's last line
+        # the words of a dead vLLM server (ragen_core.rollout.vllm_local): its fate, its log, the log's last line
         assert message.startswith(f"the sampler process (pid {process.process.pid}) died (killed by SIGKILL) during ")
         assert f"see its log {tmp_path / 'sampler.log'} (its last line: " in message
         assert "\n" not in message

@@ -76,15 +76,19 @@ def test_a_restarted_server_refuses_the_runs_next_request(other_host, tiny_model
 
 class Recorder:
     """Stands for a server in the pool's routing: records each request and answers with the prompt's first id; with
-    ``fail``, fails every request as a dead server does."""
+    ``fail``, fails every request as a dead server does (``lost``) or as one refusing the request does; ``wait``:
+    an event each request waits for first."""
 
-    def __init__(self, fail: bool = False) -> None:
-        self.requests, self.fail, self.closed = [], fail, False
+    def __init__(self, fail: bool = False, lost: bool = True, wait=None) -> None:
+        self.requests, self.fail, self.lost, self.wait, self.closed = [], fail, lost, wait, False
 
     def generate(self, prompts, sampling, adapter=None, salt=None):
         self.requests.append(([p[0] for p in prompts], [s["seed"] for s in sampling], adapter, salt))
+        if self.wait is not None:
+            self.wait.wait(10)
         if self.fail:
-            raise VLLMServerError("the vLLM server 2 of 2 at http://127.0.0.1:9 did not answer on /generate (refused)")
+            reason = "did not answer on /generate (refused)" if self.lost else "answered 500 to /generate: too long"
+            raise VLLMServerError(f"the vLLM server 2 of 2 at http://127.0.0.1:9 {reason}", lost=self.lost)
         return [{"token_ids": [p[0]], "logprobs": [0.0]} for p in prompts]
 
     def close(self):
@@ -133,3 +137,103 @@ def test_a_lost_server_stops_the_turn_unless_the_run_continues_without_it(capsys
     alone = ServerPool([Recorder(fail=True)], on_loss="continue")
     with pytest.raises(VLLMServerError):  # no other server to continue on
         _turn(alone)
+
+
+def test_a_refused_request_is_no_lost_server_even_when_the_run_continues():
+    a, b = Recorder(), Recorder(fail=True, lost=False)
+    pool = ServerPool([a, b], shards=3, on_loss="continue")
+    with pytest.raises(VLLMServerError, match="answered 500"):
+        _turn(pool)
+    assert pool.servers == [a, b] and not b.closed  # no healthy server dropped for a request it refused
+
+
+def test_two_lanes_that_see_one_server_fail_drop_it_once():
+    """An async run's two lanes (evaluation and sampling) share the pool; both meet the dead server at once."""
+    import threading
+
+    release = threading.Event()
+    a, b = Recorder(), Recorder(fail=True, wait=release)
+    pool = ServerPool([a, b], shards=2, on_loss="continue")
+    failures = []
+
+    def lane():
+        try:
+            _turn(pool)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    lanes = [threading.Thread(target=lane) for _ in range(2)]
+    for thread in lanes:
+        thread.start()
+    while len(b.requests) < 2:  # both lanes wait inside the dead server's request
+        threading.Event().wait(0.01)
+    release.set()
+    for thread in lanes:
+        thread.join(10)
+    assert failures == [] and pool.servers == [a] and b.closed
+
+
+class _Answer:
+    """A one-route HTTP server on loopback standing for what may answer at a listed URL: records each request's
+    headers, answers ``status`` with ``body`` (and ``location``)."""
+
+    def __init__(self, status: int, body: bytes, location: str | None = None) -> None:
+        import http.server
+        import threading
+
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _any(self):
+                seen.append((self.command, self.path, dict(self.headers)))
+                self.send_response(status)
+                if location:
+                    self.send_header("Location", location)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _any
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_token_goes_with_no_health_question_and_follows_no_redirect():
+    elsewhere = _Answer(200, b'{"outputs": []}')
+    redirecting = _Answer(302, b"", location=f"{elsewhere.url}/generate")
+    healthy = _Answer(200, b'{"state": "ready", "token_digest": "x"}')
+    try:
+        client = RemoteServer(redirecting.url, TOKEN, "the vLLM server at X")
+        with pytest.raises(VLLMServerError) as caught:
+            client.generate([[1]], [{"seed": 1}])
+        assert "answered 302 to /generate" in str(caught.value) and TOKEN not in str(caught.value)
+        assert elsewhere.seen == []  # the redirect was not followed: the token never reached another server
+        with pytest.raises(BackendUnavailable, match="does not know this run's RAGEN_ROLLOUT_TOKEN"):
+            RemoteServer(healthy.url, TOKEN, "the vLLM server at Y").known_health()
+        assert [headers.get("Authorization") for _, _, headers in healthy.seen] == [None]  # asked without it
+    finally:
+        for server in (elsewhere, redirecting, healthy):
+            server.close()
+
+
+@pytest.mark.parametrize("body", [b"<html>a web app</html>", b"[1, 2]"])
+def test_a_url_that_is_no_rollout_server_is_one_line(body):
+    other = _Answer(200, body)
+    try:
+        with pytest.raises(BackendUnavailable) as caught:
+            RemoteServer(other.url, TOKEN, f"the vLLM server at {other.url}").known_health()
+        assert (
+            str(caught.value)
+            == f"the vLLM server at {other.url} answered /health with no rollout server's JSON: is it one?"
+        )
+    finally:
+        other.close()
