@@ -264,7 +264,7 @@ def test_a_resume_that_does_not_name_the_servers_again_is_refused_in_one_line(ki
     assert rc == 2 and len(errors) == 1 and "sets rollout.vllm.servers=['local', 'http://127.0.0.1:" in errors[0], (
         output[-3000:]
     )
-    assert "pass 'rollout.vllm.servers=[\"local\",\"http://127.0.0.1:" in errors[0], errors[0]
+    assert 'pass \'rollout.vllm.servers=["local","http://127.0.0.1:' in errors[0], errors[0]
     assert DataLake(root).read_manifest(RUN).status == "completed"  # the refusal changed nothing
 
 
