@@ -364,8 +364,11 @@ def test_the_time_limit_is_a_config_key_out_of_the_hash_at_its_default():
     # the hash of the tree without the key (and the other later keys at their neutral values), as before it existed
     tree = default.to_dict()
     for dotted in (*LATER_KEYS, *PLACEMENT_KEYS):  # and where the processes meet, at any value
-        section, name = dotted.split(".")
-        del tree[section][name]
+        *sections, name = dotted.split(".")
+        node = tree
+        for section in sections:
+            node = node[section]
+        del node[name]
     payload = json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()
     assert default.config_hash() == hashlib.sha256(payload).hexdigest()[:16]
     assert build_config(overrides=["env.user_code_timeout_s=5"]).config_hash() != default.config_hash()
