@@ -7,6 +7,10 @@ the flow records where the run stopped, closes its engines and reports to the Pr
 one line and exits with status 130 (skipping the interpreter's slow finalization). A second SIGINT while that clean
 stop runs calls the registered last-resort cleanups (stop the temporary Prefect server) and exits at once, with
 status 130 too.
+
+A first stop that lands while a module is being imported is raised once the import is done (looked at again every
+``DEFER_S``): an exception thrown through an extension module's initialisation (DuckDB's nanobind bindings) aborts
+the whole process (SIGABRT) instead of stopping it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
     from ragen_core.storage import DataLake
 
 _state: dict[str, bool | int] = {"reported": False, "signal": signal.SIGINT}  # whether a stop came: ragen_core.stops
+DEFER_S = 0.05  # how often a stop deferred by an import looks again
 _last_resort: list[Callable[[], None]] = []
 
 
@@ -106,7 +112,35 @@ def report(message: str) -> None:
     err_console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
+def _importing(frame: FrameType | None) -> bool:
+    """Whether the main thread is inside an import (a frame of importlib's bootstrap on its stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _look_again(signum: int) -> None:
+    """In DEFER_S, hand the deferred stop to the main thread's handler again: the same signal, sent to the main
+    thread (a real one, which also wakes a blocking call there), marked as the deferred one."""
+    main = threading.main_thread().ident
+
+    def later() -> None:
+        _state["deferred"] = True
+        signal.pthread_kill(main, signum)
+
+    timer = threading.Timer(DEFER_S, later)
+    timer.daemon = True
+    timer.start()
+
+
 def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
+    if _state.pop("deferred", False):  # the stop an import deferred, handed back: raise it unless one still runs
+        if _importing(frame):
+            _look_again(signum)
+            return
+        raise KeyboardInterrupt
     if stops.requested():
         os.write(
             2,
@@ -122,6 +156,9 @@ def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     _state["signal"] = signum
     stops.request()  # kept even where a library swallows the exception below (the core's long waits look here)
     mute_console_logs()
+    if _importing(frame):
+        _look_again(signum)
+        return
     raise KeyboardInterrupt
 
 
