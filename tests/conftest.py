@@ -222,3 +222,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = 1
         lines = "\n".join(f"  pid {pid}: {command}" for pid, command in left)
         print(f"\nvLLM rollout servers left running by the tests (killed now):\n{lines}")
+
+
+@pytest.fixture(scope="module")
+def other_host(tmp_path_factory, tiny_model_dir):
+    """docs/cluster.md's `ragen rollout serve` as another host runs it (tests.vllm_env.OtherHost), ready; stopped
+    with the module."""
+    from tests.vllm_env import OtherHost, free_port, require_vllm_python
+
+    require_vllm_python()
+    host = OtherHost(tmp_path_factory.mktemp("other-host"), tiny_model_dir, free_port()).start()
+    yield host
+    host.stop()

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -48,3 +56,71 @@ def session_servers(mark: str) -> list[tuple[int, str]]:
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             continue
     return found
+
+
+CLUSTER = Path(__file__).resolve().parents[1] / "docs" / "cluster.md"
+TOKEN = "test-rollout-token-0123456789"
+
+
+def documented_servers() -> tuple[list[str], list[str]]:
+    """docs/cluster.md's two commands of "Rollout servers on other hosts": (``rollout serve`` args, ``train`` args),
+    without "ragen" (the test fills in the model, the port and 127.0.0.1)."""
+    section = CLUSTER.read_text().split("## Rollout servers on other hosts", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    lines = [shlex.split(line)[1:] for line in block.splitlines() if line.startswith("ragen ")]
+    assert [line[0] for line in lines] == ["rollout", "train"], lines
+    return lines[0], lines[1]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class OtherHost:
+    """docs/cluster.md's `ragen rollout serve` as another host runs it: its own session and working folder."""
+
+    def __init__(self, folder: Path, model_dir: Path, port: int) -> None:
+        self.folder, self.model_dir, self.port = folder, model_dir, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> OtherHost:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        args, _ = documented_servers()
+        args = [str(self.model_dir) if a == "/shared/models/Qwen2.5-0.5B-Instruct" else a for a in args]
+        args = ["127.0.0.1" if a == "0.0.0.0" else str(self.port) if a == "8000" else a for a in args]
+        env = {**os.environ, "RAGEN_ROLLOUT_TOKEN": TOKEN}
+        log = open(self.folder / "serve.log", "ab")  # noqa: SIM115 - the server's, kept open while it runs
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("ragen")), *args, "--enforce-eager"],
+            cwd=self.folder,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 300
+        while self.health().get("state") != "ready":
+            assert self.process.poll() is None, (self.folder / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the rollout server was not ready in 300 s"
+            time.sleep(0.5)
+        return self
+
+    def health(self) -> dict:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as answer:
+                return json.loads(answer.read())
+        except OSError:
+            return {}
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()

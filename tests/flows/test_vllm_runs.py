@@ -162,13 +162,8 @@ def server_killed(tmp_path_factory, tiny_model_dir, api_url):
     resumed: (what the failed command printed and left, what the resume printed, the data root)."""
     root = tmp_path_factory.mktemp("vllm-server-killed")
     rc, output = _ragen(_train(tiny_model_dir), root, SERVER_KILLED, api_url)
-    lake = DataLake(root)
     failed = {
-        "rc": rc,
-        "output": output,
-        "manifest": lake.read_manifest(RUN),
-        "committed": lake.committed_iterations(RUN),
-        "iterations": {t: sorted({r["iteration"] for r in lake.read_table(t, RUN).to_pylist()}) for t in TABLES},
+        **stopped_state(rc, output, root),
         "folders": sorted(str(p.relative_to(root)) for p in root.rglob("*iteration*1*")),
         "servers_left": not _no_server_left(root),
     }
@@ -177,7 +172,20 @@ def server_killed(tmp_path_factory, tiny_model_dir, api_url):
     return failed, resumed, root
 
 
-def _same_as_whole(whole, root) -> None:
+def stopped_state(rc: int, output: str, root) -> dict:
+    """What a stopped run's command printed and left in ``root``: its exit status and output, the manifest, the
+    committed iterations and the iterations of every table's rows."""
+    lake = DataLake(root)
+    return {
+        "rc": rc,
+        "output": output,
+        "manifest": lake.read_manifest(RUN),
+        "committed": lake.committed_iterations(RUN),
+        "iterations": {t: sorted({r["iteration"] for r in lake.read_table(t, RUN).to_pylist()}) for t in TABLES},
+    }
+
+
+def same_as_whole(whole, root) -> None:
     """The weights after the last update and every table's rows (but wall-clock columns and time/ metrics) of the run
     in ``root`` equal those of the run that never stopped."""
     folder = ("runs", RUN, "checkpoints", "iteration=3", "hf", "model.safetensors")
@@ -193,7 +201,7 @@ def _same_as_whole(whole, root) -> None:
 def test_a_killed_and_resumed_vllm_run_ends_bitwise_like_the_whole_one(vllm_whole, killed_resumed):
     rc, output, root = killed_resumed
     assert rc == 0 and "resumed at iteration 1" in output, output[-3000:]
-    _same_as_whole(vllm_whole, root)
+    same_as_whole(vllm_whole, root)
 
 
 def test_a_server_killed_mid_rollout_fails_the_run_in_one_line_naming_its_log(server_killed):
@@ -221,4 +229,4 @@ def test_a_server_killed_mid_rollout_leaves_nothing_of_the_iteration(server_kill
 def test_the_resume_after_a_server_killed_mid_rollout_ends_bitwise_like_the_whole_run(vllm_whole, server_killed):
     _, (rc, output), root = server_killed
     assert rc == 0 and "resumed at iteration 1" in output, output[-3000:]
-    _same_as_whole(vllm_whole, root)
+    same_as_whole(vllm_whole, root)

@@ -14,95 +14,20 @@ Skipped without the vLLM environment (`make install-vllm`); CI sets ``RAGEN_REQU
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from ragen_core.storage import DataLake
-from tests.flows.test_resume import RUN, _ragen, _rows
-from tests.vllm_env import require_vllm_python
+from tests.flows.test_resume import RUN, _ragen
+from tests.flows.test_vllm_runs import same_as_whole, stopped_state
+from tests.vllm_env import TOKEN, documented_servers, require_vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.process]
-CLUSTER = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
-TOKEN = "test-rollout-token-0123456789"
 TABLES = ["trajectories", "turns", "metrics", "evaluations"]
 KILLED = "rollout:server_killed@2"  # the last server listed (the other host's) SIGKILLed at iteration 2's first turn
-
-
-def _documented() -> tuple[list[str], list[str]]:
-    """docs/cluster.md's two commands of "Rollout servers on other hosts": (``rollout serve`` args, ``train`` args),
-    without "ragen" (the test fills in the model, the port and 127.0.0.1)."""
-    section = CLUSTER.read_text().split("## Rollout servers on other hosts", 1)[1]
-    block = section.split("```bash", 1)[1].split("```", 1)[0]
-    lines = [shlex.split(line)[1:] for line in block.splitlines() if line.startswith("ragen ")]
-    assert [line[0] for line in lines] == ["rollout", "train"], lines
-    return lines[0], lines[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class OtherHost:
-    """docs/cluster.md's `ragen rollout serve` as another host runs it: its own session and working folder."""
-
-    def __init__(self, folder: Path, model_dir: Path, port: int) -> None:
-        self.folder, self.model_dir, self.port = folder, model_dir, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> OtherHost:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        args, _ = _documented()
-        args = [str(self.model_dir) if a == "/shared/models/Qwen2.5-0.5B-Instruct" else a for a in args]
-        args = ["127.0.0.1" if a == "0.0.0.0" else str(self.port) if a == "8000" else a for a in args]
-        env = {**os.environ, "RAGEN_ROLLOUT_TOKEN": TOKEN}
-        log = open(self.folder / "serve.log", "ab")  # noqa: SIM115 - the server's, kept open while it runs
-        self.process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("ragen")), *args, "--enforce-eager"],
-            cwd=self.folder,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + 300
-        while self.health().get("state") != "ready":
-            assert self.process.poll() is None, (self.folder / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the rollout server was not ready in 300 s"
-            time.sleep(0.5)
-        return self
-
-    def health(self) -> dict:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as answer:
-                return json.loads(answer.read())
-        except OSError:
-            return {}
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -124,7 +49,7 @@ def api_url(prefect_server) -> str:
 
 def _train(model_dir: Path, servers: str, *extra: str) -> list[str]:
     """docs/cluster.md's train line, small: the test's model, run id and servers, 3 iterations of 4-turn episodes."""
-    _, documented = _documented()
+    _, documented = documented_servers()
     args = [a for a in documented if not a.startswith(("model.path=", "rollout.vllm.servers=", "--run-id"))]
     args = [a for a in args if a != "lake-2x"]
     return [
@@ -152,20 +77,6 @@ def _train(model_dir: Path, servers: str, *extra: str) -> list[str]:
     ]
 
 
-def _weights(root: Path) -> dict:
-    return load_file(root / "runs" / RUN / "checkpoints" / "iteration=3" / "hf" / "model.safetensors")
-
-
-def _same_as(expected: Path, root: Path) -> None:
-    """Every table's rows (but wall-clock columns) and the final weights of ``root``'s run equal ``expected``'s."""
-    for table in TABLES:
-        wanted, found = _rows(expected, table), _rows(root, table)
-        assert found == wanted and len(found) == len(set(found)) > 0, table
-    before, after = _weights(expected), _weights(root)
-    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-    assert DataLake(root).read_manifest(RUN).status == "completed"
-
-
 @pytest.fixture(scope="module")
 def one_server(tmp_path_factory, tiny_model_dir, api_url) -> Path:
     """The run on its own server alone, two shards: its data root."""
@@ -174,14 +85,6 @@ def one_server(tmp_path_factory, tiny_model_dir, api_url) -> Path:
     rc, output = _ragen(_train(tiny_model_dir, "[local]"), root, None, api_url)
     assert rc == 0, output[-3000:]
     return root
-
-
-@pytest.fixture(scope="module")
-def other_host(tmp_path_factory, tiny_model_dir):
-    require_vllm_python()
-    host = OtherHost(tmp_path_factory.mktemp("other-host"), tiny_model_dir, _free_port()).start()
-    yield host
-    host.stop()
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +99,7 @@ def two_servers(tmp_path_factory, tiny_model_dir, api_url, other_host):
 
 def test_two_servers_store_the_rows_and_weights_of_one(one_server, two_servers):
     root, _, _ = two_servers
-    _same_as(one_server, root)
+    same_as_whole(one_server, root)
     served = [r for r in DataLake(root).read_table("turns", RUN).to_pylist() if r["turn_index"] == 3]
     assert served, "no trajectory reached its fourth turn: the prefixes cached per part went untested"
 
@@ -215,15 +118,7 @@ def killed(tmp_path_factory, tiny_model_dir, api_url, other_host):
     run's own server alone: (what the failed command printed and left, the resume's output, its root, the copy's)."""
     root = tmp_path_factory.mktemp("server-killed")
     servers = f"[local,{other_host.url}]"
-    rc, output = _ragen(_train(tiny_model_dir, servers), root, KILLED, api_url)
-    lake = DataLake(root)
-    failed = {
-        "rc": rc,
-        "output": output,
-        "manifest": lake.read_manifest(RUN),
-        "committed": lake.committed_iterations(RUN),
-        "iterations": {t: sorted({r["iteration"] for r in lake.read_table(t, RUN).to_pylist()}) for t in TABLES},
-    }
+    failed = stopped_state(*_ragen(_train(tiny_model_dir, servers), root, KILLED, api_url), root)
     fewer = tmp_path_factory.mktemp("fewer-servers") / "root"
     shutil.copytree(root, fewer)
     other_host.start()  # its host starts it again
@@ -248,13 +143,13 @@ def test_a_lost_server_stops_the_run_in_one_line_naming_it(killed, other_host):
 def test_the_resume_with_the_server_back_ends_bitwise_like_the_run_that_never_stopped(one_server, killed):
     _, (rc, output), root, _, _ = killed
     assert rc == 0 and "resumed at iteration 2" in output, output[-3000:]
-    _same_as(one_server, root)
+    same_as_whole(one_server, root)
 
 
 def test_a_resume_on_fewer_servers_ends_bitwise_too(one_server, killed):
     _, _, _, (rc, output), fewer = killed
     assert rc == 0 and "resumed at iteration 2" in output, output[-3000:]
-    _same_as(one_server, fewer)
+    same_as_whole(one_server, fewer)
 
 
 def test_a_resume_that_does_not_name_the_servers_again_is_refused_in_one_line(killed, api_url):

@@ -1,5 +1,5 @@
-"""A rollout server started elsewhere (`ragen rollout serve`, run as another host runs it: tests/flows/
-test_vllm_servers.py's OtherHost), against the client a run connects with: a server that does not know the run's
+"""A rollout server started elsewhere (`ragen rollout serve`, run as another host runs it: tests/vllm_env.py's
+OtherHost), against the client a run connects with: a server that does not know the run's
 token, serves another precision or too small a LoRA rank is refused in one line saying what to change; one that was
 restarted after the run pushed its weights refuses the run's next request instead of sampling with its start weights;
 and the pool routes part k of each turn to server k mod (servers), each part one request with its own cache salt,
@@ -11,16 +11,7 @@ import pytest
 
 from ragen_core.rollout.vllm_backend import ServerPool
 from ragen_core.rollout.vllm_client import BackendUnavailable, RemoteServer, VLLMServerError
-from tests.flows.test_vllm_servers import TOKEN, OtherHost, _free_port
-from tests.vllm_env import require_vllm_python
-
-
-@pytest.fixture(scope="module")
-def other_host(tmp_path_factory, tiny_model_dir):
-    require_vllm_python()
-    host = OtherHost(tmp_path_factory.mktemp("other-host"), tiny_model_dir, _free_port()).start()
-    yield host
-    host.stop()
+from tests.vllm_env import TOKEN, OtherHost, free_port
 
 
 def _connect(host: OtherHost, token: str = TOKEN, **settings) -> RemoteServer:
@@ -49,7 +40,7 @@ def test_a_server_that_cannot_serve_the_run_is_refused_saying_what_to_change(oth
 @pytest.mark.vllm
 @pytest.mark.process
 def test_no_server_at_the_url_is_one_line(tiny_model_dir):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(BackendUnavailable) as caught:
         RemoteServer.connect(url, TOKEN, f"the vLLM server at {url}", dtype="float32")
     assert str(caught.value).startswith(f"the vLLM server at {url} did not answer on /health (")
