@@ -87,9 +87,9 @@ test: $(STAMP) $(TRACKERS_STAMP)
 
 # The day-to-day subset (docs/development.md, "Tests"): the tests that start no Prefect server (neither the session's
 # `ragen server` nor Prefect's test harness), no process of the project (a `ragen` command, a launched update group,
-# a re-stamp probe), no vLLM server and no browser, chosen by their markers (pyproject.toml; tests/conftest.py marks
+# a re-stamp probe), no vLLM server, no S3 server and no browser, chosen by their markers (pyproject.toml; tests/conftest.py marks
 # a test by the fixtures it uses). `make test`, which CI runs, stays the whole suite.
-QUICK_MARKERS ?= not (server or prefect or process or slow or vllm or gpu or browser)
+QUICK_MARKERS ?= not (server or prefect or process or slow or vllm or gpu or browser or s3)
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_DURATIONS)),,--durations=$(TEST_DURATIONS)) \
 	  $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) -m "$(QUICK_MARKERS)" tests

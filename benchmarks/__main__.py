@@ -13,7 +13,8 @@ adapters against full fine-tuning: memory and update speed), async
 (asynchronous StarPO against the synchronous iteration, equal work), lake
 (DuckDB at 10^4..10^6 turns), view (`ragen view`'s pages on a 10^6-trajectory lake),
 vllm (the vLLM backend against the Hugging Face one; needs `make install-vllm`), servers (rollouts on two vLLM servers
-against one, and the weight push to both).
+against one, and the weight push to both), store (the demo and `ragen sql` with the data root on a local S3 server
+against a local folder).
 Sections not run keep their previous results in the report (each says when and on which machine it ran). Not a
 test: ratios, not absolute times, are the point. The experts' success over 200 seeded instances of every env is a
 separate command: ``python -m benchmarks.expert_bench``.
@@ -105,6 +106,7 @@ def run_sections(args: argparse.Namespace, data_root: Path, started: float) -> t
         "view": lambda: suite.run_view_section(sizes),
         "vllm": lambda: suite.run_vllm_section(sizes, data_root, args.threads),
         "servers": lambda: suite.run_servers_section(sizes, data_root, args.threads),
+        "store": lambda: suite.run_store_section(sizes, args.threads),
     }
     for name in SECTIONS:
         if name not in args.sections:

@@ -425,3 +425,38 @@ def lora_section(section: dict[str, Any] | None) -> list[str]:
 
 def _ratio(value: float | str) -> str:
     return value if isinstance(value, str) else f"{value:.2f}"
+
+
+def store_section(section: dict[str, Any] | None) -> list[str]:
+    """The demo and `ragen sql` with the data root on a local S3 server against a local folder
+    (benchmarks/store_bench.py)."""
+    lines = ["### A data root in an object store", ""]
+    if not section:
+        return lines + ["Not run.", ""]
+    per = section["seconds_per_iteration"]
+    query = section["sql_seconds"]
+    lines += [
+        f"Machine: {machine_line(section)}.",
+        "",
+        f"The demo (configs/bandit.yaml, {section['iterations']} iterations) trained by `ragen train` on a local "
+        "folder and on `s3://bucket/lake` of a local S3-compatible server (moto's server mode), interleaved whole "
+        "runs: seconds per iteration (the median time between the run's consecutive commits: on the bucket with its "
+        "changeset's uploads, commit and copies) and the whole run's seconds (its start, the bucket's opening and "
+        "the bootstrap included). The server is on this machine: the figures are the protocol's cost, not a "
+        "network's. `ragen sql` (a process each time) on the finished run: locally, and on the bucket with an empty "
+        "local copy (cold) and an up-to-date one (warm).",
+        "",
+        "| data root | s per iteration | bucket / local | whole run s | bucket / local |",
+        "|---|---|---|---|---|",
+        f"| local folder | {fmt_spread(per['local'])} | | {fmt_spread(section['run_seconds']['local'])} | |",
+        f"| bucket | {fmt_spread(per['store'])} | {fmt_spread(section['store_over_local'])} "
+        f"| {fmt_spread(section['run_seconds']['store'])} | {fmt_spread(section['run_over_local'])} |",
+        "",
+        "| `ragen sql` | s |",
+        "|---|---|",
+        f"| local folder | {fmt_spread(query['local'])} |",
+        f"| bucket, empty copy | {fmt_spread(query['store_cold'])} |",
+        f"| bucket, copy up to date | {fmt_spread(query['store_warm'])} |",
+        "",
+    ]
+    return lines

@@ -47,6 +47,7 @@ def flatten(details: dict[str, Any]) -> dict[str, Any]:
     _flatten_gpu(details.get("gpu"), flat)
     _flatten_vllm(details.get("vllm"), flat)
     _flatten_servers(details.get("servers"), flat)
+    _flatten_store(details.get("store"), flat)
     _flatten_async(details.get("async"), flat)
     _flatten_view(details.get("view"), flat)
     _flatten_host(details.get("host"), flat)
@@ -189,6 +190,20 @@ def _flatten_servers(section: dict[str, Any] | None, flat: dict[str, Any]) -> No
         if push["push_share"]:
             flat[f"servers_push_share.{side}"] = push["push_share"]["median"]
             flat[f"servers_push_s.{side}"] = push["push_seconds"]["median"]
+
+
+def _flatten_store(section: dict[str, Any] | None, flat: dict[str, Any]) -> None:
+    """The demo's seconds per iteration on a bucket over a local folder (``store_iteration_ratio``) and `ragen sql`'s
+    seconds on each (a local copy empty and up to date)."""
+    if not section:
+        return
+    ratio = section["store_over_local"]
+    flat["store_iteration_ratio"] = ratio["median"]
+    flat["store_iteration_ratio.min"], flat["store_iteration_ratio.max"] = ratio["min"], ratio["max"]
+    for side, seconds in section["sql_seconds"].items():
+        flat[f"store_sql_s.{side}"] = seconds["median"]
+    flat["store_sql_warm_over_local"] = section["sql_warm_over_local"]["median"]
+    flat["store_run_ratio"] = section["run_over_local"]["median"]
 
 
 def _flatten_flow(flow: dict[str, Any] | None, flat: dict[str, Any]) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +58,7 @@ class Sizes:
     host_iterations: int = 5
     host_pairs: int = 2
     lora_cases: tuple[tuple[str, int, int], ...] = ()  # (shape, pairs, repeats): LoRA vs full fine-tuning
+    store_runs: tuple[int, int] = (3, 6)  # (repeats, iterations): the demo on a bucket vs a local folder
 
 
 FULL = Sizes(
@@ -119,6 +122,7 @@ QUICK = Sizes(
     host_iterations=3,
     host_pairs=1,
     lora_cases=(("tiny", 1, 2),),
+    store_runs=(1, 2),
 )
 GPU_ROLLOUT_CASES = (("0.5b", "bandit", 8, 16, 5), ("0.5b", "sokoban", 8, 16, 5))
 SECTIONS = (
@@ -135,6 +139,7 @@ SECTIONS = (
     "view",
     "vllm",
     "servers",
+    "store",
 )
 
 
@@ -334,6 +339,21 @@ def run_servers_section(sizes: Sizes, data_root: Path, threads: int) -> dict[str
         for shape, case, groups, size, repeats in sizes.servers_cases
     ]
     result = run(cases, data_root, (*sizes.common_overrides, *sizes.vllm_push_overrides), threads)
+    return {**_stamp("cpu"), "threads": threads, **result, "seconds": time.perf_counter() - started}
+
+
+def run_store_section(sizes: Sizes, threads: int) -> dict[str, Any]:
+    """Issue 71, item 6: the demo's iterations with the data root on a local S3-compatible server against a local
+    folder (interleaved whole runs), and `ragen sql`'s query time on both."""
+    from benchmarks.store_bench import run
+
+    started = time.perf_counter()
+    repeats, iterations = sizes.store_runs
+    work = Path(tempfile.mkdtemp(prefix="store-bench-"))
+    try:
+        result = run(sizes.repeats_override or repeats, iterations, threads, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return {**_stamp("cpu"), "threads": threads, **result, "seconds": time.perf_counter() - started}
 
 

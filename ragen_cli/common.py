@@ -73,13 +73,41 @@ def one_line(message: str) -> str:
     return printable(joined(message))
 
 
-def data_root_path(value: Path | None) -> Path:
+STORE_COMMANDS = "train, resume, eval, sql, runs, view, plot and export"
+
+
+def data_root_path(value: Path | None, store: str | None = None) -> Path:
     """The data root (``--data-root``, else ``RAGEN_DATA_ROOT``, else ``./data``), absolute; a file there is an
-    error."""
-    root = (value or Path(os.environ.get("RAGEN_DATA_ROOT", DEFAULT_DATA_ROOT))).resolve()
+    error. An object-store root (``s3://bucket/prefix``) is opened as its local copy
+    (:func:`ragen_core.storage.storecopy.open_store_root`) for a command that says it works there: ``store`` is
+    ``"write"`` (the copy gets what a run needs), ``"read"`` (what the tables need) or ``"all"`` (everything: other
+    runs' checkpoints too); else it is refused in one line."""
+    from ragen_core.storage.objectstore import is_store_url
+
+    given = value if value is not None else os.environ.get("RAGEN_DATA_ROOT", DEFAULT_DATA_ROOT)
+    if is_store_url(given):
+        return store_root_path(str(given), store)
+    root = Path(given).resolve()
     if root.exists() and not root.is_dir():
         fail(f"data root {str(root)!r} is a file, not a folder; name a folder as the data root")
     return root
+
+
+def store_root_path(url: str, store: str | None) -> Path:
+    """The local copy of an object-store data root, brought up to date (see :func:`data_root_path`)."""
+    from ragen_core.storage.files import LakeError
+    from ragen_core.storage.storecopy import open_store_root
+
+    if store is None:
+        fail(
+            f"this command does not work on a data root in an object store ({url}); {STORE_COMMANDS} do. Work on a "
+            "local copy instead (`aws s3 sync` it into a folder and pass that folder)"
+        )
+    try:
+        return open_store_root(url, only=None if store == "all" else store)
+    except LakeError as exc:
+        fail(str(exc))
+    raise AssertionError("unreachable")
 
 
 def writable_root(value: Path | None, create: bool = True) -> Path:
@@ -151,9 +179,9 @@ OUTPUT_FORMATS = ("table", "csv", "json", "parquet")
 DATA_ROOT_HELP = "Data root (default ./data or RAGEN_DATA_ROOT)."
 
 
-def existing_root(data_root: Path | None) -> Path:
-    """The data root of a command that only reads: it must exist."""
-    root = data_root_path(data_root)
+def existing_root(data_root: Path | None, store: str | None = None) -> Path:
+    """The data root of a command that only reads: it must exist (``store``: see :func:`data_root_path`)."""
+    root = data_root_path(data_root, store)
     if not root.is_dir():
         fail(f"data root {str(root)!r} does not exist; train first or pass --data-root")
     return root

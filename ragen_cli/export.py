@@ -40,7 +40,7 @@ def export(
 
     for run_id in run_ids:
         checked_run_id(run_id)
-    root = existing_root(data_root)
+    root = existing_root(data_root, store="all")
     try:
         report = export_runs(list(run_ids), out, root, table, trust_env_module, model, merge)  # checked first
     except (LakeError, ConfigError) as exc:

@@ -81,7 +81,8 @@ def train(
     """Train with StarPO / StarPO-S. Extra arguments are key.sub=value overrides, e.g. trainer.iterations=5."""
     from ragen_core.run.requests import run_request
 
-    given = {"config": config, "data_root": data_root_path(data_root), "run_id": run_id, "overrides": ctx.args}
+    root = data_root_path(data_root, "write")
+    given = {"config": config, "data_root": root, "run_id": run_id, "overrides": ctx.args}
     request = built(lambda: run_request(TrainInputs.of(**given)))
     if config is None:  # `ragen train` typed to see what it does: say what it will train before it starts
         note(
@@ -110,7 +111,7 @@ def resume(
     from ragen_core.storage import DataLake
 
     allowed = [key.strip() for key in force_config.split(",") if key.strip()]
-    given = {"run_id": run_id, "data_root": data_root_path(data_root), "overrides": ctx.args}
+    given = {"run_id": run_id, "data_root": data_root_path(data_root, "write"), "overrides": ctx.args}
     given.update(force_config=allowed, skip_iteration=skip_iteration, trust_env_module=trust_env_module)
     inputs = built(lambda: ResumeInputs.of(**given))
     try:  # a manifest of the wrong shape (types, another run's id) is named, never a traceback
@@ -253,7 +254,7 @@ def eval_command(
     from ragen_core.run.requests import eval_request, refusals
     from ragen_core.storage import DataLake
 
-    given = {"target": target, "data_root": data_root_path(data_root), "envs": env, "n": n, "config": config}
+    given = {"target": target, "data_root": data_root_path(data_root, "all"), "envs": env, "n": n, "config": config}
     inputs = built(
         lambda: EvalInputs.of(**given, overrides=ctx.args, run_id=run_id, trust_env_module=trust_env_module)
     )

@@ -42,7 +42,7 @@ def sql(
 
     checked_run_id(run)
     statement = _query_text(statement, file)
-    root = existing_root(data_root)
+    root = existing_root(data_root, store="read")
     check_output(output_format, out, root, OUTPUT_FORMATS, force)
     lake = DataLake(root)
     if run is not None and run not in runs_with_data(lake):
@@ -88,7 +88,7 @@ def plot(
 
     for run_id in run_ids:
         checked_run_id(run_id)
-    root = existing_root(data_root)
+    root = existing_root(data_root, store="read")
     try:
         result = plot_runs(root, run_ids, out, force)
     except (PlotError, LakeError) as exc:
@@ -116,7 +116,7 @@ def view(
     URL it prints holds a token made at each start (open it as printed: a request without it is refused)."""
     from ragen_view.server import ViewError, bind, has_display, serve
 
-    root = existing_root(data_root)
+    root = existing_root(data_root, store="read")
     try:
         binding = bind(host, port)
     except ViewError as exc:

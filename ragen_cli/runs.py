@@ -47,7 +47,7 @@ def runs(
     from ragen_core.storage.catalog import read_manifests
     from ragen_core.storage.maintenance import runs_overview
 
-    root = existing_root(data_root)
+    root = existing_root(data_root, store="read")
     check_output(output_format, None, root, OUTPUT_FORMATS[:3])
     lake = DataLake(root)
     try:

@@ -36,6 +36,7 @@ FIXTURE_MARKERS = {
     **{name: "server" for name in SERVER_FIXTURES},
     "prefect_harness": "prefect",  # Prefect's test harness: a temporary Prefect server, flows run in this process
     "browser": "browser",  # a headless Chromium (tests/view/conftest.py)
+    "s3_server": "s3",  # the S3-compatible test server (tests/s3_env.py)
 }
 _CPU = pytest.StashKey[tuple]()  # the CPU inventory's sampler and the moment it started (RAGEN_TEST_CPU)
 
@@ -234,3 +235,24 @@ def other_host(tmp_path_factory, tiny_model_dir):
     host = OtherHost(tmp_path_factory.mktemp("other-host"), tiny_model_dir, free_port()).start()
     yield host
     host.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3-compatible server (tests.s3_env.S3Server: moto's server mode on 127.0.0.1), for the session."""
+    from tests.s3_env import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3-server")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_root(s3_server, monkeypatch, tmp_path):
+    """A data root in a fresh bucket of the test S3 server: (the s3:// URL, the server); this process and the
+    commands it starts reach the store through the standard AWS variables, and keep their local copies in
+    ``tmp_path``."""
+    for name, value in s3_server.environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RAGEN_OBJECT_CACHE", str(tmp_path / "object-cache"))
+    return f"s3://{s3_server.bucket()}/lake", s3_server

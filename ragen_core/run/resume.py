@@ -182,7 +182,7 @@ def reopen_final_evaluation(session: RunSession, plan: ResumePlan, stored: RunMa
             prefixes = (f"val/{metric_env_name(env)}/", f"val/{env}/")
             values = {row["name"]: row["value"] for row in metrics if row["name"].startswith(prefixes)}
             lake.mark_stage_done(run_id, iteration, stage, {"metrics": values})
-        lake.commit_marker(run_id, iteration).unlink()
+        lake.withdraw_commit(run_id, iteration)
         reused = lake.discard_uncommitted(run_id, iteration)
     session.record.undo = functools.partial(undo_extension, session, final)
     session.record.update(

@@ -46,6 +46,7 @@ from ragen_core.storage.reader import read_rows, visible_files
 from ragen_core.storage.relocation import located_form, stored_form
 from ragen_core.storage.rows import Rows, check_partition, rows_table
 from ragen_core.storage.runs import manifest_row, runs_table
+from ragen_core.storage.storecopy import store_copy
 from ragen_core.storage.trust import (
     check_manifest,
     check_real_folder,
@@ -435,8 +436,20 @@ class DataLake:
         """Mark the iteration committed, then drop its staging folder. A writer whose lease on the run was taken
         over (:func:`ragen_core.storage.locks.check_writing`) is refused first."""
         check_writing(self.root, run_id)
+        copy = store_copy(self.root)
+        if copy is not None:  # a data root in an object store: the bucket's commit decides
+            copy.commit(run_id, iteration, payload)
         atomic_write_json(self.commit_marker(run_id, iteration), payload)
         shutil.rmtree(self._staging(run_id, iteration), ignore_errors=True)
+
+    def withdraw_commit(self, run_id: str, iteration: int) -> None:
+        """Withdraw a committed iteration's marker (a run extended past its final validation reopens it); in an
+        object store, its commit object first (deleted only while it is the one this copy holds)."""
+        check_writing(self.root, run_id)
+        copy = store_copy(self.root)
+        if copy is not None:
+            copy.withdraw(run_id, iteration)
+        self.commit_marker(run_id, iteration).unlink()
 
     def commit_payload(self, run_id: str, iteration: int) -> dict[str, Any]:
         """The payload of a committed iteration's marker (e.g. ``skipped``); a :class:`LakeError` if uncommitted."""
@@ -464,6 +477,9 @@ class DataLake:
         folders it names inside the data root relative to it (:mod:`ragen_core.storage.relocation`)."""
         check_writing(self.root, run_id)  # a writer whose lease was taken over writes nothing
         atomic_write_json(layout.manifest_file(self.run_dir(run_id)), stored_form(manifest.stored(), self.root))
+        copy = store_copy(self.root)
+        if copy is not None:
+            copy.push_loose(run_id)
 
     def read_manifest(self, run_id: str) -> RunManifest | None:
         """The run's manifest, or None when it has none; one that is not a manifest naming this run (a field of the

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ragen_core.storage.files import LakeError
 from ragen_core.storage.layout import housekeeping_lock_file, manifest_file, writer_lease_file, writer_lock_file
 from ragen_core.storage.lease import Lease, claim, read_lease, stale
+from ragen_core.storage.storecopy import store_copy
 from ragen_core.storage.trust import check_real_folder, check_real_folders, check_regular_file
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class RunLock:
     holder: dict[str, Any]
     taken_over: dict[str, Any] | None = None
     lease: Lease | None = None  # the half that holds across hosts
+    store_lease: Any = None  # a data root in an object store: the run's lease object there (``storelease``)
 
 
 _held: dict[Path, RunLock] = {}  # this process's locks, by file: a run has one taker per process
@@ -247,6 +249,8 @@ def check_writing(root: Path, run_id: str) -> None:
         lock = _held.get(lock_path(Path(root).resolve(), run_id))
     if lock is not None and lock.lease is not None:
         lock.lease.check()
+    if lock is not None and lock.store_lease is not None:
+        lock.store_lease.check()
 
 
 def lost_writing(root: Path, run_id: str) -> bool:
@@ -288,7 +292,20 @@ def acquire(root: Path, run_id: str, command: list[str] | None = None, wait: boo
         lease.release()
         os.close(descriptor)
         raise
-    lock = RunLock(run_id, path, descriptor, holder, taken_over=dead, lease=lease)
+    copy = store_copy(Path(root))
+    store_lease = None
+    if copy is not None:  # the bucket's lease object, then the copy's files of the run made the bucket's
+        try:
+            store_lease, stale_object = copy.take_run(
+                holder, lambda record: RunLockedError(locked_message(run_id, path, record)), wait
+            )
+        except BaseException:
+            os.ftruncate(descriptor, 0)  # no record of a holder left under a free lock
+            lease.release()
+            os.close(descriptor)
+            raise
+        dead = dead or stale_object
+    lock = RunLock(run_id, path, descriptor, holder, taken_over=dead, lease=lease, store_lease=store_lease)
     with _held_guard:
         _held[path] = lock
     return lock
@@ -303,6 +320,8 @@ def release(lock: RunLock) -> None:
         if _held.get(lock.path) is lock:
             _held.pop(lock.path)
         try:
+            if lock.store_lease is not None:
+                store_copy(lock.path.parent.parent.parent).release_run(lock.run_id)
             if lock.lease is not None:
                 lock.lease.release()  # before the flock: a taker here then finds no lease of a live holder
             os.ftruncate(lock.descriptor, 0)  # cleared first: a record under a free lock means a dead holder
