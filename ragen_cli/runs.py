@@ -82,7 +82,7 @@ def runs_rm(
     from ragen_core.storage.maintenance import plan_removal, remove_run
 
     checked_run_id(run_id)  # a name, never a pattern: 'a*' must not reach another run's files
-    root = existing_root(data_root or ctx.obj)
+    root = existing_root(data_root or ctx.obj, store="write")
     lake = DataLake(root)
     try:
         plan = plan_removal(lake, run_id, force=force)

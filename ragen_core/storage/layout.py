@@ -19,6 +19,8 @@ Layout 2 under the data root::
     runs/<run_id>/manifest.json                                    the run manifest (source of the ``runs`` table)
     runs/<run_id>/writer.lock                                      held by the run's one writer (``locks``)
     runs/<run_id>/writer.lease                                     its lease, which holds across hosts (``lease``)
+    runs/<run_id>/store.lease                                      in a bucket: its lease object (``storelease``;
+                                                                   never in a local copy)
     runs/<run_id>/.space-reserve                                   disk space a running run holds back, released
                                                                    to record its failure when the disk fills
                                                                    (``space``)
@@ -95,6 +97,7 @@ QUARANTINE_REPORT = "report.json"
 MANIFEST = "manifest.json"
 WRITER_LOCK = "writer.lock"
 WRITER_LEASE = "writer.lease"
+STORE_LEASE = "store.lease"  # a data root in a bucket: the run's lease object there (``storelease``)
 SPACE_RESERVE = ".space-reserve"  # hidden: no reader lists it
 CHECKPOINTS = "checkpoints"
 UPDATE_GROUP = "update_group"

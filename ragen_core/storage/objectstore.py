@@ -12,13 +12,18 @@ data root URL, a config or anything stored in the lake, and no error message car
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ragen_core.storage.files import LakeError
 
@@ -88,11 +93,15 @@ def redacted(text: str) -> str:
     credentials) replaced by ``***``."""
     secrets = [os.environ.get(name, "") for name in _CREDENTIAL_VARIABLES]
     secrets += list(_resolved_credentials())
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):  # an endpoint's user:password@, if any
+        userinfo = urlsplit(os.environ.get(name, "")).netloc.rpartition("@")[0]
+        secrets += [userinfo, *userinfo.split(":")] if userinfo else []
     for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return " ".join(text.split())
 
 
+@functools.lru_cache(maxsize=1)
 def _resolved_credentials() -> tuple[str, ...]:
     try:
         import boto3
@@ -211,13 +220,23 @@ class Store:
         return self._conditional(relative, data, IfMatch=etag)
 
     def _conditional(self, relative: str, data: bytes, **condition: str) -> str | None:
-        try:
-            answer = _client().put_object(Bucket=self.root.bucket, Key=self.root.key(relative), Body=data, **condition)
-            return answer["ETag"]
-        except Exception as exc:  # noqa: BLE001
-            if _code(exc) in CONDITION_FAILED or (_code(exc) in MISSING and "IfMatch" in condition):
-                return None
-            raise self._fail("write", relative, exc) from None
+        """A conditional put: its tag, or None when the condition failed. A put that failed its condition is read
+        back: holding exactly ``data`` (which the lake's callers make unique), it was this put's own, whose answer
+        was lost and whose retry met it. A conflict with another conditional put in flight is tried again."""
+        for attempt in range(6):
+            try:
+                key = self.root.key(relative)
+                return _client().put_object(Bucket=self.root.bucket, Key=key, Body=data, **condition)["ETag"]
+            except Exception as exc:  # noqa: BLE001
+                code = _code(exc)
+                if code in ("ConditionalRequestConflict", "409") and attempt < 5:
+                    time.sleep(0.1 * 2**attempt)
+                    continue
+                if code not in CONDITION_FAILED and not (code in MISSING and "IfMatch" in condition):
+                    raise self._fail("write", relative, exc) from None
+            current = self.read(relative)
+            return current[1] if current is not None and current[0] == data else None
+        return None
 
     def remove(self, relative: str, etag: str | None = None) -> bool:
         """Delete the object at ``relative`` (only while it holds ``etag``, when given); False when the condition
@@ -266,15 +285,24 @@ class Store:
             if _code(exc) in MISSING:
                 return None
             raise self._fail("read", relative, exc) from None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.download-{os.getpid()}")
+        temporary = path.with_name(f".{path.name}.download-{uuid.uuid4().hex[:12]}")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             with open(temporary, "wb") as handle:
                 for chunk in answer["Body"].iter_chunks(1 << 20):
                     handle.write(chunk)
             os.replace(temporary, path)
+        except OSError as exc:  # a folder where the object's file goes, or the other way round; a full disk
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+            raise StoreError(f"cannot write {self._where(relative)} to {str(path)!r}: {exc.strerror or exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the connection broke during the transfer
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+            raise self._fail("read", relative, exc) from None
         except BaseException:
-            temporary.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
             raise
         return answer["ETag"]
 

@@ -30,110 +30,35 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import threading
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ragen_core.faults import maybe_fail
 from ragen_core.storage import layout
-from ragen_core.storage.files import TRASH_PREFIX, LakeError, atomic_write_json
-from ragen_core.storage.objectstore import Listed, Store, StoreRoot, parse_root
+from ragen_core.storage.files import LakeError, atomic_write_json
+from ragen_core.storage.objectstore import Listed, Store, parse_root
+from ragen_core.storage.storenames import (
+    CACHE_ENV,
+    COMMIT_OBJECT,
+    STATE_FILE,
+    STATE_LOCK,
+    STORE_KEY,
+    UPLOADS,
+    as_json,
+    cache_folder,
+    checked_relative,
+    each,
+    folder_marker,
+    for_tables,
+    rows_iteration,
+    run_of,
+    synced,
+)
 
-CACHE_ENV = "RAGEN_OBJECT_CACHE"
-STATE_FILE = "_object_store.json"  # in the copy: the bucket's URL and what the copy holds of it
-STATE_LOCK = ".object_store.lock"
-UPLOADS = "_uploads"  # in the bucket: _uploads/<run>/<token>/<lake path> and _uploads/<run>/<token>.json
-STORE_KEY = "_object_store"  # in a commit object: {"changeset": token}; never in the copy's commit marker
-_NOT_SYNCED_TOP = {layout.STAGING, layout.LOCKS, layout.PREFECT, STATE_FILE, STATE_LOCK, UPLOADS}
-_NOT_SYNCED_IN_RUN = {layout.WRITER_LOCK, layout.WRITER_LEASE, layout.SPACE_RESERVE, layout.UPDATE_GROUP}
-_NOT_SYNCED_IN_RUN |= {layout.VLLM_SERVER, layout.SAMPLER}
-_SCRATCH = re.compile(r"\..+\.(tmp|download)-\d+")
-_COMMIT_OBJECT = re.compile(rf"{layout.COMMITS}/([^/]+)/{re.escape(layout.KEYED_ITERATION)}(\d+)\.json")
-
-
-def cache_folder(root: StoreRoot) -> Path:
-    """The local copy of ``root``: ``<base>/<bucket>/<prefix>`` (the bucket's top: ``<bucket>/_top``), the base
-    ``$RAGEN_OBJECT_CACHE``, else ``objects/`` in the user's cache folder (``$RAGEN_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/ragen``, else ``~/.cache/ragen``)."""
-    base = os.environ.get(CACHE_ENV)
-    if not base:
-        cache = os.environ.get("RAGEN_CACHE_DIR") or str(
-            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ragen"
-        )
-        base = str(Path(cache) / "objects")
-    return Path(base).expanduser().resolve() / root.bucket / (root.prefix or "_top")
-
-
-_UNSAFE = re.compile(r"[\\\x00-\x1f\x7f]")
-
-
-def checked_relative(relative: str, url: str) -> str:
-    """``relative`` (an object's path under the data root) when it can name a file of the local copy; a
-    :class:`LakeError` otherwise (an empty, ``.`` or ``..`` folder, a backslash or control character: an object
-    planted to write outside the copy)."""
-    parts = relative.split("/")
-    if not relative or _UNSAFE.search(relative) or any(p in ("", ".", "..") for p in parts):
-        raise LakeError(
-            f"the object {relative!r} under {url} cannot name a file of the data root (an empty, '.' or '..' folder, "
-            "or a control character); the lake never writes one: remove it from the bucket, then try again"
-        )
-    return relative
-
-
-def _json(data: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def synced(relative: str) -> bool:
-    """Whether the lake path ``relative`` lives in the bucket (else it is the copy's own: staging, locks, ...)."""
-    parts = relative.split("/")
-    if parts[0] in _NOT_SYNCED_TOP or _SCRATCH.fullmatch(parts[-1]) or any(p.startswith(TRASH_PREFIX) for p in parts):
-        return False
-    return not (parts[0] == layout.RUNS and len(parts) > 2 and parts[2] in _NOT_SYNCED_IN_RUN)
-
-
-def run_of(relative: str) -> str | None:
-    """The run a lake path belongs to (its rows, commits, manifest, checkpoints, quarantine), or None (models,
-    sweeps, the layout file)."""
-    parts = relative.split("/")
-    if len(parts) < 3:
-        return None
-    if parts[0] in (layout.COMMITS, layout.RUNS):
-        return parts[1]
-    if parts[0] == layout.QUARANTINE and parts[1].startswith(layout.QUARANTINE_RUN_PREFIX):
-        return parts[1][len(layout.QUARANTINE_RUN_PREFIX) :]
-    if parts[1].startswith(layout.RUN_FOLDER_PREFIX) and not parts[0].startswith("_"):
-        return parts[1][len(layout.RUN_FOLDER_PREFIX) :]
-    return None
-
-
-TRANSFERS = 8  # requests a copy sends to the store at once (uploads, downloads, copies, deletes)
-
-
-def _each(work: Any, items: list[Any]) -> list[Any]:
-    """``work(item)`` for every item, :data:`TRANSFERS` at a time (each is a request to the store, which waits on
-    the network); their results in order; the first failure raised."""
-    if len(items) < 2:
-        return [work(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(TRANSFERS, len(items))) as pool:
-        return list(pool.map(work, items))
-
-
-def for_tables(relative: str, models: bool = False) -> bool:
-    """Whether a lake path is one the tables and the ``runs`` listing read (not a run's checkpoint or log; a model
-    only with ``models``)."""
-    parts = relative.split("/")
-    if parts[0] == layout.MODELS:
-        return models
-    return not (parts[0] == layout.RUNS and len(parts) > 2 and parts[2] != layout.MANIFEST)
+__all__ = ["UPLOADS", "StoreCopy", "open_store_root", "store_copy"]
 
 
 class StoreCopy:
@@ -146,23 +71,29 @@ class StoreCopy:
     # -- the copy's record of what it holds -------------------------------------------------------------------------
     @contextlib.contextmanager
     def _state(self) -> Iterator[dict[str, Any]]:
-        """The copy's state, under an exclusive lock (two commands of this host share a copy): ``objects`` (lake
-        path -> the tag of the object the copy's file came from or went to) and ``files`` (lake path -> the size
-        and mtime the file had then). Saved when the block ends."""
+        """The copy's state, under an exclusive lock (two commands of this host share a copy; every exchange with
+        the bucket happens under it): ``objects`` (lake path -> the tag of the object the copy's file came from or
+        went to) and ``files`` (lake path -> the size and mtime the file had then). Saved when the block ends."""
         with open(self.folder / STATE_LOCK, "a+") as handle:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             path = self.folder / STATE_FILE
-            state = _json(path.read_bytes()) if path.is_file() else {}  # damaged: the copy is fetched again
-            state.setdefault("objects", {})
-            state.setdefault("files", {})
+            state = as_json(path.read_bytes()) if path.is_file() else {}  # damaged: the copy is fetched again
+            state["objects"] = state.get("objects") if isinstance(state.get("objects"), dict) else {}
+            state["files"] = state.get("files") if isinstance(state.get("files"), dict) else {}
             state["url"] = self.store.root.url
             yield state
             atomic_write_json(path, state)
 
-    def _stamp(self, state: dict[str, Any], relative: str, etag: str) -> None:
-        stat = (self.folder / relative).stat()
+    def _stamp(self, state: dict[str, Any], relative: str, etag: str, stat: os.stat_result | None = None) -> None:
+        """Record that the copy's file ``relative`` (as ``stat`` saw it: the state it was uploaded in) is the object
+        of tag ``etag``."""
+        stat = stat or (self.folder / relative).stat()
         state["objects"][relative] = etag
         state["files"][relative] = [stat.st_size, stat.st_mtime_ns]
+
+    def _forget(self, state: dict[str, Any], relative: str) -> None:
+        state["objects"].pop(relative, None)
+        state["files"].pop(relative, None)
 
     def _unchanged(self, state: dict[str, Any], relative: str) -> bool:
         try:
@@ -196,9 +127,11 @@ class StoreCopy:
         return found
 
     # -- reading the bucket -----------------------------------------------------------------------------------------
-    def pending(self, listing: dict[str, Listed], run_id: str | None = None) -> dict[str, dict[str, Any]]:
-        """The committed changesets not yet applied (their changeset object still there), by token: the changeset
-        (``run``, ``iteration``, ``put``: lake path -> size, ``delete``)."""
+    def changesets(self, listing: dict[str, Listed], run_id: str | None = None) -> dict[str, dict[str, Any]]:
+        """The changesets in the bucket (of ``run_id``, when given), by token: the changeset (``run``,
+        ``iteration``, ``put``: lake path -> size, ``delete``) and its fate: ``committed`` (its iteration's commit
+        object names it: not yet applied) or ``superseded`` (that commit object names another). One the lake did
+        not write (not of that shape, or naming files outside its run) is left out: never applied, never read."""
         found = {}
         for relative in listing:
             parts = relative.split("/")
@@ -206,76 +139,95 @@ class StoreCopy:
                 continue
             if run_id is not None and parts[1] != run_id:
                 continue
-            token = parts[2][: -len(".json")]
             read = self.store.read(relative)
-            changeset = _json(read[0]) if read else {}
-            iteration, put = changeset.get("iteration"), changeset.get("put")
-            deletes = changeset.get("delete", [])
-            sizes_ok = isinstance(put, dict) and all(isinstance(size, int) for size in put.values())
-            if not isinstance(iteration, int) or iteration < 0 or not sizes_ok or not isinstance(deletes, list):
-                continue  # not a changeset this lake wrote: never applied, never read
-            for name in [*put, *deletes]:
-                checked_relative(str(name), self.store.root.url)
-            commit = self.store.read(f"{layout.COMMITS}/{parts[1]}/{layout.commit_marker_name(iteration)}")
-            named = _json(commit[0]).get(STORE_KEY) if commit is not None else None
-            if isinstance(named, dict) and named.get("changeset") == token:
-                found[token] = {**changeset, "run": parts[1], "committed": True}
-            else:
-                found[token] = {**changeset, "run": parts[1], "committed": False}
+            changeset = _checked_changeset(as_json(read[0]) if read else {}, parts[1], self.store.root.url)
+            if changeset is None:
+                continue
+            commit = self.store.read(
+                f"{layout.COMMITS}/{parts[1]}/{layout.commit_marker_name(changeset['iteration'])}"
+            )
+            named = as_json(commit[0]).get(STORE_KEY) if commit is not None else None
+            token = parts[2][: -len(".json")]
+            changeset["committed"] = isinstance(named, dict) and named.get("changeset") == token
+            changeset["superseded"] = commit is not None and not changeset["committed"]
+            found[token] = changeset
         return found
 
     def pull(self, run_id: str | None = None, exact: bool = False, only: str | None = None) -> int:
-        """Download what the copy lacks or holds in an older version (of ``run_id`` only, when given; ``only="read"``:
-        what the tables and the runs' manifests need; ``only="write"``: those and the models, the runs' checkpoints
-        coming with :meth:`take_run`, each run's to its writer); with ``exact``,
-        also remove the copy's files of that run that the bucket no longer holds. Committed changesets not yet
-        applied are read from their uploads. Returns how many files were downloaded."""
-        listing = self.store.listing()
-        pending = [c for c in self.pending(listing, run_id).items() if c[1]["committed"]]
-        fetched, wanted = 0, []
-        with self._state() as state:
+        """Download what the copy lacks or holds in an older version, and remove what the bucket deleted (of
+        ``run_id`` only, when given; ``only="read"``: what the tables and the runs' manifests need; ``only="write"``:
+        those and the models, the runs' checkpoints coming with :meth:`take_run`, each run's to its writer). A file
+        changed here and not pushed yet (a local writer's) is left alone, unless ``exact`` (a writer taking its run:
+        the bucket's files win, and the copy's files of iterations the bucket committed that it does not hold go).
+        Committed changesets not yet applied are read from their uploads. Returns how many files were downloaded;
+        a file that vanished meanwhile (a changeset applied) makes it look again, once."""
+        fetched, missed = self._pull(run_id, exact, only)
+        if missed:
+            fetched += self._pull(run_id, exact, only)[0]
+        return fetched
+
+    def _pull(self, run_id: str | None, exact: bool, only: str | None) -> tuple[int, bool]:
+        with self._state() as state:  # the listing too: a local writer's push and this pull never interleave
+            listing = {k: v for k, v in self.store.listing().items() if not folder_marker(k, v.size)}
+            pending = [(t, c) for t, c in self.changesets(listing, run_id).items() if c["committed"]]
+            wanted: dict[str, str] = {}  # the copy's file -> the object it comes from
             for relative, listed in sorted(listing.items()):
                 checked_relative(relative, self.store.root.url)
                 if not synced(relative) or (run_id is not None and run_of(relative) != run_id):
                     continue
                 if only is not None and not for_tables(relative, models=only == "write"):
                     continue
-                if state["objects"].get(relative) == listed.etag and self._held(relative):
+                if state["objects"].get(relative) == listed.etag and (self.folder / relative).is_file():
                     continue
-                wanted.append((relative, relative))
-            for token, changeset in pending:
+                if not exact and relative in state["files"] and self._pending_here(state, relative):
+                    continue
+                wanted[relative] = relative
+            for token, changeset in pending:  # a committed changeset's files: from its uploads, which win
                 for relative in [r for r in changeset["put"] if only is None or for_tables(r, only == "write")]:
                     upload = f"{UPLOADS}/{changeset['run']}/{token}/{relative}"
                     if upload in listing and state["objects"].get(relative) != listing[upload].etag:
-                        wanted.append((upload, relative))
-            for (_, relative), etag in zip(wanted, _each(self._download, wanted), strict=True):
+                        wanted[relative] = upload
+            targets = sorted(wanted)
+            tags = each(self._download, [(wanted[t], t) for t in targets])
+            for relative, etag in zip(targets, tags, strict=True):
                 if etag is not None:
                     self._stamp(state, relative, etag)
-                    fetched += 1
+            self._remove_deleted(state, listing, pending, run_id, exact)
             if exact and run_id is not None:
-                held = set(listing) | {r for _, c in pending for r in c["put"]}
-                for relative in [r for r in state["objects"] if run_of(r) == run_id and r not in held]:
-                    (self.folder / relative).unlink(missing_ok=True)
-                    state["objects"].pop(relative, None)
-                    state["files"].pop(relative, None)
-        return fetched
+                self._drop_stale_attempt(state, listing, pending, run_id)
+        return sum(t is not None for t in tags), None in tags
 
-    def _held(self, relative: str) -> bool:
-        """Whether the copy has a file at ``relative`` (the caller knows that its object is unchanged since the file
-        was pulled or pushed): one changed here since is a local writer's work not yet pushed (a run's manifest
-        between its write and its upload, a part before its commit), which a pull never overwrites."""
-        return (self.folder / relative).is_file()
+    def _pending_here(self, state: dict[str, Any], relative: str) -> bool:
+        """Whether the copy's file changed since it was pulled or pushed: a local writer's work not yet pushed."""
+        return (self.folder / relative).exists() and not self._unchanged(state, relative)
+
+    def _remove_deleted(self, state: dict[str, Any], listing: dict, pending: list, run_id: str | None, exact: bool):
+        """Remove the copy's files whose objects the bucket deleted (or a committed changeset deletes), unless a
+        local writer changed them since (``exact``: whatever)."""
+        held = set(listing) | {r for _, c in pending for r in c["put"]}
+        deleted = {r for _, c in pending for r in c["delete"]}
+        for relative in [r for r in state["objects"] if run_id is None or run_of(r) == run_id]:
+            if (relative not in held or relative in deleted) and (exact or not self._pending_here(state, relative)):
+                (self.folder / relative).unlink(missing_ok=True)
+                self._forget(state, relative)
+
+    def _drop_stale_attempt(self, state: dict[str, Any], listing: dict, pending: list, run_id: str) -> None:
+        """A writer taking its run: the copy's row files (parts, their records) of iterations the bucket committed
+        that the bucket does not hold go (a dead attempt's, here, of an iteration another host committed)."""
+        committed = {int(m.group(2)) for m in map(COMMIT_OBJECT.fullmatch, listing) if m and m.group(1) == run_id}
+        held = set(listing) | {r for _, c in pending for r in c["put"]}
+        for relative in self.local_files(run_id):
+            if rows_iteration(relative) in committed and relative not in held:
+                (self.folder / relative).unlink(missing_ok=True)
+                self._forget(state, relative)
 
     def _download(self, pair: tuple[str, str]) -> str | None:
         """Download the object ``source`` to the copy's file ``relative``; its tag, or None when it is gone."""
         source, relative = pair
         target = self.folder / relative
         etag = self.store.download(source, target)
-        if etag is None:
-            return None
-        match = _COMMIT_OBJECT.fullmatch(relative)
-        if match:  # the copy's commit marker is the lake's payload, without the bucket's changeset
-            payload = _json(target.read_bytes())
+        if etag is not None and COMMIT_OBJECT.fullmatch(relative):  # the copy keeps the lake's payload alone
+            payload = as_json(target.read_bytes())
             if STORE_KEY in payload:
                 payload.pop(STORE_KEY)
                 atomic_write_json(target, payload)
@@ -283,17 +235,20 @@ class StoreCopy:
 
     # -- writing a run ----------------------------------------------------------------------------------------------
     def take_run(self, holder: dict[str, Any], refuse: Any, wait: bool) -> tuple[Any, dict[str, Any] | None]:
-        """Claim the run's lease object, apply its committed changesets, delete its uploads no commit names, and
-        make the copy's files of the run the bucket's; (the lease, a stale lease's record taken over)."""
+        """Claim the run's lease object, apply its committed changesets, delete the changesets another commit
+        superseded and the uploads no changeset names, and make the copy's files of the run the bucket's; (the
+        lease, a stale lease's record taken over). A changeset of an iteration nobody committed stays: its writer
+        (one whose lease expired, say) may still commit it, and the next writer after that commit deletes it."""
         from ragen_core.storage.storelease import claim_store_lease
 
         run_id = holder["run_id"]
+        check_conditional_writes(self.store)
         lease, taken = claim_store_lease(self.store, holder, refuse, wait)
         try:
-            for token, changeset in self.pending(self.store.listing(f"{UPLOADS}/{run_id}"), run_id).items():
+            for token, changeset in self.changesets(self.store.listing(f"{UPLOADS}/{run_id}/"), run_id).items():
                 if changeset["committed"]:
                     self._apply(token, changeset)
-                else:
+                elif changeset["superseded"]:
                     self._drop(run_id, token)
             self._drop_orphans(run_id)
             self.pull(run_id, exact=True)
@@ -304,29 +259,34 @@ class StoreCopy:
         return lease, taken
 
     def _drop(self, run_id: str, token: str) -> None:
-        _each(self.store.remove, sorted(self.store.listing(f"{UPLOADS}/{run_id}/{token}/")))
+        """Delete a changeset: its uploads, then its object (while that is there, its uploads are known)."""
+        each(self.store.remove, sorted(self.store.listing(f"{UPLOADS}/{run_id}/{token}/")))
         self.store.remove(f"{UPLOADS}/{run_id}/{token}.json")
 
     def _drop_orphans(self, run_id: str) -> None:
-        """Uploads of the run that no changeset object names (a writer died while uploading, before its changeset
-        was written)."""
+        """Uploads of the run that no changeset object names: a changeset object is written before its uploads, so
+        these are what a writer uploaded after its changeset was deleted (superseded), never read."""
         listing = self.store.listing(f"{UPLOADS}/{run_id}/")
         named = {r.split("/")[2][: -len(".json")] for r in listing if r.count("/") == 2 and r.endswith(".json")}
-        for relative in listing:
-            parts = relative.split("/")
-            if len(parts) > 3 and parts[2] not in named:
-                self.store.remove(relative)
+        each(self.store.remove, [r for r in sorted(listing) if r.count("/") > 2 and r.split("/")[2] not in named])
 
     def _apply(self, token: str, changeset: dict[str, Any]) -> dict[str, str]:
         """Copy a committed changeset's uploads to their own names, delete what it deletes, then remove its
         uploads (the changeset object last: while it is there, the next writer applies it again, which is safe);
-        the copies' tags."""
-        run_id = changeset["run"]
+        the copies' tags. An upload already applied and removed is one whose own name holds its size."""
+        run_id, put = changeset["run"], changeset["put"]
         uploaded = self.store.listing(f"{UPLOADS}/{run_id}/{token}/")
-        present = [r for r in sorted(changeset["put"]) if f"{UPLOADS}/{run_id}/{token}/{r}" in uploaded]  # else: done
-        put = changeset["put"]
-        copied = _each(lambda r: self.store.copy(f"{UPLOADS}/{run_id}/{token}/{r}", r, int(put[r])), present)
-        _each(self.store.remove, list(changeset.get("delete", [])))
+        present = [r for r in sorted(put) if f"{UPLOADS}/{run_id}/{token}/{r}" in uploaded]
+        for relative in sorted(set(put) - set(present)):
+            applied = self.store.listing(relative).get(relative)
+            if applied is None or applied.size != put[relative]:
+                raise LakeError(
+                    f"the commit of iteration {changeset['iteration']} of run {run_id!r} in {self.store.root.url} "
+                    f"names {relative!r}, which neither its uploads nor the bucket hold: the bucket was changed by "
+                    "hand; restore that object, then try again"
+                )
+        copied = each(lambda r: self.store.copy(f"{UPLOADS}/{run_id}/{token}/{r}", r, int(put[r])), present)
+        each(self.store.remove, list(changeset["delete"]))
         self._drop(run_id, token)
         return dict(zip(present, copied, strict=True))
 
@@ -338,20 +298,23 @@ class StoreCopy:
             lease.check()
         token = uuid.uuid4().hex
         with self._state() as state:
-            files = self.local_files(run_id)
-            marker = f"{layout.COMMITS}/{run_id}/{layout.commit_marker_name(iteration)}"
-            changed = sorted(r for r in files if not _COMMIT_OBJECT.fullmatch(r) and not self._unchanged(state, r))
+            files = self.local_files(run_id)  # each file as it is uploaded: one changed meanwhile goes again
+            changed = sorted(r for r in files if not COMMIT_OBJECT.fullmatch(r) and not self._unchanged(state, r))
             deleted = sorted(r for r in state["files"] if run_of(r) == run_id and r not in files)
-            deleted = [r for r in deleted if not _COMMIT_OBJECT.fullmatch(r)]
+            deleted = [r for r in deleted if not COMMIT_OBJECT.fullmatch(r)]
+            changeset = {"iteration": iteration, "put": {r: files[r].st_size for r in changed}, "delete": deleted}
+            # the changeset first: every upload then belongs to an iteration a later writer can judge
+            self.store.write(f"{UPLOADS}/{run_id}/{token}.json", json.dumps(changeset, sort_keys=True).encode())
 
             def upload(relative: str) -> str:
                 return self.store.upload(self.folder / relative, f"{UPLOADS}/{run_id}/{token}/{relative}")
 
-            _each(upload, changed[: len(changed) // 2])
+            each(upload, changed[: len(changed) // 2])
             maybe_fail("store", "mid_upload", iteration)  # half the changeset uploaded, nothing committed
-            _each(upload, changed[len(changed) // 2 :])
-            changeset = {"iteration": iteration, "put": {r: files[r].st_size for r in changed}, "delete": deleted}
-            self.store.write(f"{UPLOADS}/{run_id}/{token}.json", json.dumps(changeset, sort_keys=True).encode())
+            each(upload, changed[len(changed) // 2 :])
+            if lease is not None:
+                lease.check()  # once more, just before the commit
+            marker = f"{layout.COMMITS}/{run_id}/{layout.commit_marker_name(iteration)}"
             data = json.dumps({**payload, STORE_KEY: {"changeset": token}}, sort_keys=True).encode()
             etag = self.store.create(marker, data)
             if etag is None:
@@ -363,32 +326,31 @@ class StoreCopy:
             maybe_fail("store", "committed", iteration)  # committed in the bucket, not yet applied nor in the copy
             tags = self._apply(token, {**changeset, "run": run_id})
             for relative in changed:
-                self._stamp(state, relative, tags.get(relative, ""))
+                self._stamp(state, relative, tags.get(relative, ""), files[relative])
             for relative in deleted:
-                state["objects"].pop(relative, None)
-                state["files"].pop(relative, None)
+                self._forget(state, relative)
             state["objects"][marker] = etag
 
     def withdraw(self, run_id: str, iteration: int) -> None:
         """Delete the commit object of ``iteration`` (a run extended past its final validation reopens it), only
-        while it still holds what this copy pulled or created; a :class:`LakeError` when another writer changed it."""
+        while it is the one this copy pulled or created; a :class:`LakeError` when another writer changed it."""
         lease = self.leases.get(run_id)
         if lease is not None:
             lease.check()
         marker = f"{layout.COMMITS}/{run_id}/{layout.commit_marker_name(iteration)}"
         with self._state() as state:
-            current = self.store.read(marker)
-            if current is not None and not self.store.remove(marker, current[1]):
+            held = state["objects"].get(marker)
+            if held is None or not self.store.remove(marker, held):
                 raise LakeError(
-                    f"the commit of iteration {iteration} of run {run_id!r} in {self.store.root.url} changed while it "
-                    "was withdrawn: another writer holds the run; try again once it is done"
+                    f"the commit of iteration {iteration} of run {run_id!r} in {self.store.root.url} is not the one "
+                    "this copy holds: another writer changed the run; resume it again"
                 )
-            state["objects"].pop(marker, None)
-            state["files"].pop(marker, None)
+            self._forget(state, marker)
 
     def push_loose(self, run_id: str | None) -> None:
         """Put the files outside any run that changed (models, sweeps, the layout file) and, for ``run_id``, its
-        manifest: written between commits (a run's start and end). A run's other files go with its commits."""
+        manifest: written between commits (a run's start and end). A run's other files go with its commits. A
+        model folder's files are put only where the bucket has none (a model's folder is named by what it holds)."""
         lease = self.leases.get(run_id) if run_id else None
         if lease is not None:
             lease.check()
@@ -398,22 +360,82 @@ class StoreCopy:
                 manifest = f"{layout.RUNS}/{run_id}/{layout.MANIFEST}"
                 if (self.folder / manifest).is_file():
                     wanted[manifest] = (self.folder / manifest).stat()
-            for relative in sorted(wanted):
-                if not self._unchanged(state, relative):
-                    etag = self.store.upload(self.folder / relative, relative)
-                    self._stamp(state, relative, etag)
+            for relative in sorted(r for r in wanted if not self._unchanged(state, r)):
+                there = (
+                    self.store.listing(relative).get(relative) if relative.startswith(f"{layout.MODELS}/") else None
+                )
+                etag = there.etag if there is not None else self.store.upload(self.folder / relative, relative)
+                self._stamp(state, relative, etag, wanted[relative])
             if run_id is not None:  # the run's folder files it removed since (a checkpoint an undone extension made)
                 folder = f"{layout.RUNS}/{run_id}/"
                 for relative in [r for r in state["files"] if r.startswith(folder)]:
                     if not (self.folder / relative).exists():
                         self.store.remove(relative)
-                        state["objects"].pop(relative, None)
-                        state["files"].pop(relative, None)
+                        self._forget(state, relative)
+
+    def remove_run(self, run_id: str, models: list[str]) -> None:
+        """Delete the run's objects (``ragen runs rm``, holding its lease): its commit objects first (readers stop
+        counting its rows), then its rows, records, uploads, quarantine, run folder and the ``models`` folders it
+        owned, its manifest last; the lease object goes with the lease."""
+        lease = self.leases.get(run_id)
+        if lease is not None:
+            lease.check()
+        with self._state() as state:
+            listing = self.store.listing()
+            mine = [r for r in listing if run_of(r) == run_id or r.startswith(f"{UPLOADS}/{run_id}/")]
+            mine += [r for r in listing if any(r.startswith(f"{model}/") for model in models)]
+            manifest = f"{layout.RUNS}/{run_id}/{layout.MANIFEST}"
+            commits = sorted(r for r in mine if COMMIT_OBJECT.fullmatch(r))
+            rest = sorted(r for r in set(mine) - set(commits) if r != manifest and not _lease_object(r))
+            for batch in (commits, rest, [manifest] if manifest in listing else []):
+                each(self.store.remove, batch)
+                for relative in batch:
+                    self._forget(state, relative)
 
     def release_run(self, run_id: str) -> None:
         lease = self.leases.pop(run_id, None)
         if lease is not None:
             lease.release()
+
+
+def _lease_object(relative: str) -> bool:
+    parts = relative.split("/")
+    return len(parts) == 3 and parts[0] == layout.RUNS and parts[2] == layout.STORE_LEASE
+
+
+_probed: set[str] = set()
+
+
+def check_conditional_writes(store: Store) -> None:
+    """Refuse (one line) a store that ignores the conditional puts the commit and the lease rely on: a probe object
+    created twice with ``If-None-Match: *`` (the second must fail), then deleted; once per process and bucket."""
+    if store.root.url in _probed:
+        return
+    probe = f"{UPLOADS}/.probe-{uuid.uuid4().hex}"
+    try:
+        first, second = store.create(probe, b"1"), store.create(probe, b"2")
+    finally:
+        store.remove(probe)
+    if first is None or second is not None:
+        raise LakeError(
+            f"the object store of {store.root.url} ignores conditional writes (If-None-Match), on which a commit "
+            "and the writer lease rely: use a store that honours them (AWS S3, MinIO, ...) or a local data root"
+        )
+    _probed.add(store.root.url)
+
+
+def _checked_changeset(changeset: dict[str, Any], run_id: str, url: str) -> dict[str, Any] | None:
+    """A changeset object read from the bucket, if it is one this lake wrote for ``run_id`` (its files synced
+    files of that run), with ``run`` set; else None."""
+    iteration, put, deletes = changeset.get("iteration"), changeset.get("put"), changeset.get("delete", [])
+    if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+        return None
+    if not isinstance(put, dict) or not all(isinstance(v, int) for v in put.values()) or not isinstance(deletes, list):
+        return None
+    names = [*put, *deletes]
+    if not all(isinstance(n, str) and synced(checked_relative(n, url)) and run_of(n) == run_id for n in names):
+        return None
+    return {"iteration": iteration, "put": put, "delete": deletes, "run": run_id}
 
 
 _copies: dict[Path, StoreCopy | None] = {}
@@ -428,7 +450,7 @@ def store_copy(root: Path) -> StoreCopy | None:
             state = root / STATE_FILE
             copy = None
             if state.is_file():
-                url = _json(state.read_bytes()).get("url")
+                url = as_json(state.read_bytes()).get("url")
                 if not isinstance(url, str):
                     raise LakeError(f"{str(state)!r} names no object store: delete the local copy {str(root)!r}")
                 copy = StoreCopy(Store(parse_root(url)), root)
@@ -446,7 +468,7 @@ def open_store_root(url: str, only: str | None = None) -> Path:
     folder = cache_folder(root)
     folder.mkdir(parents=True, exist_ok=True)
     state = folder / STATE_FILE
-    if state.is_file() and _json(state.read_bytes()).get("url") not in (root.url, None):
+    if state.is_file() and as_json(state.read_bytes()).get("url") not in (root.url, None):
         raise LakeError(f"the local copy {str(folder)!r} belongs to another data root; set {CACHE_ENV} elsewhere")
     copy = StoreCopy(store, folder)
     copy.pull(only=only)

@@ -1,4 +1,4 @@
-"""The writer lease of a run whose data root is in an object store: an object, ``runs/<id>/writer.lease`` in the
+"""The writer lease of a run whose data root is in an object store: an object, ``runs/<id>/store.lease`` in the
 bucket, holding its owner's record (host, machine, pid, command, token, when renewed, for how long).
 
 An object store has no ``link`` and no ``rename``, but it has conditional puts, and they are enough:
@@ -32,13 +32,24 @@ from typing import Any
 from ragen_core.storage.files import LakeError
 from ragen_core.storage.lease import LeaseLostError, lease_seconds, machine
 from ragen_core.storage.objectstore import Store, StoreError
+from ragen_core.storage.storenames import finite
 
 
 def lease_key(run_id: str) -> str:
     """The lake path of a run's lease object in the bucket (the lease file's place on a local root)."""
-    from ragen_core.storage.layout import RUNS, WRITER_LEASE
+    from ragen_core.storage.layout import RUNS, STORE_LEASE
 
-    return f"{RUNS}/{run_id}/{WRITER_LEASE}"
+    return f"{RUNS}/{run_id}/{STORE_LEASE}"
+
+
+def store_machine() -> str:
+    """This machine as a lease object names it: the kernel (its boot id, :func:`ragen_core.storage.lease.machine`)
+    and the pid namespace, whose processes this one can see (containers on one kernel each have their own)."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{machine()}/pid:{namespace}"
 
 
 def _pid_alive(pid: object) -> bool:
@@ -56,10 +67,10 @@ def _pid_alive(pid: object) -> bool:
 def store_stale(record: dict[str, Any], now: float | None = None) -> bool:
     """Whether a lease object's record no longer holds: its process is gone (judged only on its own machine), or
     it went ``seconds`` without renewal; a record without those fields holds nothing."""
-    if record.get("machine") == machine() and not _pid_alive(record.get("pid")):
+    if record.get("machine") == store_machine() and not _pid_alive(record.get("pid")):
         return True
     renewed, seconds = record.get("renewed_at"), record.get("seconds")
-    if not isinstance(renewed, (int, float)) or not isinstance(seconds, (int, float)):
+    if not finite(renewed) or not finite(seconds):
         return True
     return (time.time() if now is None else now) - renewed > seconds
 
@@ -153,9 +164,9 @@ def claim_store_lease(
     over, or None). A live lease raises ``refuse(its record)``, or with ``wait`` is waited for."""
     seconds = lease_seconds()
     key = lease_key(holder["run_id"])
-    taken_over = None
-    for _ in range(1000):
-        record = {**holder, "machine": machine(), "token": uuid.uuid4().hex, "renewed_at": time.time()}
+    taken_over, races = None, 0
+    while races < 1000:  # a failed create or take-over (another claimant's won): look again
+        record = {**holder, "machine": store_machine(), "token": uuid.uuid4().hex, "renewed_at": time.time()}
         record["seconds"] = seconds
         data = json.dumps(record, sort_keys=True).encode()
         current = store.read(key)
@@ -174,4 +185,5 @@ def claim_store_lease(
             lease = StoreLease(store, record, etag, seconds)
             lease.start()
             return lease, taken_over
+        races += 1
     raise LakeError(f"cannot take the writer lease {key} in {store.root.url}: it keeps changing; try again")

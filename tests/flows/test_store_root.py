@@ -8,6 +8,7 @@ bucket, a local copy or any output."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -70,10 +71,12 @@ def killed_twice(tmp_path_factory, s3_server, tiny_model_dir, tiny_policy, prefe
     state["outputs"].append(output)
     assert rc == -signal.SIGKILL, output[-3000:]
     state["after_upload_kill"] = _keys(s3_server, bucket)
+    state["objects_after_upload_kill"] = s3_server.objects(bucket)
     rc, output = _ragen(["resume", RUN], url, hosts / "b", env, "store:committed@2", api_url)
     state["outputs"].append(output)
     assert rc == -signal.SIGKILL, output[-3000:]
     state["after_commit_kill"] = _keys(s3_server, bucket)
+    state["objects_after_commit_kill"] = s3_server.objects(bucket)
     query = "SELECT iteration, split, count(*) AS n FROM trajectories GROUP BY ALL ORDER BY ALL"
     rc, output = _ragen(["sql", query, "--format", "csv"], url, hosts / "c", env)
     state["outputs"].append(output)
@@ -96,7 +99,8 @@ def test_a_kill_during_the_upload_commits_nothing_of_the_iteration(killed_twice)
     keys = state["after_upload_kill"]
     assert _committed(keys) == [0]
     uploads = [k for k in keys if k.startswith(f"lake/{UPLOADS}/{RUN}/")]
-    assert uploads and not any(k.endswith(".json") and k.count("/") == 3 for k in uploads)  # no changeset written
+    [changeset] = [k for k in uploads if k.count("/") == 3]  # written first, then half its files
+    assert len(uploads) > 1 and json.loads(state["objects_after_upload_kill"][changeset])["iteration"] == 1
     assert not any(k.startswith(f"lake/trajectories/run-{RUN}/iteration-1/") for k in keys)
 
 
@@ -104,8 +108,14 @@ def test_a_kill_after_the_commit_leaves_it_pending_and_a_reader_counts_it_once(k
     _, _, _, _, state, _ = killed_twice
     keys = state["after_commit_kill"]
     assert _committed(keys) == [0, 1, 2]
-    changesets = [k for k in keys if k.startswith(f"lake/{UPLOADS}/{RUN}/") and k.count("/") == 3]
-    assert len(changesets) == 1  # iteration 2's, committed, not applied; the first kill's uploads were dropped
+    changesets = {
+        k: json.loads(data)
+        for k, data in state["objects_after_commit_kill"].items()
+        if k.startswith(f"lake/{UPLOADS}/{RUN}/") and k.count("/") == 3
+    }
+    # iteration 2's, committed, not applied; and the first kill's of iteration 1, which host B's commit of 1
+    # superseded (it stays until the next writer: a changeset nobody superseded may still be committed)
+    assert sorted(c["iteration"] for c in changesets.values()) == [1, 2]
     assert not any(k.startswith(f"lake/trajectories/run-{RUN}/iteration-2/") for k in keys)
     rc, output = state["reader"]
     assert rc == 0, output
@@ -214,7 +224,7 @@ def test_a_completed_run_in_a_bucket_is_extended_from_another_host(killed_twice,
     assert counts == {**{(i, "train"): 8 for i in range(4)}, **{(i, "val"): 2 for i in range(5)}}, output
 
 
-def test_a_checkpoint_in_a_bucket_is_evaluated_and_exported_from_another_host(
+def test_a_checkpoint_in_a_bucket_is_evaluated_exported_and_removed_from_other_hosts(
     killed_twice, s3_server, prefect_server, tmp_path
 ):
     _, bucket, _, env, state, _ = killed_twice
@@ -236,3 +246,10 @@ def test_a_checkpoint_in_a_bucket_is_evaluated_and_exported_from_another_host(
     assert pq.read_table(folder / "train" / "part-00000.parquet").num_rows == 24
     assert pq.read_table(folder / "validation" / "part-00000.parquet").num_rows == 8
     assert (folder / "README.md").is_file()
+    rc, output = _ragen(["runs", "rm", "ev", "--yes"], url, tmp_path / "remover", env)
+    assert rc == 0 and "removed run ev" in output, output
+    keys = _keys(s3_server, url.split("/")[2])
+    assert not [k for k in keys if "/ev/" in k or "/run-ev/" in k or "run_id=ev/" in k], keys
+    assert _committed(keys) == [0, 1, 2, 3]  # run r's objects stay
+    rc, output = _ragen(["runs", "--format", "csv"], url, tmp_path / "reader", env)  # the reader's copy follows
+    assert rc == 0 and '"ev"' not in output and f'"{RUN}"' in output, output

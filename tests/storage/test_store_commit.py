@@ -113,3 +113,98 @@ def test_an_object_named_to_escape_the_copy_is_refused_and_a_planted_changeset_i
     with pytest.raises(LakeError, match=r"the object 'runs/\.\./\.\./escaped\.txt' under s3://.* cannot name a file"):
         _open(url, tmp_path / "second", monkeypatch)
     assert not list(tmp_path.rglob("escaped.txt"))
+
+
+def test_a_paused_writers_changeset_survives_a_take_over_and_its_late_commit_is_whole(s3_root, tmp_path, monkeypatch):
+    """Writer A's lease expires while it is about to commit; B takes the run over. B must not delete A's changeset
+    (nobody committed its iteration): A's commit, once it goes through, holds every row; B's then stops."""
+    url, _ = s3_root
+    monkeypatch.setenv("RAGEN_LOCK_LEASE_S", "2")
+    first = _open(url, tmp_path / "first", monkeypatch)
+    lock = acquire(first.root, RUN, command=["first"])
+    first.write_rows("metrics", RUN, 0, _metrics(1.0), stage="commit")
+    copy = store_copy(first.root)
+    at_commit, go_on = threading.Event(), threading.Event()
+    create = copy.store.create
+
+    def paused_create(relative, data):
+        if relative.startswith("_commits/"):
+            lock.store_lease.stop.set()  # paused past its lease, after its last check
+            at_commit.set()
+            go_on.wait(60)
+        return create(relative, data)
+
+    monkeypatch.setattr(copy.store, "create", paused_create)
+    outcome = {}
+    writer = threading.Thread(target=lambda: outcome.setdefault("a", first.commit_iteration(RUN, 0, {"by": "a"})))
+    writer.start()
+    assert at_commit.wait(60)
+    time.sleep(2.5)
+    second = _open(url, tmp_path / "second", monkeypatch)
+    other = acquire(second.root, RUN, command=["second"])  # takes the expired lease over
+    go_on.set()
+    writer.join(60)
+    assert "a" in outcome  # A's commit went through: its changeset was kept
+    second.write_rows("metrics", RUN, 0, _metrics(2.0), stage="commit")
+    with pytest.raises(LakeError, match="was committed in .* by another writer"):
+        second.commit_iteration(RUN, 0, {"by": "b"})
+    release(other)
+    release(lock)
+    reader = _open(url, tmp_path / "reader", monkeypatch)
+    assert reader.commit_payload(RUN, 0) == {"by": "a"}
+    assert reader.read_table("metrics", RUN).to_pylist() == _metrics(1.0)  # A's row, whole, once
+
+
+def test_a_conditional_put_whose_answer_was_lost_is_known_as_its_own(s3_root):
+    from ragen_core.storage.objectstore import Store, parse_root
+
+    store = Store(parse_root(s3_root[0]))
+    first = store.create("x.json", b'{"token": "mine"}')
+    # the retry of a put that succeeded meets its own object: the same bytes, so it is this put's, not another's
+    assert store.create("x.json", b'{"token": "mine"}') == first
+    assert store.create("x.json", b'{"token": "theirs"}') is None
+    assert store.replace("x.json", b'{"token": "mine"}', '"stale"') == first
+
+
+def test_a_reader_copy_follows_what_the_bucket_withdrew_and_ignores_folder_markers(s3_root, tmp_path, monkeypatch):
+    url, server = s3_root
+    bucket = url.split("/")[2]
+    writer = _open(url, tmp_path / "writer", monkeypatch)
+    writer.write_rows("metrics", RUN, 0, _metrics(1.0), stage="commit")
+    writer.commit_iteration(RUN, 0, {})
+    assert _open(url, tmp_path / "reader", monkeypatch).committed_iterations(RUN) == [0]
+    writer.withdraw_commit(RUN, 0)  # a run extended past its final validation reopens it
+    server.client().put_object(Bucket=bucket, Key="lake/models/", Body=b"")  # a console's folder marker
+    assert _open(url, tmp_path / "reader", monkeypatch).committed_iterations(RUN) == []
+
+
+def test_objects_that_clash_with_folders_or_name_another_runs_files_are_refused_or_ignored(
+    s3_root, tmp_path, monkeypatch
+):
+    url, server = s3_root
+    bucket = url.split("/")[2]
+    client = server.client()
+    other = f"lake/{UPLOADS}/{RUN}/planted.json"  # a changeset of run r naming run s's manifest: never applied
+    client.put_object(Bucket=bucket, Key=other, Body=b'{"iteration": 0, "put": {"runs/s/manifest.json": 1}}')
+    client.put_object(
+        Bucket=bucket, Key="lake/_commits/r/iteration=0.json", Body=b'{"_object_store": {"changeset": "planted"}}'
+    )
+    reader = _open(url, tmp_path / "reader", monkeypatch)
+    assert not (reader.root / "runs" / "s").exists()
+    client.put_object(Bucket=bucket, Key="lake/runs/s/manifest.json", Body=b"{}")
+    client.put_object(Bucket=bucket, Key="lake/runs/s/manifest.json/x", Body=b"{}")  # a file and a folder at once
+    with pytest.raises(LakeError, match=r"cannot write s3://.*/runs/s/manifest.json/x to .*: "):
+        _open(url, tmp_path / "second", monkeypatch)
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_before_a_run_is_taken(s3_root, tmp_path, monkeypatch):
+    import ragen_core.storage.storecopy as storecopy
+
+    url, _ = s3_root
+    lake = _open(url, tmp_path / "host", monkeypatch)
+    copy = store_copy(lake.root)
+    monkeypatch.setattr(storecopy, "_probed", set())
+    monkeypatch.setattr(copy.store, "create", lambda relative, data: copy.store.write(relative, data))  # no condition
+    with pytest.raises(LakeError, match=r"ignores conditional writes \(If-None-Match\), on which a commit"):
+        acquire(lake.root, RUN)
+    assert store_copy(lake.root).store.listing("runs/") == {}  # no lease object was claimed

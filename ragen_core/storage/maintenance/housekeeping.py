@@ -13,7 +13,9 @@ What a run owns under the data root (and what removal deletes):
 
 Removal order, so a crash leaves a run that ``ragen runs rm`` can finish: the manifest is marked ``deleting``; each
 table's partition folder is renamed to a hidden ``.deleting-run-<id>`` name (one atomic rename: readers see the
-run's rows of that table or none) and then deleted; then the other folders; the manifest goes last.
+run's rows of that table or none) and then deleted; then the other folders; the manifest goes last. In a data root
+in an object store, the run's objects in the bucket go after its local files, its commit objects first (readers
+then stop counting its rows), its manifest last.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ragen_core.storage.lake import DataLake
 from ragen_core.storage.locks import run_lock, run_writer, writer_gone
 from ragen_core.storage.names import is_valid_run_id, validate_run_id
 from ragen_core.storage.reader import StrayPartError
+from ragen_core.storage.storecopy import store_copy
 from ragen_core.storage.trust import check_real_folder, checkpoint_folder
 from schemas.manifest import RunManifest
 
@@ -261,6 +264,10 @@ def remove_run(lake: DataLake, plan: RemovalPlan) -> None:
             if manifest is not None:
                 lake.write_manifest(run_id, manifest.updated(status="deleting"))
             _delete_owned(lake, plan, progress)
+            copy = store_copy(lake.root)
+            if copy is not None:  # a data root in a bucket: the run's objects there, its commits first
+                owned = [p.relative_to(lake.root).as_posix() for p in plan.paths if p.is_relative_to(lake.root)]
+                copy.remove_run(run_id, [p for p in owned if p.startswith(f"{layout.MODELS}/")])
         for path in (lake.run_dir(run_id), layout.housekeeping_lock_file(lake.root, run_id)):
             if path.exists():
                 _delete(path)

@@ -1,0 +1,127 @@
+"""What the names of a data root in an object store mean (:mod:`ragen_core.storage.storecopy`): which lake paths
+live in the bucket, which run and iteration a path belongs to, where the local copy of a bucket lies, and the rule
+every object name read from a bucket is held to before it names a file of the copy."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ragen_core.storage import layout
+from ragen_core.storage.files import TRASH_PREFIX, LakeError
+from ragen_core.storage.objectstore import StoreRoot
+
+CACHE_ENV = "RAGEN_OBJECT_CACHE"
+STATE_FILE = "_object_store.json"  # in the copy: the bucket's URL and what the copy holds of it
+STATE_LOCK = ".object_store.lock"
+UPLOADS = "_uploads"  # in the bucket: _uploads/<run>/<token>/<lake path> and _uploads/<run>/<token>.json
+STORE_KEY = "_object_store"  # in a commit object: {"changeset": token}; never in the copy's commit marker
+TRANSFERS = 8  # requests a copy sends to the store at once (uploads, downloads, copies, deletes)
+_NOT_SYNCED_TOP = {layout.STAGING, layout.LOCKS, layout.PREFECT, STATE_FILE, STATE_LOCK, UPLOADS}
+_NOT_SYNCED_IN_RUN = {layout.WRITER_LOCK, layout.WRITER_LEASE, layout.SPACE_RESERVE, layout.UPDATE_GROUP}
+_NOT_SYNCED_IN_RUN |= {layout.VLLM_SERVER, layout.SAMPLER, layout.STORE_LEASE}
+_SCRATCH = re.compile(r"\..+\.(tmp|download)-[0-9a-z-]+")
+COMMIT_OBJECT = re.compile(rf"{layout.COMMITS}/([^/]+)/{re.escape(layout.KEYED_ITERATION)}(\d+)\.json")
+_RECORD = re.compile(
+    rf"{layout.COMMITS}/[^/]+/{layout.PARTS_RECORDS}/[^/]+/{re.escape(layout.KEYED_ITERATION)}(\d+)\.json"
+)
+_UNSAFE = re.compile(r"[\\\x00-\x1f\x7f]")
+
+
+def cache_folder(root: StoreRoot) -> Path:
+    """The local copy of ``root``: ``<base>/<bucket>/<prefix, its '/' written '~'>`` (the bucket's top:
+    ``<bucket>/_top``; no prefix's copy lies inside another's), the base ``$RAGEN_OBJECT_CACHE``, else ``objects/`` in
+    the user's cache folder (``$RAGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/ragen``, else ``~/.cache/ragen``)."""
+    base = os.environ.get(CACHE_ENV)
+    if not base:
+        home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ragen"
+        base = str(Path(os.environ.get("RAGEN_CACHE_DIR") or home) / "objects")
+    return Path(base).expanduser().resolve() / root.bucket / (root.prefix.replace("/", "~") or "_top")
+
+
+def checked_relative(relative: str, url: str) -> str:
+    """``relative`` (an object's path under the data root) when it can name a file of the local copy; a
+    :class:`LakeError` otherwise (an empty, ``.`` or ``..`` folder, a backslash or control character: an object
+    planted to write outside the copy)."""
+    parts = relative.split("/")
+    if not relative or _UNSAFE.search(relative) or any(p in ("", ".", "..") for p in parts):
+        raise LakeError(
+            f"the object {relative!r} under {url} cannot name a file of the data root (an empty, '.' or '..' folder, "
+            "or a control character); the lake never writes one: remove it from the bucket, then try again"
+        )
+    return relative
+
+
+def folder_marker(relative: str, size: int) -> bool:
+    """Whether an object is a folder marker (an empty object named ``.../``, as consoles make): never a file."""
+    return relative.endswith("/") and size == 0
+
+
+def as_json(data: bytes) -> dict[str, Any]:
+    """``data`` as a JSON object, or {} when it is not one (damaged, planted: never an error of its own)."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def synced(relative: str) -> bool:
+    """Whether the lake path ``relative`` lives in the bucket (else it is the copy's own: staging, locks, ...)."""
+    parts = relative.split("/")
+    if parts[0] in _NOT_SYNCED_TOP or _SCRATCH.fullmatch(parts[-1]) or any(p.startswith(TRASH_PREFIX) for p in parts):
+        return False
+    return not (parts[0] == layout.RUNS and len(parts) > 2 and parts[2] in _NOT_SYNCED_IN_RUN)
+
+
+def run_of(relative: str) -> str | None:
+    """The run a lake path belongs to (its rows, commits, manifest, checkpoints, quarantine), or None (models,
+    sweeps, the layout file)."""
+    parts = relative.split("/")
+    if len(parts) < 3:
+        return None
+    if parts[0] in (layout.COMMITS, layout.RUNS):
+        return parts[1]
+    if parts[0] == layout.QUARANTINE and parts[1].startswith(layout.QUARANTINE_RUN_PREFIX):
+        return parts[1][len(layout.QUARANTINE_RUN_PREFIX) :]
+    if parts[1].startswith(layout.RUN_FOLDER_PREFIX) and not parts[0].startswith("_"):
+        return parts[1][len(layout.RUN_FOLDER_PREFIX) :]
+    return None
+
+
+def rows_iteration(relative: str) -> int | None:
+    """The iteration whose rows a lake path holds (a part file of a partition, or that partition's record of its
+    parts), or None."""
+    parts = relative.split("/")
+    if len(parts) == 4 and run_of(relative) and parts[1].startswith(layout.RUN_FOLDER_PREFIX):
+        match = layout.PARTITION_ITERATION.fullmatch(parts[2])
+        return int(match.group(1)) if match else None
+    match = _RECORD.fullmatch(relative)
+    return int(match.group(1)) if match else None
+
+
+def for_tables(relative: str, models: bool = False) -> bool:
+    """Whether a lake path is one the tables and the ``runs`` listing read (not a run's checkpoint or log; a model
+    only with ``models``)."""
+    parts = relative.split("/")
+    if parts[0] == layout.MODELS:
+        return models
+    return not (parts[0] == layout.RUNS and len(parts) > 2 and parts[2] != layout.MANIFEST)
+
+
+def each(work: Any, items: list[Any]) -> list[Any]:
+    """``work(item)`` for every item, :data:`TRANSFERS` at a time (each is a request to the store, which waits on
+    the network); their results in order; the first failure raised."""
+    if len(items) < 2:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(TRANSFERS, len(items))) as pool:
+        return list(pool.map(work, items))
