@@ -436,10 +436,12 @@ class DataLake:
         """Mark the iteration committed, then drop its staging folder. A writer whose lease on the run was taken
         over (:func:`ragen_core.storage.locks.check_writing`) is refused first."""
         check_writing(self.root, run_id)
+        marker = self.commit_marker(run_id, iteration)
         copy = store_copy(self.root)
-        if copy is not None:  # a data root in an object store: the bucket's commit decides
+        if copy is not None:  # a data root in an object store: the bucket's commit decides, then writes the marker
             copy.commit(run_id, iteration, payload)
-        atomic_write_json(self.commit_marker(run_id, iteration), payload)
+        else:
+            atomic_write_json(marker, payload)
         shutil.rmtree(self._staging(run_id, iteration), ignore_errors=True)
 
     def withdraw_commit(self, run_id: str, iteration: int) -> None:

@@ -49,6 +49,8 @@ from ragen_core.storage.storenames import (
     UPLOADS,
     as_json,
     cache_folder,
+    check_conditional_writes,
+    checked_changeset,
     checked_relative,
     each,
     folder_marker,
@@ -123,15 +125,19 @@ class StoreCopy:
                 for name in files:
                     relative = f"{base}/{name}"
                     if synced(relative) and run_of(relative) == run_id:
-                        found[relative] = os.stat(self.folder / relative)
+                        with contextlib.suppress(FileNotFoundError):  # removed since it was listed
+                            found[relative] = os.stat(self.folder / relative)
         return found
 
     # -- reading the bucket -----------------------------------------------------------------------------------------
-    def changesets(self, listing: dict[str, Listed], run_id: str | None = None) -> dict[str, dict[str, Any]]:
+    def changesets(
+        self, listing: dict[str, Listed], run_id: str | None = None, vanished: list[str] | None = None
+    ) -> dict[str, dict[str, Any]]:
         """The changesets in the bucket (of ``run_id``, when given), by token: the changeset (``run``,
         ``iteration``, ``put``: lake path -> size, ``delete``) and its fate: ``committed`` (its iteration's commit
         object names it: not yet applied) or ``superseded`` (that commit object names another). One the lake did
-        not write (not of that shape, or naming files outside its run) is left out: never applied, never read."""
+        not write (not of that shape, or naming files outside its run) is left out: never applied, never read. One
+        listed but gone when read (applied meanwhile) is added to ``vanished``."""
         found = {}
         for relative in listing:
             parts = relative.split("/")
@@ -140,7 +146,9 @@ class StoreCopy:
             if run_id is not None and parts[1] != run_id:
                 continue
             read = self.store.read(relative)
-            changeset = _checked_changeset(as_json(read[0]) if read else {}, parts[1], self.store.root.url)
+            if read is None and vanished is not None:
+                vanished.append(relative)
+            changeset = checked_changeset(as_json(read[0]) if read else {}, parts[1], self.store.root.url)
             if changeset is None:
                 continue
             commit = self.store.read(
@@ -169,7 +177,8 @@ class StoreCopy:
     def _pull(self, run_id: str | None, exact: bool, only: str | None) -> tuple[int, bool]:
         with self._state() as state:  # the listing too: a local writer's push and this pull never interleave
             listing = {k: v for k, v in self.store.listing().items() if not folder_marker(k, v.size)}
-            pending = [(t, c) for t, c in self.changesets(listing, run_id).items() if c["committed"]]
+            vanished: list[str] = []
+            pending = [(t, c) for t, c in self.changesets(listing, run_id, vanished).items() if c["committed"]]
             wanted: dict[str, str] = {}  # the copy's file -> the object it comes from
             for relative, listed in sorted(listing.items()):
                 checked_relative(relative, self.store.root.url)
@@ -177,8 +186,8 @@ class StoreCopy:
                     continue
                 if only is not None and not for_tables(relative, models=only == "write"):
                     continue
-                if state["objects"].get(relative) == listed.etag and (self.folder / relative).is_file():
-                    continue
+                if state["objects"].get(relative) == listed.etag and (not exact or (self.folder / relative).is_file()):
+                    continue  # held (or deleted here by a local writer that has not committed the deletion yet)
                 if not exact and relative in state["files"] and self._pending_here(state, relative):
                     continue
                 wanted[relative] = relative
@@ -195,7 +204,24 @@ class StoreCopy:
             self._remove_deleted(state, listing, pending, run_id, exact)
             if exact and run_id is not None:
                 self._drop_stale_attempt(state, listing, pending, run_id)
-        return sum(t is not None for t in tags), None in tags
+        return sum(t is not None for t in tags), None in tags or bool(vanished)
+
+    def _written_here(self, run_id: str) -> bool:
+        """Whether a process of this host holds the run's writer lock in this copy (its ``flock``)."""
+        path = self.folder / layout.RUNS / run_id / layout.WRITER_LOCK
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(descriptor)  # a shared lock taken here goes with the descriptor
+        return False
 
     def _pending_here(self, state: dict[str, Any], relative: str) -> bool:
         """Whether the copy's file changed since it was pulled or pushed: a local writer's work not yet pushed."""
@@ -206,8 +232,14 @@ class StoreCopy:
         local writer changed them since (``exact``: whatever)."""
         held = set(listing) | {r for _, c in pending for r in c["put"]}
         deleted = {r for _, c in pending for r in c["delete"]}
+        written: dict[str | None, bool] = {}
         for relative in [r for r in state["objects"] if run_id is None or run_of(r) == run_id]:
-            if (relative not in held or relative in deleted) and (exact or not self._pending_here(state, relative)):
+            if relative in held and relative not in deleted:
+                continue
+            owner = run_of(relative)
+            if not exact and (owner is None or written.setdefault(owner, self._written_here(owner))):
+                continue  # a model, or a run a process of this host writes: its files stay under it
+            if exact or not self._pending_here(state, relative):
                 (self.folder / relative).unlink(missing_ok=True)
                 self._forget(state, relative)
 
@@ -258,6 +290,13 @@ class StoreCopy:
         self.leases[run_id] = lease
         return lease, taken
 
+    def _drop_superseded(self, run_id: str) -> None:
+        """After a commit: delete the run's changesets that a commit of their iteration superseded (a writer's that
+        died or was refused), so that a run finished after a crash leaves no uploads behind."""
+        for token, changeset in self.changesets(self.store.listing(f"{UPLOADS}/{run_id}/"), run_id).items():
+            if changeset["superseded"]:
+                self._drop(run_id, token)
+
     def _drop(self, run_id: str, token: str) -> None:
         """Delete a changeset: its uploads, then its object (while that is there, its uploads are known)."""
         each(self.store.remove, sorted(self.store.listing(f"{UPLOADS}/{run_id}/{token}/")))
@@ -278,8 +317,7 @@ class StoreCopy:
         uploaded = self.store.listing(f"{UPLOADS}/{run_id}/{token}/")
         present = [r for r in sorted(put) if f"{UPLOADS}/{run_id}/{token}/{r}" in uploaded]
         for relative in sorted(set(put) - set(present)):
-            applied = self.store.listing(relative).get(relative)
-            if applied is None or applied.size != put[relative]:
+            if self.store.listing(relative).get(relative) is None:  # neither uploaded nor applied
                 raise LakeError(
                     f"the commit of iteration {changeset['iteration']} of run {run_id!r} in {self.store.root.url} "
                     f"names {relative!r}, which neither its uploads nor the bucket hold: the bucket was changed by "
@@ -298,7 +336,7 @@ class StoreCopy:
             lease.check()
         token = uuid.uuid4().hex
         with self._state() as state:
-            files = self.local_files(run_id)  # each file as it is uploaded: one changed meanwhile goes again
+            files = self.local_files(run_id)  # each file as it was listed: one changed meanwhile goes again
             changed = sorted(r for r in files if not COMMIT_OBJECT.fullmatch(r) and not self._unchanged(state, r))
             deleted = sorted(r for r in state["files"] if run_of(r) == run_id and r not in files)
             deleted = [r for r in deleted if not COMMIT_OBJECT.fullmatch(r)]
@@ -306,12 +344,20 @@ class StoreCopy:
             # the changeset first: every upload then belongs to an iteration a later writer can judge
             self.store.write(f"{UPLOADS}/{run_id}/{token}.json", json.dumps(changeset, sort_keys=True).encode())
 
-            def upload(relative: str) -> str:
-                return self.store.upload(self.folder / relative, f"{UPLOADS}/{run_id}/{token}/{relative}")
+            def upload(relative: str) -> str | None:
+                try:
+                    return self.store.upload(self.folder / relative, f"{UPLOADS}/{run_id}/{token}/{relative}")
+                except FileNotFoundError:  # removed since it was listed (a redo discarding a stage's files)
+                    return None
 
-            each(upload, changed[: len(changed) // 2])
+            sent = each(upload, changed[: len(changed) // 2])
             maybe_fail("store", "mid_upload", iteration)  # half the changeset uploaded, nothing committed
-            each(upload, changed[len(changed) // 2 :])
+            sent += each(upload, changed[len(changed) // 2 :])
+            gone = [r for r, tag in zip(changed, sent, strict=True) if tag is None]
+            if gone:  # the changeset names what was uploaded; the vanished files go at the next commit
+                changed = [r for r in changed if r not in gone]
+                changeset["put"] = {r: files[r].st_size for r in changed}
+                self.store.write(f"{UPLOADS}/{run_id}/{token}.json", json.dumps(changeset, sort_keys=True).encode())
             if lease is not None:
                 lease.check()  # once more, just before the commit
             marker = f"{layout.COMMITS}/{run_id}/{layout.commit_marker_name(iteration)}"
@@ -329,7 +375,10 @@ class StoreCopy:
                 self._stamp(state, relative, tags.get(relative, ""), files[relative])
             for relative in deleted:
                 self._forget(state, relative)
-            state["objects"][marker] = etag
+            (self.folder / marker).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.folder / marker, payload)  # the copy's marker: the lake's payload alone
+            self._stamp(state, marker, etag)
+            self._drop_superseded(run_id)
 
     def withdraw(self, run_id: str, iteration: int) -> None:
         """Delete the commit object of ``iteration`` (a run extended past its final validation reopens it), only
@@ -401,41 +450,6 @@ class StoreCopy:
 def _lease_object(relative: str) -> bool:
     parts = relative.split("/")
     return len(parts) == 3 and parts[0] == layout.RUNS and parts[2] == layout.STORE_LEASE
-
-
-_probed: set[str] = set()
-
-
-def check_conditional_writes(store: Store) -> None:
-    """Refuse (one line) a store that ignores the conditional puts the commit and the lease rely on: a probe object
-    created twice with ``If-None-Match: *`` (the second must fail), then deleted; once per process and bucket."""
-    if store.root.url in _probed:
-        return
-    probe = f"{UPLOADS}/.probe-{uuid.uuid4().hex}"
-    try:
-        first, second = store.create(probe, b"1"), store.create(probe, b"2")
-    finally:
-        store.remove(probe)
-    if first is None or second is not None:
-        raise LakeError(
-            f"the object store of {store.root.url} ignores conditional writes (If-None-Match), on which a commit "
-            "and the writer lease rely: use a store that honours them (AWS S3, MinIO, ...) or a local data root"
-        )
-    _probed.add(store.root.url)
-
-
-def _checked_changeset(changeset: dict[str, Any], run_id: str, url: str) -> dict[str, Any] | None:
-    """A changeset object read from the bucket, if it is one this lake wrote for ``run_id`` (its files synced
-    files of that run), with ``run`` set; else None."""
-    iteration, put, deletes = changeset.get("iteration"), changeset.get("put"), changeset.get("delete", [])
-    if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
-        return None
-    if not isinstance(put, dict) or not all(isinstance(v, int) for v in put.values()) or not isinstance(deletes, list):
-        return None
-    names = [*put, *deletes]
-    if not all(isinstance(n, str) and synced(checked_relative(n, url)) and run_of(n) == run_id for n in names):
-        return None
-    return {"iteration": iteration, "put": put, "delete": deletes, "run": run_id}
 
 
 _copies: dict[Path, StoreCopy | None] = {}

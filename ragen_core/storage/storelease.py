@@ -34,6 +34,8 @@ from ragen_core.storage.lease import LeaseLostError, lease_seconds, machine
 from ragen_core.storage.objectstore import Store, StoreError
 from ragen_core.storage.storenames import finite
 
+UNKNOWN = "unknown"
+
 
 def lease_key(run_id: str) -> str:
     """The lake path of a run's lease object in the bucket (the lease file's place on a local root)."""
@@ -46,9 +48,9 @@ def store_machine() -> str:
     """This machine as a lease object names it: the kernel (its boot id, :func:`ragen_core.storage.lease.machine`)
     and the pid namespace, whose processes this one can see (containers on one kernel each have their own)."""
     try:
-        namespace = os.stat("/proc/self/ns/pid").st_ino
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
-        namespace = 0
+        namespace = UNKNOWN  # then no record is judged by its process: only by its time
     return f"{machine()}/pid:{namespace}"
 
 
@@ -67,7 +69,8 @@ def _pid_alive(pid: object) -> bool:
 def store_stale(record: dict[str, Any], now: float | None = None) -> bool:
     """Whether a lease object's record no longer holds: its process is gone (judged only on its own machine), or
     it went ``seconds`` without renewal; a record without those fields holds nothing."""
-    if record.get("machine") == store_machine() and not _pid_alive(record.get("pid")):
+    here = store_machine()
+    if record.get("machine") == here and not here.endswith(UNKNOWN) and not _pid_alive(record.get("pid")):
         return True
     renewed, seconds = record.get("renewed_at"), record.get("seconds")
     if not finite(renewed) or not finite(seconds):
@@ -91,6 +94,7 @@ class StoreLease:
         self.key = lease_key(record["run_id"])
         self.confirmed = time.monotonic()
         self.lost: str | None = None
+        self.tried: list[str] = []  # tokens of renewals whose answer did not come
         self.guard = threading.Lock()
         self.stop = threading.Event()
 
@@ -119,6 +123,7 @@ class StoreLease:
             return
         started = time.monotonic()
         record = {**self.record, "token": uuid.uuid4().hex, "renewed_at": time.time()}
+        self.tried.append(record["token"])
         try:
             etag = self.store.replace(self.key, json.dumps(record, sort_keys=True).encode(), self.etag)
         except StoreError as exc:
@@ -126,9 +131,13 @@ class StoreLease:
                 self.lost = f"it could not be renewed for {self.seconds:g} s ({exc})"
             return
         if etag is None:
-            self.lost = self._taken()
-            return
-        self.record, self.etag, self.confirmed = record, etag, started
+            current = self.store.read(self.key)  # a renewal that landed while its answer was lost is still ours
+            mine = current is not None and _parse(current[0]).get("token") in self.tried
+            if not mine:
+                self.lost = self._taken()
+                return
+            record, etag = _parse(current[0]), current[1]
+        self.record, self.etag, self.confirmed, self.tried = record, etag, started, []
 
     def check(self) -> None:
         """Refuse (:class:`LeaseLostError`) when the lease object no longer holds this lease's tag; else go on."""

@@ -1,6 +1,7 @@
 """What the names of a data root in an object store mean (:mod:`ragen_core.storage.storecopy`): which lake paths
-live in the bucket, which run and iteration a path belongs to, where the local copy of a bucket lies, and the rule
-every object name read from a bucket is held to before it names a file of the copy."""
+live in the bucket, which run and iteration a path belongs to, where the local copy of a bucket lies; and the checks
+of what is read from a bucket (an object's name before it names a file of the copy, a changeset's shape) and of the
+store itself (that it honours conditional writes)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import json
 import math
 import os
 import re
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ragen_core.storage import layout
 from ragen_core.storage.files import TRASH_PREFIX, LakeError
-from ragen_core.storage.objectstore import StoreRoot
+from ragen_core.storage.objectstore import Store, StoreRoot
 
 CACHE_ENV = "RAGEN_OBJECT_CACHE"
 STATE_FILE = "_object_store.json"  # in the copy: the bucket's URL and what the copy holds of it
@@ -125,3 +127,40 @@ def each(work: Any, items: list[Any]) -> list[Any]:
         return [work(item) for item in items]
     with ThreadPoolExecutor(max_workers=min(TRANSFERS, len(items))) as pool:
         return list(pool.map(work, items))
+
+
+_probed: set[str] = set()
+
+
+def check_conditional_writes(store: Store) -> None:
+    """Refuse (one line) a store that ignores the conditional puts the commit and the lease rely on: a probe object
+    created twice with ``If-None-Match: *`` (the second must fail), then deleted; once per process and bucket."""
+    if store.root.url in _probed:
+        return
+    probe = f"{UPLOADS}/.probe-{uuid.uuid4().hex}"
+    stale = '"00000000000000000000000000000000"'
+    try:
+        first, second = store.create(probe, b"1"), store.create(probe, b"2")
+        replaced, removed = store.replace(probe, b"3", stale), store.remove(probe, stale)
+    finally:
+        store.remove(probe)
+    if first is None or second is not None or replaced is not None or removed:
+        raise LakeError(
+            f"the object store of {store.root.url} ignores conditional writes (If-None-Match, If-Match), on which a "
+            "commit and the writer lease rely: use a store that honours them (AWS S3, MinIO, ...) or a local root"
+        )
+    _probed.add(store.root.url)
+
+
+def checked_changeset(changeset: dict[str, Any], run_id: str, url: str) -> dict[str, Any] | None:
+    """A changeset object read from the bucket, if it is one this lake wrote for ``run_id`` (its files synced
+    files of that run), with ``run`` set; else None."""
+    iteration, put, deletes = changeset.get("iteration"), changeset.get("put"), changeset.get("delete", [])
+    if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+        return None
+    if not isinstance(put, dict) or not all(isinstance(v, int) for v in put.values()) or not isinstance(deletes, list):
+        return None
+    names = [*put, *deletes]
+    if not all(isinstance(n, str) and synced(checked_relative(n, url)) and run_of(n) == run_id for n in names):
+        return None
+    return {"iteration": iteration, "put": put, "delete": deletes, "run": run_id}

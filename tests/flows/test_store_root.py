@@ -113,9 +113,9 @@ def test_a_kill_after_the_commit_leaves_it_pending_and_a_reader_counts_it_once(k
         for k, data in state["objects_after_commit_kill"].items()
         if k.startswith(f"lake/{UPLOADS}/{RUN}/") and k.count("/") == 3
     }
-    # iteration 2's, committed, not applied; and the first kill's of iteration 1, which host B's commit of 1
-    # superseded (it stays until the next writer: a changeset nobody superseded may still be committed)
-    assert sorted(c["iteration"] for c in changesets.values()) == [1, 2]
+    # iteration 2's, committed, not applied; the first kill's of iteration 1 was deleted once host B's commit of 1
+    # superseded it (before that commit it stayed: a changeset nobody superseded may still be committed)
+    assert sorted(c["iteration"] for c in changesets.values()) == [2]
     assert not any(k.startswith(f"lake/trajectories/run-{RUN}/iteration-2/") for k in keys)
     rc, output = state["reader"]
     assert rc == 0, output

@@ -198,13 +198,74 @@ def test_objects_that_clash_with_folders_or_name_another_runs_files_are_refused_
 
 
 def test_a_store_that_ignores_conditional_writes_is_refused_before_a_run_is_taken(s3_root, tmp_path, monkeypatch):
-    import ragen_core.storage.storecopy as storecopy
+    import ragen_core.storage.storenames as storenames
 
     url, _ = s3_root
     lake = _open(url, tmp_path / "host", monkeypatch)
     copy = store_copy(lake.root)
-    monkeypatch.setattr(storecopy, "_probed", set())
+    monkeypatch.setattr(storenames, "_probed", set())
     monkeypatch.setattr(copy.store, "create", lambda relative, data: copy.store.write(relative, data))  # no condition
-    with pytest.raises(LakeError, match=r"ignores conditional writes \(If-None-Match\), on which a commit"):
+    with pytest.raises(LakeError, match=r"ignores conditional writes \(If-None-Match, If-Match\), on which a"):
         acquire(lake.root, RUN)
     assert store_copy(lake.root).store.listing("runs/") == {}  # no lease object was claimed
+
+
+def test_a_pull_beside_a_local_writer_keeps_its_files_and_its_deletions(s3_root, tmp_path, monkeypatch):
+    """One copy shared by a writer and a reader of this host: the reader's pull neither brings back a file the
+    writer deleted and has not committed the deletion of (a pruned checkpoint), nor removes a file of the run the
+    writer holds that the bucket lost meanwhile; the writer's next commit deletes it in the bucket."""
+    url, server = s3_root
+    bucket = url.split("/")[2]
+    lake = _open(url, tmp_path / "host", monkeypatch)
+    lock = acquire(lake.root, RUN)
+    pruned, kept = lake.root / "runs" / RUN / "pruned.bin", lake.root / "runs" / RUN / "kept.bin"
+    pruned.write_bytes(b"p")
+    kept.write_bytes(b"k")
+    lake.write_rows("metrics", RUN, 0, _metrics(1.0), stage="commit")
+    lake.commit_iteration(RUN, 0, {})
+    pruned.unlink()  # the writer prunes it; the deletion goes with its next commit
+    server.client().delete_object(Bucket=bucket, Key=f"lake/runs/{RUN}/kept.bin")
+    assert _open(url, tmp_path / "host", monkeypatch).root == lake.root  # a reader of this host, same copy
+    assert not pruned.exists() and kept.exists()
+    lake.write_rows("metrics", RUN, 1, [{**_metrics(2.0)[0], "iteration": 1}], stage="commit")
+    lake.commit_iteration(RUN, 1, {})
+    assert f"lake/runs/{RUN}/pruned.bin" not in server.objects(bucket)
+    release(lock)
+
+
+def test_a_commit_this_copy_made_and_another_host_withdrew_is_gone_from_it(s3_root, tmp_path, monkeypatch):
+    url, _ = s3_root
+    first = _open(url, tmp_path / "first", monkeypatch)
+    first.write_rows("metrics", RUN, 0, _metrics(1.0), stage="commit")
+    first.commit_iteration(RUN, 0, {})
+    second = _open(url, tmp_path / "second", monkeypatch)
+    second.withdraw_commit(RUN, 0)
+    assert _open(url, tmp_path / "first", monkeypatch).committed_iterations(RUN) == []
+
+
+def test_a_renewal_whose_answer_was_lost_keeps_the_lease(s3_root, monkeypatch):
+    import os
+
+    from ragen_core.storage.objectstore import Store, StoreError, parse_root
+    from ragen_core.storage.storelease import claim_store_lease
+
+    monkeypatch.setenv("RAGEN_LOCK_LEASE_S", "60")
+    store = Store(parse_root(s3_root[0]))
+    lease, _ = claim_store_lease(store, {"run_id": RUN, "pid": os.getpid(), "host": "h"}, LakeError)
+    lease.stop.set()
+    replace, calls = store.replace, []
+
+    def lost_answer(relative, data, etag):
+        calls.append(relative)
+        tag = replace(relative, data, etag)
+        if len(calls) == 1:
+            raise StoreError("read timeout")  # the put landed; its answer did not
+        return tag
+
+    monkeypatch.setattr(store, "replace", lost_answer)
+    with lease.guard:
+        lease._renew()  # lands, answer lost
+        lease._renew()  # its If-Match fails on our own renewal: read back, known by its token
+    assert lease.lost is None
+    lease.check()
+    lease.release()
