@@ -193,7 +193,7 @@ def test_objects_that_clash_with_folders_or_name_another_runs_files_are_refused_
     assert not (reader.root / "runs" / "s").exists()
     client.put_object(Bucket=bucket, Key="lake/runs/s/manifest.json", Body=b"{}")
     client.put_object(Bucket=bucket, Key="lake/runs/s/manifest.json/x", Body=b"{}")  # a file and a folder at once
-    with pytest.raises(LakeError, match=r"cannot write s3://.*/runs/s/manifest.json/x to .*: "):
+    with pytest.raises(LakeError, match=r"cannot write s3://.*/runs/s/manifest\.json(/x)? to .*: "):
         _open(url, tmp_path / "second", monkeypatch)
 
 
