@@ -208,10 +208,10 @@ class StoreCopy:
 
     def _written_here(self, run_id: str) -> bool:
         """Whether a process of this host holds the run's writer lock in this copy (its ``flock``)."""
-        path = self.folder / layout.RUNS / run_id / layout.WRITER_LOCK
         try:
+            path = layout.writer_lock_file(self.folder, run_id)
             descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
+        except (OSError, LakeError):  # no lock file, or a name no run of the lake has
             return False
         try:
             fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
