@@ -32,7 +32,7 @@ from typing import Any
 from ragen_core.storage.files import LakeError
 from ragen_core.storage.lease import LeaseLostError, lease_seconds, machine
 from ragen_core.storage.objectstore import Store, StoreError
-from ragen_core.storage.storenames import finite
+from ragen_core.storage.storenames import as_json, finite
 
 UNKNOWN = "unknown"
 
@@ -78,14 +78,6 @@ def store_stale(record: dict[str, Any], now: float | None = None) -> bool:
     return (time.time() if now is None else now) - renewed > seconds
 
 
-def _parse(data: bytes) -> dict[str, Any]:
-    try:
-        record = json.loads(data)
-    except (ValueError, RecursionError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
 class StoreLease:
     """A held lease object (:func:`claim_store_lease`); renewed by a thread of this process until :meth:`release`."""
 
@@ -112,7 +104,7 @@ class StoreLease:
         current = self.store.read(self.key)
         if current is None:
             return "its object was removed"
-        record = _parse(current[0])
+        record = as_json(current[0])
         return f"taken over by pid {record.get('pid')} on host {record.get('host')}"
 
     def _renew(self) -> None:
@@ -132,11 +124,11 @@ class StoreLease:
             return
         if etag is None:
             current = self.store.read(self.key)  # a renewal that landed while its answer was lost is still ours
-            mine = current is not None and _parse(current[0]).get("token") in self.tried
+            mine = current is not None and as_json(current[0]).get("token") in self.tried
             if not mine:
                 self.lost = self._taken()
                 return
-            record, etag = _parse(current[0]), current[1]
+            record, etag = as_json(current[0]), current[1]
         self.record, self.etag, self.confirmed, self.tried = record, etag, started, []
 
     def check(self) -> None:
@@ -182,7 +174,7 @@ def claim_store_lease(
         if current is None:
             etag = store.create(key, data)
         else:
-            judged = _parse(current[0])
+            judged = as_json(current[0])
             if not store_stale(judged):
                 if not wait:
                     raise refuse(judged)
