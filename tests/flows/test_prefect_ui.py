@@ -218,13 +218,18 @@ def _run_deployment(server, parameters: dict):
 # ahead) started without a run id, so the flow derives its id (one deployment run where two proved the same: the
 # naming and tagging, and the lanes side by side).
 DEPLOYED_ITERATIONS = 4
+# The async runs below (the deployment's and the command's): the sampler lane's first task run starts in its own thread
+# as the update starts in the run's, and on 2 busy cores that start can lag by a tenth of a second, as long as the tiny
+# model's one-pass update: sixteen passes make the update several times longer, so the overlap tests see the overlap
+# the schedule makes, not the host's scheduling.
+LONG_UPDATE = ["actor.ppo_epochs=16"]
 
 
 @pytest.fixture(scope="module")
 def deployed(server, tmp_path_factory, tiny_model_dir):
     """The deployment run (waited for) and its data root."""
     root = tmp_path_factory.mktemp("ui-deployed")
-    overrides = async_overrides(tiny_model_dir, staleness=2, iterations=DEPLOYED_ITERATIONS, eval_every=10)
+    overrides = [*async_overrides(tiny_model_dir, 2, DEPLOYED_ITERATIONS, eval_every=10), *LONG_UPDATE]
     parameters = {"config": "configs/bandit.yaml", "data_root": str(root), "overrides": overrides}
     return SimpleNamespace(flow_run=_run_deployment(server, parameters), root=root)
 
@@ -279,7 +284,7 @@ def _overlap(spans: dict[str, tuple[float, float]], staleness: int, steps: range
 
 def test_a_command_line_async_run_shows_the_lanes_side_by_side(server, tiny_model_dir):
     # validation only at 0 and after the last update: steps 1 and 2 are the update alone
-    overrides = async_overrides(tiny_model_dir, staleness=1, iterations=4, eval_every=10)
+    overrides = [*async_overrides(tiny_model_dir, staleness=1, iterations=4, eval_every=10), *LONG_UPDATE]
     _ragen(server, ["train", "--config", "configs/bandit.yaml", "--run-id", "async-ui", *overrides])
     _overlap(_task_runs(server, "async-ui"), 1, range(1, 3))
 
