@@ -7,7 +7,6 @@ deployment's form), builds the request here, once; :func:`sweep_requested` runs 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
@@ -73,7 +72,7 @@ def sweep_requested(request: SweepRequest) -> dict[str, Any]:
 
 
 def _sweep(request: SweepRequest) -> dict[str, Any]:
-    root = str(Path(request.lake.root).resolve())
+    root = request.address  # a bucket's URL: each point's process opens its own copy
     chosen = request.chosen()
 
     def run_points(points: list[SweepPoint]) -> dict[str, str]:

@@ -73,7 +73,7 @@ def one_line(message: str) -> str:
     return printable(joined(message))
 
 
-STORE_COMMANDS = "train, resume, eval, sql, runs, runs rm, view, plot and export"
+STORE_COMMANDS = "train, resume, eval, retrain, sweep, reproduce, sql, runs, runs rm, view, plot and export"
 
 
 def data_root_path(value: Path | None, store: str | None = None) -> Path:

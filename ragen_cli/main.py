@@ -138,7 +138,7 @@ def retrain(
     manifest records the query and the source runs. Extra key.sub=value overrides, e.g. offline.epochs=3."""
     from ragen_core.run.requests import refusals, retrain_request
 
-    given = {"config": config, "sql": sql, "init": init, "mode": mode, "data_root": data_root_path(data_root)}
+    given = {"config": config, "sql": sql, "init": init, "mode": mode, "data_root": data_root_path(data_root, "all")}
     # every refusal before anything is created: no lock, no Prefect home, no manifest, no rows
     request = built(lambda: retrain_request(RetrainInputs.of(**given, run_id=run_id, overrides=ctx.args)))
     admission = ctx.with_resource(admitted(request))
@@ -197,7 +197,7 @@ def sweep(
     request = built(
         lambda: sweep_request(
             config,
-            data_root_path(data_root),
+            data_root_path(data_root, "write"),
             grid,
             random,
             samples,

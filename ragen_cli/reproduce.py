@@ -70,16 +70,14 @@ def reproduce(
     folder = out_dir or Path("findings")  # the committed findings only when asked: --out-dir docs/findings
     made = {**provenance(REPO_ROOT), "cpu": machine()}  # before anything is written: the code that runs, not the
     # files this command writes; and the machine kind its numbers are bitwise on
+    root = data_root_path(data_root, "write")  # a bucket: its local copy (the points commit into the bucket)
     try:
-        jobs = [
-            (n, *_planned(n, quick), _checked_out(_out(n, quick, folder, out), data_root_path(data_root)))
-            for n in names
-        ]  # every name checked before any compute
-    except FindingError as exc:
+        jobs = [(n, *_planned(n, quick), _checked_out(_out(n, quick, folder, out), root)) for n in names]
+    except FindingError as exc:  # every name checked before any compute
         fail(str(exc))
     from ragen_core.storage import DataLake
 
-    lake = DataLake(writable_root(data_root))
+    lake = DataLake(writable_root(root))
     for finding, spec, plans, digest, path in jobs:
         started = time.monotonic()
         _run_sweeps(plans, lake, f"reproduce-{finding}", verbose)
@@ -138,9 +136,12 @@ def _completed(plans: list, lake: DataLake) -> bool:
 def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
     """Every variant's sweep as local subflows; completed points are skipped, failed ones resumed. When every point
     has completed, nothing is started: the numbers are read from the lake."""
+    from ragen_core.storage.storecopy import root_address
+
+    where = escape(root_address(lake.root))  # a bucket's URL, not its local copy's folder
     if _completed(plans, lake):
         points = sum(len(item.plan.points) for item in plans)
-        console.print(f"{name.removeprefix('reproduce-')}: its {points} run(s) completed in {escape(str(lake.root))}")
+        console.print(f"{name.removeprefix('reproduce-')}: its {points} run(s) completed in {where}")
         return
     from ragen_cli.launch import start_flow_command, watch_points
 
@@ -151,7 +152,7 @@ def _run_sweeps(plans: list, lake: DataLake, name: str, verbose: bool) -> None:
     failed = []
     for item in plans:
         plan = item.plan
-        console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(plan.points)} point(s) · {escape(str(lake.root))}")
+        console.print(f"sweep [bold]{plan.sweep_id}[/] · {len(plan.points)} point(s) · {where}")
         with watch_points():
             grid = [f"{k}={json.dumps(v)}" for k, v in plan.spec["grid"]]
             request = sweep_request(

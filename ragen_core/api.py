@@ -301,7 +301,11 @@ def export(
     from ragen_core.run.chat import export_notes
     from ragen_core.storage.maintenance.export import check_export, export_dataset, exported_model_dir, policy_folders
 
-    lake, ids, chosen = _existing(data_root), _ids(run_ids), list(tables or ["trajectories"])
+    lake, ids, chosen = (
+        _existing(data_root, None if model else "read"),
+        _ids(run_ids),
+        list(tables or ["trajectories"]),
+    )
     if merge and not model:
         raise LakeError("--merge writes each LoRA run's merged model into the export: give --model with it")
     check_export(lake, Path(out), ids, chosen)  # a bad request is refused before the README's notes are built
@@ -349,9 +353,10 @@ def describe_config(config: q.ConfigInput = None, overrides: list[str] | None = 
     return describe_keys(q.resolve_config(config, overrides))
 
 
-def _existing(data_root: str | Path | DataLake) -> DataLake:
-    """The lake of a data root an operation only reads: it must exist (a read creates nothing)."""
-    lake = run_lake(data_root)
+def _existing(data_root: str | Path | DataLake, only: str | None = "read") -> DataLake:
+    """The lake of a data root an operation only reads: it must exist (a read creates nothing; a bucket's local
+    copy holds what the tables need, or everything with ``only=None``)."""
+    lake = run_lake(data_root, only)
     if not Path(lake.root).is_dir():
         raise LakeError(f"data root {str(lake.root)!r} does not exist; train first, or name your runs' data root")
     return lake

@@ -20,6 +20,8 @@ from pathlib import Path
 from ragen_core.storage import DataLake
 from ragen_core.storage.locks import RunLock, acquire, release, takeover_note
 from ragen_core.storage.names import validate_run_id
+from ragen_core.storage.objectstore import is_store_url
+from ragen_core.storage.storecopy import open_store_root
 
 
 def check_run_id(run_id: str | None, what: str = "run id") -> str | None:
@@ -29,9 +31,16 @@ def check_run_id(run_id: str | None, what: str = "run id") -> str | None:
     return None if run_id is None else validate_run_id(run_id, what)
 
 
-def run_lake(data_root: str | Path | DataLake) -> DataLake:
-    """The lake of ``data_root`` (a path), or ``data_root`` itself when it already is a lake."""
-    return data_root if isinstance(data_root, DataLake) else DataLake(data_root)
+def run_lake(data_root: str | Path | DataLake, only: str | None = "write") -> DataLake:
+    """The lake of ``data_root``: a folder; a data root in an object store (``s3://bucket/prefix``), as its local
+    copy brought up to date with the bucket (``only``: what a writer needs, ``"read"`` what the tables need, None
+    everything: :meth:`~ragen_core.storage.storecopy.StoreCopy.pull`), so a deployment's parameters and the Python
+    API take the URL as the command line does; or ``data_root`` itself when it already is a lake."""
+    if isinstance(data_root, DataLake):
+        return data_root
+    if is_store_url(data_root):
+        return DataLake(open_store_root(str(data_root), only))
+    return DataLake(data_root)
 
 
 @dataclass(frozen=True)

@@ -57,10 +57,11 @@ def _check_precision(config: RunConfig) -> None:
     resolve_precision(config.trainer.precision)
 
 
-def writable_lake(data_root: str | Path | DataLake, create: bool) -> DataLake:
+def writable_lake(data_root: str | Path | DataLake, create: bool, only: str | None = "write") -> DataLake:
     """The lake of ``data_root``, its folder proven writable by creating and removing a temporary file in it (made
-    first when ``create``), so a read-only or impossible root is refused before any compute is spent."""
-    lake = run_lake(data_root)
+    first when ``create``), so a read-only or impossible root is refused before any compute is spent (``only``: what
+    the local copy of an object-store root holds, :func:`~ragen_core.run.entry.run_lake`)."""
+    lake = run_lake(data_root, only)
     root = Path(lake.root)
     if root.exists() and not root.is_dir():
         raise RequestError(f"data root {str(root)!r} is a file, not a folder; name a folder as the data root")
@@ -200,7 +201,7 @@ def eval_request(inputs: EvalInputs) -> EvalRequest:
     check_run_id(inputs.run_id)
     if inputs.n is not None and inputs.n < 1:
         raise RequestError(f"n (the validation instances per env) must be at least 1, not {inputs.n}")
-    lake = writable_lake(inputs.data_root, create=False)
+    lake = writable_lake(inputs.data_root, create=False, only=None)  # a bucket's copy: other runs' checkpoints too
     known = lake if lake.root.is_dir() else None  # a data root not made yet holds no run to read
     start, base, which = resolve_target(inputs.target, known)
     trusted = trusted_kinds(inputs.trust_env_module)
@@ -263,7 +264,7 @@ def retrain_request(inputs: RetrainInputs) -> RetrainRequest:
     epochs = given.offline.epochs  # each epoch is committed as an iteration: the run has `epochs` iterations
     trainer = given.trainer.model_copy(update={"iterations": epochs})  # both validated positive integers
     run_config = given.model_copy(update={"trainer": trainer})
-    lake = run_lake(inputs.data_root)
+    lake = run_lake(inputs.data_root, None)  # a bucket's copy: all of it (--init may name another run's checkpoint)
     if not Path(lake.root).is_dir():
         raise RequestError(
             f"data root {str(lake.root)!r} does not exist; name the data root that holds the trajectories (or train "

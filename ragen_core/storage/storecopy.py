@@ -472,6 +472,21 @@ def store_copy(root: Path) -> StoreCopy | None:
         return _copies[root]
 
 
+def root_address(root: Path) -> str:
+    """How another process or host names the data root ``root``: its bucket's URL when ``root`` is the local copy
+    of one (each opens its own copy), else the folder's absolute path."""
+    copy = store_copy(root)
+    return copy.store.root.url if copy is not None else str(Path(root).resolve())
+
+
+def refresh(root: Path, only: str | None = "read") -> None:
+    """Bring the local copy ``root`` of a bucket up to date (``only``: see :meth:`StoreCopy.pull`), for a reader
+    that waited while other hosts wrote (a sweep's points run by workers); nothing for a plain data root."""
+    copy = store_copy(root)
+    if copy is not None:
+        copy.pull(only=only)
+
+
 def open_store_root(url: str, only: str | None = None) -> Path:
     """The local copy of the data root ``url`` (``s3://bucket/prefix``), brought up to date with the bucket
     (downloads only; ``only``: see :meth:`StoreCopy.pull`); its folder, which commands then use as their data

@@ -28,6 +28,7 @@ from ragen_core.run.entry import run_lake
 from ragen_core.run.requests import ConfigInput, resolve_config
 from ragen_core.storage import DataLake
 from ragen_core.storage.names import validate_run_id
+from ragen_core.storage.storecopy import refresh, root_address
 from ragen_core.sweep.plan import (
     DEFAULT_MAX_POINTS,
     DISTRIBUTIONS,
@@ -73,6 +74,12 @@ class SweepRequest:
         """The sweep's id (its points' run ids are ``<sweep id>-p<NNN>``)."""
         return self.plan.sweep_id
 
+    @property
+    def address(self) -> str:
+        """How the points' processes name the data root: the folder's absolute path, or the bucket's URL when the
+        lake is the local copy of one (each worker opens its own copy)."""
+        return root_address(self.lake.root)
+
     def chosen(self) -> list[SweepPoint]:
         """The points this request runs, in the plan's order."""
         return [p for p in self.plan.points if self.points is None or p.index in set(self.points)]
@@ -81,7 +88,7 @@ class SweepRequest:
         """The request as the ``sweep`` flow's plain parameters."""
         return {
             "config": self.base.to_dict(),
-            "data_root": str(self.lake.root),
+            "data_root": self.address,
             "sweep_id": self.sweep_id,
             **self.search,
             "deployment": self.deployment,
@@ -150,12 +157,13 @@ def run_sweep(
     lake, plan = request.lake, request.plan
     record(lake, plan)
     outcomes = run_points(request.chosen())
+    refresh(lake.root)  # a data root in a bucket: what the points' workers committed, from other hosts too
     rows = compare(lake, plan)
     for row in rows:
         row["outcome"] = outcomes.get(row["run_id"], "not run")
         if row["status"] == "pending" and row["outcome"] != "not run":
             row["status"] = REMOVED  # it ran here, but its run is gone: removed (`ragen runs rm`) since
-    return {"sweep_id": plan.sweep_id, "data_root": str(Path(lake.root).resolve()), "points": rows}
+    return {"sweep_id": plan.sweep_id, "data_root": root_address(lake.root), "points": rows}
 
 
 __all__ = [

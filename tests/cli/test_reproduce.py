@@ -409,3 +409,16 @@ def test_the_diversity_analysis_times_runs_by_their_stage_seconds(lake):
     for row in seconds:
         label = " ".join(o for o in json.loads(row["o"]) if not o.startswith("seed="))
         assert numbers["arms"][label]["minutes"]["mean"] == pytest.approx(row["s"] / 60.0)
+
+
+def test_a_finding_reproduced_in_a_bucket_has_the_numbers_of_a_local_root(lake, s3_root, tmp_path):
+    """A data root in an object store (issue 71): the finding's sweeps commit into the bucket through this host's
+    local copy, and the numbers read back equal those of the module's local data root."""
+    url, server = s3_root
+    local, _ = _reproduced(lake, "echo_trap")
+    result = _invoke("reproduce", "echo_trap", "--quick", "--data-root", url, "--out", str(tmp_path / "bucket.png"))
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "bucket.json").read_text())["numbers"] == local["numbers"]
+    keys = server.objects(url.split("/")[2])
+    for run_id in _runs("echo_trap"):  # every point's run committed in the bucket, its manifest there
+        assert f"lake/runs/{run_id}/manifest.json" in keys and f"lake/_commits/{run_id}/iteration=0.json" in keys

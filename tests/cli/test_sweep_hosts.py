@@ -131,3 +131,43 @@ def test_two_hosts_workers_drain_a_sweep_and_a_lost_host_s_point_resumes(hosts, 
     finally:
         for pid in list(workers):
             stop_process(pid, signal.SIGINT)
+
+
+def test_a_sweep_on_a_bucket_reaches_its_worker_as_the_bucket(hosts, s3_server, tmp_path, tiny_model_dir):
+    """The data root in an object store (issue 71): the submitting host and the worker's host each keep their own
+    local copy; a point's deployment run gets the bucket's URL (never the submitter's folder), trains in the
+    worker's copy and commits to the bucket; the sweep's comparison sees what the worker committed; a third host
+    reads both points through the Python API."""
+    from ragen_core import api
+
+    state, env, state_dir = hosts
+    url = f"s3://{s3_server.bucket()}/lake"
+    store_env = {**{k: v for k, v in env.items() if not k.startswith("AWS_")}, **s3_server.environment()}
+    copies = {name: tmp_path / f"copies-{name}" for name in ("worker", "submitter", "reader")}
+    worker_env = {**store_env, "RAGEN_OBJECT_CACHE": str(copies["worker"])}
+    worker = _worker(worker_env, PROJECT_DIR, state_dir / "home-store", state_dir / "worker-store.log")
+    points = ["bucket-p000", "bucket-p001"]
+    command = [RAGEN, "sweep", "--config", "configs/bandit.yaml", "--grid", "algorithm.filter_ratio=[0.25,1.0]",
+               "--deployment", "--sweep-id", "bucket", "--data-root", url, f"model.path={tiny_model_dir}",
+               *POINT_OVERRIDES]  # fmt: skip
+    try:
+        done = subprocess.run(command, env={**store_env, "RAGEN_OBJECT_CACHE": str(copies["submitter"])},
+                              cwd=PROJECT_DIR, text=True, capture_output=True, timeout=900)  # fmt: skip
+    finally:
+        stop_process(worker.pid, signal.SIGINT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("completed") >= 2 and "failed" not in done.stdout.lower(), done.stdout[-3000:]
+    bucket = url.split("/")[2]
+    keys = s3_server.objects(bucket)
+    worker_copy, submitter_copy = (copies[name] / bucket / "lake" for name in ("worker", "submitter"))
+    for point in points:  # trained and committed by the worker, in its own copy; the submitter's holds the rows only
+        assert [f"lake/_commits/{point}/iteration={i}.json" in keys for i in range(4)] == [True] * 4, point
+        assert (worker_copy / "runs" / point / "checkpoints" / "iteration=3" / "checkpoint.json").is_file()
+        assert not (submitter_copy / "runs" / point / "checkpoints").exists()
+        assert (submitter_copy / "runs" / point / "manifest.json").is_file()
+    reader = {**s3_server.environment(), "RAGEN_OBJECT_CACHE": str(copies["reader"])}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in reader.items():
+            patch.setenv(name, value)
+        rows = api.query("SELECT run_id, status FROM runs WHERE sweep_id = 'bucket' ORDER BY run_id", data_root=url)
+    assert rows.to_pylist() == [{"run_id": p, "status": "completed"} for p in points]

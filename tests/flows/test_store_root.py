@@ -253,3 +253,23 @@ def test_a_checkpoint_in_a_bucket_is_evaluated_exported_and_removed_from_other_h
     assert _committed(keys) == [0, 1, 2, 3]  # run r's objects stay
     rc, output = _ragen(["runs", "--format", "csv"], url, tmp_path / "reader", env)  # the reader's copy follows
     assert rc == 0 and '"ev"' not in output and f'"{RUN}"' in output, output
+
+
+def test_a_run_in_a_bucket_is_re_trained_offline_from_another_host(killed_twice, s3_server, prefect_server, tmp_path):
+    _, bucket, _, env, state, _ = killed_twice
+    url = _bucket_copy(s3_server, bucket, state["objects"])
+    # iteration 2's training rows, from the checkpoint after 2 updates (its own run's, read from the bucket)
+    selected = f"SELECT * FROM trajectories WHERE run_id = '{RUN}' AND split = 'train' AND iteration = 2"
+    tiny = _overrides(Path("unused"))[2:]  # the run's own sizes (its model comes from the checkpoint)
+    retrain = ["retrain", "--from", selected, "--init", f"run:{RUN}@2", "--run-id", "rt", *tiny]
+    rc, output = _ragen(retrain, url, tmp_path / "trainer", env, None, prefect_server[0].api_url)
+    assert rc == 0 and "trained on 8 stored trajectories" in output, output[-3000:]
+    keys = _keys(s3_server, url.split("/")[2])
+    # one epoch (offline.epochs=1), committed as iteration 0, then the final validation as iteration 1
+    assert _committed([k.replace("/rt/", f"/{RUN}/") for k in keys if k.startswith("lake/_commits/rt/")]) == [0, 1]
+    assert not any(k.startswith(f"lake/{UPLOADS}/") for k in keys)
+    query = "SELECT run_id, source_runs, init_run, init_iteration FROM runs WHERE run_id = 'rt'"
+    rc, output = _ragen(["sql", query, "--format", "json"], url, tmp_path / "reader", env)
+    assert rc == 0, output
+    [row] = json.loads(output[output.index("[") :])
+    assert (row["source_runs"], row["init_run"], row["init_iteration"]) == ([RUN], RUN, 2), row
