@@ -38,9 +38,7 @@ def run_lake(data_root: str | Path | DataLake, only: str | None = "write") -> Da
     API take the URL as the command line does; or ``data_root`` itself when it already is a lake."""
     if isinstance(data_root, DataLake):
         return data_root
-    if is_store_url(data_root):
-        return DataLake(open_store_root(str(data_root), only))
-    return DataLake(data_root)
+    return DataLake(open_store_root(str(data_root), only) if is_store_url(data_root) else data_root)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ from ragen_core.storage.storenames import (
     for_tables,
     rows_iteration,
     run_of,
+    stage_record,
+    staging_walked,
     synced,
 )
 
@@ -106,14 +108,14 @@ class StoreCopy:
 
     def local_files(self, run_id: str | None) -> dict[str, os.stat_result]:
         """The copy's synced files of ``run_id`` (its partitions in every table folder, commits, manifest and run
-        folder, quarantine), or, for None, those of no run (models, sweeps, the layout file), by lake path: only
-        those folders are walked, so a commit's cost does not grow with the other runs of the copy."""
+        folder, quarantine, stage records), or, for None, those of no run (models, sweeps, the layout file), by lake
+        path: only those folders are walked, so a commit's cost does not grow with the other runs of the copy."""
         tops = sorted(p.name for p in self.folder.iterdir() if synced(p.name)) if self.folder.is_dir() else []
         if run_id is None:
             starts = [t for t in tops if not (self.folder / t).is_dir() or t in (layout.MODELS, layout.SWEEPS)]
         else:
             starts = [f"{t}/{layout.RUN_FOLDER_PREFIX}{run_id}" for t in tops if not t.startswith("_")]
-            starts += [f"{layout.COMMITS}/{run_id}", f"{layout.RUNS}/{run_id}"]
+            starts += [f"{layout.COMMITS}/{run_id}", f"{layout.RUNS}/{run_id}", f"{layout.STAGING}/{run_id}"]
             starts.append(f"{layout.QUARANTINE}/{layout.QUARANTINE_RUN_PREFIX}{run_id}")
         found = {}
         for start in starts:
@@ -121,7 +123,7 @@ class StoreCopy:
                 found[start] = os.stat(self.folder / start)
             for folder, folders, files in os.walk(self.folder / start):
                 base = Path(folder).relative_to(self.folder).as_posix()
-                folders[:] = [f for f in folders if synced(f"{base}/{f}")]
+                folders[:] = [f for f in folders if synced(f"{base}/{f}") or staging_walked(f"{base}/{f}")]
                 for name in files:
                     relative = f"{base}/{name}"
                     if synced(relative) and run_of(relative) == run_id:
@@ -245,11 +247,13 @@ class StoreCopy:
 
     def _drop_stale_attempt(self, state: dict[str, Any], listing: dict, pending: list, run_id: str) -> None:
         """A writer taking its run: the copy's row files (parts, their records) of iterations the bucket committed
-        that the bucket does not hold go (a dead attempt's, here, of an iteration another host committed)."""
+        that the bucket does not hold go (a dead attempt's, here, of an iteration another host committed), and so
+        do its stage records that the bucket does not hold (the bucket's say which batches were sampled)."""
         committed = {int(m.group(2)) for m in map(COMMIT_OBJECT.fullmatch, listing) if m and m.group(1) == run_id}
         held = set(listing) | {r for _, c in pending for r in c["put"]}
         for relative in self.local_files(run_id):
-            if rows_iteration(relative) in committed and relative not in held:
+            stale = rows_iteration(relative) in committed or stage_record(relative) is not None
+            if stale and relative not in held:
                 (self.folder / relative).unlink(missing_ok=True)
                 self._forget(state, relative)
 
@@ -337,8 +341,14 @@ class StoreCopy:
         token = uuid.uuid4().hex
         with self._state() as state:
             files = self.local_files(run_id)  # each file as it was listed: one changed meanwhile goes again
-            changed = sorted(r for r in files if not COMMIT_OBJECT.fullmatch(r) and not self._unchanged(state, r))
-            deleted = sorted(r for r in state["files"] if run_of(r) == run_id and r not in files)
+            # the stage records of this iteration and earlier ones end with it (its staging goes once committed);
+            # those of later ones (an async run's batches sampled ahead, which this commit waited for) go with it
+            records = {r: stage_record(r) for r in {*files, *state["files"]} if run_of(r) == run_id}
+            done = {r for r, n in records.items() if n is not None and n <= iteration}
+            changed = sorted(
+                r for r in files if not COMMIT_OBJECT.fullmatch(r) and r not in done and not self._unchanged(state, r)
+            )
+            deleted = sorted(r for r in state["files"] if run_of(r) == run_id and (r not in files or r in done))
             deleted = [r for r in deleted if not COMMIT_OBJECT.fullmatch(r)]
             changeset = {"iteration": iteration, "put": {r: files[r].st_size for r in changed}, "delete": deleted}
             # the changeset first: every upload then belongs to an iteration a later writer can judge

@@ -77,21 +77,40 @@ def finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def synced(relative: str) -> bool:
-    """Whether the lake path ``relative`` lives in the bucket (else it is the copy's own: staging, locks, ...)."""
+def stage_record(relative: str) -> int | None:
+    """The iteration of a finished stage's record (``_staging/<run>/<iteration>/<stage>/_DONE.json``), or None. The
+    one file of staging the bucket holds: an async run's batch sampled ahead is published before its iteration is
+    committed, and its record travels with the commit that waited for it, so another host resuming keeps it."""
     parts = relative.split("/")
+    if len(parts) == 5 and parts[0] == layout.STAGING and parts[2].isdigit() and parts[4] == layout.DONE_MARKER:
+        return int(parts[2])
+    return None
+
+
+def staging_walked(relative: str) -> bool:
+    """Whether a folder of staging can hold stage records (``_staging/<run>/<iteration>/<stage>``, or above)."""
+    parts = relative.split("/")
+    return parts[0] == layout.STAGING and len(parts) <= 4 and (len(parts) < 3 or parts[2].isdigit())
+
+
+def synced(relative: str) -> bool:
+    """Whether the lake path ``relative`` lives in the bucket (else it is the copy's own: staging but the stage
+    records, locks, ...)."""
+    parts = relative.split("/")
+    if stage_record(relative) is not None:
+        return True
     if parts[0] in _NOT_SYNCED_TOP or _SCRATCH.fullmatch(parts[-1]) or any(p.startswith(TRASH_PREFIX) for p in parts):
         return False
     return not (parts[0] == layout.RUNS and len(parts) > 2 and parts[2] in _NOT_SYNCED_IN_RUN)
 
 
 def run_of(relative: str) -> str | None:
-    """The run a lake path belongs to (its rows, commits, manifest, checkpoints, quarantine), or None (models,
-    sweeps, the layout file)."""
+    """The run a lake path belongs to (its rows, commits, manifest, checkpoints, quarantine, stage records), or None
+    (models, sweeps, the layout file)."""
     parts = relative.split("/")
     if len(parts) < 3:
         return None
-    if parts[0] in (layout.COMMITS, layout.RUNS):
+    if parts[0] in (layout.COMMITS, layout.RUNS, layout.STAGING):
         return parts[1]
     if parts[0] == layout.QUARANTINE and parts[1].startswith(layout.QUARANTINE_RUN_PREFIX):
         return parts[1][len(layout.QUARANTINE_RUN_PREFIX) :]
@@ -117,6 +136,8 @@ def for_tables(relative: str, models: bool = False) -> bool:
     parts = relative.split("/")
     if parts[0] == layout.MODELS:
         return models
+    if parts[0] == layout.STAGING:  # a writer's stage records: with its run (StoreCopy.take_run)
+        return False
     return not (parts[0] == layout.RUNS and len(parts) > 2 and parts[2] != layout.MANIFEST)
 
 
