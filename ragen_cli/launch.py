@@ -183,22 +183,23 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
     """Errors about the user's data, setup or code (a damaged lake or checkpoint, a missing model, a vLLM server or
     an async run's sampler process that cannot start or died: its message names its log; an update group on several
     nodes that did not come up or lost a node; a batch about to be sampled by another policy version than the
-    schedule's, refused before its rows are stored; an env or reward function of the user's own that raised or
-    returned the wrong thing; a model whose chat template cannot carry a tool env's chat token-exactly): their
-    message says what is wrong and what to do, so the command prints it alone. Anything else is a bug and keeps its
-    traceback."""
+    schedule's, refused before its rows are stored, or a resume lacking a batch only a policy gone since could
+    sample; an env or reward function of the user's own that raised or returned the wrong thing; a model whose chat
+    template cannot carry a tool env's chat token-exactly): their message says what is wrong and what to do, so the
+    command prints it alone. Anything else is a bug and keeps its traceback."""
     from ragen_core.agent import TemplateError
     from ragen_core.envs.external import UserCodeError
     from ragen_core.policy.loading import PolicyLoadError
     from ragen_core.rollout.sampler import SamplerError
     from ragen_core.rollout.sampling import PolicyVersionError
     from ragen_core.rollout.vllm_client import BackendUnavailable, VLLMServerError
+    from ragen_core.run.overlap import MissingBatchError
     from ragen_core.storage import LakeError
     from ragen_core.training.checkpoint import CheckpointError
     from ragen_core.training.group import GroupNodeError
 
     errors = LakeError, PolicyLoadError, CheckpointError, BackendUnavailable, VLLMServerError, UserCodeError
-    return (*errors, SamplerError, TemplateError, PolicyVersionError, GroupNodeError)
+    return (*errors, SamplerError, TemplateError, PolicyVersionError, GroupNodeError, MissingBatchError)
 
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")

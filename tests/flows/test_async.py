@@ -260,3 +260,23 @@ def test_a_killed_sampler_process_is_one_line_naming_it_and_its_log_and_resume_i
     assert expected.keys() == actual.keys() and all(torch.equal(expected[k], actual[k]) for k in expected)
     for table in ("trajectories", "turns", "metrics", "evaluations"):
         assert _rows(root, table) == _rows(whole, table), table
+
+
+def test_a_resume_lacking_a_batch_only_a_gone_policy_could_sample_is_one_line(tmp_path_factory, tiny_model_dir):
+    """A batch sampled ahead by a policy that is gone since (the policy after update 0: batch 1 of a run killed in
+    step 1), its record removed (by hand, or a lake copied without it): the resume stops in one line saying what to
+    do, exit status 2, nothing of the run changed (it was a traceback)."""
+    from ragen_core.storage.layout import done_marker
+
+    root = tmp_path_factory.mktemp("batch-gone")
+    rc, output = _ragen(_train(tiny_model_dir), root, "handoff:after@1", _api_url())
+    assert rc == -signal.SIGKILL, output[-3000:]
+    lake = DataLake(root)
+    done_marker(lake.stage_dir(RUN, 1, Stage.ROLLOUT)).unlink()
+    committed = lake.committed_iterations(RUN)
+    rc, output = _ragen(["resume", RUN], root, api_url=_api_url())
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert rc == 2 and "Traceback" not in output and len(errors) == 1, output[-3000:]
+    assert errors[0].startswith(f"error: run '{RUN}' has no published training batch for iteration 1, "), errors
+    assert "Start a new run from the last checkpoint instead" in output
+    assert lake.committed_iterations(RUN) == committed == [0]
