@@ -121,7 +121,7 @@ def runs_compact(
     from ragen_core.storage.maintenance.housekeeping import runs_with_data
 
     checked_run_id(run_id)
-    root = existing_root(data_root or ctx.obj)
+    root = existing_root(data_root or ctx.obj, store="write")
     lake = DataLake(root)
     if run_id not in runs_with_data(lake):
         fail(f"unknown run {run_id!r} in {root}; list the runs with `ragen runs`")

@@ -18,8 +18,12 @@ The bucket (``s3://bucket/prefix``) is the lake's truth; every command works in 
   changeset. That put is the commit: of two writers only one creates it, and the other stops in one line. Then the
   changeset is applied (server-side copies to the files' own names, deletes) and its uploads removed; a writer that
   dies in the middle leaves an iteration that the next opening reads from its uploads and the next writer applies.
+  The stage records of later iterations (an async run's batches sampled ahead, which the commit waited for) go
+  with it, so a writer on another host keeps those batches.
+- **Rewriting committed files** (:meth:`StoreCopy.rewrite`, ``ragen runs compact``): the same changeset, committed
+  by creating ``_uploads/<run>/<token>.committed`` instead of an iteration's commit object.
 
-What the bucket never holds: the staging area, locks and leases of the copy, the Prefect homes, and the working
+What the bucket never holds: the staging area (but its stage records), locks and leases of the copy, the Prefect homes, and the working
 folders of a run's processes (update group, vLLM server, sampler). Nothing about credentials is written to the
 copy or the bucket: only the URL.
 """
@@ -43,6 +47,7 @@ from ragen_core.storage.objectstore import Listed, Store, parse_root
 from ragen_core.storage.storenames import (
     CACHE_ENV,
     COMMIT_OBJECT,
+    REWRITE_COMMITTED,
     STATE_FILE,
     STATE_LOCK,
     STORE_KEY,
@@ -153,11 +158,18 @@ class StoreCopy:
             changeset = checked_changeset(as_json(read[0]) if read else {}, parts[1], self.store.root.url)
             if changeset is None:
                 continue
+            token = parts[2][: -len(".json")]
+            if changeset["rewrite"]:  # committed by its own object; never superseded (module docstring)
+                changeset["committed"] = (
+                    self.store.read(f"{UPLOADS}/{parts[1]}/{token}{REWRITE_COMMITTED}") is not None
+                )
+                changeset["superseded"] = False
+                found[token] = changeset
+                continue
             commit = self.store.read(
                 f"{layout.COMMITS}/{parts[1]}/{layout.commit_marker_name(changeset['iteration'])}"
             )
             named = as_json(commit[0]).get(STORE_KEY) if commit is not None else None
-            token = parts[2][: -len(".json")]
             changeset["committed"] = isinstance(named, dict) and named.get("changeset") == token
             changeset["superseded"] = commit is not None and not changeset["committed"]
             found[token] = changeset
@@ -188,8 +200,9 @@ class StoreCopy:
                     continue
                 if only is not None and not for_tables(relative, models=only == "write"):
                     continue
-                if state["objects"].get(relative) == listed.etag and (not exact or (self.folder / relative).is_file()):
-                    continue  # held (or deleted here by a local writer that has not committed the deletion yet)
+                held = state["objects"].get(relative) == listed.etag
+                if held and (not exact or self._unchanged(state, relative)):
+                    continue  # held (or changed or deleted here by a local writer that has not committed it yet)
                 if not exact and relative in state["files"] and self._pending_here(state, relative):
                     continue
                 wanted[relative] = relative
@@ -274,8 +287,10 @@ class StoreCopy:
         """Claim the run's lease object, apply its committed changesets, delete the changesets another commit
         superseded and the uploads no changeset names, and make the copy's files of the run the bucket's; (the
         lease, a stale lease's record taken over). A changeset of an iteration nobody committed stays: its writer
-        (one whose lease expired, say) may still commit it, and the next writer after that commit deletes it."""
-        from ragen_core.storage.storelease import claim_store_lease
+        (one whose lease expired, say) may still commit it, and the next writer after that commit deletes it. A
+        rewrite nobody committed goes once its process is known gone (on this machine); one of another machine stays
+        until ``runs rm``."""
+        from ragen_core.storage.storelease import claim_store_lease, writer_gone
 
         run_id = holder["run_id"]
         check_conditional_writes(self.store)
@@ -284,8 +299,8 @@ class StoreCopy:
             for token, changeset in self.changesets(self.store.listing(f"{UPLOADS}/{run_id}/"), run_id).items():
                 if changeset["committed"]:
                     self._apply(token, changeset)
-                elif changeset["superseded"]:
-                    self._drop(run_id, token)
+                elif changeset["superseded"] or (changeset["rewrite"] and writer_gone(changeset["writer"])):
+                    self._drop(run_id, token)  # a rewrite nobody committed, whose process is gone: never will
             self._drop_orphans(run_id)
             self.pull(run_id, exact=True)
         except BaseException:
@@ -305,6 +320,7 @@ class StoreCopy:
         """Delete a changeset: its uploads, then its object (while that is there, its uploads are known)."""
         each(self.store.remove, sorted(self.store.listing(f"{UPLOADS}/{run_id}/{token}/")))
         self.store.remove(f"{UPLOADS}/{run_id}/{token}.json")
+        self.store.remove(f"{UPLOADS}/{run_id}/{token}{REWRITE_COMMITTED}")  # a rewrite's (if any), the last
 
     def _drop_orphans(self, run_id: str) -> None:
         """Uploads of the run that no changeset object names: a changeset object is written before its uploads, so
@@ -312,6 +328,8 @@ class StoreCopy:
         listing = self.store.listing(f"{UPLOADS}/{run_id}/")
         named = {r.split("/")[2][: -len(".json")] for r in listing if r.count("/") == 2 and r.endswith(".json")}
         each(self.store.remove, [r for r in sorted(listing) if r.count("/") > 2 and r.split("/")[2] not in named])
+        ends = [r for r in listing if r.endswith(REWRITE_COMMITTED) and r.count("/") == 2]
+        each(self.store.remove, [r for r in ends if r.split("/")[2][: -len(REWRITE_COMMITTED)] not in named])
 
     def _apply(self, token: str, changeset: dict[str, Any]) -> dict[str, str]:
         """Copy a committed changeset's uploads to their own names, delete what it deletes, then remove its
@@ -335,39 +353,11 @@ class StoreCopy:
     def commit(self, run_id: str, iteration: int, payload: dict[str, Any]) -> None:
         """Publish the run's changes in the bucket as the commit of ``iteration`` (module docstring); a
         :class:`LakeError` of one line when another writer committed it first."""
-        lease = self.leases.get(run_id)
-        if lease is not None:
-            lease.check()
+        lease = self._checked_lease(run_id)
         token = uuid.uuid4().hex
         with self._state() as state:
-            files = self.local_files(run_id)  # each file as it was listed: one changed meanwhile goes again
-            # the stage records of this iteration and earlier ones end with it (its staging goes once committed);
-            # those of later ones (an async run's batches sampled ahead, which this commit waited for) go with it
-            records = {r: stage_record(r) for r in {*files, *state["files"]} if run_of(r) == run_id}
-            done = {r for r, n in records.items() if n is not None and n <= iteration}
-            changed = sorted(
-                r for r in files if not COMMIT_OBJECT.fullmatch(r) and r not in done and not self._unchanged(state, r)
-            )
-            deleted = sorted(r for r in state["files"] if run_of(r) == run_id and (r not in files or r in done))
-            deleted = [r for r in deleted if not COMMIT_OBJECT.fullmatch(r)]
-            changeset = {"iteration": iteration, "put": {r: files[r].st_size for r in changed}, "delete": deleted}
-            # the changeset first: every upload then belongs to an iteration a later writer can judge
-            self.store.write(f"{UPLOADS}/{run_id}/{token}.json", json.dumps(changeset, sort_keys=True).encode())
-
-            def upload(relative: str) -> str | None:
-                try:
-                    return self.store.upload(self.folder / relative, f"{UPLOADS}/{run_id}/{token}/{relative}")
-                except FileNotFoundError:  # removed since it was listed (a redo discarding a stage's files)
-                    return None
-
-            sent = each(upload, changed[: len(changed) // 2])
-            maybe_fail("store", "mid_upload", iteration)  # half the changeset uploaded, nothing committed
-            sent += each(upload, changed[len(changed) // 2 :])
-            gone = [r for r, tag in zip(changed, sent, strict=True) if tag is None]
-            if gone:  # the changeset names what was uploaded; the vanished files go at the next commit
-                changed = [r for r in changed if r not in gone]
-                changeset["put"] = {r: files[r].st_size for r in changed}
-                self.store.write(f"{UPLOADS}/{run_id}/{token}.json", json.dumps(changeset, sort_keys=True).encode())
+            files, changeset = self._changes(state, run_id, iteration)
+            self._send(run_id, token, changeset, files)
             if lease is not None:
                 lease.check()  # once more, just before the commit
             marker = f"{layout.COMMITS}/{run_id}/{layout.commit_marker_name(iteration)}"
@@ -380,15 +370,96 @@ class StoreCopy:
                     "writer: this one stops and counts nothing of it (`ragen resume` goes on from the bucket)"
                 )
             maybe_fail("store", "committed", iteration)  # committed in the bucket, not yet applied nor in the copy
-            tags = self._apply(token, {**changeset, "run": run_id})
-            for relative in changed:
-                self._stamp(state, relative, tags.get(relative, ""), files[relative])
-            for relative in deleted:
-                self._forget(state, relative)
+            self._settle(state, run_id, token, changeset, files)
             (self.folder / marker).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(self.folder / marker, payload)  # the copy's marker: the lake's payload alone
             self._stamp(state, marker, etag)
             self._drop_superseded(run_id)
+
+    def rewrite(self, run_id: str) -> int:
+        """Publish a rewrite of the run's committed files (``ragen runs compact``: the merged parts, the partitions'
+        records and markers, the parts they replace) as one changeset, committed by creating its own commit object
+        (``_uploads/<run>/<token>.committed``) once every file is uploaded: a reader sees the files before the
+        rewrite or after it, never a mix; a kill before that object leaves the bucket as it was. The caller holds
+        the run's lease. Returns how many files it put or deleted."""
+        from ragen_core.storage.storelease import store_machine
+
+        lease = self._checked_lease(run_id)
+        committed = [int(m.group(2)) for m in map(COMMIT_OBJECT.fullmatch, self.local_files(run_id)) if m]
+        token = uuid.uuid4().hex
+        with self._state() as state:
+            files, changeset = self._changes(state, run_id, max(committed, default=0), rewrite=True)
+            if not changeset["put"] and not changeset["delete"]:
+                return 0
+            # its process, which a later writer of this machine judges gone (then deletes it) or not
+            changeset["writer"] = {"machine": store_machine(), "pid": os.getpid()}
+            self._send(run_id, token, changeset, files)
+            if lease is not None:
+                lease.check()  # once more, just before the commit
+            self.store.create(f"{UPLOADS}/{run_id}/{token}{REWRITE_COMMITTED}", b"{}")
+            maybe_fail("store", "rewritten", None)  # committed in the bucket, not yet applied nor in the copy
+            self._settle(state, run_id, token, changeset, files)
+        return len(changeset["put"]) + len(changeset["delete"])
+
+    def _checked_lease(self, run_id: str) -> Any:
+        """The lease this copy holds on ``run_id`` (checked: a writer whose lease was taken over stops), or None."""
+        lease = self.leases.get(run_id)
+        if lease is not None:
+            lease.check()
+        return lease
+
+    def _changes(
+        self, state: dict[str, Any], run_id: str, iteration: int, rewrite: bool = False
+    ) -> tuple[dict[str, os.stat_result], dict[str, Any]]:
+        """The run's files (each as it was listed: one changed meanwhile goes again) and the changeset of what
+        changed since the last commit: ``put`` (lake path -> size) and ``delete``. The stage records of
+        ``iteration`` and earlier ones end with its commit (its staging goes once committed); those of later ones
+        (an async run's batches sampled ahead, which this commit waited for) go with it. A ``rewrite`` (of
+        committed files) puts and deletes only row files: parts, the partitions' compaction markers and their
+        records of their parts."""
+        files = self.local_files(run_id)
+        records = {r: stage_record(r) for r in {*files, *state["files"]} if run_of(r) == run_id}
+        done = {r for r, n in records.items() if n is not None and n <= iteration and not rewrite}
+
+        def kept(relative: str) -> bool:  # never a commit object; a rewrite's: row files only
+            return not COMMIT_OBJECT.fullmatch(relative) and (not rewrite or rows_iteration(relative) is not None)
+
+        changed = sorted(r for r in files if kept(r) and r not in done and not self._unchanged(state, r))
+        deleted = sorted(r for r in state["files"] if run_of(r) == run_id and (r not in files or r in done))
+        deleted = [r for r in deleted if kept(r)]
+        changeset = {"iteration": iteration, "put": {r: files[r].st_size for r in changed}, "delete": deleted}
+        return files, {**changeset, "rewrite": True} if rewrite else changeset
+
+    def _send(self, run_id: str, token: str, changeset: dict[str, Any], files: dict[str, os.stat_result]) -> None:
+        """Write the changeset object, then upload its files under ``_uploads/<run>/<token>/`` (a file removed
+        since it was listed leaves the changeset, which is written again)."""
+        # the changeset first: every upload then belongs to an iteration a later writer can judge
+        self.store.write(f"{UPLOADS}/{run_id}/{token}.json", json.dumps(changeset, sort_keys=True).encode())
+
+        def upload(relative: str) -> str | None:
+            try:
+                return self.store.upload(self.folder / relative, f"{UPLOADS}/{run_id}/{token}/{relative}")
+            except FileNotFoundError:  # removed since it was listed (a redo discarding a stage's files)
+                return None
+
+        changed = list(changeset["put"])
+        sent = each(upload, changed[: len(changed) // 2])
+        maybe_fail("store", "mid_upload", changeset["iteration"])  # half the changeset uploaded, nothing committed
+        sent += each(upload, changed[len(changed) // 2 :])
+        gone = [r for r, tag in zip(changed, sent, strict=True) if tag is None]
+        if gone:  # the changeset names what was uploaded; the vanished files go at the next commit
+            changeset["put"] = {r: files[r].st_size for r in changed if r not in gone}
+            self.store.write(f"{UPLOADS}/{run_id}/{token}.json", json.dumps(changeset, sort_keys=True).encode())
+
+    def _settle(
+        self, state: dict[str, Any], run_id: str, token: str, changeset: dict[str, Any], files: dict[str, Any]
+    ) -> None:
+        """Apply a changeset this copy committed, and record its files in the copy's state as the bucket's."""
+        tags = self._apply(token, {**changeset, "run": run_id})
+        for relative in changeset["put"]:
+            self._stamp(state, relative, tags.get(relative, ""), files[relative])
+        for relative in changeset["delete"]:
+            self._forget(state, relative)
 
     def withdraw(self, run_id: str, iteration: int) -> None:
         """Delete the commit object of ``iteration`` (a run extended past its final validation reopens it), only

@@ -66,11 +66,17 @@ def _pid_alive(pid: object) -> bool:
     return True
 
 
+def writer_gone(record: dict[str, Any]) -> bool:
+    """Whether the process a record names (``machine``, ``pid``) is known to be gone: judged only on its own
+    machine."""
+    here = store_machine()
+    return record.get("machine") == here and not here.endswith(UNKNOWN) and not _pid_alive(record.get("pid"))
+
+
 def store_stale(record: dict[str, Any], now: float | None = None) -> bool:
     """Whether a lease object's record no longer holds: its process is gone (judged only on its own machine), or
     it went ``seconds`` without renewal; a record without those fields holds nothing."""
-    here = store_machine()
-    if record.get("machine") == here and not here.endswith(UNKNOWN) and not _pid_alive(record.get("pid")):
+    if writer_gone(record):
         return True
     renewed, seconds = record.get("renewed_at"), record.get("seconds")
     if not finite(renewed) or not finite(seconds):

@@ -22,6 +22,7 @@ CACHE_ENV = "RAGEN_OBJECT_CACHE"
 STATE_FILE = "_object_store.json"  # in the copy: the bucket's URL and what the copy holds of it
 STATE_LOCK = ".object_store.lock"
 UPLOADS = "_uploads"  # in the bucket: _uploads/<run>/<token>/<lake path> and _uploads/<run>/<token>.json
+REWRITE_COMMITTED = ".committed"  # _uploads/<run>/<token>.committed: a rewrite's changeset is committed
 STORE_KEY = "_object_store"  # in a commit object: {"changeset": token}; never in the copy's commit marker
 TRANSFERS = 8  # requests a copy sends to the store at once (uploads, downloads, copies, deletes)
 _NOT_SYNCED_TOP = {layout.STAGING, layout.LOCKS, layout.PREFECT, STATE_FILE, STATE_LOCK, UPLOADS}
@@ -184,4 +185,6 @@ def checked_changeset(changeset: dict[str, Any], run_id: str, url: str) -> dict[
     names = [*put, *deletes]
     if not all(isinstance(n, str) and synced(checked_relative(n, url)) and run_of(n) == run_id for n in names):
         return None
-    return {"iteration": iteration, "put": put, "delete": deletes, "run": run_id}
+    writer = changeset.get("writer") if isinstance(changeset.get("writer"), dict) else {}
+    rewrite = changeset.get("rewrite") is True
+    return {"iteration": iteration, "put": put, "delete": deletes, "run": run_id, "rewrite": rewrite, "writer": writer}

@@ -273,3 +273,48 @@ def test_a_run_in_a_bucket_is_re_trained_offline_from_another_host(killed_twice,
     assert rc == 0, output
     [row] = json.loads(output[output.index("[") :])
     assert (row["source_runs"], row["init_run"], row["init_iteration"]) == ([RUN], RUN, 2), row
+
+
+def _parts(keys: list[str]) -> dict[str, int]:
+    """The part objects of run r in each partition of the bucket's lake, by partition."""
+    found: dict[str, int] = {}
+    for key in keys:
+        folder, _, name = key.rpartition("/")
+        if f"/run-{RUN}/" in key and name.startswith("part-") and not key.startswith(f"lake/{UPLOADS}/"):
+            found[folder] = found.get(folder, 0) + 1
+    return found
+
+
+def test_a_run_in_a_bucket_is_compacted_through_kills_and_read_the_same(
+    killed_twice, s3_server, tmp_path, monkeypatch
+):
+    """`ragen runs compact` on a bucket: killed half-way through uploading its rewrite (the bucket as it was), then
+    once the rewrite is committed but not applied (a reader counts every row once, from the uploads), then run again
+    to the end: one part per partition, and every table's rows those of the run that never stopped."""
+    from ragen_core.storage.storecopy import open_store_root
+
+    _, bucket, _, env, state, whole = killed_twice
+    url = _bucket_copy(s3_server, bucket, state["objects"])
+    copy = url.split("/")[2]
+    before = _parts(_keys(s3_server, copy))
+    assert max(before.values()) > 1  # partitions of several parts to merge
+    compact = ["runs", "compact", RUN]
+    rc, output = _ragen(compact, url, tmp_path / "compactor", env, "store:mid_upload@3")
+    assert rc == -signal.SIGKILL, output[-3000:]
+    assert _parts(_keys(s3_server, copy)) == before  # nothing of the rewrite committed
+    rc, output = _ragen(compact, url, tmp_path / "compactor", env, "store:rewritten")
+    assert rc == -signal.SIGKILL, output[-3000:]
+    assert _parts(_keys(s3_server, copy)) == before  # committed, not yet applied
+    query = "SELECT iteration, split, count(*) AS n FROM trajectories GROUP BY ALL ORDER BY ALL"
+    rc, output = _ragen(["sql", query, "--format", "csv"], url, tmp_path / "reader", env)
+    counts = {(int(i), split): int(n) for i, split, n in csv.reader(output.strip().splitlines()[1:])}
+    assert rc == 0 and counts == {**{(i, "train"): 8 for i in range(3)}, **{(i, "val"): 2 for i in range(4)}}, output
+    rc, output = _ragen(compact, url, tmp_path / "compactor", env)
+    assert rc == 0 and f"run {RUN}: merged 0 partition(s)" in output, output  # the committed rewrite was applied
+    keys = _keys(s3_server, copy)
+    assert set(_parts(keys)) == set(before) and set(_parts(keys).values()) == {1}
+    assert not any(k.startswith(f"lake/{UPLOADS}/") for k in keys)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RAGEN_OBJECT_CACHE", str(tmp_path / "fresh"))
+    same_as_whole(whole, open_store_root(url))  # a host of its own: the rows, whole, once

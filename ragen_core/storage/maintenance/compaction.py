@@ -175,6 +175,7 @@ def compact_run(lake: DataLake, run_id: str, tables: list[str] | None = None) ->
             for spec in specs:  # the whole run's layout, markers and keys checked before anything changes
                 lake.read_table(spec.name, run_id)  # the read path refuses a key held twice (storage.keys)
             _compact_tables(lake, run_id, specs, committed, report)
+            lake.publish_rewrite(run_id)  # a data root in a bucket: every partition's rewrite, committed at once
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         raise LakeError(
