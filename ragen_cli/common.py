@@ -73,7 +73,7 @@ def one_line(message: str) -> str:
     return printable(joined(message))
 
 
-STORE_COMMANDS = "train, resume, eval, retrain, sweep, reproduce, sql, runs, runs rm, view, plot and export"
+STORE_COMMANDS = "every command but upgrade-lake does"
 
 
 def data_root_path(value: Path | None, store: str | None = None) -> Path:
@@ -100,7 +100,7 @@ def store_root_path(url: str, store: str | None) -> Path:
 
     if store is None:
         fail(
-            f"this command does not work on a data root in an object store ({url}); {STORE_COMMANDS} do. Work on a "
+            f"this command does not work on a data root in an object store ({url}); {STORE_COMMANDS}. Work on a "
             "local copy instead (`aws s3 sync` it into a folder and pass that folder)"
         )
     try:
