@@ -23,9 +23,9 @@ The bucket (``s3://bucket/prefix``) is the lake's truth; every command works in 
 - **Rewriting committed files** (:meth:`StoreCopy.rewrite`, ``ragen runs compact``): the same changeset, committed
   by creating ``_uploads/<run>/<token>.committed`` instead of an iteration's commit object.
 
-What the bucket never holds: the staging area (but its stage records), locks and leases of the copy, the Prefect homes, and the working
-folders of a run's processes (update group, vLLM server, sampler). Nothing about credentials is written to the
-copy or the bucket: only the URL.
+What the bucket never holds: the staging area (but its stage records), locks and leases of the copy, the Prefect
+homes, and the working folders of a run's processes (update group, vLLM server, sampler). Nothing about
+credentials is written to the copy or the bucket: only the URL.
 """
 
 from __future__ import annotations

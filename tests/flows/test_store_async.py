@@ -64,8 +64,9 @@ def test_each_kill_leaves_the_commits_and_the_batches_sampled_ahead_that_they_wa
     _, kept, keys = resumed
     # killed after the hand-off of step 1 (before its commit): iteration 0 committed, with the batches of 1 and 2,
     # which its commit waited for (the policy after update 0 sampled them and is gone: host B resumes only because
-    # it finds them, tests/flows/test_async.py's refusal otherwise), not batch 3, sampled in step 1; killed in the checkpoint of the commit of 3: 0-2 committed, with the
-    # batches of 3 and 4 (the final validation is iteration 5, as the run has 5 updates)
+    # it finds them, tests/flows/test_async.py's refusal otherwise), not batch 3, sampled in step 1; killed in the
+    # checkpoint of the commit of 3: 0-2 committed, with the batches of 3 and 4 (the final validation is iteration
+    # 5, as the run has 5 updates)
     assert [(_committed(k), _stage_records(k)) for k in kept] == [([0], [1, 2]), ([0, 1, 2], [3, 4])]
     assert _committed(keys) == list(range(ITERATIONS + 1))
     assert _stage_records(keys) == []  # each went with the commit of its iteration
