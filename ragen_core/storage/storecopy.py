@@ -159,11 +159,13 @@ class StoreCopy:
             if changeset is None:
                 continue
             token = parts[2][: -len(".json")]
-            if changeset["rewrite"]:  # committed by its own object; never superseded (module docstring)
-                changeset["committed"] = (
-                    self.store.read(f"{UPLOADS}/{parts[1]}/{token}{REWRITE_COMMITTED}") is not None
-                )
-                changeset["superseded"] = False
+            if changeset["rewrite"]:  # judged by its own commit object, which a writer taking the run may abort
+                fate = self._rewrite_fate(parts[1], token)
+                if fate is None and self.store.read(relative) is None:  # applied and dropped meanwhile
+                    if vanished is not None:
+                        vanished.append(relative)
+                    continue
+                changeset["committed"], changeset["superseded"] = fate == "committed", fate == "aborted"
                 found[token] = changeset
                 continue
             commit = self.store.read(
@@ -174,6 +176,14 @@ class StoreCopy:
             changeset["superseded"] = commit is not None and not changeset["committed"]
             found[token] = changeset
         return found
+
+    def _rewrite_fate(self, run_id: str, token: str) -> str | None:
+        """A rewrite's fate by its commit object: "committed" (created by its writer), "aborted" (created first by
+        a writer that took the run: never applied) or None (not yet either)."""
+        read = self.store.read(f"{UPLOADS}/{run_id}/{token}{REWRITE_COMMITTED}")
+        if read is None:
+            return None
+        return "committed" if as_json(read[0]).get("rewrite") == token else "aborted"
 
     def pull(self, run_id: str | None = None, exact: bool = False, only: str | None = None) -> int:
         """Download what the copy lacks or holds in an older version, and remove what the bucket deleted (of
@@ -288,19 +298,20 @@ class StoreCopy:
         superseded and the uploads no changeset names, and make the copy's files of the run the bucket's; (the
         lease, a stale lease's record taken over). A changeset of an iteration nobody committed stays: its writer
         (one whose lease expired, say) may still commit it, and the next writer after that commit deletes it. A
-        rewrite nobody committed goes once its process is known gone (on this machine); one of another machine stays
-        until ``runs rm``."""
-        from ragen_core.storage.storelease import claim_store_lease, writer_gone
+        rewrite nobody committed is aborted (:meth:`_abort_rewrite`) and deleted."""
+        from ragen_core.storage.storelease import claim_store_lease
 
         run_id = holder["run_id"]
         check_conditional_writes(self.store)
         lease, taken = claim_store_lease(self.store, holder, refuse, wait)
         try:
             for token, changeset in self.changesets(self.store.listing(f"{UPLOADS}/{run_id}/"), run_id).items():
+                if changeset["rewrite"] and not changeset["committed"] and not changeset["superseded"]:
+                    changeset = self._abort_rewrite(run_id, token, changeset)
                 if changeset["committed"]:
                     self._apply(token, changeset)
-                elif changeset["superseded"] or (changeset["rewrite"] and writer_gone(changeset["writer"])):
-                    self._drop(run_id, token)  # a rewrite nobody committed, whose process is gone: never will
+                elif changeset["superseded"]:
+                    self._drop(run_id, token)
             self._drop_orphans(run_id)
             self.pull(run_id, exact=True)
         except BaseException:
@@ -308,6 +319,16 @@ class StoreCopy:
             raise
         self.leases[run_id] = lease
         return lease, taken
+
+    def _abort_rewrite(self, run_id: str, token: str, changeset: dict[str, Any]) -> dict[str, Any]:
+        """Abort a rewrite nobody committed (its writer died, or lost the run to this one): create its commit object
+        first, as aborted, so its writer's create fails and it stops; when its writer created it first, the rewrite
+        is committed. The changeset with its fate."""
+        aborted = json.dumps({"aborted": uuid.uuid4().hex}).encode()
+        if self.store.create(f"{UPLOADS}/{run_id}/{token}{REWRITE_COMMITTED}", aborted) is not None:
+            return {**changeset, "superseded": True}
+        fate = self._rewrite_fate(run_id, token)
+        return {**changeset, "committed": fate == "committed", "superseded": fate == "aborted"}
 
     def _drop_superseded(self, run_id: str) -> None:
         """After a commit: delete the run's changesets that a commit of their iteration superseded (a writer's that
@@ -380,26 +401,41 @@ class StoreCopy:
         """Publish a rewrite of the run's committed files (``ragen runs compact``: the merged parts, the partitions'
         records and markers, the parts they replace) as one changeset, committed by creating its own commit object
         (``_uploads/<run>/<token>.committed``) once every file is uploaded: a reader sees the files before the
-        rewrite or after it, never a mix; a kill before that object leaves the bucket as it was. The caller holds
-        the run's lease. Returns how many files it put or deleted."""
-        from ragen_core.storage.storelease import store_machine
-
+        rewrite or after it, never a mix; a kill before that object leaves the bucket as it was, and a writer that
+        takes the run meanwhile aborts the rewrite by creating that object first (this one then stops in one line).
+        Only row files of committed iterations change. The caller holds the run's lease. Returns how many files it
+        put or deleted."""
         lease = self._checked_lease(run_id)
-        committed = [int(m.group(2)) for m in map(COMMIT_OBJECT.fullmatch, self.local_files(run_id)) if m]
+        if lease is None:
+            raise LakeError(f"run {run_id!r} in {self.store.root.url} is rewritten only under its writer lease")
+        committed = {int(m.group(2)) for m in map(COMMIT_OBJECT.fullmatch, self.local_files(run_id)) if m}
         token = uuid.uuid4().hex
         with self._state() as state:
-            files, changeset = self._changes(state, run_id, max(committed, default=0), rewrite=True)
+            files, changeset = self._changes(state, run_id, max(committed, default=0), frozenset(committed))
             if not changeset["put"] and not changeset["delete"]:
                 return 0
-            # its process, which a later writer of this machine judges gone (then deletes it) or not
-            changeset["writer"] = {"machine": store_machine(), "pid": os.getpid()}
             self._send(run_id, token, changeset, files)
-            if lease is not None:
-                lease.check()  # once more, just before the commit
-            self.store.create(f"{UPLOADS}/{run_id}/{token}{REWRITE_COMMITTED}", b"{}")
+            lease.check()  # once more, just before the commit
+            self._commit_rewrite(run_id, token)
             maybe_fail("store", "rewritten", None)  # committed in the bucket, not yet applied nor in the copy
             self._settle(state, run_id, token, changeset, files)
         return len(changeset["put"]) + len(changeset["delete"])
+
+    def _commit_rewrite(self, run_id: str, token: str) -> None:
+        """Create the rewrite's commit object; a :class:`LakeError` when a writer that took the run aborted it
+        (created that object first, or already deleted the aborted changeset: its object then goes again)."""
+        commit = f"{UPLOADS}/{run_id}/{token}{REWRITE_COMMITTED}"
+        created = self.store.create(commit, json.dumps({"rewrite": token}).encode())
+        if created is not None and self.store.read(f"{UPLOADS}/{run_id}/{token}.json") is not None:
+            return
+        if created is not None:  # the taker deleted the changeset (its object before this one): never applied
+            self.store.remove(commit)
+        else:
+            self._drop(run_id, token)
+        raise LakeError(
+            f"another writer took run {run_id!r} in {self.store.root.url} while this command rewrote its files: the "
+            "rewrite was withdrawn, nothing of it counts; run the command again"
+        )
 
     def _checked_lease(self, run_id: str) -> Any:
         """The lease this copy holds on ``run_id`` (checked: a writer whose lease was taken over stops), or None."""
@@ -409,26 +445,28 @@ class StoreCopy:
         return lease
 
     def _changes(
-        self, state: dict[str, Any], run_id: str, iteration: int, rewrite: bool = False
+        self, state: dict[str, Any], run_id: str, iteration: int, rewritten: frozenset[int] | None = None
     ) -> tuple[dict[str, os.stat_result], dict[str, Any]]:
         """The run's files (each as it was listed: one changed meanwhile goes again) and the changeset of what
         changed since the last commit: ``put`` (lake path -> size) and ``delete``. The stage records of
         ``iteration`` and earlier ones end with its commit (its staging goes once committed); those of later ones
-        (an async run's batches sampled ahead, which this commit waited for) go with it. A ``rewrite`` (of
-        committed files) puts and deletes only row files: parts, the partitions' compaction markers and their
-        records of their parts."""
+        (an async run's batches sampled ahead, which this commit waited for) go with it. A rewrite (of the committed
+        iterations ``rewritten``) puts and deletes only their row files: parts, the partitions' compaction markers
+        and their records of their parts."""
         files = self.local_files(run_id)
         records = {r: stage_record(r) for r in {*files, *state["files"]} if run_of(r) == run_id}
-        done = {r for r, n in records.items() if n is not None and n <= iteration and not rewrite}
+        done = {r for r, n in records.items() if n is not None and n <= iteration and rewritten is None}
 
-        def kept(relative: str) -> bool:  # never a commit object; a rewrite's: row files only
-            return not COMMIT_OBJECT.fullmatch(relative) and (not rewrite or rows_iteration(relative) is not None)
+        def kept(relative: str) -> bool:  # never a commit object; a rewrite's: row files of committed iterations
+            return not COMMIT_OBJECT.fullmatch(relative) and (
+                rewritten is None or rows_iteration(relative) in rewritten
+            )
 
         changed = sorted(r for r in files if kept(r) and r not in done and not self._unchanged(state, r))
         deleted = sorted(r for r in state["files"] if run_of(r) == run_id and (r not in files or r in done))
         deleted = [r for r in deleted if kept(r)]
         changeset = {"iteration": iteration, "put": {r: files[r].st_size for r in changed}, "delete": deleted}
-        return files, {**changeset, "rewrite": True} if rewrite else changeset
+        return files, {**changeset, "rewrite": True} if rewritten is not None else changeset
 
     def _send(self, run_id: str, token: str, changeset: dict[str, Any], files: dict[str, os.stat_result]) -> None:
         """Write the changeset object, then upload its files under ``_uploads/<run>/<token>/`` (a file removed
@@ -560,6 +598,14 @@ def root_address(root: Path) -> str:
     return copy.store.root.url if copy is not None else str(Path(root).resolve())
 
 
+def share(root: Path) -> None:
+    """Put the files of the local copy ``root`` that belong to no run and changed (a sweep's plan, a model) into its
+    bucket, for the other hosts; nothing for a plain data root."""
+    copy = store_copy(root)
+    if copy is not None:
+        copy.push_loose(None)
+
+
 def refresh(root: Path, only: str | None = "read") -> None:
     """Bring the local copy ``root`` of a bucket up to date (``only``: see :meth:`StoreCopy.pull`), for a reader
     that waited while other hosts wrote (a sweep's points run by workers); nothing for a plain data root."""
@@ -580,8 +626,8 @@ def open_store_root(url: str, only: str | None = None) -> Path:
     state = folder / STATE_FILE
     if state.is_file() and as_json(state.read_bytes()).get("url") not in (root.url, None):
         raise LakeError(f"the local copy {str(folder)!r} belongs to another data root; set {CACHE_ENV} elsewhere")
-    copy = StoreCopy(store, folder)
-    copy.pull(only=only)
-    with _copies_guard:
+    with _copies_guard:  # one per folder in a process: a run's lease held by it stays known
+        copy = _copies.get(folder) or StoreCopy(store, folder)
         _copies[folder] = copy
+    copy.pull(only=only)
     return folder

@@ -22,6 +22,7 @@ CACHE_ENV = "RAGEN_OBJECT_CACHE"
 STATE_FILE = "_object_store.json"  # in the copy: the bucket's URL and what the copy holds of it
 STATE_LOCK = ".object_store.lock"
 UPLOADS = "_uploads"  # in the bucket: _uploads/<run>/<token>/<lake path> and _uploads/<run>/<token>.json
+_DIGITS = re.compile(r"[0-9]+")
 REWRITE_COMMITTED = ".committed"  # _uploads/<run>/<token>.committed: a rewrite's changeset is committed
 STORE_KEY = "_object_store"  # in a commit object: {"changeset": token}; never in the copy's commit marker
 TRANSFERS = 8  # requests a copy sends to the store at once (uploads, downloads, copies, deletes)
@@ -83,15 +84,20 @@ def stage_record(relative: str) -> int | None:
     one file of staging the bucket holds: an async run's batch sampled ahead is published before its iteration is
     committed, and its record travels with the commit that waited for it, so another host resuming keeps it."""
     parts = relative.split("/")
-    if len(parts) == 5 and parts[0] == layout.STAGING and parts[2].isdigit() and parts[4] == layout.DONE_MARKER:
-        return int(parts[2])
+    if (
+        len(parts) == 5
+        and parts[0] == layout.STAGING
+        and _DIGITS.fullmatch(parts[2])
+        and parts[4] == layout.DONE_MARKER
+    ):
+        return None if any(p.startswith(TRASH_PREFIX) for p in parts) else int(parts[2])
     return None
 
 
 def staging_walked(relative: str) -> bool:
     """Whether a folder of staging can hold stage records (``_staging/<run>/<iteration>/<stage>``, or above)."""
     parts = relative.split("/")
-    return parts[0] == layout.STAGING and len(parts) <= 4 and (len(parts) < 3 or parts[2].isdigit())
+    return parts[0] == layout.STAGING and len(parts) <= 4 and (len(parts) < 3 or bool(_DIGITS.fullmatch(parts[2])))
 
 
 def synced(relative: str) -> bool:
@@ -185,6 +191,7 @@ def checked_changeset(changeset: dict[str, Any], run_id: str, url: str) -> dict[
     names = [*put, *deletes]
     if not all(isinstance(n, str) and synced(checked_relative(n, url)) and run_of(n) == run_id for n in names):
         return None
-    writer = changeset.get("writer") if isinstance(changeset.get("writer"), dict) else {}
     rewrite = changeset.get("rewrite") is True
-    return {"iteration": iteration, "put": put, "delete": deletes, "run": run_id, "rewrite": rewrite, "writer": writer}
+    if rewrite and not all(rows_iteration(n) is not None for n in names):  # a rewrite changes row files only
+        return None
+    return {"iteration": iteration, "put": put, "delete": deletes, "run": run_id, "rewrite": rewrite}

@@ -12,6 +12,7 @@ from ragen_core.config import ConfigError
 from ragen_core.run.checks import StoredConfig, build_stored_run_config
 from ragen_core.storage import DataLake, query
 from ragen_core.storage.files import atomic_write_bytes
+from ragen_core.storage.storecopy import share
 from ragen_core.sweep.plan import SweepError, SweepPlan, SweepPoint, _check_id
 
 
@@ -32,6 +33,7 @@ def record_sweep(lake: DataLake, plan: SweepPlan) -> Path:
             )
         return path
     atomic_write_bytes(path, (json.dumps(plan.to_dict(), indent=1, sort_keys=True) + "\n").encode())
+    share(lake.root)  # a data root in a bucket: the plan there before any point runs (another host checks it)
     return path
 
 

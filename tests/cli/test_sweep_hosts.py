@@ -160,6 +160,7 @@ def test_a_sweep_on_a_bucket_reaches_its_worker_as_the_bucket(hosts, s3_server, 
     bucket = url.split("/")[2]
     keys = s3_server.objects(bucket)
     worker_copy, submitter_copy = (copies[name] / bucket / "lake" for name in ("worker", "submitter"))
+    assert "lake/sweeps/bucket.json" in keys  # the plan, put by the submitter before its points ran
     for point in points:  # trained and committed by the worker, in its own copy; the submitter's holds the rows only
         assert [f"lake/_commits/{point}/iteration={i}.json" in keys for i in range(4)] == [True] * 4, point
         assert (worker_copy / "runs" / point / "checkpoints" / "iteration=3" / "checkpoint.json").is_file()

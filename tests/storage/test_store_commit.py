@@ -269,3 +269,76 @@ def test_a_renewal_whose_answer_was_lost_keeps_the_lease(s3_root, monkeypatch):
     assert lease.lost is None
     lease.check()
     lease.release()
+
+
+def test_a_rewrite_paused_past_its_lease_is_aborted_by_the_writer_that_takes_the_run(s3_root, tmp_path, monkeypatch):
+    """A compaction (`ragen runs compact`) whose lease expires just before it commits its rewrite, while another
+    host takes the run: the taker aborts the rewrite (its commit object created first, as aborted) and deletes its
+    uploads; the compaction then stops in one line, and a reader reads the run as it was, every row once."""
+    from ragen_core.storage.maintenance import compact_run
+
+    url, server = s3_root
+    monkeypatch.setenv("RAGEN_LOCK_LEASE_S", "2")
+    first = _open(url, tmp_path / "first", monkeypatch)
+    lock = acquire(first.root, RUN, command=["first"])
+    rows = [*_metrics(1.0), {"run_id": RUN, "iteration": 0, "name": "kl", "value": 0.5}]
+    first.write_rows("metrics", RUN, 0, rows[:1], stage="commit")
+    first.write_rows("metrics", RUN, 0, rows[1:], stage="update")  # two parts: a partition to merge
+    first.commit_iteration(RUN, 0, {"by": "first"})
+    release(lock)
+    copy = store_copy(first.root)
+    at_commit, go_on, outcome = threading.Event(), threading.Event(), {}
+    create = copy.store.create
+
+    def paused_create(relative, data):
+        if relative.endswith(".committed"):
+            copy.leases[RUN].stop.set()  # paused past its lease, after its last check
+            at_commit.set()
+            go_on.wait(60)
+        return create(relative, data)
+
+    def compact() -> None:
+        try:
+            compact_run(first, RUN)
+        except LakeError as exc:
+            outcome["error"] = str(exc)
+
+    monkeypatch.setattr(copy.store, "create", paused_create)
+    compactor = threading.Thread(target=compact)
+    compactor.start()
+    assert at_commit.wait(60)
+    time.sleep(2.5)
+    second = _open(url, tmp_path / "second", monkeypatch)
+    other = acquire(second.root, RUN, command=["second"])  # takes the expired lease over, aborts the rewrite
+    go_on.set()
+    compactor.join(60)
+    assert outcome["error"] == (
+        f"another writer took run {RUN!r} in {url} while this command rewrote its files: the rewrite was "
+        "withdrawn, nothing of it counts; run the command again"
+    )
+    release(other)
+    keys = server.objects(url.split("/")[2])
+    assert not [k for k in keys if f"/{UPLOADS}/" in f"/{k}"]  # the aborted rewrite's uploads and objects gone
+    assert len([k for k in keys if k.startswith(f"lake/metrics/run-{RUN}/") and "/part-" in k]) == 2  # unmerged
+    reader = _open(url, tmp_path / "reader", monkeypatch)
+    assert sorted(reader.read_table("metrics", RUN).to_pylist(), key=lambda r: r["name"]) == sorted(
+        rows, key=lambda r: r["name"]
+    )
+
+
+def test_a_rewrite_changes_only_row_files_of_committed_iterations():
+    from ragen_core.storage.storenames import checked_changeset, stage_record
+
+    url = "s3://b/lake"
+    rows = f"metrics/run-{RUN}/iteration-0/part-x.parquet"
+    for name, kept in [
+        (rows, True),
+        (f"runs/{RUN}/manifest.json", False),
+        (f"_commits/{RUN}/iteration=0.json", False),
+    ]:
+        changeset = {"iteration": 0, "put": {name: 1}, "delete": [], "rewrite": True}
+        assert (checked_changeset(changeset, RUN, url) is not None) is kept, name
+    # a stage record's iteration is ASCII digits; a trashed stage's record is none
+    assert stage_record(f"_staging/{RUN}/12/generate/_DONE.json") == 12
+    assert stage_record(f"_staging/{RUN}/\u00b2/generate/_DONE.json") is None
+    assert stage_record(f"_staging/{RUN}/1/.old-generate/_DONE.json") is None

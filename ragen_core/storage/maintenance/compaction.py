@@ -55,6 +55,7 @@ from ragen_core.storage.locks import RunLockedError, acquire, lock_path, read_ho
 from ragen_core.storage.names import validate_run_id
 from ragen_core.storage.parts import MERGED_PREFIX, merged_name, record_parts
 from ragen_core.storage.reader import read_marker, read_part, superseded, trusted_parts
+from ragen_core.storage.storecopy import store_copy
 from ragen_core.storage.trust import (
     check_real_folder,
     iteration_folders,
@@ -191,7 +192,7 @@ def _sole_writer(lake: DataLake, run_id: str) -> Iterator[None]:
     (trained, resumed, extended: an extension reopens its last committed iteration) refuses the compaction, naming
     its writer; a command that would write the run while it is compacted is refused at its start, before it
     changes anything (:mod:`ragen_core.storage.locks`)."""
-    if not lake.run_dir(run_id).is_dir():
+    if not lake.run_dir(run_id).is_dir() and store_copy(lake.root) is None:  # a bucket's run: always its lease
         yield
         return
     try:
