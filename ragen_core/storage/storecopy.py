@@ -271,12 +271,15 @@ class StoreCopy:
     def _drop_stale_attempt(self, state: dict[str, Any], listing: dict, pending: list, run_id: str) -> None:
         """A writer taking its run: the copy's row files (parts, their records) of iterations the bucket committed
         that the bucket does not hold go (a dead attempt's, here, of an iteration another host committed), and so
-        do its stage records that the bucket does not hold (the bucket's say which batches were sampled)."""
+        do its stage records that the bucket does not hold, of an iteration the bucket committed or holds records
+        of (the bucket's say which stages of it finished); those of a later iteration stay, reused by a resume here."""
         committed = {int(m.group(2)) for m in map(COMMIT_OBJECT.fullmatch, listing) if m and m.group(1) == run_id}
         held = set(listing) | {r for _, c in pending for r in c["put"]}
+        recorded = {stage_record(r) for r in held if run_of(r) == run_id} - {None}
         for relative in self.local_files(run_id):
-            stale = rows_iteration(relative) in committed or stage_record(relative) is not None
-            if stale and relative not in held:
+            record = stage_record(relative)
+            stale = record is not None and (record <= max(committed, default=-1) or record in recorded)
+            if (stale or rows_iteration(relative) in committed) and relative not in held:
                 (self.folder / relative).unlink(missing_ok=True)
                 self._forget(state, relative)
 

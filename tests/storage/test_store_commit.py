@@ -342,3 +342,32 @@ def test_a_rewrite_changes_only_row_files_of_committed_iterations():
     assert stage_record(f"_staging/{RUN}/12/generate/_DONE.json") == 12
     assert stage_record(f"_staging/{RUN}/\u00b2/generate/_DONE.json") is None
     assert stage_record(f"_staging/{RUN}/1/.old-generate/_DONE.json") is None
+
+
+def test_a_writer_taking_its_run_keeps_its_own_later_stages_and_drops_those_another_host_settled(
+    s3_root, tmp_path, monkeypatch
+):
+    """Stage records (a stage finished, its rows published, its iteration not committed) stay in the copy of the
+    host that made them when it takes its run again, so a resume there reuses the stage; once another host has
+    committed that iteration, they go (the bucket's files of it win)."""
+    url, _ = s3_root
+    first = _open(url, tmp_path / "first", monkeypatch)
+    lock = acquire(first.root, RUN, command=["first"])
+    first.write_rows("metrics", RUN, 0, _metrics(1.0), stage="commit")
+    first.commit_iteration(RUN, 0, {"by": "first"})
+    later = [{"run_id": RUN, "iteration": 1, "name": "loss", "value": 3.0}]
+    first.write_rows("metrics", RUN, 1, later, stage="generate")
+    first.mark_stage_done(RUN, 1, "generate", {"rows": 1})
+    release(lock)  # the writer stops before committing iteration 1
+    lock = acquire(first.root, RUN, command=["first again"])  # the same host takes its run again
+    assert first.finished_stages(RUN, 1) == ["generate"]
+    release(lock)
+    second = _open(url, tmp_path / "second", monkeypatch)
+    other = acquire(second.root, RUN, command=["second"])
+    second.write_rows("metrics", RUN, 1, later, stage="update")
+    second.commit_iteration(RUN, 1, {"by": "second"})
+    release(other)
+    lock = acquire(first.root, RUN, command=["first, third time"])
+    assert first.finished_stages(RUN, 1) == []  # iteration 1 is the bucket's now
+    assert first.read_table("metrics", RUN).to_pylist() == [*_metrics(1.0), *later]
+    release(lock)
