@@ -76,24 +76,24 @@ def one_line(message: str) -> str:
 STORE_COMMANDS = "every command but upgrade-lake does"
 
 
-def data_root_path(value: Path | None, store: str | None = None) -> Path:
+def data_root_path(value: Path | None, store: str | None = None, tables: frozenset[str] | None = None) -> Path:
     """The data root (``--data-root``, else ``RAGEN_DATA_ROOT``, else ``./data``), absolute; a file there is an
     error. An object-store root (``s3://bucket/prefix``) is opened as its local copy
     (:func:`ragen_core.storage.storecopy.open_store_root`) for a command that says it works there: ``store`` is
-    ``"write"`` (the copy gets what a run needs), ``"read"`` (what the tables need) or ``"all"`` (everything: other
-    runs' checkpoints too); else it is refused in one line."""
+    ``"write"`` (the copy gets what a run needs), ``"read"`` (what the tables need; with ``tables``, the rows of
+    those alone) or ``"all"`` (everything: other runs' checkpoints too); else it is refused in one line."""
     from ragen_core.storage.objectstore import is_store_url
 
     given = value if value is not None else os.environ.get("RAGEN_DATA_ROOT", DEFAULT_DATA_ROOT)
     if is_store_url(given):
-        return store_root_path(str(given), store)
+        return store_root_path(str(given), store, tables)
     root = Path(given).resolve()
     if root.exists() and not root.is_dir():
         fail(f"data root {str(root)!r} is a file, not a folder; name a folder as the data root")
     return root
 
 
-def store_root_path(url: str, store: str | None) -> Path:
+def store_root_path(url: str, store: str | None, tables: frozenset[str] | None = None) -> Path:
     """The local copy of an object-store data root, brought up to date (see :func:`data_root_path`)."""
     from ragen_core.storage.files import LakeError
     from ragen_core.storage.storecopy import open_store_root
@@ -104,7 +104,7 @@ def store_root_path(url: str, store: str | None) -> Path:
             "local copy instead (`aws s3 sync` it into a folder and pass that folder)"
         )
     try:
-        return open_store_root(url, only=None if store == "all" else store)
+        return open_store_root(url, only=None if store == "all" else store, tables=tables)
     except LakeError as exc:
         fail(str(exc))
     raise AssertionError("unreachable")
@@ -179,9 +179,10 @@ OUTPUT_FORMATS = ("table", "csv", "json", "parquet")
 DATA_ROOT_HELP = "Data root (default ./data or RAGEN_DATA_ROOT)."
 
 
-def existing_root(data_root: Path | None, store: str | None = None) -> Path:
-    """The data root of a command that only reads: it must exist (``store``: see :func:`data_root_path`)."""
-    root = data_root_path(data_root, store)
+def existing_root(data_root: Path | None, store: str | None = None, tables: frozenset[str] | None = None) -> Path:
+    """The data root of a command that only reads: it must exist (``store``; ``tables``, the only tables whose rows
+    a bucket's copy gets: see :func:`data_root_path`)."""
+    root = data_root_path(data_root, store, tables)
     if not root.is_dir():
         fail(f"data root {str(root)!r} does not exist; train first or pass --data-root")
     return root

@@ -4,6 +4,7 @@ writes nothing into it."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -42,18 +43,42 @@ def sql(
 
     checked_run_id(run)
     statement = _query_text(statement, file)
-    root = existing_root(data_root, store="read")
+    named = _named_tables(statement, data_root)
+    root = existing_root(data_root, store="read", tables=named)
     check_output(output_format, out, root, OUTPUT_FORMATS, force)
     lake = DataLake(root)
     if run is not None and run not in runs_with_data(lake):
         fail(f"unknown run {run!r} in {root}; list the runs with `ragen runs`")
     try:
-        result = query(lake, statement, run_id=run)
+        try:
+            result = query(lake, statement, run_id=run, tables=None if named is None else tuple(named))
+        except duckdb.CatalogException:
+            if named is None:
+                raise
+            existing_root(data_root, store="read")  # a name the parse tree did not show: every table's rows
+            result = query(lake, statement, run_id=run)
     except QueryRefused as exc:
         fail(f"query refused: {exc}")
     except (duckdb.Error, LakeError) as exc:
         fail(f"query failed: {exc}")
     write_result(result, output_format, out)
+
+
+def _named_tables(statement: str, data_root: Path | None) -> frozenset[str] | None:
+    """For a data root in a bucket, the lake's tables the query names (its local copy then gets those tables' rows
+    alone: a query of ``metrics`` downloads no trajectory); None when the parse tree cannot tell, or for a folder."""
+    from ragen_core.storage import QueryRefused
+    from ragen_core.storage.objectstore import is_store_url
+    from ragen_core.storage.statements import check_read_only, referenced_tables
+    from schemas.tables import TABLES
+
+    if not is_store_url(data_root if data_root is not None else os.environ.get("RAGEN_DATA_ROOT")):
+        return None
+    try:
+        named = referenced_tables(check_read_only(statement))
+    except QueryRefused as exc:
+        fail(f"query refused: {exc}")
+    return None if named is None else frozenset(named) & frozenset(TABLES)
 
 
 def _query_text(statement: str | None, file: Path | None) -> str:

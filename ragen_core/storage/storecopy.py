@@ -185,20 +185,29 @@ class StoreCopy:
             return None
         return "committed" if as_json(read[0]).get("rewrite") == token else "aborted"
 
-    def pull(self, run_id: str | None = None, exact: bool = False, only: str | None = None) -> int:
+    def pull(
+        self,
+        run_id: str | None = None,
+        exact: bool = False,
+        only: str | None = None,
+        tables: frozenset[str] | None = None,
+    ) -> int:
         """Download what the copy lacks or holds in an older version, and remove what the bucket deleted (of
         ``run_id`` only, when given; ``only="read"``: what the tables and the runs' manifests need; ``only="write"``:
-        those and the models, the runs' checkpoints coming with :meth:`take_run`, each run's to its writer). A file
+        those and the models, the runs' checkpoints coming with :meth:`take_run`, each run's to its writer; with
+        ``tables`` too, the row files of those tables alone: a query's, the others' left as they are). A file
         changed here and not pushed yet (a local writer's) is left alone, unless ``exact`` (a writer taking its run:
         the bucket's files win, and the copy's files of iterations the bucket committed that it does not hold go).
         Committed changesets not yet applied are read from their uploads. Returns how many files were downloaded;
         a file that vanished meanwhile (a changeset applied) makes it look again, once."""
-        fetched, missed = self._pull(run_id, exact, only)
+        fetched, missed = self._pull(run_id, exact, only, tables)
         if missed:
-            fetched += self._pull(run_id, exact, only)[0]
+            fetched += self._pull(run_id, exact, only, tables)[0]
         return fetched
 
-    def _pull(self, run_id: str | None, exact: bool, only: str | None) -> tuple[int, bool]:
+    def _pull(
+        self, run_id: str | None, exact: bool, only: str | None, tables: frozenset[str] | None = None
+    ) -> tuple[int, bool]:
         with self._state() as state:  # the listing too: a local writer's push and this pull never interleave
             listing = {k: v for k, v in self.store.listing().items() if not folder_marker(k, v.size)}
             vanished: list[str] = []
@@ -208,7 +217,7 @@ class StoreCopy:
                 checked_relative(relative, self.store.root.url)
                 if not synced(relative) or (run_id is not None and run_of(relative) != run_id):
                     continue
-                if only is not None and not for_tables(relative, models=only == "write"):
+                if only is not None and not for_tables(relative, only == "write", tables):
                     continue
                 held = state["objects"].get(relative) == listed.etag
                 if held and (not exact or self._unchanged(state, relative)):
@@ -217,7 +226,8 @@ class StoreCopy:
                     continue
                 wanted[relative] = relative
             for token, changeset in pending:  # a committed changeset's files: from its uploads, which win
-                for relative in [r for r in changeset["put"] if only is None or for_tables(r, only == "write")]:
+                wanted_here = [r for r in changeset["put"] if only is None or for_tables(r, only == "write", tables)]
+                for relative in wanted_here:
                     upload = f"{UPLOADS}/{changeset['run']}/{token}/{relative}"
                     if upload in listing and state["objects"].get(relative) != listing[upload].etag:
                         wanted[relative] = upload
@@ -617,10 +627,10 @@ def refresh(root: Path, only: str | None = "read") -> None:
         copy.pull(only=only)
 
 
-def open_store_root(url: str, only: str | None = None) -> Path:
+def open_store_root(url: str, only: str | None = None, tables: frozenset[str] | None = None) -> Path:
     """The local copy of the data root ``url`` (``s3://bucket/prefix``), brought up to date with the bucket
-    (downloads only; ``only``: see :meth:`StoreCopy.pull`); its folder, which commands then use as their data
-    root."""
+    (downloads only; ``only``, ``tables``: see :meth:`StoreCopy.pull`); its folder, which commands then use as their
+    data root."""
     root = parse_root(url)
     store = Store(root)
     store.check_bucket()
@@ -632,5 +642,5 @@ def open_store_root(url: str, only: str | None = None) -> Path:
     with _copies_guard:  # one per folder in a process: a run's lease held by it stays known
         copy = _copies.get(folder) or StoreCopy(store, folder)
         _copies[folder] = copy
-    copy.pull(only=only)
+    copy.pull(only=only, tables=tables)
     return folder

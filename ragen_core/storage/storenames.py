@@ -137,10 +137,24 @@ def rows_iteration(relative: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def for_tables(relative: str, models: bool = False) -> bool:
-    """Whether a lake path is one the tables and the ``runs`` listing read (not a run's checkpoint or log; a model
-    only with ``models``)."""
+def table_of(relative: str) -> str | None:
+    """The table whose rows a lake path holds (a file of ``<table>/run-<id>/``, or a partition's record of its
+    parts), or None."""
     parts = relative.split("/")
+    if _RECORD.fullmatch(relative):
+        return parts[3]
+    if len(parts) > 2 and not parts[0].startswith("_") and parts[1].startswith(layout.RUN_FOLDER_PREFIX):
+        return parts[0]
+    return None
+
+
+def for_tables(relative: str, models: bool = False, tables: frozenset[str] | None = None) -> bool:
+    """Whether a lake path is one the tables and the ``runs`` listing read (not a run's checkpoint or log; a model
+    only with ``models``; with ``tables``, the row files of those tables alone, every run's manifest and commits
+    still)."""
+    parts = relative.split("/")
+    if tables is not None and table_of(relative) not in (None, *tables):
+        return False
     if parts[0] == layout.MODELS:
         return models
     if parts[0] == layout.STAGING:  # a writer's stage records: with its run (StoreCopy.take_run)

@@ -19,7 +19,7 @@ import pytest
 
 from ragen_core.storage import DataLake
 from ragen_core.storage.storecopy import UPLOADS
-from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _wait_then_reap
+from tests.flows.test_resume import DISTRIBUTED, RUN, _overrides, _rows, _wait_then_reap
 from tests.flows.test_vllm_runs import TABLES, same_as_whole
 from tests.s3_env import KEY_ID, SECRET
 
@@ -318,3 +318,28 @@ def test_a_run_in_a_bucket_is_compacted_through_kills_and_read_the_same(
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("RAGEN_OBJECT_CACHE", str(tmp_path / "fresh"))
     same_as_whole(whole, open_store_root(url))  # a host of its own: the rows, whole, once
+
+
+def test_a_query_on_a_bucket_downloads_the_rows_of_the_tables_it_names_alone(killed_twice, tmp_path):
+    """`ragen sql` on a bucket: the reader's copy gets the rows of the tables the query names (every run's manifest
+    and commits still); the next query of another table gets that one's; a name the parse tree cannot show (a table
+    function) gets every table's."""
+    url, bucket, _, env, _, whole = killed_twice
+    copy = tmp_path / "reader" / bucket / "lake"
+
+    def parquet_tables() -> set[str]:
+        return {p.relative_to(copy).parts[0] for p in copy.rglob("*.parquet")}
+
+    def sql(text: str) -> str:
+        rc, output = _ragen(["sql", text, "--format", "csv"], url, tmp_path / "reader", env)
+        assert rc == 0, output
+        return output.strip().splitlines()[-1]
+
+    expected = {t: len(_rows(whole, t)) for t in ("metrics", "trajectories")}
+    kept = "SELECT count(*) AS n FROM metrics WHERE NOT starts_with(name, 'time/') AND NOT starts_with(name, 'perf/')"
+    assert sql(kept) == str(expected["metrics"])  # tests.flows.test_resume._rows's rows: no clock's
+    assert parquet_tables() == {"metrics"} and (copy / "runs" / RUN / "manifest.json").is_file()
+    assert sql("SELECT count(*) AS n FROM trajectories") == str(expected["trajectories"])
+    assert parquet_tables() == {"metrics", "trajectories"}
+    assert sql("SELECT count(*) AS n FROM duckdb_views() WHERE NOT internal") != "0"  # every table's rows then
+    assert {"turns", "evaluations"} <= parquet_tables()
