@@ -105,6 +105,20 @@ def read_lease(path: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def pid_alive(pid: object) -> bool:
+    """Whether this machine (its pid namespace) has a process numbered ``pid``, someone else's too; a value that is
+    no process number (a record planted or damaged: not an int, 0, negative, out of range) names none."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 2**31:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
 def stale(record: dict[str, Any], now: float | None = None) -> bool:
     """Whether a lease record no longer holds, for a caller that holds (or has probed free) the run's ``flock`` on
     this machine: a lease of this machine then outlived its holder (the kernel dropped the holder's flock); another

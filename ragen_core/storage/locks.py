@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragen_core.storage.files import LakeError
 from ragen_core.storage.layout import housekeeping_lock_file, manifest_file, writer_lease_file, writer_lock_file
-from ragen_core.storage.lease import Lease, claim, read_lease, stale
+from ragen_core.storage.lease import Lease, claim, pid_alive, read_lease, stale
 from ragen_core.storage.storecopy import store_copy
 from ragen_core.storage.trust import check_real_folder, check_real_folders, check_regular_file
 
@@ -100,16 +100,6 @@ def holder_record(run_id: str, command: list[str] | None = None) -> dict[str, An
     }
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
-
-
 def locked_message(run_id: str, path: Path, holder: dict[str, Any] | None) -> str:
     """Why the run cannot be written now, by whom, and what to do."""
     if holder is None:
@@ -128,7 +118,7 @@ def locked_message(run_id: str, path: Path, holder: dict[str, Any] | None) -> st
             f"Its lease was renewed {max(0.0, seconds - left):.0f} s ago; if that host is gone, the run can be "
             f"resumed here once the lease has gone {seconds:g} s without renewal (in {left:.0f} s). "
         )
-    if here and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]):
+    if here and isinstance(holder.get("pid"), int) and not pid_alive(holder["pid"]):
         return text + (
             f"That process is gone, but a process it started still holds {path} open (find it with `fuser -v "
             f"{path}`); stop that process, then run the command again"

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ragen_core.storage.files import LakeError
-from ragen_core.storage.lease import LeaseLostError, lease_seconds, machine
+from ragen_core.storage.lease import LeaseLostError, lease_seconds, machine, pid_alive
 from ragen_core.storage.objectstore import Store, StoreError
 from ragen_core.storage.storenames import as_json, finite
 
@@ -54,23 +54,11 @@ def store_machine() -> str:
     return f"{machine()}/pid:{namespace}"
 
 
-def _pid_alive(pid: object) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def writer_gone(record: dict[str, Any]) -> bool:
     """Whether the process a record names (``machine``, ``pid``) is known to be gone: judged only on its own
     machine."""
     here = store_machine()
-    return record.get("machine") == here and not here.endswith(UNKNOWN) and not _pid_alive(record.get("pid"))
+    return record.get("machine") == here and not here.endswith(UNKNOWN) and not pid_alive(record.get("pid"))
 
 
 def store_stale(record: dict[str, Any], now: float | None = None) -> bool:

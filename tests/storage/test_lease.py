@@ -250,3 +250,17 @@ def test_the_lease_length_is_checked(monkeypatch):
     assert lease_seconds() == 45.0
     monkeypatch.delenv("RAGEN_LOCK_LEASE_S")
     assert lease_seconds() == 60.0
+
+
+def test_a_holder_s_pid_is_alive_only_when_it_names_a_process():
+    """A lease or lock record's pid read back (planted, damaged) never raises and never names a process group: 0,
+    a negative number, one past the kernel's range, a bool or a string name none; this process is alive, a reaped
+    child is not."""
+    import subprocess
+    import sys
+
+    from ragen_core.storage.lease import pid_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert [pid_alive(p) for p in (0, -1, 2**63, True, "1", None, child.pid, os.getpid())] == [False] * 7 + [True]
