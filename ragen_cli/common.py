@@ -73,9 +73,6 @@ def one_line(message: str) -> str:
     return printable(joined(message))
 
 
-STORE_COMMANDS = "every command but upgrade-lake does"
-
-
 def data_root_path(value: Path | None, store: str | None = None, tables: frozenset[str] | None = None) -> Path:
     """The data root (``--data-root``, else ``RAGEN_DATA_ROOT``, else ``./data``), absolute; a file there is an
     error. An object-store root (``s3://bucket/prefix``) is opened as its local copy
@@ -100,8 +97,8 @@ def store_root_path(url: str, store: str | None, tables: frozenset[str] | None =
 
     if store is None:
         fail(
-            f"this command does not work on a data root in an object store ({url}); {STORE_COMMANDS}. Work on a "
-            "local copy instead (`aws s3 sync` it into a folder and pass that folder)"
+            f"this command does not work on a data root in an object store ({url}); work on a local copy instead "
+            "(`aws s3 sync` it into a folder and pass that folder)"
         )
     try:
         return open_store_root(url, only=None if store == "all" else store, tables=tables)

@@ -69,15 +69,17 @@ def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help
     no file rewritten); safe to interrupt and run again. Stop the runs writing to it first."""
     from ragen_core.storage import DataLake, LakeError
     from ragen_core.storage.maintenance.upgrade import upgrade_layout
+    from ragen_core.storage.storecopy import root_address
 
-    root = existing_root(data_root)
+    root = existing_root(data_root, store="all")
+    shown_root = root_address(root)
     try:
         report = upgrade_layout(DataLake(root))
     except LakeError as exc:
         fail(str(exc))
     except OSError as exc:
         fail(
-            f"cannot upgrade {str(root)!r}: {exc.strerror or exc} ({exc.filename}); make it writable, then run "
+            f"cannot upgrade {shown_root!r}: {exc.strerror or exc} ({exc.filename}); make it writable, then run "
             "`ragen upgrade-lake` again (it goes on where it stopped)"
         )
     if report.recorded:
@@ -86,10 +88,10 @@ def upgrade_lake(data_root: Path | None = typer.Option(None, "--data-root", help
             highlight=False,
         )
     if not report.partitions:
-        console.print(f"{escape(str(root))} already has lake layout {report.layout}", highlight=False)
+        console.print(f"{escape(shown_root)} already has lake layout {report.layout}", highlight=False)
         return
     console.print(
-        f"upgraded {escape(str(root))} to lake layout {report.layout}: {len(report.partitions)} partition(s), "
+        f"upgraded {escape(shown_root)} to lake layout {report.layout}: {len(report.partitions)} partition(s), "
         f"{report.files} file(s), runs {escape(', '.join(report.runs))}",
         highlight=False,
     )

@@ -483,14 +483,15 @@ class DataLake:
         if copy is not None:
             copy.push_loose(run_id)
 
-    def publish_rewrite(self, run_id: str) -> None:
-        """A rewrite of the run's committed files (a compaction) made visible: in an object store, uploaded as one
-        changeset and committed (:meth:`~ragen_core.storage.storecopy.StoreCopy.rewrite`); nothing on a local root,
-        where each step was its own atomic rename. The caller holds the run's writer lock."""
+    def publish_rewrite(self, run_id: str, every_iteration: bool = False) -> None:
+        """A rewrite of the run's committed files (a compaction; ``every_iteration``: its files of every iteration,
+        a layout upgrade) made visible: in an object store, uploaded as one changeset and committed
+        (:meth:`~ragen_core.storage.storecopy.StoreCopy.rewrite`); nothing on a local root, where each step was its
+        own atomic rename. The caller holds the run's writer lock."""
         check_writing(self.root, run_id)
         copy = store_copy(self.root)
         if copy is not None:
-            copy.rewrite(run_id)
+            copy.rewrite(run_id, every_iteration)
 
     def read_manifest(self, run_id: str) -> RunManifest | None:
         """The run's manifest, or None when it has none; one that is not a manifest naming this run (a field of the

@@ -60,6 +60,7 @@ from ragen_core.storage.storenames import (
     each,
     folder_marker,
     for_tables,
+    old_layout,
     rows_iteration,
     run_of,
     stage_record,
@@ -220,9 +221,10 @@ class StoreCopy:
                 if only is not None and not for_tables(relative, only == "write", tables):
                     continue
                 held = state["objects"].get(relative) == listed.etag
-                if held and (not exact or self._unchanged(state, relative)):
+                bucket_wins = exact or old_layout(relative)  # a layout-1 file goes only once the bucket drops it
+                if held and (not bucket_wins or self._unchanged(state, relative)):
                     continue  # held (or changed or deleted here by a local writer that has not committed it yet)
-                if not exact and relative in state["files"] and self._pending_here(state, relative):
+                if not bucket_wins and relative in state["files"] and self._pending_here(state, relative):
                     continue
                 wanted[relative] = relative
             for token, changeset in pending:  # a committed changeset's files: from its uploads, which win
@@ -271,18 +273,29 @@ class StoreCopy:
         for relative in [r for r in state["objects"] if run_id is None or run_of(r) == run_id]:
             if relative in held and relative not in deleted:
                 continue
-            owner = run_of(relative)
-            if not exact and (owner is None or written.setdefault(owner, self._written_here(owner))):
+            owner, bucket_wins = run_of(relative), exact or old_layout(relative)
+            if not bucket_wins and (owner is None or written.setdefault(owner, self._written_here(owner))):
                 continue  # a model, or a run a process of this host writes: its files stay under it
-            if exact or not self._pending_here(state, relative):
+            if bucket_wins or not self._pending_here(state, relative):
                 (self.folder / relative).unlink(missing_ok=True)
                 self._forget(state, relative)
+                if old_layout(relative):  # upgraded in the bucket: its emptied layout-1 folders go (readers refuse them)
+                    self._prune(Path(relative).parent, depth=2)
+
+    def _prune(self, relative: Path, depth: int) -> None:
+        """Remove the copy's folder ``relative`` and up to ``depth - 1`` of its parents, each only while empty."""
+        for folder in [relative, *relative.parents][:depth]:
+            try:
+                (self.folder / folder).rmdir()
+            except OSError:  # not empty (or gone): its parents are not either
+                return
 
     def _drop_stale_attempt(self, state: dict[str, Any], listing: dict, pending: list, run_id: str) -> None:
         """A writer taking its run: the copy's row files (parts, their records) of iterations the bucket committed
         that the bucket does not hold go (a dead attempt's, here, of an iteration another host committed), and so
         do its stage records that the bucket does not hold, of an iteration the bucket committed or holds records
-        of (the bucket's say which stages of it finished); those of a later iteration stay, reused by a resume here."""
+        of (the bucket's say which stages of it finished); those of a later iteration stay, reused by a resume here.
+        A partition folder left empty goes too (an upgrade interrupted here redoes the partition)."""
         committed = {int(m.group(2)) for m in map(COMMIT_OBJECT.fullmatch, listing) if m and m.group(1) == run_id}
         held = set(listing) | {r for _, c in pending for r in c["put"]}
         recorded = {stage_record(r) for r in held if run_of(r) == run_id} - {None}
@@ -292,6 +305,8 @@ class StoreCopy:
             if (stale or rows_iteration(relative) in committed) and relative not in held:
                 (self.folder / relative).unlink(missing_ok=True)
                 self._forget(state, relative)
+                if relative.count("/") == 3 and not relative.startswith("_"):  # a partition's: its folder, if empty
+                    self._prune(Path(relative).parent, depth=1)
 
     def _download(self, pair: tuple[str, str]) -> str | None:
         """Download the object ``source`` to the copy's file ``relative``; its tag, or None when it is gone."""
@@ -410,21 +425,25 @@ class StoreCopy:
             self._stamp(state, marker, etag)
             self._drop_superseded(run_id)
 
-    def rewrite(self, run_id: str) -> int:
+    def rewrite(self, run_id: str, every_iteration: bool = False) -> int:
         """Publish a rewrite of the run's committed files (``ragen runs compact``: the merged parts, the partitions'
         records and markers, the parts they replace) as one changeset, committed by creating its own commit object
         (``_uploads/<run>/<token>.committed``) once every file is uploaded: a reader sees the files before the
         rewrite or after it, never a mix; a kill before that object leaves the bucket as it was, and a writer that
         takes the run meanwhile aborts the rewrite by creating that object first (this one then stops in one line).
-        Only row files of committed iterations change. The caller holds the run's lease. Returns how many files it
-        put or deleted."""
+        Only row files of committed iterations change (``every_iteration``: of every iteration the copy holds rows
+        of, ``ragen upgrade-lake`` moving the bucket's layout-1 files). The caller holds the run's lease. Returns how
+        many files it put or deleted."""
         lease = self._checked_lease(run_id)
         if lease is None:
             raise LakeError(f"run {run_id!r} in {self.store.root.url} is rewritten only under its writer lease")
-        committed = {int(m.group(2)) for m in map(COMMIT_OBJECT.fullmatch, self.local_files(run_id)) if m}
+        files = self.local_files(run_id)
+        iterations = {int(m.group(2)) for m in map(COMMIT_OBJECT.fullmatch, files) if m}
+        if every_iteration:
+            iterations |= {rows_iteration(r) for r in files} - {None}
         token = uuid.uuid4().hex
         with self._state() as state:
-            files, changeset = self._changes(state, run_id, max(committed, default=0), frozenset(committed))
+            files, changeset = self._changes(state, run_id, max(iterations, default=0), frozenset(iterations))
             if not changeset["put"] and not changeset["delete"]:
                 return 0
             self._send(run_id, token, changeset, files)
@@ -553,6 +572,24 @@ class StoreCopy:
                     if not (self.folder / relative).exists():
                         self.store.remove(relative)
                         self._forget(state, relative)
+
+    def drop_old_layout(self) -> int:
+        """Delete the bucket's files of lake layout 1 that the copy no longer holds (``ragen upgrade-lake`` moved
+        them here and published each under its new name first), each only while it is the object the copy pulled;
+        returns how many."""
+        with self._state() as state:
+            listing = self.store.listing()
+            gone = [
+                relative
+                for relative, listed in sorted(listing.items())
+                if old_layout(relative)
+                and state["objects"].get(relative) == listed.etag
+                and not (self.folder / relative).exists()
+            ]
+            each(lambda relative: self.store.remove(relative, listing[relative].etag), gone)
+            for relative in gone:
+                self._forget(state, relative)
+        return len(gone)
 
     def remove_run(self, run_id: str, models: list[str]) -> None:
         """Delete the run's objects (``ragen runs rm``, holding its lease): its commit objects first (readers stop

@@ -126,6 +126,13 @@ def run_of(relative: str) -> str | None:
     return None
 
 
+def old_layout(relative: str) -> bool:
+    """Whether a lake path is a file of lake layout 1 (``<table>/run_id=<id>/...``, a bucket filled from a data root
+    of an older version, which ``ragen upgrade-lake`` moves): the bucket's version always wins in a copy."""
+    parts = relative.split("/")
+    return len(parts) > 2 and not parts[0].startswith("_") and parts[1].startswith(layout.OLD_RUN_FOLDER_PREFIX)
+
+
 def rows_iteration(relative: str) -> int | None:
     """The iteration whose rows a lake path holds (a part file of a partition, or that partition's record of its
     parts), or None."""

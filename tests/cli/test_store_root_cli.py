@@ -29,7 +29,6 @@ def _one_line(result: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["upgrade-lake", "--data-root", "{url}"], "this command does not work on a data root in an object store"),
         (["runs", "compact", "x", "--data-root", "{url}"], "unknown run 'x' in "),
         (["sql", "SELECT 1", "--data-root", "s3://Bad_Bucket/x"], "is not a valid S3 bucket name"),
         (

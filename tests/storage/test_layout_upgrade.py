@@ -330,3 +330,62 @@ def test_an_entry_the_upgrade_cannot_carry_over_is_refused_before_anything_chang
     result = CliRunner().invoke(app, ["upgrade-lake", "--data-root", str(old_lake)])
     assert result.exit_code == 0, result.output
     _assert_same_rows(old_lake, original, new_lake)
+
+
+def _copy_rows(url: str, cache: Path, monkeypatch) -> dict[str, list[str]]:
+    """Every table's rows as a host whose local copies lie in ``cache`` reads the bucket (its copy brought up to
+    date first)."""
+    from ragen_core.storage.storecopy import open_store_root
+
+    monkeypatch.setenv("RAGEN_OBJECT_CACHE", str(cache))
+    copy = open_store_root(url)
+    return {table: _rows(copy, table) for table in PARQUET_TABLES}
+
+
+def test_upgrade_lake_on_a_bucket_moves_every_object_and_goes_on_where_it_stopped(
+    old_lake, original, new_lake, s3_root, monkeypatch, tmp_path
+):
+    from ragen_core.storage.storecopy import StoreCopy
+
+    url, server = s3_root
+    bucket, client = url.split("/")[2], server.client()
+    for path in sorted(p for p in old_lake.rglob("*") if p.is_file()):  # `aws s3 sync` of the old data root
+        client.upload_file(str(path), bucket, f"lake/{path.relative_to(old_lake).as_posix()}")
+    old_keys = {k for k in server.objects(bucket) if "/run_id=" in k}
+    assert old_keys
+    with pytest.raises(LakeError, match="ragen upgrade-lake"):  # another host, before: refused, naming the upgrade
+        _copy_rows(url, tmp_path / "host-b", monkeypatch)
+    cache_a = str(tmp_path / "host-a")
+    monkeypatch.setenv("RAGEN_OBJECT_CACHE", cache_a)
+
+    # killed after the copy moved the first run's files, before any reached the bucket
+    with monkeypatch.context() as patched:
+        patched.setattr(DataLake, "publish_rewrite", lambda *a, **k: (_ for _ in ()).throw(LakeError("killed")))
+        result = CliRunner().invoke(app, ["upgrade-lake", "--data-root", url])
+    assert result.exit_code == 2 and "killed" in result.output, result.output
+    assert {k for k in server.objects(bucket) if "/run_id=" in k} == old_keys
+    assert not any("/run-" in k for k in server.objects(bucket) if not k.startswith("lake/_"))
+    # killed again, once every run's new names are in the bucket, before the old ones go
+    with monkeypatch.context() as patched:
+        patched.setattr(StoreCopy, "drop_old_layout", lambda self: (_ for _ in ()).throw(LakeError("killed")))
+        result = CliRunner().invoke(app, ["upgrade-lake", "--data-root", url])
+    assert result.exit_code == 2 and "killed" in result.output, result.output
+    assert {k for k in server.objects(bucket) if "/run_id=" in k} == old_keys
+    with pytest.raises(LakeError, match="ragen upgrade-lake"):  # both layouts there: still refused, never half read
+        _copy_rows(url, tmp_path / "host-b", monkeypatch)
+
+    monkeypatch.setenv("RAGEN_OBJECT_CACHE", cache_a)
+    result = CliRunner().invoke(app, ["upgrade-lake", "--data-root", url])
+    assert result.exit_code == 0, result.output
+    assert f"upgraded {url}" in result.output or f"{url} already has lake layout" in result.output
+    objects = server.objects(bucket)
+    assert not [k for k in objects if "/run_id=" in k] and not [k for k in objects if k.startswith("lake/_uploads/")]
+    assert json.loads(objects["lake/_layout.json"]) == LAYOUT_2
+    expected_parts = {  # every published part of the layout-2 lake the old one was made from, under its own name
+        f"lake/{p.relative_to(new_lake).as_posix()}" for p in new_lake.glob("*/run-*/iteration-*/part-*.parquet")
+    }
+    assert {k for k in objects if k.endswith(".parquet") and "/run-" in k} == expected_parts
+    # the host that read the old layout, a fresh one and the upgrader: every row once, as the lake was written
+    for cache in ("host-b", "host-c", "host-a"):
+        assert _copy_rows(url, tmp_path / cache, monkeypatch) == original, cache
+    assert not list((tmp_path / "host-b").rglob("run_id=*"))

@@ -32,6 +32,12 @@ A crash before 2 leaves the old partition whole and a hidden folder that the nex
 the next upgrade finds the new partition, checks that it holds every old file under its new name (same size) and
 finishes step 3. So the upgrade can be interrupted at any point and run again; no row is lost or doubled. Readers
 refuse the data root until no layout-1 folder is left; ``_layout.json`` is written last.
+
+A data root in a bucket (:mod:`ragen_core.storage.storecopy`) is upgraded in its local copy, which gets every object
+first (a layout-1 file the copy no longer holds comes back until the bucket deletes it); each run's moved files are
+then published as one rewrite under its lease (new names, records) before the bucket's layout-1 files of the run go,
+and ``_layout.json`` is put last. Interrupted anywhere, the bucket holds each partition under its old name, its new
+one or both (readers refuse it until the upgrade, run again, has finished).
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from ragen_core.storage.locks import run_lock, run_writer
 from ragen_core.storage.names import is_valid_run_id
 from ragen_core.storage.parts import merged_name, record_parts
 from ragen_core.storage.reader import read_record, trusted_parts
+from ragen_core.storage.storecopy import store_copy
 from ragen_core.storage.trust import (
     check_marker,
     check_real_folder,
@@ -116,6 +123,9 @@ def upgrade_layout(lake: DataLake) -> LayoutUpgrade:
     before the first change: a file or folder the upgrade could not carry over raises, naming it, with nothing
     changed. Safe to interrupt and run again."""
     layout_version(lake.root)  # a newer layout raises
+    copy = store_copy(lake.root)
+    if copy is not None:  # every object, and the layout-1 files an interrupted upgrade moved here but not there
+        copy.pull()
     report = LayoutUpgrade(lake.root)
     by_run: dict[str, list[tuple[str, Path]]] = {}
     for table, run_id, folder in old_run_folders(lake):
@@ -129,14 +139,19 @@ def upgrade_layout(lake: DataLake) -> LayoutUpgrade:
         with run_writer(lake.root, run_id, ["ragen", "upgrade-lake"]), run_lock(lake, run_id):
             for table, folder in folders:
                 _upgrade_run_folder(lake, table, run_id, folder, report)
+            lake.publish_rewrite(run_id, every_iteration=True)  # a bucket: the new names, before the old go
     for run_id, partitions in sorted(unrecorded.items()):
         with run_writer(lake.root, run_id, ["ragen", "upgrade-lake"]), run_lock(lake, run_id):
             for folder in partitions:
                 report.recorded += _record_partition(folder)
+            lake.publish_rewrite(run_id, every_iteration=True)
     try:
         record_layout(lake.root)
     except OSError as exc:
         raise LakeError(f"cannot write {str(layout_file(lake.root))!r}: {exc.strerror or exc}") from exc
+    if copy is not None:  # the bucket's layout-1 files, each published under its new name; the layout file last
+        copy.drop_old_layout()
+        copy.push_loose(None)
     return report
 
 
