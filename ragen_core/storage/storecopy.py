@@ -279,7 +279,7 @@ class StoreCopy:
             if bucket_wins or not self._pending_here(state, relative):
                 (self.folder / relative).unlink(missing_ok=True)
                 self._forget(state, relative)
-                if old_layout(relative):  # upgraded in the bucket: its emptied layout-1 folders go (readers refuse them)
+                if old_layout(relative):  # upgraded in the bucket: its emptied layout-1 folders go
                     self._prune(Path(relative).parent, depth=2)
 
     def _prune(self, relative: Path, depth: int) -> None:
