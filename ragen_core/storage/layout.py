@@ -78,6 +78,7 @@ MERGED_PREFIX = "part-compacted-"
 # layout 1, read only by the upgrade
 OLD_RUN_FOLDER_PREFIX = "run_id="
 OLD_COMPACTION_MARKER = "_COMPACTION.json"
+UPGRADING_PREFIX = ".upgrading-"  # a partition being filled by `ragen upgrade-lake`, beside its run folder
 UPGRADE_HINT = "upgrade it once with `ragen upgrade-lake --data-root {root}` (safe to interrupt and run again)"
 
 # -- the folders and files beside the tables ------------------------------------------------------------------------

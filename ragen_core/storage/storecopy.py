@@ -52,7 +52,7 @@ from ragen_core.storage.storenames import (
     cache_folder,
     check_conditional_writes,
     each,
-    old_layout,
+    old_layout_run,
     rows_iteration,
     run_of,
     stage_record,
@@ -321,21 +321,33 @@ class StoreCopy(CopyReader):
 
     def drop_old_layout(self) -> int:
         """Delete the bucket's files of lake layout 1 that the copy no longer holds (``ragen upgrade-lake`` moved
-        them here and published each under its new name first), each only while it is the object the copy pulled;
-        returns how many."""
+        them here and published each under its new name first), each only while it is the object the copy pulled,
+        a partition's compaction marker after its parts (the upgrade derives the merged file's new name from it);
+        returns how many. A :class:`LakeError` when layout-1 files are left in the bucket (put or pulled back
+        meanwhile): the upgrade is run again."""
         with self._state() as state:
             listing = self.store.listing()
             gone = [
                 relative
                 for relative, listed in sorted(listing.items())
-                if old_layout(relative)
+                if old_layout_run(relative) is not None
                 and state["objects"].get(relative) == listed.etag
                 and not (self.folder / relative).exists()
             ]
-            each(lambda relative: self.store.remove(relative, listing[relative].etag), gone)
-            for relative in gone:
-                self._forget(state, relative)
-        return len(gone)
+            for batch in (
+                [r for r in gone if not r.endswith(f"/{layout.OLD_COMPACTION_MARKER}")],
+                [r for r in gone if r.endswith(f"/{layout.OLD_COMPACTION_MARKER}")],
+            ):
+                removed = each(lambda relative: self.store.remove(relative, listing[relative].etag), batch)
+                for relative in [r for r, done in zip(batch, removed, strict=True) if done]:
+                    self._forget(state, relative)
+        left = sorted(r for r in self.store.listing() if old_layout_run(r) is not None)
+        if left:
+            raise LakeError(
+                f"{len(left)} file(s) of the old lake layout are still in {self.store.root.url} (such as {left[0]!r}, "
+                "put or pulled back while the upgrade ran); run `ragen upgrade-lake` again"
+            )
+        return len(gone) - len(left)
 
     def remove_run(self, run_id: str, models: list[str]) -> None:
         """Delete the run's objects (``ragen runs rm``, holding its lease): its commit objects first (readers stop

@@ -34,6 +34,7 @@ COMMIT_OBJECT = re.compile(rf"{layout.COMMITS}/([^/]+)/{re.escape(layout.KEYED_I
 _RECORD = re.compile(
     rf"{layout.COMMITS}/[^/]+/{layout.PARTS_RECORDS}/[^/]+/{re.escape(layout.KEYED_ITERATION)}(\d+)\.json"
 )
+_HIDDEN = (TRASH_PREFIX, layout.UPGRADING_PREFIX)  # a folder on its way out, or a partition an upgrade fills
 _UNSAFE = re.compile(r"[\\\x00-\x1f\x7f]")
 
 
@@ -106,7 +107,7 @@ def synced(relative: str) -> bool:
     parts = relative.split("/")
     if stage_record(relative) is not None:
         return True
-    if parts[0] in _NOT_SYNCED_TOP or _SCRATCH.fullmatch(parts[-1]) or any(p.startswith(TRASH_PREFIX) for p in parts):
+    if parts[0] in _NOT_SYNCED_TOP or _SCRATCH.fullmatch(parts[-1]) or any(p.startswith(_HIDDEN) for p in parts):
         return False
     return not (parts[0] == layout.RUNS and len(parts) > 2 and parts[2] in _NOT_SYNCED_IN_RUN)
 
@@ -126,11 +127,16 @@ def run_of(relative: str) -> str | None:
     return None
 
 
-def old_layout(relative: str) -> bool:
-    """Whether a lake path is a file of lake layout 1 (``<table>/run_id=<id>/...``, a bucket filled from a data root
-    of an older version, which ``ragen upgrade-lake`` moves): the bucket's version always wins in a copy."""
+def old_layout_run(relative: str) -> str | None:
+    """The run whose rows a file of lake layout 1 holds (``<table>/run_id=<id>/iteration=<n>/<file>``: a bucket
+    filled from a data root of an older version, which ``ragen upgrade-lake`` moves), or None for any other path
+    (the quarantine's ``run_id=`` folders included)."""
     parts = relative.split("/")
-    return len(parts) > 2 and not parts[0].startswith("_") and parts[1].startswith(layout.OLD_RUN_FOLDER_PREFIX)
+    if len(parts) != 4 or parts[0].startswith("_") or parts[0] == layout.QUARANTINE:
+        return None
+    if not parts[1].startswith(layout.OLD_RUN_FOLDER_PREFIX) or not layout.ITERATION_FOLDER.fullmatch(parts[2]):
+        return None
+    return parts[1][len(layout.OLD_RUN_FOLDER_PREFIX) :]
 
 
 def rows_iteration(relative: str) -> int | None:

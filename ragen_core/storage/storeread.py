@@ -28,7 +28,7 @@ from ragen_core.storage.storenames import (
     each,
     folder_marker,
     for_tables,
-    old_layout,
+    old_layout_run,
     rows_iteration,
     run_of,
     stage_record,
@@ -165,9 +165,10 @@ class CopyReader:
         those and the models, the runs' checkpoints coming with :meth:`take_run`, each run's to its writer; with
         ``tables`` too, the row files of those tables alone: a query's, the others' left as they are). A file
         changed here and not pushed yet (a local writer's) is left alone, unless ``exact`` (a writer taking its run:
-        the bucket's files win, and the copy's files of iterations the bucket committed that it does not hold go).
-        Committed changesets not yet applied are read from their uploads. Returns how many files were downloaded;
-        a file that vanished meanwhile (a changeset applied) makes it look again, once."""
+        the bucket's files win, and the copy's files of iterations the bucket committed that it does not hold go);
+        the files of lake layout 1 are always the bucket's (:meth:`_old_layout_file`). Committed changesets not
+        yet applied are read from their uploads. Returns how many files were downloaded; a file that vanished
+        meanwhile (a changeset applied) makes it look again, once."""
         fetched, missed = self._pull(run_id, exact, only, tables)
         if missed:
             fetched += self._pull(run_id, exact, only, tables)[0]
@@ -181,6 +182,7 @@ class CopyReader:
             vanished: list[str] = []
             pending = [(t, c) for t, c in self.changesets(listing, run_id, vanished).items() if c["committed"]]
             wanted: dict[str, str] = {}  # the copy's file -> the object it comes from
+            written: dict[str, bool] = {}
             for relative, listed in sorted(listing.items()):
                 checked_relative(relative, self.store.root.url)
                 if not synced(relative) or (run_id is not None and run_of(relative) != run_id):
@@ -188,7 +190,7 @@ class CopyReader:
                 if only is not None and not for_tables(relative, only == "write", tables):
                     continue
                 held = state["objects"].get(relative) == listed.etag
-                bucket_wins = exact or old_layout(relative)  # a layout-1 file goes only once the bucket drops it
+                bucket_wins = exact or self._old_layout_file(relative, written)
                 if held and (not bucket_wins or self._unchanged(state, relative)):
                     continue  # held (or changed or deleted here by a local writer that has not committed it yet)
                 if not bucket_wins and relative in state["files"] and self._pending_here(state, relative):
@@ -227,6 +229,13 @@ class CopyReader:
             os.close(descriptor)  # a shared lock taken here goes with the descriptor
         return False
 
+    def _old_layout_file(self, relative: str, written: dict[str, bool]) -> bool:
+        """Whether ``relative`` is a file of lake layout 1 that the bucket decides alone: its copy here comes back
+        until the bucket deletes it (an upgrade interrupted after moving it here), unless this host's upgrade is
+        moving its run now (it holds the run's writer lock). ``written`` caches the lock checks by run."""
+        run = old_layout_run(relative)
+        return run is not None and not written.setdefault(run, self._written_here(run))
+
     def _pending_here(self, state: dict[str, Any], relative: str) -> bool:
         """Whether the copy's file changed since it was pulled or pushed: a local writer's work not yet pushed."""
         return (self.folder / relative).exists() and not self._unchanged(state, relative)
@@ -236,17 +245,17 @@ class CopyReader:
         local writer changed them since (``exact``: whatever)."""
         held = set(listing) | {r for _, c in pending for r in c["put"]}
         deleted = {r for _, c in pending for r in c["delete"]}
-        written: dict[str | None, bool] = {}
+        written: dict[str, bool] = {}
         for relative in [r for r in state["objects"] if run_id is None or run_of(r) == run_id]:
             if relative in held and relative not in deleted:
                 continue
-            owner, bucket_wins = run_of(relative), exact or old_layout(relative)
+            owner, bucket_wins = run_of(relative), exact or self._old_layout_file(relative, written)
             if not bucket_wins and (owner is None or written.setdefault(owner, self._written_here(owner))):
                 continue  # a model, or a run a process of this host writes: its files stay under it
             if bucket_wins or not self._pending_here(state, relative):
                 (self.folder / relative).unlink(missing_ok=True)
                 self._forget(state, relative)
-                if old_layout(relative):  # upgraded in the bucket: its emptied layout-1 folders go
+                if old_layout_run(relative) is not None:  # upgraded in the bucket: its emptied folders go
                     self._prune(Path(relative).parent, depth=2)
 
     def _prune(self, relative: Path, depth: int) -> None:

@@ -345,7 +345,7 @@ def _copy_rows(url: str, cache: Path, monkeypatch) -> dict[str, list[str]]:
 def test_upgrade_lake_on_a_bucket_moves_every_object_and_goes_on_where_it_stopped(
     old_lake, original, new_lake, s3_root, monkeypatch, tmp_path
 ):
-    from ragen_core.storage.storecopy import StoreCopy
+    from ragen_core.storage.objectstore import Store
 
     url, server = s3_root
     bucket, client = url.split("/")[2], server.client()
@@ -365,12 +365,23 @@ def test_upgrade_lake_on_a_bucket_moves_every_object_and_goes_on_where_it_stoppe
     assert result.exit_code == 2 and "killed" in result.output, result.output
     assert {k for k in server.objects(bucket) if "/run_id=" in k} == old_keys
     assert not any("/run-" in k for k in server.objects(bucket) if not k.startswith("lake/_"))
-    # killed again, once every run's new names are in the bucket, before the old ones go
+    # killed again, once every run's new names are in the bucket, half-way through deleting the old ones
+    removals, remove = [], Store.remove
+
+    def remove_then_die(self, relative, etag=None):
+        if "/run_id=" in relative:
+            if len(removals) == len(old_keys) // 2:
+                raise LakeError("killed")
+            removals.append(relative)
+        return remove(self, relative, etag)
+
     with monkeypatch.context() as patched:
-        patched.setattr(StoreCopy, "drop_old_layout", lambda self: (_ for _ in ()).throw(LakeError("killed")))
+        patched.setattr(Store, "remove", remove_then_die)
         result = CliRunner().invoke(app, ["upgrade-lake", "--data-root", url])
     assert result.exit_code == 2 and "killed" in result.output, result.output
-    assert {k for k in server.objects(bucket) if "/run_id=" in k} == old_keys
+    left = {k for k in server.objects(bucket) if "/run_id=" in k}
+    assert left and left < old_keys
+    assert {k for k in old_keys if k.endswith("/_COMPACTION.json")} <= left  # a partition's marker after its parts
     with pytest.raises(LakeError, match="ragen upgrade-lake"):  # both layouts there: still refused, never half read
         _copy_rows(url, tmp_path / "host-b", monkeypatch)
 

@@ -371,3 +371,42 @@ def test_a_writer_taking_its_run_keeps_its_own_later_stages_and_drops_those_anot
     assert first.finished_stages(RUN, 1) == []  # iteration 1 is the bucket's now
     assert first.read_table("metrics", RUN).to_pylist() == [*_metrics(1.0), *later]
     release(lock)
+
+
+def test_only_the_files_of_layout_1_partitions_are_the_buckets_alone():
+    from ragen_core.storage.storenames import old_layout_run, synced
+
+    assert old_layout_run(f"metrics/run_id={RUN}/iteration=3/part-commit-00000.parquet") == RUN
+    assert old_layout_run(f"metrics/run_id={RUN}/iteration=3/_COMPACTION.json") == RUN
+    for other in (
+        f"quarantine/run_id={RUN}/iteration=3/rollout/report.json",  # the quarantine's own run_id= folders
+        f"metrics/run_id={RUN}/notes.txt",  # no partition's
+        f"metrics/run-{RUN}/iteration-3/part-x.parquet",  # layout 2
+        f"_commits/{RUN}/iteration=3.json",
+    ):
+        assert old_layout_run(other) is None, other
+    # a partition an interrupted upgrade was filling never travels
+    assert not synced(f"metrics/run-{RUN}/.upgrading-iteration-3/part-x.parquet")
+
+
+def test_a_pull_gives_back_a_layout_1_file_unless_this_hosts_upgrade_holds_its_run(s3_root, tmp_path, monkeypatch):
+    """A copy's layout-1 file is the bucket's: a pull brings back one the copy lost, and drops one the bucket
+    deleted (its emptied folders too), but not while a process of this host holds the run's writer lock (an upgrade
+    moving it)."""
+    url, server = s3_root
+    bucket, key = url.split("/")[2], f"metrics/run_id={RUN}/iteration=0/part-commit-00000.parquet"
+    server.client().put_object(Bucket=bucket, Key=f"lake/{key}", Body=b"rows")
+    lake = _open(url, tmp_path / "host", monkeypatch)
+    old = lake.root / key
+    assert old.read_bytes() == b"rows"
+    lock = acquire(lake.root, RUN)
+    old.unlink()  # moved by this host's upgrade, which holds the run
+    _open(url, tmp_path / "host", monkeypatch)
+    assert not old.exists()
+    release(lock)
+    _open(url, tmp_path / "host", monkeypatch)
+    assert old.read_bytes() == b"rows"  # an interrupted upgrade's move, undone until the bucket drops the file
+    server.client().delete_object(Bucket=bucket, Key=f"lake/{key}")
+    _open(url, tmp_path / "host", monkeypatch)
+    assert not old.exists() and not (lake.root / "metrics" / f"run_id={RUN}").exists()
+    assert (lake.root / "metrics").is_dir()

@@ -57,6 +57,7 @@ from ragen_core.storage.layout import (
     OLD_RUN_FOLDER_PREFIX,
     PART_NAME,
     RUN_FOLDER_PREFIX,
+    UPGRADING_PREFIX,
     compaction_marker,
     iteration_folder_name,
     layout_file,
@@ -76,8 +77,6 @@ from ragen_core.storage.trust import (
     part_files,
 )
 from ragen_core.storage.versioning import layout_version, record_layout
-
-UPGRADING_PREFIX = ".upgrading-"
 
 
 @dataclass
