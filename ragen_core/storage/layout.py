@@ -131,6 +131,11 @@ def iteration_folder_name(iteration: int) -> str:
     return f"{ITERATION_PREFIX}{int(iteration)}"
 
 
+def upgrading_partition(partition: Path) -> Path:
+    """The hidden folder beside ``partition`` that ``ragen upgrade-lake`` fills before renaming it to the partition."""
+    return partition.with_name(f"{UPGRADING_PREFIX}{partition.name}")
+
+
 def stage_token(stage: str) -> str:
     """The stage's part of a published part name: 12 hex digits of its SHA-256. Stage names hold env names (an
     evaluation is ``eval-<env>``), and hex digits never spell a split word of Hugging Face ``datasets``."""

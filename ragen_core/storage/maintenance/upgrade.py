@@ -57,12 +57,12 @@ from ragen_core.storage.layout import (
     OLD_RUN_FOLDER_PREFIX,
     PART_NAME,
     RUN_FOLDER_PREFIX,
-    UPGRADING_PREFIX,
     compaction_marker,
     iteration_folder_name,
     layout_file,
     parts_record_of,
     published_part_name,
+    upgrading_partition,
 )
 from ragen_core.storage.locks import run_lock, run_writer
 from ragen_core.storage.names import is_valid_run_id
@@ -269,7 +269,7 @@ def _upgrade_partition(old: Path, target_run: Path, iteration: int) -> int:
         _check_moved(old, new, names)
         record_parts(new, parts)
     else:
-        staging = target_run / f"{UPGRADING_PREFIX}{new.name}"
+        staging = upgrading_partition(new)
         if os.path.lexists(staging):
             check_real_folder(staging, "upgrade folder")
             shutil.rmtree(staging)
