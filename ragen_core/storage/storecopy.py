@@ -319,12 +319,12 @@ class StoreCopy(CopyReader):
                         self.store.remove(relative)
                         self._forget(state, relative)
 
-    def drop_old_layout(self) -> int:
+    def drop_old_layout(self) -> None:
         """Delete the bucket's files of lake layout 1 that the copy no longer holds (``ragen upgrade-lake`` moved
         them here and published each under its new name first), each only while it is the object the copy pulled,
-        a partition's compaction marker after its parts (the upgrade derives the merged file's new name from it);
-        returns how many. A :class:`LakeError` when layout-1 files are left in the bucket (put or pulled back
-        meanwhile): the upgrade is run again."""
+        a partition's compaction marker after its parts (the upgrade derives the merged file's new name from it).
+        A :class:`LakeError` when layout-1 files are left in the bucket (put or pulled back meanwhile): the upgrade
+        is run again."""
         with self._state() as state:
             listing = self.store.listing()
             gone = [
@@ -347,7 +347,6 @@ class StoreCopy(CopyReader):
                 f"{len(left)} file(s) of the old lake layout are still in {self.store.root.url} (such as {left[0]!r}, "
                 "put or pulled back while the upgrade ran); run `ragen upgrade-lake` again"
             )
-        return len(gone) - len(left)
 
     def remove_run(self, run_id: str, models: list[str]) -> None:
         """Delete the run's objects (``ragen runs rm``, holding its lease): its commit objects first (readers stop
