@@ -52,29 +52,52 @@ def test_the_served_rank_is_the_smallest_vllm_allows_above_the_adapters():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_model_dir, prefect_server):
+def train(tiny_model_dir, prefect_server):
+    """The run's command line and the Prefect API; each run is a fixture of its own (a test waits for the runs it
+    reads, not for all four commands)."""
     require_vllm_python()
-    api_url = prefect_server[0].api_url
     overrides = [o for o in _vllm_overrides(tiny_model_dir) if not o.startswith("trainer.checkpoint_every=")]
-    train = ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *overrides, *LORA]
-    roots = {name: tmp_path_factory.mktemp(f"vllm-lora-{name}") for name in ("whole", "killed", "async")}
-    for name, extra in (("whole", []), ("async", ASYNC)):
-        args = [a for a in train if not a.startswith("actor.lora.rank=")] if extra else train
-        rc, output = _ragen([*args, *extra], roots[name], None, api_url)
-        assert rc == 0, f"{name}: {output[-3000:]}"
-        assert _no_server_left(roots[name])
-    rc, output = _ragen(train, roots["killed"], "update:inside@1", api_url)
+    return ["train", "--config", "configs/bandit.yaml", "--run-id", RUN, *overrides, *LORA], prefect_server[0].api_url
+
+
+@pytest.fixture(scope="module")
+def whole(train, tmp_path_factory):
+    command, api_url = train
+    root = tmp_path_factory.mktemp("vllm-lora-whole")
+    rc, output = _ragen(command, root, None, api_url)
+    assert rc == 0, output[-3000:]
+    assert _no_server_left(root)
+    return root
+
+
+@pytest.fixture(scope="module", name="async")
+def async_run(train, tmp_path_factory):
+    command, api_url = train
+    root = tmp_path_factory.mktemp("vllm-lora-async")
+    rc, output = _ragen([*(a for a in command if not a.startswith("actor.lora.rank=")), *ASYNC], root, None, api_url)
+    assert rc == 0, output[-3000:]
+    assert _no_server_left(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def killed(train, tmp_path_factory):
+    """The synchronous run killed inside its second update and resumed."""
+    command, api_url = train
+    root = tmp_path_factory.mktemp("vllm-lora-killed")
+    rc, output = _ragen(command, root, "update:inside@1", api_url)
     assert rc == -signal.SIGKILL, output[-3000:]
-    rc, output = _ragen(["resume", RUN], roots["killed"], None, api_url)
+    rc, output = _ragen(["resume", RUN], root, None, api_url)
     assert rc == 0 and "resumed at iteration" in output, output[-3000:]
-    return roots
+    return root
 
 
+@pytest.mark.usefixtures("train")  # the run of each place, through request (marked as using the session server)
 @pytest.mark.parametrize("place", ["whole", "async"])
-def test_every_training_row_was_sampled_by_the_adapters_of_its_version(runs, place, tiny_model_dir):
+def test_every_training_row_was_sampled_by_the_adapters_of_its_version(request, place, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    lake = DataLake(runs[place])
+    lake = DataLake(request.getfixturevalue(place))
     config = lake.read_manifest(RUN).config
     rows = [row for row in lake.read_table("trajectories", RUN).to_pylist() if row["split"] == "train"]
     versions = sorted({row["policy_version"] for row in rows})
@@ -91,11 +114,12 @@ def test_every_training_row_was_sampled_by_the_adapters_of_its_version(runs, pla
         assert _gap(base, sampled, temperature) > 1e-3, version
 
 
+@pytest.mark.usefixtures("train")
 @pytest.mark.parametrize("place", ["whole", "async"])
-def test_the_server_kept_only_the_versions_the_schedule_can_sample_by(runs, place):
+def test_the_server_kept_only_the_versions_the_schedule_can_sample_by(request, place):
     """Synchronous: the newest version alone; async (k = 1): the two newest, their folders the ones left. The server
     was started at the smallest rank vLLM allows above the adapters' (4 -> 8, 12 -> 16)."""
-    folder = DataLake(runs[place]).vllm_server_dir(RUN)
+    folder = DataLake(request.getfixturevalue(place)).vllm_server_dir(RUN)
     assert served_adapter_versions(folder) == ([2, 3] if place == "async" else [3])
     rank, resident = (16, 2) if place == "async" else (8, 1)
     said = f"vllm server: LoRA adapters up to rank {rank}, {resident} version(s) resident"
@@ -103,16 +127,16 @@ def test_the_server_kept_only_the_versions_the_schedule_can_sample_by(runs, plac
 
 
 @pytest.mark.parametrize("table", ["trajectories", "turns", "metrics", "evaluations"])
-def test_a_killed_and_resumed_lora_run_holds_the_rows_of_the_whole_one(runs, table):
-    expected, actual = _rows(runs["whole"], table), _rows(runs["killed"], table)
+def test_a_killed_and_resumed_lora_run_holds_the_rows_of_the_whole_one(whole, killed, table):
+    expected, actual = _rows(whole, table), _rows(killed, table)
     assert len(actual) == len(set(actual)) == len(expected) > 0
     assert actual == expected
 
 
-def test_a_killed_and_resumed_lora_run_ends_with_the_adapters_of_the_whole_one(runs):
+def test_a_killed_and_resumed_lora_run_ends_with_the_adapters_of_the_whole_one(whole, killed):
     final = [
-        load_file(DataLake(runs[name]).checkpoint_dir(RUN, 3) / "adapter" / "adapter_model.safetensors")
-        for name in ("whole", "killed")
+        load_file(DataLake(root).checkpoint_dir(RUN, 3) / "adapter" / "adapter_model.safetensors")
+        for root in (whole, killed)
     ]
     assert final[0].keys() == final[1].keys() and final[0]
     assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])

@@ -28,6 +28,7 @@ from tests.vllm_env import TOKEN, documented_servers, require_vllm_python
 pytestmark = [pytest.mark.vllm, pytest.mark.process]
 TABLES = ["trajectories", "turns", "metrics", "evaluations"]
 KILLED = "rollout:server_killed@2"  # the last server listed (the other host's) SIGKILLed at iteration 2's first turn
+SERVERS = "[local,{}]"  # the run's own server and the other host's (its URL)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -92,7 +93,7 @@ def two_servers(tmp_path_factory, tiny_model_dir, api_url, other_host):
     """The same run on its own server and the other host's: (data root, the other server's health before, after)."""
     root = tmp_path_factory.mktemp("two-servers")
     before = other_host.health()
-    rc, output = _ragen(_train(tiny_model_dir, f"[local,{other_host.url}]"), root, None, api_url)
+    rc, output = _ragen(_train(tiny_model_dir, SERVERS.format(other_host.url)), root, None, api_url)
     assert rc == 0, output[-3000:]
     return root, before, other_host.health()
 
@@ -113,18 +114,28 @@ def test_the_other_hosts_server_took_the_runs_weights_and_outlives_the_run(two_s
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory, tiny_model_dir, api_url, other_host):
-    """The two-server run whose other-host server is SIGKILLed at iteration 2's first turn; then that server started
-    again (same port) and the run resumed naming the servers again, and a copy of the stopped run resumed on the
-    run's own server alone: (what the failed command printed and left, the resume's output, its root, the copy's)."""
+    """The two-server run whose other-host server is SIGKILLed at iteration 2's first turn: (what the failed command
+    printed and left, its root, a copy of the stopped root taken before any resume)."""
     root = tmp_path_factory.mktemp("server-killed")
-    servers = f"[local,{other_host.url}]"
-    failed = stopped_state(*_ragen(_train(tiny_model_dir, servers), root, KILLED, api_url), root)
+    command = _train(tiny_model_dir, SERVERS.format(other_host.url))
+    failed = stopped_state(*_ragen(command, root, KILLED, api_url), root)
     fewer = tmp_path_factory.mktemp("fewer-servers") / "root"
     shutil.copytree(root, fewer)
-    other_host.start()  # its host starts it again
-    resumed = _ragen(["resume", RUN, f"rollout.vllm.servers={servers}"], root, None, api_url)  # named again
-    on_one = _ragen(["resume", RUN, "rollout.vllm.servers=[local]"], fewer, None, api_url)
-    return failed, resumed, root, on_one, fewer
+    return failed, root, fewer
+
+
+@pytest.fixture(scope="module")
+def resumed(killed, api_url, other_host):
+    """The killed server started again by its host (same port), and the run resumed naming the servers again:
+    (the resume's exit code, its output)."""
+    other_host.start()
+    return _ragen(["resume", RUN, f"rollout.vllm.servers={SERVERS.format(other_host.url)}"], killed[1], None, api_url)
+
+
+@pytest.fixture(scope="module")
+def on_one(killed, api_url):
+    """The copy of the stopped run resumed on the run's own server alone: (exit code, output)."""
+    return _ragen(["resume", RUN, "rollout.vllm.servers=[local]"], killed[2], None, api_url)
 
 
 def test_a_lost_server_stops_the_run_in_one_line_naming_it(killed, other_host):
@@ -140,20 +151,20 @@ def test_a_lost_server_stops_the_run_in_one_line_naming_it(killed, other_host):
     assert failed["iterations"]["trajectories"] == [0, 1]  # nothing of iteration 2
 
 
-def test_the_resume_with_the_server_back_ends_bitwise_like_the_run_that_never_stopped(one_server, killed):
-    _, (rc, output), root, _, _ = killed
+def test_the_resume_with_the_server_back_ends_bitwise_like_the_run_that_never_stopped(one_server, killed, resumed):
+    rc, output = resumed
     assert rc == 0 and "resumed at iteration 2" in output, output[-3000:]
-    same_as_whole(one_server, root)
+    same_as_whole(one_server, killed[1])
 
 
-def test_a_resume_on_fewer_servers_ends_bitwise_too(one_server, killed):
-    _, _, _, (rc, output), fewer = killed
+def test_a_resume_on_fewer_servers_ends_bitwise_too(one_server, killed, on_one):
+    rc, output = on_one
     assert rc == 0 and "resumed at iteration 2" in output, output[-3000:]
-    same_as_whole(one_server, fewer)
+    same_as_whole(one_server, killed[2])
 
 
-def test_a_resume_that_does_not_name_the_servers_again_is_refused_in_one_line(killed, api_url):
-    root = killed[2]
+def test_a_resume_that_does_not_name_the_servers_again_is_refused_in_one_line(killed, resumed, api_url):
+    root = killed[1]  # completed by the resume that named the servers
     rc, output = _ragen(["resume", RUN], root, None, api_url)
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert rc == 2 and len(errors) == 1 and "sets rollout.vllm.servers=['local', 'http://127.0.0.1:" in errors[0], (
@@ -167,7 +178,7 @@ def test_on_server_loss_continue_goes_on_without_the_lost_server(tmp_path, tiny_
     if other_host.process.poll() is not None:  # the kill above took it: its host starts it again
         other_host.start()
     extra = "rollout.vllm.on_server_loss=continue"
-    rc, output = _ragen(_train(tiny_model_dir, f"[local,{other_host.url}]", extra), tmp_path, KILLED, api_url)
+    rc, output = _ragen(_train(tiny_model_dir, SERVERS.format(other_host.url), extra), tmp_path, KILLED, api_url)
     assert rc == 0, output[-3000:]
     warnings = [line for line in output.splitlines() if line.startswith("warning: the vLLM server 2 of 2")]
     assert len(warnings) == 1 and "continuing on the other 1 server(s)" in warnings[0], output[-3000:]
