@@ -54,6 +54,7 @@ back, so they name them.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Iterable
@@ -90,6 +91,7 @@ LOCKS = "_locks"
 MODELS = "models"
 SWEEPS = "sweeps"
 PREFECT = "_prefect"
+STORE_STATE = "_object_store.json"  # in a bucket's local copy: the bucket's URL and what the copy holds of it
 KEYED_ITERATION = "iteration="  # commit markers, quarantine and checkpoint folders
 PARTS_RECORDS = "parts"  # _commits/<run_id>/parts/<table>/iteration=<n>.json: what the lake published there
 QUARANTINE_RUN_PREFIX = "run_id="
@@ -172,10 +174,20 @@ def published_by_stage(name: str, stages: Iterable[str]) -> bool:
 
 
 def old_layout_error(root: Path, found: Path) -> LakeError:
-    """The error for a folder of layout 1 found where layout 2 is read or written."""
+    """The error for a folder of layout 1 found where layout 2 is read or written; it names the data root as the
+    user does: a bucket's URL when ``root`` is the local copy of one."""
+    name, where = str(root), Path(found)
+    if where.is_relative_to(root):
+        where = where.relative_to(root)
+    try:
+        url = json.loads((Path(root) / STORE_STATE).read_text()).get("url")
+    except (OSError, ValueError, AttributeError):
+        url = None
+    if isinstance(url, str):
+        name = url
     return LakeError(
-        f"data root {str(root)!r} has tables in the old lake layout 1 ({str(found)!r}); "
-        + UPGRADE_HINT.format(root=root)
+        f"data root {name!r} has tables in the old lake layout 1 ({where.as_posix()!r}); "
+        + UPGRADE_HINT.format(root=name)
     )
 
 

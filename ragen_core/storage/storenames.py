@@ -19,7 +19,7 @@ from ragen_core.storage.files import TRASH_PREFIX, LakeError
 from ragen_core.storage.objectstore import Store, StoreRoot
 
 CACHE_ENV = "RAGEN_OBJECT_CACHE"
-STATE_FILE = "_object_store.json"  # in the copy: the bucket's URL and what the copy holds of it
+STATE_FILE = layout.STORE_STATE  # in the copy: the bucket's URL and what the copy holds of it
 STATE_LOCK = ".object_store.lock"
 UPLOADS = "_uploads"  # in the bucket: _uploads/<run>/<token>/<lake path> and _uploads/<run>/<token>.json
 _DIGITS = re.compile(r"[0-9]+")

@@ -104,8 +104,11 @@ def test_the_old_layout_is_written_as_the_old_code_wrote_it(old_lake):
 
 
 def test_readers_refuse_the_old_layout_naming_the_upgrade(old_lake):
-    with pytest.raises(LakeError, match=r"old lake layout 1 .*ragen upgrade-lake --data-root"):
+    with pytest.raises(LakeError) as refused:
         DataLake(old_lake).read_table("trajectories")
+    said = str(refused.value)  # the folder named inside the data root, the command to run with the root itself
+    assert said.startswith(f"data root {str(old_lake)!r} has tables in the old lake layout 1 ('trajectories/"), said
+    assert f"`ragen upgrade-lake --data-root {old_lake}`" in said
     result = CliRunner().invoke(app, ["sql", "SELECT count(*) FROM trajectories", "--data-root", str(old_lake)])
     assert result.exit_code != 0 and "ragen upgrade-lake" in result.output and "Traceback" not in result.output
 
@@ -353,8 +356,10 @@ def test_upgrade_lake_on_a_bucket_moves_every_object_and_goes_on_where_it_stoppe
         client.upload_file(str(path), bucket, f"lake/{path.relative_to(old_lake).as_posix()}")
     old_keys = {k for k in server.objects(bucket) if "/run_id=" in k}
     assert old_keys
-    with pytest.raises(LakeError, match="ragen upgrade-lake"):  # another host, before: refused, naming the upgrade
+    with pytest.raises(LakeError) as refused:  # another host, before: refused, naming the upgrade of the bucket
         _copy_rows(url, tmp_path / "host-b", monkeypatch)
+    assert str(refused.value).startswith(f"data root {url!r} has tables in the old lake layout 1 ('"), refused.value
+    assert str(refused.value).endswith(f"`ragen upgrade-lake --data-root {url}` (safe to interrupt and run again)")
     cache_a = str(tmp_path / "host-a")
     monkeypatch.setenv("RAGEN_OBJECT_CACHE", cache_a)
 
