@@ -30,6 +30,11 @@ from ragen_core.config import TinyModelConfig  # noqa: E402
 
 SERVER_FIXTURES = ("prefect_server", "whole_bandit_run")  # the session's `ragen server`, and the run made on it
 SERVER_SCOPE = "prefect-server"
+# The markers `make test-quick` leaves out (QUICK_MARKERS in the Makefile): a test with none of them must start no
+# `ragen` command, which :func:`pytest_runtest_protocol` holds (a test reached through ``request.getfixturevalue``
+# is not marked by the fixtures it reaches: its file or test says what it starts).
+NOT_QUICK = ("server", "prefect", "process", "slow", "vllm", "gpu", "browser", "s3")
+_RUNNING: list[pytest.Item] = []  # the test whose setup, call or teardown runs now
 # Markers a test gets from the fixtures it uses (pyproject.toml describes them; `make test-quick` leaves them out):
 # what it stands on says what it costs, so no list of test files has to follow the tests.
 FIXTURE_MARKERS = {
@@ -168,11 +173,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(marker)
 
 
+def _ragen_command(args: object) -> bool:
+    """Whether the argument list (or shell line) of a new process starts a `ragen` command."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        args = os.fsdecode(args).split()[:1]
+    argv = [os.fsdecode(a) if isinstance(a, (str, bytes, os.PathLike)) else "" for a in list(args)[:3]]
+    return bool(argv) and (Path(argv[0]).name == "ragen" or argv[1:3] == ["-m", "ragen_cli"])
+
+
+def _guard_commands() -> None:
+    """Refuse a `ragen` command started by a test that ``make test-quick`` would run (none of :data:`NOT_QUICK`)."""
+    import subprocess
+
+    start = subprocess.Popen.__init__
+
+    def checked(self, args, *rest, **options):  # noqa: ANN001, ANN202 - subprocess.Popen's own signature
+        item = _RUNNING[-1] if _RUNNING else None
+        if item is not None and _ragen_command(args) and not any(item.get_closest_marker(m) for m in NOT_QUICK):
+            raise AssertionError(
+                f"{item.nodeid} starts a `ragen` command but carries none of the markers {', '.join(NOT_QUICK)}: "
+                "mark it `process` (its file's pytestmark, or the test), so that `make test-quick` leaves it out"
+            )
+        start(self, args, *rest, **options)
+
+    subprocess.Popen.__init__ = checked
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201 - a hook wrapper
+    _RUNNING.append(item)
+    try:
+        return (yield)
+    finally:
+        _RUNNING.pop()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """``RAGEN_TEST_CPU=1``: the controller counts the CPU of every process the run starts (tests/cpu_inventory.py)
+    """Every process refuses a `ragen` command from a test `make test-quick` runs (:func:`_guard_commands`).
+    ``RAGEN_TEST_CPU=1``: the controller counts the CPU of every process the run starts (tests/cpu_inventory.py)
     and prints where it went at the end; another value is a path for every process as JSON as well."""
     from tests import cpu_inventory
 
+    _guard_commands()
     wanted = os.environ.get(cpu_inventory.VARIABLE)
     if not wanted or os.environ.get("PYTEST_XDIST_WORKER"):
         return

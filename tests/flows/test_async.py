@@ -265,6 +265,7 @@ def test_a_killed_sampler_process_is_one_line_naming_it_and_its_log_and_resume_i
         assert _rows(root, table) == _rows(whole, table), table
 
 
+@pytest.mark.process  # a `ragen train` killed, then `ragen resume`
 def test_a_resume_lacking_a_batch_only_a_gone_policy_could_sample_is_one_line(tmp_path_factory, tiny_model_dir):
     """A batch sampled ahead by a policy that is gone since (the policy after update 0: batch 1 of a run killed in
     step 1), its record removed (by hand, or a lake copied without it): the resume stops in one line saying what to

@@ -72,6 +72,8 @@ class Flaky(ToolEnv):
         return (calls + [ToolCall("done", {})])[int(rng.integers(4))].text()
 '''
 
+pytestmark = pytest.mark.process  # `ragen train` and `ragen sql` commands
+
 
 def _ragen(*args: str, timeout: float = 600, path: Path | None = None) -> subprocess.CompletedProcess:
     script = shutil.which("ragen") or str(Path(sys.executable).parent / "ragen")

@@ -30,6 +30,8 @@ from ragen_core.tools import ToolCall
 SERVER = Path(__file__).resolve().parents[1] / "envs" / "mcp_calculator_server.py"
 SUM = re.compile(r"\s*(\d+)\s*([-+*])\s*(\d+)\s*")
 
+pytestmark = pytest.mark.process  # `ragen train` commands, each starting the MCP server it names
+
 
 def _ragen(*args: str, timeout: float = 600, variables: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     script = shutil.which("ragen") or str(Path(sys.executable).parent / "ragen")

@@ -19,6 +19,7 @@ from ragen_cli.local_server import alive, start_worker, stop_process
 from ragen_core.storage import DataLake, query
 
 FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+SERVER = [pytest.mark.server, pytest.mark.process]  # the session's `ragen server` and its worker's flow run
 
 
 def _tiny(model_dir) -> list[str]:
@@ -98,7 +99,10 @@ def _calls(root: Path, kind: str) -> list[dict]:
 @pytest.mark.parametrize(
     ("which", "run", "tools", "looks_up", "env"),
     [
-        ("sql_root", "sql", {"list_tables", "describe", "query", "answer"}, "query", "sql_agent"),
+        # the sql run is a deployment run on the session's server: marked so, since request brings its root
+        pytest.param(
+            "sql_root", "sql", {"list_tables", "describe", "query", "answer"}, "query", "sql_agent", marks=SERVER
+        ),
         ("search_root", "search", {"search", "answer"}, "search", "search_qa"),
     ],
 )

@@ -149,6 +149,7 @@ def test_demo_config_is_valid():
     assert config.algorithm.preset == "starpo_s" and config.eval.instances == 256
 
 
+@pytest.mark.process  # `ragen --help` and a `ragen` command, as installed
 def test_the_installed_console_script_runs(tmp_path):
     import shutil
     import subprocess

@@ -77,6 +77,7 @@ def test_a_manifest_names_the_folders_inside_its_root_relative_to_it(original):
     assert DataLake(original).read_manifest(RUN).model_dir == str(original.resolve() / stored["model_dir"])
 
 
+@pytest.mark.process  # `ragen resume`, `extend`, `eval`, `retrain` and `remove` on the relocated root
 @pytest.mark.parametrize("move", [False, True], ids=["copied", "moved"])
 def test_a_copied_or_moved_root_resumes_extends_evaluates_retrains_and_removes(original, tmp_path, move):
     root = _copy_away(original, tmp_path / "elsewhere", move)
